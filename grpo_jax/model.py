@@ -1,0 +1,394 @@
+"""Decoder-only transformer policy (Llama / Qwen2 / Qwen3 family) in Flax linen.
+
+The policy is a pure function of a parameter pytree:
+
+  params = model.init(cfg, key)
+  logits_BTV, cache = model.apply(params, tokens_BT, positions_BT, cache, cfg=cfg)
+
+The Flax module is an implementation detail; the params live outside it, unboxed.
+Every parameter carries logical axis names (``model.logical_axes(cfg)``), which a
+logical->mesh rules table turns into shardings.
+
+Padding convention: ``positions_BT`` are position ids that count real tokens only
+(0, 1, 2, ... skipping padding, see ``positions_from_mask``); a padding slot has
+position ``-1``. A query at position p attends to keys at positions 0 <= q <= p,
+so left-padded prompts, right-padded completions and KV-cached decoding all share
+one masking rule and padding never changes a real token's logits.
+
+Shape letters: B batch rows, T tokens of this call, S KV-cache slots, D d_model,
+H query heads, K kv heads, R = H // K, E head_dim, F mlp width, V vocab, L layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Params = Any
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+_REMAT_POLICIES = {
+  "none": None,
+  "full": jax.checkpoint_policies.nothing_saveable,
+  "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+# Logical names of activations; the sharding rules table maps them like params.
+ACT_BTD = ("activation_batch", "activation_length", "activation_embed")
+ACT_BTV = ("activation_batch", "activation_length", "activation_vocab")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+  """Architecture of the policy. Validated on construction."""
+
+  vocab_size: int
+  d_model: int
+  n_layers: int
+  n_heads: int
+  n_kv_heads: int
+  head_dim: int
+  mlp_dim: int
+  rope_theta: float = 10_000.0
+  norm_eps: float = 1e-6
+  qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k.
+  attn_bias: bool = False  # Qwen2: biases on the q, k, v projections.
+  tie_embeddings: bool = True
+  param_dtype: str = "float32"
+  dtype: str = "float32"  # Compute dtype; logits are always float32.
+  scan_layers: bool = False  # nn.scan over layers: compile time flat in depth.
+  remat: str = "none"  # One of _REMAT_POLICIES.
+  init_std: float = 0.02
+
+  def __post_init__(self):
+    for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value <= 0:
+        raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}.")
+    if self.n_heads % self.n_kv_heads:
+      raise ValueError(
+        f"ModelConfig.n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})."
+      )
+    if self.head_dim % 2:
+      raise ValueError(f"ModelConfig.head_dim must be even for rotary embeddings, got {self.head_dim}.")
+    for name in ("param_dtype", "dtype"):
+      if getattr(self, name) not in _DTYPES:
+        raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r}; allowed: {sorted(_DTYPES)}.")
+    if self.remat not in _REMAT_POLICIES:
+      raise ValueError(f"ModelConfig.remat={self.remat!r}; allowed: {sorted(_REMAT_POLICIES)}.")
+    if self.rope_theta <= 0 or self.norm_eps <= 0 or self.init_std <= 0:
+      raise ValueError("ModelConfig.rope_theta, norm_eps and init_std must be positive.")
+
+  @classmethod
+  def from_dict(cls, d) -> ModelConfig:
+    """Builds a config from a dict or ConfigDict; unknown keys are an error."""
+    d = dict(d)
+    allowed = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - allowed)
+    if unknown:
+      raise ValueError(f"Unknown ModelConfig keys {unknown}; allowed: {sorted(allowed)}.")
+    return cls(**d)
+
+  @property
+  def compute_dtype(self):
+    return _DTYPES[self.dtype]
+
+  @property
+  def weight_dtype(self):
+    return _DTYPES[self.param_dtype]
+
+
+def tiny_config(vocab_size: int, **overrides) -> ModelConfig:
+  """A ~100K-parameter Qwen3-shaped model for toy tasks and tests on CPU."""
+  base = dict(
+    vocab_size=vocab_size, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
+    mlp_dim=192, qk_norm=True,
+  )  # fmt: skip
+  return ModelConfig(**{**base, **overrides})
+
+
+# ----------------------------------------------------------------------------
+# Layers.
+# ----------------------------------------------------------------------------
+
+
+def _param_init(init, names):
+  return nn.with_logical_partitioning(init, names)
+
+
+class RMSNorm(nn.Module):
+  """y = x / sqrt(mean(x^2) + eps) * w, normalised in float32 (as HF Llama/Qwen)."""
+
+  eps: float
+  dtype: Any
+  param_dtype: Any
+  axis_name: str = "embed"
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param(
+      "scale", _param_init(nn.initializers.ones, (self.axis_name,)), (x.shape[-1],), self.param_dtype
+    )
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return y.astype(self.dtype) * scale.astype(self.dtype)
+
+
+def rope(x_BTNE, positions_BT, *, theta: float):
+  """Rotary embedding, half-split ("rotate_half") layout as in HF Llama/Qwen.
+
+  For pair (x_i, x_{i+E/2}) at position p: angle p * theta^(-2i/E), rotated in float32.
+  """
+  half = x_BTNE.shape[-1] // 2
+  inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / x_BTNE.shape[-1])
+  angle_BTh = positions_BT.astype(jnp.float32)[..., None] * inv_freq
+  sin, cos = jnp.sin(angle_BTh)[:, :, None, :], jnp.cos(angle_BTh)[:, :, None, :]
+  x1, x2 = jnp.split(x_BTNE.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x_BTNE.dtype)
+
+
+def _dense(cfg: ModelConfig, features, names, *, axis=-1, use_bias=False, name=None):
+  n_out = 1 if isinstance(features, int) else len(features)
+  return nn.DenseGeneral(
+    features=features,
+    axis=axis,
+    use_bias=use_bias,
+    dtype=cfg.compute_dtype,
+    param_dtype=cfg.weight_dtype,
+    kernel_init=_param_init(nn.initializers.lecun_normal(), names),
+    bias_init=_param_init(nn.initializers.zeros_init(), names[-n_out:]),
+    name=name,
+  )
+
+
+class Attention(nn.Module):
+  """Grouped-query attention over [KV cache ; this call's tokens].
+
+  The cache is read-only here: the new keys/values are returned and written into
+  the cache once, outside the layer stack, so decoding never copies the cache.
+  """
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BTD, positions_BT, cache_kv, cache_pos_BS):
+    cfg = self.cfg
+    H, K, E = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    q_BTHE = _dense(cfg, (H, E), ("embed", "q_heads", "head_dim"), use_bias=cfg.attn_bias, name="q")(x_BTD)
+    k_BTKE = _dense(cfg, (K, E), ("embed", "kv_heads", "head_dim"), use_bias=cfg.attn_bias, name="k")(x_BTD)
+    v_BTKE = _dense(cfg, (K, E), ("embed", "kv_heads", "head_dim"), use_bias=cfg.attn_bias, name="v")(x_BTD)
+    if cfg.qk_norm:
+      norm = functools.partial(
+        RMSNorm, eps=cfg.norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype, axis_name="head_dim"
+      )
+      q_BTHE = norm(name="q_norm")(q_BTHE)
+      k_BTKE = norm(name="k_norm")(k_BTKE)
+    q_BTHE = rope(q_BTHE, positions_BT, theta=cfg.rope_theta)
+    k_BTKE = rope(k_BTKE, positions_BT, theta=cfg.rope_theta)
+
+    B, T = positions_BT.shape
+    q_BTKRE = (q_BTHE * E**-0.5).reshape(B, T, K, H // K, E)
+    q_pos = positions_BT[:, None, None, :, None]  # [B,1,1,T,1]
+
+    def scores(keys_BSKE, key_pos_BS):
+      s_BKRTS = jnp.einsum("btkre,bske->bkrts", q_BTKRE, keys_BSKE, preferred_element_type=jnp.float32)
+      k_pos = key_pos_BS[:, None, None, None, :]
+      return jnp.where((k_pos >= 0) & (k_pos <= q_pos), s_BKRTS, jnp.finfo(jnp.float32).min)
+
+    s_new = scores(k_BTKE, positions_BT)
+    if cache_kv is None:
+      p_new = jax.nn.softmax(s_new, axis=-1).astype(cfg.compute_dtype)
+      out_BTKRE = jnp.einsum("bkrts,bske->btkre", p_new, v_BTKE)
+    else:
+      cache_k_BSKE, cache_v_BSKE = cache_kv
+      S = cache_k_BSKE.shape[1]
+      s_old = scores(cache_k_BSKE, cache_pos_BS)
+      p = jax.nn.softmax(jnp.concatenate([s_old, s_new], axis=-1), axis=-1).astype(cfg.compute_dtype)
+      out_BTKRE = jnp.einsum("bkrts,bske->btkre", p[..., :S], cache_v_BSKE.astype(cfg.compute_dtype))
+      out_BTKRE += jnp.einsum("bkrts,bske->btkre", p[..., S:], v_BTKE)
+    out_BTHE = out_BTKRE.reshape(B, T, H, E)
+    out_BTD = _dense(cfg, cfg.d_model, ("q_heads", "head_dim", "embed"), axis=(-2, -1), name="o")(out_BTHE)
+    return out_BTD, (k_BTKE, v_BTKE)
+
+
+class Mlp(nn.Module):
+  """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BTD):
+    cfg = self.cfg
+    gate_BTF = _dense(cfg, cfg.mlp_dim, ("embed", "mlp"), name="gate")(x_BTD)
+    up_BTF = _dense(cfg, cfg.mlp_dim, ("embed", "mlp"), name="up")(x_BTD)
+    h_BTF = nn.with_logical_constraint(
+      nn.silu(gate_BTF) * up_BTF, ("activation_batch", "activation_length", "activation_mlp")
+    )
+    return _dense(cfg, cfg.d_model, ("mlp", "embed"), name="down")(h_BTF)
+
+
+class Block(nn.Module):
+  """Pre-norm decoder block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BTD, positions_BT, cache_kv, cache_pos_BS):
+    cfg = self.cfg
+    norm = functools.partial(RMSNorm, eps=cfg.norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype)
+    attn_BTD, kv_new = Attention(cfg, name="attn")(norm(name="attn_norm")(x_BTD), positions_BT, cache_kv, cache_pos_BS)
+    x_BTD = x_BTD + attn_BTD
+    x_BTD = x_BTD + Mlp(cfg, name="mlp")(norm(name="mlp_norm")(x_BTD))
+    return nn.with_logical_constraint(x_BTD, ACT_BTD), kv_new
+
+
+class Decoder(nn.Module):
+  """Embeddings, the layer stack and the LM head. Returns float32 logits."""
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, tokens_BT, positions_BT, cache_kv, cache_pos_BS):
+    cfg = self.cfg
+    embed = nn.Embed(
+      cfg.vocab_size,
+      cfg.d_model,
+      dtype=cfg.compute_dtype,
+      param_dtype=cfg.weight_dtype,
+      embedding_init=_param_init(nn.initializers.normal(cfg.init_std), ("vocab", "embed")),
+      name="embed",
+    )
+    x_BTD = nn.with_logical_constraint(embed(tokens_BT), ACT_BTD)
+
+    block = Block
+    if cfg.remat != "none":
+      block = nn.remat(block, prevent_cse=not cfg.scan_layers, policy=_REMAT_POLICIES[cfg.remat])
+    if cfg.scan_layers:
+      stack = nn.scan(
+        block,
+        variable_axes={"params": 0},
+        split_rngs={"params": True},
+        in_axes=(nn.broadcast, 0, nn.broadcast),
+        length=cfg.n_layers,
+        metadata_params={nn.PARTITION_NAME: "layers"},
+      )
+      x_BTD, kv_new = stack(cfg, name="layers")(x_BTD, positions_BT, cache_kv, cache_pos_BS)
+    else:
+      new = []
+      for i in range(cfg.n_layers):
+        layer_kv = None if cache_kv is None else (cache_kv[0][i], cache_kv[1][i])
+        x_BTD, kv = block(cfg, name=f"layer_{i}")(x_BTD, positions_BT, layer_kv, cache_pos_BS)
+        new.append(kv)
+      kv_new = jax.tree.map(lambda *xs: jnp.stack(xs), *new)
+
+    x_BTD = RMSNorm(cfg.norm_eps, cfg.compute_dtype, cfg.weight_dtype, name="final_norm")(x_BTD)
+    if cfg.tie_embeddings:
+      logits_BTV = jnp.einsum(
+        "btd,vd->btv", x_BTD, embed.embedding.astype(cfg.compute_dtype), preferred_element_type=jnp.float32
+      )
+    else:
+      logits_BTV = _dense(cfg, cfg.vocab_size, ("embed", "vocab"), name="lm_head")(x_BTD)
+    return nn.with_logical_constraint(logits_BTV.astype(jnp.float32), ACT_BTV), kv_new
+
+
+# ----------------------------------------------------------------------------
+# KV cache.
+# ----------------------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class KVCache:
+  """Per-layer keys/values (post-RoPE) of slots [0, index); slots are time-ordered.
+
+  pos_BS holds each slot's position id, -1 for empty or padding slots.
+  """
+
+  k_LBSKE: jax.Array
+  v_LBSKE: jax.Array
+  pos_BS: jax.Array
+  index: jax.Array  # int32 scalar: the next slot to write.
+
+  def repeat(self, n: int) -> KVCache:
+    """Each row repeated n times, consecutively: row b -> rows b*n .. b*n+n-1."""
+    return KVCache(
+      k_LBSKE=jnp.repeat(self.k_LBSKE, n, axis=1),
+      v_LBSKE=jnp.repeat(self.v_LBSKE, n, axis=1),
+      pos_BS=jnp.repeat(self.pos_BS, n, axis=0),
+      index=self.index,
+    )
+
+
+def init_cache(cfg: ModelConfig, batch_size: int, max_len: int) -> KVCache:
+  shape = (cfg.n_layers, batch_size, max_len, cfg.n_kv_heads, cfg.head_dim)
+  return KVCache(
+    k_LBSKE=jnp.zeros(shape, cfg.compute_dtype),
+    v_LBSKE=jnp.zeros(shape, cfg.compute_dtype),
+    pos_BS=jnp.full((batch_size, max_len), -1, jnp.int32),
+    index=jnp.zeros((), jnp.int32),
+  )
+
+
+# ----------------------------------------------------------------------------
+# The pure functional API.
+# ----------------------------------------------------------------------------
+
+
+def _dummy_inputs():
+  return jnp.zeros((1, 1), jnp.int32), jnp.zeros((1, 1), jnp.int32)
+
+
+def init_boxed(cfg: ModelConfig, key: jax.Array) -> Params:
+  """Params boxed in nn.LogicallyPartitioned (for sharded init from shapes)."""
+  return Decoder(cfg).init(key, *_dummy_inputs(), None, None)["params"]
+
+
+def init(cfg: ModelConfig, key: jax.Array) -> Params:
+  """Unboxed parameter pytree."""
+  return nn.unbox(init_boxed(cfg, key))
+
+
+def logical_axes(cfg: ModelConfig) -> Params:
+  """Pytree (like params) of PartitionSpecs of logical axis names."""
+  boxed = jax.eval_shape(functools.partial(init_boxed, cfg), jax.random.key(0))
+  return nn.get_partition_spec(boxed)
+
+
+def param_count(params: Params) -> int:
+  return sum(x.size for x in jax.tree.leaves(params))
+
+
+def apply(params: Params, tokens_BT, positions_BT, cache: KVCache | None = None, *, cfg: ModelConfig):
+  """Forward pass. Returns (float32 logits [B,T,V], cache with this call's tokens appended).
+
+  Without a cache this is a full (teacher-forced) forward, and the returned cache is None.
+  """
+  if cache is None:
+    logits_BTV, _ = Decoder(cfg).apply({"params": params}, tokens_BT, positions_BT, None, None)
+    return logits_BTV, None
+  kv = (cache.k_LBSKE, cache.v_LBSKE)
+  logits_BTV, (k_LBTKE, v_LBTKE) = Decoder(cfg).apply({"params": params}, tokens_BT, positions_BT, kv, cache.pos_BS)
+  i = cache.index
+  cache = KVCache(
+    k_LBSKE=jax.lax.dynamic_update_slice(cache.k_LBSKE, k_LBTKE.astype(cache.k_LBSKE.dtype), (0, 0, i, 0, 0)),
+    v_LBSKE=jax.lax.dynamic_update_slice(cache.v_LBSKE, v_LBTKE.astype(cache.v_LBSKE.dtype), (0, 0, i, 0, 0)),
+    pos_BS=jax.lax.dynamic_update_slice(cache.pos_BS, positions_BT.astype(jnp.int32), (0, i)),
+    index=i + tokens_BT.shape[1],
+  )
+  return logits_BTV, cache
+
+
+def make_model_fn(cfg: ModelConfig):
+  """(params, tokens, positions, cache) -> (logits, cache), the sampler's model protocol."""
+  return functools.partial(apply, cfg=cfg)
+
+
+def positions_from_mask(mask_BT):
+  """Position ids that skip padding: cumsum(mask) - 1 on real tokens, -1 on padding."""
+  mask_BT = mask_BT.astype(jnp.int32)
+  return jnp.where(mask_BT > 0, jnp.cumsum(mask_BT, axis=-1) - 1, -1).astype(jnp.int32)

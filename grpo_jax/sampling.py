@@ -1,0 +1,325 @@
+"""Jitted KV-cache group sampler: prompts -> G completions per prompt with log-probs.
+
+  sample_fn = sampling.make_sample_fn(model_fn=..., init_cache=..., cfg=SamplerConfig(...))
+  rollouts = sample_fn(params, prompts, key, hyper)
+
+The model is a function ``model_fn(params, tokens_BT, positions_BT, cache) -> (logits_BTV,
+cache)`` (``model.make_model_fn``, or a fake in tests) and ``init_cache(batch, length)``
+returns a cache with a ``repeat(n)`` method. Position ids skip padding; padding is -1.
+
+Algorithm (static shapes, one compile per prompt-length bucket):
+  1. Prefill the left-padded prompts minus their last token into the cache, once per
+     prompt (B rows, not B*G), then ``cache.repeat(G)`` broadcasts it to the group rows.
+  2. A ``lax.while_loop`` feeds one token per row per step (the last prompt token first),
+     samples the next token and records its log-probs. It stops once every row has
+     emitted an EOS id or after ``max_new_tokens`` steps.
+
+Shape letters: B prompts, G group size, N = B*G rollout rows, P prompt tokens (bucket),
+T = max_new_tokens, V vocab.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax import model as model_lib
+
+DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+TRUNCATE_MODES = ("error", "left")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplerConfig:
+  """Static sampler settings (changing one recompiles)."""
+
+  max_new_tokens: int
+  eos_ids: tuple[int, ...]
+  pad_id: int
+  group_size: int = 1
+  max_prompt_len: int = 512
+  prompt_buckets: tuple[int, ...] = DEFAULT_BUCKETS
+  truncate_prompts: str = "error"  # "error" | "left" (keep the last max_prompt_len tokens)
+
+  def __post_init__(self):
+    if self.max_new_tokens < 1:
+      raise ValueError(f"SamplerConfig.max_new_tokens must be >= 1, got {self.max_new_tokens}.")
+    if self.group_size < 1:
+      raise ValueError(f"SamplerConfig.group_size must be >= 1, got {self.group_size}.")
+    if not self.eos_ids:
+      raise ValueError("SamplerConfig.eos_ids must name at least one EOS token id.")
+    if self.truncate_prompts not in TRUNCATE_MODES:
+      raise ValueError(f"SamplerConfig.truncate_prompts={self.truncate_prompts!r}; allowed: {TRUNCATE_MODES}.")
+    if self.max_prompt_len < 1:
+      raise ValueError(f"SamplerConfig.max_prompt_len must be >= 1, got {self.max_prompt_len}.")
+    if list(self.prompt_buckets) != sorted(set(self.prompt_buckets)) or min(self.prompt_buckets) < 1:
+      raise ValueError(f"SamplerConfig.prompt_buckets must be increasing positive ints, got {self.prompt_buckets}.")
+
+
+@flax.struct.dataclass
+class SamplingParams:
+  """Sampling hyperparameters as arrays: changing them never recompiles.
+
+  temperature > 0 scales logits; top_k = 0 and top_p = 1 switch truncation off;
+  greedy picks argmax of the raw logits (and ignores the rest).
+  """
+
+  temperature: jax.Array
+  top_k: jax.Array
+  top_p: jax.Array
+  greedy: jax.Array
+
+
+def sampling_params(*, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, greedy: bool = False):
+  if not temperature > 0:
+    raise ValueError(f"temperature must be > 0 (use greedy=True for argmax), got {temperature}.")
+  if top_k < 0:
+    raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}.")
+  if not 0 < top_p <= 1:
+    raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p}.")
+  return SamplingParams(
+    temperature=jnp.asarray(temperature, jnp.float32),
+    top_k=jnp.asarray(top_k, jnp.int32),
+    top_p=jnp.asarray(top_p, jnp.float32),
+    greedy=jnp.asarray(greedy, jnp.bool_),
+  )
+
+
+@flax.struct.dataclass
+class Prompts:
+  """Left-padded prompt batch: real tokens are right-aligned."""
+
+  tokens_BP: jax.Array  # int32
+  mask_BP: jax.Array  # bool
+
+
+@flax.struct.dataclass
+class Rollouts:
+  """G completions per prompt. Row n belongs to prompt group_ids_N[n] = n // G.
+
+  logp_NT is log-prob under the sampling distribution (temperature / top-k / top-p
+  applied; 0 for greedy, a point mass); policy_logp_NT is log-prob under the raw
+  policy (temperature 1, no truncation): the trainer's old log-probs. Both are 0
+  where mask_NT is False. The completion includes the EOS token.
+  """
+
+  prompt_tokens_NP: jax.Array
+  prompt_mask_NP: jax.Array
+  tokens_NT: jax.Array
+  mask_NT: jax.Array
+  logp_NT: jax.Array
+  policy_logp_NT: jax.Array
+  eos_N: jax.Array  # emitted an EOS id
+  truncated_N: jax.Array  # reached max_new_tokens without EOS
+  length_N: jax.Array
+  group_ids_N: jax.Array
+  num_steps: jax.Array  # decode steps actually run (early stop shows here)
+
+
+# ----------------------------------------------------------------------------
+# Host side: bucketing.
+# ----------------------------------------------------------------------------
+
+
+def bucket_length(n: int, buckets: Sequence[int]) -> int:
+  for b in buckets:
+    if n <= b:
+      return b
+  raise ValueError(f"Prompt length {n} exceeds the largest bucket {buckets[-1]}; add a bucket.")
+
+
+def prepare_prompts(token_lists: Sequence[Sequence[int]], *, cfg: SamplerConfig) -> Prompts:
+  """Left-pads token lists to one length bucket (one compile per bucket)."""
+  if not token_lists:
+    raise ValueError("prepare_prompts needs at least one prompt.")
+  rows = []
+  for i, toks in enumerate(token_lists):
+    toks = list(toks)
+    if not toks:
+      raise ValueError(f"Prompt {i} is empty; every prompt needs at least one token (e.g. BOS).")
+    if len(toks) > cfg.max_prompt_len:
+      if cfg.truncate_prompts == "error":
+        raise ValueError(
+          f"Prompt {i} has {len(toks)} tokens > max_prompt_len={cfg.max_prompt_len}. "
+          "Shorten it, raise max_prompt_len, or set truncate_prompts='left' to keep the last tokens."
+        )
+      toks = toks[-cfg.max_prompt_len :]
+    rows.append(toks)
+  P = bucket_length(max(len(r) for r in rows), cfg.prompt_buckets)
+  tokens = np.full((len(rows), P), cfg.pad_id, np.int32)
+  mask = np.zeros((len(rows), P), bool)
+  for i, r in enumerate(rows):
+    tokens[i, P - len(r) :] = r
+    mask[i, P - len(r) :] = True
+  return Prompts(tokens_BP=tokens, mask_BP=mask)
+
+
+# ----------------------------------------------------------------------------
+# Jitted core.
+# ----------------------------------------------------------------------------
+
+
+def filter_logits(logits_NV, hyper: SamplingParams):
+  """logits / T, then top-k, then top-p (nucleus) on the top-k renormalised distribution.
+
+  Removed tokens get -inf. Top-p keeps the smallest prefix of the sorted distribution
+  whose mass reaches top_p (always at least the argmax); ties with the last kept
+  logit are kept too. One sort serves both, and runs only when either is active.
+  """
+  scaled_NV = logits_NV / hyper.temperature
+
+  def truncate(s_NV):
+    V = s_NV.shape[-1]
+    sorted_NV = -jnp.sort(-s_NV, axis=-1)
+    rank_V = jnp.arange(V)
+    k = jnp.where(hyper.top_k > 0, jnp.minimum(hyper.top_k, V), V)
+    in_k_NV = rank_V < k
+    probs_NV = jax.nn.softmax(jnp.where(in_k_NV, sorted_NV, -jnp.inf), axis=-1)
+    mass_before_NV = jnp.cumsum(probs_NV, axis=-1) - probs_NV
+    n_keep_N = jnp.sum(in_k_NV & (mass_before_NV < hyper.top_p), axis=-1)
+    threshold_N1 = jnp.take_along_axis(sorted_NV, n_keep_N[:, None] - 1, axis=-1)
+    return jnp.where(s_NV >= threshold_N1, s_NV, -jnp.inf)
+
+  active = (hyper.top_k > 0) | (hyper.top_p < 1.0)
+  return jax.lax.cond(active, truncate, lambda s: s, scaled_NV)
+
+
+def choose_tokens(logits_NV, key, hyper: SamplingParams):
+  """Returns (token_N, sampling logp_N, policy logp_N)."""
+  logits_NV = logits_NV.astype(jnp.float32)
+  policy_logp_NV = jax.nn.log_softmax(logits_NV, axis=-1)
+
+  def greedy(_):
+    return jnp.argmax(logits_NV, axis=-1).astype(jnp.int32), jnp.zeros(logits_NV.shape[:1], jnp.float32)
+
+  def stochastic(key):
+    filtered_NV = filter_logits(logits_NV, hyper)
+    tok_N = jax.random.categorical(key, filtered_NV, axis=-1).astype(jnp.int32)
+    logp_N = jnp.take_along_axis(jax.nn.log_softmax(filtered_NV, axis=-1), tok_N[:, None], axis=-1)[:, 0]
+    return tok_N, logp_N
+
+  tok_N, logp_N = jax.lax.cond(hyper.greedy, greedy, stochastic, key)
+  policy_logp_N = jnp.take_along_axis(policy_logp_NV, tok_N[:, None], axis=-1)[:, 0]
+  return tok_N, logp_N, policy_logp_N
+
+
+def sample(
+  params,
+  prompts: Prompts,
+  key: jax.Array,
+  hyper: SamplingParams,
+  *,
+  model_fn: Callable,
+  init_cache: Callable[[int, int], Any],
+  cfg: SamplerConfig,
+) -> Rollouts:
+  """Samples cfg.group_size completions per prompt. Pure and jittable; see module doc."""
+  tokens_BP = jnp.asarray(prompts.tokens_BP, jnp.int32)
+  mask_BP = jnp.asarray(prompts.mask_BP, jnp.bool_)
+  B, P = tokens_BP.shape
+  G, T = cfg.group_size, cfg.max_new_tokens
+  N = B * G
+  positions_BP = model_lib.positions_from_mask(mask_BP)
+
+  # Prefill: once per prompt, then broadcast to the G rows of its group.
+  cache = init_cache(B, P - 1 + T)
+  if P > 1:
+    _, cache = model_fn(params, tokens_BP[:, :-1], positions_BP[:, :-1], cache)
+  cache = cache.repeat(G)
+  eos_ids = jnp.asarray(cfg.eos_ids, jnp.int32)
+
+  def cond(state):
+    return (state["step"] < T) & ~jnp.all(state["done_N"])
+
+  def body(state):
+    step, done_N = state["step"], state["done_N"]
+    logits_N1V, cache = model_fn(params, state["tok_N"][:, None], state["pos_N"][:, None], state["cache"])
+    key, step_key = jax.random.split(state["key"])
+    tok_N, logp_N, policy_logp_N = choose_tokens(logits_N1V[:, -1], step_key, hyper)
+    live_N = ~done_N
+    tok_N = jnp.where(live_N, tok_N, cfg.pad_id)
+
+    def put(buf_NT, col_N):
+      return jax.lax.dynamic_update_slice(buf_NT, col_N[:, None].astype(buf_NT.dtype), (0, step))
+
+    return dict(
+      step=step + 1,
+      cache=cache,
+      key=key,
+      tok_N=tok_N,
+      pos_N=state["pos_N"] + 1,
+      done_N=done_N | (live_N & jnp.isin(tok_N, eos_ids)),
+      tokens_NT=put(state["tokens_NT"], tok_N),
+      mask_NT=put(state["mask_NT"], live_N),
+      logp_NT=put(state["logp_NT"], jnp.where(live_N, logp_N, 0.0)),
+      policy_logp_NT=put(state["policy_logp_NT"], jnp.where(live_N, policy_logp_N, 0.0)),
+    )
+
+  state = dict(
+    step=jnp.zeros((), jnp.int32),
+    cache=cache,
+    key=key,
+    tok_N=jnp.repeat(tokens_BP[:, -1], G),
+    pos_N=jnp.repeat(positions_BP[:, -1], G),
+    done_N=jnp.zeros((N,), jnp.bool_),
+    tokens_NT=jnp.full((N, T), cfg.pad_id, jnp.int32),
+    mask_NT=jnp.zeros((N, T), jnp.bool_),
+    logp_NT=jnp.zeros((N, T), jnp.float32),
+    policy_logp_NT=jnp.zeros((N, T), jnp.float32),
+  )
+  state = jax.lax.while_loop(cond, body, state)
+  return Rollouts(
+    prompt_tokens_NP=jnp.repeat(tokens_BP, G, axis=0),
+    prompt_mask_NP=jnp.repeat(mask_BP, G, axis=0),
+    tokens_NT=state["tokens_NT"],
+    mask_NT=state["mask_NT"],
+    logp_NT=state["logp_NT"],
+    policy_logp_NT=state["policy_logp_NT"],
+    eos_N=state["done_N"],
+    truncated_N=~state["done_N"],
+    length_N=jnp.sum(state["mask_NT"], axis=-1, dtype=jnp.int32),
+    group_ids_N=jnp.repeat(jnp.arange(B, dtype=jnp.int32), G),
+    num_steps=state["step"],
+  )
+
+
+def make_sample_fn(*, model_fn: Callable, init_cache: Callable, cfg: SamplerConfig):
+  """jit(sample) with the model and static config bound: fn(params, prompts, key, hyper)."""
+  return jax.jit(functools.partial(sample, model_fn=model_fn, init_cache=init_cache, cfg=cfg))
+
+
+def make_policy_sampler(model_cfg: model_lib.ModelConfig, cfg: SamplerConfig):
+  """The sampler for a grpo_jax transformer policy."""
+  return make_sample_fn(
+    model_fn=model_lib.make_model_fn(model_cfg),
+    init_cache=functools.partial(model_lib.init_cache, model_cfg),
+    cfg=cfg,
+  )
+
+
+# ----------------------------------------------------------------------------
+# Teacher forcing.
+# ----------------------------------------------------------------------------
+
+
+def teacher_forced_logprobs(params, rollouts: Rollouts, *, model_fn: Callable):
+  """log pi(o_t | q, o_<t) of each completion token in one full forward: [N, T] (0 off mask).
+
+  The sequence is [left-padded prompt ; right-padded completion]; position ids skip
+  both paddings, so the logits match the cached decode that produced the rollout.
+  """
+  P = rollouts.prompt_tokens_NP.shape[1]
+  tokens_NS = jnp.concatenate([rollouts.prompt_tokens_NP, rollouts.tokens_NT], axis=1)
+  mask_NS = jnp.concatenate([rollouts.prompt_mask_NP, rollouts.mask_NT], axis=1)
+  logits_NSV, _ = model_fn(params, tokens_NS, model_lib.positions_from_mask(mask_NS), None)
+  # Logits at slot s predict the token at slot s + 1.
+  logp_NTV = jax.nn.log_softmax(logits_NSV[:, P - 1 : -1].astype(jnp.float32), axis=-1)
+  logp_NT = jnp.take_along_axis(logp_NTV, rollouts.tokens_NT[..., None], axis=-1)[..., 0]
+  return jnp.where(rollouts.mask_NT, logp_NT, 0.0)
