@@ -136,7 +136,7 @@ class RMSNorm(nn.Module):
     )
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    return y.astype(self.dtype) * scale.astype(self.dtype)
+    return y.astype(self.dtype) * scale.astype(self.dtype).reshape((1,) * (x.ndim - 1) + (-1,))
 
 
 def rope(x_BTNE, positions_BT, *, theta: float):
@@ -146,7 +146,7 @@ def rope(x_BTNE, positions_BT, *, theta: float):
   """
   half = x_BTNE.shape[-1] // 2
   inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / x_BTNE.shape[-1])
-  angle_BTh = positions_BT.astype(jnp.float32)[..., None] * inv_freq
+  angle_BTh = positions_BT.astype(jnp.float32)[..., None] * inv_freq[None, None, :]
   sin, cos = jnp.sin(angle_BTh)[:, :, None, :], jnp.cos(angle_BTh)[:, :, None, :]
   x1, x2 = jnp.split(x_BTNE.astype(jnp.float32), 2, axis=-1)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)

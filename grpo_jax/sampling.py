@@ -178,12 +178,12 @@ def filter_logits(logits_NV, hyper: SamplingParams):
   def truncate(s_NV):
     V = s_NV.shape[-1]
     sorted_NV = -jnp.sort(-s_NV, axis=-1)
-    rank_V = jnp.arange(V)
+    rank_1V = jnp.arange(V)[None, :]
     k = jnp.where(hyper.top_k > 0, jnp.minimum(hyper.top_k, V), V)
-    in_k_NV = rank_V < k
-    probs_NV = jax.nn.softmax(jnp.where(in_k_NV, sorted_NV, -jnp.inf), axis=-1)
+    in_k_1V = rank_1V < k
+    probs_NV = jax.nn.softmax(jnp.where(in_k_1V, sorted_NV, -jnp.inf), axis=-1)
     mass_before_NV = jnp.cumsum(probs_NV, axis=-1) - probs_NV
-    n_keep_N = jnp.sum(in_k_NV & (mass_before_NV < hyper.top_p), axis=-1)
+    n_keep_N = jnp.sum(in_k_1V & (mass_before_NV < hyper.top_p), axis=-1)
     threshold_N1 = jnp.take_along_axis(sorted_NV, n_keep_N[:, None] - 1, axis=-1)
     return jnp.where(s_NV >= threshold_N1, s_NV, -jnp.inf)
 

@@ -1,0 +1,50 @@
+"""Shared fixtures: one tiny model and its compiled sampler per test process."""
+
+import functools
+
+import jax
+import pytest
+
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
+from grpo_jax import model, sampling, tasks  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+  return tasks.get("arithmetic").tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_cfg(tokenizer):
+  return model.tiny_config(tokenizer.vocab_size)
+
+
+@pytest.fixture(scope="session")
+def tiny_params(tiny_cfg):
+  # Scaled-up embeddings give peaked, input-dependent logits, so equality tests bite.
+  params = model.init(tiny_cfg, jax.random.key(0))
+  params["embed"]["embedding"] = params["embed"]["embedding"] * 8.0
+  return params
+
+
+@pytest.fixture(scope="session")
+def sampler_cfg(tokenizer):
+  return sampling.SamplerConfig(
+    max_new_tokens=10, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id, group_size=4, prompt_buckets=(8, 16)
+  )
+
+
+@pytest.fixture(scope="session")
+def tiny_sampler(tiny_cfg, sampler_cfg):
+  return sampling.make_policy_sampler(tiny_cfg, sampler_cfg)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_fn(tiny_cfg):
+  return jax.jit(model.make_model_fn(tiny_cfg))
+
+
+@pytest.fixture(scope="session")
+def init_cache(tiny_cfg):
+  return functools.partial(model.init_cache, tiny_cfg)

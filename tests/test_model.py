@@ -1,0 +1,184 @@
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax import model as model_lib
+
+
+class model:  # noqa: N801 -- the module, with a jitted apply (eager flax is slow).
+  apply = staticmethod(jax.jit(model_lib.apply, static_argnames="cfg"))
+  init = staticmethod(jax.jit(model_lib.init, static_argnums=0))
+  init_cache = staticmethod(model_lib.init_cache)
+  tiny_config = staticmethod(model_lib.tiny_config)
+  positions_from_mask = staticmethod(model_lib.positions_from_mask)
+  logical_axes = staticmethod(model_lib.logical_axes)
+  param_count = staticmethod(model_lib.param_count)
+  ModelConfig = model_lib.ModelConfig
+
+VOCAB = 37
+TOKENS_BT = np.array([[0, 0, 0, 5, 6, 7, 8, 9, 10], [1, 2, 3, 4, 5, 6, 7, 8, 9]], np.int32)
+MASK_BT = np.array([[0, 0, 0, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 1, 1]], bool)
+
+VARIANTS = {
+  "qwen3": dict(qk_norm=True, tie_embeddings=True),
+  "qwen2": dict(attn_bias=True, tie_embeddings=False, rope_theta=1e6),
+  "llama_scan_remat": dict(tie_embeddings=False, scan_layers=True, remat="full"),
+  "mha_scan": dict(n_kv_heads=4, scan_layers=True, qk_norm=True),
+}
+
+
+def _setup(**overrides):
+  cfg = model.tiny_config(VOCAB, **overrides)
+  params = model.init(cfg, jax.random.key(1))
+  params["embed"]["embedding"] *= 50.0  # Peaked logits: differences show up.
+  return cfg, params
+
+
+def _positions():
+  return model.positions_from_mask(jnp.asarray(MASK_BT))
+
+
+def test_positions_skip_padding():
+  np.testing.assert_array_equal(_positions()[0], [-1, -1, -1, 0, 1, 2, 3, 4, 5])
+  np.testing.assert_array_equal(_positions()[1], np.arange(9))
+  # Right padding (a completion) too.
+  np.testing.assert_array_equal(model.positions_from_mask(jnp.array([[0, 1, 1, 0]])), [[-1, 0, 1, -1]])
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_cached_decode_equals_full_forward(variant):
+  cfg, params = _setup(**VARIANTS[variant])
+  pos_BT = _positions()
+  full_BTV, none = model.apply(params, TOKENS_BT, pos_BT, cfg=cfg)
+  assert none is None
+  cache = model.init_cache(cfg, 2, 12)
+  chunks = []
+  for lo, hi in [(0, 5), (5, 6), (6, 7), (7, 9)]:  # A prefill, then steps of 1 and 2 tokens.
+    logits, cache = model.apply(params, TOKENS_BT[:, lo:hi], pos_BT[:, lo:hi], cache, cfg=cfg)
+    chunks.append(logits)
+  assert int(cache.index) == 9
+  cached_BTV = jnp.concatenate(chunks, axis=1)
+  real = MASK_BT[..., None]
+  assert float(jnp.max(jnp.abs(jnp.where(real, cached_BTV - full_BTV, 0.0)))) <= 1e-5
+  # The logits are far from constant, so the comparison means something.
+  assert float(jnp.std(full_BTV[1])) > 0.1
+
+
+@pytest.mark.parametrize("variant", ["qwen3", "llama_scan_remat"])
+def test_left_padding_does_not_change_logits(variant):
+  cfg, params = _setup(**VARIANTS[variant])
+  prompt = np.array([[5, 6, 7, 8, 9, 10]], np.int32)
+  padded = np.concatenate([np.zeros((1, 4), np.int32), prompt], axis=1)
+  pmask = np.concatenate([np.zeros((1, 4), bool), np.ones((1, 6), bool)], axis=1)
+  plain, _ = model.apply(params, prompt, model.positions_from_mask(jnp.ones((1, 6))), cfg=cfg)
+  left, _ = model.apply(params, padded, model.positions_from_mask(pmask), cfg=cfg)
+  np.testing.assert_allclose(left[:, 4:], plain, atol=1e-5)
+  # Control: if pad slots counted as tokens (positions 0..9), the logits would change.
+  attended, _ = model.apply(params, padded, jnp.arange(10)[None], cfg=cfg)
+  assert float(jnp.max(jnp.abs(attended[:, 4:] - plain))) > 1e-2
+
+
+def test_causality_gradient_is_zero_for_future_tokens():
+  cfg, params = _setup(**VARIANTS["qwen3"])
+  emb_BTD = params["embed"]["embedding"][TOKENS_BT[1:]]
+  pos_BT = _positions()[1:]
+  t = 4
+
+  def out_at_t(emb_BTD):
+    def interceptor(next_fun, args, kwargs, context):
+      if isinstance(context.module, nn.Embed) and context.method_name == "__call__":
+        return emb_BTD
+      return next_fun(*args, **kwargs)
+
+    with nn.intercept_methods(interceptor):
+      logits_BTV, _ = model.apply(params, TOKENS_BT[1:], pos_BT, cfg=cfg)
+    return jnp.sum(logits_BTV[0, t] * jnp.arange(VOCAB))
+
+  grad_TD = jax.grad(out_at_t)(emb_BTD)[0]
+  per_token = jnp.abs(grad_TD).sum(-1)
+  np.testing.assert_array_equal(per_token[t + 1 :], 0.0)
+  assert bool(jnp.all(per_token[: t + 1] > 0))
+
+
+def test_scan_matches_unrolled_layers():
+  cfg, params = _setup(qk_norm=True)
+  scan_cfg = model.tiny_config(VOCAB, qk_norm=True, scan_layers=True)
+  layers = [params.pop(f"layer_{i}") for i in range(cfg.n_layers)]
+  scan_params = {**params, "layers": jax.tree.map(lambda *xs: jnp.stack(xs), *layers)}
+  assert jax.tree.structure(scan_params) == jax.tree.structure(model.init(scan_cfg, jax.random.key(0)))
+  params.update({f"layer_{i}": layer for i, layer in enumerate(layers)})
+  a, _ = model.apply(params, TOKENS_BT, _positions(), cfg=cfg)
+  b, _ = model.apply(scan_params, TOKENS_BT, _positions(), cfg=scan_cfg)
+  np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+ALLOWED_NAMES = {"vocab", "embed", "q_heads", "kv_heads", "head_dim", "mlp", "layers"}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_param_has_logical_axis_names(variant):
+  cfg = model.tiny_config(VOCAB, **VARIANTS[variant])
+  params = jax.eval_shape(lambda: model.init(cfg, jax.random.key(0)))
+  axes = model.logical_axes(cfg)
+  flat_params = jax.tree_util.tree_leaves_with_path(params)
+  flat_axes = jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+  assert len(flat_params) == len(flat_axes)
+  for (path, leaf), spec in zip(flat_params, flat_axes):
+    assert len(spec) == leaf.ndim, (path, spec)
+    assert set(spec) <= ALLOWED_NAMES, (path, spec)
+    if cfg.scan_layers and "layers" in jax.tree_util.keystr(path):
+      assert spec[0] == "layers"
+  q_kernel = axes["layers"]["attn"]["q"]["kernel"] if cfg.scan_layers else axes["layer_0"]["attn"]["q"]["kernel"]
+  assert tuple(q_kernel)[-3:] == ("embed", "q_heads", "head_dim")
+
+
+def test_shapes_param_count_and_gqa():
+  cfg = model.tiny_config(VOCAB)
+  params = model.init(cfg, jax.random.key(0))
+  attn = params["layer_0"]["attn"]
+  assert attn["q"]["kernel"].shape == (64, 4, 16)
+  assert attn["k"]["kernel"].shape == (64, 2, 16)
+  assert attn["o"]["kernel"].shape == (4, 16, 64)
+  assert params["layer_0"]["mlp"]["gate"]["kernel"].shape == (64, 192)
+  # Hand count: embed V*D + final norm D + per layer (q 64*64 + k,v 2*64*32 + o 64*64
+  # + mlp 3*64*192 + 2 norms 2*64 + qk norms 2*16).
+  per_layer = 64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 192 + 2 * 64 + 2 * 16
+  assert model.param_count(params) == VOCAB * 64 + 64 + 2 * per_layer
+
+
+def test_bfloat16_compute_and_param_dtypes():
+  cfg = model.tiny_config(VOCAB, dtype="bfloat16", param_dtype="bfloat16")
+  params = model.init(cfg, jax.random.key(0))
+  assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(params))
+  logits, cache = model.apply(params, TOKENS_BT, _positions(), model.init_cache(cfg, 2, 9), cfg=cfg)
+  assert logits.dtype == jnp.float32 and cache.k_LBSKE.dtype == jnp.bfloat16
+  f32_cfg = model.tiny_config(VOCAB)
+  ref, _ = model.apply(jax.tree.map(lambda x: x.astype(jnp.float32), params), TOKENS_BT, _positions(), cfg=f32_cfg)
+  real = MASK_BT[..., None]  # Padding rows attend to garbage by design.
+  np.testing.assert_allclose(jnp.where(real, logits, 0), jnp.where(real, ref, 0), atol=2e-2)
+
+
+@pytest.mark.parametrize(
+  "overrides, message",
+  [
+    (dict(n_heads=6, n_kv_heads=4), "multiple of n_kv_heads"),
+    (dict(dtype="float16"), "allowed: ['bfloat16', 'float32']"),
+    (dict(remat="some"), "ModelConfig.remat"),
+    (dict(head_dim=15), "even"),
+    (dict(d_model=0), "positive int"),
+  ],
+)
+def test_bad_config_errors_are_clear(overrides, message):
+  with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    model.tiny_config(VOCAB, **overrides)
+
+
+def test_from_dict_rejects_unknown_keys():
+  with pytest.raises(ValueError, match="Unknown ModelConfig keys \\['n_layer'\\]"):
+    model.ModelConfig.from_dict(dict(vocab_size=10, n_layer=2))
+  cfg = model.ModelConfig.from_dict(
+    dict(vocab_size=10, d_model=8, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=4, mlp_dim=16)
+  )
+  assert cfg.n_kv_heads == 1

@@ -1,0 +1,269 @@
+import functools
+
+import flax
+import hypothesis
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax import model, sampling
+
+# ----------------------------------------------------------------------------
+# A fake deterministic model: the next token is (token + 1) % V, with a margin of
+# 30 nats, so even temperature-1 sampling is deterministic in practice.
+# ----------------------------------------------------------------------------
+FAKE_V, FAKE_EOS, FAKE_PAD = 10, 9, 0
+
+
+@flax.struct.dataclass
+class FakeCache:
+  index: jax.Array
+
+  def repeat(self, n):
+    del n
+    return self
+
+
+def fake_init_cache(batch, length):
+  del batch, length
+  return FakeCache(index=jnp.zeros((), jnp.int32))
+
+
+def fake_model_fn(params, tokens_BT, positions_BT, cache, *, calls=None):
+  del params, positions_BT
+  if calls is not None:
+    jax.debug.callback(lambda t: calls.append(t.shape), tokens_BT)
+  logits_BTV = 30.0 * jax.nn.one_hot((tokens_BT + 1) % FAKE_V, FAKE_V)
+  return logits_BTV, cache
+
+
+def _fake_sampler(*, group_size=1, max_new_tokens=6, calls=None):
+  cfg = sampling.SamplerConfig(
+    max_new_tokens=max_new_tokens, eos_ids=(FAKE_EOS,), pad_id=FAKE_PAD, group_size=group_size, prompt_buckets=(4, 8)
+  )
+  fn = sampling.make_sample_fn(
+    model_fn=functools.partial(fake_model_fn, calls=calls), init_cache=fake_init_cache, cfg=cfg
+  )
+  return fn, cfg
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_fake_model_exact_sequence_stops_at_eos(greedy):
+  fn, cfg = _fake_sampler()
+  prompts = sampling.prepare_prompts([[3, 4], [1, 2, 3, 4, 5, 6, 7, 8], [2]], cfg=cfg)
+  np.testing.assert_array_equal(prompts.tokens_BP[0], [0, 0, 0, 0, 0, 0, 3, 4])  # Bucket 8, left-padded.
+  r = fn({}, prompts, jax.random.key(0), sampling.sampling_params(greedy=greedy))
+  np.testing.assert_array_equal(
+    r.tokens_NT,
+    [
+      [5, 6, 7, 8, 9, 0],  # EOS (9) after 5 tokens, then padding.
+      [9, 0, 0, 0, 0, 0],  # EOS at once.
+      [3, 4, 5, 6, 7, 8],  # No EOS within max_new_tokens: truncated.
+    ],
+  )
+  np.testing.assert_array_equal(r.mask_NT.sum(-1), [5, 1, 6])
+  np.testing.assert_array_equal(r.length_N, [5, 1, 6])
+  np.testing.assert_array_equal(r.eos_N, [True, True, False])
+  np.testing.assert_array_equal(r.truncated_N, [False, False, True])
+  assert int(r.num_steps) == 6
+  # Log-probs are ~0 (a sure token) on the mask and exactly 0 off it.
+  assert float(jnp.max(jnp.abs(r.policy_logp_NT))) < 1e-6
+  assert bool(jnp.all(jnp.where(r.mask_NT, True, r.logp_NT == 0.0)))
+
+
+def test_loop_stops_early_once_every_row_is_done():
+  fn, cfg = _fake_sampler(max_new_tokens=6)
+  r = fn({}, sampling.prepare_prompts([[6], [7]], cfg=cfg), jax.random.key(0), sampling.sampling_params())
+  np.testing.assert_array_equal(r.tokens_NT, [[7, 8, 9, 0, 0, 0], [8, 9, 0, 0, 0, 0]])
+  assert int(r.num_steps) == 3
+
+
+def test_prefill_runs_once_per_prompt_not_per_rollout():
+  calls = []
+  fn, cfg = _fake_sampler(group_size=4, max_new_tokens=3, calls=calls)
+  r = fn({}, sampling.prepare_prompts([[3, 4, 1], [5, 5]], cfg=cfg), jax.random.key(0), sampling.sampling_params())
+  jax.block_until_ready(r)
+  jax.effects_barrier()
+  prefills = [shape for shape in calls if shape[1] > 1]
+  assert prefills == [(2, 3)]  # One prefill call over the B=2 prompts (bucket 4, minus the last token).
+  assert [shape for shape in calls if shape[1] == 1] == [(8, 1)] * 3  # Decode runs on the N=B*G rows.
+  np.testing.assert_array_equal(r.group_ids_N, [0, 0, 0, 0, 1, 1, 1, 1])
+  np.testing.assert_array_equal(r.prompt_tokens_NP[:4], np.tile([0, 3, 4, 1], (4, 1)))
+
+
+def _prompts(sampler_cfg, tokenizer):
+  texts = ["Q:12+7\n", "Q:3-45\n", "Q:9+9\n"]
+  return sampling.prepare_prompts([tokenizer.encode(t, add_bos=True) for t in texts], cfg=sampler_cfg)
+
+
+def test_greedy_equals_argmax_of_teacher_forced_logits(tiny_sampler, tiny_params, tiny_model_fn, sampler_cfg, tokenizer):
+  r = tiny_sampler(tiny_params, _prompts(sampler_cfg, tokenizer), jax.random.key(0), sampling.sampling_params(greedy=True))
+  P = r.prompt_tokens_NP.shape[1]
+  tokens = jnp.concatenate([r.prompt_tokens_NP, r.tokens_NT], axis=1)
+  mask = jnp.concatenate([r.prompt_mask_NP, r.mask_NT], axis=1)
+  logits, _ = tiny_model_fn(tiny_params, tokens, model.positions_from_mask(mask), None)
+  argmax_NT = jnp.argmax(logits[:, P - 1 : -1], axis=-1)
+  assert bool(jnp.all(jnp.where(r.mask_NT, argmax_NT == r.tokens_NT, True)))
+  assert int(r.mask_NT.sum()) > 12  # Enough generated tokens to mean something.
+  # Greedy rows of one group are identical; their sampling log-prob is 0 (a point mass).
+  np.testing.assert_array_equal(r.tokens_NT[0], r.tokens_NT[3])
+  np.testing.assert_array_equal(r.logp_NT, 0.0)
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.3, 5, 0.9)])
+def test_logprobs_equal_teacher_forced_forward(
+  tiny_sampler, tiny_params, tiny_model_fn, sampler_cfg, tokenizer, temperature, top_k, top_p
+):
+  hyper = sampling.sampling_params(temperature=temperature, top_k=top_k, top_p=top_p)
+  r = tiny_sampler(tiny_params, _prompts(sampler_cfg, tokenizer), jax.random.key(3), hyper)
+  tf_NT = sampling.teacher_forced_logprobs(tiny_params, r, model_fn=tiny_model_fn)
+  assert float(jnp.max(jnp.abs(tf_NT - r.policy_logp_NT))) <= 1e-5
+  # The sampling-distribution log-prob: log_softmax(filter(logits)) at the sampled token.
+  P = r.prompt_tokens_NP.shape[1]
+  tokens = jnp.concatenate([r.prompt_tokens_NP, r.tokens_NT], axis=1)
+  mask = jnp.concatenate([r.prompt_mask_NP, r.mask_NT], axis=1)
+  logits, _ = tiny_model_fn(tiny_params, tokens, model.positions_from_mask(mask), None)
+  N, T, V = r.tokens_NT.shape + (logits.shape[-1],)
+  filtered = sampling.filter_logits(logits[:, P - 1 : -1].reshape(N * T, V), hyper)
+  expected = jnp.take_along_axis(jax.nn.log_softmax(filtered), r.tokens_NT.reshape(-1, 1), axis=-1).reshape(N, T)
+  assert float(jnp.max(jnp.abs(jnp.where(r.mask_NT, expected - r.logp_NT, 0.0)))) <= 1e-4
+  if temperature != 1.0:  # The two log-probs differ when the distribution is modified.
+    assert float(jnp.max(jnp.abs(r.logp_NT - r.policy_logp_NT))) > 1e-2
+
+
+def test_group_rows_get_distinct_randomness_and_seeds_reproduce(tiny_sampler, tiny_params, sampler_cfg, tokenizer):
+  prompts = _prompts(sampler_cfg, tokenizer)
+  hot = sampling.sampling_params(temperature=3.0)
+  r = tiny_sampler(tiny_params, prompts, jax.random.key(7), hot)
+  for g in range(3):
+    rows = {tuple(np.asarray(x)) for x in r.tokens_NT[4 * g : 4 * g + 4]}
+    assert len(rows) > 1, f"group {g}: all G rows identical"
+  again = tiny_sampler(tiny_params, prompts, jax.random.key(7), hot)
+  np.testing.assert_array_equal(r.tokens_NT, again.tokens_NT)
+  other = tiny_sampler(tiny_params, prompts, jax.random.key(8), hot)
+  assert not np.array_equal(r.tokens_NT, other.tokens_NT)
+
+
+def test_one_compile_per_prompt_bucket(tiny_cfg, tokenizer):
+  traces = []
+
+  def counting_model_fn(*args):
+    traces.append(1)
+    return model.make_model_fn(tiny_cfg)(*args)
+
+  cfg = sampling.SamplerConfig(max_new_tokens=2, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id, prompt_buckets=(4, 8))
+  fn = sampling.make_sample_fn(model_fn=counting_model_fn, init_cache=functools.partial(model.init_cache, tiny_cfg), cfg=cfg)
+  params = model.init(tiny_cfg, jax.random.key(0))
+  hyper = sampling.sampling_params()
+  for lengths in ([5, 6], [8, 2], [3, 1], [4, 4]):  # Buckets 8, 8, 4, 4.
+    prompts = sampling.prepare_prompts([[4] * n for n in lengths], cfg=cfg)
+    fn(params, prompts, jax.random.key(0), hyper)
+  fn(params, prompts, jax.random.key(0), sampling.sampling_params(temperature=0.5, top_p=0.9, greedy=True))
+  assert fn._cache_size() == 2
+  assert len(traces) == 4  # Two buckets, each traced once: prefill + decode body.
+
+
+# ----------------------------------------------------------------------------
+# Sampling distributions.
+# ----------------------------------------------------------------------------
+
+
+def _filtered_set(logits, **kw):
+  out = sampling.filter_logits(jnp.log(jnp.asarray([logits], jnp.float32)), sampling.sampling_params(**kw))
+  return set(np.flatnonzero(np.isfinite(np.asarray(out[0]))))
+
+
+def test_filter_logits_pinned_by_hand():
+  probs = [0.5, 0.3, 0.15, 0.05]
+  assert _filtered_set(probs) == {0, 1, 2, 3}
+  assert _filtered_set(probs, top_p=0.4) == {0}
+  assert _filtered_set(probs, top_p=0.75) == {0, 1}
+  assert _filtered_set(probs, top_p=0.85) == {0, 1, 2}
+  assert _filtered_set(probs, top_k=2) == {0, 1}
+  assert _filtered_set(probs, top_k=2, top_p=0.9) == {0, 1}  # Renormalised top-2: 0.625, 0.375.
+  assert _filtered_set(probs, top_k=3, top_p=0.6) == {0, 1}  # Renormalised top-3: .526, .316, .158.
+  assert _filtered_set(probs, top_k=10) == {0, 1, 2, 3}
+
+
+_choose = jax.jit(sampling.choose_tokens)
+
+
+def _allowed(logits_V, temperature, top_k, top_p, slack=1e-5):
+  """Reference (numpy, a superset by `slack`) of the tokens top-k/top-p may emit."""
+  s = np.asarray(logits_V, np.float64) / temperature
+  desc = np.sort(s)[::-1]
+  kk = min(top_k, len(s)) if top_k > 0 else len(s)
+  p = np.exp(desc[:kk] - desc[0])
+  cum = np.cumsum(p / p.sum())
+  n_keep = min(int(np.searchsorted(cum, min(top_p + slack, 1.0))) + 1, kk)
+  return set(np.flatnonzero(s >= desc[n_keep - 1]))
+
+
+@hypothesis.settings(max_examples=40, deadline=None)
+@hypothesis.given(
+  logits=st.lists(st.floats(-8, 8, allow_nan=False, width=32), min_size=16, max_size=16),
+  temperature=st.floats(0.2, 3.0),
+  top_k=st.integers(0, 20),
+  top_p=st.floats(0.05, 1.0),
+  seed=st.integers(0, 2**31 - 1),
+)
+def test_top_k_top_p_never_emit_outside_allowed_set(logits, temperature, top_k, top_p, seed):
+  hyper = sampling.sampling_params(temperature=temperature, top_k=top_k, top_p=top_p)
+  logits_NV = jnp.tile(jnp.asarray(logits, jnp.float32), (256, 1))
+  tok_N, logp_N, _ = _choose(logits_NV, jax.random.key(seed), hyper)
+  allowed = _allowed(logits, temperature, top_k, top_p)
+  emitted = set(np.asarray(tok_N).tolist())
+  assert emitted <= allowed, (emitted - allowed, allowed)
+  assert bool(jnp.all(jnp.isfinite(logp_N)))
+
+
+def test_temperature_sampling_matches_softmax_chi_square():
+  logits_V = jnp.array([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
+  n, temperature = 20_000, 0.7
+  tok_N, _, _ = _choose(jnp.tile(logits_V, (n, 1)), jax.random.key(0), sampling.sampling_params(temperature=temperature))
+  counts = np.bincount(np.asarray(tok_N), minlength=6)
+
+  def chi2(probs):
+    expected = n * np.asarray(probs)
+    return float(np.sum((counts - expected) ** 2 / expected))
+
+  critical = 20.515  # chi-square, 5 degrees of freedom, p = 0.001.
+  assert chi2(jax.nn.softmax(logits_V / temperature)) < critical
+  assert chi2(jax.nn.softmax(logits_V)) > 10 * critical  # The test can tell T=0.7 from T=1.
+
+
+# ----------------------------------------------------------------------------
+# Bad input.
+# ----------------------------------------------------------------------------
+
+
+def test_prompt_longer_than_max_is_an_error_or_left_truncated():
+  cfg = sampling.SamplerConfig(max_new_tokens=2, eos_ids=(2,), pad_id=0, max_prompt_len=4, prompt_buckets=(4, 8))
+  with pytest.raises(ValueError, match=r"Prompt 1 has 6 tokens > max_prompt_len=4.*truncate_prompts='left'"):
+    sampling.prepare_prompts([[1, 2], [1, 2, 3, 4, 5, 6]], cfg=cfg)
+  left = sampling.SamplerConfig(
+    max_new_tokens=2, eos_ids=(2,), pad_id=0, max_prompt_len=4, prompt_buckets=(4, 8), truncate_prompts="left"
+  )
+  prompts = sampling.prepare_prompts([[1, 2], [1, 2, 3, 4, 5, 6]], cfg=left)
+  np.testing.assert_array_equal(prompts.tokens_BP, [[0, 0, 1, 2], [3, 4, 5, 6]])
+  np.testing.assert_array_equal(prompts.mask_BP, [[0, 0, 1, 1], [1, 1, 1, 1]])
+
+
+@pytest.mark.parametrize(
+  "make, message",
+  [
+    (lambda: sampling.prepare_prompts([[1], []], cfg=sampling.SamplerConfig(max_new_tokens=1, eos_ids=(2,), pad_id=0)), "Prompt 1 is empty"),
+    (lambda: sampling.prepare_prompts([[1] * 9], cfg=sampling.SamplerConfig(max_new_tokens=1, eos_ids=(2,), pad_id=0, prompt_buckets=(4, 8))), "exceeds the largest bucket 8"),
+    (lambda: sampling.SamplerConfig(max_new_tokens=1, eos_ids=(), pad_id=0), "at least one EOS"),
+    (lambda: sampling.SamplerConfig(max_new_tokens=1, eos_ids=(2,), pad_id=0, truncate_prompts="right"), "allowed: \\('error', 'left'\\)"),
+    (lambda: sampling.SamplerConfig(max_new_tokens=0, eos_ids=(2,), pad_id=0), "max_new_tokens must be >= 1"),
+    (lambda: sampling.sampling_params(temperature=0.0), "use greedy=True"),
+    (lambda: sampling.sampling_params(top_p=0.0), "top_p must be in \\(0, 1\\]"),
+    (lambda: sampling.sampling_params(top_k=-1), "top_k must be >= 0"),
+  ],
+)  # fmt: skip
+def test_bad_sampler_input_errors_are_clear(make, message):
+  with pytest.raises(ValueError, match=message):
+    make()
