@@ -30,6 +30,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from grpo_jax import config_lib
+
 Params = Any
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -87,12 +89,7 @@ class ModelConfig:
   @classmethod
   def from_dict(cls, d) -> ModelConfig:
     """Builds a config from a dict or ConfigDict; unknown keys are an error."""
-    d = dict(d)
-    allowed = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - allowed)
-    if unknown:
-      raise ValueError(f"Unknown ModelConfig keys {unknown}; allowed: {sorted(allowed)}.")
-    return cls(**d)
+    return config_lib.from_dict(cls, d)
 
   @property
   def compute_dtype(self):
@@ -153,6 +150,24 @@ def rope(x_BTNE, positions_BT, *, theta: float):
   return out.astype(x_BTNE.dtype)
 
 
+def _attend(q_BKQE, q_pos_BQ, keys_BKSE, values_BKSE, key_pos_BS, *, dtype):
+  """softmax(q k^T) v where key slot s is visible to query q iff 0 <= pos_s <= pos_q.
+
+  A padding query (pos -1) sees nothing and gets 0. The mask is arithmetic because on
+  XLA:CPU a select on a batched matmul's output is fused into it and loses the fast
+  matmul path (5x slower):
+    m = max_s (s_qs v_qs - (1 - v_qs) BIG),  e_qs = exp(min(s_qs - m, 0)) v_qs,
+    out = sum_s e_qs V_s / max(sum_s e_qs, tiny).
+  """
+  s_BKQS = jnp.einsum("bkqe,bkse->bkqs", q_BKQE, keys_BKSE.astype(dtype), preferred_element_type=jnp.float32)
+  kp, qp = key_pos_BS[:, None, None, :], q_pos_BQ[:, None, :, None]
+  valid = ((kp >= 0) & (kp <= qp) & (qp >= 0)).astype(jnp.float32)
+  m_BKQ1 = jnp.max(s_BKQS * valid - (1.0 - valid) * 1e30, axis=-1, keepdims=True)
+  e_BKQS = jnp.exp(jnp.minimum(s_BKQS - m_BKQ1, 0.0)) * valid
+  out_BKQE = jnp.einsum("bkqs,bkse->bkqe", e_BKQS.astype(dtype), values_BKSE.astype(dtype), preferred_element_type=jnp.float32)
+  return (out_BKQE / jnp.maximum(jnp.sum(e_BKQS, axis=-1, keepdims=True), 1e-30)).astype(dtype)
+
+
 def _dense(cfg: ModelConfig, features, names, *, axis=-1, use_bias=False, name=None):
   n_out = 1 if isinstance(features, int) else len(features)
   return nn.DenseGeneral(
@@ -177,7 +192,7 @@ class Attention(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD, positions_BT, cache_kv, cache_pos_BS):
+  def __call__(self, x_BTD, positions_BT, cache_kv, cache_pos_BS, index):
     cfg = self.cfg
     H, K, E = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     q_BTHE = _dense(cfg, (H, E), ("embed", "q_heads", "head_dim"), use_bias=cfg.attn_bias, name="q")(x_BTD)
@@ -193,28 +208,26 @@ class Attention(nn.Module):
     k_BTKE = rope(k_BTKE, positions_BT, theta=cfg.rope_theta)
 
     B, T = positions_BT.shape
-    q_BTKRE = (q_BTHE * E**-0.5).reshape(B, T, K, H // K, E)
-    q_pos = positions_BT[:, None, None, :, None]  # [B,1,1,T,1]
-
-    def scores(keys_BSKE, key_pos_BS):
-      s_BKRTS = jnp.einsum("btkre,bske->bkrts", q_BTKRE, keys_BSKE, preferred_element_type=jnp.float32)
-      k_pos = key_pos_BS[:, None, None, None, :]
-      return jnp.where((k_pos >= 0) & (k_pos <= q_pos), s_BKRTS, jnp.finfo(jnp.float32).min)
-
-    s_new = scores(k_BTKE, positions_BT)
+    R = H // K
+    # Query rows grouped per kv head: [B, K, Q = T*R, E], so every matmul below is a
+    # canonical batched matmul over (b, k) with no transposes of the cache.
+    q_BKQE = jnp.transpose((q_BTHE * E**-0.5).reshape(B, T, K, R, E), (0, 2, 1, 3, 4)).reshape(B, K, T * R, E)
+    q_pos_BQ = jnp.repeat(positions_BT, R, axis=1)
+    k_BKTE, v_BKTE = jnp.swapaxes(k_BTKE, 1, 2), jnp.swapaxes(v_BTKE, 1, 2)
     if cache_kv is None:
-      p_new = jax.nn.softmax(s_new, axis=-1).astype(cfg.compute_dtype)
-      out_BTKRE = jnp.einsum("bkrts,bske->btkre", p_new, v_BTKE)
+      keys = (k_BKTE, v_BKTE, positions_BT)
+      new_kv = (k_BTKE, v_BTKE)
     else:
-      cache_k_BSKE, cache_v_BSKE = cache_kv
-      S = cache_k_BSKE.shape[1]
-      s_old = scores(cache_k_BSKE, cache_pos_BS)
-      p = jax.nn.softmax(jnp.concatenate([s_old, s_new], axis=-1), axis=-1).astype(cfg.compute_dtype)
-      out_BTKRE = jnp.einsum("bkrts,bske->btkre", p[..., :S], cache_v_BSKE.astype(cfg.compute_dtype))
-      out_BTKRE += jnp.einsum("bkrts,bske->btkre", p[..., S:], v_BTKE)
+      # Write this call's keys/values into the layer's buffer (in place), then attend
+      # over the buffer alone: cache_pos_BS already holds this call's positions.
+      write = lambda buf, new: jax.lax.dynamic_update_slice(buf, new.astype(buf.dtype), (0, 0, index, 0))
+      new_kv = (write(cache_kv[0], k_BKTE), write(cache_kv[1], v_BKTE))
+      keys = (*new_kv, cache_pos_BS)
+    out_BKQE = _attend(q_BKQE, q_pos_BQ, *keys, dtype=cfg.compute_dtype)
+    out_BTKRE = jnp.transpose(out_BKQE.reshape(B, K, T, R, E), (0, 2, 1, 3, 4))
     out_BTHE = out_BTKRE.reshape(B, T, H, E)
     out_BTD = _dense(cfg, cfg.d_model, ("q_heads", "head_dim", "embed"), axis=(-2, -1), name="o")(out_BTHE)
-    return out_BTD, (k_BTKE, v_BTKE)
+    return out_BTD, new_kv
 
 
 class Mlp(nn.Module):
@@ -239,10 +252,11 @@ class Block(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD, positions_BT, cache_kv, cache_pos_BS):
+  def __call__(self, x_BTD, positions_BT, cache_kv, cache_pos_BS, index):
     cfg = self.cfg
     norm = functools.partial(RMSNorm, eps=cfg.norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype)
-    attn_BTD, kv_new = Attention(cfg, name="attn")(norm(name="attn_norm")(x_BTD), positions_BT, cache_kv, cache_pos_BS)
+    attn = Attention(cfg, name="attn")
+    attn_BTD, kv_new = attn(norm(name="attn_norm")(x_BTD), positions_BT, cache_kv, cache_pos_BS, index)
     x_BTD = x_BTD + attn_BTD
     x_BTD = x_BTD + Mlp(cfg, name="mlp")(norm(name="mlp_norm")(x_BTD))
     return nn.with_logical_constraint(x_BTD, ACT_BTD), kv_new
@@ -254,7 +268,8 @@ class Decoder(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, tokens_BT, positions_BT, cache_kv, cache_pos_BS):
+  def __call__(self, tokens_BT, positions_BT, cache_kv, cache_pos_BS, index):
+    """cache_kv None: returns this call's k/v [L,B,T,K,E]; else the updated buffers."""
     cfg = self.cfg
     embed = nn.Embed(
       cfg.vocab_size,
@@ -274,18 +289,19 @@ class Decoder(nn.Module):
         block,
         variable_axes={"params": 0},
         split_rngs={"params": True},
-        in_axes=(nn.broadcast, 0, nn.broadcast),
+        in_axes=(nn.broadcast, 0, nn.broadcast, nn.broadcast),
         length=cfg.n_layers,
         metadata_params={nn.PARTITION_NAME: "layers"},
       )
-      x_BTD, kv_new = stack(cfg, name="layers")(x_BTD, positions_BT, cache_kv, cache_pos_BS)
+      x_BTD, kv_new = stack(cfg, name="layers")(x_BTD, positions_BT, cache_kv, cache_pos_BS, index)
     else:
       new = []
       for i in range(cfg.n_layers):
         layer_kv = None if cache_kv is None else (cache_kv[0][i], cache_kv[1][i])
-        x_BTD, kv = block(cfg, name=f"layer_{i}")(x_BTD, positions_BT, layer_kv, cache_pos_BS)
+        x_BTD, kv = block(cfg, name=f"layer_{i}")(x_BTD, positions_BT, layer_kv, cache_pos_BS, index)
         new.append(kv)
-      kv_new = jax.tree.map(lambda *xs: jnp.stack(xs), *new)
+      # Fresh k/v are stacked [L, ...]; updated per-layer buffers stay separate.
+      kv_new = jax.tree.map(lambda *xs: jnp.stack(xs), *new) if cache_kv is None else tuple(zip(*new))
 
     x_BTD = RMSNorm(cfg.norm_eps, cfg.compute_dtype, cfg.weight_dtype, name="final_norm")(x_BTD)
     if cfg.tie_embeddings:
@@ -304,33 +320,42 @@ class Decoder(nn.Module):
 
 @flax.struct.dataclass
 class KVCache:
-  """Per-layer keys/values (post-RoPE) of slots [0, index); slots are time-ordered.
+  """Keys/values (post-RoPE) of slots [0, index); slots are time-ordered.
 
-  pos_BS holds each slot's position id, -1 for empty or padding slots.
+  k and v hold one [B, K, S, E] array per layer, so each layer's attention reads its
+  own buffer (slicing a stacked [L, ...] array makes XLA copy the slice every step);
+  with scan_layers they hold one stacked [L, B, K, S, E] array, as lax.scan needs.
+  pos_BS holds each slot's position id, -1 for empty or padding slots. `empty` is
+  static: a fresh cache's first call (the prefill) skips attending to the cache,
+  which is all padding, instead of computing (and XLA constant-folding) it.
   """
 
-  k_LBSKE: jax.Array
-  v_LBSKE: jax.Array
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
   pos_BS: jax.Array
   index: jax.Array  # int32 scalar: the next slot to write.
+  empty: bool = flax.struct.field(pytree_node=False, default=False)
+  stacked: bool = flax.struct.field(pytree_node=False, default=False)
 
   def repeat(self, n: int) -> KVCache:
     """Each row repeated n times, consecutively: row b -> rows b*n .. b*n+n-1."""
-    return KVCache(
-      k_LBSKE=jnp.repeat(self.k_LBSKE, n, axis=1),
-      v_LBSKE=jnp.repeat(self.v_LBSKE, n, axis=1),
-      pos_BS=jnp.repeat(self.pos_BS, n, axis=0),
-      index=self.index,
-    )
+    rep = functools.partial(jnp.repeat, repeats=n, axis=1 if self.stacked else 0)
+    return self.replace(k=tuple(map(rep, self.k)), v=tuple(map(rep, self.v)), pos_BS=jnp.repeat(self.pos_BS, n, axis=0))
 
 
 def init_cache(cfg: ModelConfig, batch_size: int, max_len: int) -> KVCache:
-  shape = (cfg.n_layers, batch_size, max_len, cfg.n_kv_heads, cfg.head_dim)
+  layer_shape = (batch_size, cfg.n_kv_heads, max_len, cfg.head_dim)
+  if cfg.scan_layers:
+    zeros = lambda: (jnp.zeros((cfg.n_layers, *layer_shape), cfg.compute_dtype),)
+  else:
+    zeros = lambda: tuple(jnp.zeros(layer_shape, cfg.compute_dtype) for _ in range(cfg.n_layers))
   return KVCache(
-    k_LBSKE=jnp.zeros(shape, cfg.compute_dtype),
-    v_LBSKE=jnp.zeros(shape, cfg.compute_dtype),
+    k=zeros(),
+    v=zeros(),
     pos_BS=jnp.full((batch_size, max_len), -1, jnp.int32),
     index=jnp.zeros((), jnp.int32),
+    empty=True,
+    stacked=cfg.scan_layers,
   )
 
 
@@ -345,7 +370,7 @@ def _dummy_inputs():
 
 def init_boxed(cfg: ModelConfig, key: jax.Array) -> Params:
   """Params boxed in nn.LogicallyPartitioned (for sharded init from shapes)."""
-  return Decoder(cfg).init(key, *_dummy_inputs(), None, None)["params"]
+  return Decoder(cfg).init(key, *_dummy_inputs(), None, None, None)["params"]
 
 
 def init(cfg: ModelConfig, key: jax.Array) -> Params:
@@ -368,18 +393,27 @@ def apply(params: Params, tokens_BT, positions_BT, cache: KVCache | None = None,
 
   Without a cache this is a full (teacher-forced) forward, and the returned cache is None.
   """
+  decoder = Decoder(cfg)
   if cache is None:
-    logits_BTV, _ = Decoder(cfg).apply({"params": params}, tokens_BT, positions_BT, None, None)
+    logits_BTV, _ = decoder.apply({"params": params}, tokens_BT, positions_BT, None, None, None)
     return logits_BTV, None
-  kv = (cache.k_LBSKE, cache.v_LBSKE)
-  logits_BTV, (k_LBTKE, v_LBTKE) = Decoder(cfg).apply({"params": params}, tokens_BT, positions_BT, kv, cache.pos_BS)
   i = cache.index
-  cache = KVCache(
-    k_LBSKE=jax.lax.dynamic_update_slice(cache.k_LBSKE, k_LBTKE.astype(cache.k_LBSKE.dtype), (0, 0, i, 0, 0)),
-    v_LBSKE=jax.lax.dynamic_update_slice(cache.v_LBSKE, v_LBTKE.astype(cache.v_LBSKE.dtype), (0, 0, i, 0, 0)),
-    pos_BS=jax.lax.dynamic_update_slice(cache.pos_BS, positions_BT.astype(jnp.int32), (0, i)),
-    index=i + tokens_BT.shape[1],
-  )
+  pos_BS = jax.lax.dynamic_update_slice(cache.pos_BS, positions_BT.astype(jnp.int32), (0, i))
+  if cache.empty:  # Prefill: attend within the call, then write its k/v [L,B,T,K,E] once.
+    logits_BTV, (k_LBTKE, v_LBTKE) = decoder.apply({"params": params}, tokens_BT, positions_BT, None, None, None)
+
+    def write(bufs, new_LBTKE):
+      new_LBKTE = jnp.swapaxes(new_LBTKE, 2, 3)
+      if cache.stacked:
+        return (jax.lax.dynamic_update_slice(bufs[0], new_LBKTE.astype(bufs[0].dtype), (0, 0, 0, i, 0)),)
+      return tuple(jax.lax.dynamic_update_slice(b, n.astype(b.dtype), (0, 0, i, 0)) for b, n in zip(bufs, new_LBKTE))
+
+    k, v = write(cache.k, k_LBTKE), write(cache.v, v_LBTKE)
+  else:  # Decode: every layer writes into its own buffer in place, then attends over it.
+    kv = (cache.k[0], cache.v[0]) if cache.stacked else (cache.k, cache.v)
+    logits_BTV, (k, v) = decoder.apply({"params": params}, tokens_BT, positions_BT, kv, pos_BS, i)
+    k, v = ((k,), (v,)) if cache.stacked else (tuple(k), tuple(v))
+  cache = cache.replace(k=k, v=v, pos_BS=pos_BS, index=i + tokens_BT.shape[1], empty=False)
   return logits_BTV, cache
 
 

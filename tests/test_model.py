@@ -153,7 +153,7 @@ def test_bfloat16_compute_and_param_dtypes():
   params = model.init(cfg, jax.random.key(0))
   assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(params))
   logits, cache = model.apply(params, TOKENS_BT, _positions(), model.init_cache(cfg, 2, 9), cfg=cfg)
-  assert logits.dtype == jnp.float32 and cache.k_LBSKE.dtype == jnp.bfloat16
+  assert logits.dtype == jnp.float32 and cache.k[0].dtype == jnp.bfloat16
   f32_cfg = model.tiny_config(VOCAB)
   ref, _ = model.apply(jax.tree.map(lambda x: x.astype(jnp.float32), params), TOKENS_BT, _positions(), cfg=f32_cfg)
   real = MASK_BT[..., None]  # Padding rows attend to garbage by design.
@@ -176,7 +176,7 @@ def test_bad_config_errors_are_clear(overrides, message):
 
 
 def test_from_dict_rejects_unknown_keys():
-  with pytest.raises(ValueError, match="Unknown ModelConfig keys \\['n_layer'\\]"):
+  with pytest.raises(ValueError, match="unknown ModelConfig keys \\['n_layer'\\]"):
     model.ModelConfig.from_dict(dict(vocab_size=10, n_layer=2))
   cfg = model.ModelConfig.from_dict(
     dict(vocab_size=10, d_model=8, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=4, mlp_dim=16)

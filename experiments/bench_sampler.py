@@ -1,0 +1,183 @@
+"""Sampler throughput: grpo_jax's jitted KV-cache group sampler vs Hugging Face `generate`.
+
+  python experiments/bench_sampler.py            # full workload (a few minutes on 2 CPU cores)
+  python experiments/bench_sampler.py --quick    # small smoke run
+
+Model: a ~40M-parameter Qwen3-shaped config with random weights (d_model 512, 8 layers,
+8 heads, 4 KV heads, head_dim 64, SwiGLU 1536, vocab 32768, tied embeddings), float32.
+Workload: 32 prompts x 64 tokens, G = 1 and G = 8, 128 new tokens, temperature 1.0, no
+early EOS. Tokens/s counts generated tokens (B*G*128) over the whole call, prefill
+included; the median of --repeats runs after one warm-up. Compile time is reported
+separately (AOT lower + compile).
+
+When torch and transformers are installed (`pip install -e ".[bench]"`), the same config
+and workload run through `Qwen3ForCausalLM.generate` (num_return_sequences=G, which
+prefills each prompt G times) and the ratio is printed.
+
+Fraction of peak = model FLOPs per generated token x tokens/s / measured matmul peak,
+where FLOPs per token = 2 x (matmul params incl. the LM head) + 4 x L x H x E x context,
+with the mean decode context P + T/2; the peak is the best of several float32 GEMMs.
+
+The last line printed is one JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax import model, sampling
+
+BENCH_MODEL = dict(
+  vocab_size=32768, d_model=512, n_layers=8, n_heads=8, n_kv_heads=4, head_dim=64, mlp_dim=1536,
+  qk_norm=True, tie_embeddings=True, rope_theta=1e6,
+)  # fmt: skip
+
+
+def flops_per_token(cfg: model.ModelConfig, context: float) -> float:
+  D, H, K, E, F, V, L = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.mlp_dim, cfg.vocab_size, cfg.n_layers)
+  matmul_params = L * (D * H * E * 2 + D * K * E * 2 + 3 * D * F) + D * V
+  return 2.0 * matmul_params + 4.0 * L * H * E * context
+
+
+def matmul_peak(n: int = 2048, repeats: int = 10) -> float:
+  """Best float32 GEMM FLOP/s seen over `repeats` runs."""
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  dot = jax.jit(jnp.dot)
+  dot(a, a).block_until_ready()
+  best = float("inf")
+  for _ in range(repeats):
+    t = time.perf_counter()
+    dot(a, a).block_until_ready()
+    best = min(best, time.perf_counter() - t)
+  return 2.0 * n**3 / best
+
+
+def time_calls(fn, repeats: int) -> list[float]:
+  out = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    fn()
+    out.append(time.perf_counter() - t)
+  return out
+
+
+def bench_grpo_jax(cfg, params, prompts_BP, *, group_size, new_tokens, repeats):
+  scfg = sampling.SamplerConfig(
+    max_new_tokens=new_tokens, eos_ids=(-1,), pad_id=0, group_size=group_size, prompt_buckets=(prompts_BP.shape[1],)
+  )
+  prompts = sampling.prepare_prompts(prompts_BP.tolist(), cfg=scfg)
+  hyper = sampling.sampling_params(temperature=1.0)
+  fn = sampling.make_policy_sampler(cfg, scfg)
+  t = time.perf_counter()
+  compiled = fn.lower(params, prompts, jax.random.key(0), hyper).compile()
+  compile_s = time.perf_counter() - t
+  run = lambda i: jax.block_until_ready(compiled(params, prompts, jax.random.key(i), hyper))
+  out = run(0)  # Warm-up.
+  assert int(out.num_steps) == new_tokens and bool(jnp.all(out.mask_NT)), "the workload must not stop early"
+  times = [time_calls(functools.partial(run, i + 1), 1)[0] for i in range(repeats)]
+  n_tokens = prompts_BP.shape[0] * group_size * new_tokens
+  return dict(tokens_per_s=n_tokens / statistics.median(times), compile_s=compile_s, seconds=times)
+
+
+def count_prefill_rows(cfg, params, prompts_BP, *, group_size):
+  """Rows that go through prefill calls (T > 1), counted at run time."""
+  rows = []
+  model_fn = model.make_model_fn(cfg)
+
+  def counting_fn(params, tokens_BT, positions_BT, cache):
+    if tokens_BT.shape[1] > 1:
+      jax.debug.callback(lambda t: rows.append(t.shape[0]), tokens_BT)
+    return model_fn(params, tokens_BT, positions_BT, cache)
+
+  scfg = sampling.SamplerConfig(max_new_tokens=2, eos_ids=(-1,), pad_id=0, group_size=group_size)
+  fn = sampling.make_sample_fn(model_fn=counting_fn, init_cache=functools.partial(model.init_cache, cfg), cfg=scfg)
+  jax.block_until_ready(fn(params, sampling.prepare_prompts(prompts_BP.tolist(), cfg=scfg), jax.random.key(0), sampling.sampling_params()))
+  jax.effects_barrier()
+  return sum(rows)
+
+
+def bench_hf(cfg, prompts_BP, *, group_size, new_tokens, repeats):
+  try:
+    import torch
+    import transformers
+  except ImportError:
+    return None
+  torch.manual_seed(0)
+  hf_cfg = transformers.Qwen3Config(
+    vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.mlp_dim,
+    num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
+    head_dim=cfg.head_dim, tie_word_embeddings=True, rope_theta=cfg.rope_theta, max_position_embeddings=1024,
+  )  # fmt: skip
+  hf = transformers.Qwen3ForCausalLM(hf_cfg).eval().to(torch.float32)
+  input_ids = torch.tensor(prompts_BP, dtype=torch.long)
+  kwargs = dict(
+    attention_mask=torch.ones_like(input_ids), do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+    max_new_tokens=new_tokens, min_new_tokens=new_tokens, num_return_sequences=group_size,
+    pad_token_id=0, eos_token_id=None,
+  )  # fmt: skip
+
+  def run():
+    with torch.inference_mode():
+      out = hf.generate(input_ids, **kwargs)
+    assert out.shape == (prompts_BP.shape[0] * group_size, prompts_BP.shape[1] + new_tokens), out.shape
+
+  run()  # Warm-up.
+  times = time_calls(run, repeats)
+  n_tokens = prompts_BP.shape[0] * group_size * new_tokens
+  return dict(tokens_per_s=n_tokens / statistics.median(times), seconds=times, torch_threads=torch.get_num_threads())
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--quick", action="store_true", help="tiny workload for a smoke test")
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--groups", type=int, nargs="+", default=[1, 8])
+  parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baseline")
+  args = parser.parse_args(argv)
+
+  B, P, T = (4, 16, 8) if args.quick else (32, 64, 128)
+  cfg = model.ModelConfig(**BENCH_MODEL)
+  params = jax.jit(functools.partial(model.init, cfg))(jax.random.key(0))
+  prompts_BP = np.asarray(jax.random.randint(jax.random.key(1), (B, P), 3, cfg.vocab_size))
+  peak = matmul_peak(1024 if args.quick else 2048)
+  fpt = flops_per_token(cfg, context=P + T / 2)
+  result = dict(
+    backend=jax.default_backend(),
+    device=str(jax.devices()[0].device_kind),
+    params=model.param_count(params),
+    workload=dict(prompts=B, prompt_len=P, new_tokens=T, temperature=1.0),
+    matmul_peak_gflops=peak / 1e9,
+    flops_per_token=fpt,
+  )
+  print(f"model: {result['params'] / 1e6:.1f}M params; matmul peak {peak / 1e9:.0f} GFLOP/s", file=sys.stderr)
+  for G in args.groups:
+    ours = bench_grpo_jax(cfg, params, prompts_BP, group_size=G, new_tokens=T, repeats=args.repeats)
+    entry = dict(
+      tokens_per_s=ours["tokens_per_s"],
+      compile_s=ours["compile_s"],
+      fraction_of_peak=ours["tokens_per_s"] * fpt / peak,
+      prefill_rows=count_prefill_rows(cfg, params, prompts_BP, group_size=G),
+      seconds=ours["seconds"],
+    )
+    print(f"G={G}: grpo_jax {entry['tokens_per_s']:.0f} tok/s (compile {entry['compile_s']:.1f}s, "
+          f"{100 * entry['fraction_of_peak']:.1f}% of peak, prefill rows {entry['prefill_rows']} for {B} prompts)", file=sys.stderr)  # fmt: skip
+    hf = None if args.no_hf else bench_hf(cfg, prompts_BP, group_size=G, new_tokens=T, repeats=args.repeats)
+    if hf is not None:
+      entry["hf_tokens_per_s"] = hf["tokens_per_s"]
+      entry["ratio_vs_hf"] = ours["tokens_per_s"] / hf["tokens_per_s"]
+      print(f"G={G}: HF generate {hf['tokens_per_s']:.0f} tok/s -> ratio {entry['ratio_vs_hf']:.2f}x", file=sys.stderr)
+    result[f"G{G}"] = entry
+  print(json.dumps(result))
+
+
+if __name__ == "__main__":
+  main()
