@@ -43,7 +43,15 @@ BENCH_MODEL = dict(
 
 
 def flops_per_token(cfg: model.ModelConfig, context: float) -> float:
-  D, H, K, E, F, V, L = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.mlp_dim, cfg.vocab_size, cfg.n_layers)
+  D, H, K, E, F, V, L = (
+    cfg.d_model,
+    cfg.n_heads,
+    cfg.n_kv_heads,
+    cfg.head_dim,
+    cfg.mlp_dim,
+    cfg.vocab_size,
+    cfg.n_layers,
+  )
   matmul_params = L * (D * H * E * 2 + D * K * E * 2 + 3 * D * F) + D * V
   return 2.0 * matmul_params + 4.0 * L * H * E * context
 
@@ -72,7 +80,11 @@ def time_calls(fn, repeats: int) -> list[float]:
 
 def bench_grpo_jax(cfg, params, prompts_BP, *, group_size, new_tokens, repeats):
   scfg = sampling.SamplerConfig(
-    max_new_tokens=new_tokens, eos_ids=(-1,), pad_id=0, group_size=group_size, prompt_buckets=(prompts_BP.shape[1],)
+    max_new_tokens=new_tokens,
+    eos_ids=(-1,),
+    pad_id=0,
+    group_size=group_size,
+    prompt_buckets=(prompts_BP.shape[1],),
   )
   prompts = sampling.prepare_prompts(prompts_BP.tolist(), cfg=scfg)
   hyper = sampling.sampling_params(temperature=1.0)
@@ -82,7 +94,9 @@ def bench_grpo_jax(cfg, params, prompts_BP, *, group_size, new_tokens, repeats):
   compile_s = time.perf_counter() - t
   run = lambda i: jax.block_until_ready(compiled(params, prompts, jax.random.key(i), hyper))
   out = run(0)  # Warm-up.
-  assert int(out.num_steps) == new_tokens and bool(jnp.all(out.mask_NT)), "the workload must not stop early"
+  assert int(out.num_steps) == new_tokens and bool(jnp.all(out.mask_NT)), (
+    "the workload must not stop early"
+  )
   times = [time_calls(functools.partial(run, i + 1), 1)[0] for i in range(repeats)]
   n_tokens = prompts_BP.shape[0] * group_size * new_tokens
   return dict(tokens_per_s=n_tokens / statistics.median(times), compile_s=compile_s, seconds=times)
@@ -99,8 +113,17 @@ def count_prefill_rows(cfg, params, prompts_BP, *, group_size):
     return model_fn(params, tokens_BT, positions_BT, cache)
 
   scfg = sampling.SamplerConfig(max_new_tokens=2, eos_ids=(-1,), pad_id=0, group_size=group_size)
-  fn = sampling.make_sample_fn(model_fn=counting_fn, init_cache=functools.partial(model.init_cache, cfg), cfg=scfg)
-  jax.block_until_ready(fn(params, sampling.prepare_prompts(prompts_BP.tolist(), cfg=scfg), jax.random.key(0), sampling.sampling_params()))
+  fn = sampling.make_sample_fn(
+    model_fn=counting_fn, init_cache=functools.partial(model.init_cache, cfg), cfg=scfg
+  )
+  jax.block_until_ready(
+    fn(
+      params,
+      sampling.prepare_prompts(prompts_BP.tolist(), cfg=scfg),
+      jax.random.key(0),
+      sampling.sampling_params(),
+    )
+  )
   jax.effects_barrier()
   return sum(rows)
 
@@ -128,12 +151,18 @@ def bench_hf(cfg, prompts_BP, *, group_size, new_tokens, repeats):
   def run():
     with torch.inference_mode():
       out = hf.generate(input_ids, **kwargs)
-    assert out.shape == (prompts_BP.shape[0] * group_size, prompts_BP.shape[1] + new_tokens), out.shape
+    assert out.shape == (prompts_BP.shape[0] * group_size, prompts_BP.shape[1] + new_tokens), (
+      out.shape
+    )
 
   run()  # Warm-up.
   times = time_calls(run, repeats)
   n_tokens = prompts_BP.shape[0] * group_size * new_tokens
-  return dict(tokens_per_s=n_tokens / statistics.median(times), seconds=times, torch_threads=torch.get_num_threads())
+  return dict(
+    tokens_per_s=n_tokens / statistics.median(times),
+    seconds=times,
+    torch_threads=torch.get_num_threads(),
+  )
 
 
 def main(argv=None):
@@ -158,7 +187,10 @@ def main(argv=None):
     matmul_peak_gflops=peak / 1e9,
     flops_per_token=fpt,
   )
-  print(f"model: {result['params'] / 1e6:.1f}M params; matmul peak {peak / 1e9:.0f} GFLOP/s", file=sys.stderr)
+  print(
+    f"model: {result['params'] / 1e6:.1f}M params; matmul peak {peak / 1e9:.0f} GFLOP/s",
+    file=sys.stderr,
+  )
   for G in args.groups:
     ours = bench_grpo_jax(cfg, params, prompts_BP, group_size=G, new_tokens=T, repeats=args.repeats)
     entry = dict(
@@ -170,11 +202,18 @@ def main(argv=None):
     )
     print(f"G={G}: grpo_jax {entry['tokens_per_s']:.0f} tok/s (compile {entry['compile_s']:.1f}s, "
           f"{100 * entry['fraction_of_peak']:.1f}% of peak, prefill rows {entry['prefill_rows']} for {B} prompts)", file=sys.stderr)  # fmt: skip
-    hf = None if args.no_hf else bench_hf(cfg, prompts_BP, group_size=G, new_tokens=T, repeats=args.repeats)
+    hf = (
+      None
+      if args.no_hf
+      else bench_hf(cfg, prompts_BP, group_size=G, new_tokens=T, repeats=args.repeats)
+    )
     if hf is not None:
       entry["hf_tokens_per_s"] = hf["tokens_per_s"]
       entry["ratio_vs_hf"] = ours["tokens_per_s"] / hf["tokens_per_s"]
-      print(f"G={G}: HF generate {hf['tokens_per_s']:.0f} tok/s -> ratio {entry['ratio_vs_hf']:.2f}x", file=sys.stderr)
+      print(
+        f"G={G}: HF generate {hf['tokens_per_s']:.0f} tok/s -> ratio {entry['ratio_vs_hf']:.2f}x",
+        file=sys.stderr,
+      )
     result[f"G{G}"] = entry
   print(json.dumps(result))
 

@@ -15,7 +15,9 @@ from ml_collections import config_flags
 
 from grpo_jax import config_lib, model, sampling, tasks
 
-_DEFAULT = str(pathlib.Path(__file__).resolve().parent.parent / "configs" / "sample_demo.py") + ":tiny"
+_DEFAULT = (
+  str(pathlib.Path(__file__).resolve().parent.parent / "configs" / "sample_demo.py") + ":tiny"
+)
 _CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT, "Demo config file.", lock_config=True)
 
 
@@ -23,37 +25,52 @@ def run_demo(config) -> dict:
   """Samples groups from a random-init policy and scores them. Returns summary figures."""
   task = tasks.get(config.task.name, **config_lib.to_dict(config.task.kwargs))
   tok = task.tokenizer()
-  model_cfg = model.ModelConfig.from_dict({**config_lib.to_dict(config.model), "vocab_size": tok.vocab_size})
+  model_cfg = model.ModelConfig.from_dict(
+    {**config_lib.to_dict(config.model), "vocab_size": tok.vocab_size}
+  )
   scfg = config_lib.from_dict(
-    sampling.SamplerConfig, {**config_lib.to_dict(config.sampler), "eos_ids": tok.eos_ids, "pad_id": tok.pad_id}
+    sampling.SamplerConfig,
+    {**config_lib.to_dict(config.sampler), "eos_ids": tok.eos_ids, "pad_id": tok.pad_id},
   )
   hyper = sampling.sampling_params(**config_lib.to_dict(config.sampling))
   examples = [task.example("train", i, seed=config.seed) for i in range(config.num_prompts)]
-  prompts = sampling.prepare_prompts([tok.encode(e.prompt, add_bos=True) for e in examples], cfg=scfg)
+  prompts = sampling.prepare_prompts(
+    [tok.encode(e.prompt, add_bos=True) for e in examples], cfg=scfg
+  )
 
   params = jax.jit(model.init, static_argnums=0)(model_cfg, jax.random.key(config.seed))
   sample_fn = sampling.make_policy_sampler(model_cfg, scfg)
   t0 = time.perf_counter()
-  rollouts = jax.block_until_ready(sample_fn(params, prompts, jax.random.key(config.seed + 1), hyper))
+  rollouts = jax.block_until_ready(
+    sample_fn(params, prompts, jax.random.key(config.seed + 1), hyper)
+  )
   first_s = time.perf_counter() - t0
   t0 = time.perf_counter()
-  rollouts = jax.block_until_ready(sample_fn(params, prompts, jax.random.key(config.seed + 2), hyper))
+  rollouts = jax.block_until_ready(
+    sample_fn(params, prompts, jax.random.key(config.seed + 2), hyper)
+  )
   steady_s = time.perf_counter() - t0
 
   # Host side: decode and score.
   groups = np.asarray(rollouts.group_ids_N)
   completions = [tok.decode(row) for row in np.asarray(rollouts.tokens_NT)]
   rewards = np.array([task.reward(examples[g].prompt, c) for g, c in zip(groups, completions)])
-  formats = np.array([task.format_reward(examples[g].prompt, c) for g, c in zip(groups, completions)])
+  formats = np.array(
+    [task.format_reward(examples[g].prompt, c) for g, c in zip(groups, completions)]
+  )
   reference = np.array([task.reward(e.prompt, e.reference) for e in examples])
 
   G = scfg.group_size
   print(f"task={task.name}  params={model.param_count(params):,}  prompts={len(examples)}  G={G}")
   for b, e in enumerate(examples[:4]):
-    print(f"prompt {e.prompt!r}  reference {e.reference!r} -> reward {task.reward(e.prompt, e.reference)}")
+    print(
+      f"prompt {e.prompt!r}  reference {e.reference!r} -> reward {task.reward(e.prompt, e.reference)}"
+    )
     for n in range(b * G, b * G + min(G, 3)):
       print(f"    sample {completions[n]!r:24}  reward {rewards[n]:.0f}  format {formats[n]:.0f}")
-  distinct = np.mean([len(set(completions[b * G : (b + 1) * G])) == G for b in range(len(examples))])
+  distinct = np.mean(
+    [len(set(completions[b * G : (b + 1) * G])) == G for b in range(len(examples))]
+  )
   n_tokens = int(np.asarray(rollouts.mask_NT).sum())
   summary = dict(
     mean_reward=float(rewards.mean()),

@@ -68,7 +68,15 @@ class ModelConfig:
   init_std: float = 0.02
 
   def __post_init__(self):
-    for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim"):
+    for name in (
+      "vocab_size",
+      "d_model",
+      "n_layers",
+      "n_heads",
+      "n_kv_heads",
+      "head_dim",
+      "mlp_dim",
+    ):
       value = getattr(self, name)
       if not isinstance(value, int) or value <= 0:
         raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}.")
@@ -77,7 +85,9 @@ class ModelConfig:
         f"ModelConfig.n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})."
       )
     if self.head_dim % 2:
-      raise ValueError(f"ModelConfig.head_dim must be even for rotary embeddings, got {self.head_dim}.")
+      raise ValueError(
+        f"ModelConfig.head_dim must be even for rotary embeddings, got {self.head_dim}."
+      )
     for name in ("param_dtype", "dtype"):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r}; allowed: {sorted(_DTYPES)}.")
@@ -129,7 +139,10 @@ class RMSNorm(nn.Module):
   @nn.compact
   def __call__(self, x):
     scale = self.param(
-      "scale", _param_init(nn.initializers.ones, (self.axis_name,)), (x.shape[-1],), self.param_dtype
+      "scale",
+      _param_init(nn.initializers.ones, (self.axis_name,)),
+      (x.shape[-1],),
+      self.param_dtype,
     )
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
@@ -159,12 +172,19 @@ def _attend(q_BKQE, q_pos_BQ, keys_BKSE, values_BKSE, key_pos_BS, *, dtype):
     m = max_s (s_qs v_qs - (1 - v_qs) BIG),  e_qs = exp(min(s_qs - m, 0)) v_qs,
     out = sum_s e_qs V_s / max(sum_s e_qs, tiny).
   """
-  s_BKQS = jnp.einsum("bkqe,bkse->bkqs", q_BKQE, keys_BKSE.astype(dtype), preferred_element_type=jnp.float32)
+  s_BKQS = jnp.einsum(
+    "bkqe,bkse->bkqs", q_BKQE, keys_BKSE.astype(dtype), preferred_element_type=jnp.float32
+  )
   kp, qp = key_pos_BS[:, None, None, :], q_pos_BQ[:, None, :, None]
   valid = ((kp >= 0) & (kp <= qp) & (qp >= 0)).astype(jnp.float32)
   m_BKQ1 = jnp.max(s_BKQS * valid - (1.0 - valid) * 1e30, axis=-1, keepdims=True)
   e_BKQS = jnp.exp(jnp.minimum(s_BKQS - m_BKQ1, 0.0)) * valid
-  out_BKQE = jnp.einsum("bkqs,bkse->bkqe", e_BKQS.astype(dtype), values_BKSE.astype(dtype), preferred_element_type=jnp.float32)
+  out_BKQE = jnp.einsum(
+    "bkqs,bkse->bkqe",
+    e_BKQS.astype(dtype),
+    values_BKSE.astype(dtype),
+    preferred_element_type=jnp.float32,
+  )
   return (out_BKQE / jnp.maximum(jnp.sum(e_BKQS, axis=-1, keepdims=True), 1e-30)).astype(dtype)
 
 
@@ -195,12 +215,22 @@ class Attention(nn.Module):
   def __call__(self, x_BTD, positions_BT, cache_kv, cache_pos_BS, index):
     cfg = self.cfg
     H, K, E = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    q_BTHE = _dense(cfg, (H, E), ("embed", "q_heads", "head_dim"), use_bias=cfg.attn_bias, name="q")(x_BTD)
-    k_BTKE = _dense(cfg, (K, E), ("embed", "kv_heads", "head_dim"), use_bias=cfg.attn_bias, name="k")(x_BTD)
-    v_BTKE = _dense(cfg, (K, E), ("embed", "kv_heads", "head_dim"), use_bias=cfg.attn_bias, name="v")(x_BTD)
+    q_BTHE = _dense(
+      cfg, (H, E), ("embed", "q_heads", "head_dim"), use_bias=cfg.attn_bias, name="q"
+    )(x_BTD)
+    k_BTKE = _dense(
+      cfg, (K, E), ("embed", "kv_heads", "head_dim"), use_bias=cfg.attn_bias, name="k"
+    )(x_BTD)
+    v_BTKE = _dense(
+      cfg, (K, E), ("embed", "kv_heads", "head_dim"), use_bias=cfg.attn_bias, name="v"
+    )(x_BTD)
     if cfg.qk_norm:
       norm = functools.partial(
-        RMSNorm, eps=cfg.norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype, axis_name="head_dim"
+        RMSNorm,
+        eps=cfg.norm_eps,
+        dtype=cfg.compute_dtype,
+        param_dtype=cfg.weight_dtype,
+        axis_name="head_dim",
       )
       q_BTHE = norm(name="q_norm")(q_BTHE)
       k_BTKE = norm(name="k_norm")(k_BTKE)
@@ -211,7 +241,9 @@ class Attention(nn.Module):
     R = H // K
     # Query rows grouped per kv head: [B, K, Q = T*R, E], so every matmul below is a
     # canonical batched matmul over (b, k) with no transposes of the cache.
-    q_BKQE = jnp.transpose((q_BTHE * E**-0.5).reshape(B, T, K, R, E), (0, 2, 1, 3, 4)).reshape(B, K, T * R, E)
+    q_BKQE = jnp.transpose((q_BTHE * E**-0.5).reshape(B, T, K, R, E), (0, 2, 1, 3, 4)).reshape(
+      B, K, T * R, E
+    )
     q_pos_BQ = jnp.repeat(positions_BT, R, axis=1)
     k_BKTE, v_BKTE = jnp.swapaxes(k_BTKE, 1, 2), jnp.swapaxes(v_BTKE, 1, 2)
     if cache_kv is None:
@@ -220,13 +252,17 @@ class Attention(nn.Module):
     else:
       # Write this call's keys/values into the layer's buffer (in place), then attend
       # over the buffer alone: cache_pos_BS already holds this call's positions.
-      write = lambda buf, new: jax.lax.dynamic_update_slice(buf, new.astype(buf.dtype), (0, 0, index, 0))
+      write = lambda buf, new: jax.lax.dynamic_update_slice(
+        buf, new.astype(buf.dtype), (0, 0, index, 0)
+      )
       new_kv = (write(cache_kv[0], k_BKTE), write(cache_kv[1], v_BKTE))
       keys = (*new_kv, cache_pos_BS)
     out_BKQE = _attend(q_BKQE, q_pos_BQ, *keys, dtype=cfg.compute_dtype)
     out_BTKRE = jnp.transpose(out_BKQE.reshape(B, K, T, R, E), (0, 2, 1, 3, 4))
     out_BTHE = out_BTKRE.reshape(B, T, H, E)
-    out_BTD = _dense(cfg, cfg.d_model, ("q_heads", "head_dim", "embed"), axis=(-2, -1), name="o")(out_BTHE)
+    out_BTD = _dense(cfg, cfg.d_model, ("q_heads", "head_dim", "embed"), axis=(-2, -1), name="o")(
+      out_BTHE
+    )
     return out_BTD, new_kv
 
 
@@ -254,9 +290,13 @@ class Block(nn.Module):
   @nn.compact
   def __call__(self, x_BTD, positions_BT, cache_kv, cache_pos_BS, index):
     cfg = self.cfg
-    norm = functools.partial(RMSNorm, eps=cfg.norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype)
+    norm = functools.partial(
+      RMSNorm, eps=cfg.norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype
+    )
     attn = Attention(cfg, name="attn")
-    attn_BTD, kv_new = attn(norm(name="attn_norm")(x_BTD), positions_BT, cache_kv, cache_pos_BS, index)
+    attn_BTD, kv_new = attn(
+      norm(name="attn_norm")(x_BTD), positions_BT, cache_kv, cache_pos_BS, index
+    )
     x_BTD = x_BTD + attn_BTD
     x_BTD = x_BTD + Mlp(cfg, name="mlp")(norm(name="mlp_norm")(x_BTD))
     return nn.with_logical_constraint(x_BTD, ACT_BTD), kv_new
@@ -298,15 +338,22 @@ class Decoder(nn.Module):
       new = []
       for i in range(cfg.n_layers):
         layer_kv = None if cache_kv is None else (cache_kv[0][i], cache_kv[1][i])
-        x_BTD, kv = block(cfg, name=f"layer_{i}")(x_BTD, positions_BT, layer_kv, cache_pos_BS, index)
+        x_BTD, kv = block(cfg, name=f"layer_{i}")(
+          x_BTD, positions_BT, layer_kv, cache_pos_BS, index
+        )
         new.append(kv)
       # Fresh k/v are stacked [L, ...]; updated per-layer buffers stay separate.
-      kv_new = jax.tree.map(lambda *xs: jnp.stack(xs), *new) if cache_kv is None else tuple(zip(*new))
+      kv_new = (
+        jax.tree.map(lambda *xs: jnp.stack(xs), *new) if cache_kv is None else tuple(zip(*new))
+      )
 
     x_BTD = RMSNorm(cfg.norm_eps, cfg.compute_dtype, cfg.weight_dtype, name="final_norm")(x_BTD)
     if cfg.tie_embeddings:
       logits_BTV = jnp.einsum(
-        "btd,vd->btv", x_BTD, embed.embedding.astype(cfg.compute_dtype), preferred_element_type=jnp.float32
+        "btd,vd->btv",
+        x_BTD,
+        embed.embedding.astype(cfg.compute_dtype),
+        preferred_element_type=jnp.float32,
       )
     else:
       logits_BTV = _dense(cfg, cfg.vocab_size, ("embed", "vocab"), name="lm_head")(x_BTD)
@@ -340,7 +387,11 @@ class KVCache:
   def repeat(self, n: int) -> KVCache:
     """Each row repeated n times, consecutively: row b -> rows b*n .. b*n+n-1."""
     rep = functools.partial(jnp.repeat, repeats=n, axis=1 if self.stacked else 0)
-    return self.replace(k=tuple(map(rep, self.k)), v=tuple(map(rep, self.v)), pos_BS=jnp.repeat(self.pos_BS, n, axis=0))
+    return self.replace(
+      k=tuple(map(rep, self.k)),
+      v=tuple(map(rep, self.v)),
+      pos_BS=jnp.repeat(self.pos_BS, n, axis=0),
+    )
 
 
 def init_cache(cfg: ModelConfig, batch_size: int, max_len: int) -> KVCache:
@@ -388,7 +439,9 @@ def param_count(params: Params) -> int:
   return sum(x.size for x in jax.tree.leaves(params))
 
 
-def apply(params: Params, tokens_BT, positions_BT, cache: KVCache | None = None, *, cfg: ModelConfig):
+def apply(
+  params: Params, tokens_BT, positions_BT, cache: KVCache | None = None, *, cfg: ModelConfig
+):
   """Forward pass. Returns (float32 logits [B,T,V], cache with this call's tokens appended).
 
   Without a cache this is a full (teacher-forced) forward, and the returned cache is None.
@@ -400,13 +453,20 @@ def apply(params: Params, tokens_BT, positions_BT, cache: KVCache | None = None,
   i = cache.index
   pos_BS = jax.lax.dynamic_update_slice(cache.pos_BS, positions_BT.astype(jnp.int32), (0, i))
   if cache.empty:  # Prefill: attend within the call, then write its k/v [L,B,T,K,E] once.
-    logits_BTV, (k_LBTKE, v_LBTKE) = decoder.apply({"params": params}, tokens_BT, positions_BT, None, None, None)
+    logits_BTV, (k_LBTKE, v_LBTKE) = decoder.apply(
+      {"params": params}, tokens_BT, positions_BT, None, None, None
+    )
 
     def write(bufs, new_LBTKE):
       new_LBKTE = jnp.swapaxes(new_LBTKE, 2, 3)
       if cache.stacked:
-        return (jax.lax.dynamic_update_slice(bufs[0], new_LBKTE.astype(bufs[0].dtype), (0, 0, 0, i, 0)),)
-      return tuple(jax.lax.dynamic_update_slice(b, n.astype(b.dtype), (0, 0, i, 0)) for b, n in zip(bufs, new_LBKTE))
+        return (
+          jax.lax.dynamic_update_slice(bufs[0], new_LBKTE.astype(bufs[0].dtype), (0, 0, 0, i, 0)),
+        )
+      return tuple(
+        jax.lax.dynamic_update_slice(b, n.astype(b.dtype), (0, 0, i, 0))
+        for b, n in zip(bufs, new_LBKTE)
+      )
 
     k, v = write(cache.k, k_LBTKE), write(cache.v, v_LBTKE)
   else:  # Decode: every layer writes into its own buffer in place, then attends over it.

@@ -28,7 +28,9 @@ class Registry(Generic[T]):
     try:
       return self._items[name]
     except KeyError:
-      raise ValueError(f"Unknown {self.kind} {name!r}; valid names: {', '.join(self.names())}.") from None
+      raise ValueError(
+        f"Unknown {self.kind} {name!r}; valid names: {', '.join(self.names())}."
+      ) from None
 
   def names(self) -> list[str]:
     return sorted(self._items)

@@ -56,11 +56,17 @@ class SamplerConfig:
     if not self.eos_ids:
       raise ValueError("SamplerConfig.eos_ids must name at least one EOS token id.")
     if self.truncate_prompts not in TRUNCATE_MODES:
-      raise ValueError(f"SamplerConfig.truncate_prompts={self.truncate_prompts!r}; allowed: {TRUNCATE_MODES}.")
+      raise ValueError(
+        f"SamplerConfig.truncate_prompts={self.truncate_prompts!r}; allowed: {TRUNCATE_MODES}."
+      )
     if self.max_prompt_len < 1:
       raise ValueError(f"SamplerConfig.max_prompt_len must be >= 1, got {self.max_prompt_len}.")
-    if list(self.prompt_buckets) != sorted(set(self.prompt_buckets)) or min(self.prompt_buckets) < 2:
-      raise ValueError(f"SamplerConfig.prompt_buckets must be increasing ints >= 2, got {self.prompt_buckets}.")
+    if (
+      list(self.prompt_buckets) != sorted(set(self.prompt_buckets)) or min(self.prompt_buckets) < 2
+    ):
+      raise ValueError(
+        f"SamplerConfig.prompt_buckets must be increasing ints >= 2, got {self.prompt_buckets}."
+      )
 
 
 @flax.struct.dataclass
@@ -77,7 +83,9 @@ class SamplingParams:
   greedy: jax.Array
 
 
-def sampling_params(*, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, greedy: bool = False):
+def sampling_params(
+  *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, greedy: bool = False
+):
   if not temperature > 0:
     raise ValueError(f"temperature must be > 0 (use greedy=True for argmax), got {temperature}.")
   if top_k < 0:
@@ -206,10 +214,13 @@ def filter_logits(logits_NV, hyper: SamplingParams):
     keys_NV = _order_keys(s_NV)
     k = jnp.where(hyper.top_k > 0, jnp.minimum(hyper.top_k, s_NV.shape[-1]), s_NV.shape[-1])
     k_key_N1 = _largest_key_where(keys_NV, lambda kept: jnp.sum(kept, axis=-1, keepdims=True) >= k)
-    probs_NV = jnp.where(keys_NV >= k_key_N1, jnp.exp(s_NV - jnp.max(s_NV, axis=-1, keepdims=True)), 0.0)
+    probs_NV = jnp.where(
+      keys_NV >= k_key_N1, jnp.exp(s_NV - jnp.max(s_NV, axis=-1, keepdims=True)), 0.0
+    )
     target_N1 = hyper.top_p * jnp.sum(probs_NV, axis=-1, keepdims=True)
     p_key_N1 = _largest_key_where(
-      keys_NV, lambda kept: jnp.sum(jnp.where(kept, probs_NV, 0.0), axis=-1, keepdims=True) >= target_N1
+      keys_NV,
+      lambda kept: jnp.sum(jnp.where(kept, probs_NV, 0.0), axis=-1, keepdims=True) >= target_N1,
     )
     return jnp.where(keys_NV >= jnp.maximum(k_key_N1, p_key_N1), s_NV, -jnp.inf)
 
@@ -241,7 +252,9 @@ def choose_tokens(logits_NV, key, hyper: SamplingParams):
   logits_NV = logits_NV.astype(jnp.float32)
 
   def greedy(_):
-    return jnp.argmax(logits_NV, axis=-1).astype(jnp.int32), jnp.zeros(logits_NV.shape[:1], jnp.float32)
+    return jnp.argmax(logits_NV, axis=-1).astype(jnp.int32), jnp.zeros(
+      logits_NV.shape[:1], jnp.float32
+    )
 
   def stochastic(key):
     filtered_NV = filter_logits(logits_NV, hyper)
@@ -273,7 +286,9 @@ def sample(
   positions_BP = model_lib.positions_from_mask(mask_BP)
 
   if P < 2:
-    raise ValueError(f"Prompt batches need >= 2 slots (left-pad a 1-token prompt), got shape {(B, P)}.")
+    raise ValueError(
+      f"Prompt batches need >= 2 slots (left-pad a 1-token prompt), got shape {(B, P)}."
+    )
   # Prefill: once per prompt, then broadcast to the G rows of its group.
   cache = init_cache(B, P - 1 + T)
   _, cache = model_fn(params, tokens_BP[:, :-1], positions_BP[:, :-1], cache)
@@ -285,7 +300,9 @@ def sample(
 
   def body(state):
     step, done_N = state["step"], state["done_N"]
-    logits_N1V, cache = model_fn(params, state["tok_N"][:, None], state["pos_N"][:, None], state["cache"])
+    logits_N1V, cache = model_fn(
+      params, state["tok_N"][:, None], state["pos_N"][:, None], state["cache"]
+    )
     key, step_key = jax.random.split(state["key"])
     tok_N, logp_N, policy_logp_N = choose_tokens(logits_N1V[:, -1], step_key, hyper)
     live_N = ~done_N

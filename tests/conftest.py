@@ -31,7 +31,11 @@ def tiny_params(tiny_cfg):
 @pytest.fixture(scope="session")
 def sampler_cfg(tokenizer):
   return sampling.SamplerConfig(
-    max_new_tokens=10, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id, group_size=4, prompt_buckets=(8, 16)
+    max_new_tokens=10,
+    eos_ids=tokenizer.eos_ids,
+    pad_id=tokenizer.pad_id,
+    group_size=4,
+    prompt_buckets=(8, 16),
   )
 
 

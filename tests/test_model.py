@@ -17,6 +17,7 @@ class model:  # noqa: N801 -- the module, with a jitted apply (eager flax is slo
   param_count = staticmethod(model_lib.param_count)
   ModelConfig = model_lib.ModelConfig
 
+
 VOCAB = 37
 TOKENS_BT = np.array([[0, 0, 0, 5, 6, 7, 8, 9, 10], [1, 2, 3, 4, 5, 6, 7, 8, 9]], np.int32)
 MASK_BT = np.array([[0, 0, 0, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 1, 1]], bool)
@@ -44,7 +45,9 @@ def test_positions_skip_padding():
   np.testing.assert_array_equal(_positions()[0], [-1, -1, -1, 0, 1, 2, 3, 4, 5])
   np.testing.assert_array_equal(_positions()[1], np.arange(9))
   # Right padding (a completion) too.
-  np.testing.assert_array_equal(model.positions_from_mask(jnp.array([[0, 1, 1, 0]])), [[-1, 0, 1, -1]])
+  np.testing.assert_array_equal(
+    model.positions_from_mask(jnp.array([[0, 1, 1, 0]])), [[-1, 0, 1, -1]]
+  )
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -107,7 +110,9 @@ def test_scan_matches_unrolled_layers():
   scan_cfg = model.tiny_config(VOCAB, qk_norm=True, scan_layers=True)
   layers = [params.pop(f"layer_{i}") for i in range(cfg.n_layers)]
   scan_params = {**params, "layers": jax.tree.map(lambda *xs: jnp.stack(xs), *layers)}
-  assert jax.tree.structure(scan_params) == jax.tree.structure(model.init(scan_cfg, jax.random.key(0)))
+  assert jax.tree.structure(scan_params) == jax.tree.structure(
+    model.init(scan_cfg, jax.random.key(0))
+  )
   params.update({f"layer_{i}": layer for i, layer in enumerate(layers)})
   a, _ = model.apply(params, TOKENS_BT, _positions(), cfg=cfg)
   b, _ = model.apply(scan_params, TOKENS_BT, _positions(), cfg=scan_cfg)
@@ -130,7 +135,11 @@ def test_every_param_has_logical_axis_names(variant):
     assert set(spec) <= ALLOWED_NAMES, (path, spec)
     if cfg.scan_layers and "layers" in jax.tree_util.keystr(path):
       assert spec[0] == "layers"
-  q_kernel = axes["layers"]["attn"]["q"]["kernel"] if cfg.scan_layers else axes["layer_0"]["attn"]["q"]["kernel"]
+  q_kernel = (
+    axes["layers"]["attn"]["q"]["kernel"]
+    if cfg.scan_layers
+    else axes["layer_0"]["attn"]["q"]["kernel"]
+  )
   assert tuple(q_kernel)[-3:] == ("embed", "q_heads", "head_dim")
 
 
@@ -155,7 +164,9 @@ def test_bfloat16_compute_and_param_dtypes():
   logits, cache = model.apply(params, TOKENS_BT, _positions(), model.init_cache(cfg, 2, 9), cfg=cfg)
   assert logits.dtype == jnp.float32 and cache.k[0].dtype == jnp.bfloat16
   f32_cfg = model.tiny_config(VOCAB)
-  ref, _ = model.apply(jax.tree.map(lambda x: x.astype(jnp.float32), params), TOKENS_BT, _positions(), cfg=f32_cfg)
+  ref, _ = model.apply(
+    jax.tree.map(lambda x: x.astype(jnp.float32), params), TOKENS_BT, _positions(), cfg=f32_cfg
+  )
   real = MASK_BT[..., None]  # Padding rows attend to garbage by design.
   np.testing.assert_allclose(jnp.where(real, logits, 0), jnp.where(real, ref, 0), atol=2e-2)
 

@@ -41,7 +41,11 @@ def fake_model_fn(params, tokens_BT, positions_BT, cache, *, calls=None):
 
 def _fake_sampler(*, group_size=1, max_new_tokens=6, calls=None):
   cfg = sampling.SamplerConfig(
-    max_new_tokens=max_new_tokens, eos_ids=(FAKE_EOS,), pad_id=FAKE_PAD, group_size=group_size, prompt_buckets=(4, 8)
+    max_new_tokens=max_new_tokens,
+    eos_ids=(FAKE_EOS,),
+    pad_id=FAKE_PAD,
+    group_size=group_size,
+    prompt_buckets=(4, 8),
   )
   fn = sampling.make_sample_fn(
     model_fn=functools.partial(fake_model_fn, calls=calls), init_cache=fake_init_cache, cfg=cfg
@@ -53,7 +57,9 @@ def _fake_sampler(*, group_size=1, max_new_tokens=6, calls=None):
 def test_fake_model_exact_sequence_stops_at_eos(greedy):
   fn, cfg = _fake_sampler()
   prompts = sampling.prepare_prompts([[3, 4], [1, 2, 3, 4, 5, 6, 7, 8], [2]], cfg=cfg)
-  np.testing.assert_array_equal(prompts.tokens_BP[0], [0, 0, 0, 0, 0, 0, 3, 4])  # Bucket 8, left-padded.
+  np.testing.assert_array_equal(
+    prompts.tokens_BP[0], [0, 0, 0, 0, 0, 0, 3, 4]
+  )  # Bucket 8, left-padded.
   r = fn({}, prompts, jax.random.key(0), sampling.sampling_params(greedy=greedy))
   np.testing.assert_array_equal(
     r.tokens_NT,
@@ -75,7 +81,9 @@ def test_fake_model_exact_sequence_stops_at_eos(greedy):
 
 def test_loop_stops_early_once_every_row_is_done():
   fn, cfg = _fake_sampler(max_new_tokens=6)
-  r = fn({}, sampling.prepare_prompts([[6], [7]], cfg=cfg), jax.random.key(0), sampling.sampling_params())
+  r = fn(
+    {}, sampling.prepare_prompts([[6], [7]], cfg=cfg), jax.random.key(0), sampling.sampling_params()
+  )
   np.testing.assert_array_equal(r.tokens_NT, [[7, 8, 9, 0, 0, 0], [8, 9, 0, 0, 0, 0]])
   assert int(r.num_steps) == 3
 
@@ -83,23 +91,41 @@ def test_loop_stops_early_once_every_row_is_done():
 def test_prefill_runs_once_per_prompt_not_per_rollout():
   calls = []
   fn, cfg = _fake_sampler(group_size=4, max_new_tokens=3, calls=calls)
-  r = fn({}, sampling.prepare_prompts([[3, 4, 1], [5, 5]], cfg=cfg), jax.random.key(0), sampling.sampling_params())
+  r = fn(
+    {},
+    sampling.prepare_prompts([[3, 4, 1], [5, 5]], cfg=cfg),
+    jax.random.key(0),
+    sampling.sampling_params(),
+  )
   jax.block_until_ready(r)
   jax.effects_barrier()
   prefills = [shape for shape in calls if shape[1] > 1]
-  assert prefills == [(2, 3)]  # One prefill call over the B=2 prompts (bucket 4, minus the last token).
-  assert [shape for shape in calls if shape[1] == 1] == [(8, 1)] * 3  # Decode runs on the N=B*G rows.
+  assert prefills == [
+    (2, 3)
+  ]  # One prefill call over the B=2 prompts (bucket 4, minus the last token).
+  assert [shape for shape in calls if shape[1] == 1] == [
+    (8, 1)
+  ] * 3  # Decode runs on the N=B*G rows.
   np.testing.assert_array_equal(r.group_ids_N, [0, 0, 0, 0, 1, 1, 1, 1])
   np.testing.assert_array_equal(r.prompt_tokens_NP[:4], np.tile([0, 3, 4, 1], (4, 1)))
 
 
 def _prompts(sampler_cfg, tokenizer):
   texts = ["Q:12+7\n", "Q:3-45\n", "Q:9+9\n"]
-  return sampling.prepare_prompts([tokenizer.encode(t, add_bos=True) for t in texts], cfg=sampler_cfg)
+  return sampling.prepare_prompts(
+    [tokenizer.encode(t, add_bos=True) for t in texts], cfg=sampler_cfg
+  )
 
 
-def test_greedy_equals_argmax_of_teacher_forced_logits(tiny_sampler, tiny_params, tiny_model_fn, sampler_cfg, tokenizer):
-  r = tiny_sampler(tiny_params, _prompts(sampler_cfg, tokenizer), jax.random.key(0), sampling.sampling_params(greedy=True))
+def test_greedy_equals_argmax_of_teacher_forced_logits(
+  tiny_sampler, tiny_params, tiny_model_fn, sampler_cfg, tokenizer
+):
+  r = tiny_sampler(
+    tiny_params,
+    _prompts(sampler_cfg, tokenizer),
+    jax.random.key(0),
+    sampling.sampling_params(greedy=True),
+  )
   P = r.prompt_tokens_NP.shape[1]
   tokens = jnp.concatenate([r.prompt_tokens_NP, r.tokens_NT], axis=1)
   mask = jnp.concatenate([r.prompt_mask_NP, r.mask_NT], axis=1)
@@ -127,13 +153,17 @@ def test_logprobs_equal_teacher_forced_forward(
   logits, _ = tiny_model_fn(tiny_params, tokens, model.positions_from_mask(mask), None)
   N, T, V = r.tokens_NT.shape + (logits.shape[-1],)
   filtered = sampling.filter_logits(logits[:, P - 1 : -1].reshape(N * T, V), hyper)
-  expected = jnp.take_along_axis(jax.nn.log_softmax(filtered), r.tokens_NT.reshape(-1, 1), axis=-1).reshape(N, T)
+  expected = jnp.take_along_axis(
+    jax.nn.log_softmax(filtered), r.tokens_NT.reshape(-1, 1), axis=-1
+  ).reshape(N, T)
   assert float(jnp.max(jnp.abs(jnp.where(r.mask_NT, expected - r.logp_NT, 0.0)))) <= 1e-4
   if temperature != 1.0:  # The two log-probs differ when the distribution is modified.
     assert float(jnp.max(jnp.abs(r.logp_NT - r.policy_logp_NT))) > 1e-2
 
 
-def test_group_rows_get_distinct_randomness_and_seeds_reproduce(tiny_sampler, tiny_params, sampler_cfg, tokenizer):
+def test_group_rows_get_distinct_randomness_and_seeds_reproduce(
+  tiny_sampler, tiny_params, sampler_cfg, tokenizer
+):
   prompts = _prompts(sampler_cfg, tokenizer)
   hot = sampling.sampling_params(temperature=3.0)
   r = tiny_sampler(tiny_params, prompts, jax.random.key(7), hot)
@@ -153,14 +183,23 @@ def test_one_compile_per_prompt_bucket(tiny_cfg, tokenizer):
     traces.append(1)
     return model.make_model_fn(tiny_cfg)(*args)
 
-  cfg = sampling.SamplerConfig(max_new_tokens=2, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id, prompt_buckets=(4, 8))
-  fn = sampling.make_sample_fn(model_fn=counting_model_fn, init_cache=functools.partial(model.init_cache, tiny_cfg), cfg=cfg)
+  cfg = sampling.SamplerConfig(
+    max_new_tokens=2, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id, prompt_buckets=(4, 8)
+  )
+  fn = sampling.make_sample_fn(
+    model_fn=counting_model_fn, init_cache=functools.partial(model.init_cache, tiny_cfg), cfg=cfg
+  )
   params = model.init(tiny_cfg, jax.random.key(0))
   hyper = sampling.sampling_params()
   for lengths in ([5, 6], [8, 2], [3, 1], [4, 4]):  # Buckets 8, 8, 4, 4.
     prompts = sampling.prepare_prompts([[4] * n for n in lengths], cfg=cfg)
     fn(params, prompts, jax.random.key(0), hyper)
-  fn(params, prompts, jax.random.key(0), sampling.sampling_params(temperature=0.5, top_p=0.9, greedy=True))
+  fn(
+    params,
+    prompts,
+    jax.random.key(0),
+    sampling.sampling_params(temperature=0.5, top_p=0.9, greedy=True),
+  )
   assert fn._cache_size() == 2
   assert len(traces) == 4  # Two buckets, each traced once: prefill + decode body.
 
@@ -171,7 +210,9 @@ def test_one_compile_per_prompt_bucket(tiny_cfg, tokenizer):
 
 
 def _filtered_set(logits, **kw):
-  out = sampling.filter_logits(jnp.log(jnp.asarray([logits], jnp.float32)), sampling.sampling_params(**kw))
+  out = sampling.filter_logits(
+    jnp.log(jnp.asarray([logits], jnp.float32)), sampling.sampling_params(**kw)
+  )
   return set(np.flatnonzero(np.isfinite(np.asarray(out[0]))))
 
 
@@ -204,7 +245,9 @@ def _allowed(logits_V, temperature, top_k, top_p, slack=1e-5):
 
 @hypothesis.settings(max_examples=40, deadline=None)  # Subnormals excluded: XLA flushes them to 0.
 @hypothesis.given(
-  logits=st.lists(st.floats(-8, 8, allow_nan=False, allow_subnormal=False, width=32), min_size=16, max_size=16),
+  logits=st.lists(
+    st.floats(-8, 8, allow_nan=False, allow_subnormal=False, width=32), min_size=16, max_size=16
+  ),
   temperature=st.floats(0.2, 3.0),
   top_k=st.integers(0, 20),
   top_p=st.floats(0.05, 1.0),
@@ -223,7 +266,9 @@ def test_top_k_top_p_never_emit_outside_allowed_set(logits, temperature, top_k, 
 def test_temperature_sampling_matches_softmax_chi_square():
   logits_V = jnp.array([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
   n, temperature = 20_000, 0.7
-  tok_N, _, _ = _choose(jnp.tile(logits_V, (n, 1)), jax.random.key(0), sampling.sampling_params(temperature=temperature))
+  tok_N, _, _ = _choose(
+    jnp.tile(logits_V, (n, 1)), jax.random.key(0), sampling.sampling_params(temperature=temperature)
+  )
   counts = np.bincount(np.asarray(tok_N), minlength=6)
 
   def chi2(probs):
@@ -240,14 +285,18 @@ def test_two_level_inverse_cdf_matches_softmax_across_blocks():
   logits_V = jax.random.normal(jax.random.key(5), (100,)) * 1.5
   logits_V = logits_V.at[jnp.array([0, 17, 99])].set(-jnp.inf)
   n = 50_000
-  tok_N = jax.jit(functools.partial(sampling.sample_categorical, block=16))(jax.random.key(6), jnp.tile(logits_V, (n, 1)))
+  tok_N = jax.jit(functools.partial(sampling.sample_categorical, block=16))(
+    jax.random.key(6), jnp.tile(logits_V, (n, 1))
+  )
   counts = np.bincount(np.asarray(tok_N), minlength=100)
   assert counts[[0, 17, 99]].sum() == 0 and counts.sum() == n
   probs = np.asarray(jax.nn.softmax(logits_V))
   live = probs > 0
   chi2 = float(np.sum((counts[live] - n * probs[live]) ** 2 / (n * probs[live])))
   df = int(live.sum()) - 1
-  critical = df * (1 - 2 / (9 * df) + 3.09 * np.sqrt(2 / (9 * df))) ** 3  # Wilson-Hilferty, p = 0.001.
+  critical = (
+    df * (1 - 2 / (9 * df) + 3.09 * np.sqrt(2 / (9 * df))) ** 3
+  )  # Wilson-Hilferty, p = 0.001.
   assert chi2 < critical, (chi2, critical)
   shuffled = probs[live][::-1]  # Control: a different distribution is rejected.
   assert float(np.sum((counts[live] - n * shuffled) ** 2 / (n * shuffled))) > 10 * critical
@@ -259,11 +308,20 @@ def test_two_level_inverse_cdf_matches_softmax_across_blocks():
 
 
 def test_prompt_longer_than_max_is_an_error_or_left_truncated():
-  cfg = sampling.SamplerConfig(max_new_tokens=2, eos_ids=(2,), pad_id=0, max_prompt_len=4, prompt_buckets=(4, 8))
-  with pytest.raises(ValueError, match=r"Prompt 1 has 6 tokens > max_prompt_len=4.*truncate_prompts='left'"):
+  cfg = sampling.SamplerConfig(
+    max_new_tokens=2, eos_ids=(2,), pad_id=0, max_prompt_len=4, prompt_buckets=(4, 8)
+  )
+  with pytest.raises(
+    ValueError, match=r"Prompt 1 has 6 tokens > max_prompt_len=4.*truncate_prompts='left'"
+  ):
     sampling.prepare_prompts([[1, 2], [1, 2, 3, 4, 5, 6]], cfg=cfg)
   left = sampling.SamplerConfig(
-    max_new_tokens=2, eos_ids=(2,), pad_id=0, max_prompt_len=4, prompt_buckets=(4, 8), truncate_prompts="left"
+    max_new_tokens=2,
+    eos_ids=(2,),
+    pad_id=0,
+    max_prompt_len=4,
+    prompt_buckets=(4, 8),
+    truncate_prompts="left",
   )
   prompts = sampling.prepare_prompts([[1, 2], [1, 2, 3, 4, 5, 6]], cfg=left)
   np.testing.assert_array_equal(prompts.tokens_BP, [[0, 0, 1, 2], [3, 4, 5, 6]])

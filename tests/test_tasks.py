@@ -92,7 +92,9 @@ def test_stream_is_deterministic_and_seeded(name):
   task = tasks.get(name)
   first = list(itertools.islice(task.examples("train", seed=3), 20))
   assert first == list(itertools.islice(task.examples("train", seed=3), 20))
-  assert first[5:] == list(itertools.islice(task.examples("train", seed=3, start=5), 15))  # Resumable.
+  assert first[5:] == list(
+    itertools.islice(task.examples("train", seed=3, start=5), 15)
+  )  # Resumable.
   assert first != list(itertools.islice(task.examples("train", seed=4), 20))
 
 
@@ -153,7 +155,9 @@ def test_char_tokenizer_roundtrip_specials_and_errors():
   assert ids == [1, 4, 3, 5, 2]
   assert tok.decode(ids + [3, 3]) == "ba:"  # Stops at EOS.
   assert tok.decode([0, 0, 1, 3]) == "a"  # Skips padding and BOS.
-  with pytest.raises(ValueError, match="Character 'c' at position 1 of 'acb' is not in the tokenizer alphabet"):
+  with pytest.raises(
+    ValueError, match="Character 'c' at position 1 of 'acb' is not in the tokenizer alphabet"
+  ):
     tok.encode("acb")
   with pytest.raises(ValueError, match="outside this tokenizer's vocab"):
     tok.decode([9])

@@ -24,9 +24,13 @@ class Arithmetic(base.Task):
   name = "arithmetic"
   template_chars = frozenset("A:.")
 
-  def __init__(self, *, min_digits: int = 1, max_digits: int = 2, ops: str = "+-", test_percent: int = 10):
+  def __init__(
+    self, *, min_digits: int = 1, max_digits: int = 2, ops: str = "+-", test_percent: int = 10
+  ):
     if not 1 <= min_digits <= max_digits <= 9:
-      raise ValueError(f"arithmetic needs 1 <= min_digits <= max_digits <= 9, got {min_digits}, {max_digits}.")
+      raise ValueError(
+        f"arithmetic needs 1 <= min_digits <= max_digits <= 9, got {min_digits}, {max_digits}."
+      )
     if not ops or set(ops) - set(_OPS):
       raise ValueError(f"arithmetic ops={ops!r}; allowed: a non-empty subset of {''.join(_OPS)!r}.")
     if not 0 < test_percent < 100:
@@ -43,7 +47,9 @@ class Arithmetic(base.Task):
     a, b = self._operand(rng), self._operand(rng)
     op = self.ops[int(rng.integers(len(self.ops)))]
     answer = str(_OPS[op](a, b))
-    return f"{a}{op}{b}", base.Example(prompt=f"Q:{a}{op}{b}\n", reference=f"A:{answer}.", answer=answer)
+    return f"{a}{op}{b}", base.Example(
+      prompt=f"Q:{a}{op}{b}\n", reference=f"A:{answer}.", answer=answer
+    )
 
   @staticmethod
   def solve(prompt: str) -> int:

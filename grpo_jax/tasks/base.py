@@ -62,7 +62,9 @@ class Task(abc.ABC):
       key, ex = self._draw(np.random.default_rng([seed, split_id, index, attempt]))
       if split_of(key, test_percent=self.test_percent) == split:
         return ex
-    raise RuntimeError(f"{self.name}: could not draw a {split} problem; is the problem space empty?")
+    raise RuntimeError(
+      f"{self.name}: could not draw a {split} problem; is the problem space empty?"
+    )
 
   def examples(self, split: str, *, seed: int, start: int = 0) -> Iterator[Example]:
     """Infinite deterministic stream: example(split, start), example(split, start + 1), ..."""

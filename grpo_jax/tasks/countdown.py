@@ -13,8 +13,6 @@ from __future__ import annotations
 import collections
 import re
 
-import numpy as np
-
 from grpo_jax.tasks import base, expr
 
 _PROMPT = re.compile(r"^N:(\d+(?:,\d+)*) T:(\d+)\n$")
@@ -36,9 +34,13 @@ class Countdown(base.Task):
     test_percent: int = 10,
   ):
     if not 2 <= min_numbers <= max_numbers <= 6:
-      raise ValueError(f"countdown needs 2 <= min_numbers <= max_numbers <= 6, got {min_numbers}, {max_numbers}.")
+      raise ValueError(
+        f"countdown needs 2 <= min_numbers <= max_numbers <= 6, got {min_numbers}, {max_numbers}."
+      )
     if max_number < 2 or max_target < 1:
-      raise ValueError(f"countdown needs max_number >= 2 and max_target >= 1, got {max_number}, {max_target}.")
+      raise ValueError(
+        f"countdown needs max_number >= 2 and max_target >= 1, got {max_number}, {max_target}."
+      )
     self.min_numbers, self.max_numbers = min_numbers, max_numbers
     self.max_number, self.max_target, self.exact_use = max_number, max_target, exact_use
     self.test_percent = test_percent
@@ -71,7 +73,9 @@ class Countdown(base.Task):
   def parse_prompt(prompt: str) -> tuple[list[int], int]:
     m = _PROMPT.match(prompt)
     if not m:
-      raise ValueError(f"Not a countdown prompt: {prompt!r} (expected 'N:<n>,<n>,... T:<target>\\n').")
+      raise ValueError(
+        f"Not a countdown prompt: {prompt!r} (expected 'N:<n>,<n>,... T:<target>\\n')."
+      )
     return [int(x) for x in m.group(1).split(",")], int(m.group(2))
 
   def _check(self, prompt: str, completion: str) -> tuple[bool, bool]:
