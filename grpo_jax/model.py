@@ -203,10 +203,11 @@ def _dense(cfg: ModelConfig, features, names, *, axis=-1, use_bias=False, name=N
 
 
 class Attention(nn.Module):
-  """Grouped-query attention over [KV cache ; this call's tokens].
+  """Grouped-query attention.
 
-  The cache is read-only here: the new keys/values are returned and written into
-  the cache once, outside the layer stack, so decoding never copies the cache.
+  Without a cache it attends within the call and returns the call's keys/values.
+  With one it writes them into this layer's [B, K, S, E] buffer (in place when the
+  buffer is loop-carried, as in the sampler) and attends over the buffer alone.
   """
 
   cfg: ModelConfig
