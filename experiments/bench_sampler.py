@@ -92,12 +92,13 @@ def bench_grpo_jax(cfg, params, prompts_BP, *, group_size, new_tokens, repeats):
   t = time.perf_counter()
   compiled = fn.lower(params, prompts, jax.random.key(0), hyper).compile()
   compile_s = time.perf_counter() - t
-  run = lambda i: jax.block_until_ready(compiled(params, prompts, jax.random.key(i), hyper))
-  out = run(0)  # Warm-up.
+  keys = iter(jax.random.split(jax.random.key(0), repeats + 1))
+  run = lambda: jax.block_until_ready(compiled(params, prompts, next(keys), hyper))
+  out = run()  # Warm-up.
   assert int(out.num_steps) == new_tokens and bool(jnp.all(out.mask_NT)), (
     "the workload must not stop early"
   )
-  times = [time_calls(functools.partial(run, i + 1), 1)[0] for i in range(repeats)]
+  times = time_calls(run, repeats)  # A fresh key per run.
   n_tokens = prompts_BP.shape[0] * group_size * new_tokens
   return dict(tokens_per_s=n_tokens / statistics.median(times), compile_s=compile_s, seconds=times)
 
