@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -31,6 +33,24 @@ class Registry(Generic[T]):
       raise ValueError(
         f"Unknown {self.kind} {name!r}; valid names: {', '.join(self.names())}."
       ) from None
+
+  def bind(self, name: str, **options):
+    """The entry `name` with static keyword-only options bound (functools.partial).
+
+    Unknown options fail with the entry's allowed options listed.
+    """
+    fn = self.get(name)
+    allowed = [
+      n
+      for n, p in inspect.signature(fn).parameters.items()
+      if p.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+      raise ValueError(
+        f"{self.kind} {name!r} has no options {unknown}; allowed: {allowed or 'none'}."
+      )
+    return functools.partial(fn, **options) if options else fn
 
   def names(self) -> list[str]:
     return sorted(self._items)

@@ -235,36 +235,52 @@ def sample_categorical(key, logits_NV, *, block: int = 128):
   token within it. Exact, and needs 2 uniforms per row instead of V Gumbel draws
   (which dominate decode time on CPU for a 32K vocabulary).
   """
+  return _sample_with_lse(key, logits_NV, block=block)[0]
+
+
+def _sample_with_lse(key, logits_NV, *, block: int = 128):
+  """(token_N, logsumexp(logits)_N): the draw of `sample_categorical`, plus the normaliser
+  computed from the same exp pass (so log pi(token) costs no second pass over V)."""
   N, V = logits_NV.shape
   nb = -(-V // block)
-  p_NV = jnp.exp(logits_NV - jnp.max(logits_NV, axis=-1, keepdims=True))
+  max_N1 = jnp.max(logits_NV, axis=-1, keepdims=True)
+  p_NV = jnp.exp(logits_NV - max_N1)
   p_NCb = jnp.pad(p_NV, ((0, 0), (0, nb * block - V))).reshape(N, nb, block)
   u_N2 = 1.0 - jax.random.uniform(key, (N, 2))  # In (0, 1]: a zero-mass prefix is never picked.
   cum_NC = jnp.cumsum(jnp.sum(p_NCb, axis=-1), axis=-1)
   c_N = jnp.minimum(jnp.sum(cum_NC < u_N2[:, :1] * cum_NC[:, -1:], axis=-1), nb - 1)
   cum_Nb = jnp.cumsum(jnp.take_along_axis(p_NCb, c_N[:, None, None], axis=1)[:, 0], axis=-1)
   t_N = jnp.minimum(jnp.sum(cum_Nb < u_N2[:, 1:] * cum_Nb[:, -1:], axis=-1), block - 1)
-  return (c_N * block + t_N).astype(jnp.int32)
+  lse_N = max_N1[:, 0] + jnp.log(cum_NC[:, -1])
+  return (c_N * block + t_N).astype(jnp.int32), lse_N
 
 
 def choose_tokens(logits_NV, key, hyper: SamplingParams):
-  """Returns (token_N, sampling logp_N, policy logp_N)."""
+  """Returns (token_N, sampling logp_N, policy logp_N).
+
+  sampling logp = log softmax(filter(logits / T))[token] (0 when greedy); policy logp =
+  log softmax(logits)[token]. When T = 1 and no filter is active the two normalisers are
+  the same and are computed once.
+  """
   logits_NV = logits_NV.astype(jnp.float32)
+  identity = (hyper.temperature == 1.0) & (hyper.top_k <= 0) & (hyper.top_p >= 1.0)
 
   def greedy(_):
-    return jnp.argmax(logits_NV, axis=-1).astype(jnp.int32), jnp.zeros(
-      logits_NV.shape[:1], jnp.float32
-    )
+    tok_N = jnp.argmax(logits_NV, axis=-1).astype(jnp.int32)
+    return tok_N, jnp.zeros(tok_N.shape, jnp.float32), jax.nn.logsumexp(logits_NV, axis=-1)
 
   def stochastic(key):
     filtered_NV = filter_logits(logits_NV, hyper)
-    tok_N = sample_categorical(key, filtered_NV)
+    tok_N, lse_N = _sample_with_lse(key, filtered_NV)
     picked_N = jnp.take_along_axis(filtered_NV, tok_N[:, None], axis=-1)[:, 0]
-    return tok_N, picked_N - jax.nn.logsumexp(filtered_NV, axis=-1)
+    policy_lse_N = jax.lax.cond(
+      identity, lambda: lse_N, lambda: jax.nn.logsumexp(logits_NV, axis=-1)
+    )
+    return tok_N, picked_N - lse_N, policy_lse_N
 
-  tok_N, logp_N = jax.lax.cond(hyper.greedy, greedy, stochastic, key)
+  tok_N, logp_N, policy_lse_N = jax.lax.cond(hyper.greedy, greedy, stochastic, key)
   picked_N = jnp.take_along_axis(logits_NV, tok_N[:, None], axis=-1)[:, 0]
-  return tok_N, logp_N, picked_N - jax.nn.logsumexp(logits_NV, axis=-1)
+  return tok_N, logp_N, picked_N - policy_lse_N
 
 
 def sample(
@@ -371,17 +387,36 @@ def make_policy_sampler(model_cfg: model_lib.ModelConfig, cfg: SamplerConfig):
 # ----------------------------------------------------------------------------
 
 
-def teacher_forced_logprobs(params, rollouts: Rollouts, *, model_fn: Callable):
-  """log pi(o_t | q, o_<t) of each completion token in one full forward: [N, T] (0 off mask).
+def completion_logprobs(
+  params, prompt_tokens_NP, prompt_mask_NP, tokens_NT, mask_NT, *, model_fn, entropy=False
+):
+  """log π(o_t | q, o_<t) of each completion token in one full forward: [N, T] (0 off mask),
+  and with `entropy` also H_t = -Σ_v π log π of each step's distribution (else None).
 
   The sequence is [left-padded prompt ; right-padded completion]; position ids skip
   both paddings, so the logits match the cached decode that produced the rollout.
   """
-  P = rollouts.prompt_tokens_NP.shape[1]
-  tokens_NS = jnp.concatenate([rollouts.prompt_tokens_NP, rollouts.tokens_NT], axis=1)
-  mask_NS = jnp.concatenate([rollouts.prompt_mask_NP, rollouts.mask_NT], axis=1)
+  P = prompt_tokens_NP.shape[1]
+  tokens_NS = jnp.concatenate([prompt_tokens_NP, tokens_NT], axis=1)
+  mask_NS = jnp.concatenate([prompt_mask_NP, mask_NT], axis=1)
   logits_NSV, _ = model_fn(params, tokens_NS, model_lib.positions_from_mask(mask_NS), None)
   # Logits at slot s predict the token at slot s + 1.
   logp_NTV = jax.nn.log_softmax(logits_NSV[:, P - 1 : -1].astype(jnp.float32), axis=-1)
-  logp_NT = jnp.take_along_axis(logp_NTV, rollouts.tokens_NT[..., None], axis=-1)[..., 0]
-  return jnp.where(rollouts.mask_NT, logp_NT, 0.0)
+  logp_NT = jnp.take_along_axis(logp_NTV, tokens_NT[..., None], axis=-1)[..., 0]
+  logp_NT = jnp.where(mask_NT, logp_NT, 0.0)
+  if not entropy:
+    return logp_NT, None
+  ent_NT = -jnp.sum(jnp.exp(logp_NTV) * logp_NTV, axis=-1)
+  return logp_NT, jnp.where(mask_NT, ent_NT, 0.0)
+
+
+def teacher_forced_logprobs(params, rollouts: Rollouts, *, model_fn: Callable):
+  """`completion_logprobs` of a Rollouts: [N, T] log-probs, 0 off the completion mask."""
+  return completion_logprobs(
+    params,
+    rollouts.prompt_tokens_NP,
+    rollouts.prompt_mask_NP,
+    rollouts.tokens_NT,
+    rollouts.mask_NT,
+    model_fn=model_fn,
+  )[0]

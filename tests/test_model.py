@@ -105,6 +105,19 @@ def test_causality_gradient_is_zero_for_future_tokens():
   assert bool(jnp.all(per_token[: t + 1] > 0))
 
 
+def test_parameter_gradient_is_finite_with_padding():
+  """Padding queries see no keys; their attention output is 0 and must not give NaN grads."""
+  cfg, params = _setup()
+
+  def loss(p):
+    logits_BTV, _ = model_lib.apply(p, TOKENS_BT, _positions(), cfg=cfg)
+    return jnp.sum(jnp.where(MASK_BT[..., None], jax.nn.log_softmax(logits_BTV), 0.0))
+
+  grads = jax.jit(jax.grad(loss))(params)
+  assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
+  assert float(jnp.abs(grads["layer_0"]["attn"]["q"]["kernel"]).sum()) > 0
+
+
 def test_scan_matches_unrolled_layers():
   cfg, params = _setup(qk_norm=True)
   scan_cfg = model.tiny_config(VOCAB, qk_norm=True, scan_layers=True)

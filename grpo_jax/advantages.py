@@ -1,0 +1,356 @@
+"""Advantage estimators: sequence rewards r[B] and group ids -> token advantages A[B, T].
+
+Every estimator has the signature `fn(inputs: AdvantageInputs, hyper: AdvantageHyper,
+**static_options) -> A_BT` and is registered by its config name in `REGISTRY`. Outputs
+are token-level so token-level estimators plug in the same way; sequence estimators
+broadcast A_i over the row's completion mask (A = 0 off the mask). All reductions are
+segment sums over `group_ids` (see groups.py): no Python loops over groups.
+
+Notation: r_i the reward of row i, g(i) its group, n_g the group size, r̄_g the group
+mean, σ_g the group std (ddof 1 if `unbiased_std` else 0), m_{i,t} the completion mask.
+
+Singleton rule: a group with one row has no baseline from its peers, so GRPO, Dr. GRPO,
+RLOO, positive-only and the group optimal baseline give it advantage 0 (r_i - r̄ = 0).
+verl instead gives a singleton (r - 0)/1 = r; use a batch-level estimator for G = 1.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from grpo_jax import groups, registry
+
+REGISTRY = registry.Registry("advantage estimator")
+
+
+@flax.struct.dataclass
+class AdvantageInputs:
+  """rewards_B f32, group_ids_B int32, mask_BT bool (completion tokens); kl_BT f32 is the
+  per-token KL estimate to the reference (REINFORCE++ folds -β·kl into the reward);
+  score_sq_B f32 is ‖∇_θ log π(o_i|q)‖² per sequence (for the optimal baseline)."""
+
+  rewards_B: jax.Array
+  group_ids_B: jax.Array
+  mask_BT: jax.Array
+  kl_BT: jax.Array | None = None
+  score_sq_B: jax.Array | None = None
+
+
+@flax.struct.dataclass
+class AdvantageHyper:
+  """Arrays, so a controller can change them between steps without recompiling.
+
+  eps: added to std denominators. gamma: REINFORCE++ discount. kl_coef: β of the KL
+  folded into REINFORCE++'s reward. lambda_s, lambda_f, std_power, focal_gamma: the
+  sign/difficulty family (`fade`).
+  """
+
+  eps: jax.Array
+  gamma: jax.Array
+  kl_coef: jax.Array
+  lambda_s: jax.Array
+  lambda_f: jax.Array
+  std_power: jax.Array
+  focal_gamma: jax.Array
+
+
+def advantage_hyper(
+  *,
+  eps: float = 1e-6,
+  gamma: float = 1.0,
+  kl_coef: float = 0.0,
+  lambda_s: float = 1.0,
+  lambda_f: float = 1.0,
+  std_power: float = 0.5,
+  focal_gamma: float = 0.0,
+) -> AdvantageHyper:
+  """Validated AdvantageHyper of float32 scalars."""
+  for name, value, ok, allowed in (
+    ("eps", eps, eps >= 0, ">= 0"),
+    ("gamma", gamma, 0 <= gamma <= 1, "in [0, 1]"),
+    ("kl_coef", kl_coef, kl_coef >= 0, ">= 0"),
+    ("lambda_s", lambda_s, lambda_s >= 0, ">= 0"),
+    ("lambda_f", lambda_f, lambda_f >= 0, ">= 0"),
+    ("std_power", std_power, std_power >= 0, ">= 0"),
+  ):
+    if not ok:
+      raise ValueError(f"Advantage hyperparameter {name} must be {allowed}, got {value}.")
+  f32 = lambda x: jnp.asarray(x, jnp.float32)
+  return AdvantageHyper(
+    eps=f32(eps),
+    gamma=f32(gamma),
+    kl_coef=f32(kl_coef),
+    lambda_s=f32(lambda_s),
+    lambda_f=f32(lambda_f),
+    std_power=f32(std_power),
+    focal_gamma=f32(focal_gamma),
+  )
+
+
+def _to_tokens(a_B, mask_BT):
+  return jnp.where(mask_BT, a_B[:, None], 0.0).astype(jnp.float32)
+
+
+def _safe_div(num, den):
+  """num/den, and 0 where den == 0 (eps = 0 and a zero std: then num is 0 too)."""
+  return jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
+
+
+def _masked_whiten(x_BT, mask_BT, eps):
+  """(x - μ)/(σ + eps) with μ, σ (ddof 1) over the valid tokens of the whole batch."""
+  m_BT = mask_BT.astype(jnp.float32)
+  n = jnp.maximum(jnp.sum(m_BT), 1.0)
+  mu = jnp.sum(x_BT * m_BT) / n
+  var = jnp.sum(jnp.square(x_BT - mu) * m_BT) / jnp.maximum(n - 1.0, 1.0)
+  return jnp.where(mask_BT, _safe_div(x_BT - mu, jnp.sqrt(var) + eps), 0.0)
+
+
+@REGISTRY.register("grpo")
+def grpo(inputs: AdvantageInputs, hyper: AdvantageHyper, *, unbiased_std: bool = True):
+  """A_i = (r_i - r̄_g) / (σ_g + eps); σ_g with ddof 1 (unbiased_std) or 0.
+
+  A group whose rewards are all equal gets 0; a singleton gets 0. Source: DeepSeekMath
+  (arXiv 2402.03300) outcome supervision; verl `compute_grpo_outcome_advantage` (ddof 1,
+  eps 1e-6).
+  """
+  r_B, g_B = inputs.rewards_B.astype(jnp.float32), inputs.group_ids_B
+  std_B = groups.group_std(r_B, g_B, unbiased=unbiased_std)
+  dev_B = r_B - groups.group_mean(r_B, g_B)
+  return _to_tokens(_safe_div(dev_B, std_B + hyper.eps), inputs.mask_BT)
+
+
+@REGISTRY.register("dr_grpo")
+def dr_grpo(inputs: AdvantageInputs, hyper: AdvantageHyper):
+  """A_i = r_i - r̄_g (no std). Source: Dr. GRPO, "Understanding R1-Zero-Like Training"
+  (arXiv 2503.20783), removing the difficulty bias."""
+  del hyper
+  r_B, g_B = inputs.rewards_B.astype(jnp.float32), inputs.group_ids_B
+  return _to_tokens(r_B - groups.group_mean(r_B, g_B), inputs.mask_BT)
+
+
+@REGISTRY.register("rloo")
+def rloo(inputs: AdvantageInputs, hyper: AdvantageHyper):
+  """A_i = r_i - (1/(n_g-1)) Σ_{j≠i} r_j = n_g/(n_g-1) · (r_i - r̄_g); 0 for a singleton.
+
+  Source: RLOO, "Back to Basics" (arXiv 2402.14740); verl `compute_rloo_outcome_advantage`.
+  """
+  del hyper
+  r_B, g_B = inputs.rewards_B.astype(jnp.float32), inputs.group_ids_B
+  n_B = groups.group_size(g_B)
+  scale_B = jnp.where(n_B > 1, n_B / jnp.maximum(n_B - 1.0, 1.0), 0.0)
+  return _to_tokens(scale_B * (r_B - groups.group_mean(r_B, g_B)), inputs.mask_BT)
+
+
+@REGISTRY.register("reinforce_pp")
+def reinforce_pp(inputs: AdvantageInputs, hyper: AdvantageHyper):
+  """Token rewards r_t = 1[t = last]·r_i - β·kl_t, return G_t = Σ_{s>=t} γ^{s-t} r_s (within
+  the completion, reset after EOS), then global whitening A = (G - μ)/(σ + eps) over all
+  valid tokens of the batch (ddof 1). No group baseline.
+
+  Source: REINFORCE++ (arXiv 2501.03262); verl `compute_reinforce_plus_plus_outcome_advantage`
+  (verl whitens with rsqrt(var + 1e-8)).
+  """
+  mask_BT = inputs.mask_BT
+  m_BT = mask_BT.astype(jnp.float32)
+  T = mask_BT.shape[1]
+  length_B = jnp.sum(mask_BT, axis=1, dtype=jnp.int32)
+  last_BT = jnp.arange(T, dtype=jnp.int32)[None, :] == (length_B - 1)[:, None]
+  kl_BT = jnp.zeros_like(m_BT) if inputs.kl_BT is None else inputs.kl_BT.astype(jnp.float32)
+  rew_BT = (jnp.where(last_BT, inputs.rewards_B[:, None], 0.0) - hyper.kl_coef * kl_BT) * m_BT
+
+  def back(carry_B, r_B):
+    g_B = r_B + hyper.gamma * carry_B
+    return g_B, g_B
+
+  _, ret_TB = jax.lax.scan(
+    back, jnp.zeros_like(inputs.rewards_B, jnp.float32), rew_BT.T, reverse=True
+  )
+  return _masked_whiten(ret_TB.T * m_BT, mask_BT, hyper.eps)
+
+
+@REGISTRY.register("reinforce_pp_baseline")
+def reinforce_pp_baseline(inputs: AdvantageInputs, hyper: AdvantageHyper):
+  """A = whiten(r_i - r̄_g) over all valid tokens of the batch (μ, σ with ddof 1).
+
+  Source: REINFORCE++-baseline (arXiv 2501.03262); verl
+  `compute_reinforce_plus_plus_baseline_outcome_advantage`.
+  """
+  centred_BT = dr_grpo(inputs, hyper)
+  return _masked_whiten(centred_BT, inputs.mask_BT, hyper.eps)
+
+
+@REGISTRY.register("batch_mean")
+def batch_mean(inputs: AdvantageInputs, hyper: AdvantageHyper):
+  """A_i = r_i - (1/B) Σ_j r_j: a batch baseline for single-rollout (G = 1) training.
+
+  Source: "Rethinking Groups in Critic-Free RLVR" (arXiv 2606.17250), batch-level advantages.
+  """
+  del hyper
+  r_B = inputs.rewards_B.astype(jnp.float32)
+  return _to_tokens(r_B - jnp.mean(r_B), inputs.mask_BT)
+
+
+@REGISTRY.register("batch_mean_std")
+def batch_mean_std(inputs: AdvantageInputs, hyper: AdvantageHyper, *, unbiased_std: bool = True):
+  """A_i = (r_i - μ_B)/(σ_B + eps) over the rows of the batch (σ with ddof 1 or 0).
+
+  Source: batch-level normalisation as in REINFORCE++ (arXiv 2501.03262) at sequence level;
+  "Rethinking Groups in Critic-Free RLVR" (arXiv 2606.17250).
+  """
+  r_B = inputs.rewards_B.astype(jnp.float32)
+  s_B = r_B - jnp.max(r_B)  # Shifted: exactly 0 (so σ = 0, A = 0) when all rewards are equal.
+  std = jnp.std(s_B, ddof=1 if unbiased_std and r_B.shape[0] > 1 else 0)
+  return _to_tokens(_safe_div(s_B - jnp.mean(s_B), std + hyper.eps), inputs.mask_BT)
+
+
+@REGISTRY.register("positive_only")
+def positive_only(inputs: AdvantageInputs, hyper: AdvantageHyper, *, unbiased_std: bool = True):
+  """A_i = max(GRPO_i, 0): negatives contribute nothing.
+
+  Source: the positive-only arm of "The Cancellation Hypothesis in Critic-Free RL"
+  (arXiv 2605.08666).
+  """
+  return jnp.maximum(grpo(inputs, hyper, unbiased_std=unbiased_std), 0.0)
+
+
+@REGISTRY.register("optimal_baseline")
+def optimal_baseline(inputs: AdvantageInputs, hyper: AdvantageHyper, *, scope: str = "group"):
+  """A_i = r_i - b*, b* = Σ_j s_j r_j / Σ_j s_j over the group (or batch), s_j = ‖∇log π(o_j)‖².
+
+  The variance-minimising constant baseline for the score-function estimator; it equals
+  the group mean when s is constant. s comes from the caller (`score_sq_B`); b* falls back
+  to the plain mean where Σ s = 0. Source: Weaver & Tao, "The optimal reward baseline for
+  gradient-based RL" (UAI 2001); arXiv 2606.29238 §optimal baselines.
+  """
+  del hyper
+  if scope not in ("group", "batch"):
+    raise ValueError(f"optimal_baseline scope must be 'group' or 'batch', got {scope!r}.")
+  r_B = inputs.rewards_B.astype(jnp.float32)
+  s_B = jnp.ones_like(r_B) if inputs.score_sq_B is None else inputs.score_sq_B.astype(jnp.float32)
+  if scope == "group":
+    g_B = inputs.group_ids_B
+    num_B, den_B = groups.group_sum(s_B * r_B, g_B), groups.group_sum(s_B, g_B)
+    mean_B = groups.group_mean(r_B, g_B)
+  else:
+    num_B, den_B = jnp.full_like(r_B, jnp.sum(s_B * r_B)), jnp.full_like(r_B, jnp.sum(s_B))
+    mean_B = jnp.full_like(r_B, jnp.mean(r_B))
+  b_B = jnp.where(den_B > 0, num_B / jnp.where(den_B > 0, den_B, 1.0), mean_B)
+  return _to_tokens(r_B - b_B, inputs.mask_BT)
+
+
+def pass_rate(rewards_B, group_ids_B):
+  """p_g = (1/n_g) Σ_{i∈g} 1(r_i > 0), per row."""
+  return groups.group_mean((rewards_B > 0).astype(jnp.float32), group_ids_B)
+
+
+@REGISTRY.register("fade")
+def fade(inputs: AdvantageInputs, hyper: AdvantageHyper):
+  """Sign/difficulty family: A_i = f(p)·[λ_S·1(r_i>0)·(1-p) - λ_F·1(r_i<=0)·p], with p the
+  group pass rate and f(p) = (p(1-p) + eps)^(-α)·(1-p)^γ (α = std_power, γ = focal_gamma).
+
+  Masses per group: m_S = p·a⁺ = λ_S f p(1-p), m_F = (1-p)|a⁻| = λ_F f p(1-p). α = 1/2,
+  γ = 0, λ = 1 is GRPO with the biased std (m_S = m_F = √(p(1-p))); α = 0 is Dr. GRPO
+  (m = p(1-p)); γ > 0 focuses on hard prompts, γ < 0 on easy ones; λ_F > λ_S is
+  negative-dominant ("suppression"). All-equal groups (p ∈ {0, 1}) get 0.
+
+  Source: a reconstruction [INF] of FADE, "Don't Let Gains FADE" (arXiv 2607.01490), with
+  the focal weight of F-GRPO (arXiv 2602.06717); see RESEARCH.md §5a.
+  """
+  r_B = inputs.rewards_B
+  p_B = pass_rate(r_B, inputs.group_ids_B)
+  f_B = jnp.power(p_B * (1.0 - p_B) + hyper.eps, -hyper.std_power) * jnp.power(
+    jnp.maximum(1.0 - p_B, 0.0), hyper.focal_gamma
+  )
+  success_B = r_B > 0
+  a_B = f_B * jnp.where(success_B, hyper.lambda_s * (1.0 - p_B), -hyper.lambda_f * p_B)
+  mixed_B = (p_B > 0) & (p_B < 1)
+  return _to_tokens(jnp.where(mixed_B, a_B, 0.0), inputs.mask_BT)
+
+
+# ----------------------------------------------------------------------------
+# Statistics shared by every estimator.
+# ----------------------------------------------------------------------------
+
+
+def sequence_advantage(adv_BT, mask_BT):
+  """ā_i = Σ_t m A / Σ_t m (0 for an empty row): the sign that decides a row's polarity."""
+  m_BT = mask_BT.astype(jnp.float32)
+  return jnp.sum(adv_BT * m_BT, axis=1) / jnp.maximum(jnp.sum(m_BT, axis=1), 1.0)
+
+
+def sign_masses(adv_B):
+  """m_S = (1/B) Σ_i max(ā_i, 0), m_F = (1/B) Σ_i max(-ā_i, 0): positive and negative
+  gradient mass (FADE, arXiv 2607.01490). For one binary group: m_S = p·a⁺, m_F = (1-p)|a⁻|."""
+  return jnp.mean(jnp.maximum(adv_B, 0.0)), jnp.mean(jnp.maximum(-adv_B, 0.0))
+
+
+def group_stats(rewards_B, group_ids_B):
+  """Fractions of groups whose rewards have zero variance: all equal, all 0, all 1."""
+  r_B = rewards_B.astype(jnp.float32)
+  n_B = groups.group_size(group_ids_B)
+  mean_B = groups.group_mean(r_B, group_ids_B)
+  equal_B = groups.group_sum(jnp.square(r_B - mean_B), group_ids_B) <= 1e-12
+  all0_B = equal_B & (mean_B == 0.0)
+  all1_B = equal_B & (mean_B == 1.0)
+  # Each group counted once: weight each row by 1/n_g.
+  per_group = lambda flag_B: jnp.sum(flag_B / n_B) / jnp.sum(1.0 / n_B)
+  return {
+    "zero_var_groups": per_group(equal_B),
+    "all_zero_groups": per_group(all0_B),
+    "all_one_groups": per_group(all1_B),
+  }
+
+
+def advantage_stats(adv_BT, mask_BT, rewards_B, group_ids_B):
+  """Advantage and reward statistics (see metrics.DEFINITIONS)."""
+  m_BT = mask_BT.astype(jnp.float32)
+  n = jnp.maximum(jnp.sum(m_BT), 1.0)
+  mean = jnp.sum(adv_BT * m_BT) / n
+  big = jnp.float32(3e38)
+  a_B = sequence_advantage(adv_BT, mask_BT)
+  m_s, m_f = sign_masses(a_B)
+  return {
+    "adv_mean": mean,
+    "adv_std": jnp.sqrt(jnp.sum(jnp.square(adv_BT - mean) * m_BT) / n),
+    "adv_min": jnp.min(jnp.where(mask_BT, adv_BT, big)),
+    "adv_max": jnp.max(jnp.where(mask_BT, adv_BT, -big)),
+    "adv_pos_frac": jnp.mean((a_B > 0).astype(jnp.float32)),
+    "adv_neg_frac": jnp.mean((a_B < 0).astype(jnp.float32)),
+    "m_S": m_s,
+    "m_F": m_f,
+    "reward_mean": jnp.mean(rewards_B.astype(jnp.float32)),
+    **group_stats(rewards_B, group_ids_B),
+  }
+
+
+# ----------------------------------------------------------------------------
+# Config edge.
+# ----------------------------------------------------------------------------
+
+
+def _options_of(fn) -> dict:
+  return {
+    name: p.default
+    for name, p in inspect.signature(fn).parameters.items()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY
+  }
+
+
+def get(name: str, **options):
+  """The estimator `name` with its static options bound: fn(inputs, hyper) -> A_BT.
+
+  Unknown names list the registered ones; unknown options list the allowed ones.
+  """
+  fn = REGISTRY.get(name)
+  allowed = _options_of(fn)
+  unknown = sorted(set(options) - set(allowed))
+  if unknown:
+    raise ValueError(
+      f"Advantage estimator {name!r} has no options {unknown}; allowed: {sorted(allowed) or 'none'}."
+    )
+  return functools.partial(fn, **options) if options else fn

@@ -1,0 +1,539 @@
+"""The RL objective as function composition, and one jitted `train_step`.
+
+    rollouts, rewards --prepare--> RolloutBatch (old/ref log-probs, A[B,T], loss mask)
+                     --planner--> idx[epochs, minibatches, rows]
+    for each mini-batch: train_step(state, gather(batch, idx), hyper) -> (state, metrics)
+
+Which advantage estimator, token masks, policy loss, KL estimator, aggregation mode and
+planner run is decided by name in `RLConfig` (the config edge), through the registries of
+`advantages`, `masks`, `losses`, `aggregation` and `planners`. Everything that may change
+during a run (clip ranges, coefficients, thresholds, FADE's λ and γ) is an array in
+`PrepareHyper` / `StepHyper`, so changing it does not recompile.
+
+Per-token objective of a mini-batch (w from the aggregation mode, over the mini-batch):
+
+    J = Σ_{i,t} w_{i,t} · [ ℓ^pg_{i,t} + β·kl_{i,t}·1(kl_in = "loss") - c_H·H_{i,t} ]
+
+Gradient accumulation: w is computed over the whole mini-batch first, then Σ w·ℓ is
+summed over `micro_batches` slices in a `lax.scan`, so the gradient equals the unsplit one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from grpo_jax import (
+  advantages,
+  aggregation,
+  config_lib,
+  controllers,
+  groups,
+  losses,
+  masks,
+  planners,
+  reward_transforms,
+  sampling,
+)
+
+KL_PLACEMENTS = ("loss", "reward")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RLConfig:
+  """The RL algorithm, by name. Validated once, at the config edge (`from_dict`)."""
+
+  # Advantages (advantages.REGISTRY) and their array hyperparameters.
+  advantage: str = "grpo"
+  advantage_options: dict = dataclasses.field(default_factory=dict)
+  adv_eps: float = 1e-6
+  gamma: float = 1.0
+  lambda_s: float = 1.0
+  lambda_f: float = 1.0
+  std_power: float = 0.5
+  focal_gamma: float = 0.0
+  # Controller (controllers.REGISTRY) that updates λ_S, λ_F, γ between steps.
+  controller: str = "none"
+  controller_options: dict = dataclasses.field(default_factory=dict)
+  # Token masks (masks.REGISTRY), AND-ed; options per mask name.
+  token_masks: tuple[str, ...] = ()
+  mask_options: dict = dataclasses.field(default_factory=dict)
+  prob_threshold: float = 0.9
+  entropy_threshold: float = 0.1
+  # Reward transforms.
+  truncation: str = "none"  # "none" | "zero" (reward 0) | "mask" (overlong_filter)
+  format_weight: float = 0.0
+  overlong_buffer: int = 0
+  overlong_factor: float = 0.0
+  # Policy loss (losses.REGISTRY).
+  policy_loss: str = "ppo_clip"
+  eps_low: float = 0.2
+  eps_high: float = 0.2
+  dual_clip_c: float = 0.0
+  # KL to the reference policy (losses.KL_REGISTRY); off when kl_coef == 0.
+  kl_estimator: str = "k3"
+  kl_coef: float = 0.0
+  kl_in: str = "loss"
+  entropy_coef: float = 0.0
+  # Aggregation (aggregation.REGISTRY); max_len is L_max of constant_norm (0 = padded T).
+  aggregation: str = "token_mean"
+  max_len: int = 0
+  # Mini-batching (planners.REGISTRY).
+  planner: str = "query_preserved"
+  planner_options: dict = dataclasses.field(default_factory=dict)
+  num_minibatches: int = 1
+  ppo_epochs: int = 1
+  micro_batches: int = 1
+  recompute_old_logp: bool = True
+  # Batch filtering (used by the trainer's loop): DAPO dynamic sampling.
+  dynamic_sampling: bool = False
+  max_gen_batches: int = 1
+
+  def __post_init__(self):
+    for attr, registry_ in (
+      ("advantage", advantages.REGISTRY),
+      ("policy_loss", losses.REGISTRY),
+      ("kl_estimator", losses.KL_REGISTRY),
+      ("aggregation", aggregation.REGISTRY),
+      ("planner", planners.REGISTRY),
+    ):
+      if getattr(self, attr) not in registry_:
+        raise ValueError(
+          f"rl.{attr}={getattr(self, attr)!r} is not a registered {registry_.kind}; "
+          f"valid names: {', '.join(registry_.names())}."
+        )
+    for name in self.token_masks:
+      masks.REGISTRY.get(name)
+    for name in self.mask_options:
+      if name not in self.token_masks:
+        raise ValueError(f"rl.mask_options names {name!r}, which is not in rl.token_masks.")
+    if self.truncation not in reward_transforms.TRUNCATION_POLICIES:
+      raise ValueError(
+        f"rl.truncation={self.truncation!r}; allowed: {reward_transforms.TRUNCATION_POLICIES}."
+      )
+    if self.kl_in not in KL_PLACEMENTS:
+      raise ValueError(f"rl.kl_in={self.kl_in!r}; allowed: {KL_PLACEMENTS}.")
+    for attr in ("num_minibatches", "ppo_epochs", "micro_batches", "max_gen_batches"):
+      if getattr(self, attr) < 1:
+        raise ValueError(f"rl.{attr} must be >= 1, got {getattr(self, attr)}.")
+    for attr in ("kl_coef", "entropy_coef", "max_len", "overlong_buffer"):
+      if getattr(self, attr) < 0:
+        raise ValueError(f"rl.{attr} must be >= 0, got {getattr(self, attr)}.")
+    # Build every variant once, so bad options fail here, before anything compiles.
+    advantages.get(self.advantage, **self.advantage_options)
+    controllers.get(self.controller, **config_lib.to_dict(self.controller_options))
+    self.mask_fns()
+    self.prepare_hyper(max_new_tokens=max(self.overlong_buffer, 1))
+    self.step_hyper()
+
+  @classmethod
+  def from_dict(cls, d, *, where: str = "rl") -> RLConfig:
+    d = config_lib.to_dict(d)
+    return config_lib.from_dict(cls, d, where=where)
+
+  @property
+  def use_ref(self) -> bool:
+    return self.kl_coef > 0
+
+  def mask_fns(self) -> dict[str, Callable]:
+    names = list(self.token_masks)
+    if self.truncation == "mask" and "overlong_filter" not in names:
+      names.append("overlong_filter")
+    return {n: masks.get(n, **config_lib.to_dict(self.mask_options.get(n, {}))) for n in names}
+
+  def prepare_hyper(self, *, max_new_tokens: int) -> PrepareHyper:
+    return PrepareHyper(
+      adv=advantages.advantage_hyper(
+        eps=self.adv_eps,
+        gamma=self.gamma,
+        kl_coef=self.kl_coef if self.kl_in == "reward" else 0.0,
+        lambda_s=self.lambda_s,
+        lambda_f=self.lambda_f,
+        std_power=self.std_power,
+        focal_gamma=self.focal_gamma,
+      ),
+      mask=masks.mask_hyper(
+        prob_threshold=self.prob_threshold, entropy_threshold=self.entropy_threshold
+      ),
+      reward=reward_transforms.reward_hyper(
+        format_weight=self.format_weight,
+        overlong_max_len=max_new_tokens if self.overlong_factor > 0 else 0,
+        overlong_buffer=self.overlong_buffer,
+        overlong_factor=self.overlong_factor,
+      ),
+    )
+
+  def step_hyper(self) -> StepHyper:
+    return StepHyper(
+      loss=losses.loss_hyper(
+        eps_low=self.eps_low, eps_high=self.eps_high, dual_clip_c=self.dual_clip_c
+      ),
+      kl_coef=jnp.asarray(self.kl_coef if self.kl_in == "loss" else 0.0, jnp.float32),
+      entropy_coef=jnp.asarray(self.entropy_coef, jnp.float32),
+    )
+
+
+@flax.struct.dataclass
+class PrepareHyper:
+  adv: advantages.AdvantageHyper
+  mask: masks.MaskHyper
+  reward: reward_transforms.RewardHyper
+
+
+@flax.struct.dataclass
+class StepHyper:
+  loss: losses.LossHyper
+  kl_coef: jax.Array
+  entropy_coef: jax.Array
+
+
+@flax.struct.dataclass
+class RolloutBatch:
+  """Everything a train step needs, per rollout row (N rows, T completion tokens)."""
+
+  prompt_tokens_NP: jax.Array
+  prompt_mask_NP: jax.Array
+  tokens_NT: jax.Array
+  mask_NT: jax.Array  # Valid completion tokens.
+  loss_mask_NT: jax.Array  # mask_NT AND every token mask.
+  adv_NT: jax.Array
+  old_logp_NT: jax.Array
+  ref_logp_NT: jax.Array
+  group_ids_N: jax.Array
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any
+  opt_state: Any
+
+
+def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params))
+
+
+# ----------------------------------------------------------------------------
+# Prepare: rollouts + rewards -> RolloutBatch (once per rollout batch).
+# ----------------------------------------------------------------------------
+
+
+def prepare(
+  params,
+  ref_params,
+  rollouts: sampling.Rollouts,
+  correct_B,
+  format_B,
+  hyper: PrepareHyper,
+  *,
+  cfg: RLConfig,
+  model_fn: Callable,
+):
+  """Rewards, old/ref log-probs, advantages and the loss mask of one rollout batch.
+
+  Returns (RolloutBatch, shaped rewards_N, metrics). Pure and jittable (`make_prepare`).
+  """
+  mask_NT = rollouts.mask_NT
+  logp = functools.partial(
+    sampling.completion_logprobs,
+    prompt_tokens_NP=rollouts.prompt_tokens_NP,
+    prompt_mask_NP=rollouts.prompt_mask_NP,
+    tokens_NT=rollouts.tokens_NT,
+    mask_NT=mask_NT,
+    model_fn=model_fn,
+  )
+  if cfg.recompute_old_logp:
+    old_logp_NT, entropy_NT = logp(params, entropy=True)
+  else:
+    old_logp_NT, entropy_NT = rollouts.policy_logp_NT, jnp.zeros(mask_NT.shape, jnp.float32)
+  if cfg.use_ref:
+    ref_logp_NT = logp(ref_params)[0]
+    kl_NT = losses.kl_estimator(cfg.kl_estimator)(old_logp_NT, ref_logp_NT) * mask_NT
+  else:
+    ref_logp_NT = jnp.zeros_like(old_logp_NT)
+    kl_NT = jnp.zeros_like(old_logp_NT)
+
+  rewards_N = reward_transforms.shape_rewards(
+    correct_B,
+    format_B,
+    rollouts.length_N,
+    rollouts.truncated_N,
+    hyper.reward,
+    truncation=cfg.truncation,
+  )
+  adv_rewards_N = rewards_N
+  if cfg.kl_in == "reward" and cfg.advantage != "reinforce_pp":
+    # Sequence estimators see r_i - β Σ_t kl_t; REINFORCE++ folds kl_t per token itself.
+    adv_rewards_N = rewards_N - hyper.adv.kl_coef * jnp.sum(kl_NT, axis=1)
+  adv_fn = advantages.get(cfg.advantage, **config_lib.to_dict(cfg.advantage_options))
+  adv_NT = adv_fn(
+    advantages.AdvantageInputs(
+      rewards_B=adv_rewards_N, group_ids_B=rollouts.group_ids_N, mask_BT=mask_NT, kl_BT=kl_NT
+    ),
+    hyper.adv,
+  )
+  loss_mask_NT, mask_stats = masks.apply(
+    cfg.mask_fns(),
+    masks.MaskInputs(
+      adv_BT=adv_NT,
+      mask_BT=mask_NT,
+      old_logp_BT=old_logp_NT,
+      entropy_BT=entropy_NT,
+      tokens_BT=rollouts.tokens_NT,
+      group_ids_B=rollouts.group_ids_N,
+      truncated_B=rollouts.truncated_N,
+    ),
+    hyper.mask,
+  )
+  batch = RolloutBatch(
+    prompt_tokens_NP=rollouts.prompt_tokens_NP,
+    prompt_mask_NP=rollouts.prompt_mask_NP,
+    tokens_NT=rollouts.tokens_NT,
+    mask_NT=mask_NT,
+    loss_mask_NT=loss_mask_NT,
+    adv_NT=adv_NT,
+    old_logp_NT=old_logp_NT,
+    ref_logp_NT=ref_logp_NT,
+    group_ids_N=rollouts.group_ids_N,
+  )
+  m_NT = mask_NT.astype(jnp.float32)
+  n_tok = jnp.maximum(jnp.sum(m_NT), 1.0)
+  metrics = {
+    **advantages.advantage_stats(adv_NT, mask_NT, rewards_N, rollouts.group_ids_N),
+    **mask_stats,
+    "rollout_entropy": jnp.sum(entropy_NT * m_NT) / n_tok,
+    "response_length": jnp.mean(rollouts.length_N.astype(jnp.float32)),
+    "truncated_frac": jnp.mean(rollouts.truncated_N.astype(jnp.float32)),
+  }
+  if cfg.use_ref:
+    metrics[f"rollout_kl_ref/{cfg.kl_estimator}"] = jnp.sum(kl_NT) / n_tok
+  return batch, rewards_N, metrics
+
+
+def make_prepare(cfg: RLConfig, model_fn: Callable):
+  """jit(prepare) with the config and model bound: fn(params, ref_params, rollouts,
+  correct_B, format_B, hyper) -> (RolloutBatch, rewards_N, metrics)."""
+  return jax.jit(functools.partial(prepare, cfg=cfg, model_fn=model_fn))
+
+
+# ----------------------------------------------------------------------------
+# The train step.
+# ----------------------------------------------------------------------------
+
+
+def token_terms(params, mb: RolloutBatch, hyper: StepHyper, *, cfg: RLConfig, model_fn):
+  """Per-token objective terms of a (micro-)batch: (total ℓ_NT, dict of per-token arrays)."""
+  logp_NT, ent_NT = sampling.completion_logprobs(
+    params,
+    mb.prompt_tokens_NP,
+    mb.prompt_mask_NP,
+    mb.tokens_NT,
+    mb.mask_NT,
+    model_fn=model_fn,
+    entropy=True,
+  )
+  m_NT = mb.loss_mask_NT
+  pg_NT, aux = losses.policy_loss(cfg.policy_loss)(
+    logp_NT, mb.old_logp_NT, mb.adv_NT, m_NT, hyper.loss
+  )
+  total_NT = pg_NT - hyper.entropy_coef * ent_NT
+  kl_NT = jnp.zeros_like(logp_NT)
+  if cfg.use_ref:
+    kl_NT = losses.kl_estimator(cfg.kl_estimator)(logp_NT, mb.ref_logp_NT)
+    total_NT = total_NT + hyper.kl_coef * kl_NT
+  total_NT = jnp.where(m_NT, total_NT, 0.0)
+  terms = dict(aux, pg_loss=pg_NT, kl=kl_NT, entropy=ent_NT, logp=logp_NT, loss=total_NT)
+  return total_NT, terms
+
+
+def _sums(terms, mb: RolloutBatch, w_NT):
+  """Numerators and denominators of the step metrics: additive over micro-batches."""
+  m = mb.loss_mask_NT.astype(jnp.float32)
+  pos, neg = m * (mb.adv_NT > 0), m * (mb.adv_NT < 0)
+  f = lambda x: x.astype(jnp.float32)
+  return {
+    "loss": jnp.sum(w_NT * terms["loss"]),
+    "pg_loss": jnp.sum(w_NT * terms["pg_loss"]),
+    "n_tok": jnp.sum(m),
+    "n_pos": jnp.sum(pos),
+    "n_neg": jnp.sum(neg),
+    "clip_high": jnp.sum(pos * f(terms["clip_high"])),
+    "clip_low": jnp.sum(neg * f(terms["clip_low"])),
+    "dual_clip": jnp.sum(neg * f(terms["dual_clip"])),
+    "ppo_kl": jnp.sum(m * (mb.old_logp_NT - terms["logp"])),
+    "kl_ref": jnp.sum(m * terms["kl"]),
+    "entropy": jnp.sum(m * terms["entropy"]),
+    "ratio": jnp.sum(m * terms["ratio"]),
+  }
+
+
+def _abstract_terms(mb: RolloutBatch, w_NT):
+  """Shape-only (terms, mb, w) for eval_shape of `_sums`."""
+  f = jax.ShapeDtypeStruct(w_NT.shape, jnp.float32)
+  b = jax.ShapeDtypeStruct(w_NT.shape, jnp.bool_)
+  terms = dict(
+    loss=f, pg_loss=f, kl=f, entropy=f, logp=f, ratio=f, clip_high=b, clip_low=b, dual_clip=b
+  )
+  return terms, mb, w_NT
+
+
+def _metrics_from_sums(s, *, cfg: RLConfig):
+  d = lambda a, b: s[a] / jnp.maximum(s[b], 1.0)
+  out = {
+    "loss": s["loss"],
+    "pg_loss": s["pg_loss"],
+    "pg_clipfrac": (s["clip_high"] + s["clip_low"]) / jnp.maximum(s["n_tok"], 1.0),
+    "pg_clipfrac_high": d("clip_high", "n_pos"),
+    "pg_clipfrac_low": d("clip_low", "n_neg"),
+    "dual_clipfrac": d("dual_clip", "n_neg"),
+    "ppo_kl": d("ppo_kl", "n_tok"),
+    "entropy": d("entropy", "n_tok"),
+    "ratio_mean": d("ratio", "n_tok"),
+    "loss_tokens": s["n_tok"],
+  }
+  if cfg.use_ref:
+    out[f"kl_ref/{cfg.kl_estimator}"] = d("kl_ref", "n_tok")
+  return out
+
+
+def _split(x, k):
+  return x.reshape(k, x.shape[0] // k, *x.shape[1:])
+
+
+def train_step(
+  state: TrainState,
+  mb: RolloutBatch,
+  hyper: StepHyper,
+  *,
+  cfg: RLConfig,
+  model_fn: Callable,
+  optimizer: optax.GradientTransformation,
+  token_outputs: bool = False,
+):
+  """One optimizer step on one mini-batch: (state, metrics).
+
+  w = aggregation(mini-batch); grads = Σ_k ∇ Σ_{(i,t)∈micro-batch k} w·ℓ, accumulated in a
+  scan over `cfg.micro_batches` slices. With `token_outputs`, metrics["tokens"] holds the
+  per-token loss, weight, ratio and clip flags of the mini-batch ([N, T] each).
+  """
+  w_NT = aggregation.get(cfg.aggregation)(
+    mb.loss_mask_NT, mb.group_ids_N, mb.adv_NT, max_len=cfg.max_len or None
+  )
+  K = cfg.micro_batches
+
+  def micro_loss(params, micro):
+    mbk, wk = micro
+    total_NT, terms = token_terms(params, mbk, hyper, cfg=cfg, model_fn=model_fn)
+    return jnp.sum(wk * total_NT), (terms, _sums(terms, mbk, wk))
+
+  grad_fn = jax.grad(micro_loss, has_aux=True)
+
+  def body(acc, micro):
+    grads, (terms, sums) = grad_fn(state.params, micro)
+    acc = jax.tree.map(jnp.add, acc, (grads, sums))
+    keep = ("loss", "ratio", "clip_high", "clip_low", "dual_clip") if token_outputs else ()
+    return acc, {k: terms[k] for k in keep}
+
+  micro = jax.tree.map(functools.partial(_split, k=K), (mb, w_NT))
+  zero_grads = jax.tree.map(jnp.zeros_like, state.params)
+  zero_sums = jax.tree.map(jnp.zeros_like, jax.eval_shape(_sums, *_abstract_terms(mb, w_NT)))
+  (grads, sums), tok = jax.lax.scan(body, (zero_grads, zero_sums), micro)
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics = _metrics_from_sums(sums, cfg=cfg)
+  metrics["grad_norm"] = optax.tree.norm(grads)
+  if token_outputs:
+    metrics["tokens"] = {
+      "weight": w_NT,
+      **{k: v.reshape(-1, *v.shape[2:]) for k, v in tok.items()},
+    }
+  return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def make_train_step(
+  cfg: RLConfig,
+  model_fn: Callable,
+  optimizer: optax.GradientTransformation,
+  *,
+  token_outputs: bool = False,
+  donate: bool = True,
+):
+  """jit(train_step) with everything static bound: fn(state, minibatch, hyper)."""
+  fn = functools.partial(
+    train_step, cfg=cfg, model_fn=model_fn, optimizer=optimizer, token_outputs=token_outputs
+  )
+  return jax.jit(fn, donate_argnums=(0,) if donate else ())
+
+
+@jax.jit
+def gather(batch: RolloutBatch, idx_b) -> RolloutBatch:
+  """The rows idx_b of a rollout batch, on device."""
+  return jax.tree.map(lambda x: jnp.take(x, idx_b, axis=0), batch)
+
+
+# ----------------------------------------------------------------------------
+# Host side: validation and the update phase of one rollout batch.
+# ----------------------------------------------------------------------------
+
+
+def validate_batch(cfg: RLConfig, *, rewards_N, group_ids_N, group_size: int) -> None:
+  """Bad input fails here with a clear message: NaN rewards (row index), group sizes that
+  do not match the batch, and mini-batch counts the planner cannot honour."""
+  groups.validate_rewards(rewards_N)
+  groups.validate_group_ids(np.asarray(group_ids_N), group_size=group_size)
+  n = len(rewards_N)
+  if n % cfg.num_minibatches:
+    raise ValueError(
+      f"rl.num_minibatches={cfg.num_minibatches} does not divide the rollout batch of {n} rows."
+    )
+  if (n // cfg.num_minibatches) % cfg.micro_batches:
+    raise ValueError(
+      f"rl.micro_batches={cfg.micro_batches} does not divide the mini-batch of "
+      f"{n // cfg.num_minibatches} rows."
+    )
+
+
+def make_plan_fn(cfg: RLConfig, *, batch_size: int, group_size: int):
+  """The configured planner, validated for this batch shape: fn(key, group_ids_N, adv_N,
+  lengths_N) -> idx [ppo_epochs, num_minibatches, batch_size // num_minibatches]."""
+  return planners.make_planner(
+    cfg.planner,
+    num_minibatches=cfg.num_minibatches,
+    ppo_epochs=cfg.ppo_epochs,
+    batch_size=batch_size,
+    group_size=group_size,
+    **config_lib.to_dict(cfg.planner_options),
+  )
+
+
+def update(
+  state: TrainState,
+  batch: RolloutBatch,
+  key: jax.Array,
+  hyper: StepHyper,
+  *,
+  plan_fn: Callable,
+  step_fn: Callable,
+):
+  """Runs ppo_epochs × num_minibatches train steps over one rollout batch.
+
+  plan_fn(key, group_ids_N, adv_N, lengths_N) -> idx [E, M, b]. Returns (state, list of
+  per-step metrics, as host floats).
+  """
+  adv_N = advantages.sequence_advantage(batch.adv_NT, batch.mask_NT)
+  lengths_N = jnp.sum(batch.mask_NT, axis=1, dtype=jnp.int32)
+  idx_EMb = plan_fn(key, batch.group_ids_N, adv_N, lengths_N)
+  history = []
+  for e in range(idx_EMb.shape[0]):
+    for m in range(idx_EMb.shape[1]):
+      state, metrics = step_fn(state, gather(batch, idx_EMb[e, m]), hyper)
+      history.append(metrics)
+  return state, idx_EMb, history

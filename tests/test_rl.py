@@ -1,0 +1,267 @@
+"""The composed objective: RLConfig, prepare, train_step (with the tiny model), update."""
+
+import dataclasses
+import itertools
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+
+from grpo_jax import advantages, metrics, presets, rl, sampling
+
+B_PROMPTS, G = 4, 4
+N = B_PROMPTS * G
+# Mixed groups, an all-0 group and an all-1 group (hand-made, fixed).
+CORRECT_N = np.array([1, 0, 0, 1, 1, 1, 0, 1, 0, 0, 0, 0, 1, 1, 1, 1], np.float32)
+
+
+@pytest.fixture(scope="module")
+def rollouts(tiny_sampler, tiny_params, tokenizer, sampler_cfg):
+  prompts = sampling.prepare_prompts(
+    [tokenizer.encode(f"Q:{a}+{a + 3}\n", add_bos=True) for a in range(B_PROMPTS)], cfg=sampler_cfg
+  )
+  hyper = sampling.sampling_params(temperature=1.0)
+  return tiny_sampler(tiny_params, prompts, jax.random.key(1), hyper)
+
+
+def _prepare(cfg, params, rollouts, model_fn, *, ref_params=None):
+  fn = rl.make_prepare(cfg, model_fn)
+  hyper = cfg.prepare_hyper(max_new_tokens=rollouts.tokens_NT.shape[1])
+  return fn(params, ref_params, rollouts, jnp.asarray(CORRECT_N), jnp.zeros(N), hyper)
+
+
+# ----------------------------------------------------------------------------
+# Config edge.
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+  "field,value,match",
+  [
+    ("advantage", "ppo", "valid names: .*grpo"),
+    ("aggregation", "mean", "valid names: .*token_mean"),
+    ("policy_loss", "dpo", "valid names: .*ppo_clip"),
+    ("planner", "shuffle", "valid names: .*query_preserved"),
+    ("kl_estimator", "k4", "valid names: .*k3"),
+    ("token_masks", ("nope",), "valid names: .*negative_token_filter"),
+    ("kl_in", "both", "allowed"),
+    ("truncation", "drop", "allowed"),
+    ("num_minibatches", 0, ">= 1"),
+    ("advantage_options", {"biased": True}, "allowed: .*unbiased_std"),
+    ("mask_options", {"negative_only": {}}, "not in rl.token_masks"),
+  ],
+)
+def test_rl_config_rejects_bad_values_with_the_allowed_ones(field, value, match):
+  with pytest.raises(ValueError, match=match):
+    rl.RLConfig(**{field: value})
+
+
+def test_rl_config_from_dict_rejects_unknown_keys():
+  with pytest.raises(ValueError, match="unknown RLConfig keys \\['advantge'\\]"):
+    rl.RLConfig.from_dict({"advantge": "rloo"})
+
+
+@pytest.mark.parametrize("name", presets.REGISTRY.names())
+def test_every_preset_is_a_valid_config(name):
+  cfg = rl.RLConfig.from_dict(presets.get(name))
+  assert isinstance(presets.get(name), ml_collections.ConfigDict)
+  assert presets.REGISTRY.get(name).__doc__ and "arXiv" in presets.REGISTRY.get(name).__doc__
+  assert cfg.advantage in advantages.REGISTRY
+
+
+def test_presets_pin_their_defining_values():
+  dapo = rl.RLConfig.from_dict(presets.get("dapo"))
+  assert (dapo.eps_low, dapo.eps_high, dapo.aggregation) == (0.2, 0.28, "token_mean")
+  assert dapo.dynamic_sampling and dapo.overlong_factor == 1.0
+  gspo = rl.RLConfig.from_dict(presets.get("gspo"))
+  assert (gspo.policy_loss, gspo.eps_low, gspo.eps_high) == ("gspo", 3e-4, 4e-4)
+  assert rl.RLConfig.from_dict(presets.get("dr_grpo")).aggregation == "constant_norm"
+
+
+# ----------------------------------------------------------------------------
+# Prepare.
+# ----------------------------------------------------------------------------
+
+
+def test_prepare_recomputes_old_logp_and_builds_advantages(rollouts, tiny_model_fn, tiny_params):
+  cfg = rl.RLConfig(advantage="grpo")
+  batch, rewards_N, m = _prepare(cfg, tiny_params, rollouts, tiny_model_fn)
+  # The recomputed old log-probs match the sampler's policy log-probs.
+  np.testing.assert_allclose(batch.old_logp_NT, rollouts.policy_logp_NT, atol=2e-5)
+  np.testing.assert_array_equal(rewards_N, CORRECT_N)
+  # GRPO advantages broadcast over each row's completion tokens.
+  r_G = CORRECT_N[:4]  # [1, 0, 0, 1]: mean 0.5, unbiased std sqrt(1/3).
+  a_expected = (r_G - 0.5) / (np.sqrt(1 / 3) + 1e-6)
+  a_rows = np.asarray(advantages.sequence_advantage(batch.adv_NT, batch.mask_NT))
+  np.testing.assert_allclose(a_rows[:4], a_expected, rtol=1e-5)
+  np.testing.assert_allclose(a_rows[8:], 0.0)  # All-0 and all-1 groups.
+  np.testing.assert_array_equal(batch.loss_mask_NT, rollouts.mask_NT)
+  assert float(m["zero_var_groups"]) == pytest.approx(0.5)
+  assert float(m["all_zero_groups"]) == pytest.approx(0.25)
+  assert float(m["all_one_groups"]) == pytest.approx(0.25)
+  for name in m:
+    metrics.definition(name)
+
+
+def test_prepare_positive_only_mask_and_kl_to_reference(rollouts, tiny_model_fn, tiny_params):
+  cfg = rl.RLConfig(token_masks=("positive_only",), kl_coef=0.1, kl_estimator="k3")
+  ref = jax.tree.map(lambda x: x * 0.9, tiny_params)
+  batch, _, m = _prepare(cfg, tiny_params, rollouts, tiny_model_fn, ref_params=ref)
+  a_N = advantages.sequence_advantage(batch.adv_NT, batch.mask_NT)
+  assert not np.any(np.asarray(batch.loss_mask_NT)[np.asarray(a_N) < 0])
+  frac = (
+    np.asarray(rollouts.mask_NT)[np.asarray(a_N) < 0].sum() / np.asarray(rollouts.mask_NT).sum()
+  )
+  assert float(m["masked_frac"]) == pytest.approx(frac)
+  assert float(m["rollout_kl_ref/k3"]) > 0
+  assert not np.allclose(batch.ref_logp_NT, batch.old_logp_NT)
+
+
+# ----------------------------------------------------------------------------
+# The train step.
+# ----------------------------------------------------------------------------
+
+
+def _sgd_step(cfg, model_fn, **kw):
+  return rl.make_train_step(cfg, model_fn, optax.sgd(0.1), donate=False, **kw)
+
+
+def test_on_policy_first_step_has_ratio_one_and_documented_metrics(
+  rollouts, tiny_model_fn, tiny_params
+):
+  cfg = rl.RLConfig(eps_high=0.28)
+  batch, _, _ = _prepare(cfg, tiny_params, rollouts, tiny_model_fn)
+  step = _sgd_step(cfg, tiny_model_fn, token_outputs=True)
+  state = rl.init_state(tiny_params, optax.sgd(0.1))
+  new_state, m = step(state, batch, cfg.step_hyper())
+  assert float(m["ratio_mean"]) == pytest.approx(1.0, abs=1e-5)
+  assert float(m["ppo_kl"]) == pytest.approx(0.0, abs=1e-5)
+  assert float(m["pg_clipfrac"]) == 0.0
+  assert float(m["grad_norm"]) > 0
+  assert int(new_state.step) == 1
+  tok = m.pop("tokens")
+  assert set(tok) == {"weight", "loss", "ratio", "clip_high", "clip_low", "dual_clip"}
+  assert all(v.shape == batch.tokens_NT.shape for v in tok.values())
+  # token-mean weights: 1 / (number of loss tokens) on every loss token.
+  n_tok = float(np.asarray(batch.loss_mask_NT).sum())
+  np.testing.assert_allclose(np.asarray(tok["weight"])[np.asarray(batch.loss_mask_NT)], 1 / n_tok)
+  # The loss is Σ w·ℓ: on-policy PPO gives ℓ = -A, so loss = -mean_tokens(A).
+  a = np.asarray(batch.adv_NT)[np.asarray(batch.loss_mask_NT)]
+  assert float(m["loss"]) == pytest.approx(-a.mean(), abs=1e-5)
+  for name in m:
+    metrics.definition(name)
+
+
+# Every mode's weights are micro-batch invariant by construction (tests/test_aggregation.py
+# checks each formula); here two modes run through the real model and optimizer.
+@pytest.mark.parametrize("aggregation", ["seq_mean_token_mean", "group_token_mean"])
+def test_micro_batching_does_not_change_the_update(
+  aggregation, rollouts, tiny_model_fn, tiny_params
+):
+  """Two micro-batches give the same SGD update as one (weights are mini-batch wide)."""
+  base = rl.RLConfig(aggregation=aggregation, kl_coef=0.0, entropy_coef=0.01)
+  batch, _, _ = _prepare(base, tiny_params, rollouts, tiny_model_fn)
+  out = {}
+  for k in (1, 4):
+    cfg = dataclasses.replace(base, micro_batches=k)
+    state = rl.init_state(tiny_params, optax.sgd(0.1))
+    new, m = _sgd_step(cfg, tiny_model_fn)(state, batch, cfg.step_hyper())
+    out[k] = (new.params, m)
+  for a, b in zip(jax.tree.leaves(out[1][0]), jax.tree.leaves(out[4][0])):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  for name in ("loss", "entropy", "pg_clipfrac", "grad_norm"):
+    assert float(out[1][1][name]) == pytest.approx(float(out[4][1][name]), rel=1e-5, abs=1e-7)
+
+
+def test_changing_hyperparameters_does_not_recompile(rollouts, tiny_model_fn, tiny_params):
+  cfg = rl.RLConfig(kl_coef=0.05, entropy_coef=0.0)
+  ref = jax.tree.map(lambda x: x * 0.95, tiny_params)
+  batch, _, _ = _prepare(cfg, tiny_params, rollouts, tiny_model_fn, ref_params=ref)
+  step = _sgd_step(cfg, tiny_model_fn)
+  state = rl.init_state(tiny_params, optax.sgd(0.1))
+  losses_seen = []
+  for eps, kl, ent in [(0.2, 0.05, 0.0), (0.1, 0.5, 0.01), (0.3, 0.0, 0.1)]:
+    h = dataclasses.replace(cfg, eps_low=eps, eps_high=eps, kl_coef=kl, entropy_coef=ent)
+    _, m = step(state, batch, h.step_hyper())
+    losses_seen.append(float(m["loss"]))
+  assert step._cache_size() == 1
+  assert len(set(losses_seen)) == 3  # The hyperparameters did take effect.
+
+
+def test_repeated_steps_raise_positive_and_lower_negative_logprobs(
+  rollouts, tiny_model_fn, tiny_params
+):
+  cfg = rl.RLConfig(advantage="dr_grpo", aggregation="token_mean", eps_low=10.0, eps_high=10.0)
+  batch, _, _ = _prepare(cfg, tiny_params, rollouts, tiny_model_fn)
+  step = _sgd_step(cfg, tiny_model_fn)
+  state = rl.init_state(tiny_params, optax.sgd(1.0))
+  for _ in range(5):
+    state, _ = step(state, batch, cfg.step_hyper())
+  after, _ = sampling.completion_logprobs(
+    state.params,
+    batch.prompt_tokens_NP,
+    batch.prompt_mask_NP,
+    batch.tokens_NT,
+    batch.mask_NT,
+    model_fn=tiny_model_fn,
+  )
+  delta_N = np.asarray(jnp.sum(after - batch.old_logp_NT, axis=1))
+  a_N = np.asarray(advantages.sequence_advantage(batch.adv_NT, batch.mask_NT))
+  assert delta_N[a_N > 0].mean() > 0 > delta_N[a_N < 0].mean()
+
+
+# ----------------------------------------------------------------------------
+# The update phase and host validation.
+# ----------------------------------------------------------------------------
+
+
+def test_update_runs_epochs_times_minibatches_with_whole_groups(
+  rollouts, tiny_model_fn, tiny_params
+):
+  cfg = rl.RLConfig(planner="query_preserved", num_minibatches=2, ppo_epochs=2)
+  batch, _, _ = _prepare(cfg, tiny_params, rollouts, tiny_model_fn)
+  plan = rl.make_plan_fn(cfg, batch_size=N, group_size=G)
+  step = _sgd_step(cfg, tiny_model_fn)
+  state = rl.init_state(tiny_params, optax.sgd(0.1))
+  state, idx_EMb, history = rl.update(
+    state, batch, jax.random.key(0), cfg.step_hyper(), plan_fn=plan, step_fn=step
+  )
+  assert idx_EMb.shape == (2, 2, N // 2) and len(history) == 4 and int(state.step) == 4
+  g_N = np.asarray(batch.group_ids_N)
+  for e, m in itertools.product(range(2), range(2)):
+    ids = set(g_N[np.asarray(idx_EMb[e, m])])
+    others = set(g_N[np.asarray(idx_EMb[e, 1 - m])])
+    assert not ids & others
+  # Later mini-batches are off-policy: their ratios move away from 1.
+  assert float(history[-1]["ppo_kl"]) != pytest.approx(0.0, abs=1e-9)
+
+
+def test_validate_batch_errors():
+  cfg = rl.RLConfig(num_minibatches=3)
+  ok_ids = np.repeat(np.arange(4), 4)
+  with pytest.raises(ValueError, match="rows \\[2\\]"):
+    rl.validate_batch(
+      rl.RLConfig(), rewards_N=[1.0, 0.0, np.nan, 1.0], group_ids_N=ok_ids[:4] * 0, group_size=4
+    )
+  with pytest.raises(ValueError, match="inconsistent"):
+    rl.validate_batch(
+      rl.RLConfig(), rewards_N=np.zeros(16), group_ids_N=np.r_[ok_ids[:-1], 0], group_size=4
+    )
+  with pytest.raises(ValueError, match="does not divide"):
+    rl.validate_batch(cfg, rewards_N=np.zeros(16), group_ids_N=ok_ids, group_size=4)
+  with pytest.raises(ValueError, match="group count"):
+    rl.make_plan_fn(
+      rl.RLConfig(planner="query_preserved", num_minibatches=8), batch_size=16, group_size=4
+    )
+
+
+def test_prepare_is_pure_in_its_inputs(rollouts, tiny_model_fn, tiny_params):
+  """Same inputs, same outputs (nothing hidden in the closure)."""
+  cfg = rl.RLConfig()
+  a = _prepare(cfg, tiny_params, rollouts, tiny_model_fn)
+  b = _prepare(cfg, tiny_params, rollouts, tiny_model_fn)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(x, y)
