@@ -72,4 +72,6 @@ def test_every_registered_function_documents_its_formula_and_source():
     for name in reg.names():
       doc = reg.get(name).__doc__ or ""
       assert "=" in doc or "≈" in doc, f"{reg.kind} {name!r}: no formula in its docstring"
-      assert re.search(r"Source|arXiv|verl|Schulman|\d{4}\.\d{5}", doc), f"{reg.kind} {name!r}: no source"
+      assert re.search(r"Source|arXiv|verl|Schulman|\d{4}\.\d{5}", doc), (
+        f"{reg.kind} {name!r}: no source"
+      )
