@@ -16,9 +16,6 @@ verl instead gives a singleton (r - 0)/1 = r; use a batch-level estimator for G 
 
 from __future__ import annotations
 
-import functools
-import inspect
-
 import flax
 import jax
 import jax.numpy as jnp
@@ -157,9 +154,8 @@ def reinforce_pp(inputs: AdvantageInputs, hyper: AdvantageHyper):
   """
   mask_BT = inputs.mask_BT
   m_BT = mask_BT.astype(jnp.float32)
-  T = mask_BT.shape[1]
-  length_B = jnp.sum(mask_BT, axis=1, dtype=jnp.int32)
-  last_BT = jnp.arange(T, dtype=jnp.int32)[None, :] == (length_B - 1)[:, None]
+  # The last valid token of each row (masks may have gaps, e.g. masked observations).
+  last_BT = mask_BT & (jnp.cumsum(m_BT[:, ::-1], axis=1)[:, ::-1] == 1.0)
   kl_BT = jnp.zeros_like(m_BT) if inputs.kl_BT is None else inputs.kl_BT.astype(jnp.float32)
   rew_BT = (jnp.where(last_BT, inputs.rewards_B[:, None], 0.0) - hyper.kl_coef * kl_BT) * m_BT
 
@@ -263,12 +259,13 @@ def fade(inputs: AdvantageInputs, hyper: AdvantageHyper):
   """
   r_B = inputs.rewards_B
   p_B = pass_rate(r_B, inputs.group_ids_B)
+  mixed_B = (p_B > 0) & (p_B < 1)
+  q_B = jnp.where(mixed_B, 1.0 - p_B, 0.5)  # Keeps (1-p)^γ finite for γ < 0 off the mix.
   f_B = jnp.power(p_B * (1.0 - p_B) + hyper.eps, -hyper.std_power) * jnp.power(
-    jnp.maximum(1.0 - p_B, 0.0), hyper.focal_gamma
+    q_B, hyper.focal_gamma
   )
   success_B = r_B > 0
   a_B = f_B * jnp.where(success_B, hyper.lambda_s * (1.0 - p_B), -hyper.lambda_f * p_B)
-  mixed_B = (p_B > 0) & (p_B < 1)
   return _to_tokens(jnp.where(mixed_B, a_B, 0.0), inputs.mask_BT)
 
 
@@ -333,24 +330,9 @@ def advantage_stats(adv_BT, mask_BT, rewards_B, group_ids_B):
 # ----------------------------------------------------------------------------
 
 
-def _options_of(fn) -> dict:
-  return {
-    name: p.default
-    for name, p in inspect.signature(fn).parameters.items()
-    if p.kind is inspect.Parameter.KEYWORD_ONLY
-  }
-
-
 def get(name: str, **options):
   """The estimator `name` with its static options bound: fn(inputs, hyper) -> A_BT.
 
   Unknown names list the registered ones; unknown options list the allowed ones.
   """
-  fn = REGISTRY.get(name)
-  allowed = _options_of(fn)
-  unknown = sorted(set(options) - set(allowed))
-  if unknown:
-    raise ValueError(
-      f"Advantage estimator {name!r} has no options {unknown}; allowed: {sorted(allowed) or 'none'}."
-    )
-  return functools.partial(fn, **options) if options else fn
+  return REGISTRY.bind(name, **options)

@@ -11,9 +11,6 @@ Polarity is the sign of the row's sequence advantage ā_i = Σ_t m A / Σ_t m.
 
 from __future__ import annotations
 
-import functools
-import inspect
-
 import flax
 import jax
 import jax.numpy as jnp
@@ -102,7 +99,11 @@ def _in_positive_rollouts(inputs: MaskInputs, vocab_bound):
 
 @REGISTRY.register("negative_token_filter")
 def negative_token_filter(
-  inputs: MaskInputs, hyper: MaskHyper, *, criteria: tuple[str, ...] = ("prob",), vocab_size: int = 0
+  inputs: MaskInputs,
+  hyper: MaskHyper,
+  *,
+  criteria: tuple[str, ...] = ("prob",),
+  vocab_size: int = 0,
 ):
   """keep_{i,t} = 1 - 1(ā_i < 0)·1(any selected criterion holds at t), the criteria being:
     "prob":    π_old(o_t) > τ_p              (confident tokens: penalising them squeezes),
@@ -156,14 +157,7 @@ def masked_fraction(mask_BT, keep_BT):
 
 def get(name: str, **options):
   """The mask `name` with its static options bound: fn(inputs, hyper) -> keep_BT."""
-  fn = REGISTRY.get(name)
-  allowed = [
-    n for n, p in inspect.signature(fn).parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY
-  ]
-  unknown = sorted(set(options) - set(allowed))
-  if unknown:
-    raise ValueError(f"Token mask {name!r} has no options {unknown}; allowed: {allowed or 'none'}.")
-  return functools.partial(fn, **options) if options else fn
+  return REGISTRY.bind(name, **options)
 
 
 def apply(mask_fns: dict, inputs: MaskInputs, hyper: MaskHyper):

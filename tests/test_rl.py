@@ -120,6 +120,21 @@ def test_prepare_positive_only_mask_and_kl_to_reference(rollouts, tiny_model_fn,
   assert not np.allclose(batch.ref_logp_NT, batch.old_logp_NT)
 
 
+def test_kl_folded_into_the_reward(rollouts, tiny_model_fn, tiny_params):
+  """kl_in="reward": sequence estimators see r_i - β Σ_t kl_t (here GRPO, k2, β = 0.5)."""
+  cfg = rl.RLConfig(advantage="dr_grpo", kl_coef=0.5, kl_estimator="k2", kl_in="reward")
+  ref = jax.tree.map(lambda x: x * 0.9, tiny_params)
+  batch, rewards_N, m = _prepare(cfg, tiny_params, rollouts, tiny_model_fn, ref_params=ref)
+  delta_NT = np.asarray(batch.old_logp_NT) - np.asarray(batch.ref_logp_NT)
+  kl_N = (0.5 * delta_NT**2 * np.asarray(batch.mask_NT)).sum(1)
+  r_N = np.asarray(rewards_N) - 0.5 * kl_N
+  expected_N = r_N - np.repeat(r_N.reshape(B_PROMPTS, G).mean(1), G)
+  got_N = np.asarray(advantages.sequence_advantage(batch.adv_NT, batch.mask_NT))
+  np.testing.assert_allclose(got_N, expected_N, rtol=1e-4, atol=1e-5)
+  assert np.abs(kl_N).max() > 1e-3  # The KL term is not vacuous.
+  assert cfg.step_hyper().kl_coef == 0.0  # ...and it is not also in the loss.
+
+
 # ----------------------------------------------------------------------------
 # The train step.
 # ----------------------------------------------------------------------------
