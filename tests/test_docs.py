@@ -34,41 +34,31 @@ def test_colab_code_cells_run(notebook):
   _run("\n".join(code))
 
 
-def test_readme_tables_name_every_registered_variant():
-  from grpo_jax import (  # noqa: PLC0415 -- only this test needs them.
-    advantages,
-    aggregation,
-    losses,
-    masks,
-    planners,
-    presets,
-  )
+def _variant_registries():
+  """Every registry of formula-defined variants (imported here: only these tests need them)."""
+  from grpo_jax import advantages, aggregation, losses, masks, planners  # noqa: PLC0415
 
-  readme = (ROOT / "README.md").read_text()
-  for reg in (
+  return (
     advantages.REGISTRY,
     masks.REGISTRY,
     losses.REGISTRY,
     losses.KL_REGISTRY,
     aggregation.REGISTRY,
     planners.REGISTRY,
-    presets.REGISTRY,
-  ):
+  )
+
+
+def test_readme_tables_name_every_registered_variant():
+  from grpo_jax import presets  # noqa: PLC0415
+
+  readme = (ROOT / "README.md").read_text()
+  for reg in (*_variant_registries(), presets.REGISTRY):
     missing = [name for name in reg.names() if f"`{name}`" not in readme]
     assert not missing, f"README.md lacks the {reg.kind} names {missing}"
 
 
 def test_every_registered_function_documents_its_formula_and_source():
-  from grpo_jax import advantages, aggregation, losses, masks, planners  # noqa: PLC0415
-
-  for reg in (
-    advantages.REGISTRY,
-    masks.REGISTRY,
-    losses.REGISTRY,
-    losses.KL_REGISTRY,
-    aggregation.REGISTRY,
-    planners.REGISTRY,
-  ):
+  for reg in _variant_registries():
     for name in reg.names():
       doc = reg.get(name).__doc__ or ""
       assert "=" in doc or "≈" in doc, f"{reg.kind} {name!r}: no formula in its docstring"
