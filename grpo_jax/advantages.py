@@ -145,8 +145,8 @@ def rloo(inputs: AdvantageInputs, hyper: AdvantageHyper):
 
 @REGISTRY.register("reinforce_pp")
 def reinforce_pp(inputs: AdvantageInputs, hyper: AdvantageHyper):
-  """Token rewards r_t = 1[t = last]·r_i - β·kl_t, return G_t = Σ_{s>=t} γ^{s-t} r_s (within
-  the completion, reset after EOS), then global whitening A = (G - μ)/(σ + eps) over all
+  """Token rewards r_t = 1[t = last]·r_i - β·kl_t, return G_t = Σ_{s>=t} γ^{s-t} r_s over the
+  row's valid tokens (s, t count valid tokens only: masked gaps are skipped), then global whitening A = (G - μ)/(σ + eps) over all
   valid tokens of the batch (ddof 1). No group baseline.
 
   Source: REINFORCE++ (arXiv 2501.03262); verl `compute_reinforce_plus_plus_outcome_advantage`
@@ -159,12 +159,13 @@ def reinforce_pp(inputs: AdvantageInputs, hyper: AdvantageHyper):
   kl_BT = jnp.zeros_like(m_BT) if inputs.kl_BT is None else inputs.kl_BT.astype(jnp.float32)
   rew_BT = (jnp.where(last_BT, inputs.rewards_B[:, None], 0.0) - hyper.kl_coef * kl_BT) * m_BT
 
-  def back(carry_B, r_B):
-    g_B = r_B + hyper.gamma * carry_B
+  def back(carry_B, r_m_B):
+    r_B, m_B = r_m_B  # Masked positions (gaps) pass the return through undiscounted.
+    g_B = jnp.where(m_B, r_B + hyper.gamma * carry_B, carry_B)
     return g_B, g_B
 
   _, ret_TB = jax.lax.scan(
-    back, jnp.zeros_like(inputs.rewards_B, jnp.float32), rew_BT.T, reverse=True
+    back, jnp.zeros_like(inputs.rewards_B, jnp.float32), (rew_BT.T, mask_BT.T), reverse=True
   )
   return _masked_whiten(ret_TB.T * m_BT, mask_BT, hyper.eps)
 

@@ -52,14 +52,14 @@ def fade_entropy(
   hard prompts; exploiting (low or fast-falling entropy, saturated pass rate) moves to
   negative-dominant ("suppression") updates, which raise entropy, and a medium focus.
   H̄ and s̄ are EMAs (factor `ema`) of metrics["rollout_entropy"] and its step change;
-  p = metrics["reward_mean"].
+  p = metrics["pass_rate"].
 
   Source: a reconstruction [INF] of FADE's schedule, "Don't Let Gains FADE" (arXiv
   2607.01490): "exploration favours balance and hard focus; exploitation favours
   suppression and medium focus". The paper's exact schedule is not public.
   """
   h = jnp.asarray(metrics["rollout_entropy"], jnp.float32)
-  p = jnp.asarray(metrics["reward_mean"], jnp.float32)
+  p = jnp.asarray(metrics["pass_rate"], jnp.float32)
   started = state["started"] > 0
   h_bar = jnp.where(started, ema * state["entropy"] + (1 - ema) * h, h)
   slope = jnp.where(started, ema * state["slope"] + (1 - ema) * (h_bar - state["entropy"]), 0.0)

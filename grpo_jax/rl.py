@@ -129,6 +129,25 @@ class RLConfig:
         raise ValueError(f"rl.{attr} must be >= 0, got {getattr(self, attr)}.")
     # Build every variant once, so bad options fail here, before anything compiles.
     advantages.get(self.advantage, **self.advantage_options)
+    if not self.recompute_old_logp:
+      criteria = config_lib.to_dict(self.mask_options.get("negative_token_filter", {}))
+      needs = [
+        what
+        for what, used in (
+          ("advantage='optimal_baseline'", self.advantage == "optimal_baseline"),
+          (
+            "the 'entropy' negative_token_filter criterion",
+            "entropy" in criteria.get("criteria", ()),
+          ),
+          (f"controller={self.controller!r}", self.controller != "none"),
+        )
+        if used
+      ]
+      if needs:
+        raise ValueError(
+          f"rl.recompute_old_logp=False gives no π_old distribution, which {', '.join(needs)} "
+          "needs; set recompute_old_logp=True."
+        )
     controllers.get(self.controller, **config_lib.to_dict(self.controller_options))
     self.mask_fns()
     self.prepare_hyper(max_new_tokens=max(self.overlong_buffer, 1))
@@ -251,9 +270,14 @@ def prepare(
     model_fn=model_fn,
   )
   if cfg.recompute_old_logp:
-    old_logp_NT, entropy_NT = logp(params, entropy=True)
-  else:
+    old_logp_NT, old_stats = logp(params, entropy=True)
+    entropy_NT = old_stats["entropy"]
+    # Per-sequence squared score norm in logit space, Σ_t ‖e_y - π_t‖² = Σ_t (1 - 2π_t(y) +
+    # Σ_v π_v²): the optimal baseline's weight (the form verl's OTB uses).
+    score_sq_N = jnp.sum((1.0 - 2.0 * jnp.exp(old_logp_NT) + old_stats["sum_sq"]) * mask_NT, axis=1)
+  else:  # RLConfig refuses the features that need π_old's distribution in this mode.
     old_logp_NT, entropy_NT = rollouts.policy_logp_NT, jnp.zeros(mask_NT.shape, jnp.float32)
+    score_sq_N = None
   if cfg.use_ref:
     ref_logp_NT = logp(ref_params)[0]
     kl_NT = losses.kl_estimator(cfg.kl_estimator)(old_logp_NT, ref_logp_NT) * mask_NT
@@ -276,7 +300,11 @@ def prepare(
   adv_fn = advantages.get(cfg.advantage, **config_lib.to_dict(cfg.advantage_options))
   adv_NT = adv_fn(
     advantages.AdvantageInputs(
-      rewards_B=adv_rewards_N, group_ids_B=rollouts.group_ids_N, mask_BT=mask_NT, kl_BT=kl_NT
+      rewards_B=adv_rewards_N,
+      group_ids_B=rollouts.group_ids_N,
+      mask_BT=mask_NT,
+      kl_BT=kl_NT,
+      score_sq_B=score_sq_N,
     ),
     hyper.adv,
   )
@@ -306,13 +334,18 @@ def prepare(
   )
   m_NT = mask_NT.astype(jnp.float32)
   n_tok = jnp.maximum(jnp.sum(m_NT), 1.0)
+  correct_N = jnp.asarray(correct_B, jnp.float32)
   metrics = {
     **advantages.advantage_stats(adv_NT, mask_NT, rewards_N, rollouts.group_ids_N),
+    # Group fractions and the pass rate come from correctness, not the shaped reward.
+    **advantages.group_stats(correct_N, rollouts.group_ids_N),
+    "pass_rate": jnp.mean((correct_N > 0).astype(jnp.float32)),
     **mask_stats,
-    "rollout_entropy": jnp.sum(entropy_NT * m_NT) / n_tok,
     "response_length": jnp.mean(rollouts.length_N.astype(jnp.float32)),
     "truncated_frac": jnp.mean(rollouts.truncated_N.astype(jnp.float32)),
   }
+  if cfg.recompute_old_logp:
+    metrics["rollout_entropy"] = jnp.sum(entropy_NT * m_NT) / n_tok
   if cfg.use_ref:
     metrics[f"rollout_kl_ref/{cfg.kl_estimator}"] = jnp.sum(kl_NT) / n_tok
   return batch, rewards_N, metrics
@@ -331,7 +364,7 @@ def make_prepare(cfg: RLConfig, model_fn: Callable):
 
 def token_terms(params, mb: RolloutBatch, hyper: StepHyper, *, cfg: RLConfig, model_fn):
   """Per-token objective terms of a (micro-)batch: (total ℓ_NT, dict of per-token arrays)."""
-  logp_NT, ent_NT = sampling.completion_logprobs(
+  logp_NT, stats = sampling.completion_logprobs(
     params,
     mb.prompt_tokens_NP,
     mb.prompt_mask_NP,
@@ -340,6 +373,7 @@ def token_terms(params, mb: RolloutBatch, hyper: StepHyper, *, cfg: RLConfig, mo
     model_fn=model_fn,
     entropy=True,
   )
+  ent_NT = stats["entropy"]
   m_NT = mb.loss_mask_NT
   pg_NT, aux = losses.policy_loss(cfg.policy_loss)(
     logp_NT, mb.old_logp_NT, mb.adv_NT, m_NT, hyper.loss
@@ -525,8 +559,8 @@ def update(
 ):
   """Runs ppo_epochs × num_minibatches train steps over one rollout batch.
 
-  plan_fn(key, group_ids_N, adv_N, lengths_N) -> idx [E, M, b]. Returns (state, list of
-  per-step metrics, as host floats).
+  plan_fn(key, group_ids_N, adv_N, lengths_N) -> idx [E, M, b]. Returns (state, idx_EMb,
+  the list of per-step metric dicts).
   """
   adv_N = advantages.sequence_advantage(batch.adv_NT, batch.mask_NT)
   lengths_N = jnp.sum(batch.mask_NT, axis=1, dtype=jnp.int32)

@@ -390,8 +390,10 @@ def make_policy_sampler(model_cfg: model_lib.ModelConfig, cfg: SamplerConfig):
 def completion_logprobs(
   params, prompt_tokens_NP, prompt_mask_NP, tokens_NT, mask_NT, *, model_fn, entropy=False
 ):
-  """log π(o_t | q, o_<t) of each completion token in one full forward: [N, T] (0 off mask),
-  and with `entropy` also H_t = -Σ_v π log π of each step's distribution (else None).
+  """log π(o_t | q, o_<t) of each completion token in one full forward: [N, T] (0 off mask).
+
+  With `entropy`, also a dict of per-token statistics of each step's distribution π_t:
+  "entropy" H_t = -Σ_v π log π and "sum_sq" Σ_v π_v² (else None).
 
   The sequence is [left-padded prompt ; right-padded completion]; position ids skip
   both paddings, so the logits match the cached decode that produced the rollout.
@@ -406,8 +408,9 @@ def completion_logprobs(
   logp_NT = jnp.where(mask_NT, logp_NT, 0.0)
   if not entropy:
     return logp_NT, None
-  ent_NT = -jnp.sum(jnp.exp(logp_NTV) * logp_NTV, axis=-1)
-  return logp_NT, jnp.where(mask_NT, ent_NT, 0.0)
+  p_NTV = jnp.exp(logp_NTV)
+  stats = {"entropy": -jnp.sum(p_NTV * logp_NTV, axis=-1), "sum_sq": jnp.sum(p_NTV * p_NTV, -1)}
+  return logp_NT, {k: jnp.where(mask_NT, v, 0.0) for k, v in stats.items()}
 
 
 def teacher_forced_logprobs(params, rollouts: Rollouts, *, model_fn: Callable):

@@ -14,7 +14,7 @@ def _run(entropies, pass_rate=0.5, **opts):
   ctrl = controllers.get("fade_entropy", **{**OPTS, **opts})
   hyper, state = advantages.advantage_hyper(), controllers.init_state()
   for h in entropies:
-    hyper, state = ctrl(hyper, state, {"rollout_entropy": h, "reward_mean": pass_rate})
+    hyper, state = ctrl(hyper, state, {"rollout_entropy": h, "pass_rate": pass_rate})
   return hyper, state
 
 
@@ -51,7 +51,8 @@ def test_saturated_pass_rate_stops_exploration():
 
 
 def test_controller_updates_do_not_recompile_the_estimator():
-  fade = jax.jit(advantages.get("fade"))
+  fade_fn = advantages.get("fade")
+  fade = jax.jit(lambda inputs, hyper: fade_fn(inputs, hyper))  # Its own jit cache.
   inputs = advantages.AdvantageInputs(
     rewards_B=jnp.array([1.0, 0.0, 0.0, 0.0]),
     group_ids_B=jnp.zeros(4, jnp.int32),
@@ -61,7 +62,7 @@ def test_controller_updates_do_not_recompile_the_estimator():
   hyper, state = advantages.advantage_hyper(), controllers.init_state()
   outs = []
   for h in (1.0, 0.5, 0.1):
-    hyper, state = ctrl(hyper, state, {"rollout_entropy": h, "reward_mean": 0.25})
+    hyper, state = ctrl(hyper, state, {"rollout_entropy": h, "pass_rate": 0.25})
     outs.append(np.asarray(fade(inputs, hyper)))
   assert fade._cache_size() == 1
   assert not np.allclose(outs[0], outs[2])  # The schedule did change the advantages.

@@ -148,7 +148,8 @@ def test_masked_tokens_give_zero_loss_false_flags_and_finite_grads(name):
 def test_aux_keys_dtypes_and_jit_without_recompiles(name):
   logp_BT, adv_BT, mask_BT, _ = _random_batch(1)
   old_logp_BT = logp_BT + 0.3 * np.sin(np.arange(7, dtype=np.float32))[None, :]
-  fn = jax.jit(losses.policy_loss(name))
+  loss_fn = losses.policy_loss(name)
+  fn = jax.jit(lambda *args: loss_fn(*args))  # Its own jit cache.
   out_a = fn(logp_BT, old_logp_BT, adv_BT, mask_BT, losses.loss_hyper())
   out_b = fn(logp_BT, old_logp_BT, adv_BT, mask_BT, losses.loss_hyper(**DAPO, dual_clip_c=3.0))
   assert fn._cache_size() == 1  # New hyperparameter values are just new array inputs.

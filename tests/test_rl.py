@@ -135,6 +135,41 @@ def test_kl_folded_into_the_reward(rollouts, tiny_model_fn, tiny_params):
   assert cfg.step_hyper().kl_coef == 0.0  # ...and it is not also in the loss.
 
 
+def test_optimal_baseline_gets_score_norms_from_prepare(rollouts, tiny_model_fn, tiny_params):
+  """b* = Σ s r / Σ s with s_i = Σ_t (1 - 2π_t(y) + Σ_v π_v²), computed from the logits."""
+  cfg = rl.RLConfig(advantage="optimal_baseline")
+  batch, rewards_N, _ = _prepare(cfg, tiny_params, rollouts, tiny_model_fn)
+  full = sampling.completion_logprobs(
+    tiny_params,
+    rollouts.prompt_tokens_NP,
+    rollouts.prompt_mask_NP,
+    rollouts.tokens_NT,
+    rollouts.mask_NT,
+    model_fn=tiny_model_fn,
+    entropy=True,
+  )
+  p_NT = np.exp(np.asarray(full[0]))
+  s_N = ((1 - 2 * p_NT + np.asarray(full[1]["sum_sq"])) * np.asarray(rollouts.mask_NT)).sum(1)
+  r_GN, s_GN = np.asarray(rewards_N).reshape(B_PROMPTS, G), s_N.reshape(B_PROMPTS, G)
+  b_G = (s_GN * r_GN).sum(1) / s_GN.sum(1)
+  expected_N = (r_GN - b_G[:, None]).reshape(-1)
+  got_N = np.asarray(advantages.sequence_advantage(batch.adv_NT, batch.mask_NT))
+  np.testing.assert_allclose(got_N, expected_N, rtol=1e-4, atol=1e-6)
+  dr = r_GN - r_GN.mean(1, keepdims=True)
+  assert not np.allclose(got_N, dr.reshape(-1), atol=1e-4)  # Not the plain group mean.
+
+
+def test_features_needing_the_old_distribution_require_recompute():
+  with pytest.raises(ValueError, match="recompute_old_logp=True"):
+    rl.RLConfig(advantage="optimal_baseline", recompute_old_logp=False)
+  with pytest.raises(ValueError, match="'entropy' negative_token_filter"):
+    rl.RLConfig(
+      token_masks=("negative_token_filter",),
+      mask_options={"negative_token_filter": {"criteria": ("entropy",)}},
+      recompute_old_logp=False,
+    )
+
+
 # ----------------------------------------------------------------------------
 # The train step.
 # ----------------------------------------------------------------------------
@@ -171,23 +206,27 @@ def test_on_policy_first_step_has_ratio_one_and_documented_metrics(
 
 
 # Every mode's weights are micro-batch invariant by construction (tests/test_aggregation.py
-# checks each formula); here two modes run through the real model and optimizer.
+# checks each formula); here two modes run through the real model and optimizer, off-policy
+# (after one update) with a tight clip range, so clipping is active in the compared step.
 @pytest.mark.parametrize("aggregation", ["seq_mean_token_mean", "group_token_mean"])
 def test_micro_batching_does_not_change_the_update(
   aggregation, rollouts, tiny_model_fn, tiny_params
 ):
-  """Two micro-batches give the same SGD update as one (weights are mini-batch wide)."""
-  base = rl.RLConfig(aggregation=aggregation, kl_coef=0.0, entropy_coef=0.01)
+  """Four micro-batches give the same SGD update as one (weights are mini-batch wide)."""
+  base = rl.RLConfig(aggregation=aggregation, eps_low=0.01, eps_high=0.01, entropy_coef=0.01)
   batch, _, _ = _prepare(base, tiny_params, rollouts, tiny_model_fn)
+  moved, _ = _sgd_step(base, tiny_model_fn)(
+    rl.init_state(tiny_params, optax.sgd(1.0)), batch, base.step_hyper()
+  )
   out = {}
   for k in (1, 4):
     cfg = dataclasses.replace(base, micro_batches=k)
-    state = rl.init_state(tiny_params, optax.sgd(0.1))
-    new, m = _sgd_step(cfg, tiny_model_fn)(state, batch, cfg.step_hyper())
+    new, m = _sgd_step(cfg, tiny_model_fn)(moved, batch, cfg.step_hyper())
     out[k] = (new.params, m)
+  assert float(out[1][1]["pg_clipfrac"]) > 0.05  # Clipping is active.
   for a, b in zip(jax.tree.leaves(out[1][0]), jax.tree.leaves(out[4][0])):
     np.testing.assert_allclose(a, b, atol=1e-6)
-  for name in ("loss", "entropy", "pg_clipfrac", "grad_norm"):
+  for name in ("loss", "entropy", "pg_clipfrac", "pg_clipfrac_high", "ppo_kl", "grad_norm"):
     assert float(out[1][1][name]) == pytest.approx(float(out[4][1][name]), rel=1e-5, abs=1e-7)
 
 
