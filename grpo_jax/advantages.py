@@ -304,8 +304,9 @@ def group_stats(rewards_B, group_ids_B):
   }
 
 
-def advantage_stats(adv_BT, mask_BT, rewards_B, group_ids_B):
-  """Advantage and reward statistics (see metrics.DEFINITIONS)."""
+def advantage_stats(adv_BT, mask_BT, rewards_B, correct_B, group_ids_B):
+  """Advantage and reward statistics (see metrics.DEFINITIONS). Group fractions and the
+  pass rate come from the correctness reward c_i, the rest from the shaped reward r_i."""
   m_BT = mask_BT.astype(jnp.float32)
   n = jnp.maximum(jnp.sum(m_BT), 1.0)
   mean = jnp.sum(adv_BT * m_BT) / n
@@ -322,7 +323,8 @@ def advantage_stats(adv_BT, mask_BT, rewards_B, group_ids_B):
     "m_S": m_s,
     "m_F": m_f,
     "reward_mean": jnp.mean(rewards_B.astype(jnp.float32)),
-    **group_stats(rewards_B, group_ids_B),
+    "pass_rate": jnp.mean((correct_B > 0).astype(jnp.float32)),
+    **group_stats(correct_B, group_ids_B),
   }
 
 

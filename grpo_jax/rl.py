@@ -270,7 +270,7 @@ def prepare(
     model_fn=model_fn,
   )
   if cfg.recompute_old_logp:
-    old_logp_NT, old_stats = logp(params, entropy=True)
+    old_logp_NT, old_stats = logp(params, with_stats=True)
     entropy_NT = old_stats["entropy"]
     # Per-sequence squared score norm in logit space, Σ_t ‖e_y - π_t‖² = Σ_t (1 - 2π_t(y) +
     # Σ_v π_v²): the optimal baseline's weight (the form verl's OTB uses).
@@ -334,12 +334,10 @@ def prepare(
   )
   m_NT = mask_NT.astype(jnp.float32)
   n_tok = jnp.maximum(jnp.sum(m_NT), 1.0)
-  correct_N = jnp.asarray(correct_B, jnp.float32)
   metrics = {
-    **advantages.advantage_stats(adv_NT, mask_NT, rewards_N, rollouts.group_ids_N),
-    # Group fractions and the pass rate come from correctness, not the shaped reward.
-    **advantages.group_stats(correct_N, rollouts.group_ids_N),
-    "pass_rate": jnp.mean((correct_N > 0).astype(jnp.float32)),
+    **advantages.advantage_stats(
+      adv_NT, mask_NT, rewards_N, jnp.asarray(correct_B, jnp.float32), rollouts.group_ids_N
+    ),
     **mask_stats,
     "response_length": jnp.mean(rollouts.length_N.astype(jnp.float32)),
     "truncated_frac": jnp.mean(rollouts.truncated_N.astype(jnp.float32)),
@@ -371,7 +369,7 @@ def token_terms(params, mb: RolloutBatch, hyper: StepHyper, *, cfg: RLConfig, mo
     mb.tokens_NT,
     mb.mask_NT,
     model_fn=model_fn,
-    entropy=True,
+    with_stats=True,
   )
   ent_NT = stats["entropy"]
   m_NT = mb.loss_mask_NT
@@ -407,16 +405,6 @@ def _sums(terms, mb: RolloutBatch, w_NT):
     "entropy": jnp.sum(m * terms["entropy"]),
     "ratio": jnp.sum(m * terms["ratio"]),
   }
-
-
-def _abstract_terms(mb: RolloutBatch, w_NT):
-  """Shape-only (terms, mb, w) for eval_shape of `_sums`."""
-  f = jax.ShapeDtypeStruct(w_NT.shape, jnp.float32)
-  b = jax.ShapeDtypeStruct(w_NT.shape, jnp.bool_)
-  terms = dict(
-    loss=f, pg_loss=f, kl=f, entropy=f, logp=f, ratio=f, clip_high=b, clip_low=b, dual_clip=b
-  )
-  return terms, mb, w_NT
 
 
 def _metrics_from_sums(s, *, cfg: RLConfig):
@@ -477,9 +465,12 @@ def train_step(
     return acc, {k: terms[k] for k in keep}
 
   micro = jax.tree.map(functools.partial(_split, k=K), (mb, w_NT))
-  zero_grads = jax.tree.map(jnp.zeros_like, state.params)
-  zero_sums = jax.tree.map(jnp.zeros_like, jax.eval_shape(_sums, *_abstract_terms(mb, w_NT)))
-  (grads, sums), tok = jax.lax.scan(body, (zero_grads, zero_sums), micro)
+  # The accumulator starts at zeros shaped like one micro-batch's (grads, sums).
+  grads_shape, (_, sums_shape) = jax.eval_shape(
+    grad_fn, state.params, jax.tree.map(lambda x: x[0], micro)
+  )
+  zeros = jax.tree.map(jnp.zeros_like, (grads_shape, sums_shape))
+  (grads, sums), tok = jax.lax.scan(body, zeros, micro)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   metrics = _metrics_from_sums(sums, cfg=cfg)

@@ -388,11 +388,11 @@ def make_policy_sampler(model_cfg: model_lib.ModelConfig, cfg: SamplerConfig):
 
 
 def completion_logprobs(
-  params, prompt_tokens_NP, prompt_mask_NP, tokens_NT, mask_NT, *, model_fn, entropy=False
+  params, prompt_tokens_NP, prompt_mask_NP, tokens_NT, mask_NT, *, model_fn, with_stats=False
 ):
   """log π(o_t | q, o_<t) of each completion token in one full forward: [N, T] (0 off mask).
 
-  With `entropy`, also a dict of per-token statistics of each step's distribution π_t:
+  With `with_stats`, also a dict of per-token statistics of each step's distribution π_t:
   "entropy" H_t = -Σ_v π log π and "sum_sq" Σ_v π_v² (else None).
 
   The sequence is [left-padded prompt ; right-padded completion]; position ids skip
@@ -406,7 +406,7 @@ def completion_logprobs(
   logp_NTV = jax.nn.log_softmax(logits_NSV[:, P - 1 : -1].astype(jnp.float32), axis=-1)
   logp_NT = jnp.take_along_axis(logp_NTV, tokens_NT[..., None], axis=-1)[..., 0]
   logp_NT = jnp.where(mask_NT, logp_NT, 0.0)
-  if not entropy:
+  if not with_stats:
     return logp_NT, None
   p_NTV = jnp.exp(logp_NTV)
   stats = {"entropy": -jnp.sum(p_NTV * logp_NTV, axis=-1), "sum_sq": jnp.sum(p_NTV * p_NTV, -1)}

@@ -441,7 +441,11 @@ def test_advantage_stats_pinned():
   adv_BT = jnp.asarray([[1.0, 1.0, 0.0], [-2.0, 0.0, 0.0], [100.0, 0.0, 0.0]])
   mask_BT = _mask([2, 1, 0], 3)
   stats = jax.jit(advantages.advantage_stats)(
-    adv_BT, mask_BT, jnp.asarray([1.0, 0.0, 0.5]), jnp.asarray([0, 0, 2], jnp.int32)
+    adv_BT,
+    mask_BT,
+    jnp.asarray([1.1, 0.1, 0.6]),  # Shaped rewards: correctness + 0.1.
+    jnp.asarray([1.0, 0.0, 0.5]),  # Correctness.
+    jnp.asarray([0, 0, 2], jnp.int32),
   )
   expected = {
     "adv_mean": 0.0,  # (1 + 1 - 2)/3
@@ -452,7 +456,8 @@ def test_advantage_stats_pinned():
     "adv_neg_frac": 1 / 3,
     "m_S": 1 / 3,  # (1 + 0 + 0)/3
     "m_F": 2 / 3,  # (0 + 2 + 0)/3
-    "reward_mean": 0.5,
+    "reward_mean": 0.6,  # Shaped: (1.1 + 0.1 + 0.6)/3.
+    "pass_rate": 2 / 3,  # Correctness > 0 on rows 0 and 2.
     "zero_var_groups": 0.5,  # group 0 = [1, 0] mixed; group 2 a singleton
     "all_zero_groups": 0.0,
     "all_one_groups": 0.0,
