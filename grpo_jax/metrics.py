@@ -23,6 +23,7 @@ DEFINITIONS = {
   "ratio_mean": "Mean over loss tokens of the policy loss's ratio ρ (GSPO: the sequence ratio).",
   "loss_tokens": "Number of loss tokens (Σ m) in the mini-batch.",
   "grad_norm": "Global L2 norm of the accumulated gradient, before any clipping.",
+  "nonfinite": "1 if the step's loss or gradient was not finite (the update was skipped), else 0.",
   # --- prepare, per rollout batch ----------------------------------------------------
   "adv_mean": "Mean of A over valid completion tokens.",
   "adv_std": "Std (ddof 0) of A over valid completion tokens.",
@@ -43,16 +44,42 @@ DEFINITIONS = {
   "rollout_kl_ref/<estimator>": "Mean over valid tokens of the KL estimator of π_old vs π_ref.",
   "response_length": "Mean completion length in tokens.",
   "truncated_frac": "Fraction of rows that hit max_new_tokens without an EOS.",
+  # --- train.run, per iteration (metrics.jsonl, TensorBoard) ------------------------
+  "iteration": "RL iteration (0: the warm-start evaluation line).",
+  "phase": "'warmstart' or 'rl' (a string; not sent to TensorBoard).",
+  "accuracy": "Mean correctness c_i over every row sampled this iteration (all generation batches).",
+  "reward_errors": "Rows whose reward call raised, returned non-finite or timed out (scored 0).",
+  "reward_timeouts": "The reward_errors that timed out (reward_timeout_s); their worker was replaced.",
+  "nonfinite_steps": "Train steps of this iteration skipped for a non-finite loss or gradient.",
+  "nonfinite_total": "Skipped (non-finite) train steps since the start of the run.",
+  "dynamic/gen_batches": "Generation batches of B prompts sampled this iteration (DAPO dynamic sampling).",
+  "dynamic/dropped_groups": "Zero-variance groups sampled this iteration and not trained on.",
+  "dynamic/fill_groups": "Batch slots filled by masked zero-variance groups (max_gen_batches reached).",
+  "dynamic/surplus_groups": "Groups with varying rewards sampled beyond B and discarded.",
+  "time/sample": "Seconds in the jitted sampler this iteration (all generation batches).",
+  "time/reward": "Seconds decoding completions and scoring rewards on the host.",
+  "time/update": "Seconds from scored rollouts to the updated state: prepare, planning, train steps.",
+  "time/iteration": "Seconds of the iteration without evaluation: sample + reward + update + host glue.",
+  "time/eval": "Seconds of the held-out evaluation (when it ran).",
+  "tokens_per_s": "Valid completion tokens of the training batch / time/sample.",
+  "perf/mfu": "Model FLOPs of the iteration (grpo_jax.flops: sampling, prepare forwards, "
+  "3x forward per update epoch, over the computed padded shapes) / time/iteration / peak FLOP/s.",
+  "eval/greedy_accuracy": "Held-out accuracy of greedy completions (first eval_size test problems).",
+  "eval/format_rate": "Held-out fraction of greedy completions that follow the answer template.",
+  "eval/reward_errors": "Held-out reward calls that raised, returned non-finite or timed out.",
+  "eval/pass@<k>": "Unbiased pass@k (Chen et al. 2021) from eval_samples samples per held-out problem.",
+  "eval/mean@<k>": "Mean correctness over the k = eval_samples samples per held-out problem.",
 }
 
 _PREFIXES = {name.split("<")[0]: name for name in DEFINITIONS if "<" in name}
 
 
 def definition(name: str) -> str:
-  """The definition of a metric name (`kl_ref/k3` resolves to `kl_ref/<estimator>`)."""
+  """The definition of a metric name (`kl_ref/k3` resolves to `kl_ref/<estimator>`,
+  `eval/pass@4` to `eval/pass@<k>`)."""
   if name in DEFINITIONS:
     return DEFINITIONS[name]
-  prefix, _, rest = name.rpartition("/")
-  if rest and f"{prefix}/" in _PREFIXES:
-    return DEFINITIONS[_PREFIXES[f"{prefix}/"]]
+  for prefix, pattern in _PREFIXES.items():
+    if name.startswith(prefix) and len(name) > len(prefix) and "/" not in name[len(prefix) :]:
+      return DEFINITIONS[pattern]
   raise KeyError(f"Metric {name!r} has no definition in grpo_jax.metrics.DEFINITIONS.")

@@ -445,6 +445,10 @@ def train_step(
   w = aggregation(mini-batch); grads = Σ_k ∇ Σ_{(i,t)∈micro-batch k} w·ℓ, accumulated in a
   scan over `cfg.micro_batches` slices. With `token_outputs`, metrics["tokens"] holds the
   per-token loss, weight, ratio and clip flags of the mini-batch ([N, T] each).
+
+  A step whose loss or gradient norm is not finite leaves params and optimizer state
+  unchanged (state.step still advances) and reports metrics["nonfinite"] = 1; the
+  trainer counts these and stops after `max_nonfinite_steps` in a row.
   """
   w_NT = aggregation.get(cfg.aggregation)(
     mb.loss_mask_NT, mb.group_ids_N, mb.adv_NT, max_len=cfg.max_len or None
@@ -475,6 +479,12 @@ def train_step(
   params = optax.apply_updates(state.params, updates)
   metrics = _metrics_from_sums(sums, cfg=cfg)
   metrics["grad_norm"] = optax.tree.norm(grads)
+  # Non-finite guard: a step whose loss or gradient is not finite is not applied.
+  finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(metrics["grad_norm"])
+  params, opt_state = jax.tree.map(
+    lambda a, b: jnp.where(finite, a, b), (params, opt_state), (state.params, state.opt_state)
+  )
+  metrics["nonfinite"] = 1.0 - finite.astype(jnp.float32)
   if token_outputs:
     metrics["tokens"] = {
       "weight": w_NT,

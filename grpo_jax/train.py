@@ -1,23 +1,35 @@
-"""The training loop: supervised warm start, then RL iterations, with held-out evaluation.
+"""The training loop: supervised warm start, then RL iterations, evaluation, checkpoints.
 
     summary = train.run(config, workdir)     # config: a ConfigDict like configs/arithmetic.py
 
 Each RL iteration: draw B prompts from the task's train stream -> sample G rollouts each
-(jitted) -> score rewards on the host -> `rl.prepare` (old log-probs, advantages, token
-masks, jitted) -> plan mini-batches -> ppo_epochs × num_minibatches `rl.train_step`s ->
-one JSONL line of metrics. Evaluation runs every `eval_every` iterations on the held-out
-split: greedy accuracy.
+(jitted) -> score rewards in a worker pool on the host (`rewards.RewardPool`: timeouts and
+exceptions score 0 and count as `reward_errors`) -> with DAPO dynamic sampling, repeat
+until B groups have varying rewards or `max_gen_batches` is reached (`dynamic_sampling`)
+-> `rl.prepare` (old log-probs, advantages, token masks, jitted) -> plan mini-batches ->
+ppo_epochs × num_minibatches `rl.train_step`s -> one line of metrics (metrics.jsonl and
+TensorBoard under workdir/tb). Evaluation runs every `eval_every` iterations on the
+held-out split: greedy accuracy, and unbiased pass@k / mean@k from `eval_samples` samples.
 
-Status: the first step of the trainer issue. Checkpointing and exact resume, dynamic
-sampling (refused with an error for now), the reward worker pool with timeouts,
-TensorBoard, pass@k and the non-finite-step guard are still to come (README, Training).
+Checkpoints (`checkpoint.Checkpointer`, orbax, async) every `checkpoint_every` iterations,
+at the end, and on SIGTERM hold the train state, reference params, RNG key, controller
+state and hyperparameters, plus the data-stream position and loop counters. Rerunning
+with the same workdir resumes from the latest one and reproduces the metrics an
+uninterrupted run would have written (same machine and config).
+
+A train step whose loss or gradient is not finite is skipped (`rl.train_step`); after
+`max_nonfinite_steps` consecutive ones the run stops with `NonFiniteError`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import json
 import pathlib
+import signal
+import threading
 import time
 from typing import Any
 
@@ -26,7 +38,20 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from grpo_jax import config_lib, controllers, model, rl, sampling, tasks
+from grpo_jax import (
+  checkpoint,
+  config_lib,
+  controllers,
+  dynamic_sampling,
+  evaluation,
+  flops,
+  logs,
+  model,
+  rewards,
+  rl,
+  sampling,
+  tasks,
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -45,15 +70,41 @@ class LoopConfig:
   warmstart_lr: float = 3e-3
   eval_every: int = 10
   eval_size: int = 128
+  eval_samples: int = 0  # k samples per held-out problem for pass@k / mean@k (0: off).
+  checkpoint_every: int = 50  # Iterations between checkpoints (also: end, SIGTERM).
+  keep_checkpoints: int = 3  # The latest N are kept, plus the best by eval accuracy.
+  max_nonfinite_steps: int = 5  # Consecutive skipped (non-finite) steps before stopping.
+  reward_workers: int = 2  # Reward processes; 0 scores inline (no timeout).
+  reward_timeout_s: float = 10.0  # Per call; a timeout scores 0 and counts as an error.
+  peak_flops: float = 0.0  # Device peak FLOP/s for MFU; 0 measures a float32 matmul.
+  progress: bool = True  # Console progress line.
+  tensorboard: bool = True  # Event files under workdir/tb.
 
   def __post_init__(self):
-    for name in ("prompts_per_step", "iterations", "eval_every", "eval_size", "warmstart_batch"):
+    for name in (
+      "prompts_per_step",
+      "iterations",
+      "eval_every",
+      "eval_size",
+      "warmstart_batch",
+      "checkpoint_every",
+      "keep_checkpoints",
+      "max_nonfinite_steps",
+    ):
       if getattr(self, name) < 1:
         raise ValueError(f"config.{name} must be >= 1, got {getattr(self, name)}.")
-    for name in ("learning_rate", "warmstart_lr"):
+    for name in ("learning_rate", "warmstart_lr", "reward_timeout_s"):
       if not getattr(self, name) > 0:
         raise ValueError(f"config.{name} must be > 0, got {getattr(self, name)}.")
-    for name in ("warmup_steps", "weight_decay", "grad_clip", "warmstart_steps"):
+    for name in (
+      "warmup_steps",
+      "weight_decay",
+      "grad_clip",
+      "warmstart_steps",
+      "eval_samples",
+      "reward_workers",
+      "peak_flops",
+    ):
       if getattr(self, name) < 0:
         raise ValueError(f"config.{name} must be >= 0, got {getattr(self, name)}.")
 
@@ -89,10 +140,13 @@ def build(config) -> Setup:
     where="config.sampler",
   )
   rl_cfg = rl.RLConfig.from_dict(d["rl"], where="config.rl")
-  if rl_cfg.dynamic_sampling:
-    raise ValueError(
-      "config.rl.dynamic_sampling=True is not implemented in the trainer yet; set it to False."
-    )
+  n = loop.prompts_per_step * sampler_cfg.group_size
+  rl.validate_batch(
+    rl_cfg,
+    rewards_N=np.zeros(n, np.float32),
+    group_ids_N=np.repeat(np.arange(loop.prompts_per_step), sampler_cfg.group_size),
+    group_size=sampler_cfg.group_size,
+  )
   return Setup(
     loop=loop,
     task=task,
@@ -152,26 +206,266 @@ def make_sft_step(model_fn, optimizer):
 
 
 # ----------------------------------------------------------------------------
+# Compiled functions, cached per config (a notebook rerun does not recompile).
+# ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Functions:
+  model_fn: Any
+  optimizer: Any
+  sft_optimizer: Any
+  sample: Any  # G rows per prompt, training sampler.
+  sample_greedy: Any  # One row per prompt, for greedy evaluation.
+  sample_eval: Any  # eval_samples rows per prompt, for pass@k (None when off).
+  sft_step: Any
+  prepare: Any
+  train_step: Any
+  plan: Any
+
+
+_CACHE_FIELDS = (
+  "prompts_per_step",
+  "learning_rate",
+  "warmup_steps",
+  "weight_decay",
+  "grad_clip",
+  "warmstart_lr",
+  "eval_samples",
+)
+
+
+def functions(setup: Setup) -> Functions:
+  """The jitted pieces of a run; built once per (model, sampler, RL, optimizer) config."""
+  loop = setup.loop
+  key = repr(
+    (setup.model_cfg, setup.sampler_cfg, setup.rl_cfg, [getattr(loop, f) for f in _CACHE_FIELDS])
+  )
+  if key not in _FUNCTIONS:
+    if len(_FUNCTIONS) >= 4:
+      _FUNCTIONS.pop(next(iter(_FUNCTIONS)))
+    _FUNCTIONS[key] = _build_functions(setup)
+  return _FUNCTIONS[key]
+
+
+_FUNCTIONS: dict[str, Functions] = {}  # Config repr -> compiled functions (oldest first out).
+
+
+def _build_functions(setup: Setup) -> Functions:
+  loop, scfg, rl_cfg = setup.loop, setup.sampler_cfg, setup.rl_cfg
+  model_fn = model.make_model_fn(setup.model_cfg)
+  optimizer = _optimizer(loop, lr=loop.learning_rate)
+  sft_optimizer = _optimizer(loop, lr=loop.warmstart_lr)
+  sampler = lambda g: sampling.make_policy_sampler(
+    setup.model_cfg, dataclasses.replace(scfg, group_size=g)
+  )
+  return Functions(
+    model_fn=model_fn,
+    optimizer=optimizer,
+    sft_optimizer=sft_optimizer,
+    sample=sampler(scfg.group_size),
+    sample_greedy=sampler(1),
+    sample_eval=sampler(loop.eval_samples) if loop.eval_samples else None,
+    sft_step=make_sft_step(model_fn, sft_optimizer),
+    prepare=rl.make_prepare(rl_cfg, model_fn),
+    train_step=rl.make_train_step(rl_cfg, model_fn, optimizer),
+    plan=rl.make_plan_fn(
+      rl_cfg, batch_size=loop.prompts_per_step * scfg.group_size, group_size=scfg.group_size
+    ),
+  )
+
+
+# ----------------------------------------------------------------------------
 # Evaluation.
 # ----------------------------------------------------------------------------
 
 
-def evaluate(setup: Setup, params, sample_fn, *, seed: int) -> dict:
-  """Greedy accuracy and format rate on the first eval_size held-out problems."""
-  task, tok = setup.task, setup.tokenizer
-  examples = [task.example("test", i, seed=seed) for i in range(setup.loop.eval_size)]
+def _pass_ks(n: int) -> list[int]:
+  """1, 2, 4, ... up to n, and n itself."""
+  ks = [1 << i for i in range(n.bit_length()) if (1 << i) <= n]
+  return ks + ([n] if ks[-1] != n else [])
+
+
+def evaluate(setup: Setup, fns: Functions, pool, params, *, key) -> dict:
+  """Held-out metrics on the first eval_size test problems, scored through `pool`.
+
+  Greedy decoding gives eval/greedy_accuracy and eval/format_rate. With eval_samples = n
+  > 0, n samples per problem (the training sampling params) give the unbiased pass@k for
+  k = 1, 2, 4, ..., n (`evaluation.pass_at_k`) and mean@n (`evaluation.mean_at_k`).
+  """
+  task, tok, loop = setup.task, setup.tokenizer, setup.loop
+  examples = [task.example("test", i, seed=loop.seed) for i in range(loop.eval_size)]
   prompts = sampling.prepare_prompts(
     [tok.encode(e.prompt, add_bos=True) for e in examples], cfg=setup.sampler_cfg
   )
-  greedy = sampling.sampling_params(greedy=True)
-  rollouts = sample_fn(params, prompts, jax.random.key(0), greedy)
-  G = setup.sampler_cfg.group_size
-  rows = np.asarray(rollouts.tokens_NT)[::G]  # Greedy: the G rows of a group are equal.
-  texts = [(e.prompt, tok.decode(r)) for e, r in zip(examples, rows)]
-  return {
-    "eval/greedy_accuracy": float(np.mean([task.reward(p, c) for p, c in texts])),
-    "eval/format_rate": float(np.mean([task.format_reward(p, c) for p, c in texts])),
+  greedy = fns.sample_greedy(params, prompts, key, sampling.sampling_params(greedy=True))
+  scores = pool.score(
+    [e.prompt for e in examples], [tok.decode(r) for r in np.asarray(greedy.tokens_NT)]
+  )
+  out = {
+    "eval/greedy_accuracy": float(scores.correct_N.mean()),
+    "eval/format_rate": float(scores.format_N.mean()),
   }
+  errors = scores.errors
+  n = loop.eval_samples
+  if n:
+    rollouts = fns.sample_eval(params, prompts, key, setup.sampling_hyper)
+    scores = pool.score(
+      [examples[i // n].prompt for i in range(len(examples) * n)],
+      [tok.decode(r) for r in np.asarray(rollouts.tokens_NT)],
+    )
+    correct_PK = scores.correct_N.reshape(len(examples), n)
+    c_P = (correct_PK > 0).sum(axis=1)
+    for k in _pass_ks(n):
+      out[f"eval/pass@{k}"] = float(np.mean(evaluation.pass_at_k(n, c_P, k)))
+    out[f"eval/mean@{n}"] = float(evaluation.mean_at_k(correct_PK))
+    errors += scores.errors
+  out["eval/reward_errors"] = errors
+  return out
+
+
+# ----------------------------------------------------------------------------
+# Run state: what a checkpoint holds.
+# ----------------------------------------------------------------------------
+
+
+class NonFiniteError(RuntimeError):
+  """Too many consecutive train steps with a non-finite loss or gradient."""
+
+
+def _initial_tree(setup: Setup, fns: Functions, params) -> dict:
+  """The checkpointed pytree: train state, reference params, hyperparameters that
+  controllers move, controller state and the RNG key."""
+  rl_cfg = setup.rl_cfg
+  return {
+    "train": rl.init_state(params, fns.optimizer),
+    "ref_params": params if rl_cfg.use_ref else None,
+    "prep_hyper": rl_cfg.prepare_hyper(max_new_tokens=setup.sampler_cfg.max_new_tokens),
+    "controller": controllers.init_state(),
+    "key": jax.random.key_data(jax.random.key(setup.loop.seed)),
+  }
+
+
+def _abstract_tree(setup: Setup, fns: Functions):
+  """Shapes, dtypes and shardings of the checkpointed pytree, without computing it."""
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  tree = jax.eval_shape(
+    lambda k: _initial_tree(setup, fns, model.init(setup.model_cfg, k)), jax.random.key(0)
+  )
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), tree)
+
+
+def _warm_start(setup: Setup, fns: Functions, params, *, log):
+  loop = setup.loop
+  state = rl.init_state(params, fns.sft_optimizer)
+  stream = setup.task.examples("train", seed=loop.seed + 1)
+  loss = float("nan")
+  for _ in range(loop.warmstart_steps):
+    batch = _sft_batch(setup, [next(stream) for _ in range(loop.warmstart_batch)])
+    state, loss = fns.sft_step(state, *batch)
+  log(f"warm start: {loop.warmstart_steps} steps, final loss {float(loss):.3f}")
+  return state.params
+
+
+@contextlib.contextmanager
+def _sigterm_flag():
+  """Yields a dict whose "set" becomes True on SIGTERM (TPU VM preemption notice)."""
+  flag = {"set": False}
+  if threading.current_thread() is not threading.main_thread():
+    yield flag  # Signal handlers can only be installed from the main thread.
+    return
+
+  def handler(signum, frame):
+    del signum, frame
+    flag["set"] = True
+
+  previous = signal.signal(signal.SIGTERM, handler)
+  try:
+    yield flag
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+
+
+# ----------------------------------------------------------------------------
+# One RL iteration's data: sample, score, (dynamic) select.
+# ----------------------------------------------------------------------------
+
+
+def _collect(setup: Setup, fns: Functions, pool, params, *, index: int, key, times: dict):
+  """Samples and scores generation batches; returns (rollouts, correct_N, format_N,
+  valid_N, new data index, metrics). Shapes are always B·G rows."""
+  loop, scfg, rl_cfg, tok, task = (
+    setup.loop,
+    setup.sampler_cfg,
+    setup.rl_cfg,
+    setup.tokenizer,
+    setup.task,
+  )
+  B, G = loop.prompts_per_step, scfg.group_size
+  parts, corrects, formats, varying, n_varying, errors, timeouts = [], [], [], [], 0, 0, 0
+  max_batches = rl_cfg.max_gen_batches if rl_cfg.dynamic_sampling else 1
+  for g in range(max_batches):
+    examples = [task.example("train", index + i, seed=loop.seed) for i in range(B)]
+    index += B
+    prompts = sampling.prepare_prompts(
+      [tok.encode(e.prompt, add_bos=True) for e in examples], cfg=scfg
+    )
+    t0 = time.perf_counter()
+    rollouts = jax.block_until_ready(
+      fns.sample(params, prompts, jax.random.fold_in(key, g), setup.sampling_hyper)
+    )
+    t1 = time.perf_counter()
+    completions = [tok.decode(r) for r in np.asarray(rollouts.tokens_NT)]
+    scores = pool.score([examples[i // G].prompt for i in range(B * G)], completions)
+    times["sample"] += t1 - t0
+    times["reward"] += time.perf_counter() - t1
+    parts.append(rollouts)
+    corrects.append(scores.correct_N)
+    formats.append(scores.format_N)
+    errors += scores.errors
+    timeouts += scores.timeouts
+    varying.append(dynamic_sampling.varying_groups(scores.correct_N, group_size=G))
+    n_varying += int(varying[-1].sum())
+    if n_varying >= B:
+      break
+  all_correct = np.concatenate(corrects)
+  metrics = {
+    "accuracy": float(all_correct.mean()),
+    "reward_errors": errors,
+    "reward_timeouts": timeouts,
+  }
+  if not rl_cfg.dynamic_sampling:
+    return parts[0], corrects[0], formats[0], np.ones(B * G, bool), index, metrics
+  sel = dynamic_sampling.select(varying, num_groups=B)
+  rollouts = dynamic_sampling.assemble(parts, sel, group_size=G, pad_id=scfg.pad_id)
+  pick = functools.partial(dynamic_sampling.select_rows, sel=sel, group_size=G)
+  metrics.update(
+    {
+      "dynamic/gen_batches": len(parts),
+      "dynamic/dropped_groups": sel.dropped,
+      "dynamic/fill_groups": sel.fill,
+      "dynamic/surplus_groups": sel.surplus,
+    }
+  )
+  valid_N = np.repeat(sel.valid_B, G)
+  return rollouts, pick(corrects), pick(formats), valid_N, index, metrics
+
+
+def _iteration_flops(setup: Setup, rollouts, *, gen_batches: int) -> float:
+  """Model FLOPs of one iteration (`flops`): sampling, prepare's forwards, the updates."""
+  cfg, scfg, rl_cfg = setup.model_cfg, setup.sampler_cfg, setup.rl_cfg
+  N, P = rollouts.prompt_tokens_NP.shape
+  T = scfg.max_new_tokens
+  sample = gen_batches * flops.sampling_flops(
+    cfg,
+    prompts=setup.loop.prompts_per_step,
+    group_size=scfg.group_size,
+    prompt_len=P,
+    new_tokens=float(rollouts.num_steps),
+  )
+  seq = N * flops.sequence_forward_flops(cfg, length=P + T)
+  forwards = (1 if rl_cfg.recompute_old_logp else 0) + (1 if rl_cfg.use_ref else 0)
+  return sample + forwards * seq + 3 * rl_cfg.ppo_epochs * seq
 
 
 # ----------------------------------------------------------------------------
@@ -179,126 +473,209 @@ def evaluate(setup: Setup, params, sample_fn, *, seed: int) -> dict:
 # ----------------------------------------------------------------------------
 
 
-class MetricsWriter:
-  """One JSON object per line in workdir/metrics.jsonl (host floats only)."""
-
-  def __init__(self, path: pathlib.Path):
-    self.path = path
-    self._f = path.open("a")
-
-  def write(self, record: dict):
-    clean = {k: (float(v) if not isinstance(v, (str, int)) else v) for k, v in record.items()}
-    self._f.write(json.dumps(clean) + "\n")
-    self._f.flush()
-
-  def close(self):
-    self._f.close()
+def _count_nonfinite(flags, run: int, *, limit: int, iteration: int) -> tuple[int, int]:
+  """(skipped steps in this iteration, consecutive run after it); raises at `limit`."""
+  for f in flags:
+    run = run + 1 if f else 0
+    if run >= limit:
+      raise NonFiniteError(
+        f"{run} consecutive train steps had a non-finite loss or gradient (iteration "
+        f"{iteration}); they were skipped, and the state is that of the last finite step. "
+        "Lower learning_rate, check rewards and advantages for NaN/inf, or raise "
+        "config.max_nonfinite_steps."
+      )
+  return int(sum(bool(f) for f in flags)), run
 
 
-def _score(setup: Setup, examples, rollouts):
-  tok, task, G = setup.tokenizer, setup.task, setup.sampler_cfg.group_size
-  rows = np.asarray(rollouts.tokens_NT)
-  texts = [(examples[i // G].prompt, tok.decode(r)) for i, r in enumerate(rows)]
-  correct = np.array([task.reward(p, c) for p, c in texts], np.float32)
-  fmt = np.array([task.format_reward(p, c) for p, c in texts], np.float32)
-  return correct, fmt
-
-
-def run(config, workdir: str | pathlib.Path, *, log=print) -> dict:
-  """Warm start, then RL; writes metrics.jsonl and summary.json in workdir."""
+def run(config, workdir: str | pathlib.Path, *, log=print, on_iteration=None) -> dict:
+  """Warm start (or resume), then RL; writes metrics.jsonl, tb/, checkpoints/ and
+  summary.json in workdir. `on_iteration(iteration, record)` is called after each
+  iteration's record is written (tests use it to interrupt a run)."""
   t_start = time.perf_counter()
   setup = build(config)
-  loop, scfg, rl_cfg = setup.loop, setup.sampler_cfg, setup.rl_cfg
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
-  writer = MetricsWriter(workdir / "metrics.jsonl")
-  B, G = loop.prompts_per_step, scfg.group_size
-  N = B * G
+  fns = functions(setup)
+  ckpt = checkpoint.Checkpointer(workdir / "checkpoints", keep=setup.loop.keep_checkpoints)
+  pool = rewards.RewardPool(
+    setup.task, workers=setup.loop.reward_workers, timeout_s=setup.loop.reward_timeout_s
+  )
+  try:
+    with _sigterm_flag() as preempted:
+      return _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration)
+  finally:
+    pool.close()
+    ckpt.close()
 
-  model_fn = model.make_model_fn(setup.model_cfg)
-  sample_fn = sampling.make_policy_sampler(setup.model_cfg, scfg)
-  key = jax.random.key(loop.seed)
-  params = jax.jit(model.init, static_argnums=0)(setup.model_cfg, jax.random.fold_in(key, 0))
 
-  # 1. Supervised warm start on reference solutions.
-  if loop.warmstart_steps:
-    sft_opt = _optimizer(loop, lr=loop.warmstart_lr)
-    sft_step = make_sft_step(model_fn, sft_opt)
-    state = rl.init_state(params, sft_opt)
-    stream = setup.task.examples("train", seed=loop.seed + 1)
-    for _ in range(loop.warmstart_steps):
-      batch = _sft_batch(setup, [next(stream) for _ in range(loop.warmstart_batch)])
-      state, loss = sft_step(state, *batch)
-    params = state.params
-    log(f"warm start: {loop.warmstart_steps} steps, final loss {float(loss):.3f}")
-  warm = evaluate(setup, params, sample_fn, seed=loop.seed)
-  log(f"warm-start accuracy {warm['eval/greedy_accuracy']:.3f}")
-  writer.write({"iteration": 0, "phase": "warmstart", **warm})
+def _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration) -> dict:
+  loop, rl_cfg = setup.loop, setup.rl_cfg
+  latest = ckpt.latest_step()
+  if latest is None:
+    key = jax.random.key(loop.seed)
+    params = jax.jit(model.init, static_argnums=0)(setup.model_cfg, jax.random.fold_in(key, 0))
+    if loop.warmstart_steps:
+      params = _warm_start(setup, fns, params, log=log)
+    tree = _initial_tree(setup, fns, params)
+    eval_key = jax.random.fold_in(key, 2**31 - 1)  # No iteration's key.
+    warm = evaluate(setup, fns, pool, params, key=eval_key)
+    meta = {
+      "iteration": 0,
+      "data_index": 0,
+      "warmstart": warm,
+      "last_eval": warm,
+      "best_accuracy": warm["eval/greedy_accuracy"],
+      "best_iteration": 0,
+      "nonfinite_total": 0,
+      "nonfinite_run": 0,
+      "wall_seconds": 0.0,
+    }
+    writer = logs.RunLogger(workdir, tensorboard_dir=loop.tensorboard)
+    writer.write({"iteration": 0, "phase": "warmstart", **warm})
+    ckpt.save(0, tree, meta, accuracy=warm["eval/greedy_accuracy"])
+  else:
+    tree, meta = ckpt.restore(latest, like=_abstract_tree(setup, fns))
+    writer = logs.RunLogger(workdir, resume_from=latest, tensorboard_dir=loop.tensorboard)
+    log(f"resumed from {ckpt.directory / str(latest)} (iteration {meta['iteration']})")
+  log(f"warm-start accuracy {meta['warmstart']['eval/greedy_accuracy']:.3f}")
+  (workdir / "config.json").write_text(json.dumps(setup_dict(setup), indent=2, default=str))
 
-  # 2. RL.
-  optimizer = _optimizer(loop, lr=loop.learning_rate)
-  state = rl.init_state(params, optimizer)
-  ref_params = params if rl_cfg.use_ref else None
-  prepare = rl.make_prepare(rl_cfg, model_fn)
-  step_fn = rl.make_train_step(rl_cfg, model_fn, optimizer)
-  plan_fn = rl.make_plan_fn(rl_cfg, batch_size=N, group_size=G)
-  prep_hyper = rl_cfg.prepare_hyper(max_new_tokens=scfg.max_new_tokens)
-  step_hyper = rl_cfg.step_hyper()
+  key = jax.random.wrap_key_data(tree["key"])
+  state, ref_params = tree["train"], tree["ref_params"]
+  prep_hyper, ctrl_state = tree["prep_hyper"], tree["controller"]
   controller = controllers.get(rl_cfg.controller, **config_lib.to_dict(rl_cfg.controller_options))
-  ctrl_state = controllers.init_state()
-  index = 0
-  last_eval = warm
-  for it in range(1, loop.iterations + 1):
+  step_hyper = rl_cfg.step_hyper()
+  peak = loop.peak_flops or flops.matmul_peak()
+  progress = logs.Progress(
+    total=loop.iterations, start=meta["iteration"], enabled=loop.progress, log=log
+  )
+
+  wall_before = meta["wall_seconds"]  # Earlier sessions of this run.
+
+  def save(it: int, accuracy=None):
+    meta["wall_seconds"] = wall_before + time.perf_counter() - t_start
+    tree = {
+      "train": state,
+      "ref_params": ref_params,
+      "prep_hyper": prep_hyper,
+      "controller": ctrl_state,
+      "key": jax.random.key_data(key),
+    }
+    ckpt.save(it, tree, dict(meta, iteration=it), accuracy=accuracy)
+
+  first = meta["iteration"] + 1
+  for it in range(first, loop.iterations + 1):
+    times = {"sample": 0.0, "reward": 0.0}
     t0 = time.perf_counter()
-    examples = [setup.task.example("train", index + i, seed=loop.seed) for i in range(B)]
-    index += B
-    prompts = sampling.prepare_prompts(
-      [setup.tokenizer.encode(e.prompt, add_bos=True) for e in examples], cfg=scfg
-    )
     it_key = jax.random.fold_in(key, it)
-    rollouts = jax.block_until_ready(
-      sample_fn(state.params, prompts, jax.random.fold_in(it_key, 0), setup.sampling_hyper)
+    rollouts, correct, fmt, valid_N, meta["data_index"], data_metrics = _collect(
+      setup,
+      fns,
+      pool,
+      state.params,
+      index=meta["data_index"],
+      key=jax.random.fold_in(it_key, 0),
+      times=times,
     )
     t1 = time.perf_counter()
-    correct, fmt = _score(setup, examples, rollouts)
     rl.validate_batch(
-      rl_cfg, rewards_N=correct + fmt, group_ids_N=rollouts.group_ids_N, group_size=G
+      rl_cfg,
+      rewards_N=correct + fmt,
+      group_ids_N=rollouts.group_ids_N,
+      group_size=setup.sampler_cfg.group_size,
     )
-    t2 = time.perf_counter()
-    batch, rewards, stats = prepare(state.params, ref_params, rollouts, correct, fmt, prep_hyper)
+    batch, _, stats = fns.prepare(state.params, ref_params, rollouts, correct, fmt, prep_hyper)
+    if not valid_N.all():  # Dynamic-sampling fill groups: kept for shape, never trained on.
+      batch = batch.replace(loss_mask_NT=batch.loss_mask_NT & jnp.asarray(valid_N)[:, None])
     state, _, history = rl.update(
-      state, batch, jax.random.fold_in(it_key, 1), step_hyper, plan_fn=plan_fn, step_fn=step_fn
+      state,
+      batch,
+      jax.random.fold_in(it_key, 1),
+      step_hyper,
+      plan_fn=fns.plan,
+      step_fn=fns.train_step,
     )
     # The controller moves the advantage hyperparameters (arrays: no recompile).
     adv_hyper, ctrl_state = controller(prep_hyper.adv, ctrl_state, stats)
     prep_hyper = prep_hyper.replace(adv=adv_hyper)
-    jax.block_until_ready(state.params)
-    t3 = time.perf_counter()
+    history = jax.device_get(history)  # Blocks until the update is done.
+    t2 = time.perf_counter()
+    skipped, meta["nonfinite_run"] = _count_nonfinite(
+      [h["nonfinite"] > 0 for h in history],
+      meta["nonfinite_run"],
+      limit=loop.max_nonfinite_steps,
+      iteration=it,
+    )
+    meta["nonfinite_total"] += skipped
+    seconds = t2 - t0
     record = {
       "iteration": it,
       "phase": "rl",
-      "accuracy": float(correct.mean()),
+      **data_metrics,
       **{k: float(v) for k, v in stats.items()},
       **{k: float(v) for k, v in history[-1].items()},
-      "time/sample": t1 - t0,
-      "time/reward": t2 - t1,
-      "time/update": t3 - t2,
-      "tokens_per_s": float(np.asarray(rollouts.mask_NT).sum()) / (t1 - t0),
-    }
-    if it % loop.eval_every == 0 or it == loop.iterations:
-      last_eval = evaluate(setup, state.params, sample_fn, seed=loop.seed)
-      record.update(last_eval)
-      log(
-        f"iter {it:4d}  reward {correct.mean():.3f}  "
-        f"eval acc {last_eval['eval/greedy_accuracy']:.3f}  loss {record['loss']:.4f}"
+      "nonfinite_steps": skipped,
+      "nonfinite_total": meta["nonfinite_total"],
+      "time/sample": times["sample"],
+      "time/reward": times["reward"],
+      "time/update": t2 - t1,
+      "time/iteration": seconds,
+      "tokens_per_s": float(np.asarray(rollouts.mask_NT).sum()) / max(times["sample"], 1e-9),
+      "perf/mfu": _iteration_flops(
+        setup, rollouts, gen_batches=data_metrics.get("dynamic/gen_batches", 1)
       )
+      / seconds
+      / peak,
+    }
+    accuracy = None
+    if it % loop.eval_every == 0 or it == loop.iterations:
+      t3 = time.perf_counter()
+      meta["last_eval"] = evaluate(
+        setup, fns, pool, state.params, key=jax.random.fold_in(it_key, 2)
+      )
+      record.update(meta["last_eval"], **{"time/eval": time.perf_counter() - t3})
+      accuracy = meta["last_eval"]["eval/greedy_accuracy"]
+      if accuracy > meta["best_accuracy"]:
+        meta["best_accuracy"], meta["best_iteration"] = accuracy, it
     writer.write(record)
+    progress.update(it, record)
+    if on_iteration is not None:
+      on_iteration(it, record)
+    if preempted["set"] or it % loop.checkpoint_every == 0 or it == loop.iterations:
+      save(it, accuracy)
+    if preempted["set"]:
+      ckpt.wait()
+      log(f"SIGTERM: checkpoint saved at iteration {it}; rerun the same command to resume.")
+      break
+  progress.close()
   writer.close()
+  ckpt.wait()
+  last = meta["last_eval"]
   summary = {
-    "warmstart_accuracy": warm["eval/greedy_accuracy"],
-    "final_accuracy": last_eval["eval/greedy_accuracy"],
-    "wall_seconds": time.perf_counter() - t_start,
+    "warmstart_accuracy": meta["warmstart"]["eval/greedy_accuracy"],
+    "final_accuracy": last["eval/greedy_accuracy"],
+    "best_accuracy": meta["best_accuracy"],
+    "best_iteration": meta["best_iteration"],
+    "iterations_done": ckpt.latest_step() or 0,
+    "preempted": preempted["set"],
+    "wall_seconds": wall_before + time.perf_counter() - t_start,
+    "session_seconds": time.perf_counter() - t_start,
+    "workdir": str(workdir),
     "metrics": str(workdir / "metrics.jsonl"),
+    "tensorboard": str(workdir / "tb"),
+    "checkpoints": str(ckpt.directory),
+    **{k: v for k, v in last.items() if k.startswith("eval/pass@")},
   }
   (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
   return summary
+
+
+def setup_dict(setup: Setup) -> dict:
+  """The validated config as plain data (written to workdir/config.json)."""
+  return {
+    "loop": dataclasses.asdict(setup.loop),
+    "task": type(setup.task).__name__,
+    "model": dataclasses.asdict(setup.model_cfg),
+    "sampler": dataclasses.asdict(setup.sampler_cfg),
+    "rl": dataclasses.asdict(setup.rl_cfg),
+  }

@@ -205,6 +205,37 @@ def test_on_policy_first_step_has_ratio_one_and_documented_metrics(
     metrics.definition(name)
 
 
+@pytest.mark.parametrize("where", ["adv", "old_logp"])
+def test_nonfinite_step_is_skipped_and_counted(where, rollouts, tiny_model_fn, tiny_params):
+  """A NaN in the loss (via A) or only in the gradient path leaves params and Adam state
+  untouched and reports nonfinite = 1; the next finite step applies normally."""
+  cfg = rl.RLConfig()
+  batch, _, _ = _prepare(cfg, tiny_params, rollouts, tiny_model_fn)
+  opt = optax.adam(1e-2)
+  step = rl.make_train_step(cfg, tiny_model_fn, opt, donate=False)
+  state = rl.init_state(tiny_params, opt)
+  state, m = step(state, batch, cfg.step_hyper())  # One good step: non-trivial Adam moments.
+  assert float(m["nonfinite"]) == 0.0
+  field = {"adv": "adv_NT", "old_logp": "old_logp_NT"}[where]
+  x = np.asarray(getattr(batch, field)).copy()
+  x[np.nonzero(np.asarray(batch.loss_mask_NT))[0][0], 0] = np.nan
+  bad = batch.replace(**{field: jnp.asarray(x)})
+  new, m = step(state, bad, cfg.step_hyper())
+  assert float(m["nonfinite"]) == 1.0
+  assert int(new.step) == int(state.step) + 1
+  for a, b in zip(
+    jax.tree.leaves((new.params, new.opt_state)), jax.tree.leaves((state.params, state.opt_state))
+  ):
+    np.testing.assert_array_equal(a, b)
+  after, m = step(new, batch, cfg.step_hyper())
+  assert float(m["nonfinite"]) == 0.0
+  moved = [
+    not np.array_equal(a, b)
+    for a, b in zip(jax.tree.leaves(after.params), jax.tree.leaves(new.params))
+  ]
+  assert all(moved)
+
+
 # Every mode's weights are micro-batch invariant by construction (tests/test_aggregation.py
 # checks each formula); here two modes run through the real model and optimizer, off-policy
 # (after one update) with a tight clip range, so clipping is active in the compared step.

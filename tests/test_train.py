@@ -1,41 +1,217 @@
-"""The training loop, end to end on a very small config (the trainer issue's first step)."""
+"""The training loop end to end on a very small config: metrics, checkpoints, exact resume,
+preemption, the non-finite guard, reward errors and dynamic sampling."""
 
 import json
+import os
 import pathlib
+import signal
 import sys
+import zlib
 
+import jax
+import numpy as np
 import pytest
 
-from grpo_jax import train
+from grpo_jax import checkpoint, logs, metrics, rl, tasks, tensorboard, train
+from grpo_jax.tasks import arithmetic as arithmetic_task
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "configs"))
 import arithmetic  # noqa: E402
 
+# Keys that measure time, so differ between two otherwise identical runs.
+_TIMING = ("time/", "tokens_per_s", "perf/")
 
-def _tiny():
+
+def _tiny(**loop):
   c = arithmetic.get_config("tiny")
   c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64)
   c.sampler.group_size = 4
-  c.update(prompts_per_step=4, iterations=2, warmstart_steps=2, warmstart_batch=8)
-  c.update(eval_every=2, eval_size=8)
+  c.update(prompts_per_step=4, iterations=4, warmstart_steps=2, warmstart_batch=8)
+  c.update(eval_every=2, eval_size=8, eval_samples=4, checkpoint_every=2, peak_flops=1e11)
+  c.update(reward_workers=0, progress=False)
+  c.update(**loop)
   c.rl.num_minibatches = 2
   c.rl.controller = "fade_entropy"
   c.rl.advantage = "fade"
   return c
 
 
-def test_tiny_run_writes_metrics_and_summary(tmp_path):
-  logs = []
-  summary = train.run(_tiny(), tmp_path, log=logs.append)
-  lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-  assert [x["iteration"] for x in lines] == [0, 1, 2]
-  assert {"loss", "pg_clipfrac", "pass_rate", "time/sample", "eval/greedy_accuracy"} <= set(
+def _lines(workdir):
+  return logs.read_jsonl(pathlib.Path(workdir) / "metrics.jsonl")
+
+
+def _strip(record):
+  return {k: v for k, v in record.items() if not k.startswith(_TIMING)}
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+  """One uninterrupted run of _tiny(): (workdir, summary, log lines)."""
+  workdir = tmp_path_factory.mktemp("reference")
+  out = []
+  summary = train.run(_tiny(), workdir, log=out.append)
+  return workdir, summary, out
+
+
+def test_run_writes_metrics_tensorboard_checkpoints_and_summary(reference_run):
+  workdir, summary, out = reference_run
+  lines = _lines(workdir)
+  assert [x["iteration"] for x in lines] == [0, 1, 2, 3, 4]
+  assert lines[0]["phase"] == "warmstart" and lines[1]["phase"] == "rl"
+  expected = {"loss", "pg_clipfrac", "pass_rate", "reward_errors", "nonfinite_steps"}
+  expected |= {"time/sample", "time/reward", "time/update", "tokens_per_s", "perf/mfu"}
+  assert expected <= set(lines[1])
+  assert {"eval/greedy_accuracy", "eval/pass@1", "eval/pass@2", "eval/pass@4", "eval/mean@4"} <= set(
     lines[2]
   )
-  saved = json.loads((tmp_path / "summary.json").read_text())
-  assert set(saved) >= {"warmstart_accuracy", "final_accuracy", "wall_seconds"}
-  assert saved["final_accuracy"] == summary["final_accuracy"] == lines[2]["eval/greedy_accuracy"]
-  assert any("warm-start accuracy" in x for x in logs)
+  assert "eval/greedy_accuracy" not in lines[1]  # eval_every = 2.
+  for line in lines:
+    for name in line:
+      metrics.definition(name)  # Every logged key is documented.
+  # pass@k is non-decreasing in k, and pass@1 is mean@k (both estimate one-sample accuracy).
+  assert lines[4]["eval/pass@1"] <= lines[4]["eval/pass@2"] <= lines[4]["eval/pass@4"]
+  assert lines[4]["eval/pass@1"] == pytest.approx(lines[4]["eval/mean@4"])
+  assert 0 < lines[1]["perf/mfu"] < 1
+
+  saved = json.loads((workdir / "summary.json").read_text())
+  assert saved["warmstart_accuracy"] == lines[0]["eval/greedy_accuracy"]
+  assert saved["final_accuracy"] == summary["final_accuracy"] == lines[4]["eval/greedy_accuracy"]
+  assert saved["wall_seconds"] > 0 and saved["iterations_done"] == 4 and not saved["preempted"]
+  assert any("warm-start accuracy" in x for x in out)
+
+  # TensorBoard: the same scalars, readable without TensorFlow.
+  tb = {(step, tag): v for step, tag, v in tensorboard.read_scalars(workdir / "tb")}
+  assert tb[(3, "loss")] == pytest.approx(lines[3]["loss"], rel=1e-6)
+  assert (0, "eval/greedy_accuracy") in tb
+
+  # Checkpoints at 0 (after the warm start), every 2 iterations; latest 3 kept (+ best).
+  ckpt = checkpoint.Checkpointer(workdir / "checkpoints")
+  assert ckpt.latest_step() == 4
+  assert {2, 4} <= set(ckpt.all_steps())
+  ckpt.close()
+
+
+def test_resume_after_a_crash_reproduces_the_uninterrupted_run(reference_run, tmp_path):
+  """Crash after iteration 3 (the last checkpoint is 2), rerun: 3 and 4 come out the same."""
+  ref = _lines(reference_run[0])
+
+  def crash(it, record):
+    if it == 3:
+      raise RuntimeError("simulated crash")
+
+  with pytest.raises(RuntimeError, match="simulated crash"):
+    train.run(_tiny(), tmp_path, log=lambda _: None, on_iteration=crash)
+  assert [x["iteration"] for x in _lines(tmp_path)] == [0, 1, 2, 3]
+  out = []
+  summary = train.run(_tiny(), tmp_path, log=out.append)
+  assert any("resumed from" in x and "iteration 2" in x for x in out)
+  lines = _lines(tmp_path)
+  assert [x["iteration"] for x in lines] == [0, 1, 2, 3, 4]  # Line 3 is not duplicated.
+  for got, want in zip(lines, ref):
+    assert _strip(got) == _strip(want)
+  assert summary["final_accuracy"] == reference_run[1]["final_accuracy"]
+  # TensorBoard drops the crashed session's iteration 3 (purge_step) when it reads the dir.
+  assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 2
+
+
+def test_sigterm_saves_a_checkpoint_and_the_rerun_finishes_identically(reference_run, tmp_path):
+  ref = _lines(reference_run[0])
+
+  def preempt(it, record):
+    if it == 1:
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  previous = signal.getsignal(signal.SIGTERM)
+  summary = train.run(_tiny(), tmp_path, log=lambda _: None, on_iteration=preempt)
+  assert signal.getsignal(signal.SIGTERM) == previous  # The handler is restored.
+  assert summary["preempted"] and summary["iterations_done"] == 1
+  ckpt = checkpoint.Checkpointer(tmp_path / "checkpoints")
+  assert ckpt.latest_step() == 1  # Not a checkpoint_every multiple: saved for SIGTERM.
+  ckpt.close()
+  train.run(_tiny(), tmp_path, log=lambda _: None)
+  assert [_strip(x) for x in _lines(tmp_path)] == [_strip(x) for x in ref]
+
+
+def test_restoring_into_a_different_model_is_a_clear_error(reference_run, tmp_path):
+  c = _tiny()
+  c.model.d_model = 48
+  with pytest.raises(checkpoint.CheckpointMismatchError, match=r"params/.*in checkpoint \(.*32"):
+    train.run(c, reference_run[0], log=lambda _: None)
+
+
+def test_nonfinite_steps_are_skipped_counted_and_stop_the_run(monkeypatch, tmp_path):
+  """A NaN advantage in iterations 2.. makes every step non-finite: iteration 2's steps are
+  skipped and counted (params unchanged), and the run stops at max_nonfinite_steps."""
+  real_update = rl.update
+  seen = {}
+
+  def poisoned_update(state, batch, key, hyper, **kw):
+    seen["it"] = seen.get("it", 0) + 1
+    if seen["it"] >= 2:
+      batch = batch.replace(adv_NT=batch.adv_NT * np.nan)
+      seen.setdefault("params_before", jax.tree.map(np.asarray, state.params))
+    new_state, idx, history = real_update(state, batch, key, hyper, **kw)
+    if seen["it"] == 2:
+      seen["params_after"] = jax.tree.map(np.asarray, new_state.params)
+    return new_state, idx, history
+
+  monkeypatch.setattr(rl, "update", poisoned_update)
+  c = _tiny(max_nonfinite_steps=3, checkpoint_every=1)  # Two train steps per iteration.
+  with pytest.raises(train.NonFiniteError, match="3 consecutive train steps"):
+    train.run(c, tmp_path, log=lambda _: None)
+  lines = _lines(tmp_path)
+  assert lines[1]["nonfinite_steps"] == 0
+  assert lines[2]["nonfinite_steps"] == 2 and lines[2]["nonfinite_total"] == 2
+  assert len(lines) == 3  # Iteration 3 raised at its first skipped step.
+  for a, b in zip(jax.tree.leaves(seen["params_before"]), jax.tree.leaves(seen["params_after"])):
+    np.testing.assert_array_equal(a, b)
+
+
+class FlakyArithmetic(arithmetic_task.Arithmetic):
+  """Arithmetic whose reward raises on some completions and hangs on others."""
+
+  name = "flaky_arithmetic"
+
+  def reward(self, prompt, completion):
+    h = zlib.crc32(completion.encode())
+    if h % 5 == 0:
+      raise ValueError("bad completion")
+    if h % 11 == 1:
+      import time
+
+      time.sleep(1e6)
+    return super().reward(prompt, completion)
+
+
+def test_reward_exceptions_and_hangs_are_counted_and_training_continues(tmp_path):
+  if "flaky_arithmetic" not in tasks.REGISTRY:
+    tasks.REGISTRY.register("flaky_arithmetic")(FlakyArithmetic)
+  c = _tiny(iterations=2, reward_workers=2, reward_timeout_s=0.5, eval_samples=0)
+  c.task.name = "flaky_arithmetic"
+  summary = train.run(c, tmp_path, log=lambda _: None)
+  lines = _lines(tmp_path)
+  assert [x["iteration"] for x in lines] == [0, 1, 2]
+  assert all(x["reward_errors"] > 0 for x in lines[1:])
+  assert sum(x["reward_timeouts"] for x in lines[1:]) > 0
+  assert summary["iterations_done"] == 2
+
+
+def test_dynamic_sampling_keeps_shapes_static_and_counts_what_it_drops(tmp_path):
+  c = _tiny(iterations=3, eval_samples=0)
+  c.rl.update(dynamic_sampling=True, max_gen_batches=3)
+  train.run(c, tmp_path, log=lambda _: None)
+  B = c.prompts_per_step
+  for x in _lines(tmp_path)[1:]:
+    gen, dropped = x["dynamic/gen_batches"], x["dynamic/dropped_groups"]
+    fill, surplus = x["dynamic/fill_groups"], x["dynamic/surplus_groups"]
+    assert 1 <= gen <= 3
+    assert gen * B == (B - fill) + dropped + surplus  # Every sampled group is accounted for.
+    assert fill == 0 or gen == 3  # Masked fill only once the cap is reached.
+    # The zero-variance groups in the trained batch are exactly the masked fill groups.
+    assert x["zero_var_groups"] * B == pytest.approx(fill)
+  fns = train.functions(train.build(c))
+  assert fns.train_step._cache_size() == 1  # One compile: the batch shape never changed.
+  assert fns.prepare._cache_size() == 1
 
 
 @pytest.mark.parametrize(
@@ -43,6 +219,8 @@ def test_tiny_run_writes_metrics_and_summary(tmp_path):
   [
     ("iterations", 0, "config.iterations must be >= 1"),
     ("learning_rate", -1.0, "learning_rate must be > 0"),
+    ("reward_timeout_s", 0.0, "reward_timeout_s must be > 0"),
+    ("checkpoint_every", 0, "checkpoint_every must be >= 1"),
   ],
 )
 def test_bad_loop_values_fail_before_compiling(key, value, match):
@@ -52,13 +230,24 @@ def test_bad_loop_values_fail_before_compiling(key, value, match):
     train.build(c)
 
 
-def test_unknown_keys_and_unimplemented_options_are_refused():
+def test_unknown_keys_and_inconsistent_batches_are_refused():
   c = _tiny()
   c.unlock()
   c.iteratons = 3
   with pytest.raises(ValueError, match="unknown LoopConfig keys \\['iteratons'\\]"):
     train.build(c)
   c = _tiny()
-  c.rl.dynamic_sampling = True
-  with pytest.raises(ValueError, match="dynamic_sampling"):
+  c.rl.num_minibatches = 3  # 16 rows do not split into 3 mini-batches.
+  with pytest.raises(ValueError, match="num_minibatches=3 does not divide"):
     train.build(c)
+
+
+def test_progress_line_and_nonfinite_counting():
+  p = logs.Progress(total=10, enabled=True, log=lambda _: None)
+  text = p.line(5, {"accuracy": 0.25, "eval/greedy_accuracy": 0.5, "tokens_per_s": 1234.0})
+  assert "[ 5/10]" in text and "reward 0.250" in text and "eval acc 0.500" in text
+  assert "1,234 tok/s" in text
+  assert train._count_nonfinite([False, True, True], 0, limit=3, iteration=1) == (2, 2)
+  assert train._count_nonfinite([True, False], 1, limit=3, iteration=1) == (1, 0)
+  with pytest.raises(train.NonFiniteError, match="3 consecutive"):
+    train._count_nonfinite([True, True], 1, limit=3, iteration=7)

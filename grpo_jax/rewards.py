@@ -1,0 +1,376 @@
+"""Host-side reward scoring in a pool of worker processes with a per-item timeout.
+
+    pool = rewards.RewardPool(task, workers=2, timeout_s=5.0)
+    scores = pool.score(prompts, completions)   # Scores(correct_N, format_N, error_N, timeout_N)
+    pool.close()                                # or: with rewards.RewardPool(...) as pool:
+
+For item i, with p_i its prompt and y_i its completion,
+
+    correct_N[i] = float(task.reward(p_i, y_i)),   format_N[i] = float(task.format_reward(p_i, y_i)),
+
+unless scoring item i *fails*: either call raises an ``Exception``, returns a value that is
+not a finite number, the two calls together run longer than ``timeout_s``, or they kill
+the worker process. A failed item scores correct_N[i] = format_N[i] = 0 and
+error_N[i] = True (timeout_N[i] = True too when it timed out). Failures never raise:
+training goes on. The trainer logs ``reward_errors = Σ_i error_N[i]`` (``Scores.errors``)
+per iteration, so a broken or hanging verifier shows up separately from wrong answers
+(a wrong answer is correct_N[i] = 0 with error_N[i] = False).
+
+Timeouts. Threads cannot be stopped, so each worker is a process. Before each item a
+worker writes the item's index and start time (``time.monotonic``, one system-wide clock)
+to a shared array; the parent reads it while it waits. An item running longer than
+``timeout_s`` gets its worker killed (SIGKILL) and replaced by a fresh one; the item
+scores as a failure, and the other items of that worker's chunk are scored again by the
+next free worker (results travel once per chunk, so the killed worker's finished items
+are lost; rewards are pure, so rescoring them is safe). Each hang costs one worker
+``timeout_s``, so k hanging items cost about k·timeout_s / workers of wall time.
+
+Batching. ``score`` splits the N items into one contiguous chunk per worker: two pipe
+messages per worker and call, so the overhead is about a millisecond for a few hundred
+short strings rather than one round trip per item. Results come back in input order.
+
+The task is pickled once per worker process (at pool start and when a worker is
+replaced), never per call. Any picklable object with ``reward(prompt, completion)`` and
+``format_reward(prompt, completion)`` methods serves (the ``Task`` protocol); its class
+must be importable by name in a fresh process (not defined in a notebook's ``__main__``).
+
+Start method: "forkserver" where the platform has it, else "spawn". Not "fork": the
+trainer's process has JAX (multithreaded) initialised, and a fork() of a multithreaded
+process can deadlock in the child on locks other threads held. The fork server is
+started with a fresh exec (no JAX threads), preloads the parent's ``__main__`` module once
+and forks each worker from its single thread, so workers start in milliseconds plus the
+imports the task needs. Workers exit when the parent process dies. As with "spawn", the
+main module must be safe to import: top-level work goes under ``if __name__ == "__main__":``.
+
+``workers=0`` scores inline in the calling process: the same accounting of exceptions
+and non-finite values, but no timeout (a hanging reward hangs the caller). Use it to
+debug a reward function (tracebacks and breakpoints work) and for tiny runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+from absl import logging
+
+# Seconds between the parent's looks at the workers' progress while it waits.
+_POLL_S = 0.05
+# Seconds a new pool waits for its workers to start (import the task's modules).
+_START_TIMEOUT_S = 300.0
+# Seconds ``close`` lets workers exit on their own before killing them.
+_CLOSE_GRACE_S = 1.0
+
+
+class RewardFn(Protocol):
+  """The part of ``tasks.Task`` the pool uses."""
+
+  def reward(self, prompt: str, completion: str) -> float: ...
+
+  def format_reward(self, prompt: str, completion: str) -> float: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Scores:
+  """Per-item scores, in input order. Failed items are 0 in correct_N and format_N."""
+
+  correct_N: np.ndarray  # float32: task.reward.
+  format_N: np.ndarray  # float32: task.format_reward.
+  error_N: np.ndarray  # bool: raised, non-finite, timed out or killed its worker.
+  timeout_N: np.ndarray  # bool: the subset of error_N that timed out.
+
+  @property
+  def errors(self) -> int:
+    """Σ error_N: the ``reward_errors`` metric."""
+    return int(self.error_N.sum())
+
+  @property
+  def timeouts(self) -> int:
+    return int(self.timeout_N.sum())
+
+
+def _score_one(task: RewardFn, prompt: str, completion: str) -> tuple[float, float, str | None]:
+  """(correct, format, None), or (0, 0, error message) if either call fails."""
+  try:
+    correct = float(task.reward(prompt, completion))
+    fmt = float(task.format_reward(prompt, completion))
+    if not (math.isfinite(correct) and math.isfinite(fmt)):
+      raise ValueError(f"non-finite reward {correct} / format reward {fmt}")
+  except Exception as e:  # noqa: BLE001 -- any verifier failure is a scored error.
+    return 0.0, 0.0, f"{type(e).__name__}: {e}"
+  return correct, fmt, None
+
+
+def _score_chunk(task, prompts, completions, progress=None):
+  """Lists (correct, format) and {index: error message}; progress gets (start time, index)."""
+  correct, fmt, errors = [], [], {}
+  for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+    if progress is not None:
+      progress[0] = time.monotonic()  # Time first: a reader never sees a stale time.
+      progress[1] = i
+    c, f, err = _score_one(task, prompt, completion)
+    correct.append(c)
+    fmt.append(f)
+    if err is not None:
+      errors[i] = f"{err} (prompt {prompt!r:.80}, completion {completion!r:.80})"
+  if progress is not None:
+    progress[0] = math.inf  # Idle: the chunk's results are on their way.
+  return correct, fmt, errors
+
+
+def _exit_with_parent():
+  """Exits this worker when the process that started it dies (even if a reward hangs)."""
+  parent = multiprocessing.parent_process()
+  if parent is None:
+    return
+
+  def watch():
+    parent.join()
+    os._exit(1)
+
+  threading.Thread(target=watch, name="reward-worker-watchdog", daemon=True).start()
+
+
+def _worker_main(conn, task, progress):
+  """Scores chunks (prompts, completions) from conn until it gets None or EOF."""
+  _exit_with_parent()
+  conn.send("ready")
+  while True:
+    try:
+      msg = conn.recv()
+    except EOFError:
+      return
+    if msg is None:
+      return
+    conn.send(_score_chunk(task, *msg, progress))
+
+
+class _Worker:
+  """One worker process, its pipe, its progress array and the chunk it is scoring."""
+
+  def __init__(self, ctx, task):
+    # progress: [start time of the item in flight (inf when idle), its index in the chunk].
+    self.progress = ctx.RawArray("d", [math.inf, 0.0])
+    self.conn, child_conn = ctx.Pipe()
+    self.process = ctx.Process(
+      target=_worker_main,
+      args=(child_conn, task, self.progress),
+      name="reward-worker",
+      daemon=True,
+    )
+    self.process.start()
+    child_conn.close()  # So the parent sees EOF when the worker dies.
+    self.ready = False
+    self.job_J: np.ndarray | None = None  # Input indices of the chunk in flight.
+
+  def deadline(self, timeout_s: float) -> float:
+    return self.progress[0] + timeout_s
+
+  def kill(self):
+    self.process.kill()
+    self.process.join(timeout=5.0)
+    self.conn.close()
+
+
+def default_start_method() -> str:
+  methods = multiprocessing.get_all_start_methods()
+  return "forkserver" if "forkserver" in methods else "spawn"
+
+
+class RewardPool:
+  """Scores (prompt, completion) pairs with ``task`` in ``workers`` processes.
+
+  Args:
+    task: a picklable object with ``reward`` and ``format_reward`` (a ``tasks.Task``).
+    workers: worker processes; 0 scores inline in the caller, with no timeout.
+    timeout_s: the most seconds one item (reward + format_reward) may take.
+    start_method: multiprocessing start method; None picks ``default_start_method()``.
+
+  ``score`` is not thread-safe: call it from one thread at a time.
+  """
+
+  def __init__(
+    self,
+    task: RewardFn,
+    *,
+    workers: int = 2,
+    timeout_s: float = 10.0,
+    start_method: str | None = None,
+  ):
+    if workers < 0:
+      raise ValueError(f"workers must be >= 0 (0 scores inline), got {workers}.")
+    if not timeout_s > 0:
+      raise ValueError(f"timeout_s must be > 0, got {timeout_s}.")
+    self.task, self.workers, self.timeout_s = task, workers, timeout_s
+    self._workers: list[_Worker] = []
+    self._closed = False
+    if workers == 0:
+      return
+    try:
+      pickle.dumps(task)
+    except Exception as e:
+      raise TypeError(
+        f"RewardPool sends the task to worker processes, but {task!r} does not pickle ({e}); "
+        "use workers=0 to score inline."
+      ) from e
+    self._ctx = multiprocessing.get_context(start_method or default_start_method())
+    self._workers = [_Worker(self._ctx, task) for _ in range(workers)]
+    self._await_ready()
+
+  def _await_ready(self):
+    deadline = time.monotonic() + _START_TIMEOUT_S
+    while not all(w.ready for w in self._workers):
+      waiting = [w for w in self._workers if not w.ready]
+      if not multiprocessing.connection.wait(
+        [w.conn for w in waiting], deadline - time.monotonic()
+      ):
+        self.close()
+        raise RuntimeError(f"Reward workers did not start within {_START_TIMEOUT_S} s.")
+      for w in waiting:
+        if w.conn.poll():
+          self._receive_ready(w)
+
+  def _receive_ready(self, worker: _Worker):
+    try:
+      msg = worker.conn.recv()
+    except (EOFError, OSError) as e:
+      self.close()
+      raise RuntimeError(
+        f"A reward worker died while starting (exit code {worker.process.exitcode}); is the "
+        f"task's class importable in a fresh process? Task: {self.task!r}."
+      ) from e
+    if msg != "ready":
+      raise RuntimeError(f"A reward worker sent {msg!r} before 'ready'.")
+    worker.ready = True
+
+  def score(self, prompts: Sequence[str], completions: Sequence[str]) -> Scores:
+    """Scores[i] for (prompts[i], completions[i]); failures score 0 and set error_N[i]."""
+    if self._closed:
+      raise RuntimeError("score() on a closed RewardPool.")
+    if len(prompts) != len(completions):
+      raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions.")
+    n = len(prompts)
+    out = Scores(
+      correct_N=np.zeros(n, np.float32),
+      format_N=np.zeros(n, np.float32),
+      error_N=np.zeros(n, bool),
+      timeout_N=np.zeros(n, bool),
+    )
+    messages: list[str] = []
+    if self.workers == 0:
+      c, f, errs = _score_chunk(self.task, prompts, completions)
+      out.correct_N[:], out.format_N[:] = c, f
+      out.error_N[list(errs)] = True
+      messages += errs.values()
+    elif n:
+      jobs = [j for j in np.array_split(np.arange(n), min(n, self.workers)) if j.size]
+      self._run(jobs, prompts, completions, out, messages)
+    if messages:
+      logging.log_every_n_seconds(
+        logging.WARNING,
+        "Reward scoring failed on %d of %d items (reward_errors); e.g. %s",
+        60,
+        out.errors,
+        n,
+        messages[0],
+      )
+    return out
+
+  def _run(self, jobs: list[np.ndarray], prompts, completions, out: Scores, messages: list[str]):
+    """Scores the chunks ``jobs`` (input indices) into ``out``, replacing stuck workers."""
+    try:
+      while jobs or any(w.job_J is not None for w in self._workers):
+        for w in list(self._workers):
+          if jobs and w.ready and w.job_J is None:
+            self._send(w, jobs, prompts, completions)
+        now = time.monotonic()
+        wait_s = min([_POLL_S] + [w.deadline(self.timeout_s) - now for w in self._workers])
+        ready = multiprocessing.connection.wait([w.conn for w in self._workers], max(wait_s, 0))
+        for w in list(self._workers):
+          if w.conn in ready:
+            self._receive(w, jobs, out, messages)
+          elif w.job_J is not None and time.monotonic() > w.deadline(self.timeout_s):
+            self._fail_item(w, jobs, out, timed_out=True)
+    finally:  # Interrupted (e.g. KeyboardInterrupt): busy workers hold stale chunks.
+      for w in list(self._workers):
+        if w.job_J is not None:
+          self._replace(w)
+
+  def _send(self, w: _Worker, jobs, prompts, completions):
+    job_J = jobs.pop()
+    try:
+      w.conn.send(([prompts[i] for i in job_J], [completions[i] for i in job_J]))
+    except OSError:  # It died while idle.
+      jobs.append(job_J)
+      self._replace(w)
+      return
+    w.job_J = job_J
+
+  def _receive(self, w: _Worker, jobs, out: Scores, messages: list[str]):
+    try:
+      msg = w.conn.recv()
+    except (EOFError, OSError):  # The worker died; blame the item it was scoring.
+      if not w.ready:
+        self._receive_ready(w)  # Raises: a replacement could not start.
+      if w.job_J is None:
+        self._replace(w)
+      else:
+        self._fail_item(w, jobs, out, timed_out=False)
+      return
+    if msg == "ready":
+      w.ready = True
+      return
+    correct, fmt, errors = msg
+    job_J, w.job_J = w.job_J, None
+    out.correct_N[job_J], out.format_N[job_J] = correct, fmt
+    out.error_N[job_J[list(errors)]] = True
+    messages += errors.values()
+
+  def _fail_item(self, w: _Worker, jobs, out: Scores, *, timed_out: bool):
+    """Kills w, fails the item it was stuck on and queues the rest of its chunk again."""
+    job_J = w.job_J
+    self._replace(w)  # First, so progress is final.
+    started, index = w.progress[0], int(w.progress[1])
+    if timed_out and not time.monotonic() - started > self.timeout_s:
+      jobs.append(job_J)  # It finished that item just in time: nothing to blame.
+      return
+    if math.isinf(started):  # Died between items: no item to blame, so fail the chunk.
+      out.error_N[job_J] = True
+      return
+    out.error_N[job_J[index]] = True
+    out.timeout_N[job_J[index]] = timed_out
+    rest_J = np.delete(job_J, index)
+    if rest_J.size:
+      jobs.append(rest_J)
+
+  def _replace(self, w: _Worker):
+    w.kill()
+    self._workers[self._workers.index(w)] = _Worker(self._ctx, self.task)
+
+  def close(self):
+    """Stops the workers (killing any still busy after a short grace period). Idempotent."""
+    workers, self._workers = self._workers, []
+    self._closed = True
+    for w in workers:
+      with contextlib.suppress(OSError, ValueError):
+        w.conn.send(None)
+    deadline = time.monotonic() + _CLOSE_GRACE_S
+    for w in workers:
+      w.process.join(timeout=max(deadline - time.monotonic(), 0))
+      w.kill()
+
+  def __enter__(self) -> RewardPool:
+    return self
+
+  def __exit__(self, *exc: Any):
+    self.close()

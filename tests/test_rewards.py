@@ -1,0 +1,133 @@
+import multiprocessing
+import os
+import time
+
+import numpy as np
+import pytest
+
+from grpo_jax import rewards, tasks
+
+TIMEOUT_S = 0.5
+SLACK_S = 4.0  # A loaded 2-core CI machine: a replacement worker may be slow to start.
+
+
+class FakeTask:
+  """reward = len(completion), format = len(prompt); some completions misbehave."""
+
+  def reward(self, prompt, completion):
+    if completion == "raise":
+      raise RuntimeError("broken verifier")
+    if completion == "hang":
+      time.sleep(1e6)
+    if completion == "die":
+      os._exit(3)
+    if completion == "nan":
+      return float("nan")
+    if completion == "text":
+      return "not a number"
+    return float(len(completion))
+
+  def format_reward(self, prompt, completion):
+    return float(len(prompt))
+
+
+@pytest.fixture(scope="module")
+def pool():
+  with rewards.RewardPool(FakeTask(), workers=2, timeout_s=TIMEOUT_S) as pool:
+    yield pool
+
+
+def _batch(n):
+  return [f"p{i}" * (i % 3 + 1) for i in range(n)], ["x" * (i % 7) for i in range(n)]
+
+
+def _expect(prompts, completions, bad):
+  correct_N = np.array([0.0 if i in bad else len(c) for i, c in enumerate(completions)])
+  format_N = np.array([0.0 if i in bad else len(p) for i, p in enumerate(prompts)])
+  return correct_N, format_N
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 101])
+def test_scores_in_input_order(pool, n):
+  prompts, completions = _batch(n)
+  scores = pool.score(prompts, completions)
+  correct_N, format_N = _expect(prompts, completions, bad=())
+  assert scores.correct_N.dtype == np.float32 and scores.error_N.dtype == bool
+  np.testing.assert_array_equal(scores.correct_N, correct_N)
+  np.testing.assert_array_equal(scores.format_N, format_N)
+  assert scores.errors == 0 and not scores.error_N.any() and scores.error_N.shape == (n,)
+
+
+def _misbehave(bad: dict[int, str], n=40):
+  prompts, completions = _batch(n)
+  for i, kind in bad.items():
+    completions[i] = kind
+  return prompts, completions
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_raising_or_non_numeric_reward_scores_zero_and_counts(pool, workers):
+  bad = {0: "raise", 7: "nan", 21: "text", 39: "raise"}
+  prompts, completions = _misbehave(bad)
+  scorer = pool if workers else rewards.RewardPool(FakeTask(), workers=0)
+  scores = scorer.score(prompts, completions)
+  correct_N, format_N = _expect(prompts, completions, bad)
+  np.testing.assert_array_equal(scores.correct_N, correct_N)
+  np.testing.assert_array_equal(scores.format_N, format_N)
+  assert scores.errors == 4 and scores.timeouts == 0
+  assert sorted(np.flatnonzero(scores.error_N)) == sorted(bad)
+
+
+def test_hanging_reward_times_out_and_the_pool_recovers(pool):
+  children = len(multiprocessing.active_children())
+  bad = {5: "hang"}
+  prompts, completions = _misbehave(bad)
+  start = time.monotonic()
+  scores = pool.score(prompts, completions)
+  assert time.monotonic() - start < TIMEOUT_S + SLACK_S
+  correct_N, format_N = _expect(prompts, completions, bad)
+  np.testing.assert_array_equal(scores.correct_N, correct_N)
+  np.testing.assert_array_equal(scores.format_N, format_N)
+  assert scores.errors == 1 and scores.timeouts == 1 and scores.timeout_N[5]
+  assert len(multiprocessing.active_children()) == children  # Killed and replaced.
+  prompts, completions = _batch(64)
+  scores = pool.score(prompts, completions)  # Waits for the replacement if need be.
+  np.testing.assert_array_equal(scores.correct_N, _expect(prompts, completions, bad=())[0])
+  assert scores.errors == 0
+
+
+def test_a_reward_that_kills_its_worker_scores_zero(pool):
+  bad = {2: "die", 30: "raise"}
+  prompts, completions = _misbehave(bad)
+  scores = pool.score(prompts, completions)
+  np.testing.assert_array_equal(scores.correct_N, _expect(prompts, completions, bad)[0])
+  assert scores.errors == 2 and scores.timeouts == 0
+
+
+def test_arithmetic_references_score_one_through_the_pool():
+  task = tasks.get("arithmetic", ops="+-*")
+  examples = [task.example("train", i, seed=0) for i in range(50)]
+  prompts = [ex.prompt for ex in examples]
+  with rewards.RewardPool(task, workers=2, timeout_s=5.0) as pool:
+    right = pool.score(prompts, [ex.reference for ex in examples])
+    wrong = pool.score(prompts, [f"A:{int(ex.answer) + 1}." for ex in examples])
+  np.testing.assert_array_equal(right.correct_N, 1.0)
+  np.testing.assert_array_equal(right.format_N, 1.0)
+  np.testing.assert_array_equal(wrong.correct_N, 0.0)  # Wrong, not an error.
+  np.testing.assert_array_equal(wrong.format_N, 1.0)
+  assert right.errors == wrong.errors == 0
+
+
+def test_bad_arguments():
+  with pytest.raises(TypeError, match="does not pickle"):
+    rewards.RewardPool(type("Local", (FakeTask,), {})(), workers=1)
+  with pytest.raises(ValueError, match="workers"):
+    rewards.RewardPool(FakeTask(), workers=-1)
+  with pytest.raises(ValueError, match="timeout_s"):
+    rewards.RewardPool(FakeTask(), workers=0, timeout_s=0)
+  inline = rewards.RewardPool(FakeTask(), workers=0)
+  with pytest.raises(ValueError, match="2 prompts but 1 completions"):
+    inline.score(["a", "b"], ["c"])
+  inline.close()
+  with pytest.raises(RuntimeError, match="closed"):
+    inline.score([], [])
