@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import model, sampling
+from grpo_jax import flops, model, sampling
 
 BENCH_MODEL = dict(
   vocab_size=32768, d_model=512, n_layers=8, n_heads=8, n_kv_heads=4, head_dim=64, mlp_dim=1536,
@@ -43,30 +43,10 @@ BENCH_MODEL = dict(
 
 
 def flops_per_token(cfg: model.ModelConfig, context: float) -> float:
-  D, H, K, E, F, V, L = (
-    cfg.d_model,
-    cfg.n_heads,
-    cfg.n_kv_heads,
-    cfg.head_dim,
-    cfg.mlp_dim,
-    cfg.vocab_size,
-    cfg.n_layers,
-  )
-  matmul_params = L * (D * H * E * 2 + D * K * E * 2 + 3 * D * F) + D * V
-  return 2.0 * matmul_params + 4.0 * L * H * E * context
+  return flops.forward_flops_per_token(cfg, context=context)
 
 
-def matmul_peak(n: int = 2048, repeats: int = 10) -> float:
-  """Best float32 GEMM FLOP/s seen over `repeats` runs."""
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  dot = jax.jit(jnp.dot)
-  dot(a, a).block_until_ready()
-  best = float("inf")
-  for _ in range(repeats):
-    t = time.perf_counter()
-    dot(a, a).block_until_ready()
-    best = min(best, time.perf_counter() - t)
-  return 2.0 * n**3 / best
+matmul_peak = flops.matmul_peak
 
 
 def time_calls(fn, repeats: int) -> list[float]:

@@ -80,6 +80,9 @@ class Checkpointer:
         )
       )
     options = ocp.CheckpointManagerOptions(
+      # best_fn makes orbax write each step's metrics to disk, so a resumed process still
+      # knows which earlier step is best (the preservation policy alone keeps them in memory).
+      best_fn=(lambda m: m[ACCURACY_KEY]) if keep_best else None,
       preservation_policy=ocp.checkpoint_managers.AnyPreservationPolicy(policies),
       enable_async_checkpointing=async_save,
       create=True,

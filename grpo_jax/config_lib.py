@@ -30,3 +30,30 @@ def from_dict(cls: type[T], d: Mapping[str, Any] | Any, *, where: str = "") -> T
     return cls(**kwargs)
   except TypeError as e:  # Missing required keys.
     raise ValueError(f"{prefix}{cls.__name__}: {e}") from None
+
+
+def load(spec: str, **overrides):
+  """The ConfigDict of a config file, as `--config=path.py:variant` would give it.
+
+      config = config_lib.load("configs/arithmetic.py:tiny", iterations=50)
+
+  `overrides` set top-level keys (use `config.rl.advantage = ...` for nested ones). The
+  returned ConfigDict is locked, so a misspelt key fails as it does on the command line.
+  """
+  import importlib.util
+  import pathlib
+
+  path, _, arg = spec.partition(":")
+  file = pathlib.Path(path)
+  if not file.is_file():
+    raise FileNotFoundError(
+      f"Config file {path!r} not found (spec {spec!r}; expected 'file.py[:variant]')."
+    )
+  module_spec = importlib.util.spec_from_file_location(f"_grpo_jax_config_{file.stem}", file)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  config = module.get_config(arg) if arg else module.get_config()
+  config.lock()
+  for key, value in overrides.items():
+    config[key] = value
+  return config

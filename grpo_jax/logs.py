@@ -15,21 +15,36 @@ import pathlib
 import sys
 import time
 
+import numpy as np
+
 from grpo_jax import tensorboard
 
 
 def _clean(v):
   if isinstance(v, (str, bool, int)) or v is None:
     return v
+  if isinstance(v, (np.bool_, np.integer)):
+    return v.item()
   f = float(v)
   return f if math.isfinite(f) else str(f)  # JSON has no NaN/inf: "nan", "inf".
 
 
 def read_jsonl(path: pathlib.Path) -> list[dict]:
+  """The records of a metrics.jsonl ([] if absent). A partial last line, left by a process
+  killed mid-write, is dropped; a bad line elsewhere is an error naming the line."""
   path = pathlib.Path(path)
-  return (
-    [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
-  )
+  if not path.exists():
+    return []
+  lines = [x for x in path.read_text().splitlines() if x.strip()]
+  out = []
+  for i, line in enumerate(lines):
+    try:
+      out.append(json.loads(line))
+    except json.JSONDecodeError as e:
+      if i == len(lines) - 1:
+        break
+      raise ValueError(f"{path}: line {i + 1} is not JSON ({e}).") from None
+  return out
 
 
 class RunLogger:
@@ -111,3 +126,69 @@ class Progress:
       self.stream.write("\n")
       self.stream.flush()
       self._open_line = False
+
+
+def _polyline(xs, ys, *, x_range, y_range, box, color) -> str:
+  (x0, x1), (y0, y1), (left, top, width, height) = x_range, y_range, box
+  pts = [
+    f"{left + width * (x - x0) / max(x1 - x0, 1e-9):.1f},"
+    f"{top + height * (1 - (y - y0) / max(y1 - y0, 1e-9)):.1f}"
+    for x, y in zip(xs, ys)
+    if y is not None and math.isfinite(y)
+  ]
+  return f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{" ".join(pts)}"/>'
+
+
+def plot_svg(records: list[dict], path: pathlib.Path, *, title: str = "") -> pathlib.Path:
+  """Writes a dependency-free SVG of the training reward and held-out accuracy curves.
+
+  Lines: `accuracy` (mean training reward per iteration, thin), its moving average over
+  ~5% of the run, and `eval/greedy_accuracy` at each evaluation (thick, with points).
+  """
+  W, H, pad = 640, 360, 48
+  box = (pad, pad / 2, W - 1.5 * pad, H - 1.5 * pad)
+  train = [(r["iteration"], r["accuracy"]) for r in records if "accuracy" in r]
+  evals = [
+    (r["iteration"], r["eval/greedy_accuracy"]) for r in records if "eval/greedy_accuracy" in r
+  ]
+  x_max = max([1] + [i for i, _ in train + evals])
+  xr, yr = (0, x_max), (0.0, 1.0)
+  window = max(1, len(train) // 20)
+  smooth = [
+    (train[i][0], sum(v for _, v in train[max(0, i - window + 1) : i + 1]) / min(window, i + 1))
+    for i in range(len(train))
+  ]
+  left, top, width, height = box
+  parts = [
+    f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="11">',
+    f'<rect x="{left}" y="{top}" width="{width}" height="{height}" fill="none" stroke="#999"/>',
+    f'<text x="{W / 2}" y="14" text-anchor="middle">{title}</text>',
+  ]
+  for frac in (0.0, 0.25, 0.5, 0.75, 1.0):
+    y = top + height * (1 - frac)
+    parts.append(f'<line x1="{left}" x2="{left + width}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>')
+    parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{frac:.2f}</text>')
+  for frac in (0.0, 0.5, 1.0):
+    x = left + width * frac
+    parts.append(
+      f'<text x="{x:.1f}" y="{top + height + 14}" text-anchor="middle">{round(x_max * frac)}</text>'
+    )
+  parts.append(f'<text x="{left + width / 2}" y="{H - 4}" text-anchor="middle">iteration</text>')
+  for xs_ys, color in ((train, "#bbd"), (smooth, "#35a"), (evals, "#d62")):
+    xs, ys = [x for x, _ in xs_ys], [y for _, y in xs_ys]
+    parts.append(_polyline(xs, ys, x_range=xr, y_range=yr, box=box, color=color))
+  for x, y in evals:
+    cx = left + width * x / x_max
+    cy = top + height * (1 - y)
+    parts.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="2.5" fill="#d62"/>')
+  legend = (("#35a", "training reward (moving avg)"), ("#d62", "held-out greedy accuracy"))
+  for i, (color, text) in enumerate(legend):
+    y = top + 14 + 14 * i
+    parts.append(
+      f'<line x1="{left + 8}" x2="{left + 24}" y1="{y - 4}" y2="{y - 4}" stroke="{color}" stroke-width="2"/>'
+    )
+    parts.append(f'<text x="{left + 28}" y="{y}">{text}</text>')
+  parts.append("</svg>")
+  path = pathlib.Path(path)
+  path.write_text("\n".join(parts) + "\n")
+  return path

@@ -26,6 +26,9 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)  # Quiet JAX's backend probing.
   summary = train.run(_CONFIG.value, _WORKDIR.value)
   print(json.dumps(summary, indent=2))
+  print(train.describe(summary))
+  if summary["preempted"]:
+    raise SystemExit(143)  # 128 + SIGTERM: a scheduler sees the job as interrupted.
 
 
 def run():

@@ -35,6 +35,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 
@@ -156,6 +157,39 @@ def build(config) -> Setup:
     sampling_hyper=sampling.sampling_params(**d["sampling"]),
     rl_cfg=rl_cfg,
   )
+
+
+def _config_value(v):
+  if isinstance(v, dict):
+    return ml_collections.ConfigDict({k: _config_value(x) for k, x in v.items()})
+  return v
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """Every key a trainer config may set, with its default; configs/*.py start from it.
+
+  Top level: the LoopConfig fields. Sections: task (name, kwargs), model (ModelConfig
+  without vocab_size, which the task's tokenizer gives; the defaults are
+  `model.tiny_config`'s), sampler (SamplerConfig without eos_ids/pad_id), sampling
+  (temperature, top_k, top_p, greedy) and rl (every RLConfig field). Because every key
+  exists, command-line overrides such as `--config.rl.num_minibatches=4` work on the
+  locked config, and a misspelt key fails.
+  """
+  c = ml_collections.ConfigDict(dataclasses.asdict(LoopConfig()))
+  c.task = ml_collections.ConfigDict(dict(name="arithmetic", kwargs=ml_collections.ConfigDict()))
+  tiny = dataclasses.asdict(model.tiny_config(vocab_size=2))
+  del tiny["vocab_size"]
+  c.model = ml_collections.ConfigDict(tiny)
+  sampler = {
+    f.name: f.default
+    for f in dataclasses.fields(sampling.SamplerConfig)
+    if f.name not in ("eos_ids", "pad_id")
+  }
+  sampler["max_new_tokens"] = 16
+  c.sampler = ml_collections.ConfigDict(sampler)
+  c.sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_k=0, top_p=1.0, greedy=False))
+  c.rl = _config_value(dataclasses.asdict(rl.RLConfig()))
+  return c
 
 
 def _optimizer(loop: LoopConfig, *, lr: float):
@@ -355,12 +389,21 @@ def _abstract_tree(setup: Setup, fns: Functions):
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), tree)
 
 
-def _warm_start(setup: Setup, fns: Functions, params, *, log):
+class Preempted(RuntimeError):
+  """SIGTERM arrived before the first checkpoint (during the warm start)."""
+
+
+def _warm_start(setup: Setup, fns: Functions, params, *, log, preempted):
   loop = setup.loop
   state = rl.init_state(params, fns.sft_optimizer)
   stream = setup.task.examples("train", seed=loop.seed + 1)
   loss = float("nan")
   for _ in range(loop.warmstart_steps):
+    if preempted["set"]:
+      raise Preempted(
+        "SIGTERM during the warm start, before the first checkpoint; rerunning the same "
+        "command starts the run again (the warm start is deterministic)."
+      )
     batch = _sft_batch(setup, [next(stream) for _ in range(loop.warmstart_batch)])
     state, loss = fns.sft_step(state, *batch)
   log(f"warm start: {loop.warmstart_steps} steps, final loss {float(loss):.3f}")
@@ -391,25 +434,34 @@ def _sigterm_flag():
 # ----------------------------------------------------------------------------
 
 
-def _collect(setup: Setup, fns: Functions, pool, params, *, index: int, key, times: dict):
-  """Samples and scores generation batches; returns (rollouts, correct_N, format_N,
-  valid_N, new data index, metrics). Shapes are always B·G rows."""
-  loop, scfg, rl_cfg, tok, task = (
-    setup.loop,
-    setup.sampler_cfg,
-    setup.rl_cfg,
-    setup.tokenizer,
-    setup.task,
+def _draw(setup: Setup, index: int):
+  """Train examples index .. index + B - 1 and their left-padded prompt batch."""
+  loop, tok = setup.loop, setup.tokenizer
+  examples = [
+    setup.task.example("train", index + i, seed=loop.seed) for i in range(loop.prompts_per_step)
+  ]
+  prompts = sampling.prepare_prompts(
+    [tok.encode(e.prompt, add_bos=True) for e in examples], cfg=setup.sampler_cfg
   )
+  return examples, prompts
+
+
+def _collect(
+  setup: Setup, fns: Functions, pool, params, *, index: int, key, times: dict, prefetched=None
+):
+  """Samples and scores generation batches; returns (rollouts, correct_N, format_N,
+  valid_N, new data index, metrics). Shapes are always B·G rows. `prefetched` is
+  (index, examples, prompts) drawn while the previous update ran on the device."""
+  loop, scfg, rl_cfg, tok = setup.loop, setup.sampler_cfg, setup.rl_cfg, setup.tokenizer
   B, G = loop.prompts_per_step, scfg.group_size
   parts, corrects, formats, varying, n_varying, errors, timeouts = [], [], [], [], 0, 0, 0
   max_batches = rl_cfg.max_gen_batches if rl_cfg.dynamic_sampling else 1
   for g in range(max_batches):
-    examples = [task.example("train", index + i, seed=loop.seed) for i in range(B)]
+    if prefetched is not None and prefetched[0] == index:
+      _, examples, prompts = prefetched
+    else:
+      examples, prompts = _draw(setup, index)
     index += B
-    prompts = sampling.prepare_prompts(
-      [tok.encode(e.prompt, add_bos=True) for e in examples], cfg=scfg
-    )
     t0 = time.perf_counter()
     rollouts = jax.block_until_ready(
       fns.sample(params, prompts, jax.random.fold_in(key, g), setup.sampling_hyper)
@@ -500,22 +552,21 @@ def run(config, workdir: str | pathlib.Path, *, log=print, on_iteration=None) ->
   pool = rewards.RewardPool(
     setup.task, workers=setup.loop.reward_workers, timeout_s=setup.loop.reward_timeout_s
   )
-  try:
-    with _sigterm_flag() as preempted:
-      return _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration)
-  finally:
-    pool.close()
-    ckpt.close()
+  with contextlib.ExitStack() as stack:  # Closed in reverse order, on errors too.
+    stack.callback(ckpt.close)
+    stack.callback(pool.close)
+    preempted = stack.enter_context(_sigterm_flag())
+    return _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration, stack)
 
 
-def _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration) -> dict:
+def _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration, stack) -> dict:
   loop, rl_cfg = setup.loop, setup.rl_cfg
   latest = ckpt.latest_step()
   if latest is None:
     key = jax.random.key(loop.seed)
     params = jax.jit(model.init, static_argnums=0)(setup.model_cfg, jax.random.fold_in(key, 0))
     if loop.warmstart_steps:
-      params = _warm_start(setup, fns, params, log=log)
+      params = _warm_start(setup, fns, params, log=log, preempted=preempted)
     tree = _initial_tree(setup, fns, params)
     eval_key = jax.random.fold_in(key, 2**31 - 1)  # No iteration's key.
     warm = evaluate(setup, fns, pool, params, key=eval_key)
@@ -530,12 +581,18 @@ def _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration)
       "nonfinite_run": 0,
       "wall_seconds": 0.0,
     }
-    writer = logs.RunLogger(workdir, tensorboard_dir=loop.tensorboard)
+    writer = stack.enter_context(
+      contextlib.closing(logs.RunLogger(workdir, tensorboard_dir=loop.tensorboard))
+    )
     writer.write({"iteration": 0, "phase": "warmstart", **warm})
     ckpt.save(0, tree, meta, accuracy=warm["eval/greedy_accuracy"])
   else:
     tree, meta = ckpt.restore(latest, like=_abstract_tree(setup, fns))
-    writer = logs.RunLogger(workdir, resume_from=latest, tensorboard_dir=loop.tensorboard)
+    writer = stack.enter_context(
+      contextlib.closing(
+        logs.RunLogger(workdir, resume_from=latest, tensorboard_dir=loop.tensorboard)
+      )
+    )
     log(f"resumed from {ckpt.directory / str(latest)} (iteration {meta['iteration']})")
   log(f"warm-start accuracy {meta['warmstart']['eval/greedy_accuracy']:.3f}")
   (workdir / "config.json").write_text(json.dumps(setup_dict(setup), indent=2, default=str))
@@ -549,6 +606,7 @@ def _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration)
   progress = logs.Progress(
     total=loop.iterations, start=meta["iteration"], enabled=loop.progress, log=log
   )
+  progress.acc = meta["last_eval"]["eval/greedy_accuracy"]
 
   wall_before = meta["wall_seconds"]  # Earlier sessions of this run.
 
@@ -564,6 +622,7 @@ def _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration)
     ckpt.save(it, tree, dict(meta, iteration=it), accuracy=accuracy)
 
   first = meta["iteration"] + 1
+  prefetched = None
   for it in range(first, loop.iterations + 1):
     times = {"sample": 0.0, "reward": 0.0}
     t0 = time.perf_counter()
@@ -576,6 +635,7 @@ def _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration)
       index=meta["data_index"],
       key=jax.random.fold_in(it_key, 0),
       times=times,
+      prefetched=prefetched,
     )
     t1 = time.perf_counter()
     rl.validate_batch(
@@ -598,6 +658,8 @@ def _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration)
     # The controller moves the advantage hyperparameters (arrays: no recompile).
     adv_hyper, ctrl_state = controller(prep_hyper.adv, ctrl_state, stats)
     prep_hyper = prep_hyper.replace(adv=adv_hyper)
+    # Host/device overlap: the next prompts are drawn and encoded while the update runs.
+    prefetched = (meta["data_index"], *_draw(setup, meta["data_index"]))
     history = jax.device_get(history)  # Blocks until the update is done.
     t2 = time.perf_counter()
     skipped, meta["nonfinite_run"] = _count_nonfinite(
@@ -650,6 +712,10 @@ def _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration)
   progress.close()
   writer.close()
   ckpt.wait()
+  records = logs.read_jsonl(workdir / "metrics.jsonl")
+  plot = logs.plot_svg(
+    records, workdir / "curves.svg", title=f"{setup.task.name}: {rl_cfg.advantage}"
+  )
   last = meta["last_eval"]
   summary = {
     "warmstart_accuracy": meta["warmstart"]["eval/greedy_accuracy"],
@@ -663,6 +729,7 @@ def _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration)
     "workdir": str(workdir),
     "metrics": str(workdir / "metrics.jsonl"),
     "tensorboard": str(workdir / "tb"),
+    "plot": str(plot),
     "checkpoints": str(ckpt.directory),
     **{k: v for k, v in last.items() if k.startswith("eval/pass@")},
   }
@@ -679,3 +746,20 @@ def setup_dict(setup: Setup) -> dict:
     "sampler": dataclasses.asdict(setup.sampler_cfg),
     "rl": dataclasses.asdict(setup.rl_cfg),
   }
+
+
+def describe(summary: dict) -> str:
+  """A short human summary of a run (what `grpo-jax` prints last)."""
+  before, after = summary["warmstart_accuracy"], summary["final_accuracy"]
+  state = "stopped by SIGTERM; rerun to resume" if summary["preempted"] else "done"
+  return "\n".join(
+    [
+      f"{state}: {summary['iterations_done']} iterations in {summary['wall_seconds']:.0f} s.",
+      f"held-out greedy accuracy: {100 * before:.1f}% after warm start -> {100 * after:.1f}% "
+      f"({100 * (after - before):+.1f} points; best {100 * summary['best_accuracy']:.1f}% at "
+      f"iteration {summary['best_iteration']}).",
+      f"plot: {summary['plot']}",
+      f"metrics: {summary['metrics']}  (definitions: grpo_jax.metrics.DEFINITIONS)",
+      f"tensorboard: pip install tensorboard && tensorboard --logdir {summary['tensorboard']}",
+    ]
+  )

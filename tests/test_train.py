@@ -61,9 +61,13 @@ def test_run_writes_metrics_tensorboard_checkpoints_and_summary(reference_run):
   expected = {"loss", "pg_clipfrac", "pass_rate", "reward_errors", "nonfinite_steps"}
   expected |= {"time/sample", "time/reward", "time/update", "tokens_per_s", "perf/mfu"}
   assert expected <= set(lines[1])
-  assert {"eval/greedy_accuracy", "eval/pass@1", "eval/pass@2", "eval/pass@4", "eval/mean@4"} <= set(
-    lines[2]
-  )
+  assert {
+    "eval/greedy_accuracy",
+    "eval/pass@1",
+    "eval/pass@2",
+    "eval/pass@4",
+    "eval/mean@4",
+  } <= set(lines[2])
   assert "eval/greedy_accuracy" not in lines[1]  # eval_every = 2.
   for line in lines:
     for name in line:
@@ -251,3 +255,38 @@ def test_progress_line_and_nonfinite_counting():
   assert train._count_nonfinite([True, False], 1, limit=3, iteration=1) == (1, 0)
   with pytest.raises(train.NonFiniteError, match="3 consecutive"):
     train._count_nonfinite([True, True], 1, limit=3, iteration=7)
+
+
+def _cli(*args, cwd):
+  import subprocess  # noqa: PLC0415
+
+  return subprocess.run(
+    [sys.executable, "-m", "grpo_jax.main", *args], cwd=cwd, capture_output=True, text=True
+  )
+
+
+def test_cli_runs_with_overrides_and_rejects_misspelt_keys(tmp_path):
+  root = pathlib.Path(__file__).resolve().parent.parent
+  bad = _cli(
+    "--config=configs/arithmetic.py:tiny",
+    "--workdir",
+    str(tmp_path),
+    "--config.rl.advantge=rloo",
+    cwd=root,
+  )
+  assert bad.returncode != 0 and "advantge" in bad.stderr
+  small = [
+    "--config.model.d_model=32", "--config.model.n_layers=1", "--config.model.n_heads=2",
+    "--config.model.n_kv_heads=1", "--config.model.head_dim=16", "--config.model.mlp_dim=64",
+    "--config.prompts_per_step=4", "--config.sampler.group_size=4", "--config.iterations=2",
+    "--config.warmstart_steps=2", "--config.eval_every=2", "--config.eval_size=8",
+    "--config.eval_samples=0", "--config.reward_workers=0", "--config.peak_flops=1e11",
+    "--config.rl.advantage=rloo", "--config.rl.num_minibatches=2",
+  ]  # fmt: skip
+  ok = _cli("--config=configs/arithmetic.py:tiny", f"--workdir={tmp_path}", *small, cwd=root)
+  assert ok.returncode == 0, ok.stderr[-2000:]
+  assert "held-out greedy accuracy" in ok.stdout
+  saved = json.loads((tmp_path / "summary.json").read_text())
+  assert saved["iterations_done"] == 2
+  config = json.loads((tmp_path / "config.json").read_text())
+  assert config["rl"]["advantage"] == "rloo" and config["rl"]["num_minibatches"] == 2
