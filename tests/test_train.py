@@ -190,14 +190,14 @@ class FlakyArithmetic(arithmetic_task.Arithmetic):
 def test_reward_exceptions_and_hangs_are_counted_and_training_continues(tmp_path):
   if "flaky_arithmetic" not in tasks.REGISTRY:
     tasks.REGISTRY.register("flaky_arithmetic")(FlakyArithmetic)
-  c = _tiny(iterations=2, reward_workers=2, reward_timeout_s=0.5, eval_samples=0)
+  c = _tiny(iterations=1, reward_workers=2, reward_timeout_s=0.3, eval_samples=0, eval_size=4)
   c.task.name = "flaky_arithmetic"
   summary = train.run(c, tmp_path, log=lambda _: None)
   lines = _lines(tmp_path)
-  assert [x["iteration"] for x in lines] == [0, 1, 2]
-  assert all(x["reward_errors"] > 0 for x in lines[1:])
-  assert sum(x["reward_timeouts"] for x in lines[1:]) > 0
-  assert summary["iterations_done"] == 2
+  assert [x["iteration"] for x in lines] == [0, 1]
+  assert lines[1]["reward_errors"] > lines[1]["reward_timeouts"] > 0  # Raises and hangs.
+  assert lines[1]["eval/reward_errors"] > 0  # Evaluation scores through the pool too.
+  assert summary["iterations_done"] == 1
 
 
 def test_dynamic_sampling_keeps_shapes_static_and_counts_what_it_drops(tmp_path):
