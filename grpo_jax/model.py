@@ -172,16 +172,20 @@ def _attend(q_BKQE, q_pos_BQ, keys_BKES, values_BKSE, key_pos_BS, *, dtype):
   A padding query (pos -1) sees nothing and gets 0. The mask is arithmetic because on
   XLA:CPU a select on a batched matmul's output is fused into it and loses the fast
   matmul path (5x slower):
-    m = max_s (s_qs v_qs - (1 - v_qs) BIG),  e_qs = exp(min(s_qs - m, 0)) v_qs,
+    m = sg(max_s (s_qs v_qs - (1 - v_qs) BIG)),  e_qs = exp((s_qs - m) v_qs) v_qs,
     out = sum_s e_qs V_s / sum_s e_qs   (or 0 when nothing is visible).
+  The softmax does not depend on the shift m, so its gradient through m is exactly 0 and
+  m is a stop-gradient (sg): the backward has no argmax/select over [B, K, Q, S].
   """
   s_BKQS = jnp.einsum(
     "bkqe,bkes->bkqs", q_BKQE, keys_BKES.astype(dtype), preferred_element_type=jnp.float32
   )
   kp, qp = key_pos_BS[:, None, None, :], q_pos_BQ[:, None, :, None]
   valid = ((kp >= 0) & (kp <= qp) & (qp >= 0)).astype(jnp.float32)
-  m_BKQ1 = jnp.max(s_BKQS * valid - (1.0 - valid) * 1e30, axis=-1, keepdims=True)
-  e_BKQS = jnp.exp(jnp.minimum(s_BKQS - m_BKQ1, 0.0)) * valid
+  m_BKQ1 = jax.lax.stop_gradient(
+    jnp.max(s_BKQS * valid - (1.0 - valid) * 1e30, axis=-1, keepdims=True)
+  )
+  e_BKQS = jnp.exp((s_BKQS - m_BKQ1) * valid) * valid  # (s - m)·v <= 0: no overflow.
   out_BKQE = jnp.einsum(
     "bkqs,bkse->bkqe",
     e_BKQS.astype(dtype),
@@ -315,6 +319,7 @@ class Decoder(nn.Module):
   """Embeddings, the layer stack and the LM head. Returns float32 logits."""
 
   cfg: ModelConfig
+  logits_slice: tuple[int, int] | None = None  # LM head only at positions [start, stop).
 
   @nn.compact
   def __call__(self, tokens_BT, positions_BT, cache_kv, cache_pos_BS, index):
@@ -356,6 +361,8 @@ class Decoder(nn.Module):
         jax.tree.map(lambda *xs: jnp.stack(xs), *new) if cache_kv is None else tuple(zip(*new))
       )
 
+    if self.logits_slice is not None:
+      x_BTD = x_BTD[:, self.logits_slice[0] : self.logits_slice[1]]
     x_BTD = RMSNorm(cfg.norm_eps, cfg.compute_dtype, cfg.weight_dtype, name="final_norm")(x_BTD)
     if cfg.tie_embeddings:
       logits_BTV = jnp.einsum(
@@ -452,13 +459,22 @@ def param_count(params: Params) -> int:
 
 
 def apply(
-  params: Params, tokens_BT, positions_BT, cache: KVCache | None = None, *, cfg: ModelConfig
+  params: Params,
+  tokens_BT,
+  positions_BT,
+  cache: KVCache | None = None,
+  *,
+  cfg: ModelConfig,
+  logits_slice: tuple[int, int] | None = None,
 ):
   """Forward pass. Returns (float32 logits [B,T,V], cache with this call's tokens appended).
 
   Without a cache this is a full (teacher-forced) forward, and the returned cache is None.
+  `logits_slice=(start, stop)` (static) applies the final norm and LM head only at
+  positions [start, stop): logits are [B, stop - start, V], and neither the forward nor
+  the backward touches the others (teacher forcing needs the completion positions only).
   """
-  decoder = Decoder(cfg)
+  decoder = Decoder(cfg, logits_slice=logits_slice)
   if cache is None:
     logits_BTV, _ = decoder.apply({"params": params}, tokens_BT, positions_BT, None, None, None)
     return logits_BTV, None

@@ -46,7 +46,7 @@ def tiny_sampler(tiny_cfg, sampler_cfg):
 
 @pytest.fixture(scope="session")
 def tiny_model_fn(tiny_cfg):
-  return jax.jit(model.make_model_fn(tiny_cfg))
+  return jax.jit(model.make_model_fn(tiny_cfg), static_argnames="logits_slice")
 
 
 @pytest.fixture(scope="session")

@@ -206,3 +206,12 @@ def test_from_dict_rejects_unknown_keys():
     dict(vocab_size=10, d_model=8, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=4, mlp_dim=16)
   )
   assert cfg.n_kv_heads == 1
+
+
+def test_logits_slice_equals_slicing_the_full_logits(tiny_cfg, tiny_params):
+  tokens_BT = jax.random.randint(jax.random.key(1), (2, 9), 3, tiny_cfg.vocab_size)
+  positions_BT = model_lib.positions_from_mask(jnp.ones((2, 9), bool))
+  full, _ = model_lib.apply(tiny_params, tokens_BT, positions_BT, cfg=tiny_cfg)
+  part, _ = model_lib.apply(tiny_params, tokens_BT, positions_BT, cfg=tiny_cfg, logits_slice=(3, 8))
+  assert part.shape == (2, 5, tiny_cfg.vocab_size)
+  np.testing.assert_allclose(part, full[:, 3:8], rtol=1e-5, atol=1e-5)

@@ -237,10 +237,11 @@ def _allowed(logits_V, temperature, top_k, top_p, slack=1e-5):
   s = (np.asarray(logits_V, np.float32) / np.float32(temperature)).astype(np.float64)
   desc = np.sort(s)[::-1]
   kk = min(top_k, len(s)) if top_k > 0 else len(s)
-  p = np.exp(desc[:kk] - desc[0])
+  kept = desc[desc >= desc[kk - 1]]  # Ties with the k-th largest logit are kept.
+  p = np.exp(kept - kept[0])
   cum = np.cumsum(p / p.sum())
-  n_keep = min(int(np.searchsorted(cum, min(top_p + slack, 1.0))) + 1, kk)
-  return set(np.flatnonzero(s >= desc[n_keep - 1]))
+  n_keep = min(int(np.searchsorted(cum, min(top_p + slack, 1.0))) + 1, len(kept))
+  return set(np.flatnonzero(s >= kept[n_keep - 1]))
 
 
 @hypothesis.settings(max_examples=40, deadline=None)  # Subnormals excluded: XLA flushes them to 0.
@@ -345,3 +346,26 @@ def test_prompt_longer_than_max_is_an_error_or_left_truncated():
 def test_bad_sampler_input_errors_are_clear(make, message):
   with pytest.raises(ValueError, match=message):
     make()
+
+
+def test_token_stats_values_and_custom_gradient_match_autodiff_of_log_softmax():
+  z_NTV = jax.random.normal(jax.random.key(3), (3, 5, 11)) * 3.0
+  y_NT = jax.random.randint(jax.random.key(4), (3, 5), 0, 11)
+  w = jax.random.normal(jax.random.key(5), (3, 3, 5))
+
+  def reference(z):
+    logp_NTV = jax.nn.log_softmax(z, axis=-1)
+    p_NTV = jnp.exp(logp_NTV)
+    lp = jnp.take_along_axis(logp_NTV, y_NT[..., None], axis=-1)[..., 0]
+    return lp, -jnp.sum(p_NTV * logp_NTV, axis=-1), jnp.sum(p_NTV * p_NTV, axis=-1)
+
+  got, want = sampling.token_stats(z_NTV, y_NT), reference(z_NTV)
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  loss = lambda f: lambda z: sum(jnp.sum(w[i] * x) for i, x in enumerate(f(z)))
+  np.testing.assert_allclose(
+    jax.grad(loss(lambda z: sampling.token_stats(z, y_NT)))(z_NTV),
+    jax.grad(loss(reference))(z_NTV),
+    rtol=1e-4,
+    atol=1e-6,
+  )
