@@ -6,16 +6,19 @@ Command (from the repo root, after `pip install -e .`):
 Rerunning a command with the same --workdir resumes from its latest checkpoint.
 
 Variants:
-  tiny (default): a ~0.3M-parameter Qwen3-shaped model, 1-2 digit addition/subtraction,
-    400 supervised warm-start steps, then 300 GRPO iterations of 32 prompts x G=8.
-    About 2.5 minutes on a 2-core CPU.
-  full: a ~40M-parameter model, up to 3-digit operands, 64 prompts x G=8 (hours on CPU;
-    minutes on one accelerator).
+  tiny (default): a ~0.3M-parameter Qwen3-shaped model, 1-2 digit addition, 400 supervised
+    warm-start steps, then 300 GRPO iterations of 32 prompts x G=8. About 1.5 minutes on a
+    2-core CPU.
+  full: a ~40M-parameter model, up to 3-digit addition and subtraction, 64 prompts x G=8
+    (hours on CPU; minutes on one accelerator).
 
 Expected result (tiny, measured on a 2-core CPU): greedy accuracy on 128 held-out problems
-goes from 18.8% after the warm start to 52.3% after GRPO (37.5% at iteration 50, 49.2% at
-150), in 148 s wall. summary.json holds warmstart_accuracy, final_accuracy, wall_seconds;
-curves.svg plots training reward and held-out accuracy.
+goes from 52.3% after the warm start to 74.2% after GRPO (+21.9 points; 68.0% at iteration
+50, 71.9% at 150), pass@8 81% -> 87%, in 97 s wall (seed 1: 69.5% -> 92.2%). With
+`--config.task.kwargs.ops=+-` (addition and subtraction) the gain is smaller and varies
+with the seed: +9 to +22 points in 300 iterations. summary.json holds
+warmstart_accuracy, final_accuracy, wall_seconds; curves.svg plots training reward and
+held-out accuracy.
 """
 
 from grpo_jax import presets, train
@@ -26,7 +29,7 @@ def get_config(arg: str = "tiny"):
     raise ValueError(f"configs/arithmetic.py variant {arg!r}; allowed: 'tiny', 'full'.")
   c = train.default_config()
   c.task.name = "arithmetic"
-  c.task.kwargs = dict(max_digits=2, ops="+-")
+  c.task.kwargs = dict(max_digits=2, ops="+")
   c.model.update(d_model=96, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=24, mlp_dim=288)
   c.model.qk_norm = True
   c.sampler.update(max_new_tokens=8, group_size=8, max_prompt_len=16, prompt_buckets=(16,))
@@ -37,7 +40,7 @@ def get_config(arg: str = "tiny"):
   c.update(warmstart_steps=400, warmstart_batch=64, warmstart_lr=3e-3)
   c.update(eval_every=50, eval_size=128, eval_samples=8, checkpoint_every=50)
   if arg == "full":
-    c.task.kwargs.max_digits = 3
+    c.task.kwargs.update(max_digits=3, ops="+-")
     c.model.update(d_model=512, n_layers=8, n_heads=8, n_kv_heads=4, head_dim=64, mlp_dim=1536)
     c.sampler.update(max_new_tokens=10)
     c.update(prompts_per_step=64, learning_rate=1e-5, warmstart_steps=1000, warmstart_lr=3e-4)
