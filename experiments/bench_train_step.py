@@ -69,6 +69,7 @@ import optax
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_sampler import BENCH_MODEL  # noqa: E402
 
+from grpo_jax import flops as flops_lib  # noqa: E402
 from grpo_jax import model, rl, sampling  # noqa: E402
 
 
@@ -90,21 +91,6 @@ def model_flops(cfg: model.ModelConfig, *, batch: int, prompt_len: int, completi
   )
   parts["n_body_params"] = n_body
   return parts
-
-
-def matmul_peak(n: int, repeats: int = 10, dtype=jnp.float32) -> float:
-  """Best GEMM FLOP/s of a jitted n×n @ n×n in `dtype` over `repeats` runs."""
-  ka, kb = jax.random.split(jax.random.key(0))
-  a = jax.random.normal(ka, (n, n), dtype)
-  b = jax.random.normal(kb, (n, n), dtype)
-  dot = jax.jit(jnp.dot)
-  dot(a, b).block_until_ready()
-  best = float("inf")
-  for _ in range(repeats):
-    t = time.perf_counter()
-    dot(a, b).block_until_ready()
-    best = min(best, time.perf_counter() - t)
-  return 2.0 * n**3 / best
 
 
 def load_avg() -> float:
@@ -271,7 +257,7 @@ def main(argv=None):
   load_before = load_avg()
   # The peak is the best of float32 and the compute dtype (never the lower of the two).
   peak_dtypes = sorted({"float32", jnp.dtype(cfg.compute_dtype).name})
-  peak_of = lambda: max(matmul_peak(args.peak_n, dtype=jnp.dtype(d)) for d in peak_dtypes)
+  peak_of = lambda: max(flops_lib.matmul_peak(args.peak_n, dtype=jnp.dtype(d)) for d in peak_dtypes)
   peak_before = peak_of()
   times, other = time_steps(run, args.steps)
   peak_after = peak_of()

@@ -64,14 +64,16 @@ def sampling_flops(
   return prefill + decode
 
 
-def matmul_peak(n: int = 1024, repeats: int = 10) -> float:
-  """Best float32 GEMM rate (FLOP/s) over `repeats` jitted n×n×n matmuls."""
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+def matmul_peak(n: int = 1024, repeats: int = 10, *, dtype=jnp.float32) -> float:
+  """Best GEMM rate (FLOP/s) over `repeats` jitted n×n×n matmuls in `dtype`."""
+  ka, kb = jax.random.split(jax.random.key(0))
+  a = jax.random.normal(ka, (n, n), dtype)
+  b = jax.random.normal(kb, (n, n), dtype)
   dot = jax.jit(jnp.dot)
-  dot(a, a).block_until_ready()
+  dot(a, b).block_until_ready()
   best = float("inf")
   for _ in range(repeats):
     t = time.perf_counter()
-    dot(a, a).block_until_ready()
+    dot(a, b).block_until_ready()
     best = min(best, time.perf_counter() - t)
   return 2.0 * n**3 / best
