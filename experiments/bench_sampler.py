@@ -42,13 +42,6 @@ BENCH_MODEL = dict(
 )  # fmt: skip
 
 
-def flops_per_token(cfg: model.ModelConfig, context: float) -> float:
-  return flops.forward_flops_per_token(cfg, context=context)
-
-
-matmul_peak = flops.matmul_peak
-
-
 def time_calls(fn, repeats: int) -> list[float]:
   out = []
   for _ in range(repeats):
@@ -158,8 +151,8 @@ def main(argv=None):
   cfg = model.ModelConfig(**BENCH_MODEL)
   params = jax.jit(functools.partial(model.init, cfg))(jax.random.key(0))
   prompts_BP = np.asarray(jax.random.randint(jax.random.key(1), (B, P), 3, cfg.vocab_size))
-  peak = matmul_peak(1024 if args.quick else 2048)
-  fpt = flops_per_token(cfg, context=P + T / 2)
+  peak = flops.matmul_peak(1024 if args.quick else 2048)
+  fpt = flops.forward_flops_per_token(cfg, context=P + T / 2)
   result = dict(
     backend=jax.default_backend(),
     device=str(jax.devices()[0].device_kind),

@@ -89,13 +89,22 @@ class Progress:
   printed through `log` about every 5% of the run.
   """
 
-  def __init__(self, *, total: int, start: int = 0, enabled: bool = True, log=print, stream=None):
+  def __init__(
+    self,
+    *,
+    total: int,
+    start: int = 0,
+    accuracy: float = float("nan"),
+    enabled: bool = True,
+    log=print,
+    stream=None,
+  ):
     self.total, self.start, self.enabled, self.log = total, start, enabled, log
     self.stream = stream or sys.stderr
     self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
     self.every = max(1, total // 20)
     self.t0 = time.perf_counter()
-    self.acc = float("nan")
+    self.acc = accuracy  # The latest held-out accuracy, shown until the next evaluation.
     self._open_line = False
 
   def line(self, it: int, record: dict) -> str:

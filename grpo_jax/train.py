@@ -604,9 +604,12 @@ def _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration,
   step_hyper = rl_cfg.step_hyper()
   peak = loop.peak_flops or flops.matmul_peak()
   progress = logs.Progress(
-    total=loop.iterations, start=meta["iteration"], enabled=loop.progress, log=log
+    total=loop.iterations,
+    start=meta["iteration"],
+    accuracy=meta["last_eval"]["eval/greedy_accuracy"],
+    enabled=loop.progress,
+    log=log,
   )
-  progress.acc = meta["last_eval"]["eval/greedy_accuracy"]
 
   wall_before = meta["wall_seconds"]  # Earlier sessions of this run.
 
