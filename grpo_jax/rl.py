@@ -245,20 +245,23 @@ def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
 # ----------------------------------------------------------------------------
 
 
-def prepare(
-  params,
-  ref_params,
-  rollouts: sampling.Rollouts,
-  correct_B,
-  format_B,
-  hyper: PrepareHyper,
-  *,
-  cfg: RLConfig,
-  model_fn: Callable,
-):
-  """Rewards, old/ref log-probs, advantages and the loss mask of one rollout batch.
+@flax.struct.dataclass
+class PolicyLogProbs:
+  """The per-token forwards of a rollout batch. They need no rewards, so the trainer
+  dispatches them before it scores rewards on the host (`rollout_logprobs`)."""
 
-  Returns (RolloutBatch, shaped rewards_N, metrics). Pure and jittable (`make_prepare`).
+  old_logp_NT: jax.Array  # log π_old(o_t) at temperature 1 (the sampler's when not recomputed).
+  entropy_NT: jax.Array  # H(π_old(·|o_<t)); zeros when not recomputed.
+  score_sq_N: Any  # Σ_t ‖e_y − π_t‖² (None when not recomputed).
+  ref_logp_NT: jax.Array  # log π_ref(o_t); zeros without a reference policy.
+  kl_NT: jax.Array  # The configured estimator of KL(π_old ‖ π_ref) per token, masked.
+
+
+def rollout_logprobs(params, ref_params, rollouts: sampling.Rollouts, *, cfg: RLConfig, model_fn):
+  """Old and reference log-probs, entropy and score norms of a rollout batch.
+
+  score_sq_i = Σ_t ‖e_{y_t} − π_t‖² = Σ_t (1 − 2 π_t(y_t) + Σ_v π_t(v)²), the per-sequence
+  squared score norm in logit space: the optimal baseline's weight (the form verl's OTB uses).
   """
   mask_NT = rollouts.mask_NT
   logp = functools.partial(
@@ -272,8 +275,6 @@ def prepare(
   if cfg.recompute_old_logp:
     old_logp_NT, old_stats = logp(params, with_stats=True)
     entropy_NT = old_stats["entropy"]
-    # Per-sequence squared score norm in logit space, Σ_t ‖e_y - π_t‖² = Σ_t (1 - 2π_t(y) +
-    # Σ_v π_v²): the optimal baseline's weight (the form verl's OTB uses).
     score_sq_N = jnp.sum((1.0 - 2.0 * jnp.exp(old_logp_NT) + old_stats["sum_sq"]) * mask_NT, axis=1)
   else:  # RLConfig refuses the features that need π_old's distribution in this mode.
     old_logp_NT, entropy_NT = rollouts.policy_logp_NT, jnp.zeros(mask_NT.shape, jnp.float32)
@@ -284,7 +285,29 @@ def prepare(
   else:
     ref_logp_NT = jnp.zeros_like(old_logp_NT)
     kl_NT = jnp.zeros_like(old_logp_NT)
+  return PolicyLogProbs(
+    old_logp_NT=old_logp_NT,
+    entropy_NT=entropy_NT,
+    score_sq_N=score_sq_N,
+    ref_logp_NT=ref_logp_NT,
+    kl_NT=kl_NT,
+  )
 
+
+def finish_prepare(
+  lp: PolicyLogProbs,
+  rollouts: sampling.Rollouts,
+  correct_B,
+  format_B,
+  hyper: PrepareHyper,
+  *,
+  cfg: RLConfig,
+):
+  """Shaped rewards, advantages and the loss mask, given the batch's log-probs.
+
+  Returns (RolloutBatch, shaped rewards_N, metrics).
+  """
+  mask_NT = rollouts.mask_NT
   rewards_N = reward_transforms.shape_rewards(
     correct_B,
     format_B,
@@ -296,15 +319,15 @@ def prepare(
   adv_rewards_N = rewards_N
   if cfg.kl_in == "reward" and cfg.advantage != "reinforce_pp":
     # Sequence estimators see r_i - β Σ_t kl_t; REINFORCE++ folds kl_t per token itself.
-    adv_rewards_N = rewards_N - hyper.adv.kl_coef * jnp.sum(kl_NT, axis=1)
+    adv_rewards_N = rewards_N - hyper.adv.kl_coef * jnp.sum(lp.kl_NT, axis=1)
   adv_fn = advantages.get(cfg.advantage, **config_lib.to_dict(cfg.advantage_options))
   adv_NT = adv_fn(
     advantages.AdvantageInputs(
       rewards_B=adv_rewards_N,
       group_ids_B=rollouts.group_ids_N,
       mask_BT=mask_NT,
-      kl_BT=kl_NT,
-      score_sq_B=score_sq_N,
+      kl_BT=lp.kl_NT,
+      score_sq_B=lp.score_sq_N,
     ),
     hyper.adv,
   )
@@ -313,8 +336,8 @@ def prepare(
     masks.MaskInputs(
       adv_BT=adv_NT,
       mask_BT=mask_NT,
-      old_logp_BT=old_logp_NT,
-      entropy_BT=entropy_NT,
+      old_logp_BT=lp.old_logp_NT,
+      entropy_BT=lp.entropy_NT,
       tokens_BT=rollouts.tokens_NT,
       group_ids_B=rollouts.group_ids_N,
       truncated_B=rollouts.truncated_N,
@@ -328,8 +351,8 @@ def prepare(
     mask_NT=mask_NT,
     loss_mask_NT=loss_mask_NT,
     adv_NT=adv_NT,
-    old_logp_NT=old_logp_NT,
-    ref_logp_NT=ref_logp_NT,
+    old_logp_NT=lp.old_logp_NT,
+    ref_logp_NT=lp.ref_logp_NT,
     group_ids_N=rollouts.group_ids_N,
   )
   m_NT = mask_NT.astype(jnp.float32)
@@ -343,16 +366,47 @@ def prepare(
     "truncated_frac": jnp.mean(rollouts.truncated_N.astype(jnp.float32)),
   }
   if cfg.recompute_old_logp:
-    metrics["rollout_entropy"] = jnp.sum(entropy_NT * m_NT) / n_tok
+    metrics["rollout_entropy"] = jnp.sum(lp.entropy_NT * m_NT) / n_tok
   if cfg.use_ref:
-    metrics[f"rollout_kl_ref/{cfg.kl_estimator}"] = jnp.sum(kl_NT) / n_tok
+    metrics[f"rollout_kl_ref/{cfg.kl_estimator}"] = jnp.sum(lp.kl_NT) / n_tok
   return batch, rewards_N, metrics
+
+
+def prepare(
+  params,
+  ref_params,
+  rollouts: sampling.Rollouts,
+  correct_B,
+  format_B,
+  hyper: PrepareHyper,
+  *,
+  cfg: RLConfig,
+  model_fn: Callable,
+):
+  """Rewards, old/ref log-probs, advantages and the loss mask of one rollout batch:
+  `finish_prepare(rollout_logprobs(...), ...)` in one function.
+
+  Returns (RolloutBatch, shaped rewards_N, metrics). Pure and jittable (`make_prepare`).
+  """
+  lp = rollout_logprobs(params, ref_params, rollouts, cfg=cfg, model_fn=model_fn)
+  return finish_prepare(lp, rollouts, correct_B, format_B, hyper, cfg=cfg)
 
 
 def make_prepare(cfg: RLConfig, model_fn: Callable):
   """jit(prepare) with the config and model bound: fn(params, ref_params, rollouts,
   correct_B, format_B, hyper) -> (RolloutBatch, rewards_N, metrics)."""
   return jax.jit(functools.partial(prepare, cfg=cfg, model_fn=model_fn))
+
+
+def make_split_prepare(cfg: RLConfig, model_fn: Callable):
+  """`prepare` as two jitted halves, for overlapping reward scoring with the forwards:
+  (logprobs(params, ref_params, rollouts) -> PolicyLogProbs,
+   finish(logprobs, rollouts, correct_B, format_B, hyper) -> (RolloutBatch, rewards_N, metrics)).
+  """
+  return (
+    jax.jit(functools.partial(rollout_logprobs, cfg=cfg, model_fn=model_fn)),
+    jax.jit(functools.partial(finish_prepare, cfg=cfg)),
+  )
 
 
 # ----------------------------------------------------------------------------

@@ -3,13 +3,16 @@
     summary = train.run(config, workdir)     # config: a ConfigDict like configs/arithmetic.py
 
 Each RL iteration: draw B prompts from the task's train stream -> sample G rollouts each
-(jitted) -> score rewards in a worker pool on the host (`rewards.RewardPool`: timeouts and
-exceptions score 0 and count as `reward_errors`) -> with DAPO dynamic sampling, repeat
-until B groups have varying rewards or `max_gen_batches` is reached (`dynamic_sampling`)
--> `rl.prepare` (old log-probs, advantages, token masks, jitted) -> plan mini-batches ->
-ppo_epochs × num_minibatches `rl.train_step`s -> one line of metrics (metrics.jsonl and
-TensorBoard under workdir/tb). Evaluation runs every `eval_every` iterations on the
-held-out split: greedy accuracy, and unbiased pass@k / mean@k from `eval_samples` samples.
+(jitted) -> dispatch the old/ref log-prob forwards (`rl.rollout_logprobs`) and, while the
+device runs them, score rewards in a worker pool on the host (`rewards.RewardPool`:
+timeouts and exceptions score 0 and count as `reward_errors`) -> with DAPO dynamic
+sampling, repeat until B groups have varying rewards or `max_gen_batches` is reached
+(`dynamic_sampling`; the forwards then run on the assembled batch) -> advantages and
+token masks (`rl.finish_prepare`) -> plan mini-batches -> ppo_epochs × num_minibatches
+`rl.train_step`s, during which the next prompts are drawn and encoded -> one line of
+metrics (metrics.jsonl and TensorBoard under workdir/tb). Evaluation runs every
+`eval_every` iterations on the held-out split: greedy accuracy, and unbiased pass@k /
+mean@k from `eval_samples` samples.
 
 Checkpoints (`checkpoint.Checkpointer`, orbax, async) every `checkpoint_every` iterations,
 at the end, and on SIGTERM hold the train state, reference params, RNG key, controller
@@ -253,7 +256,8 @@ class Functions:
   sample_greedy: Any  # One row per prompt, for greedy evaluation.
   sample_eval: Any  # eval_samples rows per prompt, for pass@k (None when off).
   sft_step: Any
-  prepare: Any
+  logprobs: Any  # rl.rollout_logprobs, jitted: dispatched before rewards are scored.
+  finish: Any  # rl.finish_prepare, jitted: advantages and masks once rewards are in.
   train_step: Any
   plan: Any
 
@@ -301,7 +305,7 @@ def _build_functions(setup: Setup) -> Functions:
     sample_greedy=sampler(1),
     sample_eval=sampler(loop.eval_samples) if loop.eval_samples else None,
     sft_step=make_sft_step(model_fn, sft_optimizer),
-    prepare=rl.make_prepare(rl_cfg, model_fn),
+    **dict(zip(("logprobs", "finish"), rl.make_split_prepare(rl_cfg, model_fn))),
     train_step=rl.make_train_step(rl_cfg, model_fn, optimizer),
     plan=rl.make_plan_fn(
       rl_cfg, batch_size=loop.prompts_per_step * scfg.group_size, group_size=scfg.group_size
@@ -333,6 +337,9 @@ def evaluate(setup: Setup, fns: Functions, pool, params, *, key) -> dict:
     [tok.encode(e.prompt, add_bos=True) for e in examples], cfg=setup.sampler_cfg
   )
   greedy = fns.sample_greedy(params, prompts, key, sampling.sampling_params(greedy=True))
+  n = loop.eval_samples
+  if n:  # Dispatched now: the device samples while the host scores the greedy answers.
+    rollouts = fns.sample_eval(params, prompts, key, setup.sampling_hyper)
   scores = pool.score(
     [e.prompt for e in examples], [tok.decode(r) for r in np.asarray(greedy.tokens_NT)]
   )
@@ -341,9 +348,7 @@ def evaluate(setup: Setup, fns: Functions, pool, params, *, key) -> dict:
     "eval/format_rate": float(scores.format_N.mean()),
   }
   errors = scores.errors
-  n = loop.eval_samples
   if n:
-    rollouts = fns.sample_eval(params, prompts, key, setup.sampling_hyper)
     scores = pool.score(
       [examples[i // n].prompt for i in range(len(examples) * n)],
       [tok.decode(r) for r in np.asarray(rollouts.tokens_NT)],
@@ -447,11 +452,26 @@ def _draw(setup: Setup, index: int):
 
 
 def _collect(
-  setup: Setup, fns: Functions, pool, params, *, index: int, key, times: dict, prefetched=None
+  setup: Setup,
+  fns: Functions,
+  pool,
+  params,
+  ref_params,
+  *,
+  index: int,
+  key,
+  times: dict,
+  prefetched=None,
 ):
-  """Samples and scores generation batches; returns (rollouts, correct_N, format_N,
-  valid_N, new data index, metrics). Shapes are always B·G rows. `prefetched` is
-  (index, examples, prompts) drawn while the previous update ran on the device."""
+  """Samples and scores generation batches; returns (rollouts, log-probs, correct_N,
+  format_N, valid_N, new data index, metrics). Shapes are always B·G rows. `prefetched`
+  is (index, examples, prompts) drawn while the previous update ran on the device.
+
+  Host/device overlap: without dynamic sampling the old/ref log-prob forwards
+  (`rl.rollout_logprobs`) are dispatched as soon as the rollouts exist, and run on the
+  device while the host decodes and scores rewards. With dynamic sampling they run once
+  the kept groups are assembled, so no forward is spent on dropped groups.
+  """
   loop, scfg, rl_cfg, tok = setup.loop, setup.sampler_cfg, setup.rl_cfg, setup.tokenizer
   B, G = loop.prompts_per_step, scfg.group_size
   parts, corrects, formats, varying, n_varying, errors, timeouts = [], [], [], [], 0, 0, 0
@@ -467,6 +487,8 @@ def _collect(
       fns.sample(params, prompts, jax.random.fold_in(key, g), setup.sampling_hyper)
     )
     t1 = time.perf_counter()
+    if not rl_cfg.dynamic_sampling:
+      logprobs = fns.logprobs(params, ref_params, rollouts)  # Async: overlaps the scoring.
     completions = [tok.decode(r) for r in np.asarray(rollouts.tokens_NT)]
     scores = pool.score([examples[i // G].prompt for i in range(B * G)], completions)
     times["sample"] += t1 - t0
@@ -487,7 +509,8 @@ def _collect(
     "reward_timeouts": timeouts,
   }
   if not rl_cfg.dynamic_sampling:
-    return parts[0], corrects[0], formats[0], np.ones(B * G, bool), index, metrics
+    ones = np.ones(B * G, bool)
+    return parts[0], logprobs, corrects[0], formats[0], ones, index, metrics
   sel = dynamic_sampling.select(varying, num_groups=B)
   rollouts = dynamic_sampling.assemble(parts, sel, group_size=G, pad_id=scfg.pad_id)
   pick = functools.partial(dynamic_sampling.select_rows, sel=sel, group_size=G)
@@ -500,7 +523,8 @@ def _collect(
     }
   )
   valid_N = np.repeat(sel.valid_B, G)
-  return rollouts, pick(corrects), pick(formats), valid_N, index, metrics
+  logprobs = fns.logprobs(params, ref_params, rollouts)
+  return rollouts, logprobs, pick(corrects), pick(formats), valid_N, index, metrics
 
 
 def _iteration_flops(setup: Setup, rollouts, *, gen_batches: int) -> float:
@@ -630,11 +654,12 @@ def _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration,
     times = {"sample": 0.0, "reward": 0.0}
     t0 = time.perf_counter()
     it_key = jax.random.fold_in(key, it)
-    rollouts, correct, fmt, valid_N, meta["data_index"], data_metrics = _collect(
+    rollouts, logprobs, correct, fmt, valid_N, meta["data_index"], data_metrics = _collect(
       setup,
       fns,
       pool,
       state.params,
+      ref_params,
       index=meta["data_index"],
       key=jax.random.fold_in(it_key, 0),
       times=times,
@@ -647,7 +672,7 @@ def _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration,
       group_ids_N=rollouts.group_ids_N,
       group_size=setup.sampler_cfg.group_size,
     )
-    batch, _, stats = fns.prepare(state.params, ref_params, rollouts, correct, fmt, prep_hyper)
+    batch, _, stats = fns.finish(logprobs, rollouts, correct, fmt, prep_hyper)
     if not valid_N.all():  # Dynamic-sampling fill groups: kept for shape, never trained on.
       batch = batch.replace(loss_mask_NT=batch.loss_mask_NT & jnp.asarray(valid_N)[:, None])
     state, _, history = rl.update(

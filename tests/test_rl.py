@@ -120,6 +120,25 @@ def test_prepare_positive_only_mask_and_kl_to_reference(rollouts, tiny_model_fn,
   assert not np.allclose(batch.ref_logp_NT, batch.old_logp_NT)
 
 
+@pytest.mark.parametrize("advantage", ["optimal_baseline", "reinforce_pp"])
+def test_split_prepare_equals_prepare(rollouts, tiny_model_fn, tiny_params, advantage):
+  """The trainer's two halves (forwards dispatched before rewards exist, then advantages
+  and masks) give prepare's batch, rewards and metrics."""
+  cfg = rl.RLConfig(
+    advantage=advantage, kl_coef=0.1, token_masks=("negative_token_filter",), kl_in="reward"
+  )
+  ref = jax.tree.map(lambda x: x * 0.9, tiny_params)
+  want = _prepare(cfg, tiny_params, rollouts, tiny_model_fn, ref_params=ref)
+  logprobs, finish = rl.make_split_prepare(cfg, tiny_model_fn)
+  lp = logprobs(tiny_params, ref, rollouts)
+  hyper = cfg.prepare_hyper(max_new_tokens=rollouts.tokens_NT.shape[1])
+  got = finish(lp, rollouts, jnp.asarray(CORRECT_N), jnp.zeros(N), hyper)
+  assert jax.tree.structure(got) == jax.tree.structure(want)
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+  assert float(np.abs(lp.kl_NT).max()) > 1e-4  # The reference half is not vacuous.
+
+
 def test_kl_folded_into_the_reward(rollouts, tiny_model_fn, tiny_params):
   """kl_in="reward": sequence estimators see r_i - β Σ_t kl_t (here GRPO, k2, β = 0.5)."""
   cfg = rl.RLConfig(advantage="dr_grpo", kl_coef=0.5, kl_estimator="k2", kl_in="reward")

@@ -1,6 +1,7 @@
 """The training loop end to end on a very small config: metrics, checkpoints, exact resume,
 preemption, the non-finite guard, reward errors and dynamic sampling."""
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -12,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from grpo_jax import checkpoint, logs, metrics, rl, tasks, tensorboard, train
+from grpo_jax import checkpoint, logs, metrics, model, rewards, rl, tasks, tensorboard, train
 from grpo_jax.tasks import arithmetic as arithmetic_task
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "configs"))
@@ -215,7 +216,54 @@ def test_dynamic_sampling_keeps_shapes_static_and_counts_what_it_drops(tmp_path)
     assert x["zero_var_groups"] * B == pytest.approx(fill)
   fns = train.functions(train.build(c))
   assert fns.train_step._cache_size() == 1  # One compile: the batch shape never changed.
-  assert fns.prepare._cache_size() == 1
+  assert fns.logprobs._cache_size() == 1 and fns.finish._cache_size() == 1
+
+
+class _OrderPool:
+  """A reward pool that records, when scoring starts, whether the forwards were dispatched."""
+
+  def __init__(self, task, calls):
+    self.inline, self.calls = rewards.RewardPool(task, workers=0), calls
+
+  def score(self, prompts, completions):
+    self.calls.append("score")
+    return self.inline.score(prompts, completions)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_log_prob_forwards_are_dispatched_before_rewards_are_scored(dynamic):
+  c = _tiny()
+  c.rl.update(dynamic_sampling=dynamic, max_gen_batches=2)
+  setup = train.build(c)
+  fns = train.functions(setup)
+  calls = []
+
+  def logprobs(*args):
+    calls.append("logprobs")
+    return fns.logprobs(*args)
+
+  params = model.init(setup.model_cfg, jax.random.key(0))
+  out = train._collect(
+    setup,
+    dataclasses.replace(fns, logprobs=logprobs),
+    _OrderPool(setup.task, calls),
+    params,
+    params,
+    index=0,
+    key=jax.random.key(1),
+    times={"sample": 0.0, "reward": 0.0},
+  )
+  rollouts, lp, correct = out[:3]
+  if dynamic:  # On the assembled batch, after every part is scored: no forward is wasted.
+    assert calls[-1] == "logprobs" and calls.count("logprobs") == 1
+  else:
+    assert calls == ["logprobs", "score"]
+  # The dispatched forwards are the ones `rl.prepare` computes in one function.
+  hyper = setup.rl_cfg.prepare_hyper(max_new_tokens=setup.sampler_cfg.max_new_tokens)
+  fused, _, _ = rl.make_prepare(setup.rl_cfg, fns.model_fn)(
+    params, params, rollouts, correct, out[3], hyper
+  )
+  np.testing.assert_allclose(lp.old_logp_NT, fused.old_logp_NT, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize(
