@@ -7,8 +7,10 @@ Model: a ~40M-parameter Qwen3-shaped config with random weights (d_model 512, 8 
 8 heads, 4 KV heads, head_dim 64, SwiGLU 1536, vocab 32768, tied embeddings), float32.
 Workload: 32 prompts x 64 tokens, G = 1 and G = 8, 128 new tokens, temperature 1.0, no
 early EOS. Tokens/s counts generated tokens (B*G*128) over the whole call, prefill
-included; the median of --repeats runs after one warm-up. Compile time is reported
-separately (AOT lower + compile).
+included; the median of --repeats runs after one warm-up. Our runs alternate with the
+Hugging Face ones, so that a change in a shared machine's load biases neither side; the
+ratio is median(HF seconds) / median(our seconds), and the range of the per-pair ratios
+is printed too. Compile time is reported separately (AOT lower + compile).
 
 When torch and transformers are installed (`pip install -e ".[bench]"`), the same config
 and workload run through `Qwen3ForCausalLM.generate` (num_return_sequences=G, which
@@ -51,7 +53,8 @@ def time_calls(fn, repeats: int) -> list[float]:
   return out
 
 
-def bench_grpo_jax(cfg, params, prompts_BP, *, group_size, new_tokens, repeats):
+def grpo_jax_runner(cfg, params, prompts_BP, *, group_size, new_tokens):
+  """(run, compile_s): run() samples once with a fresh key and blocks until done."""
   scfg = sampling.SamplerConfig(
     max_new_tokens=new_tokens,
     eos_ids=(-1,),
@@ -65,15 +68,13 @@ def bench_grpo_jax(cfg, params, prompts_BP, *, group_size, new_tokens, repeats):
   t = time.perf_counter()
   compiled = fn.lower(params, prompts, jax.random.key(0), hyper).compile()
   compile_s = time.perf_counter() - t
-  keys = iter(jax.random.split(jax.random.key(0), repeats + 1))
+  keys = iter(jax.random.split(jax.random.key(0), 10_000))  # A fresh key per run.
   run = lambda: jax.block_until_ready(compiled(params, prompts, next(keys), hyper))
   out = run()  # Warm-up.
   assert int(out.num_steps) == new_tokens and bool(jnp.all(out.mask_NT)), (
     "the workload must not stop early"
   )
-  times = time_calls(run, repeats)  # A fresh key per run.
-  n_tokens = prompts_BP.shape[0] * group_size * new_tokens
-  return dict(tokens_per_s=n_tokens / statistics.median(times), compile_s=compile_s, seconds=times)
+  return run, compile_s
 
 
 def count_prefill_rows(cfg, params, prompts_BP, *, group_size):
@@ -102,7 +103,8 @@ def count_prefill_rows(cfg, params, prompts_BP, *, group_size):
   return sum(rows)
 
 
-def bench_hf(cfg, prompts_BP, *, group_size, new_tokens, repeats):
+def hf_runner(cfg, prompts_BP, *, group_size, new_tokens):
+  """run() for `generate` on the same config and workload, or None without torch."""
   try:
     import torch
     import transformers
@@ -130,19 +132,13 @@ def bench_hf(cfg, prompts_BP, *, group_size, new_tokens, repeats):
     )
 
   run()  # Warm-up.
-  times = time_calls(run, repeats)
-  n_tokens = prompts_BP.shape[0] * group_size * new_tokens
-  return dict(
-    tokens_per_s=n_tokens / statistics.median(times),
-    seconds=times,
-    torch_threads=torch.get_num_threads(),
-  )
+  return run
 
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--quick", action="store_true", help="tiny workload for a smoke test")
-  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--groups", type=int, nargs="+", default=[1, 8])
   parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baseline")
   args = parser.parse_args(argv)
@@ -166,26 +162,34 @@ def main(argv=None):
     file=sys.stderr,
   )
   for G in args.groups:
-    ours = bench_grpo_jax(cfg, params, prompts_BP, group_size=G, new_tokens=T, repeats=args.repeats)
+    ours, compile_s = grpo_jax_runner(cfg, params, prompts_BP, group_size=G, new_tokens=T)
+    hf = None if args.no_hf else hf_runner(cfg, prompts_BP, group_size=G, new_tokens=T)
+    # Interleaved (ours, HF, ours, HF, ...): a change in the machine's load between the
+    # two measurements biases neither side.
+    ours_s, hf_s = [], []
+    for _ in range(args.repeats):
+      ours_s += time_calls(ours, 1)
+      if hf is not None:
+        hf_s += time_calls(hf, 1)
+    n_tokens = B * G * T
     entry = dict(
-      tokens_per_s=ours["tokens_per_s"],
-      compile_s=ours["compile_s"],
-      fraction_of_peak=ours["tokens_per_s"] * fpt / peak,
+      tokens_per_s=n_tokens / statistics.median(ours_s),
+      compile_s=compile_s,
+      fraction_of_peak=n_tokens / statistics.median(ours_s) * fpt / peak,
       prefill_rows=count_prefill_rows(cfg, params, prompts_BP, group_size=G),
-      seconds=ours["seconds"],
+      seconds=ours_s,
     )
     print(f"G={G}: grpo_jax {entry['tokens_per_s']:.0f} tok/s (compile {entry['compile_s']:.1f}s, "
           f"{100 * entry['fraction_of_peak']:.1f}% of peak, prefill rows {entry['prefill_rows']} for {B} prompts)", file=sys.stderr)  # fmt: skip
-    hf = (
-      None
-      if args.no_hf
-      else bench_hf(cfg, prompts_BP, group_size=G, new_tokens=T, repeats=args.repeats)
-    )
     if hf is not None:
-      entry["hf_tokens_per_s"] = hf["tokens_per_s"]
-      entry["ratio_vs_hf"] = ours["tokens_per_s"] / hf["tokens_per_s"]
+      entry["hf_tokens_per_s"] = n_tokens / statistics.median(hf_s)
+      entry["hf_seconds"] = hf_s
+      entry["ratio_vs_hf"] = statistics.median(hf_s) / statistics.median(ours_s)
+      pair_ratios = [h / o for o, h in zip(ours_s, hf_s)]
+      entry["ratio_vs_hf_pairs"] = [min(pair_ratios), max(pair_ratios)]
       print(
-        f"G={G}: HF generate {hf['tokens_per_s']:.0f} tok/s -> ratio {entry['ratio_vs_hf']:.2f}x",
+        f"G={G}: HF generate {entry['hf_tokens_per_s']:.0f} tok/s -> ratio {entry['ratio_vs_hf']:.2f}x "
+        f"(paired runs {min(pair_ratios):.2f}-{max(pair_ratios):.2f}x)",
         file=sys.stderr,
       )
     result[f"G{G}"] = entry
