@@ -43,6 +43,8 @@ _REMAT_POLICIES = {
 # Logical names of activations; the sharding rules table maps them like params.
 ACT_BTD = ("activation_batch", "activation_length", "activation_embed")
 ACT_BTV = ("activation_batch", "activation_length", "activation_vocab")
+CACHE_K = ("activation_batch", "activation_kv_heads", "activation_head_dim", "activation_cache")
+CACHE_V = ("activation_batch", "activation_kv_heads", "activation_cache", "activation_head_dim")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -124,8 +126,17 @@ def tiny_config(vocab_size: int, **overrides) -> ModelConfig:
 # ----------------------------------------------------------------------------
 
 
+class _Named(nn.LogicallyPartitioned):
+  """A param's logical axis names. Flax's DenseGeneral first creates its kernel flattened
+  to 2-D and reshapes it after; the names constrain only the full-rank value (a rank-2
+  constraint with 3 names would fail under a mesh)."""
+
+  def unbox(self, apply_constraint=True):
+    return super().unbox(apply_constraint and len(self.names) == self.value.ndim)
+
+
 def _param_init(init, names):
-  return nn.with_logical_partitioning(init, names)
+  return lambda *args, **kwargs: _Named(init(*args, **kwargs), names)
 
 
 class RMSNorm(nn.Module):
@@ -408,6 +419,17 @@ class KVCache:
       k=tuple(map(rep, self.k)),
       v=tuple(map(rep, self.v)),
       pos_BS=jnp.repeat(self.pos_BS, n, axis=0),
+    ).constrain()
+
+  def constrain(self) -> KVCache:
+    """Sharding constraints from the logical names CACHE_K / CACHE_V (rows over the
+    batch axes, kv heads over `tensor` by the default rules); no-op without rules."""
+    lead = ("layers",) if self.stacked else ()
+    c = lambda names: lambda x: nn.with_logical_constraint(x, (*lead, *names))
+    return self.replace(
+      k=tuple(map(c(CACHE_K), self.k)),
+      v=tuple(map(c(CACHE_V), self.v)),
+      pos_BS=nn.with_logical_constraint(self.pos_BS, ("activation_batch", "activation_cache")),
     )
 
 
@@ -426,7 +448,7 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int) -> KVCache:
     index=jnp.zeros((), jnp.int32),
     empty=True,
     stacked=cfg.scan_layers,
-  )
+  ).constrain()
 
 
 # ----------------------------------------------------------------------------

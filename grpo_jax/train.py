@@ -54,6 +54,7 @@ from grpo_jax import (
   rewards,
   rl,
   sampling,
+  sharding,
   tasks,
 )
 
@@ -124,9 +125,28 @@ class Setup:
   sampler_cfg: sampling.SamplerConfig
   sampling_hyper: sampling.SamplingParams
   rl_cfg: rl.RLConfig
+  mesh_cfg: sharding.MeshConfig
 
 
-_SECTIONS = ("task", "model", "sampler", "sampling", "rl")
+_SECTIONS = ("task", "model", "sampler", "sampling", "rl", "mesh")
+
+
+def _validate_mesh(mesh_cfg: sharding.MeshConfig, loop: LoopConfig, rl_cfg, group_size: int):
+  """Mesh sizes against the device count, and batch rows against data × fsdp."""
+  data, fsdp, _ = mesh_cfg.shape(jax.device_count())
+  dp = data * fsdp
+  n = loop.prompts_per_step * group_size
+  rows = {
+    "the rollout batch (prompts_per_step × group_size)": n,
+    "a mini-batch (rollout batch / rl.num_minibatches)": n // rl_cfg.num_minibatches,
+  }
+  for what, r in rows.items():
+    if r % dp:
+      raise ValueError(
+        f"config.mesh: {what} has {r} rows, not divisible by the data-parallel size "
+        f"data × fsdp = {data} × {fsdp} = {dp}. Change prompts_per_step, group_size or "
+        "rl.num_minibatches, or the mesh (e.g. put devices on `tensor`)."
+      )
 
 
 def build(config) -> Setup:
@@ -144,6 +164,7 @@ def build(config) -> Setup:
     where="config.sampler",
   )
   rl_cfg = rl.RLConfig.from_dict(d["rl"], where="config.rl")
+  mesh_cfg = sharding.MeshConfig.from_dict(d.get("mesh", {}))
   n = loop.prompts_per_step * sampler_cfg.group_size
   rl.validate_batch(
     rl_cfg,
@@ -151,6 +172,7 @@ def build(config) -> Setup:
     group_ids_N=np.repeat(np.arange(loop.prompts_per_step), sampler_cfg.group_size),
     group_size=sampler_cfg.group_size,
   )
+  _validate_mesh(mesh_cfg, loop, rl_cfg, sampler_cfg.group_size)
   return Setup(
     loop=loop,
     task=task,
@@ -159,6 +181,7 @@ def build(config) -> Setup:
     sampler_cfg=sampler_cfg,
     sampling_hyper=sampling.sampling_params(**d["sampling"]),
     rl_cfg=rl_cfg,
+    mesh_cfg=mesh_cfg,
   )
 
 
@@ -174,7 +197,8 @@ def default_config() -> ml_collections.ConfigDict:
   Top level: the LoopConfig fields. Sections: task (name, kwargs), model (ModelConfig
   without vocab_size, which the task's tokenizer gives; the defaults are
   `model.tiny_config`'s), sampler (SamplerConfig without eos_ids/pad_id), sampling
-  (temperature, top_k, top_p, greedy) and rl (every RLConfig field). Because every key
+  (temperature, top_k, top_p, greedy), rl (every RLConfig field) and mesh (data, fsdp,
+  tensor sizes and the logical->mesh rules table, `sharding.MeshConfig`). Because every key
   exists, command-line overrides such as `--config.rl.num_minibatches=4` work on the
   locked config, and a misspelt key fails.
   """
@@ -192,6 +216,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.sampler = ml_collections.ConfigDict(sampler)
   c.sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_k=0, top_p=1.0, greedy=False))
   c.rl = _config_value(dataclasses.asdict(rl.RLConfig()))
+  mesh = sharding.MeshConfig()
+  c.mesh = ml_collections.ConfigDict(
+    dict(data=mesh.data, fsdp=mesh.fsdp, tensor=mesh.tensor, rules=_config_value(dict(mesh.rules)))
+  )
   return c
 
 
@@ -223,8 +251,9 @@ def _sft_batch(setup: Setup, examples):
   return prompts, tokens_NT, mask_NT
 
 
-def make_sft_step(model_fn, optimizer):
-  """jit: one cross-entropy step on reference completions (mean over target tokens)."""
+def make_sft_step(model_fn, optimizer, *, jit: bool = True):
+  """One cross-entropy step on reference completions (mean over target tokens), jitted
+  unless jit=False (the trainer jits it with its shardings)."""
 
   def loss_fn(params, prompts, tokens_NT, mask_NT):
     logp_NT, _ = sampling.completion_logprobs(
@@ -232,14 +261,13 @@ def make_sft_step(model_fn, optimizer):
     )
     return -jnp.sum(logp_NT) / jnp.maximum(jnp.sum(mask_NT), 1)
 
-  @jax.jit
   def step(state: rl.TrainState, prompts, tokens_NT, mask_NT):
     loss, grads = jax.value_and_grad(loss_fn)(state.params, prompts, tokens_NT, mask_NT)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     return rl.TrainState(step=state.step + 1, params=params, opt_state=opt_state), loss
 
-  return step
+  return jax.jit(step) if jit else step
 
 
 # ----------------------------------------------------------------------------
@@ -249,6 +277,9 @@ def make_sft_step(model_fn, optimizer):
 
 @dataclasses.dataclass(frozen=True)
 class Functions:
+  layout: sharding.Layout  # The mesh and its rules.
+  param_shardings: Any
+  state_shardings: Any  # rl.TrainState with the RL optimizer.
   model_fn: Any
   optimizer: Any
   sft_optimizer: Any
@@ -269,15 +300,24 @@ _CACHE_FIELDS = (
   "weight_decay",
   "grad_clip",
   "warmstart_lr",
+  "warmstart_batch",
+  "eval_size",
   "eval_samples",
 )
 
 
 def functions(setup: Setup) -> Functions:
-  """The jitted pieces of a run; built once per (model, sampler, RL, optimizer) config."""
+  """The jitted pieces of a run; built once per (model, sampler, RL, optimizer, mesh)."""
   loop = setup.loop
   key = repr(
-    (setup.model_cfg, setup.sampler_cfg, setup.rl_cfg, [getattr(loop, f) for f in _CACHE_FIELDS])
+    (
+      setup.model_cfg,
+      setup.sampler_cfg,
+      setup.rl_cfg,
+      setup.mesh_cfg,
+      jax.devices(),
+      [getattr(loop, f) for f in _CACHE_FIELDS],
+    )
   )
   if key not in _FUNCTIONS:
     if len(_FUNCTIONS) >= 4:
@@ -290,27 +330,86 @@ _FUNCTIONS: dict[str, Functions] = {}  # Config repr -> compiled functions (olde
 
 
 def _build_functions(setup: Setup) -> Functions:
-  loop, scfg, rl_cfg = setup.loop, setup.sampler_cfg, setup.rl_cfg
-  model_fn = model.make_model_fn(setup.model_cfg)
+  """Every jitted function of a run, with explicit in/out shardings on the layout's mesh:
+  params and optimizer state by the rules table, batches (prompts, rollouts,
+  mini-batches) split over data × fsdp, hyperparameters and metrics replicated."""
+  loop, scfg, rl_cfg, mcfg = setup.loop, setup.sampler_cfg, setup.rl_cfg, setup.model_cfg
+  layout = sharding.Layout.create(setup.mesh_cfg)
+  model_fn = model.make_model_fn(mcfg)
   optimizer = _optimizer(loop, lr=loop.learning_rate)
   sft_optimizer = _optimizer(loop, lr=loop.warmstart_lr)
-  sampler = lambda g: sampling.make_policy_sampler(
-    setup.model_cfg, dataclasses.replace(scfg, group_size=g)
+  params_sh = sharding.param_shardings(layout, mcfg)
+  state_sh, sft_state_sh = (
+    sharding.tree_shardings(
+      layout, lambda k, o=o: rl.init_state(model.init_boxed(mcfg, k), o), jax.random.key(0)
+    )
+    for o in (optimizer, sft_optimizer)
   )
+  rep = layout.replicated
+  dp = layout.batch_size_divisor
+  rows = lambda n: layout.named(sharding.P(sharding.BATCH_AXES)) if n % dp == 0 else rep
+  ref_sh = params_sh if rl_cfg.use_ref else rep
+  n_train = loop.prompts_per_step * scfg.group_size
+
+  def sampler(g: int, prompts: int):
+    fn = functools.partial(
+      sampling.sample,
+      model_fn=model_fn,
+      init_cache=functools.partial(model.init_cache, mcfg),
+      cfg=dataclasses.replace(scfg, group_size=g),
+    )
+    return sharding.Jitted(
+      layout,
+      fn,
+      in_shardings=(params_sh, rows(prompts), rep, rep),
+      out_shardings=rollout_sh(prompts * g),
+    )
+
+  def rollout_sh(n: int):  # Rows split, the step count replicated.
+    return sampling.Rollouts(**{f: rows(n) for f in _ROLLOUT_FIELDS}, num_steps=rep)
+
+  batch = rows(n_train)
   return Functions(
+    layout=layout,
+    param_shardings=params_sh,
+    state_shardings=state_sh,
     model_fn=model_fn,
     optimizer=optimizer,
     sft_optimizer=sft_optimizer,
-    sample=sampler(scfg.group_size),
-    sample_greedy=sampler(1),
-    sample_eval=sampler(loop.eval_samples) if loop.eval_samples else None,
-    sft_step=make_sft_step(model_fn, sft_optimizer),
-    **dict(zip(("logprobs", "finish"), rl.make_split_prepare(rl_cfg, model_fn))),
-    train_step=rl.make_train_step(rl_cfg, model_fn, optimizer),
-    plan=rl.make_plan_fn(
-      rl_cfg, batch_size=loop.prompts_per_step * scfg.group_size, group_size=scfg.group_size
+    sample=sampler(scfg.group_size, loop.prompts_per_step),
+    sample_greedy=sampler(1, loop.eval_size),
+    sample_eval=sampler(loop.eval_samples, loop.eval_size) if loop.eval_samples else None,
+    sft_step=sharding.Jitted(
+      layout,
+      make_sft_step(model_fn, sft_optimizer, jit=False),
+      in_shardings=(sft_state_sh, *(rows(loop.warmstart_batch),) * 3),
+      out_shardings=(sft_state_sh, rep),
+      donate_argnums=(0,),
     ),
+    logprobs=sharding.Jitted(
+      layout,
+      functools.partial(rl.rollout_logprobs, cfg=rl_cfg, model_fn=model_fn),
+      in_shardings=(params_sh, ref_sh, rollout_sh(n_train)),
+      out_shardings=batch,
+    ),
+    finish=sharding.Jitted(
+      layout,
+      functools.partial(rl.finish_prepare, cfg=rl_cfg),
+      in_shardings=(batch, rollout_sh(n_train), batch, batch, rep),
+      out_shardings=(batch, batch, rep),
+    ),
+    train_step=sharding.Jitted(
+      layout,
+      functools.partial(rl.train_step, cfg=rl_cfg, model_fn=model_fn, optimizer=optimizer),
+      in_shardings=(state_sh, rows(n_train // rl_cfg.num_minibatches), rep),
+      out_shardings=(state_sh, rep),
+      donate_argnums=(0,),
+    ),
+    plan=rl.make_plan_fn(rl_cfg, batch_size=n_train, group_size=scfg.group_size),
   )
+
+
+_ROLLOUT_FIELDS = [f.name for f in dataclasses.fields(sampling.Rollouts) if f.name != "num_steps"]
 
 
 # ----------------------------------------------------------------------------
@@ -378,7 +477,8 @@ def _initial_tree(setup: Setup, fns: Functions, params) -> dict:
   rl_cfg = setup.rl_cfg
   return {
     "train": rl.init_state(params, fns.optimizer),
-    "ref_params": params if rl_cfg.use_ref else None,
+    # A copy: the train step donates the policy's buffers, the reference must outlive them.
+    "ref_params": jax.tree.map(jnp.copy, params) if rl_cfg.use_ref else None,
     "prep_hyper": rl_cfg.prepare_hyper(max_new_tokens=setup.sampler_cfg.max_new_tokens),
     "controller": controllers.init_state(),
     "key": jax.random.key_data(jax.random.key(setup.loop.seed)),
@@ -386,12 +486,19 @@ def _initial_tree(setup: Setup, fns: Functions, params) -> dict:
 
 
 def _abstract_tree(setup: Setup, fns: Functions):
-  """Shapes, dtypes and shardings of the checkpointed pytree, without computing it."""
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  """Shapes, dtypes and shardings of the checkpointed pytree, without computing it: the
+  train state and reference params on their shardings, the rest replicated."""
   tree = jax.eval_shape(
     lambda k: _initial_tree(setup, fns, model.init(setup.model_cfg, k)), jax.random.key(0)
   )
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), tree)
+  shardings = {
+    **jax.tree.map(lambda _: fns.layout.replicated, tree),
+    "train": fns.state_shardings,
+    "ref_params": fns.param_shardings if setup.rl_cfg.use_ref else None,
+  }
+  return jax.tree.map(
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
+  )
 
 
 class Preempted(RuntimeError):
@@ -588,10 +695,11 @@ def _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration,
   latest = ckpt.latest_step()
   if latest is None:
     key = jax.random.key(loop.seed)
-    params = jax.jit(model.init, static_argnums=0)(setup.model_cfg, jax.random.fold_in(key, 0))
+    params = sharding.init_params(fns.layout, setup.model_cfg, jax.random.fold_in(key, 0))
     if loop.warmstart_steps:
       params = _warm_start(setup, fns, params, log=log, preempted=preempted)
     tree = _initial_tree(setup, fns, params)
+    tree["train"] = jax.device_put(tree["train"], fns.state_shardings)
     eval_key = jax.random.fold_in(key, 2**31 - 1)  # No iteration's key.
     warm = evaluate(setup, fns, pool, params, key=eval_key)
     meta = {

@@ -1,0 +1,336 @@
+"""Device meshes, the logical->mesh rules table, and the shardings derived from them.
+
+    mesh_cfg = sharding.MeshConfig(data=2, fsdp=2, tensor=2)      # sizes; one may be -1
+    layout = sharding.Layout.create(mesh_cfg, model_cfg)            # mesh + rules, validated
+    params = layout.init_params(key)                                # born sharded
+    with layout.context():                                          # activation constraints
+      ...jax.jit(fn, in_shardings=..., out_shardings=...)
+
+Sharding is declared in three places only: logical axis names on every parameter (and on a
+few activations) in `model.py`; one rules table, `MeshConfig.rules`, that maps each logical
+name to mesh axes; and the in/out shardings where `jax.jit` is called. The partitioner
+(GSPMD/Shardy) does the rest; there is no hand-written communication.
+
+Mesh axes:
+- ``data``: pure data parallelism; params replicated along it, the batch split.
+- ``fsdp``: data parallelism with params, gradients and optimizer state split along it
+  (ZeRO-3 / FSDP): the ``embed`` dimension of every weight is sharded over ``fsdp``,
+  gathered layer by layer when used.
+- ``tensor``: tensor (Megatron) parallelism: heads, the MLP width and the vocabulary are
+  split; activations are reduced across it after the o and down projections.
+
+The batch (prompts, rollouts, mini-batches) is split over ``data`` × ``fsdp``. A mesh size
+of -1 takes the devices the others leave, so the default ``MeshConfig()`` (data 1, fsdp -1,
+tensor 1) is FSDP over every device, and on one device it is that device.
+
+A rule maps a logical name to one mesh axis, a tuple of mesh axes, or None (replicated).
+`spec` refuses a logical name without a rule, and a dimension its mesh axes do not divide,
+with the name, the dimension and the rule in the message: both are errors before anything
+compiles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from grpo_jax import config_lib, model
+
+AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+P = jax.sharding.PartitionSpec
+
+# Logical axis name -> mesh axes. Params: the model's names (`model.logical_axes`).
+# Activations: the "activation_*" names of `model.py`'s constraints.
+DEFAULT_RULES = (
+  ("vocab", "tensor"),
+  ("embed", "fsdp"),
+  ("q_heads", "tensor"),
+  ("kv_heads", "tensor"),
+  ("head_dim", None),
+  ("mlp", "tensor"),
+  ("layers", None),
+  ("activation_batch", BATCH_AXES),
+  ("activation_length", None),
+  ("activation_embed", None),
+  ("activation_mlp", "tensor"),
+  ("activation_vocab", "tensor"),
+  ("activation_kv_heads", "tensor"),
+  ("activation_head_dim", None),
+  ("activation_cache", None),
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MeshConfig:
+  """Mesh sizes (one may be -1: the rest of the devices) and the rules table."""
+
+  data: int = 1
+  fsdp: int = -1
+  tensor: int = 1
+  rules: tuple = DEFAULT_RULES
+
+  def __post_init__(self):
+    sizes = {a: getattr(self, a) for a in AXES}
+    for a, n in sizes.items():
+      if not isinstance(n, int) or (n < 1 and n != -1):
+        raise ValueError(f"mesh.{a}={n!r}; allowed: a positive int, or -1 (the rest).")
+    if sum(n == -1 for n in sizes.values()) > 1:
+      raise ValueError(f"mesh sizes {sizes}: at most one may be -1.")
+    rules = tuple((str(k), _norm_axes(v, k)) for k, v in _as_pairs(self.rules))
+    if len({k for k, _ in rules}) != len(rules):
+      raise ValueError(f"mesh.rules names a logical axis twice: {[k for k, _ in rules]}.")
+    object.__setattr__(self, "rules", rules)
+
+  @classmethod
+  def from_dict(cls, d) -> MeshConfig:
+    return config_lib.from_dict(cls, d, where="mesh")
+
+  def shape(self, n_devices: int) -> tuple[int, int, int]:
+    """(data, fsdp, tensor) for n_devices, -1 resolved; errors say what would fit."""
+    sizes = [getattr(self, a) for a in AXES]
+    known = math.prod(n for n in sizes if n != -1)
+    if -1 in sizes:
+      if n_devices % known:
+        raise ValueError(
+          f"mesh {dict(zip(AXES, sizes))}: the fixed sizes multiply to {known}, which does "
+          f"not divide the {n_devices} devices."
+        )
+      sizes = [n_devices // known if n == -1 else n for n in sizes]
+    if math.prod(sizes) != n_devices:
+      raise ValueError(
+        f"mesh {dict(zip(AXES, sizes))} has {math.prod(sizes)} devices but there are "
+        f"{n_devices}; the sizes must multiply to the device count (set one to -1 to take "
+        "the rest)."
+      )
+    return tuple(sizes)
+
+
+def _as_pairs(rules):
+  items = rules.items() if hasattr(rules, "items") else rules
+  out = []
+  for item in items:
+    if len(item) != 2:
+      raise ValueError(f"mesh.rules entry {item!r}: expected (logical name, mesh axes).")
+    out.append(tuple(item))
+  return out
+
+
+def _norm_axes(v, name):
+  if v is None or v == "" or v == ():
+    return None
+  axes = (v,) if isinstance(v, str) else tuple(v)
+  for a in axes:
+    if a not in AXES:
+      raise ValueError(f"mesh.rules[{name!r}] = {v!r}: unknown mesh axis {a!r}; allowed: {AXES}.")
+  return axes[0] if len(axes) == 1 else axes
+
+
+def make_mesh(cfg: MeshConfig, devices: Sequence[Any] | None = None) -> jax.sharding.Mesh:
+  """A (data, fsdp, tensor) mesh over `devices` (default: all, of every process)."""
+  devices = list(jax.devices() if devices is None else devices)
+  shape = cfg.shape(len(devices))
+  try:  # Physical topology where jax knows it (TPU slices): ICI-friendly order.
+    grid = jax.experimental.mesh_utils.create_device_mesh(shape, devices=devices)
+  except Exception:  # noqa: BLE001 -- CPU and uncommon topologies: the listed order.
+    grid = np.asarray(devices, dtype=object).reshape(shape)
+  auto = (jax.sharding.AxisType.Auto,) * len(AXES)
+  return jax.sharding.Mesh(grid, AXES, axis_types=auto)
+
+
+def spec(names, rules, *, shape=None, mesh: jax.sharding.Mesh | None = None, where: str = "") -> P:
+  """PartitionSpec of mesh axes for a tuple of logical names.
+
+  With `shape` and `mesh`, each dimension must be divisible by the product of its mesh
+  axes' sizes. A name without a rule is an error (never silently replicated).
+  """
+  table = dict(rules)
+  out = []
+  for i, name in enumerate(names):
+    if name is None:
+      out.append(None)
+      continue
+    if name not in table:
+      raise ValueError(
+        f"{where or 'array'}: logical axis {name!r} has no rule in mesh.rules; add "
+        f"({name!r}, <mesh axis, tuple of axes, or None>). Rules have: {sorted(table)}."
+      )
+    axes = table[name]
+    if axes is not None and shape is not None and mesh is not None:
+      size = math.prod(mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes))
+      if shape[i] % size:
+        raise ValueError(
+          f"{where or 'array'}: dimension {i} ({name!r}) has size {shape[i]}, not divisible "
+          f"by mesh axes {axes} of size {size}. Change the mesh sizes or map {name!r} to "
+          "other axes (or None) in mesh.rules."
+        )
+    out.append(axes)
+  return P(*out)
+
+
+def _path_str(path) -> str:
+  return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """A mesh and its rules: the shardings of everything the trainer puts on devices."""
+
+  mesh: jax.sharding.Mesh
+  rules: tuple
+
+  @classmethod
+  def create(cls, cfg: MeshConfig, devices=None) -> Layout:
+    return cls(mesh=make_mesh(cfg, devices), rules=cfg.rules)
+
+  @property
+  def batch_size_divisor(self) -> int:
+    """Rows of any batch must be a multiple of this (the data × fsdp size)."""
+    return math.prod(self.mesh.shape[a] for a in BATCH_AXES)
+
+  @contextlib.contextmanager
+  def context(self):
+    """The mesh and rules in scope: activation constraints in the model take effect
+    when a function is traced inside."""
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+      yield
+
+  def named(self, pspec: P) -> jax.sharding.NamedSharding:
+    return jax.sharding.NamedSharding(self.mesh, pspec)
+
+  @property
+  def replicated(self) -> jax.sharding.NamedSharding:
+    return self.named(P())
+
+  def logical(self, logical_tree, abstract_tree, *, where: str = "params"):
+    """NamedShardings for a tree of logical PartitionSpecs (e.g. `model.logical_axes`)
+    and the matching tree of shapes; validates every rule and divisibility."""
+
+    def one(path, names, x):
+      return self.named(
+        spec(
+          tuple(names),
+          self.rules,
+          shape=x.shape,
+          mesh=self.mesh,
+          where=f"{where}/{_path_str(path)}",
+        )
+      )
+
+    return jax.tree_util.tree_map_with_path(
+      one, logical_tree, abstract_tree, is_leaf=lambda x: isinstance(x, P)
+    )
+
+  def batch(self, tree, *, where: str = "batch"):
+    """Leading axis over data × fsdp for every array with one; scalars replicated."""
+
+    def one(path, x):
+      if not getattr(x, "ndim", 0):
+        return self.replicated
+      if x.shape[0] % self.batch_size_divisor:
+        raise ValueError(
+          f"{where}/{_path_str(path)}: {x.shape[0]} rows are not divisible by the "
+          f"data-parallel size data × fsdp = {self.batch_size_divisor}. Make the batch a "
+          "multiple of it, or change the mesh."
+        )
+      return self.named(P(BATCH_AXES))
+
+    return jax.tree_util.tree_map_with_path(one, tree)
+
+  def batch_or_replicated(self, tree):
+    """As `batch`, but arrays whose rows do not divide are replicated (small inputs such
+    as a few prompts, which the sampler then expands to G rows each)."""
+    div = self.batch_size_divisor
+    return jax.tree.map(
+      lambda x: (
+        self.named(P(BATCH_AXES))
+        if getattr(x, "ndim", 0) and x.shape[0] % div == 0
+        else self.replicated
+      ),
+      tree,
+    )
+
+
+def param_shardings(layout: Layout, model_cfg: model.ModelConfig):
+  """NamedShardings of the params, from `model.logical_axes` and the rules."""
+  abstract = jax.eval_shape(functools.partial(model.init, model_cfg), jax.random.key(0))
+  return layout.logical(model.logical_axes(model_cfg), abstract, where="params")
+
+
+def init_params(layout: Layout, model_cfg: model.ModelConfig, key):
+  """Params created directly in their shards: eval_shape -> shardings -> jit(init,
+  out_shardings). No device (or host) ever holds the full unsharded tree."""
+  init = jax.jit(
+    functools.partial(model.init, model_cfg), out_shardings=param_shardings(layout, model_cfg)
+  )
+  # Outside layout.context(): Flax's DenseGeneral initialises a flattened 2-D kernel, to
+  # which the boxes' rank-3 constraints could not apply; out_shardings places the result.
+  return init(key)
+
+
+def tree_shardings(layout: Layout, build_boxed, *args, where: str = "state"):
+  """Shardings of the pytree `build_boxed(*args)` returns when its params come from
+  `model.init_boxed`: boxed leaves (params and everything the optimizer derives from
+  them: Adam's moments) get their logical names' shardings; other leaves (step
+  counters, scalars) are replicated. Nothing is computed (eval_shape)."""
+  boxed = jax.eval_shape(build_boxed, *args)
+  abstract = nn.unbox(boxed)
+  return layout.logical(nn.get_partition_spec(boxed), abstract, where=where)
+
+
+def _broadcast(prefix, tree):
+  return jax.tree.broadcast(prefix, tree, is_leaf=lambda x: x is None)
+
+
+class Jitted:
+  """jax.jit with explicit in/out shardings, traced and run inside the layout's context.
+
+  Arguments are first placed on their in_shardings (a no-op for arrays already there),
+  so callers may pass host arrays or arrays with another sharding. A sharding entry may
+  be a pytree prefix: one NamedSharding for a whole RolloutBatch.
+  """
+
+  def __init__(self, layout: Layout, fn, *, in_shardings, out_shardings, donate_argnums=()):
+    self.layout, self.in_shardings = layout, tuple(in_shardings)
+    self.jitted = jax.jit(
+      fn,
+      in_shardings=self.in_shardings,
+      out_shardings=out_shardings,
+      donate_argnums=donate_argnums,
+    )
+
+  def place(self, args):
+    return tuple(
+      jax.device_put(a, _broadcast(s, a)) for a, s in zip(args, self.in_shardings, strict=True)
+    )
+
+  def __call__(self, *args):
+    with self.layout.context():
+      return self.jitted(*self.place(args))
+
+  def lower(self, *args):
+    with self.layout.context():
+      return self.jitted.lower(*self.place(args))
+
+  def _cache_size(self) -> int:
+    return self.jitted._cache_size()
+
+
+def describe(layout: Layout, params_shardings, abstract_params) -> list[str]:
+  """Lines: each param's path, global shape, partition spec and per-device shard shape."""
+  lines = []
+
+  def one(path, s, x):
+    shard = s.shard_shape(x.shape)
+    lines.append(f"{_path_str(path)}: {tuple(x.shape)} {s.spec} -> per device {tuple(shard)}")
+
+  jax.tree_util.tree_map_with_path(one, params_shardings, abstract_params)
+  return lines
