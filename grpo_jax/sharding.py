@@ -1,10 +1,9 @@
 """Device meshes, the logical->mesh rules table, and the shardings derived from them.
 
-    mesh_cfg = sharding.MeshConfig(data=2, fsdp=2, tensor=2)      # sizes; one may be -1
-    layout = sharding.Layout.create(mesh_cfg, model_cfg)            # mesh + rules, validated
-    params = layout.init_params(key)                                # born sharded
-    with layout.context():                                          # activation constraints
-      ...jax.jit(fn, in_shardings=..., out_shardings=...)
+    mesh_cfg = sharding.MeshConfig(data=2, fsdp=2, tensor=2)   # sizes; one may be -1
+    layout = sharding.Layout.create(mesh_cfg)                    # the mesh + the rules
+    params = sharding.init_params(layout, model_cfg, key)        # born sharded
+    step = sharding.Jitted(layout, fn, in_shardings=..., out_shardings=...)
 
 Sharding is declared in three places only: logical axis names on every parameter (and on a
 few activations) in `model.py`; one rules table, `MeshConfig.rules`, that maps each logical
@@ -229,35 +228,6 @@ class Layout:
       one, logical_tree, abstract_tree, is_leaf=lambda x: isinstance(x, P)
     )
 
-  def batch(self, tree, *, where: str = "batch"):
-    """Leading axis over data × fsdp for every array with one; scalars replicated."""
-
-    def one(path, x):
-      if not getattr(x, "ndim", 0):
-        return self.replicated
-      if x.shape[0] % self.batch_size_divisor:
-        raise ValueError(
-          f"{where}/{_path_str(path)}: {x.shape[0]} rows are not divisible by the "
-          f"data-parallel size data × fsdp = {self.batch_size_divisor}. Make the batch a "
-          "multiple of it, or change the mesh."
-        )
-      return self.named(P(BATCH_AXES))
-
-    return jax.tree_util.tree_map_with_path(one, tree)
-
-  def batch_or_replicated(self, tree):
-    """As `batch`, but arrays whose rows do not divide are replicated (small inputs such
-    as a few prompts, which the sampler then expands to G rows each)."""
-    div = self.batch_size_divisor
-    return jax.tree.map(
-      lambda x: (
-        self.named(P(BATCH_AXES))
-        if getattr(x, "ndim", 0) and x.shape[0] % div == 0
-        else self.replicated
-      ),
-      tree,
-    )
-
 
 def param_shardings(layout: Layout, model_cfg: model.ModelConfig):
   """NamedShardings of the params, from `model.logical_axes` and the rules."""
@@ -322,15 +292,3 @@ class Jitted:
 
   def _cache_size(self) -> int:
     return self.jitted._cache_size()
-
-
-def describe(layout: Layout, params_shardings, abstract_params) -> list[str]:
-  """Lines: each param's path, global shape, partition spec and per-device shard shape."""
-  lines = []
-
-  def one(path, s, x):
-    shard = s.shard_shape(x.shape)
-    lines.append(f"{_path_str(path)}: {tuple(x.shape)} {s.spec} -> per device {tuple(shard)}")
-
-  jax.tree_util.tree_map_with_path(one, params_shardings, abstract_params)
-  return lines
