@@ -398,17 +398,6 @@ def make_prepare(cfg: RLConfig, model_fn: Callable):
   return jax.jit(functools.partial(prepare, cfg=cfg, model_fn=model_fn))
 
 
-def make_split_prepare(cfg: RLConfig, model_fn: Callable):
-  """`prepare` as two jitted halves, for overlapping reward scoring with the forwards:
-  (logprobs(params, ref_params, rollouts) -> PolicyLogProbs,
-   finish(logprobs, rollouts, correct_B, format_B, hyper) -> (RolloutBatch, rewards_N, metrics)).
-  """
-  return (
-    jax.jit(functools.partial(rollout_logprobs, cfg=cfg, model_fn=model_fn)),
-    jax.jit(functools.partial(finish_prepare, cfg=cfg)),
-  )
-
-
 # ----------------------------------------------------------------------------
 # The train step.
 # ----------------------------------------------------------------------------

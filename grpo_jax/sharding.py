@@ -175,10 +175,6 @@ def spec(names, rules, *, shape=None, mesh: jax.sharding.Mesh | None = None, whe
   return P(*out)
 
 
-def _path_str(path) -> str:
-  return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-
-
 @dataclasses.dataclass(frozen=True)
 class Layout:
   """A mesh and its rules: the shardings of everything the trainer puts on devices."""
@@ -220,7 +216,7 @@ class Layout:
           self.rules,
           shape=x.shape,
           mesh=self.mesh,
-          where=f"{where}/{_path_str(path)}",
+          where=f"{where}/{jax.tree_util.keystr(path, simple=True, separator='/')}",
         )
       )
 
@@ -256,10 +252,6 @@ def tree_shardings(layout: Layout, build_boxed, *args, where: str = "state"):
   return layout.logical(nn.get_partition_spec(boxed), abstract, where=where)
 
 
-def _broadcast(prefix, tree):
-  return jax.tree.broadcast(prefix, tree, is_leaf=lambda x: x is None)
-
-
 class Jitted:
   """jax.jit with explicit in/out shardings, traced and run inside the layout's context.
 
@@ -279,7 +271,8 @@ class Jitted:
 
   def place(self, args):
     return tuple(
-      jax.device_put(a, _broadcast(s, a)) for a, s in zip(args, self.in_shardings, strict=True)
+      jax.device_put(a, jax.tree.broadcast(s, a))
+      for a, s in zip(args, self.in_shardings, strict=True)
     )
 
   def __call__(self, *args):

@@ -251,9 +251,9 @@ def _sft_batch(setup: Setup, examples):
   return prompts, tokens_NT, mask_NT
 
 
-def make_sft_step(model_fn, optimizer, *, jit: bool = True):
-  """One cross-entropy step on reference completions (mean over target tokens), jitted
-  unless jit=False (the trainer jits it with its shardings)."""
+def make_sft_step(model_fn, optimizer):
+  """One cross-entropy step on reference completions (mean over target tokens); pure, the
+  trainer jits it with its shardings."""
 
   def loss_fn(params, prompts, tokens_NT, mask_NT):
     logp_NT, _ = sampling.completion_logprobs(
@@ -267,7 +267,7 @@ def make_sft_step(model_fn, optimizer, *, jit: bool = True):
     params = optax.apply_updates(state.params, updates)
     return rl.TrainState(step=state.step + 1, params=params, opt_state=opt_state), loss
 
-  return jax.jit(step) if jit else step
+  return step
 
 
 # ----------------------------------------------------------------------------
@@ -381,7 +381,7 @@ def _build_functions(setup: Setup) -> Functions:
     sample_eval=sampler(loop.eval_samples, loop.eval_size) if loop.eval_samples else None,
     sft_step=sharding.Jitted(
       layout,
-      make_sft_step(model_fn, sft_optimizer, jit=False),
+      make_sft_step(model_fn, sft_optimizer),
       in_shardings=(sft_state_sh, *(rows(loop.warmstart_batch),) * 3),
       out_shardings=(sft_state_sh, rep),
       donate_argnums=(0,),

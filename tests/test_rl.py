@@ -1,6 +1,7 @@
 """The composed objective: RLConfig, prepare, train_step (with the tiny model), update."""
 
 import dataclasses
+import functools
 import itertools
 
 import jax
@@ -129,7 +130,8 @@ def test_split_prepare_equals_prepare(rollouts, tiny_model_fn, tiny_params, adva
   )
   ref = jax.tree.map(lambda x: x * 0.9, tiny_params)
   want = _prepare(cfg, tiny_params, rollouts, tiny_model_fn, ref_params=ref)
-  logprobs, finish = rl.make_split_prepare(cfg, tiny_model_fn)
+  logprobs = jax.jit(functools.partial(rl.rollout_logprobs, cfg=cfg, model_fn=tiny_model_fn))
+  finish = jax.jit(functools.partial(rl.finish_prepare, cfg=cfg))
   lp = logprobs(tiny_params, ref, rollouts)
   hyper = cfg.prepare_hyper(max_new_tokens=rollouts.tokens_NT.shape[1])
   got = finish(lp, rollouts, jnp.asarray(CORRECT_N), jnp.zeros(N), hyper)

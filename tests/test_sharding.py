@@ -48,12 +48,24 @@ def test_spec_needs_a_rule_for_every_name_and_divisible_dimensions():
     sharding.spec(("embed", "mlp"), rules, shape=(8, 5), mesh=FakeMesh(), where="params/w")
 
 
-def test_batch_rows_must_divide_the_data_parallel_size():
-  layout = sharding.Layout.create(sharding.MeshConfig())
-  assert layout.batch_size_divisor == 1
+def test_trainer_refuses_a_mesh_for_other_devices_and_indivisible_batches(monkeypatch):
   c = mesh_run.config((1, 1, 1))
   c.mesh.update(data=2, fsdp=1, tensor=1)
   with pytest.raises(ValueError, match="mesh .* has 2 devices but there are 1"):
+    train.build(c)
+  monkeypatch.setattr(train.jax, "device_count", lambda: 8)  # Checked before any mesh exists.
+  c.mesh.update(data=8)
+  train.build(c)  # 16 rollout rows, mini-batches of 8.
+  c.rl.num_minibatches = 4
+  with pytest.raises(ValueError, match=r"a mini-batch .* has 4 rows, not divisible .* = 8"):
+    train.build(c)
+  c.rl.num_minibatches, c.mesh.data = 1, 1
+  c.mesh.fsdp = 32
+  with pytest.raises(ValueError, match="mesh .* has 32 devices but there are 8"):
+    train.build(c)
+  c.mesh.update(data=-1, fsdp=1)
+  c.prompts_per_step = 1  # 4 rollout rows on 8 data-parallel devices.
+  with pytest.raises(ValueError, match=r"the rollout batch .* has 4 rows, not divisible"):
     train.build(c)
 
 
