@@ -68,7 +68,7 @@ def main(argv=None) -> dict:
   setup = train.build(config)
   fns = train.functions(setup)
   params = model.init(setup.model_cfg, jax.random.key(0))
-  examples, prompts = train._draw(setup, 0)
+  examples, prompts = train._draw(setup, train.functions(setup), 0)
   rollouts = jax.block_until_ready(
     fns.sample(params, prompts, jax.random.key(1), setup.sampling_hyper)
   )

@@ -82,6 +82,16 @@ class RunLogger:
       self._tb.close()
 
 
+class NullLogger:
+  """RunLogger's interface, writing nothing (the non-primary processes of a job)."""
+
+  def write(self, record: dict) -> None:
+    del record
+
+  def close(self) -> None:
+    pass
+
+
 class Progress:
   """One status line: iteration, reward, last eval accuracy, throughput, ETA.
 

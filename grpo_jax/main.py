@@ -1,8 +1,20 @@
 """Command line: `grpo-jax --config=configs/arithmetic.py:tiny --workdir=/tmp/run`.
 
+  grpo-jax plan --config=configs/arithmetic.py:full --devices=8 --device=tpu-v5e
+
+`plan` prints the per-device memory plan of a config (`memory`) for a device count and
+says whether it fits a device (a name in `memory.DEVICE_MEMORY_GIB`, or GiB); with
+`--compile` it also compiles the train step and sampler on this host's devices and prints
+XLA's own figures next to the plan. Its last line is one JSON object.
+
 Overrides use ml-collections syntax, e.g. `--config.rl.advantage=rloo`; the config is
 locked, so a misspelt key fails. The same entry point is `train.run(config, workdir)` in
 a notebook.
+
+Several hosts (a multi-host TPU VM slice, a Slurm or MPI job, or JAX_COORDINATOR_ADDRESS /
+JAX_NUM_PROCESSES / JAX_PROCESS_ID set by hand): every host runs the same command;
+`--distributed=auto` (the default) calls `jax.distributed.initialize` first when the
+environment announces several processes (`distributed.initialize`).
 """
 
 from __future__ import annotations
@@ -12,27 +24,71 @@ import json
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from grpo_jax import train
+from grpo_jax import distributed, memory, train
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Config file[:variant].", lock_config=True
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where metrics.jsonl and summary.json go.")
+_DISTRIBUTED = flags.DEFINE_enum(
+  "distributed",
+  "auto",
+  list(distributed.MODES),
+  "jax.distributed.initialize: auto (when the environment announces several processes), on, off.",
+)
+
+_DEVICES = flags.DEFINE_integer("devices", None, "plan: device count (default: this host's).")
+_DEVICE = flags.DEFINE_string(
+  "device", None, f"plan: device memory, one of {sorted(memory.DEVICE_MEMORY_GIB)} or GiB."
+)
+_COMPILE = flags.DEFINE_bool(
+  "compile", False, "plan: also compile on this host's devices and print XLA's figures."
+)
+
+
+def plan(config) -> dict:
+  """`grpo-jax plan`: prints the memory plan; returns its figures."""
+  setup = train.build(config, n_devices=_DEVICES.value)
+  p = memory.plan_for(setup, n_devices=_DEVICES.value)
+  device = memory.device_bytes(_DEVICE.value) if _DEVICE.value else None
+  print(memory.describe(p, device_memory=device, name=_DEVICE.value or ""))
+  out = {"mesh": p.mesh, **memory.as_dict(p)}
+  if device:
+    out.update(device_memory=device, fits=memory.fits(p, device))
+    if not out["fits"]:
+      print("Change:\n  - " + "\n  - ".join(memory.advice(p, setup.model_cfg, setup.rl_cfg)))
+  if _COMPILE.value:
+    measured = memory.measure(setup, train.functions(setup))
+    print(
+      f"XLA (compiled here): train step arguments {measured['train_step_arguments'] / 2**30:.3f}"
+      f" GiB, temporaries {measured['train_step_temp'] / 2**30:.3f} GiB; sampler "
+      f"temporaries {measured['sample_temp'] / 2**30:.3f} GiB"
+    )
+    out["xla"] = measured
+  print(json.dumps(out))
+  return out
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # Quiet JAX's backend probing.
+  if argv[1:] == ["plan"]:
+    plan(_CONFIG.value)
+    return
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}; the one subcommand is `plan`.")
+  if not _WORKDIR.value:
+    raise app.UsageError("--workdir is required to train (where metrics and checkpoints go).")
+  distributed.initialize(_DISTRIBUTED.value)  # Before anything touches a device.
   summary = train.run(_CONFIG.value, _WORKDIR.value)
-  print(json.dumps(summary, indent=2))
-  print(train.describe(summary))
+  if distributed.is_primary():
+    print(json.dumps(summary, indent=2))
+    print(train.describe(summary))
   if summary["preempted"]:
     raise SystemExit(143)  # 128 + SIGTERM: a scheduler sees the job as interrupted.
 
 
 def run():
-  flags.mark_flags_as_required(["config", "workdir"])
+  flags.mark_flags_as_required(["config"])
   app.run(main)
 
 

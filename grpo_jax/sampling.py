@@ -143,8 +143,12 @@ def bucket_length(n: int, buckets: Sequence[int]) -> int:
   raise ValueError(f"Prompt length {n} exceeds the largest bucket {buckets[-1]}; add a bucket.")
 
 
-def prepare_prompts(token_lists: Sequence[Sequence[int]], *, cfg: SamplerConfig) -> Prompts:
-  """Left-pads token lists to one length bucket (one compile per bucket)."""
+def prepare_prompts(
+  token_lists: Sequence[Sequence[int]], *, cfg: SamplerConfig, min_len: int = 0
+) -> Prompts:
+  """Left-pads token lists to one length bucket (one compile per bucket): the smallest
+  bucket that holds the longest prompt and `min_len` tokens (several hosts padding their
+  own rows pass the longest prompt of all of them, so every host picks the same bucket)."""
   if not token_lists:
     raise ValueError("prepare_prompts needs at least one prompt.")
   rows = []
@@ -160,7 +164,8 @@ def prepare_prompts(token_lists: Sequence[Sequence[int]], *, cfg: SamplerConfig)
         )
       toks = toks[-cfg.max_prompt_len :]
     rows.append(toks)
-  P = bucket_length(max(len(r) for r in rows), cfg.prompt_buckets)
+  longest = max(max(len(r) for r in rows), min(min_len, cfg.max_prompt_len))
+  P = bucket_length(longest, cfg.prompt_buckets)
   tokens = np.full((len(rows), P), cfg.pad_id, np.int32)
   mask = np.zeros((len(rows), P), bool)
   for i, r in enumerate(rows):

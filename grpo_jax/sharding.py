@@ -191,6 +191,11 @@ class Layout:
     """Rows of any batch must be a multiple of this (the data × fsdp size)."""
     return math.prod(self.mesh.shape[a] for a in BATCH_AXES)
 
+  def rows(self, n: int) -> jax.sharding.NamedSharding:
+    """An n-row batch: rows split over data × fsdp, or replicated when n is not a
+    multiple of that size (e.g. a held-out set whose size the mesh does not divide)."""
+    return self.named(P(BATCH_AXES)) if n % self.batch_size_divisor == 0 else self.replicated
+
   @contextlib.contextmanager
   def context(self):
     """The mesh and rules in scope: activation constraints in the model take effect
@@ -252,6 +257,18 @@ def tree_shardings(layout: Layout, build_boxed, *args, where: str = "state"):
   return layout.logical(nn.get_partition_spec(boxed), abstract, where=where)
 
 
+def _place(x, s: jax.sharding.Sharding):
+  """device_put of one leaf. Several processes: a host value (numpy, or an array on this
+  process's devices, e.g. a key or hyperparameters made eagerly) is taken to be the same on
+  every process and becomes the global array (each process puts its own shards)."""
+  if isinstance(x, jax.Array) and x.is_fully_addressable and not s.is_fully_addressable:
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      data = _place(jax.random.key_data(x), s)
+      return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+    x = np.asarray(x)
+  return jax.device_put(x, s)
+
+
 class Jitted:
   """jax.jit with explicit in/out shardings, traced and run inside the layout's context.
 
@@ -271,7 +288,7 @@ class Jitted:
 
   def place(self, args):
     return tuple(
-      jax.device_put(a, jax.tree.broadcast(s, a))
+      jax.tree.map(_place, a, jax.tree.broadcast(s, a))
       for a, s in zip(args, self.in_shardings, strict=True)
     )
 

@@ -46,10 +46,12 @@ from grpo_jax import (
   checkpoint,
   config_lib,
   controllers,
+  distributed,
   dynamic_sampling,
   evaluation,
   flops,
   logs,
+  memory,
   model,
   rewards,
   rl,
@@ -82,6 +84,9 @@ class LoopConfig:
   reward_workers: int = 2  # Reward processes; 0 scores inline (no timeout).
   reward_timeout_s: float = 10.0  # Per call; a timeout scores 0 and counts as an error.
   peak_flops: float = 0.0  # Device peak FLOP/s for MFU; 0 measures a float32 matmul.
+  # Per-device memory the plan must fit (`memory`), GiB; 0: the device's own limit where
+  # jax reports one (GPU, TPU), no check where it does not (CPU).
+  memory_limit_gib: float = 0.0
   progress: bool = True  # Console progress line.
   tensorboard: bool = True  # Event files under workdir/tb.
 
@@ -109,6 +114,7 @@ class LoopConfig:
       "eval_samples",
       "reward_workers",
       "peak_flops",
+      "memory_limit_gib",
     ):
       if getattr(self, name) < 0:
         raise ValueError(f"config.{name} must be >= 0, got {getattr(self, name)}.")
@@ -131,9 +137,9 @@ class Setup:
 _SECTIONS = ("task", "model", "sampler", "sampling", "rl", "mesh")
 
 
-def _validate_mesh(mesh_cfg: sharding.MeshConfig, loop: LoopConfig, rl_cfg, group_size: int):
+def _validate_mesh(mesh_cfg: sharding.MeshConfig, loop: LoopConfig, rl_cfg, group_size: int, n):
   """Mesh sizes against the device count, and batch rows against data × fsdp."""
-  data, fsdp, _ = mesh_cfg.shape(jax.device_count())
+  data, fsdp, _ = mesh_cfg.shape(n or jax.device_count())
   dp = data * fsdp
   n = loop.prompts_per_step * group_size
   rows = {
@@ -149,15 +155,22 @@ def _validate_mesh(mesh_cfg: sharding.MeshConfig, loop: LoopConfig, rl_cfg, grou
       )
 
 
-def build(config) -> Setup:
-  """Validates the ConfigDict and builds the typed pieces; errors name the bad key."""
+def build(config, *, n_devices: int | None = None) -> Setup:
+  """Validates the ConfigDict and builds the typed pieces; errors name the bad key.
+  `n_devices`: the device count the mesh is checked against (default: this job's)."""
   d = config_lib.to_dict(config)
   loop = config_lib.from_dict(
     LoopConfig, {k: v for k, v in d.items() if k not in _SECTIONS}, where="config"
   )
   task = tasks.get(d["task"]["name"], **d["task"].get("kwargs", {}))
   tok = task.tokenizer()
-  model_cfg = model.ModelConfig.from_dict({**d["model"], "vocab_size": tok.vocab_size})
+  vocab = d["model"].get("vocab_size", 0) or tok.vocab_size
+  if vocab < tok.vocab_size:
+    raise ValueError(
+      f"config.model.vocab_size={vocab} is smaller than the tokenizer's {tok.vocab_size}; "
+      "use 0 (the tokenizer's) or a larger size (e.g. a pretrained model's padded vocab)."
+    )
+  model_cfg = model.ModelConfig.from_dict({**d["model"], "vocab_size": vocab})
   sampler_cfg = config_lib.from_dict(
     sampling.SamplerConfig,
     {**d["sampler"], "eos_ids": tok.eos_ids, "pad_id": tok.pad_id},
@@ -172,7 +185,7 @@ def build(config) -> Setup:
     group_ids_N=np.repeat(np.arange(loop.prompts_per_step), sampler_cfg.group_size),
     group_size=sampler_cfg.group_size,
   )
-  _validate_mesh(mesh_cfg, loop, rl_cfg, sampler_cfg.group_size)
+  _validate_mesh(mesh_cfg, loop, rl_cfg, sampler_cfg.group_size, n_devices)
   return Setup(
     loop=loop,
     task=task,
@@ -195,7 +208,7 @@ def default_config() -> ml_collections.ConfigDict:
   """Every key a trainer config may set, with its default; configs/*.py start from it.
 
   Top level: the LoopConfig fields. Sections: task (name, kwargs), model (ModelConfig
-  without vocab_size, which the task's tokenizer gives; the defaults are
+  with vocab_size 0: the task's tokenizer's size; the defaults are
   `model.tiny_config`'s), sampler (SamplerConfig without eos_ids/pad_id), sampling
   (temperature, top_k, top_p, greedy), rl (every RLConfig field) and mesh (data, fsdp,
   tensor sizes and the logical->mesh rules table, `sharding.MeshConfig`). Because every key
@@ -205,7 +218,7 @@ def default_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict(dataclasses.asdict(LoopConfig()))
   c.task = ml_collections.ConfigDict(dict(name="arithmetic", kwargs=ml_collections.ConfigDict()))
   tiny = dataclasses.asdict(model.tiny_config(vocab_size=2))
-  del tiny["vocab_size"]
+  tiny["vocab_size"] = 0
   c.model = ml_collections.ConfigDict(tiny)
   sampler = {
     f.name: f.default
@@ -237,18 +250,18 @@ def _optimizer(loop: LoopConfig, *, lr: float):
 # ----------------------------------------------------------------------------
 
 
-def _sft_batch(setup: Setup, examples):
-  """Prompts (left-padded bucket) and reference completions + EOS (right-padded to T)."""
-  tok, T = setup.tokenizer, setup.sampler_cfg.max_new_tokens
-  prompts = sampling.prepare_prompts(
-    [tok.encode(e.prompt, add_bos=True) for e in examples], cfg=setup.sampler_cfg
-  )
-  targets = [tok.encode(e.reference, add_eos=True)[:T] for e in examples]
-  tokens_NT = np.full((len(examples), T), tok.pad_id, np.int32)
+def _sft_batch(setup: Setup, fns: Functions, examples):
+  """Prompts (left-padded bucket) and reference completions + EOS (right-padded to T),
+  as global arrays; this process encodes only its rows of `examples`."""
+  tok, T, n = setup.tokenizer, setup.sampler_cfg.max_new_tokens, len(examples)
+  rows = distributed.local_rows(fns.layout.rows(n), n)
+  prompts = _host_prompts(setup, fns, dict(enumerate(examples)), n)
+  targets = [tok.encode(e.reference, add_eos=True)[:T] for e in examples[rows]]
+  tokens_NT = np.full((len(targets), T), tok.pad_id, np.int32)
   for i, t in enumerate(targets):
     tokens_NT[i, : len(t)] = t
   mask_NT = np.arange(T)[None, :] < np.array([len(t) for t in targets])[:, None]
-  return prompts, tokens_NT, mask_NT
+  return (prompts, *distributed.to_global((tokens_NT, mask_NT), fns.layout.rows(n), n))
 
 
 def make_sft_step(model_fn, optimizer):
@@ -320,6 +333,7 @@ def functions(setup: Setup) -> Functions:
     )
   )
   if key not in _FUNCTIONS:
+    check_memory(setup)  # Before anything compiles.
     if len(_FUNCTIONS) >= 4:
       _FUNCTIONS.pop(next(iter(_FUNCTIONS)))
     _FUNCTIONS[key] = _build_functions(setup)
@@ -327,6 +341,24 @@ def functions(setup: Setup) -> Functions:
 
 
 _FUNCTIONS: dict[str, Functions] = {}  # Config repr -> compiled functions (oldest first out).
+
+
+def memory_limit(loop: LoopConfig) -> float | None:
+  """Bytes per device the plan must fit: loop.memory_limit_gib, else the device's own
+  limit (jax's memory_stats: GPU, TPU), else None (CPU: no check)."""
+  if loop.memory_limit_gib:
+    return loop.memory_limit_gib * memory.GIB
+  stats = jax.local_devices()[0].memory_stats() or {}
+  return stats.get("bytes_limit")
+
+
+def check_memory(setup: Setup) -> None:
+  """Refuses, before compiling, a config whose memory plan exceeds the device memory
+  (`memory.OutOfMemoryPlan`, with the plan and what to change)."""
+  limit = memory_limit(setup.loop)
+  if limit:
+    plan = memory.plan_for(setup)
+    memory.check(plan, limit, setup.model_cfg, setup.rl_cfg)
 
 
 def _build_functions(setup: Setup) -> Functions:
@@ -346,8 +378,7 @@ def _build_functions(setup: Setup) -> Functions:
     for o in (optimizer, sft_optimizer)
   )
   rep = layout.replicated
-  dp = layout.batch_size_divisor
-  rows = lambda n: layout.named(sharding.P(sharding.BATCH_AXES)) if n % dp == 0 else rep
+  rows = layout.rows
   ref_sh = params_sh if rl_cfg.use_ref else rep
   n_train = loop.prompts_per_step * scfg.group_size
 
@@ -430,34 +461,27 @@ def evaluate(setup: Setup, fns: Functions, pool, params, *, key) -> dict:
   > 0, n samples per problem (the training sampling params) give the unbiased pass@k for
   k = 1, 2, 4, ..., n (`evaluation.pass_at_k`) and mean@n (`evaluation.mean_at_k`).
   """
-  task, tok, loop = setup.task, setup.tokenizer, setup.loop
-  examples = [task.example("test", i, seed=loop.seed) for i in range(loop.eval_size)]
-  prompts = sampling.prepare_prompts(
-    [tok.encode(e.prompt, add_bos=True) for e in examples], cfg=setup.sampler_cfg
-  )
+  task, loop = setup.task, setup.loop
+  n, size = loop.eval_samples, loop.eval_size
+  rows = set(_needed_rows(fns, size, 1)) | (set(_needed_rows(fns, size, n)) if n else set())
+  examples = {i: task.example("test", i, seed=loop.seed) for i in sorted(rows)}
+  prompts = _host_prompts(setup, fns, examples, size)
   greedy = fns.sample_greedy(params, prompts, key, sampling.sampling_params(greedy=True))
-  n = loop.eval_samples
   if n:  # Dispatched now: the device samples while the host scores the greedy answers.
     rollouts = fns.sample_eval(params, prompts, key, setup.sampling_hyper)
-  scores = pool.score(
-    [e.prompt for e in examples], [tok.decode(r) for r in np.asarray(greedy.tokens_NT)]
-  )
+  correct_N, format_N, errors, _ = _score(setup, fns, pool, examples, greedy.tokens_NT, group=1)
   out = {
-    "eval/greedy_accuracy": float(scores.correct_N.mean()),
-    "eval/format_rate": float(scores.format_N.mean()),
+    "eval/greedy_accuracy": float(correct_N.mean()),
+    "eval/format_rate": float(format_N.mean()),
   }
-  errors = scores.errors
   if n:
-    scores = pool.score(
-      [examples[i // n].prompt for i in range(len(examples) * n)],
-      [tok.decode(r) for r in np.asarray(rollouts.tokens_NT)],
-    )
-    correct_PK = scores.correct_N.reshape(len(examples), n)
+    correct_N, _, more_errors, _ = _score(setup, fns, pool, examples, rollouts.tokens_NT, group=n)
+    correct_PK = correct_N.reshape(size, n)
     c_P = (correct_PK > 0).sum(axis=1)
     for k in _pass_ks(n):
       out[f"eval/pass@{k}"] = float(np.mean(evaluation.pass_at_k(n, c_P, k)))
     out[f"eval/mean@{n}"] = float(evaluation.mean_at_k(correct_PK))
-    errors += scores.errors
+    errors += more_errors
   out["eval/reward_errors"] = errors
   return out
 
@@ -516,7 +540,7 @@ def _warm_start(setup: Setup, fns: Functions, params, *, log, preempted):
         "SIGTERM during the warm start, before the first checkpoint; rerunning the same "
         "command starts the run again (the warm start is deterministic)."
       )
-    batch = _sft_batch(setup, [next(stream) for _ in range(loop.warmstart_batch)])
+    batch = _sft_batch(setup, fns, [next(stream) for _ in range(loop.warmstart_batch)])
     state, loss = fns.sft_step(state, *batch)
   log(f"warm start: {loop.warmstart_steps} steps, final loss {float(loss):.3f}")
   return state.params
@@ -546,16 +570,48 @@ def _sigterm_flag():
 # ----------------------------------------------------------------------------
 
 
-def _draw(setup: Setup, index: int):
-  """Train examples index .. index + B - 1 and their left-padded prompt batch."""
-  loop, tok = setup.loop, setup.tokenizer
-  examples = [
-    setup.task.example("train", index + i, seed=loop.seed) for i in range(loop.prompts_per_step)
-  ]
-  prompts = sampling.prepare_prompts(
-    [tok.encode(e.prompt, add_bos=True) for e in examples], cfg=setup.sampler_cfg
+def _host_prompts(setup: Setup, fns: Functions, examples: dict, n: int) -> sampling.Prompts:
+  """The n-row prompt batch as global arrays on the layout's row sharding; this process
+  encodes only its own rows (`examples` maps row -> example), padded to the bucket of the
+  longest prompt of every process."""
+  tok, rows = setup.tokenizer, distributed.local_rows(fns.layout.rows(n), n)
+  lists = [tok.encode(examples[i].prompt, add_bos=True) for i in range(rows.start, rows.stop)]
+  longest = distributed.max_across(max(len(t) for t in lists))
+  prompts = sampling.prepare_prompts(lists, cfg=setup.sampler_cfg, min_len=longest)
+  return distributed.to_global(prompts, fns.layout.rows(n), n)
+
+
+def _needed_rows(fns: Functions, n_prompts: int, group: int) -> range:
+  """Prompt rows this process needs: those its devices hold, and the prompts of the
+  n_prompts × group completion rows it decodes and scores."""
+  p = distributed.local_rows(fns.layout.rows(n_prompts), n_prompts)
+  c = distributed.local_rows(fns.layout.rows(n_prompts * group), n_prompts * group)
+  return range(min(p.start, c.start // group), max(p.stop, -(-c.stop // group)))
+
+
+def _draw(setup: Setup, fns: Functions, index: int):
+  """Train examples index .. index + B - 1 (this process's rows of them, as {row: example})
+  and the global left-padded prompt batch. The stream is the same whatever the number of
+  processes: each reads its slice of it."""
+  loop = setup.loop
+  rows = _needed_rows(fns, loop.prompts_per_step, setup.sampler_cfg.group_size)
+  examples = {i: setup.task.example("train", index + i, seed=loop.seed) for i in rows}
+  return examples, _host_prompts(setup, fns, examples, loop.prompts_per_step)
+
+
+def _score(setup: Setup, fns: Functions, pool, examples: dict, tokens_NT, *, group: int):
+  """Decodes and scores this process's rows of the completions tokens_NT (n = prompts ×
+  group rows, global), then all-gathers the scores: returns (correct_N, format_N,
+  errors, timeouts), the same on every process."""
+  tok, n = setup.tokenizer, tokens_NT.shape[0]
+  rows = distributed.local_rows(tokens_NT.sharding, n)
+  completions = [tok.decode(r) for r in distributed.fetch_local(tokens_NT)]
+  scores = pool.score(
+    [examples[i // group].prompt for i in range(rows.start, rows.stop)], completions
   )
-  return examples, prompts
+  gather = lambda x: distributed.gather_rows(x, tokens_NT.sharding, n)
+  errors, timeouts = distributed.sum_across(np.array([scores.errors, scores.timeouts]))
+  return gather(scores.correct_N), gather(scores.format_N), int(errors), int(timeouts)
 
 
 def _collect(
@@ -579,7 +635,7 @@ def _collect(
   device while the host decodes and scores rewards. With dynamic sampling they run once
   the kept groups are assembled, so no forward is spent on dropped groups.
   """
-  loop, scfg, rl_cfg, tok = setup.loop, setup.sampler_cfg, setup.rl_cfg, setup.tokenizer
+  loop, scfg, rl_cfg = setup.loop, setup.sampler_cfg, setup.rl_cfg
   B, G = loop.prompts_per_step, scfg.group_size
   parts, corrects, formats, varying, n_varying, errors, timeouts = [], [], [], [], 0, 0, 0
   max_batches = rl_cfg.max_gen_batches if rl_cfg.dynamic_sampling else 1
@@ -587,7 +643,7 @@ def _collect(
     if prefetched is not None and prefetched[0] == index:
       _, examples, prompts = prefetched
     else:
-      examples, prompts = _draw(setup, index)
+      examples, prompts = _draw(setup, fns, index)
     index += B
     t0 = time.perf_counter()
     rollouts = jax.block_until_ready(
@@ -596,16 +652,17 @@ def _collect(
     t1 = time.perf_counter()
     if not rl_cfg.dynamic_sampling:
       logprobs = fns.logprobs(params, ref_params, rollouts)  # Async: overlaps the scoring.
-    completions = [tok.decode(r) for r in np.asarray(rollouts.tokens_NT)]
-    scores = pool.score([examples[i // G].prompt for i in range(B * G)], completions)
+    correct_N, format_N, n_errors, n_timeouts = _score(
+      setup, fns, pool, examples, rollouts.tokens_NT, group=G
+    )
     times["sample"] += t1 - t0
     times["reward"] += time.perf_counter() - t1
     parts.append(rollouts)
-    corrects.append(scores.correct_N)
-    formats.append(scores.format_N)
-    errors += scores.errors
-    timeouts += scores.timeouts
-    varying.append(dynamic_sampling.varying_groups(scores.correct_N, group_size=G))
+    corrects.append(correct_N)
+    formats.append(format_N)
+    errors += n_errors
+    timeouts += n_timeouts
+    varying.append(dynamic_sampling.varying_groups(correct_N, group_size=G))
     n_varying += int(varying[-1].sum())
     if n_varying >= B:
       break
@@ -675,6 +732,8 @@ def run(config, workdir: str | pathlib.Path, *, log=print, on_iteration=None) ->
   summary.json in workdir. `on_iteration(iteration, record)` is called after each
   iteration's record is written (tests use it to interrupt a run)."""
   t_start = time.perf_counter()
+  if not distributed.is_primary():  # One process speaks and writes logs for the job.
+    log = lambda *_: None  # noqa: E731
   setup = build(config)
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
@@ -690,6 +749,13 @@ def run(config, workdir: str | pathlib.Path, *, log=print, on_iteration=None) ->
     return _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration, stack)
 
 
+def _logger(workdir, loop: LoopConfig, *, resume_from=None):
+  """metrics.jsonl + TensorBoard on the primary process; a no-op writer elsewhere."""
+  if not distributed.is_primary():
+    return logs.NullLogger()
+  return logs.RunLogger(workdir, resume_from=resume_from, tensorboard_dir=loop.tensorboard)
+
+
 def _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration, stack) -> dict:
   loop, rl_cfg = setup.loop, setup.rl_cfg
   latest = ckpt.latest_step()
@@ -699,7 +765,7 @@ def _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration,
     if loop.warmstart_steps:
       params = _warm_start(setup, fns, params, log=log, preempted=preempted)
     tree = _initial_tree(setup, fns, params)
-    tree["train"] = jax.device_put(tree["train"], fns.state_shardings)
+    tree = jax.device_put(tree, jax.tree.map(lambda x: x.sharding, _abstract_tree(setup, fns)))
     eval_key = jax.random.fold_in(key, 2**31 - 1)  # No iteration's key.
     warm = evaluate(setup, fns, pool, params, key=eval_key)
     meta = {
@@ -713,21 +779,16 @@ def _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration,
       "nonfinite_run": 0,
       "wall_seconds": 0.0,
     }
-    writer = stack.enter_context(
-      contextlib.closing(logs.RunLogger(workdir, tensorboard_dir=loop.tensorboard))
-    )
+    writer = stack.enter_context(contextlib.closing(_logger(workdir, loop)))
     writer.write({"iteration": 0, "phase": "warmstart", **warm})
     ckpt.save(0, tree, meta, accuracy=warm["eval/greedy_accuracy"])
   else:
     tree, meta = ckpt.restore(latest, like=_abstract_tree(setup, fns))
-    writer = stack.enter_context(
-      contextlib.closing(
-        logs.RunLogger(workdir, resume_from=latest, tensorboard_dir=loop.tensorboard)
-      )
-    )
+    writer = stack.enter_context(contextlib.closing(_logger(workdir, loop, resume_from=latest)))
     log(f"resumed from {ckpt.directory / str(latest)} (iteration {meta['iteration']})")
   log(f"warm-start accuracy {meta['warmstart']['eval/greedy_accuracy']:.3f}")
-  (workdir / "config.json").write_text(json.dumps(setup_dict(setup), indent=2, default=str))
+  if distributed.is_primary():
+    (workdir / "config.json").write_text(json.dumps(setup_dict(setup), indent=2, default=str))
 
   key = jax.random.wrap_key_data(tree["key"])
   state, ref_params = tree["train"], tree["ref_params"]
@@ -739,7 +800,7 @@ def _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration,
     total=loop.iterations,
     start=meta["iteration"],
     accuracy=meta["last_eval"]["eval/greedy_accuracy"],
-    enabled=loop.progress,
+    enabled=loop.progress and distributed.is_primary(),
     log=log,
   )
 
@@ -777,7 +838,7 @@ def _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration,
     rl.validate_batch(
       rl_cfg,
       rewards_N=correct + fmt,
-      group_ids_N=rollouts.group_ids_N,
+      group_ids_N=distributed.host_value(rollouts.group_ids_N),
       group_size=setup.sampler_cfg.group_size,
     )
     batch, _, stats = fns.finish(logprobs, rollouts, correct, fmt, prep_hyper)
@@ -795,7 +856,7 @@ def _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration,
     adv_hyper, ctrl_state = controller(prep_hyper.adv, ctrl_state, stats)
     prep_hyper = prep_hyper.replace(adv=adv_hyper)
     # Host/device overlap: the next prompts are drawn and encoded while the update runs.
-    prefetched = (meta["data_index"], *_draw(setup, meta["data_index"]))
+    prefetched = (meta["data_index"], *_draw(setup, fns, meta["data_index"]))
     history = jax.device_get(history)  # Blocks until the update is done.
     t2 = time.perf_counter()
     skipped, meta["nonfinite_run"] = _count_nonfinite(
@@ -818,7 +879,7 @@ def _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration,
       "time/reward": times["reward"],
       "time/update": t2 - t1,
       "time/iteration": seconds,
-      "tokens_per_s": float(np.asarray(rollouts.mask_NT).sum()) / max(times["sample"], 1e-9),
+      "tokens_per_s": float(jnp.sum(rollouts.mask_NT)) / max(times["sample"], 1e-9),
       "perf/mfu": _iteration_flops(
         setup, rollouts, gen_batches=data_metrics.get("dynamic/gen_batches", 1)
       )
@@ -848,10 +909,10 @@ def _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration,
   progress.close()
   writer.close()
   ckpt.wait()
-  records = logs.read_jsonl(workdir / "metrics.jsonl")
-  plot = logs.plot_svg(
-    records, workdir / "curves.svg", title=f"{setup.task.name}: {rl_cfg.advantage}"
-  )
+  plot = workdir / "curves.svg"
+  if distributed.is_primary():
+    records = logs.read_jsonl(workdir / "metrics.jsonl")
+    plot = logs.plot_svg(records, plot, title=f"{setup.task.name}: {rl_cfg.advantage}")
   last = meta["last_eval"]
   summary = {
     "warmstart_accuracy": meta["warmstart"]["eval/greedy_accuracy"],
@@ -869,7 +930,8 @@ def _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration,
     "checkpoints": str(ckpt.directory),
     **{k: v for k, v in last.items() if k.startswith("eval/pass@")},
   }
-  (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+  if distributed.is_primary():
+    (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
   return summary
 
 

@@ -1,15 +1,24 @@
 """Runs one RL iteration of a small config on given meshes; used by test_sharding.py.
 
-  XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/mesh_run.py OUT 8,1,1 2,2,2
+  python tests/mesh_run.py OUT --warm BASE 1,1,1     # warm start on 1 device -> BASE
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/mesh_run.py OUT --base BASE 8,1,1 2,2,2
 
-For each mesh (data,fsdp,tensor) it runs `train.run` in a fresh workdir, restores the
-final train state, samples greedily from it, and saves to OUT/<mesh>.npz: every param
-(flattened path -> array), the greedy tokens, the RL iteration's metrics (non-timing), and
-each param's partition spec and per-device shard shape.
+`--warm BASE` runs the supervised warm start once and keeps its checkpoint (iteration 0)
+in BASE. Every mesh then resumes from a copy of BASE (restored onto that mesh's
+shardings) and runs one RL iteration: all meshes start from bit-identical params, so they
+sample from the same distribution and differ only by float reduction order. (Separate
+100-step warm starts at lr 1e-2 would amplify that order into different rollouts.)
+For each mesh (data,fsdp,tensor) it restores the final train state, samples greedily from
+it, and saves to OUT/<mesh>.npz: every param (flattened path -> array), the greedy
+tokens, the RL iteration's metrics (non-timing), and each param's partition spec and
+per-device shard shape.
 """
 
+import argparse
+import contextlib
 import json
 import pathlib
+import shutil
 import sys
 import tempfile
 
@@ -27,9 +36,13 @@ _TIMING = ("time/", "tokens_per_s", "perf/")
 
 def config(mesh):
   c = arithmetic.get_config("tiny")
-  c.model.update(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, mlp_dim=64)
+  c.task.kwargs = dict(max_digits=1, ops="+")
+  c.model.update(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, mlp_dim=128)
   c.sampler.group_size = 4
-  c.update(prompts_per_step=4, iterations=1, warmstart_steps=2, warmstart_batch=8)
+  # A warm start long enough that rewards vary within groups: real policy gradients.
+  c.update(prompts_per_step=8, iterations=1, warmstart_steps=100, warmstart_batch=16)
+  c.update(warmstart_lr=1e-2)
+  c.rl.format_weight = 0.5
   c.update(eval_every=1, eval_size=8, eval_samples=0, checkpoint_every=1, peak_flops=1e11)
   c.update(reward_workers=0, progress=False, tensorboard=False)
   c.rl.num_minibatches = 2
@@ -38,11 +51,29 @@ def config(mesh):
   return c
 
 
-def main(out, meshes):
+class _Stop(Exception):
+  pass
+
+
+def warm_start(base, mesh=(1, 1, 1)):
+  """The warm start and its iteration-0 checkpoint in `base` (the run stops before
+  iteration 1 is saved)."""
+
+  def stop(it, record):
+    raise _Stop
+
+  with contextlib.suppress(_Stop):
+    train.run(config(mesh), base, log=lambda _: None, on_iteration=stop)
+  assert checkpoint.Checkpointer(pathlib.Path(base) / "checkpoints").all_steps() == [0]
+
+
+def main(out, meshes, *, base):
   out = pathlib.Path(out)
   for mesh in meshes:
     c = config(mesh)
-    with tempfile.TemporaryDirectory() as workdir:
+    with tempfile.TemporaryDirectory() as tmp:
+      workdir = pathlib.Path(tmp) / "run"
+      shutil.copytree(base, workdir)
       train.run(c, workdir, log=lambda _: None)
       setup = train.build(c)
       fns = train.functions(setup)
@@ -78,4 +109,13 @@ def main(out, meshes):
 
 
 if __name__ == "__main__":
-  main(sys.argv[1], [tuple(int(n) for n in m.split(",")) for m in sys.argv[2:]])
+  parser = argparse.ArgumentParser()
+  parser.add_argument("out")
+  parser.add_argument("meshes", nargs="*")
+  parser.add_argument("--warm", help="Run the warm start into this directory first.")
+  parser.add_argument("--base", help="Resume every mesh from a copy of this warm start.")
+  args = parser.parse_args()
+  if args.warm:
+    warm_start(args.warm)
+  meshes = [tuple(int(n) for n in m.split(",")) for m in args.meshes]
+  main(args.out, meshes, base=args.warm or args.base)

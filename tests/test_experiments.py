@@ -1,11 +1,15 @@
 """Smoke runs of the benchmark scripts in experiments/ (their figures are printed, not tested)."""
 
+import json
+import os
 import pathlib
+import subprocess
 import sys
 
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "experiments"))
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "experiments"))
 import bench_overlap  # noqa: E402
 
 
@@ -20,3 +24,27 @@ def test_bench_overlap_reports_every_figure(monkeypatch):
   # The sleeping verifier alone takes rows × 1 ms.
   assert r["score_s"] >= r["rows"] * 1e-3
   assert np.isfinite(r["hidden_frac"])
+
+
+def test_bench_sharding_reports_every_mesh():
+  # A subprocess: the script forces 8 host devices before jax starts (and runs its
+  # single-device reference in a subprocess of its own).
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env["JAX_PLATFORMS"] = "cpu"
+  r = subprocess.run(
+    [sys.executable, str(ROOT / "experiments" / "bench_sharding.py"), "--quick"],
+    env=env,
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert r.returncode == 0, r.stderr[-3000:]
+  result = json.loads(r.stdout.strip().splitlines()[-1])
+  assert set(result["meshes"]) == {"1x1x1", "2x2x2"}
+  assert result["single_device"]["devices"] == 1
+  assert result["meshes"]["2x2x2"]["devices"] == 8
+  for figures in [*result["meshes"].values(), result["single_device"]]:
+    for k in ("sample_compile_s", "train_step_compile_s", "sample_s", "train_step_s"):
+      assert figures[k] > 0, k
+    assert figures["train_step_vs_single"] > 0

@@ -1,0 +1,413 @@
+"""Per-device memory plan of a training config, before anything compiles.
+
+    plan = memory.plan_for(setup, n_devices=8)
+    print(memory.describe(plan, device_memory=memory.device_bytes("tpu-v5e")))
+    grpo-jax plan --config=configs/arithmetic.py:full --devices=8 --device=tpu-v5e
+
+Figures are bytes per device, for the mesh of `setup.mesh_cfg` on `n_devices` devices
+(they need not exist: sizes come from the rules table, not from live arrays).
+
+- params, ref_params, opt_state: every leaf's shard, from its logical axis names and
+  the rules (exact: what `sharding.init_params` and the optimizer create).
+- grads: the params-shaped gradient of a micro-batch, and the accumulator it is added to
+  when there are several micro-batches.
+- activations: what reverse-mode autodiff saves from the forward of one micro-batch for
+  the backward (the residuals of `jax.vjp` of the train loss, traced with
+  `jax.make_jaxpr`, never compiled), on per-device shapes: rows / (data × fsdp), and
+  heads, MLP width and vocabulary / tensor. Inputs that the backward reads in place
+  (params, the batch) are not counted again. `activations_remat` is the same with
+  `remat="full"` over scanned layers (only each layer's input is saved);
+  `activations_no_remat` with no remat.
+- backward working set: one float32 [rows, T, V] logits gradient; with remat or
+  scan_layers also the recomputed activations of one layer and its float32 attention-score
+  gradient [rows, heads, S, S]; with scan_layers also the layer scan's stacked gradient
+  (params-sized) before it is added to the accumulator.
+- kv_cache: the sampler's cache of the rollout batch, keys and values of every layer,
+  [rows, kv heads / tensor, P - 1 + T slots, head_dim] (+ the prefill cache of the B
+  prompts, before it is broadcast to their G rows; twice the rollout cache with
+  scan_layers, whose layer scan writes a new stacked cache while reading the old), plus
+  one [rows, V / tensor] float32 logits buffer per decode step.
+- gathered weights (in both): with fsdp > 1 each device all-gathers the weights over
+  fsdp to compute with them; XLA gathers the whole model at once, or one layer at a
+  time when the layers are scanned.
+
+Peak = resident (params + ref_params + opt_state) + max(train step: grads + activations +
+backward working set, sampling: kv_cache).
+
+Agreement with XLA's own buffer assignment on CPU (`compiled.memory_analysis()`, plan /
+XLA; `tests/test_memory.py`, `grpo-jax plan --compile` prints both):
+- params + optimizer state vs the train step's arguments: 1.00 on every mesh tried.
+- train-step temporaries: 0.91-1.05 on 1 and 8 devices, (8,1,1), (2,2,2), (1,4,2),
+  (1,8,1), scanned + remat or not; outliers: pure data parallelism with activations no
+  bigger than the gradients (8,1,1) 1.23 (XLA frees residuals while it writes
+  gradients), scanned layers without remat 1.08-1.16. Over-estimates err on the safe
+  side of the fit check.
+- sampler: 0.87-1.09 where the KV cache dominates (long generations); not modelled yet:
+  prefill buffers XLA keeps beside the cache (one device, unscanned: 1.2) and caches
+  XLA keeps unsplit over `tensor` in the decode loop ((2,2,2) unscanned: 0.5).
+XLA on CPU does not realise the saving of remat without scan_layers (measured: 6% less
+temporary memory, not the 60% the residuals predict), so the plan counts remat as
+effective only with `model.scan_layers`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import flax.linen as nn
+import jax
+import jax.extend as jex
+import jax.numpy as jnp
+
+from grpo_jax import model, rl, sampling, sharding
+
+GIB = 2**30
+
+# Memory of one device (one chip for TPUs) that jax can use, GiB (vendor specifications).
+DEVICE_MEMORY_GIB = {
+  "tpu-v4": 32,
+  "tpu-v5e": 16,
+  "tpu-v5p": 95,
+  "tpu-v6e": 32,
+  "a100-40gb": 40,
+  "a100-80gb": 80,
+  "h100": 80,
+  "h200": 141,
+}
+# XLA and the runtime keep some memory for themselves; a plan must fit in this share.
+USABLE_FRACTION = 0.9
+
+
+def device_bytes(device: str | float) -> float:
+  """Bytes of a named device (`DEVICE_MEMORY_GIB`) or of a number of GiB."""
+  if isinstance(device, int | float):
+    return float(device) * GIB
+  if device in DEVICE_MEMORY_GIB:
+    return DEVICE_MEMORY_GIB[device] * GIB
+  try:
+    return float(device) * GIB
+  except ValueError:
+    raise ValueError(
+      f"device {device!r}: name one of {sorted(DEVICE_MEMORY_GIB)} or give GiB as a number."
+    ) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """Bytes per device; see the module docstring for each term."""
+
+  mesh: tuple[int, int, int]
+  params: int
+  ref_params: int
+  opt_state: int
+  grads: int
+  activations: int  # With the config's remat / scan_layers.
+  activations_no_remat: int
+  activations_remat: int
+  backward_working: int
+  kv_cache: int
+  micro_batch_rows: int  # Rows of one micro-batch on one device.
+  rollout_rows: int  # Rollout rows on one device.
+
+  @property
+  def resident(self) -> int:
+    return self.params + self.ref_params + self.opt_state
+
+  @property
+  def train_step(self) -> int:
+    """Temporary memory of one train step (beyond the resident state)."""
+    return self.grads + self.activations + self.backward_working
+
+  @property
+  def peak(self) -> int:
+    return self.resident + max(self.train_step, self.kv_cache)
+
+
+def _leaf_bytes(shape, dtype, names, *, rules, mesh_sizes) -> int:
+  """Bytes of one device's shard of an array whose dimensions carry logical names."""
+  spec = sharding.spec(tuple(names), rules, shape=shape, mesh=_Sizes(mesh_sizes))
+  shard = [
+    d // math.prod(mesh_sizes[a] for a in ((ax,) if isinstance(ax, str) else ax))
+    if ax is not None
+    else d
+    for d, ax in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec)), strict=True)
+  ]
+  return math.prod(shard) * jnp.dtype(dtype).itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sizes:
+  shape: dict
+
+
+def _tree_bytes(boxed, *, rules, mesh_sizes) -> int:
+  """Per-device bytes of an abstract tree whose param-derived leaves are boxed with
+  logical names (others, e.g. step counters, are replicated)."""
+  specs = nn.get_partition_spec(boxed)
+  abstract = nn.unbox(boxed)
+  total = 0
+  for names, x in zip(
+    jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, sharding.P)),
+    jax.tree.leaves(abstract),
+    strict=True,
+  ):
+    names = tuple(names) + (None,) * (x.ndim - len(tuple(names)))
+    total += _leaf_bytes(x.shape, x.dtype, names, rules=rules, mesh_sizes=mesh_sizes)
+  return total
+
+
+def _local_model(cfg: model.ModelConfig, tensor: int) -> model.ModelConfig:
+  """The shapes one device computes with under tensor parallelism of size `tensor`."""
+  if tensor == 1:
+    return cfg
+  return dataclasses.replace(
+    cfg,
+    n_heads=max(cfg.n_heads // tensor, 1),
+    n_kv_heads=max(cfg.n_kv_heads // tensor, 1),
+    mlp_dim=max(cfg.mlp_dim // tensor, 1),
+    vocab_size=max(cfg.vocab_size // tensor, 1),
+  )
+
+
+def residual_bytes(cfg: model.ModelConfig, rl_cfg: rl.RLConfig, *, rows: int, P: int, T: int):
+  """Bytes autodiff saves in the forward of the train loss for the backward, for `rows`
+  rows of P prompt + T completion tokens: the outputs of the vjp's forward that are not
+  its inputs (traced with make_jaxpr; nothing runs or compiles)."""
+  params = jax.eval_shape(functools.partial(model.init, cfg), jax.random.key(0))
+  sd = jax.ShapeDtypeStruct
+  mb = rl.RolloutBatch(
+    prompt_tokens_NP=sd((rows, P), jnp.int32),
+    prompt_mask_NP=sd((rows, P), jnp.bool_),
+    tokens_NT=sd((rows, T), jnp.int32),
+    mask_NT=sd((rows, T), jnp.bool_),
+    loss_mask_NT=sd((rows, T), jnp.bool_),
+    adv_NT=sd((rows, T), jnp.float32),
+    old_logp_NT=sd((rows, T), jnp.float32),
+    ref_logp_NT=sd((rows, T), jnp.float32),
+    group_ids_N=sd((rows,), jnp.int32),
+  )
+  hyper = jax.eval_shape(rl_cfg.step_hyper)
+  model_fn = model.make_model_fn(cfg)
+
+  def residuals(params, mb, hyper):
+    loss = lambda p: jnp.sum(rl.token_terms(p, mb, hyper, cfg=rl_cfg, model_fn=model_fn)[0])
+    return jax.vjp(loss, params)[1]
+
+  closed = jax.make_jaxpr(residuals)(params, mb, hyper)
+  inputs, seen, total = set(closed.jaxpr.invars), set(), 0
+  for v in closed.jaxpr.outvars:
+    if isinstance(v, jex.core.Literal) or v in inputs or v in seen:
+      continue
+    seen.add(v)
+    total += v.aval.size * v.aval.dtype.itemsize
+  return total
+
+
+def plan(
+  model_cfg: model.ModelConfig,
+  rl_cfg: rl.RLConfig,
+  mesh_cfg: sharding.MeshConfig,
+  *,
+  n_devices: int,
+  prompts: int,
+  group_size: int,
+  prompt_len: int,
+  max_new_tokens: int,
+  optimizer,
+) -> Plan:
+  """The per-device memory plan (see the module docstring)."""
+  data, fsdp, tensor = mesh_cfg.shape(n_devices)
+  sizes = dict(zip(sharding.AXES, (data, fsdp, tensor), strict=True))
+  dp = data * fsdp
+  rules = mesh_cfg.rules
+  boxed = jax.eval_shape(functools.partial(model.init_boxed, model_cfg), jax.random.key(0))
+  params = _tree_bytes(boxed, rules=rules, mesh_sizes=sizes)
+  state = jax.eval_shape(lambda b: rl.init_state(b, optimizer), boxed)
+  opt_state = _tree_bytes(state.opt_state, rules=rules, mesh_sizes=sizes)
+  N = prompts * group_size
+  mb_rows = max(N // rl_cfg.num_minibatches // rl_cfg.micro_batches // dp, 1)
+  P, T = prompt_len, max_new_tokens
+  local = _local_model(model_cfg, tensor)
+  act = functools.partial(residual_bytes, rl_cfg=rl_cfg, rows=mb_rows, P=P, T=T)
+  no_remat = dataclasses.replace(local, remat="none", scan_layers=False)
+  with_remat = dataclasses.replace(local, remat="full", scan_layers=True)
+  one_layer = act(dataclasses.replace(no_remat, n_layers=2)) - act(
+    dataclasses.replace(no_remat, n_layers=1)
+  )
+  a_none, a_remat = act(no_remat), act(with_remat)
+  remat_on = model_cfg.remat != "none" and model_cfg.scan_layers
+  logits_grad = mb_rows * T * local.vocab_size * 4
+  working = logits_grad
+  if remat_on or model_cfg.scan_layers:  # The backward of one layer, its recomputed
+    S = P + T  # activations and its attention-score gradient, at the scan's pace.
+    working += one_layer + mb_rows * local.n_heads * S * S * 4
+  if model_cfg.scan_layers:  # The layer scan's stacked gradient, before it is accumulated.
+    working += params
+  # FSDP: weights are all-gathered over fsdp to compute; XLA gathers them all at once
+  # (one layer at a time when the layers are scanned).
+  gathered = params * (fsdp - 1) // (model_cfg.n_layers if model_cfg.scan_layers else 1)
+  working += gathered
+  rollout_rows = N // dp if N % dp == 0 else N
+  prompt_rows = prompts // dp if prompts % dp == 0 else prompts
+  slots = P - 1 + T
+  kv_per_row = (2 * model_cfg.n_layers * local.n_kv_heads * slots * model_cfg.head_dim) * jnp.dtype(
+    model_cfg.compute_dtype
+  ).itemsize + slots * 4
+  # With scan_layers the layer scan writes a new stacked cache while it reads the old one.
+  copies = 2 if model_cfg.scan_layers else 1
+  kv = (copies * rollout_rows + prompt_rows) * kv_per_row + rollout_rows * local.vocab_size * 4
+  kv += gathered
+  return Plan(
+    mesh=(data, fsdp, tensor),
+    params=params,
+    ref_params=params if rl_cfg.use_ref else 0,
+    opt_state=opt_state,
+    # The micro-batch gradient, plus the accumulator when there are several micro-batches.
+    grads=params * (2 if rl_cfg.micro_batches > 1 else 1),
+    activations=a_remat if remat_on else a_none,
+    activations_no_remat=a_none,
+    activations_remat=a_remat,
+    backward_working=working,
+    kv_cache=kv,
+    micro_batch_rows=mb_rows,
+    rollout_rows=rollout_rows,
+  )
+
+
+def plan_for(setup, *, n_devices: int | None = None, optimizer=None) -> Plan:
+  """The plan of a trainer `Setup` (train.build) on n_devices (default: this host's)."""
+  from grpo_jax import train  # noqa: PLC0415 -- train imports this module.
+
+  scfg = setup.sampler_cfg
+  return plan(
+    setup.model_cfg,
+    setup.rl_cfg,
+    setup.mesh_cfg,
+    n_devices=n_devices or jax.device_count(),
+    prompts=setup.loop.prompts_per_step,
+    group_size=scfg.group_size,
+    prompt_len=max(scfg.prompt_buckets),
+    max_new_tokens=scfg.max_new_tokens,
+    optimizer=optimizer or train._optimizer(setup.loop, lr=setup.loop.learning_rate),
+  )
+
+
+def as_dict(p: Plan) -> dict:
+  """Every figure, bytes per device (the terms, resident, train_step and peak)."""
+  d = dataclasses.asdict(p)
+  d.update(resident=p.resident, train_step=p.train_step, peak=p.peak)
+  return d
+
+
+def fits(p: Plan, device_memory: float) -> bool:
+  return p.peak <= USABLE_FRACTION * device_memory
+
+
+def advice(p: Plan, model_cfg: model.ModelConfig, rl_cfg: rl.RLConfig) -> list[str]:
+  """What to change, biggest term first."""
+  out = []
+  if p.train_step >= p.kv_cache:
+    if not (model_cfg.remat != "none" and model_cfg.scan_layers):
+      out.append(
+        f"model.remat='full' with model.scan_layers=True (activations "
+        f"{_gib(p.activations_no_remat)} -> {_gib(p.activations_remat)} GiB per device)"
+      )
+    out.append(
+      f"raise rl.micro_batches (now {rl_cfg.micro_batches}) or rl.num_minibatches (now "
+      f"{rl_cfg.num_minibatches}): activations scale with rows per micro-batch "
+      f"({p.micro_batch_rows} per device)"
+    )
+  else:
+    out.append(
+      "lower prompts_per_step, sampler.group_size or sampler.max_new_tokens: the KV cache "
+      f"holds {p.rollout_rows} rows per device"
+    )
+  if p.mesh[1] * p.mesh[2] < math.prod(p.mesh):
+    out.append("move devices from mesh.data to mesh.fsdp (params and Adam state sharded)")
+  if model_cfg.param_dtype == "float32":
+    out.append("model.param_dtype='bfloat16' halves params, grads and Adam state")
+  return out
+
+
+def _gib(n: float) -> str:
+  return f"{n / GIB:.2f}"
+
+
+def describe(p: Plan, *, device_memory: float | None = None, name: str = "") -> str:
+  """The plan as a table, GiB per device, and whether it fits `device_memory` bytes."""
+  rows = [
+    ("params", p.params),
+    ("reference params", p.ref_params),
+    ("optimizer state", p.opt_state),
+    ("gradients", p.grads),
+    ("activations (this config)", p.activations),
+    ("  without remat", p.activations_no_remat),
+    ("  with remat (scanned layers)", p.activations_remat),
+    ("backward working set", p.backward_working),
+    ("KV cache + decode logits", p.kv_cache),
+    ("peak", p.peak),
+  ]
+  lines = [f"mesh (data, fsdp, tensor) = {p.mesh}; GiB per device"]
+  lines += [f"  {k:<30} {_gib(v):>9}" for k, v in rows]
+  if device_memory:
+    usable = USABLE_FRACTION * device_memory
+    verdict = "fits" if fits(p, device_memory) else "does NOT fit"
+    lines.append(
+      f"{verdict} {name or ''} ({_gib(device_memory)} GiB, {_gib(usable)} usable): "
+      f"{100 * p.peak / usable:.0f}% of usable"
+    )
+  return "\n".join(lines)
+
+
+def measure(setup, fns) -> dict:
+  """XLA's own figures for the trainer's compiled train step and sampler on this host's
+  devices (`compiled.memory_analysis()`, bytes per device): compiles, allocates nothing."""
+  loop, scfg, rl_cfg = setup.loop, setup.sampler_cfg, setup.rl_cfg
+  N = loop.prompts_per_step * scfg.group_size
+  n, P, T = N // rl_cfg.num_minibatches, max(scfg.prompt_buckets), scfg.max_new_tokens
+  sd = jax.ShapeDtypeStruct
+  state = jax.eval_shape(
+    lambda k: rl.init_state(model.init(setup.model_cfg, k), fns.optimizer), jax.random.key(0)
+  )
+  mb = rl.RolloutBatch(
+    prompt_tokens_NP=sd((n, P), jnp.int32),
+    prompt_mask_NP=sd((n, P), jnp.bool_),
+    tokens_NT=sd((n, T), jnp.int32),
+    mask_NT=sd((n, T), jnp.bool_),
+    loss_mask_NT=sd((n, T), jnp.bool_),
+    adv_NT=sd((n, T), jnp.float32),
+    old_logp_NT=sd((n, T), jnp.float32),
+    ref_logp_NT=sd((n, T), jnp.float32),
+    group_ids_N=sd((n,), jnp.int32),
+  )
+  B = loop.prompts_per_step
+  prompts = sampling.Prompts(tokens_BP=sd((B, P), jnp.int32), mask_BP=sd((B, P), jnp.bool_))
+  with fns.layout.context():
+    step = fns.train_step.jitted.lower(state, mb, jax.eval_shape(rl_cfg.step_hyper)).compile()
+    sample = fns.sample.jitted.lower(
+      state.params, prompts, jax.eval_shape(lambda: jax.random.key(0)), setup.sampling_hyper
+    ).compile()
+  a, b = step.memory_analysis(), sample.memory_analysis()
+  return {
+    "train_step_arguments": a.argument_size_in_bytes,
+    "train_step_temp": a.temp_size_in_bytes,
+    "sample_temp": b.temp_size_in_bytes,
+  }
+
+
+class OutOfMemoryPlan(ValueError):
+  """The memory plan of a config exceeds the device memory."""
+
+
+def check(p: Plan, device_memory: float, model_cfg, rl_cfg) -> None:
+  """Raises OutOfMemoryPlan, with the plan and what to change, when p does not fit."""
+  if fits(p, device_memory):
+    return
+  tips = "\n  - ".join(advice(p, model_cfg, rl_cfg))
+  raise OutOfMemoryPlan(
+    f"This config needs {_gib(p.peak)} GiB per device, more than the "
+    f"{_gib(USABLE_FRACTION * device_memory)} GiB usable of {_gib(device_memory)} GiB "
+    f"(mesh.memory_limit_gib or the device's own limit):\n{describe(p)}\nChange:\n  - {tips}"
+  )

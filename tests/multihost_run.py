@@ -1,0 +1,91 @@
+"""One process of a multi-process run of the tiny config; used by test_multihost.py.
+
+  python tests/multihost_run.py OUT WORKDIR --base BASE --devices 2 --process_id 0 --processes 2
+
+Each process has --devices CPU devices (`jax_num_cpu_devices`); with --processes > 1 they
+join through `distributed.initialize` (coordinator on localhost:--port, gloo CPU
+collectives). The run trains up to --iterations RL iterations with `train.run` in WORKDIR,
+on the mesh --mesh (data,fsdp,tensor), resuming from WORKDIR's latest checkpoint; a new
+WORKDIR starts as a copy of --base (a warm start made by `mesh_run.py --warm`). It gathers
+the final params to every process and saves OUT/process<id>.npz: every param (path ->
+array), the RL iterations' metrics (non-timing), and the rows of the last
+prompt batch this process scored.
+"""
+
+import argparse
+import json
+import pathlib
+import shutil
+import sys
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+import mesh_run  # noqa: E402
+
+from grpo_jax import checkpoint, distributed, logs, train  # noqa: E402
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser()
+  parser.add_argument("out")
+  parser.add_argument("workdir")
+  parser.add_argument("--devices", type=int, default=2)
+  parser.add_argument("--process_id", type=int, default=0)
+  parser.add_argument("--processes", type=int, default=1)
+  parser.add_argument("--port", type=int, default=12355)
+  parser.add_argument("--iterations", type=int, default=2)
+  parser.add_argument("--mesh", default="2,2,1")
+  parser.add_argument("--base", required=True)
+  args = parser.parse_args(argv)
+
+  jax.config.update("jax_num_cpu_devices", args.devices)
+  if args.processes > 1:
+    distributed.initialize(
+      "on",
+      coordinator_address=f"localhost:{args.port}",
+      num_processes=args.processes,
+      process_id=args.process_id,
+    )
+  if jax.process_index() == 0 and not pathlib.Path(args.workdir).exists():
+    shutil.copytree(args.base, args.workdir)
+  multihost_utils.sync_global_devices("workdir ready")
+  c = mesh_run.config(tuple(int(n) for n in args.mesh.split(",")))
+  c.iterations = args.iterations
+  c.update(eval_size=8, eval_samples=2, checkpoint_every=1)
+  summary = train.run(c, args.workdir, log=lambda _: None)
+  setup = train.build(c)
+  fns = train.functions(setup)
+  ckpt = checkpoint.Checkpointer(pathlib.Path(args.workdir) / "checkpoints")
+  tree, _ = ckpt.restore(ckpt.latest_step(), like=train._abstract_tree(setup, fns))
+  ckpt.close()
+  params = multihost_utils.process_allgather(tree["train"].params, tiled=True)
+  flat = {
+    "param" + jax.tree_util.keystr(p): np.asarray(x)
+    for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
+  }
+  metrics = []
+  if jax.process_index() == 0:
+    records = logs.read_jsonl(pathlib.Path(args.workdir) / "metrics.jsonl")
+    metrics = [
+      {k: v for k, v in r.items() if not k.startswith(mesh_run._TIMING)}
+      for r in records
+      if r["phase"] == "rl"
+    ]
+  n = setup.loop.prompts_per_step * setup.sampler_cfg.group_size
+  rows = distributed.local_rows(fns.layout.rows(n), n)
+  np.savez(
+    pathlib.Path(args.out) / f"process{jax.process_index()}.npz",
+    metrics=json.dumps(metrics),
+    summary=json.dumps({k: v for k, v in summary.items() if "seconds" not in k}),
+    rows=np.array([rows.start, rows.stop]),
+    processes=jax.process_count(),
+    **flat,
+  )
+
+
+if __name__ == "__main__":
+  main()

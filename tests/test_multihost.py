@@ -1,0 +1,109 @@
+"""Two processes on localhost, 2 CPU devices each, joined by `jax.distributed.initialize`
+with gloo CPU collectives (`jax_cpu_collectives_implementation`), train the tiny config on
+a (data 2, fsdp 2) mesh that spans both, from a warm-start checkpoint made on one device;
+the run stops after 1 iteration and resumes from its orbax multi-host checkpoint for a
+second. Both processes must end with the same params, equal to one process with 4 devices
+running the 2 iterations straight."""
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SCRIPT = str(ROOT / "tests" / "multihost_run.py")
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _launch(out, workdir, base, *, processes, devices, iterations):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  port = _free_port()
+  procs = [
+    subprocess.Popen(
+      [sys.executable, SCRIPT, str(out), str(workdir), "--base", str(base)]
+      + ["--devices", str(devices)]
+      + ["--processes", str(processes), "--process_id", str(i), "--port", str(port)]
+      + ["--iterations", str(iterations), "--mesh", "2,2,1"],
+      env=env,
+      cwd=ROOT,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for i in range(processes)
+  ]
+  errors = [p.communicate(timeout=600)[1] for p in procs]
+  for p, err in zip(procs, errors, strict=True):
+    assert p.returncode == 0, err[-3000:]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  two, one = tmp_path_factory.mktemp("two"), tmp_path_factory.mktemp("one")
+  base = tmp_path_factory.mktemp("warm") / "base"
+  r = subprocess.run(
+    [sys.executable, str(ROOT / "tests" / "mesh_run.py"), str(base.parent), "--warm", str(base)],
+    env=dict(os.environ, JAX_PLATFORMS="cpu"),
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert r.returncode == 0, r.stderr[-3000:]
+  _launch(two, two / "work", base, processes=2, devices=2, iterations=1)
+  _launch(two, two / "work", base, processes=2, devices=2, iterations=2)  # Resumes at 1.
+  _launch(one, one / "work", base, processes=1, devices=4, iterations=2)
+  load = lambda d, i: np.load(d / f"process{i}.npz")
+  return {"p0": load(two, 0), "p1": load(two, 1), "single": load(one, 0), "two": two, "one": one}
+
+
+def _params(npz):
+  return {k: npz[k] for k in npz.files if k.startswith("param")}
+
+
+def test_each_process_scored_its_own_rows(runs):
+  assert int(runs["p0"]["processes"]) == 2 and int(runs["single"]["processes"]) == 1
+  assert list(runs["p0"]["rows"]) == [0, 16] and list(runs["p1"]["rows"]) == [16, 32]
+  assert list(runs["single"]["rows"]) == [0, 32]
+
+
+def test_both_processes_end_with_identical_params(runs):
+  p0, p1 = _params(runs["p0"]), _params(runs["p1"])
+  assert len(p0) > 20
+  for k in p0:
+    np.testing.assert_array_equal(p0[k], p1[k], err_msg=k)
+
+
+def test_two_processes_match_one_process_with_resume_in_between(runs):
+  """Tolerance: as test_sharding (cross-process all-reduces sum in another order)."""
+  got, want = _params(runs["p0"]), _params(runs["single"])
+  for k in want:
+    np.testing.assert_allclose(got[k], want[k], rtol=0, atol=3e-4, err_msg=k)
+    assert np.linalg.norm(got[k] - want[k]) <= 1e-2 * np.linalg.norm(want[k]), k
+  m_got, m_want = (json.loads(str(runs[r]["metrics"])) for r in ("p0", "single"))
+  assert [m["iteration"] for m in m_want] == [m["iteration"] for m in m_got] == [1, 2]
+  assert max(m["grad_norm"] for m in m_want) > 0.1  # A real policy gradient.
+  for got, want in zip(m_got, m_want, strict=True):
+    for k, v in want.items():
+      expect = pytest.approx(v, rel=1e-3, abs=1e-4) if isinstance(v, float) else v
+      assert got[k] == expect, (want["iteration"], k)
+  s_got, s_want = (json.loads(str(runs[r]["summary"])) for r in ("p0", "single"))
+  for k in ("warmstart_accuracy", "final_accuracy", "iterations_done", "eval/pass@2"):
+    assert s_got[k] == s_want[k], k
+
+
+def test_only_the_primary_process_writes_the_logs(runs):
+  lines = (runs["two"] / "work" / "metrics.jsonl").read_text().splitlines()
+  assert [json.loads(x)["iteration"] for x in lines] == [0, 1, 2]
+  assert (runs["two"] / "work" / "summary.json").exists()
