@@ -326,6 +326,17 @@ class Block(nn.Module):
     return nn.with_logical_constraint(x_BTD, ACT_BTD), kv_new
 
 
+class _Embed(nn.Embed):
+  """nn.Embed whose lookup reads the table gathered over fsdp, as every FSDP weight is
+  when used: gathering rows from a table split on `embed` and then re-splitting the rows
+  over the batch axes makes XLA replicate the whole output first (its "involuntary full
+  rematerialization")."""
+
+  def __call__(self, inputs):
+    table_VD = nn.with_logical_constraint(self.embedding, ("vocab", None))
+    return jnp.take(table_VD, inputs, axis=0).astype(self.dtype)
+
+
 class Decoder(nn.Module):
   """Embeddings, the layer stack and the LM head. Returns float32 logits."""
 
@@ -336,7 +347,7 @@ class Decoder(nn.Module):
   def __call__(self, tokens_BT, positions_BT, cache_kv, cache_pos_BS, index):
     """cache_kv None: returns this call's k/v [L,B,T,K,E]; else the updated buffers."""
     cfg = self.cfg
-    embed = nn.Embed(
+    embed = _Embed(
       cfg.vocab_size,
       cfg.d_model,
       dtype=cfg.compute_dtype,

@@ -12,11 +12,67 @@ import socket
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
+from grpo_jax import distributed
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCRIPT = str(ROOT / "tests" / "multihost_run.py")
+
+
+def test_initialize_only_when_the_environment_announces_several_processes(monkeypatch):
+  for var in (
+    "JAX_COORDINATOR_ADDRESS",
+    "TPU_WORKER_HOSTNAMES",
+    "SLURM_NTASKS",
+    "OMPI_COMM_WORLD_SIZE",
+  ):
+    monkeypatch.delenv(var, raising=False)
+  assert distributed._env_process_count() == 1
+  assert distributed.initialize("auto") is False and distributed.initialize("off") is False
+  monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "t1k-w-0,t1k-w-1,t1k-w-2,t1k-w-3")
+  assert distributed._env_process_count() == 4
+  monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "localhost")  # A single-host TPU VM.
+  monkeypatch.setenv("SLURM_NTASKS", "2")
+  assert distributed._env_process_count() == 2
+  with pytest.raises(ValueError, match="allowed: .'auto', 'on', 'off'."):
+    distributed.initialize("yes")
+
+
+class _Device:
+  def __init__(self, p):
+    self.process_index = p
+
+
+class _Sharding:
+  def __init__(self, blocks):  # [(process, start, stop)] per device
+    self.blocks = blocks
+
+  def devices_indices_map(self, shape):
+    return {_Device(p): (slice(a, b),) for p, a, b in self.blocks}
+
+
+def test_row_ranges_per_process_and_non_contiguous_blocks_are_refused():
+  s = _Sharding([(0, 0, 4), (0, 4, 8), (1, 8, 12), (1, 12, 16)])
+  assert distributed._row_ranges(s, 16) == {0: (0, 8), 1: (8, 16)}
+  replicated = _Sharding([(0, 0, 16), (1, 0, 16)])
+  assert distributed._row_ranges(replicated, 16) == {0: (0, 16), 1: (0, 16)}
+  with pytest.raises(ValueError, match="not one contiguous block"):
+    distributed._row_ranges(_Sharding([(0, 0, 4), (1, 4, 8), (0, 8, 12), (1, 12, 16)]), 16)
+
+
+def test_one_process_helpers_are_identities():
+  sh = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  x = np.arange(12.0).reshape(6, 2)
+  assert distributed.local_rows(sh, 6) == slice(0, 6)
+  g = distributed.to_global(x, sh, 6)
+  np.testing.assert_array_equal(distributed.fetch_local(g), x)
+  np.testing.assert_array_equal(distributed.host_value(g), x)
+  assert distributed.gather_rows(x, sh, 6) is x
+  assert distributed.max_across(7) == 7 and distributed.sum_across(3) == 3
+  assert distributed.is_primary()
 
 
 def _free_port() -> int:
