@@ -171,23 +171,31 @@ def _local_model(cfg: model.ModelConfig, tensor: int) -> model.ModelConfig:
   )
 
 
+def abstract_minibatch(rows: int, P: int, T: int) -> rl.RolloutBatch:
+  """Shapes and dtypes of a mini-batch of `rows` rows of P prompt + T completion tokens."""
+  sd = jax.ShapeDtypeStruct
+  token = lambda *shape: sd(shape, jnp.int32)
+  flag = lambda *shape: sd(shape, jnp.bool_)
+  real = lambda *shape: sd(shape, jnp.float32)
+  return rl.RolloutBatch(
+    prompt_tokens_NP=token(rows, P),
+    prompt_mask_NP=flag(rows, P),
+    tokens_NT=token(rows, T),
+    mask_NT=flag(rows, T),
+    loss_mask_NT=flag(rows, T),
+    adv_NT=real(rows, T),
+    old_logp_NT=real(rows, T),
+    ref_logp_NT=real(rows, T),
+    group_ids_N=token(rows),
+  )
+
+
 def residual_bytes(cfg: model.ModelConfig, rl_cfg: rl.RLConfig, *, rows: int, P: int, T: int):
   """Bytes autodiff saves in the forward of the train loss for the backward, for `rows`
   rows of P prompt + T completion tokens: the outputs of the vjp's forward that are not
   its inputs (traced with make_jaxpr; nothing runs or compiles)."""
   params = jax.eval_shape(functools.partial(model.init, cfg), jax.random.key(0))
-  sd = jax.ShapeDtypeStruct
-  mb = rl.RolloutBatch(
-    prompt_tokens_NP=sd((rows, P), jnp.int32),
-    prompt_mask_NP=sd((rows, P), jnp.bool_),
-    tokens_NT=sd((rows, T), jnp.int32),
-    mask_NT=sd((rows, T), jnp.bool_),
-    loss_mask_NT=sd((rows, T), jnp.bool_),
-    adv_NT=sd((rows, T), jnp.float32),
-    old_logp_NT=sd((rows, T), jnp.float32),
-    ref_logp_NT=sd((rows, T), jnp.float32),
-    group_ids_N=sd((rows,), jnp.int32),
-  )
+  mb = abstract_minibatch(rows, P, T)
   hyper = jax.eval_shape(rl_cfg.step_hyper)
   model_fn = model.make_model_fn(cfg)
 
@@ -371,17 +379,7 @@ def measure(setup, fns) -> dict:
   state = jax.eval_shape(
     lambda k: rl.init_state(model.init(setup.model_cfg, k), fns.optimizer), jax.random.key(0)
   )
-  mb = rl.RolloutBatch(
-    prompt_tokens_NP=sd((n, P), jnp.int32),
-    prompt_mask_NP=sd((n, P), jnp.bool_),
-    tokens_NT=sd((n, T), jnp.int32),
-    mask_NT=sd((n, T), jnp.bool_),
-    loss_mask_NT=sd((n, T), jnp.bool_),
-    adv_NT=sd((n, T), jnp.float32),
-    old_logp_NT=sd((n, T), jnp.float32),
-    ref_logp_NT=sd((n, T), jnp.float32),
-    group_ids_N=sd((n,), jnp.int32),
-  )
+  mb = abstract_minibatch(n, P, T)
   B = loop.prompts_per_step
   prompts = sampling.Prompts(tokens_BP=sd((B, P), jnp.int32), mask_BP=sd((B, P), jnp.bool_))
   with fns.layout.context():

@@ -2,9 +2,7 @@
 and the trainer's refusal of a config that cannot fit, before anything compiles."""
 
 import json
-import os
 import pathlib
-import subprocess
 import sys
 
 import pytest
@@ -13,7 +11,9 @@ from grpo_jax import memory, model, rl, sharding, train
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "configs"))
+sys.path.insert(0, str(ROOT / "tests"))
 import scale  # noqa: E402
+import subproc  # noqa: E402
 
 
 def test_shard_bytes_by_hand():
@@ -78,17 +78,7 @@ def test_device_names_and_numbers():
 
 
 def _cli(*args, devices=1):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-  r = subprocess.run(
-    [sys.executable, "-m", "grpo_jax.main", "plan", *args],
-    env=env,
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
-    timeout=600,
-  )
-  assert r.returncode == 0, r.stderr[-3000:]
+  r = subproc.run(["-m", "grpo_jax.main", "plan", *args], devices=devices)
   return r.stdout, json.loads(r.stdout.strip().splitlines()[-1])
 
 

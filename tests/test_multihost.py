@@ -18,6 +18,9 @@ import pytest
 
 from grpo_jax import distributed
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import subproc  # noqa: E402
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCRIPT = str(ROOT / "tests" / "multihost_run.py")
 
@@ -108,15 +111,7 @@ def _launch(out, workdir, base, *, processes, devices, iterations):
 def runs(tmp_path_factory):
   two, one = tmp_path_factory.mktemp("two"), tmp_path_factory.mktemp("one")
   base = tmp_path_factory.mktemp("warm") / "base"
-  r = subprocess.run(
-    [sys.executable, str(ROOT / "tests" / "mesh_run.py"), str(base.parent), "--warm", str(base)],
-    env=dict(os.environ, JAX_PLATFORMS="cpu"),
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
-    timeout=600,
-  )
-  assert r.returncode == 0, r.stderr[-3000:]
+  subproc.run([ROOT / "tests" / "mesh_run.py", base.parent, "--warm", base])
   _launch(two, two / "work", base, processes=2, devices=2, iterations=1)
   _launch(two, two / "work", base, processes=2, devices=2, iterations=2)  # Resumes at 1.
   _launch(one, one / "work", base, processes=1, devices=4, iterations=2)

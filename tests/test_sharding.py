@@ -2,9 +2,7 @@
 8 forced CPU devices giving the single-device result on meshes (8,1,1), (2,2,2), (1,4,2)."""
 
 import json
-import os
 import pathlib
-import subprocess
 import sys
 
 import jax
@@ -16,6 +14,7 @@ from grpo_jax import model, sharding, train
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 import mesh_run  # noqa: E402
+import subproc  # noqa: E402
 
 MESHES = ("8x1x1", "2x2x2", "1x4x2")
 
@@ -83,18 +82,7 @@ def test_single_device_params_carry_the_rules_specs():
 
 
 def _run(out, meshes, devices, *flags):
-  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-  env["JAX_PLATFORMS"] = "cpu"
-  r = subprocess.run(
-    [sys.executable, str(ROOT / "tests" / "mesh_run.py"), str(out), *meshes, *flags],
-    env=env,
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
-    timeout=600,
-  )
-  assert r.returncode == 0, r.stderr[-3000:]
-  return r.stderr
+  return subproc.run([ROOT / "tests" / "mesh_run.py", out, *meshes, *flags], devices=devices).stderr
 
 
 @pytest.fixture(scope="module")
