@@ -22,23 +22,27 @@ Choices, and why:
   `remat="full"` (the plan's activations drop 10-30x; compile time stays flat in depth),
   and the batch split over data × fsdp.
 - 0.5B (896 wide, 24 layers, 14 heads, 2 KV heads, vocab 151936), v5e-8 or one GPU:
-  FSDP over all devices (fsdp=-1), no tensor parallelism. Resident state is 6 GiB in all,
-  0.75 GiB a chip over 8: sharding it costs one all-gather per layer. Tensor
+  FSDP over all devices (fsdp=-1), no tensor parallelism. Resident state (params, the
+  reference copy, Adam) is 7.4 GiB in all, 0.92 GiB a chip over 8: sharding it costs one
+  all-gather per layer. Tensor
   parallelism would split matmuls only 896 wide (the all-reduces after every o and down
   projection would cost more than they save) and 2 KV heads allow at most tensor=2.
   The vocabulary is the memory: a float32 [rows, T, 151936] logits block is 0.6 MB a
   token, so micro_batches=4 keeps it at 4 rows a device.
-  Plan, 8 × v5e: peak 2.6 GiB (of 14.4 usable), activations 0.5 GiB with remat (2.5 without).
+  Plan, 8 × v5e: peak 8.2 GiB (of 14.4 usable); activations 2.8 GiB with remat, 28.9
+  without.
 - 1.5B (1536 wide, 28 layers, 12 heads, 2 KV heads), v5e-8: the same layout. Resident
   state 23 GiB in all, 2.9 GiB a chip over 8.
-  Plan, 8 × v5e: peak 5.9 GiB.
+  Plan, 8 × v5e: peak 12.4 GiB; activations 3.2 GiB with remat, 41.2 without.
 - 7B (3584 wide, 28 layers, 28 heads, 4 KV heads, vocab 152064, untied): resident state
-  (f32 params + Adam, and a reference copy for the KL) 140 GiB, more than one host of
-  v5e (8 × 16 GiB) holds. tensor=4 inside a host (4 KV heads, 28 heads: 7 a device; the
+  (f32 params + Adam, and a reference copy for the KL) 113 GiB, 14.2 GiB a chip on one
+  v5e host (8 × 16 GiB, 14.4 usable each): no room left for gradients or activations. tensor=4 inside a host (4 KV heads, 28 heads: 7 a device; the
   vocabulary, and so the logits, split 4 ways), fsdp over the rest (-1), so the
   all-reduces of tensor parallelism stay on the fast intra-host links and FSDP's
   gathers cross hosts once per layer.
-  Plan, 16 × v5e (v5e-16): peak 13.1 GiB of 14.4 usable; 8 × H100: peak 20.8 GiB.
+  32 micro-batches: 1 row a device per micro-batch.
+  Plan, 16 × v5e (v5e-16): peak 13.8 GiB of 14.4 usable; 8 × v5e: does not fit (27.0);
+  8 × H100: peak 27.0 GiB of 72 usable.
 """
 
 from grpo_jax import presets, train

@@ -34,7 +34,7 @@ def _env_process_count() -> int:
   Slurm or Open MPI; 1 when none does."""
   env = os.environ
   if env.get("JAX_COORDINATOR_ADDRESS"):
-    return max(int(env.get("JAX_NUM_PROCESSES", "2")), 2)
+    return int(env.get("JAX_NUM_PROCESSES", "2"))
   hosts = [h for h in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if h.strip()]
   counts = [
     len(hosts),

@@ -52,7 +52,7 @@ def plan(config) -> dict:
   p = memory.plan_for(setup, n_devices=_DEVICES.value)
   device = memory.device_bytes(_DEVICE.value) if _DEVICE.value else None
   print(memory.describe(p, device_memory=device, name=_DEVICE.value or ""))
-  out = {"mesh": p.mesh, **memory.as_dict(p)}
+  out = memory.as_dict(p)
   if device:
     out.update(device_memory=device, fits=memory.fits(p, device))
     if not out["fits"]:

@@ -137,9 +137,9 @@ class Setup:
 _SECTIONS = ("task", "model", "sampler", "sampling", "rl", "mesh")
 
 
-def _validate_mesh(mesh_cfg: sharding.MeshConfig, loop: LoopConfig, rl_cfg, group_size: int, n):
+def _validate_mesh(mesh_cfg: sharding.MeshConfig, loop, rl_cfg, group_size: int, n_devices):
   """Mesh sizes against the device count, and batch rows against data × fsdp."""
-  data, fsdp, _ = mesh_cfg.shape(n or jax.device_count())
+  data, fsdp, _ = mesh_cfg.shape(n_devices or jax.device_count())
   dp = data * fsdp
   n = loop.prompts_per_step * group_size
   rows = {
