@@ -29,12 +29,14 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from grpo_jax import config_lib
 
 Params = Any
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+ROPE_SCALINGS = ("none", "linear", "llama3")
 _REMAT_POLICIES = {
   "none": None,
   "full": jax.checkpoint_policies.nothing_saveable,
@@ -59,6 +61,13 @@ class ModelConfig:
   head_dim: int
   mlp_dim: int
   rope_theta: float = 10_000.0
+  # Rotary frequency scaling (``rope_inv_freq``): "none", "linear" (inv_freq / factor) or
+  # "llama3" (Llama 3.1: low frequencies / factor, high kept, smooth in between).
+  rope_scaling: str = "none"
+  rope_factor: float = 1.0
+  rope_low_freq_factor: float = 1.0  # llama3 only.
+  rope_high_freq_factor: float = 4.0  # llama3 only.
+  rope_original_max_len: int = 8192  # llama3 only: the pre-scaling context length.
   norm_eps: float = 1e-6
   qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k.
   attn_bias: bool = False  # Qwen2: biases on the q, k, v projections.
@@ -97,6 +106,19 @@ class ModelConfig:
       raise ValueError(f"ModelConfig.remat={self.remat!r}; allowed: {sorted(_REMAT_POLICIES)}.")
     if self.rope_theta <= 0 or self.norm_eps <= 0 or self.init_std <= 0:
       raise ValueError("ModelConfig.rope_theta, norm_eps and init_std must be positive.")
+    if self.rope_scaling not in ROPE_SCALINGS:
+      raise ValueError(
+        f"ModelConfig.rope_scaling={self.rope_scaling!r}; allowed: {list(ROPE_SCALINGS)}."
+      )
+    if self.rope_factor <= 0 or self.rope_original_max_len <= 0:
+      raise ValueError("ModelConfig.rope_factor and rope_original_max_len must be positive.")
+    if self.rope_scaling == "llama3" and not (
+      0 < self.rope_low_freq_factor < self.rope_high_freq_factor
+    ):
+      raise ValueError(
+        "ModelConfig llama3 rope scaling needs 0 < rope_low_freq_factor < rope_high_freq_factor, "
+        f"got {self.rope_low_freq_factor} and {self.rope_high_freq_factor}."
+      )
 
   @classmethod
   def from_dict(cls, d) -> ModelConfig:
@@ -160,13 +182,35 @@ class RMSNorm(nn.Module):
     return y.astype(self.dtype) * scale.astype(self.dtype).reshape((1,) * (x.ndim - 1) + (-1,))
 
 
-def rope(x_BTNE, positions_BT, *, theta: float):
+def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
+  """Rotary inverse frequencies ω_i, i < E/2 (float64, static).
+
+  ω_i = theta^(-2i/E), then by `rope_scaling`:
+  - "linear": ω_i / factor.
+  - "llama3" (Llama 3.1, as transformers' `_compute_llama3_parameters`): with wavelength
+    λ_i = 2π/ω_i, N the original context, l / h the low / high frequency factors:
+    ω_i / factor where λ_i > N/l; ω_i where λ_i < N/h; in between
+    (1 - s)·ω_i/factor + s·ω_i with s = (N/λ_i - l) / (h - l).
+  """
+  E = cfg.head_dim
+  inv = cfg.rope_theta ** (-np.arange(0, E, 2, dtype=np.float64) / E)
+  if cfg.rope_scaling == "linear":
+    return inv / cfg.rope_factor
+  if cfg.rope_scaling == "llama3":
+    n, lo, hi = cfg.rope_original_max_len, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+    wavelen = 2 * np.pi / inv
+    smooth = (n / wavelen - lo) / (hi - lo)
+    mixed = (1 - smooth) * inv / cfg.rope_factor + smooth * inv
+    return np.where(wavelen > n / lo, inv / cfg.rope_factor, np.where(wavelen < n / hi, inv, mixed))
+  return inv
+
+
+def rope(x_BTNE, positions_BT, *, inv_freq):
   """Rotary embedding, half-split ("rotate_half") layout as in HF Llama/Qwen.
 
-  For pair (x_i, x_{i+E/2}) at position p: angle p * theta^(-2i/E), rotated in float32.
+  For pair (x_i, x_{i+E/2}) at position p: angle p·ω_i (``rope_inv_freq``), in float32.
   """
-  half = x_BTNE.shape[-1] // 2
-  inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / x_BTNE.shape[-1])
+  inv_freq = jnp.asarray(inv_freq, jnp.float32)
   angle_BTh = positions_BT.astype(jnp.float32)[..., None] * inv_freq[None, None, :]
   sin, cos = jnp.sin(angle_BTh)[:, :, None, :], jnp.cos(angle_BTh)[:, :, None, :]
   x1, x2 = jnp.split(x_BTNE.astype(jnp.float32), 2, axis=-1)
@@ -257,8 +301,9 @@ class Attention(nn.Module):
       )
       q_BTHE = norm(name="q_norm")(q_BTHE)
       k_BTKE = norm(name="k_norm")(k_BTKE)
-    q_BTHE = rope(q_BTHE, positions_BT, theta=cfg.rope_theta)
-    k_BTKE = rope(k_BTKE, positions_BT, theta=cfg.rope_theta)
+    inv_freq = rope_inv_freq(cfg)
+    q_BTHE = rope(q_BTHE, positions_BT, inv_freq=inv_freq)
+    k_BTKE = rope(k_BTKE, positions_BT, inv_freq=inv_freq)
 
     B, T = positions_BT.shape
     R = H // K
