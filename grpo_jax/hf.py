@@ -558,3 +558,81 @@ def export(
 
 def _natural_key(name: str):
   return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+# ----------------------------------------------------------------------------
+# hf-check: does a checkpoint load and agree with transformers?
+# ----------------------------------------------------------------------------
+
+
+def check_batch(vocab_size: int, *, seed: int = 0, rows: int = 3, length: int = 16):
+  """Token ids [rows, length] and a mask; row 1 is left-padded by length // 3 (pad id 0)."""
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(0, vocab_size, (rows, length), dtype=np.int64)
+  mask = np.ones((rows, length), np.int64)
+  mask[1, : length // 3] = 0
+  ids[mask == 0] = 0
+  return ids, mask
+
+
+def transformers_logits(hf_dir, ids: np.ndarray, mask: np.ndarray) -> np.ndarray | None:
+  """The same batch through transformers' float32 torch forward (position ids skip the
+  padding), or None when torch / transformers are not installed."""
+  try:
+    import torch
+    import transformers
+  except ImportError:
+    return None
+  m = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+  m.eval()
+  positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
+  with torch.no_grad():
+    out = m(
+      input_ids=torch.tensor(ids),
+      attention_mask=torch.tensor(mask),
+      position_ids=torch.tensor(positions),
+    )
+  return out.logits.float().numpy()
+
+
+def check(hf_dir, *, tolerance: float = 1e-4, dtype: str = "float32", compare: bool = True) -> dict:
+  """Imports a checkpoint, runs a forward on a small batch (one row left-padded) and, when
+  transformers is installed and `compare`, the same batch through transformers.
+
+  Returns figures: arch, params, import seconds, a logits summary, max_abs_diff (None
+  without transformers) and ok = max_abs_diff <= tolerance (True when not compared)."""
+  import time
+
+  import jax.numpy as jnp
+
+  hf_dir = pathlib.Path(hf_dir)
+  base = read_config(hf_dir)
+  cfg = model_config(base, where=str(hf_dir / "config.json"), param_dtype=dtype, dtype=dtype)
+  t0 = time.perf_counter()
+  params = load_params(hf_dir, cfg)
+  jax.block_until_ready(params)
+  load_s = time.perf_counter() - t0
+  ids, mask = check_batch(cfg.vocab_size)
+  logits, _ = model.apply(
+    params, jnp.asarray(ids), model.positions_from_mask(jnp.asarray(mask)), cfg=cfg
+  )
+  keep = mask.astype(bool)
+  ours = np.asarray(logits)[keep]
+  out = dict(
+    hf_dir=str(hf_dir),
+    arch=arch_of(base),
+    params=model.param_count(params),
+    dtype=dtype,
+    import_seconds=round(load_s, 3),
+    logits_mean=float(ours.mean()),
+    logits_std=float(ours.std()),
+    logits_absmax=float(np.abs(ours).max()),
+    argmax_last=[int(i) for i in np.asarray(logits)[:, -1].argmax(-1)],
+    max_abs_diff=None,
+    tolerance=tolerance,
+  )
+  ref = transformers_logits(hf_dir, ids, mask) if compare else None
+  if ref is not None:
+    out["max_abs_diff"] = float(np.abs(ours - ref[keep]).max())
+  out["ok"] = out["max_abs_diff"] is None or out["max_abs_diff"] <= tolerance
+  return out

@@ -2,10 +2,17 @@
 
   grpo-jax plan --config=configs/arithmetic.py:full --devices=8 --device=tpu-v5e
 
+  grpo-jax hf-check --hf_dir=/path/to/Qwen2.5-0.5B-Instruct
+
 `plan` prints the per-device memory plan of a config (`memory`) for a device count and
 says whether it fits a device (a name in `memory.DEVICE_MEMORY_GIB`, or GiB); with
 `--compile` it also compiles the train step and sampler on this host's devices and prints
 XLA's own figures next to the plan. Its last line is one JSON object.
+
+`hf-check` imports a Hugging Face checkpoint directory, runs a forward on a few token
+sequences (one left-padded) and prints the logits' summary; with torch and transformers
+installed it runs the same batch through transformers and prints the max abs difference.
+Its last line is one JSON object; it exits 1 when the difference exceeds `--tolerance`.
 
 Overrides use ml-collections syntax, e.g. `--config.rl.advantage=rloo`; the config is
 locked, so a misspelt key fails. The same entry point is `train.run(config, workdir)` in
@@ -24,7 +31,7 @@ import json
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from grpo_jax import distributed, memory, train
+from grpo_jax import distributed, hf, memory, train
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Config file[:variant].", lock_config=True
@@ -69,13 +76,53 @@ def plan(config) -> dict:
   return out
 
 
+_HF_DIR = flags.DEFINE_string("hf_dir", None, "hf-check: a Hugging Face checkpoint directory.")
+_TOLERANCE = flags.DEFINE_float(
+  "tolerance", 1e-4, "hf-check: the largest max abs logit difference to transformers allowed."
+)
+_DTYPE = flags.DEFINE_enum(
+  "dtype", "float32", ["float32", "bfloat16"], "hf-check: param and compute dtype."
+)
+
+
+def hf_check() -> dict:
+  """`grpo-jax hf-check`: prints the check's figures; exits 1 past the tolerance."""
+  if not _HF_DIR.value:
+    raise app.UsageError("hf-check needs --hf_dir=<a Hugging Face checkpoint directory>.")
+  out = hf.check(_HF_DIR.value, tolerance=_TOLERANCE.value, dtype=_DTYPE.value)
+  print(
+    f"{out['arch']}: {out['params']:,} params imported in {out['import_seconds']:.2f} s; "
+    f"logits mean {out['logits_mean']:.4f}, std {out['logits_std']:.4f}, "
+    f"max |logit| {out['logits_absmax']:.4f}, last-token argmax {out['argmax_last']}"
+  )
+  if out["max_abs_diff"] is None:
+    print("transformers/torch not installed: no comparison (pip install -e '.[bench]').")
+  else:
+    verdict = "OK" if out["ok"] else "MISMATCH"
+    print(
+      f"transformers: max abs logit difference {out['max_abs_diff']:.3g} "
+      f"(tolerance {out['tolerance']:g}): {verdict}"
+    )
+  print(json.dumps(out))
+  if not out["ok"]:
+    raise SystemExit(1)
+  return out
+
+
 def main(argv):
   logging.set_verbosity(logging.WARNING)  # Quiet JAX's backend probing.
+  if argv[1:] == ["hf-check"]:
+    hf_check()
+    return
+  if _CONFIG.value is None:
+    raise app.UsageError("--config is required (e.g. --config=configs/arithmetic.py:tiny).")
   if argv[1:] == ["plan"]:
     plan(_CONFIG.value)
     return
   if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}; the one subcommand is `plan`.")
+    raise app.UsageError(
+      f"Unexpected arguments: {argv[1:]}; the subcommands are `plan` and `hf-check`."
+    )
   if not _WORKDIR.value:
     raise app.UsageError("--workdir is required to train (where metrics and checkpoints go).")
   distributed.initialize(_DISTRIBUTED.value)  # Before anything touches a device.
@@ -88,7 +135,6 @@ def main(argv):
 
 
 def run():
-  flags.mark_flags_as_required(["config"])
   app.run(main)
 
 

@@ -9,9 +9,12 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def run(args, *, devices: int | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+def run(
+  args, *, devices: int | None = None, timeout: int = 600, check: bool = True
+) -> subprocess.CompletedProcess:
   """`python *args` from the repo root with JAX_PLATFORMS=cpu and, with `devices`, that
-  many forced host devices (else XLA_FLAGS is dropped); fails the test on a non-zero exit."""
+  many forced host devices (else XLA_FLAGS is dropped); with `check`, fails the test on a
+  non-zero exit."""
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   env["JAX_PLATFORMS"] = "cpu"
   if devices:
@@ -24,5 +27,5 @@ def run(args, *, devices: int | None = None, timeout: int = 600) -> subprocess.C
     text=True,
     timeout=timeout,
   )
-  assert r.returncode == 0, r.stderr[-3000:]
+  assert r.returncode == 0 or not check, r.stderr[-3000:]
   return r

@@ -219,3 +219,38 @@ def test_sharded_import_places_each_shard():
   assert out["shard_shapes"]["embed/embedding"] == [192, 8]  # vocab / tensor, embed / fsdp.
   assert out["shard_shapes"]["layer_0/mlp/gate/kernel"] == [8, 24]  # fsdp 4, tensor 2.
   assert out["shard_shapes"]["layer_0/attn/q/kernel"] == [8, 2, 8]
+
+
+# ----------------------------------------------------------------------------
+# hf-check.
+# ----------------------------------------------------------------------------
+
+
+def test_hf_check_cli_prints_json_figures():
+  r = subproc.run(
+    ["-m", "grpo_jax.main", "hf-check", f"--hf_dir={FIXTURES / 'qwen3'}"], timeout=300
+  )
+  out = json.loads(r.stdout.strip().splitlines()[-1])
+  assert out["arch"] == "qwen3" and out["params"] == 34016 and out["ok"] is True
+  assert out["logits_std"] > 0.5
+  if out["max_abs_diff"] is not None:  # transformers installed here.
+    assert out["max_abs_diff"] <= TOL
+
+
+def test_hf_check_batch_left_pads_one_row():
+  ids, mask = hf.check_batch(50)
+  assert mask.sum(1).tolist() == [16, 11, 16] and (ids[mask == 0] == 0).all()
+
+
+def test_export_loads_in_transformers_and_check_fails_past_tolerance(tmp_path):
+  pytest.importorskip("torch")
+  pytest.importorskip("transformers")
+  d = FIXTURES / "llama"
+  base = hf.read_config(d)
+  cfg = hf.model_config(base)
+  out = hf.export(hf.load_params(d, cfg), cfg, tmp_path / "x", arch="llama", dtype="float32")
+  figures = hf.check(out)
+  assert figures["max_abs_diff"] <= TOL and figures["ok"]
+  args = ["-m", "grpo_jax.main", "hf-check", f"--hf_dir={out}", "--tolerance=1e-12"]
+  r = subproc.run(args, timeout=300, check=False)
+  assert r.returncode == 1 and json.loads(r.stdout.strip().splitlines()[-1])["ok"] is False
