@@ -426,7 +426,7 @@ def check_tensors(index: dict[str, TensorEntry], cfg: model.ModelConfig, *, hf_d
 
 def _host_value(entries: list[TensorEntry], m: _Map, dtype) -> np.ndarray:
   """Our layout of one parameter (stacked over layers when it has several entries)."""
-  parts = [m.to_ours(read_tensor(e)).astype(dtype) for e in entries]
+  parts = [m.to_ours(read_tensor(e)).astype(dtype, copy=False) for e in entries]
   return parts[0] if len(parts) == 1 else np.stack(parts)
 
 

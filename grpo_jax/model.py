@@ -72,6 +72,9 @@ class ModelConfig:
   qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k.
   attn_bias: bool = False  # Qwen2: biases on the q, k, v projections.
   tie_embeddings: bool = True
+  # Ids >= vocab_limit get logit -1e9 (0: no limit): a table padded past the tokenizer's
+  # size (Qwen) then never samples, nor puts probability on, ids that decode to nothing.
+  vocab_limit: int = 0
   param_dtype: str = "float32"
   dtype: str = "float32"  # Compute dtype; logits are always float32.
   scan_layers: bool = False  # nn.scan over layers: compile time flat in depth.
@@ -106,6 +109,10 @@ class ModelConfig:
       raise ValueError(f"ModelConfig.remat={self.remat!r}; allowed: {sorted(_REMAT_POLICIES)}.")
     if self.rope_theta <= 0 or self.norm_eps <= 0 or self.init_std <= 0:
       raise ValueError("ModelConfig.rope_theta, norm_eps and init_std must be positive.")
+    if not 0 <= self.vocab_limit <= self.vocab_size:
+      raise ValueError(
+        f"ModelConfig.vocab_limit={self.vocab_limit} must be in [0, vocab_size={self.vocab_size}]."
+      )
     if self.rope_scaling not in ROPE_SCALINGS:
       raise ValueError(
         f"ModelConfig.rope_scaling={self.rope_scaling!r}; allowed: {list(ROPE_SCALINGS)}."
@@ -440,7 +447,11 @@ class Decoder(nn.Module):
       )
     else:
       logits_BTV = _dense(cfg, cfg.vocab_size, ("embed", "vocab"), name="lm_head")(x_BTD)
-    return nn.with_logical_constraint(logits_BTV.astype(jnp.float32), ACT_BTV), kv_new
+    logits_BTV = logits_BTV.astype(jnp.float32)
+    if 0 < cfg.vocab_limit < cfg.vocab_size:
+      live_V = jnp.arange(cfg.vocab_size) < cfg.vocab_limit
+      logits_BTV = jnp.where(live_V, logits_BTV, -1e9)
+    return nn.with_logical_constraint(logits_BTV, ACT_BTV), kv_new
 
 
 # ----------------------------------------------------------------------------

@@ -38,3 +38,14 @@ def test_bench_sharding_reports_every_mesh():
     for k in ("sample_compile_s", "train_step_compile_s", "sample_s", "train_step_s"):
       assert figures[k] > 0, k
     assert figures["train_step_vs_single"] > 0
+
+
+def test_bench_import_reports_its_figures(tmp_path):
+  r = subproc.run(
+    [ROOT / "experiments" / "bench_import.py", "--size=tiny", f"--hf_dir={tmp_path / 'ckpt'}"],
+    timeout=300,
+  )
+  result = json.loads(r.stdout.strip().splitlines()[-1])
+  assert result["params"] == 139_584  # The tiny Llama: 2 layers, d 64, vocab 512, untied.
+  assert result["checkpoint_bytes"] == 2 * result["params"]  # bfloat16.
+  assert result["import_seconds"] > 0 and result["peak_rss_bytes"] >= result["baseline_rss_bytes"]

@@ -1,3 +1,5 @@
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -192,6 +194,9 @@ def test_bfloat16_compute_and_param_dtypes():
     (dict(remat="some"), "ModelConfig.remat"),
     (dict(head_dim=15), "even"),
     (dict(d_model=0), "positive int"),
+    (dict(vocab_limit=VOCAB + 1), "vocab_limit"),
+    (dict(rope_scaling="yarn"), "allowed: ['none', 'linear', 'llama3']"),
+    (dict(rope_scaling="llama3", rope_low_freq_factor=4.0), "rope_low_freq_factor <"),
   ],
 )
 def test_bad_config_errors_are_clear(overrides, message):
@@ -215,3 +220,17 @@ def test_logits_slice_equals_slicing_the_full_logits(tiny_cfg, tiny_params):
   part, _ = model_lib.apply(tiny_params, tokens_BT, positions_BT, cfg=tiny_cfg, logits_slice=(3, 8))
   assert part.shape == (2, 5, tiny_cfg.vocab_size)
   np.testing.assert_allclose(part, full[:, 3:8], rtol=1e-5, atol=1e-5)
+
+
+def test_vocab_limit_removes_padded_ids_and_keeps_the_rest(tiny_cfg, tiny_params):
+  """Ids past the limit get logit -1e9 (probability exactly 0, finite logits and entropy);
+  the others are unchanged, so log π renormalises over the live ids only."""
+  limited = dataclasses.replace(tiny_cfg, vocab_limit=tiny_cfg.vocab_size - 5)
+  tokens_BT = jax.random.randint(jax.random.key(2), (2, 6), 3, limited.vocab_limit)
+  positions_BT = model_lib.positions_from_mask(jnp.ones((2, 6), bool))
+  full, _ = model_lib.apply(tiny_params, tokens_BT, positions_BT, cfg=tiny_cfg)
+  cut, _ = model_lib.apply(tiny_params, tokens_BT, positions_BT, cfg=limited)
+  np.testing.assert_array_equal(cut[..., : limited.vocab_limit], full[..., : limited.vocab_limit])
+  assert (cut[..., limited.vocab_limit :] == -1e9).all()
+  p = jax.nn.softmax(cut, axis=-1)
+  assert (p[..., limited.vocab_limit :] == 0).all() and np.isfinite(np.sum(p * cut)).all()
