@@ -169,6 +169,12 @@ def model_config(hf_config: dict, *, where: str = "config.json", **overrides) ->
     raise CheckpointError(f"{where}: {e}") from None
 
 
+def arch_for(cfg: model.ModelConfig) -> str:
+  """The HF architecture that represents a ModelConfig: q/k norm -> qwen3, q/k/v biases
+  -> qwen2, else llama."""
+  return "qwen3" if cfg.qk_norm else "qwen2" if cfg.attn_bias else "llama"
+
+
 def hf_config_dict(
   cfg: model.ModelConfig, *, arch: str, dtype: str = "bfloat16", base=None
 ) -> dict:

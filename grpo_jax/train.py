@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import os
 import pathlib
 import signal
 import threading
@@ -50,6 +51,7 @@ from grpo_jax import (
   dynamic_sampling,
   evaluation,
   flops,
+  hf,
   logs,
   memory,
   model,
@@ -87,10 +89,18 @@ class LoopConfig:
   # Per-device memory the plan must fit (`memory`), GiB; 0: the device's own limit where
   # jax reports one (GPU, TPU), no check where it does not (CPU).
   memory_limit_gib: float = 0.0
+  # A Hugging Face checkpoint directory (config.json + safetensors): the policy's
+  # architecture and initial weights come from it (`hf`); config.model then sets only
+  # param_dtype, dtype, scan_layers and remat. "": random init from config.model.
+  hf_dir: str = ""
+  # Write the final policy as a Hugging Face checkpoint to workdir/hf (for transformers
+  # or vLLM evaluation), with hf_dir's tokenizer files.
+  export_hf: bool = False
   progress: bool = True  # Console progress line.
   tensorboard: bool = True  # Event files under workdir/tb.
 
   def __post_init__(self):
+    object.__setattr__(self, "hf_dir", os.path.expanduser(self.hf_dir))
     for name in (
       "prompts_per_step",
       "iterations",
@@ -162,15 +172,21 @@ def build(config, *, n_devices: int | None = None) -> Setup:
   loop = config_lib.from_dict(
     LoopConfig, {k: v for k, v in d.items() if k not in _SECTIONS}, where="config"
   )
-  task = tasks.get(d["task"]["name"], **d["task"].get("kwargs", {}))
+  task_kwargs = dict(d["task"].get("kwargs", {}))
+  if loop.hf_dir and getattr(tasks.REGISTRY.get(d["task"]["name"]), "uses_hf_tokenizer", False):
+    task_kwargs.setdefault("tokenizer_dir", loop.hf_dir)
+  task = tasks.get(d["task"]["name"], **task_kwargs)
   tok = task.tokenizer()
-  vocab = d["model"].get("vocab_size", 0) or tok.vocab_size
-  if vocab < tok.vocab_size:
-    raise ValueError(
-      f"config.model.vocab_size={vocab} is smaller than the tokenizer's {tok.vocab_size}; "
-      "use 0 (the tokenizer's) or a larger size (e.g. a pretrained model's padded vocab)."
-    )
-  model_cfg = model.ModelConfig.from_dict({**d["model"], "vocab_size": vocab})
+  if loop.hf_dir:
+    model_cfg = _hf_model_config(loop.hf_dir, d["model"], tok)
+  else:
+    vocab = d["model"].get("vocab_size", 0) or tok.vocab_size
+    if vocab < tok.vocab_size:
+      raise ValueError(
+        f"config.model.vocab_size={vocab} is smaller than the tokenizer's {tok.vocab_size}; "
+        "use 0 (the tokenizer's) or a larger size (e.g. a pretrained model's padded vocab)."
+      )
+    model_cfg = model.ModelConfig.from_dict({**d["model"], "vocab_size": vocab})
   sampler_cfg = config_lib.from_dict(
     sampling.SamplerConfig,
     {**d["sampler"], "eos_ids": tok.eos_ids, "pad_id": tok.pad_id},
@@ -196,6 +212,35 @@ def build(config, *, n_devices: int | None = None) -> Setup:
     rl_cfg=rl_cfg,
     mesh_cfg=mesh_cfg,
   )
+
+
+# What config.model may set when the architecture comes from a HF checkpoint.
+HF_RUNTIME_KEYS = ("param_dtype", "dtype", "scan_layers", "remat")
+
+
+def _hf_model_config(hf_dir: str, model_d: dict, tok) -> model.ModelConfig:
+  """The checkpoint's architecture with config.model's runtime keys. An architecture key
+  of config.model that differs from both its default and the checkpoint is an error
+  (it would be silently ignored otherwise). A vocabulary padded past the tokenizer's
+  size gets `vocab_limit` = the tokenizer's size."""
+  base = hf.model_config(hf.read_config(hf_dir), where=f"{hf_dir}/config.json")
+  default = config_lib.to_dict(default_config().model)
+  for key, value in model_d.items():
+    if key in HF_RUNTIME_KEYS or value == default.get(key) or value == getattr(base, key):
+      continue
+    raise ValueError(
+      f"config.model.{key}={value!r} conflicts with {hf_dir}/config.json "
+      f"({getattr(base, key)!r}): with config.hf_dir the architecture comes from the "
+      f"checkpoint; config.model sets only {list(HF_RUNTIME_KEYS)}."
+    )
+  if tok.vocab_size > base.vocab_size:
+    raise ValueError(
+      f"The tokenizer has {tok.vocab_size} tokens but {hf_dir}/config.json has vocab_size "
+      f"{base.vocab_size}: they do not belong together."
+    )
+  runtime = {k: model_d[k] for k in HF_RUNTIME_KEYS if k in model_d}
+  limit = tok.vocab_size if tok.vocab_size < base.vocab_size else 0
+  return dataclasses.replace(base, vocab_limit=limit, **runtime)
 
 
 def _config_value(v):
@@ -525,6 +570,30 @@ def _abstract_tree(setup: Setup, fns: Functions):
   )
 
 
+def _initial_params(setup: Setup, fns: Functions, key):
+  """The checkpoint's weights streamed onto their shardings (config.hf_dir), else a
+  random init created in its shards."""
+  if setup.loop.hf_dir:
+    return hf.load_params(setup.loop.hf_dir, setup.model_cfg, shardings=fns.param_shardings)
+  return sharding.init_params(fns.layout, setup.model_cfg, key)
+
+
+def export_hf(setup: Setup, params, out_dir) -> pathlib.Path:
+  """The policy as a Hugging Face checkpoint (config.json, safetensors, and hf_dir's
+  tokenizer files when the run started from one). Every process calls it."""
+  base = hf.read_config(setup.loop.hf_dir) if setup.loop.hf_dir else None
+  arch = hf.arch_of(base) if base else hf.arch_for(setup.model_cfg)
+  return hf.export(
+    params,
+    setup.model_cfg,
+    out_dir,
+    arch=arch,
+    dtype=setup.model_cfg.param_dtype,
+    base_config=base,
+    tokenizer_dir=setup.loop.hf_dir or None,
+  )
+
+
 class Preempted(RuntimeError):
   """SIGTERM arrived before the first checkpoint (during the warm start)."""
 
@@ -607,7 +676,8 @@ def _score(setup: Setup, fns: Functions, pool, examples: dict, tokens_NT, *, gro
   rows = distributed.local_rows(tokens_NT.sharding, n)
   completions = [tok.decode(r) for r in distributed.fetch_local(tokens_NT)]
   scores = pool.score(
-    [examples[i // group].prompt for i in range(rows.start, rows.stop)], completions
+    [setup.task.reward_input(examples[i // group]) for i in range(rows.start, rows.stop)],
+    completions,
   )
   gather = lambda x: distributed.gather_rows(x, tokens_NT.sharding, n)
   errors, timeouts = distributed.sum_across(np.array([scores.errors, scores.timeouts]))
@@ -761,7 +831,7 @@ def _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration,
   latest = ckpt.latest_step()
   if latest is None:
     key = jax.random.key(loop.seed)
-    params = sharding.init_params(fns.layout, setup.model_cfg, jax.random.fold_in(key, 0))
+    params = _initial_params(setup, fns, jax.random.fold_in(key, 0))
     if loop.warmstart_steps:
       params = _warm_start(setup, fns, params, log=log, preempted=preempted)
     tree = _initial_tree(setup, fns, params)
@@ -930,6 +1000,8 @@ def _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration,
     "checkpoints": str(ckpt.directory),
     **{k: v for k, v in last.items() if k.startswith("eval/pass@")},
   }
+  if loop.export_hf and not preempted["set"]:
+    summary["hf_export"] = str(export_hf(setup, state.params, workdir / "hf"))
   if distributed.is_primary():
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
   return summary

@@ -54,6 +54,12 @@ class Task(abc.ABC):
   def format_reward(self, prompt: str, completion: str) -> float:
     """1.0 if the completion follows the answer template, whether or not it is right."""
 
+  def reward_input(self, example: Example) -> str:
+    """What the trainer passes as `reward`'s first argument for a completion of
+    `example`: the prompt (toy tasks parse the problem from it). Tasks whose prompt does
+    not hold the answer (a dataset problem) return the ground truth instead."""
+    return example.prompt
+
   def example(self, split: str, index: int, *, seed: int) -> Example:
     if split not in SPLITS:
       raise ValueError(f"Unknown split {split!r}; valid splits: {SPLITS}.")

@@ -1,0 +1,760 @@
+"""Math answer verification: extract a final answer, normalise it, compare it with the gold.
+
+    verdict = math_verify.verify(completion, gold)       # "correct" | "wrong" | "no_answer"
+    verdicts = math_verify.verify_batch(completions, golds, workers=2, timeout_s=5.0)
+    math_verify.count_verdicts(verdicts)                 # {"correct": 3, "wrong": 1, ...}
+
+Verdicts. "correct": an answer was extracted and is equivalent to the gold. "wrong": one
+was extracted and was not shown equivalent. "no_answer": nothing could be extracted.
+"unscorable": the verifier itself timed out, raised or died (``verify_batch`` only). It
+is counted apart from "wrong", so a hanging verifier never reads as a bad policy.
+
+Extraction (``extract_answer``), first rule that yields a non-empty answer wins:
+  1. The last complete ``\\boxed{...}`` or ``\\fbox{...}`` (nested braces balanced), or
+     ``\\boxed X`` without braces (X runs to the next space or ``$``).
+  2. The last GSM8K ``#### X`` (X runs to the end of its line).
+  3. The last line with "the (final) answer is X", "final answer: X" or "answer: X"
+     (case-insensitive; the last such phrase on that line). X runs to the first ". "
+     (so "5. I hope it is correct." gives 5) and markdown ``**`` around it is dropped;
+     an empty X (answer on the next line) takes the next non-empty line.
+  There is no "last number in the text" fallback: an unmarked answer is "no_answer".
+  With ``answer_tag="answer"`` the text searched is the body of the last
+  ``<answer>...</answer>`` block, and the whole body is the answer if no rule matches.
+
+Normalisation (``normalize``) maps LaTeX and plain text to one calculator-style string:
+``$``, ``\\[ \\]``, ``\\( \\)``, ``\\left``/``\\right``/``\\big``, spacing (``\\, \\! \\; \\:
+\\ ~ \\quad``) and ``\\displaystyle`` go; ``\\text{}``, ``\\textbf{}``, ``\\mathrm{}``,
+``\\mbox{}``, ``\\boxed{}`` ... are unwrapped, except that a trailing ``\\text{...}`` of
+letters after a number is a unit and goes (``5\\text{ cm}^2`` -> ``5``), as do trailing
+unit words from a fixed list (``5 dollars``, ``3 square feet``), ``\\$``, degrees
+(``^\\circ``, ``degrees``) and ``%``; ``\\frac{a}{b}`` (``\\dfrac``, ``\\tfrac``,
+``\\frac12``) -> ``(a)/(b)``, a mixed number ``2\\frac{1}{2}`` -> ``(2+1/2)``;
+``\\sqrt{x}``, ``\\sqrt2`` -> ``sqrt(x)``, ``\\sqrt[n]{x}`` -> ``(x)^(1/(n))``; ``\\cdot``,
+``\\times`` -> ``*``; ``\\div`` -> ``/``; ``**`` -> ``^``; ``\\pi`` -> ``pi``; ``\\infty`` ->
+``oo``; " and " -> ","; remaining grouping braces -> parentheses; whitespace goes (so
+``1\\,000`` -> ``1000``); then a leading ``+`` and trailing periods go, ``.5`` -> ``0.5``,
+``x = 5`` -> ``5`` and ``x \\in S`` -> ``S`` (one ``=``, a one-letter left side), and
+``(C)`` -> ``C``. Thousands separators: ``1{,}234`` always, and ``1,234`` only when the
+whole answer is one number with comma groups of exactly three digits
+(``-?d{1,3}(,ddd)+(.d+)?``), so the tuple ``(1,234)`` and the list ``1,2`` stay lists.
+
+Equivalence (``is_equiv``), after normalising both sides:
+  1. Equal strings (case-insensitive when both are words, e.g. ``Monday``).
+  2. Structure: ``A \\cup B`` compares part by part; ``(a,b)``, ``[a,b)`` (tuples and
+     intervals) need the same brackets and equivalent elements in order; sets ``{a,b}``
+     and bare lists ``a, b`` are unordered (each element matched once).
+  3. Scalars: equations ``l1=r1`` vs ``l2=r2`` match when ``(l1-r1)/(l2-r2)`` simplifies
+     to a nonzero constant. Expressions are parsed into sympy (below); with no free
+     symbols, two exact rationals (integers, fractions, decimals: ``0.5`` is 1/2) must be
+     equal exactly, otherwise (an irrational such as ``pi`` or ``sqrt(2)`` involved) the
+     values must satisfy |a - b| <= max(rel_tol * max(|a|, |b|), abs_tol) with
+     rel_tol = 1e-6, abs_tol = 1e-9. So 0.333 vs 1/3 is wrong (a rational answer must be
+     exact; 0.3333333333 is wrong too), 12 vs 1.2 and 1234567 vs 1234568 are wrong, and
+     1.4142136 vs ``\\sqrt{2}`` is right (1.4142 is not); infinite or undefined values
+     (``oo``, ``1/0``) match only if identical. With free symbols, equal iff ``a - b``
+     expands or simplifies (``sympy.simplify``) to 0. A side that does not parse matches
+     only by string, and a sympy error while comparing means "not shown equal".
+  Percent: a percent sign (or the word) is a unit (``50\\%`` == ``50``); when exactly one
+  side has one, its value divided by 100 is also tried (``50\\%`` == ``0.5``, but
+  ``0.5`` != ``50``).
+
+Safety. No text is ever passed to ``eval``, ``sympify`` or ``parse_expr`` (which eval).
+A small recursive-descent parser (``parse``) accepts only numbers (``12``, ``0.5``,
+``1e5``: exact rationals), the one-letter names a-z/A-Z (``i`` is the imaginary unit,
+``e`` is Euler's number), the names ``pi``, ``oo``, ``sqrt``, ``sin``, ``cos``, ``tan``,
+``cot``, ``sec``, ``csc``, ``log``, ``ln``, ``exp``, the operators ``+ - * / ^ !`` and
+parentheses; any other character (``_``, ``.`` outside a number, quotes, brackets) is a
+parse error, as are more than ``MAX_TOKENS`` tokens or nesting deeper than ``MAX_DEPTH``.
+It builds sympy objects by calling the constructors for those tokens, so model output
+cannot reach attribute access or code.
+
+Timeouts. A parsed expression can still be arbitrarily expensive (``9^{9^{9^{9}}}``
+evaluates eagerly; ``simplify`` can run for hours), and a thread cannot be stopped, so
+``verify_batch`` scores items in worker processes through ``rewards.RewardPool``: an item
+that runs past ``timeout_s`` has its worker killed (SIGKILL) and replaced, the item is
+"unscorable" and the rest of the batch is scored by the other workers. This works from any
+thread (no signals). ``verify`` and ``is_equiv`` called directly have no timeout.
+
+Training. ``MathReward`` is the ``RewardPool`` task: ``reward(gold, completion)`` takes
+the ground-truth answer where the ``Task`` protocol has the prompt, which is what the
+trainer passes for a task whose ``reward_input(example)`` returns ``example.answer``
+(``tasks.base.Task``): ``pool.score([ex.answer for ex in batch], completions)``. A dataset
+task's ``reward``/``format_reward`` can delegate to a ``MathReward``. The pool pickles
+the task once per worker, so the answer travels per item and no dataset is pickled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Sequence
+from typing import Literal
+
+import sympy
+
+from grpo_jax import rewards
+
+Verdict = Literal["correct", "wrong", "no_answer", "unscorable"]
+VERDICTS: tuple[Verdict, ...] = ("correct", "wrong", "no_answer", "unscorable")
+
+REL_TOL = 1e-6
+ABS_TOL = 1e-9
+# Parser limits: longer or deeper input is a parse error (recursion stays bounded).
+MAX_TOKENS = 400
+MAX_DEPTH = 60
+
+# --------------------------------------------------------------------------- Extraction
+
+
+def _group(s: str, i: int) -> tuple[str, int] | None:
+  """(content, index after '}') of the brace group opening at s[i] == '{'; None if open."""
+  depth = 0
+  j = i
+  while j < len(s):
+    c = s[j]
+    if c == "\\":
+      j += 2  # An escaped brace (\{ or \}) does not nest.
+      continue
+    if c == "{":
+      depth += 1
+    elif c == "}":
+      depth -= 1
+      if depth == 0:
+        return s[i + 1 : j], j + 1
+    j += 1
+  return None
+
+
+_BOX = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])\s*")
+_BARE_BOX_ARG = re.compile(r"[^\s${}]+")
+
+
+def _last_boxed(text: str) -> str | None:
+  """Content of the last complete \\boxed{...}/\\fbox{...}/\\boxed X, else None."""
+  found = None
+  for m in _BOX.finditer(text):
+    if text.startswith("{", m.end()):
+      group = _group(text, m.end())
+      if group is not None:
+        found = group[0]
+    elif arg := _BARE_BOX_ARG.match(text, m.end()):
+      found = arg[0]
+  return found
+
+
+_HASHES = re.compile(r"####[ \t]*([^\n]*)")
+_ANSWER_PHRASE = re.compile(
+  r"(?:the\s+(?:final\s+)?answer\s+is\s*:?|(?:final\s+)?answer\s*:)", re.IGNORECASE
+)
+
+
+def _answer_line(text: str) -> str | None:
+  """X from the last line with 'the answer is X' / 'final answer: X' / 'answer: X'."""
+  lines = text.splitlines()
+  for k in range(len(lines) - 1, -1, -1):
+    phrases = list(_ANSWER_PHRASE.finditer(lines[k]))
+    if not phrases:
+      continue
+    rest = lines[k][phrases[-1].end() :].strip(" \t*")
+    if not rest:
+      rest = next((line.strip(" \t*") for line in lines[k + 1 :] if line.strip(" \t*")), "")
+    return re.split(r"\.\s", rest, maxsplit=1)[0].strip(" \t*") or None
+  return None
+
+
+def _tag_body(text: str, tag: str) -> str | None:
+  """Body of the last <tag>...</tag> block, else None."""
+  bodies = re.findall(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", text, re.DOTALL)
+  return bodies[-1] if bodies else None
+
+
+def extract_answer(text: str, *, answer_tag: str | None = None) -> str | None:
+  """The final answer in ``text`` by the precedence in the module docstring, else None.
+
+  Rules: last \\boxed{}/\\fbox{} > last '#### X' > last 'the answer is X' line. With
+  ``answer_tag``, only the last <answer_tag> block is searched and its whole stripped
+  body is the answer when no rule matches.
+  """
+  if answer_tag is not None:
+    body = _tag_body(text, answer_tag)
+    if body is None:
+      return None
+    return extract_answer(body) or body.strip() or None
+  boxed = _last_boxed(text)
+  if boxed is not None and boxed.strip():
+    return boxed.strip()
+  hashes = [m[1].strip() for m in _HASHES.finditer(text) if m[1].strip()]
+  if hashes:
+    return hashes[-1]
+  return _answer_line(text)
+
+
+# ------------------------------------------------------------------------ Normalisation
+
+_SET_OPEN, _SET_CLOSE = "\x01", "\x02"  # Set braces, kept apart from grouping braces.
+_WRAPPERS = (
+  "text|textbf|textit|textrm|textsf|texttt|mathrm|mathbf|mathit|mathsf|mathnormal|mbox|"
+  "hbox|operatorname|boxed|fbox|emph"
+)
+_UNITS = (
+  "square|sq|cubic|units?|dollars?|cents?|euros?|pounds?|lbs?|ounces?|oz|grams?|kg|mg|"
+  "kilograms?|liters?|litres?|ml|gallons?|cm|mm|km|meters?|metres?|inches|inch|feet|foot|"
+  "ft|yards?|yd|miles?|mph|hours?|hrs?|minutes?|mins?|seconds?|secs?|days?|weeks?|months?|"
+  "years?|degrees?|radians?|percent"
+)
+_TRAILING_UNIT = re.compile(rf"(?<![A-Za-z\\])(?:{_UNITS})(?:\^?\{{?[23]\}}?)?\s*$")
+_TEXT_UNIT = re.compile(
+  r"\\(?:text|mbox|mathrm|textrm)\s*\{\s*[A-Za-z][A-Za-z .]*\}(?:\^\{?[23]\}?)?\s*$"
+)
+_SIMPLE_SUBS = (
+  (r"\\(?:left|right)\s*\.", ""),  # Null delimiters.
+  (r"\\(?:left|right|[bB]igg?[lr]?)(?![a-zA-Z])", ""),
+  (r"\\\{|\\lbrace(?![a-zA-Z])", _SET_OPEN),
+  (r"\\\}|\\rbrace(?![a-zA-Z])", _SET_CLOSE),
+  (r"\\\$|\$|\\\[|\\\]|\\\(|\\\)", ""),
+  (r"\\[,;:! ]|\\q?quad(?![a-zA-Z])|~", " "),
+  (r"\\displaystyle(?![a-zA-Z])", ""),
+  (r"\{,\}", ""),
+  (r"\^\s*\{?\s*\\circ\s*\}?|\\circ(?![a-zA-Z])|\\degree(?![a-zA-Z])|°", ""),
+  (r"\\?%", ""),
+  (r"\\[dtc]frac(?![a-zA-Z])", r"\\frac"),
+  (  # A mixed number: 2\frac{1}{2} or 2\frac12 is 2 + 1/2.
+    r"(?<![\w.}^])(\d+)\s*\\frac\s*(?:\{(\d+)\}|(\d))\s*(?:\{(\d+)\}|(\d))",
+    lambda m: f"({m[1]}+{m[2] or m[3]}/{m[4] or m[5]})",
+  ),
+)
+_OPERATOR_SUBS = (
+  (r"\\(?:cdot|times|ast)(?![a-zA-Z])|×|·", "*"),
+  (r"\\div(?![a-zA-Z])|÷", "/"),
+  (r"\*\*", "^"),
+  (r"−", "-"),
+  (r"\\pi(?![a-zA-Z])|π", "pi"),
+  (r"\\infty(?![a-zA-Z])|∞", "oo"),
+  (r"\\(?:leq?|leqslant)(?![a-zA-Z])|≤", "<="),
+  (r"\\(?:geq?|geqslant)(?![a-zA-Z])|≥", ">="),
+  (r"\\(?:neq?)(?![a-zA-Z])|≠", "!="),
+  (r"\\(sin|cos|tan|cot|sec|csc|log|ln|exp)(?![a-zA-Z])", r"\1"),
+  (r"\s+and\s+", ","),
+  (r"\\in(?![a-zA-Z])|∈", "="),  # x \in [0, 1] reads as x = [0, 1], then as [0, 1].
+)
+_THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_VARIABLE_LHS = re.compile(r"[A-Za-z](?:_\(?\w+\)?)?=(?!=)")
+
+
+def _unwrap(s: str, names: str) -> str:
+  """Replaces \\name{X} by X for each wrapper name (nested wrappers too)."""
+  pattern = re.compile(rf"\\(?:{names})(?![a-zA-Z])\s*(?=\{{)")
+  while m := pattern.search(s):
+    group = _group(s, m.end())
+    if group is None:
+      return s[: m.start()] + s[m.end() :]
+    s = s[: m.start()] + group[0] + s[group[1] :]
+  return s
+
+
+def _arg(s: str, i: int) -> tuple[str, int]:
+  """One LaTeX macro argument at s[i:]: a {group}, a \\command or one character."""
+  while i < len(s) and s[i].isspace():
+    i += 1
+  if i >= len(s):
+    return "", i
+  if s[i] == "{":
+    group = _group(s, i)
+    return group if group is not None else (s[i + 1 :], len(s))
+  if m := re.compile(r"\\[a-zA-Z]+").match(s, i):
+    return m[0], m.end()
+  return s[i], i + 1
+
+
+_FRAC_SQRT = re.compile(r"\\(frac|sqrt)(?![a-zA-Z])")
+
+
+def _expand_frac_sqrt(s: str) -> str:
+  """\\frac{a}{b} -> (a)/(b), \\sqrt{x} -> sqrt(x), \\sqrt[n]{x} -> (x)^(1/(n)), recursively."""
+  out, i = [], 0
+  while m := _FRAC_SQRT.search(s, i):
+    out.append(s[i : m.start()])
+    j = m.end()
+    if m[1] == "frac":
+      num, j = _arg(s, j)
+      den, j = _arg(s, j)
+      out.append(f"({_expand_frac_sqrt(num)})/({_expand_frac_sqrt(den)})")
+    else:
+      root = re.compile(r"\s*\[([^\]]*)\]").match(s, j)
+      if root:
+        j = root.end()
+      radicand, j = _arg(s, j)
+      x = _expand_frac_sqrt(radicand)
+      out.append(f"({x})^(1/({_expand_frac_sqrt(root[1])}))" if root else f"sqrt({x})")
+    i = j
+  out.append(s[i:])
+  return "".join(out)
+
+
+def _drop_units(s: str) -> str:
+  """Drops a trailing \\text{unit} or unit words after an answer that has a digit."""
+  m = _TEXT_UNIT.search(s)
+  if m and re.search(r"\d", s[: m.start()]):
+    s = s[: m.start()]
+  while (m := _TRAILING_UNIT.search(s)) and re.search(r"\d", s[: m.start()]):
+    s = s[: m.start()].rstrip()
+  return s
+
+
+def _strip_variable(s: str) -> str:
+  """'x=5' -> '5' when there is one '=' and its left side is one (subscripted) letter."""
+  m = _VARIABLE_LHS.match(s)
+  return s[m.end() :] if m and s.count("=") == 1 else s
+
+
+def normalize(answer: str) -> str:
+  """The canonical plain-math string for an answer (rules in the module docstring)."""
+  s = answer.strip().rstrip(".")
+  for pattern, repl in _SIMPLE_SUBS:
+    s = re.sub(pattern, repl, s)
+  s = _drop_units(s.strip())
+  s = _unwrap(s, _WRAPPERS)
+  s = _drop_units(s.strip())
+  s = _expand_frac_sqrt(s)
+  for pattern, repl in _OPERATOR_SUBS:
+    s = re.sub(pattern, repl, s)
+  s = re.sub(r"\s+", "", s).replace("{", "(").replace("}", ")")
+  s = s.replace(_SET_OPEN, "{").replace(_SET_CLOSE, "}")
+  s = re.sub(r"^\++", "", s.rstrip("."))
+  s = re.sub(r"(?<!\d)\.(\d)", r"0.\1", s)
+  s = _strip_variable(s)
+  if _THOUSANDS.fullmatch(s):
+    s = s.replace(",", "")
+  return re.sub(r"^\(([A-Za-z])\)$", r"\1", s)
+
+
+# ------------------------------------------------------------------------------ Parsing
+
+
+class ParseError(ValueError):
+  """The string is not an expression of the safe grammar."""
+
+
+_FUNCTIONS = {
+  "sqrt": sympy.sqrt,
+  "sin": sympy.sin,
+  "cos": sympy.cos,
+  "tan": sympy.tan,
+  "cot": sympy.cot,
+  "sec": sympy.sec,
+  "csc": sympy.csc,
+  "log": sympy.log,
+  "ln": sympy.log,
+  "exp": sympy.exp,
+}
+_CONSTANTS = {"pi": sympy.pi, "oo": sympy.oo, "i": sympy.I, "e": sympy.E}
+_TOKEN = re.compile(
+  r"(?P<num>(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)"
+  rf"|(?P<name>{'|'.join(sorted(_FUNCTIONS, key=len, reverse=True))}|pi|oo|[A-Za-z])"
+  r"|(?P<op>[-+*/^()!])"
+  r"|(?P<bad>.)",
+  re.DOTALL,
+)
+
+
+def _tokenize(s: str) -> list[tuple[str, str]]:
+  tokens = []
+  for m in _TOKEN.finditer(s):
+    if m.lastgroup == "bad":
+      raise ParseError(f"unexpected character {m[0]!r} in {s!r:.80}")
+    tokens.append((m.lastgroup, m[0]))
+  if len(tokens) > MAX_TOKENS:
+    raise ParseError(f"more than {MAX_TOKENS} tokens")
+  return tokens
+
+
+class _Parser:
+  """expr := term (('+'|'-') term)* ;  term := unary (('*'|'/') unary | implicit power)* ;
+  unary := ('+'|'-') unary | power ;  power := postfix ('^' unary)? ;  postfix := atom '!'* ;
+  atom := NUMBER | CONSTANT | LETTER | FUNCTION ('(' expr ')' | atom) | '(' expr ')'.
+
+  Implicit multiplication binds like '*' (left to right), so 1/2x = x/2, and unary minus
+  binds looser than '^', so -2^2 = -4.
+  """
+
+  def __init__(self, tokens: list[tuple[str, str]]):
+    self.tokens, self.i, self.depth = tokens, 0, 0
+
+  def peek(self) -> tuple[str, str] | None:
+    return self.tokens[self.i] if self.i < len(self.tokens) else None
+
+  def take(self, expected: str | None = None) -> tuple[str, str]:
+    tok = self.peek()
+    if tok is None or (expected is not None and tok[1] != expected):
+      raise ParseError(f"expected {expected or 'a token'}, got {tok and tok[1]!r}")
+    self.i += 1
+    return tok
+
+  def expr(self) -> sympy.Expr:
+    self.depth += 1
+    if self.depth > MAX_DEPTH:
+      raise ParseError(f"nested deeper than {MAX_DEPTH}")
+    value = self.term()
+    while (tok := self.peek()) and tok[1] in "+-":
+      self.take()
+      value = value + self.term() if tok[1] == "+" else value - self.term()
+    self.depth -= 1
+    return value
+
+  def term(self) -> sympy.Expr:
+    value = self.unary()
+    while tok := self.peek():
+      if tok[1] in ("*", "/"):
+        self.take()
+        value = value * self.unary() if tok[1] == "*" else value / self.unary()
+      elif tok[0] in ("num", "name") or tok[1] == "(":
+        value = value * self.power()
+      else:
+        break
+    return value
+
+  def unary(self) -> sympy.Expr:
+    tok = self.peek()
+    if tok and tok[1] in "+-":
+      self.take()
+      self.depth += 1
+      if self.depth > MAX_DEPTH:
+        raise ParseError(f"nested deeper than {MAX_DEPTH}")
+      value = self.unary()
+      self.depth -= 1
+      return value if tok[1] == "+" else -value
+    return self.power()
+
+  def power(self) -> sympy.Expr:
+    base = self.atom()
+    while (tok := self.peek()) and tok[1] == "!":
+      self.take()
+      base = sympy.factorial(base)
+    if (tok := self.peek()) and tok[1] == "^":
+      self.take()
+      return base ** self.unary()
+    return base
+
+  def atom(self) -> sympy.Expr:
+    kind, text = self.take()
+    if kind == "num":
+      return sympy.Rational(text)  # Exact: 0.5 is 1/2 (fractions.Fraction parsing, no eval).
+    if kind == "name" and text in _FUNCTIONS:
+      if (tok := self.peek()) and tok[1] == "(":
+        return _FUNCTIONS[text](self.parenthesised())
+      return _FUNCTIONS[text](self.atom())
+    if kind == "name":
+      return _CONSTANTS[text] if text in _CONSTANTS else sympy.Symbol(text)
+    if text == "(":
+      self.i -= 1
+      return self.parenthesised()
+    raise ParseError(f"unexpected {text!r}")
+
+  def parenthesised(self) -> sympy.Expr:
+    self.take("(")
+    value = self.expr()
+    self.take(")")
+    return value
+
+
+def parse(s: str) -> sympy.Expr:
+  """A normalised answer as a sympy expression, by the safe grammar of ``_Parser``.
+
+  Raises ParseError for anything else (no eval; see the module docstring).
+  """
+  parser = _Parser(_tokenize(s))
+  value = parser.expr()
+  if parser.peek() is not None:
+    raise ParseError(f"unexpected {parser.peek()[1]!r} after a complete expression")
+  return value
+
+
+# --------------------------------------------------------------------------- Equivalence
+
+
+def _split_top(s: str, sep: str) -> list[str]:
+  """s split at occurrences of sep outside all brackets."""
+  parts, depth, start, i = [], 0, 0, 0
+  while i < len(s):
+    if s[i] in "([{":
+      depth += 1
+    elif s[i] in ")]}":
+      depth -= 1
+    elif depth == 0 and s.startswith(sep, i):
+      parts.append(s[start:i])
+      start = i + len(sep)
+      i = start
+      continue
+    i += 1
+  return parts + [s[start:]]
+
+
+def _encloses(s: str) -> bool:
+  """True if the bracket opening at s[0] closes at s[-1]."""
+  depth = 0
+  for k, c in enumerate(s):
+    depth += c in "([{"
+    depth -= c in ")]}"
+    if depth == 0:
+      return k == len(s) - 1
+  return False
+
+
+def _structure(s: str) -> tuple[str, str, list[str]]:
+  """(kind, brackets, items): kind in union / ordered / unordered / scalar."""
+  if len(parts := _split_top(s, "\\cup")) > 1:
+    return "union", "", parts
+  if len(s) >= 2 and s[0] in "([{" and s[-1] in ")]}" and _encloses(s):
+    items = _split_top(s[1:-1], ",")
+    if s[0] == "{":
+      return "unordered", "", items
+    if len(items) > 1:
+      return "ordered", s[0] + s[-1], items
+  if len(items := _split_top(s, ",")) > 1:
+    return "unordered", "", items
+  return "scalar", "", [s]
+
+
+def _values_close(a: sympy.Expr, b: sympy.Expr, *, rel_tol: float, abs_tol: float) -> bool:
+  """Exact for two rationals, else |a - b| <= max(rel_tol * max(|a|, |b|), abs_tol)."""
+  if a == b:
+    return True
+  if a.is_Rational and b.is_Rational:
+    return False
+  va, vb = sympy.N(a, 30), sympy.N(b, 30)
+  if not (va.is_finite and vb.is_finite):  # zoo, nan, oo: only equal if identical.
+    return False
+  scale = sympy.Max(abs(va), abs(vb))
+  return bool(abs(va - vb) <= sympy.Max(rel_tol * scale, abs_tol))
+
+
+def _expressions_equal(a: str, b: str, *, rel_tol: float, abs_tol: float) -> bool:
+  try:
+    ea, eb = parse(a), parse(b)
+  except ParseError:
+    return False
+  try:
+    if not (ea.free_symbols or eb.free_symbols):
+      return _values_close(ea, eb, rel_tol=rel_tol, abs_tol=abs_tol)
+    diff = ea - eb
+    return diff == 0 or sympy.expand(diff) == 0 or sympy.simplify(diff) == 0
+  except Exception:  # noqa: BLE001 -- sympy failing (NaN comparison, ...) shows no equality.
+    return False
+
+
+def _equations_equal(a: str, b: str) -> bool:
+  """l1=r1 vs l2=r2: (l1 - r1) / (l2 - r2) simplifies to a nonzero constant."""
+  try:
+    (l1, r1), (l2, r2) = (map(parse, a.split("=")), map(parse, b.split("=")))
+  except (ParseError, ValueError):
+    return False
+  try:
+    ratio = sympy.simplify((l1 - r1) / (l2 - r2))
+    return bool(ratio.is_number and ratio.is_finite and ratio != 0)
+  except Exception:  # noqa: BLE001 -- as in _expressions_equal.
+    return False
+
+
+def _scalars_equal(a: str, b: str, *, rel_tol: float, abs_tol: float) -> bool:
+  a, b = _strip_variable(a), _strip_variable(b)
+  if a == b or (a.isalpha() and len(a) > 1 and a.casefold() == b.casefold()):
+    return True
+  if "=" in a or "=" in b:
+    return a.count("=") == b.count("=") == 1 and _equations_equal(a, b)
+  return _expressions_equal(a, b, rel_tol=rel_tol, abs_tol=abs_tol)
+
+
+def _normalized_equal(a: str, b: str, *, rel_tol: float, abs_tol: float) -> bool:
+  """Equivalence of two normalised answers, by structure then element by element."""
+  if a == b:
+    return True
+  (kind_a, brackets_a, items_a), (kind_b, brackets_b, items_b) = _structure(a), _structure(b)
+  if kind_a != kind_b or brackets_a != brackets_b or len(items_a) != len(items_b):
+    return False
+  same = lambda x, y: _normalized_equal(x, y, rel_tol=rel_tol, abs_tol=abs_tol)
+  if kind_a == "scalar":
+    return _scalars_equal(a, b, rel_tol=rel_tol, abs_tol=abs_tol)
+  if kind_a != "unordered":
+    return all(same(x, y) for x, y in zip(items_a, items_b))
+  unused = list(items_b)
+  for x in items_a:
+    match = next((k for k, y in enumerate(unused) if same(x, y)), None)
+    if match is None:
+      return False
+    unused.pop(match)
+  return True
+
+
+def _has_percent(answer: str) -> bool:
+  return re.search(r"%|(?<![A-Za-z])percent", answer) is not None
+
+
+def is_equiv(pred: str, gold: str, *, rel_tol: float = REL_TOL, abs_tol: float = ABS_TOL) -> bool:
+  """True if the answers are equivalent: strings, structure, exact or within tolerance.
+
+  Rules (module docstring): after ``normalize``, equal strings; else same structure and
+  equivalent items; scalars: two rationals exactly equal, other constants within
+  max(rel_tol * max(|a|, |b|), abs_tol), expressions with ``simplify(a - b) == 0``. A
+  percent sign on exactly one side also tries that side divided by 100. No timeout.
+  """
+  p, g = normalize(pred), normalize(gold)
+  candidates = [(p, g)]
+  if _has_percent(pred) != _has_percent(gold):
+    candidates.append((f"({p})/100", g) if _has_percent(pred) else (p, f"({g})/100"))
+  return any(_normalized_equal(x, y, rel_tol=rel_tol, abs_tol=abs_tol) for x, y in candidates)
+
+
+def verify(
+  completion: str,
+  gold: str,
+  *,
+  answer_tag: str | None = None,
+  rel_tol: float = REL_TOL,
+  abs_tol: float = ABS_TOL,
+) -> Verdict:
+  """ "no_answer" if nothing is extracted, else "correct" / "wrong" by ``is_equiv``. No timeout."""
+  pred = extract_answer(completion, answer_tag=answer_tag)
+  if pred is None:
+    return "no_answer"
+  return "correct" if is_equiv(pred, gold, rel_tol=rel_tol, abs_tol=abs_tol) else "wrong"
+
+
+# ------------------------------------------------------------------------ Format reward
+
+
+def format_reward(
+  completion: str, *, tags: Sequence[str] = ("think",), answer_tag: str | None = None
+) -> float:
+  """1.0 if the completion follows the template, else 0.0; correctness is not checked.
+
+  Rule: each of ``<t>`` and ``</t>`` for t in ``tags`` (and ``answer_tag``) occurs exactly
+  once, and the completion is, up to whitespace between the pieces,
+  ``<t1>...</t1><t2>...</t2>...<tk>...</tk>R``. Without ``answer_tag``, R must contain an
+  extractable final answer (``extract_answer(R)`` is not None; "\\boxed{}" is not one).
+  With it, R must be ``<answer_tag>B</answer_tag>`` with B not blank and nothing after it.
+  With tags=() and no answer_tag: 1.0 iff an answer can be extracted.
+  """
+  all_tags = [*tags, *([answer_tag] if answer_tag is not None else [])]
+  if any(completion.count(f"<{t}>") != 1 or completion.count(f"</{t}>") != 1 for t in all_tags):
+    return 0.0
+  blocks = "".join(rf"\s*<{re.escape(t)}>.*?</{re.escape(t)}>" for t in tags)
+  m = re.fullmatch(rf"{blocks}(?P<rest>.*)", completion, re.DOTALL)
+  if m is None:
+    return 0.0
+  rest = m["rest"]
+  if answer_tag is None:
+    return float(extract_answer(rest) is not None)
+  t = re.escape(answer_tag)
+  answer = re.fullmatch(rf"\s*<{t}>(?P<body>.*)</{t}>\s*", rest, re.DOTALL)
+  return float(answer is not None and bool(answer["body"].strip()))
+
+
+# ------------------------------------------------------------------- RewardPool adaptors
+
+
+@dataclasses.dataclass(frozen=True)
+class MathReward:
+  """The ``RewardPool`` task for math: the first argument is the gold answer, not a prompt.
+
+  ``reward(gold, completion)`` = 1.0 if ``verify(...) == "correct"`` else 0.0;
+  ``format_reward(gold, completion)`` = ``format_reward(completion, tags=..., answer_tag=...)``.
+  Use: ``rewards.RewardPool(MathReward(), ...).score([ex.answer ...], completions)``.
+  A timeout shows as ``Scores.timeout_N`` (reward 0, counted in ``reward_errors``).
+  """
+
+  tags: tuple[str, ...] = ("think",)
+  answer_tag: str | None = None
+  rel_tol: float = REL_TOL
+  abs_tol: float = ABS_TOL
+
+  def reward(self, gold: str, completion: str) -> float:
+    verdict = verify(
+      completion, gold, answer_tag=self.answer_tag, rel_tol=self.rel_tol, abs_tol=self.abs_tol
+    )
+    return float(verdict == "correct")
+
+  def format_reward(self, gold: str, completion: str) -> float:
+    del gold  # The template does not depend on the answer.
+    return format_reward(completion, tags=self.tags, answer_tag=self.answer_tag)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Judge:
+  """Pool task for ``verify_batch``: reward = correct, format_reward = an answer exists."""
+
+  answer_tag: str | None = None
+  rel_tol: float = REL_TOL
+  abs_tol: float = ABS_TOL
+
+  def reward(self, gold: str, completion: str) -> float:
+    verdict = verify(
+      completion, gold, answer_tag=self.answer_tag, rel_tol=self.rel_tol, abs_tol=self.abs_tol
+    )
+    return float(verdict == "correct")
+
+  def format_reward(self, gold: str, completion: str) -> float:
+    del gold
+    return float(extract_answer(completion, answer_tag=self.answer_tag) is not None)
+
+
+def verification_pool(
+  *,
+  workers: int = 2,
+  timeout_s: float = 5.0,
+  answer_tag: str | None = None,
+  rel_tol: float = REL_TOL,
+  abs_tol: float = ABS_TOL,
+) -> rewards.RewardPool:
+  """A pool for ``verify_batch(..., pool=...)``; reuse it across batches, then close it."""
+  judge = _Judge(answer_tag=answer_tag, rel_tol=rel_tol, abs_tol=abs_tol)
+  return rewards.RewardPool(judge, workers=workers, timeout_s=timeout_s)
+
+
+def verdicts_from_scores(scores: rewards.Scores) -> list[Verdict]:
+  """Verdicts from a ``verification_pool``'s Scores: error -> "unscorable", then by value."""
+  out: list[Verdict] = []
+  for correct, answered, error in zip(scores.correct_N, scores.format_N, scores.error_N):
+    if error:
+      out.append("unscorable")
+    elif correct == 1.0:
+      out.append("correct")
+    else:
+      out.append("wrong" if answered == 1.0 else "no_answer")
+  return out
+
+
+def verify_batch(
+  completions: Sequence[str],
+  golds: Sequence[str],
+  *,
+  pool: rewards.RewardPool | None = None,
+  workers: int = 2,
+  timeout_s: float = 5.0,
+) -> list[Verdict]:
+  """verdicts[i] for (completions[i], golds[i]) with a hard per-item timeout.
+
+  Items run in worker processes (``rewards.RewardPool``); one that takes longer than
+  ``timeout_s``, raises or kills its worker is "unscorable" while the other workers score
+  the rest, so a batch with k hanging items takes about k * timeout_s / workers extra.
+  ``pool``: a ``verification_pool`` to reuse (then workers and timeout_s are ignored);
+  without one, a pool is started (~0.5 s) and closed for this call. Safe off the main
+  thread; workers=0 scores inline with no timeout.
+  """
+  if len(completions) != len(golds):
+    raise ValueError(f"{len(completions)} completions but {len(golds)} gold answers.")
+  if pool is not None:
+    if not isinstance(pool.task, _Judge):
+      raise TypeError(f"verify_batch needs a pool from verification_pool(), got {pool.task!r}.")
+    return verdicts_from_scores(pool.score(list(golds), list(completions)))
+  with verification_pool(workers=workers, timeout_s=timeout_s) as own_pool:
+    return verdicts_from_scores(own_pool.score(list(golds), list(completions)))
+
+
+def count_verdicts(verdicts: Iterable[str]) -> dict[str, int]:
+  """{"correct": n, "wrong": n, "no_answer": n, "unscorable": n}: every key, zeros too."""
+  counts = dict.fromkeys(VERDICTS, 0)
+  for v in verdicts:
+    if v not in counts:
+      raise ValueError(f"Unknown verdict {v!r}; verdicts are {VERDICTS}.")
+    counts[v] += 1
+  return counts

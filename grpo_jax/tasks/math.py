@@ -1,0 +1,144 @@
+"""Math word problems from a dataset (GSM8K, MATH, your own files), verified by `math_verify`.
+
+    task = tasks.get("math", dataset="gsm8k", manual_dir="/data/gsm8k",
+                     tokenizer_dir="/models/Qwen2.5-0.5B-Instruct")
+
+Prompts. Each problem becomes `prompt_template.format(question=...)`, rendered as the
+user turn of the tokenizer's chat template (after `system_prompt` when set) with the
+generation prompt, or used as is with `chat=False` (base models). The rendered text holds
+the template's special tokens as text; the HF tokenizer maps them to their ids once, when
+the trainer encodes the prompt (token in, token out: completions are never re-encoded).
+
+Stream. `example(split, i, seed=s)` is the problem at global index i of the split's
+seeded permutation, epoch after epoch (`datasets.record_index`): a pure function of
+(split, i, seed), so resuming is exact and every host count reads the same stream. The
+test split is read in file order (no shuffle), so `eval_size` = N means "the first N".
+
+Reward. The trainer passes `reward_input(example)` = the gold answer as the first
+argument of `reward` (the prompt is not needed to verify): `reward(gold, completion)` is
+1.0 when `math_verify.verify` says "correct", and `format_reward` is
+`math_verify.format_reward` with `think_tags`. Both run in the trainer's reward worker
+processes under its hard timeout; a timeout counts in `reward_timeouts` ("unscorable"),
+apart from wrong answers.
+
+The dataset is built (array_record, no TensorFlow) on first use, in `data_dir`.
+"""
+
+from __future__ import annotations
+
+from grpo_jax import math_verify
+from grpo_jax.tasks import base
+
+DEFAULT_TEMPLATE = (
+  "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+)
+_TEST_SPLITS = {"gsm8k": "test", "math": "math500", "problem_files": "test"}
+
+
+class MathTask(base.Task):
+  """A dataset of math problems with gold answers. See the module docstring."""
+
+  name = "math"
+  uses_hf_tokenizer = True  # The trainer passes config.hf_dir as tokenizer_dir.
+
+  def __init__(
+    self,
+    *,
+    dataset: str = "gsm8k",
+    tokenizer_dir: str = "",
+    data_dir: str = "",
+    manual_dir: str = "",
+    config: str = "",
+    files: dict | None = None,
+    fields: dict | None = None,
+    train_split: str = "train",
+    test_split: str = "",
+    chat: bool = True,
+    system_prompt: str = "",
+    prompt_template: str = DEFAULT_TEMPLATE,
+    think_tags: tuple[str, ...] = (),
+    answer_tag: str = "",
+  ):
+    if not tokenizer_dir:
+      raise ValueError(
+        "task 'math' needs tokenizer_dir (a directory with tokenizer.json), or config.hf_dir."
+      )
+    if "{question}" not in prompt_template:
+      raise ValueError(f"prompt_template must contain '{{question}}', got {prompt_template!r}.")
+    from grpo_jax import datasets  # TFDS is imported only when a dataset task is built.
+
+    if dataset not in datasets.REGISTRY.names():
+      raise ValueError(f"Unknown dataset {dataset!r}; valid: {datasets.REGISTRY.names()}.")
+    self.dataset = dataset
+    self.tokenizer_dir = str(tokenizer_dir)
+    self.data_dir = data_dir or None
+    self.manual_dir = manual_dir or None
+    self.builder_config = config or None
+    if dataset == "problem_files":
+      if not files or not fields:
+        raise ValueError("dataset 'problem_files' needs files={split: path} and fields={...}.")
+      self.builder_config = datasets.ProblemFilesConfig(
+        name=config or "problems", files=dict(files), fields=datasets.Fields(**fields)
+      )
+    self.splits = {"train": train_split, "test": test_split or _TEST_SPLITS[dataset]}
+    self.chat = chat
+    self.system_prompt = system_prompt
+    self.prompt_template = prompt_template
+    self.reward_fn = math_verify.MathReward(tags=tuple(think_tags), answer_tag=answer_tag or None)
+    self._tokenizer = None
+    self._sources = {}
+
+  def __getstate__(self):  # Reward workers need the verifier only, not data or tokenizer.
+    return {**self.__dict__, "_tokenizer": None, "_sources": {}}
+
+  def tokenizer(self):
+    if self._tokenizer is None:
+      from grpo_jax import hf_tokenizer
+
+      self._tokenizer = hf_tokenizer.load(self.tokenizer_dir)
+    return self._tokenizer
+
+  def source(self, split: str):
+    """The split's problems (`datasets.ProblemSource`), built on first use."""
+    if split not in base.SPLITS:
+      raise ValueError(f"Unknown split {split!r}; valid splits: {base.SPLITS}.")
+    if split not in self._sources:
+      from grpo_jax import datasets
+
+      builder = datasets.get(self.dataset, data_dir=self.data_dir, config=self.builder_config)
+      datasets.prepare(builder, manual_dir=self.manual_dir)
+      self._sources[split] = datasets.problems(builder, self.splits[split])
+    return self._sources[split]
+
+  def render(self, question: str) -> str:
+    """The prompt text for a question (chat template applied unless chat=False)."""
+    user = self.prompt_template.format(question=question)
+    if not self.chat:
+      return user
+    messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+    messages.append({"role": "user", "content": user})
+    return self.tokenizer().apply_chat_template(messages, add_generation_prompt=True)
+
+  def example(self, split: str, index: int, *, seed: int) -> base.Example:
+    from grpo_jax import datasets
+
+    src = self.source(split)
+    i = datasets.record_index(index, n=len(src), seed=seed, shuffle=split == "train")
+    problem = src[i]
+    reference = problem.solution or f"The answer is \\boxed{{{problem.answer}}}."
+    return base.Example(
+      prompt=self.render(problem.question), reference=reference, answer=problem.answer
+    )
+
+  def _draw(self, rng):
+    raise NotImplementedError("MathTask reads its problems from a dataset (see example).")
+
+  def reward_input(self, example: base.Example) -> str:
+    return example.answer
+
+  def reward(self, prompt: str, completion: str) -> float:
+    """`prompt` is the gold answer here (`reward_input`)."""
+    return self.reward_fn.reward(prompt, completion)
+
+  def format_reward(self, prompt: str, completion: str) -> float:
+    return self.reward_fn.format_reward(prompt, completion)
