@@ -49,7 +49,7 @@ DEFINITIONS = {
   "phase": "'warmstart' or 'rl' (a string; not sent to TensorBoard).",
   "accuracy": "Mean correctness c_i over every row sampled this iteration (all generation batches).",
   "reward_errors": "Rows whose reward call raised, returned non-finite or timed out (scored 0).",
-  "reward_timeouts": "The reward_errors that timed out (reward_timeout_s); their worker was replaced.",
+  "reward_timeouts": "The reward_errors that timed out (reward_timeout_s): unscorable, e.g. a pathological math expression; their worker was replaced. Counted apart from wrong answers (reward 0 without an error).",
   "nonfinite_steps": "Train steps of this iteration skipped for a non-finite loss or gradient.",
   "nonfinite_total": "Skipped (non-finite) train steps since the start of the run.",
   "dynamic/gen_batches": "Generation batches of B prompts sampled this iteration (DAPO dynamic sampling).",
