@@ -339,7 +339,10 @@ class _ProblemBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   datasets or with a module imported twice; construct them directly or with ``get``.
   """
 
-  VERSION = tfds.core.Version("1.0.0")
+  # 1.1.0: records are stored in file order (disable_shuffling); 1.0.0 stored them in
+  # TFDS's key-hash order, so "the first N test problems" were not the file's first N.
+  VERSION = tfds.core.Version("1.1.0")
+  RELEASE_NOTES = {"1.1.0": "Records in file order.", "1.0.0": "Initial release."}
   HOMEPAGE = ""
   # TFDS 4.9.10 infers `code_path` through the `importlib_resources` backport, which it only
   # declares for Python < 3.9; this module's file is the same answer without it.
@@ -356,6 +359,7 @@ class _ProblemBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
       features=_features(),
       homepage=self.HOMEPAGE,
       metadata=tfds.core.MetadataDict(),
+      disable_shuffling=True,  # File order: a split's first N records are the file's first N.
     )
 
   def _generate_examples(self, items: Iterable[Problem | Skip], split: str):

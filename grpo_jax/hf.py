@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator
 import jax
 import ml_dtypes
 import numpy as np
+from jax.experimental import multihost_utils
 
 from grpo_jax import distributed, model
 
@@ -139,9 +140,9 @@ def model_config(hf_config: dict, *, where: str = "config.json", **overrides) ->
     )
   if c.get("mlp_bias"):
     raise CheckpointError(f"{where}: mlp_bias=true is not supported (the MLP has no biases).")
-  if arch == "llama" and c.get("attention_bias"):
+  if arch in ("llama", "qwen3") and c.get("attention_bias"):
     raise CheckpointError(
-      f"{where}: Llama attention_bias=true (biases on q, k, v and o) is not supported; the "
+      f"{where}: {arch} attention_bias=true (biases on q, k, v and o) is not supported; the "
       "model has q/k/v biases only (Qwen2)."
     )
   if c.get("use_sliding_window"):
@@ -159,7 +160,7 @@ def model_config(hf_config: dict, *, where: str = "config.json", **overrides) ->
     mlp_dim=c["intermediate_size"],
     norm_eps=float(c.get("rms_norm_eps", 1e-6)),
     qk_norm=arch == "qwen3",
-    attn_bias=arch == "qwen2" or (arch == "qwen3" and bool(c.get("attention_bias"))),
+    attn_bias=arch == "qwen2",
     tie_embeddings=bool(c.get("tie_word_embeddings", False)),
     **_rope(c, where=where),
   )
@@ -171,7 +172,13 @@ def model_config(hf_config: dict, *, where: str = "config.json", **overrides) ->
 
 def arch_for(cfg: model.ModelConfig) -> str:
   """The HF architecture that represents a ModelConfig: q/k norm -> qwen3, q/k/v biases
-  -> qwen2, else llama."""
+  -> qwen2, else llama. Both at once has no HF counterpart (Qwen3's attention_bias also
+  puts a bias on o_proj)."""
+  if cfg.qk_norm and cfg.attn_bias:
+    raise ValueError(
+      "A model with both q/k norm and q/k/v biases has no Hugging Face architecture "
+      f"(supported: {sorted(ARCHITECTURES)}); it cannot be exported."
+    )
   return "qwen3" if cfg.qk_norm else "qwen2" if cfg.attn_bias else "llama"
 
 
@@ -182,6 +189,12 @@ def hf_config_dict(
   `base` (the imported config) keeps fields we do not model (token ids, max positions)."""
   if arch not in _HF_CLASS:
     raise ValueError(f"Unknown arch {arch!r}; allowed: {sorted(_HF_CLASS)}.")
+  expected = arch_for(cfg)
+  if expected != arch:
+    raise ValueError(
+      f"A model with qk_norm={cfg.qk_norm}, attn_bias={cfg.attn_bias} is a {expected!r} "
+      f"checkpoint, not {arch!r}."
+    )
   out = {k: v for k, v in (base or {}).items() if k not in ("rope_parameters", "torch_dtype")}
   out.update(
     architectures=[_HF_CLASS[arch]],
@@ -198,11 +211,12 @@ def hf_config_dict(
     tie_word_embeddings=cfg.tie_embeddings,
     rope_theta=cfg.rope_theta,
     dtype=dtype,
+    torch_dtype=dtype,  # The transformers 4 name, which older transformers and vLLM read.
   )
   if arch == "llama":
     out.update(attention_bias=False, mlp_bias=False)
   if arch == "qwen3":
-    out.update(attention_bias=cfg.attn_bias)
+    out.update(attention_bias=False)
   scaling = None
   if cfg.rope_scaling == "linear":
     scaling = dict(rope_type="linear", factor=cfg.rope_factor)
@@ -418,6 +432,13 @@ def check_tensors(index: dict[str, TensorEntry], cfg: model.ModelConfig, *, hf_d
   ]
   if bad:
     raise CheckpointError(f"{hf_dir}: tensors with wrong shapes: " + "; ".join(bad) + ".")
+  if cfg.tie_embeddings and "lm_head.weight" in index:
+    head, embed = index["lm_head.weight"], index["model.embed_tokens.weight"]
+    if head.shape != embed.shape or not np.array_equal(read_tensor(head), read_tensor(embed)):
+      raise CheckpointError(
+        f"{hf_dir}: config.json ties the embeddings but lm_head.weight (in {head.file.name}) "
+        "differs from model.embed_tokens.weight; set tie_word_embeddings to false to use it."
+      )
   extra = sorted(
     n
     for n in set(index) - set(needed)
@@ -431,9 +452,17 @@ def check_tensors(index: dict[str, TensorEntry], cfg: model.ModelConfig, *, hf_d
 
 
 def _host_value(entries: list[TensorEntry], m: _Map, dtype) -> np.ndarray:
-  """Our layout of one parameter (stacked over layers when it has several entries)."""
-  parts = [m.to_ours(read_tensor(e)).astype(dtype, copy=False) for e in entries]
-  return parts[0] if len(parts) == 1 else np.stack(parts)
+  """Our layout of one parameter (stacked over layers when it has several entries),
+  filled one layer at a time: the stack plus one layer's tensor in memory."""
+  first = m.to_ours(read_tensor(entries[0])).astype(dtype, copy=False)
+  if len(entries) == 1:
+    return first
+  out = np.empty((len(entries), *first.shape), first.dtype)
+  out[0] = first
+  del first
+  for i, e in enumerate(entries[1:], start=1):
+    out[i] = m.to_ours(read_tensor(e))
+  return out
 
 
 def load_params(hf_dir, cfg: model.ModelConfig, *, shardings=None):
@@ -472,6 +501,8 @@ TOKENIZER_FILES = (
   "tokenizer_config.json",
   "generation_config.json",
   "special_tokens_map.json",
+  "added_tokens.json",
+  "chat_template.jinja",  # transformers 5 keeps the chat template only here.
 )
 
 
@@ -522,14 +553,10 @@ def export(
   primary = distributed.is_primary()
   if primary:
     out_dir.mkdir(parents=True, exist_ok=True)
-  cache = {}
 
-  def value(path, layer):
-    if path not in cache:
-      cache.clear()  # Keep one (stacked) parameter on the host at a time.
-      cache[path] = distributed.host_value(leaves[path])
-    x = cache[path] if layer is None else cache[path][layer]
-    return mapping[path].to_hf(np.asarray(x, np.float32)).astype(np_dtype)
+  def value(path, layer):  # One HF tensor: a stacked parameter is sliced on device.
+    x = leaves[path] if layer is None else leaves[path][layer]
+    return mapping[path].to_hf(np.asarray(distributed.host_value(x), np.float32)).astype(np_dtype)
 
   names = (
     ["model.safetensors"]
@@ -546,19 +573,19 @@ def export(
       for _ in tensors:  # The all-gathers are collective: every process takes part.
         pass
     weight_map.update({e[0]: fname for e in shard})
-  if not primary:
-    return out_dir
-  if len(shards) > 1:
-    (out_dir / "model.safetensors.index.json").write_text(
-      json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
-    )
-  config = hf_config_dict(cfg, arch=arch, dtype=dtype, base=base_config)
-  (out_dir / "config.json").write_text(json.dumps(config, indent=2))
-  if tokenizer_dir is not None:
-    for f in TOKENIZER_FILES:
+  if primary:
+    if len(shards) > 1:
+      (out_dir / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+      )
+    config = hf_config_dict(cfg, arch=arch, dtype=dtype, base=base_config)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    for f in TOKENIZER_FILES if tokenizer_dir is not None else ():
       src = pathlib.Path(tokenizer_dir) / f
       if src.is_file():
         shutil.copyfile(src, out_dir / f)
+  if jax.process_count() > 1:  # No process returns before the files are complete.
+    multihost_utils.sync_global_devices("grpo_jax.hf.export")
   return out_dir
 
 

@@ -461,3 +461,17 @@ def test_iteration_rejects_bad_arguments():
     next(datasets.positions(3, seed=0, process_index=2, process_count=2))
   with pytest.raises(ValueError, match="seed=-1"):
     datasets.permutation(3, seed=-1, epoch=0)
+
+
+def test_splits_keep_file_order(tmp_path):
+  """source[i] is the file's i-th good record (TFDS would otherwise store records in a
+  hash order of their keys), so "the first N test problems" means what it says."""
+  manual = tmp_path / "manual"
+  manual.mkdir()
+  line = lambda i: json.dumps({"question": f"q{i}?", "answer": f"work\n#### {i}"})
+  for split in ("train", "test"):
+    (manual / f"{split}.jsonl").write_text("\n".join(line(i) for i in range(20)) + "\n")
+  builder = _build("gsm8k", tmp_path / "data", manual_dir=manual)
+  source = datasets.problems(builder, "test")
+  assert [source[i].answer for i in range(20)] == [str(i) for i in range(20)]
+  assert [source[i].id for i in range(3)] == ["test.jsonl:1", "test.jsonl:2", "test.jsonl:3"]

@@ -254,3 +254,42 @@ def test_export_loads_in_transformers_and_check_fails_past_tolerance(tmp_path):
   args = ["-m", "grpo_jax.main", "hf-check", f"--hf_dir={out}", "--tolerance=1e-12"]
   r = subproc.run(args, timeout=300, check=False)
   assert r.returncode == 1 and json.loads(r.stdout.strip().splitlines()[-1])["ok"] is False
+
+
+def test_qwen3_attention_bias_and_unexportable_models_are_refused():
+  c = hf.read_config(FIXTURES / "qwen3")
+  with pytest.raises(
+    hf.CheckpointError, match=r"qwen3 attention_bias=true \(biases on q, k, v and o\)"
+  ):
+    hf.model_config(dict(c, attention_bias=True))
+  both = dataclasses.replace(hf.model_config(c), attn_bias=True)
+  with pytest.raises(ValueError, match="no Hugging Face architecture"):
+    hf.arch_for(both)
+  with pytest.raises(ValueError, match="is a 'qwen2' checkpoint, not 'llama'"):
+    hf.hf_config_dict(hf.model_config(hf.read_config(FIXTURES / "qwen2")), arch="llama")
+
+
+def test_tied_checkpoint_with_a_different_lm_head_is_an_error(tmp_path):
+  d = _copy(tmp_path)
+  index = hf.tensor_index(d)
+  tensors = {n: hf.read_tensor(e) for n, e in index.items()}
+  embed = tensors["model.embed_tokens.weight"]
+  shapes = lambda t: {n: (x.shape, x.dtype) for n, x in t.items()}
+  same = {**tensors, "lm_head.weight": embed.copy()}  # Some tied checkpoints store it.
+  hf.write_safetensors(d / "model.safetensors", list(same.items()), shapes=shapes(same))
+  cfg = hf.model_config(hf.read_config(d))
+  hf.load_params(d, cfg)
+  other = {**tensors, "lm_head.weight": embed + 1}
+  hf.write_safetensors(d / "model.safetensors", list(other.items()), shapes=shapes(other))
+  with pytest.raises(hf.CheckpointError, match="lm_head.weight .* differs from model.embed_tokens"):
+    hf.load_params(d, cfg)
+
+
+def test_export_copies_the_tokenizer_files_and_both_dtype_keys(tmp_path):
+  d = _copy(tmp_path)
+  (d / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+  cfg = hf.model_config(hf.read_config(d))
+  out = hf.export(hf.load_params(d, cfg), cfg, tmp_path / "out", arch="qwen2", tokenizer_dir=d)
+  assert (out / "chat_template.jinja").read_text() == "{{ messages[0]['content'] }}"
+  config = json.loads((out / "config.json").read_text())
+  assert config["dtype"] == config["torch_dtype"] == "bfloat16"

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import config_lib, hf, model, sampling, tasks, train
+from grpo_jax import config_lib, hf, math_verify, model, sampling, tasks, train
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -165,3 +165,17 @@ def test_vocab_limit_keeps_sampling_inside_the_tokenizer():
     max_ids.append(int(jnp.max(rollouts.tokens_NT)))
     assert np.isfinite(np.asarray(rollouts.policy_logp_NT)).all()
   assert max_ids[0] >= 320 > max_ids[1]
+
+
+def test_reference_solution_asks_for_what_the_prompt_asks():
+  from grpo_jax.tasks import math as math_task
+
+  gsm = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nSo 72.\n#### 72"
+  assert math_task.reference_solution(gsm, "72") == (
+    "Natalia sold 48/2 = 24 clips in May.\nSo 72.\nThe answer is \\boxed{72}."
+  )
+  assert (
+    math_task.reference_solution("So \\boxed{\\frac12}.", "\\frac12") == "So \\boxed{\\frac12}."
+  )
+  assert math_task.reference_solution("", "5") == "The answer is \\boxed{5}."
+  assert math_verify.verify(math_task.reference_solution(gsm, "72"), "72") == "correct"

@@ -26,6 +26,8 @@ The dataset is built (array_record, no TensorFlow) on first use, in `data_dir`.
 
 from __future__ import annotations
 
+import re
+
 from grpo_jax import math_verify
 from grpo_jax.tasks import base
 
@@ -33,6 +35,18 @@ DEFAULT_TEMPLATE = (
   "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 )
 _TEST_SPLITS = {"gsm8k": "test", "math": "math500", "problem_files": "test"}
+
+
+def reference_solution(solution: str, answer: str) -> str:
+  """The warm-start target in the form the prompt asks for: GSM8K's calculator notes
+  `<<48/2=24>>` dropped and its `#### N` line replaced by `The answer is \\boxed{N}.`;
+  a solution without a boxed answer (or no solution) gets that sentence appended."""
+  text = re.sub(r"<<[^<>]*>>", "", solution)
+  text = re.sub(r"\n?####\s*(.+?)\s*$", "", text).rstrip()
+  if "\\boxed" in text:
+    return text
+  final = f"The answer is \\boxed{{{answer}}}."
+  return f"{text}\n{final}" if text else final
 
 
 class MathTask(base.Task):
@@ -125,7 +139,7 @@ class MathTask(base.Task):
     src = self.source(split)
     i = datasets.record_index(index, n=len(src), seed=seed, shuffle=split == "train")
     problem = src[i]
-    reference = problem.solution or f"The answer is \\boxed{{{problem.answer}}}."
+    reference = reference_solution(problem.solution, problem.answer)
     return base.Example(
       prompt=self.render(problem.question), reference=reference, answer=problem.answer
     )
