@@ -11,7 +11,9 @@ Files read from the directory:
 - `tokenizer.json` (required): the fast tokenizer.
 - `tokenizer_config.json` (optional): `bos_token`, `eos_token`, `pad_token`, `unk_token`
   (strings, `{"content": ...}` dicts or null), `chat_template`,
-  `clean_up_tokenization_spaces`.
+  `clean_up_tokenization_spaces` (as in transformers 5: ignored when `tokenizer.json`'s model
+  is BPE, as for Llama 3 and Qwen, unless
+  `clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output` is also true).
 - `generation_config.json` (optional): `eos_token_id` (an int or a list), `pad_token_id`.
 - `chat_template.jinja` (optional): takes priority over the config's `chat_template`,
   as in transformers.
@@ -31,7 +33,8 @@ is an error that names the file.
 Not supported (transformers features that RL prompts do not need): `special_tokens_map.json`
 and `added_tokens_decoder` entries absent from `tokenizer.json`, `continue_final_message`,
 `sanitize_control_tokens` (control-token text inside messages is parsed as the token, as
-transformers does by default), and aliasing `reasoning`/`thinking` message fields.
+transformers does by default), aliasing `reasoning`/`thinking` message fields, and
+assistant masks (`{% generation %}` blocks render their body but record nothing).
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.nodes
+import jinja2.parser
+import jinja2.runtime
 import jinja2.sandbox
 import jinja2.utils
 import numpy as np
@@ -56,6 +62,8 @@ TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
 GENERATION_FILE = "generation_config.json"
 TEMPLATE_FILE = "chat_template.jinja"
+# transformers' opt-in to the clean-up for BPE models (tokenizer_config.json key).
+FORCE_BPE_CLEAN_UP = "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"
 # The named special tokens transformers passes to chat templates (when set).
 TEMPLATE_TOKENS = (
   "bos_token",
@@ -149,7 +157,11 @@ class HFTokenizer:
     self.pad_id = self._resolve_pad(generation)
     self.has_bos = "bos_token" in self.special_tokens
     self.bos_id = self._token_id("bos_token") if self.has_bos else self.pad_id
-    self.clean_up_spaces = bool(config.get("clean_up_tokenization_spaces", False))
+    # transformers 5 skips the clean-up for BPE models (it would eat real spaces before
+    # punctuation) unless the config forces it with the long flag below.
+    self.clean_up_spaces = bool(config.get("clean_up_tokenization_spaces", False)) and (
+      type(self._tok.model).__name__ != "BPE" or bool(config.get(FORCE_BPE_CLEAN_UP, False))
+    )
     self.chat_template = (
       files.template_jinja if files.template_jinja is not None else config.get("chat_template")
     )
@@ -472,6 +484,25 @@ class _Namespace(jinja2.utils.Namespace):
       )
 
 
+class _Generation(jinja2.ext.Extension):
+  """`{% generation %}...{% endgeneration %}` renders its body unchanged.
+
+  HF templates mark assistant turns with it for `return_assistant_tokens_mask`;
+  transformers' `AssistantTracker` renders the body as a call block (so a `set` inside
+  does not leak out), and records nothing unless a mask is asked for. We never ask.
+  """
+
+  tags = {"generation"}
+
+  def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.CallBlock:
+    lineno = next(parser.stream).lineno
+    body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+    return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+  def _render(self, caller: jinja2.runtime.Macro) -> str:
+    return caller()
+
+
 def _version(text: str) -> tuple[int, ...]:
   return tuple(
     int("".join(itertools.takewhile(str.isdigit, part)) or 0) for part in text.split(".")[:3]
@@ -479,7 +510,10 @@ def _version(text: str) -> tuple[int, ...]:
 
 
 def _environment(where: str) -> jinja2.sandbox.ImmutableSandboxedEnvironment:
-  """transformers' chat template environment; `raise_exception` names the template's file."""
+  """transformers' chat template environment; `raise_exception` names the template's file.
+
+  Extensions as transformers: loop controls (`break`, `continue`) and `generation` (a no-op).
+  """
   if _version(jinja2.__version__) < MIN_JINJA:
     raise ImportError(
       f"Chat templates need jinja2>={'.'.join(map(str, MIN_JINJA))} (sandbox fixes); found {jinja2.__version__}."
@@ -489,7 +523,7 @@ def _environment(where: str) -> jinja2.sandbox.ImmutableSandboxedEnvironment:
     raise ChatTemplateError(f"The chat template of {where} raised an error: {message}")
 
   env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-    trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _Generation]
   )
   env.filters["tojson"] = _tojson
   env.globals.update(

@@ -12,37 +12,63 @@ is counted apart from "wrong", so a hanging verifier never reads as a bad policy
 Extraction (``extract_answer``), first rule that yields a non-empty answer wins:
   1. The last complete ``\\boxed{...}`` or ``\\fbox{...}`` (nested braces balanced), or
      ``\\boxed X`` without braces (X runs to the next space or ``$``).
-  2. The last GSM8K ``#### X`` (X runs to the end of its line).
+  2. The last GSM8K ``#### X`` (X runs to the end of its line) where X looks like a
+     number: it starts (after ``**``, ``$``, a sign) with a digit, ``.5``, ``\\frac``,
+     ``\\sqrt`` or ``\\pi`` and has no ". " or ": ", so markdown headings such as
+     "#### Step 2: Answer" or "#### 1. Setup" are skipped.
   3. The last line with "the (final) answer is X", "final answer: X" or "answer: X"
-     (case-insensitive; the last such phrase on that line). X runs to the first ". "
-     (so "5. I hope it is correct." gives 5) and markdown ``**`` around it is dropped;
+     (case-insensitive; the last such phrase on that line; markdown ``**``/``*``/``__``
+     may wrap the phrase: "**Answer**: 42"). X runs to the first ". " (so "5. I hope it
+     is correct." gives 5), markdown ``**`` and a final period around it are dropped;
      an empty X (answer on the next line) takes the next non-empty line.
   There is no "last number in the text" fallback: an unmarked answer is "no_answer".
   With ``answer_tag="answer"`` the text searched is the body of the last
   ``<answer>...</answer>`` block, and the whole body is the answer if no rule matches.
 
 Normalisation (``normalize``) maps LaTeX and plain text to one calculator-style string:
-``$``, ``\\[ \\]``, ``\\( \\)``, ``\\left``/``\\right``/``\\big``, spacing (``\\, \\! \\; \\:
-\\ ~ \\quad``) and ``\\displaystyle`` go; ``\\text{}``, ``\\textbf{}``, ``\\mathrm{}``,
-``\\mbox{}``, ``\\boxed{}`` ... are unwrapped, except that a trailing ``\\text{...}`` of
-letters after a number is a unit and goes (``5\\text{ cm}^2`` -> ``5``), as do trailing
-unit words from a fixed list (``5 dollars``, ``3 square feet``), ``\\$``, degrees
-(``^\\circ``, ``degrees``) and ``%``; ``\\frac{a}{b}`` (``\\dfrac``, ``\\tfrac``,
-``\\frac12``) -> ``(a)/(b)``, a mixed number ``2\\frac{1}{2}`` -> ``(2+1/2)``;
-``\\sqrt{x}``, ``\\sqrt2`` -> ``sqrt(x)``, ``\\sqrt[n]{x}`` -> ``(x)^(1/(n))``; ``\\cdot``,
-``\\times`` -> ``*``; ``\\div`` -> ``/``; ``**`` -> ``^``; ``\\pi`` -> ``pi``; ``\\infty`` ->
-``oo``; " and " -> ","; remaining grouping braces -> parentheses; whitespace goes (so
-``1\\,000`` -> ``1000``); then a leading ``+`` and trailing periods go, ``.5`` -> ``0.5``,
-``x = 5`` -> ``5`` and ``x \\in S`` -> ``S`` (one ``=``, a one-letter left side), and
-``(C)`` -> ``C``. Thousands separators: ``1{,}234`` always, and ``1,234`` only when the
-whole answer is one number with comma groups of exactly three digits
-(``-?d{1,3}(,ddd)+(.d+)?``), so the tuple ``(1,234)`` and the list ``1,2`` stay lists.
+``$``, ``\\[ \\]``, ``\\( \\)``, ``\\left``/``\\right``/``\\big``, ``\\!`` and
+``\\displaystyle`` go; ``\\, \\; \\: \\ ~ \\quad`` are spaces (``\\\\`` stays a row break);
+``\\text{}``, ``\\textbf{}``, ``\\mathrm{}``, ``\\mbox{}``, ``\\boxed{}`` ... are unwrapped,
+except that units go: a trailing ``\\text{...}`` of letters, spaces, dots and slashes after
+an answer with a digit (``5\\text{ cm}^2``, ``80\\text{ km/h}``, ``\\$40\\text{/hour}``),
+trailing unit words from a fixed list (``3 square feet``), and the words (letters, a
+slash inside) after an answer that is just a number or fraction (``5``, ``1,000``,
+``3/4``, ``1 1/2``) when the first word has three or more characters and is not a
+connective, function, scale or comparison word (``and or not sqrt sin ... hundred
+thousand million ... squared cubed less more than times plus minus over``): ``5 apples``,
+``18 eggs per day``, ``80 km/h`` -> the number, but ``2 x``, ``2 pi``, ``5 or 6``,
+``5 thousand``, ``3 less than x`` keep their words; ``\\$``, degrees (``^\\circ``,
+``degrees``) and ``%`` go.
+``\\frac{a}{b}`` (``\\dfrac``, ``\\tfrac``, ``\\frac12``) -> ``(a)/(b)``, a mixed number
+``2\\frac{1}{2}`` or ``2 1/2`` -> ``(2+1/2)``; ``\\binom{n}{k}`` (``\\dbinom``,
+``{n \\choose k}``) -> ``(n)!/((k)!*((n)-(k))!)``; a repeating decimal
+``0.1\\overline{6}`` (or ``\\bar``) -> its exact fraction ``(1/6)``; ``\\sqrt{x}``,
+``\\sqrt2`` -> ``sqrt(x)``, ``\\sqrt[n]{x}`` -> ``(x)^(1/(n))``; ``\\log_b x`` ->
+``log_(b)x``; ``\\cdot``, ``\\times`` -> ``*``; ``\\div`` -> ``/``; ``**`` -> ``^``; ``\\pi``
+-> ``pi``; ``\\infty`` -> ``oo``; ``\\emptyset``/``\\varnothing`` -> ``{}``;
+``\\mathbb{R}`` -> ``(-oo,oo)``; " and ", " or " (``\\text{ or }``) -> ","; matrices
+``\\begin{pmatrix} a & b \\\\ c & d \\end{pmatrix}`` (``bmatrix``, ``Bmatrix``,
+``matrix``, ``smallmatrix``) -> ``[[a,b],[c,d]]``; remaining grouping braces ->
+parentheses. Whitespace goes, except between two digits: digit groups of three join
+(``1\\,000``, ``12 345 678`` -> ``12345678``), any other spaced digits keep one space
+(``2 3`` stays "2 3", which does not parse: it is not 23). Then a leading ``+`` and
+trailing periods go, ``.5`` -> ``0.5``, ``x = 5`` -> ``5``, ``f(x) = 2x`` -> ``2x`` and
+``x \\in S`` -> ``S`` (one ``=``; the left side one letter, subscripted or a function of
+letters); then each comma-separated item with one ``\\pm`` (or ``\\mp``) becomes two
+items, with ``+`` and with ``-`` (``\\pm 2`` -> ``2,-2``, ``1 \\pm \\sqrt2`` ->
+``1+sqrt(2),1-sqrt(2)``), and ``(C)`` -> ``C``. Thousands separators: ``1{,}234``
+always, ``1,234`` (or ``1,\\!234``) only when the whole answer is one number with comma
+groups of exactly three digits (``-?d{1,3}(,ddd)+(.d+)?``) and no comma in the answer is
+followed by a space, so the tuple ``(1,234)`` and the lists ``1,2`` and ``10, 100`` stay
+lists (``10, 100`` is not 10100).
 
 Equivalence (``is_equiv``), after normalising both sides:
   1. Equal strings (case-insensitive when both are words, e.g. ``Monday``).
-  2. Structure: ``A \\cup B`` compares part by part; ``(a,b)``, ``[a,b)`` (tuples and
-     intervals) need the same brackets and equivalent elements in order; sets ``{a,b}``
-     and bare lists ``a, b`` are unordered (each element matched once).
+  2. Structure: ``(a,b)``, ``[a,b)`` (tuples and intervals) need the same brackets and
+     equivalent elements in order; matrices need the same shape and equivalent entries
+     (``0.5`` == ``\\frac12``); sets ``{a,b}``, bare lists ``a, b`` (so "2, 3" for "find
+     all solutions" matches "3, 2") and the parts of a union ``A \\cup B`` are unordered
+     (each element matched once).
   3. Scalars: equations ``l1=r1`` vs ``l2=r2`` match when ``(l1-r1)/(l2-r2)`` simplifies
      to a nonzero constant. Expressions are parsed into sympy (below); with no free
      symbols, two exact rationals (integers, fractions, decimals: ``0.5`` is 1/2) must be
@@ -54,16 +80,20 @@ Equivalence (``is_equiv``), after normalising both sides:
      (``oo``, ``1/0``) match only if identical. With free symbols, equal iff ``a - b``
      expands or simplifies (``sympy.simplify``) to 0. A side that does not parse matches
      only by string, and a sympy error while comparing means "not shown equal".
-  Percent: a percent sign (or the word) is a unit (``50\\%`` == ``50``); when exactly one
-  side has one, its value divided by 100 is also tried (``50\\%`` == ``0.5``, but
-  ``0.5`` != ``50``).
+  Percent: a percent sign (or the word) is a unit (``50\\%`` == ``50``). When exactly one
+  side has one and the other side is not an integer, the percent side divided by 100 is
+  also tried (``50\\%`` == ``0.5``, ``150\\%`` == ``1.5``): an integer next to a percent
+  is read as a percent written without its sign, so ``5000\\%`` != ``50`` and
+  ``100\\%`` != ``1``; ``0.5`` != ``50`` (no percent sign at all).
 
 Safety. No text is ever passed to ``eval``, ``sympify`` or ``parse_expr`` (which eval).
 A small recursive-descent parser (``parse``) accepts only numbers (``12``, ``0.5``,
 ``1e5``: exact rationals), the one-letter names a-z/A-Z (``i`` is the imaginary unit,
 ``e`` is Euler's number), the names ``pi``, ``oo``, ``sqrt``, ``sin``, ``cos``, ``tan``,
-``cot``, ``sec``, ``csc``, ``log``, ``ln``, ``exp``, the operators ``+ - * / ^ !`` and
-parentheses; any other character (``_``, ``.`` outside a number, quotes, brackets) is a
+``cot``, ``sec``, ``csc``, ``log``, ``ln``, ``exp`` and ``log_`` (``log_(b)x``: base b),
+the operators ``+ - * / ^ !`` and parentheses; ``sin^2 x`` is ``(sin x)^2`` (a positive
+integer power only); any other character (``_`` outside ``log_``, ``.`` outside a
+number, a space, quotes, brackets) is a
 parse error, as are more than ``MAX_TOKENS`` tokens or nesting deeper than ``MAX_DEPTH``.
 It builds sympy objects by calling the constructors for those tokens, so model output
 cannot reach attribute access or code.
@@ -86,6 +116,7 @@ the task once per worker, so the answer travels per item and no dataset is pickl
 from __future__ import annotations
 
 import dataclasses
+import fractions
 import re
 from collections.abc import Iterable, Sequence
 from typing import Literal
@@ -143,9 +174,21 @@ def _last_boxed(text: str) -> str | None:
 
 
 _HASHES = re.compile(r"####[ \t]*([^\n]*)")
-_ANSWER_PHRASE = re.compile(
-  r"(?:the\s+(?:final\s+)?answer\s+is\s*:?|(?:final\s+)?answer\s*:)", re.IGNORECASE
+# A GSM8K answer starts like a number (a markdown heading "#### Step 2: ..." does not):
+# optional markup, sign and dollar, then a digit, ".5", \frac, \sqrt or \pi.
+_NUMBER_START = re.compile(
+  r"(?:\*\*|\$|\\\(|\s)*[-+−]?\s*(?:\\?\$)?\s*(?:\.?\d|\\[dt]?frac|\\sqrt|\\pi)"
 )
+_ANSWER_PHRASE = re.compile(
+  r"(?:the\s+[*_]*(?:final\s+)?answer\s+is[*_]*\s*:?|(?:final\s+)?answer[*_]*\s*:)",
+  re.IGNORECASE,
+)
+
+
+def _gsm8k_answer(x: str) -> bool:
+  """True if a '#### X' line holds an answer: X starts like a number and has no ". " or
+  ": " (so the headings "#### 1. Setup" and "#### Step 2: Answer" are not answers)."""
+  return _NUMBER_START.match(x) is not None and re.search(r"[.:]\s", x) is None
 
 
 def _answer_line(text: str) -> str | None:
@@ -158,7 +201,7 @@ def _answer_line(text: str) -> str | None:
     rest = lines[k][phrases[-1].end() :].strip(" \t*")
     if not rest:
       rest = next((line.strip(" \t*") for line in lines[k + 1 :] if line.strip(" \t*")), "")
-    return re.split(r"\.\s", rest, maxsplit=1)[0].strip(" \t*") or None
+    return re.split(r"\.\s", rest, maxsplit=1)[0].rstrip(" \t*.").lstrip(" \t*") or None
   return None
 
 
@@ -171,7 +214,7 @@ def _tag_body(text: str, tag: str) -> str | None:
 def extract_answer(text: str, *, answer_tag: str | None = None) -> str | None:
   """The final answer in ``text`` by the precedence in the module docstring, else None.
 
-  Rules: last \\boxed{}/\\fbox{} > last '#### X' > last 'the answer is X' line. With
+  Rules: last \\boxed{}/\\fbox{} > last number-like '#### X' > last 'the answer is X' line. With
   ``answer_tag``, only the last <answer_tag> block is searched and its whole stripped
   body is the answer when no rule matches.
   """
@@ -183,7 +226,7 @@ def extract_answer(text: str, *, answer_tag: str | None = None) -> str | None:
   boxed = _last_boxed(text)
   if boxed is not None and boxed.strip():
     return boxed.strip()
-  hashes = [m[1].strip() for m in _HASHES.finditer(text) if m[1].strip()]
+  hashes = [m[1].strip() for m in _HASHES.finditer(text) if _gsm8k_answer(m[1].strip())]
   if hashes:
     return hashes[-1]
   return _answer_line(text)
@@ -202,22 +245,50 @@ _UNITS = (
   "ft|yards?|yd|miles?|mph|hours?|hrs?|minutes?|mins?|seconds?|secs?|days?|weeks?|months?|"
   "years?|degrees?|radians?|percent"
 )
-_TRAILING_UNIT = re.compile(rf"(?<![A-Za-z\\])(?:{_UNITS})(?:\^?\{{?[23]\}}?)?\s*$")
+_TRAILING_UNIT = re.compile(rf"(?<![A-Za-z\\/])(?:{_UNITS})(?:\^?\{{?[23]\}}?)?\s*$")
 _TEXT_UNIT = re.compile(
-  r"\\(?:text|mbox|mathrm|textrm)\s*\{\s*[A-Za-z][A-Za-z .]*\}(?:\^\{?[23]\}?)?\s*$"
+  r"\\(?:text|mbox|mathrm|textrm)\s*\{(?=[^{}]*[A-Za-z])\s*[A-Za-z/][A-Za-z ./]*\}"
+  r"(?:\^\{?[23]\}?)?\s*$"
+)
+# A plain number or fraction (5, 1,000, 2.5, 3/4, 1 1/2), then words of letters (a slash
+# inside: km/h). The first word has three or more characters and is not a connective, a
+# function, a scale or a comparison, so "2 x", "2 pi", "5 or 6", "3 sin x", "5 thousand"
+# and "3 less than x" keep their words.
+_NUMBER_WORDS = re.compile(
+  r"(?P<number>[-+−]?\s*(?:\d+(?:,\d{3})*(?:\.\d*)?(?:\s+\d+/\d+|/\d+)?|\.\d+))\s+"
+  r"(?P<first>[A-Za-z][A-Za-z/]{2,})(?:[\s-]+[A-Za-z][A-Za-z/]*)*\s*"
+)
+_NOT_UNITS = {
+  *("and", "or", "not", "sqrt", "sin", "cos", "tan", "cot", "sec", "csc", "log", "exp"),
+  *("hundred", "thousand", "million", "billion", "trillion", "dozen", "squared", "cubed"),
+  *("less", "more", "fewer", "greater", "than", "times", "plus", "minus", "over"),
+}
+_MATRIX = re.compile(
+  r"\\begin\s*\{\s*(p|b|B|small|)matrix\s*\}(.*?)\\end\s*\{\s*\1matrix\s*\}", re.DOTALL
+)
+_REPEATING = re.compile(
+  r"(?<![\d.])(\d*)\.(\d*)\s*\\(?:overline|bar)(?![a-zA-Z])\s*(?:\{\s*(\d+)\s*\}|(\d))"
 )
 _SIMPLE_SUBS = (
   (r"\\(?:left|right)\s*\.", ""),  # Null delimiters.
   (r"\\(?:left|right|[bB]igg?[lr]?)(?![a-zA-Z])", ""),
   (r"\\\{|\\lbrace(?![a-zA-Z])", _SET_OPEN),
   (r"\\\}|\\rbrace(?![a-zA-Z])", _SET_CLOSE),
+  (r"\\(?:emptyset|varnothing)(?![a-zA-Z])|∅", _SET_OPEN + _SET_CLOSE),
+  (r"\\mathbb\s*(?:\{\s*R\s*\}|R(?![a-zA-Z]))|ℝ", r"(-\\infty,\\infty)"),
   (r"\\\$|\$|\\\[|\\\]|\\\(|\\\)", ""),
-  (r"\\[,;:! ]|\\q?quad(?![a-zA-Z])|~", " "),
+  (r"\\!", ""),  # A negative thin space joins: 10,\!000 is 10,000.
+  # \\ (a row break) stays whole; \, \; \: \  ~ \quad are spaces.
+  (r"\\\\|\\[,;: ]|\\q?quad(?![a-zA-Z])|~", lambda m: m[0] if m[0] == "\\\\" else " "),
   (r"\\displaystyle(?![a-zA-Z])", ""),
   (r"\{,\}", ""),
   (r"\^\s*\{?\s*\\circ\s*\}?|\\circ(?![a-zA-Z])|\\degree(?![a-zA-Z])|°", ""),
   (r"\\?%", ""),
+  (r"\\(?:text|mbox|textrm|mathrm)\s*\{\s*(?:and|or)\s*\}", " and "),
   (r"\\[dtc]frac(?![a-zA-Z])", r"\\frac"),
+  (r"\\[dt]binom(?![a-zA-Z])", r"\\binom"),
+  (r"\{([^{}]*)\\choose(?![a-zA-Z])([^{}]*)\}", r"\\binom{\1}{\2}"),
+  (r"^([^{}]*)\\choose(?![a-zA-Z])([^{}]*)$", r"\\binom{\1}{\2}"),
   (  # A mixed number: 2\frac{1}{2} or 2\frac12 is 2 + 1/2.
     r"(?<![\w.}^])(\d+)\s*\\frac\s*(?:\{(\d+)\}|(\d))\s*(?:\{(\d+)\}|(\d))",
     lambda m: f"({m[1]}+{m[2] or m[3]}/{m[4] or m[5]})",
@@ -228,17 +299,24 @@ _OPERATOR_SUBS = (
   (r"\\div(?![a-zA-Z])|÷", "/"),
   (r"\*\*", "^"),
   (r"−", "-"),
+  (r"\\(?:pm|mp)(?![a-zA-Z])|±|∓", "±"),
   (r"\\pi(?![a-zA-Z])|π", "pi"),
   (r"\\infty(?![a-zA-Z])|∞", "oo"),
   (r"\\(?:leq?|leqslant)(?![a-zA-Z])|≤", "<="),
   (r"\\(?:geq?|geqslant)(?![a-zA-Z])|≥", ">="),
   (r"\\(?:neq?)(?![a-zA-Z])|≠", "!="),
+  # log_2 8, \log_{b}(x): the base in braces, read by the parser as log_(b).
+  (r"(?<![A-Za-z])\\?log\s*_\s*(?:\{([^{}]*)\}|([0-9A-Za-z]))", r"log_{\1\2}"),
   (r"\\(sin|cos|tan|cot|sec|csc|log|ln|exp)(?![a-zA-Z])", r"\1"),
-  (r"\s+and\s+", ","),
+  (r"\s+(?:and|or)\s+", ","),
   (r"\\in(?![a-zA-Z])|∈", "="),  # x \in [0, 1] reads as x = [0, 1], then as [0, 1].
+  # Spaced digits: a plain mixed number 2 1/2 is 2 + 1/2; SI groups 1 000 join.
+  (r"(?<![\w.)/^])(\d+)\s+(\d+)\s*/\s*(\d+)(?![\w.(])", r"(\1+\2/\3)"),
+  (r"(?<![\d.])\d{1,3}(?:\s+\d{3})+(?!\d)", lambda m: re.sub(r"\s+", "", m[0])),
 )
 _THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
-_VARIABLE_LHS = re.compile(r"[A-Za-z](?:_\(?\w+\)?)?=(?!=)")
+# x=, x_1=, f(x)=, f(x,y)=: a one-letter (subscripted) name or function definition.
+_VARIABLE_LHS = re.compile(r"[A-Za-z](?:_\(?\w+\)?)?(?:\([A-Za-z](?:,[A-Za-z])*\))?=(?!=)")
 
 
 def _unwrap(s: str, names: str) -> str:
@@ -266,19 +344,21 @@ def _arg(s: str, i: int) -> tuple[str, int]:
   return s[i], i + 1
 
 
-_FRAC_SQRT = re.compile(r"\\(frac|sqrt)(?![a-zA-Z])")
+_FRAC_SQRT = re.compile(r"\\(frac|sqrt|binom)(?![a-zA-Z])")
 
 
 def _expand_frac_sqrt(s: str) -> str:
-  """\\frac{a}{b} -> (a)/(b), \\sqrt{x} -> sqrt(x), \\sqrt[n]{x} -> (x)^(1/(n)), recursively."""
+  """\\frac{a}{b} -> (a)/(b), \\sqrt{x} -> sqrt(x), \\sqrt[n]{x} -> (x)^(1/(n)),
+  \\binom{n}{k} -> (n)!/((k)!*((n)-(k))!), recursively."""
   out, i = [], 0
   while m := _FRAC_SQRT.search(s, i):
     out.append(s[i : m.start()])
     j = m.end()
-    if m[1] == "frac":
-      num, j = _arg(s, j)
-      den, j = _arg(s, j)
-      out.append(f"({_expand_frac_sqrt(num)})/({_expand_frac_sqrt(den)})")
+    if m[1] in ("frac", "binom"):
+      a, j = _arg(s, j)
+      b, j = _arg(s, j)
+      a, b = _expand_frac_sqrt(a), _expand_frac_sqrt(b)
+      out.append(f"({a})/({b})" if m[1] == "frac" else f"({a})!/(({b})!*(({a})-({b}))!)")
     else:
       root = re.compile(r"\s*\[([^\]]*)\]").match(s, j)
       if root:
@@ -291,25 +371,84 @@ def _expand_frac_sqrt(s: str) -> str:
   return "".join(out)
 
 
+def _matrices(s: str) -> str:
+  """\\begin{pmatrix} a & b \\\\ c & d \\end{pmatrix} (also bmatrix, Bmatrix, matrix,
+  smallmatrix) -> [[a,b],[c,d]]; a trailing empty row goes."""
+
+  def rows(m: re.Match) -> str:
+    lines = [line.strip() for line in re.split(r"\\\\", m[2])]
+    while lines and not lines[-1]:
+      lines.pop()
+    return "[[" + "],[".join(",".join(e.strip() for e in line.split("&")) for line in lines) + "]]"
+
+  return _MATRIX.sub(rows, s)
+
+
+def _repeating_decimal(m: re.Match) -> str:
+  """0.1\\overline{6} (or \\bar) -> the exact fraction (1/6), from the digits alone."""
+  whole, fixed, repeat = m[1], m[2], m[3] or m[4]
+  if len(whole) + len(fixed) + len(repeat) > 40:
+    return m[0]
+  value = (
+    fractions.Fraction(int(whole or "0"))
+    + fractions.Fraction(int(fixed or "0"), 10 ** len(fixed))
+    + fractions.Fraction(int(repeat), (10 ** len(repeat) - 1) * 10 ** len(fixed))
+  )
+  return str(value.numerator) if value.denominator == 1 else f"({value})"
+
+
 def _drop_units(s: str) -> str:
-  """Drops a trailing \\text{unit} or unit words after an answer that has a digit."""
+  """Drops a trailing \\text{unit} or listed unit words after an answer that has a digit,
+  and the words after a lone number or fraction (5 apples, 80 km/h; see _NUMBER_WORDS)."""
   m = _TEXT_UNIT.search(s)
   if m and re.search(r"\d", s[: m.start()]):
     s = s[: m.start()]
+  m = _NUMBER_WORDS.fullmatch(s.strip())
+  if m and m["first"].casefold() not in _NOT_UNITS:
+    return m["number"]
   while (m := _TRAILING_UNIT.search(s)) and re.search(r"\d", s[: m.start()]):
     s = s[: m.start()].rstrip()
   return s
 
 
 def _strip_variable(s: str) -> str:
-  """'x=5' -> '5' when there is one '=' and its left side is one (subscripted) letter."""
+  """'x=5' -> '5' and 'f(x)=2x' -> '2x' when there is one '=' and its left side is one
+  (subscripted) letter or a one-letter function of letters."""
   m = _VARIABLE_LHS.match(s)
   return s[m.end() :] if m and s.count("=") == 1 else s
+
+
+def _remove_spaces(s: str) -> str:
+  """All whitespace goes, except that a space between two digits stays one space (so
+  '2 3' is not 23 but a parse error)."""
+  return re.sub(
+    r"\s+",
+    lambda m: (
+      " " if s[m.start() - 1 : m.start()].isdigit() and s[m.end() : m.end() + 1].isdigit() else ""
+    ),
+    s,
+  )
+
+
+def _expand_plus_minus(s: str) -> str:
+  """Each comma-separated item with one ± becomes two items, with + and with -:
+  '±2' -> '2,-2', '1±sqrt(2)' -> '1+sqrt(2),1-sqrt(2)'."""
+  if "±" not in s:
+    return s
+  items = []
+  for item in _split_top(s, ","):
+    if item.count("±") == 1:
+      items += [re.sub(r"^\++", "", item.replace("±", "+")), item.replace("±", "-")]
+    else:
+      items.append(item)
+  return ",".join(items)
 
 
 def normalize(answer: str) -> str:
   """The canonical plain-math string for an answer (rules in the module docstring)."""
   s = answer.strip().rstrip(".")
+  s = _matrices(s)
+  s = _REPEATING.sub(_repeating_decimal, s)
   for pattern, repl in _SIMPLE_SUBS:
     s = re.sub(pattern, repl, s)
   s = _drop_units(s.strip())
@@ -318,12 +457,14 @@ def normalize(answer: str) -> str:
   s = _expand_frac_sqrt(s)
   for pattern, repl in _OPERATOR_SUBS:
     s = re.sub(pattern, repl, s)
-  s = re.sub(r"\s+", "", s).replace("{", "(").replace("}", ")")
+  # A comma followed by a space separates items: 10, 100 is a list, not 10100.
+  list_comma = re.search(r",\s", s) is not None
+  s = _remove_spaces(s).replace("{", "(").replace("}", ")")
   s = s.replace(_SET_OPEN, "{").replace(_SET_CLOSE, "}")
   s = re.sub(r"^\++", "", s.rstrip("."))
   s = re.sub(r"(?<!\d)\.(\d)", r"0.\1", s)
-  s = _strip_variable(s)
-  if _THOUSANDS.fullmatch(s):
+  s = _expand_plus_minus(_strip_variable(s))
+  if not list_comma and _THOUSANDS.fullmatch(s):
     s = s.replace(",", "")
   return re.sub(r"^\(([A-Za-z])\)$", r"\1", s)
 
@@ -350,7 +491,7 @@ _FUNCTIONS = {
 _CONSTANTS = {"pi": sympy.pi, "oo": sympy.oo, "i": sympy.I, "e": sympy.E}
 _TOKEN = re.compile(
   r"(?P<num>(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)"
-  rf"|(?P<name>{'|'.join(sorted(_FUNCTIONS, key=len, reverse=True))}|pi|oo|[A-Za-z])"
+  rf"|(?P<name>log_|{'|'.join(sorted(_FUNCTIONS, key=len, reverse=True))}|pi|oo|[A-Za-z])"
   r"|(?P<op>[-+*/^()!])"
   r"|(?P<bad>.)",
   re.DOTALL,
@@ -371,10 +512,12 @@ def _tokenize(s: str) -> list[tuple[str, str]]:
 class _Parser:
   """expr := term (('+'|'-') term)* ;  term := unary (('*'|'/') unary | implicit power)* ;
   unary := ('+'|'-') unary | power ;  power := postfix ('^' unary)? ;  postfix := atom '!'* ;
-  atom := NUMBER | CONSTANT | LETTER | FUNCTION ('(' expr ')' | atom) | '(' expr ')'.
+  atom := NUMBER | CONSTANT | LETTER | FUNCTION ('^' atom)? argument
+        | 'log_' '(' expr ')' argument | '(' expr ')' ;  argument := '(' expr ')' | atom.
 
   Implicit multiplication binds like '*' (left to right), so 1/2x = x/2, and unary minus
-  binds looser than '^', so -2^2 = -4.
+  binds looser than '^', so -2^2 = -4. ``sin^2 x`` is (sin x)^2 (the power must be a
+  positive integer: sin^-1 is a parse error), ``log_(b) x`` is the log of x to base b.
   """
 
   def __init__(self, tokens: list[tuple[str, str]]):
@@ -439,16 +582,30 @@ class _Parser:
     kind, text = self.take()
     if kind == "num":
       return sympy.Rational(text)  # Exact: 0.5 is 1/2 (fractions.Fraction parsing, no eval).
+    if kind == "name" and text == "log_":
+      base = self.parenthesised()
+      return sympy.log(self.argument(), base)
     if kind == "name" and text in _FUNCTIONS:
-      if (tok := self.peek()) and tok[1] == "(":
-        return _FUNCTIONS[text](self.parenthesised())
-      return _FUNCTIONS[text](self.atom())
+      power = None
+      if (tok := self.peek()) and tok[1] == "^":
+        self.take()
+        power = self.atom()
+        if not (power.is_Integer and power > 0):
+          raise ParseError(f"{text}^{power}: only a positive integer power of a function")
+      value = _FUNCTIONS[text](self.argument())
+      return value if power is None else value**power
     if kind == "name":
       return _CONSTANTS[text] if text in _CONSTANTS else sympy.Symbol(text)
     if text == "(":
       self.i -= 1
       return self.parenthesised()
     raise ParseError(f"unexpected {text!r}")
+
+  def argument(self) -> sympy.Expr:
+    """A function's argument: parenthesised, else one atom (sin 2x is sin(2)*x)."""
+    if (tok := self.peek()) and tok[1] == "(":
+      return self.parenthesised()
+    return self.atom()
 
   def parenthesised(self) -> sympy.Expr:
     self.take("(")
@@ -501,9 +658,17 @@ def _encloses(s: str) -> bool:
 
 
 def _structure(s: str) -> tuple[str, str, list[str]]:
-  """(kind, brackets, items): kind in union / ordered / unordered / scalar."""
+  """(kind, brackets, items): kind in union / matrix / ordered / unordered / scalar.
+
+  A union's items are its parts, a matrix's its rows ("[a,b]"); unions, sets and bare
+  lists are unordered, matrices and bracketed tuples ordered.
+  """
   if len(parts := _split_top(s, "\\cup")) > 1:
-    return "union", "", parts
+    return "unordered", "cup", parts
+  if s.startswith("[[") and _encloses(s):
+    rows = _split_top(s[1:-1], ",")
+    if all(row[:1] == "[" and row[-1:] == "]" and _encloses(row) for row in rows):
+      return "matrix", "", rows
   if len(s) >= 2 and s[0] in "([{" and s[-1] in ")]}" and _encloses(s):
     items = _split_top(s[1:-1], ",")
     if s[0] == "{":
@@ -574,6 +739,12 @@ def _normalized_equal(a: str, b: str, *, rel_tol: float, abs_tol: float) -> bool
   same = lambda x, y: _normalized_equal(x, y, rel_tol=rel_tol, abs_tol=abs_tol)
   if kind_a == "scalar":
     return _scalars_equal(a, b, rel_tol=rel_tol, abs_tol=abs_tol)
+  if kind_a == "matrix":  # Row by row, entry by entry.
+    rows_a = [_split_top(row[1:-1], ",") for row in items_a]
+    rows_b = [_split_top(row[1:-1], ",") for row in items_b]
+    return all(
+      len(x) == len(y) and all(same(u, v) for u, v in zip(x, y)) for x, y in zip(rows_a, rows_b)
+    )
   if kind_a != "unordered":
     return all(same(x, y) for x, y in zip(items_a, items_b))
   unused = list(items_b)
@@ -589,18 +760,30 @@ def _has_percent(answer: str) -> bool:
   return re.search(r"%|(?<![A-Za-z])percent", answer) is not None
 
 
+def _is_integer(normalized: str) -> bool:
+  """True if the normalised answer parses to an integer (50, 100/2), else False."""
+  try:
+    return bool(parse(normalized).is_Integer)
+  except ParseError:
+    return False
+
+
 def is_equiv(pred: str, gold: str, *, rel_tol: float = REL_TOL, abs_tol: float = ABS_TOL) -> bool:
   """True if the answers are equivalent: strings, structure, exact or within tolerance.
 
   Rules (module docstring): after ``normalize``, equal strings; else same structure and
   equivalent items; scalars: two rationals exactly equal, other constants within
   max(rel_tol * max(|a|, |b|), abs_tol), expressions with ``simplify(a - b) == 0``. A
-  percent sign on exactly one side also tries that side divided by 100. No timeout.
+  percent sign on exactly one side also tries that side divided by 100 when the other
+  side is not an integer (50% == 0.5, but 5000% != 50). No timeout.
   """
   p, g = normalize(pred), normalize(gold)
   candidates = [(p, g)]
   if _has_percent(pred) != _has_percent(gold):
-    candidates.append((f"({p})/100", g) if _has_percent(pred) else (p, f"({g})/100"))
+    if _has_percent(pred) and not _is_integer(g):
+      candidates.append((f"({p})/100", g))
+    elif _has_percent(gold) and not _is_integer(p):
+      candidates.append((p, f"({g})/100"))
   return any(_normalized_equal(x, y, rel_tol=rel_tol, abs_tol=abs_tol) for x, y in candidates)
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import tokenizers as hf_tokenizers
 
 from grpo_jax import hf_tokenizer, tokenizers
 
@@ -182,9 +183,45 @@ def test_decode_drops_ids_past_the_tokenizer_and_rejects_negative(qwen):
     qwen.token_str(320)
 
 
-def test_clean_up_tokenization_spaces(tmp_path):
-  tok = hf_tokenizer.load(copy(tmp_path, "qwen2", config={"clean_up_tokenization_spaces": True}))
-  assert tok.decode(tok.encode("a , b . c 're")) == "a, b. c're"
+def _wordpiece(tmp_path, words):
+  """A WordPiece (BERT-style) tokenizer directory with clean_up_tokenization_spaces set."""
+  vocab = {w: i for i, w in enumerate(["[UNK]", "[SEP]", *words])}
+  tok = hf_tokenizers.Tokenizer(hf_tokenizers.models.WordPiece(vocab, unk_token="[UNK]"))
+  tok.pre_tokenizer = hf_tokenizers.pre_tokenizers.BertPreTokenizer()
+  tok.decoder = hf_tokenizers.decoders.WordPiece()
+  dst = tmp_path / "wordpiece"
+  dst.mkdir()
+  tok.save(str(dst / "tokenizer.json"))
+  config = {"eos_token": "[SEP]", "unk_token": "[UNK]", "clean_up_tokenization_spaces": True}
+  (dst / "tokenizer_config.json").write_text(json.dumps(config))
+  return dst
+
+
+# (text, decoded with the clean-up): transformers 5.23 gives these for a WordPiece model
+# and for a BPE model with the force flag; a BPE model alone decodes the text unchanged.
+CLEAN_UP = [
+  ("x ' y", "x'y"),
+  ("a , b . c 're", "a, b. c're"),
+  ("I 'm here , ok ?", "I'm here, ok?"),
+  ("it is n't", "it isn't"),
+]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_clean_up_tokenization_spaces_is_ignored_for_bpe(tmp_path, arch):
+  on = {"clean_up_tokenization_spaces": True}
+  tok = hf_tokenizer.load(copy(tmp_path / "a", arch, config=on))
+  assert [tok.decode(tok.encode(t)) for t, _ in CLEAN_UP] == [t for t, _ in CLEAN_UP]
+  forced = hf_tokenizer.load(
+    copy(tmp_path / "b", arch, config={**on, hf_tokenizer.FORCE_BPE_CLEAN_UP: True})
+  )
+  assert [forced.decode(forced.encode(t)) for t, _ in CLEAN_UP] == [c for _, c in CLEAN_UP]
+
+
+def test_clean_up_tokenization_spaces_applies_to_wordpiece(tmp_path):
+  words = ["x", "'", "y", "a", ",", "b", ".", "c", "re", "I", "m", "here", "ok", "?", "it"]
+  tok = hf_tokenizer.load(_wordpiece(tmp_path, [*words, "is", "n", "t"]))
+  assert [tok.decode(tok.encode(t)) for t, _ in CLEAN_UP] == [c for _, c in CLEAN_UP]
 
 
 # ---------------------------------------------------------------- Vocab size
@@ -237,6 +274,20 @@ def test_template_features(tmp_path):
   assert tok.apply_chat_template(msgs, tools=[{"n": "f"}], extra=(1, 2)) == (
     f'{{"role": "user", "content": "é <b>"}}\n1 [\n {{\n  "n": "f"\n }}\n] {year} False <|im_end|> [1, 2]'
   )
+
+
+def test_generation_blocks_render_their_body(tmp_path):
+  # As transformers 5.23 renders it: the body is a call block, so its `set` stays inside.
+  template = (
+    "{% set x = 'out' %}{% for m in messages %}{% if m.role == 'assistant' %}"
+    "{% generation %}[{{ m.content }}{% set x = 'in' %}]{% endgeneration %}"
+    "{% else %}<{{ m.content }}>{% endif %}{% endfor %}{{ x }}"
+    "{% if add_generation_prompt %}{% generation %}A:{% endgeneration %}{% endif %}"
+  )
+  tok = hf_tokenizer.load(copy(tmp_path, "qwen2", config={"chat_template": template}))
+  msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+  assert tok.apply_chat_template(msgs) == "<q>[a]outA:"
+  assert tok.apply_chat_template(msgs, add_generation_prompt=False) == "<q>[a]out"
 
 
 def test_named_templates(tmp_path):

@@ -73,6 +73,48 @@ CASES = [
   ("**Answer:** 17", "17", "correct"),
   (r"First \boxed{3}, then corrected: \boxed{4}", "4", "correct"),
   (r"\boxed{\boxed{7}}", "7", "correct"),
+  (r"\boxed{10,100}", "10100", "correct"),  # A comma group of three, no space: thousands.
+  (r"\boxed{10,\!000}", "10000", "correct"),
+  (r"\boxed{1 000}", "1000", "correct"),
+  (r"\boxed{2 1/2}", "5/2", "correct"),
+  (r"\boxed{10, 100}", "100, 10", "correct"),  # A bare list is unordered.
+  (r"\boxed{150\%}", "1.5", "correct"),
+  (r"\boxed{0.5\%}", "0.005", "correct"),
+  (r"\boxed{\begin{pmatrix} 1 \\ 2 \end{pmatrix}}", r"\begin{pmatrix}1\\2\end{pmatrix}", "correct"),
+  (
+    r"\boxed{\begin{pmatrix} 0.5 \\ 2 \end{pmatrix}}",
+    r"\begin{pmatrix}\frac12\\2\end{pmatrix}",
+    "correct",
+  ),
+  (
+    r"\boxed{\begin{bmatrix}1&0\\0&1\end{bmatrix}}",
+    r"\begin{pmatrix}1&0\\0&1\end{pmatrix}",
+    "correct",
+  ),
+  ("#### Step 2: Answer\nThe answer is 7.", "7", "correct"),  # A heading, not an answer.
+  ("**Answer**: 42", "42", "correct"),
+  ("The answer is **42**.", "42", "correct"),
+  ("The answer is 5 apples.", "5", "correct"),
+  ("#### 18 eggs", "18", "correct"),
+  (r"\boxed{3 cups}", "3", "correct"),
+  (r"\boxed{80 \text{ km/h}}", "80", "correct"),
+  (r"\boxed{80 \text{ km/hr}}", "80", "correct"),
+  (r"\boxed{\$40\text{/hour}}", "40", "correct"),
+  (r"\boxed{\pm 2}", "2, -2", "correct"),
+  (r"\boxed{-2, 2}", r"\pm 2", "correct"),
+  (r"\boxed{2 \pm \sqrt{3}}", r"2+\sqrt3, 2-\sqrt3", "correct"),
+  (r"\boxed{x = -1 \pm \sqrt{2}}", r"-1-\sqrt2, -1+\sqrt2", "correct"),
+  (r"\boxed{x=3 \text{ or } x=4}", "3, 4", "correct"),
+  (r"\boxed{\binom{5}{2}}", "10", "correct"),
+  (r"\boxed{{5 \choose 2}}", "10", "correct"),
+  (r"\boxed{\log_2 8}", "3", "correct"),
+  (r"\boxed{0.\overline{3}}", r"\frac13", "correct"),
+  (r"\boxed{0.1\overline{6}}", "1/6", "correct"),
+  (r"\boxed{\varnothing}", r"\emptyset", "correct"),
+  (r"\boxed{\mathbb{R}}", r"(-\infty, \infty)", "correct"),
+  (r"\boxed{f(x)=2x}", "2x", "correct"),
+  (r"\boxed{\sin^2 x + \cos^2 x}", "1", "correct"),
+  (r"\boxed{(-\infty,-2)\cup(2,\infty)}", r"(2,\infty)\cup(-\infty,-2)", "correct"),
   # Near misses.
   (r"\boxed{0.333}", r"\frac{1}{3}", "wrong"),
   (r"\boxed{0.3333333333}", r"\frac{1}{3}", "wrong"),
@@ -96,11 +138,41 @@ CASES = [
   (r"\boxed{\frac{1}{0}}", "1", "wrong"),
   (r"\boxed{)(}", "1", "wrong"),
   (r"\boxed{__import__('os')}", "1", "wrong"),
+  (r"\boxed{10, 100}", "10100", "wrong"),  # A comma and a space separate a list.
+  (r"\boxed{1, 000}", "1000", "wrong"),
+  (r"\boxed{2 3}", "23", "wrong"),  # Spaced digits do not merge.
+  (r"\boxed{5000\%}", "50", "wrong"),  # Next to an integer, % is only a unit.
+  (r"\boxed{100\%}", "1", "wrong"),
+  (r"\boxed{\begin{pmatrix} 1 \\ 2 \end{pmatrix}}", r"\begin{pmatrix}1\\3\end{pmatrix}", "wrong"),
+  (r"\boxed{\begin{pmatrix} 1 \\ 2 \end{pmatrix}}", r"\begin{pmatrix}1 & 2\end{pmatrix}", "wrong"),
+  (
+    r"\boxed{\begin{pmatrix}1&2\\3&4\end{pmatrix}}",
+    r"\begin{pmatrix}1&2\\4&3\end{pmatrix}",
+    "wrong",
+  ),
+  ("#### Step 2: Answer\nThe answer is 7.", "2", "wrong"),
+  ("**Final Answer**: 42", "41", "wrong"),
+  ("The answer is 6 apples.", "5", "wrong"),
+  (r"\boxed{2 x}", "2", "wrong"),  # A one-letter word is a variable, not a unit.
+  (r"\boxed{2 \pi}", "2", "wrong"),
+  (r"\boxed{\$40\text{/hour}}", "4", "wrong"),
+  (r"\boxed{\pm 2}", "2", "wrong"),
+  (r"\boxed{2 + \sqrt{3}}", r"2 \pm \sqrt3", "wrong"),
+  (r"\boxed{x=3 \text{ or } x=4}", "3, 5", "wrong"),
+  (r"\boxed{\binom{5}{2}}", "20", "wrong"),
+  (r"\boxed{\log_2 9}", "3", "wrong"),
+  (r"\boxed{\log 8}", "3", "wrong"),  # \log is the natural log.
+  (r"\boxed{0.333}", r"0.\overline{3}", "wrong"),
+  (r"\boxed{\emptyset}", "0", "wrong"),
+  (r"\boxed{f(x)=2x}", "2x+1", "wrong"),
+  (r"\boxed{\sin^2 x + \cos^2 x}", "2", "wrong"),
+  (r"\boxed{(-\infty,-2)\cup(2,\infty)}", r"(-\infty,-2)\cup(3,\infty)", "wrong"),
   # No answer / malformed.
   ("I think it is 5", "5", "no_answer"),
   ("", "5", "no_answer"),
   (r"\boxed{}", "5", "no_answer"),
   (r"\boxed{5", "5", "no_answer"),
+  ("#### Step 2: Answer\nSo it is 7.", "7", "no_answer"),  # A heading, and no answer.
   ("<think>hmm</think>", "5", "no_answer"),
 ]
 
@@ -152,6 +224,10 @@ def test_the_table_through_the_pool_matches_inline_verify(pool):
     (r"$\boxed -3$", "-3"),
     ("Final Answer\n\nno marker", None),
     ("it is 12", None),  # No last-number fallback.
+    ("#### 1. Setup\nThe answer is 4.", "4"),  # Headings are not GSM8K answers,
+    ("#### Step 2: Answer\n#### $18 eggs", "$18 eggs"),  # numbers are.
+    ("**Final Answer**: 7", "7"),
+    ("The **answer is** **7**.", "7"),
   ],
 )
 def test_extract_answer_precedence(text, answer):
@@ -190,6 +266,28 @@ def test_extract_answer_from_an_answer_tag():
     (r"\infty", "oo"),
     ("-.25%", "-0.25"),
     ("2 ** 3", "2^3"),
+    ("10, 100", "10,100"),  # A list: a comma and a space.
+    ("10,100", "10100"),
+    (r"10,\!000", "10000"),
+    ("12 345 678", "12345678"),  # Spaced groups of three join,
+    ("2 3", "2 3"),  # other spaced digits do not.
+    ("2 1/2", "(2+1/2)"),
+    (r"\begin{pmatrix} 1 & \frac12 \\ 3 & 4 \\ \end{pmatrix}", "[[1,(1)/(2)],[3,4]]"),
+    (r"x = \pm 2", "2,-2"),
+    (r"1 \mp \sqrt2, 5", "1+sqrt(2),1-sqrt(2),5"),
+    (r"\dbinom{n}{2}", "(n)!/((2)!*((n)-(2))!)"),
+    (r"-1.2\overline{34}", "-(611/495)"),
+    (r"\log_{10} 100", "log_(10)100"),
+    (r"\varnothing", "{}"),
+    (r"\mathbb{R}", "(-oo,oo)"),
+    ("f(x) = 2x", "2x"),
+    ("5 apples", "5"),
+    ("1,000 eggs per day", "1000"),
+    ("80 km/h", "80"),
+    (r"80\text{ km/hr}", "80"),
+    ("2 x", "2x"),
+    ("3 sin x", "3sinx"),
+    (r"x=3 \text{ or } x=4", "x=3,x=4"),
   ],
 )
 def test_normalize(answer, normal):
@@ -212,6 +310,11 @@ def test_normalize(answer, normal):
     ("0.25", sympy.Rational(1, 4)),  # Decimals are exact.
     ("i^2", -1),
     ("2pi", 2 * sympy.pi),
+    ("sin^2x", sympy.sin(sympy.Symbol("x")) ** 2),  # A power of a function is its value's.
+    ("cos^(2)(pi)", 1),
+    ("log_(2)8", 3),
+    ("log_(b)(x)", sympy.log(sympy.Symbol("x"), sympy.Symbol("b"))),
+    ("(5)!/((2)!*((5)-(2))!)", 10),
   ],
 )
 def test_parse(text, value):
@@ -231,6 +334,9 @@ def test_parse(text, value):
     "1)",
     "2**",
     "(" * 70 + "1" + ")" * 70,
+    "2 3",
+    "sin^(-1)x",  # Ambiguous (arcsin or 1/sin): not read at all.
+    "log_8",
   ],
 )
 def test_parse_rejects_anything_outside_the_grammar(text):
@@ -255,9 +361,13 @@ def test_the_tolerance_applies_only_to_irrationals_and_the_knob_bites():
   ("pred", "gold", "equal"),
   [
     (r"50\%", "50", True),  # The percent sign is a unit,
-    (r"50\%", r"\frac12", True),  # and on one side only, also divided by 100,
-    ("0.5", r"50\%", True),
-    ("0.5", "50", False),  # but never without a percent sign.
+    (r"50\%", r"\frac12", True),  # and on one side only, next to a non-integer,
+    ("0.5", r"50\%", True),  # also divided by 100;
+    (r"150\%", "1.5", True),
+    (r"5000\%", "50", False),  # an integer is a percent without its sign,
+    (r"100\%", "1", False),
+    ("50", r"5000\%", False),
+    ("0.5", "50", False),  # and without a percent sign, nothing is divided.
     ("50 percent", "0.5", True),
     (r"5\%", r"5\%", True),
     (r"0.05\%", "5", False),
