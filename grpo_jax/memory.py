@@ -22,12 +22,28 @@ Figures are bytes per device, for the mesh of `setup.mesh_cfg` on `n_devices` de
   scan_layers also the recomputed activations of one layer and its float32 attention-score
   gradient [rows, heads, S, S]; with scan_layers also the layer scan's stacked gradient
   (params-sized) before it is added to the accumulator.
-- kv_cache: the sampler's cache of the rollout batch, keys and values of every layer,
-  [rows, kv heads / tensor, P - 1 + T slots, head_dim] (+ the prefill cache of the B
-  prompts, before it is broadcast to their G rows; twice the rollout cache with
-  scan_layers, whose layer scan writes a new stacked cache while reading the old), plus
-  one [rows, V / tensor] float32 logits buffer per decode step.
-- gathered weights (in both): with fsdp > 1 each device all-gathers the weights over
+- kv_cache: the sampler's temporary memory (`sampling.sample` compiled), the largest of
+  its phases. The rollout cache: keys and values of every layer, [rows, kv heads /
+  tensor, P - 1 + T slots, head_dim] (+ int32 positions [rows, slots]).
+  - decode, unrolled layers: the loop-carried cache; with one kv head per device XLA
+    writes each step's k/v twice (into the carried buffer and into a copy the attention
+    reads with the unit head dimension bitcast away) and copies the buffers for that:
+    2.5 buffers per layer buffer in its assignment (1 device with 1 kv head, (2,2,2)
+    with 2; 2, 4 and 8 layers, T 32-256). With fsdp > 1, the whole model gathered over
+    fsdp, hoisted out of the loop (and the embedding table again for a tied LM head).
+    Plus the step's sampling: five float32 [rows, V / tensor] buffers (logits, scaled
+    logits, their order keys, probabilities, filtered logits).
+  - decode, scanned layers: the layer scan reads the stacked cache and writes a new
+    one (2 caches), with one layer's k and v slices and the copy the step writes into
+    (3 layer buffers, 6 with one kv head per device) and one layer's weights (sliced
+    from the stacked params, or gathered over fsdp); the sampling buffers come after the
+    scan, beside the new cache only.
+  - prefill: the decode loop's hoisted weights, the prefill's own gathered weights
+    (fsdp > 1: the whole model, or one layer when scanned), one layer's forward (float32
+    attention scores and exponentials [B, heads, P - 1, P - 1], the MLP's gate, up and
+    product [B·(P - 1), F]) and the prompt batch's k and v [L, B, P - 1, K, E].
+  - cache write: the rollout cache, written from one of those k/v stacks.
+- gathered weights (train step): with fsdp > 1 each device all-gathers the weights over
   fsdp to compute with them; XLA gathers the whole model at once, or one layer at a
   time when the layers are scanned.
 
@@ -42,9 +58,15 @@ XLA; `tests/test_memory.py`, `grpo-jax plan --compile` prints both):
   bigger than the gradients (8,1,1) 1.23 (XLA frees residuals while it writes
   gradients), scanned layers without remat 1.08-1.16. Over-estimates err on the safe
   side of the fit check.
-- sampler: 0.87-1.09 where the KV cache dominates (long generations); not modelled yet:
-  prefill buffers XLA keeps beside the cache (one device, unscanned: 1.2) and caches
-  XLA keeps unsplit over `tensor` in the decode loop ((2,2,2) unscanned: 0.5).
+- sampler temporaries: 0.98-1.06 on 1 and 8 devices, unrolled or scanned layers, 1,
+  2 or 4 kv heads per device, T 32-256, P up to 128, vocabularies up to 8192 (scale.py
+  tiny: 1 device scanned 0.99, unrolled 1.00; (2,2,2) unrolled 1.00; (1,4,2) scanned
+  1.02). Outliers: (4,2,1) unrolled 1.17 (XLA frees some of the prefill's gathered
+  layers, and CSEs one with the loop's, before the whole model is gathered); prefill-
+  dominated configs (G <= 2, P 128-256, T 8) 0.74-1.23 (XLA keeps 2 to 4 attention-score
+  buffers, split per kv head or not); bfloat16 compute 0.58-0.73: XLA:CPU computes bf16
+  dots in float32, with float32 copies of the cache and of the weights that a TPU or GPU
+  does not make (not modelled).
 XLA on CPU does not realise the saving of remat without scan_layers (measured: 6% less
 temporary memory, not the 60% the residuals predict), so the plan counts remat as
 effective only with `model.scan_layers`.
@@ -258,15 +280,16 @@ def plan(
   gathered = params * (fsdp - 1) // (model_cfg.n_layers if model_cfg.scan_layers else 1)
   working += gathered
   rollout_rows = N // dp if N % dp == 0 else N
-  prompt_rows = prompts // dp if prompts % dp == 0 else prompts
-  slots = P - 1 + T
-  kv_per_row = (2 * model_cfg.n_layers * local.n_kv_heads * slots * model_cfg.head_dim) * jnp.dtype(
-    model_cfg.compute_dtype
-  ).itemsize + slots * 4
-  # With scan_layers the layer scan writes a new stacked cache while it reads the old one.
-  copies = 2 if model_cfg.scan_layers else 1
-  kv = (copies * rollout_rows + prompt_rows) * kv_per_row + rollout_rows * local.vocab_size * 4
-  kv += gathered
+  kv = _sampler_bytes(
+    model_cfg,
+    boxed,
+    rules=rules,
+    sizes=sizes,
+    rows=rollout_rows,
+    prompt_rows=prompts // dp if prompts % dp == 0 else prompts,
+    P=P,
+    T=T,
+  )
   return Plan(
     mesh=(data, fsdp, tensor),
     params=params,
@@ -282,6 +305,77 @@ def plan(
     micro_batch_rows=mb_rows,
     rollout_rows=rollout_rows,
   )
+
+
+def _local_size(n: int, name: str, rules, sizes) -> int:
+  """One device's part of a dimension of n named `name` (whole when not divisible)."""
+  axes = dict(rules).get(name)
+  size = math.prod(sizes[a] for a in ((axes,) if isinstance(axes, str) else axes or ()))
+  return n // size if n % size == 0 else n
+
+
+def _sampler_bytes(cfg: model.ModelConfig, boxed, *, rules, sizes, rows, prompt_rows, P, T) -> int:
+  """Temporary memory of the compiled sampler (`sampling.sample`) on one device: the
+  largest of its three phases (module docstring, "sampler"). `rows` rollout rows and
+  `prompt_rows` prompts on a device; P prompt slots, T new tokens."""
+  fsdp, L, E = sizes["fsdp"], cfg.n_layers, cfg.head_dim
+  item = jnp.dtype(cfg.compute_dtype).itemsize
+  kv_heads = _local_size(cfg.n_kv_heads, "activation_kv_heads", rules, sizes)
+  heads = _local_size(cfg.n_heads, "q_heads", rules, sizes)
+  mlp = _local_size(cfg.mlp_dim, "mlp", rules, sizes)
+  vocab = _local_size(cfg.vocab_size, "activation_vocab", rules, sizes)
+  # Weights as a device computes with them: gathered over fsdp, split over tensor.
+  whole = dict(sizes, fsdp=1)
+  part = lambda k: _tree_bytes(boxed[k], rules=rules, mesh_sizes=whole) if k in boxed else 0
+  w_model = _tree_bytes(boxed, rules=rules, mesh_sizes=whole)
+  w_tables = part("embed") + part("lm_head")
+  w_layer = (w_model - w_tables - part("final_norm")) // L
+  S = P - 1 + T
+  buf = rows * kv_heads * S * E * item  # One layer's keys [rows, K, E, S] (or values).
+  pos = rows * S * 4  # The cache's int32 positions [rows, S].
+  cache = 2 * L * buf + pos
+  # The prompt batch's keys (or values) of every layer [L, B, P - 1, K, E], from the
+  # prefill forward, before they are transposed and written into the cache.
+  prompt_kv = L * prompt_rows * (P - 1) * kv_heads * E * item
+  # One kv head per device: the attention reads the step's cache with that unit
+  # dimension bitcast away, and XLA writes the step's k/v twice, into the carried buffer
+  # and into a copy the attention reads (each from a copy of the buffer).
+  unit_heads = kv_heads == 1
+  # The prefill forward of one layer: float32 attention scores and their exponentials
+  # [B, heads, P - 1, P - 1], and the MLP's gate, up and their product [B·(P - 1), F].
+  prefill_layer = (
+    2 * prompt_rows * heads * (P - 1) ** 2 * 4 + 3 * prompt_rows * (P - 1) * mlp * item
+  )
+  # One decode step's sampling (`choose_tokens` with top-k / top-p compiled in): five
+  # float32 [rows, V / tensor] buffers live at once: the logits, the temperature-scaled
+  # logits, their order keys, the probabilities, the filtered logits.
+  step_sampling = 5 * rows * vocab * 4
+  # Tables an fsdp device gathers for the decode loop, hoisted out of it by XLA: the
+  # embedding for the lookup, and again for a tied LM head (or the untied lm_head).
+  tables = (w_tables + (part("embed") if cfg.tie_embeddings else 0)) if fsdp > 1 else 0
+  if cfg.scan_layers:
+    # The layer scan reads the stacked cache and writes a new one [L, rows, ...]; inside
+    # it, one layer's k and v sliced out of the stack and the copy the step's write
+    # goes into (3 buffers; 6 with one kv head per device), and one layer's weights
+    # (sliced out of the stacked params, or gathered over fsdp). After the scan the old
+    # stack is dead while the step samples.
+    stacked = 2 * L * buf
+    scan_body = 2 * stacked + 3 * (2 if unit_heads else 1) * buf + w_layer
+    decode = pos + tables + max(scan_body, stacked + step_sampling)
+    prefill_weights = w_layer + (part("embed") if fsdp > 1 else 0)
+    hoisted = tables
+  else:
+    # The carried cache, with one kv head per device 2.5 buffers per layer buffer in
+    # XLA's assignment (the carried one, and the copies for the second write);
+    # with fsdp the whole model gathered once for the loop, hoisted out of it.
+    hoisted = w_model - w_tables + tables if fsdp > 1 else 0
+    decode = cache + (3 * L * buf if unit_heads else 0) + hoisted + step_sampling
+    prefill_weights = w_model if fsdp > 1 else 0  # Gathered all at once, as in training.
+  prefill = hoisted + prefill_weights + prefill_layer + 2 * prompt_kv
+  # The prefill's end: the rollout cache written (prompt rows repeated G times) while
+  # one of the prompt batch's k/v stacks is still being read.
+  write = cache + prompt_kv + hoisted
+  return int(max(decode, prefill, write))
 
 
 def plan_for(setup, *, n_devices: int | None = None, optimizer=None) -> Plan:
@@ -354,7 +448,7 @@ def describe(p: Plan, *, device_memory: float | None = None, name: str = "") -> 
     ("  without remat", p.activations_no_remat),
     ("  with remat (scanned layers)", p.activations_remat),
     ("backward working set", p.backward_working),
-    ("KV cache + decode logits", p.kv_cache),
+    ("sampler (KV cache, decode)", p.kv_cache),
     ("peak", p.peak),
   ]
   lines = [f"mesh (data, fsdp, tensor) = {p.mesh}; GiB per device"]
