@@ -3,10 +3,11 @@
 Commands (from the repo root, after `pip install -e .`):
   grpo-jax --config=configs/gsm8k_qwen.py:0.5b --workdir=/tmp/gsm8k_05b \\
       --config.hf_dir=/models/Qwen2.5-0.5B-Instruct --config.task.kwargs.manual_dir=/data/gsm8k
-  grpo-jax --config=configs/gsm8k_qwen.py:1.5b --workdir=gs://BUCKET/gsm8k_15b \\
+  grpo-jax --config=configs/gsm8k_qwen.py:1.5b --workdir=$HOME/gcs/gsm8k_15b \\
       --config.hf_dir=/models/Qwen2.5-1.5B-Instruct
   grpo-jax --config=configs/gsm8k_qwen.py:tiny --workdir=/tmp/gsm8k_tiny   # CPU, ~1 minute
-`hf_dir` is a local directory with config.json, *.safetensors and tokenizer files
+$HOME/gcs is a GCS bucket mounted with gcsfuse on every host (README, "TPU VM
+slices"). `hf_dir` is a local directory with config.json, *.safetensors and tokenizer files
 (e.g. `huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct --local-dir /models/...`).
 `manual_dir` holds GSM8K's official train.jsonl and test.jsonl; without it they are
 downloaded. The dataset is built once into TFDS's data_dir (array_record).

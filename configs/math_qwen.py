@@ -1,12 +1,13 @@
 """GRPO on MATH (Hendrycks) from a Qwen2.5 Instruct checkpoint; held-out: MATH-500.
 
 Commands (from the repo root, after `pip install -e .`):
-  grpo-jax --config=configs/math_qwen.py:1.5b --workdir=gs://BUCKET/math_15b \\
+  grpo-jax --config=configs/math_qwen.py:1.5b --workdir=$HOME/gcs/math_15b \\
       --config.hf_dir=/models/Qwen2.5-1.5B-Instruct --config.task.kwargs.manual_dir=/data/math
-  grpo-jax --config=configs/math_qwen.py:7b --workdir=gs://BUCKET/math_7b \\
+  grpo-jax --config=configs/math_qwen.py:7b --workdir=$HOME/gcs/math_7b \\
       --config.hf_dir=/models/Qwen2.5-7B-Instruct
   grpo-jax --config=configs/math_qwen.py:tiny --workdir=/tmp/math_tiny     # CPU, ~1 minute
-`manual_dir` holds the official files: MATH/{train,test}/<subject>/*.json (or MATH.tar)
+$HOME/gcs is a GCS bucket mounted with gcsfuse on every host (README, "TPU VM
+slices"). `manual_dir` holds the official files: MATH/{train,test}/<subject>/*.json (or MATH.tar)
 and PRM800K's math_splits/test.jsonl (MATH-500); without them they are downloaded.
 Answers are verified by `grpo_jax.math_verify` (\\boxed{...} extraction, LaTeX
 normalisation, numeric then sympy equivalence) in worker processes with a hard

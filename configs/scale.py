@@ -7,7 +7,7 @@ Commands (the plan runs on any machine; nothing is allocated):
   grpo-jax plan --config=configs/scale.py:7b --devices=8 --device=h100
   grpo-jax plan --config=configs/scale.py:tiny --compile     # CPU: plan vs XLA's figures
 Training on a TPU VM slice (README, "TPU VM slices"):
-  grpo-jax --config=configs/scale.py:1.5b --workdir=gs://BUCKET/runs/qwen1.5b
+  grpo-jax --config=configs/scale.py:1.5b --workdir=$HOME/gcs/runs/qwen1.5b   # a gcsfuse-mounted bucket
 
 The models are the Qwen2.5 architectures (hidden size, layers, heads, KV heads, MLP width,
 vocabulary, tied embeddings, attention biases, rope theta 1e6) with random weights until
