@@ -61,6 +61,8 @@ DEFINITIONS = {
   "time/update": "Seconds from scored rollouts to the updated state: the rest of prepare, planning, train steps.",
   "time/iteration": "Seconds of the iteration without evaluation: sample + reward + update + host glue.",
   "time/eval": "Seconds of the held-out evaluation (when it ran).",
+  "time/diagnostics": "Seconds of the token-credit diagnostics (config.diagnostics; when they ran): "
+  "the params snapshot before the update and the measurements after it.",
   "tokens_per_s": "Valid completion tokens of the training batch / time/sample.",
   "perf/mfu": "Model FLOPs of the iteration (grpo_jax.flops: sampling, prepare forwards, "
   "3x forward per update epoch, over the computed padded shapes) / time/iteration / peak FLOP/s.",
@@ -72,14 +74,22 @@ DEFINITIONS = {
 }
 
 _PREFIXES = {name.split("<")[0]: name for name in DEFINITIONS if "<" in name}
+# First path segments of the token-credit diagnostics' keys (config.diagnostics), defined
+# in grpo_jax.diagnostics.report.DEFINITIONS.
+DIAGNOSTICS_ROOTS = ("flip", "coupling", "cancel", "drift", "tax", "rank", "sparsity", "value")
 
 
 def definition(name: str) -> str:
   """The definition of a metric name (`kl_ref/k3` resolves to `kl_ref/<estimator>`,
-  `eval/pass@4` to `eval/pass@<k>`)."""
+  `eval/pass@4` to `eval/pass@<k>`); diagnostics keys (`flip/...`, `coupling/...`, ...)
+  resolve through `grpo_jax.diagnostics.report.definition`."""
   if name in DEFINITIONS:
     return DEFINITIONS[name]
   for prefix, pattern in _PREFIXES.items():
     if name.startswith(prefix) and len(name) > len(prefix) and "/" not in name[len(prefix) :]:
       return DEFINITIONS[pattern]
+  if name.split("/")[0] in DIAGNOSTICS_ROOTS:
+    from grpo_jax.diagnostics import report  # noqa: PLC0415 (lazy: this module stays jax-free)
+
+    return report.definition(name)
   raise KeyError(f"Metric {name!r} has no definition in grpo_jax.metrics.DEFINITIONS.")

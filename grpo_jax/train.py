@@ -12,7 +12,9 @@ token masks (`rl.finish_prepare`) -> plan mini-batches -> ppo_epochs × num_mini
 `rl.train_step`s, during which the next prompts are drawn and encoded -> one line of
 metrics (metrics.jsonl and TensorBoard under workdir/tb). Evaluation runs every
 `eval_every` iterations on the held-out split: greedy accuracy, and unbiased pass@k /
-mean@k from `eval_samples` samples.
+mean@k from `eval_samples` samples. With `config.diagnostics.every = N`, token-credit
+diagnostics (`diagnostics.hook`: flips, cancellation, coupling, drift) measure the update
+of every N-th iteration and join its metrics line.
 
 Checkpoints (`checkpoint.Checkpointer`, orbax, async) every `checkpoint_every` iterations,
 at the end, and on SIGTERM hold the train state, reference params, RNG key, controller
@@ -61,6 +63,7 @@ from grpo_jax import (
   sharding,
   tasks,
 )
+from grpo_jax.diagnostics import hook as diagnostics_hook
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -142,9 +145,10 @@ class Setup:
   sampling_hyper: sampling.SamplingParams
   rl_cfg: rl.RLConfig
   mesh_cfg: sharding.MeshConfig
+  diagnostics: diagnostics_hook.DiagnosticsConfig = diagnostics_hook.DiagnosticsConfig()
 
 
-_SECTIONS = ("task", "model", "sampler", "sampling", "rl", "mesh")
+_SECTIONS = ("task", "model", "sampler", "sampling", "rl", "mesh", "diagnostics")
 
 
 def _validate_mesh(mesh_cfg: sharding.MeshConfig, loop, rl_cfg, group_size: int, n_devices):
@@ -202,6 +206,9 @@ def build(config, *, n_devices: int | None = None) -> Setup:
     group_size=sampler_cfg.group_size,
   )
   _validate_mesh(mesh_cfg, loop, rl_cfg, sampler_cfg.group_size, n_devices)
+  diagnostics = diagnostics_hook.DiagnosticsConfig.from_dict(
+    d.get("diagnostics", {}), prompts_per_step=loop.prompts_per_step, model_cfg=model_cfg
+  )
   return Setup(
     loop=loop,
     task=task,
@@ -211,6 +218,7 @@ def build(config, *, n_devices: int | None = None) -> Setup:
     sampling_hyper=sampling.sampling_params(**d["sampling"]),
     rl_cfg=rl_cfg,
     mesh_cfg=mesh_cfg,
+    diagnostics=diagnostics,
   )
 
 
@@ -256,7 +264,8 @@ def default_config() -> ml_collections.ConfigDict:
   with vocab_size 0: the task's tokenizer's size; the defaults are
   `model.tiny_config`'s), sampler (SamplerConfig without eos_ids/pad_id), sampling
   (temperature, top_k, top_p, greedy), rl (every RLConfig field) and mesh (data, fsdp,
-  tensor sizes and the logical->mesh rules table, `sharding.MeshConfig`). Because every key
+  tensor sizes and the logical->mesh rules table, `sharding.MeshConfig`) and diagnostics
+  (`diagnostics.hook.DiagnosticsConfig`; every = 0: off). Because every key
   exists, command-line overrides such as `--config.rl.num_minibatches=4` work on the
   locked config, and a misspelt key fails.
   """
@@ -278,6 +287,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.mesh = ml_collections.ConfigDict(
     dict(data=mesh.data, fsdp=mesh.fsdp, tensor=mesh.tensor, rules=_config_value(dict(mesh.rules)))
   )
+  c.diagnostics = _config_value(dataclasses.asdict(diagnostics_hook.DiagnosticsConfig()))
   return c
 
 
@@ -804,6 +814,12 @@ def run(config, workdir: str | pathlib.Path, *, log=print, on_iteration=None) ->
   t_start = time.perf_counter()
   if not distributed.is_primary():  # One process speaks and writes logs for the job.
     log = lambda *_: None  # noqa: E731
+  if "://" in str(workdir):  # pathlib would turn gs://b/x into a local gs:/b/x.
+    raise ValueError(
+      f"workdir {str(workdir)!r}: URL workdirs are not written natively (the logs use "
+      "Python's open); mount the bucket (e.g. gcsfuse, README 'TPU VM slices') and pass the "
+      "mounted path."
+    )
   setup = build(config)
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
@@ -863,6 +879,8 @@ def _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration,
   key = jax.random.wrap_key_data(tree["key"])
   state, ref_params = tree["train"], tree["ref_params"]
   prep_hyper, ctrl_state = tree["prep_hyper"], tree["controller"]
+  # Token-credit diagnostics every config.diagnostics.every iterations (None: off).
+  diag = diagnostics_hook.Hook.create(setup, workdir, tree=tree, resumed_from=latest, log=log)
   controller = controllers.get(rl_cfg.controller, **config_lib.to_dict(rl_cfg.controller_options))
   step_hyper = rl_cfg.step_hyper()
   peak = loop.peak_flops or flops.matmul_peak()
@@ -893,6 +911,7 @@ def _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration,
     times = {"sample": 0.0, "reward": 0.0}
     t0 = time.perf_counter()
     it_key = jax.random.fold_in(key, it)
+    data_start = meta["data_index"]
     rollouts, logprobs, correct, fmt, valid_N, meta["data_index"], data_metrics = _collect(
       setup,
       fns,
@@ -914,6 +933,9 @@ def _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration,
     batch, _, stats = fns.finish(logprobs, rollouts, correct, fmt, prep_hyper)
     if not valid_N.all():  # Dynamic-sampling fill groups: kept for shape, never trained on.
       batch = batch.replace(loss_mask_NT=batch.loss_mask_NT & jnp.asarray(valid_N)[:, None])
+    snapshot = diag and diag.before_update(
+      it, state.params, batch, data_range=range(data_start, meta["data_index"])
+    )
     state, _, history = rl.update(
       state,
       batch,
@@ -956,6 +978,8 @@ def _run(setup, fns, ckpt, pool, workdir, preempted, t_start, log, on_iteration,
       / seconds
       / peak,
     }
+    if diag:
+      record.update(diag.after_update(snapshot, state.params, record))
     accuracy = None
     if it % loop.eval_every == 0 or it == loop.iterations:
       t3 = time.perf_counter()
@@ -1015,6 +1039,7 @@ def setup_dict(setup: Setup) -> dict:
     "model": dataclasses.asdict(setup.model_cfg),
     "sampler": dataclasses.asdict(setup.sampler_cfg),
     "rl": dataclasses.asdict(setup.rl_cfg),
+    "diagnostics": dataclasses.asdict(setup.diagnostics),
   }
 
 

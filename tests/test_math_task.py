@@ -179,3 +179,8 @@ def test_reference_solution_asks_for_what_the_prompt_asks():
   )
   assert math_task.reference_solution("", "5") == "The answer is \\boxed{5}."
   assert math_verify.verify(math_task.reference_solution(gsm, "72"), "72") == "correct"
+
+
+def test_url_workdir_is_refused_before_anything_runs():
+  with pytest.raises(ValueError, match=r"'gs://bucket/run': URL workdirs .* gcsfuse"):
+    train.run(None, "gs://bucket/run")

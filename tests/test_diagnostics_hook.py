@@ -1,0 +1,84 @@
+"""config.diagnostics: defaults (off), command-line style overrides, validation errors that
+name the key, and metric definitions of the diagnostics keys. No training runs here
+(tests/test_diagnostics_experiments.py runs the trainer with diagnostics on)."""
+
+import pathlib
+
+import pytest
+
+from grpo_jax import config_lib, metrics, train
+from grpo_jax.diagnostics import hook, report
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TINY = str(ROOT / "configs" / "arithmetic.py") + ":tiny"
+
+
+def test_diagnostics_are_off_by_default_and_settable_like_a_flag():
+  assert train.default_config().diagnostics.every == 0
+  setup = train.build(config_lib.load(TINY))
+  assert not setup.diagnostics.enabled
+  assert setup.diagnostics == hook.DiagnosticsConfig()
+  config = config_lib.load(TINY)  # Locked, as with --config.diagnostics.every=10.
+  config.diagnostics.every = 10
+  config.diagnostics.aggregations = ("seq_mean_token_mean", "constant_norm")
+  config.diagnostics.rank = True
+  got = train.build(config).diagnostics
+  assert (got.every, got.aggregations, got.rank) == (
+    10,
+    ("seq_mean_token_mean", "constant_norm"),
+    True,
+  )
+  with pytest.raises(AttributeError, match="evry"):
+    config.diagnostics.evry = 3
+
+
+@pytest.mark.parametrize(
+  "overrides, match",
+  [
+    (dict(every=-1), "config.diagnostics.every must be >= 0"),
+    (dict(probe_prompts=0), "config.diagnostics.probe_prompts must be >= 1"),
+    (dict(max_tokens=0), "config.diagnostics.max_tokens must be >= 1"),
+    (dict(tau=-0.1), "config.diagnostics.tau must be >= 0"),
+    (dict(value_samples=0), "config.diagnostics.value_samples must be >= 1"),
+    (dict(credit_batch="next"), r"credit_batch='next'; allowed: \('current', 'fixed'\)"),
+    (dict(aggregations=("token_mean", "seq_mean")), "'seq_mean', not a registered aggregation"),
+    (dict(evry=3), r"config.diagnostics: unknown DiagnosticsConfig keys \['evry'\]"),
+  ],
+)
+def test_bad_values_name_the_key(overrides, match):
+  with pytest.raises(ValueError, match=match):
+    hook.DiagnosticsConfig.from_dict({"every": 1, **overrides}, prompts_per_step=8)
+
+
+def test_run_dependent_checks_apply_only_when_on():
+  # The probe is part of one RL batch; off, the check does not apply.
+  with pytest.raises(ValueError, match="probe_prompts=9 exceeds prompts_per_step=8"):
+    hook.DiagnosticsConfig.from_dict(dict(every=5, probe_prompts=9), prompts_per_step=8)
+  assert not hook.DiagnosticsConfig.from_dict(dict(probe_prompts=9), prompts_per_step=8).enabled
+  config = config_lib.load(TINY)
+  config.diagnostics.update(every=5, rank=True, rank_subset="lm_head")  # Tied embeddings.
+  with pytest.raises(ValueError, match="config.diagnostics.rank_subset: .*untied head"):
+    train.build(config)
+  config.diagnostics.rank_subset = "final_norm"
+  assert train.build(config).diagnostics.rank_subset == "final_norm"
+
+
+def test_every_diagnostics_key_resolves_through_metrics():
+  roots = {name.split("/")[0] for name in report.DEFINITIONS}
+  assert roots == set(metrics.DIAGNOSTICS_ROOTS)
+  for name in (
+    "flip/pos/template/boosted",
+    "cancel/seq_mean_token_mean/top0/id",
+    "cancel/band2/residual_ratio",
+    "coupling/same_id/p0-0.1/p0.1-0.5/abs_share",
+    "rank/update/last_block/mlp/up/kernel/stable_rank",
+    "drift/length_slope",
+    "value/neg/value_gap",
+    "time/diagnostics",
+  ):
+    assert metrics.definition(name)
+  assert metrics.definition("flip/all/all/count") == report.definition("flip/all/all/count")
+  with pytest.raises(KeyError, match="diagnostics.report.DEFINITIONS"):
+    metrics.definition("flip/sideways")
+  with pytest.raises(KeyError, match="grpo_jax.metrics.DEFINITIONS"):
+    metrics.definition("flipped")
