@@ -862,18 +862,8 @@ class MathReward:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Judge:
+class _Judge(MathReward):
   """Pool task for ``verify_batch``: reward = correct, format_reward = an answer exists."""
-
-  answer_tag: str | None = None
-  rel_tol: float = REL_TOL
-  abs_tol: float = ABS_TOL
-
-  def reward(self, gold: str, completion: str) -> float:
-    verdict = verify(
-      completion, gold, answer_tag=self.answer_tag, rel_tol=self.rel_tol, abs_tol=self.abs_tol
-    )
-    return float(verdict == "correct")
 
   def format_reward(self, gold: str, completion: str) -> float:
     del gold

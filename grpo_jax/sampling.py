@@ -434,6 +434,21 @@ def _token_stats_bwd(res, g):
 token_stats.defvjp(_token_stats_fwd, _token_stats_bwd)
 
 
+def completion_logits(params, prompt_tokens_NP, prompt_mask_NP, tokens_NT, mask_NT, *, model_fn):
+  """Logits [N, T, V] at the T slots that predict the completion tokens (the sequence
+  [left-padded prompt ; right-padded completion], position ids skipping both paddings;
+  `model_fn` must take `logits_slice`)."""
+  P = prompt_tokens_NP.shape[1]
+  tokens_NS = jnp.concatenate([prompt_tokens_NP, tokens_NT], axis=1)
+  mask_NS = jnp.concatenate([prompt_mask_NP, mask_NT], axis=1)
+  S = tokens_NS.shape[1]
+  # Logits at slot s predict the token at slot s + 1: slots P-1 .. S-2.
+  logits_NTV, _ = model_fn(
+    params, tokens_NS, model_lib.positions_from_mask(mask_NS), None, logits_slice=(P - 1, S - 1)
+  )
+  return logits_NTV
+
+
 def completion_logprobs(
   params, prompt_tokens_NP, prompt_mask_NP, tokens_NT, mask_NT, *, model_fn, with_stats=False
 ):
@@ -447,13 +462,8 @@ def completion_logprobs(
   `model_fn` must take `logits_slice=(start, stop)` (grpo_jax models do): the LM head runs
   only at the T positions that predict completion tokens (`token_stats` does the rest).
   """
-  P = prompt_tokens_NP.shape[1]
-  tokens_NS = jnp.concatenate([prompt_tokens_NP, tokens_NT], axis=1)
-  mask_NS = jnp.concatenate([prompt_mask_NP, mask_NT], axis=1)
-  S = tokens_NS.shape[1]
-  # Logits at slot s predict the token at slot s + 1: slots P-1 .. S-2.
-  logits_NTV, _ = model_fn(
-    params, tokens_NS, model_lib.positions_from_mask(mask_NS), None, logits_slice=(P - 1, S - 1)
+  logits_NTV = completion_logits(
+    params, prompt_tokens_NP, prompt_mask_NP, tokens_NT, mask_NT, model_fn=model_fn
   )
   logp_NT, ent_NT, sq_NT = token_stats(logits_NTV, tokens_NT)
   logp_NT = jnp.where(mask_NT, logp_NT, 0.0)

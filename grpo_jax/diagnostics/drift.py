@@ -40,7 +40,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax import losses, sampling
-from grpo_jax import model as model_lib
 
 
 def pad_references(
@@ -83,13 +82,10 @@ def solution_drift(params, prompt_tokens_BP, prompt_mask_BP, tokens_BT, mask_BT,
 
 
 def completion_logits(params, prompt_tokens_BP, prompt_mask_BP, tokens_BT, mask_BT, *, model_fn):
-  """Logits [B, T, V] at the positions that predict the completion tokens."""
-  P = prompt_tokens_BP.shape[1]
-  tokens_BS = jnp.concatenate([prompt_tokens_BP, tokens_BT], axis=1)
-  mask_BS = jnp.concatenate([prompt_mask_BP, mask_BT], axis=1)
-  S = tokens_BS.shape[1]
-  logits_BTV, _ = model_fn(
-    params, tokens_BS, model_lib.positions_from_mask(mask_BS), None, logits_slice=(P - 1, S - 1)
+  """Float32 logits [B, T, V] at the positions that predict the completion tokens
+  (`sampling.completion_logits`)."""
+  logits_BTV = sampling.completion_logits(
+    params, prompt_tokens_BP, prompt_mask_BP, tokens_BT, mask_BT, model_fn=model_fn
   )
   return logits_BTV.astype(jnp.float32)
 
