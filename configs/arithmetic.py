@@ -13,8 +13,10 @@ Variants:
     (hours on CPU; minutes on one accelerator).
 
 Expected result (tiny, measured on a 2-core CPU): greedy accuracy on 128 held-out problems
-goes from 52.3% after the warm start to 74.2% after GRPO (+21.9 points; 68.0% at iteration
-50, 71.9% at 150), pass@8 81% -> 87%, in 97 s wall (seed 1: 69.5% -> 92.2%). With
+goes from 51.6% after the warm start to 75.0% after GRPO (+23.4 points; 63.3% at iteration
+50, 72.7% at 150), pass@8 76% -> 87%, in 132 s wall. Float rounding differs between CPU
+models, and so do the trajectories: another 2-core machine measured 52.3% -> 74.2% in
+97 s (seed 1: 69.5% -> 92.2%). With
 `--config.task.kwargs.ops=+-` (addition and subtraction) the gain is smaller and varies
 with the seed: +9 to +22 points in 300 iterations. summary.json holds
 warmstart_accuracy, final_accuracy, wall_seconds; curves.svg plots training reward and
