@@ -67,31 +67,19 @@ def write_checkpoint(out: pathlib.Path, size: str, *, shard_bytes: int = 1 << 30
   cfg = hf.model_config(config)
   out.mkdir(parents=True, exist_ok=True)
   (out / "config.json").write_text(json.dumps(config))
-  # Same layout as hf.export: shapes from the name map, shards by size.
-  specs = sorted(
-    ((n, m.hf_shape) for m in hf.param_map(cfg).values() for n in m.hf_names),
-    key=lambda e: hf._natural_key(e[0]),
-  )
-  shards, size_b = [[]], 0
-  for name, shape in specs:
-    n = int(np.prod(shape)) * 2
-    if shards[-1] and size_b + n > shard_bytes:
-      shards.append([])
-      size_b = 0
-    shards[-1].append((name, shape))
-    size_b += n
+  # The layout hf.export writes: its tensor names and shapes, split into files by size.
+  shards = hf.shard_files(hf.checkpoint_entries(cfg), itemsize=2, max_shard_bytes=shard_bytes)
   rng = np.random.default_rng(0)
 
   def tensor(shape):
     return (0.02 * rng.standard_normal(shape, np.float32)).astype(ml_dtypes.bfloat16)
 
   weight_map, total = {}, 0
-  for k, shard in enumerate(shards):
-    fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
-    shapes = {n: (s, ml_dtypes.bfloat16) for n, s in shard}
-    hf.write_safetensors(out / fname, ((n, tensor(s)) for n, s in shard), shapes=shapes)
-    total += sum(int(np.prod(s)) * 2 for _, s in shard)
-    weight_map.update({n: fname for n, _ in shard})
+  for fname, shard in shards:
+    shapes = {e[0]: (e[1], ml_dtypes.bfloat16) for e in shard}
+    hf.write_safetensors(out / fname, ((e[0], tensor(e[1])) for e in shard), shapes=shapes)
+    total += sum(int(np.prod(e[1])) * 2 for e in shard)
+    weight_map.update({e[0]: fname for e in shard})
   (out / "model.safetensors.index.json").write_text(
     json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map})
   )

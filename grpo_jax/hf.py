@@ -506,6 +506,35 @@ TOKENIZER_FILES = (
 )
 
 
+def checkpoint_entries(cfg: model.ModelConfig) -> list[tuple[str, tuple, tuple, int | None]]:
+  """(HF name, HF shape, our param path, layer index in a stacked param or None) of every
+  tensor of the checkpoint, in the checkpoint's natural name order."""
+  entries = []
+  for path, m in param_map(cfg).items():
+    for i, name in enumerate(m.hf_names):
+      entries.append((name, m.hf_shape, path, i if len(m.hf_names) > 1 else None))
+  return sorted(entries, key=lambda e: _natural_key(e[0]))
+
+
+def shard_files(entries: list, *, itemsize: int, max_shard_bytes: int) -> list[tuple[str, list]]:
+  """(file name, entries) per safetensors file: entries (name, shape, ...) in order, a new
+  file when the next tensor would pass max_shard_bytes; "model.safetensors" when one
+  file, else "model-0000k-of-0000n.safetensors" as transformers names them."""
+  shards, size = [[]], 0
+  for e in entries:
+    n = math.prod(e[1]) * itemsize
+    if shards[-1] and size + n > max_shard_bytes:
+      shards.append([])
+      size = 0
+    shards[-1].append(e)
+    size += n
+  if len(shards) == 1:
+    return [("model.safetensors", shards[0])]
+  return [
+    (f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors", sh) for k, sh in enumerate(shards)
+  ]
+
+
 def export(
   params,
   cfg: model.ModelConfig,
@@ -534,21 +563,9 @@ def export(
       f"export: params do not match the config (unexpected {sorted(set(leaves) - set(mapping))[:4]},"
       f" missing {sorted(set(mapping) - set(leaves))[:4]})."
     )
-  # (HF name, shape, our path, layer index or None) in checkpoint order, split into shards.
-  entries = []
-  for path, m in mapping.items():
-    for i, name in enumerate(m.hf_names):
-      entries.append((name, m.hf_shape, path, i if len(m.hf_names) > 1 else None))
-  entries.sort(key=lambda e: _natural_key(e[0]))
-  item = np.dtype(np_dtype).itemsize
-  shards, size = [[]], 0
-  for e in entries:
-    n = math.prod(e[1]) * item
-    if shards[-1] and size + n > max_shard_bytes:
-      shards.append([])
-      size = 0
-    shards[-1].append(e)
-    size += n
+  shards = shard_files(
+    checkpoint_entries(cfg), itemsize=np.dtype(np_dtype).itemsize, max_shard_bytes=max_shard_bytes
+  )
 
   primary = distributed.is_primary()
   if primary:
@@ -558,17 +575,13 @@ def export(
     x = leaves[path] if layer is None else leaves[path][layer]
     return mapping[path].to_hf(np.asarray(distributed.host_value(x), np.float32)).astype(np_dtype)
 
-  names = (
-    ["model.safetensors"]
-    if len(shards) == 1
-    else [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
-  )
   weight_map, total = {}, 0
-  for fname, shard in zip(names, shards):
+  for fname, shard in shards:
     shapes = {e[0]: (e[1], np_dtype) for e in shard}
     tensors = ((e[0], value(e[2], e[3])) for e in shard)
     if primary:
-      total += write_safetensors(out_dir / fname, tensors, shapes=shapes)
+      write_safetensors(out_dir / fname, tensors, shapes=shapes)
+      total += sum(math.prod(e[1]) for e in shard) * np.dtype(np_dtype).itemsize
     else:
       for _ in tensors:  # The all-gathers are collective: every process takes part.
         pass

@@ -7,6 +7,7 @@ import pytest
 
 from grpo_jax import advantages, tasks
 from grpo_jax.diagnostics import cancellation, flips, report
+from tests import test_aggregation as agg_case
 
 # ----------------------------------------------------------------------------
 # Token flipping.
@@ -78,24 +79,13 @@ def test_taggers():
 # Cancellation residual.
 # ----------------------------------------------------------------------------
 
-# The constructed case of tests/test_aggregation.py (CAN_*), copied: group 0 = rows
-# {0, 2, 3, 5} with rewards [1, 0, 0, 1] and lengths [2, 3, 4, 6]; group 3 = rows {1, 4},
-# both rewarded (A = 0). Token 7 occurs exactly once in every rollout of group 0.
-CAN_IDS = np.asarray([0, 3, 0, 0, 3, 0], np.int32)
-CAN_REWARDS = np.asarray([1, 1, 0, 0, 1, 1], np.float32)
-CAN_LENGTHS = [2, 1, 3, 4, 5, 6]
-CAN_TOKENS = np.asarray(
-  [
-    [1, 7, 0, 0, 0, 0],
-    [2, 0, 0, 0, 0, 0],
-    [7, 3, 4, 0, 0, 0],
-    [5, 6, 1, 7, 0, 0],
-    [3, 4, 5, 6, 1, 0],
-    [2, 2, 7, 4, 5, 6],
-  ],
-  np.int32,
-)
-CAN_MASK = np.arange(6)[None, :] < np.asarray(CAN_LENGTHS)[:, None]
+# The constructed case of tests/test_aggregation.py: group 0 = rows {0, 2, 3, 5} with
+# rewards [1, 0, 0, 1] and lengths [2, 3, 4, 6]; group 3 = rows {1, 4}, both rewarded
+# (A = 0). Token 7 occurs exactly once in every rollout of group 0.
+CAN_IDS = np.asarray(agg_case.CAN_IDS, np.int32)
+CAN_REWARDS = np.asarray(agg_case.CAN_REWARDS, np.float32)
+CAN_TOKENS = np.asarray(agg_case.CAN_TOKENS, np.int32)
+CAN_MASK = np.asarray(agg_case.CAN_MASK, bool)
 V = 8
 
 
