@@ -29,7 +29,10 @@ Figures are bytes per device, for the mesh of `setup.mesh_cfg` on `n_devices` de
     writes each step's k/v twice (into the carried buffer and into a copy the attention
     reads with the unit head dimension bitcast away) and copies the buffers for that:
     2.5 buffers per layer buffer in its assignment (1 device with 1 kv head, (2,2,2)
-    with 2; 2, 4 and 8 layers, T 32-256). With fsdp > 1, the whole model gathered over
+    with 2; 2, 4 and 8 layers, T 32-256) -- for the keys only when p·V is a CPU
+    multiply-reduce (`model._pv_by_reduce`, decided by this host's backend: a plan for
+    an accelerator made on a CPU host counts the values' copies out in that case, up to
+    1.5 × layers × one layer's values too little). With fsdp > 1, the whole model gathered over
     fsdp, hoisted out of the loop (and the embedding table again for a tied LM head).
     Plus the step's sampling: five float32 [rows, V / tensor] buffers (logits, scaled
     logits, their order keys, probabilities, filtered logits).
@@ -366,10 +369,13 @@ def _sampler_bytes(cfg: model.ModelConfig, boxed, *, rules, sizes, rows, prompt_
     hoisted = tables
   else:
     # The carried cache, with one kv head per device 2.5 buffers per layer buffer in
-    # XLA's assignment (the carried one, and the copies for the second write);
-    # with fsdp the whole model gathered once for the loop, hoisted out of it.
+    # XLA's assignment (the carried one, and the copies for the second write) -- keys
+    # only when p·V is a multiply-reduce (`model._pv_by_reduce`), which reads the values
+    # where they are; with fsdp the whole model gathered once for the loop, hoisted.
     hoisted = w_model - w_tables + tables if fsdp > 1 else 0
-    decode = cache + (3 * L * buf if unit_heads else 0) + hoisted + step_sampling
+    R = max(1, heads // kv_heads)
+    copied = 1 if model._pv_by_reduce(rows, kv_heads, R, S, E) else 2
+    decode = cache + (1.5 * copied * L * buf if unit_heads else 0) + hoisted + step_sampling
     prefill_weights = w_model if fsdp > 1 else 0  # Gathered all at once, as in training.
   prefill = hoisted + prefill_weights + prefill_layer + 2 * prompt_kv
   # The prefill's end: the rollout cache written (prompt rows repeated G times) while

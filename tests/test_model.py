@@ -234,3 +234,38 @@ def test_vocab_limit_removes_padded_ids_and_keeps_the_rest(tiny_cfg, tiny_params
   assert (cut[..., limited.vocab_limit :] == -1e9).all()
   p = jax.nn.softmax(cut, axis=-1)
   assert (p[..., limited.vocab_limit :] == 0).all() and np.isfinite(np.sum(p * cut)).all()
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_decode_pv_multiply_reduce_equals_the_matmul(monkeypatch, dtype):
+  # Decode-shaped attention (Q = 2 query rows per kv head) with a padding slot, a future
+  # slot and an empty one: the CPU multiply-reduce form of p·V and the batched matmul
+  # give the same output and gradients.
+  B, K, Q, S, E = 3, 2, 2, 6, 8
+  ks = jax.random.split(jax.random.key(0), 3)
+  q = jax.random.normal(ks[0], (B, K, Q, E)).astype(dtype)
+  keys = jax.random.normal(ks[1], (B, K, E, S)).astype(dtype)
+  values = jax.random.normal(ks[2], (B, K, S, E)).astype(dtype)
+  key_pos = jnp.array([[-1, 0, 1, 2, 3, -1], [0, 1, 2, 3, 4, 5], [-1, -1, 0, 1, 2, 9]])
+  q_pos = jnp.array([[3, 3], [5, 5], [-1, -1]])  # The last row is a padding query.
+
+  def run(by_reduce):
+    monkeypatch.setattr(model_lib, "_pv_by_reduce", lambda *shape: by_reduce)
+    f = lambda v: model_lib._attend(q, q_pos, keys, v, key_pos, dtype=dtype)
+    out = f(values)
+    grad = jax.grad(lambda v: jnp.sum(f(v).astype(jnp.float32) ** 2))(values)
+    return np.asarray(out, np.float32), np.asarray(grad, np.float32)
+
+  (out_r, grad_r), (out_m, grad_m) = run(True), run(False)
+  tol = 1e-6 if dtype == jnp.float32 else 1e-2
+  np.testing.assert_allclose(out_r, out_m, atol=tol)
+  np.testing.assert_allclose(grad_r, grad_m, atol=tol)
+  assert np.all(out_m[2] == 0) and np.abs(out_m[:2]).max() > 0.1
+
+
+def test_pv_multiply_reduce_is_chosen_for_small_decode_shapes_only():
+  on_cpu = jax.default_backend() == "cpu"
+  assert model_lib._pv_by_reduce(256, 4, 2, 191, 64) == on_cpu  # The G = 8 benchmark.
+  assert not model_lib._pv_by_reduce(256, 4, 4, 191, 64)  # Q > 3.
+  assert not model_lib._pv_by_reduce(1024, 4, 2, 191, 64)  # Past 2^25 product elements.
+  assert not model_lib._pv_by_reduce(2, 4, 64, 64, 64)  # A prefill or training forward.
