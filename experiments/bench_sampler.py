@@ -20,6 +20,13 @@ Fraction of peak = model FLOPs per generated token x tokens/s / measured matmul 
 where FLOPs per token = 2 x (matmul params incl. the LM head) + 4 x L x H x E x context,
 with the mean decode context P + T/2; the peak is the best of several float32 GEMMs.
 
+Matmul floor: one decode step's weight matmuls alone (every layer's q, k, v, o, gate, up,
+down and the LM head, on B*G rows, jitted; `matmul_floor_seconds`). No sampler can step
+faster with the same GEMMs, so B*G / floor bounds tokens/s, and floor tokens/s over HF's
+bounds the ratio any XLA sampler could reach on this machine.
+
+Takes about 7 minutes on 2 CPU cores with the Hugging Face baseline (G = 8 dominates).
+
 The last line printed is one JSON object with every figure.
 """
 
@@ -75,6 +82,32 @@ def grpo_jax_runner(cfg, params, prompts_BP, *, group_size, new_tokens):
     "the workload must not stop early"
   )
   return run, compile_s
+
+
+def matmul_floor_seconds(cfg, params, rows: int, repeats: int = 20) -> float:
+  """Median seconds of one decode step's matmuls alone, for `rows` rows, jitted.
+
+  The weight matmuls of every layer (q, k, v, o, gate, up, down) and the LM head, on
+  the model's own weights, chained through the layers so that none is skipped; no
+  attention, norms, cache writes or sampling. No decode step can be faster on this
+  machine with XLA's GEMMs, so rows / floor is a ceiling on tokens/s.
+  """
+  mat = lambda w: w.reshape(-1, w.shape[-1]) if w.ndim < 3 else w.reshape(w.shape[0], -1)
+
+  def step(params, x_ND):
+    for i in range(cfg.n_layers):
+      attn, mlp = params[f"layer_{i}"]["attn"], params[f"layer_{i}"]["mlp"]
+      q, k, v = (x_ND @ mat(attn[n]["kernel"]) for n in ("q", "k", "v"))
+      o_kernel = attn["o"]["kernel"]
+      x_ND = x_ND + q @ o_kernel.reshape(-1, o_kernel.shape[-1]) + 1e-3 * (k.sum() + v.sum())
+      h_NF = jax.nn.silu(x_ND @ mlp["gate"]["kernel"]) * (x_ND @ mlp["up"]["kernel"])
+      x_ND = x_ND + h_NF @ mlp["down"]["kernel"]
+    return x_ND @ params["embed"]["embedding"].T
+
+  fn = jax.jit(step)
+  x_ND = jax.random.normal(jax.random.key(2), (rows, cfg.d_model))
+  jax.block_until_ready(fn(params, x_ND))
+  return statistics.median(time_calls(lambda: jax.block_until_ready(fn(params, x_ND)), repeats))
 
 
 def count_prefill_rows(cfg, params, prompts_BP, *, group_size):
@@ -172,28 +205,39 @@ def main(argv=None):
       if hf is not None:
         hf_s += time_calls(hf, 1)
     n_tokens = B * G * T
+    floor_s = matmul_floor_seconds(cfg, params, B * G)
     entry = dict(
       tokens_per_s=n_tokens / statistics.median(ours_s),
       compile_s=compile_s,
       fraction_of_peak=n_tokens / statistics.median(ours_s) * fpt / peak,
       prefill_rows=count_prefill_rows(cfg, params, prompts_BP, group_size=G),
       seconds=ours_s,
+      ms_per_step=1e3 * statistics.median(ours_s) / T,  # The whole call (prefill included) / T.
+      matmul_floor_ms=1e3 * floor_s,
+      matmul_floor_tokens_per_s=B * G / floor_s,
     )
     print(f"G={G}: grpo_jax {entry['tokens_per_s']:.0f} tok/s (compile {entry['compile_s']:.1f}s, "
           f"{100 * entry['fraction_of_peak']:.1f}% of peak, prefill rows {entry['prefill_rows']} for {B} prompts)", file=sys.stderr)  # fmt: skip
+    print(f"G={G}: {entry['ms_per_step']:.1f} ms per step (prefill included); its matmuls alone "
+          f"{entry['matmul_floor_ms']:.1f} ms (at most {entry['matmul_floor_tokens_per_s']:.0f} tok/s)", file=sys.stderr)  # fmt: skip
     if hf is not None:
       entry["hf_tokens_per_s"] = n_tokens / statistics.median(hf_s)
       entry["hf_seconds"] = hf_s
       entry["ratio_vs_hf"] = statistics.median(hf_s) / statistics.median(ours_s)
       pair_ratios = [h / o for o, h in zip(ours_s, hf_s)]
       entry["ratio_vs_hf_pairs"] = [min(pair_ratios), max(pair_ratios)]
+      entry["matmul_floor_ratio_vs_hf"] = (
+        entry["matmul_floor_tokens_per_s"] / entry["hf_tokens_per_s"]
+      )
       print(
         f"G={G}: HF generate {entry['hf_tokens_per_s']:.0f} tok/s -> ratio {entry['ratio_vs_hf']:.2f}x "
-        f"(paired runs {min(pair_ratios):.2f}-{max(pair_ratios):.2f}x)",
+        f"(paired runs {min(pair_ratios):.2f}-{max(pair_ratios):.2f}x); the matmul floor "
+        f"allows at most {entry['matmul_floor_ratio_vs_hf']:.2f}x",
         file=sys.stderr,
       )
     result[f"G{G}"] = entry
   print(json.dumps(result))
+  return result
 
 
 if __name__ == "__main__":

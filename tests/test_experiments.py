@@ -5,11 +5,13 @@ import pathlib
 import sys
 
 import numpy as np
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "experiments"))
 sys.path.insert(0, str(ROOT / "tests"))
 import bench_overlap  # noqa: E402
+import bench_sampler  # noqa: E402
 import subproc  # noqa: E402
 
 
@@ -24,6 +26,18 @@ def test_bench_overlap_reports_every_figure(monkeypatch):
   # The sleeping verifier alone takes rows × 1 ms.
   assert r["score_s"] >= r["rows"] * 1e-3
   assert np.isfinite(r["hidden_frac"])
+
+
+def test_bench_sampler_reports_its_figures():
+  # Figures only (speed is the script's business, not a test's).
+  r = bench_sampler.main(["--quick", "--no-hf", "--groups", "2", "--repeats", "1"])
+  g = r["G2"]
+  assert g["prefill_rows"] == r["workload"]["prompts"]  # Once per prompt, not per row.
+  assert 0 < g["fraction_of_peak"] < 1
+  for k in ("tokens_per_s", "compile_s", "ms_per_step", "matmul_floor_ms"):
+    assert g[k] > 0, k
+  rows = r["workload"]["prompts"] * 2
+  assert g["matmul_floor_tokens_per_s"] == pytest.approx(rows / g["matmul_floor_ms"] * 1e3)
 
 
 def test_bench_sharding_reports_every_mesh():
