@@ -373,8 +373,10 @@ def _sampler_bytes(cfg: model.ModelConfig, boxed, *, rules, sizes, rows, prompt_
     # only when p·V is a multiply-reduce (`model._pv_by_reduce`), which reads the values
     # where they are; with fsdp the whole model gathered once for the loop, hoisted.
     hoisted = w_model - w_tables + tables if fsdp > 1 else 0
-    R = max(1, heads // kv_heads)
-    copied = 1 if model._pv_by_reduce(rows, kv_heads, R, S, E) else 2
+    # The model decides on the global shapes it sees under jit (all rows, all kv heads).
+    R = cfg.n_heads // cfg.n_kv_heads
+    global_rows = rows * sizes["data"] * fsdp
+    copied = 1 if model._pv_by_reduce(global_rows, cfg.n_kv_heads, R, S, E) else 2
     decode = cache + (1.5 * copied * L * buf if unit_heads else 0) + hoisted + step_sampling
     prefill_weights = w_model if fsdp > 1 else 0  # Gathered all at once, as in training.
   prefill = hoisted + prefill_weights + prefill_layer + 2 * prompt_kv

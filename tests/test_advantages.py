@@ -347,9 +347,17 @@ def _group_sums(x_B, ids):
 @hypothesis.given(rewards=st.lists(REAL | BINARY, min_size=B, max_size=B), ids=IDS, lengths=LENGTHS)
 def test_group_advantages_sum_to_zero_within_each_group(rewards, ids, lengths):
   inputs = _inputs(rewards, ids, lengths, T=T)
+  # float32 rounding of r - mean (~eps·|r|) is divided by the group's std: a group of two
+  # nearly equal rewards (1.0 and 0.998) sums to ~4e-5, not 0. The bound scales with it.
+  r, g = np.asarray(rewards, np.float64), np.asarray(ids)
+  groups = [r[g == i] for i in range(B)]
+  # (All-equal and singleton groups get exact zeros: no slack for them.)
+  scale = np.array([np.abs(x).max() / x.std() if x.size and x.std() > 0 else 0.0 for x in groups])
+  atol = 2e-5 + 16 * np.finfo(np.float32).eps * np.bincount(g, minlength=B) * scale
   for name in GROUP_ESTIMATORS:
     seq = _seq(_run(name, inputs), inputs)
-    np.testing.assert_allclose(_group_sums(seq, ids), 0.0, atol=2e-5, err_msg=name)
+    err = np.abs(_group_sums(seq, ids))
+    assert np.all(err <= atol), (name, err, atol)
 
 
 @SETTINGS
