@@ -92,14 +92,13 @@ def matmul_floor_seconds(cfg, params, rows: int, repeats: int = 20) -> float:
   attention, norms, cache writes or sampling. No decode step can be faster on this
   machine with XLA's GEMMs, so rows / floor is a ceiling on tokens/s.
   """
-  mat = lambda w: w.reshape(-1, w.shape[-1]) if w.ndim < 3 else w.reshape(w.shape[0], -1)
 
   def step(params, x_ND):
     for i in range(cfg.n_layers):
       attn, mlp = params[f"layer_{i}"]["attn"], params[f"layer_{i}"]["mlp"]
-      q, k, v = (x_ND @ mat(attn[n]["kernel"]) for n in ("q", "k", "v"))
-      o_kernel = attn["o"]["kernel"]
-      x_ND = x_ND + q @ o_kernel.reshape(-1, o_kernel.shape[-1]) + 1e-3 * (k.sum() + v.sum())
+      # Kernels q, k, v [D, heads, E] and o [heads, E, D] as matrices.
+      q, k, v = (x_ND @ attn[n]["kernel"].reshape(cfg.d_model, -1) for n in ("q", "k", "v"))
+      x_ND = x_ND + q @ attn["o"]["kernel"].reshape(-1, cfg.d_model) + 1e-3 * (k.sum() + v.sum())
       h_NF = jax.nn.silu(x_ND @ mlp["gate"]["kernel"]) * (x_ND @ mlp["up"]["kernel"])
       x_ND = x_ND + h_NF @ mlp["down"]["kernel"]
     return x_ND @ params["embed"]["embedding"].T

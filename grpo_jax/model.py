@@ -212,25 +212,14 @@ def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
   return inv
 
 
-def rope_angles(positions_BT, *, inv_freq):
-  """(sin, cos) of the rotary angles p·ω_i, float32 [B, T, E/2] (``rope_inv_freq``).
+def rope(x_BTNE, positions_BT, *, inv_freq):
+  """Rotary embedding, half-split ("rotate_half") layout as in HF Llama/Qwen.
 
-  Computed once per forward and shared by every layer: recomputed inside each layer,
-  XLA fuses the trigonometry into the q and k consumers and evaluates it once per
-  head and element (a measurable share of a decode step on CPU).
+  For pair (x_i, x_{i+E/2}) at position p: angle p·ω_i (``rope_inv_freq``), in float32.
   """
   inv_freq = jnp.asarray(inv_freq, jnp.float32)
   angle_BTh = positions_BT.astype(jnp.float32)[..., None] * inv_freq[None, None, :]
-  return jnp.sin(angle_BTh), jnp.cos(angle_BTh)
-
-
-def rope(x_BTNE, sincos):
-  """Rotary embedding, half-split ("rotate_half") layout as in HF Llama/Qwen.
-
-  For pair (x_i, x_{i+E/2}) at position p: rotation by the angle p·ω_i, whose
-  (sin, cos) [B, T, E/2] come from ``rope_angles``; in float32.
-  """
-  sin, cos = sincos[0][:, :, None, :], sincos[1][:, :, None, :]
+  sin, cos = jnp.sin(angle_BTh)[:, :, None, :], jnp.cos(angle_BTh)[:, :, None, :]
   x1, x2 = jnp.split(x_BTNE.astype(jnp.float32), 2, axis=-1)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return out.astype(x_BTNE.dtype)
@@ -327,7 +316,7 @@ class Attention(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD, positions_BT, sincos, cache_kv, cache_pos_BS, index):
+  def __call__(self, x_BTD, positions_BT, cache_kv, cache_pos_BS, index):
     cfg = self.cfg
     H, K, E = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     q_BTHE = _dense(
@@ -349,8 +338,9 @@ class Attention(nn.Module):
       )
       q_BTHE = norm(name="q_norm")(q_BTHE)
       k_BTKE = norm(name="k_norm")(k_BTKE)
-    q_BTHE = rope(q_BTHE, sincos)
-    k_BTKE = rope(k_BTKE, sincos)
+    inv_freq = rope_inv_freq(cfg)
+    q_BTHE = rope(q_BTHE, positions_BT, inv_freq=inv_freq)
+    k_BTKE = rope(k_BTKE, positions_BT, inv_freq=inv_freq)
 
     B, T = positions_BT.shape
     R = H // K
@@ -404,14 +394,14 @@ class Block(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD, positions_BT, sincos, cache_kv, cache_pos_BS, index):
+  def __call__(self, x_BTD, positions_BT, cache_kv, cache_pos_BS, index):
     cfg = self.cfg
     norm = functools.partial(
       RMSNorm, eps=cfg.norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype
     )
     attn = Attention(cfg, name="attn")
     attn_BTD, kv_new = attn(
-      norm(name="attn_norm")(x_BTD), positions_BT, sincos, cache_kv, cache_pos_BS, index
+      norm(name="attn_norm")(x_BTD), positions_BT, cache_kv, cache_pos_BS, index
     )
     x_BTD = x_BTD + attn_BTD
     x_BTD = x_BTD + Mlp(cfg, name="mlp")(norm(name="mlp_norm")(x_BTD))
@@ -448,7 +438,6 @@ class Decoder(nn.Module):
       name="embed",
     )
     x_BTD = nn.with_logical_constraint(embed(tokens_BT), ACT_BTD)
-    sincos = rope_angles(positions_BT, inv_freq=rope_inv_freq(cfg))
 
     block = Block
     if cfg.remat != "none":
@@ -458,19 +447,17 @@ class Decoder(nn.Module):
         block,
         variable_axes={"params": 0},
         split_rngs={"params": True},
-        in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast, nn.broadcast),
+        in_axes=(nn.broadcast, 0, nn.broadcast, nn.broadcast),
         length=cfg.n_layers,
         metadata_params={nn.PARTITION_NAME: "layers"},
       )
-      x_BTD, kv_new = stack(cfg, name="layers")(
-        x_BTD, positions_BT, sincos, cache_kv, cache_pos_BS, index
-      )
+      x_BTD, kv_new = stack(cfg, name="layers")(x_BTD, positions_BT, cache_kv, cache_pos_BS, index)
     else:
       new = []
       for i in range(cfg.n_layers):
         layer_kv = None if cache_kv is None else (cache_kv[0][i], cache_kv[1][i])
         x_BTD, kv = block(cfg, name=f"layer_{i}")(
-          x_BTD, positions_BT, sincos, layer_kv, cache_pos_BS, index
+          x_BTD, positions_BT, layer_kv, cache_pos_BS, index
         )
         new.append(kv)
       # Fresh k/v are stacked [L, ...]; updated per-layer buffers stay separate.

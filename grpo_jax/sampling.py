@@ -269,26 +269,26 @@ def choose_tokens(logits_NV, key, hyper: SamplingParams):
   """
   logits_NV = logits_NV.astype(jnp.float32)
   identity = (hyper.temperature == 1.0) & (hyper.top_k <= 0) & (hyper.top_p >= 1.0)
+  at = lambda x_NV, tok_N: jnp.take_along_axis(x_NV, tok_N[:, None], axis=-1)[:, 0]
 
   def greedy(_):
     tok_N = jnp.argmax(logits_NV, axis=-1).astype(jnp.int32)
-    return tok_N, jnp.zeros(tok_N.shape, jnp.float32), jax.nn.logsumexp(logits_NV, axis=-1)
+    policy_N = at(logits_NV, tok_N) - jax.nn.logsumexp(logits_NV, axis=-1)
+    return tok_N, jnp.zeros(tok_N.shape, jnp.float32), policy_N
 
   def plain(key):  # T = 1, no truncation: one exp pass over the raw logits, no copies.
     tok_N, lse_N = _sample_with_lse(key, logits_NV)
-    picked_N = jnp.take_along_axis(logits_NV, tok_N[:, None], axis=-1)[:, 0]
-    return tok_N, picked_N - lse_N, lse_N
+    logp_N = at(logits_NV, tok_N) - lse_N
+    return tok_N, logp_N, logp_N
 
   def filtered(key):
     filtered_NV = filter_logits(logits_NV, hyper)
     tok_N, lse_N = _sample_with_lse(key, filtered_NV)
-    picked_N = jnp.take_along_axis(filtered_NV, tok_N[:, None], axis=-1)[:, 0]
-    return tok_N, picked_N - lse_N, jax.nn.logsumexp(logits_NV, axis=-1)
+    policy_N = at(logits_NV, tok_N) - jax.nn.logsumexp(logits_NV, axis=-1)
+    return tok_N, at(filtered_NV, tok_N) - lse_N, policy_N
 
   branch = jnp.where(hyper.greedy, 0, jnp.where(identity, 1, 2))
-  tok_N, logp_N, policy_lse_N = jax.lax.switch(branch, (greedy, plain, filtered), key)
-  picked_N = jnp.take_along_axis(logits_NV, tok_N[:, None], axis=-1)[:, 0]
-  return tok_N, logp_N, picked_N - policy_lse_N
+  return jax.lax.switch(branch, (greedy, plain, filtered), key)
 
 
 def sample(
