@@ -23,13 +23,13 @@ warmstart_accuracy, final_accuracy, wall_seconds; curves.svg plots training rewa
 held-out accuracy.
 """
 
-from grpo_jax import presets, train
+from grpo_jax import config, presets
 
 
 def get_config(arg: str = "tiny"):
   if arg not in ("tiny", "full"):
     raise ValueError(f"configs/arithmetic.py variant {arg!r}; allowed: 'tiny', 'full'.")
-  c = train.default_config()
+  c = config.default_config()
   c.task.name = "arithmetic"
   c.task.kwargs = dict(max_digits=2, ops="+")
   c.model.update(d_model=96, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=24, mlp_dim=288)

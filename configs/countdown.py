@@ -17,13 +17,13 @@ at iteration 50, 37.5% at 150), pass@8 61.7%, in 341 s wall. (With 2-3 numbers i
 the train problems repeat and GRPO overfits them: held-out accuracy falls.)
 """
 
-from grpo_jax import presets, train
+from grpo_jax import config, presets
 
 
 def get_config(arg: str = "tiny"):
   if arg not in ("tiny", "full"):
     raise ValueError(f"configs/countdown.py variant {arg!r}; allowed: 'tiny', 'full'.")
-  c = train.default_config()
+  c = config.default_config()
   c.task.name = "countdown"
   c.task.kwargs = dict(min_numbers=3, max_numbers=3, max_number=20, max_target=100)
   c.model.update(d_model=128, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=32, mlp_dim=384)

@@ -29,43 +29,24 @@ Expected results:
 """
 
 import pathlib
-import tempfile
 
-from grpo_jax import presets, train
+from grpo_jax import config
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 _MESHES = {"1.5b": (1, -1, 1), "7b": (1, -1, 4)}  # (data, fsdp, tensor), as scale.py.
 
 
 def get_config(arg: str = "1.5b"):
   if arg not in (*_MESHES, "tiny"):
     raise ValueError(f"configs/math_qwen.py variant {arg!r}; allowed: {[*_MESHES, 'tiny']}.")
-  c = train.default_config()
-  c.task.name = "math"
-  c.task.kwargs = dict(dataset="math", test_split="math500", manual_dir="", data_dir="")
-  c.rl.update(presets.get("grpo"))
-  c.rl.update(kl_coef=0.001, aggregation="token_mean")
-  c.update(warmstart_steps=0, export_hf=True)
-  if arg == "tiny":
-    fixtures = ROOT / "tests" / "fixtures"
-    c.hf_dir = str(fixtures / "hf" / "qwen3")
-    # Its own TFDS data_dir: the fixture records must never stand in for real MATH.
-    c.task.kwargs.update(
-      manual_dir=str(fixtures / "data" / "math"),
-      data_dir=str(pathlib.Path(tempfile.gettempdir()) / "grpo_jax_fixture_tfds"),
-    )
-    c.sampler.update(max_new_tokens=16, group_size=4, max_prompt_len=384)
-    c.sampler.prompt_buckets = (192, 384)
-    c.update(prompts_per_step=4, iterations=4, eval_every=2, eval_size=4, eval_samples=0)
-    c.update(learning_rate=1e-3, checkpoint_every=2, reward_workers=1, reward_timeout_s=30.0)
-    return c
-  c.hf_dir = f"~/models/Qwen2.5-{arg.upper()}-Instruct"
-  c.model.update(dtype="bfloat16", param_dtype="float32", scan_layers=True, remat="full")
-  c.sampler.update(max_new_tokens=1024, max_prompt_len=512, group_size=8)
-  c.sampler.prompt_buckets = (256, 512)
-  c.update(prompts_per_step=64, iterations=200, learning_rate=1e-6, warmup_steps=10)
-  c.update(eval_every=20, eval_size=500, eval_samples=0, checkpoint_every=20)
-  c.update(reward_workers=8, reward_timeout_s=10.0)
-  c.rl.update(num_minibatches=4, micro_batches=32 if arg == "7b" else 4)
-  c.mesh.update(dict(zip(("data", "fsdp", "tensor"), _MESHES[arg], strict=True)))
-  return c
+  return config.hf_math_config(
+    arg,
+    task_kwargs=dict(dataset="math", test_split="math500"),
+    fixture_model=str(FIXTURES / "hf" / "qwen3"),
+    fixture_data=str(FIXTURES / "data" / "math"),
+    mesh=_MESHES.get(arg, (1, -1, 1)),
+    max_new_tokens=1024,
+    max_prompt_len=512,
+    eval_size=500,
+    micro_batches=32 if arg == "7b" else 4,
+  )

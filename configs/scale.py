@@ -45,7 +45,7 @@ Choices, and why:
   8 × H100: peak 27.0 GiB of 72 usable.
 """
 
-from grpo_jax import presets, train
+from grpo_jax import config, presets
 
 # Qwen2.5 architectures (the published config.json of each model).
 _QWEN25 = {
@@ -64,7 +64,7 @@ MESHES = {"0.5b": (1, -1, 1), "1.5b": (1, -1, 1), "7b": (1, -1, 4)}
 def get_config(arg: str = "0.5b"):
   if arg not in (*_QWEN25, "tiny"):
     raise ValueError(f"configs/scale.py variant {arg!r}; allowed: {[*_QWEN25, 'tiny']}.")
-  c = train.default_config()
+  c = config.default_config()
   c.task.name = "arithmetic"
   c.rl.update(presets.get("grpo"))
   if arg == "tiny":  # The same layout at CPU scale: plan vs XLA in seconds.

@@ -4,13 +4,13 @@
   python experiments/bench_overlap.py --verifier_ms 0 --workers 0   # the demo's own scoring
   python experiments/bench_overlap.py --config configs/countdown.py:tiny --prompts 32
 
-One rollout batch of the config's trainer (`train.build`, `train.functions`) is sampled
+One rollout batch of the config's trainer (`config.build`, `steps.functions`) is sampled
 once. Then, --repeats times each, in alternation:
 
   sequential = wall(block(logprobs(params, ref, rollouts)); pool.score(...))
   overlapped = wall(lp = logprobs(...)  [async dispatch]; pool.score(...); block(lp))
 
-`overlapped` is the order `train._collect` uses (dispatch the old/ref log-prob forwards,
+`overlapped` is the order `rollout.collect` uses (dispatch the old/ref log-prob forwards,
 then decode and score while the device computes). Alone, the forward takes `forward_s`
 and scoring `score_s` (medians), so the most overlap can save is min(forward_s, score_s):
 
@@ -34,7 +34,7 @@ import time
 import jax
 import numpy as np
 
-from grpo_jax import config_lib, model, rewards, train
+from grpo_jax import config, config_lib, model, rewards, rollout, steps
 
 
 class SlowTask:
@@ -63,17 +63,17 @@ def main(argv=None) -> dict:
   overrides = {"progress": False}
   if args.prompts:
     overrides["prompts_per_step"] = args.prompts
-  config = config_lib.load(args.config, **overrides)
-  config.rl.dynamic_sampling = False
-  setup = train.build(config)
-  fns = train.functions(setup)
+  c = config_lib.load(args.config, **overrides)
+  c.rl.dynamic_sampling = False
+  setup = config.build(c)
+  fns = steps.functions(setup)
   params = model.init(setup.model_cfg, jax.random.key(0))
-  examples, prompts = train._draw(setup, train.functions(setup), 0)
+  drawn = rollout.draw(setup, fns, 0)
   rollouts = jax.block_until_ready(
-    fns.sample(params, prompts, jax.random.key(1), setup.sampling_hyper)
+    fns.sample(params, drawn.prompts, jax.random.key(1), setup.sampling_hyper)
   )
   G = setup.sampler_cfg.group_size
-  prompts_N = [examples[i // G].prompt for i in range(rollouts.tokens_NT.shape[0])]
+  prompts_N = [drawn.examples[i // G].prompt for i in range(rollouts.tokens_NT.shape[0])]
   completions = [setup.tokenizer.decode(r) for r in np.asarray(rollouts.tokens_NT)]
   task = SlowTask(setup.task, args.verifier_ms)
   times = {k: [] for k in ("forward", "score", "sequential", "overlapped")}

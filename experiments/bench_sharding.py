@@ -18,23 +18,24 @@ Workload: configs/arithmetic.py:tiny with the model widened to --d_model, --laye
 layers, head_dim 16, d_model / 8 query heads and half as many KV heads (GQA), SwiGLU
 width 3 x d_model, random weights; --prompts prompts x --group samples per rollout batch,
 rl.num_minibatches 2, kl_coef 0 (no reference policy); prompts left-padded to 16 tokens,
-8 new tokens. The functions are the trainer's own (`train.functions`): `sample` (one
-rollout batch) and `train_step` (one GRPO update on a mini-batch, state donated), with
-their in/out shardings on the mesh. The mini-batch is a real one: the trainer's
-pipeline run once (the first training prompts -> sample -> `logprobs` -> `finish` with
-random 0/1 rewards -> the planner's first mini-batch, `rl.gather`, as `rl.update` takes
-it). Arguments are placed on their shardings before any timing, so the times hold no
-host -> device transfers.
+8 new tokens. The functions are the trainer's own (`steps.functions`): `sample` (one
+rollout batch) and `update` (the update phase of one rollout batch: the planner, then
+num_minibatches GRPO steps in one jitted scan, state donated), with their in/out
+shardings on the mesh. The rollout batch is a real one: the trainer's pipeline run once
+(the first training prompts -> sample -> `logprobs` -> `finish` with random 0/1
+rewards). Arguments are placed on their shardings before any timing, so the times hold
+no host -> device transfers.
 
 Figures, per mesh (seconds of wall time; medians over --steps calls after one untimed
 warm-up call, each call timed to `jax.block_until_ready` of its outputs):
 
   sample_compile_s      fns.sample.lower(...).compile(): trace, lower, XLA compile
-  train_step_compile_s  the same for fns.train_step
+  update_compile_s      the same for fns.update
   sample_s              one `sample` call: prompts x group rows, up to 8 new tokens
                         (sample_num_steps: decode steps it ran)
-  train_step_s          one `train_step` call (forward, backward, AdamW) on the mini-batch
-  train_step_vs_single  train_step_s / the 1x1x1 train_step_s (< 1: faster than one device)
+  update_s              one `update` call: num_minibatches × (forward, backward, AdamW)
+                        on minibatch_rows rows each
+  update_vs_single      update_s / the 1x1x1 update_s (< 1: faster than one device)
   sample_vs_single      sample_s / the 1x1x1 sample_s
 
 All forced host devices share this machine's CPU cores, so a mesh adds no compute: the
@@ -74,10 +75,10 @@ import subprocess  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from grpo_jax import advantages, model, rl, sampling, sharding, tasks, train  # noqa: E402
+from grpo_jax import config, model, rl, sampling, sharding, tasks  # noqa: E402
+from grpo_jax import steps as steps_lib  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "configs"))
@@ -95,7 +96,7 @@ def parse_mesh(text: str) -> tuple[int, int, int]:
   return sizes
 
 
-def config(mesh, *, d_model: int, layers: int, prompts: int, group: int):
+def make_config(mesh, *, d_model: int, layers: int, prompts: int, group: int):
   """The benchmark's trainer config (see the module docstring) on mesh (data, fsdp, tensor)."""
   c = arithmetic.get_config("tiny")
   heads = d_model // 8
@@ -129,59 +130,57 @@ def first_prompts(setup) -> sampling.Prompts:
   return sampling.prepare_prompts(tokens, cfg=setup.sampler_cfg)
 
 
-def first_minibatch(setup, fns, params, rollouts):
-  """The trainer's pipeline on one rollout batch (random 0/1 rewards), then the
-  planner's first mini-batch, taken as `rl.update` takes it."""
+def rollout_batch(setup, fns, params, rollouts):
+  """The trainer's pipeline on one rollout batch with random 0/1 rewards: the
+  `rl.RolloutBatch` its update phase takes."""
   n = rollouts.tokens_NT.shape[0]
   correct_N = np.random.default_rng(0).integers(0, 2, n).astype(np.float32)
   prep_hyper = setup.rl_cfg.prepare_hyper(max_new_tokens=setup.sampler_cfg.max_new_tokens)
   logprobs = fns.logprobs(params, None, rollouts)
   batch, _, _ = fns.finish(logprobs, rollouts, correct_N, np.zeros(n, np.float32), prep_hyper)
-  adv_N = advantages.sequence_advantage(batch.adv_NT, batch.mask_NT)
-  lengths_N = jnp.sum(batch.mask_NT, axis=1, dtype=jnp.int32)
-  idx_EMb = fns.plan(jax.random.key(2), batch.group_ids_N, adv_N, lengths_N)
-  return rl.gather(batch, idx_EMb[0, 0])
+  return batch
 
 
 def measure(c, *, steps: int) -> dict:
-  """Compile and call times of `sample` and `train_step` for trainer config c."""
-  setup = train.build(c)
-  fns = train.functions(setup)
+  """Compile and call times of `sample` and `update` (the planned num_minibatches train
+  steps over one rollout batch, one jitted scan) for trainer config c."""
+  setup = config.build(c)
+  fns = steps_lib.functions(setup)
   params = sharding.init_params(fns.layout, setup.model_cfg, jax.random.key(0))
   hyper = setup.sampling_hyper
   sample_args = fns.sample.place((params, first_prompts(setup), jax.random.key(1), hyper))
   sample_compile_s, _ = timed(lambda: fns.sample.lower(*sample_args).compile())
   _, rollouts = timed(lambda: fns.sample(*sample_args))  # Warm-up.
   sample_times = [timed(lambda: fns.sample(*sample_args))[0] for _ in range(steps)]
-  minibatch = first_minibatch(setup, fns, params, rollouts)
+  batch = rollout_batch(setup, fns, params, rollouts)
   state = jax.device_put(rl.init_state(params, fns.optimizer), fns.state_shardings)
-  state, minibatch, hyper = fns.train_step.place((state, minibatch, setup.rl_cfg.step_hyper()))
-  step_compile_s, _ = timed(lambda: fns.train_step.lower(state, minibatch, hyper).compile())
-  holder = [state]
+  args = fns.update.place((state, batch, jax.random.key(2), setup.rl_cfg.step_hyper()))
+  update_compile_s, _ = timed(lambda: fns.update.lower(*args).compile())
+  holder = [args[0]]
 
-  def step():
-    holder[0], metrics = fns.train_step(holder[0], minibatch, hyper)
+  def update():
+    holder[0], _, metrics = fns.update(holder[0], *args[1:])
     return holder[0], metrics
 
-  timed(step)  # Warm-up (also allocates the donated buffers).
-  step_times = [timed(step)[0] for _ in range(steps)]
+  timed(update)  # Warm-up (also allocates the donated buffers).
+  update_times = [timed(update)[0] for _ in range(steps)]
   return {
     "devices": len(jax.devices()),
     "sample_compile_s": sample_compile_s,
-    "train_step_compile_s": step_compile_s,
+    "update_compile_s": update_compile_s,
     "sample_s": statistics.median(sample_times),
-    "train_step_s": statistics.median(step_times),
+    "update_s": statistics.median(update_times),
     "sample_times_s": sample_times,
-    "train_step_times_s": step_times,
+    "update_times_s": update_times,
     "sample_num_steps": int(rollouts.num_steps),
-    "minibatch_rows": int(minibatch.tokens_NT.shape[0]),
+    "minibatch_rows": int(batch.tokens_NT.shape[0]) // setup.rl_cfg.num_minibatches,
     "params": model.param_count(params),
   }
 
 
 def sizes(args) -> dict:
   """The config sizes the figures were measured with."""
-  c = config((1, 1, 1), **model_flags(args))
+  c = make_config((1, 1, 1), **model_flags(args))
   m = c.model
   return {
     **{k: m[k] for k in ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_dim")},
@@ -217,9 +216,9 @@ def single_device(args) -> dict:
 
 def describe(name: str, r: dict) -> str:
   return (
-    f"{name:>6} ({r['devices']} dev): compile train_step {r['train_step_compile_s']:.1f} s, "
-    f"sample {r['sample_compile_s']:.1f} s; train_step {r['train_step_s'] * 1e3:.1f} ms, "
-    f"sample {r['sample_s'] * 1e3:.1f} ms (medians of {len(r['train_step_times_s'])})"
+    f"{name:>6} ({r['devices']} dev): compile update {r['update_compile_s']:.1f} s, "
+    f"sample {r['sample_compile_s']:.1f} s; update {r['update_s'] * 1e3:.1f} ms, "
+    f"sample {r['sample_s'] * 1e3:.1f} ms (medians of {len(r['update_times_s'])})"
   )
 
 
@@ -245,18 +244,17 @@ def main(argv=None) -> dict:
   for name in names:
     if name in meshes:
       continue
-    meshes[name] = measure(config(parse_mesh(name), **model_flags(args)), steps=args.steps)
+    meshes[name] = measure(make_config(parse_mesh(name), **model_flags(args)), steps=args.steps)
     print(describe(name, meshes[name]), flush=True)
   if args._child:
     print(json.dumps({"meshes": meshes}))
     return {"meshes": meshes}
   ref = meshes[SINGLE]
   for name, r in meshes.items():
-    r["train_step_vs_single"] = r["train_step_s"] / ref["train_step_s"]
+    r["update_vs_single"] = r["update_s"] / ref["update_s"]
     r["sample_vs_single"] = r["sample_s"] / ref["sample_s"]
     print(
-      f"{name:>6} / 1x1x1: train_step {r['train_step_vs_single']:.2f}x, "
-      f"sample {r['sample_vs_single']:.2f}x"
+      f"{name:>6} / 1x1x1: update {r['update_vs_single']:.2f}x, sample {r['sample_vs_single']:.2f}x"
     )
   result = {
     "meshes": {n: meshes[n] for n in names},

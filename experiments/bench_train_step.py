@@ -64,13 +64,12 @@ import time
 
 import jax
 import jax.numpy as jnp
-import optax
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_sampler import BENCH_MODEL  # noqa: E402
 
 from grpo_jax import flops as flops_lib  # noqa: E402
-from grpo_jax import model, rl, sampling  # noqa: E402
+from grpo_jax import logprobs, model, rl  # noqa: E402
 
 
 def model_flops(cfg: model.ModelConfig, *, batch: int, prompt_len: int, completion_len: int):
@@ -133,7 +132,7 @@ def make_minibatch(cfg, params, model_fn, *, batch: int, prompt_len: int, comple
   tokens = jax.random.randint(kt, (B, T), 3, cfg.vocab_size)
   pmask, mask = jnp.ones((B, P), bool), jnp.ones((B, T), bool)
   old_logp, _ = jax.jit(
-    functools.partial(sampling.completion_logprobs, model_fn=model_fn)
+    functools.partial(logprobs.completion_logprobs, model_fn=model_fn)
   )(params, prompt, pmask, tokens, mask)  # fmt: skip
   adv = jnp.where(jax.random.bernoulli(ka, 0.5, (B, 1)), 1.0, -1.0) * jnp.ones((B, T))
   return rl.RolloutBatch(
@@ -150,10 +149,8 @@ def make_minibatch(cfg, params, model_fn, *, batch: int, prompt_len: int, comple
 
 
 def make_optimizer(lr: float = 1e-6):
-  """The trainer's optimizer (grpo_jax/train.py): global-norm clip + AdamW."""
-  return optax.chain(
-    optax.clip_by_global_norm(1.0), optax.adamw(lr, b1=0.9, b2=0.99, weight_decay=0.01)
-  )
+  """The trainer's optimizer (`rl.make_optimizer`): global-norm clip + AdamW."""
+  return rl.make_optimizer(lr=lr, weight_decay=0.01, grad_clip=1.0)
 
 
 def time_fn(fn, steps: int) -> list[float]:
@@ -182,7 +179,7 @@ def time_steps(fn, steps: int) -> tuple[list[float], list[float]]:
 def breakdown(cfg, params, mb, rl_cfg, model_fn, hyper, steps):
   """Median seconds of the forward alone (log-probs + stats) and of loss + gradient."""
   fwd = jax.jit(
-    lambda p: sampling.completion_logprobs(
+    lambda p: logprobs.completion_logprobs(
       p, mb.prompt_tokens_NP, mb.prompt_mask_NP, mb.tokens_NT, mb.mask_NT,
       model_fn=model_fn, with_stats=True,
     )

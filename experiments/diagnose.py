@@ -268,7 +268,7 @@ def write_report(workdir: pathlib.Path, summary: dict, *, config) -> dict:
     f"{summary['warmstart_accuracy']:.3f} → {summary['final_accuracy']:.3f}; "
     f"wall {summary['wall_seconds']:.0f} s, of which diagnostics "
     f"{sum(_num(r.get('time/diagnostics')) for r in diag):.1f} s. Definitions of every "
-    "quantity: `grpo_jax.diagnostics.report.DEFINITIONS` (metrics.jsonl holds the "
+    "quantity: `grpo_jax.metrics.DEFINITIONS` (metrics.jsonl holds the "
     "per-iteration values).",
     "",
     "## Token flips (mean over diagnostic iterations)",

@@ -44,7 +44,7 @@ import tensorflow_datasets as tfds
 from absl import logging
 from etils import epath
 
-from grpo_jax import registry
+from grpo_jax import math_verify, registry
 
 GSM8K_URLS = {
   "train": "https://raw.githubusercontent.com/openai/grade-school-math/master/grade_school_math/data/train.jsonl",
@@ -128,41 +128,6 @@ def gsm8k_answer(solution: str) -> str | None:
   return answer or None
 
 
-def last_boxed(text: str) -> str | None:
-  """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in text, braces matched.
-
-  ``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}``; escaped braces (``\\{``, ``\\}``) do not
-  count; the unbraced form ``\\boxed 5`` gives the text up to the next ``$``. None when
-  there is no box or its braces do not close. (Hendrycks et al.'s ``last_boxed_only_string``
-  and ``remove_boxed``, but skipping escaped braces.)
-  """
-  matches = list(re.finditer(r"\\(?:boxed|fbox)(?![A-Za-z])\s*", text))
-  if not matches:
-    return None
-  match = matches[-1]
-  rest = text[match.end() :]
-  if not rest.startswith("{"):
-    answer = rest.split("$", 1)[0].strip()
-    return answer or None
-  end = _closing_brace(rest)
-  return None if end is None else rest[1:end].strip()
-
-
-def _closing_brace(text: str) -> int | None:
-  """Index of the brace closing ``text[0] == "{"``, skipping backslash escapes."""
-  depth, i = 0, 0
-  while i < len(text):
-    c = text[i]
-    if c == "\\":
-      i += 2
-      continue
-    depth += (c == "{") - (c == "}")
-    if depth == 0:
-      return i
-    i += 1
-  return None
-
-
 def _json_objects(lines: Iterable[str], *, file_name: str) -> Iterator[tuple[str, dict | Skip]]:
   """(key, object or Skip) per non-blank line; the key is ``file:line`` (1-based)."""
   for line_no, line in enumerate(lines, start=1):
@@ -219,12 +184,12 @@ def parse_math_file(text: str, *, key: str) -> Problem | Skip:
     return Skip(key, "not a JSON object")
   if bad := _bad_text(obj, ("problem", "solution")):
     return Skip(key, bad)
-  if (answer := last_boxed(obj["solution"])) is None:
+  if (answer := math_verify.last_boxed(obj["solution"])) is None:
     return Skip(key, "no \\boxed{...} answer in the solution")
   return Problem(
     key,
     obj["problem"],
-    answer,
+    answer.strip(),
     solution=obj["solution"],
     source="math",
     subject=str(obj.get("type", "")),

@@ -1,4 +1,7 @@
-"""Evaluation estimators from n samples per problem: unbiased pass@k and mean@k.
+"""Held-out evaluation: greedy accuracy, and pass@k / mean@k from n samples per problem.
+
+    out = evaluation.evaluate(setup, fns, pool, params, key=key)   # the trainer's eval phase
+    evaluation.pass_at_k(n, c_P, k), evaluation.mean_at_k(correct_PK)   # the estimators
 
 Notation: a problem has n sampled completions, c of them correct; k <= n.
 """
@@ -6,6 +9,8 @@ Notation: a problem has n sampled completions, c of them correct; k <= n.
 from __future__ import annotations
 
 import numpy as np
+
+from grpo_jax import config, rollout, sampling
 
 
 def _as_counts(name: str, x) -> np.ndarray:
@@ -69,3 +74,42 @@ def mean_at_k(correct_PK) -> float:
   if correct_PK.ndim != 2 or correct_PK.size == 0:
     raise ValueError(f"correct_PK must be a non-empty [P, K] array, got shape {correct_PK.shape}.")
   return float(correct_PK.mean(axis=1).mean())
+
+
+def pass_ks(n: int) -> list[int]:
+  """1, 2, 4, ... up to n, and n itself: the k of the logged eval/pass@k."""
+  ks = [1 << i for i in range(n.bit_length()) if (1 << i) <= n]
+  return ks + ([n] if ks[-1] != n else [])
+
+
+def evaluate(setup: config.Setup, fns, pool, params, *, key) -> dict:
+  """Held-out metrics on the first eval_size test problems, scored through `pool`.
+
+  Greedy decoding gives eval/greedy_accuracy and eval/format_rate. With eval_samples = n
+  > 0, n samples per problem (the training sampling params) give the unbiased pass@k for
+  k = 1, 2, 4, ..., n (`pass_at_k`) and mean@n (`mean_at_k`).
+  """
+  task, loop = setup.task, setup.loop
+  n, size = loop.eval_samples, loop.eval_size
+  rows = set(rollout.needed_rows(fns, size, 1))
+  rows |= set(rollout.needed_rows(fns, size, n)) if n else set()
+  examples = {i: task.example("test", i, seed=loop.seed) for i in sorted(rows)}
+  prompts = rollout.host_prompts(setup, fns, examples, size)
+  greedy = fns.sample_greedy(params, prompts, key, sampling.sampling_params(greedy=True))
+  if n:  # Dispatched now: the device samples while the host scores the greedy answers.
+    sampled = fns.sample_eval(params, prompts, key, setup.sampling_hyper)
+  scores = rollout.score(setup, pool, examples, greedy.tokens_NT, group=1)
+  out = {
+    "eval/greedy_accuracy": float(scores.correct_N.mean()),
+    "eval/format_rate": float(scores.format_N.mean()),
+    "eval/reward_errors": scores.errors,
+  }
+  if n:
+    more = rollout.score(setup, pool, examples, sampled.tokens_NT, group=n)
+    correct_PK = more.correct_N.reshape(size, n)
+    c_P = (correct_PK > 0).sum(axis=1)
+    for k in pass_ks(n):
+      out[f"eval/pass@{k}"] = float(np.mean(pass_at_k(n, c_P, k)))
+    out[f"eval/mean@{n}"] = float(mean_at_k(correct_PK))
+    out["eval/reward_errors"] += more.errors
+  return out

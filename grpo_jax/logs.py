@@ -1,10 +1,15 @@
-"""Run logs on the host: metrics.jsonl, TensorBoard event files and a console progress line.
+"""Run logs on the host: metrics.jsonl, TensorBoard event files and a progress bar.
 
     writer = logs.RunLogger(workdir, resume_from=k)   # drops lines with iteration > k
     writer.write(record)                             # one JSON line + TensorBoard scalars
-    progress = logs.Progress(total=300, start=k)     # '\r' line on a TTY, else every ~5%
+    progress = logs.Progress(total=300, start=k)     # a tqdm bar on a terminal
 
-Every key of a record is defined in `grpo_jax.metrics.DEFINITIONS`.
+Every key of a record is defined in `grpo_jax.metrics.DEFINITIONS`. TensorBoard files are
+written with tensorboardX's event writer and protos (no TensorFlow needed), synchronously:
+its SummaryWriter hands events to a background thread whose flush() does not wait for
+them, so a killed run could lose the last records TensorBoard should show. A resumed
+session writes a SessionLog START at the first step it logs again, so TensorBoard hides
+what a crashed session logged past the checkpoint (the `purge_step` of SummaryWriter).
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ import sys
 import time
 
 import numpy as np
-
-from grpo_jax import tensorboard
+import tqdm
+from tensorboardX import event_file_writer
+from tensorboardX import summary as tb_summary
+from tensorboardX.proto import event_pb2, summary_pb2
 
 
 def _clean(v):
@@ -48,11 +55,11 @@ def read_jsonl(path: pathlib.Path) -> list[dict]:
 
 
 class RunLogger:
-  """Appends records to workdir/metrics.jsonl and workdir/tb (TensorBoard, no TF needed).
+  """Appends records to workdir/metrics.jsonl and workdir/tb (TensorBoard scalars).
 
   On resume from iteration k, lines with iteration > k (written after the checkpoint the
   run resumes from) are dropped first, and TensorBoard is told to purge steps > k, so
-  every iteration appears once.
+  every iteration appears once. Strings and booleans are not sent to TensorBoard.
   """
 
   def __init__(
@@ -67,19 +74,36 @@ class RunLogger:
     self._f = self.path.open("a")
     self._tb = None
     if tensorboard_dir:
-      purge = None if resume_from is None else resume_from + 1
-      self._tb = tensorboard.SummaryWriter(pathlib.Path(workdir) / "tb", purge_step=purge)
+      tb = pathlib.Path(workdir) / "tb"
+      tb.mkdir(parents=True, exist_ok=True)
+      # Unique and increasing within a second: two sessions never share a file.
+      self._tb = event_file_writer.EventsWriter(str(tb / "events"), f".{time.time_ns()}")
+      if resume_from is not None:  # TensorBoard drops earlier files' steps >= this one.
+        start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+        self._event(step=resume_from + 1, session_log=start)
 
   def write(self, record: dict) -> None:
     self._f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
     self._f.flush()
-    if self._tb is not None:
-      self._tb.scalars({k: v for k, v in record.items() if k != "iteration"}, record["iteration"])
+    if self._tb is None:
+      return
+    values = [
+      tb_summary.scalar(k, float(v)).value[0]
+      for k, v in record.items()
+      if k != "iteration" and not isinstance(v, (str, bool, np.bool_)) and v is not None
+    ]
+    self._event(step=record["iteration"], summary=summary_pb2.Summary(value=values))
+
+  def _event(self, *, step: int, **fields) -> None:
+    self._tb.write_event(event_pb2.Event(wall_time=time.time(), step=step, **fields))
+    self._tb.flush()
 
   def close(self) -> None:
-    self._f.close()
+    if not self._f.closed:
+      self._f.close()
     if self._tb is not None:
       self._tb.close()
+      self._tb = None
 
 
 class NullLogger:
@@ -93,11 +117,9 @@ class NullLogger:
 
 
 class Progress:
-  """One status line: iteration, reward, last eval accuracy, throughput, ETA.
-
-  On a terminal the line is redrawn in place; elsewhere (logs, notebooks, CI) it is
-  printed through `log` about every 5% of the run.
-  """
+  """A tqdm progress bar of the RL iterations, with the latest training reward, held-out
+  accuracy and sampling throughput in its postfix. Quiet when the stream is not a
+  terminal (logs, CI, notebooks: metrics.jsonl has every figure) or when disabled."""
 
   def __init__(
     self,
@@ -106,45 +128,42 @@ class Progress:
     start: int = 0,
     accuracy: float = float("nan"),
     enabled: bool = True,
-    log=print,
     stream=None,
   ):
-    self.total, self.start, self.enabled, self.log = total, start, enabled, log
-    self.stream = stream or sys.stderr
-    self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-    self.every = max(1, total // 20)
-    self.t0 = time.perf_counter()
+    stream = stream or sys.stderr
     self.acc = accuracy  # The latest held-out accuracy, shown until the next evaluation.
-    self._open_line = False
+    tty = bool(getattr(stream, "isatty", lambda: False)())
+    self._bar = None
+    if enabled and tty:
+      self._bar = tqdm.tqdm(
+        total=total, initial=start, file=stream, unit="it", dynamic_ncols=True, leave=True
+      )
 
-  def line(self, it: int, record: dict) -> str:
+  @property
+  def enabled(self) -> bool:
+    return self._bar is not None
+
+  def postfix(self, record: dict) -> dict[str, str]:
+    """The figures shown beside the bar."""
     if "eval/greedy_accuracy" in record:
       self.acc = record["eval/greedy_accuracy"]
-    done = it - self.start
-    rate = (time.perf_counter() - self.t0) / max(done, 1)
-    eta = rate * (self.total - it)
-    return (
-      f"[{it:>{len(str(self.total))}}/{self.total}] reward {record.get('accuracy', float('nan')):.3f}"
-      f"  eval acc {self.acc:.3f}  {record.get('tokens_per_s', 0.0):,.0f} tok/s"
-      f"  {rate:.2f} s/it  ETA {eta:.0f}s"
-    )
+    return {
+      "reward": f"{record.get('accuracy', float('nan')):.3f}",
+      "eval acc": f"{self.acc:.3f}",
+      "tok/s": f"{record.get('tokens_per_s', 0.0):,.0f}",
+    }
 
   def update(self, it: int, record: dict) -> None:
-    if not self.enabled:
+    postfix = self.postfix(record)
+    if self._bar is None:
       return
-    text = self.line(it, record)
-    if self.tty:
-      self.stream.write("\r" + text)
-      self.stream.flush()
-      self._open_line = True
-    elif it % self.every == 0 or it == self.total:
-      self.log(text)
+    self._bar.set_postfix(postfix, refresh=False)
+    self._bar.update(it - self._bar.n)
 
   def close(self) -> None:
-    if self._open_line:
-      self.stream.write("\n")
-      self.stream.flush()
-      self._open_line = False
+    if self._bar is not None:
+      self._bar.close()
+      self._bar = None
 
 
 def _polyline(xs, ys, *, x_range, y_range, box, color) -> str:

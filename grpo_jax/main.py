@@ -31,7 +31,7 @@ import json
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from grpo_jax import distributed, hf, memory, train
+from grpo_jax import config, distributed, hf, memory, steps, train
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Config file[:variant].", lock_config=True
@@ -53,9 +53,9 @@ _COMPILE = flags.DEFINE_bool(
 )
 
 
-def plan(config) -> dict:
+def plan(config_dict) -> dict:
   """`grpo-jax plan`: prints the memory plan; returns its figures."""
-  setup = train.build(config, n_devices=_DEVICES.value)
+  setup = config.build(config_dict, n_devices=_DEVICES.value)
   p = memory.plan_for(setup, n_devices=_DEVICES.value)
   device = memory.device_bytes(_DEVICE.value) if _DEVICE.value else None
   print(memory.describe(p, device_memory=device, name=_DEVICE.value or ""))
@@ -65,7 +65,7 @@ def plan(config) -> dict:
     if not out["fits"]:
       print("Change:\n  - " + "\n  - ".join(memory.advice(p, setup.model_cfg, setup.rl_cfg)))
   if _COMPILE.value:
-    measured = memory.measure(setup, train.functions(setup))
+    measured = memory.measure(setup, steps.functions(setup))
     print(
       f"XLA (compiled here): train step arguments {measured['train_step_arguments'] / 2**30:.3f}"
       f" GiB, temporaries {measured['train_step_temp'] / 2**30:.3f} GiB; sampler "

@@ -160,8 +160,14 @@ _BOX = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])\s*")
 _BARE_BOX_ARG = re.compile(r"[^\s${}]+")
 
 
-def _last_boxed(text: str) -> str | None:
-  """Content of the last complete \\boxed{...}/\\fbox{...}/\\boxed X, else None."""
+def last_boxed(text: str) -> str | None:
+  """Content of the last complete ``\\boxed{...}`` / ``\\fbox{...}`` / ``\\boxed X``, else None.
+
+  Braces are matched and escaped braces (``\\{``, ``\\}``) do not count, so
+  ``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}``; a box whose braces never close is
+  skipped. (Hendrycks et al.'s ``last_boxed_only_string`` and ``remove_boxed``, skipping
+  escaped braces.) `datasets` takes MATH's gold answers with it too.
+  """
   found = None
   for m in _BOX.finditer(text):
     if text.startswith("{", m.end()):
@@ -223,7 +229,7 @@ def extract_answer(text: str, *, answer_tag: str | None = None) -> str | None:
     if body is None:
       return None
     return extract_answer(body) or body.strip() or None
-  boxed = _last_boxed(text)
+  boxed = last_boxed(text)
   if boxed is not None and boxed.strip():
     return boxed.strip()
   hashes = [m[1].strip() for m in _HASHES.finditer(text) if _gsm8k_answer(m[1].strip())]

@@ -387,20 +387,25 @@ def _sampler_bytes(cfg: model.ModelConfig, boxed, *, rules, sizes, rows, prompt_
 
 
 def plan_for(setup, *, n_devices: int | None = None, optimizer=None) -> Plan:
-  """The plan of a trainer `Setup` (train.build) on n_devices (default: this host's)."""
-  from grpo_jax import train  # noqa: PLC0415 -- train imports this module.
-
-  scfg = setup.sampler_cfg
+  """The plan of a `config.Setup` on n_devices (default: this host's), with the run's
+  optimizer (`rl.make_optimizer`) unless another is given."""
+  scfg, loop = setup.sampler_cfg, setup.loop
+  optimizer = optimizer or rl.make_optimizer(
+    lr=loop.learning_rate,
+    warmup_steps=loop.warmup_steps,
+    weight_decay=loop.weight_decay,
+    grad_clip=loop.grad_clip,
+  )
   return plan(
     setup.model_cfg,
     setup.rl_cfg,
     setup.mesh_cfg,
     n_devices=n_devices or jax.device_count(),
-    prompts=setup.loop.prompts_per_step,
+    prompts=loop.prompts_per_step,
     group_size=scfg.group_size,
     prompt_len=max(scfg.prompt_buckets),
     max_new_tokens=scfg.max_new_tokens,
-    optimizer=optimizer or train._optimizer(setup.loop, lr=setup.loop.learning_rate),
+    optimizer=optimizer,
   )
 
 
@@ -472,26 +477,27 @@ def describe(p: Plan, *, device_memory: float | None = None, name: str = "") -> 
 
 
 def measure(setup, fns) -> dict:
-  """XLA's own figures for the trainer's compiled train step and sampler on this host's
-  devices (`compiled.memory_analysis()`, bytes per device): compiles, allocates nothing."""
+  """XLA's own figures for the trainer's compiled update (the scan of train steps over one
+  rollout batch) and sampler on this host's devices (`compiled.memory_analysis()`, bytes per
+  device): compiles, allocates nothing. "train_step_arguments" counts the update's
+  arguments without the rollout batch (the plan's resident params and optimizer state)."""
   loop, scfg, rl_cfg = setup.loop, setup.sampler_cfg, setup.rl_cfg
-  N = loop.prompts_per_step * scfg.group_size
-  n, P, T = N // rl_cfg.num_minibatches, max(scfg.prompt_buckets), scfg.max_new_tokens
+  N, P, T = setup.rollout_rows, max(scfg.prompt_buckets), scfg.max_new_tokens
   sd = jax.ShapeDtypeStruct
   state = jax.eval_shape(
     lambda k: rl.init_state(model.init(setup.model_cfg, k), fns.optimizer), jax.random.key(0)
   )
-  mb = abstract_minibatch(n, P, T)
+  batch = abstract_minibatch(N, P, T)
+  key = jax.eval_shape(lambda: jax.random.key(0))
   B = loop.prompts_per_step
   prompts = sampling.Prompts(tokens_BP=sd((B, P), jnp.int32), mask_BP=sd((B, P), jnp.bool_))
   with fns.layout.context():
-    step = fns.train_step.jitted.lower(state, mb, jax.eval_shape(rl_cfg.step_hyper)).compile()
-    sample = fns.sample.jitted.lower(
-      state.params, prompts, jax.eval_shape(lambda: jax.random.key(0)), setup.sampling_hyper
-    ).compile()
-  a, b = step.memory_analysis(), sample.memory_analysis()
+    update = fns.update.jitted.lower(state, batch, key, jax.eval_shape(rl_cfg.step_hyper))
+    sample = fns.sample.jitted.lower(state.params, prompts, key, setup.sampling_hyper)
+  a, b = update.compile().memory_analysis(), sample.compile().memory_analysis()
+  batch_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(batch))
   return {
-    "train_step_arguments": a.argument_size_in_bytes,
+    "train_step_arguments": a.argument_size_in_bytes - batch_bytes // fns.layout.batch_size_divisor,
     "train_step_temp": a.temp_size_in_bytes,
     "sample_temp": b.temp_size_in_bytes,
   }

@@ -1,13 +1,20 @@
-"""One definition per metric name. Every metric the RL step emits is defined here.
+"""One definition per metric name: every key in metrics.jsonl and TensorBoard, one table.
 
 Notation: m the loss mask (completion tokens that survive the token masks), v the valid
 completion mask, A the token advantage, ā_i its row mean, ρ the policy ratio, w the
 aggregation weights, π_θ the current policy, π_old the rollout policy, π_ref the
 reference. "mean over tokens" = Σ m·x / Σ m over the mini-batch (step metrics) or the
-rollout batch (rollout metrics). Names with `<x>` are patterns.
+rollout batch (rollout metrics).
+
+Names are patterns: `<x>` stands for one path segment, `<x...>` for one or more
+(`kl_ref/k3` matches `kl_ref/<estimator>`, `eval/pass@4` matches `eval/pass@<k>`).
+`definition(name)` resolves a concrete key. This module imports nothing: a notebook or a
+plotting script can read the definitions without jax.
 """
 
 from __future__ import annotations
+
+import re
 
 DEFINITIONS = {
   # --- train_step, per mini-batch --------------------------------------------------
@@ -71,25 +78,101 @@ DEFINITIONS = {
   "eval/reward_errors": "Held-out reward calls that raised, returned non-finite or timed out.",
   "eval/pass@<k>": "Unbiased pass@k (Chen et al. 2021) from eval_samples samples per held-out problem.",
   "eval/mean@<k>": "Mean correctness over the k = eval_samples samples per held-out problem.",
+  # --- token-credit diagnostics (config.diagnostics; `diagnostics.hook`) -------------
+  # flips.flip_report (pol: pos ā>0 | neg ā<0 | all; cat: reasoning | template | all).
+  "flip/<pol>/<cat>/boosted": "Fraction of the (polarity, category) probe tokens with Δlog π > τ.",
+  "flip/<pol>/<cat>/suppressed": "Fraction of the (polarity, category) probe tokens with Δlog π < −τ.",
+  "flip/<pol>/<cat>/unchanged": "Fraction of the (polarity, category) probe tokens with |Δlog π| <= τ.",
+  "flip/<pol>/<cat>/count": "Number of valid probe tokens in the (polarity, category) cell.",
+  "flip/<pol>/<cat>/abs_delta_share": "Σ|Δlog π| over the category / Σ|Δlog π| over all tokens of the polarity.",
+  # coupling.coupling_report.
+  "coupling/fit/<stat>": "Fit of the LM-head SGD first-order prediction η Σ_n c_n K_sn to the measured Δlog π "
+  "(corr, slope and intercept of measured on predicted, r2, rel_err = ‖pred − meas‖/‖meas‖).",
+  "coupling/self_fit/<stat>": "The same fit for the self term η c_s K_ss alone.",
+  "coupling/head_update_fit/<stat>": "The same fit for the first-order effect of the actual LM-head change δW.",
+  "coupling/self_abs_mean": "Mean over target tokens of |η c_s K_ss|.",
+  "coupling/coupling_abs_mean": "Mean over target tokens of |η Σ_{n≠s} c_n K_sn|.",
+  "coupling/self_share": "Σ|self| / (Σ|self| + Σ|coupling|) over target tokens.",
+  "coupling/self_sign_agree": "Fraction of target tokens whose measured Δ has the sign of their self term.",
+  "coupling/<kind>/abs_share": "Share of Σ_{s≠n}|η c_n K_sn| from pairs of the kind (same_id | diff_id).",
+  "coupling/<kind>/mean_k": "Mean LM-head kernel K_sn over non-self pairs of the kind.",
+  "coupling/<kind>/pairs": "Number of non-self (target, source) pairs of the kind.",
+  "coupling/<kind>/<tbin>/<sbin>/abs_share": "Share of coupling mass from pairs of the kind with target π(y) in "
+  "tbin and source π(y) in sbin.",
+  "coupling/<kind>/<tbin>/<sbin>/mean_k": "Mean K_sn over those pairs.",
+  # cancellation.residual_report (also cancel/<mode>/... from compare_aggregations).
+  "cancel/net": "Σ_v r_v = Σ_{i,t} w·A over loss tokens.",
+  "cancel/abs_residual": "Σ_v |r_v|, r_v = Σ_{i,t: o=v} w·A: credit left after batch-level cancellation.",
+  "cancel/gross": "Σ_v Σ_{o=v} |w·A|: the credit before cancellation.",
+  "cancel/residual_ratio": "cancel/abs_residual / cancel/gross.",
+  "cancel/group_abs_residual": "Σ_g Σ_v |r_{g,v}|: credit left after within-group cancellation.",
+  "cancel/group_residual_ratio": "cancel/group_abs_residual / cancel/gross.",
+  "cancel/top<j>/id": "Token id with the j-th largest |r_v| (j = 0 largest).",
+  "cancel/top<j>/residual": "Its residual r_v.",
+  "cancel/top<j>/count": "Its number of occurrences among loss tokens.",
+  "cancel/band<b>/abs_residual_share": "Σ|r_v| over frequency band b (0 = most frequent ids) / Σ_v |r_v|.",
+  "cancel/band<b>/residual_ratio": "Σ|r_v| / Σ gross over the ids of band b.",
+  "cancel/band<b>/num_ids": "Number of token ids in band b.",
+  "cancel/band<b>/min_count": "Smallest occurrence count in band b.",
+  "cancel/band<b>/max_count": "Largest occurrence count in band b.",
+  "cancel/<cat>/abs_residual_share": "Σ|r_v| over the ids of the category / Σ_v |r_v|.",
+  "cancel/<cat>/residual_ratio": "Σ|r_v| / Σ gross over the ids of the category.",
+  # drift.
+  "drift/solution_logp_token": "Mean log π per token of the fixed reference solutions.",
+  "drift/solution_logp_seq": "Mean over reference solutions of log π(o | q).",
+  "drift/entropy": "Mean entropy of π_θ over valid probe tokens.",
+  "drift/kl_init": "Mean exact KL(π_θ ‖ π_init) over the vocabulary at the probe contexts.",
+  "drift/kl_init_k3": "Mean k3 estimate of KL(π_θ ‖ π_init) at the probe tokens (biased: not π_θ's samples).",
+  "drift/length_slope": "Least-squares slope of response length per iteration over the trend window.",
+  "tax/learning_tax": "Σ_{v weak} ‖δW[:, v]‖² / ‖δW‖² of the actual LM-head change (weak: frequent ids "
+  "whose credit cancels, |r_v| <= ε·gross_v).",
+  "tax/learning_tax_sgd": "The same for the LM-head SGD step η Σ c h (e_y − π)^T.",
+  "tax/weak_ids": "Number of weak-credit token ids.",
+  # rank / sparsity.
+  "rank/<matrix...>/<metric>": "entropy_rank, stable_rank, energy_rank_<q>, sigma_max, fro of a named matrix "
+  "(the name may hold '/', e.g. a parameter path).",
+  "sparsity/hoyer": "Hoyer sparsity (√n − ‖g‖₁/‖g‖₂)/(√n − 1) of the gradient.",
+  "sparsity/near_zero": "Fraction of gradient coordinates with |g| <= ε·max|g|.",
+  "sparsity/zero_var_groups": "Fraction of groups whose rewards are all equal.",
+  "sparsity/minibatch_grad_var": "tr Cov of the mean per-rollout gradient (rank subset, projected) "
+  "over mini-batches of half the probe's rollouts drawn without replacement (exact: "
+  "(U − m)/(m(U − 1)) · mean ‖g_i − ḡ‖²).",
+  "sparsity/minibatch_grad_snr": "‖ḡ‖² / sparsity/minibatch_grad_var: the half-size mini-batch "
+  "gradient's signal-to-noise ratio on the probe.",
+  # value.value_by_flip.
+  "value/<pol>/<state>/value": "Mean MC value V(q, o_<=t) at tokens of the polarity and flip state.",
+  "value/<pol>/<state>/gain": "Mean V(q, o_<=t) − V(q, o_<t) at those tokens.",
+  "value/<pol>/<state>/count": "Number of those tokens.",
+  "value/<pol>/value_gap": "Mean value at boosted − at suppressed tokens.",
+  "value/<pol>/gain_gap": "Mean gain at boosted − at suppressed tokens.",
 }
 
-_PREFIXES = {name.split("<")[0]: name for name in DEFINITIONS if "<" in name}
-# First path segments of the token-credit diagnostics' keys (config.diagnostics), defined
-# in grpo_jax.diagnostics.report.DEFINITIONS.
+# First path segments of the token-credit diagnostics' keys (the section above).
 DIAGNOSTICS_ROOTS = ("flip", "coupling", "cancel", "drift", "tax", "rank", "sparsity", "value")
 
 
+def _pattern(name: str) -> re.Pattern:
+  parts = re.split(r"(<[^>]+>)", name)
+  body = "".join(
+    (".+" if p.endswith("...>") else "[^/]+") if p.startswith("<") else re.escape(p) for p in parts
+  )
+  return re.compile(body)
+
+
+_PATTERNS = [(_pattern(k), k) for k in DEFINITIONS]
+
+
 def definition(name: str) -> str:
-  """The definition of a metric name (`kl_ref/k3` resolves to `kl_ref/<estimator>`,
-  `eval/pass@4` to `eval/pass@<k>`); diagnostics keys (`flip/...`, `coupling/...`, ...)
-  resolve through `grpo_jax.diagnostics.report.definition`."""
+  """The definition of a concrete metric key. Exact names first, then patterns;
+  "cancel/<mode>/..." rows of `cancellation.compare_aggregations` resolve to their
+  "cancel/..." pattern."""
   if name in DEFINITIONS:
     return DEFINITIONS[name]
-  for prefix, pattern in _PREFIXES.items():
-    if name.startswith(prefix) and len(name) > len(prefix) and "/" not in name[len(prefix) :]:
-      return DEFINITIONS[pattern]
-  if name.split("/")[0] in DIAGNOSTICS_ROOTS:
-    from grpo_jax.diagnostics import report  # noqa: PLC0415 (lazy: this module stays jax-free)
-
-    return report.definition(name)
+  candidates = [name]
+  if m := re.match(r"^cancel/([^/]+)/(.+)$", name):
+    candidates.append(f"cancel/{m.group(2)}")
+  for cand in candidates:
+    for pat, key in _PATTERNS:
+      if pat.fullmatch(cand):
+        return DEFINITIONS[key]
   raise KeyError(f"Metric {name!r} has no definition in grpo_jax.metrics.DEFINITIONS.")

@@ -1,8 +1,10 @@
-"""The RL objective as function composition, and one jitted `train_step`.
+"""The RL objective as function composition, and the jitted update of one rollout batch.
 
-    rollouts, rewards --prepare--> RolloutBatch (old/ref log-probs, A[B,T], loss mask)
-                     --planner--> idx[epochs, minibatches, rows]
-    for each mini-batch: train_step(state, gather(batch, idx), hyper) -> (state, metrics)
+    rollouts --rollout_logprobs--> PolicyLogProbs (old/ref log-probs, entropy, score norms)
+    + scores --finish_prepare----> RolloutBatch (A[N, T], loss mask):
+               shaped_rewards -> compute_advantages -> loss_mask -> prepare_metrics
+    RolloutBatch --update--------> one lax.scan over the planner's idx[epochs × minibatches]:
+               train_step = aggregation weights -> accumulate_gradients -> apply_if_finite
 
 Which advantage estimator, token masks, policy loss, KL estimator, aggregation mode and
 planner run is decided by name in `RLConfig` (the config edge), through the registries of
@@ -15,7 +17,12 @@ Per-token objective of a mini-batch (w from the aggregation mode, over the mini-
     J = Σ_{i,t} w_{i,t} · [ ℓ^pg_{i,t} + β·kl_{i,t}·1(kl_in = "loss") - c_H·H_{i,t} ]
 
 Gradient accumulation: w is computed over the whole mini-batch first, then Σ w·ℓ is
-summed over `micro_batches` slices in a `lax.scan`, so the gradient equals the unsplit one.
+summed over `micro_batches` strided slices (micro-batch k holds rows k, k + K, k + 2K, ...,
+so every slice stays spread over the data-parallel devices) in a `lax.scan`, so the
+gradient equals the unsplit one.
+
+The optimizer (`make_optimizer`) is global-norm clipping, then AdamW with an optional
+linear warmup; the trainer, the warm start and the memory plan all build it here.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 import flax
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,11 +45,11 @@ from grpo_jax import (
   config_lib,
   controllers,
   groups,
+  logprobs,
   losses,
   masks,
   planners,
   reward_transforms,
-  sampling,
 )
 
 KL_PLACEMENTS = ("loss", "reward")
@@ -240,6 +248,18 @@ def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params))
 
 
+def make_optimizer(
+  *, lr: float, warmup_steps: int = 0, weight_decay: float = 0.0, grad_clip: float = 1.0
+) -> optax.GradientTransformation:
+  """Global-norm clipping (off when grad_clip = 0), then AdamW (β = 0.9, 0.99) whose
+  learning rate ramps linearly from 0 to `lr` over `warmup_steps` (0: constant)."""
+  schedule = optax.linear_schedule(0.0, lr, warmup_steps) if warmup_steps else lr
+  return optax.chain(
+    optax.clip_by_global_norm(grad_clip) if grad_clip > 0 else optax.identity(),
+    optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=weight_decay),
+  )
+
+
 # ----------------------------------------------------------------------------
 # Prepare: rollouts + rewards -> RolloutBatch (once per rollout batch).
 # ----------------------------------------------------------------------------
@@ -257,7 +277,7 @@ class PolicyLogProbs:
   kl_NT: jax.Array  # The configured estimator of KL(π_old ‖ π_ref) per token, masked.
 
 
-def rollout_logprobs(params, ref_params, rollouts: sampling.Rollouts, *, cfg: RLConfig, model_fn):
+def rollout_logprobs(params, ref_params, rollouts, *, cfg: RLConfig, model_fn):
   """Old and reference log-probs, entropy and score norms of a rollout batch.
 
   score_sq_i = Σ_t ‖e_{y_t} − π_t‖² = Σ_t (1 − 2 π_t(y_t) + Σ_v π_t(v)²), the per-sequence
@@ -265,7 +285,7 @@ def rollout_logprobs(params, ref_params, rollouts: sampling.Rollouts, *, cfg: RL
   """
   mask_NT = rollouts.mask_NT
   logp = functools.partial(
-    sampling.completion_logprobs,
+    logprobs.completion_logprobs,
     prompt_tokens_NP=rollouts.prompt_tokens_NP,
     prompt_mask_NP=rollouts.prompt_mask_NP,
     tokens_NT=rollouts.tokens_NT,
@@ -294,90 +314,100 @@ def rollout_logprobs(params, ref_params, rollouts: sampling.Rollouts, *, cfg: RL
   )
 
 
-def finish_prepare(
-  lp: PolicyLogProbs,
-  rollouts: sampling.Rollouts,
-  correct_B,
-  format_B,
-  hyper: PrepareHyper,
-  *,
-  cfg: RLConfig,
-):
-  """Shaped rewards, advantages and the loss mask, given the batch's log-probs.
-
-  Returns (RolloutBatch, shaped rewards_N, metrics).
-  """
-  mask_NT = rollouts.mask_NT
-  rewards_N = reward_transforms.shape_rewards(
-    correct_B,
-    format_B,
+def shaped_rewards(rollouts, correct_N, format_N, hyper: PrepareHyper, *, cfg: RLConfig):
+  """r_i = c_i + w_fmt·f_i + overlong penalty, truncation policy applied
+  (`reward_transforms.shape_rewards`)."""
+  return reward_transforms.shape_rewards(
+    correct_N,
+    format_N,
     rollouts.length_N,
     rollouts.truncated_N,
     hyper.reward,
     truncation=cfg.truncation,
   )
-  adv_rewards_N = rewards_N
+
+
+def compute_advantages(lp: PolicyLogProbs, rollouts, rewards_N, hyper: PrepareHyper, *, cfg):
+  """A[N, T] from the configured estimator. With the KL folded into the reward
+  (kl_in = "reward"), sequence estimators see r_i − β Σ_t kl_t; REINFORCE++ folds kl_t
+  per token itself."""
   if cfg.kl_in == "reward" and cfg.advantage != "reinforce_pp":
-    # Sequence estimators see r_i - β Σ_t kl_t; REINFORCE++ folds kl_t per token itself.
-    adv_rewards_N = rewards_N - hyper.adv.kl_coef * jnp.sum(lp.kl_NT, axis=1)
+    rewards_N = rewards_N - hyper.adv.kl_coef * jnp.sum(lp.kl_NT, axis=1)
   adv_fn = advantages.get(cfg.advantage, **config_lib.to_dict(cfg.advantage_options))
-  adv_NT = adv_fn(
-    advantages.AdvantageInputs(
-      rewards_B=adv_rewards_N,
-      group_ids_B=rollouts.group_ids_N,
-      mask_BT=mask_NT,
-      kl_BT=lp.kl_NT,
-      score_sq_B=lp.score_sq_N,
-    ),
-    hyper.adv,
+  inputs = advantages.AdvantageInputs(
+    rewards_B=rewards_N,
+    group_ids_B=rollouts.group_ids_N,
+    mask_BT=rollouts.mask_NT,
+    kl_BT=lp.kl_NT,
+    score_sq_B=lp.score_sq_N,
   )
-  loss_mask_NT, mask_stats = masks.apply(
-    cfg.mask_fns(),
-    masks.MaskInputs(
-      adv_BT=adv_NT,
-      mask_BT=mask_NT,
-      old_logp_BT=lp.old_logp_NT,
-      entropy_BT=lp.entropy_NT,
-      tokens_BT=rollouts.tokens_NT,
-      group_ids_B=rollouts.group_ids_N,
-      truncated_B=rollouts.truncated_N,
-    ),
-    hyper.mask,
+  return adv_fn(inputs, hyper.adv)
+
+
+def loss_mask(lp: PolicyLogProbs, rollouts, adv_NT, hyper: PrepareHyper, *, cfg: RLConfig):
+  """(valid completion tokens AND every configured token mask, per-mask statistics)."""
+  inputs = masks.MaskInputs(
+    adv_BT=adv_NT,
+    mask_BT=rollouts.mask_NT,
+    old_logp_BT=lp.old_logp_NT,
+    entropy_BT=lp.entropy_NT,
+    tokens_BT=rollouts.tokens_NT,
+    group_ids_B=rollouts.group_ids_N,
+    truncated_B=rollouts.truncated_N,
   )
+  return masks.apply(cfg.mask_fns(), inputs, hyper.mask)
+
+
+def prepare_metrics(lp: PolicyLogProbs, rollouts, adv_NT, rewards_N, correct_N, *, cfg):
+  """The rollout batch's metrics (`metrics.DEFINITIONS`, "prepare" section)."""
+  m_NT = rollouts.mask_NT.astype(jnp.float32)
+  n_tok = jnp.maximum(jnp.sum(m_NT), 1.0)
+  correct_N = jnp.asarray(correct_N, jnp.float32)
+  out = {
+    **advantages.advantage_stats(
+      adv_NT, rollouts.mask_NT, rewards_N, correct_N, rollouts.group_ids_N
+    ),
+    "response_length": jnp.mean(rollouts.length_N.astype(jnp.float32)),
+    "truncated_frac": jnp.mean(rollouts.truncated_N.astype(jnp.float32)),
+  }
+  if cfg.recompute_old_logp:
+    out["rollout_entropy"] = jnp.sum(lp.entropy_NT * m_NT) / n_tok
+  if cfg.use_ref:
+    out[f"rollout_kl_ref/{cfg.kl_estimator}"] = jnp.sum(lp.kl_NT) / n_tok
+  return out
+
+
+def finish_prepare(
+  lp: PolicyLogProbs, rollouts, correct_N, format_N, hyper: PrepareHyper, *, cfg: RLConfig
+):
+  """Shaped rewards, advantages, the loss mask and the batch's metrics, given its log-probs.
+
+  Returns (RolloutBatch, shaped rewards_N, metrics).
+  """
+  rewards_N = shaped_rewards(rollouts, correct_N, format_N, hyper, cfg=cfg)
+  adv_NT = compute_advantages(lp, rollouts, rewards_N, hyper, cfg=cfg)
+  loss_mask_NT, mask_stats = loss_mask(lp, rollouts, adv_NT, hyper, cfg=cfg)
   batch = RolloutBatch(
     prompt_tokens_NP=rollouts.prompt_tokens_NP,
     prompt_mask_NP=rollouts.prompt_mask_NP,
     tokens_NT=rollouts.tokens_NT,
-    mask_NT=mask_NT,
+    mask_NT=rollouts.mask_NT,
     loss_mask_NT=loss_mask_NT,
     adv_NT=adv_NT,
     old_logp_NT=lp.old_logp_NT,
     ref_logp_NT=lp.ref_logp_NT,
     group_ids_N=rollouts.group_ids_N,
   )
-  m_NT = mask_NT.astype(jnp.float32)
-  n_tok = jnp.maximum(jnp.sum(m_NT), 1.0)
-  metrics = {
-    **advantages.advantage_stats(
-      adv_NT, mask_NT, rewards_N, jnp.asarray(correct_B, jnp.float32), rollouts.group_ids_N
-    ),
-    **mask_stats,
-    "response_length": jnp.mean(rollouts.length_N.astype(jnp.float32)),
-    "truncated_frac": jnp.mean(rollouts.truncated_N.astype(jnp.float32)),
-  }
-  if cfg.recompute_old_logp:
-    metrics["rollout_entropy"] = jnp.sum(lp.entropy_NT * m_NT) / n_tok
-  if cfg.use_ref:
-    metrics[f"rollout_kl_ref/{cfg.kl_estimator}"] = jnp.sum(lp.kl_NT) / n_tok
-  return batch, rewards_N, metrics
+  metrics = prepare_metrics(lp, rollouts, adv_NT, rewards_N, correct_N, cfg=cfg)
+  return batch, rewards_N, {**metrics, **mask_stats}
 
 
 def prepare(
   params,
   ref_params,
-  rollouts: sampling.Rollouts,
-  correct_B,
-  format_B,
+  rollouts,
+  correct_N,
+  format_N,
   hyper: PrepareHyper,
   *,
   cfg: RLConfig,
@@ -389,12 +419,12 @@ def prepare(
   Returns (RolloutBatch, shaped rewards_N, metrics). Pure and jittable (`make_prepare`).
   """
   lp = rollout_logprobs(params, ref_params, rollouts, cfg=cfg, model_fn=model_fn)
-  return finish_prepare(lp, rollouts, correct_B, format_B, hyper, cfg=cfg)
+  return finish_prepare(lp, rollouts, correct_N, format_N, hyper, cfg=cfg)
 
 
 def make_prepare(cfg: RLConfig, model_fn: Callable):
   """jit(prepare) with the config and model bound: fn(params, ref_params, rollouts,
-  correct_B, format_B, hyper) -> (RolloutBatch, rewards_N, metrics)."""
+  correct_N, format_N, hyper) -> (RolloutBatch, rewards_N, metrics)."""
   return jax.jit(functools.partial(prepare, cfg=cfg, model_fn=model_fn))
 
 
@@ -405,7 +435,7 @@ def make_prepare(cfg: RLConfig, model_fn: Callable):
 
 def token_terms(params, mb: RolloutBatch, hyper: StepHyper, *, cfg: RLConfig, model_fn):
   """Per-token objective terms of a (micro-)batch: (total ℓ_NT, dict of per-token arrays)."""
-  logp_NT, stats = sampling.completion_logprobs(
+  logp_NT, stats = logprobs.completion_logprobs(
     params,
     mb.prompt_tokens_NP,
     mb.prompt_mask_NP,
@@ -470,7 +500,63 @@ def _metrics_from_sums(s, *, cfg: RLConfig):
 
 
 def _split(x, k):
-  return x.reshape(k, x.shape[0] // k, *x.shape[1:])
+  """[b, ...] -> [k, b/k, ...], slice j holding rows j, j + k, j + 2k, ... (strided: each
+  slice keeps the rows' split over the data-parallel devices)."""
+  return x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)
+
+
+def _unsplit(x):
+  """The inverse of `_split`: [k, b/k, ...] -> [b, ...] in the original row order."""
+  return x.swapaxes(0, 1).reshape(-1, *x.shape[2:])
+
+
+def _rows_constraint(tree):
+  """Rows over the data-parallel axes (the rules' "activation_batch"); a no-op outside a
+  mesh context."""
+  return jax.tree.map(
+    lambda x: nn.with_logical_constraint(x, ("activation_batch",) + (None,) * (x.ndim - 1)), tree
+  )
+
+
+def accumulate_gradients(
+  params, mb: RolloutBatch, w_NT, hyper: StepHyper, *, cfg: RLConfig, model_fn, token_outputs
+):
+  """(Σ_k ∇ Σ_{(i,t)∈micro-batch k} w·ℓ, additive metric sums, per-token outputs) over
+  `cfg.micro_batches` strided slices of the mini-batch, in a `lax.scan`. The weights w are
+  the whole mini-batch's, so the sum equals the unsplit gradient."""
+  K = cfg.micro_batches
+
+  def micro_loss(params, micro):
+    mbk, wk = micro
+    total_NT, terms = token_terms(params, mbk, hyper, cfg=cfg, model_fn=model_fn)
+    return jnp.sum(wk * total_NT), (terms, _sums(terms, mbk, wk))
+
+  grad_fn = jax.grad(micro_loss, has_aux=True)
+  keep = ("loss", "ratio", "clip_high", "clip_low", "dual_clip") if token_outputs else ()
+
+  def body(acc, micro):
+    grads, (terms, sums) = grad_fn(params, _rows_constraint(micro))
+    return jax.tree.map(jnp.add, acc, (grads, sums)), {k: terms[k] for k in keep}
+
+  micro = jax.tree.map(functools.partial(_split, k=K), (mb, w_NT))
+  # The accumulator starts at zeros shaped like one micro-batch's (grads, sums).
+  grads_shape, (_, sums_shape) = jax.eval_shape(
+    grad_fn, params, jax.tree.map(lambda x: x[0], micro)
+  )
+  zeros = jax.tree.map(jnp.zeros_like, (grads_shape, sums_shape))
+  (grads, sums), tok = jax.lax.scan(body, zeros, micro)
+  return grads, sums, jax.tree.map(_unsplit, tok)
+
+
+def apply_if_finite(state: TrainState, grads, finite, optimizer: optax.GradientTransformation):
+  """The optimizer's update where `finite`, else params and optimizer state unchanged;
+  state.step advances either way."""
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  params, opt_state = jax.tree.map(
+    lambda a, b: jnp.where(finite, a, b), (params, opt_state), (state.params, state.opt_state)
+  )
+  return TrainState(step=state.step + 1, params=params, opt_state=opt_state)
 
 
 def train_step(
@@ -485,55 +571,27 @@ def train_step(
 ):
   """One optimizer step on one mini-batch: (state, metrics).
 
-  w = aggregation(mini-batch); grads = Σ_k ∇ Σ_{(i,t)∈micro-batch k} w·ℓ, accumulated in a
-  scan over `cfg.micro_batches` slices. With `token_outputs`, metrics["tokens"] holds the
-  per-token loss, weight, ratio and clip flags of the mini-batch ([N, T] each).
+  w = aggregation(mini-batch); grads = `accumulate_gradients`; `apply_if_finite`. With
+  `token_outputs`, metrics["tokens"] holds the per-token loss, weight, ratio and clip
+  flags of the mini-batch ([N, T] each).
 
-  A step whose loss or gradient norm is not finite leaves params and optimizer state
-  unchanged (state.step still advances) and reports metrics["nonfinite"] = 1; the
-  trainer counts these and stops after `max_nonfinite_steps` in a row.
+  Non-finite guard: a step whose loss or gradient norm is not finite leaves params and
+  optimizer state unchanged (state.step still advances) and reports metrics["nonfinite"]
+  = 1; the trainer counts these and stops after `max_nonfinite_steps` in a row.
   """
   w_NT = aggregation.get(cfg.aggregation)(
     mb.loss_mask_NT, mb.group_ids_N, mb.adv_NT, max_len=cfg.max_len or None
   )
-  K = cfg.micro_batches
-
-  def micro_loss(params, micro):
-    mbk, wk = micro
-    total_NT, terms = token_terms(params, mbk, hyper, cfg=cfg, model_fn=model_fn)
-    return jnp.sum(wk * total_NT), (terms, _sums(terms, mbk, wk))
-
-  grad_fn = jax.grad(micro_loss, has_aux=True)
-
-  def body(acc, micro):
-    grads, (terms, sums) = grad_fn(state.params, micro)
-    acc = jax.tree.map(jnp.add, acc, (grads, sums))
-    keep = ("loss", "ratio", "clip_high", "clip_low", "dual_clip") if token_outputs else ()
-    return acc, {k: terms[k] for k in keep}
-
-  micro = jax.tree.map(functools.partial(_split, k=K), (mb, w_NT))
-  # The accumulator starts at zeros shaped like one micro-batch's (grads, sums).
-  grads_shape, (_, sums_shape) = jax.eval_shape(
-    grad_fn, state.params, jax.tree.map(lambda x: x[0], micro)
+  grads, sums, tok = accumulate_gradients(
+    state.params, mb, w_NT, hyper, cfg=cfg, model_fn=model_fn, token_outputs=token_outputs
   )
-  zeros = jax.tree.map(jnp.zeros_like, (grads_shape, sums_shape))
-  (grads, sums), tok = jax.lax.scan(body, zeros, micro)
-  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
   metrics = _metrics_from_sums(sums, cfg=cfg)
   metrics["grad_norm"] = optax.tree.norm(grads)
-  # Non-finite guard: a step whose loss or gradient is not finite is not applied.
   finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(metrics["grad_norm"])
-  params, opt_state = jax.tree.map(
-    lambda a, b: jnp.where(finite, a, b), (params, opt_state), (state.params, state.opt_state)
-  )
   metrics["nonfinite"] = 1.0 - finite.astype(jnp.float32)
   if token_outputs:
-    metrics["tokens"] = {
-      "weight": w_NT,
-      **{k: v.reshape(-1, *v.shape[2:]) for k, v in tok.items()},
-    }
-  return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    metrics["tokens"] = {"weight": w_NT, **tok}
+  return apply_if_finite(state, grads, finite, optimizer), metrics
 
 
 def make_train_step(
@@ -551,32 +609,14 @@ def make_train_step(
   return jax.jit(fn, donate_argnums=(0,) if donate else ())
 
 
-@jax.jit
 def gather(batch: RolloutBatch, idx_b) -> RolloutBatch:
-  """The rows idx_b of a rollout batch, on device."""
+  """The rows idx_b of a rollout batch (jittable; on device)."""
   return jax.tree.map(lambda x: jnp.take(x, idx_b, axis=0), batch)
 
 
 # ----------------------------------------------------------------------------
-# Host side: validation and the update phase of one rollout batch.
+# The update phase of one rollout batch: plan, then a scan of train steps.
 # ----------------------------------------------------------------------------
-
-
-def validate_batch(cfg: RLConfig, *, rewards_N, group_ids_N, group_size: int) -> None:
-  """Bad input fails here with a clear message: NaN rewards (row index), group sizes that
-  do not match the batch, and mini-batch counts the planner cannot honour."""
-  groups.validate_rewards(rewards_N)
-  groups.validate_group_ids(np.asarray(group_ids_N), group_size=group_size)
-  n = len(rewards_N)
-  if n % cfg.num_minibatches:
-    raise ValueError(
-      f"rl.num_minibatches={cfg.num_minibatches} does not divide the rollout batch of {n} rows."
-    )
-  if (n // cfg.num_minibatches) % cfg.micro_batches:
-    raise ValueError(
-      f"rl.micro_batches={cfg.micro_batches} does not divide the mini-batch of "
-      f"{n // cfg.num_minibatches} rows."
-    )
 
 
 def make_plan_fn(cfg: RLConfig, *, batch_size: int, group_size: int):
@@ -598,20 +638,59 @@ def update(
   key: jax.Array,
   hyper: StepHyper,
   *,
+  cfg: RLConfig,
+  model_fn: Callable,
+  optimizer: optax.GradientTransformation,
   plan_fn: Callable,
-  step_fn: Callable,
 ):
-  """Runs ppo_epochs × num_minibatches train steps over one rollout batch.
+  """ppo_epochs × num_minibatches train steps over one rollout batch, as one `lax.scan`.
 
-  plan_fn(key, group_ids_N, adv_N, lengths_N) -> idx [E, M, b]. Returns (state, idx_EMb,
-  the list of per-step metric dicts).
+  plan_fn(key, group_ids_N, adv_N, lengths_N) -> idx [E, M, b] (`make_plan_fn`); step s =
+  e·M + m trains on rows idx[e, m]. Pure and jittable. Returns (state, idx_EMb, metrics)
+  where every metric is stacked over the E·M steps ([E·M] arrays, step order).
   """
   adv_N = advantages.sequence_advantage(batch.adv_NT, batch.mask_NT)
   lengths_N = jnp.sum(batch.mask_NT, axis=1, dtype=jnp.int32)
   idx_EMb = plan_fn(key, batch.group_ids_N, adv_N, lengths_N)
-  history = []
-  for e in range(idx_EMb.shape[0]):
-    for m in range(idx_EMb.shape[1]):
-      state, metrics = step_fn(state, gather(batch, idx_EMb[e, m]), hyper)
-      history.append(metrics)
-  return state, idx_EMb, history
+  E, M, b = idx_EMb.shape
+
+  def step(state, idx_b):
+    mb = _rows_constraint(gather(batch, idx_b))
+    return train_step(state, mb, hyper, cfg=cfg, model_fn=model_fn, optimizer=optimizer)
+
+  state, metrics_S = jax.lax.scan(step, state, idx_EMb.reshape(E * M, b))
+  return state, idx_EMb, metrics_S
+
+
+def make_update(
+  cfg: RLConfig,
+  model_fn: Callable,
+  optimizer: optax.GradientTransformation,
+  *,
+  batch_size: int,
+  group_size: int,
+  donate: bool = True,
+):
+  """jit(update) with the planner for this batch shape bound: fn(state, batch, key, hyper)
+  -> (state, idx_EMb, stacked metrics)."""
+  fn = functools.partial(
+    update,
+    cfg=cfg,
+    model_fn=model_fn,
+    optimizer=optimizer,
+    plan_fn=make_plan_fn(cfg, batch_size=batch_size, group_size=group_size),
+  )
+  return jax.jit(fn, donate_argnums=(0,) if donate else ())
+
+
+# ----------------------------------------------------------------------------
+# Host side: per-iteration checks of what the device cannot check.
+# ----------------------------------------------------------------------------
+
+
+def validate_batch(*, rewards_N, group_ids_N, group_size: int) -> None:
+  """Bad scores fail here with a clear message: NaN rewards (row index) and group ids that
+  do not match the group size. (Batch and mini-batch shapes are checked once, by
+  `config.build`.)"""
+  groups.validate_rewards(rewards_N)
+  groups.validate_group_ids(np.asarray(group_ids_N), group_size=group_size)

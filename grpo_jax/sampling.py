@@ -1,5 +1,8 @@
 """Jitted KV-cache group sampler: prompts -> G completions per prompt with log-probs.
 
+Decoding only; the teacher-forced log-probs of given completions (the loss side) are in
+`logprobs`.
+
   sample_fn = sampling.make_sample_fn(model_fn=..., init_cache=..., cfg=SamplerConfig(...))
   rollouts = sample_fn(params, prompts, key, hyper)
 
@@ -8,9 +11,9 @@ cache)`` (``model.make_model_fn``, or a fake in tests) and ``init_cache(batch, l
 returns a cache with a ``repeat(n)`` method. Position ids skip padding; padding is -1.
 
 Algorithm (static shapes, one compile per prompt-length bucket):
-  1. Prefill the left-padded prompts minus their last token into the cache, once per
-     prompt (B rows, not B*G), then ``cache.repeat(G)`` broadcasts it to the group rows.
-  2. A ``lax.while_loop`` feeds one token per row per step (the last prompt token first),
+  1. ``prefill``: the left-padded prompts minus their last token go into the cache, once
+     per prompt (B rows, not B*G), then ``cache.repeat(G)`` broadcasts it to the group rows.
+  2. ``decode``: a ``lax.while_loop`` feeds one token per row per step (the last prompt token first),
      samples the next token and records its log-probs. It stops once every row has
      emitted an EOS id or after ``max_new_tokens`` steps.
 
@@ -291,6 +294,119 @@ def choose_tokens(logits_NV, key, hyper: SamplingParams):
   return jax.lax.switch(branch, (greedy, plain, filtered), key)
 
 
+@flax.struct.dataclass
+class DecodeState:
+  """The decode loop's carry: one row per rollout (N = B·G), T completion slots.
+
+  `tok_N` / `pos_N` are the next token to feed and its position id (after `prefill`: the
+  last prompt token); the [N, T] buffers fill one column per step.
+  """
+
+  step: jax.Array
+  cache: Any
+  key: jax.Array
+  tok_N: jax.Array
+  pos_N: jax.Array
+  done_N: jax.Array
+  tokens_NT: jax.Array
+  mask_NT: jax.Array
+  logp_NT: jax.Array
+  policy_logp_NT: jax.Array
+
+
+def prefill(
+  params,
+  prompts: Prompts,
+  key: jax.Array,
+  *,
+  model_fn: Callable,
+  init_cache: Callable[[int, int], Any],
+  cfg: SamplerConfig,
+) -> DecodeState:
+  """Writes each prompt minus its last token into the cache, once per prompt (B rows, not
+  B·G), then broadcasts the cache to the G rows of its group: the decode loop's start."""
+  tokens_BP = jnp.asarray(prompts.tokens_BP, jnp.int32)
+  mask_BP = jnp.asarray(prompts.mask_BP, jnp.bool_)
+  B, P = tokens_BP.shape
+  G, T = cfg.group_size, cfg.max_new_tokens
+  N = B * G
+  if P < 2:
+    raise ValueError(
+      f"Prompt batches need >= 2 slots (left-pad a 1-token prompt), got shape {(B, P)}."
+    )
+  positions_BP = model_lib.positions_from_mask(mask_BP)
+  cache = init_cache(B, P - 1 + T)
+  _, cache = model_fn(params, tokens_BP[:, :-1], positions_BP[:, :-1], cache)
+  return DecodeState(
+    step=jnp.zeros((), jnp.int32),
+    cache=cache.repeat(G),
+    key=key,
+    tok_N=jnp.repeat(tokens_BP[:, -1], G),
+    pos_N=jnp.repeat(positions_BP[:, -1], G),
+    done_N=jnp.zeros((N,), jnp.bool_),
+    tokens_NT=jnp.full((N, T), cfg.pad_id, jnp.int32),
+    mask_NT=jnp.zeros((N, T), jnp.bool_),
+    logp_NT=jnp.zeros((N, T), jnp.float32),
+    policy_logp_NT=jnp.zeros((N, T), jnp.float32),
+  )
+
+
+def decode(
+  params, state: DecodeState, hyper: SamplingParams, *, model_fn: Callable, cfg: SamplerConfig
+) -> DecodeState:
+  """Feeds one token per row per step in a `lax.while_loop` until every row has emitted an
+  EOS id or T columns are filled; finished rows emit padding, masked out."""
+  T = state.tokens_NT.shape[1]
+  eos_ids = jnp.asarray(cfg.eos_ids, jnp.int32)
+
+  def cond(s: DecodeState):
+    return (s.step < T) & ~jnp.all(s.done_N)
+
+  def body(s: DecodeState):
+    logits_N1V, cache = model_fn(params, s.tok_N[:, None], s.pos_N[:, None], s.cache)
+    key, step_key = jax.random.split(s.key)
+    tok_N, logp_N, policy_logp_N = choose_tokens(logits_N1V[:, -1], step_key, hyper)
+    live_N = ~s.done_N
+    tok_N = jnp.where(live_N, tok_N, cfg.pad_id)
+
+    def put(buf_NT, col_N):
+      return jax.lax.dynamic_update_slice(buf_NT, col_N[:, None].astype(buf_NT.dtype), (0, s.step))
+
+    return DecodeState(
+      step=s.step + 1,
+      cache=cache,
+      key=key,
+      tok_N=tok_N,
+      pos_N=s.pos_N + 1,
+      done_N=s.done_N | (live_N & jnp.isin(tok_N, eos_ids)),
+      tokens_NT=put(s.tokens_NT, tok_N),
+      mask_NT=put(s.mask_NT, live_N),
+      logp_NT=put(s.logp_NT, jnp.where(live_N, logp_N, 0.0)),
+      policy_logp_NT=put(s.policy_logp_NT, jnp.where(live_N, policy_logp_N, 0.0)),
+    )
+
+  return jax.lax.while_loop(cond, body, state)
+
+
+def to_rollouts(prompts: Prompts, state: DecodeState, *, group_size: int) -> Rollouts:
+  """The finished decode state as Rollouts, with each prompt repeated for its G rows."""
+  tokens_BP = jnp.asarray(prompts.tokens_BP, jnp.int32)
+  B, G = tokens_BP.shape[0], group_size
+  return Rollouts(
+    prompt_tokens_NP=jnp.repeat(tokens_BP, G, axis=0),
+    prompt_mask_NP=jnp.repeat(jnp.asarray(prompts.mask_BP, jnp.bool_), G, axis=0),
+    tokens_NT=state.tokens_NT,
+    mask_NT=state.mask_NT,
+    logp_NT=state.logp_NT,
+    policy_logp_NT=state.policy_logp_NT,
+    eos_N=state.done_N,
+    truncated_N=~state.done_N,
+    length_N=jnp.sum(state.mask_NT, axis=-1, dtype=jnp.int32),
+    group_ids_N=jnp.repeat(jnp.arange(B, dtype=jnp.int32), G),
+    num_steps=state.step,
+  )
+
+
 def sample(
   params,
   prompts: Prompts,
@@ -301,79 +417,11 @@ def sample(
   init_cache: Callable[[int, int], Any],
   cfg: SamplerConfig,
 ) -> Rollouts:
-  """Samples cfg.group_size completions per prompt. Pure and jittable; see module doc."""
-  tokens_BP = jnp.asarray(prompts.tokens_BP, jnp.int32)
-  mask_BP = jnp.asarray(prompts.mask_BP, jnp.bool_)
-  B, P = tokens_BP.shape
-  G, T = cfg.group_size, cfg.max_new_tokens
-  N = B * G
-  positions_BP = model_lib.positions_from_mask(mask_BP)
-
-  if P < 2:
-    raise ValueError(
-      f"Prompt batches need >= 2 slots (left-pad a 1-token prompt), got shape {(B, P)}."
-    )
-  # Prefill: once per prompt, then broadcast to the G rows of its group.
-  cache = init_cache(B, P - 1 + T)
-  _, cache = model_fn(params, tokens_BP[:, :-1], positions_BP[:, :-1], cache)
-  cache = cache.repeat(G)
-  eos_ids = jnp.asarray(cfg.eos_ids, jnp.int32)
-
-  def cond(state):
-    return (state["step"] < T) & ~jnp.all(state["done_N"])
-
-  def body(state):
-    step, done_N = state["step"], state["done_N"]
-    logits_N1V, cache = model_fn(
-      params, state["tok_N"][:, None], state["pos_N"][:, None], state["cache"]
-    )
-    key, step_key = jax.random.split(state["key"])
-    tok_N, logp_N, policy_logp_N = choose_tokens(logits_N1V[:, -1], step_key, hyper)
-    live_N = ~done_N
-    tok_N = jnp.where(live_N, tok_N, cfg.pad_id)
-
-    def put(buf_NT, col_N):
-      return jax.lax.dynamic_update_slice(buf_NT, col_N[:, None].astype(buf_NT.dtype), (0, step))
-
-    return dict(
-      step=step + 1,
-      cache=cache,
-      key=key,
-      tok_N=tok_N,
-      pos_N=state["pos_N"] + 1,
-      done_N=done_N | (live_N & jnp.isin(tok_N, eos_ids)),
-      tokens_NT=put(state["tokens_NT"], tok_N),
-      mask_NT=put(state["mask_NT"], live_N),
-      logp_NT=put(state["logp_NT"], jnp.where(live_N, logp_N, 0.0)),
-      policy_logp_NT=put(state["policy_logp_NT"], jnp.where(live_N, policy_logp_N, 0.0)),
-    )
-
-  state = dict(
-    step=jnp.zeros((), jnp.int32),
-    cache=cache,
-    key=key,
-    tok_N=jnp.repeat(tokens_BP[:, -1], G),
-    pos_N=jnp.repeat(positions_BP[:, -1], G),
-    done_N=jnp.zeros((N,), jnp.bool_),
-    tokens_NT=jnp.full((N, T), cfg.pad_id, jnp.int32),
-    mask_NT=jnp.zeros((N, T), jnp.bool_),
-    logp_NT=jnp.zeros((N, T), jnp.float32),
-    policy_logp_NT=jnp.zeros((N, T), jnp.float32),
-  )
-  state = jax.lax.while_loop(cond, body, state)
-  return Rollouts(
-    prompt_tokens_NP=jnp.repeat(tokens_BP, G, axis=0),
-    prompt_mask_NP=jnp.repeat(mask_BP, G, axis=0),
-    tokens_NT=state["tokens_NT"],
-    mask_NT=state["mask_NT"],
-    logp_NT=state["logp_NT"],
-    policy_logp_NT=state["policy_logp_NT"],
-    eos_N=state["done_N"],
-    truncated_N=~state["done_N"],
-    length_N=jnp.sum(state["mask_NT"], axis=-1, dtype=jnp.int32),
-    group_ids_N=jnp.repeat(jnp.arange(B, dtype=jnp.int32), G),
-    num_steps=state["step"],
-  )
+  """Samples cfg.group_size completions per prompt: `prefill`, then `decode`. Pure and
+  jittable; see the module docstring."""
+  state = prefill(params, prompts, key, model_fn=model_fn, init_cache=init_cache, cfg=cfg)
+  state = decode(params, state, hyper, model_fn=model_fn, cfg=cfg)
+  return to_rollouts(prompts, state, group_size=cfg.group_size)
 
 
 def make_sample_fn(*, model_fn: Callable, init_cache: Callable, cfg: SamplerConfig):
@@ -388,103 +436,3 @@ def make_policy_sampler(model_cfg: model_lib.ModelConfig, cfg: SamplerConfig):
     init_cache=functools.partial(model_lib.init_cache, model_cfg),
     cfg=cfg,
   )
-
-
-# ----------------------------------------------------------------------------
-# Teacher forcing.
-# ----------------------------------------------------------------------------
-
-
-@jax.custom_vjp
-def token_stats(logits_NTV, tokens_NT):
-  """(log π(y), H, Σ_v π_v²) per position from logits z, in one pass over the vocabulary.
-
-    lse = log Σ_v e^{z_v},  log π(y) = z_y − lse,  H = lse − Σ_v π_v z_v,  π = e^{z − lse}.
-
-  The backward is written out (a custom VJP), so no [N, T, V] log-softmax is stored:
-    ∂/∂z_v = g_lp·(1[v = y] − π_v) − g_H·π_v·(log π_v + H) + 2·g_sq·π_v·(π_v − Σ π²).
-  """
-  return _token_stats_fwd(logits_NTV, tokens_NT)[0]
-
-
-def _token_stats_fwd(z_NTV, y_NT):
-  z_NTV = z_NTV.astype(jnp.float32)
-  m_NT1 = jax.lax.stop_gradient(jnp.max(z_NTV, axis=-1, keepdims=True))
-  e_NTV = jnp.exp(z_NTV - m_NT1)
-  se_NT1 = jnp.sum(e_NTV, axis=-1, keepdims=True)
-  lse_NT1 = m_NT1 + jnp.log(se_NT1)
-  p_NTV = e_NTV / se_NT1
-  logp_NT = (jnp.take_along_axis(z_NTV, y_NT[..., None], axis=-1) - lse_NT1)[..., 0]
-  ent_NT = lse_NT1[..., 0] - jnp.sum(p_NTV * z_NTV, axis=-1)
-  sq_NT = jnp.sum(p_NTV * p_NTV, axis=-1)
-  return (logp_NT, ent_NT, sq_NT), (z_NTV, y_NT, lse_NT1, ent_NT, sq_NT)
-
-
-def _token_stats_bwd(res, g):
-  z_NTV, y_NT, lse_NT1, ent_NT, sq_NT = res
-  g_lp, g_ent, g_sq = (x[..., None] for x in g)
-  logp_NTV = z_NTV - lse_NT1
-  p_NTV = jnp.exp(logp_NTV)
-  onehot_NTV = jax.nn.one_hot(y_NT, z_NTV.shape[-1], dtype=jnp.float32)
-  dz_NTV = (
-    g_lp * (onehot_NTV - p_NTV)
-    - g_ent * p_NTV * (logp_NTV + ent_NT[..., None])
-    + 2.0 * g_sq * p_NTV * (p_NTV - sq_NT[..., None])
-  )
-  return dz_NTV, None
-
-
-token_stats.defvjp(_token_stats_fwd, _token_stats_bwd)
-
-
-def completion_logits(params, prompt_tokens_NP, prompt_mask_NP, tokens_NT, mask_NT, *, model_fn):
-  """Logits [N, T, V] at the T slots that predict the completion tokens (the sequence
-  [left-padded prompt ; right-padded completion], position ids skipping both paddings;
-  `model_fn` must take `logits_slice`)."""
-  P = prompt_tokens_NP.shape[1]
-  tokens_NS = jnp.concatenate([prompt_tokens_NP, tokens_NT], axis=1)
-  mask_NS = jnp.concatenate([prompt_mask_NP, mask_NT], axis=1)
-  S = tokens_NS.shape[1]
-  # Logits at slot s predict the token at slot s + 1: slots P-1 .. S-2.
-  logits_NTV, _ = model_fn(
-    params, tokens_NS, model_lib.positions_from_mask(mask_NS), None, logits_slice=(P - 1, S - 1)
-  )
-  return logits_NTV
-
-
-def completion_logprobs(
-  params, prompt_tokens_NP, prompt_mask_NP, tokens_NT, mask_NT, *, model_fn, with_stats=False
-):
-  """log π(o_t | q, o_<t) of each completion token in one full forward: [N, T] (0 off mask).
-
-  With `with_stats`, also a dict of per-token statistics of each step's distribution π_t:
-  "entropy" H_t = -Σ_v π log π and "sum_sq" Σ_v π_v² (else None).
-
-  The sequence is [left-padded prompt ; right-padded completion]; position ids skip
-  both paddings, so the logits match the cached decode that produced the rollout.
-  `model_fn` must take `logits_slice=(start, stop)` (grpo_jax models do): the LM head runs
-  only at the T positions that predict completion tokens (`token_stats` does the rest).
-  """
-  logits_NTV = completion_logits(
-    params, prompt_tokens_NP, prompt_mask_NP, tokens_NT, mask_NT, model_fn=model_fn
-  )
-  logp_NT, ent_NT, sq_NT = token_stats(logits_NTV, tokens_NT)
-  logp_NT = jnp.where(mask_NT, logp_NT, 0.0)
-  if not with_stats:
-    return logp_NT, None
-  return logp_NT, {
-    "entropy": jnp.where(mask_NT, ent_NT, 0.0),
-    "sum_sq": jnp.where(mask_NT, sq_NT, 0.0),
-  }
-
-
-def teacher_forced_logprobs(params, rollouts: Rollouts, *, model_fn: Callable):
-  """`completion_logprobs` of a Rollouts: [N, T] log-probs, 0 off the completion mask."""
-  return completion_logprobs(
-    params,
-    rollouts.prompt_tokens_NP,
-    rollouts.prompt_mask_NP,
-    rollouts.tokens_NT,
-    rollouts.mask_NT,
-    model_fn=model_fn,
-  )[0]

@@ -29,12 +29,12 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "configs"))
 import arithmetic  # noqa: E402
 
-from grpo_jax import checkpoint, logs, sampling, train  # noqa: E402
+from grpo_jax import checkpoint, config, logs, sampling, steps, train  # noqa: E402
 
 _TIMING = ("time/", "tokens_per_s", "perf/")
 
 
-def config(mesh):
+def make_config(mesh):
   c = arithmetic.get_config("tiny")
   c.task.kwargs = dict(max_digits=1, ops="+")
   c.model.update(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, mlp_dim=128)
@@ -63,22 +63,22 @@ def warm_start(base, mesh=(1, 1, 1)):
     raise _Stop
 
   with contextlib.suppress(_Stop):
-    train.run(config(mesh), base, log=lambda _: None, on_iteration=stop)
+    train.run(make_config(mesh), base, log=lambda _: None, on_iteration=stop)
   assert checkpoint.Checkpointer(pathlib.Path(base) / "checkpoints").all_steps() == [0]
 
 
 def main(out, meshes, *, base):
   out = pathlib.Path(out)
   for mesh in meshes:
-    c = config(mesh)
+    c = make_config(mesh)
     with tempfile.TemporaryDirectory() as tmp:
       workdir = pathlib.Path(tmp) / "run"
       shutil.copytree(base, workdir)
       train.run(c, workdir, log=lambda _: None)
-      setup = train.build(c)
-      fns = train.functions(setup)
+      setup = config.build(c)
+      fns = steps.functions(setup)
       ckpt = checkpoint.Checkpointer(pathlib.Path(workdir) / "checkpoints")
-      tree, _ = ckpt.restore(ckpt.latest_step(), like=train._abstract_tree(setup, fns))
+      tree, _ = ckpt.restore(ckpt.latest_step(), like=train.abstract_tree(setup, fns))
       ckpt.close()
       record = [
         r for r in logs.read_jsonl(pathlib.Path(workdir) / "metrics.jsonl") if r["phase"] == "rl"

@@ -26,7 +26,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 import mesh_run  # noqa: E402
 
-from grpo_jax import checkpoint, distributed, logs, train  # noqa: E402
+from grpo_jax import checkpoint, config, distributed, logs, steps, train  # noqa: E402
 
 
 def main(argv=None):
@@ -53,14 +53,14 @@ def main(argv=None):
   if jax.process_index() == 0 and not pathlib.Path(args.workdir).exists():
     shutil.copytree(args.base, args.workdir)
   multihost_utils.sync_global_devices("workdir ready")
-  c = mesh_run.config(tuple(int(n) for n in args.mesh.split(",")))
+  c = mesh_run.make_config(tuple(int(n) for n in args.mesh.split(",")))
   c.iterations = args.iterations
   c.update(eval_size=8, eval_samples=2, checkpoint_every=1)
   summary = train.run(c, args.workdir, log=lambda _: None)
-  setup = train.build(c)
-  fns = train.functions(setup)
+  setup = config.build(c)
+  fns = steps.functions(setup)
   ckpt = checkpoint.Checkpointer(pathlib.Path(args.workdir) / "checkpoints")
-  tree, _ = ckpt.restore(ckpt.latest_step(), like=train._abstract_tree(setup, fns))
+  tree, _ = ckpt.restore(ckpt.latest_step(), like=train.abstract_tree(setup, fns))
   ckpt.close()
   params = multihost_utils.process_allgather(tree["train"].params, tiled=True)
   flat = {

@@ -70,28 +70,6 @@ def test_gsm8k_answer(solution, answer):
   assert datasets.gsm8k_answer(solution) == answer
 
 
-@pytest.mark.parametrize(
-  "text, answer",
-  [
-    (r"so $\boxed{12}$.", "12"),
-    (r"$\boxed{\dfrac{2}{3}}$", r"\dfrac{2}{3}"),
-    (
-      r"first \boxed{1}, finally \boxed{\left(\frac{1}{2}, 3\right)}.",
-      r"\left(\frac{1}{2}, 3\right)",
-    ),
-    (r"$\boxed{\{1, 2\}}$", r"\{1, 2\}"),  # Escaped braces do not close the box.
-    (r"\boxed{\text{a}\}}", r"\text{a}\}"),
-    (r"the answer is $\boxed 5$.", "5"),
-    (r"$\fbox{7}$", "7"),
-    (r"\boxed{\frac{1}{2}", None),  # Unbalanced.
-    (r"\boxedx{3} is not a box", None),
-    ("no box at all", None),
-  ],
-)
-def test_last_boxed(text, answer):
-  assert datasets.last_boxed(text) == answer
-
-
 def test_parse_gsm8k_skips_each_kind_of_malformed_line():
   lines = [
     '{"question": "q", "answer": "s\\n#### 4"}',

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import model, sampling
-from grpo_jax.diagnostics import cancellation, coupling, grads, report
+from grpo_jax import logprobs, metrics, model
+from grpo_jax.diagnostics import cancellation, coupling, grads
 
 V, B, P, T = 16, 4, 3, 5
 LR = 0.02
@@ -53,7 +53,7 @@ def probe():
 
 @functools.partial(jax.jit, static_argnames="cfg")
 def _logp(params, pt, pm, tt, mm, *, cfg):
-  return sampling.completion_logprobs(params, pt, pm, tt, mm, model_fn=model.make_model_fn(cfg))[0]
+  return logprobs.completion_logprobs(params, pt, pm, tt, mm, model_fn=model.make_model_fn(cfg))[0]
 
 
 _lm_head_probe = jax.jit(coupling.lm_head_probe, static_argnames=("cfg", "source_chunk"))
@@ -183,7 +183,7 @@ def test_first_order_prediction_matches_one_sgd_step_on_the_lm_head(untied, prob
     rep["coupling/same_id/abs_share"] + rep["coupling/diff_id/abs_share"], 1.0, rtol=1e-6
   )
   for key in rep:
-    report.definition(key)
+    metrics.definition(key)
 
 
 def test_coupling_table_and_terms_pinned():

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import advantages, tasks
-from grpo_jax.diagnostics import cancellation, flips, report
+from grpo_jax import advantages, metrics, tasks
+from grpo_jax.diagnostics import cancellation, flips
 from tests import test_aggregation as agg_case
 
 # ----------------------------------------------------------------------------
@@ -178,7 +178,7 @@ def test_compare_aggregations_table():
   assert abs(tm - sm) > 1e-3  # The modes differ on this ragged batch.
   flat = {k: v for row in table.values() for k, v in row.items()}
   for key in flat:
-    report.definition(key)
+    metrics.definition(key)
 
 
 # ----------------------------------------------------------------------------
@@ -188,7 +188,7 @@ def test_compare_aggregations_table():
 
 def test_every_flip_key_has_a_definition():
   for key in flips.flip_report(FLIP_DELTA, FLIP_MASK, FLIP_ADV, FLIP_CAT, tau=1e-3):
-    report.definition(key)
+    metrics.definition(key)
   with pytest.raises(KeyError, match="no definition"):
-    report.definition("flip/pos/template/sideways")
-  assert "parameter path" in report.definition("rank/layer_1/mlp/up/kernel/stable_rank")
+    metrics.definition("flip/pos/template/sideways")
+  assert "parameter path" in metrics.definition("rank/layer_1/mlp/up/kernel/stable_rank")

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import model, rl, sampling
+from grpo_jax import logprobs, metrics, model, rl, sampling
 from grpo_jax.diagnostics import cancellation, drift, report, value
 
 V = 16
@@ -71,7 +71,7 @@ def test_value_by_flip_pinned():
   assert (v["value/pos/unchanged/count"], v["value/neg/unchanged/count"]) == (1, 0)
   assert np.isnan(v["value/neg/unchanged/value"])
   for key in v:
-    report.definition(key)
+    metrics.definition(key)
 
 
 # ----------------------------------------------------------------------------
@@ -194,7 +194,7 @@ def test_solution_drift_and_policy_stats(tiny):
   cfg, params, inputs = tiny
   model_fn = model.make_model_fn(cfg)
   logp, stats = jax.jit(
-    lambda p: sampling.completion_logprobs(p, *inputs, model_fn=model_fn, with_stats=True)
+    lambda p: logprobs.completion_logprobs(p, *inputs, model_fn=model_fn, with_stats=True)
   )(params)
   m = inputs[3]
   got = jax.jit(lambda p: drift.solution_drift(p, *inputs, model_fn=model_fn))(params)
@@ -224,7 +224,7 @@ def test_solution_drift_and_policy_stats(tiny):
   np.testing.assert_allclose(kl["drift/kl_init"], want, rtol=1e-4)
   for k in kl:
     np.testing.assert_allclose(chunked[k], kl[k], rtol=1e-5)
-    report.definition(k)
+    metrics.definition(k)
 
 
 def test_token_credit_report_after_an_lm_head_sgd_step(tiny):
@@ -252,7 +252,7 @@ def test_token_credit_report_after_an_lm_head_sgd_step(tiny):
 
   def loss(kernel):
     p = {**params, "lm_head": {"kernel": kernel}}
-    return -jnp.sum(coef * sampling.completion_logprobs(p, pt, pm, tt, mm, model_fn=model_fn)[0])
+    return -jnp.sum(coef * logprobs.completion_logprobs(p, pt, pm, tt, mm, model_fn=model_fn)[0])
 
   kernel = params["lm_head"]["kernel"]
   after = {**params, "lm_head": {"kernel": kernel - lr * jax.jit(jax.grad(loss))(kernel)}}
@@ -260,7 +260,7 @@ def test_token_credit_report_after_an_lm_head_sgd_step(tiny):
     params, after, probe, model_cfg=cfg, template_ids=[4], sgd_lr=lr, init_params=params
   )
   for key in out:
-    report.definition(key)
+    metrics.definition(key)
   # The update is exactly the SGD step on the head: both fits are first-order tight.
   assert out["coupling/fit/corr"] > 0.999 and out["coupling/fit/rel_err"] < 0.05
   np.testing.assert_allclose(

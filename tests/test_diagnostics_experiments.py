@@ -13,12 +13,14 @@ import sys
 
 import pytest
 
-from grpo_jax import logs, metrics, tensorboard, train
+from grpo_jax import logs, metrics, train
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "experiments"))
+sys.path.insert(0, str(ROOT / "tests"))
 import bench_diagnostics  # noqa: E402
 import diagnose  # noqa: E402
+import tb_events  # noqa: E402
 
 _TIMING = ("time/", "tokens_per_s", "perf/")
 # Keys that are finite on every diagnostic iteration (others may be NaN: an empty cell).
@@ -97,7 +99,7 @@ def test_diagnostics_join_the_metrics_of_every_nth_iteration(quick):
       assert v not in ("inf", "-inf"), key
     assert line["flip/all/all/count"] > 0 and line["drift/kl_init"] > 0
     assert "value/all/value_gap" in line and "cancel/constant_norm/residual_ratio" in line
-  tb = {(step, tag) for step, tag, _ in tensorboard.read_scalars(workdir / "tb")}
+  tb = set(tb_events.scalars(workdir / "tb"))
   assert (2, "flip/pos/all/boosted") in tb and (3, "flip/pos/all/boosted") not in tb
   d = workdir / "diagnostics"
   assert (d / "probe.npz").exists() and (d / "init_params").is_dir()

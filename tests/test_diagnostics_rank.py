@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import model
-from grpo_jax.diagnostics import rank, report
+from grpo_jax import metrics, model
+from grpo_jax.diagnostics import rank
 
 
 def _rank2(m=6, n=5):
@@ -81,7 +81,7 @@ def test_zero_variance_groups_pinned():
   out = rank.sparsity_report(np.asarray([1.0, 0, 0, 0]), rewards_B=rewards, group_ids_B=ids)
   assert out == {"sparsity/hoyer": 1.0, "sparsity/near_zero": 0.75, "sparsity/zero_var_groups": 0.5}
   for k in out:
-    report.definition(k)
+    metrics.definition(k)
 
 
 def test_minibatch_variance_pinned_and_monte_carlo():
@@ -116,4 +116,4 @@ def test_update_matrices_and_rank_report():
   np.testing.assert_allclose(out["rank/up1/stable_rank"], 1.0, rtol=1e-5)
   assert float(np.abs(mats["layers/0/mlp/up/kernel"]).max()) == 0.0
   for k in out:
-    report.definition(k)
+    metrics.definition(k)

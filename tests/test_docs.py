@@ -40,13 +40,13 @@ def test_every_config_documents_its_command_and_expected_result(path):
   "spec", ["arithmetic.py:tiny", "arithmetic.py:full", "countdown.py:tiny", "countdown.py:full"]
 )
 def test_trainer_configs_validate(spec):
-  from grpo_jax import config_lib, train  # noqa: PLC0415
+  from grpo_jax import config, config_lib  # noqa: PLC0415
 
-  config = config_lib.load(str(ROOT / "configs" / spec))
-  setup = train.build(config)
+  c = config_lib.load(str(ROOT / "configs" / spec))
+  setup = config.build(c)
   assert setup.loop.iterations >= 1
   with pytest.raises(AttributeError, match="iteratons"):
-    config.iteratons = 3  # Locked: a misspelt key fails.
+    c.iteratons = 3  # Locked: a misspelt key fails.
 
 
 def _variant_registries():

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import dynamic_sampling, model, sampling
+from grpo_jax import dynamic_sampling, logprobs, model, sampling
 
 PAD = 31  # Not 0, so that padding with the wrong value shows.
 
@@ -272,19 +272,19 @@ def test_left_padding_leaves_logprobs_unchanged():
   cfg = model.tiny_config(32, n_layers=1)
   params = jax.jit(model.init, static_argnums=0)(cfg, jax.random.key(0))
   params["embed"]["embedding"] = params["embed"]["embedding"] * 8.0  # Input-dependent logits.
-  logprobs = jax.jit(
-    lambda *xs: sampling.completion_logprobs(params, *xs, model_fn=model.make_model_fn(cfg))[0]
+  logp_fn = jax.jit(
+    lambda *xs: logprobs.completion_logprobs(params, *xs, model_fn=model.make_model_fn(cfg))[0]
   )
   completion = jnp.array([[7, 11, 3, 0]], jnp.int32)
   completion_mask = jnp.array([[True, True, True, False]])
   prompt = jnp.array([[1, 5, 9, 13]], jnp.int32)
-  short = logprobs(prompt, jnp.ones((1, 4), bool), completion, completion_mask)
+  short = logp_fn(prompt, jnp.ones((1, 4), bool), completion, completion_mask)
 
   # Row 0: the prompt left-padded to 6 (as assemble pads it); row 1: the same tokens with
   # the pads marked as real tokens (the control: the comparison must be able to fail).
   padded = jnp.array([[PAD, PAD, 1, 5, 9, 13]] * 2, jnp.int32)
   padded_mask = jnp.array([[False, False, True, True, True, True], [True] * 6])
-  long = logprobs(
+  long = logp_fn(
     padded, padded_mask, jnp.repeat(completion, 2, axis=0), jnp.repeat(completion_mask, 2, axis=0)
   )
   np.testing.assert_allclose(long[:1], short, rtol=1e-5, atol=1e-5)

@@ -1,14 +1,21 @@
-"""Run logs: metrics.jsonl lines (NaN/inf as strings), resume truncation, TensorBoard scalars,
-and the console progress line (every ~5% off a terminal, '\\r' redraws on one)."""
+"""Run logs: metrics.jsonl lines (NaN/inf as strings), resume truncation, TensorBoard scalars
+(written by tensorboardX, read back by TensorBoard's own loader) and the progress bar
+(tqdm on a terminal, quiet elsewhere)."""
 
 import json
 import math
-import types
+import pathlib
+import sys
 
 import numpy as np
 import pytest
+from tensorboard.backend.event_processing import event_file_loader
+from tensorboard.compat.proto import event_pb2
 
-from grpo_jax import logs, tensorboard
+from grpo_jax import logs
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import tb_events  # noqa: E402
 
 
 def _lines(workdir) -> list[str]:
@@ -113,6 +120,14 @@ def test_fresh_logger_starts_over(tmp_path):
 # ----------------------------------------------------------------------------
 
 
+def _event_files(logdir) -> list[pathlib.Path]:
+  return sorted(pathlib.Path(logdir).glob("events.out.tfevents.*"))
+
+
+def _events(path) -> list:
+  return list(event_file_loader.LegacyEventFileLoader(str(path)).Load())
+
+
 def test_tensorboard_scalars(tmp_path):
   writer = logs.RunLogger(tmp_path)
   writer.write({"iteration": 0, "phase": "warmstart", "eval/greedy_accuracy": 0.25})
@@ -120,34 +135,48 @@ def test_tensorboard_scalars(tmp_path):
     {"iteration": 1, "phase": "train", "loss": 0.1, "kl": float("nan"), "flag": True, "n": 3}
   )
   writer.close()
-  scalars = tensorboard.read_scalars(tmp_path / "tb")
-  tags = {tag for _, tag, _ in scalars}
+  scalars = tb_events.scalars(tmp_path / "tb")
+  tags = {tag for _, tag in scalars}
   assert "phase" not in tags and "iteration" not in tags and "flag" not in tags
-  finite = [(s, t, v) for s, t, v in scalars if not math.isnan(v)]
-  assert finite == [
-    (0, "eval/greedy_accuracy", 0.25),
-    (1, "loss", float(np.float32(0.1))),
-    (1, "n", 3.0),
-  ]
-  assert [(s, t) for s, t, v in scalars if math.isnan(v)] == [(1, "kl")]
+  finite = {k: v for k, v in scalars.items() if not math.isnan(v)}
+  assert finite == {
+    (0, "eval/greedy_accuracy"): 0.25,
+    (1, "loss"): pytest.approx(float(np.float32(0.1))),
+    (1, "n"): 3.0,
+  }
+  assert [k for k, v in scalars.items() if math.isnan(v)] == [(1, "kl")]
+
+
+def test_tensorboard_events_are_on_disk_before_close(tmp_path):
+  """A run killed mid-way keeps what it logged: each record is flushed."""
+  writer = logs.RunLogger(tmp_path)
+  writer.write({"iteration": 1, "loss": 0.5})
+  assert tb_events.scalars(tmp_path / "tb") == {(1, "loss"): 0.5}
+  writer.close()
 
 
 def test_tensorboard_resume_purges_later_steps(tmp_path):
+  """A session resumed from the checkpoint at iteration 1 tells TensorBoard to drop what
+  the first session logged for iterations >= 2; TensorBoard shows each step once."""
   _write_run(tmp_path, range(4))
   _write_run(tmp_path, [2, 3], resume_from=1)
-  files = tensorboard.event_files(tmp_path / "tb")
+  files = _event_files(tmp_path / "tb")
   assert len(files) == 2
-  first, second = (tensorboard.read_events(f) for f in files)
-  assert not any(e["session_start"] for e in first)
-  # The resumed writer tells TensorBoard to drop steps >= 2 of the earlier file.
-  assert [e["step"] for e in second if e["session_start"]] == [2]
-  assert sorted({e["step"] for e in second if e["scalars"]}) == [2, 3]
+  first, second = (_events(f) for f in files)
+  starts = lambda events: [
+    e.step for e in events if e.session_log.status == event_pb2.SessionLog.START
+  ]
+  assert starts(first) == [] and starts(second) == [2]
+  got = tb_events.scalars(tmp_path / "tb")
+  # Iterations 2 and 3 come from the resumed session only (loss -it, NaN at 2 either way).
+  assert sorted(step for step, tag in got if tag == "accuracy") == [0, 1, 2, 3]
+  assert got[(3, "loss")] == -3.0
 
 
-def test_fresh_logger_writes_no_purge_event(tmp_path):
-  _write_run(tmp_path, [0])
-  (events,) = [tensorboard.read_events(f) for f in tensorboard.event_files(tmp_path / "tb")]
-  assert not any(e["session_start"] for e in events)
+def test_two_sessions_in_one_second_never_share_a_file(tmp_path):
+  for _ in range(3):
+    _write_run(tmp_path, [0])
+  assert len(_event_files(tmp_path / "tb")) == 3
 
 
 # ----------------------------------------------------------------------------
@@ -159,7 +188,6 @@ class FakeStream:
   def __init__(self, *, tty: bool):
     self.tty = tty
     self.writes: list[str] = []
-    self.flushes = 0
 
   def isatty(self) -> bool:
     return self.tty
@@ -168,106 +196,38 @@ class FakeStream:
     self.writes.append(text)
 
   def flush(self) -> None:
-    self.flushes += 1
+    pass
 
 
-class FakeClock:
-  def __init__(self):
-    self.now = 0.0
-
-  def __call__(self) -> float:
-    return self.now
-
-
-@pytest.fixture
-def clock(monkeypatch):
-  clock = FakeClock()
-  # Only the logs module sees the fake clock.
-  monkeypatch.setattr(logs, "time", types.SimpleNamespace(perf_counter=clock))
-  return clock
+def test_progress_on_a_terminal_shows_reward_accuracy_and_throughput():
+  stream = FakeStream(tty=True)
+  progress = logs.Progress(total=100, start=40, accuracy=0.25, stream=stream)
+  assert progress.enabled
+  progress.update(41, {"accuracy": 0.5, "tokens_per_s": 12345.6})
+  progress.update(50, {"accuracy": 0.75, "eval/greedy_accuracy": 0.375, "tokens_per_s": 10.0})
+  progress.close()
+  text = "".join(stream.writes)
+  assert "50/100" in text and "reward=0.750" in text and "eval acc=0.375" in text
+  assert "tok/s=10" in text and text.endswith("\n")  # The last record's; closed once.
+  progress.close()  # Idempotent.
 
 
-@pytest.mark.parametrize(
-  ("total", "expected"),
-  [
-    (100, list(range(5, 101, 5))),  # every 5
-    (45, [*range(2, 45, 2), 45]),  # every 2, plus the last iteration
-    (10, list(range(1, 11))),  # total // 20 == 0 -> every iteration
-    (41, [*range(2, 41, 2), 41]),
-  ],
-)
-def test_progress_off_terminal_logs_about_every_five_percent(total, expected):
-  logged = []
-  stream = FakeStream(tty=False)
-  progress = logs.Progress(total=total, log=logged.append, stream=stream)
-  for it in range(1, total + 1):
+def test_progress_carries_the_last_eval_accuracy():
+  progress = logs.Progress(total=10, stream=FakeStream(tty=False))
+  assert progress.postfix({"accuracy": 0.5, "tokens_per_s": 1234.0}) == {
+    "reward": "0.500",
+    "eval acc": "nan",
+    "tok/s": "1,234",
+  }
+  progress.postfix({"eval/greedy_accuracy": 0.375})
+  assert progress.postfix({"accuracy": 0.25})["eval acc"] == "0.375"
+
+
+@pytest.mark.parametrize("tty, enabled", [(False, True), (True, False), (False, False)])
+def test_progress_is_quiet_off_a_terminal_or_when_disabled(tty, enabled):
+  stream = FakeStream(tty=tty)
+  progress = logs.Progress(total=4, enabled=enabled, stream=stream)
+  for it in range(1, 5):
     progress.update(it, {"accuracy": 0.5})
   progress.close()
-  assert [int(line[1:].split("/")[0]) for line in logged] == expected
-  assert stream.writes == []
-
-
-def test_progress_resumed_counts_from_start():
-  logged = []
-  progress = logs.Progress(total=100, start=40, log=logged.append, stream=FakeStream(tty=False))
-  for it in range(41, 101):
-    progress.update(it, {})
-  assert len(logged) == 12  # 45, 50, ..., 100
-  assert logged[0].startswith("[ 45/100]")
-
-
-def test_progress_line_text(clock):
-  progress = logs.Progress(total=100, log=None, stream=FakeStream(tty=False))
-  clock.now = 10.0
-  line = progress.line(5, {"accuracy": 0.5, "tokens_per_s": 12345.6})
-  # 10 s over 5 iterations: 2.00 s/it, 95 left: ETA 190 s; no eval yet.
-  assert line == "[  5/100] reward 0.500  eval acc nan  12,346 tok/s  2.00 s/it  ETA 190s"
-  clock.now = 20.0
-  line = progress.line(10, {"eval/greedy_accuracy": 0.375})
-  assert line == "[ 10/100] reward nan  eval acc 0.375  0 tok/s  2.00 s/it  ETA 180s"
-  # The last eval accuracy is carried into later lines.
-  assert "eval acc 0.375" in progress.line(11, {"accuracy": 0.25})
-
-
-def test_progress_rate_counts_only_this_session(clock):
-  progress = logs.Progress(total=50, start=20, log=None, stream=FakeStream(tty=False))
-  clock.now = 30.0
-  # 10 iterations (21..30) in 30 s: 3.00 s/it, 20 left: ETA 60 s.
-  assert progress.line(30, {}).endswith("3.00 s/it  ETA 60s")
-
-
-def test_progress_on_terminal_redraws_and_ends_with_one_newline():
-  logged = []
-  stream = FakeStream(tty=True)
-  progress = logs.Progress(total=3, log=logged.append, stream=stream)
-  for it in range(1, 4):
-    progress.update(it, {"accuracy": 0.5})
-  assert logged == []
-  assert len(stream.writes) == 3
-  assert all(w.startswith("\r[") and "\n" not in w for w in stream.writes)
-  assert [w[1:4] for w in stream.writes] == ["[1/", "[2/", "[3/"]
-  progress.close()
-  assert stream.writes[3:] == ["\n"]
-  progress.close()  # Idempotent: no second newline.
-  assert stream.writes.count("\n") == 1
-  assert stream.flushes == 4
-
-
-def test_progress_close_without_updates_writes_nothing():
-  stream = FakeStream(tty=True)
-  logs.Progress(total=3, stream=stream).close()
-  assert stream.writes == []
-
-
-def test_progress_disabled_is_silent():
-  logged = []
-  stream = FakeStream(tty=True)
-  progress = logs.Progress(total=4, enabled=False, log=logged.append, stream=stream)
-  for it in range(1, 5):
-    progress.update(it, {})
-  progress.close()
-  assert logged == [] and stream.writes == []
-  quiet = logs.Progress(total=4, enabled=False, log=logged.append, stream=FakeStream(tty=False))
-  for it in range(1, 5):
-    quiet.update(it, {})
-  assert logged == []
+  assert stream.writes == [] and not progress.enabled

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import config_lib, hf, math_verify, model, sampling, tasks, train
+from grpo_jax import config, config_lib, hf, math_verify, model, sampling, tasks, train
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -104,7 +104,7 @@ def _tiny(data_dir, **loop):
 
 
 def test_build_takes_the_architecture_from_the_checkpoint(data_dir):
-  setup = train.build(_tiny(data_dir))
+  setup = config.build(_tiny(data_dir))
   expected = hf.model_config(hf.read_config(QWEN2))
   assert setup.model_cfg == dataclasses.replace(expected, vocab_limit=320)
   assert setup.sampler_cfg.eos_ids == (2, 0)  # <|im_end|>, <|endoftext|>.
@@ -116,7 +116,7 @@ def test_build_rejects_an_architecture_key_that_conflicts(data_dir):
   with pytest.raises(
     ValueError, match=r"config.model.d_model=48 conflicts with .*qwen2/config.json \(32\)"
   ):
-    train.build(c)
+    config.build(c)
 
 
 def test_build_rejects_a_tokenizer_larger_than_the_model(data_dir, tmp_path):
@@ -124,14 +124,14 @@ def test_build_rejects_a_tokenizer_larger_than_the_model(data_dir, tmp_path):
   d.mkdir()
   for f in QWEN2.iterdir():
     (d / f.name).write_bytes(f.read_bytes())
-  config = json.loads((d / "config.json").read_text())
-  (d / "config.json").write_text(json.dumps({**config, "vocab_size": 300}))
+  hf_config = json.loads((d / "config.json").read_text())
+  (d / "config.json").write_text(json.dumps({**hf_config, "vocab_size": 300}))
   c = _tiny(data_dir)
   c.hf_dir = str(d)
   with pytest.raises(
     ValueError, match=r"tokenizer has 320 tokens but .*config.json has vocab_size 300"
   ):
-    train.build(c)
+    config.build(c)
 
 
 def test_run_from_a_checkpoint_scores_and_exports(data_dir, tmp_path):

@@ -527,3 +527,26 @@ def test_integers_in_any_format_verify_and_off_by_one_is_wrong(n, template):
 def test_scaled_fractions_are_equal_and_shifted_ones_are_not(p, q, k):
   assert math_verify.is_equiv(rf"\frac{{{k * p}}}{{{k * q}}}", rf"\dfrac{{{p}}}{{{q}}}")
   assert not math_verify.is_equiv(rf"\frac{{{p + 1}}}{{{q}}}", f"{p}/{q}")
+
+
+@pytest.mark.parametrize(
+  "text, answer",
+  [
+    (r"so $\boxed{12}$.", "12"),
+    (r"$\boxed{\dfrac{2}{3}}$", r"\dfrac{2}{3}"),
+    (
+      r"first \boxed{1}, finally \boxed{\left(\frac{1}{2}, 3\right)}.",
+      r"\left(\frac{1}{2}, 3\right)",
+    ),
+    (r"$\boxed{\{1, 2\}}$", r"\{1, 2\}"),  # Escaped braces do not close the box.
+    (r"\boxed{\text{a}\}}", r"\text{a}\}"),
+    (r"the answer is $\boxed 5$.", "5"),
+    (r"$\fbox{7}$", "7"),
+    (r"\boxed{\frac{1}{2}", None),  # Unbalanced.
+    (r"\boxedx{3} is not a box", None),
+    ("no box at all", None),
+  ],
+)
+def test_last_boxed(text, answer):
+  """The box extraction the verifier and the MATH dataset builder share."""
+  assert math_verify.last_boxed(text) == answer

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from grpo_jax import memory, model, rl, sharding, train
+from grpo_jax import config, memory, model, rl, sharding, steps
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "configs"))
@@ -45,7 +45,7 @@ def _plan(**model_kw):
     group_size=4,
     prompt_len=8,
     max_new_tokens=8,
-    optimizer=train._optimizer(train.LoopConfig(), lr=1e-3),
+    optimizer=rl.make_optimizer(lr=1e-3),
   )
 
 
@@ -130,8 +130,8 @@ def test_plan_cli_says_what_to_change_when_it_does_not_fit():
 def test_trainer_refuses_a_config_that_cannot_fit_before_compiling():
   c = scale.get_config("tiny")
   c.memory_limit_gib = 0.01  # 10 MiB: the tiny plan needs ~45.
-  setup = train.build(c)
+  setup = config.build(c)
   with pytest.raises(memory.OutOfMemoryPlan, match=r"(?s)needs 0\.0\d GiB per device.*Change:"):
-    train.functions(setup)
+    steps.functions(setup)
   c.memory_limit_gib = 1.0
-  train.check_memory(train.build(c))  # Fits: no error.
+  steps.check_memory(config.build(c))  # Fits: no error.

@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import pytest
 
-from grpo_jax import advantages, metrics, presets, rl, sampling
+from grpo_jax import advantages, logprobs, metrics, presets, rl, sampling
 
 B_PROMPTS, G = 4, 4
 N = B_PROMPTS * G
@@ -160,7 +160,7 @@ def test_optimal_baseline_gets_score_norms_from_prepare(rollouts, tiny_model_fn,
   """b* = Σ s r / Σ s with s_i = Σ_t (1 - 2π_t(y) + Σ_v π_v²), computed from the logits."""
   cfg = rl.RLConfig(advantage="optimal_baseline")
   batch, rewards_N, _ = _prepare(cfg, tiny_params, rollouts, tiny_model_fn)
-  full = sampling.completion_logprobs(
+  full = logprobs.completion_logprobs(
     tiny_params,
     rollouts.prompt_tokens_NP,
     rollouts.prompt_mask_NP,
@@ -282,6 +282,28 @@ def test_micro_batching_does_not_change_the_update(
     assert float(out[1][1][name]) == pytest.approx(float(out[4][1][name]), rel=1e-5, abs=1e-7)
 
 
+def test_micro_batches_are_strided_and_token_outputs_come_back_in_row_order(
+  rollouts, tiny_model_fn, tiny_params
+):
+  """Micro-batch k holds rows k, k + K, ... (each slice keeps the rows' data-parallel
+  split); the per-token outputs are reassembled in the mini-batch's own row order."""
+  x = np.arange(12).reshape(6, 2)
+  np.testing.assert_array_equal(rl._split(x, 3)[1], x[[1, 4]])
+  np.testing.assert_array_equal(rl._unsplit(rl._split(x, 3)), x)
+  base = rl.RLConfig(eps_low=0.01, eps_high=0.01)
+  batch, _, _ = _prepare(base, tiny_params, rollouts, tiny_model_fn)
+  state = rl.init_state(tiny_params, optax.sgd(1.0))
+  moved, _ = _sgd_step(base, tiny_model_fn)(state, batch, base.step_hyper())
+  tok = {}
+  for k in (1, 4):
+    cfg = dataclasses.replace(base, micro_batches=k)
+    _, m = _sgd_step(cfg, tiny_model_fn, token_outputs=True)(moved, batch, cfg.step_hyper())
+    tok[k] = m["tokens"]
+  assert float(np.asarray(tok[1]["clip_high"]).sum() + np.asarray(tok[1]["clip_low"]).sum()) > 0
+  for name in tok[1]:
+    np.testing.assert_allclose(tok[4][name], tok[1][name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 def test_changing_hyperparameters_does_not_recompile(rollouts, tiny_model_fn, tiny_params):
   cfg = rl.RLConfig(kl_coef=0.05, entropy_coef=0.0)
   ref = jax.tree.map(lambda x: x * 0.95, tiny_params)
@@ -306,7 +328,7 @@ def test_repeated_steps_raise_positive_and_lower_negative_logprobs(
   state = rl.init_state(tiny_params, optax.sgd(1.0))
   for _ in range(5):
     state, _ = step(state, batch, cfg.step_hyper())
-  after, _ = sampling.completion_logprobs(
+  after, _ = logprobs.completion_logprobs(
     state.params,
     batch.prompt_tokens_NP,
     batch.prompt_mask_NP,
@@ -329,35 +351,37 @@ def test_update_runs_epochs_times_minibatches_with_whole_groups(
 ):
   cfg = rl.RLConfig(planner="query_preserved", num_minibatches=2, ppo_epochs=2)
   batch, _, _ = _prepare(cfg, tiny_params, rollouts, tiny_model_fn)
-  plan = rl.make_plan_fn(cfg, batch_size=N, group_size=G)
-  step = _sgd_step(cfg, tiny_model_fn)
-  state = rl.init_state(tiny_params, optax.sgd(0.1))
-  state, idx_EMb, history = rl.update(
-    state, batch, jax.random.key(0), cfg.step_hyper(), plan_fn=plan, step_fn=step
+  update = rl.make_update(
+    cfg, tiny_model_fn, optax.sgd(0.1), batch_size=N, group_size=G, donate=False
   )
-  assert idx_EMb.shape == (2, 2, N // 2) and len(history) == 4 and int(state.step) == 4
+  state = rl.init_state(tiny_params, optax.sgd(0.1))
+  new, idx_EMb, history = update(state, batch, jax.random.key(0), cfg.step_hyper())
+  assert idx_EMb.shape == (2, 2, N // 2) and int(new.step) == 4
+  assert all(v.shape == (4,) for v in history.values())  # Stacked over E·M steps.
   g_N = np.asarray(batch.group_ids_N)
   for e, m in itertools.product(range(2), range(2)):
     ids = set(g_N[np.asarray(idx_EMb[e, m])])
     others = set(g_N[np.asarray(idx_EMb[e, 1 - m])])
     assert not ids & others
   # Later mini-batches are off-policy: their ratios move away from 1.
-  assert float(history[-1]["ppo_kl"]) != pytest.approx(0.0, abs=1e-9)
+  assert float(history["ppo_kl"][-1]) != pytest.approx(0.0, abs=1e-9)
+  assert float(history["ppo_kl"][0]) == pytest.approx(0.0, abs=1e-6)
+
+  # The scan is the loop of train steps over the plan's mini-batches, step for step.
+  step = _sgd_step(cfg, tiny_model_fn)
+  for s, idx_b in enumerate(np.asarray(idx_EMb).reshape(4, -1)):
+    state, metrics = step(state, rl.gather(batch, idx_b), cfg.step_hyper())
+    assert float(metrics["loss"]) == pytest.approx(float(history["loss"][s]), rel=1e-5, abs=1e-7)
+  for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(new.params), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_validate_batch_errors():
-  cfg = rl.RLConfig(num_minibatches=3)
   ok_ids = np.repeat(np.arange(4), 4)
   with pytest.raises(ValueError, match="rows \\[2\\]"):
-    rl.validate_batch(
-      rl.RLConfig(), rewards_N=[1.0, 0.0, np.nan, 1.0], group_ids_N=ok_ids[:4] * 0, group_size=4
-    )
+    rl.validate_batch(rewards_N=[1.0, 0.0, np.nan, 1.0], group_ids_N=ok_ids[:4] * 0, group_size=4)
   with pytest.raises(ValueError, match="inconsistent"):
-    rl.validate_batch(
-      rl.RLConfig(), rewards_N=np.zeros(16), group_ids_N=np.r_[ok_ids[:-1], 0], group_size=4
-    )
-  with pytest.raises(ValueError, match="does not divide"):
-    rl.validate_batch(cfg, rewards_N=np.zeros(16), group_ids_N=ok_ids, group_size=4)
+    rl.validate_batch(rewards_N=np.zeros(16), group_ids_N=np.r_[ok_ids[:-1], 0], group_size=4)
   with pytest.raises(ValueError, match="group count"):
     rl.make_plan_fn(
       rl.RLConfig(planner="query_preserved", num_minibatches=8), batch_size=16, group_size=4

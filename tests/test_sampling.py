@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import model, sampling
+from grpo_jax import logprobs, model, sampling
 
 # ----------------------------------------------------------------------------
 # A fake deterministic model: the next token is (token + 1) % V, with a margin of
@@ -110,6 +110,35 @@ def test_prefill_runs_once_per_prompt_not_per_rollout():
   np.testing.assert_array_equal(r.prompt_tokens_NP[:4], np.tile([0, 3, 4, 1], (4, 1)))
 
 
+def test_prefill_then_decode_as_two_jits_equals_sample(
+  tiny_sampler, tiny_params, tiny_cfg, sampler_cfg, tokenizer
+):
+  """The two phases carry everything between them in DecodeState (cache, key, positions):
+  run as separate compiled calls, they give the fused sampler's tokens and log-probs."""
+  prompts, key, hyper = (
+    _prompts(sampler_cfg, tokenizer),
+    jax.random.key(7),
+    sampling.sampling_params(),
+  )
+  model_fn = model.make_model_fn(tiny_cfg)
+  prefill = jax.jit(
+    functools.partial(
+      sampling.prefill,
+      model_fn=model_fn,
+      init_cache=functools.partial(model.init_cache, tiny_cfg),
+      cfg=sampler_cfg,
+    )
+  )
+  decode = jax.jit(functools.partial(sampling.decode, model_fn=model_fn, cfg=sampler_cfg))
+  state = prefill(tiny_params, prompts, key)
+  assert int(state.step) == 0 and state.tokens_NT.shape == (3 * sampler_cfg.group_size, 10)
+  two = sampling.to_rollouts(prompts, decode(tiny_params, state, hyper), group_size=4)
+  one = tiny_sampler(tiny_params, prompts, key, hyper)
+  np.testing.assert_array_equal(two.tokens_NT, one.tokens_NT)
+  np.testing.assert_allclose(two.policy_logp_NT, one.policy_logp_NT, rtol=1e-6, atol=1e-6)
+  assert int(two.num_steps) == int(one.num_steps) > 1
+
+
 def _prompts(sampler_cfg, tokenizer):
   texts = ["Q:12+7\n", "Q:3-45\n", "Q:9+9\n"]
   return sampling.prepare_prompts(
@@ -144,7 +173,7 @@ def test_logprobs_equal_teacher_forced_forward(
 ):
   hyper = sampling.sampling_params(temperature=temperature, top_k=top_k, top_p=top_p)
   r = tiny_sampler(tiny_params, _prompts(sampler_cfg, tokenizer), jax.random.key(3), hyper)
-  tf_NT = sampling.teacher_forced_logprobs(tiny_params, r, model_fn=tiny_model_fn)
+  tf_NT = logprobs.teacher_forced_logprobs(tiny_params, r, model_fn=tiny_model_fn)
   assert float(jnp.max(jnp.abs(tf_NT - r.policy_logp_NT))) <= 1e-5
   # The sampling-distribution log-prob: log_softmax(filter(logits)) at the sampled token.
   P = r.prompt_tokens_NP.shape[1]
@@ -346,26 +375,3 @@ def test_prompt_longer_than_max_is_an_error_or_left_truncated():
 def test_bad_sampler_input_errors_are_clear(make, message):
   with pytest.raises(ValueError, match=message):
     make()
-
-
-def test_token_stats_values_and_custom_gradient_match_autodiff_of_log_softmax():
-  z_NTV = jax.random.normal(jax.random.key(3), (3, 5, 11)) * 3.0
-  y_NT = jax.random.randint(jax.random.key(4), (3, 5), 0, 11)
-  w = jax.random.normal(jax.random.key(5), (3, 3, 5))
-
-  def reference(z):
-    logp_NTV = jax.nn.log_softmax(z, axis=-1)
-    p_NTV = jnp.exp(logp_NTV)
-    lp = jnp.take_along_axis(logp_NTV, y_NT[..., None], axis=-1)[..., 0]
-    return lp, -jnp.sum(p_NTV * logp_NTV, axis=-1), jnp.sum(p_NTV * p_NTV, axis=-1)
-
-  got, want = sampling.token_stats(z_NTV, y_NT), reference(z_NTV)
-  for a, b in zip(got, want):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-  loss = lambda f: lambda z: sum(jnp.sum(w[i] * x) for i, x in enumerate(f(z)))
-  np.testing.assert_allclose(
-    jax.grad(loss(lambda z: sampling.token_stats(z, y_NT)))(z_NTV),
-    jax.grad(loss(reference))(z_NTV),
-    rtol=1e-4,
-    atol=1e-6,
-  )

@@ -13,11 +13,25 @@ import jax
 import numpy as np
 import pytest
 
-from grpo_jax import checkpoint, logs, metrics, model, rewards, rl, tasks, tensorboard, train
+from grpo_jax import (
+  checkpoint,
+  config,
+  logs,
+  metrics,
+  model,
+  rewards,
+  rl,
+  rollout,
+  steps,
+  tasks,
+  train,
+)
 from grpo_jax.tasks import arithmetic as arithmetic_task
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "configs"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import arithmetic  # noqa: E402
+import tb_events  # noqa: E402
 
 # Keys that measure time, so differ between two otherwise identical runs.
 _TIMING = ("time/", "tokens_per_s", "perf/")
@@ -84,8 +98,8 @@ def test_run_writes_metrics_tensorboard_checkpoints_and_summary(reference_run):
   assert saved["wall_seconds"] > 0 and saved["iterations_done"] == 4 and not saved["preempted"]
   assert any("warm-start accuracy" in x for x in out)
 
-  # TensorBoard: the same scalars, readable without TensorFlow.
-  tb = {(step, tag): v for step, tag, v in tensorboard.read_scalars(workdir / "tb")}
+  # TensorBoard: the same scalars, as TensorBoard itself reads them.
+  tb = tb_events.scalars(workdir / "tb")
   assert tb[(3, "loss")] == pytest.approx(lines[3]["loss"], rel=1e-6)
   assert (0, "eval/greedy_accuracy") in tb
 
@@ -147,20 +161,25 @@ def test_restoring_into_a_different_model_is_a_clear_error(reference_run, tmp_pa
 def test_nonfinite_steps_are_skipped_counted_and_stop_the_run(monkeypatch, tmp_path):
   """A NaN advantage in iterations 2.. makes every step non-finite: iteration 2's steps are
   skipped and counted (params unchanged), and the run stops at max_nonfinite_steps."""
-  real_update = rl.update
+  real_functions = steps.functions
   seen = {}
 
-  def poisoned_update(state, batch, key, hyper, **kw):
-    seen["it"] = seen.get("it", 0) + 1
-    if seen["it"] >= 2:
-      batch = batch.replace(adv_NT=batch.adv_NT * np.nan)
-      seen.setdefault("params_before", jax.tree.map(np.asarray, state.params))
-    new_state, idx, history = real_update(state, batch, key, hyper, **kw)
-    if seen["it"] == 2:
-      seen["params_after"] = jax.tree.map(np.asarray, new_state.params)
-    return new_state, idx, history
+  def poisoned_functions(setup):
+    fns = real_functions(setup)
 
-  monkeypatch.setattr(rl, "update", poisoned_update)
+    def update(state, batch, key, hyper):
+      seen["it"] = seen.get("it", 0) + 1
+      if seen["it"] >= 2:
+        batch = batch.replace(adv_NT=batch.adv_NT * np.nan)
+        seen.setdefault("params_before", jax.tree.map(np.asarray, state.params))
+      new_state, idx, history = fns.update(state, batch, key, hyper)
+      if seen["it"] == 2:
+        seen["params_after"] = jax.tree.map(np.asarray, new_state.params)
+      return new_state, idx, history
+
+    return dataclasses.replace(fns, update=update)
+
+  monkeypatch.setattr(steps, "functions", poisoned_functions)
   c = _tiny(max_nonfinite_steps=3, checkpoint_every=1)  # Two train steps per iteration.
   with pytest.raises(train.NonFiniteError, match="3 consecutive train steps"):
     train.run(c, tmp_path, log=lambda _: None)
@@ -214,8 +233,8 @@ def test_dynamic_sampling_keeps_shapes_static_and_counts_what_it_drops(tmp_path)
     assert fill == 0 or gen == 3  # Masked fill only once the cap is reached.
     # The zero-variance groups in the trained batch are exactly the masked fill groups.
     assert x["zero_var_groups"] * B == pytest.approx(fill)
-  fns = train.functions(train.build(c))
-  assert fns.train_step._cache_size() == 1  # One compile: the batch shape never changed.
+  fns = steps.functions(config.build(c))
+  assert fns.update._cache_size() == 1  # One compile: the batch shape never changed.
   assert fns.logprobs._cache_size() == 1 and fns.finish._cache_size() == 1
 
 
@@ -234,8 +253,8 @@ class _OrderPool:
 def test_log_prob_forwards_are_dispatched_before_rewards_are_scored(dynamic):
   c = _tiny()
   c.rl.update(dynamic_sampling=dynamic, max_gen_batches=2)
-  setup = train.build(c)
-  fns = train.functions(setup)
+  setup = config.build(c)
+  fns = steps.functions(setup)
   calls = []
 
   def logprobs(*args):
@@ -243,7 +262,7 @@ def test_log_prob_forwards_are_dispatched_before_rewards_are_scored(dynamic):
     return fns.logprobs(*args)
 
   params = model.init(setup.model_cfg, jax.random.key(0))
-  out = train._collect(
+  got = rollout.collect(
     setup,
     dataclasses.replace(fns, logprobs=logprobs),
     _OrderPool(setup.task, calls),
@@ -251,9 +270,8 @@ def test_log_prob_forwards_are_dispatched_before_rewards_are_scored(dynamic):
     params,
     index=0,
     key=jax.random.key(1),
-    times={"sample": 0.0, "reward": 0.0},
   )
-  rollouts, lp, correct = out[:3]
+  rollouts, lp, correct, fmt = got.rollouts, got.logprobs, got.scores.correct_N, got.scores.format_N
   if dynamic:  # On the assembled batch, after every part is scored: no forward is wasted.
     assert calls[-1] == "logprobs" and calls.count("logprobs") == 1
   else:
@@ -261,7 +279,7 @@ def test_log_prob_forwards_are_dispatched_before_rewards_are_scored(dynamic):
   # The dispatched forwards are the ones `rl.prepare` computes in one function.
   hyper = setup.rl_cfg.prepare_hyper(max_new_tokens=setup.sampler_cfg.max_new_tokens)
   fused, _, _ = rl.make_prepare(setup.rl_cfg, fns.model_fn)(
-    params, params, rollouts, correct, out[3], hyper
+    params, params, rollouts, correct, fmt, hyper
   )
   np.testing.assert_allclose(lp.old_logp_NT, fused.old_logp_NT, rtol=1e-6, atol=1e-6)
 
@@ -279,7 +297,7 @@ def test_bad_loop_values_fail_before_compiling(key, value, match):
   c = _tiny()
   c[key] = value
   with pytest.raises(ValueError, match=match):
-    train.build(c)
+    config.build(c)
 
 
 def test_unknown_keys_and_inconsistent_batches_are_refused():
@@ -287,22 +305,18 @@ def test_unknown_keys_and_inconsistent_batches_are_refused():
   c.unlock()
   c.iteratons = 3
   with pytest.raises(ValueError, match="unknown LoopConfig keys \\['iteratons'\\]"):
-    train.build(c)
+    config.build(c)
   c = _tiny()
   c.rl.num_minibatches = 3  # 16 rows do not split into 3 mini-batches.
   with pytest.raises(ValueError, match="num_minibatches=3 does not divide"):
-    train.build(c)
+    config.build(c)
 
 
-def test_progress_line_and_nonfinite_counting():
-  p = logs.Progress(total=10, enabled=True, log=lambda _: None)
-  text = p.line(5, {"accuracy": 0.25, "eval/greedy_accuracy": 0.5, "tokens_per_s": 1234.0})
-  assert "[ 5/10]" in text and "reward 0.250" in text and "eval acc 0.500" in text
-  assert "1,234 tok/s" in text
-  assert train._count_nonfinite([False, True, True], 0, limit=3, iteration=1) == (2, 2)
-  assert train._count_nonfinite([True, False], 1, limit=3, iteration=1) == (1, 0)
+def test_nonfinite_counting():
+  assert train.count_nonfinite([False, True, True], 0, limit=3, iteration=1) == (2, 2)
+  assert train.count_nonfinite([True, False], 1, limit=3, iteration=1) == (1, 0)
   with pytest.raises(train.NonFiniteError, match="3 consecutive"):
-    train._count_nonfinite([True, True], 1, limit=3, iteration=7)
+    train.count_nonfinite([True, True], 1, limit=3, iteration=7)
 
 
 def _cli(*args, cwd):
@@ -336,5 +350,5 @@ def test_cli_runs_with_overrides_and_rejects_misspelt_keys(tmp_path):
   assert "held-out greedy accuracy" in ok.stdout
   saved = json.loads((tmp_path / "summary.json").read_text())
   assert saved["iterations_done"] == 2
-  config = json.loads((tmp_path / "config.json").read_text())
-  assert config["rl"]["advantage"] == "rloo" and config["rl"]["num_minibatches"] == 2
+  written = json.loads((tmp_path / "config.json").read_text())
+  assert written["rl"]["advantage"] == "rloo" and written["rl"]["num_minibatches"] == 2

@@ -86,7 +86,7 @@ def completion_features(
   params, prompt_tokens_BP, prompt_mask_BP, tokens_BT, mask_BT, *, cfg: model_lib.ModelConfig
 ):
   """(h_BTD, logits_BTV) at the T positions that predict the completion tokens o_{i,t}
-  (the positions `sampling.completion_logprobs` scores)."""
+  (the positions `logprobs.completion_logprobs` scores)."""
   P = prompt_tokens_BP.shape[1]
   tokens_BS = jnp.concatenate([prompt_tokens_BP, tokens_BT], axis=1)
   mask_BS = jnp.concatenate([prompt_mask_BP, mask_BT], axis=1)

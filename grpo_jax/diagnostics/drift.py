@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import losses, sampling
+from grpo_jax import logprobs, losses
 
 
 def pad_references(
@@ -71,7 +71,7 @@ def pad_references(
 def solution_drift(params, prompt_tokens_BP, prompt_mask_BP, tokens_BT, mask_BT, *, model_fn):
   """{"drift/solution_logp_token": Σ m log π / Σ m, "drift/solution_logp_seq": mean_i
   Σ_t m log π} of reference solutions under params. Jittable (model_fn static)."""
-  logp_BT, _ = sampling.completion_logprobs(
+  logp_BT, _ = logprobs.completion_logprobs(
     params, prompt_tokens_BP, prompt_mask_BP, tokens_BT, mask_BT, model_fn=model_fn
   )
   m_BT = jnp.asarray(mask_BT, jnp.float32)
@@ -83,8 +83,8 @@ def solution_drift(params, prompt_tokens_BP, prompt_mask_BP, tokens_BT, mask_BT,
 
 def completion_logits(params, prompt_tokens_BP, prompt_mask_BP, tokens_BT, mask_BT, *, model_fn):
   """Float32 logits [B, T, V] at the positions that predict the completion tokens
-  (`sampling.completion_logits`)."""
-  logits_BTV = sampling.completion_logits(
+  (`logprobs.completion_logits`)."""
+  logits_BTV = logprobs.completion_logits(
     params, prompt_tokens_BP, prompt_mask_BP, tokens_BT, mask_BT, model_fn=model_fn
   )
   return logits_BTV.astype(jnp.float32)

@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
+from grpo_jax import logprobs
 from grpo_jax import model as model_lib
-from grpo_jax import sampling
 
 PROJECTIONS = ("gaussian", "countsketch")
 
@@ -161,7 +161,7 @@ def token_logp_fn(
   """fn(sub) -> log π(o_{r_s, c_s}) [S], for `per_token_grads` over a subset."""
 
   def fn(sub):
-    logp_BT, _ = sampling.completion_logprobs(
+    logp_BT, _ = logprobs.completion_logprobs(
       merge(sub), prompt_tokens_BP, prompt_mask_BP, tokens_BT, mask_BT, model_fn=model_fn
     )
     return logp_BT[rows_S, cols_S]
@@ -180,7 +180,7 @@ def rollout_objective_fn(
   """
 
   def fn(sub):
-    logp_BT, _ = sampling.completion_logprobs(
+    logp_BT, _ = logprobs.completion_logprobs(
       merge(sub), prompt_tokens_BP, prompt_mask_BP, tokens_BT, mask_BT, model_fn=model_fn
     )
     return jnp.sum(jnp.where(mask_BT, coef_BT * logp_BT, 0.0), axis=1)

@@ -60,10 +60,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax import (
-  aggregation,
   checkpoint,
-  config_lib,
   distributed,
+  logprobs,
   logs,
   sampling,
   tokenizers,
@@ -71,81 +70,8 @@ from grpo_jax import (
 from grpo_jax import model as model_lib
 from grpo_jax.diagnostics import cancellation, coupling, drift, flips, grads, rank, report, value
 
-CREDIT_BATCHES = ("current", "fixed")
 # Template/format tokens of a non-toy tokenizer: whitespace, punctuation, <|markers|>, \boxed.
 TEMPLATE_PATTERNS = (r"^\s*$", r"^\s*[\W_]+\s*$", r"<\|?[\w/]+\|?>", r"\\boxed")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DiagnosticsConfig:
-  """config.diagnostics: what the periodic hook measures and how much it may cost."""
-
-  every: int = 0  # Run every N RL iterations (k % N == 0); 0: off.
-  probe_prompts: int = 4  # Groups (prompts × G rollouts) in the probe batch.
-  credit_batch: str = "current"  # Flips/coupling/cancellation on: "current" | "fixed".
-  max_tokens: int = 256  # S: target tokens sampled for the coupling kernel [S, rows × T].
-  tau: float = 1e-3  # Dead-band of the flip table: |Δlog π| <= τ is "unchanged".
-  aggregations: tuple[str, ...] = ()  # Extra aggregation modes for cancel/<mode>/...
-  drift_references: int = 32  # Held-out reference solutions for solution-logp drift.
-  length_window: int = 0  # Iterations in the response-length slope (0: all so far).
-  rank: bool = False  # Per-rollout gradient rank and sparsity.
-  rank_subset: str = "last_block"  # Parameter subset (`grads.param_subset`).
-  project_dim: int = 256  # Columns of the count-sketch projection of gradient rows.
-  value: bool = False  # Monte-Carlo token value (expensive).
-  value_samples: int = 8  # K continuations per prefix.
-  value_tokens: int = 16  # Probe tokens whose value is estimated.
-  seed: int = 0  # Token selection and projection seed.
-
-  def __post_init__(self):
-    for name in ("every", "drift_references", "length_window"):
-      if getattr(self, name) < 0:
-        raise ValueError(f"config.diagnostics.{name} must be >= 0, got {getattr(self, name)}.")
-    for name in ("probe_prompts", "max_tokens", "project_dim", "value_samples", "value_tokens"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"config.diagnostics.{name} must be >= 1, got {getattr(self, name)}.")
-    if not self.tau >= 0:
-      raise ValueError(f"config.diagnostics.tau must be >= 0, got {self.tau}.")
-    if self.credit_batch not in CREDIT_BATCHES:
-      raise ValueError(
-        f"config.diagnostics.credit_batch={self.credit_batch!r}; allowed: {CREDIT_BATCHES}."
-      )
-    if isinstance(self.aggregations, str):
-      raise ValueError(
-        f"config.diagnostics.aggregations must be a tuple of mode names, got the string "
-        f"{self.aggregations!r} (write ({self.aggregations!r},))."
-      )
-    for name in self.aggregations:
-      if name not in aggregation.REGISTRY:
-        raise ValueError(
-          f"config.diagnostics.aggregations names {name!r}, not a registered aggregation "
-          f"mode; allowed: {', '.join(aggregation.REGISTRY.names())}."
-        )
-
-  @property
-  def enabled(self) -> bool:
-    return self.every > 0
-
-  @classmethod
-  def from_dict(
-    cls, d, *, prompts_per_step: int, model_cfg: model_lib.ModelConfig | None = None
-  ) -> DiagnosticsConfig:
-    """Validated config; checks against the run (probe size, parameter subset) when on."""
-    cfg = config_lib.from_dict(cls, d, where="config.diagnostics")
-    if not cfg.enabled:
-      return cfg
-    if cfg.probe_prompts > prompts_per_step:
-      raise ValueError(
-        f"config.diagnostics.probe_prompts={cfg.probe_prompts} exceeds prompts_per_step="
-        f"{prompts_per_step}: the probe is taken from one RL batch."
-      )
-    if cfg.rank and model_cfg is not None:
-      shapes = jax.eval_shape(functools.partial(model_lib.init, model_cfg), jax.random.key(0))
-      try:
-        grads.param_subset(shapes, cfg.rank_subset, cfg=model_cfg)
-      except ValueError as e:
-        raise ValueError(f"config.diagnostics.rank_subset: {e}") from None
-    return cfg
-
 
 # ----------------------------------------------------------------------------
 # Jitted pieces, built once per configuration.
@@ -155,7 +81,7 @@ class DiagnosticsConfig:
 @functools.cache
 def _logp_fn(model_cfg: model_lib.ModelConfig):
   model_fn = model_lib.make_model_fn(model_cfg)
-  return jax.jit(lambda p, *inputs: sampling.completion_logprobs(p, *inputs, model_fn=model_fn)[0])
+  return jax.jit(lambda p, *inputs: logprobs.completion_logprobs(p, *inputs, model_fn=model_fn)[0])
 
 
 def _mode_residuals(tokens_BT, adv_BT, mask_BT, group_ids_B, *, modes, vocab_size, max_len):
@@ -196,7 +122,7 @@ def _rank_fn(model_cfg: model_lib.ModelConfig, subset: str, dim: int, seed: int)
   model_fn = model_lib.make_model_fn(model_cfg)
 
   def objective(merge, sub, pt, pm, t, m, c):
-    logp, _ = sampling.completion_logprobs(merge(sub), pt, pm, t, m, model_fn=model_fn)
+    logp, _ = logprobs.completion_logprobs(merge(sub), pt, pm, t, m, model_fn=model_fn)
     return jnp.sum(jnp.where(m, c * logp, 0.0))
 
   def fn(before, after, pt, pm, t, m, coef):
@@ -308,7 +234,7 @@ class Hook:
   probe capture.
   """
 
-  def __init__(self, setup, workdir, *, tree: dict, resumed_from: int | None, log=print):
+  def __init__(self, setup, workdir, *, params, ref_params, resumed_from: int | None, log=print):
     resumed = resumed_from is not None
     self.setup, self.cfg = setup, setup.diagnostics
     self.dir = pathlib.Path(workdir) / "diagnostics"
@@ -324,29 +250,30 @@ class Hook:
       with np.load(self.dir / "probe.npz", allow_pickle=False) as f:
         self.fixed = report.Probe(**{k: f[k] for k in f.files if k != "data_range"})
         self.fixed_range = range(*(int(x) for x in f["data_range"]))
-    self.init_params = self._initial_params(tree, resumed=resumed)
+    self.init_params = self._initial_params(params, ref_params, resumed=resumed)
     self.lengths = self._logged_lengths(workdir) if resumed else []
     if distributed.is_primary():  # Spectra past the checkpoint (or of an earlier run) go.
       self._truncate_spectra(last=resumed_from if resumed else 0)
 
   @classmethod
   def create(
-    cls, setup, workdir, *, tree: dict, resumed_from: int | None, log=print
+    cls, setup, workdir, *, params, ref_params, resumed_from: int | None, log=print
   ) -> Hook | None:
     """The run's hook (`resumed_from`: the checkpoint step a resumed run starts from), or
     None when config.diagnostics.every == 0."""
     if not setup.diagnostics.every:
       return None
-    return cls(setup, workdir, tree=tree, resumed_from=resumed_from, log=log)
+    return cls(
+      setup, workdir, params=params, ref_params=ref_params, resumed_from=resumed_from, log=log
+    )
 
   # --- state that outlives a session -------------------------------------------------
 
-  def _initial_params(self, tree: dict, *, resumed: bool):
+  def _initial_params(self, params, ref_params, *, resumed: bool):
     """π_0: the reference params when the run has them, else a copy kept in device
     memory and in workdir/diagnostics/init_params (module docstring)."""
-    if tree["ref_params"] is not None:
-      return tree["ref_params"]
-    params = tree["train"].params
+    if ref_params is not None:
+      return ref_params
     ckpt = checkpoint.Checkpointer(
       self.dir / "init_params", keep=1, keep_best=False, async_save=False
     )

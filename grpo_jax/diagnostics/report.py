@@ -1,20 +1,16 @@
-"""One periodic token-credit report on a fixed probe batch, and the definition of every
-metric key the diagnostics emit.
+"""One periodic token-credit report on a fixed probe batch.
 
   probe = report.Probe.from_batch(rollout_batch)          # once, kept fixed
   before = state.params                                    # every N steps: snapshot,
   ... train steps ...                                      # update,
   metrics = report.token_credit_report(before, state.params, probe, model_cfg=..., ...)
 
-`DEFINITIONS` maps key patterns (`<x>` = one path segment, `<x...>` = one or more) to
-definitions, in the style
-of `grpo_jax.metrics.DEFINITIONS`; `definition(name)` resolves a concrete key.
+Every key it emits is defined in `grpo_jax.metrics.DEFINITIONS` (`metrics.definition`).
 """
 
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Iterable
 
 import flax
@@ -22,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import advantages, sampling
+from grpo_jax import advantages, logprobs
 from grpo_jax import model as model_lib
 from grpo_jax.diagnostics import cancellation, coupling, drift, flips
 
@@ -84,7 +80,7 @@ def _credit_arrays(
   tokens_BT, mask_BT = inputs[2], inputs[3]
 
   def logp(params):
-    return sampling.completion_logprobs(params, *inputs, model_fn=model_fn)[0]
+    return logprobs.completion_logprobs(params, *inputs, model_fn=model_fn)[0]
 
   delta_BT = logp(params_after) - logp(params_before)
   adv_B = advantages.sequence_advantage(adv_BT, mask_BT)
@@ -168,7 +164,7 @@ def token_credit_report(
 ) -> dict[str, float]:
   """Flip table, cancellation residual, LM-head coupling fit, learning tax, entropy and KL
   for one update (params_before -> params_after) on the probe batch. Host; returns a
-  flat metrics dict (keys in `DEFINITIONS`).
+  flat metrics dict (keys defined in `grpo_jax.metrics.DEFINITIONS`).
 
   Measured Δ = log π_after − log π_before on the probe tokens. The coupling fit compares
   it with (a) the SGD first-order prediction on the LM-head block, η = sgd_lr, c = w·A
@@ -216,104 +212,3 @@ def token_credit_report(
     kl = stats(params_after, init_params, *inputs, row_chunk=row_chunk)
     out.update({k: float(v) for k, v in jax.device_get(kl).items()})
   return out
-
-
-# ----------------------------------------------------------------------------
-# Definitions.
-# ----------------------------------------------------------------------------
-
-DEFINITIONS = {
-  # flips.flip_report (pol: pos ā>0 | neg ā<0 | all; cat: reasoning | template | all).
-  "flip/<pol>/<cat>/boosted": "Fraction of the (polarity, category) probe tokens with Δlog π > τ.",
-  "flip/<pol>/<cat>/suppressed": "Fraction of the (polarity, category) probe tokens with Δlog π < −τ.",
-  "flip/<pol>/<cat>/unchanged": "Fraction of the (polarity, category) probe tokens with |Δlog π| <= τ.",
-  "flip/<pol>/<cat>/count": "Number of valid probe tokens in the (polarity, category) cell.",
-  "flip/<pol>/<cat>/abs_delta_share": "Σ|Δlog π| over the category / Σ|Δlog π| over all tokens of the polarity.",
-  # coupling.coupling_report.
-  "coupling/fit/<stat>": "Fit of the LM-head SGD first-order prediction η Σ_n c_n K_sn to the measured Δlog π "
-  "(corr, slope and intercept of measured on predicted, r2, rel_err = ‖pred − meas‖/‖meas‖).",
-  "coupling/self_fit/<stat>": "The same fit for the self term η c_s K_ss alone.",
-  "coupling/head_update_fit/<stat>": "The same fit for the first-order effect of the actual LM-head change δW.",
-  "coupling/self_abs_mean": "Mean over target tokens of |η c_s K_ss|.",
-  "coupling/coupling_abs_mean": "Mean over target tokens of |η Σ_{n≠s} c_n K_sn|.",
-  "coupling/self_share": "Σ|self| / (Σ|self| + Σ|coupling|) over target tokens.",
-  "coupling/self_sign_agree": "Fraction of target tokens whose measured Δ has the sign of their self term.",
-  "coupling/<kind>/abs_share": "Share of Σ_{s≠n}|η c_n K_sn| from pairs of the kind (same_id | diff_id).",
-  "coupling/<kind>/mean_k": "Mean LM-head kernel K_sn over non-self pairs of the kind.",
-  "coupling/<kind>/pairs": "Number of non-self (target, source) pairs of the kind.",
-  "coupling/<kind>/<tbin>/<sbin>/abs_share": "Share of coupling mass from pairs of the kind with target π(y) in "
-  "tbin and source π(y) in sbin.",
-  "coupling/<kind>/<tbin>/<sbin>/mean_k": "Mean K_sn over those pairs.",
-  # cancellation.residual_report (also cancel/<mode>/... from compare_aggregations).
-  "cancel/net": "Σ_v r_v = Σ_{i,t} w·A over loss tokens.",
-  "cancel/abs_residual": "Σ_v |r_v|, r_v = Σ_{i,t: o=v} w·A: credit left after batch-level cancellation.",
-  "cancel/gross": "Σ_v Σ_{o=v} |w·A|: the credit before cancellation.",
-  "cancel/residual_ratio": "cancel/abs_residual / cancel/gross.",
-  "cancel/group_abs_residual": "Σ_g Σ_v |r_{g,v}|: credit left after within-group cancellation.",
-  "cancel/group_residual_ratio": "cancel/group_abs_residual / cancel/gross.",
-  "cancel/top<j>/id": "Token id with the j-th largest |r_v| (j = 0 largest).",
-  "cancel/top<j>/residual": "Its residual r_v.",
-  "cancel/top<j>/count": "Its number of occurrences among loss tokens.",
-  "cancel/band<b>/abs_residual_share": "Σ|r_v| over frequency band b (0 = most frequent ids) / Σ_v |r_v|.",
-  "cancel/band<b>/residual_ratio": "Σ|r_v| / Σ gross over the ids of band b.",
-  "cancel/band<b>/num_ids": "Number of token ids in band b.",
-  "cancel/band<b>/min_count": "Smallest occurrence count in band b.",
-  "cancel/band<b>/max_count": "Largest occurrence count in band b.",
-  "cancel/<cat>/abs_residual_share": "Σ|r_v| over the ids of the category / Σ_v |r_v|.",
-  "cancel/<cat>/residual_ratio": "Σ|r_v| / Σ gross over the ids of the category.",
-  # drift.
-  "drift/solution_logp_token": "Mean log π per token of the fixed reference solutions.",
-  "drift/solution_logp_seq": "Mean over reference solutions of log π(o | q).",
-  "drift/entropy": "Mean entropy of π_θ over valid probe tokens.",
-  "drift/kl_init": "Mean exact KL(π_θ ‖ π_init) over the vocabulary at the probe contexts.",
-  "drift/kl_init_k3": "Mean k3 estimate of KL(π_θ ‖ π_init) at the probe tokens (biased: not π_θ's samples).",
-  "drift/length_slope": "Least-squares slope of response length per iteration over the trend window.",
-  "tax/learning_tax": "Σ_{v weak} ‖δW[:, v]‖² / ‖δW‖² of the actual LM-head change (weak: frequent ids "
-  "whose credit cancels, |r_v| <= ε·gross_v).",
-  "tax/learning_tax_sgd": "The same for the LM-head SGD step η Σ c h (e_y − π)^T.",
-  "tax/weak_ids": "Number of weak-credit token ids.",
-  # rank / sparsity.
-  "rank/<matrix...>/<metric>": "entropy_rank, stable_rank, energy_rank_<q>, sigma_max, fro of a named matrix "
-  "(the name may hold '/', e.g. a parameter path).",
-  "sparsity/hoyer": "Hoyer sparsity (√n − ‖g‖₁/‖g‖₂)/(√n − 1) of the gradient.",
-  "sparsity/near_zero": "Fraction of gradient coordinates with |g| <= ε·max|g|.",
-  "sparsity/zero_var_groups": "Fraction of groups whose rewards are all equal.",
-  "sparsity/minibatch_grad_var": "tr Cov of the mean per-rollout gradient (rank subset, projected) "
-  "over mini-batches of half the probe's rollouts drawn without replacement (exact: "
-  "(U − m)/(m(U − 1)) · mean ‖g_i − ḡ‖²).",
-  "sparsity/minibatch_grad_snr": "‖ḡ‖² / sparsity/minibatch_grad_var: the half-size mini-batch "
-  "gradient's signal-to-noise ratio on the probe.",
-  # value.value_by_flip.
-  "value/<pol>/<state>/value": "Mean MC value V(q, o_<=t) at tokens of the polarity and flip state.",
-  "value/<pol>/<state>/gain": "Mean V(q, o_<=t) − V(q, o_<t) at those tokens.",
-  "value/<pol>/<state>/count": "Number of those tokens.",
-  "value/<pol>/value_gap": "Mean value at boosted − at suppressed tokens.",
-  "value/<pol>/gain_gap": "Mean gain at boosted − at suppressed tokens.",
-}
-
-
-def _pattern(name: str) -> re.Pattern:
-  parts = re.split(r"(<[^>]+>)", name)
-  body = "".join(
-    (".+" if p.endswith("...>") else "[^/]+") if p.startswith("<") else re.escape(p) for p in parts
-  )
-  return re.compile(body)
-
-
-_PATTERNS = [(_pattern(k), k) for k in DEFINITIONS]
-
-
-def definition(name: str) -> str:
-  """The definition of a concrete key; "cancel/<mode>/..." rows of
-  `cancellation.compare_aggregations` resolve to their "cancel/..." pattern."""
-  candidates = [name]
-  m = re.match(r"^cancel/([^/]+)/(.+)$", name)
-  if m:
-    candidates.append(f"cancel/{m.group(2)}")
-  for cand in candidates:
-    for pat, key in _PATTERNS:
-      if pat.fullmatch(cand):
-        return DEFINITIONS[key]
-  raise KeyError(
-    f"Diagnostics metric {name!r} has no definition in diagnostics.report.DEFINITIONS."
-  )

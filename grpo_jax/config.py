@@ -1,0 +1,433 @@
+"""The run's config: one schema, every key with its default, validated once at the edge.
+
+    c = config.default_config()        # configs/*.py start here (no I/O, no trainer import)
+    c.rl.advantage = "rloo"             # any key; the locked ConfigDict refuses a misspelt one
+    setup = config.build(c)             # validated dataclasses + the task and its tokenizer
+
+Sections of the ConfigDict and the dataclass each becomes:
+
+  top level    LoopConfig            loop sizes, optimizer, evaluation, checkpoints, I/O
+  task         tasks.get(name, **kwargs)
+  model        model.ModelConfig     (vocab_size 0: the tokenizer's; or from config.hf_dir)
+  sampler      sampling.SamplerConfig (eos_ids / pad_id come from the tokenizer)
+  sampling     sampling.SamplingParams (arrays: temperature, top_k, top_p, greedy)
+  rl           rl.RLConfig           the algorithm, by registry names
+  mesh         sharding.MeshConfig   (data, fsdp, tensor) sizes and the logical->mesh rules
+  diagnostics  DiagnosticsConfig     token-credit diagnostics (every = 0: off)
+
+Where each value is checked: its own range (>= 1, finite, a registered name) in its
+dataclass's `__post_init__`; values that constrain each other (the rollout batch, the
+mini-batches, the micro-batches, the planner's groups and the mesh's data-parallel size)
+in `_check_batch_shapes`, once. Both run in `build`, before anything compiles; an error
+names the key, its value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+from typing import Any
+
+import jax
+import ml_collections
+
+from grpo_jax import aggregation, config_lib, hf, model, presets, rl, sampling, sharding, tasks
+from grpo_jax.diagnostics import grads
+
+SECTIONS = ("task", "model", "sampler", "sampling", "rl", "mesh", "diagnostics")
+# What config.model may set when the architecture comes from a HF checkpoint.
+HF_RUNTIME_KEYS = ("param_dtype", "dtype", "scan_layers", "remat")
+
+
+def _check_fields(obj, where: str, *, at_least: dict[str, float], above: dict[str, float] = ()):
+  """Every numeric field is finite; `at_least` fields >= their bound, `above` fields > it."""
+  for f in dataclasses.fields(obj):
+    v = getattr(obj, f.name)
+    if isinstance(v, float) and not math.isfinite(v):
+      raise ValueError(f"{where}.{f.name}={v}: must be a finite number.")
+  for name, low in at_least.items():
+    if getattr(obj, name) < low:
+      raise ValueError(f"{where}.{name} must be >= {low:g}, got {getattr(obj, name)}.")
+  for name, low in dict(above).items():
+    if not getattr(obj, name) > low:
+      raise ValueError(f"{where}.{name} must be > {low:g}, got {getattr(obj, name)}.")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoopConfig:
+  """Loop sizes, the optimizer, evaluation, checkpoints and output (the top-level keys)."""
+
+  seed: int = 0
+  prompts_per_step: int = 16
+  iterations: int = 50
+  learning_rate: float = 1e-3
+  warmup_steps: int = 0
+  weight_decay: float = 0.0
+  grad_clip: float = 1.0
+  warmstart_steps: int = 0
+  warmstart_batch: int = 64
+  warmstart_lr: float = 3e-3
+  eval_every: int = 10
+  eval_size: int = 128
+  eval_samples: int = 0  # k samples per held-out problem for pass@k / mean@k (0: off).
+  checkpoint_every: int = 50  # Iterations between checkpoints (also: end, SIGTERM).
+  keep_checkpoints: int = 3  # The latest N are kept, plus the best by eval accuracy.
+  max_nonfinite_steps: int = 5  # Consecutive skipped (non-finite) steps before stopping.
+  reward_workers: int = 2  # Reward processes; 0 scores inline (no timeout).
+  reward_timeout_s: float = 10.0  # Per call; a timeout scores 0 and counts as an error.
+  peak_flops: float = 0.0  # Device peak FLOP/s for MFU; 0 measures a float32 matmul.
+  # Per-device memory the plan must fit (`memory`), GiB; 0: the device's own limit where
+  # jax reports one (GPU, TPU), no check where it does not (CPU).
+  memory_limit_gib: float = 0.0
+  # A Hugging Face checkpoint directory (config.json + safetensors): the policy's
+  # architecture and initial weights come from it (`hf`); config.model then sets only
+  # param_dtype, dtype, scan_layers and remat. "": random init from config.model.
+  hf_dir: str = ""
+  # Write the final policy as a Hugging Face checkpoint to workdir/hf (for transformers
+  # or vLLM evaluation), with hf_dir's tokenizer files.
+  export_hf: bool = False
+  progress: bool = True  # Progress bar (tqdm) on a terminal.
+  tensorboard: bool = True  # Event files under workdir/tb.
+
+  def __post_init__(self):
+    object.__setattr__(self, "hf_dir", os.path.expanduser(self.hf_dir))
+    positive = (
+      "prompts_per_step",
+      "iterations",
+      "eval_every",
+      "eval_size",
+      "warmstart_batch",
+      "checkpoint_every",
+      "keep_checkpoints",
+      "max_nonfinite_steps",
+    )
+    non_negative = (
+      "warmup_steps",
+      "weight_decay",
+      "grad_clip",
+      "warmstart_steps",
+      "eval_samples",
+      "reward_workers",
+      "peak_flops",
+      "memory_limit_gib",
+    )
+    _check_fields(
+      self,
+      "config",
+      at_least={**dict.fromkeys(positive, 1), **dict.fromkeys(non_negative, 0)},
+      above=dict.fromkeys(("learning_rate", "warmstart_lr", "reward_timeout_s"), 0),
+    )
+
+
+CREDIT_BATCHES = ("current", "fixed")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DiagnosticsConfig:
+  """config.diagnostics: what the periodic token-credit hook (`diagnostics.hook`) measures
+  and how much it may cost."""
+
+  every: int = 0  # Run every N RL iterations (k % N == 0); 0: off.
+  probe_prompts: int = 4  # Groups (prompts × G rollouts) in the probe batch.
+  credit_batch: str = "current"  # Flips/coupling/cancellation on: "current" | "fixed".
+  max_tokens: int = 256  # S: target tokens sampled for the coupling kernel [S, rows × T].
+  tau: float = 1e-3  # Dead-band of the flip table: |Δlog π| <= τ is "unchanged".
+  aggregations: tuple[str, ...] = ()  # Extra aggregation modes for cancel/<mode>/...
+  drift_references: int = 32  # Held-out reference solutions for solution-logp drift.
+  length_window: int = 0  # Iterations in the response-length slope (0: all so far).
+  rank: bool = False  # Per-rollout gradient rank and sparsity.
+  rank_subset: str = "last_block"  # Parameter subset (`grads.param_subset`).
+  project_dim: int = 256  # Columns of the count-sketch projection of gradient rows.
+  value: bool = False  # Monte-Carlo token value (expensive).
+  value_samples: int = 8  # K continuations per prefix.
+  value_tokens: int = 16  # Probe tokens whose value is estimated.
+  seed: int = 0  # Token selection and projection seed.
+
+  def __post_init__(self):
+    positive = ("probe_prompts", "max_tokens", "project_dim", "value_samples", "value_tokens")
+    non_negative = ("every", "drift_references", "length_window", "tau")
+    _check_fields(
+      self,
+      "config.diagnostics",
+      at_least={**dict.fromkeys(positive, 1), **dict.fromkeys(non_negative, 0)},
+    )
+    if self.credit_batch not in CREDIT_BATCHES:
+      raise ValueError(
+        f"config.diagnostics.credit_batch={self.credit_batch!r}; allowed: {CREDIT_BATCHES}."
+      )
+    if isinstance(self.aggregations, str):
+      raise ValueError(
+        f"config.diagnostics.aggregations must be a tuple of mode names, got the string "
+        f"{self.aggregations!r} (write ({self.aggregations!r},))."
+      )
+    for name in self.aggregations:
+      if name not in aggregation.REGISTRY:
+        raise ValueError(
+          f"config.diagnostics.aggregations names {name!r}, not a registered aggregation "
+          f"mode; allowed: {', '.join(aggregation.REGISTRY.names())}."
+        )
+
+  @property
+  def enabled(self) -> bool:
+    return self.every > 0
+
+  @classmethod
+  def from_dict(
+    cls, d, *, prompts_per_step: int, model_cfg: model.ModelConfig | None = None
+  ) -> DiagnosticsConfig:
+    """Validated config; checks against the run (probe size, parameter subset) when on."""
+    cfg = config_lib.from_dict(cls, d, where="config.diagnostics")
+    if not cfg.enabled:
+      return cfg
+    if cfg.probe_prompts > prompts_per_step:
+      raise ValueError(
+        f"config.diagnostics.probe_prompts={cfg.probe_prompts} exceeds prompts_per_step="
+        f"{prompts_per_step}: the probe is taken from one RL batch."
+      )
+    if cfg.rank and model_cfg is not None:
+      shapes = jax.eval_shape(functools.partial(model.init, model_cfg), jax.random.key(0))
+      try:
+        grads.param_subset(shapes, cfg.rank_subset, cfg=model_cfg)
+      except ValueError as e:
+        raise ValueError(f"config.diagnostics.rank_subset: {e}") from None
+    return cfg
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  """Everything built from a config, once, at the edge (before anything compiles)."""
+
+  loop: LoopConfig
+  task: Any
+  tokenizer: Any
+  model_cfg: model.ModelConfig
+  sampler_cfg: sampling.SamplerConfig
+  sampling_hyper: sampling.SamplingParams
+  rl_cfg: rl.RLConfig
+  mesh_cfg: sharding.MeshConfig
+  diagnostics: DiagnosticsConfig = DiagnosticsConfig()
+
+  @property
+  def rollout_rows(self) -> int:
+    """N = prompts_per_step × group_size rows per rollout batch."""
+    return self.loop.prompts_per_step * self.sampler_cfg.group_size
+
+
+def _section(v):
+  if isinstance(v, dict):
+    return ml_collections.ConfigDict({k: _section(x) for k, x in v.items()})
+  return v
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """Every key a trainer config may set, with its default; configs/*.py start from it.
+
+  Top level: the LoopConfig fields. Sections: task (name, kwargs), model (ModelConfig
+  with vocab_size 0: the task's tokenizer's size; the defaults are `model.tiny_config`'s),
+  sampler (SamplerConfig without eos_ids/pad_id), sampling (temperature, top_k, top_p,
+  greedy), rl (every RLConfig field), mesh (data, fsdp, tensor sizes and the
+  logical->mesh rules table, `sharding.MeshConfig`) and diagnostics (DiagnosticsConfig;
+  every = 0: off). Because every key exists, command-line overrides such as
+  `--config.rl.num_minibatches=4` work on the locked config, and a misspelt key fails.
+  """
+  c = ml_collections.ConfigDict(dataclasses.asdict(LoopConfig()))
+  c.task = ml_collections.ConfigDict(dict(name="arithmetic", kwargs=ml_collections.ConfigDict()))
+  tiny = dataclasses.asdict(model.tiny_config(vocab_size=2))
+  tiny["vocab_size"] = 0
+  c.model = ml_collections.ConfigDict(tiny)
+  sampler = {
+    f.name: f.default
+    for f in dataclasses.fields(sampling.SamplerConfig)
+    if f.name not in ("eos_ids", "pad_id")
+  }
+  sampler["max_new_tokens"] = 16
+  c.sampler = ml_collections.ConfigDict(sampler)
+  c.sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_k=0, top_p=1.0, greedy=False))
+  c.rl = _section(dataclasses.asdict(rl.RLConfig()))
+  mesh = sharding.MeshConfig()
+  c.mesh = ml_collections.ConfigDict(
+    dict(data=mesh.data, fsdp=mesh.fsdp, tensor=mesh.tensor, rules=_section(dict(mesh.rules)))
+  )
+  c.diagnostics = _section(dataclasses.asdict(DiagnosticsConfig()))
+  return c
+
+
+def hf_math_config(
+  variant: str,
+  *,
+  task_kwargs: dict,
+  fixture_model: str,
+  fixture_data: str,
+  mesh: tuple[int, int, int],
+  max_new_tokens: int,
+  max_prompt_len: int,
+  eval_size: int,
+  micro_batches: int = 4,
+) -> ml_collections.ConfigDict:
+  """GRPO on a math dataset from a Qwen2.5 Instruct checkpoint: the recipe that
+  configs/gsm8k_qwen.py and configs/math_qwen.py share (task "math", GRPO with KL 0.001
+  and token-mean aggregation, no warm start, the policy exported to workdir/hf).
+
+  variant "tiny": the committed random checkpoint `fixture_model` and the fixture records
+  in `fixture_data` (manual_dir), with their own TFDS data_dir under $TMPDIR so they never
+  stand in for the real dataset; a CPU run of the whole pipeline in about a minute.
+  Otherwise Qwen2.5-<variant>-Instruct under ~/models: float32 params and Adam, bfloat16
+  compute, scanned + rematerialised layers (configs/scale.py gives the reasons), 64
+  prompts × G = 8, lr 1e-6 with 10 warmup steps, 200 iterations, the mesh (data, fsdp,
+  tensor) and 4 mini-batches of `micro_batches` micro-batches.
+  """
+  c = default_config()
+  c.task.name = "math"
+  c.task.kwargs = dict(manual_dir="", data_dir="", **task_kwargs)
+  c.rl.update(presets.get("grpo"))
+  c.rl.update(kl_coef=0.001, aggregation="token_mean")
+  c.update(warmstart_steps=0, export_hf=True)
+  if variant == "tiny":
+    c.hf_dir = fixture_model
+    tmp = os.environ.get("TMPDIR", "/tmp")  # No I/O here: tempfile.gettempdir() probes.
+    c.task.kwargs.update(
+      manual_dir=fixture_data, data_dir=os.path.join(tmp, "grpo_jax_fixture_tfds")
+    )
+    c.sampler.update(max_new_tokens=16, group_size=4, max_prompt_len=384)
+    c.sampler.prompt_buckets = (192, 384)
+    c.update(prompts_per_step=4, iterations=4, eval_every=2, eval_size=4, eval_samples=0)
+    c.update(learning_rate=1e-3, checkpoint_every=2, reward_workers=1, reward_timeout_s=30.0)
+    return c
+  c.hf_dir = f"~/models/Qwen2.5-{variant.upper()}-Instruct"
+  c.model.update(dtype="bfloat16", param_dtype="float32", scan_layers=True, remat="full")
+  c.sampler.update(max_new_tokens=max_new_tokens, max_prompt_len=max_prompt_len, group_size=8)
+  c.sampler.prompt_buckets = (max_prompt_len // 2, max_prompt_len)
+  c.update(prompts_per_step=64, iterations=200, learning_rate=1e-6, warmup_steps=10)
+  c.update(eval_every=20, eval_size=eval_size, eval_samples=0, checkpoint_every=20)
+  c.update(reward_workers=8, reward_timeout_s=10.0)
+  c.rl.update(num_minibatches=4, micro_batches=micro_batches)
+  c.mesh.update(dict(zip(("data", "fsdp", "tensor"), mesh, strict=True)))
+  return c
+
+
+def build(config, *, n_devices: int | None = None) -> Setup:
+  """Validates the ConfigDict and builds the typed pieces; errors name the bad key.
+  `n_devices`: the device count the mesh is checked against (default: this job's)."""
+  d = config_lib.to_dict(config)
+  loop = config_lib.from_dict(
+    LoopConfig, {k: v for k, v in d.items() if k not in SECTIONS}, where="config"
+  )
+  task, tok = _task(d["task"], hf_dir=loop.hf_dir)
+  model_cfg = _model_config(d["model"], tok, hf_dir=loop.hf_dir)
+  sampler_cfg = config_lib.from_dict(
+    sampling.SamplerConfig,
+    {**d["sampler"], "eos_ids": tok.eos_ids, "pad_id": tok.pad_id},
+    where="config.sampler",
+  )
+  rl_cfg = rl.RLConfig.from_dict(d["rl"], where="config.rl")
+  mesh_cfg = sharding.MeshConfig.from_dict(d.get("mesh", {}))
+  data_parallel = math.prod(mesh_cfg.shape(n_devices or jax.device_count())[:2])
+  _check_batch_shapes(loop, rl_cfg, sampler_cfg.group_size, data_parallel=data_parallel)
+  return Setup(
+    loop=loop,
+    task=task,
+    tokenizer=tok,
+    model_cfg=model_cfg,
+    sampler_cfg=sampler_cfg,
+    sampling_hyper=sampling.sampling_params(**d["sampling"]),
+    rl_cfg=rl_cfg,
+    mesh_cfg=mesh_cfg,
+    diagnostics=DiagnosticsConfig.from_dict(
+      d.get("diagnostics", {}), prompts_per_step=loop.prompts_per_step, model_cfg=model_cfg
+    ),
+  )
+
+
+def _task(d: dict, *, hf_dir: str):
+  """The task and its tokenizer; a task that reads a HF tokenizer takes hf_dir's."""
+  kwargs = dict(d.get("kwargs", {}))
+  if hf_dir and getattr(tasks.REGISTRY.get(d["name"]), "uses_hf_tokenizer", False):
+    kwargs.setdefault("tokenizer_dir", hf_dir)
+  task = tasks.get(d["name"], **kwargs)
+  return task, task.tokenizer()
+
+
+def _model_config(model_d: dict, tok, *, hf_dir: str) -> model.ModelConfig:
+  if hf_dir:
+    return _hf_model_config(hf_dir, model_d, tok)
+  vocab = model_d.get("vocab_size", 0) or tok.vocab_size
+  if vocab < tok.vocab_size:
+    raise ValueError(
+      f"config.model.vocab_size={vocab} is smaller than the tokenizer's {tok.vocab_size}; "
+      "use 0 (the tokenizer's) or a larger size (e.g. a pretrained model's padded vocab)."
+    )
+  return model.ModelConfig.from_dict({**model_d, "vocab_size": vocab})
+
+
+def _hf_model_config(hf_dir: str, model_d: dict, tok) -> model.ModelConfig:
+  """The checkpoint's architecture with config.model's runtime keys. An architecture key
+  of config.model that differs from both its default and the checkpoint is an error
+  (it would be silently ignored otherwise). A vocabulary padded past the tokenizer's
+  size gets `vocab_limit` = the tokenizer's size."""
+  base = hf.model_config(hf.read_config(hf_dir), where=f"{hf_dir}/config.json")
+  default = config_lib.to_dict(default_config().model)
+  for key, value in model_d.items():
+    if key in HF_RUNTIME_KEYS or value == default.get(key) or value == getattr(base, key):
+      continue
+    raise ValueError(
+      f"config.model.{key}={value!r} conflicts with {hf_dir}/config.json "
+      f"({getattr(base, key)!r}): with config.hf_dir the architecture comes from the "
+      f"checkpoint; config.model sets only {list(HF_RUNTIME_KEYS)}."
+    )
+  if tok.vocab_size > base.vocab_size:
+    raise ValueError(
+      f"The tokenizer has {tok.vocab_size} tokens but {hf_dir}/config.json has vocab_size "
+      f"{base.vocab_size}: they do not belong together."
+    )
+  runtime = {k: model_d[k] for k in HF_RUNTIME_KEYS if k in model_d}
+  limit = tok.vocab_size if tok.vocab_size < base.vocab_size else 0
+  return dataclasses.replace(base, vocab_limit=limit, **runtime)
+
+
+def _check_batch_shapes(loop: LoopConfig, rl_cfg: rl.RLConfig, group_size: int, *, data_parallel):
+  """The rollout batch N = prompts_per_step × group_size splits into rl.num_minibatches
+  mini-batches of b rows, each into rl.micro_batches micro-batches of b / micro_batches
+  rows; every one of them is split over the data × fsdp devices, and the planner must be
+  able to honour its guarantee (e.g. whole groups per mini-batch) at this shape."""
+  n = loop.prompts_per_step * group_size
+  M, K = rl_cfg.num_minibatches, rl_cfg.micro_batches
+  if n % M:
+    raise ValueError(
+      f"config.rl.num_minibatches={M} does not divide the rollout batch of {n} rows "
+      f"(prompts_per_step {loop.prompts_per_step} × group_size {group_size})."
+    )
+  if (n // M) % K:
+    raise ValueError(
+      f"config.rl.micro_batches={K} does not divide the mini-batch of {n // M} rows "
+      f"(rollout batch {n} / num_minibatches {M})."
+    )
+  rows = {
+    "the rollout batch (prompts_per_step × group_size)": n,
+    "a mini-batch (rollout batch / rl.num_minibatches)": n // M,
+    "a micro-batch (mini-batch / rl.micro_batches)": n // M // K,
+  }
+  for what, r in rows.items():
+    if r % data_parallel:
+      raise ValueError(
+        f"config.mesh: {what} has {r} rows, not divisible by the data-parallel size "
+        f"data × fsdp = {data_parallel}. Change prompts_per_step, group_size, "
+        "rl.num_minibatches or rl.micro_batches, or the mesh (e.g. put devices on `tensor`)."
+      )
+  try:
+    rl.make_plan_fn(rl_cfg, batch_size=n, group_size=group_size)
+  except ValueError as e:
+    raise ValueError(f"config.rl.planner={rl_cfg.planner!r}: {e}") from None
+
+
+def as_dict(setup: Setup) -> dict:
+  """The validated config as plain data (written to workdir/config.json)."""
+  return {
+    "loop": dataclasses.asdict(setup.loop),
+    "task": type(setup.task).__name__,
+    "model": dataclasses.asdict(setup.model_cfg),
+    "sampler": dataclasses.asdict(setup.sampler_cfg),
+    "rl": dataclasses.asdict(setup.rl_cfg),
+    "diagnostics": dataclasses.asdict(setup.diagnostics),
+  }

@@ -1,0 +1,182 @@
+"""One RL iteration's data: draw prompts, sample rollouts, score them, (dynamically) select.
+
+    drawn = rollout.draw(setup, fns, index)                  # prompts index .. index + B - 1
+    got = rollout.collect(setup, fns, pool, params, ref_params, index=index, key=key)
+    got.rollouts, got.logprobs, got.correct_N, got.valid_N, got.metrics
+
+Host/device overlap: without dynamic sampling the old/ref log-prob forwards
+(`rl.rollout_logprobs`) are dispatched as soon as the rollouts exist, and run on the
+device while the host decodes and scores rewards in the worker pool (`rewards.RewardPool`).
+With DAPO dynamic sampling (`dynamic_sampling`) generation batches are sampled until B
+groups have varying rewards or `rl.max_gen_batches` is reached, and the forwards run once
+the kept groups are assembled, so no forward is spent on dropped groups.
+
+Several processes: each encodes, decodes and scores only the rows its devices hold
+(`distributed.local_rows`); scores are all-gathered, so every process sees the same
+arrays. The prompt stream is the same whatever the number of processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from grpo_jax import config, distributed, dynamic_sampling, flops, rl, sampling
+
+
+@dataclasses.dataclass(frozen=True)
+class Drawn:
+  """Train examples index .. index + B - 1: this process's rows ({row: example}) and the
+  global prompt batch."""
+
+  index: int
+  examples: dict
+  prompts: sampling.Prompts
+
+
+@dataclasses.dataclass(frozen=True)
+class Scores:
+  """Host scores of a batch's completions, the same on every process."""
+
+  correct_N: np.ndarray
+  format_N: np.ndarray
+  errors: int
+  timeouts: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Collected:
+  """A training batch of B·G rows, scored, with its log-prob forwards dispatched."""
+
+  rollouts: sampling.Rollouts
+  logprobs: rl.PolicyLogProbs
+  scores: Scores
+  valid_N: np.ndarray  # False on dynamic-sampling fill groups: kept for shape, not trained.
+  next_index: int
+  metrics: dict
+  seconds: dict  # "sample", "reward"
+
+
+def host_prompts(setup: config.Setup, fns, examples: dict, n: int) -> sampling.Prompts:
+  """The n-row prompt batch as global arrays on the layout's row sharding; this process
+  encodes only its own rows (`examples` maps row -> example), padded to the bucket of the
+  longest prompt of every process."""
+  tok, rows = setup.tokenizer, distributed.local_rows(fns.layout.rows(n), n)
+  lists = [tok.encode(examples[i].prompt, add_bos=True) for i in range(rows.start, rows.stop)]
+  longest = distributed.max_across(max(len(t) for t in lists))
+  prompts = sampling.prepare_prompts(lists, cfg=setup.sampler_cfg, min_len=longest)
+  return distributed.to_global(prompts, fns.layout.rows(n), n)
+
+
+def needed_rows(fns, n_prompts: int, group: int) -> range:
+  """Prompt rows this process needs: those its devices hold, and the prompts of the
+  n_prompts × group completion rows it decodes and scores."""
+  p = distributed.local_rows(fns.layout.rows(n_prompts), n_prompts)
+  c = distributed.local_rows(fns.layout.rows(n_prompts * group), n_prompts * group)
+  return range(min(p.start, c.start // group), max(p.stop, -(-c.stop // group)))
+
+
+def draw(setup: config.Setup, fns, index: int) -> Drawn:
+  """Train examples index .. index + B - 1 and their prompt batch."""
+  loop = setup.loop
+  rows = needed_rows(fns, loop.prompts_per_step, setup.sampler_cfg.group_size)
+  examples = {i: setup.task.example("train", index + i, seed=loop.seed) for i in rows}
+  return Drawn(index, examples, host_prompts(setup, fns, examples, loop.prompts_per_step))
+
+
+def score(setup: config.Setup, pool, examples: dict, tokens_NT, *, group: int) -> Scores:
+  """Decodes and scores this process's rows of the completions tokens_NT (n = prompts ×
+  group rows, global), then all-gathers the scores."""
+  tok, n = setup.tokenizer, tokens_NT.shape[0]
+  rows = distributed.local_rows(tokens_NT.sharding, n)
+  completions = [tok.decode(r) for r in distributed.fetch_local(tokens_NT)]
+  scores = pool.score(
+    [setup.task.reward_input(examples[i // group]) for i in range(rows.start, rows.stop)],
+    completions,
+  )
+  gather = lambda x: distributed.gather_rows(x, tokens_NT.sharding, n)
+  errors, timeouts = distributed.sum_across(np.array([scores.errors, scores.timeouts]))
+  return Scores(gather(scores.correct_N), gather(scores.format_N), int(errors), int(timeouts))
+
+
+def collect(
+  setup: config.Setup, fns, pool, params, ref_params, *, index: int, key, prefetched=None
+) -> Collected:
+  """Samples and scores generation batches (one, or with dynamic sampling up to
+  rl.max_gen_batches) from data position `index`; `prefetched` is a `Drawn` made while the
+  previous update ran on the device. Shapes are always B·G rows."""
+  rl_cfg, G = setup.rl_cfg, setup.sampler_cfg.group_size
+  parts, scores, seconds, n_varying = [], [], {"sample": 0.0, "reward": 0.0}, 0
+  for g in range(rl_cfg.max_gen_batches if rl_cfg.dynamic_sampling else 1):
+    drawn = prefetched if prefetched and prefetched.index == index else draw(setup, fns, index)
+    index += setup.loop.prompts_per_step
+    t0 = time.perf_counter()
+    rollouts = fns.sample(params, drawn.prompts, jax.random.fold_in(key, g), setup.sampling_hyper)
+    rollouts = jax.block_until_ready(rollouts)
+    t1 = time.perf_counter()
+    if not rl_cfg.dynamic_sampling:
+      logprobs = fns.logprobs(params, ref_params, rollouts)  # Async: overlaps the scoring.
+    scores.append(score(setup, pool, drawn.examples, rollouts.tokens_NT, group=G))
+    seconds["sample"] += t1 - t0
+    seconds["reward"] += time.perf_counter() - t1
+    parts.append(rollouts)
+    n_varying += int(dynamic_sampling.varying_groups(scores[-1].correct_N, group_size=G).sum())
+    if n_varying >= setup.loop.prompts_per_step:
+      break
+  metrics = {
+    "accuracy": float(np.concatenate([s.correct_N for s in scores]).mean()),
+    "reward_errors": sum(s.errors for s in scores),
+    "reward_timeouts": sum(s.timeouts for s in scores),
+  }
+  if not rl_cfg.dynamic_sampling:
+    valid_N = np.ones(setup.rollout_rows, bool)
+    return Collected(parts[0], logprobs, scores[0], valid_N, index, metrics, seconds)
+  rollouts, picked, valid_N, dynamic = _select(setup, parts, scores)
+  logprobs = fns.logprobs(params, ref_params, rollouts)
+  return Collected(rollouts, logprobs, picked, valid_N, index, {**metrics, **dynamic}, seconds)
+
+
+def _select(setup: config.Setup, parts: list, scores: list[Scores]):
+  """Dynamic sampling: B groups assembled from the generation batches (varying groups
+  first, masked fill groups when the cap was reached); (rollouts, their scores, valid_N,
+  dynamic/... metrics)."""
+  B, G = setup.loop.prompts_per_step, setup.sampler_cfg.group_size
+  varying = [dynamic_sampling.varying_groups(s.correct_N, group_size=G) for s in scores]
+  sel = dynamic_sampling.select(varying, num_groups=B)
+  rollouts = dynamic_sampling.assemble(parts, sel, group_size=G, pad_id=setup.sampler_cfg.pad_id)
+  pick = functools.partial(dynamic_sampling.select_rows, sel=sel, group_size=G)
+  picked = Scores(
+    pick([s.correct_N for s in scores]),
+    pick([s.format_N for s in scores]),
+    sum(s.errors for s in scores),
+    sum(s.timeouts for s in scores),
+  )
+  metrics = {
+    "dynamic/gen_batches": len(parts),
+    "dynamic/dropped_groups": sel.dropped,
+    "dynamic/fill_groups": sel.fill,
+    "dynamic/surplus_groups": sel.surplus,
+  }
+  return rollouts, picked, np.repeat(sel.valid_B, G), metrics
+
+
+def iteration_flops(setup: config.Setup, rollouts: Any, *, gen_batches: int) -> float:
+  """Model FLOPs of one iteration (`flops`): sampling, prepare's forwards, the updates."""
+  cfg, scfg, rl_cfg = setup.model_cfg, setup.sampler_cfg, setup.rl_cfg
+  N, P = rollouts.prompt_tokens_NP.shape
+  T = scfg.max_new_tokens
+  sample = gen_batches * flops.sampling_flops(
+    cfg,
+    prompts=setup.loop.prompts_per_step,
+    group_size=scfg.group_size,
+    prompt_len=P,
+    new_tokens=float(rollouts.num_steps),
+  )
+  seq = N * flops.sequence_forward_flops(cfg, length=P + T)
+  forwards = (1 if rl_cfg.recompute_old_logp else 0) + (1 if rl_cfg.use_ref else 0)
+  return sample + forwards * seq + 3 * rl_cfg.ppo_epochs * seq

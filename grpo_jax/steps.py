@@ -1,0 +1,219 @@
+"""The run's compiled functions: every `jax.jit` of the trainer, with its shardings.
+
+    fns = steps.functions(setup)          # built once per config (cached), nothing compiles yet
+    rollouts = fns.sample(params, prompts, key, sampling_hyper)
+    state, idx_EMb, metrics_S = fns.update(state, batch, key, step_hyper)
+
+This is the third of the three places where sharding is declared (logical names in
+`model`, the rules table in `config.mesh`, and here, the in/out shardings of each jit):
+params and optimizer state follow the rules table, batches (prompts, rollouts,
+mini-batches) are split over data × fsdp, hyperparameters and metrics are replicated.
+Before anything is built, a config whose memory plan does not fit the device is refused
+(`memory.check`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+
+from grpo_jax import config, memory, model, rl, sampling, sharding, warmstart
+
+
+@dataclasses.dataclass(frozen=True)
+class Functions:
+  layout: sharding.Layout  # The mesh and its rules.
+  param_shardings: Any
+  state_shardings: Any  # rl.TrainState with the RL optimizer.
+  model_fn: Any
+  optimizer: Any
+  sft_optimizer: Any
+  sample: Any  # G rows per prompt, training sampler.
+  sample_greedy: Any  # One row per prompt, for greedy evaluation.
+  sample_eval: Any  # eval_samples rows per prompt, for pass@k (None when off).
+  sft_step: Any  # warmstart.sft_step: one cross-entropy step on reference solutions.
+  logprobs: Any  # rl.rollout_logprobs: dispatched before rewards are scored.
+  finish: Any  # rl.finish_prepare: advantages and masks once rewards are in.
+  update: Any  # rl.update: plan + a scan of train steps over one rollout batch.
+
+
+# Loop fields the compiled functions depend on (with the model, sampler, RL and mesh).
+_CACHE_FIELDS = (
+  "prompts_per_step",
+  "learning_rate",
+  "warmup_steps",
+  "weight_decay",
+  "grad_clip",
+  "warmstart_lr",
+  "warmstart_batch",
+  "eval_size",
+  "eval_samples",
+)
+_FUNCTIONS: dict[str, Functions] = {}  # Config repr -> functions (oldest first out).
+
+
+def functions(setup: config.Setup) -> Functions:
+  """The jitted pieces of a run; built once per (model, sampler, RL, optimizer, mesh), so a
+  notebook that reruns a config does not recompile."""
+  loop = setup.loop
+  key = repr(
+    (
+      setup.model_cfg,
+      setup.sampler_cfg,
+      setup.rl_cfg,
+      setup.mesh_cfg,
+      jax.devices(),
+      [getattr(loop, f) for f in _CACHE_FIELDS],
+    )
+  )
+  if key not in _FUNCTIONS:
+    check_memory(setup)  # Before anything compiles.
+    if len(_FUNCTIONS) >= 4:
+      _FUNCTIONS.pop(next(iter(_FUNCTIONS)))
+    _FUNCTIONS[key] = _build(setup)
+  return _FUNCTIONS[key]
+
+
+def memory_limit(loop: config.LoopConfig) -> float | None:
+  """Bytes per device the plan must fit: loop.memory_limit_gib, else the device's own
+  limit (jax's memory_stats: GPU, TPU), else None (CPU: no check)."""
+  if loop.memory_limit_gib:
+    return loop.memory_limit_gib * memory.GIB
+  stats = jax.local_devices()[0].memory_stats() or {}
+  return stats.get("bytes_limit")
+
+
+def check_memory(setup: config.Setup) -> None:
+  """Refuses, before compiling, a config whose memory plan exceeds the device memory
+  (`memory.OutOfMemoryPlan`, with the plan and what to change)."""
+  limit = memory_limit(setup.loop)
+  if limit:
+    plan = memory.plan_for(setup)
+    memory.check(plan, limit, setup.model_cfg, setup.rl_cfg)
+
+
+def optimizers(loop: config.LoopConfig):
+  """(RL optimizer, warm-start optimizer): the same chain at their learning rates."""
+  make = functools.partial(
+    rl.make_optimizer,
+    warmup_steps=loop.warmup_steps,
+    weight_decay=loop.weight_decay,
+    grad_clip=loop.grad_clip,
+  )
+  return make(lr=loop.learning_rate), make(lr=loop.warmstart_lr)
+
+
+_ROLLOUT_FIELDS = [f.name for f in dataclasses.fields(sampling.Rollouts) if f.name != "num_steps"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shardings:
+  """The shardings every jit below takes: by the rules table, split rows, replicated."""
+
+  layout: sharding.Layout
+  params: Any
+  state: Any  # rl.TrainState with the RL optimizer.
+  sft_state: Any  # rl.TrainState with the warm-start optimizer.
+  ref: Any  # The reference params (replicated None without a KL term).
+
+  def rows(self, n: int):
+    return self.layout.rows(n)
+
+  @property
+  def rep(self):
+    return self.layout.replicated
+
+  def rollouts(self, n: int) -> sampling.Rollouts:  # Rows split, the step count replicated.
+    return sampling.Rollouts(**{f: self.rows(n) for f in _ROLLOUT_FIELDS}, num_steps=self.rep)
+
+
+def _shardings(setup: config.Setup, layout: sharding.Layout, optimizer, sft_optimizer):
+  mcfg = setup.model_cfg
+  params = sharding.param_shardings(layout, mcfg)
+  state, sft_state = (
+    sharding.tree_shardings(
+      layout, lambda k, o=o: rl.init_state(model.init_boxed(mcfg, k), o), jax.random.key(0)
+    )
+    for o in (optimizer, sft_optimizer)
+  )
+  ref = params if setup.rl_cfg.use_ref else layout.replicated
+  return _Shardings(layout=layout, params=params, state=state, sft_state=sft_state, ref=ref)
+
+
+def _sampler(setup: config.Setup, sh: _Shardings, model_fn, *, group: int, prompts: int):
+  """`sampling.sample` for `prompts` prompts × `group` rows each."""
+  fn = functools.partial(
+    sampling.sample,
+    model_fn=model_fn,
+    init_cache=functools.partial(model.init_cache, setup.model_cfg),
+    cfg=dataclasses.replace(setup.sampler_cfg, group_size=group),
+  )
+  return sharding.Jitted(
+    sh.layout,
+    fn,
+    in_shardings=(sh.params, sh.rows(prompts), sh.rep, sh.rep),
+    out_shardings=sh.rollouts(prompts * group),
+  )
+
+
+def _rl_functions(setup: config.Setup, sh: _Shardings, model_fn, optimizer) -> dict:
+  """The RL half: log-prob forwards, prepare, and the update phase."""
+  rl_cfg, N = setup.rl_cfg, setup.rollout_rows
+  rows, rep = sh.rows(N), sh.rep
+  plan_fn = rl.make_plan_fn(rl_cfg, batch_size=N, group_size=setup.sampler_cfg.group_size)
+  return dict(
+    logprobs=sharding.Jitted(
+      sh.layout,
+      functools.partial(rl.rollout_logprobs, cfg=rl_cfg, model_fn=model_fn),
+      in_shardings=(sh.params, sh.ref, sh.rollouts(N)),
+      out_shardings=rows,
+    ),
+    finish=sharding.Jitted(
+      sh.layout,
+      functools.partial(rl.finish_prepare, cfg=rl_cfg),
+      in_shardings=(rows, sh.rollouts(N), rows, rows, rep),
+      out_shardings=(rows, rows, rep),
+    ),
+    update=sharding.Jitted(
+      sh.layout,
+      functools.partial(
+        rl.update, cfg=rl_cfg, model_fn=model_fn, optimizer=optimizer, plan_fn=plan_fn
+      ),
+      in_shardings=(sh.state, rows, rep, rep),
+      out_shardings=(sh.state, rep, rep),
+      donate_argnums=(0,),
+    ),
+  )
+
+
+def _build(setup: config.Setup) -> Functions:
+  loop, scfg = setup.loop, setup.sampler_cfg
+  layout = sharding.Layout.create(setup.mesh_cfg)
+  model_fn = model.make_model_fn(setup.model_cfg)
+  optimizer, sft_optimizer = optimizers(loop)
+  sh = _shardings(setup, layout, optimizer, sft_optimizer)
+  sampler = functools.partial(_sampler, setup, sh, model_fn)
+  return Functions(
+    layout=layout,
+    param_shardings=sh.params,
+    state_shardings=sh.state,
+    model_fn=model_fn,
+    optimizer=optimizer,
+    sft_optimizer=sft_optimizer,
+    sample=sampler(group=scfg.group_size, prompts=loop.prompts_per_step),
+    sample_greedy=sampler(group=1, prompts=loop.eval_size),
+    sample_eval=sampler(group=loop.eval_samples, prompts=loop.eval_size)
+    if loop.eval_samples
+    else None,
+    sft_step=sharding.Jitted(
+      layout,
+      functools.partial(warmstart.sft_step, model_fn=model_fn, optimizer=sft_optimizer),
+      in_shardings=(sh.sft_state, *(sh.rows(loop.warmstart_batch),) * 3),
+      out_shardings=(sh.sft_state, sh.rep),
+      donate_argnums=(0,),
+    ),
+    **_rl_functions(setup, sh, model_fn, optimizer),
+  )

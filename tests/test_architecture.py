@@ -1,0 +1,115 @@
+"""Facts about the package's layout a reader can rely on: no import cycle (statically, and
+each module importable alone), and short functions in the trainer's modules."""
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "grpo_jax"
+# The trainer: one module per phase of the data path (README, "Architecture").
+TRAINER = ("config", "rollout", "warmstart", "evaluation", "steps", "train", "main")
+MAX_FUNCTION_LINES = 60
+
+
+def _module_name(path: pathlib.Path) -> str:
+  parts = path.relative_to(ROOT).with_suffix("").parts
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, pathlib.Path]:
+  return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imports(path: pathlib.Path, modules) -> set[str]:
+  """grpo_jax modules `path` imports anywhere (module level or inside functions)."""
+  out = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      out |= {a.name for a in node.names if a.name in modules}
+    elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("grpo_jax"):
+      for a in node.names:
+        full = f"{node.module}.{a.name}"
+        out.add(full if full in modules else node.module)
+  return out - {_module_name(path)}
+
+
+def _graph() -> dict[str, set[str]]:
+  modules = _modules()
+  return {name: _imports(path, modules) for name, path in modules.items()}
+
+
+def _cycle(graph) -> list[str] | None:
+  """One import cycle of `graph` (a list of modules, first == last), or None."""
+  state, stack = {}, []
+
+  def visit(n):
+    state[n] = "open"
+    stack.append(n)
+    for m in sorted(graph[n]):
+      if state.get(m) == "open":
+        return [*stack[stack.index(m) :], m]
+      if m not in state and (found := visit(m)):
+        return found
+    stack.pop()
+    state[n] = "done"
+    return None
+
+  for n in sorted(graph):
+    if n not in state and (found := visit(n)):
+      return found
+  return None
+
+
+def test_the_import_graph_has_no_cycle():
+  graph = _graph()
+  assert "grpo_jax.train" in graph and graph["grpo_jax.config"], "the walk found no imports"
+  assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph))}"
+
+
+def test_the_cycle_check_finds_a_cycle():
+  assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+  assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_configs_import_the_config_module_not_the_trainer():
+  for path in sorted((ROOT / "configs").glob("*.py")):
+    imported = _imports(path, _modules())
+    assert not imported & {"grpo_jax.train", "grpo_jax.steps", "grpo_jax.rl"}, path.name
+
+
+# Command-line entry points define absl flags: each is imported in a process of its own.
+_ENTRY_POINTS = ("grpo_jax.main", "grpo_jax.demo")
+
+
+@pytest.mark.parametrize("group", ["library", *_ENTRY_POINTS])
+def test_every_module_imports_alone(group):
+  """Each module imported first, into a fresh set of grpo_jax modules: an import-order
+  dependent cycle fails here even if the static graph missed it."""
+  names = (
+    [n for n in sorted(_modules()) if n not in _ENTRY_POINTS] if group == "library" else [group]
+  )
+  code = (
+    "import importlib, sys\n"
+    f"for name in {names!r}:\n"
+    "  for m in [m for m in sys.modules if m == 'grpo_jax' or m.startswith('grpo_jax.')]:\n"
+    "    del sys.modules[m]\n"
+    "  importlib.import_module(name)\n"
+  )
+  r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+  assert r.returncode == 0, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("module", TRAINER)
+def test_trainer_functions_are_short(module):
+  tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+  long = [
+    f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+    for node in ast.walk(tree)
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+  ]
+  assert not long, f"grpo_jax/{module}.py: functions over {MAX_FUNCTION_LINES} lines: {long}"
