@@ -13,10 +13,11 @@ Variants:
     (hours on CPU; minutes on one accelerator).
 
 Expected result (tiny, measured on a 2-core CPU): greedy accuracy on 128 held-out problems
-goes from 51.6% after the warm start to 75.0% after GRPO (+23.4 points; 63.3% at iteration
-50, 72.7% at 150), pass@8 76% -> 87%, in 132 s wall. Float rounding differs between CPU
-models, and so do the trajectories: another 2-core machine measured 52.3% -> 74.2% in
-97 s (seed 1: 69.5% -> 92.2%). With
+goes from 40.6% after the warm start to 66.4% after GRPO (+25.8 points; 46.1% at iteration
+50, 62.5% at 150), pass@8 71% -> 81% (89% at 200), in 88 s wall on a 2-core AMD EPYC.
+Float rounding differs between CPU models, and so do the trajectories: 2-core Intel
+machines measured 51.6% -> 75.0% (132 s) and 52.3% -> 74.2% (97 s; seed 1: 69.5% ->
+92.2%). With
 `--config.task.kwargs.ops=+-` (addition and subtraction) the gain is smaller and varies
 with the seed: +9 to +22 points in 300 iterations. summary.json holds
 warmstart_accuracy, final_accuracy, wall_seconds; curves.svg plots training reward and

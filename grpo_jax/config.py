@@ -77,6 +77,9 @@ class LoopConfig:
   max_nonfinite_steps: int = 5  # Consecutive skipped (non-finite) steps before stopping.
   reward_workers: int = 2  # Reward processes; 0 scores inline (no timeout).
   reward_timeout_s: float = 10.0  # Per call; a timeout scores 0 and counts as an error.
+  # A batch whose share of failed rewards (raised, timed out, non-finite) exceeds this
+  # stops the run (`rewards.RewardFailure`); below it, failed rows follow rl.unscorable.
+  max_unscorable_frac: float = 0.9
   peak_flops: float = 0.0  # Device peak FLOP/s for MFU; 0 measures a float32 matmul.
   # Per-device memory the plan must fit (`memory`), GiB; 0: the device's own limit where
   # jax reports one (GPU, TPU), no check where it does not (CPU).
@@ -119,6 +122,10 @@ class LoopConfig:
       at_least={**dict.fromkeys(positive, 1), **dict.fromkeys(non_negative, 0)},
       above=dict.fromkeys(("learning_rate", "warmstart_lr", "reward_timeout_s"), 0),
     )
+    if not 0 < self.max_unscorable_frac <= 1:
+      raise ValueError(
+        f"config.max_unscorable_frac={self.max_unscorable_frac}: must be in (0, 1] (1: never stop)."
+      )
 
 
 CREDIT_BATCHES = ("current", "fixed")
@@ -215,6 +222,18 @@ class Setup:
     return self.loop.prompts_per_step * self.sampler_cfg.group_size
 
 
+def _defaults(cls) -> dict:
+  """A dataclass's field defaults, without constructing it (RLConfig's validation builds
+  jax arrays, and reading a config must not start a backend)."""
+  out = {}
+  for f in dataclasses.fields(cls):
+    if f.default is not dataclasses.MISSING:
+      out[f.name] = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+      out[f.name] = f.default_factory()
+  return out
+
+
 def _section(v):
   if isinstance(v, dict):
     return ml_collections.ConfigDict({k: _section(x) for k, x in v.items()})
@@ -232,7 +251,7 @@ def default_config() -> ml_collections.ConfigDict:
   every = 0: off). Because every key exists, command-line overrides such as
   `--config.rl.num_minibatches=4` work on the locked config, and a misspelt key fails.
   """
-  c = ml_collections.ConfigDict(dataclasses.asdict(LoopConfig()))
+  c = ml_collections.ConfigDict(_defaults(LoopConfig))
   c.task = ml_collections.ConfigDict(dict(name="arithmetic", kwargs=ml_collections.ConfigDict()))
   tiny = dataclasses.asdict(model.tiny_config(vocab_size=2))
   tiny["vocab_size"] = 0
@@ -245,12 +264,12 @@ def default_config() -> ml_collections.ConfigDict:
   sampler["max_new_tokens"] = 16
   c.sampler = ml_collections.ConfigDict(sampler)
   c.sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_k=0, top_p=1.0, greedy=False))
-  c.rl = _section(dataclasses.asdict(rl.RLConfig()))
+  c.rl = _section(_defaults(rl.RLConfig))
   mesh = sharding.MeshConfig()
   c.mesh = ml_collections.ConfigDict(
     dict(data=mesh.data, fsdp=mesh.fsdp, tensor=mesh.tensor, rules=_section(dict(mesh.rules)))
   )
-  c.diagnostics = _section(dataclasses.asdict(DiagnosticsConfig()))
+  c.diagnostics = _section(_defaults(DiagnosticsConfig))
   return c
 
 

@@ -113,3 +113,60 @@ def test_trainer_functions_are_short(module):
     and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
   ]
   assert not long, f"grpo_jax/{module}.py: functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+_VARIANTS = {
+  "arithmetic.py": ("tiny", "full"),
+  "countdown.py": ("tiny", "full"),
+  "gsm8k_qwen.py": ("tiny", "0.5b", "1.5b"),
+  "math_qwen.py": ("tiny", "1.5b", "7b"),
+  "scale.py": ("tiny", "0.5b", "1.5b", "7b"),
+  "sample_demo.py": ("tiny", "full"),
+}
+
+
+def test_every_config_is_listed():
+  assert sorted(p.name for p in (ROOT / "configs").glob("*.py")) == sorted(_VARIANTS)
+
+
+@pytest.mark.parametrize(
+  "spec", [f"{name}:{variant}" for name, variants in _VARIANTS.items() for variant in variants]
+)
+def test_reading_a_config_does_no_io(spec, monkeypatch):
+  """get_config builds a ConfigDict and nothing else: no file is opened or listed (I/O
+  happens in config.build, at the edge)."""
+  import builtins  # noqa: PLC0415
+  import importlib.util  # noqa: PLC0415
+  import os  # noqa: PLC0415
+
+  name, variant = spec.split(":")
+  module_spec = importlib.util.spec_from_file_location(f"_cfg_{name}", ROOT / "configs" / name)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+
+  def refuse(*args, **kwargs):
+    raise AssertionError(f"{spec}: get_config did I/O: {args[:1]}")
+
+  for target, attr in ((builtins, "open"), (os, "listdir"), (os, "scandir"), (os, "stat")):
+    monkeypatch.setattr(target, attr, refuse)
+  monkeypatch.setattr(pathlib.Path, "exists", refuse)
+  try:
+    c = module.get_config(variant)
+  finally:
+    monkeypatch.undo()
+  assert c.to_dict()
+
+
+def test_loading_every_config_starts_no_jax_backend():
+  """`grpo-jax` reads --config while parsing flags, before `jax.distributed.initialize`,
+  which must come before any backend starts: reading a config may not touch a device."""
+  specs = [f"configs/{n}:{v}" for n, vs in _VARIANTS.items() for v in vs]
+  code = (
+    "from jax._src import xla_bridge\n"
+    "from grpo_jax import config_lib\n"
+    f"for spec in {specs!r}:\n"
+    "  config_lib.load(spec)\n"
+    "  assert not xla_bridge.backends_are_initialized(), spec\n"
+  )
+  r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+  assert r.returncode == 0, r.stderr[-3000:]
