@@ -137,7 +137,10 @@ def rollout_batch(setup, fns, params, rollouts):
   correct_N = np.random.default_rng(0).integers(0, 2, n).astype(np.float32)
   prep_hyper = setup.rl_cfg.prepare_hyper(max_new_tokens=setup.sampler_cfg.max_new_tokens)
   logprobs = fns.logprobs(params, None, rollouts)
-  batch, _, _ = fns.finish(logprobs, rollouts, correct_N, np.zeros(n, np.float32), prep_hyper)
+  ones = np.ones(n, bool)  # Every reward scored, every row kept.
+  batch, _, _ = fns.finish(
+    logprobs, rollouts, correct_N, np.zeros(n, np.float32), prep_hyper, ones, ones
+  )
   return batch
 
 

@@ -11,7 +11,12 @@ mean, σ_g the group std (ddof 1 if `unbiased_std` else 0), m_{i,t} the completi
 
 Singleton rule: a group with one row has no baseline from its peers, so GRPO, Dr. GRPO,
 RLOO, positive-only and the group optimal baseline give it advantage 0 (r_i - r̄ = 0).
-verl instead gives a singleton (r - 0)/1 = r; use a batch-level estimator for G = 1.
+verl instead gives a singleton (r - 0)/1 = r; use a batch-level estimator for G = 1
+(`BATCH_LEVEL`).
+
+Excluded rows: rows with valid_B = False (e.g. unscorable rewards, `rl.RLConfig.unscorable`)
+take part in no statistic (group or batch means, stds, pass rates, whitening) and get
+A = 0; every estimator then equals itself on the batch without those rows (tested).
 """
 
 from __future__ import annotations
@@ -36,6 +41,17 @@ class AdvantageInputs:
   mask_BT: jax.Array
   kl_BT: jax.Array | None = None
   score_sq_B: jax.Array | None = None
+  valid_B: jax.Array | None = None  # bool; None: every row takes part.
+
+  @property
+  def valid(self) -> jax.Array:
+    """valid_B, all True when not given."""
+    return jnp.ones(self.rewards_B.shape, bool) if self.valid_B is None else self.valid_B
+
+  @property
+  def token_mask(self) -> jax.Array:
+    """mask_BT on valid rows only: where the advantage may be non-zero."""
+    return self.mask_BT & self.valid[:, None]
 
 
 @flax.struct.dataclass
@@ -93,6 +109,10 @@ def _to_tokens(a_B, mask_BT):
   return jnp.where(mask_BT, a_B[:, None], 0.0).astype(jnp.float32)
 
 
+def _batch_mean(x_B, valid_B):
+  return jnp.sum(jnp.where(valid_B, x_B, 0.0)) / jnp.maximum(jnp.sum(valid_B), 1)
+
+
 def _safe_div(num, den):
   """num/den, and 0 where den == 0 (eps = 0 and a zero std: then num is 0 too)."""
   return jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
@@ -115,10 +135,10 @@ def grpo(inputs: AdvantageInputs, hyper: AdvantageHyper, *, unbiased_std: bool =
   (arXiv 2402.03300) outcome supervision; verl `compute_grpo_outcome_advantage` (ddof 1,
   eps 1e-6).
   """
-  r_B, g_B = inputs.rewards_B.astype(jnp.float32), inputs.group_ids_B
-  std_B = groups.group_std(r_B, g_B, unbiased=unbiased_std)
-  dev_B = r_B - groups.group_mean(r_B, g_B)
-  return _to_tokens(_safe_div(dev_B, std_B + hyper.eps), inputs.mask_BT)
+  r_B, g_B, v_B = inputs.rewards_B.astype(jnp.float32), inputs.group_ids_B, inputs.valid
+  std_B = groups.group_std(r_B, g_B, unbiased=unbiased_std, valid_B=v_B)
+  dev_B = r_B - groups.group_mean(r_B, g_B, v_B)
+  return _to_tokens(_safe_div(dev_B, std_B + hyper.eps), inputs.token_mask)
 
 
 @REGISTRY.register("dr_grpo")
@@ -127,7 +147,7 @@ def dr_grpo(inputs: AdvantageInputs, hyper: AdvantageHyper):
   (arXiv 2503.20783), removing the difficulty bias."""
   del hyper
   r_B, g_B = inputs.rewards_B.astype(jnp.float32), inputs.group_ids_B
-  return _to_tokens(r_B - groups.group_mean(r_B, g_B), inputs.mask_BT)
+  return _to_tokens(r_B - groups.group_mean(r_B, g_B, inputs.valid), inputs.token_mask)
 
 
 @REGISTRY.register("rloo")
@@ -137,10 +157,10 @@ def rloo(inputs: AdvantageInputs, hyper: AdvantageHyper):
   Source: RLOO, "Back to Basics" (arXiv 2402.14740); verl `compute_rloo_outcome_advantage`.
   """
   del hyper
-  r_B, g_B = inputs.rewards_B.astype(jnp.float32), inputs.group_ids_B
-  n_B = groups.group_size(g_B)
+  r_B, g_B, v_B = inputs.rewards_B.astype(jnp.float32), inputs.group_ids_B, inputs.valid
+  n_B = groups.group_size(g_B, valid_B=v_B)
   scale_B = jnp.where(n_B > 1, n_B / jnp.maximum(n_B - 1.0, 1.0), 0.0)
-  return _to_tokens(scale_B * (r_B - groups.group_mean(r_B, g_B)), inputs.mask_BT)
+  return _to_tokens(scale_B * (r_B - groups.group_mean(r_B, g_B, v_B)), inputs.token_mask)
 
 
 @REGISTRY.register("reinforce_pp")
@@ -152,7 +172,7 @@ def reinforce_pp(inputs: AdvantageInputs, hyper: AdvantageHyper):
   Source: REINFORCE++ (arXiv 2501.03262); verl `compute_reinforce_plus_plus_outcome_advantage`
   (verl whitens with rsqrt(var + 1e-8)).
   """
-  mask_BT = inputs.mask_BT
+  mask_BT = inputs.token_mask
   m_BT = mask_BT.astype(jnp.float32)
   # The last valid token of each row (masks may have gaps, e.g. masked observations).
   last_BT = mask_BT & (jnp.cumsum(m_BT[:, ::-1], axis=1)[:, ::-1] == 1.0)
@@ -178,7 +198,7 @@ def reinforce_pp_baseline(inputs: AdvantageInputs, hyper: AdvantageHyper):
   `compute_reinforce_plus_plus_baseline_outcome_advantage`.
   """
   centred_BT = dr_grpo(inputs, hyper)
-  return _masked_whiten(centred_BT, inputs.mask_BT, hyper.eps)
+  return _masked_whiten(centred_BT, inputs.token_mask, hyper.eps)
 
 
 @REGISTRY.register("batch_mean")
@@ -189,7 +209,7 @@ def batch_mean(inputs: AdvantageInputs, hyper: AdvantageHyper):
   """
   del hyper
   r_B = inputs.rewards_B.astype(jnp.float32)
-  return _to_tokens(r_B - jnp.mean(r_B), inputs.mask_BT)
+  return _to_tokens(r_B - _batch_mean(r_B, inputs.valid), inputs.token_mask)
 
 
 @REGISTRY.register("batch_mean_std")
@@ -199,10 +219,15 @@ def batch_mean_std(inputs: AdvantageInputs, hyper: AdvantageHyper, *, unbiased_s
   Source: batch-level normalisation as in REINFORCE++ (arXiv 2501.03262) at sequence level;
   "Rethinking Groups in Critic-Free RLVR" (arXiv 2606.17250).
   """
-  r_B = inputs.rewards_B.astype(jnp.float32)
-  s_B = r_B - jnp.max(r_B)  # Shifted: exactly 0 (so σ = 0, A = 0) when all rewards are equal.
-  std = jnp.std(s_B, ddof=1 if unbiased_std and r_B.shape[0] > 1 else 0)
-  return _to_tokens(_safe_div(s_B - jnp.mean(s_B), std + hyper.eps), inputs.mask_BT)
+  r_B, v_B = inputs.rewards_B.astype(jnp.float32), inputs.valid
+  # Shifted: exactly 0 (so σ = 0, A = 0) when all rewards are equal.
+  s_B = r_B - jnp.max(jnp.where(v_B, r_B, -jnp.inf), initial=-jnp.inf)
+  s_B = jnp.where(v_B, s_B, 0.0)
+  n = jnp.sum(v_B).astype(jnp.float32)
+  dev_B = jnp.where(v_B, s_B - _batch_mean(s_B, v_B), 0.0)
+  ddof = 1.0 if unbiased_std else 0.0
+  std = jnp.sqrt(jnp.sum(dev_B * dev_B) / jnp.maximum(n - ddof, 1.0))
+  return _to_tokens(_safe_div(dev_B, std + hyper.eps), inputs.token_mask)
 
 
 @REGISTRY.register("positive_only")
@@ -227,22 +252,24 @@ def optimal_baseline(inputs: AdvantageInputs, hyper: AdvantageHyper, *, scope: s
   del hyper
   if scope not in ("group", "batch"):
     raise ValueError(f"optimal_baseline scope must be 'group' or 'batch', got {scope!r}.")
-  r_B = inputs.rewards_B.astype(jnp.float32)
+  r_B, v_B = inputs.rewards_B.astype(jnp.float32), inputs.valid
   s_B = jnp.ones_like(r_B) if inputs.score_sq_B is None else inputs.score_sq_B.astype(jnp.float32)
+  s_B = jnp.where(v_B, s_B, 0.0)
   if scope == "group":
     g_B = inputs.group_ids_B
-    num_B, den_B = groups.group_sum(s_B * r_B, g_B), groups.group_sum(s_B, g_B)
-    mean_B = groups.group_mean(r_B, g_B)
+    num_B, den_B = groups.group_sum(s_B * r_B, g_B, v_B), groups.group_sum(s_B, g_B, v_B)
+    mean_B = groups.group_mean(r_B, g_B, v_B)
   else:
-    num_B, den_B = jnp.full_like(r_B, jnp.sum(s_B * r_B)), jnp.full_like(r_B, jnp.sum(s_B))
-    mean_B = jnp.full_like(r_B, jnp.mean(r_B))
+    num_B = jnp.full_like(r_B, jnp.sum(jnp.where(v_B, s_B * r_B, 0.0)))
+    den_B = jnp.full_like(r_B, jnp.sum(s_B))
+    mean_B = jnp.full_like(r_B, _batch_mean(r_B, v_B))
   b_B = jnp.where(den_B > 0, num_B / jnp.where(den_B > 0, den_B, 1.0), mean_B)
-  return _to_tokens(r_B - b_B, inputs.mask_BT)
+  return _to_tokens(r_B - b_B, inputs.token_mask)
 
 
-def pass_rate(rewards_B, group_ids_B):
-  """p_g = (1/n_g) Σ_{i∈g} 1(r_i > 0), per row."""
-  return groups.group_mean((rewards_B > 0).astype(jnp.float32), group_ids_B)
+def pass_rate(rewards_B, group_ids_B, valid_B=None):
+  """p_g = (1/n_g) Σ_{i∈g} 1(r_i > 0) over the group's (valid) rows, per row."""
+  return groups.group_mean((rewards_B > 0).astype(jnp.float32), group_ids_B, valid_B)
 
 
 @REGISTRY.register("fade")
@@ -259,7 +286,7 @@ def fade(inputs: AdvantageInputs, hyper: AdvantageHyper):
   the focal weight of F-GRPO (arXiv 2602.06717); see RESEARCH.md §5a.
   """
   r_B = inputs.rewards_B
-  p_B = pass_rate(r_B, inputs.group_ids_B)
+  p_B = pass_rate(r_B, inputs.group_ids_B, inputs.valid)
   mixed_B = (p_B > 0) & (p_B < 1)
   q_B = jnp.where(mixed_B, 1.0 - p_B, 0.5)  # Keeps (1-p)^γ finite for γ < 0 off the mix.
   f_B = jnp.power(p_B * (1.0 - p_B) + hyper.eps, -hyper.std_power) * jnp.power(
@@ -267,7 +294,19 @@ def fade(inputs: AdvantageInputs, hyper: AdvantageHyper):
   )
   success_B = r_B > 0
   a_B = f_B * jnp.where(success_B, hyper.lambda_s * (1.0 - p_B), -hyper.lambda_f * p_B)
-  return _to_tokens(jnp.where(mixed_B, a_B, 0.0), inputs.mask_BT)
+  return _to_tokens(jnp.where(mixed_B, a_B, 0.0), inputs.token_mask)
+
+
+# Estimators that need no group: with G = 1 (single-rollout training) every other one gives
+# A = 0 (a singleton group is its own baseline) and trains nothing.
+BATCH_LEVEL = ("batch_mean", "batch_mean_std", "reinforce_pp", "optimal_baseline(scope='batch')")
+
+
+def works_without_groups(name: str, options: dict) -> bool:
+  """Whether estimator `name` with `options` gives non-zero advantages at group size 1."""
+  if name == "optimal_baseline":
+    return options.get("scope", "group") == "batch"
+  return name in BATCH_LEVEL
 
 
 # ----------------------------------------------------------------------------

@@ -14,11 +14,30 @@ steps plus, when `keep_best`, the step with the highest `accuracy` passed to `sa
 Restoring into a pytree whose shapes or structure differ from the checkpoint's (a changed
 model config under the same workdir) raises `CheckpointMismatchError`, which names the
 differing leaves, before orbax reads any array.
+
+Faults (`restore_latest`, `check`):
+- Once a save has finished, the primary process writes `<step>/grpo_jax_files.json`, the
+  size of every file of the step. On restore the files are checked against it first, so a
+  truncated or missing file is found before orbax reads anything (a failed orbax read
+  leaves TensorStore reads in flight, which print tracebacks as they land).
+- A checkpoint that cannot be read (truncated or missing files, an empty step directory,
+  missing metadata) is named in one log line with the reason, moved out of the way to
+  `<directory>.bad/<step>` (never deleted: it may hold what someone wants to inspect),
+  and the next older one is tried. Only when no checkpoint restores does restoring fail:
+  with the mismatch (a changed config) when every checkpoint disagrees with the config,
+  else with each step and its reason.
+- A background save that failed (disk full, permissions) is raised by `check()` as one
+  `CheckpointSaveError` naming the directory and the cause; orbax finalises a step (and
+  only then applies keep-N retention) after all its files are written, so the previous
+  checkpoint stays valid.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import pathlib
+import shutil
 from typing import Any
 
 import jax
@@ -30,6 +49,61 @@ ACCURACY_KEY = "accuracy"
 
 class CheckpointMismatchError(ValueError):
   """The checkpoint's tree does not match the tree it is restored into."""
+
+
+class CheckpointDamagedError(RuntimeError):
+  """A checkpoint's files are not those that were written."""
+
+
+class CheckpointSaveError(RuntimeError):
+  """A checkpoint could not be written (e.g. disk full); the previous one is intact."""
+
+
+class NoValidCheckpointError(RuntimeError):
+  """Checkpoints exist but none of them can be restored."""
+
+
+def _first_line(e: BaseException) -> str:
+  """The innermost cause of e, as one short line."""
+  while e.__cause__ is not None or (e.__context__ is not None and not e.__suppress_context__):
+    e = e.__cause__ or e.__context__
+  lines = str(e).strip().splitlines()
+  text = f"{type(e).__name__}: {lines[0] if lines else ''}"
+  # TensorStore puts the cause (e.g. "File too large") at the end of a long line of paths.
+  return text if len(text) <= 400 else f"{text[:150]} ... {text[-240:]}"
+
+
+def _reason(e: BaseException) -> str:
+  return str(e) if isinstance(e, CheckpointDamagedError) else _first_line(e)
+
+
+MANIFEST = "grpo_jax_files.json"
+
+
+def _files(step_dir: pathlib.Path) -> dict[str, int]:
+  """{relative path: size} of every file under step_dir but the manifest."""
+  return {
+    str(p.relative_to(step_dir)): p.stat().st_size
+    for p in sorted(step_dir.rglob("*"))
+    if p.is_file() and p.name != MANIFEST
+  }
+
+
+def damage(step_dir: pathlib.Path) -> str | None:
+  """Why step_dir cannot hold a whole checkpoint (files missing or of another size than
+  when written, or no files at all), or None when nothing is known to be wrong."""
+  if not any(p.is_file() for p in step_dir.rglob("*")):
+    return "the step directory holds no files"
+  manifest = step_dir / MANIFEST
+  if not manifest.exists():
+    return None  # Written before manifests, or killed between commit and manifest.
+  written, now = json.loads(manifest.read_text()), _files(step_dir)
+  for name, size in written.items():
+    if name not in now:
+      return f"{name} is missing"
+    if now[name] != size:
+      return f"{name} has {now[name]} bytes, {size} when written"
+  return None
 
 
 def _path_str(path) -> str:
@@ -88,6 +162,7 @@ class Checkpointer:
       create=True,
     )
     self.directory = pathlib.Path(directory).absolute()
+    self._unlisted: int | None = None  # A step saved whose file manifest is not written yet.
     # Handlers are named up front so that a fresh manager (a resumed run) can read the
     # metadata of existing steps before any save or restore.
     self._mngr = ocp.CheckpointManager(
@@ -102,18 +177,87 @@ class Checkpointer:
   def latest_step(self) -> int | None:
     return self._mngr.latest_step()
 
+  def restore_latest(self, *, like: Any, log=print) -> tuple[int, Any, dict] | None:
+    """(step, tree, meta) of the newest checkpoint that restores, or None when there is
+    none. Unreadable checkpoints on the way are logged and moved to `<directory>.bad`."""
+    failures: list[tuple[int, BaseException]] = []
+    for step in sorted(self.all_steps(), reverse=True):
+      try:
+        if (why := damage(self.directory / str(step))) is not None:
+          raise CheckpointDamagedError(why)
+        tree, meta = self.restore(step, like=like)
+      except Exception as e:  # noqa: BLE001 -- any unreadable checkpoint: try an older one.
+        failures.append((step, e))
+        continue
+      for bad, e in failures:
+        moved = self._set_aside(bad)
+        log(
+          f"checkpoint {self.directory / str(bad)} is unreadable ({_reason(e)}); moved to "
+          f"{moved}; resuming from step {step}."
+        )
+      if failures:
+        self._mngr.reload()
+      return step, tree, meta
+    if not failures:
+      return None
+    if all(isinstance(e, CheckpointMismatchError) for _, e in failures):
+      raise failures[0][1]  # Every checkpoint disagrees with the config: it changed.
+    reasons = "; ".join(f"step {s}: {_reason(e)}" for s, e in failures)
+    raise NoValidCheckpointError(
+      f"No checkpoint under {self.directory} can be restored ({reasons}). Move the directory "
+      "aside to start the run again."
+    )
+
+  def _set_aside(self, step: int) -> pathlib.Path:
+    """Moves step's directory to <directory>.bad/<step>[.k] and returns the new path."""
+    bad_dir = self.directory.with_name(self.directory.name + ".bad")
+    bad_dir.mkdir(parents=True, exist_ok=True)
+    target, k = bad_dir / str(step), 0
+    while target.exists():
+      k += 1
+      target = bad_dir / f"{step}.{k}"
+    shutil.move(str(self.directory / str(step)), str(target))
+    return target
+
+  def _save_error(self, e: BaseException) -> CheckpointSaveError:
+    return CheckpointSaveError(
+      f"Saving a checkpoint under {self.directory} failed ({_first_line(e)}). The previous "
+      "checkpoint is intact: fix the cause (e.g. free disk space) and rerun to resume from it."
+    )
+
+  def check(self, *, block: bool = False) -> None:
+    """Raises CheckpointSaveError if the last background save failed. While one is still
+    being written it returns at once, or with `block` waits for it first."""
+    if block or not self._save_running():
+      self.wait()
+
+  def _save_running(self) -> bool:
+    """Whether orbax's background save (its finalize thread) is still running. Its
+    `is_saving_in_progress` stays True after a failed save, so the thread is asked."""
+    thread = getattr(self._mngr, "_finalize_thread", None)
+    if thread is None or not hasattr(thread, "map"):  # Another orbax version.
+      return self._mngr.is_saving_in_progress()
+    return bool(thread.map(lambda t: t is not None and t.is_alive()))
+
   def all_steps(self) -> list[int]:
     return sorted(self._mngr.all_steps())
 
   def save(self, step: int, tree: Any, meta: dict, *, accuracy: float | None = None) -> None:
-    """Starts an async save of `tree` (arrays) and `meta` (JSON) as checkpoint `step`."""
+    """Starts an async save of `tree` (arrays) and `meta` (JSON) as checkpoint `step`
+    (after the previous save has finished: its failure raises CheckpointSaveError)."""
+    self.wait()
     metrics = None if accuracy is None else {ACCURACY_KEY: float(accuracy)}
-    self._mngr.save(
-      step,
-      args=ocp.args.Composite(state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)),
-      metrics=metrics,
-      force=True,
-    )
+    self._unlisted = step
+    try:
+      self._mngr.save(
+        step,
+        args=ocp.args.Composite(state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)),
+        metrics=metrics,
+        force=True,
+      )
+    except Exception as e:  # noqa: BLE001 -- what the synchronous part of the write raised.
+      self._unlisted = None
+      raise self._save_error(e) from e
 
   def restore(self, step: int, *, like: Any) -> tuple[Any, dict]:
     """(tree, meta) of checkpoint `step`, restored with the structure, shapes, dtypes and
@@ -142,8 +286,23 @@ class Checkpointer:
       )
 
   def wait(self) -> None:
-    self._mngr.wait_until_finished()
+    """Waits for the background save; raises CheckpointSaveError if it failed."""
+    try:
+      self._mngr.wait_until_finished()
+    except Exception as e:  # noqa: BLE001 -- orbax re-raises whatever the write raised.
+      self._unlisted = None
+      raise self._save_error(e) from e
+    step, self._unlisted = self._unlisted, None
+    step_dir = self.directory / str(step)
+    if step is not None and step_dir.is_dir() and jax.process_index() == 0:
+      (step_dir / MANIFEST).write_text(json.dumps(_files(step_dir), indent=1))
 
   def close(self) -> None:
-    self._mngr.wait_until_finished()
+    """Waits for the last save (CheckpointSaveError if it failed), then closes orbax."""
+    try:
+      self.wait()
+    except CheckpointSaveError:
+      with contextlib.suppress(Exception):  # The failure is the one just raised.
+        self._mngr.close()
+      raise
     self._mngr.close()

@@ -33,7 +33,18 @@ from typing import Any
 import jax
 import ml_collections
 
-from grpo_jax import aggregation, config_lib, hf, model, presets, rl, sampling, sharding, tasks
+from grpo_jax import (
+  advantages,
+  aggregation,
+  config_lib,
+  hf,
+  model,
+  presets,
+  rl,
+  sampling,
+  sharding,
+  tasks,
+)
 from grpo_jax.diagnostics import grads
 
 SECTIONS = ("task", "model", "sampler", "sampling", "rl", "mesh", "diagnostics")
@@ -93,6 +104,9 @@ class LoopConfig:
   export_hf: bool = False
   progress: bool = True  # Progress bar (tqdm) on a terminal.
   tensorboard: bool = True  # Event files under workdir/tb.
+  # Resuming under a config that differs from the workdir's config.json: "warn" logs the
+  # differences; "refuse" stops (changes to the run's extent or logging are allowed).
+  on_config_change: str = "warn"
 
   def __post_init__(self):
     object.__setattr__(self, "hf_dir", os.path.expanduser(self.hf_dir))
@@ -122,6 +136,10 @@ class LoopConfig:
       at_least={**dict.fromkeys(positive, 1), **dict.fromkeys(non_negative, 0)},
       above=dict.fromkeys(("learning_rate", "warmstart_lr", "reward_timeout_s"), 0),
     )
+    if self.on_config_change not in ("warn", "refuse"):
+      raise ValueError(
+        f"config.on_config_change={self.on_config_change!r}; allowed: 'warn', 'refuse'."
+      )
     if not 0 < self.max_unscorable_frac <= 1:
       raise ValueError(
         f"config.max_unscorable_frac={self.max_unscorable_frac}: must be in (0, 1] (1: never stop)."
@@ -328,7 +346,18 @@ def hf_math_config(
 
 def build(config, *, n_devices: int | None = None) -> Setup:
   """Validates the ConfigDict and builds the typed pieces; errors name the bad key.
-  `n_devices`: the device count the mesh is checked against (default: this job's)."""
+  `n_devices`: the device count the mesh is checked against (default: this job's).
+
+  Raises config_lib.ConfigError (a ValueError) for any bad value or missing file."""
+  try:
+    return _build(config, n_devices=n_devices)
+  except config_lib.ConfigError:
+    raise
+  except (ValueError, OSError) as e:
+    raise config_lib.ConfigError(str(e)) from e
+
+
+def _build(config, *, n_devices: int | None) -> Setup:
   d = config_lib.to_dict(config)
   loop = config_lib.from_dict(
     LoopConfig, {k: v for k, v in d.items() if k not in SECTIONS}, where="config"
@@ -344,6 +373,8 @@ def build(config, *, n_devices: int | None = None) -> Setup:
   mesh_cfg = sharding.MeshConfig.from_dict(d.get("mesh", {}))
   data_parallel = math.prod(mesh_cfg.shape(n_devices or jax.device_count())[:2])
   _check_batch_shapes(loop, rl_cfg, sampler_cfg.group_size, data_parallel=data_parallel)
+  _check_group_estimator(rl_cfg, sampler_cfg.group_size)
+  _check_prompt_lengths(task, tok, sampler_cfg, loop)
   return Setup(
     loop=loop,
     task=task,
@@ -438,6 +469,37 @@ def _check_batch_shapes(loop: LoopConfig, rl_cfg: rl.RLConfig, group_size: int, 
     rl.make_plan_fn(rl_cfg, batch_size=n, group_size=group_size)
   except ValueError as e:
     raise ValueError(f"config.rl.planner={rl_cfg.planner!r}: {e}") from None
+
+
+def _check_group_estimator(rl_cfg: rl.RLConfig, group_size: int) -> None:
+  """With one rollout per prompt a group-relative estimator's baseline is the row itself:
+  every advantage is 0 and nothing is trained."""
+  options = config_lib.to_dict(rl_cfg.advantage_options)
+  if group_size == 1 and not advantages.works_without_groups(rl_cfg.advantage, options):
+    raise ValueError(
+      f"config.rl.advantage={rl_cfg.advantage!r} with config.sampler.group_size=1: a group of "
+      "one is its own baseline, so every advantage is 0 and nothing trains. At group_size 1 "
+      f"use one of {', '.join(advantages.BATCH_LEVEL)}, or raise group_size."
+    )
+
+
+def _check_prompt_lengths(task, tok, cfg: sampling.SamplerConfig, loop: LoopConfig) -> None:
+  """The first training batch and the held-out set fit max_prompt_len and the largest
+  prompt bucket, so a too-long prompt fails here, not after compiling and warm-starting.
+  (Later training prompts are checked when drawn.)"""
+  limit = min(cfg.max_prompt_len, max(cfg.prompt_buckets))
+  if cfg.truncate_prompts == "left" and max(cfg.prompt_buckets) >= cfg.max_prompt_len:
+    return
+  for split, n in (("train", loop.prompts_per_step), ("test", loop.eval_size)):
+    for i in range(n):
+      length = len(tok.encode(task.example(split, i, seed=loop.seed).prompt, add_bos=True))
+      if length > limit:
+        raise ValueError(
+          f"The {split} prompt {i} has {length} tokens, more than config.sampler."
+          f"max_prompt_len={cfg.max_prompt_len} / the largest of config.sampler.prompt_buckets="
+          f"{tuple(cfg.prompt_buckets)} allow ({limit}). Raise both, or set "
+          "config.sampler.truncate_prompts='left' to keep each prompt's last tokens."
+        )
 
 
 def as_dict(setup: Setup) -> dict:

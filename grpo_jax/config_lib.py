@@ -9,6 +9,11 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
+class ConfigError(ValueError):
+  """A config value is wrong (its message names the key, the value and what is allowed):
+  the user's error, reported as one line by the command line, never a traceback."""
+
+
 def to_dict(d: Any) -> dict:
   """A plain dict from a dict or ConfigDict (nested ConfigDicts included)."""
   return d.to_dict() if hasattr(d, "to_dict") else dict(d)

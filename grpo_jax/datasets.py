@@ -10,11 +10,17 @@ Builders (``tfds.core.GeneratorBasedBuilder`` subclasses, all ``file_format="arr
     solution) and math500 (PRM800K's ``math_splits/test.jsonl``, answer field given);
     config "math500" has only the math500 split, for when the MATH tarball is unreachable.
   * ``ProblemFiles``: your own JSONL or Parquet files, with the question/answer (and
-    optional id/solution) fields named in a ``ProblemFilesConfig``.
+    optional id/solution) fields named in a ``ProblemFilesConfig``. Built under the
+    project cache (``default_cache_dir()``: ``$GRPO_JAX_CACHE/datasets``, else
+    ``~/.cache/grpo_jax/datasets``) unless ``data_dir`` is given, in a directory keyed on
+    the files' content (``content_key``): an edited or different file set builds a new
+    dataset, the same bytes reuse the earlier build.
 
 The official files are read from the manual directory when it holds them, else downloaded
-from the official URLs. Records that cannot be parsed are skipped, counted and reported:
+from the official URLs; their data_dir defaults to TFDS's. Records that cannot be parsed
+(bad JSON, invalid UTF-8, missing fields) are skipped, counted and reported:
 ``skipped(builder)`` (saved in the dataset's ``metadata.json``) and a warning log.
+``prepare`` logs which directory it used and whether it built or reused the data.
 
 TensorFlow is not needed: building uses ``download_and_prepare`` with the array_record
 writer, downloads use ``dl_manager.download`` (requests), the MATH tarball is read with
@@ -32,7 +38,9 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import hashlib
 import json
+import os
 import re
 import tarfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -63,6 +71,9 @@ MATH_SUBJECTS = (
 )
 # Keys of skipped records kept in the metadata and the log (the count is always exact).
 MAX_REPORTED_SKIPS = 100
+# The project cache root; user-file datasets are built under its datasets/ folder.
+CACHE_ENV = "GRPO_JAX_CACHE"
+_HASH_CHUNK = 1 << 20  # Files are hashed in 1 MiB reads, never loaded whole.
 
 
 # ----------------------------------------------------------------------------
@@ -128,12 +139,30 @@ def gsm8k_answer(solution: str) -> str | None:
   return answer or None
 
 
-def _json_objects(lines: Iterable[str], *, file_name: str) -> Iterator[tuple[str, dict | Skip]]:
-  """(key, object or Skip) per non-blank line; the key is ``file:line`` (1-based)."""
+def _decode(data: str | bytes, *, key: str) -> str | Skip:
+  """UTF-8 text, or a Skip saying where the first undecodable byte is."""
+  if isinstance(data, str):
+    return data
+  try:
+    return data.decode("utf-8")
+  except UnicodeDecodeError as err:
+    return Skip(key, f"invalid UTF-8 (byte 0x{data[err.start]:02x} at offset {err.start})")
+
+
+def _json_objects(
+  lines: Iterable[str | bytes], *, file_name: str
+) -> Iterator[tuple[str, dict | Skip]]:
+  """(key, object or Skip) per non-blank line; the key is ``file:line`` (1-based).
+
+  Lines may be bytes (as ``_read_lines`` gives them): one that is not UTF-8 is a Skip.
+  """
   for line_no, line in enumerate(lines, start=1):
+    key = f"{file_name}:{line_no}"
+    if isinstance(line := _decode(line, key=key), Skip):
+      yield key, line
+      continue
     if not line.strip():
       continue
-    key = f"{file_name}:{line_no}"
     try:
       obj = json.loads(line)
     except json.JSONDecodeError as err:
@@ -155,7 +184,7 @@ def _bad_text(obj: Mapping[str, Any], fields: Sequence[str]) -> str | None:
   return None
 
 
-def parse_gsm8k(lines: Iterable[str], *, file_name: str) -> Iterator[Problem | Skip]:
+def parse_gsm8k(lines: Iterable[str | bytes], *, file_name: str) -> Iterator[Problem | Skip]:
   """Official GSM8K JSONL lines -> Problems (ids ``file:line``), or Skips."""
   for key, obj in _json_objects(lines, file_name=file_name):
     if isinstance(obj, Skip):
@@ -174,8 +203,10 @@ def _math_level(level) -> int:
   return int(found.group(1)) if found else 0
 
 
-def parse_math_file(text: str, *, key: str) -> Problem | Skip:
+def parse_math_file(text: str | bytes, *, key: str) -> Problem | Skip:
   """One official MATH json file (``{problem, level, type, solution}``) -> Problem or Skip."""
+  if isinstance(text := _decode(text, key=key), Skip):
+    return text
   try:
     obj = json.loads(text)
   except json.JSONDecodeError as err:
@@ -197,7 +228,7 @@ def parse_math_file(text: str, *, key: str) -> Problem | Skip:
   )
 
 
-def parse_math500(lines: Iterable[str], *, file_name: str) -> Iterator[Problem | Skip]:
+def parse_math500(lines: Iterable[str | bytes], *, file_name: str) -> Iterator[Problem | Skip]:
   """PRM800K ``math_splits/test.jsonl`` lines -> Problems (id = ``unique_id``), or Skips."""
   for key, obj in _json_objects(lines, file_name=file_name):
     if isinstance(obj, Skip):
@@ -259,7 +290,7 @@ def _check_fields(present: Sequence[str], *, fields: Fields, path: str, where: s
 
 
 def parse_jsonl(
-  lines: Iterable[str], *, path: str, fields: Fields, source: str
+  lines: Iterable[str | bytes], *, path: str, fields: Fields, source: str
 ) -> Iterator[Problem | Skip]:
   """A user's JSONL -> Problems; ids from ``fields.id`` or else ``file:line``.
 
@@ -286,10 +317,27 @@ def parse_parquet(path: str, *, fields: Fields, source: str) -> Iterator[Problem
     _check_fields(parquet.schema_arrow.names, fields=fields, path=path, where="its columns")
     row = 0
     for batch in parquet.iter_batches(columns=fields.required()):
-      for record in batch.to_pylist():
+      for record in _parquet_rows(batch):
         key = f"{epath.Path(path).name}:{row}"
-        yield user_problem(record, key=key, fields=fields, source=source)
+        if record is None:
+          yield Skip(key, "invalid UTF-8 in a string column")
+        else:
+          yield user_problem(record, key=key, fields=fields, source=source)
         row += 1
+
+
+def _parquet_rows(batch) -> list[dict | None]:
+  """The batch's rows as dicts; None for a row whose strings are not valid UTF-8."""
+  try:
+    return batch.to_pylist()
+  except UnicodeDecodeError:  # Arrow does not validate strings it reads; one row at a time.
+    rows = []
+    for i in range(batch.num_rows):
+      try:
+        rows.append(batch.slice(i, 1).to_pylist()[0])
+      except UnicodeDecodeError:
+        rows.append(None)
+    return rows
 
 
 # ----------------------------------------------------------------------------
@@ -398,8 +446,36 @@ def _official_files(dl_manager, urls: Mapping[str, str], *, names: Mapping[str, 
   return present or _fetch(dl_manager, urls, expected=sorted(names.values()))
 
 
-def _read_lines(path) -> list[str]:
-  return epath.Path(path).read_text(encoding="utf-8").splitlines()
+def _record_manual_files(builder: tfds.core.DatasetBuilder, dl_manager, paths) -> None:
+  """Saves the sha256 of the paths that are in the manual directory (by their path there)
+  in the metadata, so that ``prepare`` rebuilds when one of them changes."""
+  if (manual := _manual_dir(dl_manager)) is None:
+    return
+  hashes = {}
+  for path in map(epath.Path, paths):
+    if path.is_relative_to(manual):
+      hashes[str(path.relative_to(manual))] = file_sha256(path)
+  if hashes:
+    builder.info.metadata["manual_files"] = hashes
+
+
+def _changed_manual_files(builder: tfds.core.DatasetBuilder, manual_dir) -> list[str]:
+  """The manual files a prepared dataset was built from whose bytes differ now."""
+  stored = builder.info.metadata.get("manual_files") or {}
+  paths = {name: epath.Path(manual_dir) / name for name in stored}
+  return sorted(
+    name for name, sha in stored.items() if paths[name].exists() and file_sha256(paths[name]) != sha
+  )
+
+
+def _read_lines(path) -> Iterator[bytes]:
+  """The file's lines as bytes, split at b"\\n" only (JSON Lines), streamed.
+
+  Decoding is per line (``_json_objects``), so one bad byte skips one record, and a
+  U+2028 inside a JSON string does not split its line as ``str.splitlines`` would.
+  """
+  with epath.Path(path).open("rb") as f:
+    yield from f
 
 
 class Gsm8k(_ProblemBuilder):
@@ -415,6 +491,7 @@ class Gsm8k(_ProblemBuilder):
   def _split_generators(self, dl_manager):
     names = {split: f"{split}.jsonl" for split in GSM8K_URLS}
     files = _official_files(dl_manager, GSM8K_URLS, names=names)
+    _record_manual_files(self, dl_manager, files.values())
     return {
       split: self._generate_examples(
         parse_gsm8k(_read_lines(files[split]), file_name=names[split]), split
@@ -423,8 +500,8 @@ class Gsm8k(_ProblemBuilder):
     }
 
 
-def _math_tree_files(root: epath.Path, split: str) -> Iterator[tuple[str, str]]:
-  """(key ``split/subject/file.json``, text) for every problem file of one split, sorted."""
+def _math_tree_files(root: epath.Path, split: str) -> Iterator[tuple[str, bytes]]:
+  """(key ``split/subject/file.json``, bytes) for every problem file of one split, sorted."""
   split_dir = root / split
   if not split_dir.is_dir():
     raise FileNotFoundError(
@@ -432,28 +509,29 @@ def _math_tree_files(root: epath.Path, split: str) -> Iterator[tuple[str, str]]:
       f"MATH/{{train,test}}/{{{','.join(MATH_SUBJECTS)}}}/*.json under {root.parent}."
     )
   for path in sorted(split_dir.glob("*/*.json")):
-    yield f"{split}/{path.parent.name}/{path.name}", path.read_text(encoding="utf-8")
+    yield f"{split}/{path.parent.name}/{path.name}", path.read_bytes()
 
 
-def _math_tar_files(tar_path, split: str) -> Iterator[tuple[str, str]]:
+def _math_tar_files(tar_path, split: str) -> Iterator[tuple[str, bytes]]:
   """Like ``_math_tree_files`` from the official MATH.tar, read with tarfile (no TF)."""
   pattern = re.compile(rf"(?:.*/)?MATH/({split}/[^/]+/[^/]+\.json)")
   with epath.Path(tar_path).open("rb") as f, tarfile.open(fileobj=f) as tar:
     members = [(m, pattern.fullmatch(m.name)) for m in tar.getmembers() if m.isfile()]
     for member, found in sorted((x for x in members if x[1]), key=lambda x: x[1].group(1)):
-      yield found.group(1), tar.extractfile(member).read().decode("utf-8")
+      yield found.group(1), tar.extractfile(member).read()
 
 
 def _math_reader(dl_manager):
-  """split -> (key, text) iterator: from manual MATH/, else manual MATH.tar, else a download."""
+  """(split -> (key, bytes) iterator, the tarball's path or None): from manual MATH/, else
+  manual MATH.tar, else a download."""
   manual = _manual_dir(dl_manager)
   if manual and (manual / "MATH").is_dir():
-    return lambda split: _math_tree_files(manual / "MATH", split)
+    return (lambda split: _math_tree_files(manual / "MATH", split)), None
   if manual and (manual / "MATH.tar").exists():
     tar = manual / "MATH.tar"
   else:
     tar = _fetch(dl_manager, {"tar": MATH_URL}, expected=["MATH/ (or MATH.tar)"])["tar"]
-  return lambda split: _math_tar_files(tar, split)
+  return (lambda split: _math_tar_files(tar, split)), tar
 
 
 class HendrycksMath(_ProblemBuilder):
@@ -476,11 +554,14 @@ class HendrycksMath(_ProblemBuilder):
     )
     parsed = parse_math500(_read_lines(files["math500"]), file_name="math_splits/test.jsonl")
     generators = {"math500": self._generate_examples(parsed, "math500")}
+    read = [files["math500"]]
     if self.builder_config.name == "all":
-      read = _math_reader(dl_manager)
+      reader, tar = _math_reader(dl_manager)
+      read += [tar] if tar else []  # A MATH/ tree (12,500 files) is not hashed.
       for split in ("train", "test"):
-        items = (parse_math_file(t, key=k) for k, t in read(split))
+        items = (parse_math_file(t, key=k) for k, t in reader(split))
         generators[split] = self._generate_examples(items, split)
+    _record_manual_files(self, dl_manager, read)
     return generators
 
 
@@ -488,13 +569,106 @@ class HendrycksMath(_ProblemBuilder):
 class ProblemFilesConfig(tfds.core.BuilderConfig):
   """A user dataset: ``files`` maps split -> JSONL/Parquet path(s); ``fields`` names columns.
 
-  The config name is the dataset's identity in ``data_dir``: built data is reused for the
-  same name, so use a new name (or a new ``version``) when the files change. Reading data
-  built earlier needs only the name: ``ProblemFilesConfig(name="mine")``.
+  ``name`` names the dataset (it is the records' ``source``). ``ProblemFiles`` stores it
+  as ``<name>-<key>`` in its data_dir, ``key`` the first digits of ``content_key(config)``
+  (a sha256 of the files' bytes, their names and order per split, the fields and the
+  builder version): an edited file or another file set builds a new dataset, and the same
+  bytes under the same file names reuse the earlier build, from any directory. Reading
+  data built earlier needs only the name, ``ProblemFilesConfig(name="mine")``: the latest
+  build of "mine" in the data_dir.
   """
 
   files: Mapping[str, str | Sequence[str]] = dataclasses.field(default_factory=dict)
   fields: Fields | None = None
+  # Set by ProblemFiles (the name then ends with "-" + its first KEY_DIGITS digits).
+  content_key: str = ""
+
+  @property
+  def source(self) -> str:
+    """The dataset's name as the user gave it (``name`` without the key suffix)."""
+    if not self.content_key:
+      return self.name
+    return self.name.removesuffix(f"-{self.content_key[:KEY_DIGITS]}")
+
+
+KEY_DIGITS = 16  # Hex digits of the content key in a user dataset's directory name.
+
+
+def default_cache_dir() -> epath.Path:
+  """Where user-file datasets are built when no data_dir is given: ``$GRPO_JAX_CACHE/datasets``,
+  else ``$XDG_CACHE_HOME/grpo_jax/datasets``, else ``~/.cache/grpo_jax/datasets``."""
+  if root := os.environ.get(CACHE_ENV):
+    return epath.Path(root).expanduser() / "datasets"
+  cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return epath.Path(cache) / "grpo_jax" / "datasets"
+
+
+def _paths(paths: str | Sequence[str]) -> list[str]:
+  return [str(paths)] if isinstance(paths, (str, os.PathLike)) else [str(p) for p in paths]
+
+
+def file_sha256(path: epath.PathLike) -> str:
+  """The sha256 (hex) of a file's bytes, read in 1 MiB chunks."""
+  path = epath.Path(path)
+  if not path.exists():
+    raise FileNotFoundError(f"Dataset file {path} does not exist.")
+  digest = hashlib.sha256()
+  with path.open("rb") as f:
+    while chunk := f.read(_HASH_CHUNK):
+      digest.update(chunk)
+  return digest.hexdigest()
+
+
+def content_key(config: ProblemFilesConfig, *, version: str | None = None) -> str:
+  """The sha256 (hex) of what a ``ProblemFiles`` build depends on.
+
+  Per split, each file's name and sha256 in the given order (records are stored in file
+  order, and ids default to ``file:line``); the fields; the builder version. Not the
+  directories: identical files under the same names elsewhere give the same key.
+  """
+  spec = {
+    "splits": {
+      split: [[epath.Path(p).name, file_sha256(p)] for p in _paths(paths)]
+      for split, paths in config.files.items()
+    },
+    "fields": dataclasses.asdict(config.fields) if config.fields else None,
+    "version": str(version or ProblemFiles.VERSION),
+  }
+  return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+
+
+def _builds(data_dir: epath.PathLike, name: str) -> list[epath.Path]:
+  """The prepared ``ProblemFiles`` datasets named ``name`` in data_dir, oldest first."""
+  root = epath.Path(data_dir) / ProblemFiles.name
+  if not root.is_dir():
+    return []
+  pattern = re.compile(rf"{re.escape(name)}-[0-9a-f]{{{KEY_DIGITS}}}")
+  found = [
+    info.parent
+    for d in root.iterdir()
+    if pattern.fullmatch(d.name)
+    and (info := d / str(ProblemFiles.VERSION) / "dataset_info.json").exists()
+  ]
+  return sorted(found, key=lambda d: ((d / "dataset_info.json").stat().mtime, str(d)))
+
+
+def _keyed_config(config, data_dir: epath.PathLike):
+  """The config under its content-keyed name; a name-only one under its latest build's."""
+  if isinstance(config, str):
+    config = ProblemFilesConfig(name=config)
+  if not isinstance(config, ProblemFilesConfig) or config.content_key:
+    return config  # None (an error when preparing), or keyed already (e.g. unpickled).
+  if config.files:
+    key = content_key(config)
+    return dataclasses.replace(config, name=f"{config.name}-{key[:KEY_DIGITS]}", content_key=key)
+  if not (builds := _builds(data_dir, config.name)):
+    return config  # Data built by name only (before content keys), or nothing to read.
+  latest = builds[-1].parent.name
+  if len(builds) > 1:
+    logging.info(
+      "problem_files %r: reading the latest of %d builds, %s", config.name, len(builds), builds[-1]
+    )
+  return dataclasses.replace(config, name=latest, content_key=latest.rsplit("-", 1)[1])
 
 
 def _parse_user_file(path: str, *, fields: Fields, source: str) -> Iterator[Problem | Skip]:
@@ -508,21 +682,30 @@ def _parse_user_file(path: str, *, fields: Fields, source: str) -> Iterator[Prob
 
 
 class ProblemFiles(_ProblemBuilder):
-  """A user's problems from JSONL or Parquet files, described by a ``ProblemFilesConfig``."""
+  """A user's problems from JSONL or Parquet files, described by a ``ProblemFilesConfig``.
+
+  ``data_dir`` defaults to ``default_cache_dir()``; the config is stored under its
+  content-keyed name (``ProblemFilesConfig``), so changed files never reuse stale data.
+  """
 
   name = "problem_files"
+
+  def __init__(self, *, data_dir: epath.PathLike | None = None, config=None, **kwargs):
+    data_dir = default_cache_dir() if data_dir is None else data_dir
+    super().__init__(data_dir=data_dir, config=_keyed_config(config, data_dir), **kwargs)
 
   def _split_generators(self, dl_manager):
     config = self.builder_config
     if not isinstance(config, ProblemFilesConfig) or not config.files or config.fields is None:
       raise ValueError("ProblemFiles needs config=ProblemFilesConfig(name, files=..., fields=...).")
+    files = {split: _paths(paths) for split, paths in config.files.items()}
+    self.info.metadata.update(content_key=config.content_key, files=files)
     generators = {}
-    for split, paths in config.files.items():
-      paths = [paths] if isinstance(paths, str) else list(paths)
+    for split, paths in files.items():
       items = (
         item
         for path in paths
-        for item in _parse_user_file(str(path), fields=config.fields, source=config.name)
+        for item in _parse_user_file(path, fields=config.fields, source=config.source)
       )
       generators[split] = self._generate_examples(items, split)
     return generators
@@ -537,9 +720,11 @@ REGISTRY.register("problem_files")(ProblemFiles)
 def get(
   name: str, *, data_dir: epath.PathLike | None = None, config=None
 ) -> tfds.core.DatasetBuilder:
-  """The builder registered as ``name`` for ``data_dir`` (None: TFDS's default directory).
+  """The builder registered as ``name`` for ``data_dir``.
 
-  ``config``: "all" or "math500" for "math"; a ``ProblemFilesConfig`` for "problem_files".
+  ``data_dir`` None: TFDS's default directory for "gsm8k" and "math", ``default_cache_dir()``
+  for "problem_files". ``config``: "all" or "math500" for "math"; a ``ProblemFilesConfig``
+  (or a name, to read its latest build) for "problem_files".
   """
   return REGISTRY.get(name)(data_dir=data_dir, config=config)
 
@@ -547,10 +732,48 @@ def get(
 def prepare(
   builder: tfds.core.DatasetBuilder, *, manual_dir: epath.PathLike | None = None
 ) -> tfds.core.DatasetBuilder:
-  """Builds the array_record files once (a no-op when they exist); returns the builder."""
+  """Builds the array_record files once (a no-op when they exist); returns the builder.
+
+  Logs the directory and whether the data was built or reused; a user dataset whose files
+  changed since an earlier build of the same name is logged (WARNING) as rebuilt. An
+  official dataset built from files in ``manual_dir`` (except a MATH/ tree) is rebuilt in
+  place when one of them changed since (WARNING).
+  """
   tfds.disable_progress_bar()  # Its bars would interleave with the trainer's progress line.
-  config = tfds.download.DownloadConfig(manual_dir=manual_dir)
-  builder.download_and_prepare(download_config=config)
+  reused = builder.is_prepared()
+  config = builder.builder_config
+  earlier, changed = [], []
+  if not reused and isinstance(config, ProblemFilesConfig) and config.content_key:
+    earlier = [d for d in _builds(builder.data_dir_root, config.source) if d != builder.data_path]
+  if reused and manual_dir is not None:
+    changed = _changed_manual_files(builder, manual_dir)
+  mode = tfds.download.GenerateMode
+  builder.download_and_prepare(
+    download_config=tfds.download.DownloadConfig(
+      manual_dir=manual_dir,
+      download_mode=mode.REUSE_CACHE_IF_EXISTS if changed else mode.REUSE_DATASET_IF_EXISTS,
+    )
+  )
+  name = builder.info.full_name
+  if changed:
+    note = (
+      f"Dataset {name}: the manual files {changed} changed since it was built, so it was "
+      f"rebuilt in {builder.data_dir}."
+    )
+    logging.warning(note)
+  elif reused:
+    note = f"Dataset {name}: reused the data built earlier in {builder.data_dir}"
+    logging.info(note)
+  elif earlier:
+    note = (
+      f"Dataset {name}: the files differ from those of the earlier build in {earlier[-1]}, so "
+      f"it was rebuilt in {builder.data_dir} (earlier builds stay until you delete them)."
+    )
+    logging.warning(note)
+  else:
+    note = f"Dataset {name}: built in {builder.data_dir}"
+    logging.info(note)
+  builder.grpo_jax_note = note  # Which cache this run reads (the trainer logs it).
   return builder
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from grpo_jax import config, rollout, sampling
+from grpo_jax import config, rewards, rollout, sampling
 
 
 def _as_counts(name: str, x) -> np.ndarray:
@@ -99,6 +99,12 @@ def evaluate(setup: config.Setup, fns, pool, params, *, key) -> dict:
   if n:  # Dispatched now: the device samples while the host scores the greedy answers.
     sampled = fns.sample_eval(params, prompts, key, setup.sampling_hyper)
   scores = rollout.score(setup, pool, examples, greedy.tokens_NT, group=1)
+  rewards.check_failures(
+    ~scores.scorable_N,
+    scores.messages,
+    limit=loop.max_unscorable_frac,
+    where="the held-out greedy evaluation",
+  )
   out = {
     "eval/greedy_accuracy": float(scores.correct_N.mean()),
     "eval/format_rate": float(scores.format_N.mean()),

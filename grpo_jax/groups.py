@@ -4,7 +4,8 @@ A rollout batch has B rows; row i belongs to group `group_ids_B[i]`, an int in [
 (the sampler numbers the prompts of a batch 0..B/G-1). Every reduction here is a
 `jax.ops.segment_sum` with the static segment count B, so it is jit-compatible,
 static-shaped and free of Python loops over groups. Rows of one group need not be
-contiguous.
+contiguous. An optional `valid_B` leaves rows out of every statistic (rows the trainer
+excludes, e.g. unscorable ones): the result equals that of the batch without them.
 """
 
 from __future__ import annotations
@@ -14,38 +15,45 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def group_sum(x_B, group_ids_B):
-  """Per row, the sum of x over the row's group: out_i = sum_{j: g_j = g_i} x_j."""
+def group_sum(x_B, group_ids_B, valid_B=None):
+  """Per row, the sum of x over the valid rows of its group: out_i = Σ_{j: g_j = g_i, v_j} x_j
+  (every row valid when valid_B is None)."""
   n = x_B.shape[0]
+  if valid_B is not None:
+    x_B = jnp.where(valid_B, x_B, jnp.zeros((), x_B.dtype))
   return jax.ops.segment_sum(x_B, group_ids_B, num_segments=n)[group_ids_B]
 
 
-def group_size(group_ids_B, *, dtype=jnp.float32):
-  """Per row, the number of rows in its group."""
-  return group_sum(jnp.ones(group_ids_B.shape, dtype), group_ids_B)
+def group_size(group_ids_B, *, valid_B=None, dtype=jnp.float32):
+  """Per row, the number of (valid) rows in its group."""
+  return group_sum(jnp.ones(group_ids_B.shape, dtype), group_ids_B, valid_B)
 
 
-def group_mean(x_B, group_ids_B):
-  """Per row, the mean of x over its group.
+def group_mean(x_B, group_ids_B, valid_B=None):
+  """Per row, the mean of x over the valid rows of its group (0 for a group with none).
 
   Computed as c + mean(x - c) with c the group max, so a group whose values are all equal
   gets exactly that value (a plain sum/n rounds, and GRPO would divide the rounding error
   by a near-zero std).
   """
   n = x_B.shape[0]
-  ref_B = jax.ops.segment_max(x_B, group_ids_B, num_segments=n)[group_ids_B]
-  return ref_B + group_sum(x_B - ref_B, group_ids_B) / group_size(group_ids_B, dtype=x_B.dtype)
+  masked_B = x_B if valid_B is None else jnp.where(valid_B, x_B, -jnp.inf)
+  ref_B = jax.ops.segment_max(masked_B, group_ids_B, num_segments=n)[group_ids_B]
+  ref_B = jnp.where(jnp.isfinite(ref_B), ref_B, jnp.zeros((), x_B.dtype))
+  n_B = group_size(group_ids_B, valid_B=valid_B, dtype=x_B.dtype)
+  return ref_B + group_sum(x_B - ref_B, group_ids_B, valid_B) / jnp.maximum(n_B, 1.0)
 
 
-def group_std(x_B, group_ids_B, *, unbiased: bool):
-  """Per row, the std of x over its group: sqrt(sum (x - mean)^2 / (n - ddof)), ddof 1 or 0.
+def group_std(x_B, group_ids_B, *, unbiased: bool, valid_B=None):
+  """Per row, the std of x over the valid rows of its group: sqrt(Σ (x - mean)^2 / (n - ddof)),
+  ddof 1 or 0.
 
   A singleton group has std 0 with either ddof (the unbiased estimate is undefined;
   0 keeps the result finite and the advantage rules decide what a singleton gets).
   """
-  n_B = group_size(group_ids_B, dtype=x_B.dtype)
-  dev_B = x_B - group_mean(x_B, group_ids_B)
-  ss_B = group_sum(dev_B * dev_B, group_ids_B)
+  n_B = group_size(group_ids_B, valid_B=valid_B, dtype=x_B.dtype)
+  dev_B = x_B - group_mean(x_B, group_ids_B, valid_B)
+  ss_B = group_sum(dev_B * dev_B, group_ids_B, valid_B)
   denom_B = n_B - 1.0 if unbiased else n_B
   return jnp.sqrt(jnp.where(denom_B > 0, ss_B / jnp.maximum(denom_B, 1.0), 0.0))
 

@@ -27,11 +27,23 @@ environment announces several processes (`distributed.initialize`).
 from __future__ import annotations
 
 import json
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from grpo_jax import config, distributed, hf, memory, steps, train
+from grpo_jax import (
+  checkpoint,
+  config,
+  config_lib,
+  distributed,
+  hf,
+  memory,
+  rewards,
+  rl,
+  steps,
+  train,
+)
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Config file[:variant].", lock_config=True
@@ -134,8 +146,32 @@ def main(argv):
     raise SystemExit(143)  # 128 + SIGTERM: a scheduler sees the job as interrupted.
 
 
+# What the user can fix, as opposed to a bug: one line on stderr and an exit status, no
+# traceback. 2: the input (config, workdir, checkpoint or memory for this config); 1: the
+# run stopped (rewards, non-finite steps, checkpoint writes).
+USER_ERRORS = {
+  config_lib.ConfigError: 2,
+  train.WorkdirError: 2,
+  checkpoint.CheckpointMismatchError: 2,
+  memory.OutOfMemoryPlan: 2,
+  checkpoint.NoValidCheckpointError: 1,
+  checkpoint.CheckpointSaveError: 1,
+  rewards.RewardFailure: 1,
+  rl.NonFiniteError: 1,
+}
+
+
+def _main(argv):
+  try:
+    main(argv)
+  except tuple(USER_ERRORS) as e:
+    status = next(code for kind, code in USER_ERRORS.items() if isinstance(e, kind))
+    print(f"grpo-jax: error: {e}", file=sys.stderr)
+    raise SystemExit(status) from None
+
+
 def run():
-  app.run(main)
+  app.run(_main)
 
 
 if __name__ == "__main__":

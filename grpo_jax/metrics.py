@@ -51,11 +51,17 @@ DEFINITIONS = {
   "rollout_kl_ref/<estimator>": "Mean over valid tokens of the KL estimator of π_old vs π_ref.",
   "response_length": "Mean completion length in tokens.",
   "truncated_frac": "Fraction of rows that hit max_new_tokens without an EOS.",
+  "unscorable_frac": "Fraction of rows whose reward failed (raised, timed out, non-finite): "
+  "`reward_errors` of the trained batch / its rows.",
+  "excluded_frac": "Fraction of rows the rl.unscorable policy left out of advantages and loss "
+  "(unscorable rows, and under 'mask' the rest of a group left with < 2 scorable rows; "
+  "under 'drop_group' every group holding one); 0 under 'zero'.",
   # --- train.run, per iteration (metrics.jsonl, TensorBoard) ------------------------
   "iteration": "RL iteration (0: the warm-start evaluation line).",
   "phase": "'warmstart' or 'rl' (a string; not sent to TensorBoard).",
   "accuracy": "Mean correctness c_i over every row sampled this iteration (all generation batches).",
-  "reward_errors": "Rows whose reward call raised, returned non-finite or timed out (scored 0).",
+  "reward_errors": "Rows whose reward call raised, returned non-finite or timed out: unscorable, "
+  "handled by rl.unscorable (default 'mask': left out of the loss and of group statistics).",
   "reward_timeouts": "The reward_errors that timed out (reward_timeout_s): unscorable, e.g. a pathological math expression; their worker was replaced. Counted apart from wrong answers (reward 0 without an error).",
   "nonfinite_steps": "Train steps of this iteration skipped for a non-finite loss or gradient.",
   "nonfinite_total": "Skipped (non-finite) train steps since the start of the run.",

@@ -107,6 +107,10 @@ class ModelConfig:
         raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r}; allowed: {sorted(_DTYPES)}.")
     if self.remat not in _REMAT_POLICIES:
       raise ValueError(f"ModelConfig.remat={self.remat!r}; allowed: {sorted(_REMAT_POLICIES)}.")
+    for f in dataclasses.fields(self):
+      value = getattr(self, f.name)
+      if isinstance(value, float) and not np.isfinite(value):
+        raise ValueError(f"ModelConfig.{f.name}={value}: must be a finite number.")
     if self.rope_theta <= 0 or self.norm_eps <= 0 or self.init_std <= 0:
       raise ValueError("ModelConfig.rope_theta, norm_eps and init_std must be positive.")
     if not 0 <= self.vocab_limit <= self.vocab_size:

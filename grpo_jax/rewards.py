@@ -37,9 +37,9 @@ must be importable by name in a fresh process (not defined in a notebook's ``__m
 Start method: "forkserver" where the platform has it, else "spawn". Not "fork": the
 trainer's process has JAX (multithreaded) initialised, and a fork() of a multithreaded
 process can deadlock in the child on locks other threads held. The fork server is
-started with a fresh exec (no JAX threads), preloads the parent's ``__main__`` module once
-and forks each worker from its single thread, so workers start in milliseconds plus the
-imports the task needs. Workers exit when the parent process dies. As with "spawn", the
+started with a fresh exec (no JAX threads), imports the task's module once (with the
+parent's sys.path) and forks each worker from its single thread, so a worker, first or
+replacement, starts in milliseconds. Workers exit when the parent process dies. As with "spawn", the
 main module must be safe to import: top-level work goes under ``if __name__ == "__main__":``.
 
 ``workers=0`` scores inline in the calling process: the same accounting of exceptions
@@ -54,8 +54,10 @@ import dataclasses
 import math
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.forkserver
 import os
 import pickle
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -70,6 +72,30 @@ _POLL_S = 0.05
 _START_TIMEOUT_S = 300.0
 # Seconds ``close`` lets workers exit on their own before killing them.
 _CLOSE_GRACE_S = 1.0
+
+
+class Unscorable(Exception):  # noqa: N818 -- a verdict, not a bug.
+  """Raised by a reward function for an item it cannot score (e.g. a math expression the
+  verifier cannot decide): the item counts as a reward error, never as a wrong answer."""
+
+
+class RewardFailure(RuntimeError):
+  """The reward function failed on (nearly) every item: the run cannot learn from it."""
+
+
+def check_failures(error_N, messages: Sequence[str], *, limit: float, where: str) -> None:
+  """Raises RewardFailure when the fraction of failed items exceeds `limit` (in (0, 1]),
+  naming where, how many, and the first failure's message."""
+  error_N = np.asarray(error_N, bool)
+  if error_N.size == 0 or error_N.mean() <= limit:
+    return
+  example = f" The first failure: {messages[0]}" if messages else ""
+  raise RewardFailure(
+    f"The reward function failed on {int(error_N.sum())} of {error_N.size} items ({where}), "
+    f"more than max_unscorable_frac={limit:g}: training on the rest would be noise.{example} "
+    "Fix the verifier (reward_workers=0 scores inline, with tracebacks), raise "
+    "reward_timeout_s if they timed out, or raise config.max_unscorable_frac."
+  )
 
 
 class RewardFn(Protocol):
@@ -88,6 +114,7 @@ class Scores:
   format_N: np.ndarray  # float32: task.format_reward.
   error_N: np.ndarray  # bool: raised, non-finite, timed out or killed its worker.
   timeout_N: np.ndarray  # bool: the subset of error_N that timed out.
+  messages: list[str] = dataclasses.field(default_factory=list)  # What failed, per error.
 
   @property
   def errors(self) -> int:
@@ -182,6 +209,27 @@ class _Worker:
     self.conn.close()
 
 
+def _start_forkserver(ctx, module: str) -> None:
+  """Starts this process's fork server (once) with the task's module imported, so that a
+  worker replacing a killed one is a fork, not a fresh import of everything the task needs
+  (seconds when it imports jax): a hang then costs about timeout_s / workers.
+
+  Python 3.11's fork server neither applies the parent's sys.path nor imports its
+  __main__, so the parent's sys.path goes to it as PYTHONPATH (a task defined next to a
+  script or test imports there too). A fork server started earlier keeps its modules."""
+  ctx.set_forkserver_preload([module])
+  paths = [os.path.abspath(p or ".") for p in sys.path]
+  old = os.environ.get("PYTHONPATH")
+  os.environ["PYTHONPATH"] = os.pathsep.join(paths + ([old] if old else []))
+  try:
+    multiprocessing.forkserver.ensure_running()
+  finally:
+    if old is None:
+      del os.environ["PYTHONPATH"]
+    else:
+      os.environ["PYTHONPATH"] = old
+
+
 def default_start_method() -> str:
   methods = multiprocessing.get_all_start_methods()
   return "forkserver" if "forkserver" in methods else "spawn"
@@ -224,6 +272,8 @@ class RewardPool:
         "use workers=0 to score inline."
       ) from e
     self._ctx = multiprocessing.get_context(start_method or default_start_method())
+    if self._ctx.get_start_method() == "forkserver":
+      _start_forkserver(self._ctx, type(task).__module__)
     self._workers = [_Worker(self._ctx, task) for _ in range(workers)]
     self._await_ready()
 
@@ -275,6 +325,7 @@ class RewardPool:
     elif n:
       jobs = [j for j in np.array_split(np.arange(n), min(n, self.workers)) if j.size]
       self._run(jobs, prompts, completions, out, messages)
+    out.messages.extend(messages)
     if messages:
       logging.log_every_n_seconds(
         logging.WARNING,

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -53,6 +54,9 @@ from grpo_jax import (
 )
 
 KL_PLACEMENTS = ("loss", "reward")
+# What happens to rows whose reward could not be computed (`rewards.Scores.error_N`: the
+# verifier raised, timed out or returned a non-finite value); see `trained_rows`.
+UNSCORABLE_POLICIES = ("mask", "zero", "drop_group")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -78,6 +82,7 @@ class RLConfig:
   entropy_threshold: float = 0.1
   # Reward transforms.
   truncation: str = "none"  # "none" | "zero" (reward 0) | "mask" (overlong_filter)
+  unscorable: str = "mask"  # UNSCORABLE_POLICIES: rows whose reward failed (`trained_rows`).
   format_weight: float = 0.0
   overlong_buffer: int = 0
   overlong_factor: float = 0.0
@@ -129,6 +134,12 @@ class RLConfig:
       )
     if self.kl_in not in KL_PLACEMENTS:
       raise ValueError(f"rl.kl_in={self.kl_in!r}; allowed: {KL_PLACEMENTS}.")
+    if self.unscorable not in UNSCORABLE_POLICIES:
+      raise ValueError(f"rl.unscorable={self.unscorable!r}; allowed: {UNSCORABLE_POLICIES}.")
+    for f in dataclasses.fields(self):
+      v = getattr(self, f.name)
+      if isinstance(v, float) and not math.isfinite(v):
+        raise ValueError(f"rl.{f.name}={v}: must be a finite number.")
     for attr in ("num_minibatches", "ppo_epochs", "micro_batches", "max_gen_batches"):
       if getattr(self, attr) < 1:
         raise ValueError(f"rl.{attr} must be >= 1, got {getattr(self, attr)}.")
@@ -327,8 +338,31 @@ def shaped_rewards(rollouts, correct_N, format_N, hyper: PrepareHyper, *, cfg: R
   )
 
 
-def compute_advantages(lp: PolicyLogProbs, rollouts, rewards_N, hyper: PrepareHyper, *, cfg):
-  """A[N, T] from the configured estimator. With the KL folded into the reward
+def trained_rows(scorable_N, keep_N, group_ids_N, *, policy: str):
+  """valid_N: the rows that take part in advantages (their statistics) and in the loss.
+
+  keep_N False (dynamic-sampling fill groups) is never trained. Rows whose reward failed
+  (scorable_N False), by `policy`:
+    "mask"        excluded; so is a group left with fewer than two scorable rows (it has
+                  no baseline: it would contribute nothing but noise). A group of one row
+                  (G = 1 training) is kept when its row is scorable.
+    "drop_group"  every group holding an unscorable row is excluded.
+    "zero"        trained with reward 0 (a failure then counts as a wrong answer).
+  """
+  if policy == "zero":
+    return keep_N
+  n_B = groups.group_size(group_ids_N)
+  s_B = groups.group_size(group_ids_N, valid_B=scorable_N)
+  if policy == "drop_group":
+    return keep_N & (s_B == n_B)
+  return keep_N & scorable_N & ((n_B == 1) | (s_B >= 2))
+
+
+def compute_advantages(
+  lp: PolicyLogProbs, rollouts, rewards_N, valid_N, hyper: PrepareHyper, *, cfg: RLConfig
+):
+  """A[N, T] from the configured estimator, over the rows valid_N (`trained_rows`; the
+  others take part in no statistic and get A = 0). With the KL folded into the reward
   (kl_in = "reward"), sequence estimators see r_i − β Σ_t kl_t; REINFORCE++ folds kl_t
   per token itself."""
   if cfg.kl_in == "reward" and cfg.advantage != "reinforce_pp":
@@ -340,12 +374,14 @@ def compute_advantages(lp: PolicyLogProbs, rollouts, rewards_N, hyper: PrepareHy
     mask_BT=rollouts.mask_NT,
     kl_BT=lp.kl_NT,
     score_sq_B=lp.score_sq_N,
+    valid_B=valid_N,
   )
   return adv_fn(inputs, hyper.adv)
 
 
-def loss_mask(lp: PolicyLogProbs, rollouts, adv_NT, hyper: PrepareHyper, *, cfg: RLConfig):
-  """(valid completion tokens AND every configured token mask, per-mask statistics)."""
+def loss_mask(lp: PolicyLogProbs, rollouts, adv_NT, valid_N, hyper: PrepareHyper, *, cfg):
+  """(valid completion tokens of trained rows AND every configured token mask, per-mask
+  statistics)."""
   inputs = masks.MaskInputs(
     adv_BT=adv_NT,
     mask_BT=rollouts.mask_NT,
@@ -355,7 +391,8 @@ def loss_mask(lp: PolicyLogProbs, rollouts, adv_NT, hyper: PrepareHyper, *, cfg:
     group_ids_B=rollouts.group_ids_N,
     truncated_B=rollouts.truncated_N,
   )
-  return masks.apply(cfg.mask_fns(), inputs, hyper.mask)
+  mask_NT, stats = masks.apply(cfg.mask_fns(), inputs, hyper.mask)
+  return mask_NT & valid_N[:, None], stats
 
 
 def prepare_metrics(lp: PolicyLogProbs, rollouts, adv_NT, rewards_N, correct_N, *, cfg):
@@ -378,15 +415,29 @@ def prepare_metrics(lp: PolicyLogProbs, rollouts, adv_NT, rewards_N, correct_N, 
 
 
 def finish_prepare(
-  lp: PolicyLogProbs, rollouts, correct_N, format_N, hyper: PrepareHyper, *, cfg: RLConfig
+  lp: PolicyLogProbs,
+  rollouts,
+  correct_N,
+  format_N,
+  hyper: PrepareHyper,
+  scorable_N=None,
+  keep_N=None,
+  *,
+  cfg: RLConfig,
 ):
-  """Shaped rewards, advantages, the loss mask and the batch's metrics, given its log-probs.
+  """Shaped rewards, the trained rows, advantages, the loss mask and the batch's metrics,
+  given its log-probs. scorable_N: False where the reward failed (default: all scored);
+  keep_N: False on rows kept only for shape (default: all kept).
 
   Returns (RolloutBatch, shaped rewards_N, metrics).
   """
+  ones_N = jnp.ones(rollouts.group_ids_N.shape, bool)
+  scorable_N = ones_N if scorable_N is None else jnp.asarray(scorable_N, bool)
+  keep_N = ones_N if keep_N is None else jnp.asarray(keep_N, bool)
+  valid_N = trained_rows(scorable_N, keep_N, rollouts.group_ids_N, policy=cfg.unscorable)
   rewards_N = shaped_rewards(rollouts, correct_N, format_N, hyper, cfg=cfg)
-  adv_NT = compute_advantages(lp, rollouts, rewards_N, hyper, cfg=cfg)
-  loss_mask_NT, mask_stats = loss_mask(lp, rollouts, adv_NT, hyper, cfg=cfg)
+  adv_NT = compute_advantages(lp, rollouts, rewards_N, valid_N, hyper, cfg=cfg)
+  loss_mask_NT, mask_stats = loss_mask(lp, rollouts, adv_NT, valid_N, hyper, cfg=cfg)
   batch = RolloutBatch(
     prompt_tokens_NP=rollouts.prompt_tokens_NP,
     prompt_mask_NP=rollouts.prompt_mask_NP,
@@ -399,6 +450,8 @@ def finish_prepare(
     group_ids_N=rollouts.group_ids_N,
   )
   metrics = prepare_metrics(lp, rollouts, adv_NT, rewards_N, correct_N, cfg=cfg)
+  metrics["unscorable_frac"] = 1.0 - jnp.mean(scorable_N.astype(jnp.float32))
+  metrics["excluded_frac"] = 1.0 - jnp.mean((valid_N | ~keep_N).astype(jnp.float32))
   return batch, rewards_N, {**metrics, **mask_stats}
 
 
@@ -548,15 +601,26 @@ def accumulate_gradients(
   return grads, sums, jax.tree.map(_unsplit, tok)
 
 
+def all_finite(tree) -> jax.Array:
+  """True when every floating-point leaf of `tree` is finite (a jitted-friendly reduction)."""
+  leaves = [
+    jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)
+  ]
+  return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
+
+
 def apply_if_finite(state: TrainState, grads, finite, optimizer: optax.GradientTransformation):
-  """The optimizer's update where `finite`, else params and optimizer state unchanged;
-  state.step advances either way."""
+  """The optimizer's update, applied only if `finite` and the updated params and optimizer
+  state are all finite (a finite gradient can still overflow them, e.g. with a huge
+  learning rate); otherwise params and optimizer state stay unchanged. state.step advances
+  either way. Returns (state, applied)."""
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
+  applied = finite & all_finite((params, opt_state))
   params, opt_state = jax.tree.map(
-    lambda a, b: jnp.where(finite, a, b), (params, opt_state), (state.params, state.opt_state)
+    lambda a, b: jnp.where(applied, a, b), (params, opt_state), (state.params, state.opt_state)
   )
-  return TrainState(step=state.step + 1, params=params, opt_state=opt_state)
+  return TrainState(step=state.step + 1, params=params, opt_state=opt_state), applied
 
 
 def train_step(
@@ -575,9 +639,10 @@ def train_step(
   `token_outputs`, metrics["tokens"] holds the per-token loss, weight, ratio and clip
   flags of the mini-batch ([N, T] each).
 
-  Non-finite guard: a step whose loss or gradient norm is not finite leaves params and
-  optimizer state unchanged (state.step still advances) and reports metrics["nonfinite"]
-  = 1; the trainer counts these and stops after `max_nonfinite_steps` in a row.
+  Non-finite guard: a step whose loss, gradient norm or updated state is not finite leaves
+  params and optimizer state unchanged (state.step still advances) and reports
+  metrics["nonfinite"] = 1; the trainer counts these and stops after `max_nonfinite_steps`
+  in a row.
   """
   w_NT = aggregation.get(cfg.aggregation)(
     mb.loss_mask_NT, mb.group_ids_N, mb.adv_NT, max_len=cfg.max_len or None
@@ -588,10 +653,11 @@ def train_step(
   metrics = _metrics_from_sums(sums, cfg=cfg)
   metrics["grad_norm"] = optax.tree.norm(grads)
   finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(metrics["grad_norm"])
-  metrics["nonfinite"] = 1.0 - finite.astype(jnp.float32)
+  state, applied = apply_if_finite(state, grads, finite, optimizer)
+  metrics["nonfinite"] = 1.0 - applied.astype(jnp.float32)
   if token_outputs:
     metrics["tokens"] = {"weight": w_NT, **tok}
-  return apply_if_finite(state, grads, finite, optimizer), metrics
+  return state, metrics
 
 
 def make_train_step(
@@ -686,6 +752,25 @@ def make_update(
 # ----------------------------------------------------------------------------
 # Host side: per-iteration checks of what the device cannot check.
 # ----------------------------------------------------------------------------
+
+
+class NonFiniteError(RuntimeError):
+  """Too many consecutive train steps with a non-finite loss, gradient or updated state."""
+
+
+def count_nonfinite(flags, run: int, *, limit: int, where: str) -> tuple[int, int]:
+  """(skipped steps among `flags`, the consecutive run after them, continuing `run`);
+  raises NonFiniteError once the run reaches `limit`."""
+  for f in flags:
+    run = run + 1 if f else 0
+    if run >= limit:
+      raise NonFiniteError(
+        f"{run} consecutive train steps had a non-finite loss, gradient or updated state "
+        f"({where}); they were skipped, and the state is that of the last finite step. Lower "
+        "the learning rate, check rewards and advantages for NaN/inf, or raise "
+        "config.max_nonfinite_steps."
+      )
+  return int(sum(bool(f) for f in flags)), run
 
 
 def validate_batch(*, rewards_N, group_ids_N, group_size: int) -> None:

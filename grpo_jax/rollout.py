@@ -45,8 +45,10 @@ class Scores:
 
   correct_N: np.ndarray
   format_N: np.ndarray
+  scorable_N: np.ndarray  # False where the reward failed (raised, timed out, non-finite).
   errors: int
   timeouts: int
+  messages: tuple[str, ...] = ()  # This process's first failure messages.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +103,14 @@ def score(setup: config.Setup, pool, examples: dict, tokens_NT, *, group: int) -
   )
   gather = lambda x: distributed.gather_rows(x, tokens_NT.sharding, n)
   errors, timeouts = distributed.sum_across(np.array([scores.errors, scores.timeouts]))
-  return Scores(gather(scores.correct_N), gather(scores.format_N), int(errors), int(timeouts))
+  return Scores(
+    gather(scores.correct_N),
+    gather(scores.format_N),
+    ~gather(scores.error_N),
+    int(errors),
+    int(timeouts),
+    tuple(scores.messages[:3]),
+  )
 
 
 def collect(
@@ -153,8 +162,10 @@ def _select(setup: config.Setup, parts: list, scores: list[Scores]):
   picked = Scores(
     pick([s.correct_N for s in scores]),
     pick([s.format_N for s in scores]),
+    pick([s.scorable_N for s in scores]),
     sum(s.errors for s in scores),
     sum(s.timeouts for s in scores),
+    sum((s.messages for s in scores), ()),
   )
   metrics = {
     "dynamic/gen_batches": len(parts),

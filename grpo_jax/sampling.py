@@ -89,8 +89,10 @@ class SamplingParams:
 def sampling_params(
   *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, greedy: bool = False
 ):
-  if not temperature > 0:
-    raise ValueError(f"temperature must be > 0 (use greedy=True for argmax), got {temperature}.")
+  if not 0 < temperature < float("inf"):
+    raise ValueError(
+      f"temperature must be finite and > 0 (use greedy=True for argmax), got {temperature}."
+    )
   if top_k < 0:
     raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}.")
   if not 0 < top_p <= 1:

@@ -28,6 +28,7 @@ class Functions:
   layout: sharding.Layout  # The mesh and its rules.
   param_shardings: Any
   state_shardings: Any  # rl.TrainState with the RL optimizer.
+  sft_state_shardings: Any  # rl.TrainState with the warm-start optimizer.
   model_fn: Any
   optimizer: Any
   sft_optimizer: Any
@@ -174,7 +175,7 @@ def _rl_functions(setup: config.Setup, sh: _Shardings, model_fn, optimizer) -> d
     finish=sharding.Jitted(
       sh.layout,
       functools.partial(rl.finish_prepare, cfg=rl_cfg),
-      in_shardings=(rows, sh.rollouts(N), rows, rows, rep),
+      in_shardings=(rows, sh.rollouts(N), rows, rows, rep, rows, rows),
       out_shardings=(rows, rows, rep),
     ),
     update=sharding.Jitted(
@@ -200,6 +201,7 @@ def _build(setup: config.Setup) -> Functions:
     layout=layout,
     param_shardings=sh.params,
     state_shardings=sh.state,
+    sft_state_shardings=sh.sft_state,
     model_fn=model_fn,
     optimizer=optimizer,
     sft_optimizer=sft_optimizer,

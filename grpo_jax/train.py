@@ -26,7 +26,8 @@ have (same machine and config). SIGTERM (a TPU VM preemption notice) finishes th
 iteration, saves a checkpoint and returns with summary["preempted"] (the CLI exits 143).
 
 A train step whose loss or gradient is not finite is skipped (`rl.apply_if_finite`); after
-`max_nonfinite_steps` consecutive ones the run stops with `NonFiniteError`.
+`max_nonfinite_steps` consecutive ones the run stops with `rl.NonFiniteError`; a state that
+is not finite is never checkpointed.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import pathlib
 import signal
 import threading
@@ -63,10 +65,6 @@ from grpo_jax import (
   warmstart,
 )
 from grpo_jax.diagnostics import hook as diagnostics_hook
-
-
-class NonFiniteError(RuntimeError):
-  """Too many consecutive train steps with a non-finite loss or gradient."""
 
 
 @dataclasses.dataclass
@@ -112,40 +110,39 @@ def run(config_dict, workdir: str | pathlib.Path, *, log=print, on_iteration=Non
   iteration's record is written (tests use it to interrupt a run)."""
   t_start = time.perf_counter()
   log = log if distributed.is_primary() else (lambda *_: None)  # One process speaks.
-  workdir = _workdir(workdir)
+  _check_url(workdir)
 
-  # --- Set up: the config, the mesh and the compiled functions -------------------------
+  # --- Set up: the config (checked before anything is written), workdir, functions -----
   setup = config.build(config_dict)
+  workdir = _workdir(workdir)
+  for note in setup.task.data_notes():
+    log(note)
   fns = steps.functions(setup)
-  loop = setup.loop
   with contextlib.ExitStack() as stack:  # Closed in reverse order, on errors too.
-    ckpt = checkpoint.Checkpointer(workdir / "checkpoints", keep=loop.keep_checkpoints)
-    stack.callback(ckpt.close)
-    pool = rewards.RewardPool(
-      setup.task, workers=loop.reward_workers, timeout_s=loop.reward_timeout_s
-    )
-    stack.callback(pool.close)
-    preempted = stack.enter_context(_sigterm_flag())
+    s = _Session.open(setup, fns, workdir, stack, log=log)
 
     # --- Restore the latest checkpoint, or start: init, warm start, evaluate ------------
-    latest = ckpt.latest_step()
-    if latest is None:
-      st = _start(setup, fns, pool, log=log, preempted=preempted)
-    else:
-      st = RunState.restore(*ckpt.restore(latest, like=abstract_tree(setup, fns)))
-      log(f"resumed from {ckpt.directory / str(latest)} (iteration {st.iteration})")
-    writer = stack.enter_context(contextlib.closing(_logger(workdir, loop, resume_from=latest)))
+    try:
+      st, latest = _restore_or_start(s)
+    except warmstart.Preempted as stop:
+      return _preempted_in_warm_start(s, stop)
+    writer = stack.enter_context(
+      contextlib.closing(_logger(workdir, setup.loop, resume_from=latest))
+    )
     if latest is None:
       writer.write({"iteration": 0, "phase": "warmstart", **st.warmstart})
-      ckpt.save(0, st.tree(), st.meta(), accuracy=st.warmstart["eval/greedy_accuracy"])
+      _save(s.ckpt, st, accuracy=st.warmstart["eval/greedy_accuracy"])
+      warmstart.discard(workdir)  # Superseded by checkpoint 0 (saved in the foreground).
     log(f"warm-start accuracy {st.warmstart['eval/greedy_accuracy']:.3f}")
-    if distributed.is_primary():
-      (workdir / "config.json").write_text(json.dumps(config.as_dict(setup), indent=2, default=str))
+    _record_config(setup, workdir, resumed_from=latest, log=log)
 
     # --- Iterate -------------------------------------------------------------------------
-    it_loop = _Loop.create(setup, fns, pool, workdir, st, resumed_from=latest, log=log)
-    progress = stack.enter_context(contextlib.closing(_progress(loop, st)))
-    for it in range(st.iteration + 1, loop.iterations + 1):
+    it_loop = _Loop.create(setup, fns, s.pool, workdir, st, resumed_from=latest, log=log)
+    progress = stack.enter_context(contextlib.closing(_progress(setup.loop, st)))
+    saved = st.iteration
+    for it in range(st.iteration + 1, setup.loop.iterations + 1):
+      # A failed background save stops the run one iteration after it started, at the latest.
+      s.ckpt.check(block=it > saved + 1)
       record = it_loop.iteration(st, it)
       writer.write(record)
       progress.update(it, record)
@@ -153,45 +150,110 @@ def run(config_dict, workdir: str | pathlib.Path, *, log=print, on_iteration=Non
         on_iteration(it, record)
       st.wall_seconds += time.perf_counter() - t_start
       t_start = time.perf_counter()
-      if preempted["set"] or it % loop.checkpoint_every == 0 or it == loop.iterations:
-        ckpt.save(it, st.tree(), st.meta(), accuracy=record.get("eval/greedy_accuracy"))
-      if preempted["set"]:
-        ckpt.wait()
+      if s.preempted["set"] or it % setup.loop.checkpoint_every == 0 or it == setup.loop.iterations:
+        _save(s.ckpt, st, accuracy=record.get("eval/greedy_accuracy"))
+        saved = it
+      if s.preempted["set"]:
+        s.ckpt.wait()
         log(f"SIGTERM: checkpoint saved at iteration {it}; rerun the same command to resume.")
         break
 
     # --- Finish: the last checkpoint on disk, plot, summary ------------------------------
     progress.close()
     writer.close()
-    ckpt.wait()
+    s.ckpt.wait()
     st.wall_seconds += time.perf_counter() - t_start
-    return _finish(setup, st, workdir, ckpt, preempted=preempted["set"])
+    return _finish(setup, st, workdir, s.ckpt, preempted=s.preempted["set"])
 
 
-def _workdir(workdir) -> pathlib.Path:
+class WorkdirError(ValueError):
+  """The workdir is a URL or cannot be written."""
+
+
+def _check_url(workdir) -> None:
   if "://" in str(workdir):  # pathlib would turn gs://b/x into a local gs:/b/x.
-    raise ValueError(
+    raise WorkdirError(
       f"workdir {str(workdir)!r}: URL workdirs are not written natively (the logs use "
       "Python's open); mount the bucket (e.g. gcsfuse, README 'TPU VM slices') and pass the "
       "mounted path."
     )
+
+
+def _workdir(workdir) -> pathlib.Path:
+  """The workdir, created, after checking that files can be written in it."""
   workdir = pathlib.Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
+  try:
+    workdir.mkdir(parents=True, exist_ok=True)
+    probe = workdir / f".write_test.{os.getpid()}"
+    probe.write_text("ok")
+    probe.unlink()
+  except OSError as e:
+    raise WorkdirError(f"workdir {str(workdir)!r} cannot be written: {e}.") from None
   return workdir
 
 
+@dataclasses.dataclass
+class _Session:
+  """What one process's run holds open: checkpoints, the reward pool, the SIGTERM flag."""
+
+  setup: config.Setup
+  fns: steps.Functions
+  workdir: pathlib.Path
+  ckpt: checkpoint.Checkpointer
+  pool: Any
+  preempted: dict
+  log: Any
+
+  @classmethod
+  def open(cls, setup, fns, workdir, stack: contextlib.ExitStack, *, log) -> _Session:
+    loop = setup.loop
+    ckpt = checkpoint.Checkpointer(workdir / "checkpoints", keep=loop.keep_checkpoints)
+    stack.callback(ckpt.close)
+    pool = rewards.RewardPool(
+      setup.task, workers=loop.reward_workers, timeout_s=loop.reward_timeout_s
+    )
+    stack.callback(pool.close)
+    preempted = stack.enter_context(_sigterm_flag())
+    return cls(setup, fns, workdir, ckpt, pool, preempted, log)
+
+
+_finite = jax.jit(rl.all_finite)
+
+
+def _save(ckpt: checkpoint.Checkpointer, st: RunState, *, accuracy=None) -> None:
+  """Checkpoint st.iteration; a state with a non-finite array is never written."""
+  tree = st.tree()
+  if not bool(_finite(tree)):
+    raise rl.NonFiniteError(
+      f"Refusing to checkpoint iteration {st.iteration}: its state holds non-finite values "
+      f"(the last checkpoint, {ckpt.latest_step()}, is kept). Lower the learning rate."
+    )
+  ckpt.save(st.iteration, tree, st.meta(), accuracy=accuracy)
+
+
 # ----------------------------------------------------------------------------
-# Start: the state of iteration 0.
+# Start: the state of iteration 0, or the latest checkpoint's.
 # ----------------------------------------------------------------------------
 
 
-def _start(setup: config.Setup, fns: steps.Functions, pool, *, log, preempted) -> RunState:
-  """Initial params (random, or from config.hf_dir), the warm start, and the evaluation
-  of the warm-started policy, on their shardings."""
+def _restore_or_start(s: _Session) -> tuple[RunState, int | None]:
+  """(state, the checkpoint step it was restored from, or None for a fresh start)."""
+  got = s.ckpt.restore_latest(like=abstract_tree(s.setup, s.fns), log=s.log)
+  if got is None:
+    return _start(s.setup, s.fns, s.pool, workdir=s.workdir, log=s.log, preempted=s.preempted), None
+  latest, tree, meta = got
+  st = RunState.restore(tree, meta)
+  s.log(f"resumed from {s.ckpt.directory / str(latest)} (iteration {st.iteration})")
+  return st, latest
+
+
+def _start(setup: config.Setup, fns: steps.Functions, pool, *, workdir, log, preempted) -> RunState:
+  """Initial params (random, or from config.hf_dir), the warm start (continued from its
+  SIGTERM checkpoint when there is one), and the evaluation of the warm-started policy."""
   key = jax.random.key(setup.loop.seed)
   params = initial_params(setup, fns, jax.random.fold_in(key, 0))
   if setup.loop.warmstart_steps:
-    params = warmstart.run(setup, fns, params, log=log, preempted=preempted)
+    params = warmstart.run(setup, fns, params, workdir=workdir, log=log, preempted=preempted)
   tree = jax.device_put(
     initial_tree(setup, fns, params), jax.tree.map(lambda x: x.sharding, abstract_tree(setup, fns))
   )
@@ -201,6 +263,71 @@ def _start(setup: config.Setup, fns: steps.Functions, pool, *, log, preempted) -
     tree,
     dict(warmstart=warm, last_eval=warm, best_accuracy=warm["eval/greedy_accuracy"]),
   )
+
+
+def _preempted_in_warm_start(s: _Session, stop: warmstart.Preempted) -> dict:
+  """SIGTERM during the warm start: its state is in workdir/warmstart (`warmstart.run`)."""
+  s.log(str(stop))
+  summary = {"preempted": True, "iterations_done": 0, "warmstart_step": stop.step}
+  summary |= {"workdir": str(s.workdir), "wall_seconds": None}
+  if distributed.is_primary():
+    (s.workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+  return summary
+
+
+# Loop keys that may change on resume without changing what is trained (the extent of the
+# run, logging, resources): `on_config_change = "refuse"` does not refuse these.
+HOUSEKEEPING_KEYS = (
+  "iterations",
+  "eval_every",
+  "eval_size",
+  "eval_samples",
+  "checkpoint_every",
+  "keep_checkpoints",
+  "reward_workers",
+  "reward_timeout_s",
+  "peak_flops",
+  "memory_limit_gib",
+  "export_hf",
+  "progress",
+  "tensorboard",
+  "on_config_change",
+)
+
+
+def config_changes(before: dict, after: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:
+  """(dotted key, old value, new value) for every leaf that differs between two configs."""
+  out = []
+  for k in sorted(set(before) | set(after)):
+    a, b = before.get(k, "<absent>"), after.get(k, "<absent>")
+    if isinstance(a, dict) and isinstance(b, dict):
+      out += config_changes(a, b, f"{prefix}{k}.")
+    elif a != b:
+      out.append((f"{prefix}{k}", a, b))
+  return out
+
+
+def _record_config(setup: config.Setup, workdir: pathlib.Path, *, resumed_from, log) -> None:
+  """config.json is this session's config; config_history.jsonl keeps every session's (the
+  iteration it resumed from, and the config). A resume under a changed config logs the
+  changes, or refuses with on_config_change = "refuse" (housekeeping keys aside)."""
+  now = json.loads(json.dumps(config.as_dict(setup), default=str))
+  previous = workdir / "config.json"
+  if resumed_from is not None and previous.exists():
+    changes = config_changes(json.loads(previous.read_text()), now)
+    if changes:
+      text = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changes)
+      real = [k for k, _, _ in changes if k.split(".")[-1] not in HOUSEKEEPING_KEYS]
+      if real and setup.loop.on_config_change == "refuse":
+        raise config_lib.ConfigError(
+          f"The run in {workdir} was made with another config; refusing to resume "
+          f"(config.on_config_change='refuse'). Changes: {text}."
+        )
+      log(f"resuming from iteration {resumed_from} with a changed config: {text}")
+  if distributed.is_primary():
+    previous.write_text(json.dumps(now, indent=2))
+    with (workdir / "config_history.jsonl").open("a") as f:
+      f.write(json.dumps({"from_iteration": resumed_from or 0, "config": now}) + "\n")
 
 
 def initial_params(setup: config.Setup, fns: steps.Functions, key):
@@ -316,16 +443,21 @@ class _Loop:
 
   def _prepare(self, st: RunState, got: rollout.Collected):
     """Advantages, token masks and prepare metrics, once the rewards are in."""
+    rewards.check_failures(
+      ~got.scores.scorable_N,
+      got.scores.messages,
+      limit=self.setup.loop.max_unscorable_frac,
+      where="the training batch",
+    )
     rl.validate_batch(
       rewards_N=got.scores.correct_N + got.scores.format_N,
       group_ids_N=distributed.host_value(got.rollouts.group_ids_N),
       group_size=self.setup.sampler_cfg.group_size,
     )
+    s = got.scores
     batch, _, stats = self.fns.finish(
-      got.logprobs, got.rollouts, got.scores.correct_N, got.scores.format_N, st.prep_hyper
+      got.logprobs, got.rollouts, s.correct_N, s.format_N, st.prep_hyper, s.scorable_N, got.valid_N
     )
-    if not got.valid_N.all():  # Dynamic-sampling fill groups: kept for shape, not trained.
-      batch = batch.replace(loss_mask_NT=batch.loss_mask_NT & jnp.asarray(got.valid_N)[:, None])
     return batch, stats
 
   def _update(self, st: RunState, batch: rl.RolloutBatch, key, stats) -> dict:
@@ -339,12 +471,12 @@ class _Loop:
     return jax.device_get(history)  # Blocks until the update is done.
 
   def _count_nonfinite(self, st: RunState, flags, *, iteration: int) -> int:
-    """Skipped steps of this iteration; raises NonFiniteError at max_nonfinite_steps."""
-    skipped, st.nonfinite_run = count_nonfinite(
+    """Skipped steps of this iteration; raises rl.NonFiniteError at max_nonfinite_steps."""
+    skipped, st.nonfinite_run = rl.count_nonfinite(
       list(np.asarray(flags)),
       st.nonfinite_run,
       limit=self.setup.loop.max_nonfinite_steps,
-      iteration=iteration,
+      where=f"iteration {iteration}",
     )
     st.nonfinite_total += skipped
     return skipped
@@ -373,20 +505,6 @@ class _Loop:
     if accuracy > st.best_accuracy:
       st.best_accuracy, st.best_iteration = accuracy, it
     return {**st.last_eval, "time/eval": time.perf_counter() - t0}
-
-
-def count_nonfinite(flags, run: int, *, limit: int, iteration: int) -> tuple[int, int]:
-  """(skipped steps among `flags`, consecutive run after them); raises at `limit`."""
-  for f in flags:
-    run = run + 1 if f else 0
-    if run >= limit:
-      raise NonFiniteError(
-        f"{run} consecutive train steps had a non-finite loss or gradient (iteration "
-        f"{iteration}); they were skipped, and the state is that of the last finite step. "
-        "Lower learning_rate, check rewards and advantages for NaN/inf, or raise "
-        "config.max_nonfinite_steps."
-      )
-  return int(sum(bool(f) for f in flags)), run
 
 
 # ----------------------------------------------------------------------------
@@ -475,6 +593,11 @@ def export_hf(setup: config.Setup, params, out_dir) -> pathlib.Path:
 
 def describe(summary: dict) -> str:
   """A short human summary of a run (what `grpo-jax` prints last)."""
+  if "warmstart_step" in summary:
+    return (
+      f"stopped by SIGTERM during the warm start at step {summary['warmstart_step']} (saved "
+      f"under {summary['workdir']}/warmstart); rerun the same command to continue."
+    )
   before, after = summary["warmstart_accuracy"], summary["final_accuracy"]
   state = "stopped by SIGTERM; rerun to resume" if summary["preempted"] else "done"
   return "\n".join(

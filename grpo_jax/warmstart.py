@@ -6,25 +6,92 @@ A tiny model trained from scratch solves nothing, so GRPO would see only zero-va
 groups; `warmstart_steps` steps of cross-entropy on `warmstart_batch` reference
 completions (+ EOS) per step give it a non-zero pass rate first. The loss is the mean over
 target tokens; the optimizer is the RL one at `warmstart_lr` (`steps.optimizers`).
+
+SIGTERM (a preemption notice) during the warm start saves its state (params, optimizer
+state, step) to workdir/warmstart and raises `Preempted`; rerunning continues from that
+step with the same data, so the result equals an uninterrupted warm start. The trainer
+deletes workdir/warmstart once checkpoint 0 (the warm-started policy) is on disk.
 """
 
 from __future__ import annotations
+
+import pathlib
+import shutil
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from grpo_jax import config, distributed, logprobs, rl, rollout
+from grpo_jax import checkpoint, config, distributed, logprobs, model, rl, rollout
+
+DIRECTORY = "warmstart"
 
 
 class Preempted(RuntimeError):
-  """SIGTERM arrived before the first checkpoint (during the warm start)."""
+  """SIGTERM arrived during the warm start; its state is saved at `step`."""
+
+  def __init__(self, message: str, *, step: int):
+    super().__init__(message)
+    self.step = step
+
+
+def _checkpointer(workdir) -> checkpoint.Checkpointer:
+  return checkpoint.Checkpointer(
+    pathlib.Path(workdir) / DIRECTORY, keep=1, keep_best=False, async_save=False
+  )
+
+
+def _abstract_state(setup: config.Setup, fns):
+  """Shapes, dtypes and shardings of the warm start's train state."""
+  shapes = jax.eval_shape(
+    lambda k: rl.init_state(model.init(setup.model_cfg, k), fns.sft_optimizer), jax.random.key(0)
+  )
+  return jax.tree.map(
+    lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+    shapes,
+    fns.sft_state_shardings,
+  )
+
+
+def _resume(setup: config.Setup, fns, workdir, params, *, log) -> tuple[rl.TrainState, int]:
+  """(state, steps done): the SIGTERM checkpoint's, else a fresh state at step 0."""
+  state = rl.init_state(params, fns.sft_optimizer)
+  if workdir is None or not (pathlib.Path(workdir) / DIRECTORY).exists():
+    return state, 0
+  ckpt = _checkpointer(workdir)
+  try:
+    got = ckpt.restore_latest(like=_abstract_state(setup, fns), log=log)
+  finally:
+    ckpt.close()
+  if got is None:
+    return state, 0
+  step, state, _ = got
+  log(f"warm start: continuing from step {step} ({pathlib.Path(workdir) / DIRECTORY})")
+  return state, step
+
+
+def _save(workdir, state: rl.TrainState, step: int) -> None:
+  if workdir is None:
+    return
+  # Every process calls save (orbax writes each process's shards); only the primary deletes.
+  ckpt = _checkpointer(workdir)
+  try:
+    ckpt.save(step, state, {"warmstart_step": step})
+  finally:
+    ckpt.close()
+
+
+def discard(workdir) -> None:
+  """Deletes workdir/warmstart (superseded once checkpoint 0 exists)."""
+  if distributed.is_primary():
+    shutil.rmtree(pathlib.Path(workdir) / DIRECTORY, ignore_errors=True)
 
 
 def sft_step(state: rl.TrainState, prompts, tokens_NT, mask_NT, *, model_fn, optimizer):
-  """One cross-entropy step on reference completions: (state, loss), with loss =
-  −Σ m·log π(y) / Σ m over the batch's target tokens. Pure; `steps` jits it."""
+  """One cross-entropy step on reference completions: (state, {"loss", "nonfinite"}), with
+  loss = −Σ m·log π(y) / Σ m over the batch's target tokens. A step whose loss, gradient or
+  updated state is not finite is not applied (`rl.apply_if_finite`). Pure; `steps` jits it."""
 
   def loss_fn(params):
     logp_NT, _ = logprobs.completion_logprobs(
@@ -33,9 +100,9 @@ def sft_step(state: rl.TrainState, prompts, tokens_NT, mask_NT, *, model_fn, opt
     return -jnp.sum(logp_NT) / jnp.maximum(jnp.sum(mask_NT), 1)
 
   loss, grads = jax.value_and_grad(loss_fn)(state.params)
-  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  return rl.TrainState(step=state.step + 1, params=params, opt_state=opt_state), loss
+  finite = jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(grads))
+  state, applied = rl.apply_if_finite(state, grads, finite, optimizer)
+  return state, {"loss": loss, "nonfinite": 1.0 - applied.astype(jnp.float32)}
 
 
 def batch(setup: config.Setup, fns, examples):
@@ -52,19 +119,32 @@ def batch(setup: config.Setup, fns, examples):
   return (prompts, *distributed.to_global((tokens_NT, mask_NT), fns.layout.rows(n), n))
 
 
-def run(setup: config.Setup, fns, params, *, log, preempted):
-  """`warmstart_steps` cross-entropy steps from `params`; returns the new params."""
+def run(setup: config.Setup, fns, params, *, log, preempted, workdir=None):
+  """`warmstart_steps` cross-entropy steps from `params` (or from workdir's SIGTERM
+  checkpoint); returns the new params. Raises `Preempted` on SIGTERM (after saving the
+  state when `workdir` is given) and `rl.NonFiniteError` when max_nonfinite_steps
+  consecutive steps were not applied."""
   loop = setup.loop
-  state = rl.init_state(params, fns.sft_optimizer)
+  state, done = _resume(setup, fns, workdir, params, log=log)
   stream = setup.task.examples("train", seed=loop.seed + 1)
-  loss = float("nan")
-  for _ in range(loop.warmstart_steps):
+  for _ in range(done * loop.warmstart_batch):  # The examples of the steps already done.
+    next(stream)
+  history = []
+  for step in range(done, loop.warmstart_steps):
     if preempted["set"]:
+      _save(workdir, state, step)
       raise Preempted(
-        "SIGTERM during the warm start, before the first checkpoint; rerunning the same "
-        "command starts the run again (the warm start is deterministic)."
+        f"SIGTERM during the warm start: its state at step {step} of {loop.warmstart_steps} is "
+        f"saved; rerun the same command to continue from there.",
+        step=step,
       )
     examples = [next(stream) for _ in range(loop.warmstart_batch)]
-    state, loss = fns.sft_step(state, *batch(setup, fns, examples))
-  log(f"warm start: {loop.warmstart_steps} steps, final loss {float(loss):.3f}")
+    state, metrics = fns.sft_step(state, *batch(setup, fns, examples))
+    history.append(metrics)
+  history = jax.device_get(history)  # One transfer at the end: the loop never waits.
+  skipped, _ = rl.count_nonfinite(
+    [h["nonfinite"] > 0 for h in history], 0, limit=loop.max_nonfinite_steps, where="warm start"
+  )
+  loss = float(history[-1]["loss"]) if history else float("nan")
+  log(f"warm start: {loop.warmstart_steps} steps ({skipped} skipped), final loss {loss:.3f}")
   return state.params

@@ -1,11 +1,24 @@
 """Shared fixtures: one tiny model and its compiled sampler per test process."""
 
 import functools
+import os
 
+import hypothesis
 import jax
 import pytest
+import subproc  # noqa: E402 -- tests/ is on sys.path (pytest rootdir conftest).
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
+# The test processes (and the subprocesses tests start, `subproc.child_env`) share JAX's
+# persistent compilation cache: a program compiled by one is loaded by the others.
+jax.config.update("jax_compilation_cache_dir", str(subproc.COMPILATION_CACHE))
+
+# Property tests draw the same examples on every run unless HYPOTHESIS_PROFILE=explore: a
+# test that passes once passes in CI (a failure is a bug, not a flake). "explore" draws new
+# examples each run and keeps failures in .hypothesis/ (to look for bugs on purpose).
+hypothesis.settings.register_profile("ci", derandomize=True, database=None, deadline=None)
+hypothesis.settings.register_profile("explore", deadline=None)
+hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 from grpo_jax import model, sampling, tasks  # noqa: E402
 

@@ -5,8 +5,26 @@ import os
 import pathlib
 import subprocess
 import sys
+import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def child_env(**extra) -> dict:
+  """The environment of a child python: this one without XLA_FLAGS, on CPU, with JAX's
+  persistent compilation cache (tests run the same small programs in many processes: a
+  compile is then paid once per test session, not once per process)."""
+  out = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  out["JAX_PLATFORMS"] = "cpu"
+  out.setdefault("JAX_COMPILATION_CACHE_DIR", str(COMPILATION_CACHE))
+  out.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  out.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+  return {**out, **extra}
+
+
+# One directory for every test process of a machine; entries are keyed by the program
+# and the compile options, so sharing is safe.
+COMPILATION_CACHE = pathlib.Path(tempfile.gettempdir()) / f"grpo_jax_test_xla_cache_{os.getuid()}"
 
 
 def run(
@@ -15,8 +33,7 @@ def run(
   """`python *args` from the repo root with JAX_PLATFORMS=cpu and, with `devices`, that
   many forced host devices (else XLA_FLAGS is dropped); with `check`, fails the test on a
   non-zero exit."""
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env["JAX_PLATFORMS"] = "cpu"
+  env = child_env()
   if devices:
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
   r = subprocess.run(

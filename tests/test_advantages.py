@@ -634,3 +634,63 @@ def test_validate_rewards_names_the_bad_rows():
     groups.validate_rewards([0.0, np.inf, 1.0, np.nan])
   with pytest.raises(ValueError, match=r"\(10 rows in all\)"):
     groups.validate_rewards(np.full(10, np.nan))
+
+
+# ----------------------------------------------------------------------------
+# Excluded rows (valid_B = False): masked equals dropped, for every estimator.
+# ----------------------------------------------------------------------------
+
+_EVERY_ESTIMATOR = [(n, {}) for n in advantages.REGISTRY.names()] + [
+  ("optimal_baseline", {"scope": "batch"})
+]
+
+
+@pytest.mark.parametrize("name, options", _EVERY_ESTIMATOR, ids=lambda x: str(x))
+@hypothesis.given(
+  rewards=st.lists(BINARY | REAL, min_size=B, max_size=B),
+  ids=IDS,
+  lengths=LENGTHS,
+  valid=st.lists(st.booleans(), min_size=B, max_size=B),
+  score_sq=st.lists(st.floats(0.125, 4.0, width=32), min_size=B, max_size=B),
+)
+@SETTINGS
+def test_excluded_rows_change_nothing_else(name, options, rewards, ids, lengths, valid, score_sq):
+  """Rows with valid_B = False get A = 0, and the other rows get exactly what the estimator
+  gives on the batch without them (group and batch statistics skip them)."""
+  hypothesis.assume(any(valid))
+  full = _inputs(rewards, ids, lengths, score_sq=score_sq)
+  masked = full.replace(valid_B=jnp.asarray(valid))
+  got = np.asarray(_run(name, masked, **options))
+  keep = np.flatnonzero(valid)
+  _, dense_ids = np.unique(np.asarray(ids)[keep], return_inverse=True)  # Ids in [0, B').
+  pad = B - keep.size  # Same shape (one compile): padding rows are excluded too.
+  dropped = _inputs(
+    [rewards[i] for i in keep] + [0.0] * pad,
+    list(dense_ids) + [0] * pad,
+    [lengths[i] for i in keep] + [1] * pad,
+    score_sq=[score_sq[i] for i in keep] + [1.0] * pad,
+  ).replace(valid_B=jnp.arange(B) < keep.size)
+  want = np.asarray(_run(name, dropped, **options))
+  np.testing.assert_array_equal(got[~np.asarray(valid)], 0.0)
+  np.testing.assert_allclose(got[keep], want[: keep.size], rtol=2e-5, atol=2e-5)
+
+
+def test_excluding_rows_changes_the_others_when_it_should():
+  """The control: without valid_B the excluded row's reward moves its group's baseline."""
+  inputs = _inputs([1.0, 0.0, 0.0, 1.0], [0, 0, 0, 0])
+  a = np.asarray(_run("dr_grpo", inputs))[:, 0]
+  b = np.asarray(_run("dr_grpo", inputs.replace(valid_B=jnp.array([True, True, True, False]))))
+  np.testing.assert_allclose(a, [0.5, -0.5, -0.5, 0.5])
+  np.testing.assert_allclose(b[:, 0], [2 / 3, -1 / 3, -1 / 3, 0.0], rtol=1e-6)
+
+
+def test_works_without_groups():
+  assert advantages.works_without_groups("batch_mean", {})
+  assert advantages.works_without_groups("optimal_baseline", {"scope": "batch"})
+  assert not advantages.works_without_groups("optimal_baseline", {})
+  assert not advantages.works_without_groups("grpo", {})
+  # Every estimator listed as batch-level gives non-zero advantages to singleton groups.
+  inputs = _inputs([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0], list(range(8)))
+  for name, options in _EVERY_ESTIMATOR:
+    nonzero = bool(np.any(np.asarray(_run(name, inputs, **options)) != 0))
+    assert nonzero == advantages.works_without_groups(name, options), name

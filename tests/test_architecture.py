@@ -2,6 +2,7 @@
 each module importable alone), and short functions in the trainer's modules."""
 
 import ast
+import os
 import pathlib
 import subprocess
 import sys
@@ -170,3 +171,14 @@ def test_loading_every_config_starts_no_jax_backend():
   )
   r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
   assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_property_tests_are_derandomized_by_default():
+  """conftest loads the "ci" hypothesis profile: the same examples on every run, and the
+  per-test settings made at import time inherit it."""
+  import hypothesis  # noqa: PLC0415
+
+  if os.environ.get("HYPOTHESIS_PROFILE", "ci") != "ci":
+    pytest.skip("HYPOTHESIS_PROFILE chose another profile")
+  assert hypothesis.settings.default.derandomize
+  assert hypothesis.settings(max_examples=5).derandomize

@@ -2,6 +2,9 @@
 best accuracy), async saves racing buffer donation, shape/structure mismatch errors and
 reopening an existing directory (a resumed process)."""
 
+import contextlib
+import json
+
 import flax
 import jax
 import jax.numpy as jnp
@@ -324,3 +327,103 @@ def test_best_of_an_earlier_process_survives_resume(tmp_path):
   steps = second.all_steps()
   second.close()
   assert steps == [0, 2, 3]
+
+
+# ----------------------------------------------------------------------------
+# Faults: damaged checkpoints are found, named and set aside; failed saves are reported.
+# ----------------------------------------------------------------------------
+
+
+def _three(tmp_path, **options):
+  ckpt = checkpoint.Checkpointer(tmp_path / "ck", keep=5, **options)
+  for step in (1, 2, 3):
+    ckpt.save(step, _tree(float(step)), {"step": step})
+  ckpt.wait()
+  return ckpt
+
+
+def test_every_finished_save_gets_a_file_manifest(tmp_path):
+  ckpt = _three(tmp_path)
+  for step in (1, 2, 3):
+    listed = json.loads((tmp_path / "ck" / str(step) / checkpoint.MANIFEST).read_text())
+    assert any(name.startswith("state/") for name in listed) and all(
+      v >= 0 for v in listed.values()
+    )
+    assert checkpoint.damage(tmp_path / "ck" / str(step)) is None
+  ckpt.close()
+
+
+def test_damage_names_what_is_wrong(tmp_path):
+  ckpt = _three(tmp_path)
+  ckpt.close()
+  d = tmp_path / "ck" / "3"
+  biggest = max(
+    (p for p in (d / "state").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size
+  )
+  size = biggest.stat().st_size
+  biggest.write_bytes(biggest.read_bytes()[:-1])
+  assert (
+    checkpoint.damage(d) == f"{biggest.relative_to(d)} has {size - 1} bytes, {size} when written"
+  )
+  biggest.unlink()
+  assert checkpoint.damage(d) == f"{biggest.relative_to(d)} is missing"
+  empty = tmp_path / "ck" / "9"
+  empty.mkdir()
+  assert checkpoint.damage(empty) == "the step directory holds no files"
+
+
+def test_restore_latest_falls_back_and_sets_the_damaged_aside(tmp_path):
+  _three(tmp_path).close()
+  (tmp_path / "ck" / "3" / "state" / "_METADATA").unlink()
+  logged = []
+  ckpt = checkpoint.Checkpointer(tmp_path / "ck")
+  step, tree, meta = ckpt.restore_latest(like=_tree(), log=logged.append)
+  assert (step, meta) == (2, {"step": 2})
+  np.testing.assert_array_equal(tree["train"].params["w"], _params(2.0)["w"])
+  assert len(logged) == 1 and "/ck/3 is unreadable (state/_METADATA is missing)" in logged[0]
+  assert ckpt.all_steps() == [1, 2] and (tmp_path / "ck.bad" / "3" / "state").is_dir()
+  ckpt.save(3, _tree(3.0), {"step": 3})  # The step can be written again.
+  ckpt.close()
+
+
+def test_restore_latest_raises_the_mismatch_when_every_checkpoint_disagrees(tmp_path):
+  _three(tmp_path).close()
+  ckpt = checkpoint.Checkpointer(tmp_path / "ck")
+  wrong = {**_tree(), "counts": np.zeros(4, np.int32)}
+  with pytest.raises(checkpoint.CheckpointMismatchError, match=r"counts: in checkpoint \(3,\)"):
+    ckpt.restore_latest(like=wrong, log=lambda _: None)
+  assert ckpt.all_steps() == [1, 2, 3]  # A changed config damages nothing: nothing moved.
+  ckpt.close()
+
+
+def test_restore_latest_with_no_checkpoints_and_with_none_readable(tmp_path):
+  assert checkpoint.Checkpointer(tmp_path / "empty").restore_latest(like=_tree()) is None
+  _three(tmp_path).close()
+  for step in (1, 2, 3):
+    (tmp_path / "ck" / str(step) / "state" / "_METADATA").unlink()
+  with pytest.raises(checkpoint.NoValidCheckpointError, match=r"step 3: .*step 1: "):
+    checkpoint.Checkpointer(tmp_path / "ck").restore_latest(like=_tree(), log=lambda _: None)
+
+
+def test_a_failed_save_is_one_error_and_keeps_the_only_valid_checkpoint(tmp_path, monkeypatch):
+  """keep=1: the failed save of step 2 must not cost step 1 (retention runs only after a
+  save is finalised)."""
+  ckpt = checkpoint.Checkpointer(tmp_path / "ck", keep=1, keep_best=False)
+  ckpt.save(1, _tree(1.0), {"step": 1})
+  ckpt.wait()
+  import orbax.checkpoint as ocp  # noqa: PLC0415
+
+  def broken(self, *args, **kwargs):
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(ocp.StandardCheckpointHandler, "async_save", broken)
+  with pytest.raises(checkpoint.CheckpointSaveError, match="No space left on device"):
+    ckpt.save(2, _tree(2.0), {"step": 2})
+    ckpt.check(block=True)
+  monkeypatch.undo()
+  with contextlib.suppress(checkpoint.CheckpointSaveError):
+    ckpt.close()
+  fresh = checkpoint.Checkpointer(tmp_path / "ck")
+  assert fresh.all_steps() == [1]
+  assert fresh.restore_latest(like=_tree(), log=lambda _: None)[0] == 1
+  fresh.close()

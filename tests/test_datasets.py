@@ -453,3 +453,212 @@ def test_splits_keep_file_order(tmp_path):
   source = datasets.problems(builder, "test")
   assert [source[i].answer for i in range(20)] == [str(i) for i in range(20)]
   assert [source[i].id for i in range(3)] == ["test.jsonl:1", "test.jsonl:2", "test.jsonl:3"]
+
+
+# ----------------------------------------------------------------------------
+# User files: the cache is keyed on their content, under the project cache directory
+# ----------------------------------------------------------------------------
+
+SIMPLE_FIELDS = datasets.Fields(question="q", answer="a", id="id")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+  """$GRPO_JAX_CACHE and TFDS's global data directory under tmp_path, never the home's."""
+  monkeypatch.setenv("GRPO_JAX_CACHE", str(tmp_path / "cache"))
+  monkeypatch.setattr(tfds.core.constants, "DATA_DIR", str(tmp_path / "tfds_global"))
+  return tmp_path / "cache"
+
+
+def _write_rows(path, rows):
+  """A JSONL file of (id, question, answer) rows."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  lines = [json.dumps({"id": i, "q": q, "a": a}) for i, q, a in rows]
+  path.write_text("".join(f"{line}\n" for line in lines))
+  return path
+
+
+def _simple(files, name="mine", fields=SIMPLE_FIELDS):
+  files = {split: [str(p) for p in paths] for split, paths in files.items()}
+  return _build("problem_files", None, config=_user_config(name, files, fields))
+
+
+def _questions(builder, split="train"):
+  return [p.question for p in datasets.problems(builder, split)]
+
+
+def test_an_edited_file_is_rebuilt(cache, tmp_path, caplog):
+  path = _write_rows(tmp_path / "p.jsonl", [("a", "1 + 1?", "2"), ("b", "2 + 2?", "4")])
+  first = _simple({"train": [path]})
+  assert _questions(first) == ["1 + 1?", "2 + 2?"]
+  _write_rows(path, [("a", "1 + 1?", "2"), ("b", "3 + 3?", "6")])  # One row edited.
+  with caplog.at_level(logging.INFO, logger="absl"):
+    second = _simple({"train": [path]})
+  assert _questions(second) == ["1 + 1?", "3 + 3?"]
+  assert [p.answer for p in datasets.problems(second, "train")] == ["2", "6"]
+  assert second.data_dir != first.data_dir
+  messages = [r.getMessage() for r in caplog.records]
+  assert any("rebuilt" in m and str(second.data_dir) in m for m in messages), messages
+  # Loading the edited files again reuses the new build, and says so.
+  caplog.clear()
+  with caplog.at_level(logging.INFO, logger="absl"):
+    third = _simple({"train": [path]})
+  assert third.data_dir == second.data_dir and _questions(third) == ["1 + 1?", "3 + 3?"]
+  messages = [r.getMessage() for r in caplog.records]
+  assert any("reused" in m and str(second.data_dir) in m for m in messages), messages
+
+
+def test_the_cache_key_is_the_files_content_names_order_splits_and_fields(cache, tmp_path):
+  a = _write_rows(tmp_path / "one" / "p.jsonl", [("a", "1 + 1?", "2")])
+  b = _write_rows(tmp_path / "two" / "q.jsonl", [("b", "5 - 2?", "3")])
+  first = _simple({"train": [a]})
+  # The same bytes under the same file name in another directory: the same dataset.
+  moved = _write_rows(tmp_path / "elsewhere" / "p.jsonl", [("a", "1 + 1?", "2")])
+  assert _simple({"train": [moved]}).data_dir == first.data_dir
+  # Anything that changes the records gives another dataset: another file set, another
+  # file order (records are stored in file order), another split mapping or fields.
+  variants = [
+    {"train": [a, b]},
+    {"train": [b, a]},
+    {"train": [b]},
+    {"train": [a], "test": [b]},
+  ]
+  dirs = {first.data_dir}
+  for files in variants:
+    dirs.add(_simple(files).data_dir)
+  by_answer = datasets.Fields(question="q", answer="a", id=None)
+  dirs.add(_simple({"train": [a]}, fields=by_answer).data_dir)
+  assert len(dirs) == len(variants) + 2
+  assert _questions(_simple({"train": [b, a]})) == ["5 - 2?", "1 + 1?"]
+  assert _questions(_simple({"train": [a], "test": [b]}), "test") == ["5 - 2?"]
+  # The dataset keeps its name as the records' source.
+  assert {p.source for p in datasets.problems(first, "train")} == {"mine"}
+
+
+def test_user_datasets_are_cached_under_the_project_cache_dir(cache, tmp_path):
+  path = _write_rows(tmp_path / "p.jsonl", [("a", "1 + 1?", "2")])
+  builder = _simple({"train": [path]})
+  assert pathlib.Path(builder.data_dir).is_relative_to(cache / "datasets" / "problem_files")
+  assert not (tmp_path / "tfds_global").exists()
+  # An explicit data_dir wins.
+  config = _user_config("mine", {"train": str(path)}, SIMPLE_FIELDS)
+  explicit = _build("problem_files", tmp_path / "mine", config=config)
+  assert pathlib.Path(explicit.data_dir).is_relative_to(tmp_path / "mine" / "problem_files")
+  assert _questions(explicit) == ["1 + 1?"]
+
+
+def test_default_cache_dir(monkeypatch, tmp_path):
+  monkeypatch.setenv("GRPO_JAX_CACHE", str(tmp_path / "c"))
+  assert datasets.default_cache_dir() == tmp_path / "c" / "datasets"
+  monkeypatch.delenv("GRPO_JAX_CACHE")
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+  assert datasets.default_cache_dir() == tmp_path / "xdg" / "grpo_jax" / "datasets"
+  monkeypatch.delenv("XDG_CACHE_HOME")
+  monkeypatch.setenv("HOME", str(tmp_path / "home"))
+  assert datasets.default_cache_dir() == tmp_path / "home" / ".cache" / "grpo_jax" / "datasets"
+
+
+def test_reading_by_name_only_finds_the_latest_build(cache, tmp_path):
+  path = _write_rows(tmp_path / "p.jsonl", [("a", "1 + 1?", "2")])
+  _simple({"train": [path]})
+  _write_rows(path, [("a", "7 + 1?", "8")])
+  built = _simple({"train": [path]})
+  reopened = datasets.get("problem_files", config=datasets.ProblemFilesConfig(name="mine"))
+  assert reopened.data_dir == built.data_dir and _questions(reopened) == ["7 + 1?"]
+
+
+def test_a_row_with_invalid_utf8_is_skipped_and_counted(cache, tmp_path):
+  path = tmp_path / "p.jsonl"
+  good = [json.dumps({"id": i, "q": f"{i} + 1?", "a": "x"}).encode() for i in ("a", "c")]
+  bad = b'{"id": "b", "q": "caf\xe9 + 1?", "a": "x"}'  # Latin-1, not UTF-8.
+  path.write_bytes(b"\n".join([good[0], bad, good[1]]) + b"\n")
+  builder = _simple({"train": [path]})
+  assert [p.id for p in datasets.problems(builder, "train")] == ["a", "c"]
+  report = datasets.skipped(builder)["train"]
+  assert report.count == 1 and report.skips[0].key == "p.jsonl:2"
+  assert report.skips[0].reason.startswith("invalid UTF-8")
+  saved = json.loads((pathlib.Path(builder.data_dir) / "metadata.json").read_text())
+  assert saved["skipped"]["train"]["skips"][0]["key"] == "p.jsonl:2"
+
+
+def test_official_files_with_invalid_utf8_skip_the_record(tmp_path):
+  manual = tmp_path / "manual"
+  manual.mkdir()
+  for split in ("train", "test"):
+    text = (FIXTURES / "gsm8k" / f"{split}.jsonl").read_bytes()
+    (manual / f"{split}.jsonl").write_bytes(text.replace(b"Natalia", b"Nat\xe1lia", 1))
+  gsm8k = _build("gsm8k", tmp_path / "tfds", manual_dir=manual)
+  assert sorted(_by_id(gsm8k, "train")) == ["train.jsonl:2", "train.jsonl:4"]
+  skips = datasets.skipped(gsm8k)["train"].skips
+  assert skips[0] == datasets.Skip("train.jsonl:1", skips[0].reason)
+  assert skips[0].reason.startswith("invalid UTF-8")
+  tree = tmp_path / "math"
+  for f in (FIXTURES / "math").rglob("*"):
+    if f.is_file():
+      (tree / f.relative_to(FIXTURES / "math")).parent.mkdir(parents=True, exist_ok=True)
+      (tree / f.relative_to(FIXTURES / "math")).write_bytes(f.read_bytes())
+  algebra = tree / "MATH" / "train" / "algebra" / "1.json"
+  algebra.write_bytes(algebra.read_bytes().replace(b"\\boxed", b"\xff\\boxed", 1))
+  math = _build("math", tmp_path / "tfds", manual_dir=tree)
+  assert "train/algebra/1.json" not in _by_id(math, "train")
+  train_skips = {s.key: s.reason for s in datasets.skipped(math)["train"].skips}
+  assert train_skips["train/algebra/1.json"].startswith("invalid UTF-8")
+
+
+def test_a_parquet_row_with_invalid_utf8_is_skipped(cache, tmp_path):
+  questions = [b"1 + 1?", b"caf\xe9?", b"3 + 3?"]  # Arrow writes the bytes unchecked.
+  offsets = pa.array(np.cumsum([0] + [len(q) for q in questions]), pa.int32())
+  column = pa.Array.from_buffers(
+    pa.string(), len(questions), [None, offsets.buffers()[1], pa.py_buffer(b"".join(questions))]
+  )
+  path = tmp_path / "p.parquet"
+  pq.write_table(pa.table({"q": column, "a": ["2", "x", "6"]}), path)
+  builder = _simple({"test": [path]}, fields=datasets.Fields(question="q", answer="a"))
+  assert _questions(builder, "test") == ["1 + 1?", "3 + 3?"]
+  assert datasets.skipped(builder)["test"].skips == (
+    datasets.Skip("p.parquet:1", "invalid UTF-8 in a string column"),
+  )
+
+
+def test_official_dataset_is_rebuilt_when_its_manual_files_change(tmp_path, caplog):
+  manual = tmp_path / "manual"
+  manual.mkdir()
+  for split in ("train", "test"):
+    (manual / f"{split}.jsonl").write_bytes((FIXTURES / "gsm8k" / f"{split}.jsonl").read_bytes())
+  first = _build("gsm8k", tmp_path / "tfds", manual_dir=manual)
+  assert datasets.problems(first, "test")[0].answer == "18"
+  with caplog.at_level(logging.INFO, logger="absl"):
+    again = _build("gsm8k", tmp_path / "tfds", manual_dir=manual)
+  assert any("reused" in r.getMessage() for r in caplog.records)
+  assert datasets.problems(again, "test")[0].answer == "18"
+  test = (manual / "test.jsonl").read_text()
+  (manual / "test.jsonl").write_text(test.replace("#### 18", "#### 19", 1))
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    edited = _build("gsm8k", tmp_path / "tfds", manual_dir=manual)
+  assert edited.data_dir == first.data_dir  # Official datasets keep their directory.
+  assert datasets.problems(edited, "test")[0].answer == "19"
+  assert datasets.skipped(edited)["train"].count == 2  # The report is rebuilt too.
+  messages = [r.getMessage() for r in caplog.records]
+  assert any("['test.jsonl'] changed" in m and "rebuilt" in m for m in messages), messages
+  # Without a manual dir (or data built before the check), the data is read as it is.
+  assert (
+    datasets.problems(datasets.get("gsm8k", data_dir=tmp_path / "tfds"), "test")[0].answer == "19"
+  )
+
+
+def test_math_tarball_in_the_manual_dir_is_checked(tmp_path):
+  manual = tmp_path / "manual"
+  (manual / "math_splits").mkdir(parents=True)
+  (manual / "math_splits" / "test.jsonl").write_bytes(
+    (FIXTURES / "math" / "math_splits" / "test.jsonl").read_bytes()
+  )
+  with tarfile.open(manual / "MATH.tar", "w") as tar:
+    tar.add(FIXTURES / "math" / "MATH", arcname="MATH")
+  math = _build("math", tmp_path / "tfds", manual_dir=manual)
+  assert sorted(math.info.metadata["manual_files"]) == ["MATH.tar", "math_splits/test.jsonl"]
+  with tarfile.open(manual / "MATH.tar", "w") as tar:  # Now without the train split.
+    tar.add(FIXTURES / "math" / "MATH" / "test", arcname="MATH/test")
+    tar.add(FIXTURES / "math" / "MATH" / "train" / "algebra", arcname="MATH/train/algebra")
+  rebuilt = _build("math", tmp_path / "tfds", manual_dir=manual)
+  assert sorted(_by_id(rebuilt, "train")) == ["train/algebra/1.json"]

@@ -63,3 +63,20 @@ def test_bench_import_reports_its_figures(tmp_path):
   assert result["params"] == 139_584  # The tiny Llama: 2 layers, d 64, vocab 512, untied.
   assert result["checkpoint_bytes"] == 2 * result["params"]  # bfloat16.
   assert result["import_seconds"] > 0 and result["peak_rss_bytes"] >= result["baseline_rss_bytes"]
+
+
+def test_reliability_quick_reports_its_cycles():
+  r = subproc.run([ROOT / "experiments" / "reliability.py", "--quick"], timeout=600)
+  result = json.loads(r.stdout.strip().splitlines()[-1])
+  assert result["cycles"] == 2 and result["kills"] == 2
+  assert result["matched"] == 2, result  # A resumed run always reproduces the reference.
+
+
+def test_bench_reward_hangs_reports_its_figures():
+  r = subproc.run(
+    [ROOT / "experiments" / "bench_reward_hangs.py", "--items=8", "--hangs=2", "--repeats=1"],
+    timeout=300,
+  )
+  rows = json.loads(r.stdout.strip().splitlines()[-1])["rows"]
+  assert [row["workers"] for row in rows] == [2, 4]
+  assert all(row["hangs"] == 2 and row["wall_s"] > 0 and row["vs_ideal"] > 0 for row in rows)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import config, config_lib, hf, math_verify, model, sampling, tasks, train
+from grpo_jax import config, config_lib, hf, math_verify, model, rewards, sampling, tasks, train
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -67,6 +67,26 @@ def test_reward_verifies_against_the_gold_answer(gsm8k):
   clone = pickle.loads(pickle.dumps(gsm8k))
   assert clone._sources == {} and clone._tokenizer is None
   assert clone.reward(gold, f"\\boxed{{{gold}}}") == 1.0
+
+
+def test_verifier_backend_is_a_task_option(gsm8k, data_dir):
+  builtin = tasks.get(
+    "math",
+    dataset="gsm8k",
+    tokenizer_dir=str(QWEN2),
+    data_dir=data_dir,
+    manual_dir=str(FIXTURES / "data" / "gsm8k"),
+    verifier_backend="builtin",
+  )
+  assert gsm8k.reward_fn.backend == "math_verify" and builtin.reward_fn.backend == "builtin"
+  # An unboxed labelled answer: accepted by the default backend only.
+  assert gsm8k.reward("72", "so $x = 72$") == 1.0
+  assert builtin.reward("72", "so $x = 72$") == 0.0
+  # An item the verifier cannot decide is a reward error, not a wrong answer.
+  with pytest.raises(rewards.Unscorable):
+    gsm8k.reward("12:00", r"\boxed{5}")
+  with pytest.raises(ValueError, match="Unknown math verifier backend 'nope'"):
+    tasks.get("math", dataset="gsm8k", tokenizer_dir=str(QWEN2), verifier_backend="nope")
 
 
 def test_think_tags_format_reward(data_dir):

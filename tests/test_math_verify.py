@@ -1,5 +1,10 @@
-"""Math verification: extraction, normalisation, equivalence, format and hard timeouts."""
+"""Math verification: both backends, extraction, normalisation, equivalence, format, timeouts.
 
+The big table pins the builtin backend's rules (module docstring); the math_verify
+(default) backend has its own hand-picked cases, its unscorable verdicts and timeouts.
+"""
+
+import importlib.util
 import pickle
 import threading
 import time
@@ -17,7 +22,7 @@ SLACK_S = 4.0  # A loaded 2-core CI machine: a replacement worker may be slow to
 PATHOLOGICAL = r"so \boxed{9^{9^{9^{9}}}}"  # Eager sympy evaluation never finishes.
 SETTINGS = hypothesis.settings(max_examples=60, deadline=None)
 
-# (completion, gold, expected verdict): each row pins one rule of the module docstring.
+# (completion, gold, expected verdict): each row pins one rule of the builtin backend.
 CASES = [
   # Equivalent forms.
   (r"So the answer is $\boxed{\frac{1}{2}}$.", "0.5", "correct"),
@@ -180,13 +185,13 @@ CASES = [
 @pytest.fixture(scope="module")
 def pool():
   """A pool whose timeout never bites here (sympy's first simplify in a worker is slow)."""
-  with math_verify.verification_pool(workers=2, timeout_s=60.0) as pool:
+  with math_verify.verification_pool(workers=2, timeout_s=60.0, backend="builtin") as pool:
     yield pool
 
 
 @pytest.fixture(scope="module")
 def strict_pool():
-  with math_verify.verification_pool(workers=2, timeout_s=TIMEOUT_S) as pool:
+  with math_verify.verification_pool(workers=2, timeout_s=TIMEOUT_S, backend="builtin") as pool:
     yield pool
 
 
@@ -197,7 +202,7 @@ def test_the_table_is_large():
 
 @pytest.mark.parametrize(("completion", "gold", "expected"), CASES)
 def test_verify_table(completion, gold, expected):
-  assert math_verify.verify(completion, gold) == expected
+  assert math_verify.verify(completion, gold, backend="builtin") == expected
 
 
 def test_the_table_through_the_pool_matches_inline_verify(pool):
@@ -247,11 +252,13 @@ def test_extract_answer_from_an_answer_tag():
 @pytest.mark.parametrize(
   ("answer", "normal"),
   [
-    (r"\dfrac{1}{2}", "(1)/(2)"),
-    (r"\frac12", "(1)/(2)"),
+    (r"\dfrac{1}{2}", "((1)/(2))"),
+    (r"\frac12", "((1)/(2))"),
     (r"3\frac{1}{2}", "(3+1/2)"),
-    (r"x^2\frac{1}{2}", "x^2(1)/(2)"),  # Not a mixed number after '^'.
-    (r"\sqrt[3]{x}", "(x)^(1/(3))"),
+    (r"x^2\frac{1}{2}", "x^2((1)/(2))"),  # Not a mixed number after '^'.
+    (r"\sqrt[3]{x}", "((x)^(1/(3)))"),
+    (r"\frac{3}{2}^2", "((3)/(2))^2"),  # One operand, like the LaTeX group.
+    (r"\sqrt[3]{x}^2", "((x)^(1/(3)))^2"),
     (r"$\left( 1, 2 \right)$", "(1,2)"),
     (r"\{1,\! 2\}", "{1,2}"),
     ("1,234,567.5", "1234567.5"),
@@ -272,10 +279,10 @@ def test_extract_answer_from_an_answer_tag():
     ("12 345 678", "12345678"),  # Spaced groups of three join,
     ("2 3", "2 3"),  # other spaced digits do not.
     ("2 1/2", "(2+1/2)"),
-    (r"\begin{pmatrix} 1 & \frac12 \\ 3 & 4 \\ \end{pmatrix}", "[[1,(1)/(2)],[3,4]]"),
+    (r"\begin{pmatrix} 1 & \frac12 \\ 3 & 4 \\ \end{pmatrix}", "[[1,((1)/(2))],[3,4]]"),
     (r"x = \pm 2", "2,-2"),
     (r"1 \mp \sqrt2, 5", "1+sqrt(2),1-sqrt(2),5"),
-    (r"\dbinom{n}{2}", "(n)!/((2)!*((n)-(2))!)"),
+    (r"\dbinom{n}{2}", "((n)!/((2)!*((n)-(2))!))"),
     (r"-1.2\overline{34}", "-(611/495)"),
     (r"\log_{10} 100", "log_(10)100"),
     (r"\varnothing", "{}"),
@@ -457,7 +464,7 @@ def test_a_huge_expression_is_a_parse_error_so_wrong_not_slow():
   huge = "+".join(["x"] * (math_verify.MAX_TOKENS // 2 + 1))
   with pytest.raises(math_verify.ParseError, match="tokens"):
     math_verify.parse(huge)
-  assert math_verify.verify(rf"\boxed{{{huge}}}", "1") == "wrong"
+  assert math_verify.verify(rf"\boxed{{{huge}}}", "1", backend="builtin") == "wrong"
 
 
 def test_verify_batch_works_off_the_main_thread():
@@ -467,7 +474,7 @@ def test_verify_batch_works_off_the_main_thread():
   def run():
     start = time.monotonic()
     result["verdicts"] = math_verify.verify_batch(
-      completions, golds, workers=2, timeout_s=TIMEOUT_S
+      completions, golds, workers=2, timeout_s=TIMEOUT_S, backend="builtin"
     )
     result["wall_s"] = time.monotonic() - start
 
@@ -518,8 +525,8 @@ def test_count_verdicts():
 )
 def test_integers_in_any_format_verify_and_off_by_one_is_wrong(n, template):
   completion = template.format(n)
-  assert math_verify.verify(completion, str(n)) == "correct"
-  assert math_verify.verify(completion, str(n + 1)) == "wrong"
+  assert math_verify.verify(completion, str(n), backend="builtin") == "correct"
+  assert math_verify.verify(completion, str(n + 1), backend="builtin") == "wrong"
 
 
 @SETTINGS
@@ -550,3 +557,141 @@ def test_scaled_fractions_are_equal_and_shifted_ones_are_not(p, q, k):
 def test_last_boxed(text, answer):
   """The box extraction the verifier and the MATH dataset builder share."""
   assert math_verify.last_boxed(text) == answer
+
+
+# ------------------------------------------------ Precedence of \frac, \sqrt[n], \binom
+
+
+@pytest.mark.parametrize(
+  ("completion", "gold", "expected"),
+  [
+    # The expansion is one operand: an exponent after it applies to all of it.
+    (r"\boxed{\sqrt[3]{x}^2}", "x^(1/9)", "wrong"),  # Was accepted: x^(1/3)^2 = x^(1/9).
+    (r"\boxed{\sqrt[3]{x}^2}", "x^(2/3)", "correct"),
+    (r"\boxed{\frac{3}{2}^2}", "3/4", "wrong"),  # Was accepted: 3/(2^2).
+    (r"\boxed{\frac{3}{2}^2}", r"\frac{9}{4}", "correct"),
+    (r"\boxed{\sqrt[3]{8}^2}", "4", "correct"),
+    (r"\boxed{\binom{4}{2}^2}", "36", "correct"),
+    (r"\boxed{\binom{4}{2}^2}", "3/2", "wrong"),  # Was accepted: 4!/(2!*2!)^2.
+  ],
+)
+def test_frac_root_and_binom_expand_as_one_operand(completion, gold, expected):
+  assert math_verify.verify(completion, gold, backend="builtin") == expected
+
+
+# ------------------------------------------------------------- The math_verify backend
+
+
+# Hand-picked cases of the default backend: answers the builtin one rejects, and near
+# misses it must still reject.
+HF_CASES = [
+  (r"so $(p,q)=(3,2)$", "(3,2)", "correct"),  # A labelled answer, no box.
+  ("The answer is 42", "42", "correct"),
+  ("I think it is 5", "5", "correct"),  # Any final number: more lenient than builtin.
+  (r"$5 \geq x$", r"x \leq 5", "correct"),  # A flipped inequality.
+  (r"The roots are \boxed{1} and \boxed{2}.", "1, 2", "correct"),  # Several boxes.
+  ("1,5", "1.5", "correct"),  # A decimal comma.
+  ("7,425,000", "7425000", "correct"),  # Thousands separators.
+  (r"\boxed{0.333333}", r"\frac{1}{3}", "correct"),  # Floats compared to 6 decimals,
+  (r"\boxed{0.333}", r"\frac{1}{3}", "wrong"),  # not to 3.
+  (r"\boxed{\text{Evelyn}}", r"\text{Evelyn}", "correct"),  # Needs the boxed gold.
+  (r"\boxed{\{3, 2\}}", r"\{2, 3\}", "correct"),
+  (r"\boxed{(2, 3)}", "(3, 2)", "wrong"),  # Tuples are ordered.
+  (r"$5 \leq x$", r"x \leq 5", "wrong"),
+  (r"\boxed{x^2-2x+1}", "(x+1)^2", "wrong"),
+  (r"\boxed{\frac{3}{2}^2}", "3/4", "wrong"),
+  (r"\boxed{\sqrt[3]{x}^2}", "x^{1/9}", "wrong"),
+  ("no number here", "5", "no_answer"),
+  ("", "5", "no_answer"),
+]
+
+
+@pytest.mark.parametrize(("completion", "gold", "expected"), HF_CASES)
+def test_math_verify_backend(completion, gold, expected):
+  assert math_verify.DEFAULT_BACKEND == "math_verify"
+  assert math_verify.verify(completion, gold) == expected
+
+
+def test_math_verify_backend_reads_only_the_answer_tag():
+  text = r"<think>\boxed{1}</think><answer>2</answer>"
+  assert math_verify.verify(text, "2", answer_tag="answer") == "correct"
+  assert math_verify.verify(text, "1", answer_tag="answer") == "wrong"
+  assert math_verify.verify(r"\boxed{2}", "2", answer_tag="answer") == "no_answer"
+
+
+def test_gold_is_boxed_unless_it_holds_a_math_environment():
+  assert math_verify.hf_gold_text(r"\text{Evelyn}") == r"\boxed{\text{Evelyn}}"
+  assert math_verify.hf_gold_text(r"x \leq 5") == r"\boxed{x \leq 5}"
+  assert math_verify.hf_gold_text(r"\$10") == r"\boxed{\$10}"  # An escaped $ is text.
+  for gold in ("$5$", r"\boxed{5}", r"\(5\)", r"\[5\]", "$125$ miles"):
+    assert math_verify.hf_gold_text(gold) == gold
+  # Unboxed, x \leq 5 would parse to the number 5 and accept "5"; boxed, it is a relation.
+  assert math_verify.verify(r"\boxed{5}", r"x \leq 5") == "wrong"
+  assert math_verify.verify(r"\boxed{\$10}", r"\$10") == "correct"
+
+
+def test_an_undecidable_item_is_unscorable_and_raises_in_the_reward():
+  # "12:00" parses to 12/0 (zoo); math_verify refuses to compare it: nothing decided.
+  assert math_verify.verify(r"\boxed{5}", "12:00") == "unscorable"
+  task = math_verify.MathReward()
+  with pytest.raises(rewards.Unscorable, match="cannot decide gold '12:00'"):
+    task.reward("12:00", r"\boxed{5}")
+  assert task.reward("5", r"\boxed{5}") == 1.0
+  assert task.reward("5", r"\boxed{6}") == 0.0  # Wrong is 0.0, not an error.
+  with rewards.RewardPool(task, workers=0) as pool:
+    scores = pool.score(["12:00", "5", "5"], [r"\boxed{5}", r"\boxed{5}", "no answer"])
+  np.testing.assert_array_equal(scores.error_N, [True, False, False])
+  np.testing.assert_array_equal(scores.correct_N, [0.0, 1.0, 0.0])
+  assert math_verify.verdicts_from_scores(scores)[0] == "unscorable"
+
+
+def test_an_exception_inside_the_backend_is_unscorable(monkeypatch):
+  def broken(text):
+    raise RuntimeError("backend bug")
+
+  monkeypatch.setattr(math_verify, "_hf_parse", broken)
+  assert math_verify.verify(r"\boxed{5}", "5") == "unscorable"
+  assert not math_verify.has_answer(r"\boxed{5}", backend="math_verify")
+  with pytest.raises(rewards.Unscorable):
+    math_verify.MathReward().reward("5", r"\boxed{5}")
+  assert math_verify.MathReward(backend="builtin").reward("5", r"\boxed{5}") == 1.0
+
+
+def test_backend_is_checked_when_the_reward_is_built(monkeypatch):
+  with pytest.raises(ValueError, match=r"Unknown math verifier backend 'sympy'"):
+    math_verify.MathReward(backend="sympy")
+  with pytest.raises(ValueError, match="Unknown math verifier backend"):
+    math_verify.verify(r"\boxed{5}", "5", backend="sympy")
+  real_find_spec = importlib.util.find_spec
+  monkeypatch.setattr(
+    importlib.util,
+    "find_spec",
+    lambda name, *a: None if name == "math_verify" else real_find_spec(name, *a),
+  )
+  with pytest.raises(ImportError, match="pip install 'math-verify"):
+    math_verify.MathReward()
+  assert math_verify.MathReward(backend="builtin").backend == "builtin"
+
+
+def test_math_verify_backend_works_off_the_main_thread():
+  """Its SIGALRM timeouts are off: signal.signal would raise ValueError in a thread."""
+  result = {}
+  thread = threading.Thread(
+    target=lambda: result.update(v=math_verify.verify(r"\boxed{\frac{1}{2}}", "0.5"))
+  )
+  thread.start()
+  thread.join(timeout=60.0)
+  assert result == {"v": "correct"}
+
+
+def test_math_verify_backend_hangs_are_cut_by_the_pool():
+  """math_verify hangs on PATHOLOGICAL too; the pool's hard timeout is the only one."""
+  golds = ["1", "2", "3", "4"]
+  completions = [PATHOLOGICAL, r"\boxed{2}", "The answer is 3.", r"\boxed{5}"]
+  with math_verify.verification_pool(workers=2, timeout_s=TIMEOUT_S) as pool:
+    assert isinstance(pool.task, math_verify.MathReward) and pool.task.backend == "math_verify"
+    pool.score(["1"], [r"\boxed{1}"])  # Workers import math_verify before the clock.
+    start = time.monotonic()
+    verdicts = math_verify.verify_batch(completions, golds, pool=pool)
+    assert time.monotonic() - start < TIMEOUT_S + SLACK_S
+  assert verdicts == ["unscorable", "correct", "correct", "wrong"]

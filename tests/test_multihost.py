@@ -6,7 +6,6 @@ second. Both processes must end with the same params, equal to one process with 
 running the 2 iterations straight."""
 
 import json
-import os
 import pathlib
 import socket
 import subprocess
@@ -85,8 +84,7 @@ def _free_port() -> int:
 
 
 def _launch(out, workdir, base, *, processes, devices, iterations):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
+  env = subproc.child_env()
   port = _free_port()
   procs = [
     subprocess.Popen(

@@ -1,11 +1,16 @@
 import multiprocessing
 import os
+import pathlib
+import subprocess
+import sys
 import time
 
 import numpy as np
 import pytest
 
 from grpo_jax import rewards, tasks
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 TIMEOUT_S = 0.5
 SLACK_S = 4.0  # A loaded 2-core CI machine: a replacement worker may be slow to start.
@@ -131,3 +136,29 @@ def test_bad_arguments():
   inline.close()
   with pytest.raises(RuntimeError, match="closed"):
     inline.score([], [])
+
+
+def test_replacing_a_hung_worker_does_not_import_the_task_again(tmp_path):
+  """The fork server imports the task's module once; a worker replacing a killed one is a
+  fork of it, so a hang costs about timeout / workers, not a fresh import of everything
+  the task needs (seconds when it imports jax). Checked by counting imports: the parent's
+  and the fork server's, whatever the number of hangs."""
+  log = tmp_path / "imports.log"
+  code = (
+    f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+    "import hang_task\n"
+    "from grpo_jax import rewards\n"
+    "if __name__ == '__main__':\n"
+    "  with rewards.RewardPool(hang_task.HangTask(), workers=2, timeout_s=0.2) as pool:\n"
+    "    s = pool.score(['p'] * 12, ['hang' if i % 3 == 0 else 'ok' for i in range(12)])\n"
+    "  print(s.timeouts, s.errors, int(s.correct_N.sum()))\n"
+  )
+  env = {**os.environ, "GRPO_JAX_IMPORT_LOG": str(log)}
+  script = tmp_path / "score.py"
+  script.write_text(code)
+  r = subprocess.run(
+    [sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+  )
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert r.stdout.split() == ["4", "4", "8"]  # 4 hangs killed and replaced; 8 scored.
+  assert len(log.read_text().splitlines()) == 2

@@ -386,3 +386,47 @@ def test_validate_batch_errors():
     rl.make_plan_fn(
       rl.RLConfig(planner="query_preserved", num_minibatches=8), batch_size=16, group_size=4
     )
+
+
+# ----------------------------------------------------------------------------
+# Unscorable rows (rl.unscorable).
+# ----------------------------------------------------------------------------
+
+
+def test_trained_rows_by_policy_pinned():
+  """Groups of 3: group 0 all scorable, group 1 one failure, group 2 two failures; the
+  last row (group 3, a group of one) failed, the one before it (group 4) is fill."""
+  g = jnp.array([0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 4])
+  scorable = jnp.array([1, 1, 1, 1, 0, 1, 0, 1, 0, 0, 1], bool)
+  keep = jnp.array([1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0], bool)
+  rows = lambda policy: np.asarray(rl.trained_rows(scorable, keep, g, policy=policy)).astype(int)
+  # mask: failed rows out; group 2 keeps one scorable row (< 2): out too.
+  np.testing.assert_array_equal(rows("mask"), [1, 1, 1, 1, 0, 1, 0, 0, 0, 0, 0])
+  np.testing.assert_array_equal(rows("drop_group"), [1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0])
+  np.testing.assert_array_equal(rows("zero"), [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0])
+  # A group of one (G = 1 training) that scored is kept under "mask".
+  one = rl.trained_rows(jnp.array([True]), jnp.array([True]), jnp.array([0]), policy="mask")
+  assert bool(one[0])
+
+
+def test_unscorable_rows_get_no_loss_and_no_say_in_their_group(
+  rollouts, tiny_model_fn, tiny_params
+):
+  """A failed row scored 0 pushes its group's correct answers up (zero) or is left out
+  (mask): the other rows' advantages then equal those of the group without it."""
+  cfg = rl.RLConfig(advantage="dr_grpo")
+  lp = rl.rollout_logprobs(tiny_params, None, rollouts, cfg=cfg, model_fn=tiny_model_fn)
+  correct = jnp.asarray(np.tile([1.0, 0.0, 0.0, 0.0], N // 4), jnp.float32)  # Row 1: failed.
+  scorable = jnp.asarray(np.tile([True, False, True, True], N // 4))
+  hyper = cfg.prepare_hyper(max_new_tokens=rollouts.tokens_NT.shape[1])
+  zero = dataclasses.replace(cfg, unscorable="zero")
+  mask, _, m_mask = rl.finish_prepare(lp, rollouts, correct, correct * 0, hyper, scorable, cfg=cfg)
+  zeroed, _, m_zero = rl.finish_prepare(
+    lp, rollouts, correct, correct * 0, hyper, scorable, cfg=zero
+  )
+  seq = lambda b: np.asarray(advantages.sequence_advantage(b.adv_NT, b.mask_NT))[:4]
+  np.testing.assert_allclose(seq(zeroed), [0.75, -0.25, -0.25, -0.25], atol=1e-6)
+  np.testing.assert_allclose(seq(mask), [2 / 3, 0.0, -1 / 3, -1 / 3], atol=1e-6)
+  assert not np.asarray(mask.loss_mask_NT)[1].any() and np.asarray(zeroed.loss_mask_NT)[1].any()
+  assert float(m_mask["unscorable_frac"]) == float(m_zero["unscorable_frac"]) == 0.25
+  assert float(m_mask["excluded_frac"]) == 0.25 and float(m_zero["excluded_frac"]) == 0.0

@@ -7,7 +7,6 @@ import os
 import pathlib
 import signal
 import sys
-import zlib
 
 import jax
 import numpy as np
@@ -23,14 +22,14 @@ from grpo_jax import (
   rl,
   rollout,
   steps,
-  tasks,
   train,
 )
-from grpo_jax.tasks import arithmetic as arithmetic_task
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "configs"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import arithmetic  # noqa: E402
+import fault_tasks  # noqa: E402, F401 -- registers the misbehaving test tasks.
+import subproc  # noqa: E402
 import tb_events  # noqa: E402
 
 # Keys that measure time, so differ between two otherwise identical runs.
@@ -181,7 +180,7 @@ def test_nonfinite_steps_are_skipped_counted_and_stop_the_run(monkeypatch, tmp_p
 
   monkeypatch.setattr(steps, "functions", poisoned_functions)
   c = _tiny(max_nonfinite_steps=3, checkpoint_every=1)  # Two train steps per iteration.
-  with pytest.raises(train.NonFiniteError, match="3 consecutive train steps"):
+  with pytest.raises(rl.NonFiniteError, match="3 consecutive train steps"):
     train.run(c, tmp_path, log=lambda _: None)
   lines = _lines(tmp_path)
   assert lines[1]["nonfinite_steps"] == 0
@@ -191,33 +190,26 @@ def test_nonfinite_steps_are_skipped_counted_and_stop_the_run(monkeypatch, tmp_p
     np.testing.assert_array_equal(a, b)
 
 
-class FlakyArithmetic(arithmetic_task.Arithmetic):
-  """Arithmetic whose reward raises on some completions and hangs on others."""
-
-  name = "flaky_arithmetic"
-
-  def reward(self, prompt, completion):
-    h = zlib.crc32(completion.encode())
-    if h % 5 == 0:
-      raise ValueError("bad completion")
-    if h % 11 == 1:
-      import time
-
-      time.sleep(1e6)
-    return super().reward(prompt, completion)
-
-
 def test_reward_exceptions_and_hangs_are_counted_and_training_continues(tmp_path):
-  if "flaky_arithmetic" not in tasks.REGISTRY:
-    tasks.REGISTRY.register("flaky_arithmetic")(FlakyArithmetic)
   c = _tiny(iterations=1, reward_workers=2, reward_timeout_s=0.3, eval_samples=0, eval_size=4)
   c.task.name = "flaky_arithmetic"
+  c.max_unscorable_frac = 1.0  # The 4 greedy eval answers can all be one failing string.
   summary = train.run(c, tmp_path, log=lambda _: None)
   lines = _lines(tmp_path)
   assert [x["iteration"] for x in lines] == [0, 1]
   assert lines[1]["reward_errors"] > lines[1]["reward_timeouts"] > 0  # Raises and hangs.
+  # Unscorable rows are left out of the loss (rl.unscorable="mask"), never trained as 0.
+  assert lines[1]["unscorable_frac"] == lines[1]["reward_errors"] / 16
+  assert lines[1]["excluded_frac"] >= lines[1]["unscorable_frac"] > 0
   assert lines[1]["eval/reward_errors"] > 0  # Evaluation scores through the pool too.
   assert summary["iterations_done"] == 1
+
+
+def test_a_verifier_that_fails_on_every_row_stops_the_run(tmp_path):
+  c = _tiny(iterations=2, eval_samples=0)
+  c.task.name = "broken_arithmetic"
+  with pytest.raises(rewards.RewardFailure, match=r"failed on 8 of 8 items .*KeyError"):
+    train.run(c, tmp_path, log=lambda _: None)
 
 
 def test_dynamic_sampling_keeps_shapes_static_and_counts_what_it_drops(tmp_path):
@@ -313,17 +305,21 @@ def test_unknown_keys_and_inconsistent_batches_are_refused():
 
 
 def test_nonfinite_counting():
-  assert train.count_nonfinite([False, True, True], 0, limit=3, iteration=1) == (2, 2)
-  assert train.count_nonfinite([True, False], 1, limit=3, iteration=1) == (1, 0)
-  with pytest.raises(train.NonFiniteError, match="3 consecutive"):
-    train.count_nonfinite([True, True], 1, limit=3, iteration=7)
+  assert rl.count_nonfinite([False, True, True], 0, limit=3, where="it 1") == (2, 2)
+  assert rl.count_nonfinite([True, False], 1, limit=3, where="it 1") == (1, 0)
+  with pytest.raises(rl.NonFiniteError, match=r"3 consecutive.*\(it 7\)"):
+    rl.count_nonfinite([True, True], 1, limit=3, where="it 7")
 
 
 def _cli(*args, cwd):
   import subprocess  # noqa: PLC0415
 
   return subprocess.run(
-    [sys.executable, "-m", "grpo_jax.main", *args], cwd=cwd, capture_output=True, text=True
+    [sys.executable, "-m", "grpo_jax.main", *args],
+    cwd=cwd,
+    capture_output=True,
+    text=True,
+    env=subproc.child_env(),
   )
 
 
@@ -352,3 +348,26 @@ def test_cli_runs_with_overrides_and_rejects_misspelt_keys(tmp_path):
   assert saved["iterations_done"] == 2
   written = json.loads((tmp_path / "config.json").read_text())
   assert written["rl"]["advantage"] == "rloo" and written["rl"]["num_minibatches"] == 2
+
+
+def test_resuming_under_a_changed_config_warns_keeps_every_config_or_refuses(
+  reference_run, tmp_path
+):
+  import shutil  # noqa: PLC0415
+
+  workdir = tmp_path / "run"
+  shutil.copytree(reference_run[0], workdir)
+  refuse = _tiny(iterations=5, learning_rate=0.05, on_config_change="refuse")
+  with pytest.raises(config.config_lib.ConfigError, match=r"refusing to resume.*learning_rate"):
+    train.run(refuse, workdir, log=lambda _: None)
+  # The run's extent may change under "refuse"; the history keeps each session's config.
+  out = []
+  train.run(_tiny(iterations=5, on_config_change="refuse"), workdir, log=out.append)
+  out = []
+  train.run(_tiny(iterations=6, learning_rate=0.05), workdir, log=out.append)
+  (said,) = [x for x in out if "changed config" in x]
+  assert "loop.learning_rate: 0.0001 -> 0.05" in said and "resuming from iteration 5" in said
+  history = [json.loads(x) for x in (workdir / "config_history.jsonl").read_text().splitlines()]
+  assert [h["from_iteration"] for h in history] == [0, 4, 5]
+  assert [h["config"]["loop"]["learning_rate"] for h in history] == [1e-4, 1e-4, 0.05]
+  assert json.loads((workdir / "config.json").read_text())["loop"]["learning_rate"] == 0.05

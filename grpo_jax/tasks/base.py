@@ -79,5 +79,10 @@ class Task(abc.ABC):
       yield self.example(split, index, seed=seed)
       index += 1
 
+  def data_notes(self) -> list[str]:
+    """Lines for the run's log about where the task's data came from (e.g. which dataset
+    cache was built or reused); none for generated tasks."""
+    return []
+
   def tokenizer(self) -> tokenizers.CharTokenizer:
     return tokenizers.CharTokenizer(TOY_ALPHABET)

@@ -16,10 +16,13 @@ test split is read in file order (no shuffle), so `eval_size` = N means "the fir
 
 Reward. The trainer passes `reward_input(example)` = the gold answer as the first
 argument of `reward` (the prompt is not needed to verify): `reward(gold, completion)` is
-1.0 when `math_verify.verify` says "correct", and `format_reward` is
-`math_verify.format_reward` with `think_tags`. Both run in the trainer's reward worker
-processes under its hard timeout; a timeout counts in `reward_timeouts` ("unscorable"),
-apart from wrong answers.
+1.0 when `math_verify.verify` says "correct" and 0.0 when it says "wrong" or "no_answer",
+and `format_reward` is `math_verify.format_reward` with `think_tags`. `verifier_backend`
+picks the verifier: "math_verify" (default, Hugging Face's Math-Verify) or "builtin" (the
+hand-written one); `math_verify`'s docstring compares them. Both calls run in the trainer's
+reward worker processes under its hard timeout; an item the verifier cannot decide
+(`rewards.Unscorable`, "unscorable") or that times out counts in `reward_errors` (and
+`reward_timeouts`), apart from wrong answers.
 
 The dataset is built (array_record, no TensorFlow) on first use, in `data_dir`.
 """
@@ -72,6 +75,7 @@ class MathTask(base.Task):
     prompt_template: str = DEFAULT_TEMPLATE,
     think_tags: tuple[str, ...] = (),
     answer_tag: str = "",
+    verifier_backend: str = math_verify.DEFAULT_BACKEND,
   ):
     if not tokenizer_dir:
       raise ValueError(
@@ -98,12 +102,15 @@ class MathTask(base.Task):
     self.chat = chat
     self.system_prompt = system_prompt
     self.prompt_template = prompt_template
-    self.reward_fn = math_verify.MathReward(tags=tuple(think_tags), answer_tag=answer_tag or None)
+    self.reward_fn = math_verify.MathReward(
+      tags=tuple(think_tags), answer_tag=answer_tag or None, backend=verifier_backend
+    )
     self._tokenizer = None
     self._sources = {}
+    self._notes: list[str] = []
 
   def __getstate__(self):  # Reward workers need the verifier only, not data or tokenizer.
-    return {**self.__dict__, "_tokenizer": None, "_sources": {}}
+    return {**self.__dict__, "_tokenizer": None, "_sources": {}, "_notes": []}
 
   def tokenizer(self):
     if self._tokenizer is None:
@@ -121,8 +128,12 @@ class MathTask(base.Task):
 
       builder = datasets.get(self.dataset, data_dir=self.data_dir, config=self.builder_config)
       datasets.prepare(builder, manual_dir=self.manual_dir)
+      self._notes.append(builder.grpo_jax_note)
       self._sources[split] = datasets.problems(builder, self.splits[split])
     return self._sources[split]
+
+  def data_notes(self) -> list[str]:
+    return list(dict.fromkeys(self._notes))
 
   def render(self, question: str) -> str:
     """The prompt text for a question (chat template applied unless chat=False)."""

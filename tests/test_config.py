@@ -1,0 +1,121 @@
+"""The config edge: every bad value fails in `config.build` (before anything compiles or is
+written) as a ConfigError that names the key and what is allowed; the command line turns
+it into one line on stderr and exit status 2, with no traceback and no workdir."""
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from grpo_jax import config, config_lib
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import subproc  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TINY = str(ROOT / "configs" / "arithmetic.py") + ":tiny"
+NAN, INF = float("nan"), float("inf")
+
+BAD = [
+  # (key, value, what the message must say)
+  ("iterations", 0, "config.iterations must be >= 1"),
+  ("prompts_per_step", -4, "config.prompts_per_step must be >= 1"),
+  ("learning_rate", NAN, "config.learning_rate=nan: must be a finite number"),
+  ("learning_rate", INF, "config.learning_rate=inf: must be a finite number"),
+  ("learning_rate", 0.0, "config.learning_rate must be > 0"),
+  ("weight_decay", NAN, "config.weight_decay=nan"),
+  ("grad_clip", -1.0, "config.grad_clip must be >= 0"),
+  ("warmstart_lr", INF, "config.warmstart_lr=inf"),
+  ("reward_timeout_s", 0.0, "config.reward_timeout_s must be > 0"),
+  ("eval_size", 0, "config.eval_size must be >= 1"),
+  ("checkpoint_every", 0, "config.checkpoint_every must be >= 1"),
+  ("keep_checkpoints", 0, "config.keep_checkpoints must be >= 1"),
+  ("max_unscorable_frac", 0.0, r"max_unscorable_frac=0.0: must be in \(0, 1\]"),
+  ("on_config_change", "ignore", "on_config_change='ignore'; allowed: 'warn', 'refuse'"),
+  ("rl.advantage", "grpoo", "rl.advantage='grpoo' is not a registered advantage estimator"),
+  ("rl.planner", "shuffle", "rl.planner='shuffle' is not a registered planner"),
+  ("rl.policy_loss", "ppo", "rl.policy_loss='ppo' is not a registered"),
+  ("rl.aggregation", "mean", "rl.aggregation='mean' is not a registered"),
+  ("rl.kl_estimator", "k4", "rl.kl_estimator='k4' is not a registered"),
+  ("rl.kl_in", "advantage", "rl.kl_in='advantage'; allowed"),
+  ("rl.truncation", "drop", "rl.truncation='drop'; allowed"),
+  (
+    "rl.unscorable",
+    "ignore",
+    "rl.unscorable='ignore'; allowed: \\('mask', 'zero', 'drop_group'\\)",
+  ),
+  ("rl.eps_low", NAN, "rl.eps_low=nan: must be a finite number"),
+  ("rl.kl_coef", -0.1, "rl.kl_coef must be >= 0"),
+  ("rl.kl_coef", INF, "rl.kl_coef=inf"),
+  ("rl.num_minibatches", 3, "rl.num_minibatches=3 does not divide the rollout batch of 256"),
+  ("rl.micro_batches", 3, "rl.micro_batches=3 does not divide the mini-batch of 256"),
+  ("rl.ppo_epochs", 0, "rl.ppo_epochs must be >= 1"),
+  ("rl.gamma", 1.5, "gamma must be in \\[0, 1\\]"),
+  ("sampler.group_size", 0, "group_size must be >= 1"),
+  ("sampler.group_size", 1, "group_size=1: a group of one is its own baseline"),
+  ("sampler.max_new_tokens", 0, "max_new_tokens must be >= 1"),
+  (
+    "sampler.max_prompt_len",
+    4,
+    "train prompt 0 has 9 tokens, more than config.sampler.max_prompt_len=4",
+  ),
+  ("sampler.truncate_prompts", "right", "truncate_prompts='right'; allowed"),
+  ("sampling.temperature", 0.0, "temperature must be finite and > 0"),
+  ("sampling.temperature", INF, "temperature must be finite and > 0"),
+  ("sampling.top_p", 1.5, r"top_p must be in \(0, 1\]"),
+  ("sampling.top_k", -1, "top_k must be >= 0"),
+  ("model.n_kv_heads", 3, "n_heads \\(4\\) must be a multiple of n_kv_heads \\(3\\)"),
+  ("model.head_dim", 23, "head_dim must be even"),
+  ("model.rope_theta", NAN, "ModelConfig.rope_theta=nan: must be a finite number"),
+  ("model.dtype", "float16", "ModelConfig.dtype='float16'; allowed"),
+  ("model.vocab_size", 3, "vocab_size=3 is smaller than the tokenizer's"),
+  ("mesh.data", 0, "mesh.data=0; allowed: a positive int, or -1"),
+  ("mesh.data", 2, "the fixed sizes multiply to 2, which does not divide the 1 devices"),
+  ("task.name", "algebra", "algebra"),
+  ("diagnostics.every", -1, "config.diagnostics.every must be >= 0"),
+  ("diagnostics.tau", NAN, "config.diagnostics.tau=nan"),
+]
+
+
+def _set(c, key, value):
+  *path, last = key.split(".")
+  for part in path:
+    c = c[part]
+  c[last] = value
+
+
+@pytest.mark.parametrize("key, value, match", BAD, ids=[f"{k}={v}" for k, v, _ in BAD])
+def test_every_bad_value_fails_in_build_naming_the_key(key, value, match):
+  c = config_lib.load(TINY)
+  _set(c, key, value)
+  with pytest.raises(config_lib.ConfigError, match=match):
+    config.build(c)
+
+
+def test_the_unmodified_config_builds():
+  """The control for the table above: each row fails because of its one change."""
+  assert config.build(config_lib.load(TINY)).loop.iterations == 300
+
+
+@pytest.mark.parametrize(
+  "flag, match",
+  [
+    ("--config.rl.eps_low=nan", "rl.eps_low=nan: must be a finite number"),
+    ("--config.sampler.max_prompt_len=4", "train prompt 0 has 9 tokens"),
+  ],
+)
+def test_the_command_line_reports_one_line_and_leaves_no_workdir(tmp_path, flag, match):
+  workdir = tmp_path / "run"
+  r = subprocess.run(
+    [sys.executable, "-m", "grpo_jax.main", f"--config={TINY}", f"--workdir={workdir}", flag],
+    capture_output=True,
+    text=True,
+    cwd=ROOT,
+    env=subproc.child_env(),
+  )
+  assert r.returncode == 2
+  lines = [x for x in r.stderr.splitlines() if x.startswith("grpo-jax: error:")]
+  assert len(lines) == 1 and __import__("re").search(match, lines[0]), r.stderr[-2000:]
+  assert "Traceback" not in r.stderr
+  assert not workdir.exists()

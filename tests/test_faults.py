@@ -1,0 +1,239 @@
+"""Fault injection through the real command line, each run in a process of its own:
+killed runs, preemption, damaged checkpoints, a full disk, an unwritable workdir, failing
+verifiers and overflowing updates. A fault either ends in a rerun that writes exactly the
+metrics of an uninterrupted run, or in one clear error line and a non-zero exit.
+(The edited-dataset fault is in test_dataset_faults.py, bad config values in test_config.py.)"""
+
+import json
+import pathlib
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import subproc  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CONFIG = "--config=configs/arithmetic.py:tiny"
+# A few seconds per run: the smallest model, 4 prompts × G 4, checkpoints every 2 iterations.
+SMALL = [
+  "--config.model.d_model=32", "--config.model.n_layers=1", "--config.model.n_heads=2",
+  "--config.model.n_kv_heads=1", "--config.model.head_dim=16", "--config.model.mlp_dim=64",
+  "--config.prompts_per_step=4", "--config.sampler.group_size=4", "--config.warmstart_steps=4",
+  "--config.warmstart_batch=8", "--config.eval_every=2", "--config.eval_size=8",
+  "--config.eval_samples=0", "--config.reward_workers=0", "--config.peak_flops=1e11",
+  "--config.checkpoint_every=2", "--config.rl.num_minibatches=2", "--config.progress=False",
+]  # fmt: skip
+ITERATIONS = 6
+_TIMING = ("time/", "tokens_per_s", "perf/")
+
+
+def cli(workdir, *flags, fault="none", iterations=ITERATIONS, preexec_fn=None, timeout=300):
+  """tests/fault_cli.py (the grpo-jax command line with `fault` injected) on SMALL."""
+  args = [sys.executable, str(ROOT / "tests" / "fault_cli.py"), f"--fault={fault}", "--", CONFIG]
+  args += [f"--workdir={workdir}", *SMALL, f"--config.iterations={iterations}", *flags]
+  return subprocess.run(
+    args,
+    cwd=ROOT,
+    env=subproc.child_env(),
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    preexec_fn=preexec_fn,
+  )
+
+
+def metrics(workdir) -> list[dict]:
+  lines = (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()
+  return [{k: v for k, v in json.loads(x).items() if not k.startswith(_TIMING)} for x in lines]
+
+
+def error_lines(r) -> list[str]:
+  return [x for x in r.stderr.splitlines() if x.startswith("grpo-jax: error:")]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> list[dict]:
+  """The metrics of an uninterrupted run."""
+  workdir = tmp_path_factory.mktemp("reference")
+  r = cli(workdir)
+  assert r.returncode == 0, r.stderr[-3000:]
+  lines = metrics(workdir)
+  assert [x["iteration"] for x in lines] == list(range(ITERATIONS + 1))
+  return lines
+
+
+# ----------------------------------------------------------------------------
+# Killed and preempted runs resume exactly.
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+  "fault", ["kill_in_warmstart:2", "kill_after_iteration:3", "kill_mid_save:4"]
+)
+def test_a_killed_run_reruns_to_the_uninterrupted_metrics(reference, tmp_path, fault):
+  r = cli(tmp_path, fault=fault)
+  assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+  r = cli(tmp_path)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert metrics(tmp_path) == reference
+
+
+def test_sigterm_in_the_warm_start_saves_it_and_exits_143(reference, tmp_path):
+  r = cli(tmp_path, fault="term_in_warmstart:2")
+  assert r.returncode == 143, r.stderr[-3000:]
+  assert "stopped by SIGTERM during the warm start at step 3" in r.stdout
+  assert (tmp_path / "warmstart").is_dir() and not (tmp_path / "checkpoints" / "0").exists()
+  r = cli(tmp_path)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "continuing from step 3" in r.stdout + r.stderr
+  assert metrics(tmp_path) == reference
+  assert not (tmp_path / "warmstart").exists()  # Superseded by checkpoint 0.
+
+
+def test_sigterm_in_training_saves_and_exits_143(reference, tmp_path):
+  r = cli(tmp_path, fault="term_after_iteration:3")
+  assert r.returncode == 143, r.stderr[-3000:]
+  assert (tmp_path / "checkpoints" / "3").is_dir()  # Not a checkpoint_every multiple.
+  assert cli(tmp_path).returncode == 0
+  assert metrics(tmp_path) == reference
+
+
+# ----------------------------------------------------------------------------
+# Damaged checkpoints: named, set aside, the newest valid one used.
+# ----------------------------------------------------------------------------
+
+
+def _largest_file(d: pathlib.Path) -> pathlib.Path:
+  return max((p for p in d.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+
+
+def _truncate(step_dir: pathlib.Path):
+  f = _largest_file(step_dir / "state")
+  f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+
+
+def _empty(step_dir: pathlib.Path):
+  shutil.rmtree(step_dir)
+  step_dir.mkdir()
+
+
+def _no_metadata(step_dir: pathlib.Path):
+  (step_dir / "state" / "_METADATA").unlink()
+
+
+@pytest.mark.parametrize("damage", [_truncate, _empty, _no_metadata], ids=lambda f: f.__name__)
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(reference, tmp_path, damage):
+  assert cli(tmp_path, iterations=4).returncode == 0
+  damage(tmp_path / "checkpoints" / "4")
+  r = cli(tmp_path)
+  assert r.returncode == 0, r.stderr[-3000:]
+  said = [x for x in (r.stdout + r.stderr).splitlines() if "is unreadable" in x]
+  assert len(said) == 1 and "resuming from step 2" in said[0], said
+  assert "Traceback" not in r.stderr
+  assert (tmp_path / "checkpoints.bad" / "4").exists()  # Set aside, not deleted.
+  assert metrics(tmp_path) == reference
+
+
+# ----------------------------------------------------------------------------
+# A full disk and an unwritable workdir.
+# ----------------------------------------------------------------------------
+
+
+def _file_size_limit(nbytes: int):
+  """preexec_fn: files may not grow past nbytes (writes then fail with EFBIG, as on a full
+  disk; SIGXFSZ is ignored so the process sees the error instead of dying)."""
+
+  def limit():
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, resource.RLIM_INFINITY))
+
+  return limit
+
+
+def test_a_failed_save_stops_the_run_in_one_line_and_the_last_checkpoint_stays(reference, tmp_path):
+  assert cli(tmp_path, iterations=2).returncode == 0
+  r = cli(tmp_path, preexec_fn=_file_size_limit(16 * 1024))  # Checkpoints no longer fit.
+  assert r.returncode == 1, r.stderr[-3000:]
+  (line,) = error_lines(r)
+  assert "Saving a checkpoint under" in line and "File too large" in line, line
+  assert "previous checkpoint is intact" in line
+  steps = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+  assert steps == [0, 2]  # 4 failed; 2 (and 0) intact.
+  assert metrics(tmp_path)[-1]["iteration"] <= 5  # Stopped at the next iteration at the latest.
+  r = cli(tmp_path)  # Space again: resumes from checkpoint 2.
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert metrics(tmp_path) == reference
+
+
+def test_an_unwritable_workdir_is_one_line(tmp_path):
+  blocker = tmp_path / "file"
+  blocker.write_text("not a directory")
+  r = cli(blocker / "run")
+  assert r.returncode == 2
+  (line,) = error_lines(r)
+  assert "cannot be written" in line and "Traceback" not in r.stderr
+
+
+# ----------------------------------------------------------------------------
+# Verifiers that raise or hang; updates that overflow.
+# ----------------------------------------------------------------------------
+
+
+def test_raising_and_hanging_rewards_are_excluded_and_training_goes_on(tmp_path):
+  r = cli(
+    tmp_path,
+    "--config.task.name=flaky_arithmetic",
+    "--config.reward_workers=2",
+    "--config.reward_timeout_s=0.3",
+    "--config.max_unscorable_frac=1.0",
+    iterations=2,
+  )
+  assert r.returncode == 0, r.stderr[-3000:]
+  rl = [x for x in metrics(tmp_path) if x["phase"] == "rl"]
+  assert sum(x["reward_errors"] for x in rl) > sum(x["reward_timeouts"] for x in rl) > 0
+  assert all(x["excluded_frac"] >= x["unscorable_frac"] for x in rl)
+
+
+def test_a_verifier_failing_on_every_row_stops_the_run(tmp_path):
+  r = cli(tmp_path, "--config.task.name=broken_arithmetic", iterations=2)
+  assert r.returncode == 1
+  (line,) = error_lines(r)
+  assert "failed on 8 of 8 items" in line and "KeyError" in line, line
+
+
+def _restorable_finite(workdir: pathlib.Path) -> list[int]:
+  """Steps of workdir's checkpoints, after checking each holds only finite arrays."""
+  from grpo_jax import checkpoint  # noqa: PLC0415
+
+  ckpt = checkpoint.Checkpointer(workdir / "checkpoints")
+  steps = ckpt.all_steps()
+  for step in steps:
+    tree = ckpt._mngr.restore(step)["state"]
+    for x in __import__("jax").tree.leaves(tree):
+      assert np.all(np.isfinite(np.asarray(x, np.float64))), step
+  ckpt.close()
+  return steps
+
+
+def test_an_update_that_overflows_is_never_applied_or_saved(tmp_path):
+  """lr 1e39 is inf in float32: every update makes the params inf. No step is applied,
+  the run stops after max_nonfinite_steps, and only finite checkpoints exist."""
+  r = cli(tmp_path, "--config.learning_rate=1e39", "--config.max_nonfinite_steps=3")
+  assert r.returncode == 1, r.stderr[-3000:]
+  (line,) = error_lines(r)
+  assert "3 consecutive train steps" in line, line
+  assert _restorable_finite(tmp_path) == [0]
+
+
+def test_a_warm_start_that_overflows_is_refused_before_any_checkpoint(tmp_path):
+  r = cli(tmp_path, "--config.warmstart_lr=1e39", "--config.max_nonfinite_steps=3")
+  assert r.returncode == 1, r.stderr[-3000:]
+  (line,) = error_lines(r)
+  assert "consecutive train steps" in line and "warm start" in line, line
+  assert not (tmp_path / "checkpoints" / "0").exists()

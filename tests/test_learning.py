@@ -1,0 +1,60 @@
+"""GRPO learns: the demo, at reduced size, raises held-out accuracy by a margin that the same
+run with the gradient's sign flipped cannot reach (same seed, same warm start)."""
+
+import contextlib
+import pathlib
+import shutil
+import sys
+
+import pytest
+
+from grpo_jax import rl, steps, train
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "configs"))
+import arithmetic  # noqa: E402
+
+ITERATIONS = 60
+
+
+def _config():
+  c = arithmetic.get_config("tiny")
+  c.update(iterations=ITERATIONS, eval_every=ITERATIONS, eval_size=128, eval_samples=0)
+  c.update(checkpoint_every=ITERATIONS, reward_workers=0, progress=False, tensorboard=False)
+  return c
+
+
+class _Stop(Exception):
+  pass
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  """{"grpo": summary, "flipped": summary}: both resume from one warm start (checkpoint 0);
+  the flipped arm trains on −A."""
+  base = tmp_path_factory.mktemp("warm")
+
+  def stop(it, record):
+    raise _Stop
+
+  with contextlib.suppress(_Stop):  # The warm start, saved as checkpoint 0.
+    train.run(_config(), base, log=lambda _: None, on_iteration=stop)
+  arms = {name: tmp_path_factory.mktemp(name) / "run" for name in ("grpo", "flipped")}
+  for workdir in arms.values():
+    shutil.copytree(base, workdir)
+  out = {"grpo": train.run(_config(), arms["grpo"], log=lambda _: None)}
+  real = rl.compute_advantages
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(rl, "compute_advantages", lambda *a, **k: -real(*a, **k))
+    mp.setattr(steps, "_FUNCTIONS", {})  # Compile the flipped arm afresh (and forget it).
+    out["flipped"] = train.run(_config(), arms["flipped"], log=lambda _: None)
+  return out
+
+
+def test_grpo_raises_held_out_accuracy_and_the_flipped_sign_does_not(runs):
+  grpo, flipped = runs["grpo"], runs["flipped"]
+  assert grpo["warmstart_accuracy"] == flipped["warmstart_accuracy"]  # One warm start.
+  gain = grpo["final_accuracy"] - grpo["warmstart_accuracy"]
+  flipped_gain = flipped["final_accuracy"] - flipped["warmstart_accuracy"]
+  assert gain >= 0.04, (gain, grpo)  # Measured: +14.8 points (40.6% -> 55.5%).
+  # The flipped arm collapses (measured: 40.6% -> 0.0%): a margin no noise could fake.
+  assert gain - flipped_gain >= 0.10, (gain, flipped_gain)
