@@ -4,13 +4,17 @@
   python experiments/reliability.py --cycles 30 --signal term
   python experiments/reliability.py --quick         # 2 cycles of a smaller run (CI smoke test)
 
-One uninterrupted run of the command line gives the reference metrics.jsonl. Each cycle
+One uninterrupted run of the command line gives the reference metrics.jsonl (after a
+first, untimed run, so that both are timed with JAX's compilation cache warm). Each cycle
 then starts a fresh workdir and runs the same command, killing it (SIGKILL, or SIGTERM
-with --signal term) at a uniformly random moment of a run's wall time (seeded), and reruns
-it; a rerun may be killed again (--kills per cycle), and the last one runs to the end. A
-cycle *matches* when its metrics.jsonl equals the reference line for line on every key
-but the timing ones (time/*, tokens_per_s, perf/*). The kill moments land anywhere: in
-the start-up, the warm start, an iteration, a checkpoint save.
+with --signal term) at a uniformly random moment of the reference's wall time (seeded),
+anchored on the run's own progress: a moment in the start-up and warm start is counted
+from the process start, a moment in iteration k from when the run has logged iteration
+k - 1 (so a rerun that resumed mid-way is killed at the same place); a rerun
+may be killed again (--kills per cycle), and the last one runs to the end. A cycle
+*matches* when its metrics.jsonl equals the reference line for line on every key but the
+timing ones (time/*, tokens_per_s, perf/*). The kills land anywhere: in the start-up, the
+warm start, an iteration, a checkpoint save.
 
 Prints one line per cycle and, last, one JSON object: cycles, matched, kills, the kill
 moments and where each landed (the iteration the killed session had logged).
@@ -51,21 +55,25 @@ _TIMING = ("time/", "tokens_per_s", "perf/")
 
 
 def _start(workdir: pathlib.Path, flags: list[str]) -> subprocess.Popen:
+  """The command line in a process of its own; its stderr goes to <workdir>.stderr (a
+  file: a pipe nobody reads while the run is polled could fill and stall it)."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   env.pop("XLA_FLAGS", None)
   args = [sys.executable, "-m", "grpo_jax.main", CONFIG, f"--workdir={workdir}", *flags]
-  return subprocess.Popen(
-    args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-  )
+  log = open(f"{workdir}.stderr", "a")  # noqa: SIM115 -- the child holds it; closed on exit.
+  return subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log)
+
+
+def _stderr(workdir: pathlib.Path) -> str:
+  return pathlib.Path(f"{workdir}.stderr").read_text()[-3000:]
 
 
 def _finish(workdir: pathlib.Path, flags: list[str]) -> float:
   """Runs to the end; returns its wall seconds."""
   t0 = time.perf_counter()
   p = _start(workdir, flags)
-  _, err = p.communicate()
-  if p.returncode != 0:
-    raise RuntimeError(f"run in {workdir} failed ({p.returncode}):\n{err[-3000:]}")
+  if p.wait() != 0:
+    raise RuntimeError(f"run in {workdir} failed ({p.returncode}):\n{_stderr(workdir)}")
   return time.perf_counter() - t0
 
 
@@ -80,18 +88,46 @@ def _metrics(workdir: pathlib.Path) -> list[dict]:
   return out
 
 
-def _kill_at(workdir, flags, at_s: float, sig) -> dict:
-  """Starts a run and sends `sig` after at_s seconds (if it is still running)."""
+def _kill_at(workdir, flags, *, after: int, delay_s: float, startup_s: float, sig) -> dict:
+  """Starts a run; once it has logged iteration `after` (after=-1: from the start, waiting
+  up to startup_s), waits delay_s more and sends `sig` (if it is still running)."""
   p = _start(workdir, flags)
-  try:
-    p.wait(timeout=at_s)
-    return {"at_s": round(at_s, 2), "landed": "after the end", "returncode": p.returncode}
-  except subprocess.TimeoutExpired:
-    p.send_signal(sig)
-    p.communicate()
+  t0 = time.perf_counter()
+  while p.poll() is None:
+    if after < 0:  # In the start-up or the warm start: a moment of its duration.
+      if time.perf_counter() - t0 > delay_s:
+        break
+    else:
+      logged = _metrics(workdir)
+      if logged and logged[-1]["iteration"] >= after:
+        time.sleep(delay_s)
+        break
+    time.sleep(0.02)
+  if p.poll() is not None:
+    return {"after": after, "landed": "after the end", "returncode": p.returncode}
+  p.send_signal(sig)
+  p.wait()
   logged = _metrics(workdir)
   where = f"iteration {logged[-1]['iteration']} logged" if logged else "before iteration 0"
-  return {"at_s": round(at_s, 2), "landed": where, "returncode": p.returncode}
+  return {"after": after, "delay_s": round(delay_s, 3), "landed": where, "returncode": p.returncode}
+
+
+def _reference(root: pathlib.Path, flags) -> tuple[list[dict], float, float]:
+  """(metrics, seconds to iteration 0's line, mean seconds per iteration) of a warm run."""
+  _finish(root / "warm-up", flags)
+  t0 = time.perf_counter()
+  p = _start(root / "reference", flags)
+  first = None
+  while p.poll() is None:
+    if first is None and _metrics(root / "reference"):
+      first = time.perf_counter() - t0
+    time.sleep(0.02)
+  if p.returncode != 0:
+    raise RuntimeError(f"the reference run failed ({p.returncode}):\n{_stderr(root / 'reference')}")
+  wall = time.perf_counter() - t0
+  lines = _metrics(root / "reference")
+  first = first if first is not None else wall / 2
+  return lines, first, (wall - first) / max(len(lines) - 1, 1)
 
 
 def main(argv=None) -> dict:
@@ -111,19 +147,26 @@ def main(argv=None) -> dict:
   rng = random.Random(args.seed)
   root = pathlib.Path(tempfile.mkdtemp(prefix="grpo_jax_reliability_"))
   try:
-    wall = _finish(root / "reference", flags)
-    reference = _metrics(root / "reference")
+    reference, startup_s, per_it_s = _reference(root, flags)
+    iterations = reference[-1]["iteration"]
     cycles = []
     for c in range(args.cycles):
       workdir = root / f"cycle{c}"
-      kills = [
-        _kill_at(workdir, flags, rng.uniform(0.05, 1.0) * wall, sig) for _ in range(args.kills)
-      ]
+      kills = []
+      for _ in range(args.kills):
+        # A uniform moment of the reference's wall time, anchored on the run's own events:
+        # the start-up and warm start (after = -1), or an iteration and a fraction of it.
+        u = rng.uniform(0.0, startup_s + iterations * per_it_s)
+        after = -1 if u < startup_s else min(int((u - startup_s) / per_it_s), iterations - 1)
+        delay = u if after < 0 else u - startup_s - after * per_it_s
+        kills.append(
+          _kill_at(workdir, flags, after=after, delay_s=delay, startup_s=startup_s, sig=sig)
+        )
       _finish(workdir, flags)
       matched = _metrics(workdir) == reference
       cycles.append({"kills": kills, "matched": matched})
       print(
-        f"cycle {c}: kills at {[k['at_s'] for k in kills]} s ({[k['landed'] for k in kills]}): "
+        f"cycle {c}: {[k['landed'] for k in kills]}: "
         f"{'matches' if matched else 'DIFFERS from'} the uninterrupted run",
         flush=True,
       )
@@ -132,10 +175,12 @@ def main(argv=None) -> dict:
   result = {
     "config": [CONFIG, *flags],
     "signal": args.signal,
-    "reference_wall_s": round(wall, 2),
+    "reference_startup_s": round(startup_s, 2),
+    "reference_s_per_iteration": round(per_it_s, 3),
     "cycles": len(cycles),
     "matched": sum(c["matched"] for c in cycles),
     "kills": sum(len(c["kills"]) for c in cycles),
+    "kills_in_the_run": sum(k["landed"] != "after the end" for c in cycles for k in c["kills"]),
     "per_cycle": cycles,
   }
   print(

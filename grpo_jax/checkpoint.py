@@ -43,6 +43,7 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 ACCURACY_KEY = "accuracy"
 
@@ -71,6 +72,22 @@ def _first_line(e: BaseException) -> str:
   text = f"{type(e).__name__}: {lines[0] if lines else ''}"
   # TensorStore puts the cause (e.g. "File too large") at the end of a long line of paths.
   return text if len(text) <= 400 else f"{text[:150]} ... {text[-240:]}"
+
+
+# What TensorStore/orbax say about files that are missing or not what was written.
+_UNREADABLE_CODES = ("NOT_FOUND", "DATA_LOSS", "Encountered error while reading", "corrupt")
+
+
+def unreadable(e: BaseException) -> bool:
+  """Whether a restore failure means the checkpoint's files are missing, damaged or do not
+  match the config (then an older checkpoint is tried), as opposed to a failure of this
+  machine (out of memory, a storage outage), which is raised as it is."""
+  if isinstance(e, CheckpointDamagedError | CheckpointMismatchError | FileNotFoundError):
+    return True
+  if isinstance(e, KeyError | json.JSONDecodeError):  # Missing or cut metadata.
+    return True
+  text = _first_line(e) + str(e)[:2000]
+  return isinstance(e, ValueError | OSError) and any(c in text for c in _UNREADABLE_CODES)
 
 
 def _reason(e: BaseException) -> str:
@@ -179,24 +196,20 @@ class Checkpointer:
 
   def restore_latest(self, *, like: Any, log=print) -> tuple[int, Any, dict] | None:
     """(step, tree, meta) of the newest checkpoint that restores, or None when there is
-    none. Unreadable checkpoints on the way are logged and moved to `<directory>.bad`."""
+    none. Unreadable checkpoints on the way (`unreadable`) are logged and moved to
+    `<directory>.bad`; any other failure (e.g. out of memory) is raised as it is."""
     failures: list[tuple[int, BaseException]] = []
     for step in sorted(self.all_steps(), reverse=True):
       try:
         if (why := damage(self.directory / str(step))) is not None:
           raise CheckpointDamagedError(why)
         tree, meta = self.restore(step, like=like)
-      except Exception as e:  # noqa: BLE001 -- any unreadable checkpoint: try an older one.
+      except Exception as e:
+        if not unreadable(e):
+          raise
         failures.append((step, e))
         continue
-      for bad, e in failures:
-        moved = self._set_aside(bad)
-        log(
-          f"checkpoint {self.directory / str(bad)} is unreadable ({_reason(e)}); moved to "
-          f"{moved}; resuming from step {step}."
-        )
-      if failures:
-        self._mngr.reload()
+      self._set_aside_all(failures, resumed=step, log=log)
       return step, tree, meta
     if not failures:
       return None
@@ -208,15 +221,34 @@ class Checkpointer:
       "aside to start the run again."
     )
 
-  def _set_aside(self, step: int) -> pathlib.Path:
-    """Moves step's directory to <directory>.bad/<step>[.k] and returns the new path."""
+  def _set_aside_all(self, failures, *, resumed: int, log) -> None:
+    """Moves the unreadable steps aside: the primary process moves, every process waits
+    for it (the directory is shared) and then rereads the step list."""
+    if not failures:
+      return
+    for bad, e in failures:
+      moved = self._set_aside(bad) if jax.process_index() == 0 else None
+      log(
+        f"checkpoint {self.directory / str(bad)} is unreadable ({_reason(e)}); moved to "
+        f"{moved or self.directory.name + '.bad'}; resuming from step {resumed}."
+      )
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices("grpo_jax_checkpoint_set_aside")
+    self._mngr.reload()
+
+  def _set_aside(self, step: int) -> pathlib.Path | None:
+    """Moves step's directory to <directory>.bad/<step>[.k] and returns the new path (None
+    if it is gone already)."""
+    source = self.directory / str(step)
+    if not source.exists():
+      return None
     bad_dir = self.directory.with_name(self.directory.name + ".bad")
     bad_dir.mkdir(parents=True, exist_ok=True)
     target, k = bad_dir / str(step), 0
     while target.exists():
       k += 1
       target = bad_dir / f"{step}.{k}"
-    shutil.move(str(self.directory / str(step)), str(target))
+    shutil.move(str(source), str(target))
     return target
 
   def _save_error(self, e: BaseException) -> CheckpointSaveError:
@@ -255,7 +287,7 @@ class Checkpointer:
         metrics=metrics,
         force=True,
       )
-    except Exception as e:  # noqa: BLE001 -- what the synchronous part of the write raised.
+    except (OSError, ValueError) as e:  # The write failed (TensorStore raises ValueError).
       self._unlisted = None
       raise self._save_error(e) from e
 
@@ -289,7 +321,7 @@ class Checkpointer:
     """Waits for the background save; raises CheckpointSaveError if it failed."""
     try:
       self._mngr.wait_until_finished()
-    except Exception as e:  # noqa: BLE001 -- orbax re-raises whatever the write raised.
+    except (OSError, ValueError) as e:  # The write failed (TensorStore raises ValueError).
       self._unlisted = None
       raise self._save_error(e) from e
     step, self._unlisted = self._unlisted, None

@@ -28,6 +28,7 @@ import dataclasses
 import functools
 import math
 import os
+import pathlib
 from typing import Any
 
 import jax
@@ -233,6 +234,7 @@ class Setup:
   rl_cfg: rl.RLConfig
   mesh_cfg: sharding.MeshConfig
   diagnostics: DiagnosticsConfig = DiagnosticsConfig()
+  spec: dict = dataclasses.field(default_factory=dict)  # The ConfigDict, as plain data.
 
   @property
   def rollout_rows(self) -> int:
@@ -353,8 +355,23 @@ def build(config, *, n_devices: int | None = None) -> Setup:
     return _build(config, n_devices=n_devices)
   except config_lib.ConfigError:
     raise
-  except (ValueError, OSError) as e:
+  except OSError as e:  # A missing or unreadable file the config names.
     raise config_lib.ConfigError(str(e)) from e
+  except ValueError as e:  # Our validators' messages; another library's is a bug to show.
+    if not _raised_here(e):
+      raise
+    raise config_lib.ConfigError(str(e)) from e
+
+
+_PACKAGE = pathlib.Path(__file__).resolve().parent
+
+
+def _raised_here(e: BaseException) -> bool:
+  """Whether e was raised by grpo_jax's own code (its innermost frame is in the package)."""
+  tb = e.__traceback__
+  while tb is not None and tb.tb_next is not None:
+    tb = tb.tb_next
+  return tb is not None and _PACKAGE in pathlib.Path(tb.tb_frame.f_code.co_filename).parents
 
 
 def _build(config, *, n_devices: int | None) -> Setup:
@@ -387,6 +404,7 @@ def _build(config, *, n_devices: int | None) -> Setup:
     diagnostics=DiagnosticsConfig.from_dict(
       d.get("diagnostics", {}), prompts_per_step=loop.prompts_per_step, model_cfg=model_cfg
     ),
+    spec=d,
   )
 
 
@@ -506,9 +524,11 @@ def as_dict(setup: Setup) -> dict:
   """The validated config as plain data (written to workdir/config.json)."""
   return {
     "loop": dataclasses.asdict(setup.loop),
-    "task": type(setup.task).__name__,
+    "task": {"class": type(setup.task).__name__, **setup.spec.get("task", {})},
     "model": dataclasses.asdict(setup.model_cfg),
     "sampler": dataclasses.asdict(setup.sampler_cfg),
+    "sampling": setup.spec.get("sampling", {}),
     "rl": dataclasses.asdict(setup.rl_cfg),
+    "mesh": {**dataclasses.asdict(setup.mesh_cfg), "rules": dict(setup.mesh_cfg.rules)},
     "diagnostics": dataclasses.asdict(setup.diagnostics),
   }

@@ -176,3 +176,9 @@ def max_across(x: int) -> int:
   if jax.process_count() == 1:
     return int(x)
   return int(multihost_utils.process_allgather(np.asarray(x, np.int64)).max())
+
+
+def any_across(flag: bool) -> bool:
+  """True on every process when it is True on any (e.g. a SIGTERM one host received: all
+  must save and stop at the same step, or a collective deadlocks). One process: flag."""
+  return bool(max_across(int(bool(flag))))

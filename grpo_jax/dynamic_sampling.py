@@ -43,10 +43,16 @@ class Selection:
   surplus: int
 
 
-def varying_groups(correct_N: np.ndarray, *, group_size: int) -> np.ndarray:
-  """[N/G] bool: the group's correctness rewards are not all equal (max > min)."""
+def varying_groups(correct_N: np.ndarray, *, group_size: int, scorable_N=None) -> np.ndarray:
+  """[N/G] bool: the correctness rewards of the group's scorable rows (all rows when
+  scorable_N is None) are not all equal (max > min); unscorable rows are not trained on,
+  so they count as no answer, not as a wrong one."""
   c_GK = np.asarray(correct_N, np.float32).reshape(-1, group_size)
-  return c_GK.max(axis=1) > c_GK.min(axis=1)
+  ok_GK = np.ones_like(c_GK, bool) if scorable_N is None else np.asarray(scorable_N, bool)
+  ok_GK = ok_GK.reshape(-1, group_size)
+  high = np.where(ok_GK, c_GK, -np.inf).max(axis=1)
+  low = np.where(ok_GK, c_GK, np.inf).min(axis=1)
+  return high > low
 
 
 def select(varying_parts: list[np.ndarray], *, num_groups: int) -> Selection:

@@ -462,17 +462,20 @@ def prepare(
   correct_N,
   format_N,
   hyper: PrepareHyper,
+  scorable_N=None,
+  keep_N=None,
   *,
   cfg: RLConfig,
   model_fn: Callable,
 ):
   """Rewards, old/ref log-probs, advantages and the loss mask of one rollout batch:
-  `finish_prepare(rollout_logprobs(...), ...)` in one function.
+  `finish_prepare(rollout_logprobs(...), ...)` in one function (scorable_N and keep_N as
+  there: rows whose reward failed follow `cfg.unscorable`).
 
   Returns (RolloutBatch, shaped rewards_N, metrics). Pure and jittable (`make_prepare`).
   """
   lp = rollout_logprobs(params, ref_params, rollouts, cfg=cfg, model_fn=model_fn)
-  return finish_prepare(lp, rollouts, correct_N, format_N, hyper, cfg=cfg)
+  return finish_prepare(lp, rollouts, correct_N, format_N, hyper, scorable_N, keep_N, cfg=cfg)
 
 
 def make_prepare(cfg: RLConfig, model_fn: Callable):

@@ -134,7 +134,12 @@ def collect(
     seconds["sample"] += t1 - t0
     seconds["reward"] += time.perf_counter() - t1
     parts.append(rollouts)
-    n_varying += int(dynamic_sampling.varying_groups(scores[-1].correct_N, group_size=G).sum())
+    last = scores[-1]
+    n_varying += int(
+      dynamic_sampling.varying_groups(
+        last.correct_N, group_size=G, scorable_N=last.scorable_N
+      ).sum()
+    )
     if n_varying >= setup.loop.prompts_per_step:
       break
   metrics = {
@@ -155,7 +160,10 @@ def _select(setup: config.Setup, parts: list, scores: list[Scores]):
   first, masked fill groups when the cap was reached); (rollouts, their scores, valid_N,
   dynamic/... metrics)."""
   B, G = setup.loop.prompts_per_step, setup.sampler_cfg.group_size
-  varying = [dynamic_sampling.varying_groups(s.correct_N, group_size=G) for s in scores]
+  varying = [
+    dynamic_sampling.varying_groups(s.correct_N, group_size=G, scorable_N=s.scorable_N)
+    for s in scores
+  ]
   sel = dynamic_sampling.select(varying, num_groups=B)
   rollouts = dynamic_sampling.assemble(parts, sel, group_size=G, pad_id=setup.sampler_cfg.pad_id)
   pick = functools.partial(dynamic_sampling.select_rows, sel=sel, group_size=G)

@@ -52,6 +52,7 @@ _CACHE_FIELDS = (
   "warmstart_batch",
   "eval_size",
   "eval_samples",
+  "memory_limit_gib",  # The memory check runs when the functions are built.
 )
 _FUNCTIONS: dict[str, Functions] = {}  # Config repr -> functions (oldest first out).
 

@@ -87,6 +87,7 @@ class RunState:
   nonfinite_total: int = 0
   nonfinite_run: int = 0  # Consecutive skipped steps so far.
   wall_seconds: float = 0.0  # Of earlier sessions of this run.
+  config: dict | None = None  # `config.as_dict` of the session that wrote the checkpoint.
 
   _DEVICE = ("train", "ref_params", "prep_hyper", "controller", "key")
 
@@ -126,20 +127,13 @@ def run(config_dict, workdir: str | pathlib.Path, *, log=print, on_iteration=Non
       st, latest = _restore_or_start(s)
     except warmstart.Preempted as stop:
       return _preempted_in_warm_start(s, stop)
-    writer = stack.enter_context(
-      contextlib.closing(_logger(workdir, setup.loop, resume_from=latest))
-    )
-    if latest is None:
-      writer.write({"iteration": 0, "phase": "warmstart", **st.warmstart})
-      _save(s.ckpt, st, accuracy=st.warmstart["eval/greedy_accuracy"])
-      warmstart.discard(workdir)  # Superseded by checkpoint 0 (saved in the foreground).
-    log(f"warm-start accuracy {st.warmstart['eval/greedy_accuracy']:.3f}")
-    _record_config(setup, workdir, resumed_from=latest, log=log)
+    _record_config(setup, workdir, st, resumed_from=latest, log=log)  # May refuse: first.
+    writer = stack.enter_context(contextlib.closing(_open_logs(s, st, resumed_from=latest)))
 
     # --- Iterate -------------------------------------------------------------------------
     it_loop = _Loop.create(setup, fns, s.pool, workdir, st, resumed_from=latest, log=log)
     progress = stack.enter_context(contextlib.closing(_progress(setup.loop, st)))
-    saved = st.iteration
+    saved, preempted = st.iteration, False
     for it in range(st.iteration + 1, setup.loop.iterations + 1):
       # A failed background save stops the run one iteration after it started, at the latest.
       s.ckpt.check(block=it > saved + 1)
@@ -150,10 +144,11 @@ def run(config_dict, workdir: str | pathlib.Path, *, log=print, on_iteration=Non
         on_iteration(it, record)
       st.wall_seconds += time.perf_counter() - t_start
       t_start = time.perf_counter()
-      if s.preempted["set"] or it % setup.loop.checkpoint_every == 0 or it == setup.loop.iterations:
+      preempted = distributed.any_across(s.preempted["set"])  # Every process, or none.
+      if preempted or it % setup.loop.checkpoint_every == 0 or it == setup.loop.iterations:
         _save(s.ckpt, st, accuracy=record.get("eval/greedy_accuracy"))
         saved = it
-      if s.preempted["set"]:
+      if preempted:
         s.ckpt.wait()
         log(f"SIGTERM: checkpoint saved at iteration {it}; rerun the same command to resume.")
         break
@@ -163,7 +158,21 @@ def run(config_dict, workdir: str | pathlib.Path, *, log=print, on_iteration=Non
     writer.close()
     s.ckpt.wait()
     st.wall_seconds += time.perf_counter() - t_start
-    return _finish(setup, st, workdir, s.ckpt, preempted=s.preempted["set"])
+    return _finish(setup, st, workdir, s.ckpt, preempted=preempted)
+
+
+def _open_logs(s: _Session, st: RunState, *, resumed_from: int | None):
+  """The metrics writer (cut back to the checkpoint on a resume). A fresh run writes the
+  warm-start evaluation line and checkpoint 0, after which the warm start's own SIGTERM
+  checkpoint is obsolete."""
+  writer = _logger(s.workdir, s.setup.loop, resume_from=resumed_from)
+  if resumed_from is None:
+    writer.write({"iteration": 0, "phase": "warmstart", **st.warmstart})
+    _save(s.ckpt, st, accuracy=st.warmstart["eval/greedy_accuracy"])
+    s.ckpt.wait()
+    warmstart.discard(s.workdir)  # Superseded by checkpoint 0, now on disk.
+  s.log(f"warm-start accuracy {st.warmstart['eval/greedy_accuracy']:.3f}")
+  return writer
 
 
 class WorkdirError(ValueError):
@@ -224,9 +233,15 @@ def _save(ckpt: checkpoint.Checkpointer, st: RunState, *, accuracy=None) -> None
   """Checkpoint st.iteration; a state with a non-finite array is never written."""
   tree = st.tree()
   if not bool(_finite(tree)):
+    bad = [
+      jax.tree_util.keystr(path)
+      for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+      if jnp.issubdtype(x.dtype, jnp.inexact) and not bool(jnp.all(jnp.isfinite(x)))
+    ]
     raise rl.NonFiniteError(
-      f"Refusing to checkpoint iteration {st.iteration}: its state holds non-finite values "
-      f"(the last checkpoint, {ckpt.latest_step()}, is kept). Lower the learning rate."
+      f"Refusing to checkpoint iteration {st.iteration}: non-finite values in {bad[:5]} (the "
+      f"last checkpoint, {ckpt.latest_step()}, is kept). The train step's guard skips "
+      "non-finite updates, so look at what else moves the state (an advantage controller)."
     )
   ckpt.save(st.iteration, tree, st.meta(), accuracy=accuracy)
 
@@ -307,23 +322,29 @@ def config_changes(before: dict, after: dict, prefix: str = "") -> list[tuple[st
   return out
 
 
-def _record_config(setup: config.Setup, workdir: pathlib.Path, *, resumed_from, log) -> None:
-  """config.json is this session's config; config_history.jsonl keeps every session's (the
-  iteration it resumed from, and the config). A resume under a changed config logs the
-  changes, or refuses with on_config_change = "refuse" (housekeeping keys aside)."""
+def _record_config(
+  setup: config.Setup, workdir: pathlib.Path, st: RunState, *, resumed_from, log
+) -> None:
+  """config.json is this session's config and config_history.jsonl keeps every session's
+  (the iteration it resumed from, and the config); st.config, saved in each checkpoint,
+  becomes this session's. A resume under a config other than the one that wrote the
+  checkpoint logs the changes, or refuses with on_config_change = "refuse" (housekeeping
+  keys aside), before anything in the workdir is touched."""
   now = json.loads(json.dumps(config.as_dict(setup), default=str))
   previous = workdir / "config.json"
-  if resumed_from is not None and previous.exists():
-    changes = config_changes(json.loads(previous.read_text()), now)
+  before = st.config or (json.loads(previous.read_text()) if previous.exists() else None)
+  if resumed_from is not None and before is not None:
+    changes = config_changes(before, now)
     if changes:
       text = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changes)
       real = [k for k, _, _ in changes if k.split(".")[-1] not in HOUSEKEEPING_KEYS]
       if real and setup.loop.on_config_change == "refuse":
         raise config_lib.ConfigError(
-          f"The run in {workdir} was made with another config; refusing to resume "
+          f"The checkpoint in {workdir} was made with another config; refusing to resume "
           f"(config.on_config_change='refuse'). Changes: {text}."
         )
       log(f"resuming from iteration {resumed_from} with a changed config: {text}")
+  st.config = now
   if distributed.is_primary():
     previous.write_text(json.dumps(now, indent=2))
     with (workdir / "config_history.jsonl").open("a") as f:

@@ -131,7 +131,7 @@ def run(setup: config.Setup, fns, params, *, log, preempted, workdir=None):
     next(stream)
   history = []
   for step in range(done, loop.warmstart_steps):
-    if preempted["set"]:
+    if distributed.any_across(preempted["set"]):  # Every process stops at the same step.
       _save(workdir, state, step)
       raise Preempted(
         f"SIGTERM during the warm start: its state at step {step} of {loop.warmstart_steps} is "

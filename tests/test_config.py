@@ -119,3 +119,28 @@ def test_the_command_line_reports_one_line_and_leaves_no_workdir(tmp_path, flag,
   assert len(lines) == 1 and __import__("re").search(match, lines[0]), r.stderr[-2000:]
   assert "Traceback" not in r.stderr
   assert not workdir.exists()
+
+
+def test_a_value_error_from_another_library_is_a_bug_not_a_config_error(monkeypatch):
+  """Only grpo_jax's own validators speak for the user: a ValueError raised elsewhere keeps
+  its type and traceback (the command line then shows it as the bug it is)."""
+  import numpy as np  # noqa: PLC0415
+
+  from grpo_jax import tasks  # noqa: PLC0415
+
+  monkeypatch.setattr(tasks, "get", lambda *a, **k: np.zeros(-1))
+  with pytest.raises(ValueError, match="negative dimensions") as e:
+    config.build(config_lib.load(TINY))
+  assert not isinstance(e.value, config_lib.ConfigError)
+
+
+def test_config_json_records_every_section(tmp_path):
+  setup = config.build(config_lib.load(TINY))
+  d = config.as_dict(setup)
+  assert d["task"] == {
+    "class": "Arithmetic",
+    "name": "arithmetic",
+    "kwargs": {"max_digits": 2, "ops": "+"},
+  }
+  assert d["sampling"]["temperature"] == 1.0 and d["mesh"]["fsdp"] == -1
+  assert set(d) == {"loop", "task", "model", "sampler", "sampling", "rl", "mesh", "diagnostics"}

@@ -290,3 +290,15 @@ def test_left_padding_leaves_logprobs_unchanged():
   np.testing.assert_allclose(long[:1], short, rtol=1e-5, atol=1e-5)
   assert float(short[0, 3]) == 0.0 and np.all(np.asarray(short[0, :3]) < 0)
   assert np.max(np.abs(np.asarray(long[1:] - short))) > 1e-2
+
+
+def test_unscorable_rows_do_not_make_a_group_vary():
+  """[1, 1, 1, failed] has no variation among its scored rows: under rl.unscorable="mask"
+  it would train nothing, so it must not take a slot from a group that would."""
+  correct = np.array([1, 1, 1, 0, 1, 0, 1, 0, 1, 1, 0, 0], np.float32)
+  scorable = np.array([1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0], bool)
+  got = dynamic_sampling.varying_groups(correct, group_size=4, scorable_N=scorable)
+  np.testing.assert_array_equal(got, [False, True, True])
+  np.testing.assert_array_equal(
+    dynamic_sampling.varying_groups(correct, group_size=4), [True, True, True]
+  )
