@@ -42,6 +42,18 @@ class AdvantageInputs:
   kl_BT: jax.Array | None = None
   score_sq_B: jax.Array | None = None
   valid_B: jax.Array | None = None  # bool; None: every row takes part.
+  # bool: the verifier's verdict (correctness reward c_i > 0, before any shaping); None:
+  # r_i > 0. Estimators that split rows into successes and failures (fade) use it, so a
+  # format bonus never turns a wrong answer into a success.
+  success_B: jax.Array | None = None
+  # f32 [B, T]: per-token ‖∇_z log π(o_t)‖² = 1 − 2π(o_t) + Σ_v π_v² (logit-space score
+  # norm; for the per-token optimal baseline).
+  score_sq_BT: jax.Array | None = None
+
+  @property
+  def success(self) -> jax.Array:
+    """success_B, or r_i > 0 when not given."""
+    return self.rewards_B > 0 if self.success_B is None else self.success_B
 
   @property
   def valid(self) -> jax.Array:
@@ -267,44 +279,90 @@ def optimal_baseline(inputs: AdvantageInputs, hyper: AdvantageHyper, *, scope: s
   return _to_tokens(r_B - b_B, inputs.token_mask)
 
 
-def pass_rate(rewards_B, group_ids_B, valid_B=None):
-  """p_g = (1/n_g) Σ_{i∈g} 1(r_i > 0) over the group's (valid) rows, per row."""
-  return groups.group_mean((rewards_B > 0).astype(jnp.float32), group_ids_B, valid_B)
+@REGISTRY.register("optimal_token_baseline")
+def optimal_token_baseline(inputs: AdvantageInputs, hyper: AdvantageHyper, *, scope: str = "group"):
+  """A_{i,t} = r_i − B_{g(i),t}, the per-token optimal baseline of each group (or batch):
+
+    B_{g,t} = Σ_{j∈g} m_{j,t} W_{j,t} r_j / Σ_{j∈g} m_{j,t} W_{j,t},
+    W_{j,t} = Σ_{s≤t} m_{j,s} ‖e_{o_s} − π_s‖²,   ‖e_y − π‖² = 1 − 2π(y) + Σ_v π_v²,
+
+  over the rows j of the group with a token at t. With a terminal reward the return from
+  t is r_j, and W_{j,t} is the squared logit-space score norm of the prefix o_{j,≤t}: the
+  Weaver–Tao weighting E[‖∇ log π‖² R] / E[‖∇ log π‖²] applied per position, with each
+  token's score norm measured at the logits (where ∇_z log π(y) = e_y − π). Where
+  Σ m W = 0 (every prefix certain) B falls back to the mean reward of the rows with a
+  token at t. Needs `score_sq_BT` (rl computes it from π_old).
+
+  Source: Weaver & Tao, "The optimal reward baseline for gradient-based RL" (UAI 2001);
+  the per-token form is verl's Optimal Token Baseline (volcengine/verl
+  `core_algos.compute_optimal_token_baseline_advantage`), RESEARCH.md §4.2.
+  """
+  del hyper
+  if scope not in ("group", "batch"):
+    raise ValueError(f"optimal_token_baseline scope must be 'group' or 'batch', got {scope!r}.")
+  m_BT = inputs.token_mask.astype(jnp.float32)
+  r_B1 = inputs.rewards_B.astype(jnp.float32)[:, None]
+  if inputs.score_sq_BT is None:
+    s_BT = jnp.ones_like(m_BT)
+  else:
+    s_BT = inputs.score_sq_BT.astype(jnp.float32)
+  w_BT = jnp.cumsum(s_BT * m_BT, axis=1) * m_BT
+  B = m_BT.shape[0]
+  seg_B = inputs.group_ids_B if scope == "group" else jnp.zeros((B,), jnp.int32)
+  total = lambda x_BT: jax.ops.segment_sum(x_BT, seg_B, num_segments=B)[seg_B]
+  num_BT, den_BT = total(w_BT * r_B1), total(w_BT)
+  mean_BT = _safe_div(total(m_BT * r_B1), total(m_BT))
+  b_BT = jnp.where(den_BT > 0, _safe_div(num_BT, den_BT), mean_BT)
+  return jnp.where(inputs.token_mask, r_B1 - b_BT, 0.0)
+
+
+def pass_rate(success_B, group_ids_B, valid_B=None):
+  """p_g = (1/n_g) Σ_{i∈g} 1(success_i) over the group's (valid) rows, per row. success_B:
+  bool, or rewards (success = r > 0)."""
+  s_B = success_B if success_B.dtype == jnp.bool_ else success_B > 0
+  return groups.group_mean(s_B.astype(jnp.float32), group_ids_B, valid_B)
 
 
 @REGISTRY.register("fade")
 def fade(inputs: AdvantageInputs, hyper: AdvantageHyper):
-  """Sign/difficulty family: A_i = f(p)·[λ_S·1(r_i>0)·(1-p) - λ_F·1(r_i<=0)·p], with p the
-  group pass rate and f(p) = (p(1-p) + eps)^(-α)·(1-p)^γ (α = std_power, γ = focal_gamma).
+  """Sign/difficulty family: A_i = f(p)·[λ_S·1(s_i)·(1-p) - λ_F·1(¬s_i)·p], with s_i the
+  row's success (the verifier's verdict) and p the group pass rate and f(p) = (p(1-p) + eps)^(-α)·(1-p)^γ (α = std_power, γ = focal_gamma).
 
   Masses per group: m_S = p·a⁺ = λ_S f p(1-p), m_F = (1-p)|a⁻| = λ_F f p(1-p). α = 1/2,
   γ = 0, λ = 1 is GRPO with the biased std (m_S = m_F = √(p(1-p))); α = 0 is Dr. GRPO
   (m = p(1-p)); γ > 0 focuses on hard prompts, γ < 0 on easy ones; λ_F > λ_S is
-  negative-dominant ("suppression"). All-equal groups (p ∈ {0, 1}) get 0.
+  negative-dominant ("suppression"). All-equal groups (p ∈ {0, 1}) get 0. Success is the
+  verifier's verdict (`AdvantageInputs.success_B`, from the correctness reward), not the
+  shaped reward: with a format bonus a well-formatted wrong answer is still a failure.
 
   Source: a reconstruction [INF] of FADE, "Don't Let Gains FADE" (arXiv 2607.01490), with
   the focal weight of F-GRPO (arXiv 2602.06717); see RESEARCH.md §5a.
   """
-  r_B = inputs.rewards_B
-  p_B = pass_rate(r_B, inputs.group_ids_B, inputs.valid)
+  success_B = inputs.success
+  p_B = pass_rate(success_B, inputs.group_ids_B, inputs.valid)
   mixed_B = (p_B > 0) & (p_B < 1)
   q_B = jnp.where(mixed_B, 1.0 - p_B, 0.5)  # Keeps (1-p)^γ finite for γ < 0 off the mix.
   f_B = jnp.power(p_B * (1.0 - p_B) + hyper.eps, -hyper.std_power) * jnp.power(
     q_B, hyper.focal_gamma
   )
-  success_B = r_B > 0
   a_B = f_B * jnp.where(success_B, hyper.lambda_s * (1.0 - p_B), -hyper.lambda_f * p_B)
   return _to_tokens(jnp.where(mixed_B, a_B, 0.0), inputs.token_mask)
 
 
 # Estimators that need no group: with G = 1 (single-rollout training) every other one gives
 # A = 0 (a singleton group is its own baseline) and trains nothing.
-BATCH_LEVEL = ("batch_mean", "batch_mean_std", "reinforce_pp", "optimal_baseline(scope='batch')")
+BATCH_LEVEL = (
+  "batch_mean",
+  "batch_mean_std",
+  "reinforce_pp",
+  "optimal_baseline(scope='batch')",
+  "optimal_token_baseline(scope='batch')",
+)
 
 
 def works_without_groups(name: str, options: dict) -> bool:
   """Whether estimator `name` with `options` gives non-zero advantages at group size 1."""
-  if name == "optimal_baseline":
+  if name in ("optimal_baseline", "optimal_token_baseline"):
     return options.get("scope", "group") == "batch"
   return name in BATCH_LEVEL
 

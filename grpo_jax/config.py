@@ -386,7 +386,7 @@ def _build(config, *, n_devices: int | None) -> Setup:
     {**d["sampler"], "eos_ids": tok.eos_ids, "pad_id": tok.pad_id},
     where="config.sampler",
   )
-  rl_cfg = rl.RLConfig.from_dict(d["rl"], where="config.rl")
+  rl_cfg = rl.RLConfig.from_dict(_with_mask_vocab(d["rl"], model_cfg), where="config.rl")
   mesh_cfg = sharding.MeshConfig.from_dict(d.get("mesh", {}))
   data_parallel = math.prod(mesh_cfg.shape(n_devices or jax.device_count())[:2])
   _check_batch_shapes(loop, rl_cfg, sampler_cfg.group_size, data_parallel=data_parallel)
@@ -452,6 +452,18 @@ def _hf_model_config(hf_dir: str, model_d: dict, tok) -> model.ModelConfig:
   runtime = {k: model_d[k] for k in HF_RUNTIME_KEYS if k in model_d}
   limit = tok.vocab_size if tok.vocab_size < base.vocab_size else 0
   return dataclasses.replace(base, vocab_limit=limit, **runtime)
+
+
+def _with_mask_vocab(rl_d: dict, model_cfg) -> dict:
+  """rl_d with negative_token_filter's vocab_size set to the model's when a criterion that
+  looks up ids ("shared", "batch_shared") needs it and the config left it 0."""
+  options = dict(rl_d.get("mask_options", {}).get("negative_token_filter", {}))
+  needs = {"shared", "batch_shared"} & set(options.get("criteria", ()))
+  if not needs or options.get("vocab_size", 0):
+    return rl_d
+  options["vocab_size"] = model_cfg.vocab_size
+  mask_options = {**rl_d["mask_options"], "negative_token_filter": options}
+  return {**rl_d, "mask_options": mask_options}
 
 
 def _check_batch_shapes(loop: LoopConfig, rl_cfg: rl.RLConfig, group_size: int, *, data_parallel):

@@ -82,12 +82,22 @@ def completion_logits(params, prompt_tokens_NP, prompt_mask_NP, tokens_NT, mask_
 
 
 def completion_logprobs(
-  params, prompt_tokens_NP, prompt_mask_NP, tokens_NT, mask_NT, *, model_fn, with_stats=False
+  params,
+  prompt_tokens_NP,
+  prompt_mask_NP,
+  tokens_NT,
+  mask_NT,
+  *,
+  model_fn,
+  with_stats=False,
+  with_rank=False,
 ):
   """log π(o_t | q, o_<t) of each completion token in one full forward: [N, T] (0 off mask).
 
   With `with_stats`, also a dict of per-token statistics of each step's distribution π_t:
-  "entropy" H_t = -Σ_v π log π and "sum_sq" Σ_v π_v² (else None).
+  "entropy" H_t = -Σ_v π log π and "sum_sq" Σ_v π_v² (else None); with `with_rank` too,
+  "rank": #{v : z_v > z_{o_t}}, how many ids π_t ranks strictly above the token (0 = the
+  argmax; one more pass over the logits, no gradient).
 
   The sequence is [left-padded prompt ; right-padded completion]; position ids skip
   both paddings, so the logits match the cached decode that produced the rollout.
@@ -101,10 +111,16 @@ def completion_logprobs(
   logp_NT = jnp.where(mask_NT, logp_NT, 0.0)
   if not with_stats:
     return logp_NT, None
-  return logp_NT, {
+  stats = {
     "entropy": jnp.where(mask_NT, ent_NT, 0.0),
     "sum_sq": jnp.where(mask_NT, sq_NT, 0.0),
   }
+  if with_rank:
+    z_NTV = jax.lax.stop_gradient(logits_NTV)
+    z_y_NT1 = jnp.take_along_axis(z_NTV, tokens_NT[..., None], axis=-1)
+    rank_NT = jnp.sum(z_NTV > z_y_NT1, axis=-1, dtype=jnp.int32)
+    stats["rank"] = jnp.where(mask_NT, rank_NT, 0)
+  return logp_NT, stats
 
 
 def teacher_forced_logprobs(params, rollouts, *, model_fn: Callable):

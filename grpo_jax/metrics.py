@@ -47,6 +47,8 @@ DEFINITIONS = {
   "all_one_groups": "Fraction of groups whose correctness rewards are all 1.",
   "masked_frac": "Fraction of valid completion tokens removed by all token masks together.",
   "masked_frac/<mask>": "Fraction of valid completion tokens the named mask removes on its own.",
+  "masked_frac/<mask>/<part>": "Fraction of valid completion tokens one part of the named mask "
+  "(a negative_token_filter criterion) would remove on its own.",
   "rollout_entropy": "Mean over valid tokens of π_old's entropy at each step (when recomputed).",
   "rollout_kl_ref/<estimator>": "Mean over valid tokens of the KL estimator of π_old vs π_ref.",
   "response_length": "Mean completion length in tokens.",
@@ -107,6 +109,9 @@ DEFINITIONS = {
   "tbin and source π(y) in sbin.",
   "coupling/<kind>/<tbin>/<sbin>/mean_k": "Mean K_sn over those pairs.",
   # cancellation.residual_report (also cancel/<mode>/... from compare_aggregations).
+  "cancel/clipped/<...>": "The cancel/... statistic with each token's coefficient as the policy loss "
+  "applies it at the updated params, c = −∂(Σ w·ℓ_tok)/∂ℓ = w·A·ρ, 0 where PPO clipping binds "
+  "(report.loss_coefficients), instead of w·A.",
   "cancel/net": "Σ_v r_v = Σ_{i,t} w·A over loss tokens.",
   "cancel/abs_residual": "Σ_v |r_v|, r_v = Σ_{i,t: o=v} w·A: credit left after batch-level cancellation.",
   "cancel/gross": "Σ_v Σ_{o=v} |w·A|: the credit before cancellation.",

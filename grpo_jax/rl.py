@@ -80,6 +80,7 @@ class RLConfig:
   mask_options: dict = dataclasses.field(default_factory=dict)
   prob_threshold: float = 0.9
   entropy_threshold: float = 0.1
+  top_k: int = 1  # negative_token_filter 'rank': drop negatives' tokens in π_old's top k.
   # Reward transforms.
   truncation: str = "none"  # "none" | "zero" (reward 0) | "mask" (overlong_filter)
   unscorable: str = "mask"  # UNSCORABLE_POLICIES: rows whose reward failed (`trained_rows`).
@@ -153,10 +154,17 @@ class RLConfig:
       needs = [
         what
         for what, used in (
-          ("advantage='optimal_baseline'", self.advantage == "optimal_baseline"),
+          (
+            f"advantage={self.advantage!r}",
+            self.advantage in ("optimal_baseline", "optimal_token_baseline"),
+          ),
           (
             "the 'entropy' negative_token_filter criterion",
             "entropy" in criteria.get("criteria", ()),
+          ),
+          (
+            "the 'rank' negative_token_filter criterion",
+            "rank" in criteria.get("criteria", ()),
           ),
           (f"controller={self.controller!r}", self.controller != "none"),
         )
@@ -176,6 +184,12 @@ class RLConfig:
   def from_dict(cls, d, *, where: str = "rl") -> RLConfig:
     d = config_lib.to_dict(d)
     return config_lib.from_dict(cls, d, where=where)
+
+  @property
+  def needs_rank(self) -> bool:
+    """Whether a token mask reads π_old's ranks (negative_token_filter's 'rank')."""
+    options = config_lib.to_dict(self.mask_options.get("negative_token_filter", {}))
+    return "negative_token_filter" in self.token_masks and "rank" in options.get("criteria", ())
 
   @property
   def use_ref(self) -> bool:
@@ -199,7 +213,9 @@ class RLConfig:
         focal_gamma=self.focal_gamma,
       ),
       mask=masks.mask_hyper(
-        prob_threshold=self.prob_threshold, entropy_threshold=self.entropy_threshold
+        prob_threshold=self.prob_threshold,
+        entropy_threshold=self.entropy_threshold,
+        top_k=self.top_k,
       ),
       reward=reward_transforms.reward_hyper(
         format_weight=self.format_weight,
@@ -284,6 +300,8 @@ class PolicyLogProbs:
   old_logp_NT: jax.Array  # log π_old(o_t) at temperature 1 (the sampler's when not recomputed).
   entropy_NT: jax.Array  # H(π_old(·|o_<t)); zeros when not recomputed.
   score_sq_N: Any  # Σ_t ‖e_y − π_t‖² (None when not recomputed).
+  score_sq_NT: Any  # ‖e_y − π_t‖² per token, 0 off the mask (None when not recomputed).
+  rank_NT: Any  # π_old's rank of each token (0 = argmax); None unless a mask needs it.
   ref_logp_NT: jax.Array  # log π_ref(o_t); zeros without a reference policy.
   kl_NT: jax.Array  # The configured estimator of KL(π_old ‖ π_ref) per token, masked.
 
@@ -304,12 +322,14 @@ def rollout_logprobs(params, ref_params, rollouts, *, cfg: RLConfig, model_fn):
     model_fn=model_fn,
   )
   if cfg.recompute_old_logp:
-    old_logp_NT, old_stats = logp(params, with_stats=True)
+    old_logp_NT, old_stats = logp(params, with_stats=True, with_rank=cfg.needs_rank)
     entropy_NT = old_stats["entropy"]
-    score_sq_N = jnp.sum((1.0 - 2.0 * jnp.exp(old_logp_NT) + old_stats["sum_sq"]) * mask_NT, axis=1)
+    rank_NT = old_stats.get("rank")
+    score_sq_NT = (1.0 - 2.0 * jnp.exp(old_logp_NT) + old_stats["sum_sq"]) * mask_NT
+    score_sq_N = jnp.sum(score_sq_NT, axis=1)
   else:  # RLConfig refuses the features that need π_old's distribution in this mode.
     old_logp_NT, entropy_NT = rollouts.policy_logp_NT, jnp.zeros(mask_NT.shape, jnp.float32)
-    score_sq_N = None
+    score_sq_N = score_sq_NT = rank_NT = None
   if cfg.use_ref:
     ref_logp_NT = logp(ref_params)[0]
     kl_NT = losses.kl_estimator(cfg.kl_estimator)(old_logp_NT, ref_logp_NT) * mask_NT
@@ -320,6 +340,8 @@ def rollout_logprobs(params, ref_params, rollouts, *, cfg: RLConfig, model_fn):
     old_logp_NT=old_logp_NT,
     entropy_NT=entropy_NT,
     score_sq_N=score_sq_N,
+    score_sq_NT=score_sq_NT,
+    rank_NT=rank_NT,
     ref_logp_NT=ref_logp_NT,
     kl_NT=kl_NT,
   )
@@ -359,12 +381,20 @@ def trained_rows(scorable_N, keep_N, group_ids_N, *, policy: str):
 
 
 def compute_advantages(
-  lp: PolicyLogProbs, rollouts, rewards_N, valid_N, hyper: PrepareHyper, *, cfg: RLConfig
+  lp: PolicyLogProbs,
+  rollouts,
+  rewards_N,
+  valid_N,
+  hyper: PrepareHyper,
+  success_N=None,
+  *,
+  cfg: RLConfig,
 ):
   """A[N, T] from the configured estimator, over the rows valid_N (`trained_rows`; the
   others take part in no statistic and get A = 0). With the KL folded into the reward
   (kl_in = "reward"), sequence estimators see r_i − β Σ_t kl_t; REINFORCE++ folds kl_t
-  per token itself."""
+  per token itself. success_N (bool): the verifier's verdict, for estimators that split
+  successes from failures (fade); None: shaped reward > 0."""
   if cfg.kl_in == "reward" and cfg.advantage != "reinforce_pp":
     rewards_N = rewards_N - hyper.adv.kl_coef * jnp.sum(lp.kl_NT, axis=1)
   adv_fn = advantages.get(cfg.advantage, **config_lib.to_dict(cfg.advantage_options))
@@ -374,7 +404,9 @@ def compute_advantages(
     mask_BT=rollouts.mask_NT,
     kl_BT=lp.kl_NT,
     score_sq_B=lp.score_sq_N,
+    score_sq_BT=lp.score_sq_NT,
     valid_B=valid_N,
+    success_B=success_N,
   )
   return adv_fn(inputs, hyper.adv)
 
@@ -390,6 +422,7 @@ def loss_mask(lp: PolicyLogProbs, rollouts, adv_NT, valid_N, hyper: PrepareHyper
     tokens_BT=rollouts.tokens_NT,
     group_ids_B=rollouts.group_ids_N,
     truncated_B=rollouts.truncated_N,
+    rank_BT=lp.rank_NT,
   )
   mask_NT, stats = masks.apply(cfg.mask_fns(), inputs, hyper.mask)
   return mask_NT & valid_N[:, None], stats
@@ -436,7 +469,8 @@ def finish_prepare(
   keep_N = ones_N if keep_N is None else jnp.asarray(keep_N, bool)
   valid_N = trained_rows(scorable_N, keep_N, rollouts.group_ids_N, policy=cfg.unscorable)
   rewards_N = shaped_rewards(rollouts, correct_N, format_N, hyper, cfg=cfg)
-  adv_NT = compute_advantages(lp, rollouts, rewards_N, valid_N, hyper, cfg=cfg)
+  success_N = jnp.asarray(correct_N) > 0
+  adv_NT = compute_advantages(lp, rollouts, rewards_N, valid_N, hyper, success_N, cfg=cfg)
   loss_mask_NT, mask_stats = loss_mask(lp, rollouts, adv_NT, valid_N, hyper, cfg=cfg)
   batch = RolloutBatch(
     prompt_tokens_NP=rollouts.prompt_tokens_NP,

@@ -18,7 +18,15 @@ H0 = advantages.advantage_hyper(eps=0.0)
 SETTINGS = hypothesis.settings(max_examples=40, deadline=None)
 GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 # Estimators whose singleton groups / all-equal groups get exactly 0.
-ZERO_ON_EQUAL = ("grpo", "dr_grpo", "rloo", "positive_only", "optimal_baseline", "fade")
+ZERO_ON_EQUAL = (
+  "grpo",
+  "dr_grpo",
+  "rloo",
+  "positive_only",
+  "optimal_baseline",
+  "optimal_token_baseline",
+  "fade",
+)
 # Property tests (and padded small cases) share one [B, T] shape: one compile per estimator.
 B, T = 8, 3
 REAL = st.floats(-3, 3, width=32, allow_subnormal=False)
@@ -261,6 +269,62 @@ def test_optimal_baseline_fallbacks():
   np.testing.assert_allclose(_seq(_run("optimal_baseline", inputs), inputs), expected, rtol=1e-6)
 
 
+def _token_inputs(rewards, group_ids, lengths, score_sq_BT, *, T=3):
+  return _inputs(rewards, group_ids, lengths, T=T).replace(
+    score_sq_BT=jnp.asarray(score_sq_BT, jnp.float32)
+  )
+
+
+def test_optimal_token_baseline_by_hand():
+  # Group 0 = rows {0, 1}: r = (1, 0), lengths (2, 3), per-token ‖e_y − π‖²:
+  #   row 0: 0.5, 0.25        W = cumsum = 0.5, 0.75
+  #   row 1: 0.2, 0.4, 0.1    W = 0.2, 0.6, 0.7
+  # B_0 = (1·0.5 + 0·0.2) / 0.7 = 5/7; B_1 = 0.75 / 1.35 = 5/9; B_2 = 0 / 0.7 = 0 (row 1 only).
+  # Group 1 = rows {2, 3}: r = (1, 0), one token each, every π certain (W = 0): the
+  # baseline falls back to the mean reward 0.5.
+  score_sq = [[0.5, 0.25, 9.0], [0.2, 0.4, 0.1], [0.0, 9.0, 9.0], [0.0, 9.0, 9.0]]
+  inputs = _token_inputs([1.0, 0.0, 1.0, 0.0], [0, 0, 1, 1], [2, 3, 1, 1], score_sq)
+  want = [
+    [1 - 5 / 7, 1 - 5 / 9, 0.0],
+    [-5 / 7, -5 / 9, 0.0],
+    [0.5, 0.0, 0.0],
+    [-0.5, 0.0, 0.0],
+  ]
+  np.testing.assert_allclose(_run("optimal_token_baseline", inputs), want, rtol=1e-6, atol=1e-7)
+  # Batch scope: one baseline per position over all four rows.
+  # t0: (0.5·1 + 0.2·0 + 0 + 0) / 0.7 = 5/7 (rows 2, 3 have W = 0); t1: 5/9; t2: 0.
+  got = _run("optimal_token_baseline", inputs, scope="batch")
+  want_b = [[1 - 5 / 7, 1 - 5 / 9, 0], [-5 / 7, -5 / 9, 0], [1 - 5 / 7, 0, 0], [-5 / 7, 0, 0]]
+  np.testing.assert_allclose(got, want_b, rtol=1e-6, atol=1e-7)
+
+
+def test_optimal_token_baseline_with_equal_scores_is_the_group_mean_per_position():
+  """Equal score norms: W_{j,t} = (t+1)·s for every row alive at t, so B_t is the mean
+  reward of the rows still running at t (not the sequence-level group mean)."""
+  inputs = _token_inputs([1.0, 0.0, 0.0], [0, 0, 0], [1, 3, 3], np.full((3, 3), 0.3))
+  got = np.asarray(_run("optimal_token_baseline", inputs))
+  np.testing.assert_allclose(got[:, 0], [1 - 1 / 3, -1 / 3, -1 / 3], rtol=1e-6)
+  np.testing.assert_allclose(got[1:, 1:], 0.0, atol=1e-7)  # Rows 1, 2 both fail: B = 0.
+
+
+def test_fade_success_is_the_verdict_not_the_shaped_reward():
+  """A format bonus (0.5) gives a well-formatted wrong answer r = 0.5 > 0. With the
+  verifier's verdict carried in success_B, FADE still counts it as a failure."""
+  correct = np.array([1.0, 0.0, 0.0, 0.0], np.float32)
+  shaped = correct + 0.5 * np.array([1.0, 1.0, 0.0, 0.0], np.float32)  # (1.5, 0.5, 0, 0)
+  by_reward = _seq(_run("fade", _inputs(shaped, [0] * 4)), _inputs(shaped, [0] * 4))
+  by_verdict_inputs = _inputs(shaped, [0] * 4).replace(success_B=jnp.asarray(correct > 0))
+  by_verdict = _seq(_run("fade", by_verdict_inputs), by_verdict_inputs)
+  # Shaped reward: p = 1/2, the wrong formatted row 1 is a "success" with A > 0.
+  assert by_reward[1] > 0
+  # Verdict: p = 1/4, f = (3/16 + eps)^(-1/2); success 1·(3/4)·f, failures −(1/4)·f.
+  f = (3 / 16 + EPS) ** -0.5
+  np.testing.assert_allclose(by_verdict, [0.75 * f, -0.25 * f, -0.25 * f, -0.25 * f], rtol=1e-5)
+  # ... which is what FADE gives on the correctness rewards alone.
+  plain = _seq(_run("fade", _inputs(correct, [0] * 4)), _inputs(correct, [0] * 4))
+  np.testing.assert_allclose(by_verdict, plain, rtol=1e-6)
+
+
 def test_fade_pinned_hyperparameters():
   # Group 0 = rows 0..3, r = [0.7, 0, -1, 0]: success is r > 0, so k = 1, p = 1/4.
   # Group 5 = rows 4..7, r = [1, 1, 0, 0]: p = 1/2.
@@ -368,7 +432,7 @@ def test_all_equal_groups_get_exactly_zero_advantage(values, ids, lengths):
   for name in ZERO_ON_EQUAL:
     for hyper in (H, H0):
       adv_BT = _run(name, inputs, hyper)
-      if name == "optimal_baseline":  # b* = Σ s·c / Σ s rounds (by ~1 ulp of c), unamplified.
+      if name.startswith("optimal_"):  # b* = Σ s·c / Σ s rounds (by ~1 ulp of c), unamplified.
         np.testing.assert_allclose(adv_BT, 0.0, atol=1e-6, err_msg=name)
       else:
         np.testing.assert_array_equal(adv_BT, 0.0, err_msg=name)
@@ -641,7 +705,8 @@ def test_validate_rewards_names_the_bad_rows():
 # ----------------------------------------------------------------------------
 
 _EVERY_ESTIMATOR = [(n, {}) for n in advantages.REGISTRY.names()] + [
-  ("optimal_baseline", {"scope": "batch"})
+  ("optimal_baseline", {"scope": "batch"}),
+  ("optimal_token_baseline", {"scope": "batch"}),
 ]
 
 
@@ -687,6 +752,7 @@ def test_excluding_rows_changes_the_others_when_it_should():
 def test_works_without_groups():
   assert advantages.works_without_groups("batch_mean", {})
   assert advantages.works_without_groups("optimal_baseline", {"scope": "batch"})
+  assert advantages.works_without_groups("optimal_token_baseline", {"scope": "batch"})
   assert not advantages.works_without_groups("optimal_baseline", {})
   assert not advantages.works_without_groups("grpo", {})
   # Every estimator listed as batch-level gives non-zero advantages to singleton groups.

@@ -119,6 +119,17 @@ def test_trainer_functions_are_short(module):
 _VARIANTS = {
   "arithmetic.py": ("tiny", "full"),
   "countdown.py": ("tiny", "full"),
+  "long_addition.py": ("tiny", "full"),
+  "remedies.py": (
+    "tiny",
+    "query_preserved",
+    "reward_balanced",
+    "group_norm",
+    "fade",
+    "optimal_token_baseline",
+    "single_rollout_filter",
+    "positive_only",
+  ),
   "gsm8k_qwen.py": ("tiny", "0.5b", "1.5b"),
   "math_qwen.py": ("tiny", "1.5b", "7b"),
   "scale.py": ("tiny", "0.5b", "1.5b", "7b"),

@@ -192,3 +192,22 @@ def test_every_flip_key_has_a_definition():
   with pytest.raises(KeyError, match="no definition"):
     metrics.definition("flip/pos/template/sideways")
   assert "parameter path" in metrics.definition("rank/layer_1/mlp/up/kernel/stable_rank")
+
+
+def test_loss_coefficients_are_what_ppo_clipping_applies():
+  """c = −∂(Σ w·ℓ_tok)/∂ℓ: w·A·ρ where the unclipped branch is active, 0 where clipping
+  binds (ε = 0.2), and exactly w·A at ρ = 1."""
+  from grpo_jax import losses
+  from grpo_jax.diagnostics import report
+
+  #            A>0 ρ=1.5  A>0 ρ=1.1  A<0 ρ=0.5  A<0 ρ=1.3  padding
+  adv = jnp.asarray([[2.0, 2.0, -1.0, -1.0, 5.0]])
+  ratio = jnp.asarray([[1.5, 1.1, 0.5, 1.3, 1.0]])
+  mask = jnp.asarray([[True, True, True, True, False]])
+  w = jnp.asarray([[0.5, 0.25, 0.5, 0.25, 1.0]])
+  old = jnp.log(jnp.asarray([[0.2, 0.3, 0.4, 0.5, 0.5]]))
+  hyper = losses.loss_hyper(eps_low=0.2, eps_high=0.2)
+  got = report.loss_coefficients(old + jnp.log(ratio), old, adv, mask, w, hyper, "ppo_clip")
+  np.testing.assert_allclose(got, [[0.0, 0.25 * 2.0 * 1.1, 0.0, 0.25 * -1.0 * 1.3, 0.0]], rtol=1e-5)
+  at_old = report.loss_coefficients(old, old, adv, mask, w, hyper, "ppo_clip")
+  np.testing.assert_allclose(at_old, jnp.where(mask, w * adv, 0.0), rtol=1e-6)

@@ -37,7 +37,15 @@ def test_every_config_documents_its_command_and_expected_result(path):
 
 
 @pytest.mark.parametrize(
-  "spec", ["arithmetic.py:tiny", "arithmetic.py:full", "countdown.py:tiny", "countdown.py:full"]
+  "spec",
+  [
+    "arithmetic.py:tiny",
+    "arithmetic.py:full",
+    "countdown.py:tiny",
+    "countdown.py:full",
+    "long_addition.py:tiny",
+    "long_addition.py:full",
+  ],
 )
 def test_trainer_configs_validate(spec):
   from grpo_jax import config, config_lib  # noqa: PLC0415

@@ -28,3 +28,29 @@ def test_token_stats_values_and_custom_gradient_match_autodiff_of_log_softmax():
     rtol=1e-4,
     atol=1e-6,
   )
+
+
+def test_rank_counts_the_ids_ranked_strictly_above_the_token():
+  # logits for N = 1, T = 3, V = 4; the model is a stand-in that returns them.
+  z_NTV = jnp.asarray([[[0.0, 2.0, 1.0, 2.0], [5.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]]])
+  y_NT = jnp.asarray([[2, 0, 3]])
+  fake_model = lambda params, *args, logits_slice: (params, None)
+  prompt_NP, prompt_mask_NP = jnp.zeros((1, 2), jnp.int32), jnp.ones((1, 2), bool)
+  mask_NT = jnp.asarray([[True, True, False]])
+  _, stats = logprobs.completion_logprobs(
+    z_NTV,
+    prompt_NP,
+    prompt_mask_NP,
+    y_NT,
+    mask_NT,
+    model_fn=fake_model,
+    with_stats=True,
+    with_rank=True,
+  )
+  # Token 2 at t0: ids 1 and 3 (2.0) are above 1.0 -> rank 2. Token 0 at t1 is the argmax
+  # -> 0. t2 is off the mask -> 0 (all tied anyway: nothing strictly above).
+  np.testing.assert_array_equal(stats["rank"], [[2, 0, 0]])
+  _, no_rank = logprobs.completion_logprobs(
+    z_NTV, prompt_NP, prompt_mask_NP, y_NT, mask_NT, model_fn=fake_model, with_stats=True
+  )
+  assert "rank" not in no_rank

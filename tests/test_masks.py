@@ -336,10 +336,12 @@ def test_get_unknown_options_lists_allowed():
     masks.get("positive_only", criteria=("prob",))
 
 
-@pytest.mark.parametrize("criteria", [("prob", "rank"), ()])
+@pytest.mark.parametrize("criteria", [("prob", "nope"), ()])
 def test_negative_token_filter_rejects_bad_criteria(criteria):
   fn = masks.get("negative_token_filter", criteria=criteria)
-  with pytest.raises(ValueError, match=r"non-empty subset of \('prob', 'entropy', 'shared'\)"):
+  with pytest.raises(
+    ValueError, match=r"non-empty subset of \('prob', 'entropy', 'rank', 'shared', 'batch_shared'\)"
+  ):
     fn(INPUTS, HYPER)
 
 
@@ -349,3 +351,72 @@ def test_shared_needs_a_vocab_bound():
   # B·V must fit the uint32 keys: 6·2^30 >= 2^32.
   with pytest.raises(ValueError, match=r"batch\*vocab_size < 2\^32"):
     masks.get("negative_token_filter", criteria=("shared",), vocab_size=2**30)(INPUTS, HYPER)
+
+
+# ----------------------------------------------------------------------------
+# Batch-level criteria (single-rollout training) and per-criterion reporting.
+# ----------------------------------------------------------------------------
+
+# π_old's rank of each sampled token (0 = argmax). Negative rows: row 1 [0, 2, 1, 0],
+# row 3 [1, 0, 3, pad]. Positive and zero rows hold ranks that must never matter.
+RANK = [[0, 0, 0, 0], [0, 2, 1, 0], [0, 0, 0, 0], [1, 0, 3, 0], [0, 0, 0, 0], [0, 0, 0, 0]]
+
+
+def _with_rank(inputs=INPUTS):
+  return inputs.replace(rank_BT=jnp.asarray(RANK, jnp.int32))
+
+
+def test_batch_shared_uses_every_positive_rollout_of_the_batch():
+  # Positive rows 0 and 2 hold ids {5, 6, 7} and {8, 4}. Negative row 1 (5 8 3 7): 5, 8, 7
+  # are in the set (8 only through row 2 of the other group); 3 is not (only at row 0's
+  # padding). Negative row 3 (4 5 2): 4 and 5.
+  got = _loss_mask("negative_token_filter", criteria=("batch_shared",), vocab_size=VOCAB)
+  np.testing.assert_array_equal(got, _removed((1, 0), (1, 1), (1, 3), (3, 0), (3, 1)))
+
+
+def test_at_group_size_one_shared_finds_nothing_and_batch_shared_filters():
+  """G = 1: each row is its own group, so "shared" (within the group) never fires, and the
+  batch-level set masks exactly the negative tokens whose ids a positive rollout holds."""
+  singles = _inputs(group_ids=list(range(6)))
+  shared = _loss_mask("negative_token_filter", inputs=singles, criteria=("shared",), vocab_size=10)
+  np.testing.assert_array_equal(shared, MASK)
+  batch = _loss_mask(
+    "negative_token_filter", inputs=singles, criteria=("batch_shared",), vocab_size=10
+  )
+  np.testing.assert_array_equal(batch, _removed((1, 0), (1, 1), (1, 3), (3, 0), (3, 1)))
+
+
+@pytest.mark.parametrize(
+  "top_k, cells",
+  [(1, [(1, 0), (1, 3), (3, 1)]), (2, [(1, 0), (1, 2), (1, 3), (3, 0), (3, 1)])],
+)
+def test_rank_criterion_drops_negatives_tokens_in_the_top_k(top_k, cells):
+  fn = jax.jit(masks.get("negative_token_filter", criteria=("rank",)))
+  hyper = masks.mask_hyper(top_k=top_k)
+  np.testing.assert_array_equal(fn(_with_rank(), hyper) & MASK, _removed(*cells))
+
+
+def test_rank_criterion_without_ranks_is_a_clear_error():
+  with pytest.raises(ValueError, match="'rank' needs MaskInputs.rank_BT"):
+    masks.get("negative_token_filter", criteria=("rank",))(INPUTS, HYPER)
+  with pytest.raises(ValueError, match="top_k must be >= 1"):
+    masks.mask_hyper(top_k=0)
+
+
+def test_apply_reports_each_criterion_alone_and_together():
+  fns = {
+    "negative_token_filter": masks.get(
+      "negative_token_filter", criteria=("prob", "rank", "batch_shared"), vocab_size=VOCAB
+    )
+  }
+  loss_mask_BT, stats = masks.apply(fns, _with_rank(), HYPER)
+  # prob: (1,1), (3,0), (3,2); rank (k = 1): (1,0), (1,3), (3,1);
+  # batch_shared: (1,0), (1,1), (1,3), (3,0), (3,1). Union: those 6 cells.
+  np.testing.assert_allclose(stats["masked_frac/negative_token_filter/prob"], 3 / 14, rtol=1e-6)
+  np.testing.assert_allclose(stats["masked_frac/negative_token_filter/rank"], 3 / 14, rtol=1e-6)
+  np.testing.assert_allclose(
+    stats["masked_frac/negative_token_filter/batch_shared"], 5 / 14, rtol=1e-6
+  )
+  np.testing.assert_allclose(stats["masked_frac/negative_token_filter"], 6 / 14, rtol=1e-6)
+  want = _removed((1, 0), (1, 1), (1, 3), (3, 0), (3, 1), (3, 2))
+  np.testing.assert_array_equal(loss_mask_BT, want)

@@ -25,3 +25,21 @@ def test_quickstart_notebook_runs_and_plots(tmp_path, monkeypatch):
   assert "held-out greedy accuracy" in text  # train.describe ran.
   assert any("image/png" in o.get("data", {}) for o in outputs)  # The plot cell drew.
   assert (tmp_path / "run" / "summary.json").exists()
+
+
+def test_reproductions_notebook_draws_the_committed_results():
+  """colabs/reproductions.ipynb reads experiments/results/reproductions/*.json (committed)
+  and prints the table and one figure per claim."""
+  results = sorted((ROOT / "experiments" / "results" / "reproductions").glob("*.json"))
+  assert results, "no committed reproduction results"
+  nb = nbformat.read(ROOT / "colabs" / "reproductions.ipynb", as_version=4)
+  client = nbclient.NotebookClient(
+    nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}
+  )
+  client.execute()
+  outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+  text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+  assert f"{len(results)} claims under" in text
+  for path in results:
+    assert f"  {__import__('json').loads(path.read_text())['verdict']}" in text
+  assert sum("image/png" in o.get("data", {}) for o in outputs) >= 1

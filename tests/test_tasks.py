@@ -87,7 +87,7 @@ def test_expression_parser_pinned_values():
       expr.evaluate(bad)
 
 
-@pytest.mark.parametrize("name", ["arithmetic", "countdown"])
+@pytest.mark.parametrize("name", ["arithmetic", "countdown", "long_addition"])
 def test_stream_is_deterministic_and_seeded(name):
   task = tasks.get(name)
   first = list(itertools.islice(task.examples("train", seed=3), 20))
@@ -98,7 +98,7 @@ def test_stream_is_deterministic_and_seeded(name):
   assert first != list(itertools.islice(task.examples("train", seed=4), 20))
 
 
-@pytest.mark.parametrize("name", ["arithmetic", "countdown"])
+@pytest.mark.parametrize("name", ["arithmetic", "countdown", "long_addition"])
 def test_train_and_test_are_disjoint_and_references_are_correct(name):
   task = tasks.get(name)
   tok = task.tokenizer()
@@ -112,13 +112,13 @@ def test_train_and_test_are_disjoint_and_references_are_correct(name):
 
 
 def _problem_key(name, prompt):
-  if name == "arithmetic":
+  if name in ("arithmetic", "long_addition"):
     return prompt[2:-1]  # "Q:47+85\n" -> "47+85"
   numbers, target = countdown.Countdown.parse_prompt(prompt)
   return f"{sorted(numbers)}->{target}"  # Countdown: the multiset and target, in any order.
 
 
-@pytest.mark.parametrize("name", ["arithmetic", "countdown"])
+@pytest.mark.parametrize("name", ["arithmetic", "countdown", "long_addition"])
 def test_split_is_a_function_of_the_problem_whatever_the_seed(name):
   task = tasks.get(name)
   for split in tasks.SPLITS:
@@ -166,3 +166,85 @@ def test_char_tokenizer_roundtrip_specials_and_errors():
     tok.decode([9])
   with pytest.raises(ValueError, match="repeats characters"):
     tokenizers.CharTokenizer("aba")
+
+
+# ----------------------------------------------------------------------------
+# long_addition: the multi-step task.
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+  "completion, reward, fmt",
+  [
+    ("8+6+0=14;7+5+1=13;4+3+1=8;A:834.", 1.0, 1.0),
+    # A wrong carry in step 1 makes it wrong, though the answer line is right.
+    ("8+6+0=14;7+5+0=12;4+3+1=8;A:834.", 0.0, 1.0),
+    # A wrong column sum, answer right.
+    ("8+6+0=14;7+5+1=12;4+3+1=8;A:834.", 0.0, 1.0),
+    # Every step right, wrong answer line.
+    ("8+6+0=14;7+5+1=13;4+3+1=8;A:833.", 0.0, 1.0),
+    # Digits of the wrong column; a missing step; steps in the wrong order.
+    ("7+5+0=12;8+6+1=15;4+3+1=8;A:834.", 0.0, 1.0),
+    ("8+6+0=14;7+5+1=13;A:834.", 0.0, 1.0),
+    # Off the template: no answer line, trailing text, a 3-digit column sum.
+    ("8+6+0=14;7+5+1=13;4+3+1=8;", 0.0, 0.0),
+    ("8+6+0=14;7+5+1=13;4+3+1=8;A:834.5", 0.0, 0.0),
+    ("8+6+0=140;7+5+1=13;4+3+1=8;A:834.", 0.0, 0.0),
+  ],
+)
+def test_long_addition_rewards_every_step(completion, reward, fmt):
+  task = tasks.get("long_addition")
+  assert task.reward("Q:478+356\n", completion) == reward
+  assert task.format_reward("Q:478+356\n", completion) == fmt
+
+
+def test_long_addition_pads_the_shorter_operand_and_writes_the_final_carry():
+  from grpo_jax.tasks import long_addition
+
+  assert long_addition.solution(95, 7) == "5+7+0=12;9+0+1=10;A:102."
+  assert long_addition.solution(7, 95) == "7+5+0=12;0+9+1=10;A:102."
+  assert long_addition.check(95, 7, "5+7+0=12;9+0+0=9;A:102.") == "step 1: carry 0, expected 1"
+  task = tasks.get("long_addition", min_digits=1, max_digits=4)
+  for i in range(300):
+    ex = task.example("train", i, seed=3)
+    assert task.reward(ex.prompt, ex.reference) == 1.0
+    assert len(ex.reference) <= task.max_completion_len()
+    assert set(ex.reference) <= set(tasks.TOY_ALPHABET)
+
+
+def _corrupt(text: str, rng) -> str:
+  """One random edit in the toy alphabet: substitute, insert or delete a character."""
+  i = int(rng.integers(len(text) + 1))
+  ch = tasks.TOY_ALPHABET[int(rng.integers(len(tasks.TOY_ALPHABET)))]
+  kind = int(rng.integers(3))
+  if kind == 0 and i < len(text):
+    return text[:i] + ch + text[i + 1 :]
+  if kind == 1:
+    return text[:i] + ch + text[i:]
+  return text[:i] + text[i + 1 :]
+
+
+def test_long_addition_template_tags_are_exact_by_construction():
+  """Tags from the grammar's parse: in a worked solution, exactly the characters of the
+  number slots (operand digits, carries, sums, the answer) are reasoning. That agrees with
+  tagging by `template_chars` at every position, for solutions and for corrupted ones."""
+  import numpy as np
+
+  from grpo_jax.tasks import long_addition
+
+  task = tasks.get("long_addition", min_digits=1, max_digits=5)
+  # Pinned by hand: "5+7+0=12;A:12." -> R T R T R T R R T T T R R T.
+  pinned = long_addition.template_mask("5+7+0=12;A:12.")
+  assert "".join("T" if t else "R" for t in pinned) == "RTRTRTRRTTTRRT"
+  rng = np.random.default_rng(0)
+  for i in range(400):
+    ref = task.example("train", i, seed=1).reference
+    a, b = task.operands(task.example("train", i, seed=1).prompt)
+    for text in (ref, _corrupt(ref, rng)):
+      tags = task.template_mask(text)
+      by_char = np.array([c in task.template_chars for c in text], bool)
+      np.testing.assert_array_equal(tags, by_char, err_msg=text)
+    # The reasoning characters of a solution are its numbers, in order.
+    digits = "".join(c for c, t in zip(ref, task.template_mask(ref)) if not t)
+    assert digits == "".join(c for c in ref if c.isdigit())
+    assert digits.endswith(str(a + b))

@@ -394,6 +394,8 @@ class Hook:
       sgd_lr=self.setup.loop.learning_rate,
       max_tokens=cfg.max_tokens,
       seed=cfg.seed,
+      policy_loss=rl_cfg.policy_loss,
+      loss_hyper=rl_cfg.step_hyper().loss,
     )
     if cfg.aggregations:  # The run's mode and the others, on the same probe.
       p = snap.probe

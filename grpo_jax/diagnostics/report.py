@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import advantages, logprobs
+from grpo_jax import advantages, logprobs, losses
 from grpo_jax import model as model_lib
 from grpo_jax.diagnostics import cancellation, coupling, drift, flips
 
@@ -67,9 +67,11 @@ def _credit_arrays(
   is_template_V,
   tau,
   lr,
+  loss_hyper,
   *,
   model_cfg: model_lib.ModelConfig,
   aggregation: str,
+  policy_loss: str | None,
   max_len: int | None,
   source_chunk: int | None,
   weak_eps: float,
@@ -82,7 +84,8 @@ def _credit_arrays(
   def logp(params):
     return logprobs.completion_logprobs(params, *inputs, model_fn=model_fn)[0]
 
-  delta_BT = logp(params_after) - logp(params_before)
+  logp_after_BT, logp_before_BT = logp(params_after), logp(params_before)
+  delta_BT = logp_after_BT - logp_before_BT
   adv_B = advantages.sequence_advantage(adv_BT, mask_BT)
   is_template_BT = is_template_V[tokens_BT]
   flip = flips.flip_table(delta_BT, mask_BT, adv_B, is_template_BT, tau=tau)
@@ -93,6 +96,19 @@ def _credit_arrays(
     tokens_BT, w_BT, adv_BT, loss_mask_BT, group_ids_B, vocab_size=model_cfg.vocab_size
   )
   coef_BT = cancellation.coefficients(adv_BT, w_BT, loss_mask_BT)
+  clipped = None
+  if policy_loss is not None:
+    loss_coef_BT = loss_coefficients(
+      logp_after_BT, logp_before_BT, adv_BT, loss_mask_BT, w_BT, loss_hyper, policy_loss
+    )
+    clipped = cancellation.residual_arrays(
+      tokens_BT,
+      loss_coef_BT,
+      jnp.ones_like(adv_BT),
+      loss_mask_BT,
+      group_ids_B,
+      vocab_size=model_cfg.vocab_size,
+    )
   head = coupling.lm_head_probe(
     params_before, *inputs, coef_BT, rows_S, cols_S, cfg=model_cfg, lr=lr, source_chunk=source_chunk
   )
@@ -111,6 +127,7 @@ def _credit_arrays(
   return {
     "flip": flip,
     "residual": residual,
+    "clipped": clipped,
     "coupling": coupling.coupling_arrays(head, measured_S, valid_S, lr=lr),
     "measured_S": measured_S,
     "head_update_fit": coupling.fit_stats(head_pred_S, measured_S, valid_S),
@@ -122,6 +139,19 @@ def _credit_arrays(
   }
 
 
+def loss_coefficients(logp_BT, old_logp_BT, adv_BT, mask_BT, w_BT, loss_hyper, policy_loss):
+  """c_{i,t} = −∂(Σ w·ℓ_tok)/∂ℓ_{i,t}: each token's credit as the policy loss applies it at
+  log-probs ℓ (vs π_old's ℓ_old). For PPO's clipped surrogate c = w·A·ρ·1[not clipped]:
+  a token whose clipped branch binds (or whose dual clip binds) gets 0. At ρ = 1 (nothing
+  moved yet) c = w·A, the coefficient the plain residual uses."""
+  fn = losses.policy_loss(policy_loss)
+
+  def total(lp_BT):
+    return jnp.sum(w_BT * fn(lp_BT, old_logp_BT, adv_BT, mask_BT, loss_hyper)[0])
+
+  return jnp.where(mask_BT, -jax.grad(total)(logp_BT), 0.0)
+
+
 @functools.cache
 def _compiled(model_cfg: model_lib.ModelConfig):
   """The report's jitted functions, built once per model config (a periodic hook must not
@@ -130,6 +160,7 @@ def _compiled(model_cfg: model_lib.ModelConfig):
     functools.partial(_credit_arrays, model_cfg=model_cfg),
     static_argnames=(
       "aggregation",
+      "policy_loss",
       "max_len",
       "source_chunk",
       "weak_eps",
@@ -161,6 +192,8 @@ def token_credit_report(
   weak_quantile: float = 0.5,
   source_chunk: int | None = None,
   row_chunk: int | None = None,
+  policy_loss: str | None = None,
+  loss_hyper=None,
 ) -> dict[str, float]:
   """Flip table, cancellation residual, LM-head coupling fit, learning tax, entropy and KL
   for one update (params_before -> params_after) on the probe batch. Host; returns a
@@ -173,6 +206,12 @@ def token_credit_report(
   (`coupling/head_update_fit/...`). Targets are `max_tokens` sampled valid tokens;
   source_chunk (`coupling.lm_head_probe`) and row_chunk (`drift.policy_stats`) bound
   memory for a real vocabulary. The KL metrics need init_params.
+
+  With `policy_loss` (a `losses.REGISTRY` name) and its `loss_hyper`, the residual is also
+  measured with the coefficients the loss applies at params_after (`loss_coefficients`:
+  w·A·ρ, 0 where PPO's clipping binds): `cancel/clipped/...`. That is where clipping of a
+  multi-step update (several mini-batches or epochs) breaks exchangeability; at one
+  on-policy step ρ = 1 and it equals the plain residual.
 
   The device work is one jitted function per (model config, static options), compiled
   on the first call; later calls with the same shapes compile nothing.
@@ -195,7 +234,9 @@ def token_credit_report(
       jnp.asarray(is_template_V),
       jnp.float32(tau),
       jnp.float32(sgd_lr),
+      loss_hyper,
       aggregation=aggregation,
+      policy_loss=policy_loss,
       max_len=max_len,
       source_chunk=source_chunk,
       weak_eps=weak_eps,
@@ -204,6 +245,12 @@ def token_credit_report(
   )
   out = flips.flip_summary(*got["flip"])
   out.update(cancellation.residual_summary(got["residual"], category_V=is_template_V))
+  if got["clipped"] is not None:
+    out.update(
+      cancellation.residual_summary(
+        got["clipped"], category_V=is_template_V, prefix="cancel/clipped"
+      )
+    )
   out.update(coupling.coupling_summary(got["coupling"], valid_S, got["measured_S"]))
   out.update({f"coupling/head_update_fit/{k}": float(v) for k, v in got["head_update_fit"].items()})
   out.update({k: float(v) for k, v in got["tax"].items()})

@@ -1,17 +1,19 @@
 """Verifiable tasks, picked by name: ``tasks.get("arithmetic", max_digits=3)``.
 
-Toy tasks (character tokenizer, problems drawn from a seed): "arithmetic", "countdown".
+Toy tasks (character tokenizer, problems drawn from a seed): "arithmetic", "countdown",
+"long_addition" (multi-step: one line per column with carries).
 Dataset tasks (a Hugging Face tokenizer, problems from TFDS): "math" (GSM8K, MATH,
 MATH-500, your own JSONL/Parquet files; verified by `math_verify`).
 """
 
 from grpo_jax import registry
-from grpo_jax.tasks import arithmetic, countdown, math
+from grpo_jax.tasks import arithmetic, countdown, long_addition, math
 from grpo_jax.tasks.base import SPLITS, TOY_ALPHABET, Example, Task, split_of
 
 REGISTRY: registry.Registry[type[Task]] = registry.Registry("task")
 REGISTRY.register("arithmetic")(arithmetic.Arithmetic)
 REGISTRY.register("countdown")(countdown.Countdown)
+REGISTRY.register("long_addition")(long_addition.LongAddition)
 REGISTRY.register("math")(math.MathTask)
 
 

@@ -79,6 +79,11 @@ class Task(abc.ABC):
       yield self.example(split, index, seed=seed)
       index += 1
 
+  def template_mask(self, completion: str) -> np.ndarray:
+    """Per character of a completion: True for a template token, False for reasoning.
+    By default from `template_chars`; tasks with a grammar tag from its parse."""
+    return np.array([ch in self.template_chars for ch in completion], bool)
+
   def data_notes(self) -> list[str]:
     """Lines for the run's log about where the task's data came from (e.g. which dataset
     cache was built or reused); none for generated tasks."""

@@ -1,0 +1,126 @@
+"""experiments/reproduce.py: the statistics by hand, the verdict rules, the result schema of a
+--quick run, and the README table in sync with the committed JSON."""
+
+import json
+import math
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from tests import subproc
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "experiments"))
+import claims  # noqa: E402
+import reproduce  # noqa: E402
+
+
+def test_summarize_is_a_t_interval_by_hand():
+  # mean 2, sd 1 (ddof 1), n = 3: t_{0.975, 2} = 4.302653, half width 4.302653 / √3.
+  got = reproduce.summarize([1.0, 2.0, 3.0])
+  half = 4.302653 / math.sqrt(3)
+  assert got["mean"] == 2.0 and got["n"] == 3
+  assert got["ci"] == pytest.approx([2.0 - half, 2.0 + half], rel=1e-6)
+  # Missing and non-finite values are dropped; one value has no interval; none has no mean.
+  # [1, 3]: sd √2, n = 2, t_{0.975, 1} = 12.7062047, half width 12.7062047·√2/√2.
+  assert reproduce.summarize([1.0, None, math.nan, 3.0])["ci"] == pytest.approx(
+    [2.0 - 12.7062047, 2.0 + 12.7062047], rel=1e-6
+  )
+  assert reproduce.summarize([5.0])["ci"] == [-math.inf, math.inf]
+  assert reproduce.summarize([None])["mean"] is None
+
+
+@pytest.mark.parametrize(
+  "ci, above0, within, verdict",
+  [
+    ([0.1, 0.2], "yes", "yes", "supports"),
+    ([-0.2, -0.1], "no", "yes", "contradicts"),
+    ([-0.1, 0.1], "unclear", "yes", "inconclusive"),
+    ([0.3, 0.5], "yes", "no", "supports"),
+    ([0.1, 0.4], "yes", "unclear", "supports"),
+  ],
+)
+def test_rules_on_intervals(ci, above0, within, verdict):
+  fig = {"mean": sum(ci) / 2, "ci": ci}
+  assert reproduce.above(fig, 0.0) == above0
+  assert reproduce.within(fig, -0.25, 0.25) == within
+  assert reproduce.combine([above0]) == verdict
+
+
+def test_combine_needs_every_part():
+  assert reproduce.combine(["yes", "yes"]) == "supports"
+  assert reproduce.combine(["yes", "unclear"]) == "inconclusive"
+  assert reproduce.combine(["yes", "no", "unclear"]) == "contradicts"
+  assert reproduce.combine([]) == "inconclusive"
+
+
+def test_every_claim_is_numbered_sourced_and_ruled():
+  numbers = [c.number for c in claims.CLAIMS]
+  assert numbers == list(range(1, 11))
+  for c in claims.CLAIMS:
+    assert c.source and c.statement and c.rule, c.key
+    assert (c.analyse is None) == (not c.arms), c.key
+  names = [a.name for c in claims.CLAIMS for a in c.arms]
+  keys = {a.name: a.key(iterations=60, quick=False) for c in claims.CLAIMS for a in c.arms}
+  assert len(set(keys.values())) == len(set(names))  # One cache entry per distinct arm.
+
+
+def test_quick_run_writes_the_result_schema(tmp_path):
+  """The pipeline end to end on two claims that share an arm (its verdicts mean nothing)."""
+  out, work = tmp_path / "out", tmp_path / "work"
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "experiments/reproduce.py",
+      "--quick",
+      "--claims",
+      "flips,template_shift",
+      "--out",
+      str(out),
+      "--workdir",
+      str(work),
+    ],
+    cwd=ROOT,
+    env=subproc.child_env(),
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert json.loads(proc.stdout.strip().splitlines()[-1]).keys() == {"flips", "template_shift"}
+  # The shared GRPO arm trained once per seed.
+  assert sorted(p.name for p in work.iterdir())[0].startswith("grpo-")
+  assert len(list(work.glob("grpo-*/seed*"))) == 2
+  for key in ("flips", "template_shift"):
+    r = json.loads((out / f"{key}.json").read_text())
+    assert r["verdict"] in reproduce.VERDICTS and r["reason"] and r["rule"]
+    assert r["seeds"] == [0, 1] and r["quick"] is True
+    assert r["headline"] in r["figures"]
+    for name, fig in r["figures"].items():
+      assert set(fig) >= {"label", "per_seed", "mean", "ci", "n"}, name
+      if fig["mean"] is not None:
+        assert len(fig["ci"]) == 2 and fig["n"] == len(fig["per_seed"])
+    md = (out / f"{key}.md").read_text()
+    assert f"**Verdict: {r['verdict']}**" in md
+    # Every figure of the markdown is in the JSON.
+    for name in r["figures"]:
+      assert f"`{name}`" in md
+    assert (out / f"{key}.png").stat().st_size > 1000
+  index = (out / "index.md").read_text()
+  assert index.count("| not measured yet |") == len(claims.CLAIMS) - 2
+
+
+def test_readme_table_is_generated_from_the_committed_json():
+  readme = (ROOT / "README.md").read_text()
+  start = readme.index(reproduce.README_START) + len(reproduce.README_START)
+  section = readme[start : readme.index(reproduce.README_END)]
+  prefix = reproduce.DEFAULT_OUT.relative_to(ROOT).as_posix() + "/"
+  assert section == "\n" + reproduce.table(reproduce.DEFAULT_OUT, link_prefix=prefix)
+  committed = list(reproduce.DEFAULT_OUT.glob("*.json"))
+  assert committed, "no committed reproduction results"
+  for path in committed:
+    r = json.loads(path.read_text())
+    assert not r["quick"] and len(r["seeds"]) >= 3, path.name
+    assert (path.with_suffix(".md")).exists() and (path.with_suffix(".png")).exists()
