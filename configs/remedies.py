@@ -21,6 +21,8 @@ minutes on a 2-core CPU):
     advantages and negative_token_filter with the "prob" and "batch_shared" criteria
     (2606.17250).
   positive_only: the positive-only arm (rl.token_masks=("positive_only",); 2605.08666).
+  ibpo: rl.advantage="ibpo" (GRPO plus the group's prefix-trie potential shaping, λ =
+    rl.ibpo_lambda = 1; 2605.16302, without counterfactual branching yet).
 
 Expected result: each variant trains and logs its remedy's own metrics (masked_frac/...,
 m_S / m_F, lambda_f); what each does to accuracy, drift and cancellation at this scale is
@@ -47,6 +49,7 @@ REMEDIES = (
   "optimal_token_baseline",
   "single_rollout_filter",
   "positive_only",
+  "ibpo",
 )
 
 
@@ -75,4 +78,6 @@ def get_config(arg: str = "tiny"):
     c.rl.mask_options = {"negative_token_filter": {"criteria": ("prob", "batch_shared")}}
   elif arg == "positive_only":
     c.rl.token_masks = ("positive_only",)
+  elif arg == "ibpo":
+    c.rl.advantage = "ibpo"
   return c

@@ -1,6 +1,6 @@
 """The seed claims, reproduced at toy scale: one measurement per claim, with a verdict.
 
-  python experiments/reproduce.py --claims all                 # every claim, 3 seeds
+  python experiments/reproduce.py --claims all                 # every claim, 5 seeds
   python experiments/reproduce.py --claims flips,value         # some (names: --list)
   python experiments/reproduce.py --claims all --quick --out /tmp/repro_quick   # CI smoke
   python experiments/reproduce.py --table                      # README table from the JSON
@@ -25,8 +25,9 @@ index.md (the table). --table rewrites the README section between the reproducti
 markers from the committed JSON. --quick shrinks the model, the run and the seeds to check
 the pipeline and the result schema; its verdicts mean nothing.
 
-Expected cost (2-core CPU): about 1 minute per run, 3 seeds × the arms of a claim; every
-claim under 30 minutes, all of them about an hour (shared arms run once).
+Expected cost (2-core AMD EPYC CPU): 30-60 s per run, 5 seeds × the arms of a claim; the
+slowest claim (FADE, 4 arms with pass@16 evaluations) about 14 minutes, all claims about an
+hour (shared arms run once). Each result's JSON records its runs' wall seconds.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def arm_config(arm: Arm, *, seed: int, iterations: int, quick: bool):
   if quick:
     c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64)
     c.task.kwargs = dict(min_digits=1, max_digits=2)
-    c.sampler.update(max_new_tokens=24)
+    c.sampler.update(max_new_tokens=26)  # "9+9+0=18;9+9+1=19;A:198." and EOS fit.
     c.update(prompts_per_step=8, warmstart_steps=60, warmstart_batch=32, eval_size=16)
     c.rl.format_weight = 0.5  # Rewards vary even when the small model solves nothing.
   for k, v in arm.overrides:
@@ -106,6 +107,12 @@ def arm_config(arm: Arm, *, seed: int, iterations: int, quick: bool):
 
 def read_records(workdir: pathlib.Path) -> list[dict]:
   return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def run_seconds(arm: Arm, seed: int, *, root: pathlib.Path, iterations: int, quick: bool) -> float:
+  """Wall seconds the (arm, seed) run took (its summary.json), cached or not."""
+  workdir = root / arm.key(iterations=iterations, quick=quick) / f"seed{seed}"
+  return float(json.loads((workdir / "summary.json").read_text())["wall_seconds"] or 0.0)
 
 
 def run_arm(arm: Arm, seed: int, *, root: pathlib.Path, iterations: int, quick: bool) -> list:
@@ -138,27 +145,24 @@ def t_quantile(n: int) -> float:
 
 
 def summarize(values) -> dict:
-  """{"per_seed", "mean", "ci": [low, high]} with a 95% t interval over seeds (NaNs and
-  missing runs are dropped; fewer than two values give an infinite interval)."""
-  v = np.asarray([x for x in values if x is not None and math.isfinite(x)], np.float64)
+  """{"per_seed", "mean", "ci": [low, high], "n"} with a 95% t interval over the seeds that
+  gave a finite value. per_seed keeps one entry per seed, in seed order (None where the run
+  gave none); with fewer than two values the interval is [None, None] (unbounded)."""
+  per_seed = [float(x) if x is not None and math.isfinite(x) else None for x in values]
+  v = np.asarray([x for x in per_seed if x is not None], np.float64)
   if v.size == 0:
-    return {"per_seed": [], "mean": None, "ci": [None, None], "n": 0}
+    return {"per_seed": per_seed, "mean": None, "ci": [None, None], "n": 0}
   mean = float(v.mean())
   if v.size < 2:
-    return {"per_seed": [float(x) for x in v], "mean": mean, "ci": [-math.inf, math.inf], "n": 1}
+    return {"per_seed": per_seed, "mean": mean, "ci": [None, None], "n": 1}
   half = t_quantile(v.size) * float(v.std(ddof=1)) / math.sqrt(v.size)
-  return {
-    "per_seed": [float(x) for x in v],
-    "mean": mean,
-    "ci": [mean - half, mean + half],
-    "n": int(v.size),
-  }
+  return {"per_seed": per_seed, "mean": mean, "ci": [mean - half, mean + half], "n": int(v.size)}
 
 
 def above(fig: dict, threshold: float) -> str:
   """ "yes" if the CI lies above threshold, "no" if below, else "unclear"."""
   low, high = fig["ci"]
-  if low is None:
+  if low is None:  # Fewer than two seeds gave a value: no interval.
     return "unclear"
   if low > threshold:
     return "yes"
@@ -243,15 +247,25 @@ class Outcome:
 
 def run_claim(claim, *, root, seeds, iterations, quick, out) -> dict:
   t0 = time.perf_counter()
-  runs = {
-    arm.name: [run_arm(arm, s, root=root, iterations=iterations, quick=quick) for s in seeds]
-    for arm in claim.arms
-  }
+  if claim.measure is not None:  # A measurement that trains nothing (claims.Claim.measure).
+    runs = claim.measure(seeds=seeds, root=root, quick=quick)
+    compute = sum(float(r.get("seconds", 0.0)) for r in runs)
+  else:
+    runs = {
+      arm.name: [run_arm(arm, s, root=root, iterations=iterations, quick=quick) for s in seeds]
+      for arm in claim.arms
+    }
+    compute = sum(
+      run_seconds(arm, s, root=root, iterations=iterations, quick=quick)
+      for arm in claim.arms
+      for s in seeds
+    )
   outcome = claim.analyse(runs)
   assert outcome.verdict in VERDICTS, outcome.verdict
   result = {
     "claim": claim.key,
     "number": claim.number,
+    "label": claim.label,
     "title": claim.title,
     "source": claim.source,
     "statement": claim.statement,
@@ -269,6 +283,9 @@ def run_claim(claim, *, root, seeds, iterations, quick, out) -> dict:
     },
     "base_config": "configs/long_addition.py:tiny",
     "seconds": round(time.perf_counter() - t0, 1),
+    # Wall seconds of every run the claim reads (from their summaries, cached or not): what
+    # the claim costs from scratch on this machine.
+    "compute_seconds": round(compute, 1),
   }
   write_claim(result, outcome, out=out)
   return result
@@ -278,8 +295,8 @@ def _fmt_fig(fig: dict) -> str:
   if fig["mean"] is None:
     return "n/a"
   low, high = fig["ci"]
-  if not math.isfinite(low):
-    return f"{fig['mean']:.3g}"
+  if low is None:
+    return f"{fig['mean']:.3g} (n = {fig['n']}: no interval)"
   return f"{fig['mean']:.3g} [{low:.3g}, {high:.3g}]"
 
 
@@ -295,7 +312,7 @@ def write_claim(result: dict, outcome: Outcome, *, out: pathlib.Path) -> None:
   fig, ax = plt.subplots(figsize=(7, 4))
   if outcome.plot is not None:
     outcome.plot(ax)
-  ax.set_title(f"Claim {result['number']}: {result['title']}", fontsize=10)
+  ax.set_title(f"Claim {result['label']}: {result['title']}", fontsize=10)
   fig.tight_layout()
   fig.savefig(out / f"{key}.png", dpi=110)
   plt.close(fig)
@@ -305,7 +322,7 @@ def write_claim(result: dict, outcome: Outcome, *, out: pathlib.Path) -> None:
     + " |"
     for name, f in result["figures"].items()
   )
-  md = f"""# Claim {result["number"]}: {result["title"]}
+  md = f"""# Claim {result["label"]}: {result["title"]}
 
 **Source:** {result["source"]}
 
@@ -328,7 +345,8 @@ Seeds {result["seeds"]}, {result["iterations"]} GRPO iterations per run, base co
 {json.dumps(result["arms"], indent=1)}
 ```
 
-Regenerate: `python experiments/reproduce.py --claims {key}` ({result["seconds"]:.0f} s here).
+Regenerate: `python experiments/reproduce.py --claims {key}` (its runs took
+{result["compute_seconds"]:.0f} s on a 2-core CPU; runs shared with other claims are trained once).
 """
   (out / f"{key}.md").write_text(md)
 
@@ -344,16 +362,14 @@ def table(out: pathlib.Path, *, link_prefix: str = "") -> str:
   for claim in CLAIMS:
     path = out / f"{claim.key}.json"
     if not path.exists():
-      lines.append(
-        f"| {claim.number} | {claim.title} | {claim.source} | not measured yet | — | — |"
-      )
+      lines.append(f"| {claim.label} | {claim.title} | {claim.source} | not measured yet | — | — |")
       continue
     r = json.loads(path.read_text())
     head = r["figures"][r["headline"]]
     label = head.get("label", r["headline"])
     quick = " (quick run)" if r["quick"] else ""
     lines.append(
-      f"| {r['number']} | {r['title']} | {r['source']} | {label}: {_fmt_fig(head)}{quick} | "
+      f"| {r['label']} | {r['title']} | {r['source']} | {label}: {_fmt_fig(head)}{quick} | "
       f"**{r['verdict']}** | [{claim.key}]({link_prefix}{claim.key}.md) |"
     )
   return "\n".join(lines) + "\n"
@@ -384,7 +400,7 @@ def main(argv=None) -> list[dict]:
   by_key = {c.key: c for c in CLAIMS}
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--claims", default="all", help="'all' or comma-separated claim keys")
-  parser.add_argument("--seeds", type=int, default=3)
+  parser.add_argument("--seeds", type=int, default=5)
   parser.add_argument("--iterations", type=int, default=60)
   parser.add_argument("--quick", action="store_true", help="smoke run: pipeline and schema only")
   parser.add_argument("--workdir", default="/tmp/grpo_reproduce", help="run cache")
@@ -395,19 +411,20 @@ def main(argv=None) -> list[dict]:
   out = pathlib.Path(args.out).resolve()
   if args.list:
     for c in CLAIMS:
-      print(f"{c.key:16s} {c.number:>3}  {c.title}")
+      print(f"{c.key:16s} {c.label:>3}  {c.title}")
     return []
   if args.table:
     print(write_table(out, readme=ROOT / "README.md" if out == DEFAULT_OUT else None))
     return []
-  keys = [c.key for c in CLAIMS if c.arms] if args.claims == "all" else args.claims.split(",")
-  unknown = [k for k in keys if k not in by_key]
+  runnable = [c.key for c in CLAIMS if c.analyse]
+  keys = runnable if args.claims == "all" else args.claims.split(",")
+  unknown = [k for k in keys if k not in runnable]
   if unknown:
-    parser.error(f"unknown claims {unknown}; known: {', '.join(by_key)}")
+    parser.error(f"claims {unknown} cannot be run here; runnable: {', '.join(runnable)}")
   iterations, seeds = (4, 2) if args.quick else (args.iterations, args.seeds)
   results = []
   for k in keys:
-    print(f"claim {by_key[k].number} ({k}):", flush=True)
+    print(f"claim {by_key[k].label} ({k}):", flush=True)
     r = run_claim(
       by_key[k],
       root=pathlib.Path(args.workdir),

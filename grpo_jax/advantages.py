@@ -25,7 +25,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from grpo_jax import groups, registry
+from grpo_jax import groups, ibpo, registry
 
 REGISTRY = registry.Registry("advantage estimator")
 
@@ -49,6 +49,8 @@ class AdvantageInputs:
   # f32 [B, T]: per-token ‖∇_z log π(o_t)‖² = 1 − 2π(o_t) + Σ_v π_v² (logit-space score
   # norm; for the per-token optimal baseline).
   score_sq_BT: jax.Array | None = None
+  # int32 [B, T]: the completion tokens (for estimators that compare trajectories: ibpo).
+  tokens_BT: jax.Array | None = None
 
   @property
   def success(self) -> jax.Array:
@@ -72,7 +74,7 @@ class AdvantageHyper:
 
   eps: added to std denominators. gamma: REINFORCE++ discount. kl_coef: β of the KL
   folded into REINFORCE++'s reward. lambda_s, lambda_f, std_power, focal_gamma: the
-  sign/difficulty family (`fade`).
+  sign/difficulty family (`fade`). ibpo_lambda: λ of IBPO's potential-based shaping.
   """
 
   eps: jax.Array
@@ -82,6 +84,7 @@ class AdvantageHyper:
   lambda_f: jax.Array
   std_power: jax.Array
   focal_gamma: jax.Array
+  ibpo_lambda: jax.Array
 
 
 def advantage_hyper(
@@ -93,6 +96,7 @@ def advantage_hyper(
   lambda_f: float = 1.0,
   std_power: float = 0.5,
   focal_gamma: float = 0.0,
+  ibpo_lambda: float = 1.0,
 ) -> AdvantageHyper:
   """Validated AdvantageHyper of float32 scalars."""
   for name, value, ok, allowed in (
@@ -102,6 +106,7 @@ def advantage_hyper(
     ("lambda_s", lambda_s, lambda_s >= 0, ">= 0"),
     ("lambda_f", lambda_f, lambda_f >= 0, ">= 0"),
     ("std_power", std_power, std_power >= 0, ">= 0"),
+    ("ibpo_lambda", ibpo_lambda, ibpo_lambda >= 0, ">= 0"),
   ):
     if not ok:
       raise ValueError(f"Advantage hyperparameter {name} must be {allowed}, got {value}.")
@@ -114,6 +119,7 @@ def advantage_hyper(
     lambda_f=f32(lambda_f),
     std_power=f32(std_power),
     focal_gamma=f32(focal_gamma),
+    ibpo_lambda=f32(ibpo_lambda),
   )
 
 
@@ -291,7 +297,11 @@ def optimal_token_baseline(inputs: AdvantageInputs, hyper: AdvantageHyper, *, sc
   Weaver–Tao weighting E[‖∇ log π‖² R] / E[‖∇ log π‖²] applied per position, with each
   token's score norm measured at the logits (where ∇_z log π(y) = e_y − π). Where
   Σ m W = 0 (every prefix certain) B falls back to the mean reward of the rows with a
-  token at t. Needs `score_sq_BT` (rl computes it from π_old).
+  token at t. `score_sq_BT` comes from π_old (rl computes it); without it every token's
+  norm is taken as 1, so W_{j,t} = t + 1 and B_t is the mean reward of the rows still
+  running at t. Like verl's OTB, B includes the row's own reward (so it is not an
+  unbiased baseline), and where one row of a group is left running, B = its reward and
+  its remaining tokens get A = 0.
 
   Source: Weaver & Tao, "The optimal reward baseline for gradient-based RL" (UAI 2001);
   the per-token form is verl's Optimal Token Baseline (volcengine/verl
@@ -347,6 +357,41 @@ def fade(inputs: AdvantageInputs, hyper: AdvantageHyper):
   )
   a_B = f_B * jnp.where(success_B, hyper.lambda_s * (1.0 - p_B), -hyper.lambda_f * p_B)
   return _to_tokens(jnp.where(mixed_B, a_B, 0.0), inputs.token_mask)
+
+
+@REGISTRY.register("ibpo")
+def ibpo_shaped(
+  inputs: AdvantageInputs, hyper: AdvantageHyper, *, base: str = "grpo", shrink: float = 0.0
+):
+  """A_{i,t} = A^base_{i,t} + λ·(φ(o_{i,≤t}) − φ(o_{i,<t})), with φ the group's prefix-trie
+  recoverability potential: φ(s) = (Σ_{j through s} r_j + κ r̄_g)/(n_s + κ), φ(∅) = r̄_g
+  (`ibpo.potential`; κ = shrink, λ = hyper.ibpo_lambda). The shaping telescopes to
+  λ·(φ(o_i) − r̄_g) over a rollout and is 0 on a prefix every trajectory through it
+  continues alike; λ = 0 is the base estimator exactly. Needs `tokens_BT`.
+
+  Source: IBPO, "Reducing Credit Assignment Variance via Counterfactual Reasoning Paths"
+  (arXiv 2605.16302), the group's own trajectories as the counterfactuals; a
+  reconstruction [INF], RESEARCH.md §3.2.
+  """
+  if base == "ibpo" or base not in REGISTRY:
+    raise ValueError(
+      f"ibpo base must be another registered estimator, got {base!r}; valid: "
+      f"{', '.join(n for n in REGISTRY.names() if n != 'ibpo')}."
+    )
+  if shrink < 0:
+    raise ValueError(f"ibpo shrink must be >= 0, got {shrink}.")
+  if inputs.tokens_BT is None:
+    raise ValueError("ibpo needs AdvantageInputs.tokens_BT (the completion tokens).")
+  base_BT = REGISTRY.get(base)(inputs, hyper)
+  shaping_BT = ibpo.shaping(
+    inputs.tokens_BT,
+    inputs.mask_BT,
+    inputs.rewards_B,
+    inputs.group_ids_B,
+    inputs.valid,
+    shrink=shrink,
+  )
+  return base_BT + hyper.ibpo_lambda * jnp.where(inputs.token_mask, shaping_BT, 0.0)
 
 
 # Estimators that need no group: with G = 1 (single-rollout training) every other one gives

@@ -43,6 +43,7 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from flax import serialization
 from jax.experimental import multihost_utils
 
 ACCURACY_KEY = "accuracy"
@@ -150,6 +151,25 @@ def _mismatches(saved: dict[str, tuple], wanted: dict[str, tuple]) -> list[str]:
   return out
 
 
+def _without(tree: dict, paths: list[str]) -> dict:
+  """A nested state dict without the leaves at "a/b/c" paths (emptied containers stay)."""
+  out = jax.tree.map(lambda x: x, tree)
+  for path in paths:
+    *parents, leaf = path.split("/")
+    node = out
+    for p in parents:
+      node = node[p]
+    del node[leaf]
+  return out
+
+
+def _merge(base: dict, over: dict) -> dict:
+  """base with every leaf that `over` holds replaced by over's (nested state dicts)."""
+  if not isinstance(base, dict):
+    return over
+  return {k: _merge(v, over[k]) if k in over else v for k, v in base.items()}
+
+
 class Checkpointer:
   """Save / restore (pytree, meta) pairs under one directory, keeping last N plus best."""
 
@@ -194,16 +214,18 @@ class Checkpointer:
   def latest_step(self) -> int | None:
     return self._mngr.latest_step()
 
-  def restore_latest(self, *, like: Any, log=print) -> tuple[int, Any, dict] | None:
+  def restore_latest(
+    self, *, like: Any, defaults: dict | None = None, log=print
+  ) -> tuple[int, Any, dict] | None:
     """(step, tree, meta) of the newest checkpoint that restores, or None when there is
-    none. Unreadable checkpoints on the way (`unreadable`) are logged and moved to
+    none (`defaults` as in `restore`). Unreadable checkpoints on the way (`unreadable`) are logged and moved to
     `<directory>.bad`; any other failure (e.g. out of memory) is raised as it is."""
     failures: list[tuple[int, BaseException]] = []
     for step in sorted(self.all_steps(), reverse=True):
       try:
         if (why := damage(self.directory / str(step))) is not None:
           raise CheckpointDamagedError(why)
-        tree, meta = self.restore(step, like=like)
+        tree, meta = self.restore(step, like=like, defaults=defaults)
       except Exception as e:
         if not unreadable(e):
           raise
@@ -291,23 +313,43 @@ class Checkpointer:
       self._unlisted = None
       raise self._save_error(e) from e
 
-  def restore(self, step: int, *, like: Any) -> tuple[Any, dict]:
+  def restore(self, step: int, *, like: Any, defaults: dict | None = None) -> tuple[Any, dict]:
     """(tree, meta) of checkpoint `step`, restored with the structure, shapes, dtypes and
-    shardings of `like` (arrays or jax.ShapeDtypeStruct)."""
-    self.check_compatible(step, like=like)
+    shardings of `like` (arrays or jax.ShapeDtypeStruct).
+
+    `defaults` ({top-level key of like: a subtree holding values}) fills the leaves under
+    those keys that a checkpoint lacks because it was written before they existed (a
+    hyperparameter added by a newer grpo_jax): they take the default's value and are
+    listed in meta["filled"]. Any other difference is a CheckpointMismatchError."""
+    missing = self.check_compatible(step, like=like, fillable=tuple(defaults or ()))
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+    for key in {m.split("/")[0] for m in missing}:  # Those subtrees as dicts, less the missing.
+      inner = [m.split("/", 1)[1] for m in missing if m.startswith(key + "/")]
+      abstract = {**abstract, key: _without(serialization.to_state_dict(abstract[key]), inner)}
     out = self._mngr.restore(
       step,
       args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
       ),
     )
-    return out["state"], dict(out["meta"])
+    tree, meta = out["state"], dict(out["meta"])
+    for key in {m.split("/")[0] for m in missing}:
+      merged = _merge(serialization.to_state_dict(defaults[key]), tree[key])
+      tree = {**tree, key: serialization.from_state_dict(defaults[key], merged)}
+    if missing:
+      meta["filled"] = missing
+    return tree, meta
 
-  def check_compatible(self, step: int, *, like: Any) -> None:
-    """Raises CheckpointMismatchError naming the leaves whose shapes or paths differ."""
+  def check_compatible(self, step: int, *, like: Any, fillable: tuple[str, ...] = ()) -> list[str]:
+    """Raises CheckpointMismatchError naming the leaves whose shapes or paths differ. Leaves
+    only missing from the checkpoint under a `fillable` top-level key are returned instead
+    (to be filled from defaults), as long as nothing else differs."""
     saved = _metadata_shapes(self._mngr.item_metadata(step)["state"])
-    bad = _mismatches(saved, _shapes(like))
+    wanted = _shapes(like)
+    bad = _mismatches(saved, wanted)
+    missing = [k for k in wanted if k not in saved and k.split("/")[0] in fillable]
+    if missing and len(bad) == len(missing):
+      return missing
     if bad:
       shown = "\n  ".join(bad[:10]) + (f"\n  ... and {len(bad) - 10} more" if len(bad) > 10 else "")
       raise CheckpointMismatchError(
@@ -316,6 +358,7 @@ class Checkpointer:
         "It was written by a run with another model/optimizer config. Resume with the same "
         "config, or use a new --workdir."
       )
+    return []
 
   def wait(self) -> None:
     """Waits for the background save; raises CheckpointSaveError if it failed."""

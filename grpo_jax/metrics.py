@@ -111,7 +111,9 @@ DEFINITIONS = {
   # cancellation.residual_report (also cancel/<mode>/... from compare_aggregations).
   "cancel/clipped/<...>": "The cancel/... statistic with each token's coefficient as the policy loss "
   "applies it at the updated params, c = −∂(Σ w·ℓ_tok)/∂ℓ = w·A·ρ, 0 where PPO clipping binds "
-  "(report.loss_coefficients), instead of w·A.",
+  "(report.loss_coefficients), instead of w·A. ρ is measured at the end of the update (params after vs "
+  "before), not at each mini-batch step; clipped tokens also leave cancel/clipped/gross, so compare "
+  "cancel/clipped/abs_residual with cancel/gross for the unclipped scale.",
   "cancel/net": "Σ_v r_v = Σ_{i,t} w·A over loss tokens.",
   "cancel/abs_residual": "Σ_v |r_v|, r_v = Σ_{i,t: o=v} w·A: credit left after batch-level cancellation.",
   "cancel/gross": "Σ_v Σ_{o=v} |w·A|: the credit before cancellation.",

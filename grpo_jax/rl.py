@@ -72,6 +72,7 @@ class RLConfig:
   lambda_f: float = 1.0
   std_power: float = 0.5
   focal_gamma: float = 0.0
+  ibpo_lambda: float = 1.0  # λ of the ibpo estimator's shaping (an array: no recompile).
   # Controller (controllers.REGISTRY) that updates λ_S, λ_F, γ between steps.
   controller: str = "none"
   controller_options: dict = dataclasses.field(default_factory=dict)
@@ -211,6 +212,7 @@ class RLConfig:
         lambda_f=self.lambda_f,
         std_power=self.std_power,
         focal_gamma=self.focal_gamma,
+        ibpo_lambda=self.ibpo_lambda,
       ),
       mask=masks.mask_hyper(
         prob_threshold=self.prob_threshold,
@@ -405,6 +407,7 @@ def compute_advantages(
     kl_BT=lp.kl_NT,
     score_sq_B=lp.score_sq_N,
     score_sq_BT=lp.score_sq_NT,
+    tokens_BT=rollouts.tokens_NT,
     valid_B=valid_N,
     success_B=success_N,
   )

@@ -253,10 +253,14 @@ def _save(ckpt: checkpoint.Checkpointer, st: RunState, *, accuracy=None) -> None
 
 def _restore_or_start(s: _Session) -> tuple[RunState, int | None]:
   """(state, the checkpoint step it was restored from, or None for a fresh start)."""
-  got = s.ckpt.restore_latest(like=abstract_tree(s.setup, s.fns), log=s.log)
+  got = s.ckpt.restore_latest(
+    like=abstract_tree(s.setup, s.fns), defaults=fillable_defaults(s.setup), log=s.log
+  )
   if got is None:
     return _start(s.setup, s.fns, s.pool, workdir=s.workdir, log=s.log, preempted=s.preempted), None
   latest, tree, meta = got
+  if filled := meta.pop("filled", None):
+    s.log(f"checkpoint {latest} predates {filled}: taken from this config.")
   st = RunState.restore(tree, meta)
   s.log(f"resumed from {s.ckpt.directory / str(latest)} (iteration {st.iteration})")
   return st, latest
@@ -371,6 +375,12 @@ def initial_tree(setup: config.Setup, fns: steps.Functions, params) -> dict:
     "controller": controllers.init_state(),
     "key": jax.random.key_data(jax.random.key(setup.loop.seed)),
   }
+
+
+def fillable_defaults(setup: config.Setup) -> dict:
+  """The checkpointed hyperparameters as this config sets them: a checkpoint written
+  before one of them existed (an older grpo_jax) resumes with the config's value."""
+  return {"prep_hyper": setup.rl_cfg.prepare_hyper(max_new_tokens=setup.sampler_cfg.max_new_tokens)}
 
 
 def abstract_tree(setup: config.Setup, fns: steps.Functions):

@@ -40,7 +40,14 @@ def _mask(lengths, T):
   return jnp.arange(T)[None, :] < jnp.asarray(lengths, jnp.int32)[:, None]
 
 
-def _inputs(rewards, group_ids, lengths=None, *, T=3, kl=None, score_sq=None):
+def _row_tokens(row_keys, T):
+  """Tokens of rows identified by `row_keys`: rows with close keys share prefixes (row k
+  holds (k // 2, k // 4 % 2, k % 3, ...)), so prefix-comparing estimators see branching."""
+  k = np.asarray(row_keys)[:, None]
+  return jnp.asarray((k // (2 ** (np.arange(T) + 1)) + np.arange(T) * (k % 3)) % 5, jnp.int32)
+
+
+def _inputs(rewards, group_ids, lengths=None, *, T=3, kl=None, score_sq=None, row_keys=None):
   B = len(rewards)
   lengths = [T] * B if lengths is None else lengths
   return advantages.AdvantageInputs(
@@ -49,6 +56,7 @@ def _inputs(rewards, group_ids, lengths=None, *, T=3, kl=None, score_sq=None):
     mask_BT=_mask(lengths, T),
     kl_BT=None if kl is None else jnp.asarray(kl, jnp.float32),
     score_sq_B=None if score_sq is None else jnp.asarray(score_sq, jnp.float32),
+    tokens_BT=_row_tokens(np.arange(B) if row_keys is None else row_keys, T),
   )
 
 
@@ -734,6 +742,7 @@ def test_excluded_rows_change_nothing_else(name, options, rewards, ids, lengths,
     list(dense_ids) + [0] * pad,
     [lengths[i] for i in keep] + [1] * pad,
     score_sq=[score_sq[i] for i in keep] + [1.0] * pad,
+    row_keys=list(keep) + [B + i for i in range(pad)],  # Each kept row keeps its tokens.
   ).replace(valid_B=jnp.arange(B) < keep.size)
   want = np.asarray(_run(name, dropped, **options))
   np.testing.assert_array_equal(got[~np.asarray(valid)], 0.0)
@@ -760,3 +769,91 @@ def test_works_without_groups():
   for name, options in _EVERY_ESTIMATOR:
     nonzero = bool(np.any(np.asarray(_run(name, inputs, **options)) != 0))
     assert nonzero == advantages.works_without_groups(name, options), name
+
+
+# ----------------------------------------------------------------------------
+# IBPO: the group's prefix-trie potential and its shaping.
+# ----------------------------------------------------------------------------
+
+# One group of four trajectories (T = 3): rows 0-2 share the first token, rows 0-1 the
+# first two; row 3 leaves at once.  r = (1, 0, 1, 0), r̄ = 1/2.
+TRIE_TOKENS = [[1, 2, 3], [1, 2, 4], [1, 5, 6], [7, 8, 9]]
+TRIE_REWARDS = [1.0, 0.0, 1.0, 0.0]
+
+
+def _trie_inputs(tokens=TRIE_TOKENS, rewards=TRIE_REWARDS, ids=(0, 0, 0, 0), lengths=None):
+  return _inputs(rewards, list(ids), lengths).replace(tokens_BT=jnp.asarray(tokens, jnp.int32))
+
+
+def test_trie_potential_by_hand():
+  from grpo_jax import ibpo  # noqa: PLC0415
+
+  inputs = _trie_inputs()
+  phi, phi0 = ibpo.potential(inputs.tokens_BT, inputs.mask_BT, inputs.rewards_B, inputs.group_ids_B)
+  # φ([1]) = (1+0+1)/3; φ([1,2]) = 1/2; φ([1,5]) = 1; φ of a full trajectory = its reward;
+  # every prefix of row 3 holds row 3 alone: 0.
+  want = [[2 / 3, 1 / 2, 1], [2 / 3, 1 / 2, 0], [2 / 3, 1, 1], [0, 0, 0]]
+  np.testing.assert_allclose(phi, want, rtol=1e-6)
+  np.testing.assert_allclose(phi0, 0.5)
+  # Shrinkage κ = 1 toward r̄ = 1/2: φ = (Σr + κ r̄)/(n + κ); φ([1]) = 2.5/4, φ(row 3) = 0.5/2.
+  phi_k, _ = ibpo.potential(
+    inputs.tokens_BT, inputs.mask_BT, inputs.rewards_B, inputs.group_ids_B, shrink=1.0
+  )
+  np.testing.assert_allclose(phi_k[:, 0], [0.625, 0.625, 0.625, 0.25], rtol=1e-6)
+  np.testing.assert_allclose(phi_k[0], [0.625, 1.5 / 3, 1.5 / 2], rtol=1e-6)
+
+
+def test_ibpo_shaping_by_hand_and_it_telescopes():
+  inputs = _trie_inputs()
+  base = np.asarray(_run("dr_grpo", inputs))
+  got = np.asarray(_run("ibpo", inputs, base="dr_grpo"))  # λ = 1 (default).
+  shaping = got - base
+  want = [
+    [1 / 6, -1 / 6, 1 / 2],  # Leaves row 1 at t = 2 and wins: +1/2 there.
+    [1 / 6, -1 / 6, -1 / 2],
+    [1 / 6, 1 / 3, 0],  # Leaves rows 0-1 at t = 1 (φ 1/2 -> 1): +1/3.
+    [-1 / 2, 0, 0],  # Leaves the group at once with reward 0.
+  ]
+  np.testing.assert_allclose(shaping, want, rtol=1e-6, atol=1e-7)
+  # Telescoping: Σ_t shaping = φ(o_i) − r̄ = r_i − 1/2 (κ = 0).
+  np.testing.assert_allclose(shaping.sum(axis=1), np.asarray(TRIE_REWARDS) - 0.5, atol=1e-6)
+  # λ scales the shaping (an array: no recompile).
+  half = advantages.advantage_hyper(ibpo_lambda=0.5)
+  np.testing.assert_allclose(
+    np.asarray(_run("ibpo", inputs, half, base="dr_grpo")) - base, 0.5 * np.asarray(want), atol=1e-6
+  )
+
+
+def test_ibpo_is_its_base_at_lambda_zero_and_on_identical_trajectories():
+  inputs = _trie_inputs()
+  zero = advantages.advantage_hyper(ibpo_lambda=0.0)
+  for base in ("grpo", "dr_grpo", "rloo"):
+    np.testing.assert_array_equal(_run("ibpo", inputs, zero, base=base), _run(base, inputs, zero))
+  # All four trajectories identical: every prefix holds the whole group, φ = r̄ throughout.
+  same = _trie_inputs(tokens=[[4, 4, 4]] * 4)
+  np.testing.assert_allclose(_run("ibpo", same, base="grpo"), _run("grpo", same), atol=1e-7)
+
+
+def test_ibpo_groups_do_not_mix_and_padding_ends_a_trajectory():
+  # The same tokens in two groups: each group has its own trie. Row 1 is 2 tokens long.
+  inputs = _trie_inputs(
+    tokens=[[1, 2, 3], [1, 2, 9], [1, 2, 3], [1, 2, 3]],
+    rewards=[1.0, 0.0, 0.0, 0.0],
+    ids=(0, 0, 1, 1),
+    lengths=[3, 2, 3, 3],
+  )
+  shaping = np.asarray(_run("ibpo", inputs, base="dr_grpo")) - np.asarray(_run("dr_grpo", inputs))
+  # Group 0: [1] and [1,2] are shared (φ 1/2), row 0's [1,2,3] alone (φ 1): +1/2 at t = 2;
+  # row 1 ends at t = 1 (padding carries no shaping). Group 1: all-zero rewards, nothing.
+  np.testing.assert_allclose(shaping, [[0, 0, 0.5], [0, 0, 0], [0, 0, 0], [0, 0, 0]], atol=1e-7)
+
+
+def test_ibpo_bad_options_and_missing_tokens():
+  with pytest.raises(ValueError, match="ibpo base must be another registered estimator"):
+    _run("ibpo", _trie_inputs(), base="ibpo")
+  with pytest.raises(ValueError, match="shrink must be >= 0"):
+    _run("ibpo", _trie_inputs(), shrink=-1.0)
+  with pytest.raises(ValueError, match="needs AdvantageInputs.tokens_BT"):
+    advantages.get("ibpo")(_trie_inputs().replace(tokens_BT=None), H)
+  with pytest.raises(ValueError, match="ibpo_lambda must be >= 0"):
+    advantages.advantage_hyper(ibpo_lambda=-0.1)

@@ -129,6 +129,7 @@ _VARIANTS = {
     "optimal_token_baseline",
     "single_rollout_filter",
     "positive_only",
+    "ibpo",
   ),
   "gsm8k_qwen.py": ("tiny", "0.5b", "1.5b"),
   "math_qwen.py": ("tiny", "1.5b", "7b"),

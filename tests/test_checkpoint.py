@@ -427,3 +427,56 @@ def test_a_failed_save_is_one_error_and_keeps_the_only_valid_checkpoint(tmp_path
   assert fresh.all_steps() == [1]
   assert fresh.restore_latest(like=_tree(), log=lambda _: None)[0] == 1
   fresh.close()
+
+
+# ----------------------------------------------------------------------------
+# A checkpoint older than a hyperparameter: filled from the config's defaults.
+# ----------------------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class _OldHyper:
+  eps: jax.Array
+  inner: dict
+
+
+@flax.struct.dataclass
+class _NewHyper:  # A field added by a newer version, at the top and inside.
+  eps: jax.Array
+  inner: dict
+  added: jax.Array
+
+
+def test_leaves_missing_from_an_older_checkpoint_take_the_defaults(tmp_path):
+  old = {
+    "train": _tree(1.0)["train"],
+    "hyper": _OldHyper(eps=jnp.float32(0.5), inner={"a": jnp.float32(2.0)}),
+  }
+  with contextlib.closing(checkpoint.Checkpointer(tmp_path / "c")) as ckpt:
+    ckpt.save(3, old, {"iteration": 3})
+    ckpt.wait()
+    new_default = _NewHyper(
+      eps=jnp.float32(9.0),
+      inner={"a": jnp.float32(9.0), "b": jnp.float32(7.0)},
+      added=jnp.float32(4.0),
+    )
+    like = {"train": _tree(0.0)["train"], "hyper": new_default}
+    # Without defaults: the usual mismatch, naming both missing leaves.
+    with pytest.raises(checkpoint.CheckpointMismatchError, match="hyper/added: missing"):
+      ckpt.restore(3, like=like)
+    got, meta = ckpt.restore(3, like=like, defaults={"hyper": new_default})
+    assert sorted(meta["filled"]) == ["hyper/added", "hyper/inner/b"]
+    assert meta["iteration"] == 3
+    # Saved leaves come from the checkpoint, the missing ones from the defaults.
+    assert isinstance(got["hyper"], _NewHyper)
+    assert float(got["hyper"].eps) == 0.5 and float(got["hyper"].inner["a"]) == 2.0
+    assert float(got["hyper"].added) == 4.0 and float(got["hyper"].inner["b"]) == 7.0
+    _assert_trees_equal(got["train"], old["train"])
+    # A leaf missing outside the fillable keys is still a mismatch.
+    like_params = {**like, "train": like["train"].replace(params={**_params(), "c": jnp.zeros(2)})}
+    with pytest.raises(checkpoint.CheckpointMismatchError, match="train/params/c"):
+      ckpt.restore(3, like=like_params, defaults={"hyper": new_default})
+    # So is a changed shape under a fillable key.
+    wrong = {**like, "hyper": new_default.replace(eps=jnp.zeros(2))}
+    with pytest.raises(checkpoint.CheckpointMismatchError, match="hyper/eps"):
+      ckpt.restore(3, like=wrong, defaults={"hyper": wrong["hyper"]})

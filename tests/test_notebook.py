@@ -1,5 +1,6 @@
 """colabs/quickstart.ipynb runs headless (nbclient) on a ~1 minute config."""
 
+import json
 import pathlib
 
 import pytest
@@ -40,6 +41,7 @@ def test_reproductions_notebook_draws_the_committed_results():
   outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
   text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
   assert f"{len(results)} claims under" in text
-  for path in results:
-    assert f"  {__import__('json').loads(path.read_text())['verdict']}" in text
+  for path in results:  # One table line per claim: its label, verdict and title.
+    r = json.loads(path.read_text())
+    assert f"{r['label']:>2}  {r['verdict']:12s}  {r['title']}" in text, r["claim"]
   assert sum("image/png" in o.get("data", {}) for o in outputs) >= 1

@@ -23,12 +23,13 @@ def test_summarize_is_a_t_interval_by_hand():
   half = 4.302653 / math.sqrt(3)
   assert got["mean"] == 2.0 and got["n"] == 3
   assert got["ci"] == pytest.approx([2.0 - half, 2.0 + half], rel=1e-6)
-  # Missing and non-finite values are dropped; one value has no interval; none has no mean.
+  # Missing and non-finite values stay in place as None and leave the statistics;
   # [1, 3]: sd √2, n = 2, t_{0.975, 1} = 12.7062047, half width 12.7062047·√2/√2.
-  assert reproduce.summarize([1.0, None, math.nan, 3.0])["ci"] == pytest.approx(
-    [2.0 - 12.7062047, 2.0 + 12.7062047], rel=1e-6
-  )
-  assert reproduce.summarize([5.0])["ci"] == [-math.inf, math.inf]
+  got = reproduce.summarize([1.0, None, math.nan, 3.0])
+  assert got["per_seed"] == [1.0, None, None, 3.0] and got["n"] == 2
+  assert got["ci"] == pytest.approx([2.0 - 12.7062047, 2.0 + 12.7062047], rel=1e-6)
+  # One value: a mean and no interval (None, written as JSON null); none: no mean.
+  assert reproduce.summarize([5.0])["ci"] == [None, None]
   assert reproduce.summarize([None])["mean"] is None
 
 
@@ -57,11 +58,14 @@ def test_combine_needs_every_part():
 
 
 def test_every_claim_is_numbered_sourced_and_ruled():
+  assert [c.label for c in claims.CLAIMS if c.number == 7] == ["7", "7b"]
   numbers = [c.number for c in claims.CLAIMS]
-  assert numbers == list(range(1, 11))
+  assert sorted(set(numbers)) == list(range(1, 11)) and numbers == sorted(numbers)
+  assert len({c.key for c in claims.CLAIMS}) == len(claims.CLAIMS)
   for c in claims.CLAIMS:
     assert c.source and c.statement and c.rule, c.key
-    assert (c.analyse is None) == (not c.arms), c.key
+    # Something to analyse: trained arms or a measurement; only the IBPO row has neither.
+    assert (c.analyse is None) == (not c.arms and c.measure is None), c.key
   names = [a.name for c in claims.CLAIMS for a in c.arms]
   keys = {a.name: a.key(iterations=60, quick=False) for c in claims.CLAIMS for a in c.arms}
   assert len(set(keys.values())) == len(set(names))  # One cache entry per distinct arm.
@@ -100,8 +104,8 @@ def test_quick_run_writes_the_result_schema(tmp_path):
     assert r["headline"] in r["figures"]
     for name, fig in r["figures"].items():
       assert set(fig) >= {"label", "per_seed", "mean", "ci", "n"}, name
-      if fig["mean"] is not None:
-        assert len(fig["ci"]) == 2 and fig["n"] == len(fig["per_seed"])
+      assert len(fig["per_seed"]) == 2 and len(fig["ci"]) == 2  # One entry per seed.
+      assert fig["n"] == sum(x is not None for x in fig["per_seed"])
     md = (out / f"{key}.md").read_text()
     assert f"**Verdict: {r['verdict']}**" in md
     # Every figure of the markdown is in the JSON.

@@ -430,3 +430,21 @@ def test_unscorable_rows_get_no_loss_and_no_say_in_their_group(
   assert not np.asarray(mask.loss_mask_NT)[1].any() and np.asarray(zeroed.loss_mask_NT)[1].any()
   assert float(m_mask["unscorable_frac"]) == float(m_zero["unscorable_frac"]) == 0.25
   assert float(m_mask["excluded_frac"]) == 0.25 and float(m_zero["excluded_frac"]) == 0.0
+
+
+def test_fade_in_the_trainer_counts_a_formatted_wrong_answer_as_a_failure(
+  rollouts, tiny_model_fn, tiny_params
+):
+  """finish_prepare hands FADE the verifier's verdict (correct_N > 0), not the shaped
+  reward: with a format bonus of 0.5, a well-formatted wrong answer (r = 0.5 > 0) still
+  gets a failure's (negative) advantage, equal to the other failures'."""
+  cfg = rl.RLConfig(advantage="fade", format_weight=0.5)
+  lp = rl.rollout_logprobs(tiny_params, None, rollouts, cfg=cfg, model_fn=tiny_model_fn)
+  correct = jnp.asarray(np.tile([1.0, 0.0, 0.0, 0.0], N // 4), jnp.float32)
+  formatted = jnp.asarray(np.tile([1.0, 1.0, 0.0, 0.0], N // 4), jnp.float32)  # Row 1: wrong.
+  hyper = cfg.prepare_hyper(max_new_tokens=rollouts.tokens_NT.shape[1])
+  batch, rewards_N, _ = rl.finish_prepare(lp, rollouts, correct, formatted, hyper, cfg=cfg)
+  assert float(rewards_N[1]) == 0.5  # The shaped reward of the formatted wrong answer.
+  seq = np.asarray(advantages.sequence_advantage(batch.adv_NT, batch.mask_NT))[:4]
+  f = (3 / 16 + 1e-6) ** -0.5  # p = 1/4 from the verdicts (the shaped rewards say 1/2).
+  np.testing.assert_allclose(seq, [0.75 * f, -0.25 * f, -0.25 * f, -0.25 * f], rtol=1e-5)

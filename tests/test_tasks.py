@@ -186,6 +186,9 @@ def test_char_tokenizer_roundtrip_specials_and_errors():
     # Digits of the wrong column; a missing step; steps in the wrong order.
     ("7+5+0=12;8+6+1=15;4+3+1=8;A:834.", 0.0, 1.0),
     ("8+6+0=14;7+5+1=13;A:834.", 0.0, 1.0),
+    # Numbers with a leading zero are not the canonical solution.
+    ("8+6+0=14;7+5+1=13;4+3+1=08;A:834.", 0.0, 1.0),
+    ("8+6+0=14;7+5+1=13;4+3+1=8;A:0834.", 0.0, 1.0),
     # Off the template: no answer line, trailing text, a 3-digit column sum.
     ("8+6+0=14;7+5+1=13;4+3+1=8;", 0.0, 0.0),
     ("8+6+0=14;7+5+1=13;4+3+1=8;A:834.5", 0.0, 0.0),

@@ -174,10 +174,12 @@ def _value_sampler(model_cfg: model_lib.ModelConfig, cfg: sampling.SamplerConfig
 
 
 def template_ids(task, tokenizer) -> tuple[int, ...]:
-  """Template/format token ids: a toy task's `template_chars`, else `TEMPLATE_PATTERNS`
-  over the decoded vocabulary of a real tokenizer."""
+  """Template/format token ids: a toy task's `template_chars` and the EOS that ends every
+  completion, else `TEMPLATE_PATTERNS` over the decoded vocabulary of a real tokenizer."""
   if isinstance(tokenizer, tokenizers.CharTokenizer):
-    return flips.task_template_ids(task, tokenizer) if task.template_chars else ()
+    if not task.template_chars:
+      return ()
+    return tuple(sorted({*flips.task_template_ids(task, tokenizer), *tokenizer.eos_ids}))
   tagged = flips.regex_tagger(flips.vocab_strings(tokenizer), patterns=TEMPLATE_PATTERNS)
   return tuple(int(i) for i in np.flatnonzero(tagged))
 

@@ -39,9 +39,7 @@ class Arithmetic(base.Task):
     self.test_percent = test_percent
 
   def _operand(self, rng: np.random.Generator) -> int:
-    digits = int(rng.integers(self.min_digits, self.max_digits + 1))
-    low = 0 if digits == 1 else 10 ** (digits - 1)
-    return int(rng.integers(low, 10**digits))
+    return base.random_operand(rng, min_digits=self.min_digits, max_digits=self.max_digits)
 
   def _draw(self, rng):
     a, b = self._operand(rng), self._operand(rng)

@@ -17,6 +17,14 @@ SPLITS = ("train", "test")
 TOY_ALPHABET = "0123456789+-*/()=?:,.; \nANQST"
 
 
+def random_operand(rng: np.random.Generator, *, min_digits: int, max_digits: int) -> int:
+  """A non-negative integer with a uniform digit count in [min_digits, max_digits], uniform
+  among the numbers of that many digits (one digit: 0-9)."""
+  digits = int(rng.integers(min_digits, max_digits + 1))
+  low = 0 if digits == 1 else 10 ** (digits - 1)
+  return int(rng.integers(low, 10**digits))
+
+
 @dataclasses.dataclass(frozen=True)
 class Example:
   prompt: str

@@ -7,9 +7,9 @@ One step per column, from the least significant digit: "a_k+b_k+c_k=s_k;" with t
 column's digits (0 past an operand's length), the carry in c_k (0 in the first column, then
 the previous column's s // 10) and the column sum s_k. The answer line "A:<a+b>." ends it.
 
-The reward is 1 only when every step is right and the answer is a + b: a wrong intermediate
-step makes the answer wrong even when the final number happens to match (`check` says
-which step failed). `format_reward` is 1 when the completion follows the template (any
+The reward is 1 only when every step is right and the answer is a + b, numbers written
+without leading zeros: a wrong intermediate step makes the answer wrong even when the
+final number happens to match (`check` says which step failed). `format_reward` is 1 when the completion follows the template (any
 digits), so a format bonus can reward a well-formatted wrong answer.
 
 Template vs reasoning, by construction: in a completion every digit is a reasoning token
@@ -64,11 +64,11 @@ def check(a: int, b: int, completion: str) -> str | None:
       return f"step {k}: digits {x},{y}; column {k} holds {want_x},{want_y}"
     if int(c) != carry:
       return f"step {k}: carry {c}, expected {carry}"
-    if int(s) != want_x + want_y + carry:
+    if s != str(want_x + want_y + carry):  # Canonical: no leading zero ("=08").
       return f"step {k}: {x}+{y}+{c}={s} is wrong"
     carry = int(s) // 10
-  answer = int(_ANSWER.search(completion).group(1))
-  if answer != a + b:
+  answer = _ANSWER.search(completion).group(1)
+  if answer != str(a + b):  # Canonical: no leading zero ("A:0834.").
     return f"answer {answer}, expected {a + b}"
   return None
 
@@ -108,9 +108,7 @@ class LongAddition(base.Task):
     self.min_digits, self.max_digits, self.test_percent = min_digits, max_digits, test_percent
 
   def _operand(self, rng: np.random.Generator) -> int:
-    digits = int(rng.integers(self.min_digits, self.max_digits + 1))
-    low = 0 if digits == 1 else 10 ** (digits - 1)
-    return int(rng.integers(low, 10**digits))
+    return base.random_operand(rng, min_digits=self.min_digits, max_digits=self.max_digits)
 
   def _draw(self, rng):
     a, b = self._operand(rng), self._operand(rng)
