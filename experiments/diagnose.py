@@ -105,6 +105,8 @@ def _table(header, rows) -> str:
 
 
 def _modes(records) -> list[str]:
+  """The aggregation modes with a cancel/<mode>/... residual (not cancel/clipped/..., the
+  run's mode under the loss's clipped coefficients)."""
   keys = set().union(*map(set, records)) if records else set()
   return sorted(
     {
@@ -112,6 +114,7 @@ def _modes(records) -> list[str]:
       for k in keys
       if k.startswith("cancel/") and k.endswith("/top0/id") and k.count("/") == 3
     }
+    - {"clipped"}
   )
 
 
