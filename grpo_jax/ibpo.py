@@ -105,3 +105,33 @@ def shaping(tokens_BT, mask_BT, rewards_B, group_ids_B, valid_B=None, *, shrink=
   prev_BT = jnp.concatenate([phi0_B[:, None], phi_BT[:, :-1]], axis=1)
   on_BT = mask_BT if valid_B is None else mask_BT & valid_B[:, None]
   return jnp.where(on_BT, phi_BT - prev_BT, 0.0)
+
+
+def shaping_stats(base_BT, shaping_BT, phi_BT, rewards_B, mask_BT, *, lam):
+  """IBPO's metrics (`metrics.DEFINITIONS`, "ibpo/..."), over the valid tokens m:
+
+  shaping_abs_mean      mean |λ Δφ|;
+  sign_flip_frac        share of tokens whose shaped advantage A + λΔφ has the opposite
+                        sign of their rollout's base advantage (where that is non-zero);
+  shaping_residual_corr corr(Δφ_{i,t}, r_i − φ(o_{i,≤t})), the shaping term against what
+                        the potential leaves unexplained after the token.
+  """
+  m = mask_BT.astype(jnp.float32)
+  n = jnp.maximum(jnp.sum(m), 1.0)
+  shaped = lam * shaping_BT
+  base_sign = jnp.sign(base_BT)
+  flipped = (base_sign != 0) & (jnp.sign(base_BT + shaped) == -base_sign)
+  residual = rewards_B.astype(jnp.float32)[:, None] - phi_BT
+
+  def centred(x):
+    return (x - jnp.sum(x * m) / n) * m
+
+  a, b = centred(shaping_BT), centred(residual)
+  denom = jnp.sqrt(jnp.sum(a * a) * jnp.sum(b * b))
+  return {
+    "ibpo/shaping_abs_mean": jnp.sum(jnp.abs(shaped) * m) / n,
+    "ibpo/sign_flip_frac": jnp.sum(flipped * m) / n,
+    "ibpo/shaping_residual_corr": jnp.where(
+      denom > 0, jnp.sum(a * b) / jnp.maximum(denom, 1e-30), 0.0
+    ),
+  }

@@ -45,6 +45,11 @@ DEFINITIONS = {
   "zero_var_groups": "Fraction of groups whose correctness rewards c_i are all equal.",
   "all_zero_groups": "Fraction of groups whose correctness rewards are all 0.",
   "all_one_groups": "Fraction of groups whose correctness rewards are all 1.",
+  "ibpo/shaping_abs_mean": "ibpo estimator: mean over valid tokens of |λ Δφ|, the potential shaping.",
+  "ibpo/sign_flip_frac": "ibpo estimator: share of valid tokens whose shaped advantage has the opposite "
+  "sign of their rollout's base advantage.",
+  "ibpo/shaping_residual_corr": "ibpo estimator: correlation over valid tokens of Δφ_{i,t} with r_i − "
+  "φ(o_{i,≤t}) (IBPO's variance argument wants it negative).",
   "masked_frac": "Fraction of valid completion tokens removed by all token masks together.",
   "masked_frac/<mask>": "Fraction of valid completion tokens the named mask removes on its own.",
   "masked_frac/<mask>/<part>": "Fraction of valid completion tokens one part of the named mask "

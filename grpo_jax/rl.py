@@ -382,6 +382,22 @@ def trained_rows(scorable_N, keep_N, group_ids_N, *, policy: str):
   return keep_N & scorable_N & ((n_B == 1) | (s_B >= 2))
 
 
+def _advantage_inputs(lp: PolicyLogProbs, rollouts, rewards_N, valid_N, hyper, success_N, *, cfg):
+  if cfg.kl_in == "reward" and cfg.advantage != "reinforce_pp":
+    rewards_N = rewards_N - hyper.adv.kl_coef * jnp.sum(lp.kl_NT, axis=1)
+  return advantages.AdvantageInputs(
+    rewards_B=rewards_N,
+    group_ids_B=rollouts.group_ids_N,
+    mask_BT=rollouts.mask_NT,
+    kl_BT=lp.kl_NT,
+    score_sq_B=lp.score_sq_N,
+    score_sq_BT=lp.score_sq_NT,
+    tokens_BT=rollouts.tokens_NT,
+    valid_B=valid_N,
+    success_B=success_N,
+  )
+
+
 def compute_advantages(
   lp: PolicyLogProbs,
   rollouts,
@@ -397,21 +413,20 @@ def compute_advantages(
   (kl_in = "reward"), sequence estimators see r_i − β Σ_t kl_t; REINFORCE++ folds kl_t
   per token itself. success_N (bool): the verifier's verdict, for estimators that split
   successes from failures (fade); None: shaped reward > 0."""
-  if cfg.kl_in == "reward" and cfg.advantage != "reinforce_pp":
-    rewards_N = rewards_N - hyper.adv.kl_coef * jnp.sum(lp.kl_NT, axis=1)
   adv_fn = advantages.get(cfg.advantage, **config_lib.to_dict(cfg.advantage_options))
-  inputs = advantages.AdvantageInputs(
-    rewards_B=rewards_N,
-    group_ids_B=rollouts.group_ids_N,
-    mask_BT=rollouts.mask_NT,
-    kl_BT=lp.kl_NT,
-    score_sq_B=lp.score_sq_N,
-    score_sq_BT=lp.score_sq_NT,
-    tokens_BT=rollouts.tokens_NT,
-    valid_B=valid_N,
-    success_B=success_N,
-  )
+  inputs = _advantage_inputs(lp, rollouts, rewards_N, valid_N, hyper, success_N, cfg=cfg)
   return adv_fn(inputs, hyper.adv)
+
+
+def estimator_metrics(
+  lp: PolicyLogProbs, rollouts, rewards_N, valid_N, hyper: PrepareHyper, success_N, *, cfg
+):
+  """The configured estimator's own metrics: "ibpo/..." for ibpo (`advantages.ibpo_stats`),
+  none for the others."""
+  if cfg.advantage != "ibpo":
+    return {}
+  inputs = _advantage_inputs(lp, rollouts, rewards_N, valid_N, hyper, success_N, cfg=cfg)
+  return advantages.ibpo_stats(inputs, hyper.adv, **config_lib.to_dict(cfg.advantage_options))
 
 
 def loss_mask(lp: PolicyLogProbs, rollouts, adv_NT, valid_N, hyper: PrepareHyper, *, cfg):
@@ -487,6 +502,7 @@ def finish_prepare(
     group_ids_N=rollouts.group_ids_N,
   )
   metrics = prepare_metrics(lp, rollouts, adv_NT, rewards_N, correct_N, cfg=cfg)
+  metrics |= estimator_metrics(lp, rollouts, rewards_N, valid_N, hyper, success_N, cfg=cfg)
   metrics["unscorable_frac"] = 1.0 - jnp.mean(scorable_N.astype(jnp.float32))
   metrics["excluded_frac"] = 1.0 - jnp.mean((valid_N | ~keep_N).astype(jnp.float32))
   return batch, rewards_N, {**metrics, **mask_stats}

@@ -857,3 +857,28 @@ def test_ibpo_bad_options_and_missing_tokens():
     advantages.get("ibpo")(_trie_inputs().replace(tokens_BT=None), H)
   with pytest.raises(ValueError, match="ibpo_lambda must be >= 0"):
     advantages.advantage_hyper(ibpo_lambda=-0.1)
+
+
+def test_ibpo_stats_by_hand():
+  """On the trie example: Σ|Δφ| = 5/6 + 5/6 + 1/2 + 1/2 over 12 tokens; no shaped advantage
+  changes sign at λ = 1; at λ = 4, row 0 at t = 1 (1/2 − 4/6) and row 1 at t = 0
+  (−1/2 + 4/6) do (2 of 12); the correlation matches numpy's."""
+  from grpo_jax import ibpo  # noqa: PLC0415
+
+  inputs = _trie_inputs()
+  got = advantages.ibpo_stats(inputs, H, base="dr_grpo")
+  np.testing.assert_allclose(got["ibpo/shaping_abs_mean"], (8 / 3) / 12, rtol=1e-6)
+  assert float(got["ibpo/sign_flip_frac"]) == 0.0
+  four = advantages.ibpo_stats(inputs, advantages.advantage_hyper(ibpo_lambda=4.0), base="dr_grpo")
+  np.testing.assert_allclose(four["ibpo/sign_flip_frac"], 2 / 12, rtol=1e-6)
+  # κ = 0: after the token where a row leaves the others, φ = r_i (residual 0); here the
+  # correlation is exactly 0. With shrinkage κ = 1 it is not; compare with numpy.
+  np.testing.assert_allclose(got["ibpo/shaping_residual_corr"], 0.0, atol=1e-6)
+  args = (inputs.tokens_BT, inputs.mask_BT, inputs.rewards_B, inputs.group_ids_B)
+  phi = np.asarray(ibpo.potential(*args, shrink=1.0)[0]).ravel()
+  shaping = np.asarray(ibpo.shaping(*args, shrink=1.0)).ravel()
+  residual = np.repeat(TRIE_REWARDS, 3) - phi
+  want = np.corrcoef(shaping, residual)[0, 1]
+  assert abs(want) > 0.05
+  shrunk = advantages.ibpo_stats(inputs, H, base="dr_grpo", shrink=1.0)
+  np.testing.assert_allclose(shrunk["ibpo/shaping_residual_corr"], want, rtol=1e-5)
