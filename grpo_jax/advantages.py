@@ -268,8 +268,7 @@ def optimal_baseline(inputs: AdvantageInputs, hyper: AdvantageHyper, *, scope: s
   gradient-based RL" (UAI 2001); arXiv 2606.29238 §optimal baselines.
   """
   del hyper
-  if scope not in ("group", "batch"):
-    raise ValueError(f"optimal_baseline scope must be 'group' or 'batch', got {scope!r}.")
+  _check_scope("optimal_baseline", scope)
   r_B, v_B = inputs.rewards_B.astype(jnp.float32), inputs.valid
   s_B = jnp.ones_like(r_B) if inputs.score_sq_B is None else inputs.score_sq_B.astype(jnp.float32)
   s_B = jnp.where(v_B, s_B, 0.0)
@@ -308,8 +307,7 @@ def optimal_token_baseline(inputs: AdvantageInputs, hyper: AdvantageHyper, *, sc
   `core_algos.compute_optimal_token_baseline_advantage`), RESEARCH.md §4.2.
   """
   del hyper
-  if scope not in ("group", "batch"):
-    raise ValueError(f"optimal_token_baseline scope must be 'group' or 'batch', got {scope!r}.")
+  _check_scope("optimal_token_baseline", scope)
   m_BT = inputs.token_mask.astype(jnp.float32)
   r_B1 = inputs.rewards_B.astype(jnp.float32)[:, None]
   if inputs.score_sq_BT is None:
@@ -373,13 +371,7 @@ def ibpo_shaped(
   (arXiv 2605.16302), the group's own trajectories as the counterfactuals; a
   reconstruction [INF], RESEARCH.md §3.2.
   """
-  if base == "ibpo" or base not in REGISTRY:
-    raise ValueError(
-      f"ibpo base must be another registered estimator, got {base!r}; valid: "
-      f"{', '.join(n for n in REGISTRY.names() if n != 'ibpo')}."
-    )
-  if shrink < 0:
-    raise ValueError(f"ibpo shrink must be >= 0, got {shrink}.")
+  _check_ibpo(base=base, shrink=shrink)
   if inputs.tokens_BT is None:
     raise ValueError("ibpo needs AdvantageInputs.tokens_BT (the completion tokens).")
   base_BT = REGISTRY.get(base)(inputs, hyper)
@@ -487,9 +479,30 @@ def advantage_stats(adv_BT, mask_BT, rewards_B, correct_B, group_ids_B):
 # ----------------------------------------------------------------------------
 
 
+def _check_scope(name: str, scope) -> None:
+  if scope not in ("group", "batch"):
+    raise ValueError(f"{name} scope must be 'group' or 'batch', got {scope!r}.")
+
+
+def _check_ibpo(*, base="grpo", shrink=0.0) -> None:
+  if base == "ibpo" or base not in REGISTRY:
+    raise ValueError(
+      f"ibpo base must be another registered estimator, got {base!r}; valid: "
+      f"{', '.join(n for n in REGISTRY.names() if n != 'ibpo')}."
+    )
+  if not (isinstance(shrink, int | float) and 0 <= shrink < float("inf")):
+    raise ValueError(f"ibpo shrink must be a finite number >= 0, got {shrink}.")
+
+
 def get(name: str, **options):
   """The estimator `name` with its static options bound: fn(inputs, hyper) -> A_BT.
 
-  Unknown names list the registered ones; unknown options list the allowed ones.
+  Unknown names list the registered ones; unknown options list the allowed ones; bad
+  option values fail here, before anything is traced.
   """
-  return REGISTRY.bind(name, **options)
+  fn = REGISTRY.bind(name, **options)
+  if "scope" in options:
+    _check_scope(name, options["scope"])
+  if name == "ibpo":
+    _check_ibpo(**options)
+  return fn

@@ -664,7 +664,9 @@ def test_get_unknown_options_lists_allowed():
   with pytest.raises(ValueError, match="allowed: none"):
     advantages.get("dr_grpo", unbiased_std=False)
   with pytest.raises(ValueError, match="scope must be 'group' or 'batch'"):
-    advantages.get("optimal_baseline", scope="global")(_inputs([1, 0], [0, 0]), H)
+    advantages.get("optimal_baseline", scope="global")
+  with pytest.raises(ValueError, match="optimal_token_baseline scope must be"):
+    advantages.get("optimal_token_baseline", scope="rows")
   assert advantages.get("rloo") is advantages.rloo  # No options: the function itself.
 
 
@@ -849,10 +851,11 @@ def test_ibpo_groups_do_not_mix_and_padding_ends_a_trajectory():
 
 
 def test_ibpo_bad_options_and_missing_tokens():
-  with pytest.raises(ValueError, match="ibpo base must be another registered estimator"):
-    _run("ibpo", _trie_inputs(), base="ibpo")
-  with pytest.raises(ValueError, match="shrink must be >= 0"):
-    _run("ibpo", _trie_inputs(), shrink=-1.0)
+  for bad in ("ibpo", "nope"):
+    with pytest.raises(ValueError, match="ibpo base must be another registered estimator"):
+      advantages.get("ibpo", base=bad)
+  with pytest.raises(ValueError, match="shrink must be a finite number >= 0"):
+    advantages.get("ibpo", shrink=-1.0)  # At config time, before anything is traced.
   with pytest.raises(ValueError, match="needs AdvantageInputs.tokens_BT"):
     advantages.get("ibpo")(_trie_inputs().replace(tokens_BT=None), H)
   with pytest.raises(ValueError, match="ibpo_lambda must be >= 0"):

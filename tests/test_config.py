@@ -45,6 +45,9 @@ BAD = [
     "ignore",
     "rl.unscorable='ignore'; allowed: \\('mask', 'zero', 'drop_group'\\)",
   ),
+  ("rl.ibpo_lambda", -0.5, "ibpo_lambda must be >= 0"),
+  ("rl.top_k", 0, "top_k must be >= 1"),
+  ("rl.advantage_options", {"scope": "rows"}, "'grpo' has no options \\['scope'\\]"),
   ("rl.eps_low", NAN, "rl.eps_low=nan: must be a finite number"),
   ("rl.kl_coef", -0.1, "rl.kl_coef must be >= 0"),
   ("rl.kl_coef", INF, "rl.kl_coef=inf"),
@@ -89,6 +92,21 @@ def _set(c, key, value):
 def test_every_bad_value_fails_in_build_naming_the_key(key, value, match):
   c = config_lib.load(TINY)
   _set(c, key, value)
+  with pytest.raises(config_lib.ConfigError, match=match):
+    config.build(c)
+
+
+@pytest.mark.parametrize(
+  "advantage, options, match",
+  [
+    ("ibpo", {"shrink": -1.0}, "ibpo shrink must be a finite number >= 0"),
+    ("ibpo", {"base": "ibpo"}, "ibpo base must be another registered estimator"),
+    ("optimal_token_baseline", {"scope": "rows"}, "scope must be 'group' or 'batch'"),
+  ],
+)
+def test_bad_estimator_options_fail_in_build(advantage, options, match):
+  c = config_lib.load(TINY)
+  c.rl.advantage, c.rl.advantage_options = advantage, options
   with pytest.raises(config_lib.ConfigError, match=match):
     config.build(c)
 
