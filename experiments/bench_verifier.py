@@ -193,6 +193,44 @@ def run_backend(backend, cases, *, workers, timeout_s, repeats) -> dict:
   return figures
 
 
+CLAIM = (
+  "The default backend, math_verify, agrees with the labelled pairs more often than the "
+  "builtin one (the reason it is the default)."
+)
+
+
+def verdict(result: dict, cases: list[dict]) -> dict | None:
+  """The claim's verdict from a paired comparison over the cases. The verifiers are
+  deterministic (no seeds): the uncertainty is over which pairs were labelled, so the
+  interval is over cases, d_i = 1[math_verify agrees] − 1[builtin agrees], mean ± t·sd/√n
+  (95%). Supports if it lies above 0, contradicts if below, else inconclusive. None
+  unless both backends ran."""
+  if not {"math_verify", "builtin"} <= set(result["backends"]):
+    return None
+  import scipy.stats  # noqa: PLC0415
+
+  agree = {
+    b: np.array(
+      [c["id"] not in {d["id"] for d in result["backends"][b]["disagreements"]} for c in cases],
+      np.float64,
+    )
+    for b in ("math_verify", "builtin")
+  }
+  d = agree["math_verify"] - agree["builtin"]
+  half = float(scipy.stats.t.ppf(0.975, d.size - 1) * d.std(ddof=1) / np.sqrt(d.size))
+  low, high = float(d.mean()) - half, float(d.mean()) + half
+  word = "supports" if low > 0 else "contradicts" if high < 0 else "inconclusive"
+  return {
+    "claim": CLAIM,
+    "agreement_gain": {"mean": float(d.mean()), "ci": [low, high], "n": int(d.size)},
+    "verdict": word,
+    "reason": (
+      f"math_verify − builtin agreement over the {d.size} pairs: {d.mean():+.3f} "
+      f"(95% CI [{low:+.3f}, {high:+.3f}], paired over cases)."
+    ),
+  }
+
+
 def _pct(x: float) -> str:
   return f"{100 * x:.1f}%"
 
@@ -226,6 +264,15 @@ def write_markdown(result: dict, path: pathlib.Path):
     f"{result['timeout_s']} s timeout), as in training. Machine: {result['machine']}; "
     f"math-verify {result['versions']['math-verify']}, sympy {result['versions']['sympy']}.",
     "",
+    *(
+      [
+        f"**Claim:** {result['claim']} **Verdict: {result['verdict']}.** {result['reason']} "
+        "No seeds: the verifiers draw nothing at random.",
+        "",
+      ]
+      if "verdict" in result
+      else []
+    ),
     "| backend | agreement | false accepts (rate) | false rejects (rate) | unscorable "
     "| timeouts | median ms/case | p95 ms/case | pool wall s |",
     "|---|---|---|---|---|---|---|---|---|",
@@ -352,6 +399,11 @@ def main(argv=None) -> dict:
       for b in backends
     },
   }
+  # Deterministic verifiers: no random draws, so no seeds (the interval is over cases).
+  result["seeds"] = []
+  result["seeds_note"] = "deterministic: no sampling; uncertainty is over the labelled cases"
+  if (v := verdict(result, cases)) is not None:
+    result.update(v)
   (out / "verifier.json").write_text(json.dumps(result, indent=1) + "\n")
   write_markdown(result, out / "verifier.md")
   write_plot(result, out / "verifier.png")

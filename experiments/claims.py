@@ -188,7 +188,7 @@ def analyse_flips(runs) -> Outcome:
         _per_seed(runs, GRPO, lambda r, k=key: reproduce.diag_mean(r, k)),
       )
   gap = reproduce.within(figs["boosted_share_gap"], -0.15, 0.15)
-  verdict = {"yes": "supports", "no": "contradicts", "unclear": "inconclusive"}[gap]
+  verdict = reproduce.combine([gap])
   g = figs["boosted_share_gap"]
   reason = (
     f"Of the tokens whose log-prob moved by more than τ, {_v(figs['boosted_share_pos'], '.0%')} were "
@@ -305,8 +305,7 @@ def analyse_template_shift(runs) -> Outcome:
     "template_share_positive_only": _fig("template share of Σ|Δ log p|, positive-only", p),
     "template_share_shift": _fig("shift (GRPO − positive-only)", _paired(g, p)),
   }
-  below = reproduce.above(figs["template_share_shift"], 0.0)
-  verdict = {"no": "supports", "yes": "contradicts", "unclear": "inconclusive"}[below]
+  verdict = reproduce.combine([reproduce.below(figs["template_share_shift"], 0.0)])
   s = figs["template_share_shift"]
   reason = (
     f"GRPO puts {_v(figs['template_share_grpo'], '.1%')} of |Δ log p| on template tokens, "
@@ -555,8 +554,7 @@ def analyse_baselines(per_seed: list[dict]) -> Outcome:
     "pass_rate": _fig("pass rate of the sampled groups", [r["pass_rate"] for r in per_seed]),
   }
   parts = [
-    {"yes": "no", "no": "yes", "unclear": "unclear"}[reproduce.above(figs[k], 1.0)]
-    for k in ("variance_ratio_weaver_tao", "variance_ratio_per_token")
+    reproduce.below(figs[k], 1.0) for k in ("variance_ratio_weaver_tao", "variance_ratio_per_token")
   ]
   verdict = reproduce.combine(parts)
   reason = (
@@ -658,9 +656,7 @@ def analyse_fade(runs) -> Outcome:
       )
     ),
   )
-  earlier = {"no": "yes", "yes": "no", "unclear": "unclear"}[
-    reproduce.above(figs["peak_earlier"], 0.0)
-  ]
+  earlier = reproduce.below(figs["peak_earlier"], 0.0)
   not_worse = reproduce.above(figs["pass16_gain"], -0.05)
   verdict = reproduce.combine([earlier, not_worse])
   reason = (
@@ -695,7 +691,7 @@ def analyse_single(runs) -> Outcome:
     _per_seed(runs, SINGLE["filter"], _late_mean("masked_frac/negative_token_filter", frac=1.0)),
   )
   comparable = reproduce.above(figs["gap_filter"], -0.05)
-  verdict = {"yes": "supports", "no": "contradicts", "unclear": "inconclusive"}[comparable]
+  verdict = reproduce.combine([comparable])
   reason = (
     f"At 128 rollouts per iteration, G = 1 with the 'prob' + 'batch_shared' filter ends "
     f"{_v(figs['gap_filter'], '+.3f')} from GRPO G = 8 (CI above −0.05: {comparable}); "

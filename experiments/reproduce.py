@@ -171,6 +171,11 @@ def above(fig: dict, threshold: float) -> str:
   return "unclear"
 
 
+def below(fig: dict, threshold: float) -> str:
+  """ "yes" if the CI lies below threshold, "no" if above, else "unclear"."""
+  return {"yes": "no", "no": "yes", "unclear": "unclear"}[above(fig, threshold)]
+
+
 def within(fig: dict, low_bound: float, high_bound: float) -> str:
   """ "yes" if the CI lies inside [low_bound, high_bound], "no" if it lies wholly outside,
   else "unclear"."""

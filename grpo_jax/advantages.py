@@ -383,15 +383,14 @@ def ibpo_shaped(
     inputs.valid,
     shrink=shrink,
   )
-  return base_BT + hyper.ibpo_lambda * jnp.where(inputs.token_mask, shaping_BT, 0.0)
+  return base_BT + hyper.ibpo_lambda * shaping_BT  # Δφ is 0 off the valid rows' mask.
 
 
 def ibpo_stats(inputs: AdvantageInputs, hyper: AdvantageHyper, *, base="grpo", shrink=0.0):
   """`ibpo.shaping_stats` of the ibpo estimator with these options, on its batch."""
   m_BT = inputs.token_mask
   args = (inputs.tokens_BT, inputs.mask_BT, inputs.rewards_B, inputs.group_ids_B, inputs.valid)
-  phi_BT, _ = ibpo.potential(*args, shrink=shrink)
-  shaping_BT = jnp.where(m_BT, ibpo.shaping(*args, shrink=shrink), 0.0)
+  phi_BT, shaping_BT = ibpo.potential_and_shaping(*args, shrink=shrink)
   base_BT = REGISTRY.get(base)(inputs, hyper)
   return ibpo.shaping_stats(
     base_BT, shaping_BT, phi_BT, inputs.rewards_B, m_BT, lam=hyper.ibpo_lambda

@@ -98,13 +98,20 @@ def potential(tokens_BT, mask_BT, rewards_B, group_ids_B, valid_B=None, *, shrin
   return jnp.where(on_BT, phi_BT, 0.0), phi0_B
 
 
-def shaping(tokens_BT, mask_BT, rewards_B, group_ids_B, valid_B=None, *, shrink=0.0):
-  """Δφ_{i,t} = φ(o_{i,≤t}) − φ(o_{i,<t}) on the mask (0 elsewhere); Σ_t Δφ_{i,t} =
-  φ(o_i) − r̄_g for a valid row."""
+def potential_and_shaping(tokens_BT, mask_BT, rewards_B, group_ids_B, valid_B=None, *, shrink=0.0):
+  """(φ_BT, Δφ_BT): `potential` and Δφ_{i,t} = φ(o_{i,≤t}) − φ(o_{i,<t}) on the valid
+  rows' mask (0 elsewhere); Σ_t Δφ_{i,t} = φ(o_i) − r̄_g for a valid row."""
   phi_BT, phi0_B = potential(tokens_BT, mask_BT, rewards_B, group_ids_B, valid_B, shrink=shrink)
   prev_BT = jnp.concatenate([phi0_B[:, None], phi_BT[:, :-1]], axis=1)
   on_BT = mask_BT if valid_B is None else mask_BT & valid_B[:, None]
-  return jnp.where(on_BT, phi_BT - prev_BT, 0.0)
+  return phi_BT, jnp.where(on_BT, phi_BT - prev_BT, 0.0)
+
+
+def shaping(tokens_BT, mask_BT, rewards_B, group_ids_B, valid_B=None, *, shrink=0.0):
+  """Δφ_BT of `potential_and_shaping`."""
+  return potential_and_shaping(tokens_BT, mask_BT, rewards_B, group_ids_B, valid_B, shrink=shrink)[
+    1
+  ]
 
 
 def shaping_stats(base_BT, shaping_BT, phi_BT, rewards_B, mask_BT, *, lam):

@@ -223,11 +223,13 @@ def apply(mask_fns: dict, inputs: MaskInputs, hyper: MaskHyper):
   loss_mask_BT = inputs.mask_BT
   stats = {}
   for name, fn in mask_fns.items():
-    keep_BT = fn(inputs, hyper)
-    if name in PARTS:
+    if name in PARTS:  # keep = no part drops the token: the parts, computed once.
       parts = PARTS[name](inputs, hyper, **getattr(fn, "keywords", {}))
+      keep_BT = ~functools.reduce(jnp.logical_or, parts.values())
       for part, drop_BT in parts.items():
         stats[f"masked_frac/{name}/{part}"] = masked_fraction(inputs.mask_BT, ~drop_BT)
+    else:
+      keep_BT = fn(inputs, hyper)
     stats[f"masked_frac/{name}"] = masked_fraction(inputs.mask_BT, keep_BT)
     loss_mask_BT = loss_mask_BT & keep_BT
   stats["masked_frac"] = masked_fraction(inputs.mask_BT, loss_mask_BT)

@@ -116,21 +116,21 @@ def test_trainer_functions_are_short(module):
   assert not long, f"grpo_jax/{module}.py: functions over {MAX_FUNCTION_LINES} lines: {long}"
 
 
+def _config_module(name: str):
+  """configs/<name>, loaded by path as `--config=` loads it."""
+  import importlib.util  # noqa: PLC0415
+
+  module_spec = importlib.util.spec_from_file_location(f"_cfg_{name}", ROOT / "configs" / name)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module
+
+
 _VARIANTS = {
   "arithmetic.py": ("tiny", "full"),
   "countdown.py": ("tiny", "full"),
   "long_addition.py": ("tiny", "full"),
-  "remedies.py": (
-    "tiny",
-    "query_preserved",
-    "reward_balanced",
-    "group_norm",
-    "fade",
-    "optimal_token_baseline",
-    "single_rollout_filter",
-    "positive_only",
-    "ibpo",
-  ),
+  "remedies.py": ("tiny", *_config_module("remedies.py").REMEDIES),
   "gsm8k_qwen.py": ("tiny", "0.5b", "1.5b"),
   "math_qwen.py": ("tiny", "1.5b", "7b"),
   "scale.py": ("tiny", "0.5b", "1.5b", "7b"),
@@ -149,13 +149,10 @@ def test_reading_a_config_does_no_io(spec, monkeypatch):
   """get_config builds a ConfigDict and nothing else: no file is opened or listed (I/O
   happens in config.build, at the edge)."""
   import builtins  # noqa: PLC0415
-  import importlib.util  # noqa: PLC0415
   import os  # noqa: PLC0415
 
   name, variant = spec.split(":")
-  module_spec = importlib.util.spec_from_file_location(f"_cfg_{name}", ROOT / "configs" / name)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
+  module = _config_module(name)
 
   def refuse(*args, **kwargs):
     raise AssertionError(f"{spec}: get_config did I/O: {args[:1]}")

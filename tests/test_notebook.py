@@ -11,18 +11,23 @@ nbformat = pytest.importorskip("nbformat")
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
+def _execute(notebook: str, *, timeout: int):
+  """Runs colabs/<notebook> from the repo root; (its outputs, their printed text)."""
+  nb = nbformat.read(ROOT / "colabs" / notebook, as_version=4)
+  client = nbclient.NotebookClient(
+    nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}
+  )
+  client.execute()
+  outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+  return outputs, "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+
+
 @pytest.mark.slow
 def test_quickstart_notebook_runs_and_plots(tmp_path, monkeypatch):
   monkeypatch.setenv("GRPO_JAX_QUICK", "1")
   monkeypatch.setenv("GRPO_JAX_WORKDIR", str(tmp_path / "run"))
   monkeypatch.delenv("MPLBACKEND", raising=False)  # The kernel's inline backend draws PNGs.
-  nb = nbformat.read(ROOT / "colabs" / "quickstart.ipynb", as_version=4)
-  client = nbclient.NotebookClient(
-    nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}
-  )
-  client.execute()
-  outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
-  text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+  outputs, text = _execute("quickstart.ipynb", timeout=600)
   assert "held-out greedy accuracy" in text  # train.describe ran.
   assert any("image/png" in o.get("data", {}) for o in outputs)  # The plot cell drew.
   assert (tmp_path / "run" / "summary.json").exists()
@@ -33,13 +38,7 @@ def test_reproductions_notebook_draws_the_committed_results():
   and prints the table and one figure per claim."""
   results = sorted((ROOT / "experiments" / "results" / "reproductions").glob("*.json"))
   assert results, "no committed reproduction results"
-  nb = nbformat.read(ROOT / "colabs" / "reproductions.ipynb", as_version=4)
-  client = nbclient.NotebookClient(
-    nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}
-  )
-  client.execute()
-  outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
-  text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+  outputs, text = _execute("reproductions.ipynb", timeout=300)
   assert f"{len(results)} claims under" in text
   for path in results:  # One table line per claim: its label, verdict and title.
     r = json.loads(path.read_text())

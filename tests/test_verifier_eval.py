@@ -5,6 +5,7 @@ import json
 import pathlib
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -77,3 +78,29 @@ def test_bench_verifier_quick_writes_every_figure(tmp_path):
     assert sum(g["n"] for g in f["by_category"].values()) == 24
     assert sum(g["n"] for g in f["by_source"].values()) == 24
     assert f"`{name}` | {100 * f['agreement']:.1f}%" in md
+  assert saved["seeds"] == [] and saved["verdict"] in ("supports", "contradicts", "inconclusive")
+  assert f"**Verdict: {saved['verdict']}.**" in md
+
+
+def test_verdict_is_a_paired_interval_over_cases():
+  cases = [{"id": f"c{i}"} for i in range(4)]
+
+  def result(mv_wrong, builtin_wrong):
+    wrong = {"math_verify": mv_wrong, "builtin": builtin_wrong}
+    return {"backends": {b: {"disagreements": [{"id": i} for i in w]} for b, w in wrong.items()}}
+
+  # d = (0, 0, 1, 1): mean 1/2, sd 0.57735, t_{0.975, 3} = 3.182446: half width 0.918693.
+  got = bench_verifier.verdict(result([], ["c2", "c3"]), cases)
+  assert got["agreement_gain"]["mean"] == 0.5
+  np.testing.assert_allclose(
+    got["agreement_gain"]["ci"], [0.5 - 0.918693, 0.5 + 0.918693], rtol=1e-5
+  )
+  assert got["verdict"] == "inconclusive"
+  assert (
+    bench_verifier.verdict(result([], ["c0", "c1", "c2", "c3"]), cases)["verdict"] == "supports"
+  )
+  assert (
+    bench_verifier.verdict(result(["c0", "c1", "c2", "c3"], []), cases)["verdict"] == "contradicts"
+  )
+  one = {"backends": {"builtin": {"disagreements": []}}}
+  assert bench_verifier.verdict(one, cases) is None
