@@ -51,6 +51,11 @@ class AdvantageInputs:
   score_sq_BT: jax.Array | None = None
   # int32 [B, T]: the completion tokens (for estimators that compare trajectories: ibpo).
   tokens_BT: jax.Array | None = None
+  # bool: counterfactual rows that inform ibpo's potential φ but take no part in the base
+  # estimator (and are not trained); f32: every row's weight in φ's trie (importance
+  # weights of rows sampled under a perturbed prompt). None: no such rows; weight 1.
+  context_B: jax.Array | None = None
+  weights_B: jax.Array | None = None
 
   @property
   def success(self) -> jax.Array:
@@ -74,7 +79,10 @@ class AdvantageHyper:
 
   eps: added to std denominators. gamma: REINFORCE++ discount. kl_coef: β of the KL
   folded into REINFORCE++'s reward. lambda_s, lambda_f, std_power, focal_gamma: the
-  sign/difficulty family (`fade`). ibpo_lambda: λ of IBPO's potential-based shaping.
+  sign/difficulty family (`fade`). ibpo_lambda: λ of IBPO's potential-based shaping;
+  ibpo_tau: τ of its full-rewrite filter (counterfactuals at normalised edit distance > τ
+  from their parent are dropped); ibpo_is_cap: c of the truncated importance weights
+  min(π(o|q)/π(o|q̃), c) of counterfactuals sampled under a perturbed prompt q̃.
   """
 
   eps: jax.Array
@@ -85,6 +93,8 @@ class AdvantageHyper:
   std_power: jax.Array
   focal_gamma: jax.Array
   ibpo_lambda: jax.Array
+  ibpo_tau: jax.Array
+  ibpo_is_cap: jax.Array
 
 
 def advantage_hyper(
@@ -97,6 +107,8 @@ def advantage_hyper(
   std_power: float = 0.5,
   focal_gamma: float = 0.0,
   ibpo_lambda: float = 1.0,
+  ibpo_tau: float = 1.0,
+  ibpo_is_cap: float = 2.0,
 ) -> AdvantageHyper:
   """Validated AdvantageHyper of float32 scalars."""
   for name, value, ok, allowed in (
@@ -107,6 +119,8 @@ def advantage_hyper(
     ("lambda_f", lambda_f, lambda_f >= 0, ">= 0"),
     ("std_power", std_power, std_power >= 0, ">= 0"),
     ("ibpo_lambda", ibpo_lambda, ibpo_lambda >= 0, ">= 0"),
+    ("ibpo_tau", ibpo_tau, 0 < ibpo_tau <= 1, "in (0, 1] (1: keep every counterfactual)"),
+    ("ibpo_is_cap", ibpo_is_cap, ibpo_is_cap > 0, "> 0"),
   ):
     if not ok:
       raise ValueError(f"Advantage hyperparameter {name} must be {allowed}, got {value}.")
@@ -120,6 +134,8 @@ def advantage_hyper(
     std_power=f32(std_power),
     focal_gamma=f32(focal_gamma),
     ibpo_lambda=f32(ibpo_lambda),
+    ibpo_tau=f32(ibpo_tau),
+    ibpo_is_cap=f32(ibpo_is_cap),
   )
 
 
@@ -375,22 +391,24 @@ def ibpo_shaped(
   if inputs.tokens_BT is None:
     raise ValueError("ibpo needs AdvantageInputs.tokens_BT (the completion tokens).")
   base_BT = REGISTRY.get(base)(inputs, hyper)
-  shaping_BT = ibpo.shaping(
-    inputs.tokens_BT,
-    inputs.mask_BT,
-    inputs.rewards_B,
-    inputs.group_ids_B,
-    inputs.valid,
-    shrink=shrink,
-  )
+  shaping_BT = ibpo.shaping(*_ibpo_args(inputs), shrink=shrink, **_ibpo_context(inputs))
   return base_BT + hyper.ibpo_lambda * shaping_BT  # Δφ is 0 off the valid rows' mask.
+
+
+def _ibpo_args(inputs: AdvantageInputs):
+  return (inputs.tokens_BT, inputs.mask_BT, inputs.rewards_B, inputs.group_ids_B, inputs.valid)
+
+
+def _ibpo_context(inputs: AdvantageInputs) -> dict:
+  return dict(context_B=inputs.context_B, weights_B=inputs.weights_B)
 
 
 def ibpo_stats(inputs: AdvantageInputs, hyper: AdvantageHyper, *, base="grpo", shrink=0.0):
   """`ibpo.shaping_stats` of the ibpo estimator with these options, on its batch."""
   m_BT = inputs.token_mask
-  args = (inputs.tokens_BT, inputs.mask_BT, inputs.rewards_B, inputs.group_ids_B, inputs.valid)
-  phi_BT, shaping_BT = ibpo.potential_and_shaping(*args, shrink=shrink)
+  phi_BT, shaping_BT = ibpo.potential_and_shaping(
+    *_ibpo_args(inputs), shrink=shrink, **_ibpo_context(inputs)
+  )
   base_BT = REGISTRY.get(base)(inputs, hyper)
   return ibpo.shaping_stats(
     base_BT, shaping_BT, phi_BT, inputs.rewards_B, m_BT, lam=hyper.ibpo_lambda

@@ -14,6 +14,8 @@ Sections of the ConfigDict and the dataclass each becomes:
   rl           rl.RLConfig           the algorithm, by registry names
   mesh         sharding.MeshConfig   (data, fsdp, tensor) sizes and the logical->mesh rules
   diagnostics  DiagnosticsConfig     token-credit diagnostics (every = 0: off)
+  counterfactual counterfactuals.CounterfactualConfig  IBPO's counterfactual rows (per_group
+               = 0: off); the trainer's groups are then G + C rows (Setup.train_group)
 
 Where each value is checked: its own range (>= 1, finite, a registered name) in its
 dataclass's `__post_init__`; values that constrain each other (the rollout batch, the
@@ -38,6 +40,7 @@ from grpo_jax import (
   advantages,
   aggregation,
   config_lib,
+  counterfactuals,
   hf,
   model,
   presets,
@@ -48,7 +51,7 @@ from grpo_jax import (
 )
 from grpo_jax.diagnostics import grads
 
-SECTIONS = ("task", "model", "sampler", "sampling", "rl", "mesh", "diagnostics")
+SECTIONS = ("task", "model", "sampler", "sampling", "rl", "mesh", "diagnostics", "counterfactual")
 # What config.model may set when the architecture comes from a HF checkpoint.
 HF_RUNTIME_KEYS = ("param_dtype", "dtype", "scan_layers", "remat")
 
@@ -235,11 +238,18 @@ class Setup:
   mesh_cfg: sharding.MeshConfig
   diagnostics: DiagnosticsConfig = DiagnosticsConfig()
   spec: dict = dataclasses.field(default_factory=dict)  # The ConfigDict, as plain data.
+  counterfactual: counterfactuals.CounterfactualConfig = counterfactuals.CounterfactualConfig()
+  step_end_ids: tuple[int, ...] = ()  # Token ids that end a step (the task's step_end_text).
+
+  @property
+  def train_group(self) -> int:
+    """Rows per group in the training batch: G samples + C counterfactuals."""
+    return self.sampler_cfg.group_size + self.counterfactual.per_group
 
   @property
   def rollout_rows(self) -> int:
-    """N = prompts_per_step × group_size rows per rollout batch."""
-    return self.loop.prompts_per_step * self.sampler_cfg.group_size
+    """N = prompts_per_step × train_group rows per training batch."""
+    return self.loop.prompts_per_step * self.train_group
 
 
 def _defaults(cls) -> dict:
@@ -290,6 +300,7 @@ def default_config() -> ml_collections.ConfigDict:
     dict(data=mesh.data, fsdp=mesh.fsdp, tensor=mesh.tensor, rules=_section(dict(mesh.rules)))
   )
   c.diagnostics = _section(_defaults(DiagnosticsConfig))
+  c.counterfactual = _section(_defaults(counterfactuals.CounterfactualConfig))
   return c
 
 
@@ -389,7 +400,13 @@ def _build(config, *, n_devices: int | None) -> Setup:
   rl_cfg = rl.RLConfig.from_dict(_with_mask_vocab(d["rl"], model_cfg), where="config.rl")
   mesh_cfg = sharding.MeshConfig.from_dict(d.get("mesh", {}))
   data_parallel = math.prod(mesh_cfg.shape(n_devices or jax.device_count())[:2])
-  _check_batch_shapes(loop, rl_cfg, sampler_cfg.group_size, data_parallel=data_parallel)
+  cf = config_lib.from_dict(
+    counterfactuals.CounterfactualConfig, d.get("counterfactual", {}), where="config.counterfactual"
+  )
+  step_end_ids = _step_end_ids(task, tok)
+  _check_counterfactuals(cf, rl_cfg, task, step_end_ids)
+  train_group = sampler_cfg.group_size + cf.per_group
+  _check_batch_shapes(loop, rl_cfg, train_group, data_parallel=data_parallel)
   _check_group_estimator(rl_cfg, sampler_cfg.group_size)
   _check_prompt_lengths(task, tok, sampler_cfg, loop)
   return Setup(
@@ -405,7 +422,49 @@ def _build(config, *, n_devices: int | None) -> Setup:
       d.get("diagnostics", {}), prompts_per_step=loop.prompts_per_step, model_cfg=model_cfg
     ),
     spec=d,
+    counterfactual=cf,
+    step_end_ids=step_end_ids,
   )
+
+
+def _step_end_ids(task, tok) -> tuple[int, ...]:
+  """Token ids of the task's step-ending texts (`Task.step_end_text`) that are one token."""
+  ids = [tok.encode(t, add_bos=False) for t in getattr(task, "step_end_text", ("\n",))]
+  return tuple(sorted({i[0] for i in ids if len(i) == 1}))
+
+
+def _check_counterfactuals(cf, rl_cfg: rl.RLConfig, task, step_end_ids) -> None:
+  """Counterfactual rows are used by something, can be scored against their prompt's
+  example, and their importance weights can be computed."""
+  if not cf.enabled:
+    return
+  where = "config.counterfactual"
+  if rl_cfg.advantage != "ibpo" and not cf.train:
+    raise ValueError(
+      f"{where}.per_group={cf.per_group} with rl.advantage={rl_cfg.advantage!r} and "
+      f"{where}.train=False: the counterfactual rows would be sampled and never used. Use "
+      "rl.advantage='ibpo' (they inform its potential φ), or train=True, or per_group=0."
+    )
+  if rl_cfg.dynamic_sampling:
+    raise ValueError(f"{where} does not combine with rl.dynamic_sampling; switch one off.")
+  if cf.perturbed:
+    supported = task.supported_perturbations()
+    if cf.source not in supported:
+      raise ValueError(
+        f"{where}.source={cf.source!r}: task {type(task).__name__} perturbs its prompts by "
+        f"{', '.join(supported) or 'none'}; use one of those or 'branch'."
+      )
+    if cf.weighting == "truncated_is" and not rl_cfg.recompute_old_logp:
+      raise ValueError(
+        f"{where}.weighting='truncated_is' needs π(o|q) of rows sampled under a perturbed "
+        "prompt: set rl.recompute_old_logp=True (one forward per row), or weighting "
+        "'none' / 'drop'."
+      )
+  if "step" in (cf.cut, cf.distance) and not step_end_ids:
+    raise ValueError(
+      f"{where}: cut or distance 'step' needs the task's step splitter, and task "
+      f"{type(task).__name__} defines no one-token step_end_text; use 'uniform' / 'token'."
+    )
 
 
 def _task(d: dict, *, hf_dir: str):
@@ -543,4 +602,5 @@ def as_dict(setup: Setup) -> dict:
     "rl": dataclasses.asdict(setup.rl_cfg),
     "mesh": {**dataclasses.asdict(setup.mesh_cfg), "rules": dict(setup.mesh_cfg.rules)},
     "diagnostics": dataclasses.asdict(setup.diagnostics),
+    "counterfactual": dataclasses.asdict(setup.counterfactual),
   }

@@ -49,9 +49,11 @@ def prefix_hashes(tokens_BT):
   return h1_TB.T, h2_TB.T
 
 
-def prefix_stats(tokens_BT, mask_BT, rewards_B, group_ids_B, valid_B=None):
+def prefix_stats(tokens_BT, mask_BT, rewards_B, group_ids_B, valid_B=None, weights_B=None):
   """(n_BT, sum_BT): for each valid (i, t), how many valid rows j of i's group have the
   same prefix o_{j,≤t} = o_{i,≤t} (i included) and the sum of their rewards. 0 off the mask.
+  With weights_B (f32, e.g. importance weights of counterfactual rows) each row j counts
+  w_j times: n = Σ w_j and sum = Σ w_j r_j.
 
   mask_BT must be a prefix mask per row (right-padded completions): o_{i,≤t} is a real
   prefix exactly where mask_{i,t}.
@@ -69,7 +71,10 @@ def prefix_stats(tokens_BT, mask_BT, rewards_B, group_ids_B, valid_B=None):
   for k in sk:
     new = new | jnp.concatenate([jnp.ones(1, bool), k[1:] != k[:-1]])
   seg = jnp.cumsum(new) - 1
-  on = on_BT.reshape(-1)[order].astype(jnp.float32)
+  w_BT = on_BT.astype(jnp.float32)
+  if weights_B is not None:
+    w_BT = w_BT * weights_B.astype(jnp.float32)[:, None]
+  on = w_BT.reshape(-1)[order]
   r = jnp.broadcast_to(rewards_B.astype(jnp.float32)[:, None], (B, T)).reshape(-1)[order]
   n_sorted = jax.ops.segment_sum(on, seg, num_segments=B * T)[seg]
   s_sorted = jax.ops.segment_sum(on * r, seg, num_segments=B * T)[seg]
@@ -89,29 +94,53 @@ def group_mean_reward(rewards_B, group_ids_B, valid_B=None):
   return s / jnp.maximum(n, 1.0)
 
 
-def potential(tokens_BT, mask_BT, rewards_B, group_ids_B, valid_B=None, *, shrink=0.0):
-  """φ_BT = φ(o_{i,≤t}) on the mask (see the module docstring), and φ0_B = r̄_g."""
-  n_BT, s_BT = prefix_stats(tokens_BT, mask_BT, rewards_B, group_ids_B, valid_B)
+def potential(
+  tokens_BT,
+  mask_BT,
+  rewards_B,
+  group_ids_B,
+  valid_B=None,
+  *,
+  shrink=0.0,
+  context_B=None,
+  weights_B=None,
+):
+  """φ_BT = φ(o_{i,≤t}) on the mask (see the module docstring), and φ0_B = r̄_g.
+
+  context_B (bool): extra rows (counterfactuals) that count in the trie but not in r̄_g;
+  weights_B: their weights in the trie (`prefix_stats`). φ is defined on valid and
+  context rows alike.
+  """
+  trie_B = valid_B if context_B is None else _valid(valid_B, rewards_B) | context_B
+  n_BT, s_BT = prefix_stats(tokens_BT, mask_BT, rewards_B, group_ids_B, trie_B, weights_B)
   phi0_B = group_mean_reward(rewards_B, group_ids_B, valid_B)
   phi_BT = (s_BT + shrink * phi0_B[:, None]) / jnp.maximum(n_BT + shrink, 1e-12)
   on_BT = n_BT > 0
   return jnp.where(on_BT, phi_BT, 0.0), phi0_B
 
 
-def potential_and_shaping(tokens_BT, mask_BT, rewards_B, group_ids_B, valid_B=None, *, shrink=0.0):
+def _valid(valid_B, rewards_B):
+  return jnp.ones(rewards_B.shape, bool) if valid_B is None else valid_B
+
+
+def potential_and_shaping(
+  tokens_BT, mask_BT, rewards_B, group_ids_B, valid_B=None, *, shrink=0.0, **context
+):
   """(φ_BT, Δφ_BT): `potential` and Δφ_{i,t} = φ(o_{i,≤t}) − φ(o_{i,<t}) on the valid
-  rows' mask (0 elsewhere); Σ_t Δφ_{i,t} = φ(o_i) − r̄_g for a valid row."""
-  phi_BT, phi0_B = potential(tokens_BT, mask_BT, rewards_B, group_ids_B, valid_B, shrink=shrink)
+  rows' mask (0 elsewhere, context rows included); Σ_t Δφ_{i,t} = φ(o_i) − r̄_g for a
+  valid row. `context` = context_B, weights_B of `potential`."""
+  phi_BT, phi0_B = potential(
+    tokens_BT, mask_BT, rewards_B, group_ids_B, valid_B, shrink=shrink, **context
+  )
   prev_BT = jnp.concatenate([phi0_B[:, None], phi_BT[:, :-1]], axis=1)
   on_BT = mask_BT if valid_B is None else mask_BT & valid_B[:, None]
   return phi_BT, jnp.where(on_BT, phi_BT - prev_BT, 0.0)
 
 
-def shaping(tokens_BT, mask_BT, rewards_B, group_ids_B, valid_B=None, *, shrink=0.0):
+def shaping(tokens_BT, mask_BT, rewards_B, group_ids_B, valid_B=None, *, shrink=0.0, **context):
   """Δφ_BT of `potential_and_shaping`."""
-  return potential_and_shaping(tokens_BT, mask_BT, rewards_B, group_ids_B, valid_B, shrink=shrink)[
-    1
-  ]
+  args = (tokens_BT, mask_BT, rewards_B, group_ids_B, valid_B)
+  return potential_and_shaping(*args, shrink=shrink, **context)[1]
 
 
 def shaping_stats(base_BT, shaping_BT, phi_BT, rewards_B, mask_BT, *, lam):

@@ -402,7 +402,7 @@ def plan_for(setup, *, n_devices: int | None = None, optimizer=None) -> Plan:
     setup.mesh_cfg,
     n_devices=n_devices or jax.device_count(),
     prompts=loop.prompts_per_step,
-    group_size=scfg.group_size,
+    group_size=setup.train_group,
     prompt_len=max(scfg.prompt_buckets),
     max_new_tokens=scfg.max_new_tokens,
     optimizer=optimizer,

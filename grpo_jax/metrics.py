@@ -50,6 +50,17 @@ DEFINITIONS = {
   "sign of their rollout's base advantage.",
   "ibpo/shaping_residual_corr": "ibpo estimator: correlation over valid tokens of Δφ_{i,t} with r_i − "
   "φ(o_{i,≤t}) (IBPO's variance argument wants it negative).",
+  "ibpo/counterfactual_rows": "Active counterfactual rows of the batch (config.counterfactual): "
+  "slots the plan filled within the token budget.",
+  "ibpo/kept_pair_frac": "Among active counterfactual rows, the fraction whose normalised edit "
+  "distance to their parent d/max(|o|,|o~|) is <= τ (local repairs; the rest are full rewrites, "
+  "dropped).",
+  "ibpo/edit_distance_mean": "Mean over active counterfactual rows of the normalised edit distance "
+  "to their parent (token or step level, config.counterfactual.distance).",
+  "ibpo/is_weight_mean": "Mean over active counterfactual rows of their weight in φ and the loss: "
+  "min(π(o|q)/π(o|q~), c) for rows sampled under a perturbed prompt, 1 for branches.",
+  "ibpo/distance_frac/<bin>": "Share of active counterfactual rows whose normalised edit distance "
+  "to their parent falls in the bin lo-hi (lo <= d < hi; the last bin includes 1).",
   "masked_frac": "Fraction of valid completion tokens removed by all token masks together.",
   "masked_frac/<mask>": "Fraction of valid completion tokens the named mask removes on its own.",
   "masked_frac/<mask>/<part>": "Fraction of valid completion tokens one part of the named mask "
@@ -80,6 +91,8 @@ DEFINITIONS = {
   "time/reward": "Seconds decoding completions and scoring rewards on the host (the old/ref log-prob forwards run on the device meanwhile, without dynamic sampling).",
   "time/update": "Seconds from scored rollouts to the updated state: the rest of prepare, planning, train steps.",
   "time/iteration": "Seconds of the iteration without evaluation: sample + reward + update + host glue.",
+  "time/counterfactuals": "Seconds planning, decoding, merging and scoring IBPO's counterfactual "
+  "rows (config.counterfactual), inside time/iteration.",
   "time/eval": "Seconds of the held-out evaluation (when it ran).",
   "time/diagnostics": "Seconds of the token-credit diagnostics (config.diagnostics; when they ran): "
   "the params snapshot before the update and the measurements after it.",

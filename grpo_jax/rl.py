@@ -45,6 +45,7 @@ from grpo_jax import (
   aggregation,
   config_lib,
   controllers,
+  counterfactuals,
   groups,
   logprobs,
   losses,
@@ -73,6 +74,8 @@ class RLConfig:
   std_power: float = 0.5
   focal_gamma: float = 0.0
   ibpo_lambda: float = 1.0  # λ of the ibpo estimator's shaping (an array: no recompile).
+  ibpo_tau: float = 1.0  # τ of the counterfactuals' full-rewrite filter (an array).
+  ibpo_is_cap: float = 2.0  # c of perturbed counterfactuals' weights min(ratio, c) (an array).
   # Controller (controllers.REGISTRY) that updates λ_S, λ_F, γ between steps.
   controller: str = "none"
   controller_options: dict = dataclasses.field(default_factory=dict)
@@ -213,6 +216,8 @@ class RLConfig:
         std_power=self.std_power,
         focal_gamma=self.focal_gamma,
         ibpo_lambda=self.ibpo_lambda,
+        ibpo_tau=self.ibpo_tau,
+        ibpo_is_cap=self.ibpo_is_cap,
       ),
       mask=masks.mask_hyper(
         prob_threshold=self.prob_threshold,
@@ -382,7 +387,18 @@ def trained_rows(scorable_N, keep_N, group_ids_N, *, policy: str):
   return keep_N & scorable_N & ((n_B == 1) | (s_B >= 2))
 
 
-def _advantage_inputs(lp: PolicyLogProbs, rollouts, rewards_N, valid_N, hyper, success_N, *, cfg):
+def _advantage_inputs(
+  lp: PolicyLogProbs,
+  rollouts,
+  rewards_N,
+  valid_N,
+  hyper,
+  success_N,
+  *,
+  cfg,
+  context_N=None,
+  weights_N=None,
+):
   if cfg.kl_in == "reward" and cfg.advantage != "reinforce_pp":
     rewards_N = rewards_N - hyper.adv.kl_coef * jnp.sum(lp.kl_NT, axis=1)
   return advantages.AdvantageInputs(
@@ -395,6 +411,8 @@ def _advantage_inputs(lp: PolicyLogProbs, rollouts, rewards_N, valid_N, hyper, s
     tokens_BT=rollouts.tokens_NT,
     valid_B=valid_N,
     success_B=success_N,
+    context_B=context_N,
+    weights_B=weights_N,
   )
 
 
@@ -407,25 +425,35 @@ def compute_advantages(
   success_N=None,
   *,
   cfg: RLConfig,
+  **context,
 ):
   """A[N, T] from the configured estimator, over the rows valid_N (`trained_rows`; the
   others take part in no statistic and get A = 0). With the KL folded into the reward
   (kl_in = "reward"), sequence estimators see r_i − β Σ_t kl_t; REINFORCE++ folds kl_t
   per token itself. success_N (bool): the verifier's verdict, for estimators that split
-  successes from failures (fade); None: shaped reward > 0."""
+  successes from failures (fade); None: shaped reward > 0. context (context_N, weights_N):
+  counterfactual rows that inform ibpo's φ only, and the rows' weights in it."""
   adv_fn = advantages.get(cfg.advantage, **config_lib.to_dict(cfg.advantage_options))
-  inputs = _advantage_inputs(lp, rollouts, rewards_N, valid_N, hyper, success_N, cfg=cfg)
+  inputs = _advantage_inputs(lp, rollouts, rewards_N, valid_N, hyper, success_N, cfg=cfg, **context)
   return adv_fn(inputs, hyper.adv)
 
 
 def estimator_metrics(
-  lp: PolicyLogProbs, rollouts, rewards_N, valid_N, hyper: PrepareHyper, success_N, *, cfg
+  lp: PolicyLogProbs,
+  rollouts,
+  rewards_N,
+  valid_N,
+  hyper: PrepareHyper,
+  success_N,
+  *,
+  cfg,
+  **context,
 ):
   """The configured estimator's own metrics: "ibpo/..." for ibpo (`advantages.ibpo_stats`),
   none for the others."""
   if cfg.advantage != "ibpo":
     return {}
-  inputs = _advantage_inputs(lp, rollouts, rewards_N, valid_N, hyper, success_N, cfg=cfg)
+  inputs = _advantage_inputs(lp, rollouts, rewards_N, valid_N, hyper, success_N, cfg=cfg, **context)
   return advantages.ibpo_stats(inputs, hyper.adv, **config_lib.to_dict(cfg.advantage_options))
 
 
@@ -473,23 +501,40 @@ def finish_prepare(
   hyper: PrepareHyper,
   scorable_N=None,
   keep_N=None,
+  prov=None,
   *,
   cfg: RLConfig,
+  cf_cfg=None,
+  step_end_ids=(),
 ):
   """Shaped rewards, the trained rows, advantages, the loss mask and the batch's metrics,
   given its log-probs. scorable_N: False where the reward failed (default: all scored);
-  keep_N: False on rows kept only for shape (default: all kept).
+  keep_N: False on rows kept only for shape (default: all kept); prov
+  (`counterfactuals.Provenance`, with cf_cfg): IBPO's counterfactual rows in the batch
+  (`_counterfactual_rows`).
 
   Returns (RolloutBatch, shaped rewards_N, metrics).
   """
   ones_N = jnp.ones(rollouts.group_ids_N.shape, bool)
   scorable_N = ones_N if scorable_N is None else jnp.asarray(scorable_N, bool)
   keep_N = ones_N if keep_N is None else jnp.asarray(keep_N, bool)
+  cf_stats, context_N, weights_N, own_NT = {}, None, None, None
+  if prov is not None:
+    keep_N, context_N, weights_N, own_NT, cf_stats = _counterfactual_rows(
+      lp, rollouts, keep_N & prov.active_N, prov, hyper, cf_cfg, step_end_ids
+    )
   valid_N = trained_rows(scorable_N, keep_N, rollouts.group_ids_N, policy=cfg.unscorable)
+  if context_N is not None:
+    context_N = context_N & scorable_N & ~valid_N
   rewards_N = shaped_rewards(rollouts, correct_N, format_N, hyper, cfg=cfg)
   success_N = jnp.asarray(correct_N) > 0
-  adv_NT = compute_advantages(lp, rollouts, rewards_N, valid_N, hyper, success_N, cfg=cfg)
+  ctx = dict(context_N=context_N, weights_N=weights_N)
+  adv_NT = compute_advantages(lp, rollouts, rewards_N, valid_N, hyper, success_N, cfg=cfg, **ctx)
+  if weights_N is not None:  # A trained perturbed row's loss carries its weight.
+    adv_NT = adv_NT * weights_N[:, None]
   loss_mask_NT, mask_stats = loss_mask(lp, rollouts, adv_NT, valid_N, hyper, cfg=cfg)
+  if own_NT is not None:  # A branch's prefix is its parent's: never trained twice.
+    loss_mask_NT = loss_mask_NT & own_NT
   batch = RolloutBatch(
     prompt_tokens_NP=rollouts.prompt_tokens_NP,
     prompt_mask_NP=rollouts.prompt_mask_NP,
@@ -502,10 +547,33 @@ def finish_prepare(
     group_ids_N=rollouts.group_ids_N,
   )
   metrics = prepare_metrics(lp, rollouts, adv_NT, rewards_N, correct_N, cfg=cfg)
-  metrics |= estimator_metrics(lp, rollouts, rewards_N, valid_N, hyper, success_N, cfg=cfg)
+  metrics |= estimator_metrics(lp, rollouts, rewards_N, valid_N, hyper, success_N, cfg=cfg, **ctx)
   metrics["unscorable_frac"] = 1.0 - jnp.mean(scorable_N.astype(jnp.float32))
   metrics["excluded_frac"] = 1.0 - jnp.mean((valid_N | ~keep_N).astype(jnp.float32))
-  return batch, rewards_N, {**metrics, **mask_stats}
+  return batch, rewards_N, {**metrics, **mask_stats, **cf_stats}
+
+
+def _counterfactual_rows(lp, rollouts, keep_N, prov, hyper: PrepareHyper, cf_cfg, step_end_ids):
+  """IBPO's counterfactual rows (`counterfactuals`): the full-rewrite filter (τ =
+  hyper.adv.ibpo_tau) and the importance weights (c = hyper.adv.ibpo_is_cap). Returns
+  (keep_N: the rows trained, context_N: kept counterfactuals that only inform φ,
+  weights_N, own_NT, "ibpo/..." metrics)."""
+  kept_N, d_N = counterfactuals.rewrite_filter(
+    rollouts.tokens_NT,
+    rollouts.mask_NT,
+    prov,
+    hyper.adv.ibpo_tau,
+    distance=cf_cfg.distance,
+    step_end_ids=step_end_ids,
+  )
+  w_N = counterfactuals.importance_weights(
+    lp.old_logp_NT, rollouts.policy_logp_NT, prov, hyper.adv.ibpo_is_cap, weighting=cf_cfg.weighting
+  )
+  useful_N = keep_N & kept_N & (w_N > 0)
+  cf_N = prov.kind_N != counterfactuals.SAMPLED
+  trained_N = useful_N & (~cf_N | cf_cfg.train)
+  stats = counterfactuals.stats(prov, kept_N, d_N, w_N)
+  return trained_N, useful_N & cf_N, w_N, prov.own_NT, stats
 
 
 def prepare(

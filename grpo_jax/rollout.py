@@ -26,7 +26,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from grpo_jax import config, distributed, dynamic_sampling, flops, rl, sampling
+from grpo_jax import config, counterfactuals, distributed, dynamic_sampling, flops, rl, sampling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +62,7 @@ class Collected:
   next_index: int
   metrics: dict
   seconds: dict  # "sample", "reward"
+  provenance: Any = None  # counterfactuals.Provenance of IBPO's counterfactual rows.
 
 
 def host_prompts(setup: config.Setup, fns, examples: dict, n: int) -> sampling.Prompts:
@@ -128,7 +129,7 @@ def collect(
     rollouts = fns.sample(params, drawn.prompts, jax.random.fold_in(key, g), setup.sampling_hyper)
     rollouts = jax.block_until_ready(rollouts)
     t1 = time.perf_counter()
-    if not rl_cfg.dynamic_sampling:
+    if not rl_cfg.dynamic_sampling and not setup.counterfactual.enabled:
       logprobs = fns.logprobs(params, ref_params, rollouts)  # Async: overlaps the scoring.
     scores.append(score(setup, pool, drawn.examples, rollouts.tokens_NT, group=G))
     seconds["sample"] += t1 - t0
@@ -147,12 +148,66 @@ def collect(
     "reward_errors": sum(s.errors for s in scores),
     "reward_timeouts": sum(s.timeouts for s in scores),
   }
+  valid_N = np.ones(setup.rollout_rows, bool)
+  if setup.counterfactual.enabled:
+    cf = with_counterfactuals(setup, fns, pool, params, drawn, parts[0], scores[0], key)
+    merged, picked, prov, cf_seconds = cf
+    logprobs = fns.logprobs(params, ref_params, merged)
+    seconds["counterfactuals"] = cf_seconds
+    return Collected(merged, logprobs, picked, valid_N, index, metrics, seconds, prov)
   if not rl_cfg.dynamic_sampling:
-    valid_N = np.ones(setup.rollout_rows, bool)
     return Collected(parts[0], logprobs, scores[0], valid_N, index, metrics, seconds)
   rollouts, picked, valid_N, dynamic = _select(setup, parts, scores)
   logprobs = fns.logprobs(params, ref_params, rollouts)
   return Collected(rollouts, logprobs, picked, valid_N, index, {**metrics, **dynamic}, seconds)
+
+
+def with_counterfactuals(
+  setup: config.Setup, fns, pool, params, drawn: Drawn, rollouts, scores, key
+):
+  """IBPO's counterfactual rows (`counterfactuals`) for a scored batch of B·G samples:
+  plan the slots, decode and score them, merge. Returns (merged Rollouts of B·(G + C)
+  rows, their Scores, Provenance, seconds)."""
+  cf, G = setup.counterfactual, setup.sampler_cfg.group_size
+  t0 = time.perf_counter()
+  key = jax.random.fold_in(key, 1_000_003)
+  cf_plan = fns.cf_plan(key, rollouts, scores.correct_N)
+  prompts = None
+  if cf.perturbed:
+    if jax.process_count() > 1:
+      raise NotImplementedError("Perturbed-prompt counterfactuals run in one process only.")
+    completions = [setup.tokenizer.decode(r) for r in distributed.fetch_local(rollouts.tokens_NT)]
+    prompts = counterfactuals.perturbed_prompts(
+      setup.task,
+      setup.tokenizer,
+      drawn.examples,
+      completions,
+      jax.device_get(cf_plan),
+      kind=cf.source,
+      group_size=G,
+      sampler_cfg=setup.sampler_cfg,
+      seed=drawn.index,
+    )
+  cf_rows, own = fns.cf_generate(
+    params, rollouts, cf_plan, prompts, jax.random.fold_in(key, 1), setup.sampling_hyper
+  )
+  merged, prov = fns.cf_merge(rollouts, cf_rows, own, cf_plan)
+  cf_scores = score(setup, pool, drawn.examples, cf_rows.tokens_NT, group=cf.per_group)
+  B = setup.loop.prompts_per_step
+  order = counterfactuals.merge_order(B, G, cf.per_group)
+
+  def join(a, b):
+    return np.concatenate([np.asarray(a), np.asarray(b)])[order]
+
+  picked = Scores(
+    join(scores.correct_N, cf_scores.correct_N),
+    join(scores.format_N, cf_scores.format_N),
+    join(scores.scorable_N, cf_scores.scorable_N),
+    scores.errors + cf_scores.errors,
+    scores.timeouts + cf_scores.timeouts,
+    scores.messages + cf_scores.messages,
+  )
+  return merged, picked, prov, time.perf_counter() - t0
 
 
 def _select(setup: config.Setup, parts: list, scores: list[Scores]):

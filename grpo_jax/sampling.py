@@ -354,12 +354,25 @@ def prefill(
 
 
 def decode(
-  params, state: DecodeState, hyper: SamplingParams, *, model_fn: Callable, cfg: SamplerConfig
+  params,
+  state: DecodeState,
+  hyper: SamplingParams,
+  *,
+  model_fn: Callable,
+  cfg: SamplerConfig,
+  limit_N: jax.Array | None = None,
 ) -> DecodeState:
   """Feeds one token per row per step in a `lax.while_loop` until every row has emitted an
-  EOS id or T columns are filled; finished rows emit padding, masked out."""
+  EOS id or T columns are filled; finished rows emit padding, masked out.
+
+  limit_N (int32, optional): row n stops after limit_N[n] tokens (0: it emits none), as if
+  its T were limit_N[n]; its done_N then reads True without an EOS. Branches continuing a
+  prefix of c tokens use limit T − c.
+  """
   T = state.tokens_NT.shape[1]
   eos_ids = jnp.asarray(cfg.eos_ids, jnp.int32)
+  if limit_N is not None:
+    state = state.replace(done_N=state.done_N | (limit_N <= 0))
 
   def cond(s: DecodeState):
     return (s.step < T) & ~jnp.all(s.done_N)
@@ -380,7 +393,9 @@ def decode(
       key=key,
       tok_N=tok_N,
       pos_N=s.pos_N + 1,
-      done_N=s.done_N | (live_N & jnp.isin(tok_N, eos_ids)),
+      done_N=s.done_N
+      | (live_N & jnp.isin(tok_N, eos_ids))
+      | (False if limit_N is None else s.step + 1 >= limit_N),
       tokens_NT=put(s.tokens_NT, tok_N),
       mask_NT=put(s.mask_NT, live_N),
       logp_NT=put(s.logp_NT, jnp.where(live_N, logp_N, 0.0)),

@@ -20,7 +20,7 @@ from typing import Any
 
 import jax
 
-from grpo_jax import config, memory, model, rl, sampling, sharding, warmstart
+from grpo_jax import config, counterfactuals, memory, model, rl, sampling, sharding, warmstart
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +39,10 @@ class Functions:
   logprobs: Any  # rl.rollout_logprobs: dispatched before rewards are scored.
   finish: Any  # rl.finish_prepare: advantages and masks once rewards are in.
   update: Any  # rl.update: plan + a scan of train steps over one rollout batch.
+  # IBPO's counterfactual rows (None when config.counterfactual.per_group = 0):
+  cf_plan: Any = None  # counterfactuals.plan: the slots' parents and cuts.
+  cf_generate: Any = None  # counterfactuals.generate: decodes the M rows.
+  cf_merge: Any = None  # counterfactuals.merge: the group-major batch and its Provenance.
 
 
 # Loop fields the compiled functions depend on (with the model, sampler, RL and mesh).
@@ -67,6 +71,8 @@ def functions(setup: config.Setup) -> Functions:
       setup.sampler_cfg,
       setup.rl_cfg,
       setup.mesh_cfg,
+      setup.counterfactual,
+      setup.step_end_ids,
       jax.devices(),
       [getattr(loop, f) for f in _CACHE_FIELDS],
     )
@@ -161,11 +167,48 @@ def _sampler(setup: config.Setup, sh: _Shardings, model_fn, *, group: int, promp
   )
 
 
+def _counterfactual_functions(setup: config.Setup, sh: _Shardings, model_fn) -> dict:
+  """IBPO's counterfactual rows: plan the slots, decode them, merge them into the batch."""
+  cf, scfg = setup.counterfactual, setup.sampler_cfg
+  if not cf.enabled:
+    return {}
+  B, G = setup.loop.prompts_per_step, scfg.group_size
+  N, M, rep = B * G, B * cf.per_group, sh.rep
+  plan = functools.partial(
+    counterfactuals.plan, cfg=cf, group_size=G, step_end_ids=setup.step_end_ids
+  )
+  generate = functools.partial(
+    counterfactuals.generate,
+    model_fn=model_fn,
+    init_cache=functools.partial(model.init_cache, setup.model_cfg),
+    sampler_cfg=scfg,
+    cfg=cf,
+  )
+  merge = functools.partial(counterfactuals.merge, group_size=G, kind=cf.kind)
+  return dict(
+    cf_plan=sharding.Jitted(
+      sh.layout, plan, in_shardings=(rep, sh.rollouts(N), sh.rows(N)), out_shardings=rep
+    ),
+    cf_generate=sharding.Jitted(
+      sh.layout,
+      generate,
+      in_shardings=(sh.params, sh.rollouts(N), rep, sh.rows(M), rep, rep),
+      out_shardings=(sh.rollouts(M), sh.rows(M)),
+    ),
+    cf_merge=sharding.Jitted(
+      sh.layout,
+      merge,
+      in_shardings=(sh.rollouts(N), sh.rollouts(M), sh.rows(M), rep),
+      out_shardings=(sh.rollouts(setup.rollout_rows), sh.rows(setup.rollout_rows)),
+    ),
+  )
+
+
 def _rl_functions(setup: config.Setup, sh: _Shardings, model_fn, optimizer) -> dict:
   """The RL half: log-prob forwards, prepare, and the update phase."""
   rl_cfg, N = setup.rl_cfg, setup.rollout_rows
   rows, rep = sh.rows(N), sh.rep
-  plan_fn = rl.make_plan_fn(rl_cfg, batch_size=N, group_size=setup.sampler_cfg.group_size)
+  plan_fn = rl.make_plan_fn(rl_cfg, batch_size=N, group_size=setup.train_group)
   return dict(
     logprobs=sharding.Jitted(
       sh.layout,
@@ -175,8 +218,13 @@ def _rl_functions(setup: config.Setup, sh: _Shardings, model_fn, optimizer) -> d
     ),
     finish=sharding.Jitted(
       sh.layout,
-      functools.partial(rl.finish_prepare, cfg=rl_cfg),
-      in_shardings=(rows, sh.rollouts(N), rows, rows, rep, rows, rows),
+      functools.partial(
+        rl.finish_prepare,
+        cfg=rl_cfg,
+        cf_cfg=setup.counterfactual,
+        step_end_ids=setup.step_end_ids,
+      ),
+      in_shardings=(rows, sh.rollouts(N), rows, rows, rep, rows, rows, rows),
       out_shardings=(rows, rows, rep),
     ),
     update=sharding.Jitted(
@@ -219,4 +267,5 @@ def _build(setup: config.Setup) -> Functions:
       donate_argnums=(0,),
     ),
     **_rl_functions(setup, sh, model_fn, optimizer),
+    **_counterfactual_functions(setup, sh, model_fn),
   )

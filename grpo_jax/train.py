@@ -483,11 +483,18 @@ class _Loop:
     rl.validate_batch(
       rewards_N=got.scores.correct_N + got.scores.format_N,
       group_ids_N=distributed.host_value(got.rollouts.group_ids_N),
-      group_size=self.setup.sampler_cfg.group_size,
+      group_size=self.setup.train_group,
     )
     s = got.scores
     batch, _, stats = self.fns.finish(
-      got.logprobs, got.rollouts, s.correct_N, s.format_N, st.prep_hyper, s.scorable_N, got.valid_N
+      got.logprobs,
+      got.rollouts,
+      s.correct_N,
+      s.format_N,
+      st.prep_hyper,
+      s.scorable_N,
+      got.valid_N,
+      got.provenance,
     )
     return batch, stats
 

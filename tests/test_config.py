@@ -161,4 +161,14 @@ def test_config_json_records_every_section(tmp_path):
     "kwargs": {"max_digits": 2, "ops": "+"},
   }
   assert d["sampling"]["temperature"] == 1.0 and d["mesh"]["fsdp"] == -1
-  assert set(d) == {"loop", "task", "model", "sampler", "sampling", "rl", "mesh", "diagnostics"}
+  assert set(d) == {
+    "loop",
+    "task",
+    "model",
+    "sampler",
+    "sampling",
+    "rl",
+    "mesh",
+    "diagnostics",
+    "counterfactual",
+  }

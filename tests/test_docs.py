@@ -45,6 +45,11 @@ def test_every_config_documents_its_command_and_expected_result(path):
     "countdown.py:full",
     "long_addition.py:tiny",
     "long_addition.py:full",
+    "ibpo.py:tiny",
+    "ibpo.py:trie",
+    "ibpo.py:grpo",
+    "ibpo.py:hint",
+    "ibpo.py:repair",
   ],
 )
 def test_trainer_configs_validate(spec):

@@ -4,7 +4,16 @@
   completion: "A:132."          (then EOS)
 
 "A", ":" and "." are template tokens (the same in every rollout); the digits are
-reasoning tokens. The diagnostics rely on having both.
+reasoning tokens. The diagnostics rely on having both. A completion is one step, ended by
+"." (`step_end_text`).
+
+Perturbed prompts (`perturb`), each with the same value and ending in a newline:
+
+  paraphrase: "Q:85+47\n"                 + and * commuted; a-b written "Q:-b+a\n"
+  hint:       "Q:47+85\nS:7+5=12;\n"      the units digits' column worked out (the first
+                                           step by hand; "S:3-5=-2;" for 43-15)
+  repair:     "Q:47+85\nN:<attempt>\n"    a failed attempt shown as wrong ("N": no),
+                                           clipped to `max_attempt_chars` characters
 """
 
 from __future__ import annotations
@@ -23,6 +32,8 @@ _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * 
 class Arithmetic(base.Task):
   name = "arithmetic"
   template_chars = frozenset("A:.")
+  step_end_text = (".",)
+  perturbations = base.PERTURBATIONS
 
   def __init__(
     self, *, min_digits: int = 1, max_digits: int = 2, ops: str = "+-", test_percent: int = 10
@@ -50,12 +61,18 @@ class Arithmetic(base.Task):
     )
 
   @staticmethod
-  def solve(prompt: str) -> int:
+  def parse(prompt: str) -> tuple[int, str, int]:
+    """(a, op, b) of a prompt "Q:<a><op><b>\\n"."""
     m = _PROMPT.match(prompt)
     if not m:
       raise ValueError(f"Not an arithmetic prompt: {prompt!r} (expected 'Q:<a><op><b>\\n').")
     a, op, b = m.groups()
-    return _OPS[op](int(a), int(b))
+    return int(a), op, int(b)
+
+  @classmethod
+  def solve(cls, prompt: str) -> int:
+    a, op, b = cls.parse(prompt)
+    return _OPS[op](a, b)
 
   def format_reward(self, prompt: str, completion: str) -> float:
     return float(_ANSWER.match(completion) is not None)
@@ -63,3 +80,15 @@ class Arithmetic(base.Task):
   def reward(self, prompt: str, completion: str) -> float:
     m = _ANSWER.match(completion)
     return float(m is not None and int(m.group(1)) == self.solve(prompt))
+
+  def _hint(self, example: base.Example, *, rng: np.random.Generator | None) -> str:
+    a, op, b = self.parse(example.prompt)
+    x, y = a % 10, b % 10
+    return base.toy_prompt_line(example.prompt, "S", f"{x}{op}{y}={_OPS[op](x, y)};")
+
+  def _paraphrase(self, example: base.Example, *, rng: np.random.Generator | None) -> str:
+    a, op, b = self.parse(example.prompt)
+    return f"Q:-{b}+{a}\n" if op == "-" else f"Q:{b}{op}{a}\n"
+
+  def _repair(self, example: base.Example, attempt: str) -> str:
+    return base.toy_prompt_line(example.prompt, "N", attempt)

@@ -15,6 +15,36 @@ SPLITS = ("train", "test")
 # Every toy task writes prompts and completions in this alphabet, so one tokenizer
 # (and one model) serves all of them.
 TOY_ALPHABET = "0123456789+-*/()=?:,.; \nANQST"
+# Counterfactual prompts q~ of a prompt q (IBPO): the same problem, with the same answer,
+# asked another way. "hint": q with a true first step of the solution; "paraphrase": q
+# reworded (e.g. operands commuted); "repair": q with a failed attempt shown as wrong.
+PERTURBATIONS = ("hint", "paraphrase", "repair")
+
+
+class PerturbationUnsupported(ValueError):
+  """The task cannot build this kind of perturbed prompt (see `supported_perturbations`)."""
+
+
+def check_perturbation(kind: str) -> None:
+  if kind not in PERTURBATIONS:
+    raise ValueError(f"Unknown perturbation {kind!r}; valid perturbations: {PERTURBATIONS}.")
+
+
+def clip_attempt(attempt: str, *, max_chars: int) -> str:
+  """The first `max_chars` characters of a failed attempt (a prompt stays bounded)."""
+  return attempt[:max_chars]
+
+
+def toy_line(text: str) -> str:
+  """`text` as one line of the toy alphabet: newlines become spaces and characters
+  outside TOY_ALPHABET become "?", so the line encodes and ends where the prompt says."""
+  return "".join(" " if ch == "\n" else ch if ch in TOY_ALPHABET else "?" for ch in text)
+
+
+def toy_prompt_line(prompt: str, tag: str, text: str) -> str:
+  """A toy prompt (ending in a newline) with one more line `<tag>:<text>\n`: "S" for a
+  hint step, "N" ("no") for a failed attempt shown as wrong."""
+  return f"{prompt}{tag}:{toy_line(text)}\n"
 
 
 def random_operand(rng: np.random.Generator, *, min_digits: int, max_digits: int) -> int:
@@ -49,6 +79,15 @@ class Task(abc.ABC):
   test_percent: int = 10
   # Characters that are format/template (not reasoning) in completions; diagnostics use it.
   template_chars: frozenset[str] = frozenset()
+  # How the trainer splits a completion into steps (step-level edit distance): a step ends
+  # after any of `step_end_text` (the text left after the last one is the final step), and
+  # starts at each `step_start_text` when that is set (e.g. "Step " for "Step k:" lines).
+  step_end_text: tuple[str, ...] = ("\n",)
+  step_start_text: str = ""
+  # The kinds of `perturb` this task builds (a subset of PERTURBATIONS, in that order).
+  perturbations: tuple[str, ...] = ()
+  # A repair prompt shows at most this many characters of the failed attempt (its head).
+  max_attempt_chars: int = 64
 
   @abc.abstractmethod
   def _draw(self, rng: np.random.Generator) -> tuple[str, Example]:
@@ -91,6 +130,50 @@ class Task(abc.ABC):
     """Per character of a completion: True for a template token, False for reasoning.
     By default from `template_chars`; tasks with a grammar tag from its parse."""
     return np.array([ch in self.template_chars for ch in completion], bool)
+
+  def supported_perturbations(self) -> tuple[str, ...]:
+    """The kinds `perturb` accepts; config code checks a requested kind against these."""
+    return self.perturbations
+
+  def perturb(
+    self,
+    example: Example,
+    kind: str,
+    *,
+    attempt: str = "",
+    rng: np.random.Generator | None = None,
+  ) -> str:
+    """The perturbed prompt q~ of `example` (kind in PERTURBATIONS): text of the same kind
+    as `example.prompt`, which the sampler continues with a completion. It asks the same
+    problem with the same answer, so a completion sampled under q~ is scored with
+    `reward(reward_input(example), completion)`, the original example's reward.
+
+    "repair" needs `attempt`, the failed completion's text (without EOS); it is shown
+    clipped to `max_attempt_chars`. `rng` picks among rewordings where a task has several
+    (the same rng state gives the same prompt); without it the choice is fixed.
+    """
+    check_perturbation(kind)
+    if kind not in self.supported_perturbations():
+      raise PerturbationUnsupported(
+        f"Task {self.name!r} cannot build a {kind!r} perturbation; it supports "
+        f"{self.supported_perturbations()}."
+      )
+    if kind == "repair":
+      if not attempt:
+        raise ValueError(f"Task {self.name!r}: a 'repair' perturbation needs a failed attempt.")
+      return self._repair(example, clip_attempt(attempt, max_chars=self.max_attempt_chars))
+    if kind == "hint":
+      return self._hint(example, rng=rng)
+    return self._paraphrase(example, rng=rng)
+
+  def _hint(self, example: Example, *, rng: np.random.Generator | None) -> str:
+    raise PerturbationUnsupported(f"Task {self.name!r} has no 'hint' perturbation.")
+
+  def _paraphrase(self, example: Example, *, rng: np.random.Generator | None) -> str:
+    raise PerturbationUnsupported(f"Task {self.name!r} has no 'paraphrase' perturbation.")
+
+  def _repair(self, example: Example, attempt: str) -> str:
+    raise PerturbationUnsupported(f"Task {self.name!r} has no 'repair' perturbation.")
 
   def data_notes(self) -> list[str]:
     """Lines for the run's log about where the task's data came from (e.g. which dataset

@@ -5,7 +5,20 @@
 
 Each given number must be used exactly once (``exact_use=False``: at most once).
 Division is exact (rational); the value must equal the target. Completions are
-parsed by ``tasks.expr`` and never evaluated as Python.
+parsed by ``tasks.expr`` and never evaluated as Python. A completion is one step, ended
+by "." (`step_end_text`).
+
+Perturbed prompts (`perturb`), each with the same numbers and target, ending in a newline:
+
+  paraphrase: "N:7,25,3 T:82\n"                the numbers reordered: rotated left by
+                                               one, or a permutation drawn from `rng`
+                                               (rotated when it draws the original
+                                               order); the same prompt only when all
+                                               numbers are equal
+  hint:       "N:3,7,25 T:82\nS:25*3=75;\n"    the reference's first operation worked out
+  repair:     "N:3,7,25 T:82\nN:<attempt>\n"   a failed attempt shown as wrong ("N": no,
+                                               after the numbers line), clipped to
+                                               `max_attempt_chars` characters
 """
 
 from __future__ import annotations
@@ -13,15 +26,20 @@ from __future__ import annotations
 import collections
 import re
 
+import numpy as np
+
 from grpo_jax.tasks import base, expr
 
 _PROMPT = re.compile(r"^N:(\d+(?:,\d+)*) T:(\d+)\n$")
 _ANSWER = re.compile(r"^A:([0-9+\-*/() ]+)\.$")
+_FIRST_OP = re.compile(r"(\d+)([+\-*/])(\d+)")  # In a left-deep reference: its first step.
 
 
 class Countdown(base.Task):
   name = "countdown"
   template_chars = frozenset("A:.")
+  step_end_text = (".",)
+  perturbations = base.PERTURBATIONS
 
   def __init__(
     self,
@@ -97,3 +115,24 @@ class Countdown(base.Task):
 
   def reward(self, prompt: str, completion: str) -> float:
     return float(self._check(prompt, completion)[1])
+
+  def _hint(self, example: base.Example, *, rng: np.random.Generator | None) -> str:
+    """The first operation of the reference, which `_build` writes left-deep: its first
+    two numbers with the operator between them (parentheses only open before them)."""
+    m = _ANSWER.match(example.reference)
+    first = _FIRST_OP.search(m.group(1)) if m else None
+    if first is None:
+      raise ValueError(f"countdown: no first step in the reference {example.reference!r}.")
+    value, _ = expr.evaluate(first.group(0))
+    return base.toy_prompt_line(example.prompt, "S", f"{first.group(0)}={value};")
+
+  def _paraphrase(self, example: base.Example, *, rng: np.random.Generator | None) -> str:
+    numbers, target = self.parse_prompt(example.prompt)
+    order = [int(i) for i in rng.permutation(len(numbers))] if rng is not None else []
+    reordered = [numbers[i] for i in order]
+    if reordered in ([], numbers):
+      reordered = numbers[1:] + numbers[:1]
+    return f"N:{','.join(map(str, reordered))} T:{target}\n"
+
+  def _repair(self, example: base.Example, attempt: str) -> str:
+    return base.toy_prompt_line(example.prompt, "N", attempt)

@@ -18,6 +18,16 @@ Template vs reasoning, by construction: in a completion every digit is a reasoni
 character of a completion from the parse (digits inside the grammar's number slots are
 reasoning); for this grammar that is the same as tagging by character, which is what
 `template_chars` tells the diagnostics (tested on every position of many completions).
+
+Steps: each column's "...;" is one step (`step_end_text`), the answer "A:<sum>." the last.
+
+Perturbed prompts (`perturb`), each asking for the same sum and ending in a newline:
+
+  paraphrase: "Q:356+478\n"                  the operands swapped (its worked steps list
+                                              each column's digits the other way round)
+  hint:       "Q:478+356\nS:8+6+0=14;\n"     the first worked step (units column) given
+  repair:     "Q:478+356\nN:<attempt>\n"     a failed attempt shown as wrong ("N": no),
+                                              clipped to `max_completion_len` characters
 """
 
 from __future__ import annotations
@@ -97,6 +107,8 @@ def template_mask(completion: str) -> np.ndarray:
 class LongAddition(base.Task):
   name = "long_addition"
   template_chars = TEMPLATE_CHARS
+  step_end_text = (";",)
+  perturbations = base.PERTURBATIONS
 
   def __init__(self, *, min_digits: int = 2, max_digits: int = 3, test_percent: int = 10):
     if not 1 <= min_digits <= max_digits <= 9:
@@ -106,6 +118,7 @@ class LongAddition(base.Task):
     if not 0 < test_percent < 100:
       raise ValueError(f"test_percent must be in (0, 100), got {test_percent}.")
     self.min_digits, self.max_digits, self.test_percent = min_digits, max_digits, test_percent
+    self.max_attempt_chars = self.max_completion_len()  # A repair shows a full-length attempt.
 
   def _operand(self, rng: np.random.Generator) -> int:
     return base.random_operand(rng, min_digits=self.min_digits, max_digits=self.max_digits)
@@ -136,3 +149,14 @@ class LongAddition(base.Task):
 
   def reward(self, prompt: str, completion: str) -> float:
     return float(check(*self.operands(prompt), completion) is None)
+
+  def _hint(self, example: base.Example, *, rng: np.random.Generator | None) -> str:
+    first_step = solution(*self.operands(example.prompt)).split(";")[0] + ";"
+    return base.toy_prompt_line(example.prompt, "S", first_step)
+
+  def _paraphrase(self, example: base.Example, *, rng: np.random.Generator | None) -> str:
+    a, b = self.operands(example.prompt)
+    return f"Q:{b}+{a}\n"
+
+  def _repair(self, example: base.Example, attempt: str) -> str:
+    return base.toy_prompt_line(example.prompt, "N", attempt)

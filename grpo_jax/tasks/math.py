@@ -24,12 +24,24 @@ reward worker processes under its hard timeout; an item the verifier cannot deci
 (`rewards.Unscorable`, "unscorable") or that times out counts in `reward_errors` (and
 `reward_timeouts`), apart from wrong answers.
 
+Perturbed prompts (`perturb`, kinds "hint" and "repair"; no safe "paraphrase" of free
+text). Both re-render the question with text appended inside the same template, so the
+user turn still ends with the template's instruction and the answer is unchanged:
+
+  hint:    "{question}\nHint: {first step}"    the reference's first sentence (clipped to
+           HINT_MAX_CHARS at a word); a reference with no step before its boxed answer
+           gives no hint, and the prompt is returned unchanged (q~ = q: an on-policy sample)
+  repair:  "{question}\n\nA previous attempt was wrong:\n{attempt}\nSolve it again."
+           with the attempt's first `max_attempt_chars` characters
+
 The dataset is built (array_record, no TensorFlow) on first use, in `data_dir`.
 """
 
 from __future__ import annotations
 
 import re
+
+import numpy as np
 
 from grpo_jax import math_verify
 from grpo_jax.tasks import base
@@ -38,6 +50,9 @@ DEFAULT_TEMPLATE = (
   "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 )
 _TEST_SPLITS = {"gsm8k": "test", "math": "math500", "problem_files": "test"}
+HINT_MAX_CHARS = 300
+_SENTINEL = "<<grpo_jax question>>"  # Stands for the question when a prompt is split.
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
 def reference_solution(solution: str, answer: str) -> str:
@@ -52,11 +67,25 @@ def reference_solution(solution: str, answer: str) -> str:
   return f"{text}\n{final}" if text else final
 
 
+def first_step(reference: str, *, max_chars: int = HINT_MAX_CHARS) -> str:
+  """The first sentence of a reference solution, for a hint: "" when it already gives the
+  boxed answer (a solution that is only its answer); clipped at a word past max_chars."""
+  lines = [line.strip() for line in reference.split("\n") if line.strip()]
+  step = _SENTENCE_END.split(lines[0])[0] if lines else ""
+  if "\\boxed" in step:
+    return ""
+  if len(step) > max_chars:
+    step = step[:max_chars].rsplit(" ", 1)[0] + " ..."
+  return step
+
+
 class MathTask(base.Task):
   """A dataset of math problems with gold answers. See the module docstring."""
 
   name = "math"
   uses_hf_tokenizer = True  # The trainer passes config.hf_dir as tokenizer_dir.
+  perturbations = ("hint", "repair")
+  max_attempt_chars = 2048
 
   def __init__(
     self,
@@ -143,6 +172,28 @@ class MathTask(base.Task):
     messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
     messages.append({"role": "user", "content": user})
     return self.tokenizer().apply_chat_template(messages, add_generation_prompt=True)
+
+  def question(self, prompt: str) -> str:
+    """The question inside a prompt that `render` made (its inverse)."""
+    pieces = self.render(_SENTINEL).split(_SENTINEL)
+    if len(pieces) != 2:
+      raise ValueError(f"math: the prompt template shows the question {len(pieces) - 1} times.")
+    prefix, suffix = pieces
+    if len(prompt) < len(prefix) + len(suffix) or not (
+      prompt.startswith(prefix) and prompt.endswith(suffix)
+    ):
+      raise ValueError(f"math: not a prompt of this task's template: {prompt[:200]!r}.")
+    return prompt[len(prefix) : len(prompt) - len(suffix)]
+
+  def _hint(self, example: base.Example, *, rng: np.random.Generator | None) -> str:
+    step = first_step(example.reference)
+    if not step:
+      return example.prompt
+    return self.render(f"{self.question(example.prompt)}\nHint: {step}")
+
+  def _repair(self, example: base.Example, attempt: str) -> str:
+    question = self.question(example.prompt)
+    return self.render(f"{question}\n\nA previous attempt was wrong:\n{attempt}\nSolve it again.")
 
   def example(self, split: str, index: int, *, seed: int) -> base.Example:
     from grpo_jax import datasets
