@@ -485,8 +485,11 @@ def stats(prov: Provenance, kept_N, d_N, w_N) -> dict:
   n = jnp.maximum(jnp.sum(cf_N), 1)
   hist = alignment.distance_histogram(d_N, cf_N)
   names = alignment.histogram_metric_names()
+  own_N = jnp.sum(prov.own_NT & prov.active_N[:, None], axis=1).astype(jnp.float32)
   return {
     "ibpo/counterfactual_rows": jnp.sum(cf_N).astype(jnp.float32),
+    "ibpo/counterfactual_tokens": jnp.sum(jnp.where(cf_N, own_N, 0.0)),
+    "ibpo/generated_tokens": jnp.sum(own_N),
     "ibpo/kept_pair_frac": jnp.sum(cf_N & kept_N) / n,
     "ibpo/edit_distance_mean": jnp.sum(jnp.where(cf_N, d_N, 0.0)) / n,
     "ibpo/is_weight_mean": jnp.sum(jnp.where(cf_N, w_N, 0.0)) / n,

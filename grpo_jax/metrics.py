@@ -52,6 +52,10 @@ DEFINITIONS = {
   "φ(o_{i,≤t}) (IBPO's variance argument wants it negative).",
   "ibpo/counterfactual_rows": "Active counterfactual rows of the batch (config.counterfactual): "
   "slots the plan filled within the token budget.",
+  "ibpo/counterfactual_tokens": "Tokens the active counterfactual rows decoded themselves (a "
+  "branch's continuation, not its parent's prefix).",
+  "ibpo/generated_tokens": "Tokens decoded this iteration: the samples' completion tokens plus "
+  "ibpo/counterfactual_tokens (the cost to compare arms at).",
   "ibpo/kept_pair_frac": "Among active counterfactual rows, the fraction whose normalised edit "
   "distance to their parent d/max(|o|,|o~|) is <= τ (local repairs; the rest are full rewrites, "
   "dropped).",
