@@ -826,15 +826,27 @@ def analyse_ibpo_accuracy(runs) -> Outcome:
   )
 
   def plot(ax):
+    curves = {k: [_eval_curve(r) for r in arms[k]] for k in arms}
+    its = curves["grpo"][0][0]
+    acc = {k: np.array([c[1] for c in v]) for k, v in curves.items()}
     for k, color in (("grpo", "tab:blue"), ("branch", "tab:orange"), ("trie", "tab:green")):
-      curves = [_eval_curve(r) for r in arms[k]]
-      its = curves[0][0]
-      acc = np.array([c[1] for c in curves if c[0] == its])
-      ax.plot(its, acc.mean(axis=0), color=color, label=f"{k} (mean of {len(acc)} seeds)")
-      ax.fill_between(its, acc.min(axis=0), acc.max(axis=0), color=color, alpha=0.15)
+      ax.plot(its, acc[k].mean(axis=0), color=color, label=f"{k}: mean of {len(acc[k])} seeds")
     ax.set_xlabel("iteration")
-    ax.set_ylabel("greedy held-out accuracy")
-    ax.legend(fontsize=7)
+    ax.set_ylabel("greedy held-out accuracy (mean over seeds)")
+    gap = ax.twinx()
+    for k, color in (("branch", "tab:orange"), ("trie", "tab:green")):
+      d = acc[k] - acc["grpo"]
+      mean, half = (
+        d.mean(axis=0),
+        reproduce.t_quantile(len(d)) * d.std(axis=0, ddof=1) / np.sqrt(len(d)),
+      )
+      gap.plot(its, mean, color=color, ls="--", label=f"{k} − grpo (paired, 95% CI)")
+      gap.fill_between(its, mean - half, mean + half, color=color, alpha=0.12)
+    gap.axhline(0.0, color="grey", lw=0.6)
+    gap.set_ylabel("paired accuracy gap to GRPO (dashed)")
+    lines = ax.get_legend_handles_labels()
+    more = gap.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="lower right")
 
   return Outcome(figs, verdict, reason, "gap_branch", plot)
 

@@ -383,9 +383,13 @@ def ibpo_shaped(
   λ·(φ(o_i) − r̄_g) over a rollout and is 0 on a prefix every trajectory through it
   continues alike; λ = 0 is the base estimator exactly. Needs `tokens_BT`.
 
+  The trie counts the valid rows and the context rows (`AdvantageInputs.context_B`: the
+  counterfactuals of `counterfactuals`, each with its weight `weights_B`); r̄_g and the base
+  estimator see the valid rows only.
+
   Source: IBPO, "Reducing Credit Assignment Variance via Counterfactual Reasoning Paths"
-  (arXiv 2605.16302), the group's own trajectories as the counterfactuals; a
-  reconstruction [INF], RESEARCH.md §3.2.
+  (arXiv 2605.16302): the group's own trajectories and its counterfactuals (branches,
+  perturbed-prompt samples); a reconstruction [INF], RESEARCH.md §3.2.
   """
   _check_ibpo(base=base, shrink=shrink)
   if inputs.tokens_BT is None:

@@ -7,6 +7,7 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from tests import subproc
@@ -64,8 +65,8 @@ def test_every_claim_is_numbered_sourced_and_ruled():
   assert len({c.key for c in claims.CLAIMS}) == len(claims.CLAIMS)
   for c in claims.CLAIMS:
     assert c.source and c.statement and c.rule, c.key
-    # Something to analyse: trained arms or a measurement; only the IBPO row has neither.
-    assert (c.analyse is None) == (not c.arms and c.measure is None), c.key
+    # Something to analyse: trained arms or a measurement.
+    assert c.analyse is not None and (c.arms or c.measure is not None), c.key
   names = [a.name for c in claims.CLAIMS for a in c.arms]
   keys = {a.name: a.key(iterations=60, quick=False) for c in claims.CLAIMS for a in c.arms}
   assert len(set(keys.values())) == len(set(names))  # One cache entry per distinct arm.
@@ -114,6 +115,21 @@ def test_quick_run_writes_the_result_schema(tmp_path):
     assert (out / f"{key}.png").stat().st_size > 1000
   index = (out / "index.md").read_text()
   assert index.count("| not measured yet |") == len(claims.CLAIMS) - 2
+
+
+def test_ibpo_variance_measures_every_arm_on_the_trainer_path():
+  """experiments/ibpo_variance.py at smoke size: every arm gives a finite variance and
+  signal, and the branch arm generated tokens of its counterfactuals too."""
+  import ibpo_variance  # noqa: PLC0415
+
+  got = ibpo_variance.measure(0, prompts=2, groups=3, quick=True)
+  assert set(got) == set(ibpo_variance.ARMS)
+  for arm, r in got.items():
+    assert np.isfinite(r["variance"]) and r["variance"] >= 0 and r["signal"] >= 0, arm
+    assert r["tokens_per_group"] > 0
+  assert "ibpo/kept_pair_frac" in got["branch"] and "ibpo/kept_pair_frac" not in got["trie"]
+  outcome = claims.analyse_ibpo_variance([got, got])
+  assert outcome.verdict in reproduce.VERDICTS and outcome.headline in outcome.figures
 
 
 def test_readme_table_is_generated_from_the_committed_json():

@@ -1,0 +1,212 @@
+"""IBPO in the trainer: counterfactual rows through the whole iteration (sample, branch,
+score, merge, prepare, update), exact resume, perturbed prompts, and the config checks."""
+
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax import (
+  advantages,
+  config,
+  config_lib,
+  counterfactuals,
+  logs,
+  metrics,
+  rewards,
+  rollout,
+  steps,
+  train,
+)
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "configs"))
+import ibpo  # noqa: E402
+
+_TIMING = ("time/", "tokens_per_s", "perf/")
+
+
+def _tiny(variant="tiny", **loop):
+  c = ibpo.get_config(variant)
+  c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64)
+  c.task.kwargs = dict(min_digits=1, max_digits=2)
+  c.sampler.update(max_new_tokens=26, group_size=4)
+  c.counterfactual.update(per_group=4 if variant == "tiny" else 2)
+  c.update(prompts_per_step=4, iterations=4, warmstart_steps=40, warmstart_batch=32)
+  c.update(eval_every=2, eval_size=8, eval_samples=0, checkpoint_every=2, reward_workers=0)
+  c.update(progress=False, **loop)
+  c.rl.format_weight = 0.5  # Rewards vary even when the small model solves nothing.
+  return c
+
+
+def _lines(workdir):
+  return logs.read_jsonl(pathlib.Path(workdir) / "metrics.jsonl")
+
+
+def _strip(record):
+  return {k: v for k, v in record.items() if not k.startswith(_TIMING)}
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("ibpo_reference")
+  train.run(_tiny(), workdir, log=lambda _: None)
+  return workdir
+
+
+def test_counterfactual_rows_train_and_log_their_metrics(reference_run):
+  lines = _lines(reference_run)
+  assert [x["iteration"] for x in lines] == [0, 1, 2, 3, 4]
+  for line in lines:
+    for name in line:
+      metrics.definition(name)  # Every logged key is documented.
+  rl_lines = lines[1:]
+  assert any(x["ibpo/counterfactual_rows"] > 0 for x in rl_lines)
+  for x in rl_lines:
+    assert 0 <= x["ibpo/counterfactual_rows"] <= 16  # 4 prompts × C = 4 slots.
+    assert x["ibpo/generated_tokens"] >= x["ibpo/counterfactual_tokens"] >= 0
+    hist = sum(v for k, v in x.items() if k.startswith("ibpo/distance_frac/"))
+    if x["ibpo/counterfactual_rows"]:
+      assert hist == pytest.approx(1.0, abs=1e-5)
+      assert 0.0 <= x["ibpo/kept_pair_frac"] <= 1.0
+      assert 0.0 <= x["ibpo/edit_distance_mean"] <= 1.0
+    assert x["ibpo/is_weight_mean"] in (0.0, 1.0)  # Branches: weight 1.
+    assert "time/counterfactuals" in x and np.isfinite(x["loss"])
+
+
+def test_resume_with_counterfactuals_reproduces_the_uninterrupted_run(reference_run, tmp_path):
+  ref = _lines(reference_run)
+
+  def crash(it, record):
+    if it == 3:
+      raise RuntimeError("simulated crash")
+
+  with pytest.raises(RuntimeError, match="simulated crash"):
+    train.run(_tiny(), tmp_path, log=lambda _: None, on_iteration=crash)
+  train.run(_tiny(), tmp_path, log=lambda _: None)
+  lines = _lines(tmp_path)
+  assert [x["iteration"] for x in lines] == [0, 1, 2, 3, 4]
+  for got, want in zip(lines, ref, strict=True):
+    assert _strip(got) == _strip(want)
+
+
+def _iteration(c, *, key=1):
+  """One iteration's merged batch through prepare: (setup, collected, RolloutBatch, stats)."""
+  setup = config.build(c)
+  fns = steps.functions(setup)
+  params = train.initial_params(setup, fns, jax.random.key(0))
+  with rewards.RewardPool(setup.task, workers=0, timeout_s=10.0) as pool:
+    got = rollout.collect(setup, fns, pool, params, None, index=0, key=jax.random.key(key))
+  hyper = setup.rl_cfg.prepare_hyper(max_new_tokens=setup.sampler_cfg.max_new_tokens)
+  s = got.scores
+  batch, _, stats = fns.finish(
+    got.logprobs, got.rollouts, s.correct_N, s.format_N, hyper, s.scorable_N, None, got.provenance
+  )
+  return setup, got, batch, stats
+
+
+def test_counterfactuals_inform_phi_only_and_lambda_zero_is_grpo_on_the_samples():
+  c = _tiny()
+  c.rl.ibpo_lambda = 0.0
+  setup, got, batch, _ = _iteration(c)
+  prov = got.provenance
+  sample_N = np.asarray(prov.kind_N) == 0
+  cf_N = ~sample_N
+  assert cf_N.sum() == 16 and sample_N.sum() == 16
+  # Not trained: no loss token, no advantage on counterfactual rows.
+  assert not np.any(np.asarray(batch.loss_mask_NT)[cf_N])
+  # λ = 0: the samples' advantages are GRPO's over the G samples of each group alone.
+  r = jnp.asarray(got.scores.correct_N) + 0.5 * jnp.asarray(got.scores.format_N)
+  inputs = advantages.AdvantageInputs(
+    rewards_B=r[sample_N],
+    group_ids_B=got.rollouts.group_ids_N[sample_N],
+    mask_BT=got.rollouts.mask_NT[sample_N],
+  )
+  want = advantages.get("grpo")(inputs, setup.rl_cfg.prepare_hyper(max_new_tokens=26).adv)
+  np.testing.assert_allclose(np.asarray(batch.adv_NT)[sample_N], want, atol=1e-6)
+  # The merged batch is group-major: G samples then C counterfactuals per group.
+  np.testing.assert_array_equal(prov.kind_N, np.tile([0] * 4 + [1] * 4, 4))
+
+
+def test_trained_branches_train_only_the_tokens_they_decoded():
+  c = _tiny()
+  c.counterfactual.update(train=True, branch_from="all", cut="uniform")
+  _, got, batch, _ = _iteration(c)
+  prov = got.provenance
+  own = np.asarray(prov.own_NT)
+  loss = np.asarray(batch.loss_mask_NT)
+  cf_N = np.asarray(prov.kind_N) != 0
+  assert not np.any(loss & ~own)  # A branch's prefix (its parent's tokens) is never trained.
+  assert np.any(loss[cf_N])  # Its continuation is.
+  # The prefix equals its parent's tokens.
+  tokens, parent = np.asarray(got.rollouts.tokens_NT), np.asarray(prov.parent_N)
+  for n in np.flatnonzero(cf_N & np.asarray(prov.active_N)):
+    head = np.asarray(got.rollouts.mask_NT[n]) & ~own[n]
+    np.testing.assert_array_equal(tokens[n][head], tokens[parent[n]][head])
+
+
+def test_perturbed_prompt_rows_carry_truncated_importance_weights():
+  c = _tiny("hint")
+  c.counterfactual.update(train=True, branch_from="all")
+  c.rl.ibpo_is_cap = 1.5
+  _, got, batch, stats = _iteration(c)
+  assert float(stats["ibpo/counterfactual_rows"]) == 8
+  w = float(stats["ibpo/is_weight_mean"])
+  assert 0.0 <= w <= 1.5
+  # The rows carry the original prompt q (the trainer's π(o|q) forward), not the hint q~.
+  prov = got.provenance
+  cf = np.asarray(prov.kind_N) == counterfactuals.KINDS.index("hint")
+  p = np.asarray(prov.parent_N)
+  np.testing.assert_array_equal(
+    np.asarray(got.rollouts.prompt_tokens_NP)[cf], np.asarray(got.rollouts.prompt_tokens_NP)[p[cf]]
+  )
+
+
+@pytest.mark.parametrize(
+  "changes, match",
+  [
+    (
+      {"rl.advantage": "grpo", "rl.advantage_options": {}},
+      "the counterfactual rows would be sampled and never used",
+    ),
+    ({"rl.dynamic_sampling": True}, "does not combine with rl.dynamic_sampling"),
+    (
+      {"counterfactual.source": "hint", "rl.recompute_old_logp": False},
+      "weighting='truncated_is' needs",
+    ),
+    ({"rl.ibpo_tau": 0.0}, "ibpo_tau must be in"),
+    ({"rl.ibpo_tau": 1.5}, "ibpo_tau must be in"),
+    ({"counterfactual.per_group": 3}, "must be a multiple of per_rollout"),
+    ({"counterfactual.weighting": "clip"}, "counterfactual.weighting='clip'; allowed"),
+  ],
+)
+def test_bad_counterfactual_configs_fail_before_compiling(changes, match):
+  c = _tiny()
+  for k, v in changes.items():
+    *parents, leaf = k.split(".")
+    node = c
+    for p in parents:
+      node = node[p]
+    node[leaf] = v
+  with pytest.raises(config_lib.ConfigError, match=match):
+    config.build(c)
+
+
+def test_unsupported_perturbation_and_missing_step_splitter_are_refused(monkeypatch):
+  c = _tiny()
+  c.task.name = "arithmetic"
+  c.task.kwargs = {}
+  c.counterfactual.source = "repair"
+  setup = config.build(c)  # Arithmetic supports repair.
+  assert setup.train_group == 8
+  from grpo_jax.tasks import arithmetic  # noqa: PLC0415
+
+  monkeypatch.setattr(arithmetic.Arithmetic, "perturbations", ("hint",))
+  with pytest.raises(config_lib.ConfigError, match="perturbs its prompts by hint"):
+    config.build(c)
+  monkeypatch.setattr(arithmetic.Arithmetic, "step_end_text", ("AN",))  # Not one token.
+  c.counterfactual.update(source="branch", cut="step")
+  with pytest.raises(config_lib.ConfigError, match="needs the task's step splitter"):
+    config.build(c)
