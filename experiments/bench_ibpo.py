@@ -106,7 +106,13 @@ def piece_seconds(*, B: int, G: int, C: int, T: int, repeats: int) -> dict:
   for distance in ("token", "step"):
     f = jax.jit(
       lambda t, m, p, tau, d=distance: counterfactuals.rewrite_filter(
-        t, m, p, tau, distance=d, step_end_ids=(0,)
+        t,
+        m,
+        p,
+        tau,
+        distance=d,
+        step_end_ids=(0,),
+        rows=counterfactuals.counterfactual_rows(N, group_size=G, per_group=C),
       )
     )
     out[f"rewrite_filter_{distance}"] = _time(

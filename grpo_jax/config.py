@@ -15,7 +15,8 @@ Sections of the ConfigDict and the dataclass each becomes:
   mesh         sharding.MeshConfig   (data, fsdp, tensor) sizes and the logical->mesh rules
   diagnostics  DiagnosticsConfig     token-credit diagnostics (every = 0: off)
   counterfactual counterfactuals.CounterfactualConfig  IBPO's counterfactual rows (per_group
-               = 0: off); the trainer's groups are then G + C rows (Setup.train_group)
+               = 0: off); prepare's groups are then G + C rows (Setup.train_group), the
+               update's G + C with counterfactual.train, else G (Setup.update_group)
 
 Where each value is checked: its own range (>= 1, finite, a registered name) in its
 dataclass's `__post_init__`; values that constrain each other (the rollout batch, the
@@ -248,8 +249,19 @@ class Setup:
 
   @property
   def rollout_rows(self) -> int:
-    """N = prompts_per_step × train_group rows per training batch."""
+    """N = prompts_per_step × train_group rows per rollout batch (before the update)."""
     return self.loop.prompts_per_step * self.train_group
+
+  @property
+  def update_group(self) -> int:
+    """Rows per group the update trains: counterfactuals that only inform φ
+    (counterfactual.train False) leave the batch after prepare."""
+    cf = self.counterfactual
+    return self.sampler_cfg.group_size + (cf.per_group if cf.train else 0)
+
+  @property
+  def update_rows(self) -> int:
+    return self.loop.prompts_per_step * self.update_group
 
 
 def _defaults(cls) -> dict:
@@ -404,9 +416,9 @@ def _build(config, *, n_devices: int | None) -> Setup:
     counterfactuals.CounterfactualConfig, d.get("counterfactual", {}), where="config.counterfactual"
   )
   step_end_ids = _step_end_ids(task, tok)
-  _check_counterfactuals(cf, rl_cfg, task, step_end_ids)
-  train_group = sampler_cfg.group_size + cf.per_group
-  _check_batch_shapes(loop, rl_cfg, train_group, data_parallel=data_parallel)
+  _check_counterfactuals(cf, rl_cfg, task, step_end_ids, diagnostics=d.get("diagnostics", {}))
+  update_group = sampler_cfg.group_size + (cf.per_group if cf.train else 0)
+  _check_batch_shapes(loop, rl_cfg, update_group, data_parallel=data_parallel)
   _check_group_estimator(rl_cfg, sampler_cfg.group_size)
   _check_prompt_lengths(task, tok, sampler_cfg, loop)
   return Setup(
@@ -433,12 +445,17 @@ def _step_end_ids(task, tok) -> tuple[int, ...]:
   return tuple(sorted({i[0] for i in ids if len(i) == 1}))
 
 
-def _check_counterfactuals(cf, rl_cfg: rl.RLConfig, task, step_end_ids) -> None:
+def _check_counterfactuals(cf, rl_cfg: rl.RLConfig, task, step_end_ids, *, diagnostics) -> None:
   """Counterfactual rows are used by something, can be scored against their prompt's
   example, and their importance weights can be computed."""
   if not cf.enabled:
     return
   where = "config.counterfactual"
+  if cf.train and diagnostics.get("every", 0):
+    raise ValueError(
+      f"{where}.train=True with config.diagnostics.every > 0: the diagnostics probe groups "
+      "of G samples, and trained counterfactuals make them G + C rows; switch one off."
+    )
   if rl_cfg.advantage != "ibpo" and not cf.train:
     raise ValueError(
       f"{where}.per_group={cf.per_group} with rl.advantage={rl_cfg.advantage!r} and "

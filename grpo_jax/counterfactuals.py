@@ -444,24 +444,48 @@ def merge(
   return merged, prov
 
 
+def sample_rows(tree, *, group_size: int, per_group: int):
+  """The G samples' rows of a group-major merged batch (any pytree of [B·(G + C), ...]
+  arrays): the update batch when counterfactuals only inform φ, so no forward or
+  backward is spent on rows with no loss token."""
+  n = jax.tree.leaves(tree)[0].shape[0]
+  B = n // (group_size + per_group)
+  rows = np.flatnonzero(merge_order(B, group_size, per_group) < B * group_size)
+  return jax.tree.map(lambda x: x[rows], tree)
+
+
 # ----------------------------------------------------------------------------
 # In prepare: the full-rewrite filter and the rows' weights (jitted).
 # ----------------------------------------------------------------------------
 
 
-def rewrite_filter(tokens_NT, mask_NT, prov: Provenance, tau, *, distance: str, step_end_ids=()):
+def rewrite_filter(
+  tokens_NT, mask_NT, prov: Provenance, tau, *, distance: str, step_end_ids=(), rows=None
+):
   """(kept_N, d_N): a counterfactual is kept when its normalised edit distance to its
-  parent (token or step level, `alignment`) is at most τ; samples are always kept (d 0)."""
-  p_N = prov.parent_N
+  parent (token or step level, `alignment`) is at most τ; samples are always kept (d 0).
+  rows (static ints, optional): the only rows that may be counterfactuals (the merged
+  batch's layout, `counterfactual_rows`); the O(T²) distance runs on those alone."""
+  N = tokens_NT.shape[0]
+  rows = np.arange(N) if rows is None else np.asarray(rows)
+  p_R = prov.parent_N[rows]
   len_N = jnp.sum(mask_NT, axis=1, dtype=jnp.int32)
   if distance == "token":
-    d_N = jax.vmap(alignment.normalised_distance)(tokens_NT, len_N, tokens_NT[p_N], len_N[p_N])
+    d_R = jax.vmap(alignment.normalised_distance)(
+      tokens_NT[rows], len_N[rows], tokens_NT[p_R], len_N[p_R]
+    )
   else:
     step = functools.partial(alignment.normalised_step_distance, end_ids=tuple(step_end_ids))
-    d_N = jax.vmap(step)(tokens_NT, mask_NT, tokens_NT[p_N], mask_NT[p_N])
+    d_R = jax.vmap(step)(tokens_NT[rows], mask_NT[rows], tokens_NT[p_R], mask_NT[p_R])
   cf_N = prov.kind_N != SAMPLED
-  d_N = jnp.where(cf_N, d_N, 0.0)
+  d_N = jnp.where(cf_N, jnp.zeros(N).at[rows].set(d_R), 0.0)
   return ~cf_N | alignment.keep_local(d_N, tau), d_N
+
+
+def counterfactual_rows(n_rows: int, *, group_size: int, per_group: int) -> np.ndarray:
+  """The positions of the counterfactual slots in a group-major merged batch of n_rows."""
+  B = n_rows // (group_size + per_group)
+  return np.flatnonzero(merge_order(B, group_size, per_group) >= B * group_size)
 
 
 def importance_weights(old_logp_NT, behaviour_logp_NT, prov: Provenance, cap, *, weighting: str):

@@ -402,7 +402,7 @@ def plan_for(setup, *, n_devices: int | None = None, optimizer=None) -> Plan:
     setup.mesh_cfg,
     n_devices=n_devices or jax.device_count(),
     prompts=loop.prompts_per_step,
-    group_size=setup.train_group,
+    group_size=setup.update_group,
     prompt_len=max(scfg.prompt_buckets),
     max_new_tokens=scfg.max_new_tokens,
     optimizer=optimizer,
@@ -482,7 +482,7 @@ def measure(setup, fns) -> dict:
   device): compiles, allocates nothing. "train_step_arguments" counts the update's
   arguments without the rollout batch (the plan's resident params and optimizer state)."""
   loop, scfg, rl_cfg = setup.loop, setup.sampler_cfg, setup.rl_cfg
-  N, P, T = setup.rollout_rows, max(scfg.prompt_buckets), scfg.max_new_tokens
+  N, P, T = setup.update_rows, max(scfg.prompt_buckets), scfg.max_new_tokens
   sd = jax.ShapeDtypeStruct
   state = jax.eval_shape(
     lambda k: rl.init_state(model.init(setup.model_cfg, k), fns.optimizer), jax.random.key(0)

@@ -506,12 +506,13 @@ def finish_prepare(
   cfg: RLConfig,
   cf_cfg=None,
   step_end_ids=(),
+  group_size: int = 0,
 ):
   """Shaped rewards, the trained rows, advantages, the loss mask and the batch's metrics,
   given its log-probs. scorable_N: False where the reward failed (default: all scored);
   keep_N: False on rows kept only for shape (default: all kept); prov
-  (`counterfactuals.Provenance`, with cf_cfg): IBPO's counterfactual rows in the batch
-  (`_counterfactual_rows`).
+  (`counterfactuals.Provenance`, with cf_cfg and the samples' group_size G): IBPO's
+  counterfactual rows in the group-major batch (`_counterfactual_rows`).
 
   Returns (RolloutBatch, shaped rewards_N, metrics).
   """
@@ -521,7 +522,14 @@ def finish_prepare(
   cf_stats, context_N, weights_N, own_NT = {}, None, None, None
   if prov is not None:
     keep_N, context_N, weights_N, own_NT, cf_stats = _counterfactual_rows(
-      lp, rollouts, keep_N & prov.active_N, prov, hyper, cf_cfg, step_end_ids
+      lp,
+      rollouts,
+      keep_N & prov.active_N,
+      prov,
+      hyper,
+      cf_cfg,
+      step_end_ids,
+      group_size=group_size,
     )
   valid_N = trained_rows(scorable_N, keep_N, rollouts.group_ids_N, policy=cfg.unscorable)
   if context_N is not None:
@@ -553,11 +561,14 @@ def finish_prepare(
   return batch, rewards_N, {**metrics, **mask_stats, **cf_stats}
 
 
-def _counterfactual_rows(lp, rollouts, keep_N, prov, hyper: PrepareHyper, cf_cfg, step_end_ids):
+def _counterfactual_rows(
+  lp, rollouts, keep_N, prov, hyper: PrepareHyper, cf_cfg, step_end_ids, *, group_size: int
+):
   """IBPO's counterfactual rows (`counterfactuals`): the full-rewrite filter (τ =
   hyper.adv.ibpo_tau) and the importance weights (c = hyper.adv.ibpo_is_cap). Returns
   (keep_N: the rows trained, context_N: kept counterfactuals that only inform φ,
   weights_N, own_NT, "ibpo/..." metrics)."""
+  C = cf_cfg.per_group
   kept_N, d_N = counterfactuals.rewrite_filter(
     rollouts.tokens_NT,
     rollouts.mask_NT,
@@ -565,6 +576,11 @@ def _counterfactual_rows(lp, rollouts, keep_N, prov, hyper: PrepareHyper, cf_cfg
     hyper.adv.ibpo_tau,
     distance=cf_cfg.distance,
     step_end_ids=step_end_ids,
+    rows=counterfactuals.counterfactual_rows(
+      rollouts.tokens_NT.shape[0], group_size=group_size, per_group=C
+    )
+    if group_size
+    else None,
   )
   w_N = counterfactuals.importance_weights(
     lp.old_logp_NT, rollouts.policy_logp_NT, prov, hyper.adv.ibpo_is_cap, weighting=cf_cfg.weighting

@@ -251,6 +251,6 @@ def iteration_flops(setup: config.Setup, rollouts: Any, *, gen_batches: int) -> 
     prompt_len=P,
     new_tokens=float(rollouts.num_steps),
   )
-  seq = N * flops.sequence_forward_flops(cfg, length=P + T)
+  seq = flops.sequence_forward_flops(cfg, length=P + T)
   forwards = (1 if rl_cfg.recompute_old_logp else 0) + (1 if rl_cfg.use_ref else 0)
-  return sample + forwards * seq + 3 * rl_cfg.ppo_epochs * seq
+  return sample + forwards * N * seq + 3 * rl_cfg.ppo_epochs * setup.update_rows * seq

@@ -43,6 +43,7 @@ class Functions:
   cf_plan: Any = None  # counterfactuals.plan: the slots' parents and cuts.
   cf_generate: Any = None  # counterfactuals.generate: decodes the M rows.
   cf_merge: Any = None  # counterfactuals.merge: the group-major batch and its Provenance.
+  cf_samples: Any = None  # The update batch: the samples' rows of a prepared batch.
 
 
 # Loop fields the compiled functions depend on (with the model, sampler, RL and mesh).
@@ -201,14 +202,22 @@ def _counterfactual_functions(setup: config.Setup, sh: _Shardings, model_fn) -> 
       in_shardings=(sh.rollouts(N), sh.rollouts(M), sh.rows(M), rep),
       out_shardings=(sh.rollouts(setup.rollout_rows), sh.rows(setup.rollout_rows)),
     ),
+    cf_samples=sharding.Jitted(
+      sh.layout,
+      functools.partial(counterfactuals.sample_rows, group_size=G, per_group=cf.per_group),
+      in_shardings=(sh.rows(setup.rollout_rows),),
+      out_shardings=sh.rows(N),
+    )
+    if not cf.train
+    else None,
   )
 
 
 def _rl_functions(setup: config.Setup, sh: _Shardings, model_fn, optimizer) -> dict:
   """The RL half: log-prob forwards, prepare, and the update phase."""
-  rl_cfg, N = setup.rl_cfg, setup.rollout_rows
+  rl_cfg, N, U = setup.rl_cfg, setup.rollout_rows, setup.update_rows
   rows, rep = sh.rows(N), sh.rep
-  plan_fn = rl.make_plan_fn(rl_cfg, batch_size=N, group_size=setup.train_group)
+  plan_fn = rl.make_plan_fn(rl_cfg, batch_size=U, group_size=setup.update_group)
   return dict(
     logprobs=sharding.Jitted(
       sh.layout,
@@ -223,6 +232,7 @@ def _rl_functions(setup: config.Setup, sh: _Shardings, model_fn, optimizer) -> d
         cfg=rl_cfg,
         cf_cfg=setup.counterfactual,
         step_end_ids=setup.step_end_ids,
+        group_size=setup.sampler_cfg.group_size,
       ),
       in_shardings=(rows, sh.rollouts(N), rows, rows, rep, rows, rows, rows),
       out_shardings=(rows, rows, rep),
@@ -232,7 +242,7 @@ def _rl_functions(setup: config.Setup, sh: _Shardings, model_fn, optimizer) -> d
       functools.partial(
         rl.update, cfg=rl_cfg, model_fn=model_fn, optimizer=optimizer, plan_fn=plan_fn
       ),
-      in_shardings=(sh.state, rows, rep, rep),
+      in_shardings=(sh.state, sh.rows(U), rep, rep),
       out_shardings=(sh.state, rep, rep),
       donate_argnums=(0,),
     ),

@@ -496,6 +496,8 @@ class _Loop:
       got.valid_N,
       got.provenance,
     )
+    if self.fns.cf_samples is not None:  # Counterfactuals that only informed φ leave.
+      batch = self.fns.cf_samples(batch)
     return batch, stats
 
   def _update(self, st: RunState, batch: rl.RolloutBatch, key, stats) -> dict:

@@ -181,6 +181,14 @@ def test_rewrite_filter_keeps_local_repairs_only():
     kept, d = CF.rewrite_filter(tokens, mask, prov, jnp.float32(tau), distance="token")
     np.testing.assert_allclose(d, [0.0, 0.25, 1.0])
     np.testing.assert_array_equal(kept, want)
+    # Only the counterfactual slots computed: the same answer.
+    rows = CF.counterfactual_rows(3, group_size=1, per_group=2)
+    np.testing.assert_array_equal(rows, [1, 2])
+    kept_r, d_r = CF.rewrite_filter(
+      tokens, mask, prov, jnp.float32(tau), distance="token", rows=rows
+    )
+    np.testing.assert_array_equal(kept_r, kept)
+    np.testing.assert_allclose(d_r, d)
 
 
 def test_config_errors():

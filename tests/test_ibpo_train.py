@@ -180,6 +180,10 @@ def test_perturbed_prompt_rows_carry_truncated_importance_weights():
     ({"rl.ibpo_tau": 1.5}, "ibpo_tau must be in"),
     ({"counterfactual.per_group": 3}, "must be a multiple of per_rollout"),
     ({"counterfactual.weighting": "clip"}, "counterfactual.weighting='clip'; allowed"),
+    (
+      {"counterfactual.train": True, "diagnostics.every": 2},
+      "the diagnostics probe groups of G samples",
+    ),
   ],
 )
 def test_bad_counterfactual_configs_fail_before_compiling(changes, match):
