@@ -1,6 +1,7 @@
 """IBPO in the trainer: counterfactual rows through the whole iteration (sample, branch,
 score, merge, prepare, update), exact resume, perturbed prompts, and the config checks."""
 
+import dataclasses
 import pathlib
 import sys
 
@@ -11,12 +12,15 @@ import pytest
 
 from grpo_jax import (
   advantages,
+  aggregation,
   config,
   config_lib,
   counterfactuals,
   logs,
+  losses,
   metrics,
   rewards,
+  rl,
   rollout,
   steps,
   train,
@@ -93,7 +97,8 @@ def test_resume_with_counterfactuals_reproduces_the_uninterrupted_run(reference_
 
 
 def _iteration(c, *, key=1):
-  """One iteration's merged batch through prepare: (setup, collected, RolloutBatch, stats)."""
+  """One iteration's merged batch through prepare from the initial policy: (setup,
+  collected, RolloutBatch, stats, params)."""
   setup = config.build(c)
   fns = steps.functions(setup)
   params = train.initial_params(setup, fns, jax.random.key(0))
@@ -104,13 +109,13 @@ def _iteration(c, *, key=1):
   batch, _, stats = fns.finish(
     got.logprobs, got.rollouts, s.correct_N, s.format_N, hyper, s.scorable_N, None, got.provenance
   )
-  return setup, got, batch, stats
+  return setup, got, batch, stats, params
 
 
 def test_counterfactuals_inform_phi_only_and_lambda_zero_is_grpo_on_the_samples():
   c = _tiny()
   c.rl.ibpo_lambda = 0.0
-  setup, got, batch, _ = _iteration(c)
+  setup, got, batch, _, _ = _iteration(c)
   prov = got.provenance
   sample_N = np.asarray(prov.kind_N) == 0
   cf_N = ~sample_N
@@ -133,7 +138,7 @@ def test_counterfactuals_inform_phi_only_and_lambda_zero_is_grpo_on_the_samples(
 def test_trained_branches_train_only_the_tokens_they_decoded():
   c = _tiny()
   c.counterfactual.update(train=True, branch_from="all", cut="uniform")
-  _, got, batch, _ = _iteration(c)
+  _, got, batch, _, _ = _iteration(c)
   prov = got.provenance
   own = np.asarray(prov.own_NT)
   loss = np.asarray(batch.loss_mask_NT)
@@ -151,7 +156,7 @@ def test_perturbed_prompt_rows_carry_truncated_importance_weights():
   c = _tiny("hint")
   c.counterfactual.update(train=True, branch_from="all")
   c.rl.ibpo_is_cap = 1.5
-  _, got, batch, stats = _iteration(c)
+  _, got, batch, stats, _ = _iteration(c)
   assert float(stats["ibpo/counterfactual_rows"]) == 8
   w = float(stats["ibpo/is_weight_mean"])
   assert 0.0 <= w <= 1.5
@@ -214,3 +219,67 @@ def test_unsupported_perturbation_and_missing_step_splitter_are_refused(monkeypa
   c.counterfactual.update(source="branch", cut="step")
   with pytest.raises(config_lib.ConfigError, match="needs the task's step splitter"):
     config.build(c)
+
+
+@pytest.fixture(scope="module")
+def ibpo_batch():
+  """A prepared IBPO batch with trained branches (λ = 1): (setup, params, batch)."""
+  c = _tiny()
+  c.counterfactual.update(train=True, branch_from="all")
+  setup, got, _, _, params = _iteration(c, key=5)
+  # Rewards that vary within every group (the tiny policy solves nothing), so the base
+  # advantage and the shaping are both non-zero.
+  n = got.rollouts.tokens_NT.shape[0]
+  correct = (np.arange(n) % 3 == 0).astype(np.float32)
+  hyper = setup.rl_cfg.prepare_hyper(max_new_tokens=26)
+  batch, _, stats = steps.functions(setup).finish(
+    got.logprobs, got.rollouts, correct, 0 * correct, hyper, None, None, got.provenance
+  )
+  assert float(jnp.max(jnp.abs(batch.adv_NT))) > 0 and float(stats["ibpo/shaping_abs_mean"]) > 0
+  return setup, params, batch
+
+
+_COMBOS = [("policy_loss", n) for n in ("cispo", "gspo", "ppo_clip", "reinforce")] + [
+  ("aggregation", n)
+  for n in (
+    "balanced",
+    "constant_norm",
+    "group_token_mean",
+    "seq_mean_token_mean",
+    "seq_mean_token_sum",
+  )
+]
+
+
+@pytest.mark.parametrize("field, name", _COMBOS)
+def test_ibpo_advantages_compose_with_every_policy_loss_and_aggregation(ibpo_batch, field, name):
+  """The shaped token advantages (with counterfactual rows in the batch) feed every policy
+  loss and aggregation mode: a finite step that moves the params."""
+  assert name in (losses.REGISTRY if field == "policy_loss" else aggregation.REGISTRY)
+  setup, params, batch = ibpo_batch
+  cfg = dataclasses.replace(setup.rl_cfg, **{field: name})
+  optimizer = rl.make_optimizer(lr=1e-2)
+  fns = steps.functions(setup)
+  state = rl.init_state(params, optimizer)
+  new, m = jax.jit(
+    lambda s, b: rl.train_step(
+      s, b, cfg.step_hyper(), cfg=cfg, model_fn=fns.model_fn, optimizer=optimizer
+    )
+  )(state, batch)
+  assert float(m["nonfinite"]) == 0.0 and np.isfinite(float(m["loss"]))
+  moved = jax.tree.leaves(jax.tree.map(lambda a, b: jnp.any(a != b), new.params, params))
+  assert any(bool(x) for x in moved)
+
+
+@pytest.mark.parametrize(
+  "planner", ["length_sorted", "query_preserved", "random", "reward_balanced"]
+)
+def test_ibpo_with_counterfactuals_builds_under_every_planner(planner):
+  """Every planner plans the merged groups of G + C rows (trained counterfactuals) or the
+  samples' groups (φ-only), before anything compiles."""
+  for train_cf in (False, True):
+    c = _tiny()
+    c.counterfactual.train = train_cf
+    c.rl.update(planner=planner, num_minibatches=2)
+    setup = config.build(c)
+    assert setup.update_group == (8 if train_cf else 4)
