@@ -119,8 +119,10 @@ def measure(seed: int, *, prompts: int = 8, groups: int = 8, quick: bool = False
   return out
 
 
-def main(argv=None) -> list[dict]:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def cli(measure, description: str, argv=None) -> list[dict]:
+  """`measure` per seed from the command line (--seeds, --prompts, --groups, --quick);
+  prints the list as JSON."""
+  parser = argparse.ArgumentParser(description=description)
   parser.add_argument("--seeds", type=int, default=3)
   parser.add_argument("--prompts", type=int, default=8)
   parser.add_argument("--groups", type=int, default=8)
@@ -132,6 +134,10 @@ def main(argv=None) -> list[dict]:
   ]
   print(json.dumps(got))
   return got
+
+
+def main(argv=None) -> list[dict]:
+  return cli(measure, __doc__.split("\n")[0], argv)
 
 
 if __name__ == "__main__":

@@ -511,19 +511,19 @@ def analyse_rank(runs) -> Outcome:
 # ----------------------------------------------------------------------------
 
 
-def measure_baselines(*, seeds, root, quick) -> list[dict]:
-  """baseline_variance.measure per seed, cached as JSON under root."""
+def _measured(module: str, cache: str, *, seeds, root, quick, full: dict) -> list[dict]:
+  """experiments/<module>.measure per seed (kwargs `full`, or 4 prompts × 4 groups with
+  quick), cached as JSON under root/<cache>-quick|full/seed<s>.json, with its seconds."""
+  import importlib  # noqa: PLC0415
   import json  # noqa: PLC0415
 
-  import baseline_variance  # noqa: PLC0415
-
+  measure = importlib.import_module(module).measure
   out = []
   for s in seeds:
-    path = root / f"baselines-{'quick' if quick else 'full'}" / f"seed{s}.json"
+    path = root / f"{cache}-{'quick' if quick else 'full'}" / f"seed{s}.json"
     if not path.exists():
-      kwargs = dict(prompts=4, groups=4) if quick else {}
       t0 = time.perf_counter()
-      got = baseline_variance.measure(s, quick=quick, **kwargs)
+      got = measure(s, quick=quick, **(dict(prompts=4, groups=4) if quick else full))
       got["seconds"] = time.perf_counter() - t0
       path.parent.mkdir(parents=True, exist_ok=True)
       path.write_text(json.dumps(got))
@@ -531,12 +531,19 @@ def measure_baselines(*, seeds, root, quick) -> list[dict]:
   return out
 
 
+def _ratios(per_seed: list[dict], arm: str, base: str, what: str) -> list:
+  """Per seed r[arm][what] / r[base][what] (None where the base is 0)."""
+  return [None if r[base][what] == 0 else r[arm][what] / r[base][what] for r in per_seed]
+
+
+def measure_baselines(*, seeds, root, quick) -> list[dict]:
+  """baseline_variance.measure per seed, cached."""
+  return _measured("baseline_variance", "baselines", seeds=seeds, root=root, quick=quick, full={})
+
+
 def analyse_baselines(per_seed: list[dict]) -> Outcome:
   def ratio(name, what):
-    return [
-      None if r["group_mean"][what] == 0 else r[name][what] / r["group_mean"][what]
-      for r in per_seed
-    ]
+    return _ratios(per_seed, name, "group_mean", what)
 
   figs = {
     "variance_ratio_weaver_tao": _fig(
@@ -732,28 +739,14 @@ IBPO_ARMS = {
 
 
 def measure_ibpo_variance(*, seeds, root, quick) -> list[dict]:
-  """ibpo_variance.measure per seed, cached as JSON under root."""
-  import json  # noqa: PLC0415
-
-  import ibpo_variance  # noqa: PLC0415
-
-  out = []
-  for s in seeds:
-    path = root / f"ibpo-variance-{'quick' if quick else 'full'}" / f"seed{s}.json"
-    if not path.exists():
-      kwargs = dict(prompts=4, groups=4) if quick else dict(prompts=16, groups=8)
-      t0 = time.perf_counter()
-      got = ibpo_variance.measure(s, quick=quick, **kwargs)
-      got["seconds"] = time.perf_counter() - t0
-      path.parent.mkdir(parents=True, exist_ok=True)
-      path.write_text(json.dumps(got))
-    out.append(json.loads(path.read_text()))
-  return out
+  """ibpo_variance.measure per seed (16 prompts × 8 groups), cached."""
+  full = dict(prompts=16, groups=8)
+  return _measured("ibpo_variance", "ibpo-variance", seeds=seeds, root=root, quick=quick, full=full)
 
 
 def analyse_ibpo_variance(per_seed: list[dict]) -> Outcome:
   def ratio(arm, what):
-    return [None if r["grpo"][what] == 0 else r[arm][what] / r["grpo"][what] for r in per_seed]
+    return _ratios(per_seed, arm, "grpo", what)
 
   figs = {
     "variance_ratio_branch": _fig(

@@ -26,8 +26,6 @@ Used by claim 10 of experiments/reproduce.py (`claims.analyse_ibpo_variance`).
 
 from __future__ import annotations
 
-import argparse
-import json
 import pathlib
 import sys
 
@@ -137,18 +135,9 @@ def measure(seed: int, *, prompts: int = 8, groups: int = 8, quick: bool = False
 
 
 def main(argv=None) -> list[dict]:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--seeds", type=int, default=3)
-  parser.add_argument("--prompts", type=int, default=8)
-  parser.add_argument("--groups", type=int, default=8)
-  parser.add_argument("--quick", action="store_true")
-  args = parser.parse_args(argv)
-  got = [
-    measure(s, prompts=args.prompts, groups=args.groups, quick=args.quick)
-    for s in range(args.seeds)
-  ]
-  print(json.dumps(got))
-  return got
+  import baseline_variance  # noqa: PLC0415
+
+  return baseline_variance.cli(measure, __doc__.split("\n")[0], argv)
 
 
 if __name__ == "__main__":

@@ -28,10 +28,9 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "configs"))
 import arithmetic  # noqa: E402
+import runs  # noqa: E402 -- tests/, this script's directory.
 
 from grpo_jax import checkpoint, config, logs, sampling, steps, train  # noqa: E402
-
-_TIMING = ("time/", "tokens_per_s", "perf/")
 
 
 def make_config(mesh):
@@ -97,7 +96,7 @@ def main(out, meshes, *, base):
       name = jax.tree_util.keystr(path)
       flat["param" + name] = np.asarray(x)
       specs[name] = [str(x.sharding.spec), list(x.sharding.shard_shape(x.shape))]
-    metrics = {k: v for k, v in record.items() if not k.startswith(_TIMING)}
+    metrics = runs.untimed(record)
     np.savez(
       out / f"{'x'.join(map(str, mesh))}.npz",
       greedy=np.asarray(greedy.tokens_NT),

@@ -25,6 +25,7 @@ from jax.experimental import multihost_utils
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 import mesh_run  # noqa: E402
+import runs  # noqa: E402
 
 from grpo_jax import checkpoint, config, distributed, logs, steps, train  # noqa: E402
 
@@ -70,11 +71,7 @@ def main(argv=None):
   metrics = []
   if jax.process_index() == 0:
     records = logs.read_jsonl(pathlib.Path(args.workdir) / "metrics.jsonl")
-    metrics = [
-      {k: v for k, v in r.items() if not k.startswith(mesh_run._TIMING)}
-      for r in records
-      if r["phase"] == "rl"
-    ]
+    metrics = [runs.untimed(r) for r in records if r["phase"] == "rl"]
   n = setup.loop.prompts_per_step * setup.sampler_cfg.group_size
   rows = distributed.local_rows(fns.layout.rows(n), n)
   np.savez(

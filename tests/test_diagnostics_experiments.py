@@ -20,9 +20,9 @@ sys.path.insert(0, str(ROOT / "experiments"))
 sys.path.insert(0, str(ROOT / "tests"))
 import bench_diagnostics  # noqa: E402
 import diagnose  # noqa: E402
+import runs  # noqa: E402
 import tb_events  # noqa: E402
 
-_TIMING = ("time/", "tokens_per_s", "perf/")
 # Keys that are finite on every diagnostic iteration (others may be NaN: an empty cell).
 _FINITE = (
   "flip/all/all/boosted",
@@ -45,10 +45,6 @@ _FINITE = (
 
 def _is_diag(key):
   return key.split("/")[0] in metrics.DIAGNOSTICS_ROOTS or key == "time/diagnostics"
-
-
-def _lines(workdir):
-  return logs.read_jsonl(pathlib.Path(workdir) / "metrics.jsonl")
 
 
 def _quick_config(**diagnostics):
@@ -84,7 +80,7 @@ def test_diagnose_quick_writes_the_report_and_plots(quick):
 
 def test_diagnostics_join_the_metrics_of_every_nth_iteration(quick):
   workdir = quick[0]
-  lines = _lines(workdir)
+  lines = runs.lines(workdir)
   assert [x["iteration"] for x in lines] == [0, 1, 2, 3, 4]
   for line in lines:
     for name in line:
@@ -123,8 +119,8 @@ def test_resume_reproduces_the_diagnostics(tmp_path):
   out = []
   train.run(config, got, log=out.append)
   assert any("resumed from" in x and "iteration 2" in x for x in out)
-  strip = lambda r: {k: v for k, v in r.items() if not k.startswith(_TIMING)}  # noqa: E731
-  want, lines = _lines(ref), _lines(got)
+  strip = runs.untimed
+  want, lines = runs.lines(ref), runs.lines(got)
   assert [x["iteration"] for x in lines] == [0, 1, 2, 3, 4]
   assert "flip/all/all/boosted" in lines[4]
   assert [strip(x) for x in lines] == [strip(x) for x in want]
@@ -136,7 +132,7 @@ def test_off_emits_no_diagnostics(tmp_path):
   config = _quick_config(every=0)
   config.iterations = 2
   train.run(config, tmp_path, log=lambda _: None)
-  lines = _lines(tmp_path)
+  lines = runs.lines(tmp_path)
   assert len(lines) == 3 and not any(_is_diag(k) for line in lines for k in line)
   assert not (tmp_path / "diagnostics").exists()
 

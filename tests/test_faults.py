@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import runs  # noqa: E402
 import subproc  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -30,7 +31,6 @@ SMALL = [
   "--config.checkpoint_every=2", "--config.rl.num_minibatches=2", "--config.progress=False",
 ]  # fmt: skip
 ITERATIONS = 6
-_TIMING = ("time/", "tokens_per_s", "perf/")
 
 
 def cli(workdir, *flags, fault="none", iterations=ITERATIONS, preexec_fn=None, timeout=300):
@@ -50,7 +50,7 @@ def cli(workdir, *flags, fault="none", iterations=ITERATIONS, preexec_fn=None, t
 
 def metrics(workdir) -> list[dict]:
   lines = (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()
-  return [{k: v for k, v in json.loads(x).items() if not k.startswith(_TIMING)} for x in lines]
+  return [runs.untimed(json.loads(x)) for x in lines]
 
 
 def error_lines(r) -> list[str]:

@@ -16,7 +16,6 @@ from grpo_jax import (
   config,
   config_lib,
   counterfactuals,
-  logs,
   losses,
   metrics,
   rewards,
@@ -27,9 +26,9 @@ from grpo_jax import (
 )
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "configs"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import ibpo  # noqa: E402
-
-_TIMING = ("time/", "tokens_per_s", "perf/")
+import runs  # noqa: E402
 
 
 def _tiny(variant="tiny", **loop):
@@ -45,14 +44,6 @@ def _tiny(variant="tiny", **loop):
   return c
 
 
-def _lines(workdir):
-  return logs.read_jsonl(pathlib.Path(workdir) / "metrics.jsonl")
-
-
-def _strip(record):
-  return {k: v for k, v in record.items() if not k.startswith(_TIMING)}
-
-
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("ibpo_reference")
@@ -61,7 +52,7 @@ def reference_run(tmp_path_factory):
 
 
 def test_counterfactual_rows_train_and_log_their_metrics(reference_run):
-  lines = _lines(reference_run)
+  lines = runs.lines(reference_run)
   assert [x["iteration"] for x in lines] == [0, 1, 2, 3, 4]
   for line in lines:
     for name in line:
@@ -81,7 +72,7 @@ def test_counterfactual_rows_train_and_log_their_metrics(reference_run):
 
 
 def test_resume_with_counterfactuals_reproduces_the_uninterrupted_run(reference_run, tmp_path):
-  ref = _lines(reference_run)
+  ref = runs.lines(reference_run)
 
   def crash(it, record):
     if it == 3:
@@ -90,10 +81,10 @@ def test_resume_with_counterfactuals_reproduces_the_uninterrupted_run(reference_
   with pytest.raises(RuntimeError, match="simulated crash"):
     train.run(_tiny(), tmp_path, log=lambda _: None, on_iteration=crash)
   train.run(_tiny(), tmp_path, log=lambda _: None)
-  lines = _lines(tmp_path)
+  lines = runs.lines(tmp_path)
   assert [x["iteration"] for x in lines] == [0, 1, 2, 3, 4]
   for got, want in zip(lines, ref, strict=True):
-    assert _strip(got) == _strip(want)
+    assert runs.untimed(got) == runs.untimed(want)
 
 
 def _iteration(c, *, key=1):

@@ -15,7 +15,6 @@ import pytest
 from grpo_jax import (
   checkpoint,
   config,
-  logs,
   metrics,
   model,
   rewards,
@@ -29,11 +28,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "configs
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import arithmetic  # noqa: E402
 import fault_tasks  # noqa: E402, F401 -- registers the misbehaving test tasks.
+import runs  # noqa: E402
 import subproc  # noqa: E402
 import tb_events  # noqa: E402
-
-# Keys that measure time, so differ between two otherwise identical runs.
-_TIMING = ("time/", "tokens_per_s", "perf/")
 
 
 def _tiny(**loop):
@@ -50,14 +47,6 @@ def _tiny(**loop):
   return c
 
 
-def _lines(workdir):
-  return logs.read_jsonl(pathlib.Path(workdir) / "metrics.jsonl")
-
-
-def _strip(record):
-  return {k: v for k, v in record.items() if not k.startswith(_TIMING)}
-
-
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory):
   """One uninterrupted run of _tiny(): (workdir, summary, log lines)."""
@@ -69,7 +58,7 @@ def reference_run(tmp_path_factory):
 
 def test_run_writes_metrics_tensorboard_checkpoints_and_summary(reference_run):
   workdir, summary, out = reference_run
-  lines = _lines(workdir)
+  lines = runs.lines(workdir)
   assert [x["iteration"] for x in lines] == [0, 1, 2, 3, 4]
   assert lines[0]["phase"] == "warmstart" and lines[1]["phase"] == "rl"
   expected = {"loss", "pg_clipfrac", "pass_rate", "reward_errors", "nonfinite_steps"}
@@ -111,7 +100,7 @@ def test_run_writes_metrics_tensorboard_checkpoints_and_summary(reference_run):
 
 def test_resume_after_a_crash_reproduces_the_uninterrupted_run(reference_run, tmp_path):
   """Crash after iteration 3 (the last checkpoint is 2), rerun: 3 and 4 come out the same."""
-  ref = _lines(reference_run[0])
+  ref = runs.lines(reference_run[0])
 
   def crash(it, record):
     if it == 3:
@@ -119,21 +108,21 @@ def test_resume_after_a_crash_reproduces_the_uninterrupted_run(reference_run, tm
 
   with pytest.raises(RuntimeError, match="simulated crash"):
     train.run(_tiny(), tmp_path, log=lambda _: None, on_iteration=crash)
-  assert [x["iteration"] for x in _lines(tmp_path)] == [0, 1, 2, 3]
+  assert [x["iteration"] for x in runs.lines(tmp_path)] == [0, 1, 2, 3]
   out = []
   summary = train.run(_tiny(), tmp_path, log=out.append)
   assert any("resumed from" in x and "iteration 2" in x for x in out)
-  lines = _lines(tmp_path)
+  lines = runs.lines(tmp_path)
   assert [x["iteration"] for x in lines] == [0, 1, 2, 3, 4]  # Line 3 is not duplicated.
   for got, want in zip(lines, ref):
-    assert _strip(got) == _strip(want)
+    assert runs.untimed(got) == runs.untimed(want)
   assert summary["final_accuracy"] == reference_run[1]["final_accuracy"]
   # TensorBoard drops the crashed session's iteration 3 (purge_step) when it reads the dir.
   assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 2
 
 
 def test_sigterm_saves_a_checkpoint_and_the_rerun_finishes_identically(reference_run, tmp_path):
-  ref = _lines(reference_run[0])
+  ref = runs.lines(reference_run[0])
 
   def preempt(it, record):
     if it == 1:
@@ -147,7 +136,7 @@ def test_sigterm_saves_a_checkpoint_and_the_rerun_finishes_identically(reference
   assert ckpt.latest_step() == 1  # Not a checkpoint_every multiple: saved for SIGTERM.
   ckpt.close()
   train.run(_tiny(), tmp_path, log=lambda _: None)
-  assert [_strip(x) for x in _lines(tmp_path)] == [_strip(x) for x in ref]
+  assert [runs.untimed(x) for x in runs.lines(tmp_path)] == [runs.untimed(x) for x in ref]
 
 
 def test_restoring_into_a_different_model_is_a_clear_error(reference_run, tmp_path):
@@ -182,7 +171,7 @@ def test_nonfinite_steps_are_skipped_counted_and_stop_the_run(monkeypatch, tmp_p
   c = _tiny(max_nonfinite_steps=3, checkpoint_every=1)  # Two train steps per iteration.
   with pytest.raises(rl.NonFiniteError, match="3 consecutive train steps"):
     train.run(c, tmp_path, log=lambda _: None)
-  lines = _lines(tmp_path)
+  lines = runs.lines(tmp_path)
   assert lines[1]["nonfinite_steps"] == 0
   assert lines[2]["nonfinite_steps"] == 2 and lines[2]["nonfinite_total"] == 2
   assert len(lines) == 3  # Iteration 3 raised at its first skipped step.
@@ -195,7 +184,7 @@ def test_reward_exceptions_and_hangs_are_counted_and_training_continues(tmp_path
   c.task.name = "flaky_arithmetic"
   c.max_unscorable_frac = 1.0  # The 4 greedy eval answers can all be one failing string.
   summary = train.run(c, tmp_path, log=lambda _: None)
-  lines = _lines(tmp_path)
+  lines = runs.lines(tmp_path)
   assert [x["iteration"] for x in lines] == [0, 1]
   assert lines[1]["reward_errors"] > lines[1]["reward_timeouts"] > 0  # Raises and hangs.
   # Unscorable rows are left out of the loss (rl.unscorable="mask"), never trained as 0.
@@ -217,7 +206,7 @@ def test_dynamic_sampling_keeps_shapes_static_and_counts_what_it_drops(tmp_path)
   c.rl.update(dynamic_sampling=True, max_gen_batches=3)
   train.run(c, tmp_path, log=lambda _: None)
   B = c.prompts_per_step
-  for x in _lines(tmp_path)[1:]:
+  for x in runs.lines(tmp_path)[1:]:
     gen, dropped = x["dynamic/gen_batches"], x["dynamic/dropped_groups"]
     fill, surplus = x["dynamic/fill_groups"], x["dynamic/surplus_groups"]
     assert 1 <= gen <= 3
