@@ -80,7 +80,7 @@ def _time(fn, *args, repeats: int) -> float:
 def piece_seconds(*, B: int, G: int, C: int, T: int, repeats: int) -> dict:
   """Seconds of the trie + shaping and of the two rewrite filters on a random merged batch
   of B groups × (G + C) rows × T tokens (a vocabulary of 16 ids, step end id 0)."""
-  from grpo_jax import counterfactuals, ibpo  # noqa: PLC0415
+  from grpo_jax import alignment, counterfactuals, ibpo  # noqa: PLC0415
 
   rng = np.random.default_rng(0)
   N = B * (G + C)
@@ -111,7 +111,7 @@ def piece_seconds(*, B: int, G: int, C: int, T: int, repeats: int) -> dict:
         p,
         tau,
         distance=d,
-        step_end_ids=(0,),
+        splitter=alignment.StepSplitter(end_ids=(0,)),
         rows=counterfactuals.counterfactual_rows(N, group_size=G, per_group=C),
       )
     )

@@ -18,6 +18,7 @@ with a traceback (python-Levenshtein and rapidfuzz are host-side, one pair at a 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -26,6 +27,27 @@ import numpy as np
 
 # Bin edges of the distance histogram logged per step (the last bin includes 1.0).
 DISTANCE_EDGES = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSplitter:
+  """A task's step splitter (`step_ids`): token ids that end a step, and/or the token
+  sequence that starts one ("Step "). Hashable: a static argument of jitted code."""
+
+  end_ids: tuple[int, ...] = ()
+  start_pattern: tuple[int, ...] = ()
+
+  @property
+  def defined(self) -> bool:
+    return bool(self.end_ids or self.start_pattern)
+
+  def ids(self, tokens_BT, mask_BT):
+    """`step_ids` of the tokens under this splitter."""
+    return step_ids(tokens_BT, mask_BT, end_ids=self.end_ids, start_pattern=self.start_pattern)
+
+
+NO_STEPS = StepSplitter()  # A task without a step splitter.
+
 
 # Traceback operations (`align`).
 _NONE, _MATCH, _SUB, _DEL, _INS = 0, 1, 2, 3, 4

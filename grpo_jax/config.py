@@ -40,6 +40,7 @@ import ml_collections
 from grpo_jax import (
   advantages,
   aggregation,
+  alignment,
   config_lib,
   counterfactuals,
   hf,
@@ -240,7 +241,7 @@ class Setup:
   diagnostics: DiagnosticsConfig = DiagnosticsConfig()
   spec: dict = dataclasses.field(default_factory=dict)  # The ConfigDict, as plain data.
   counterfactual: counterfactuals.CounterfactualConfig = counterfactuals.CounterfactualConfig()
-  step_end_ids: tuple[int, ...] = ()  # Token ids that end a step (the task's step_end_text).
+  steps: alignment.StepSplitter = alignment.StepSplitter()  # The task's step splitter.
 
   @property
   def train_group(self) -> int:
@@ -415,8 +416,8 @@ def _build(config, *, n_devices: int | None) -> Setup:
   cf = config_lib.from_dict(
     counterfactuals.CounterfactualConfig, d.get("counterfactual", {}), where="config.counterfactual"
   )
-  step_end_ids = _step_end_ids(task, tok)
-  _check_counterfactuals(cf, rl_cfg, task, step_end_ids, diagnostics=d.get("diagnostics", {}))
+  steps = _step_splitter(task, tok)
+  _check_counterfactuals(cf, rl_cfg, task, steps, diagnostics=d.get("diagnostics", {}))
   update_group = sampler_cfg.group_size + (cf.per_group if cf.train else 0)
   _check_batch_shapes(loop, rl_cfg, update_group, data_parallel=data_parallel)
   _check_group_estimator(rl_cfg, sampler_cfg.group_size)
@@ -435,17 +436,22 @@ def _build(config, *, n_devices: int | None) -> Setup:
     ),
     spec=d,
     counterfactual=cf,
-    step_end_ids=step_end_ids,
+    steps=steps,
   )
 
 
-def _step_end_ids(task, tok) -> tuple[int, ...]:
-  """Token ids of the task's step-ending texts (`Task.step_end_text`) that are one token."""
-  ids = [tok.encode(t, add_bos=False) for t in getattr(task, "step_end_text", ("\n",))]
-  return tuple(sorted({i[0] for i in ids if len(i) == 1}))
+def _step_splitter(task, tok) -> alignment.StepSplitter:
+  """The task's step splitter in token ids: its step-ending texts (`Task.step_end_text`)
+  that are one token, and the tokens of its step-start text (`Task.step_start_text`)."""
+  ends = [tok.encode(t, add_bos=False) for t in getattr(task, "step_end_text", ("\n",))]
+  start = getattr(task, "step_start_text", "")
+  return alignment.StepSplitter(
+    end_ids=tuple(sorted({i[0] for i in ends if len(i) == 1})),
+    start_pattern=tuple(tok.encode(start, add_bos=False)) if start else (),
+  )
 
 
-def _check_counterfactuals(cf, rl_cfg: rl.RLConfig, task, step_end_ids, *, diagnostics) -> None:
+def _check_counterfactuals(cf, rl_cfg: rl.RLConfig, task, steps, *, diagnostics) -> None:
   """Counterfactual rows are used by something, can be scored against their prompt's
   example, and their importance weights can be computed."""
   if not cf.enabled:
@@ -477,10 +483,11 @@ def _check_counterfactuals(cf, rl_cfg: rl.RLConfig, task, step_end_ids, *, diagn
         "prompt: set rl.recompute_old_logp=True (one forward per row), or weighting "
         "'none' / 'drop'."
       )
-  if "step" in (cf.cut, cf.distance) and not step_end_ids:
+  if "step" in (cf.cut, cf.distance) and not steps.defined:
     raise ValueError(
       f"{where}: cut or distance 'step' needs the task's step splitter, and task "
-      f"{type(task).__name__} defines no one-token step_end_text; use 'uniform' / 'token'."
+      f"{type(task).__name__} defines neither a one-token step_end_text nor a "
+      "step_start_text; use 'uniform' / 'token'."
     )
 
 

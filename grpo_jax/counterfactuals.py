@@ -157,7 +157,7 @@ def first_unique(tokens_NT, mask_NT, group_ids_N):
   return jnp.where(jnp.any(unique_NT, axis=1), jnp.argmax(unique_NT, axis=1), length_N)
 
 
-def _cuts(key, parent_M, rollouts, *, cut: str, step_end_ids):
+def _cuts(key, parent_M, rollouts, *, cut: str, splitter: alignment.StepSplitter):
   """c_M for the chosen parents (see the module docstring)."""
   len_M = rollouts.length_N[parent_M]
   T = rollouts.tokens_NT.shape[1]
@@ -168,12 +168,13 @@ def _cuts(key, parent_M, rollouts, *, cut: str, step_end_ids):
   if cut == "divergence":
     t_N = first_unique(rollouts.tokens_NT, rollouts.mask_NT, rollouts.group_ids_N)
     return jnp.clip(t_N[parent_M] + 1, 1, jnp.maximum(len_M - 1, 1))
-  # step: cut c where o_{c−1} ends a step, 1 ≤ c ≤ |o| − 1.
-  tok_MT = rollouts.tokens_NT[parent_M]
-  ends_MT = jnp.isin(tok_MT, jnp.asarray(step_end_ids, jnp.int32))
+  # step: cut c at a step start (`alignment.step_ids` changes at c), 1 ≤ c ≤ |o| − 1.
+  ids_MT = splitter.ids(rollouts.tokens_NT[parent_M], rollouts.mask_NT[parent_M])
   t = jnp.arange(T)[None, :]
-  starts_MT = jnp.concatenate([jnp.zeros_like(ends_MT[:, :1]), ends_MT[:, :-1]], axis=1)
-  starts_MT = starts_MT & (t >= 1) & (t <= len_M[:, None] - 1)
+  changed_MT = jnp.concatenate(
+    [jnp.zeros_like(ids_MT[:, :1], bool), ids_MT[:, 1:] != ids_MT[:, :-1]], axis=1
+  )
+  starts_MT = changed_MT & (t >= 1) & (t <= len_M[:, None] - 1)
   n_M = jnp.sum(starts_MT, axis=1)
   pick_M = jnp.floor(u_M * jnp.maximum(n_M, 1)).astype(jnp.int32)  # The pick_M-th start.
   rank_MT = jnp.cumsum(starts_MT, axis=1) - 1
@@ -188,7 +189,7 @@ def plan(
   *,
   cfg: CounterfactualConfig,
   group_size: int,
-  step_end_ids=(),
+  splitter: alignment.StepSplitter = alignment.NO_STEPS,
 ) -> Plan:
   """Fills the B·C slots (see the module docstring): parents drawn without replacement
   among each group's eligible rollouts (cycling when C/k exceeds them), k slots per
@@ -204,9 +205,9 @@ def plan(
   j = jnp.arange(C // k)
   picks_BJ = jnp.take_along_axis(order_BG, j[None, :] % jnp.maximum(n_B, 1)[:, None], axis=1)
   parent_BJ = picks_BJ + G * jnp.arange(B)[:, None]
-  cut_BJ = _cuts(
-    cut_key, parent_BJ.reshape(-1), rollouts, cut=cfg.cut, step_end_ids=step_end_ids
-  ).reshape(B, C // k)
+  cut_BJ = _cuts(cut_key, parent_BJ.reshape(-1), rollouts, cut=cfg.cut, splitter=splitter).reshape(
+    B, C // k
+  )
   parent_M = jnp.repeat(parent_BJ, k, axis=1).reshape(-1).astype(jnp.int32)
   cut_M = jnp.repeat(cut_BJ, k, axis=1).reshape(-1).astype(jnp.int32)
   if cfg.perturbed:
@@ -460,7 +461,14 @@ def sample_rows(tree, *, group_size: int, per_group: int):
 
 
 def rewrite_filter(
-  tokens_NT, mask_NT, prov: Provenance, tau, *, distance: str, step_end_ids=(), rows=None
+  tokens_NT,
+  mask_NT,
+  prov: Provenance,
+  tau,
+  *,
+  distance: str,
+  splitter: alignment.StepSplitter = alignment.NO_STEPS,
+  rows=None,
 ):
   """(kept_N, d_N): a counterfactual is kept when its normalised edit distance to its
   parent (token or step level, `alignment`) is at most τ; samples are always kept (d 0).
@@ -475,7 +483,11 @@ def rewrite_filter(
       tokens_NT[rows], len_N[rows], tokens_NT[p_R], len_N[p_R]
     )
   else:
-    step = functools.partial(alignment.normalised_step_distance, end_ids=tuple(step_end_ids))
+    step = functools.partial(
+      alignment.normalised_step_distance,
+      end_ids=splitter.end_ids,
+      start_pattern=splitter.start_pattern,
+    )
     d_R = jax.vmap(step)(tokens_NT[rows], mask_NT[rows], tokens_NT[p_R], mask_NT[p_R])
   cf_N = prov.kind_N != SAMPLED
   d_N = jnp.where(cf_N, jnp.zeros(N).at[rows].set(d_R), 0.0)

@@ -505,7 +505,7 @@ def finish_prepare(
   *,
   cfg: RLConfig,
   cf_cfg=None,
-  step_end_ids=(),
+  splitter=None,
   group_size: int = 0,
 ):
   """Shaped rewards, the trained rows, advantages, the loss mask and the batch's metrics,
@@ -528,7 +528,7 @@ def finish_prepare(
       prov,
       hyper,
       cf_cfg,
-      step_end_ids,
+      splitter,
       group_size=group_size,
     )
   valid_N = trained_rows(scorable_N, keep_N, rollouts.group_ids_N, policy=cfg.unscorable)
@@ -562,7 +562,7 @@ def finish_prepare(
 
 
 def _counterfactual_rows(
-  lp, rollouts, keep_N, prov, hyper: PrepareHyper, cf_cfg, step_end_ids, *, group_size: int
+  lp, rollouts, keep_N, prov, hyper: PrepareHyper, cf_cfg, splitter, *, group_size: int
 ):
   """IBPO's counterfactual rows (`counterfactuals`): the full-rewrite filter (τ =
   hyper.adv.ibpo_tau) and the importance weights (c = hyper.adv.ibpo_is_cap). Returns
@@ -575,7 +575,7 @@ def _counterfactual_rows(
     prov,
     hyper.adv.ibpo_tau,
     distance=cf_cfg.distance,
-    step_end_ids=step_end_ids,
+    splitter=splitter,
     rows=counterfactuals.counterfactual_rows(
       rollouts.tokens_NT.shape[0], group_size=group_size, per_group=C
     )

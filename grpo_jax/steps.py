@@ -73,7 +73,7 @@ def functions(setup: config.Setup) -> Functions:
       setup.rl_cfg,
       setup.mesh_cfg,
       setup.counterfactual,
-      setup.step_end_ids,
+      setup.steps,
       jax.devices(),
       [getattr(loop, f) for f in _CACHE_FIELDS],
     )
@@ -175,9 +175,7 @@ def _counterfactual_functions(setup: config.Setup, sh: _Shardings, model_fn) -> 
     return {}
   B, G = setup.loop.prompts_per_step, scfg.group_size
   N, M, rep = B * G, B * cf.per_group, sh.rep
-  plan = functools.partial(
-    counterfactuals.plan, cfg=cf, group_size=G, step_end_ids=setup.step_end_ids
-  )
+  plan = functools.partial(counterfactuals.plan, cfg=cf, group_size=G, splitter=setup.steps)
   generate = functools.partial(
     counterfactuals.generate,
     model_fn=model_fn,
@@ -231,7 +229,7 @@ def _rl_functions(setup: config.Setup, sh: _Shardings, model_fn, optimizer) -> d
         rl.finish_prepare,
         cfg=rl_cfg,
         cf_cfg=setup.counterfactual,
-        step_end_ids=setup.step_end_ids,
+        splitter=setup.steps,
         group_size=setup.sampler_cfg.group_size,
       ),
       in_shardings=(rows, sh.rollouts(N), rows, rows, rep, rows, rows, rows),

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import counterfactuals, logprobs, model, sampling
+from grpo_jax import alignment, counterfactuals, logprobs, model, sampling
 
 CF = counterfactuals
 
@@ -68,8 +68,15 @@ def test_plan_token_budget_and_step_and_divergence_cuts():
   tokens = [[1, 2, 9, 3, 4, 9, 5, 6], [1, 2, 9, 3, 7, 9, 5, 6]]  # 9 ends a step.
   r = _rollouts(tokens, [8, 8], G=2)
   cfg = CF.CounterfactualConfig(per_group=4, branch_from="all", cut="step")
-  p = CF.plan(jax.random.key(1), r, jnp.zeros(2), cfg=cfg, group_size=2, step_end_ids=(9,))
+  steps = alignment.StepSplitter(end_ids=(9,))
+  p = CF.plan(jax.random.key(1), r, jnp.zeros(2), cfg=cfg, group_size=2, splitter=steps)
   assert set(np.asarray(p.cut_M)) <= {3, 6}  # Step starts (after a 9).
+  # A "Step k" splitter: steps start at the pattern [7] instead.
+  r7 = _rollouts([[7, 1, 2, 7, 3, 4, 7, 5], [7, 1, 7, 2, 3, 7, 4, 5]], [8, 8], G=2)
+  starts = alignment.StepSplitter(start_pattern=(7,))
+  p = CF.plan(jax.random.key(2), r7, jnp.zeros(2), cfg=cfg, group_size=2, splitter=starts)
+  cut, parent = np.asarray(p.cut_M), np.asarray(p.parent_M)
+  assert set(cut[parent == 0]) <= {3, 6} and set(cut[parent == 1]) <= {2, 5}
   cfg = CF.CounterfactualConfig(per_group=2, branch_from="all", cut="divergence")
   p = CF.plan(jax.random.key(1), r, jnp.zeros(2), cfg=cfg, group_size=2)
   np.testing.assert_array_equal(p.cut_M, [5, 5])  # They part at t* = 4: keep o_{≤4}.
