@@ -273,7 +273,8 @@ class Jitted:
   """jax.jit with explicit in/out shardings, traced and run inside the layout's context.
 
   Arguments are first placed on their in_shardings (a no-op for arrays already there),
-  so callers may pass host arrays or arrays with another sharding. A sharding entry may
+  so callers may pass host arrays or arrays with another sharding; trailing arguments
+  left out are passed as None. A sharding entry may
   be a pytree prefix: one NamedSharding for a whole RolloutBatch.
   """
 
@@ -287,6 +288,9 @@ class Jitted:
     )
 
   def place(self, args):
+    # Trailing arguments left out are None: the wrapped functions' optional inputs
+    # (e.g. rl.finish_prepare's scorable_N, keep_N, prov).
+    args = tuple(args) + (None,) * (len(self.in_shardings) - len(args))
     return tuple(
       jax.tree.map(_place, a, jax.tree.broadcast(s, a))
       for a, s in zip(args, self.in_shardings, strict=True)
