@@ -97,6 +97,10 @@ DEFINITIONS = {
   "time/iteration": "Seconds of the iteration without evaluation: sample + reward + update + host glue.",
   "time/counterfactuals": "Seconds planning, decoding, merging and scoring IBPO's counterfactual "
   "rows (config.counterfactual), inside time/iteration.",
+  "pad/sample_frac": "Share of the sampler's row-steps this iteration spent on rows that had already "
+  "ended (1 − Σ completion tokens / (rows × decode steps run)); slot refill would reclaim them.",
+  "pad/update_frac": "Share of the [rows, P + T] positions of the batch's log-prob forwards and update "
+  "that are padding (1 − (Σ prompt tokens + Σ completion tokens) / (rows × (P + T))).",
   "time/eval": "Seconds of the held-out evaluation (when it ran).",
   "time/diagnostics": "Seconds of the token-credit diagnostics (config.diagnostics; when they ran): "
   "the params snapshot before the update and the measurements after it.",

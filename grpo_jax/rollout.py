@@ -239,6 +239,21 @@ def _select(setup: config.Setup, parts: list, scores: list[Scores]):
   return rollouts, picked, np.repeat(sel.valid_B, G), metrics
 
 
+def padding(rollouts) -> dict:
+  """The share of each phase's computed slots that held no token (`metrics.DEFINITIONS`,
+  "pad/..."): decode steps of rows that had already ended, and the padded positions of the
+  [N, P + T] sequences the log-prob forwards and the update compute."""
+  mask = np.asarray(jax.device_get(rollouts.mask_NT))
+  N, T = mask.shape
+  steps = max(int(rollouts.num_steps), 1)
+  prompt = int(np.asarray(jax.device_get(rollouts.prompt_mask_NP)).sum())
+  P = rollouts.prompt_tokens_NP.shape[1]
+  return {
+    "pad/sample_frac": 1.0 - float(mask.sum()) / (N * steps),
+    "pad/update_frac": 1.0 - float(prompt + mask.sum()) / (N * (P + T)),
+  }
+
+
 def iteration_flops(setup: config.Setup, rollouts: Any, *, gen_batches: int) -> float:
   """Model FLOPs of one iteration (`flops`): sampling, prepare's forwards, the updates."""
   cfg, scfg, rl_cfg = setup.model_cfg, setup.sampler_cfg, setup.rl_cfg

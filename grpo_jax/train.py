@@ -534,6 +534,7 @@ class _Loop:
       "nonfinite_steps": skipped,
       "nonfinite_total": st.nonfinite_total,
       **{f"time/{k}": v for k, v in seconds.items()},
+      **rollout.padding(got.rollouts),
       "tokens_per_s": float(jnp.sum(got.rollouts.mask_NT)) / max(seconds["sample"], 1e-9),
       "perf/mfu": fl / seconds["iteration"] / self.peak_flops,
     }

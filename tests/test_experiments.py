@@ -80,3 +80,16 @@ def test_bench_reward_hangs_reports_its_figures():
   rows = json.loads(r.stdout.strip().splitlines()[-1])["rows"]
   assert [row["workers"] for row in rows] == [2, 4]
   assert all(row["hangs"] == 2 and row["wall_s"] > 0 and row["vs_ideal"] > 0 for row in rows)
+
+
+def test_bench_rl_iteration_reports_every_phase_per_dtype():
+  import bench_rl_iteration  # noqa: PLC0415
+
+  r = bench_rl_iteration.main(["--quick", "--iterations", "2", "--dtypes", "float32,bfloat16"])
+  for dtype in ("float32", "bfloat16"):
+    d = r[dtype]
+    for k in ("sample_s", "prepare_s", "update_s", "iteration_s", "matmul_peak_flops"):
+      assert d[k] > 0, (dtype, k)
+    assert 0 < d["mfu_update"] < 1 and 0 < d["mfu_iteration"] < 1
+    assert 0 <= d["sample_pad_frac"] < 1 and 0 <= d["update_pad_frac"] < 1
+    assert len(d["iterations"]) == 2

@@ -1,0 +1,195 @@
+"""One GRPO iteration of the anchor workload, per phase, in float32 and bfloat16.
+
+  python experiments/bench_rl_iteration.py                      # float32 and bfloat16
+  python experiments/bench_rl_iteration.py --dtypes float32 --iterations 4
+  python experiments/bench_rl_iteration.py --quick              # a small smoke run
+
+The anchor workload of issue 20 (the Tunix comparison): the Qwen3-shaped model of
+experiments/bench_sampler.py (8 layers, d_model 512, 8 heads / 4 KV, head_dim 64, SwiGLU
+1536, vocab 32768, tied embeddings, random weights); 16 prompts × 64 random tokens, G = 8
+(128 rollouts), 128 new tokens (EOS is an id the model never samples in practice, so every
+row runs to 128), temperature 1; one update over the whole batch in micro-batches of 16
+rollouts (rl.micro_batches 8); β = 0; AdamW at 1e-5; token_mean; π_old = the sampler's
+log-probs (rl.recompute_old_logp False). Rewards are random 0/1 per row (host). The
+functions are the trainer's own (`steps.functions`): sample, logprobs + finish (prepare),
+update (the planner and the train steps as one jitted scan).
+
+Per dtype (model.dtype = compute; params and Adam stay float32; logits and the loss are
+float32 in every case) it runs --iterations iterations and reports the median over the
+iterations after the first (which compiles) of:
+  sample_s, prepare_s, update_s, iteration_s     wall seconds (outputs ready)
+  sample_tokens_per_s                            generated tokens / sample_s
+  update_tokens_per_s                            N·(P + T) positions / update_s
+  mfu_update, mfu_iteration                      model FLOPs (`grpo_jax.flops`: sampling at
+                                                 its decode contexts, the update's forward
+                                                 and backward as 3 forwards) / seconds / the
+                                                 measured matmul peak of the same dtype
+  sample_pad_frac                                share of decoded row-steps spent on rows
+                                                 that had already ended
+  update_pad_frac                                share of the update's [N, P + T] positions
+                                                 that are padding
+and prints one JSON line with every figure, the peaks and the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "configs"))
+
+ANCHOR = dict(
+  d_model=512,
+  n_layers=8,
+  n_heads=8,
+  n_kv_heads=4,
+  head_dim=64,
+  mlp_dim=1536,
+  vocab_size=32768,
+  qk_norm=True,
+  tie_embeddings=True,
+)
+
+
+def make_config(dtype: str, *, quick: bool):
+  """The anchor workload's trainer config (module docstring)."""
+  import arithmetic  # noqa: PLC0415  (configs/, on sys.path)
+
+  c = arithmetic.get_config("tiny")
+  c.model.update(ANCHOR, dtype=dtype, param_dtype="float32")
+  P, T, B, G = 64, 128, 16, 8
+  if quick:
+    c.model.update(d_model=64, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=32, mlp_dim=128)
+    c.model.vocab_size = 4096
+    P, T, B, G = 16, 16, 4, 4
+  c.sampler.update(max_new_tokens=T, group_size=G, max_prompt_len=P, prompt_buckets=(P,))
+  c.update(prompts_per_step=B, reward_workers=0, progress=False, tensorboard=False)
+  c.update(learning_rate=1e-5, warmup_steps=0, weight_decay=0.0, grad_clip=0.0)
+  c.rl.update(
+    advantage="grpo",
+    kl_coef=0.0,
+    aggregation="token_mean",
+    num_minibatches=1,
+    micro_batches=max(B * G // 16, 1),
+    recompute_old_logp=False,
+  )
+  return c
+
+
+def random_prompts(setup, *, seed: int):
+  from grpo_jax import sampling  # noqa: PLC0415
+
+  B = setup.loop.prompts_per_step
+  P = setup.sampler_cfg.max_prompt_len
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(10, setup.model_cfg.vocab_size, size=(B, P)).astype(np.int32)
+  return sampling.Prompts(tokens_BP=jnp.asarray(tokens), mask_BP=jnp.ones((B, P), bool))
+
+
+def iteration_flops(setup, *, P: int, T: int, N: int) -> dict:
+  from grpo_jax import flops  # noqa: PLC0415
+
+  cfg = setup.model_cfg
+  sample = flops.sampling_flops(
+    cfg,
+    prompts=setup.loop.prompts_per_step,
+    group_size=setup.sampler_cfg.group_size,
+    prompt_len=P,
+    new_tokens=T,
+  )
+  update = 3 * N * flops.sequence_forward_flops(cfg, length=P + T)
+  return {"sample": sample, "update": update}
+
+
+def run_dtype(dtype: str, *, iterations: int, quick: bool, seed: int = 0) -> dict:
+  from grpo_jax import config, flops, rl, steps, train  # noqa: PLC0415
+
+  setup = config.build(make_config(dtype, quick=quick))
+  fns = steps.functions(setup)
+  key = jax.random.key(seed)
+  params = train.initial_params(setup, fns, jax.random.fold_in(key, 0))
+  state = rl.init_state(params, fns.optimizer)
+  prompts = random_prompts(setup, seed=seed)
+  prep_hyper = setup.rl_cfg.prepare_hyper(max_new_tokens=setup.sampler_cfg.max_new_tokens)
+  step_hyper = setup.rl_cfg.step_hyper()
+  N, P = setup.rollout_rows, setup.sampler_cfg.max_prompt_len
+  T = setup.sampler_cfg.max_new_tokens
+  rows = []
+  for it in range(iterations):
+    k = jax.random.fold_in(key, it + 1)
+    t0 = time.perf_counter()
+    rollouts = jax.block_until_ready(fns.sample(state.params, prompts, k, setup.sampling_hyper))
+    t1 = time.perf_counter()
+    correct = np.random.default_rng(it).integers(0, 2, N).astype(np.float32)
+    lp = fns.logprobs(state.params, None, rollouts)
+    batch, _, _ = fns.finish(lp, rollouts, correct, 0 * correct, prep_hyper)
+    batch = jax.block_until_ready(batch)
+    t2 = time.perf_counter()
+    state, _, history = fns.update(state, batch, jax.random.fold_in(k, 1), step_hyper)
+    jax.block_until_ready((state, history))
+    t3 = time.perf_counter()
+    mask = np.asarray(rollouts.mask_NT)
+    steps_run = int(rollouts.num_steps)
+    positions = np.asarray(rollouts.prompt_mask_NP).sum() + mask.sum()
+    rows.append(
+      {
+        "sample_s": t1 - t0,
+        "prepare_s": t2 - t1,
+        "update_s": t3 - t2,
+        "iteration_s": t3 - t0,
+        "sample_pad_frac": 1.0 - mask.sum() / max(N * steps_run, 1),
+        "update_pad_frac": 1.0 - positions / (N * (P + T)),
+        "generated_tokens": float(mask.sum()),
+      }
+    )
+  later = rows[1:] or rows
+  med = {k: statistics.median(r[k] for r in later) for k in later[0]}
+  peak = flops.matmul_peak(dtype=jnp.dtype(dtype))
+  fl = iteration_flops(setup, P=P, T=T, N=N)
+  med.update(
+    sample_tokens_per_s=med["generated_tokens"] / med["sample_s"],
+    update_tokens_per_s=N * (P + T) / med["update_s"],
+    mfu_update=fl["update"] / med["update_s"] / peak,
+    mfu_iteration=(fl["sample"] + fl["update"]) / med["iteration_s"] / peak,
+    matmul_peak_flops=peak,
+    iterations=[round(r["iteration_s"], 3) for r in rows],
+  )
+  return med
+
+
+def main(argv=None) -> dict:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--dtypes", default="float32,bfloat16")
+  parser.add_argument("--iterations", type=int, default=4)
+  parser.add_argument("--quick", action="store_true")
+  args = parser.parse_args(argv)
+  out = {
+    "device": jax.devices()[0].device_kind,
+    "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+    "workload": "anchor (issue 20)" if not args.quick else "quick",
+  }
+  for dtype in args.dtypes.split(","):
+    out[dtype] = run_dtype(dtype, iterations=args.iterations, quick=args.quick)
+    r = out[dtype]
+    print(
+      f"{dtype}: iteration {r['iteration_s']:.2f} s (sample {r['sample_s']:.2f}, prepare "
+      f"{r['prepare_s']:.2f}, update {r['update_s']:.2f}); MFU update {r['mfu_update']:.1%}",
+      file=sys.stderr,
+    )
+  print(json.dumps(out))
+  return out
+
+
+if __name__ == "__main__":
+  main()
