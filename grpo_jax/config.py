@@ -422,6 +422,12 @@ def _build(config, *, n_devices: int | None) -> Setup:
   _check_batch_shapes(loop, rl_cfg, update_group, data_parallel=data_parallel)
   _check_group_estimator(rl_cfg, sampler_cfg.group_size)
   _check_prompt_lengths(task, tok, sampler_cfg, loop)
+  rows = loop.prompts_per_step * sampler_cfg.group_size
+  if sampler_cfg.refill_slots > rows:
+    raise ValueError(
+      f"config.sampler.refill_slots={sampler_cfg.refill_slots} exceeds the rows it decodes "
+      f"(prompts_per_step × group_size = {rows}); use at most {rows}, or 0 (off)."
+    )
   return Setup(
     loop=loop,
     task=task,

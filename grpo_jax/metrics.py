@@ -98,7 +98,8 @@ DEFINITIONS = {
   "time/counterfactuals": "Seconds planning, decoding, merging and scoring IBPO's counterfactual "
   "rows (config.counterfactual), inside time/iteration.",
   "pad/sample_frac": "Share of the sampler's row-steps this iteration spent on rows that had already "
-  "ended (1 − Σ completion tokens / (rows × decode steps run)); slot refill would reclaim them.",
+  "ended or on idle slots (1 − Σ completion tokens / (decoding rows × decode steps run); decoding "
+  "rows = sampler.refill_slots when the refill sampler runs, else every row).",
   "pad/update_frac": "Share of the [rows, P + T] positions of the batch's log-prob forwards and update "
   "that are padding (1 − (Σ prompt tokens + Σ completion tokens) / (rows × (P + T))).",
   "time/eval": "Seconds of the held-out evaluation (when it ran).",

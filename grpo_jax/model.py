@@ -418,10 +418,16 @@ class Attention(nn.Module):
       # Write this call's keys/values into the layer's buffers (in place), then attend
       # over the buffers alone: cache_pos_BS already holds this call's positions.
       write = lambda buf, new, at: jax.lax.dynamic_update_slice(buf, new.astype(buf.dtype), at)
-      new_kv = (
-        write(cache_kv[0], k_BKET, (0, 0, 0, index)),
-        write(cache_kv[1], v_BKTE, (0, 0, index, 0)),
-      )
+      if jnp.ndim(index) == 1:  # One slot per row (the refill sampler's rows).
+        new_kv = (
+          jax.vmap(lambda b, n, i: write(b, n, (0, 0, i)))(cache_kv[0], k_BKET, index),
+          jax.vmap(lambda b, n, i: write(b, n, (0, i, 0)))(cache_kv[1], v_BKTE, index),
+        )
+      else:
+        new_kv = (
+          write(cache_kv[0], k_BKET, (0, 0, 0, index)),
+          write(cache_kv[1], v_BKTE, (0, 0, index, 0)),
+        )
       keys = (*new_kv, cache_pos_BS)
     out_BKQE = _attend(q_BKQE, q_pos_BQ, *keys, dtype=cfg.compute_dtype)
     out_BTKRE = jnp.transpose(out_BKQE.reshape(B, K, T, R, E), (0, 2, 1, 3, 4))
@@ -565,7 +571,7 @@ class KVCache:
   k: tuple[jax.Array, ...]
   v: tuple[jax.Array, ...]
   pos_BS: jax.Array
-  index: jax.Array  # int32 scalar: the next slot to write.
+  index: jax.Array  # int32 scalar: the next slot to write; or [B]: one per row (decode).
   empty: bool = flax.struct.field(pytree_node=False, default=False)
   stacked: bool = flax.struct.field(pytree_node=False, default=False)
 
@@ -658,7 +664,12 @@ def apply(
     logits_BTV, _ = decoder.apply({"params": params}, tokens_BT, positions_BT, None, None, None)
     return logits_BTV, None
   i = cache.index
-  pos_BS = jax.lax.dynamic_update_slice(cache.pos_BS, positions_BT.astype(jnp.int32), (0, i))
+  if jnp.ndim(i) == 1:  # A write slot per row (decode only).
+    pos_BS = jax.vmap(lambda p, n, j: jax.lax.dynamic_update_slice(p, n, (j,)))(
+      cache.pos_BS, positions_BT.astype(jnp.int32), i
+    )
+  else:
+    pos_BS = jax.lax.dynamic_update_slice(cache.pos_BS, positions_BT.astype(jnp.int32), (0, i))
   if cache.empty:  # Prefill: attend within the call, then write its k/v [L,B,T,K,E] once.
     logits_BTV, (k_LBTKE, v_LBTKE) = decoder.apply(
       {"params": params}, tokens_BT, positions_BT, None, None, None

@@ -239,13 +239,14 @@ def _select(setup: config.Setup, parts: list, scores: list[Scores]):
   return rollouts, picked, np.repeat(sel.valid_B, G), metrics
 
 
-def padding(rollouts) -> dict:
+def padding(rollouts, *, slots: int = 0) -> dict:
   """The share of each phase's computed slots that held no token (`metrics.DEFINITIONS`,
-  "pad/..."): decode steps of rows that had already ended, and the padded positions of the
+  "pad/..."): decode row-steps of rows that had already ended (or of idle refill slots:
+  `slots` decode rows when the refill sampler ran), and the padded positions of the
   [N, P + T] sequences the log-prob forwards and the update compute."""
   mask = np.asarray(jax.device_get(rollouts.mask_NT))
   N, T = mask.shape
-  steps = max(int(rollouts.num_steps), 1)
+  steps = max(int(rollouts.num_steps), 1) * (slots or N) / N
   prompt = int(np.asarray(jax.device_get(rollouts.prompt_mask_NP)).sum())
   P = rollouts.prompt_tokens_NP.shape[1]
   return {

@@ -50,6 +50,9 @@ class SamplerConfig:
   max_prompt_len: int = 512
   prompt_buckets: tuple[int, ...] = DEFAULT_BUCKETS
   truncate_prompts: str = "error"  # "error" | "left" (keep the last max_prompt_len tokens)
+  # The training sampler's decode slots, refilled as rows end (`refill`); 0: the static
+  # sampler (every row decoded until the longest ends).
+  refill_slots: int = 0
 
   def __post_init__(self):
     if self.max_new_tokens < 1:
@@ -61,6 +64,10 @@ class SamplerConfig:
     if self.truncate_prompts not in TRUNCATE_MODES:
       raise ValueError(
         f"SamplerConfig.truncate_prompts={self.truncate_prompts!r}; allowed: {TRUNCATE_MODES}."
+      )
+    if self.refill_slots < 0:
+      raise ValueError(
+        f"SamplerConfig.refill_slots must be >= 0 (0: off), got {self.refill_slots}."
       )
     if self.max_prompt_len < 1:
       raise ValueError(f"SamplerConfig.max_prompt_len must be >= 1, got {self.max_prompt_len}.")
@@ -429,16 +436,22 @@ def sample(
   prompts: Prompts,
   key: jax.Array,
   hyper: SamplingParams,
+  limit_N: jax.Array | None = None,
   *,
   model_fn: Callable,
   init_cache: Callable[[int, int], Any],
   cfg: SamplerConfig,
 ) -> Rollouts:
-  """Samples cfg.group_size completions per prompt: `prefill`, then `decode`. Pure and
-  jittable; see the module docstring."""
+  """Samples cfg.group_size completions per prompt: `prefill`, then `decode` (limit_N:
+  row n stops after limit_N[n] tokens; see `decode`). Pure and jittable; see the module
+  docstring."""
   state = prefill(params, prompts, key, model_fn=model_fn, init_cache=init_cache, cfg=cfg)
-  state = decode(params, state, hyper, model_fn=model_fn, cfg=cfg)
-  return to_rollouts(prompts, state, group_size=cfg.group_size)
+  state = decode(params, state, hyper, model_fn=model_fn, cfg=cfg, limit_N=limit_N)
+  rollouts = to_rollouts(prompts, state, group_size=cfg.group_size)
+  if limit_N is None:
+    return rollouts
+  eos_N = jnp.any(state.mask_NT & jnp.isin(state.tokens_NT, jnp.asarray(cfg.eos_ids)), axis=1)
+  return rollouts.replace(eos_N=eos_N, truncated_N=~eos_N)
 
 
 def make_sample_fn(*, model_fn: Callable, init_cache: Callable, cfg: SamplerConfig):

@@ -20,7 +20,17 @@ from typing import Any
 
 import jax
 
-from grpo_jax import config, counterfactuals, memory, model, rl, sampling, sharding, warmstart
+from grpo_jax import (
+  config,
+  counterfactuals,
+  memory,
+  model,
+  refill,
+  rl,
+  sampling,
+  sharding,
+  warmstart,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,13 +162,20 @@ def _shardings(setup: config.Setup, layout: sharding.Layout, optimizer, sft_opti
   return _Shardings(layout=layout, params=params, state=state, sft_state=sft_state, ref=ref)
 
 
-def _sampler(setup: config.Setup, sh: _Shardings, model_fn, *, group: int, prompts: int):
-  """`sampling.sample` for `prompts` prompts × `group` rows each."""
-  fn = functools.partial(
-    sampling.sample,
+def _sampler(
+  setup: config.Setup, sh: _Shardings, model_fn, *, group: int, prompts: int, slots: int = 0
+):
+  """`sampling.sample` for `prompts` prompts × `group` rows each; with `slots`, the
+  slot-refill sampler (`refill.sample`)."""
+  kw = dict(
     model_fn=model_fn,
     init_cache=functools.partial(model.init_cache, setup.model_cfg),
     cfg=dataclasses.replace(setup.sampler_cfg, group_size=group),
+  )
+  fn = (
+    functools.partial(refill.sample, slots=slots, **kw)
+    if slots
+    else functools.partial(sampling.sample, **kw)
   )
   return sharding.Jitted(
     sh.layout,
@@ -262,7 +279,7 @@ def _build(setup: config.Setup) -> Functions:
     model_fn=model_fn,
     optimizer=optimizer,
     sft_optimizer=sft_optimizer,
-    sample=sampler(group=scfg.group_size, prompts=loop.prompts_per_step),
+    sample=sampler(group=scfg.group_size, prompts=loop.prompts_per_step, slots=scfg.refill_slots),
     sample_greedy=sampler(group=1, prompts=loop.eval_size),
     sample_eval=sampler(group=loop.eval_samples, prompts=loop.eval_size)
     if loop.eval_samples

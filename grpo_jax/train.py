@@ -534,7 +534,7 @@ class _Loop:
       "nonfinite_steps": skipped,
       "nonfinite_total": st.nonfinite_total,
       **{f"time/{k}": v for k, v in seconds.items()},
-      **rollout.padding(got.rollouts),
+      **rollout.padding(got.rollouts, slots=self.setup.sampler_cfg.refill_slots),
       "tokens_per_s": float(jnp.sum(got.rollouts.mask_NT)) / max(seconds["sample"], 1e-9),
       "perf/mfu": fl / seconds["iteration"] / self.peak_flops,
     }

@@ -1,0 +1,219 @@
+"""Slot-refill (continuous batching) sampler: a fixed number of decode slots, refilled from
+the pending (prompt, sample) requests as rows end, so no slot decodes a finished row.
+
+  rollouts = refill.sample(params, prompts, key, hyper, model_fn=..., init_cache=...,
+                           cfg=sampler_cfg, slots=S)          # same Rollouts as sampling.sample
+
+The static sampler (`sampling.sample`) decodes all N = B·G rows until the longest has
+ended: under a long-tailed length distribution most of its row-steps are spent on rows
+that already emitted EOS (`pad/sample_frac`). Here (static shapes, one `lax.while_loop`):
+
+  1. Every prompt's first P − 1 tokens are prefilled once (B rows, not B·G): a prefix
+     cache of P − 1 columns, shared by the prompt's G requests.
+  2. S slots hold a cache of P − 1 + T columns each, with a write column per row (the
+     model's per-row cache index). Request r = b·G + g (prompt b, sample g) starts in a
+     slot by copying prompt b's prefix keys/values into its columns [0, P − 1) and
+     invalidating the rest (position −1); its tokens are then written at P − 1, P, ...
+  3. Each step decodes one token in every slot. A request ends at an EOS id or after
+     limit_N[r] tokens (default T); its slot takes the next pending request in the same
+     step (requests are issued in order 0 .. N − 1), or idles when none is left.
+
+Sampling draws one key per step for all slots, so a request's tokens depend on the slot
+schedule: the rows are samples of the same distribution as the static sampler's, not the
+same samples. Its log-probs are those of the tokens it drew (the teacher-forced forward of
+each row gives the same values; tested). Hand-written: no JAX library does continuous
+batching for a functional KV cache (vLLM, SGLang and JetStream do it outside JAX or
+around their own engines).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from grpo_jax import model as model_lib
+from grpo_jax import sampling
+
+
+@flax.struct.dataclass
+class _State:
+  step: jax.Array
+  cache: Any
+  key: jax.Array
+  req_S: jax.Array  # Request in each slot; N when idle.
+  t_S: jax.Array  # Tokens the slot's request has emitted.
+  tok_S: jax.Array  # Next token to feed.
+  pos_S: jax.Array  # Its position id.
+  next_req: jax.Array  # First request not yet issued.
+  tokens_NT: jax.Array
+  mask_NT: jax.Array
+  logp_NT: jax.Array
+  policy_logp_NT: jax.Array
+  eos_N: jax.Array
+
+
+def _load(cache, prefix, take_S, b_S, *, P: int):
+  """Slots where take_S start prompt b_S: its prefix keys/values in columns [0, P − 1),
+  every later column invalidated, the write column at P − 1."""
+  w = P - 1
+
+  def put(buf, pre, axis):
+    head = jnp.take(pre, b_S, axis=0)
+    old = jax.lax.slice_in_dim(buf, 0, w, axis=axis)
+    sel = take_S.reshape((-1,) + (1,) * (buf.ndim - 1))
+    return jax.lax.dynamic_update_slice_in_dim(buf, jnp.where(sel, head, old), 0, axis=axis)
+
+  if cache.stacked:
+    k = (jax.vmap(lambda b, p: put(b, p, 3))(cache.k[0], prefix.k[0]),)
+    v = (jax.vmap(lambda b, p: put(b, p, 2))(cache.v[0], prefix.v[0]),)
+  else:
+    k = tuple(put(b, p, 3) for b, p in zip(cache.k, prefix.k, strict=True))
+    v = tuple(put(b, p, 2) for b, p in zip(cache.v, prefix.v, strict=True))
+  S, L = cache.pos_BS.shape
+  fresh = jnp.concatenate(
+    [jnp.take(prefix.pos_BS, b_S, axis=0), jnp.full((S, L - w), -1, jnp.int32)], axis=1
+  )
+  pos = jnp.where(take_S[:, None], fresh, cache.pos_BS)
+  index = jnp.where(take_S, w, cache.index)
+  return cache.replace(k=k, v=v, pos_BS=pos, index=index)
+
+
+def sample(
+  params,
+  prompts: sampling.Prompts,
+  key: jax.Array,
+  hyper: sampling.SamplingParams,
+  limit_N: jax.Array | None = None,
+  *,
+  model_fn: Callable,
+  init_cache: Callable[[int, int], Any],
+  cfg: sampling.SamplerConfig,
+  slots: int,
+) -> sampling.Rollouts:
+  """cfg.group_size completions per prompt through `slots` refilled decode slots (module
+  docstring); limit_N (int32 [N], optional) ends request r after limit_N[r] tokens (at
+  least 1, at most T).
+  Pure and jittable; returns the Rollouts `sampling.sample` would (rows in request order)."""
+  tokens_BP = jnp.asarray(prompts.tokens_BP, jnp.int32)
+  mask_BP = jnp.asarray(prompts.mask_BP, jnp.bool_)
+  B, P = tokens_BP.shape
+  G, T, S = cfg.group_size, cfg.max_new_tokens, slots
+  N = B * G
+  if not 1 <= S <= N:
+    raise ValueError(f"refill slots must be in [1, {N}] (prompts × group_size), got {S}.")
+  if P < 2:
+    raise ValueError(f"Prompt batches need >= 2 slots, got shape {(B, P)}.")
+  limit_N = jnp.full((N,), T, jnp.int32) if limit_N is None else jnp.clip(limit_N, 1, T)
+  positions_BP = model_lib.positions_from_mask(mask_BP)
+  prefix = init_cache(B, P - 1)
+  _, prefix = model_fn(params, tokens_BP[:, :-1], positions_BP[:, :-1], prefix)
+  cache = init_cache(S, P - 1 + T)
+  cache = cache.replace(index=jnp.zeros((S,), jnp.int32), empty=False)
+  req_S = jnp.arange(S, dtype=jnp.int32)
+  cache = _load(cache, prefix, jnp.ones((S,), bool), req_S // G, P=P)
+  eos_ids = jnp.asarray(cfg.eos_ids, jnp.int32)
+  state = _State(
+    step=jnp.zeros((), jnp.int32),
+    cache=cache,
+    key=key,
+    req_S=req_S,
+    t_S=jnp.zeros((S,), jnp.int32),
+    tok_S=tokens_BP[req_S // G, -1],
+    pos_S=positions_BP[req_S // G, -1],
+    next_req=jnp.asarray(S, jnp.int32),
+    tokens_NT=jnp.full((N, T), cfg.pad_id, jnp.int32),
+    mask_NT=jnp.zeros((N, T), bool),
+    logp_NT=jnp.zeros((N, T), jnp.float32),
+    policy_logp_NT=jnp.zeros((N, T), jnp.float32),
+    eos_N=jnp.zeros((N,), bool),
+  )
+
+  def cond(s: _State):
+    return jnp.any(s.req_S < N) & (s.step < N * T + 1)
+
+  def body(s: _State):
+    logits_S1V, cache = model_fn(params, s.tok_S[:, None], s.pos_S[:, None], s.cache)
+    key, step_key = jax.random.split(s.key)
+    tok_S, logp_S, policy_S = sampling.choose_tokens(logits_S1V[:, -1], step_key, hyper)
+    live_S = s.req_S < N
+    at = (jnp.where(live_S, s.req_S, N), s.t_S)
+
+    def put(buf, x):
+      return buf.at[at].set(x.astype(buf.dtype), mode="drop")
+
+    eos_S = jnp.isin(tok_S, eos_ids)
+    s = s.replace(
+      step=s.step + 1,
+      cache=cache,
+      key=key,
+      tokens_NT=put(s.tokens_NT, tok_S),
+      mask_NT=put(s.mask_NT, live_S),
+      logp_NT=put(s.logp_NT, logp_S),
+      policy_logp_NT=put(s.policy_logp_NT, policy_S),
+      eos_N=s.eos_N.at[jnp.where(live_S & eos_S, s.req_S, N)].set(True, mode="drop"),
+      tok_S=tok_S,
+      pos_S=s.pos_S + 1,
+      t_S=s.t_S + 1,
+    )
+    ended = live_S & (eos_S | (s.t_S >= limit_N[jnp.minimum(s.req_S, N - 1)]))
+    return _retire(s, ended, prefix, tokens_BP, positions_BP, limit_N, G=G, P=P)
+
+  state = jax.lax.while_loop(cond, body, state)
+  return sampling.Rollouts(
+    prompt_tokens_NP=jnp.repeat(tokens_BP, G, axis=0),
+    prompt_mask_NP=jnp.repeat(mask_BP, G, axis=0),
+    tokens_NT=state.tokens_NT,
+    mask_NT=state.mask_NT,
+    logp_NT=state.logp_NT,
+    policy_logp_NT=state.policy_logp_NT,
+    eos_N=state.eos_N,
+    truncated_N=~state.eos_N,
+    length_N=jnp.sum(state.mask_NT, axis=-1, dtype=jnp.int32),
+    group_ids_N=jnp.repeat(jnp.arange(B, dtype=jnp.int32), G),
+    num_steps=state.step,
+  )
+
+
+def _retire(s: _State, ended_S, prefix, tokens_BP, positions_BP, limit_N, *, G: int, P: int):
+  """Slots whose request ended take the next pending requests in order, or idle (request
+  N) when none is left."""
+  N = limit_N.shape[0]
+  new_S = s.next_req + jnp.cumsum(ended_S) - 1
+  take_S = ended_S & (new_S < N)
+  req_S = jnp.where(ended_S, jnp.where(take_S, new_S, N), s.req_S).astype(jnp.int32)
+  b_S = jnp.minimum(req_S, N - 1) // G
+  return s.replace(
+    cache=_load(s.cache, prefix, take_S, b_S, P=P),
+    req_S=req_S,
+    next_req=jnp.minimum(s.next_req + jnp.sum(ended_S), N).astype(jnp.int32),
+    tok_S=jnp.where(take_S, tokens_BP[b_S, -1], s.tok_S),
+    pos_S=jnp.where(take_S, positions_BP[b_S, -1], s.pos_S),
+    t_S=jnp.where(take_S, 0, s.t_S),
+  )
+
+
+def make_sample_fn(
+  *, model_fn: Callable, init_cache: Callable, cfg: sampling.SamplerConfig, slots: int
+):
+  """jit(sample) with the model, config and slot count bound: fn(params, prompts, key,
+  hyper, limit_N=None)."""
+  return jax.jit(
+    functools.partial(sample, model_fn=model_fn, init_cache=init_cache, cfg=cfg, slots=slots)
+  )
+
+
+def make_policy_sampler(
+  model_cfg: model_lib.ModelConfig, cfg: sampling.SamplerConfig, *, slots: int
+):
+  """The refill sampler for a grpo_jax transformer policy."""
+  return make_sample_fn(
+    model_fn=model_lib.make_model_fn(model_cfg),
+    init_cache=functools.partial(model_lib.init_cache, model_cfg),
+    cfg=cfg,
+    slots=slots,
+  )
