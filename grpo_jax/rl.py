@@ -110,6 +110,9 @@ class RLConfig:
   num_minibatches: int = 1
   ppo_epochs: int = 1
   micro_batches: int = 1
+  # Micro-batches cut to the smallest of k length buckets that holds their rows (sorted
+  # by length first; `length_buckets`): no compute on completion padding. 1: off.
+  length_buckets: int = 1
   recompute_old_logp: bool = True
   # Batch filtering (used by the trainer's loop): DAPO dynamic sampling.
   dynamic_sampling: bool = False
@@ -145,7 +148,13 @@ class RLConfig:
       v = getattr(self, f.name)
       if isinstance(v, float) and not math.isfinite(v):
         raise ValueError(f"rl.{f.name}={v}: must be a finite number.")
-    for attr in ("num_minibatches", "ppo_epochs", "micro_batches", "max_gen_batches"):
+    for attr in (
+      "num_minibatches",
+      "ppo_epochs",
+      "micro_batches",
+      "max_gen_batches",
+      "length_buckets",
+    ):
       if getattr(self, attr) < 1:
         raise ValueError(f"rl.{attr} must be >= 1, got {getattr(self, attr)}.")
     for attr in ("kl_coef", "entropy_coef", "max_len", "overlong_buffer"):
@@ -711,13 +720,44 @@ def _rows_constraint(tree):
   )
 
 
+_COMPLETION_FIELDS = (
+  "tokens_NT",
+  "mask_NT",
+  "loss_mask_NT",
+  "adv_NT",
+  "old_logp_NT",
+  "ref_logp_NT",
+)
+
+
+def length_buckets(cfg: RLConfig, T: int) -> tuple[int, ...]:
+  """The completion lengths micro-batches are cut to (rl.length_buckets = k > 1: T·j/k
+  rounded up, j = 1..k); () when off."""
+  k = cfg.length_buckets
+  return tuple(sorted({-(-T * j // k) for j in range(1, k + 1)})) if k > 1 else ()
+
+
+def _cut(micro, Tb: int):
+  """A micro-batch (RolloutBatch, w) with its completion columns cut to the first Tb."""
+  mbk, wk = micro
+  cut = {f: getattr(mbk, f)[:, :Tb] for f in _COMPLETION_FIELDS}
+  return mbk.replace(**cut), wk[:, :Tb]
+
+
 def accumulate_gradients(
   params, mb: RolloutBatch, w_NT, hyper: StepHyper, *, cfg: RLConfig, model_fn, token_outputs
 ):
   """(Σ_k ∇ Σ_{(i,t)∈micro-batch k} w·ℓ, additive metric sums, per-token outputs) over
-  `cfg.micro_batches` strided slices of the mini-batch, in a `lax.scan`. The weights w are
-  the whole mini-batch's, so the sum equals the unsplit gradient."""
-  K = cfg.micro_batches
+  `cfg.micro_batches` slices of the mini-batch, in a `lax.scan`. The weights w are the
+  whole mini-batch's, so the sum equals the unsplit gradient.
+
+  Slices are strided (rows j, j + k, ...) by default. With rl.length_buckets = k > 1 the
+  rows are sorted by length and sliced contiguously, and each micro-batch runs at the
+  smallest bucket length (`length_buckets`) that holds its longest row (a `lax.switch`
+  over one compiled branch per bucket): the padding past it is never computed, and since
+  w = 0 there the sum is unchanged."""
+  K, T = cfg.micro_batches, mb.tokens_NT.shape[1]
+  buckets = length_buckets(cfg, T)
 
   def micro_loss(params, micro):
     mbk, wk = micro
@@ -727,18 +767,42 @@ def accumulate_gradients(
   grad_fn = jax.grad(micro_loss, has_aux=True)
   keep = ("loss", "ratio", "clip_high", "clip_low", "dual_clip") if token_outputs else ()
 
-  def body(acc, micro):
-    grads, (terms, sums) = grad_fn(params, _rows_constraint(micro))
-    return jax.tree.map(jnp.add, acc, (grads, sums)), {k: terms[k] for k in keep}
+  def at_length(Tb):
+    def run(micro):
+      grads, (terms, sums) = grad_fn(params, _cut(micro, Tb) if Tb < T else micro)
+      pad = lambda x: jnp.pad(x, ((0, 0), (0, T - Tb))) if Tb < T else x
+      return grads, sums, {k: pad(terms[k]) for k in keep}
 
-  micro = jax.tree.map(functools.partial(_split, k=K), (mb, w_NT))
+    return run
+
+  def body(acc, micro):
+    micro = _rows_constraint(micro)
+    if buckets:
+      longest = jnp.max(jnp.sum(micro[0].mask_NT, axis=1))
+      branch = jnp.searchsorted(jnp.asarray(buckets), longest)
+      grads, sums, tok = jax.lax.switch(branch, [at_length(b) for b in buckets], micro)
+    else:
+      grads, sums, tok = at_length(T)(micro)
+    return jax.tree.map(jnp.add, acc, (grads, sums)), tok
+
+  order = None
+  if buckets:  # Sorted by length, sliced contiguously.
+    order = jnp.argsort(jnp.sum(mb.mask_NT, axis=1))
+    mb, w_NT = jax.tree.map(lambda x: x[order], mb), w_NT[order]
+    split = lambda x: x.reshape(K, x.shape[0] // K, *x.shape[1:])
+  else:
+    split = functools.partial(_split, k=K)
+  micro = jax.tree.map(split, (mb, w_NT))
   # The accumulator starts at zeros shaped like one micro-batch's (grads, sums).
   grads_shape, (_, sums_shape) = jax.eval_shape(
     grad_fn, params, jax.tree.map(lambda x: x[0], micro)
   )
   zeros = jax.tree.map(jnp.zeros_like, (grads_shape, sums_shape))
   (grads, sums), tok = jax.lax.scan(body, zeros, micro)
-  return grads, sums, jax.tree.map(_unsplit, tok)
+  if order is None:
+    return grads, sums, jax.tree.map(_unsplit, tok)
+  inverse = jnp.argsort(order)
+  return grads, sums, jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:])[inverse], tok)
 
 
 def all_finite(tree) -> jax.Array:
