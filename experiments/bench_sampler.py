@@ -298,7 +298,7 @@ def main(argv=None):
       prompts_BP,
       group_size=args.skewed_group,
       new_tokens=T,
-      slot_fractions=(0.25, 0.5),
+      slot_fractions=(0.125, 0.25, 0.5),
       repeats=max(args.repeats // 2, 1),
     )
     print(

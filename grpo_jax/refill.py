@@ -57,16 +57,16 @@ class _State:
   eos_N: jax.Array
 
 
-def _load(cache, prefix, take_S, b_S, *, P: int):
-  """Slots where take_S start prompt b_S: its prefix keys/values in columns [0, P − 1),
-  every later column invalidated, the write column at P − 1."""
+def _load(cache, prefix, slot_R, b_R, *, P: int):
+  """Slots slot_R (index S: none) start prompts b_R: the prompt's prefix keys/values in
+  columns [0, P − 1), every later column invalidated, the write column at P − 1. A scatter
+  of R rows: the copy costs what the refilled rows hold, not the whole cache."""
   w = P - 1
 
   def put(buf, pre, axis):
-    head = jnp.take(pre, b_S, axis=0)
-    old = jax.lax.slice_in_dim(buf, 0, w, axis=axis)
-    sel = take_S.reshape((-1,) + (1,) * (buf.ndim - 1))
-    return jax.lax.dynamic_update_slice_in_dim(buf, jnp.where(sel, head, old), 0, axis=axis)
+    head = jnp.take(pre, b_R, axis=0)
+    cols = (slice(None),) * (axis - 1) + (slice(0, w),)
+    return buf.at[(slot_R, *cols)].set(head.astype(buf.dtype), mode="drop")
 
   if cache.stacked:
     k = (jax.vmap(lambda b, p: put(b, p, 3))(cache.k[0], prefix.k[0]),)
@@ -74,12 +74,12 @@ def _load(cache, prefix, take_S, b_S, *, P: int):
   else:
     k = tuple(put(b, p, 3) for b, p in zip(cache.k, prefix.k, strict=True))
     v = tuple(put(b, p, 2) for b, p in zip(cache.v, prefix.v, strict=True))
-  S, L = cache.pos_BS.shape
+  R, L = slot_R.shape[0], cache.pos_BS.shape[1]
   fresh = jnp.concatenate(
-    [jnp.take(prefix.pos_BS, b_S, axis=0), jnp.full((S, L - w), -1, jnp.int32)], axis=1
+    [jnp.take(prefix.pos_BS, b_R, axis=0), jnp.full((R, L - w), -1, jnp.int32)], axis=1
   )
-  pos = jnp.where(take_S[:, None], fresh, cache.pos_BS)
-  index = jnp.where(take_S, w, cache.index)
+  pos = cache.pos_BS.at[slot_R].set(fresh, mode="drop")
+  index = cache.index.at[slot_R].set(w, mode="drop")
   return cache.replace(k=k, v=v, pos_BS=pos, index=index)
 
 
@@ -115,7 +115,7 @@ def sample(
   cache = init_cache(S, P - 1 + T)
   cache = cache.replace(index=jnp.zeros((S,), jnp.int32), empty=False)
   req_S = jnp.arange(S, dtype=jnp.int32)
-  cache = _load(cache, prefix, jnp.ones((S,), bool), req_S // G, P=P)
+  cache = _load(cache, prefix, req_S, req_S // G, P=P)
   eos_ids = jnp.asarray(cfg.eos_ids, jnp.int32)
   state = _State(
     step=jnp.zeros((), jnp.int32),
@@ -134,7 +134,7 @@ def sample(
   )
 
   def cond(s: _State):
-    return jnp.any(s.req_S < N) & (s.step < N * T + 1)
+    return (jnp.any(s.req_S < N) | (s.next_req < N)) & (s.step < N * (T + 1) + 1)
 
   def body(s: _State):
     logits_S1V, cache = model_fn(params, s.tok_S[:, None], s.pos_S[:, None], s.cache)
@@ -180,17 +180,23 @@ def sample(
 
 
 def _retire(s: _State, ended_S, prefix, tokens_BP, positions_BP, limit_N, *, G: int, P: int):
-  """Slots whose request ended take the next pending requests in order, or idle (request
-  N) when none is left."""
-  N = limit_N.shape[0]
-  new_S = s.next_req + jnp.cumsum(ended_S) - 1
-  take_S = ended_S & (new_S < N)
-  req_S = jnp.where(ended_S, jnp.where(take_S, new_S, N), s.req_S).astype(jnp.int32)
+  """Idle slots and slots whose request just ended take the next pending requests in
+  order, at most R = max(1, S // 16) per step (a slot left over waits a step: refilling
+  costs a scatter of R rows each step, not a copy of every slot's cache)."""
+  N, S = limit_N.shape[0], s.req_S.shape[0]
+  R = max(1, S // 16)
+  free_S = ended_S | (s.req_S >= N)
+  rank_S = jnp.cumsum(free_S) - 1
+  take_S = free_S & (rank_S < R) & (s.next_req + rank_S < N)
+  new_S = (s.next_req + rank_S).astype(jnp.int32)
+  req_S = jnp.where(take_S, new_S, jnp.where(ended_S, N, s.req_S)).astype(jnp.int32)
+  slot_R = jnp.nonzero(take_S, size=R, fill_value=S)[0]
+  b_R = jnp.minimum(req_S[jnp.minimum(slot_R, S - 1)], N - 1) // G
   b_S = jnp.minimum(req_S, N - 1) // G
   return s.replace(
-    cache=_load(s.cache, prefix, take_S, b_S, P=P),
+    cache=_load(s.cache, prefix, slot_R, b_R, P=P),
     req_S=req_S,
-    next_req=jnp.minimum(s.next_req + jnp.sum(ended_S), N).astype(jnp.int32),
+    next_req=(s.next_req + jnp.sum(take_S)).astype(jnp.int32),
     tok_S=jnp.where(take_S, tokens_BP[b_S, -1], s.tok_S),
     pos_S=jnp.where(take_S, positions_BP[b_S, -1], s.pos_S),
     t_S=jnp.where(take_S, 0, s.t_S),
