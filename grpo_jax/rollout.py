@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax import config, counterfactuals, distributed, dynamic_sampling, flops, rl, sampling
@@ -244,14 +245,15 @@ def padding(rollouts, *, slots: int = 0) -> dict:
   "pad/..."): decode row-steps of rows that had already ended (or of idle refill slots:
   `slots` decode rows when the refill sampler ran), and the padded positions of the
   [N, P + T] sequences the log-prob forwards and the update compute."""
-  mask = np.asarray(jax.device_get(rollouts.mask_NT))
-  N, T = mask.shape
-  steps = max(int(rollouts.num_steps), 1) * (slots or N) / N
-  prompt = int(np.asarray(jax.device_get(rollouts.prompt_mask_NP)).sum())
+  N, T = rollouts.mask_NT.shape
   P = rollouts.prompt_tokens_NP.shape[1]
+  # Sums of the global arrays (replicated scalars): every process can read them.
+  tokens = float(jnp.sum(rollouts.mask_NT))
+  prompt = float(jnp.sum(rollouts.prompt_mask_NP))
+  steps = max(int(rollouts.num_steps), 1) * (slots or N) / N
   return {
-    "pad/sample_frac": 1.0 - float(mask.sum()) / (N * steps),
-    "pad/update_frac": 1.0 - float(prompt + mask.sum()) / (N * (P + T)),
+    "pad/sample_frac": 1.0 - tokens / (N * steps),
+    "pad/update_frac": 1.0 - (prompt + tokens) / (N * (P + T)),
   }
 
 

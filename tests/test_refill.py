@@ -122,3 +122,24 @@ def test_the_trainer_runs_on_the_refill_sampler(tmp_path):
   c.sampler.refill_slots = -1
   with pytest.raises(config_lib.ConfigError, match="refill_slots must be >= 0"):
     config.build(c)
+
+
+def test_refill_with_scanned_layers_matches_the_teacher_forced_forward(tiny_cfg, setup):
+  """Stacked ([L, ...]) caches: the prefix copy and the per-row write work through nn.scan."""
+  import dataclasses  # noqa: PLC0415
+
+  cfg_s = dataclasses.replace(tiny_cfg, scan_layers=True)
+  params = model.init(cfg_s, jax.random.key(3))
+  cfg, prompts = setup
+  r = _refill(cfg_s, cfg, slots=5)(params, prompts, jax.random.key(4), sampling.sampling_params())
+  lp, _ = logprobs.completion_logprobs(
+    params,
+    r.prompt_tokens_NP,
+    r.prompt_mask_NP,
+    r.tokens_NT,
+    r.mask_NT,
+    model_fn=model.make_model_fn(cfg_s),
+  )
+  m = np.asarray(r.mask_NT)
+  assert np.all(m.sum(axis=1) >= 1)
+  np.testing.assert_allclose(np.where(m, lp, 0.0), np.where(m, r.policy_logp_NT, 0.0), atol=2e-4)
