@@ -88,8 +88,10 @@ def needed_rows(fns, n_prompts: int, group: int) -> range:
 def draw(setup: config.Setup, fns, index: int) -> Drawn:
   """Train examples index .. index + B - 1 and their prompt batch."""
   loop = setup.loop
-  rows = needed_rows(fns, loop.prompts_per_step, setup.sampler_cfg.group_size)
-  examples = {i: setup.task.example("train", index + i, seed=loop.seed) for i in rows}
+  rows = set(needed_rows(fns, loop.prompts_per_step, setup.sampler_cfg.group_size))
+  if setup.counterfactual.enabled:  # The prompts of the counterfactual rows it scores.
+    rows |= set(needed_rows(fns, loop.prompts_per_step, setup.counterfactual.per_group))
+  examples = {i: setup.task.example("train", index + i, seed=loop.seed) for i in sorted(rows)}
   return Drawn(index, examples, host_prompts(setup, fns, examples, loop.prompts_per_step))
 
 
