@@ -262,7 +262,7 @@ def sample_limited(
 
 def _rows(rollouts: sampling.Rollouts, parent_M, tokens_MT, mask_MT, logp_MT, policy_MT, eos_ids):
   """Counterfactual Rollouts rows: the parent's prompt and group, the given completion."""
-  eos_M = jnp.any(mask_MT & jnp.isin(tokens_MT, jnp.asarray(eos_ids, jnp.int32)), axis=1)
+  eos_M = sampling.ended_with_eos(tokens_MT, mask_MT, eos_ids)
   return sampling.Rollouts(
     prompt_tokens_NP=rollouts.prompt_tokens_NP[parent_M],
     prompt_mask_NP=rollouts.prompt_mask_NP[parent_M],
@@ -377,7 +377,6 @@ def perturbed_prompts(
   group_size: int,
   sampler_cfg,
   seed: int,
-  min_len: int = 0,
 ):
   """Host: the perturbed prompt q~ of each active slot (`Task.perturb`; "repair" seeded
   with the parent's decoded completion), left-padded into one bucket; inactive slots get
@@ -393,7 +392,7 @@ def perturbed_prompts(
     if active_M[m] and (kind != "repair" or completions[int(p)].strip()):
       text = task.perturb(example, kind, attempt=completions[int(p)], rng=rng)
     lists.append(tokenizer.encode(text, add_bos=True))
-  return sampling.prepare_prompts(lists, cfg=sampler_cfg, min_len=min_len)
+  return sampling.prepare_prompts(lists, cfg=sampler_cfg)
 
 
 # ----------------------------------------------------------------------------

@@ -164,19 +164,7 @@ def sample(
     return _retire(s, ended, prefix, tokens_BP, positions_BP, limit_N, G=G, P=P)
 
   state = jax.lax.while_loop(cond, body, state)
-  return sampling.Rollouts(
-    prompt_tokens_NP=jnp.repeat(tokens_BP, G, axis=0),
-    prompt_mask_NP=jnp.repeat(mask_BP, G, axis=0),
-    tokens_NT=state.tokens_NT,
-    mask_NT=state.mask_NT,
-    logp_NT=state.logp_NT,
-    policy_logp_NT=state.policy_logp_NT,
-    eos_N=state.eos_N,
-    truncated_N=~state.eos_N,
-    length_N=jnp.sum(state.mask_NT, axis=-1, dtype=jnp.int32),
-    group_ids_N=jnp.repeat(jnp.arange(B, dtype=jnp.int32), G),
-    num_steps=state.step,
-  )
+  return sampling.to_rollouts(prompts, state, group_size=G, eos_N=state.eos_N)
 
 
 def _retire(s: _State, ended_S, prefix, tokens_BP, positions_BP, limit_N, *, G: int, P: int):

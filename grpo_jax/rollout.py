@@ -242,15 +242,14 @@ def _select(setup: config.Setup, parts: list, scores: list[Scores]):
   return rollouts, picked, np.repeat(sel.valid_B, G), metrics
 
 
-def padding(rollouts, *, slots: int = 0) -> dict:
+def padding(rollouts, *, tokens: float, slots: int = 0) -> dict:
   """The share of each phase's computed slots that held no token (`metrics.DEFINITIONS`,
-  "pad/..."): decode row-steps of rows that had already ended (or of idle refill slots:
+  "pad/..."): `tokens` completion tokens; decode row-steps of rows that had already ended (or of idle refill slots:
   `slots` decode rows when the refill sampler ran), and the padded positions of the
   [N, P + T] sequences the log-prob forwards and the update compute."""
   N, T = rollouts.mask_NT.shape
   P = rollouts.prompt_tokens_NP.shape[1]
-  # Sums of the global arrays (replicated scalars): every process can read them.
-  tokens = float(jnp.sum(rollouts.mask_NT))
+  # A sum of the global array (a replicated scalar): every process can read it.
   prompt = float(jnp.sum(rollouts.prompt_mask_NP))
   steps = max(int(rollouts.num_steps), 1) * (slots or N) / N
   return {

@@ -412,10 +412,19 @@ def decode(
   return jax.lax.while_loop(cond, body, state)
 
 
-def to_rollouts(prompts: Prompts, state: DecodeState, *, group_size: int) -> Rollouts:
-  """The finished decode state as Rollouts, with each prompt repeated for its G rows."""
+def ended_with_eos(tokens_NT, mask_NT, eos_ids) -> jax.Array:
+  """eos_N: whether a row's completion holds an EOS id (rows that stopped at a length
+  limit instead are truncated)."""
+  return jnp.any(mask_NT & jnp.isin(tokens_NT, jnp.asarray(eos_ids, jnp.int32)), axis=1)
+
+
+def to_rollouts(prompts: Prompts, state, *, group_size: int, eos_N=None) -> Rollouts:
+  """The finished decode state (a `DecodeState`, or any state with its step and [N, T]
+  buffers) as Rollouts, with each prompt repeated for its G rows; eos_N defaults to the
+  state's done_N (rows stop only at EOS or T)."""
   tokens_BP = jnp.asarray(prompts.tokens_BP, jnp.int32)
   B, G = tokens_BP.shape[0], group_size
+  eos_N = state.done_N if eos_N is None else eos_N
   return Rollouts(
     prompt_tokens_NP=jnp.repeat(tokens_BP, G, axis=0),
     prompt_mask_NP=jnp.repeat(jnp.asarray(prompts.mask_BP, jnp.bool_), G, axis=0),
@@ -423,8 +432,8 @@ def to_rollouts(prompts: Prompts, state: DecodeState, *, group_size: int) -> Rol
     mask_NT=state.mask_NT,
     logp_NT=state.logp_NT,
     policy_logp_NT=state.policy_logp_NT,
-    eos_N=state.done_N,
-    truncated_N=~state.done_N,
+    eos_N=eos_N,
+    truncated_N=~eos_N,
     length_N=jnp.sum(state.mask_NT, axis=-1, dtype=jnp.int32),
     group_ids_N=jnp.repeat(jnp.arange(B, dtype=jnp.int32), G),
     num_steps=state.step,
@@ -447,11 +456,8 @@ def sample(
   docstring."""
   state = prefill(params, prompts, key, model_fn=model_fn, init_cache=init_cache, cfg=cfg)
   state = decode(params, state, hyper, model_fn=model_fn, cfg=cfg, limit_N=limit_N)
-  rollouts = to_rollouts(prompts, state, group_size=cfg.group_size)
-  if limit_N is None:
-    return rollouts
-  eos_N = jnp.any(state.mask_NT & jnp.isin(state.tokens_NT, jnp.asarray(cfg.eos_ids)), axis=1)
-  return rollouts.replace(eos_N=eos_N, truncated_N=~eos_N)
+  eos_N = None if limit_N is None else ended_with_eos(state.tokens_NT, state.mask_NT, cfg.eos_ids)
+  return to_rollouts(prompts, state, group_size=cfg.group_size, eos_N=eos_N)
 
 
 def make_sample_fn(*, model_fn: Callable, init_cache: Callable, cfg: SamplerConfig):

@@ -525,6 +525,7 @@ class _Loop:
     """The iteration's metrics line (definitions: `metrics.DEFINITIONS`)."""
     gen_batches = got.metrics.get("dynamic/gen_batches", 1)
     fl = rollout.iteration_flops(self.setup, got.rollouts, gen_batches=gen_batches)
+    tokens = float(jnp.sum(got.rollouts.mask_NT))  # Replicated: every process can read it.
     return {
       "iteration": it,
       "phase": "rl",
@@ -534,8 +535,8 @@ class _Loop:
       "nonfinite_steps": skipped,
       "nonfinite_total": st.nonfinite_total,
       **{f"time/{k}": v for k, v in seconds.items()},
-      **rollout.padding(got.rollouts, slots=self.setup.sampler_cfg.refill_slots),
-      "tokens_per_s": float(jnp.sum(got.rollouts.mask_NT)) / max(seconds["sample"], 1e-9),
+      **rollout.padding(got.rollouts, tokens=tokens, slots=self.setup.sampler_cfg.refill_slots),
+      "tokens_per_s": tokens / max(seconds["sample"], 1e-9),
       "perf/mfu": fl / seconds["iteration"] / self.peak_flops,
     }
 
