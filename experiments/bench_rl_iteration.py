@@ -20,6 +20,11 @@ iterations after the first (which compiles) of:
   sample_s, prepare_s, update_s, iteration_s     wall seconds (outputs ready)
   sample_tokens_per_s                            generated tokens / sample_s
   update_tokens_per_s                            N·(P + T) positions / update_s
+  decode_roofline_tokens_per_s                   rows × memory bandwidth (`flops.memory_bandwidth`)
+                                                 / the bytes a decode step must read (every
+                                                 weight once in the compute dtype, the filled
+                                                 KV slots at the mean context); and
+  decode_of_roofline                             sample_tokens_per_s / that roofline
   mfu_update, mfu_iteration                      model FLOPs (`grpo_jax.flops`: sampling at
                                                  its decode contexts, the update's forward
                                                  and backward as 3 forwards) / seconds / the
@@ -157,15 +162,30 @@ def run_dtype(dtype: str, *, iterations: int, quick: bool, seed: int = 0) -> dic
   med = {k: statistics.median(r[k] for r in later) for k in later[0]}
   peak = flops.matmul_peak(dtype=jnp.dtype(dtype))
   fl = iteration_flops(setup, P=P, T=T, N=N)
+  bandwidth = flops.memory_bandwidth()
+  step_bytes = decode_step_bytes(setup, state.params, P=P, T=T, N=N)
   med.update(
     sample_tokens_per_s=med["generated_tokens"] / med["sample_s"],
     update_tokens_per_s=N * (P + T) / med["update_s"],
     mfu_update=fl["update"] / med["update_s"] / peak,
     mfu_iteration=(fl["sample"] + fl["update"]) / med["iteration_s"] / peak,
     matmul_peak_flops=peak,
+    memory_bandwidth_bytes_per_s=bandwidth,
+    decode_roofline_tokens_per_s=N * bandwidth / step_bytes,
     iterations=[round(r["iteration_s"], 3) for r in rows],
   )
+  med["decode_of_roofline"] = med["sample_tokens_per_s"] / med["decode_roofline_tokens_per_s"]
   return med
+
+
+def decode_step_bytes(setup, params, *, P: int, T: int, N: int) -> float:
+  """Bytes one decode step must read at least, at the mean context P + T/2: every weight
+  once, in the compute dtype, and the filled key/value slots of every row and layer."""
+  cfg = setup.model_cfg
+  width = jnp.dtype(cfg.dtype).itemsize
+  weights = sum(x.size for x in jax.tree.leaves(params)) * width
+  kv = N * cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * (P + T / 2) * width
+  return weights + kv
 
 
 def main(argv=None) -> dict:

@@ -17,6 +17,10 @@ Sections of the ConfigDict and the dataclass each becomes:
   counterfactual counterfactuals.CounterfactualConfig  IBPO's counterfactual rows (per_group
                = 0: off); prepare's groups are then G + C rows (Setup.train_group), the
                update's G + C with counterfactual.train, else G (Setup.update_group)
+  offpolicy    offpolicy.OffPolicyConfig  the rollout pipeline: staleness, partial
+               rollouts, sampler placement (enabled = False: the synchronous loop)
+  env          episodes.EpisodeConfig  multi-turn episodes with an environment (`envs`;
+               name "": off, single-turn sampling); Setup.episodes, None when off
 
 Where each value is checked: its own range (>= 1, finite, a registered name) in its
 dataclass's `__post_init__`; values that constrain each other (the rollout batch, the
@@ -43,8 +47,12 @@ from grpo_jax import (
   alignment,
   config_lib,
   counterfactuals,
+  envs,
+  episodes,
   hf,
+  memory,
   model,
+  offpolicy,
   presets,
   rl,
   sampling,
@@ -53,7 +61,18 @@ from grpo_jax import (
 )
 from grpo_jax.diagnostics import grads
 
-SECTIONS = ("task", "model", "sampler", "sampling", "rl", "mesh", "diagnostics", "counterfactual")
+SECTIONS = (
+  "task",
+  "model",
+  "sampler",
+  "sampling",
+  "rl",
+  "mesh",
+  "diagnostics",
+  "counterfactual",
+  "offpolicy",
+  "env",
+)
 # What config.model may set when the architecture comes from a HF checkpoint.
 HF_RUNTIME_KEYS = ("param_dtype", "dtype", "scan_layers", "remat")
 
@@ -242,6 +261,8 @@ class Setup:
   spec: dict = dataclasses.field(default_factory=dict)  # The ConfigDict, as plain data.
   counterfactual: counterfactuals.CounterfactualConfig = counterfactuals.CounterfactualConfig()
   steps: alignment.StepSplitter = alignment.StepSplitter()  # The task's step splitter.
+  offpolicy: offpolicy.OffPolicyConfig = offpolicy.OffPolicyConfig()
+  episodes: episodes.EpisodeConfig | None = None  # config.env; None: single-turn sampling.
 
   @property
   def train_group(self) -> int:
@@ -314,6 +335,8 @@ def default_config() -> ml_collections.ConfigDict:
   )
   c.diagnostics = _section(_defaults(DiagnosticsConfig))
   c.counterfactual = _section(_defaults(counterfactuals.CounterfactualConfig))
+  c.offpolicy = _section(_defaults(offpolicy.OffPolicyConfig))
+  c.env = _section({**_defaults(episodes.EpisodeConfig), "name": "", "kwargs": {}})
   return c
 
 
@@ -376,7 +399,8 @@ def build(config, *, n_devices: int | None = None) -> Setup:
 
   Raises config_lib.ConfigError (a ValueError) for any bad value or missing file."""
   try:
-    return _build(config, n_devices=n_devices)
+    setup = _build(config, n_devices=n_devices)
+    return dataclasses.replace(setup, episodes=_episode_config(setup))
   except config_lib.ConfigError:
     raise
   except OSError as e:  # A missing or unreadable file the config names.
@@ -412,16 +436,20 @@ def _build(config, *, n_devices: int | None) -> Setup:
   )
   rl_cfg = rl.RLConfig.from_dict(_with_mask_vocab(d["rl"], model_cfg), where="config.rl")
   mesh_cfg = sharding.MeshConfig.from_dict(d.get("mesh", {}))
-  data_parallel = math.prod(mesh_cfg.shape(n_devices or jax.device_count())[:2])
   cf = config_lib.from_dict(
     counterfactuals.CounterfactualConfig, d.get("counterfactual", {}), where="config.counterfactual"
   )
+  op, n_devices = _offpolicy_config(d, rl_cfg, cf, sampler_cfg, n_devices=n_devices)
+  data_parallel = math.prod(mesh_cfg.shape(n_devices)[:2])
   steps = _step_splitter(task, tok)
   _check_counterfactuals(cf, rl_cfg, task, steps, diagnostics=d.get("diagnostics", {}))
   update_group = sampler_cfg.group_size + (cf.per_group if cf.train else 0)
   _check_batch_shapes(loop, rl_cfg, update_group, data_parallel=data_parallel)
   _check_group_estimator(rl_cfg, sampler_cfg.group_size)
   _check_prompt_lengths(task, tok, sampler_cfg, loop)
+  model_cfg, rl_cfg = _resolve_remat(
+    model_cfg, rl_cfg, mesh_cfg, loop, sampler_cfg, n_devices=n_devices, group=update_group
+  )
   rows = loop.prompts_per_step * sampler_cfg.group_size
   if sampler_cfg.refill_slots > rows:
     raise ValueError(
@@ -443,7 +471,91 @@ def _build(config, *, n_devices: int | None) -> Setup:
     spec=d,
     counterfactual=cf,
     steps=steps,
+    offpolicy=op,
   )
+
+
+def _episode_config(setup: Setup) -> episodes.EpisodeConfig | None:
+  """config.env (from setup.spec), or None when its name is "" (single-turn sampling). The
+  environment must be registered, build with its kwargs, and end turns with one-token
+  texts. Episodes run their own turn loop on the host, so the features that sample rows
+  another way are refused."""
+  env_d, tok = setup.spec.get("env", {}), setup.tokenizer
+  if not env_d.get("name"):
+    return None
+  conflicts = {
+    "config.counterfactual (per_group > 0)": setup.counterfactual.enabled,
+    "config.sampler.refill_slots > 0": setup.sampler_cfg.refill_slots > 0,
+    "config.offpolicy.enabled": setup.offpolicy.enabled,
+    "config.diagnostics.value": setup.diagnostics.value,
+  }
+  cfg = config_lib.from_dict(episodes.EpisodeConfig, env_d, where="config.env")
+  try:
+    env_cls = envs.get(cfg.name)
+  except ValueError as e:
+    raise ValueError(f"config.env.name: {e}") from None
+  try:
+    env_cls(tokenizer=tok, **cfg.kwargs)
+  except TypeError as e:
+    raise ValueError(f"config.env.kwargs for environment {cfg.name!r}: {e}") from None
+  episodes.stop_ids(env_cls, tok)
+  for what, on in conflicts.items():
+    if on:
+      raise ValueError(
+        f"config.env.name={cfg.name!r} (multi-turn episodes) does not combine with {what}; "
+        "switch one off."
+      )
+  return cfg
+
+
+def _offpolicy_config(d: dict, rl_cfg, cf, sampler_cfg, *, n_devices: int | None):
+  """(config.offpolicy, checked against the rest: `offpolicy.check`; the trainer's device
+  count: all of them, or with placement "split" those the sampler leaves)."""
+  op = config_lib.from_dict(
+    offpolicy.OffPolicyConfig, d.get("offpolicy", {}), where="config.offpolicy"
+  )
+  n_devices = n_devices or jax.device_count()
+  offpolicy.check(
+    op,
+    rl_cfg=rl_cfg,
+    counterfactual_enabled=cf.enabled,
+    refill_slots=sampler_cfg.refill_slots,
+    n_devices=n_devices,
+    process_count=jax.process_count(),
+  )
+  if op.enabled and op.placement == "split":
+    n_devices -= op.sampler_devices
+  return op, n_devices
+
+
+def _resolve_remat(model_cfg, rl_cfg, mesh_cfg, loop, sampler_cfg, *, n_devices, group):
+  """model.remat = "auto": the fastest of `memory.AUTO_CANDIDATES` (no remat; full remat
+  over scanned layers; that with rl.logit_chunk = 256) whose memory plan fits the device
+  (memory_limit_gib, else the device's own limit; no limit known: no remat)."""
+  if model_cfg.remat != "auto":
+    return model_cfg, rl_cfg
+  optimizer = rl.make_optimizer(
+    lr=loop.learning_rate,
+    warmup_steps=loop.warmup_steps,
+    weight_decay=loop.weight_decay,
+    grad_clip=loop.grad_clip,
+  )
+
+  def plan_fn(m, r):
+    return memory.plan(
+      m,
+      r,
+      mesh_cfg,
+      n_devices=n_devices,
+      prompts=loop.prompts_per_step,
+      group_size=group,
+      prompt_len=max(sampler_cfg.prompt_buckets),
+      max_new_tokens=sampler_cfg.max_new_tokens,
+      optimizer=optimizer,
+    )
+
+  limit = memory.limit_bytes(loop.memory_limit_gib)
+  return memory.resolve_auto(model_cfg, rl_cfg, limit=limit, plan_fn=plan_fn)
 
 
 def _step_splitter(task, tok) -> alignment.StepSplitter:
@@ -633,4 +745,6 @@ def as_dict(setup: Setup) -> dict:
     "mesh": {**dataclasses.asdict(setup.mesh_cfg), "rules": dict(setup.mesh_cfg.rules)},
     "diagnostics": dataclasses.asdict(setup.diagnostics),
     "counterfactual": dataclasses.asdict(setup.counterfactual),
+    "offpolicy": dataclasses.asdict(setup.offpolicy),
+    "env": dataclasses.asdict(setup.episodes) if setup.episodes else {"name": ""},
   }

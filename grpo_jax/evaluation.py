@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from grpo_jax import config, rewards, rollout, sampling
+from grpo_jax import config, episodes, rewards, rollout, sampling
 
 
 def _as_counts(name: str, x) -> np.ndarray:
@@ -95,6 +95,8 @@ def evaluate(setup: config.Setup, fns, pool, params, *, key) -> dict:
   rows |= set(rollout.needed_rows(fns, size, n)) if n else set()
   examples = {i: task.example("test", i, seed=loop.seed) for i in sorted(rows)}
   prompts = rollout.host_prompts(setup, fns, examples, size)
+  if setup.episodes is not None:
+    return evaluate_episodes(setup, fns, params, [examples[i] for i in range(size)], prompts, key)
   greedy = fns.sample_greedy(params, prompts, key, sampling.sampling_params(greedy=True))
   if n:  # Dispatched now: the device samples while the host scores the greedy answers.
     sampled = fns.sample_eval(params, prompts, key, setup.sampling_hyper)
@@ -112,10 +114,43 @@ def evaluate(setup: config.Setup, fns, pool, params, *, key) -> dict:
   }
   if n:
     more = rollout.score(setup, pool, examples, sampled.tokens_NT, group=n)
-    correct_PK = more.correct_N.reshape(size, n)
-    c_P = (correct_PK > 0).sum(axis=1)
-    for k in pass_ks(n):
-      out[f"eval/pass@{k}"] = float(np.mean(pass_at_k(n, c_P, k)))
-    out[f"eval/mean@{n}"] = float(mean_at_k(correct_PK))
+    out.update(sampled_metrics(more.correct_N.reshape(size, n)))
     out["eval/reward_errors"] += more.errors
+  return out
+
+
+def sampled_metrics(correct_PK) -> dict:
+  """eval/pass@k (k = 1, 2, 4, ..., n; `pass_at_k`) and eval/mean@n of n samples per
+  problem, from their correctness [P, n]."""
+  n = correct_PK.shape[1]
+  c_P = (correct_PK > 0).sum(axis=1)
+  out = {f"eval/pass@{k}": float(np.mean(pass_at_k(n, c_P, k))) for k in pass_ks(n)}
+  out[f"eval/mean@{n}"] = float(mean_at_k(correct_PK))
+  return out
+
+
+def evaluate_episodes(setup: config.Setup, fns, params, examples: list, prompts, key) -> dict:
+  """`evaluate` with the environment (config.env): greedy episodes give
+  eval/greedy_accuracy (mean episode reward) and eval/format_rate (the share the
+  environment ended, `episodes.END_REASONS` "done"); with eval_samples = n, n sampled
+  episodes per problem give pass@k and mean@n. Environment errors count as reward errors."""
+  loop = setup.loop
+  greedy = fns.episodes_greedy.run(
+    params, prompts, examples, key, sampling.sampling_params(greedy=True)
+  )
+  rewards.check_failures(
+    ~greedy.scorable_N,
+    greedy.messages,
+    limit=loop.max_unscorable_frac,
+    where="the held-out greedy episodes",
+  )
+  out = {
+    "eval/greedy_accuracy": float(greedy.reward_N.mean()),
+    "eval/format_rate": float(np.mean(greedy.end_N == episodes.DONE)),
+    "eval/reward_errors": int((~greedy.scorable_N).sum()),
+  }
+  if loop.eval_samples:
+    sampled = fns.episodes_eval.run(params, prompts, examples, key, setup.sampling_hyper)
+    out.update(sampled_metrics(sampled.reward_N.reshape(len(examples), loop.eval_samples)))
+    out["eval/reward_errors"] += int((~sampled.scorable_N).sum())
   return out

@@ -64,10 +64,30 @@ def sampling_flops(
   return prefill + decode
 
 
-def matmul_peak(n: int = 1024, repeats: int = 10, *, dtype=jnp.float32) -> float:
+def memory_bandwidth(n_bytes: int = 0, repeats: int = 10) -> float:
+  """Best memory bandwidth (bytes/s) over `repeats` jitted `x + 1` passes over a float32
+  array of n_bytes (read once, written once; default 1 GiB on an accelerator, 256 MiB on
+  a CPU): the roofline a decode step's weight and cache reads are held to."""
+  if not n_bytes:
+    n_bytes = 2**28 if jax.default_backend() == "cpu" else 2**30
+  x = jnp.zeros((n_bytes // 4,), jnp.float32)
+  add = jax.jit(lambda x: x + 1.0)
+  add(x).block_until_ready()
+  best = float("inf")
+  for _ in range(repeats):
+    t = time.perf_counter()
+    add(x).block_until_ready()
+    best = min(best, time.perf_counter() - t)
+  return 2.0 * n_bytes / best
+
+
+def matmul_peak(n: int = 0, repeats: int = 10, *, dtype=jnp.float32) -> float:
   """Best GEMM rate (FLOP/s) over `repeats` jitted n×n×n matmuls of `dtype` operands,
   accumulated in float32 (for bfloat16 the fastest form on XLA:CPU, about twice a
-  bfloat16-output GEMM; the model's bfloat16 Dense layers use it)."""
+  bfloat16-output GEMM; the model's bfloat16 Dense layers use it). n defaults to 1024 on
+  a CPU and 8192 on an accelerator (smaller GEMMs there measure launch overhead). On a
+  GPU a float32 GEMM runs as TF32 unless jax_default_matmul_precision says otherwise."""
+  n = n or (1024 if jax.default_backend() == "cpu" else 8192)
   ka, kb = jax.random.split(jax.random.key(0))
   a = jax.random.normal(ka, (n, n), dtype)
   b = jax.random.normal(kb, (n, n), dtype)

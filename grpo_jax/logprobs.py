@@ -66,19 +66,61 @@ def _token_stats_bwd(res, g):
 token_stats.defvjp(_token_stats_fwd, _token_stats_bwd)
 
 
-def completion_logits(params, prompt_tokens_NP, prompt_mask_NP, tokens_NT, mask_NT, *, model_fn):
+def completion_logits(
+  params, prompt_tokens_NP, prompt_mask_NP, tokens_NT, mask_NT, *, model_fn, hidden_only=False
+):
   """Logits [N, T, V] at the T slots that predict the completion tokens (the sequence
   [left-padded prompt ; right-padded completion], position ids skipping both paddings;
-  `model_fn` must take `logits_slice`)."""
+  `model_fn` must take `logits_slice`). hidden_only: the final-normed hidden states
+  [N, T, D] there instead (the model's `hidden_only`), for an LM head run in chunks."""
   P = prompt_tokens_NP.shape[1]
   tokens_NS = jnp.concatenate([prompt_tokens_NP, tokens_NT], axis=1)
   mask_NS = jnp.concatenate([prompt_mask_NP, mask_NT], axis=1)
   S = tokens_NS.shape[1]
   # Logits at slot s predict the token at slot s + 1: slots P-1 .. S-2.
+  extra = {"hidden_only": True} if hidden_only else {}
   logits_NTV, _ = model_fn(
-    params, tokens_NS, model_lib.positions_from_mask(mask_NS), None, logits_slice=(P - 1, S - 1)
+    params,
+    tokens_NS,
+    model_lib.positions_from_mask(mask_NS),
+    None,
+    logits_slice=(P - 1, S - 1),
+    **extra,
   )
   return logits_NTV
+
+
+def _stats_of_logits(logits_NTV, tokens_NT, *, with_rank):
+  """(log π(y), H, Σ π², rank or None) of one block of logits."""
+  logp_NT, ent_NT, sq_NT = token_stats(logits_NTV, tokens_NT)
+  rank_NT = None
+  if with_rank:
+    z_NTV = jax.lax.stop_gradient(logits_NTV)
+    z_y_NT1 = jnp.take_along_axis(z_NTV, tokens_NT[..., None], axis=-1)
+    rank_NT = jnp.sum(z_NTV > z_y_NT1, axis=-1, dtype=jnp.int32)
+  return logp_NT, ent_NT, sq_NT, rank_NT
+
+
+def chunked_stats(params, hidden_NTD, tokens_NT, *, model_fn, chunk: int, with_rank=False):
+  """`_stats_of_logits` of the LM head's logits, `chunk` completion positions at a time:
+  a `lax.map` over ⌈T / chunk⌉ blocks, each under `jax.checkpoint`, so the forward holds
+  [N, chunk, V] logits at once and the backward recomputes each block's logits from its
+  hidden states instead of keeping [N, T, V] (the head's matmul runs twice: the price of
+  the memory). T is padded to a multiple of the chunk; the padding is cut off."""
+  N, T, D = hidden_NTD.shape
+  C = -(-T // chunk)
+  pad = C * chunk - T
+  h_CNcD = jnp.pad(hidden_NTD, ((0, 0), (0, pad), (0, 0))).reshape(N, C, chunk, D).swapaxes(0, 1)
+  y_CNc = jnp.pad(tokens_NT, ((0, 0), (0, pad))).reshape(N, C, chunk).swapaxes(0, 1)
+
+  @jax.checkpoint
+  def block(params, h_NcD, y_Nc):
+    logits_NcV, _ = model_fn(params, h_NcD, None, None, head_only=True)
+    return _stats_of_logits(logits_NcV, y_Nc, with_rank=with_rank)
+
+  out = jax.lax.map(lambda xs: block(params, *xs), (h_CNcD, y_CNc))
+  unchunk = lambda x_CNc: x_CNc.swapaxes(0, 1).reshape(N, C * chunk)[:, :T]  # noqa: E731
+  return tuple(None if x is None else unchunk(x) for x in out)
 
 
 def completion_logprobs(
@@ -91,6 +133,7 @@ def completion_logprobs(
   model_fn,
   with_stats=False,
   with_rank=False,
+  chunk: int = 0,
 ):
   """log π(o_t | q, o_<t) of each completion token in one full forward: [N, T] (0 off mask).
 
@@ -103,11 +146,19 @@ def completion_logprobs(
   both paddings, so the logits match the cached decode that produced the rollout.
   `model_fn` must take `logits_slice=(start, stop)` (grpo_jax models do): the LM head runs
   only at the T positions that predict completion tokens (`token_stats` does the rest).
+  With `chunk` = c (0 < c < T) it runs there c positions at a time (`chunked_stats`): the
+  [N, T, V] logits never exist at once, in the forward or the backward (rl.logit_chunk).
   """
-  logits_NTV = completion_logits(
-    params, prompt_tokens_NP, prompt_mask_NP, tokens_NT, mask_NT, model_fn=model_fn
-  )
-  logp_NT, ent_NT, sq_NT = token_stats(logits_NTV, tokens_NT)
+  args = (params, prompt_tokens_NP, prompt_mask_NP, tokens_NT, mask_NT)
+  if 0 < chunk < tokens_NT.shape[1]:
+    hidden_NTD = completion_logits(*args, model_fn=model_fn, hidden_only=True)
+    out = chunked_stats(
+      params, hidden_NTD, tokens_NT, model_fn=model_fn, chunk=chunk, with_rank=with_rank
+    )
+  else:
+    logits_NTV = completion_logits(*args, model_fn=model_fn)
+    out = _stats_of_logits(logits_NTV, tokens_NT, with_rank=with_rank)
+  logp_NT, ent_NT, sq_NT, rank_NT = out
   logp_NT = jnp.where(mask_NT, logp_NT, 0.0)
   if not with_stats:
     return logp_NT, None
@@ -116,9 +167,6 @@ def completion_logprobs(
     "sum_sq": jnp.where(mask_NT, sq_NT, 0.0),
   }
   if with_rank:
-    z_NTV = jax.lax.stop_gradient(logits_NTV)
-    z_y_NT1 = jnp.take_along_axis(z_NTV, tokens_NT[..., None], axis=-1)
-    rank_NT = jnp.sum(z_NTV > z_y_NT1, axis=-1, dtype=jnp.int32)
     stats["rank"] = jnp.where(mask_NT, rank_NT, 0)
   return logp_NT, stats
 

@@ -271,7 +271,7 @@ def plan(
   )
   a_none, a_remat = act(no_remat), act(with_remat)
   remat_on = model_cfg.remat != "none" and model_cfg.scan_layers
-  logits_grad = mb_rows * T * local.vocab_size * 4
+  logits_grad = mb_rows * min(T, rl_cfg.logit_chunk or T) * local.vocab_size * 4
   working = logits_grad
   if remat_on or model_cfg.scan_layers:  # The backward of one layer, its recomputed
     S = P + T  # activations and its attention-score gradient, at the scan's pace.
@@ -407,6 +407,43 @@ def plan_for(setup, *, n_devices: int | None = None, optimizer=None) -> Plan:
     max_new_tokens=scfg.max_new_tokens,
     optimizer=optimizer,
   )
+
+
+def limit_bytes(memory_limit_gib: float = 0.0) -> float | None:
+  """Bytes per device a plan must fit: memory_limit_gib, else the device's own limit
+  (jax's memory_stats: GPU, TPU), else None (CPU: no limit known)."""
+  if memory_limit_gib:
+    return memory_limit_gib * GIB
+  stats = jax.local_devices()[0].memory_stats() or {}
+  return stats.get("bytes_limit")
+
+
+# What model.remat = "auto" tries, fastest first: (remat, scan_layers, logit chunk or None
+# for the config's). The first whose plan fits is taken; the last when none does (the
+# memory check then refuses the config with its advice).
+AUTO_CANDIDATES = (("none", None, None), ("full", True, None), ("full", True, 256))
+
+
+def resolve_auto(model_cfg, rl_cfg, *, limit: float | None, plan_fn):
+  """(model_cfg, rl_cfg) with model.remat = "auto" resolved by the memory plan:
+  `plan_fn(model_cfg, rl_cfg) -> Plan` for each of AUTO_CANDIDATES in turn (no limit: the
+  first). Configs without "auto" come back unchanged."""
+  if model_cfg.remat != "auto":
+    return model_cfg, rl_cfg
+  chosen = None
+  for remat, scan, chunk in AUTO_CANDIDATES:
+    m = dataclasses.replace(
+      model_cfg, remat=remat, scan_layers=model_cfg.scan_layers if scan is None else scan
+    )
+    r = (
+      rl_cfg
+      if chunk is None or rl_cfg.logit_chunk
+      else dataclasses.replace(rl_cfg, logit_chunk=chunk)
+    )
+    chosen = (m, r)
+    if limit is None or fits(plan_fn(m, r), limit):
+      break
+  return chosen
 
 
 def as_dict(p: Plan) -> dict:

@@ -71,7 +71,7 @@ DEFINITIONS = {
   "(a negative_token_filter criterion) would remove on its own.",
   "rollout_entropy": "Mean over valid tokens of π_old's entropy at each step (when recomputed).",
   "rollout_kl_ref/<estimator>": "Mean over valid tokens of the KL estimator of π_old vs π_ref.",
-  "response_length": "Mean completion length in tokens.",
+  "response_length": "Mean completion length in tokens (episodes: the model's own tokens).",
   "truncated_frac": "Fraction of rows that hit max_new_tokens without an EOS.",
   "unscorable_frac": "Fraction of rows whose reward failed (raised, timed out, non-finite): "
   "`reward_errors` of the trained batch / its rows.",
@@ -97,11 +97,47 @@ DEFINITIONS = {
   "time/iteration": "Seconds of the iteration without evaluation: sample + reward + update + host glue.",
   "time/counterfactuals": "Seconds planning, decoding, merging and scoring IBPO's counterfactual "
   "rows (config.counterfactual), inside time/iteration.",
+  # --- multi-turn episodes (config.env; `episodes`), means over the iteration's episodes
+  "time/env": "Seconds on the host in the environment: decoding actions, env.reset/step, "
+  "encoding observations (episodes; the jitted turns and appends are time/sample).",
+  "episode/turns": "Mean number of actions per episode.",
+  "episode/action_tokens": "Mean tokens the model produced per episode (the trained tokens).",
+  "episode/observation_tokens": "Mean observation tokens the environment put in an episode's "
+  "context (never trained).",
+  "episode/end/<reason>": "Fraction of episodes that ended for the reason (episodes.END_REASONS): "
+  "done (the environment's step returned done), turn_limit (config.env.max_turns actions), "
+  "token_limit (sampler.max_new_tokens or config.env.observation_tokens ran out), env_error "
+  "(reset or step raised; the episode is unscorable).",
   "pad/sample_frac": "Share of the sampler's row-steps this iteration spent on rows that had already "
   "ended or on idle slots (1 − Σ completion tokens / (decoding rows × decode steps run); decoding "
   "rows = sampler.refill_slots when the refill sampler runs, else every row).",
   "pad/update_frac": "Share of the [rows, P + T] positions of the batch's log-prob forwards and update "
   "that are padding (1 − (Σ prompt tokens + Σ completion tokens) / (rows × (P + T))).",
+  # --- off-policy: behaviour-policy mismatch and staleness (grpo_jax.importance, offpolicy)
+  "offpolicy/mismatch_k3": "Mean over loss tokens (before the correction drops any) of k3 = "
+  "ρ − 1 − log ρ, ρ = π_old/μ (μ the sampler's raw policy, π_old the trainer's recompute): an "
+  "estimate of KL(μ ‖ π_old) from μ's samples. 0 when sampler and trainer agree. Needs "
+  "rl.recompute_old_logp.",
+  "offpolicy/ratio_p<q>": "The q-th percentile (01, 50, 99) of ρ = π_old/μ over loss tokens "
+  "(before the correction).",
+  "offpolicy/is_weight_mean": "Mean over the tokens the correction keeps of its weight w "
+  "(rl.is_correction; 1 for 'none').",
+  "offpolicy/is_drop_frac": "Share of loss tokens the correction dropped (MIS: ρ outside "
+  "[rl.is_lower, rl.is_upper]); 0 for TIS and 'none'.",
+  "offpolicy/staleness_mean": "Mean over the batch's rows of their staleness: the trainer's params "
+  "version (updates applied) − the version that sampled the row's oldest token "
+  "(config.offpolicy; 0 in the synchronous schedule).",
+  "offpolicy/staleness_max": "Max over the batch's rows of their staleness.",
+  "offpolicy/stale_frac": "Share of rows staler than offpolicy.max_staleness (they follow "
+  "offpolicy.stale: dropped, or trained with rl.is_correction).",
+  "offpolicy/stale_dropped_frac": "Share of rows left out of advantages and loss for staleness.",
+  "offpolicy/mixed_version_frac": "Share of rows whose tokens were sampled by more than one "
+  "params version (partial rollouts continued across an update).",
+  "offpolicy/segments": "Decode calls that produced the batch (1 without partial rollouts; "
+  "with them, one per segment of offpolicy.segment_tokens steps).",
+  "offpolicy/in_flight": "Rollout batches in the pipeline after this one was taken.",
+  "time/reward_overlap": "Seconds scoring the rewards of in-flight batches while the update "
+  "ran (off the critical path: not in time/reward).",
   "time/eval": "Seconds of the held-out evaluation (when it ran).",
   "time/diagnostics": "Seconds of the token-credit diagnostics (config.diagnostics; when they ran): "
   "the params snapshot before the update and the measurements after it.",
@@ -109,7 +145,8 @@ DEFINITIONS = {
   "perf/mfu": "Model FLOPs of the iteration (grpo_jax.flops: sampling, prepare forwards, "
   "3x forward per update epoch, over the computed padded shapes) / time/iteration / peak FLOP/s.",
   "eval/greedy_accuracy": "Held-out accuracy of greedy completions (first eval_size test problems).",
-  "eval/format_rate": "Held-out fraction of greedy completions that follow the answer template.",
+  "eval/format_rate": "Held-out fraction of greedy completions that follow the answer template "
+  "(episodes, config.env: the fraction the environment ended, episode/end/done).",
   "eval/reward_errors": "Held-out reward calls that raised, returned non-finite or timed out.",
   "eval/pass@<k>": "Unbiased pass@k (Chen et al. 2021) from eval_samples samples per held-out problem.",
   "eval/mean@<k>": "Mean correctness over the k = eval_samples samples per held-out problem.",

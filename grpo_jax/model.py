@@ -78,7 +78,7 @@ class ModelConfig:
   param_dtype: str = "float32"
   dtype: str = "float32"  # Compute dtype; logits are always float32.
   scan_layers: bool = False  # nn.scan over layers: compile time flat in depth.
-  remat: str = "none"  # One of _REMAT_POLICIES.
+  remat: str = "none"  # One of _REMAT_POLICIES, or "auto" (config.build resolves it).
   init_std: float = 0.02
 
   def __post_init__(self):
@@ -105,8 +105,11 @@ class ModelConfig:
     for name in ("param_dtype", "dtype"):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r}; allowed: {sorted(_DTYPES)}.")
-    if self.remat not in _REMAT_POLICIES:
-      raise ValueError(f"ModelConfig.remat={self.remat!r}; allowed: {sorted(_REMAT_POLICIES)}.")
+    if self.remat not in (*_REMAT_POLICIES, "auto"):
+      raise ValueError(
+        f"ModelConfig.remat={self.remat!r}; allowed: {sorted(_REMAT_POLICIES)} or 'auto' "
+        "(the memory plan picks, when the config is built: `memory.resolve_auto`)."
+      )
     for f in dataclasses.fields(self):
       value = getattr(self, f.name)
       if isinstance(value, float) and not np.isfinite(value):
@@ -490,6 +493,7 @@ class Decoder(nn.Module):
 
   cfg: ModelConfig
   logits_slice: tuple[int, int] | None = None  # LM head only at positions [start, stop).
+  head: bool = True  # False: return the final-normed hidden states (`head_logits` later).
 
   @nn.compact
   def __call__(self, tokens_BT, positions_BT, cache_kv, cache_pos_BS, index):
@@ -506,6 +510,8 @@ class Decoder(nn.Module):
     x_BTD = nn.with_logical_constraint(embed(tokens_BT), ACT_BTD)
 
     block = Block
+    if cfg.remat == "auto":
+      raise ValueError("model.remat='auto' is resolved by config.build (memory.resolve_auto).")
     if cfg.remat != "none":
       block = nn.remat(block, prevent_cse=not cfg.scan_layers, policy=_REMAT_POLICIES[cfg.remat])
     if cfg.scan_layers:
@@ -534,20 +540,38 @@ class Decoder(nn.Module):
     if self.logits_slice is not None:
       x_BTD = x_BTD[:, self.logits_slice[0] : self.logits_slice[1]]
     x_BTD = RMSNorm(cfg.norm_eps, cfg.compute_dtype, cfg.weight_dtype, name="final_norm")(x_BTD)
+    if not self.head:
+      return x_BTD, kv_new
     if cfg.tie_embeddings:
-      logits_BTV = jnp.einsum(
-        "btd,vd->btv",
-        x_BTD,
-        embed.embedding.astype(cfg.compute_dtype),
-        preferred_element_type=jnp.float32,
-      )
+      logits_BTV = _tied_logits(cfg, x_BTD, embed.embedding)
     else:
       logits_BTV = _dense(cfg, cfg.vocab_size, ("embed", "vocab"), name="lm_head")(x_BTD)
-    logits_BTV = logits_BTV.astype(jnp.float32)
-    if 0 < cfg.vocab_limit < cfg.vocab_size:
-      live_V = jnp.arange(cfg.vocab_size) < cfg.vocab_limit
-      logits_BTV = jnp.where(live_V, logits_BTV, -1e9)
-    return nn.with_logical_constraint(logits_BTV, ACT_BTV), kv_new
+    return _finish_logits(cfg, logits_BTV), kv_new
+
+
+def _tied_logits(cfg: ModelConfig, x_BTD, table_VD):
+  return jnp.einsum(
+    "btd,vd->btv", x_BTD, table_VD.astype(cfg.compute_dtype), preferred_element_type=jnp.float32
+  )
+
+
+def _finish_logits(cfg: ModelConfig, logits_BTV):
+  """float32 logits, ids at or past vocab_limit pushed to -1e9."""
+  logits_BTV = logits_BTV.astype(jnp.float32)
+  if 0 < cfg.vocab_limit < cfg.vocab_size:
+    live_V = jnp.arange(cfg.vocab_size) < cfg.vocab_limit
+    logits_BTV = jnp.where(live_V, logits_BTV, -1e9)
+  return nn.with_logical_constraint(logits_BTV, ACT_BTV)
+
+
+def head_logits(params: Params, x_BTD, *, cfg: ModelConfig):
+  """The LM head alone: float32 logits [B, T, V] of final-normed hidden states (those of
+  `apply(..., hidden_only=True)`), equal to what `apply` returns at those positions.
+  Callers that never need all T positions' logits at once (`logprobs`, in chunks) use it."""
+  if cfg.tie_embeddings:
+    return _finish_logits(cfg, _tied_logits(cfg, x_BTD, params["embed"]["embedding"]))
+  head = _dense(cfg, cfg.vocab_size, ("embed", "vocab"))
+  return _finish_logits(cfg, head.apply({"params": params["lm_head"]}, x_BTD))
 
 
 # ----------------------------------------------------------------------------
@@ -651,6 +675,8 @@ def apply(
   *,
   cfg: ModelConfig,
   logits_slice: tuple[int, int] | None = None,
+  hidden_only: bool = False,
+  head_only: bool = False,
 ):
   """Forward pass. Returns (float32 logits [B,T,V], cache with this call's tokens appended).
 
@@ -658,8 +684,15 @@ def apply(
   `logits_slice=(start, stop)` (static) applies the final norm and LM head only at
   positions [start, stop): logits are [B, stop - start, V], and neither the forward nor
   the backward touches the others (teacher forcing needs the completion positions only).
+  `hidden_only=True` (no cache) returns the final-normed hidden states [B, T', D] in place
+  of the logits; `head_only=True` takes those hidden states as `tokens_BT` and returns
+  their logits (`head_logits`): the two halves of a forward whose LM head runs in chunks.
   """
-  decoder = Decoder(cfg, logits_slice=logits_slice)
+  if head_only:
+    return head_logits(params, tokens_BT, cfg=cfg), None
+  decoder = Decoder(cfg, logits_slice=logits_slice, head=not hidden_only)
+  if hidden_only and cache is not None:
+    raise ValueError("model.apply(hidden_only=True) is a teacher-forced forward: no cache.")
   if cache is None:
     logits_BTV, _ = decoder.apply({"params": params}, tokens_BT, positions_BT, None, None, None)
     return logits_BTV, None

@@ -17,6 +17,9 @@ that already emitted EOS (`pad/sample_frac`). Here (static shapes, one `lax.whil
   3. Each step decodes one token in every slot. A request ends at an EOS id or after
      limit_N[r] tokens (default T); its slot takes the next pending request in the same
      step (requests are issued in order 0 .. N − 1), or idles when none is left.
+  4. Once no request is pending and at most S/4 rows are live, those rows' caches are
+     gathered into S/4 slots and decoded there to the end: a long request issued late no
+     longer keeps the full batch of slots stepping.
 
 Sampling draws one key per step for all slots, so a request's tokens depend on the slot
 schedule: the rows are samples of the same distribution as the static sampler's, not the
@@ -133,10 +136,14 @@ def sample(
     eos_N=jnp.zeros((N,), bool),
   )
 
-  def cond(s: _State):
-    return (jnp.any(s.req_S < N) | (s.next_req < N)) & (s.step < N * (T + 1) + 1)
+  tail = max(1, S // TAIL_FRACTION)
+  limit_steps = N * (T + 1) + 1
 
-  def body(s: _State):
+  def cond(s: _State):  # Until the queue is empty and the live rows fit the tail's slots.
+    live = jnp.sum(s.req_S < N)
+    return ((s.next_req < N) | (live > (tail if tail < S else 0))) & (s.step < limit_steps)
+
+  def step(s: _State):
     logits_S1V, cache = model_fn(params, s.tok_S[:, None], s.pos_S[:, None], s.cache)
     key, step_key = jax.random.split(s.key)
     tok_S, logp_S, policy_S = sampling.choose_tokens(logits_S1V[:, -1], step_key, hyper)
@@ -161,10 +168,50 @@ def sample(
       t_S=s.t_S + 1,
     )
     ended = live_S & (eos_S | (s.t_S >= limit_N[jnp.minimum(s.req_S, N - 1)]))
+    return s, ended
+
+  def body(s: _State):
+    s, ended = step(s)
     return _retire(s, ended, prefix, tokens_BP, positions_BP, limit_N, G=G, P=P)
 
+  def tail_body(s: _State):  # No request is pending: ended slots just go idle.
+    s, ended = step(s)
+    return s.replace(req_S=jnp.where(ended, N, s.req_S).astype(jnp.int32))
+
   state = jax.lax.while_loop(cond, body, state)
+  if tail < S:  # The schedule's tail: the last live rows, decoded in `tail` slots.
+    state = jax.lax.while_loop(
+      lambda s: jnp.any(s.req_S < N) & (s.step < limit_steps), tail_body, _compact(state, tail)
+    )
   return sampling.to_rollouts(prompts, state, group_size=G, eos_N=state.eos_N)
+
+
+def _compact(s: _State, tail: int) -> _State:
+  """The state with its live slots (at most `tail` of them) gathered into `tail` slots:
+  their caches, write columns and decode state; the rest of the tail's slots idle."""
+  N = s.eos_N.shape[0]
+  live_S = s.req_S < N
+  idx_R = jnp.nonzero(live_S, size=tail, fill_value=0)[0]
+  used_R = jnp.arange(tail) < jnp.sum(live_S)
+  cache = s.cache
+  if cache.stacked:
+    k, v = (cache.k[0][:, idx_R],), (cache.v[0][:, idx_R],)
+  else:
+    k, v = tuple(b[idx_R] for b in cache.k), tuple(b[idx_R] for b in cache.v)
+  cache = cache.replace(k=k, v=v, pos_BS=cache.pos_BS[idx_R], index=cache.index[idx_R])
+  return s.replace(
+    cache=cache,
+    req_S=jnp.where(used_R, s.req_S[idx_R], N).astype(jnp.int32),
+    t_S=s.t_S[idx_R],
+    tok_S=s.tok_S[idx_R],
+    pos_S=s.pos_S[idx_R],
+  )
+
+
+# When no request is pending and at most S / TAIL_FRACTION rows are live, they move into
+# that many slots (`_compact`): a decode step costs about what its rows cost, and the
+# schedule's tail (a long request issued late) then runs at a quarter of the batch.
+TAIL_FRACTION = 4
 
 
 def _retire(s: _State, ended_S, prefix, tokens_BP, positions_BP, limit_N, *, G: int, P: int):

@@ -47,6 +47,7 @@ from grpo_jax import (
   controllers,
   counterfactuals,
   groups,
+  importance,
   logprobs,
   losses,
   masks,
@@ -113,7 +114,15 @@ class RLConfig:
   # Micro-batches cut to the smallest of k length buckets that holds their rows (sorted
   # by length first; `length_buckets`): no compute on completion padding. 1: off.
   length_buckets: int = 1
+  # Completion positions whose logits exist at once in the log-prob forwards and the
+  # update (`logprobs.chunked_stats`; 0: all T). Saves the [rows, T, V] logits and their
+  # gradient for [rows, chunk, V], for a second LM-head matmul in the backward.
+  logit_chunk: int = 0
   recompute_old_logp: bool = True
+  # The behaviour-policy correction (`importance`): π_old / μ per token, μ the sampler.
+  is_correction: str = "none"
+  is_lower: float = 0.5  # L (an array: no recompile): MIS keeps ratios >= L.
+  is_upper: float = 2.0  # U (an array): TIS truncates at U; MIS keeps ratios <= U.
   # Batch filtering (used by the trainer's loop): DAPO dynamic sampling.
   dynamic_sampling: bool = False
   max_gen_batches: int = 1
@@ -125,6 +134,7 @@ class RLConfig:
       ("kl_estimator", losses.KL_REGISTRY),
       ("aggregation", aggregation.REGISTRY),
       ("planner", planners.REGISTRY),
+      ("is_correction", importance.REGISTRY),
     ):
       if getattr(self, attr) not in registry_:
         raise ValueError(
@@ -157,7 +167,7 @@ class RLConfig:
     ):
       if getattr(self, attr) < 1:
         raise ValueError(f"rl.{attr} must be >= 1, got {getattr(self, attr)}.")
-    for attr in ("kl_coef", "entropy_coef", "max_len", "overlong_buffer"):
+    for attr in ("kl_coef", "entropy_coef", "max_len", "overlong_buffer", "logit_chunk"):
       if getattr(self, attr) < 0:
         raise ValueError(f"rl.{attr} must be >= 0, got {getattr(self, attr)}.")
     # Build every variant once, so bad options fail here, before anything compiles.
@@ -188,6 +198,13 @@ class RLConfig:
           f"rl.recompute_old_logp=False gives no π_old distribution, which {', '.join(needs)} "
           "needs; set recompute_old_logp=True."
         )
+    importance.check_bounds(lower=self.is_lower, upper=self.is_upper)
+    if self.is_correction != "none" and not self.recompute_old_logp:
+      raise ValueError(
+        f"rl.is_correction={self.is_correction!r} corrects π_old against the sampler's "
+        "log-probs, but rl.recompute_old_logp=False makes π_old the sampler's own log-probs "
+        "(nothing to correct); set recompute_old_logp=True or is_correction='none'."
+      )
     controllers.get(self.controller, **config_lib.to_dict(self.controller_options))
     self.mask_fns()
     self.prepare_hyper(max_new_tokens=max(self.overlong_buffer, 1))
@@ -239,6 +256,7 @@ class RLConfig:
         overlong_buffer=self.overlong_buffer,
         overlong_factor=self.overlong_factor,
       ),
+      importance=importance.is_hyper(lower=self.is_lower, upper=self.is_upper),
     )
 
   def step_hyper(self) -> StepHyper:
@@ -256,6 +274,7 @@ class PrepareHyper:
   adv: advantages.AdvantageHyper
   mask: masks.MaskHyper
   reward: reward_transforms.RewardHyper
+  importance: importance.ISHyper
 
 
 @flax.struct.dataclass
@@ -278,6 +297,9 @@ class RolloutBatch:
   old_logp_NT: jax.Array
   ref_logp_NT: jax.Array
   group_ids_N: jax.Array
+  # Episodes (`episodes`): the model's own tokens among mask_NT, which then also holds
+  # observations (in the forward's context, never trained); None: all of mask_NT.
+  action_mask_NT: jax.Array | None = None
 
 
 @flax.struct.dataclass
@@ -322,20 +344,42 @@ class PolicyLogProbs:
   kl_NT: jax.Array  # The configured estimator of KL(π_old ‖ π_ref) per token, masked.
 
 
+def action_view(rollouts):
+  """The rollouts as everything trained or counted sees them: mask_NT the model's own
+  tokens (`Rollouts.action_mask_NT`) and length_N their count. The identity for
+  single-turn rollouts (action_mask_NT None).
+
+  Multi-turn episodes (`episodes`) put the environment's observation tokens in the context
+  (rollouts.mask_NT: the forwards' position ids and attention need them) but never in a
+  loss, an advantage, a token mask, an aggregation denominator (1/|o_i| counts actions), a
+  length or a metric: `rollout_logprobs` and `finish_prepare` substitute this view once,
+  on entry, and keep the context mask for the forwards only (RolloutBatch.mask_NT).
+  """
+  if rollouts.action_mask_NT is None:
+    return rollouts
+  action_NT = rollouts.action_mask_NT & rollouts.mask_NT
+  return rollouts.replace(
+    mask_NT=action_NT, length_N=jnp.sum(action_NT, axis=-1, dtype=rollouts.length_N.dtype)
+  )
+
+
 def rollout_logprobs(params, ref_params, rollouts, *, cfg: RLConfig, model_fn):
   """Old and reference log-probs, entropy and score norms of a rollout batch.
 
   score_sq_i = Σ_t ‖e_{y_t} − π_t‖² = Σ_t (1 − 2 π_t(y_t) + Σ_v π_t(v)²), the per-sequence
   squared score norm in logit space: the optimal baseline's weight (the form verl's OTB uses).
+  The forwards see the whole context (rollouts.mask_NT); every output is 0 off the tokens
+  the model produced (`action_view`).
   """
-  mask_NT = rollouts.mask_NT
+  mask_NT = action_view(rollouts).mask_NT
   logp = functools.partial(
     logprobs.completion_logprobs,
     prompt_tokens_NP=rollouts.prompt_tokens_NP,
     prompt_mask_NP=rollouts.prompt_mask_NP,
     tokens_NT=rollouts.tokens_NT,
-    mask_NT=mask_NT,
+    mask_NT=rollouts.mask_NT,
     model_fn=model_fn,
+    chunk=cfg.logit_chunk,
   )
   if cfg.recompute_old_logp:
     old_logp_NT, old_stats = logp(params, with_stats=True, with_rank=cfg.needs_rank)
@@ -352,13 +396,14 @@ def rollout_logprobs(params, ref_params, rollouts, *, cfg: RLConfig, model_fn):
   else:
     ref_logp_NT = jnp.zeros_like(old_logp_NT)
     kl_NT = jnp.zeros_like(old_logp_NT)
+  only = lambda x_NT: None if x_NT is None else jnp.where(mask_NT, x_NT, jnp.zeros_like(x_NT))
   return PolicyLogProbs(
-    old_logp_NT=old_logp_NT,
-    entropy_NT=entropy_NT,
+    old_logp_NT=only(old_logp_NT),
+    entropy_NT=only(entropy_NT),
     score_sq_N=score_sq_N,
     score_sq_NT=score_sq_NT,
-    rank_NT=rank_NT,
-    ref_logp_NT=ref_logp_NT,
+    rank_NT=only(rank_NT),
+    ref_logp_NT=only(ref_logp_NT),
     kl_NT=kl_NT,
   )
 
@@ -523,8 +568,10 @@ def finish_prepare(
   (`counterfactuals.Provenance`, with cf_cfg and the samples' group_size G): IBPO's
   counterfactual rows in the group-major batch (`_counterfactual_rows`).
 
-  Returns (RolloutBatch, shaped rewards_N, metrics).
+  Returns (RolloutBatch, shaped rewards_N, metrics). Episodes' observation tokens stay in
+  the batch's context (RolloutBatch.mask_NT) and out of everything else (`action_view`).
   """
+  context_NT, rollouts = rollouts.mask_NT, action_view(rollouts)
   ones_N = jnp.ones(rollouts.group_ids_N.shape, bool)
   scorable_N = ones_N if scorable_N is None else jnp.asarray(scorable_N, bool)
   keep_N = ones_N if keep_N is None else jnp.asarray(keep_N, bool)
@@ -552,22 +599,42 @@ def finish_prepare(
   loss_mask_NT, mask_stats = loss_mask(lp, rollouts, adv_NT, valid_N, hyper, cfg=cfg)
   if own_NT is not None:  # A branch's prefix is its parent's: never trained twice.
     loss_mask_NT = loss_mask_NT & own_NT
+  adv_NT, loss_mask_NT, is_stats = behaviour_correction(
+    lp, rollouts, adv_NT, loss_mask_NT, hyper, cfg=cfg
+  )
   batch = RolloutBatch(
     prompt_tokens_NP=rollouts.prompt_tokens_NP,
     prompt_mask_NP=rollouts.prompt_mask_NP,
     tokens_NT=rollouts.tokens_NT,
-    mask_NT=rollouts.mask_NT,
+    mask_NT=context_NT,
     loss_mask_NT=loss_mask_NT,
     adv_NT=adv_NT,
     old_logp_NT=lp.old_logp_NT,
     ref_logp_NT=lp.ref_logp_NT,
     group_ids_N=rollouts.group_ids_N,
+    action_mask_NT=rollouts.action_mask_NT,
   )
   metrics = prepare_metrics(lp, rollouts, adv_NT, rewards_N, correct_N, cfg=cfg)
   metrics |= estimator_metrics(lp, rollouts, rewards_N, valid_N, hyper, success_N, cfg=cfg, **ctx)
   metrics["unscorable_frac"] = 1.0 - jnp.mean(scorable_N.astype(jnp.float32))
   metrics["excluded_frac"] = 1.0 - jnp.mean((valid_N | ~keep_N).astype(jnp.float32))
-  return batch, rewards_N, {**metrics, **mask_stats, **cf_stats}
+  return batch, rewards_N, {**metrics, **mask_stats, **cf_stats, **is_stats}
+
+
+def behaviour_correction(lp: PolicyLogProbs, rollouts, adv_NT, loss_mask_NT, hyper, *, cfg):
+  """The configured behaviour-policy correction (`importance`, rl.is_correction) folded
+  into the batch: A_t ← w_t·A_t (each policy loss is positively homogeneous in A, so this
+  weights each token's policy loss by w_t) and the tokens it drops leave the loss mask.
+  Also the sampler–trainer mismatch metrics ("offpolicy/...") over the trained tokens,
+  whenever π_old is recomputed (otherwise π_old is the sampler's: no mismatch to see)."""
+  if not cfg.recompute_old_logp:
+    return adv_NT, loss_mask_NT, {}
+  old_NT, behav_NT = lp.old_logp_NT, rollouts.policy_logp_NT
+  w_NT, keep_NT = importance.get(cfg.is_correction)(
+    old_NT, behav_NT, loss_mask_NT, hyper.importance
+  )
+  stats = importance.mismatch_metrics(old_NT, behav_NT, loss_mask_NT, w_NT, keep_NT)
+  return adv_NT * w_NT, keep_NT, stats  # w = 1 off the kept tokens.
 
 
 def _counterfactual_rows(
@@ -645,6 +712,7 @@ def token_terms(params, mb: RolloutBatch, hyper: StepHyper, *, cfg: RLConfig, mo
     mb.mask_NT,
     model_fn=model_fn,
     with_stats=True,
+    chunk=cfg.logit_chunk,
   )
   ent_NT = stats["entropy"]
   m_NT = mb.loss_mask_NT
@@ -919,8 +987,9 @@ def update(
   e·M + m trains on rows idx[e, m]. Pure and jittable. Returns (state, idx_EMb, metrics)
   where every metric is stacked over the E·M steps ([E·M] arrays, step order).
   """
-  adv_N = advantages.sequence_advantage(batch.adv_NT, batch.mask_NT)
-  lengths_N = jnp.sum(batch.mask_NT, axis=1, dtype=jnp.int32)
+  acted_NT = batch.mask_NT if batch.action_mask_NT is None else batch.action_mask_NT
+  adv_N = advantages.sequence_advantage(batch.adv_NT, acted_NT)
+  lengths_N = jnp.sum(batch.mask_NT, axis=1, dtype=jnp.int32)  # Compute: the whole context.
   idx_EMb = plan_fn(key, batch.group_ids_N, adv_N, lengths_N)
   E, M, b = idx_EMb.shape
 

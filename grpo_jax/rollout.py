@@ -125,18 +125,15 @@ def collect(
   previous update ran on the device. Shapes are always B·G rows."""
   rl_cfg, G = setup.rl_cfg, setup.sampler_cfg.group_size
   parts, scores, seconds, n_varying = [], [], {"sample": 0.0, "reward": 0.0}, 0
+  dispatch, played = not rl_cfg.dynamic_sampling and not setup.counterfactual.enabled, []
   for g in range(rl_cfg.max_gen_batches if rl_cfg.dynamic_sampling else 1):
     drawn = prefetched if prefetched and prefetched.index == index else draw(setup, fns, index)
     index += setup.loop.prompts_per_step
-    t0 = time.perf_counter()
-    rollouts = fns.sample(params, drawn.prompts, jax.random.fold_in(key, g), setup.sampling_hyper)
-    rollouts = jax.block_until_ready(rollouts)
-    t1 = time.perf_counter()
-    if not rl_cfg.dynamic_sampling and not setup.counterfactual.enabled:
-      logprobs = fns.logprobs(params, ref_params, rollouts)  # Async: overlaps the scoring.
-    scores.append(score(setup, pool, drawn.examples, rollouts.tokens_NT, group=G))
-    seconds["sample"] += t1 - t0
-    seconds["reward"] += time.perf_counter() - t1
+    rollouts, got, logprobs, episode_metrics = sample_and_score(
+      setup, fns, pool, params, ref_params, drawn, jax.random.fold_in(key, g), dispatch, seconds
+    )
+    scores.append(got)
+    played.append(episode_metrics)
     parts.append(rollouts)
     last = scores[-1]
     n_varying += int(
@@ -150,6 +147,7 @@ def collect(
     "accuracy": float(np.concatenate([s.correct_N for s in scores]).mean()),
     "reward_errors": sum(s.errors for s in scores),
     "reward_timeouts": sum(s.timeouts for s in scores),
+    **{k: float(np.mean([m[k] for m in played])) for k in played[0]},  # Episodes' (means).
   }
   valid_N = np.ones(setup.rollout_rows, bool)
   if setup.counterfactual.enabled:
@@ -163,6 +161,52 @@ def collect(
   rollouts, picked, valid_N, dynamic = _select(setup, parts, scores)
   logprobs = fns.logprobs(params, ref_params, rollouts)
   return Collected(rollouts, logprobs, picked, valid_N, index, {**metrics, **dynamic}, seconds)
+
+
+def sample_and_score(
+  setup: config.Setup, fns, pool, params, ref_params, drawn: Drawn, key, dispatch: bool, seconds
+):
+  """One generation batch: (rollouts, Scores, logprobs, episode metrics). Single-turn: the
+  sampler, then (with `dispatch`) the old/ref log-prob forwards dispatched before the host
+  scores rewards, so they overlap; logprobs is None without `dispatch`. Episodes
+  (config.env): `play`. Adds the phases' seconds to `seconds`."""
+  if setup.episodes is not None:
+    rollouts, scores, metrics = play(setup, fns, params, drawn, key, seconds)
+    logprobs = fns.logprobs(params, ref_params, rollouts) if dispatch else None
+    return rollouts, scores, logprobs, metrics
+  t0 = time.perf_counter()
+  rollouts = fns.sample(params, drawn.prompts, key, setup.sampling_hyper)
+  rollouts = jax.block_until_ready(rollouts)
+  t1 = time.perf_counter()
+  logprobs = fns.logprobs(params, ref_params, rollouts) if dispatch else None  # Async.
+  scores = score(
+    setup, pool, drawn.examples, rollouts.tokens_NT, group=setup.sampler_cfg.group_size
+  )
+  seconds["sample"] += t1 - t0
+  seconds["reward"] += time.perf_counter() - t1
+  return rollouts, scores, logprobs, {}
+
+
+def play(setup: config.Setup, fns, params, drawn: Drawn, key, seconds: dict):
+  """G episodes per drawn prompt with the environment (`episodes`): (rollouts, Scores,
+  "episode/..." metrics). The reward is the episode's sum of step rewards; an episode
+  whose environment raised is unscorable. Adds "sample" (the jitted pieces) and "env" (the
+  host's environment steps) seconds."""
+  n = drawn.prompts.tokens_BP.shape[0]
+  got = fns.episodes.run(
+    params, drawn.prompts, [drawn.examples[b] for b in range(n)], key, setup.sampling_hyper
+  )
+  for phase, s in got.seconds.items():
+    seconds[phase] = seconds.get(phase, 0.0) + s
+  scores = Scores(
+    got.reward_N.astype(np.float32),
+    np.zeros(len(got.reward_N), np.float32),
+    got.scorable_N,
+    int((~got.scorable_N).sum()),
+    0,
+    got.messages,
+  )
+  return got.rollouts, scores, got.metrics()
 
 
 def with_counterfactuals(

@@ -53,8 +53,16 @@ class SamplerConfig:
   # The training sampler's decode slots, refilled as rows end (`refill`); 0: the static
   # sampler (every row decoded until the longest ends).
   refill_slots: int = 0
+  # The samplers' compute dtype ("": the model's, config.model.dtype), for training rows
+  # and evaluation. A bfloat16 sampler with a float32 trainer is a sampler/trainer
+  # mismatch (rl.is_correction).
+  dtype: str = ""
 
   def __post_init__(self):
+    if self.dtype not in ("", "float32", "bfloat16"):
+      raise ValueError(
+        f"SamplerConfig.dtype={self.dtype!r}; allowed: '' (the model's), 'float32', 'bfloat16'."
+      )
     if self.max_new_tokens < 1:
       raise ValueError(f"SamplerConfig.max_new_tokens must be >= 1, got {self.max_new_tokens}.")
     if self.group_size < 1:
@@ -141,6 +149,10 @@ class Rollouts:
   length_N: jax.Array
   group_ids_N: jax.Array
   num_steps: jax.Array  # decode steps actually run (early stop shows here)
+  # Multi-turn episodes (`episodes`): the model's own tokens among mask_NT, which also
+  # holds the environment's observations (in the context, never trained). None: every
+  # token of mask_NT is the model's (single-turn sampling).
+  action_mask_NT: jax.Array | None = None
 
 
 # ----------------------------------------------------------------------------

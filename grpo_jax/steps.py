@@ -23,8 +23,11 @@ import jax
 from grpo_jax import (
   config,
   counterfactuals,
+  envs,
+  episodes,
   memory,
   model,
+  offpolicy,
   refill,
   rl,
   sampling,
@@ -54,6 +57,15 @@ class Functions:
   cf_generate: Any = None  # counterfactuals.generate: decodes the M rows.
   cf_merge: Any = None  # counterfactuals.merge: the group-major batch and its Provenance.
   cf_samples: Any = None  # The update batch: the samples' rows of a prepared batch.
+  # The off-policy pipeline (config.offpolicy): partial rollouts' segments (None unless
+  # offpolicy.partial is on) and the empty batch they start from.
+  cont: Any = None  # offpolicy.continue_rows.
+  empty: Any = None  # offpolicy.empty_rollouts.
+  # Multi-turn episodes (config.env; None when off): `episodes.Runner`s for the training
+  # group, greedy evaluation and pass@k evaluation.
+  episodes: Any = None
+  episodes_greedy: Any = None
+  episodes_eval: Any = None
 
 
 # Loop fields the compiled functions depend on (with the model, sampler, RL and mesh).
@@ -84,6 +96,8 @@ def functions(setup: config.Setup) -> Functions:
       setup.mesh_cfg,
       setup.counterfactual,
       setup.steps,
+      setup.offpolicy,
+      setup.episodes and (setup.episodes, setup.spec.get("task")),  # The env and its tokenizer.
       jax.devices(),
       [getattr(loop, f) for f in _CACHE_FIELDS],
     )
@@ -99,10 +113,7 @@ def functions(setup: config.Setup) -> Functions:
 def memory_limit(loop: config.LoopConfig) -> float | None:
   """Bytes per device the plan must fit: loop.memory_limit_gib, else the device's own
   limit (jax's memory_stats: GPU, TPU), else None (CPU: no check)."""
-  if loop.memory_limit_gib:
-    return loop.memory_limit_gib * memory.GIB
-  stats = jax.local_devices()[0].memory_stats() or {}
-  return stats.get("bytes_limit")
+  return memory.limit_bytes(loop.memory_limit_gib)
 
 
 def check_memory(setup: config.Setup) -> None:
@@ -162,14 +173,24 @@ def _shardings(setup: config.Setup, layout: sharding.Layout, optimizer, sft_opti
   return _Shardings(layout=layout, params=params, state=state, sft_state=sft_state, ref=ref)
 
 
+def _sampler_model(setup: config.Setup, model_fn):
+  """(model config, model_fn) the samplers run: the model's, in sampler.dtype when set."""
+  mcfg = setup.model_cfg
+  if setup.sampler_cfg.dtype and setup.sampler_cfg.dtype != mcfg.dtype:
+    mcfg = dataclasses.replace(mcfg, dtype=setup.sampler_cfg.dtype)
+    model_fn = model.make_model_fn(mcfg)
+  return mcfg, model_fn
+
+
 def _sampler(
   setup: config.Setup, sh: _Shardings, model_fn, *, group: int, prompts: int, slots: int = 0
 ):
   """`sampling.sample` for `prompts` prompts × `group` rows each; with `slots`, the
-  slot-refill sampler (`refill.sample`)."""
+  slot-refill sampler (`refill.sample`); in sampler.dtype when it is set."""
+  mcfg, model_fn = _sampler_model(setup, model_fn)
   kw = dict(
     model_fn=model_fn,
-    init_cache=functools.partial(model.init_cache, setup.model_cfg),
+    init_cache=functools.partial(model.init_cache, mcfg),
     cfg=dataclasses.replace(setup.sampler_cfg, group_size=group),
   )
   fn = (
@@ -264,13 +285,90 @@ def _rl_functions(setup: config.Setup, sh: _Shardings, model_fn, optimizer) -> d
   )
 
 
+def _layouts(setup: config.Setup) -> tuple[sharding.Layout, sharding.Layout]:
+  """(trainer layout, training sampler's layout): the same mesh over every device, or with
+  offpolicy placement "split" the sampler's first `sampler_devices` devices (data-parallel
+  over them) and the trainer's mesh over the rest."""
+  op = setup.offpolicy
+  if not (op.enabled and op.placement == "split"):
+    layout = sharding.Layout.create(setup.mesh_cfg)
+    return layout, layout
+  devices = jax.devices()
+  k = op.sampler_devices
+  sampler_mesh = sharding.MeshConfig(data=k, fsdp=1, tensor=1, rules=setup.mesh_cfg.rules)
+  return (
+    sharding.Layout.create(setup.mesh_cfg, devices[k:]),
+    sharding.Layout.create(sampler_mesh, devices[:k]),
+  )
+
+
+def _offpolicy_functions(setup: config.Setup, sh: _Shardings, model_fn) -> dict:
+  """Partial rollouts' segment decode and empty start batch, on the sampler's devices."""
+  op, scfg = setup.offpolicy, setup.sampler_cfg
+  if not (op.enabled and op.partial != "off"):
+    return {}
+  B, G = setup.loop.prompts_per_step, scfg.group_size
+  N, rep = B * G, sh.rep
+  mcfg, model_fn = _sampler_model(setup, model_fn)
+  cont = functools.partial(
+    offpolicy.continue_rows,
+    model_fn=model_fn,
+    init_cache=functools.partial(model.init_cache, mcfg),
+    cfg=scfg,
+  )
+  empty = functools.partial(
+    offpolicy.empty_rollouts, group_size=G, max_new_tokens=scfg.max_new_tokens, pad_id=scfg.pad_id
+  )
+  return dict(
+    cont=sharding.Jitted(
+      sh.layout,
+      cont,
+      in_shardings=(sh.params, sh.rollouts(N), sh.rows(N), rep, rep, rep),
+      out_shardings=sh.rollouts(N),
+    ),
+    empty=sharding.Jitted(
+      sh.layout, empty, in_shardings=(sh.rows(B),), out_shardings=sh.rollouts(N)
+    ),
+  )
+
+
+def _episode_runners(setup: config.Setup, model_fn) -> dict:
+  """Multi-turn episode runners (config.env): the training group, greedy evaluation and
+  pass@k evaluation (`episodes.Runner`; its jitted pieces follow the params' shardings),
+  in sampler.dtype when it is set."""
+  cfg, loop, tok = setup.episodes, setup.loop, setup.tokenizer
+  if cfg is None:
+    return {}
+  env_cls = envs.get(cfg.name)
+  mcfg, model_fn = _sampler_model(setup, model_fn)
+  make = functools.partial(
+    episodes.Runner,
+    model_fn=model_fn,
+    init_cache=functools.partial(model.init_cache, mcfg),
+    cfg=cfg,
+    tokenizer=tok,
+    make_env=functools.partial(env_cls, tokenizer=tok, **cfg.kwargs),
+    env_cls=env_cls,
+  )
+  runner = lambda g: make(sampler_cfg=dataclasses.replace(setup.sampler_cfg, group_size=g))  # noqa: E731
+  return dict(
+    episodes=runner(setup.sampler_cfg.group_size),
+    episodes_greedy=runner(1),
+    episodes_eval=runner(loop.eval_samples) if loop.eval_samples else None,
+  )
+
+
 def _build(setup: config.Setup) -> Functions:
   loop, scfg = setup.loop, setup.sampler_cfg
-  layout = sharding.Layout.create(setup.mesh_cfg)
+  layout, sampler_layout = _layouts(setup)
   model_fn = model.make_model_fn(setup.model_cfg)
   optimizer, sft_optimizer = optimizers(loop)
   sh = _shardings(setup, layout, optimizer, sft_optimizer)
   sampler = functools.partial(_sampler, setup, sh, model_fn)
+  sampler_sh = sh
+  if sampler_layout is not layout:
+    sampler_sh = _shardings(setup, sampler_layout, optimizer, sft_optimizer)
+  train_sampler = functools.partial(_sampler, setup, sampler_sh, model_fn)
   return Functions(
     layout=layout,
     param_shardings=sh.params,
@@ -279,7 +377,9 @@ def _build(setup: config.Setup) -> Functions:
     model_fn=model_fn,
     optimizer=optimizer,
     sft_optimizer=sft_optimizer,
-    sample=sampler(group=scfg.group_size, prompts=loop.prompts_per_step, slots=scfg.refill_slots),
+    sample=train_sampler(
+      group=scfg.group_size, prompts=loop.prompts_per_step, slots=scfg.refill_slots
+    ),
     sample_greedy=sampler(group=1, prompts=loop.eval_size),
     sample_eval=sampler(group=loop.eval_samples, prompts=loop.eval_size)
     if loop.eval_samples
@@ -293,4 +393,6 @@ def _build(setup: config.Setup) -> Functions:
     ),
     **_rl_functions(setup, sh, model_fn, optimizer),
     **_counterfactual_functions(setup, sh, model_fn),
+    **_offpolicy_functions(setup, sampler_sh, model_fn),
+    **_episode_runners(setup, model_fn),
   )

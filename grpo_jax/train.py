@@ -57,6 +57,7 @@ from grpo_jax import (
   hf,
   logs,
   model,
+  pipeline,
   rewards,
   rl,
   rollout,
@@ -146,7 +147,7 @@ def run(config_dict, workdir: str | pathlib.Path, *, log=print, on_iteration=Non
       t_start = time.perf_counter()
       preempted = distributed.any_across(s.preempted["set"])  # Every process, or none.
       if preempted or it % setup.loop.checkpoint_every == 0 or it == setup.loop.iterations:
-        _save(s.ckpt, st, accuracy=record.get("eval/greedy_accuracy"))
+        _save(s.ckpt, st, accuracy=record.get("eval/greedy_accuracy"), source=it_loop.source)
         saved = it
       if preempted:
         s.ckpt.wait()
@@ -229,8 +230,9 @@ class _Session:
 _finite = jax.jit(rl.all_finite)
 
 
-def _save(ckpt: checkpoint.Checkpointer, st: RunState, *, accuracy=None) -> None:
-  """Checkpoint st.iteration; a state with a non-finite array is never written."""
+def _save(ckpt: checkpoint.Checkpointer, st: RunState, *, accuracy=None, source=None) -> None:
+  """Checkpoint st.iteration (with the off-policy pipeline's pending buffer, written first:
+  a checkpoint never exists without it); a state with a non-finite array is never written."""
   tree = st.tree()
   if not bool(_finite(tree)):
     bad = [
@@ -243,6 +245,8 @@ def _save(ckpt: checkpoint.Checkpointer, st: RunState, *, accuracy=None) -> None
       f"last checkpoint, {ckpt.latest_step()}, is kept). The train step's guard skips "
       "non-finite updates, so look at what else moves the state (an advantage controller)."
     )
+  if source is not None:
+    source.save(ckpt.directory.parent, st.iteration, keep=ckpt.all_steps())
   ckpt.save(st.iteration, tree, st.meta(), accuracy=accuracy)
 
 
@@ -416,6 +420,7 @@ class _Loop:
   step_hyper: rl.StepHyper
   peak_flops: float
   prefetched: rollout.Drawn | None = None  # The next prompts, drawn during the update.
+  source: pipeline.Source | None = None  # The off-policy pipeline (config.offpolicy).
 
   @classmethod
   def create(cls, setup, fns, pool, workdir, st: RunState, *, resumed_from, log) -> _Loop:
@@ -437,6 +442,9 @@ class _Loop:
       ),
       step_hyper=rl_cfg.step_hyper(),
       peak_flops=setup.loop.peak_flops or flops.matmul_peak(),
+      source=pipeline.Source.create(setup, fns, pool, workdir=workdir, resumed_from=resumed_from)
+      if setup.offpolicy.enabled
+      else None,
     )
 
   def iteration(self, st: RunState, it: int) -> dict:
@@ -444,16 +452,7 @@ class _Loop:
     returns the iteration's metrics record."""
     t0 = time.perf_counter()
     it_key, data_start = jax.random.fold_in(st.key, it), st.data_index
-    got = rollout.collect(
-      self.setup,
-      self.fns,
-      self.pool,
-      st.train.params,
-      st.ref_params,
-      index=st.data_index,
-      key=jax.random.fold_in(it_key, 0),
-      prefetched=self.prefetched,
-    )
+    got = self._collect(st, it, it_key)
     st.data_index = got.next_index
     t1 = time.perf_counter()
     batch, stats = self._prepare(st, got)
@@ -471,6 +470,22 @@ class _Loop:
       record.update(self._evaluate(st, it, jax.random.fold_in(it_key, 2)))
     st.iteration = it
     return record
+
+  def _collect(self, st: RunState, it: int, it_key) -> rollout.Collected:
+    """The iteration's scored batch: sampled now by the current params, or taken from the
+    off-policy pipeline (sampled by older params while earlier updates ran)."""
+    if self.source is not None:
+      return self.source.take(st, it)
+    return rollout.collect(
+      self.setup,
+      self.fns,
+      self.pool,
+      st.train.params,
+      st.ref_params,
+      index=st.data_index,
+      key=jax.random.fold_in(it_key, 0),
+      prefetched=self.prefetched,
+    )
 
   def _prepare(self, st: RunState, got: rollout.Collected):
     """Advantages, token masks and prepare metrics, once the rewards are in."""
@@ -507,7 +522,10 @@ class _Loop:
     # The controller moves the advantage hyperparameters (arrays: no recompile).
     adv_hyper, st.controller = self.controller(st.prep_hyper.adv, st.controller, stats)
     st.prep_hyper = st.prep_hyper.replace(adv=adv_hyper)
-    self.prefetched = rollout.draw(self.setup, self.fns, st.data_index)
+    if self.source is not None:  # Score the batches sampled before the update, meanwhile.
+      self.source.while_updating()
+    else:
+      self.prefetched = rollout.draw(self.setup, self.fns, st.data_index)
     return jax.device_get(history)  # Blocks until the update is done.
 
   def _count_nonfinite(self, st: RunState, flags, *, iteration: int) -> int:

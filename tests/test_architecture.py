@@ -130,6 +130,7 @@ _VARIANTS = {
   "arithmetic.py": ("tiny", "full"),
   "countdown.py": ("tiny", "full"),
   "long_addition.py": ("tiny", "full"),
+  "calculator.py": ("tiny", "full"),
   "ibpo.py": ("tiny", "trie", "grpo", "hint", "repair"),
   "remedies.py": ("tiny", *_config_module("remedies.py").REMEDIES),
   "gsm8k_qwen.py": ("tiny", "0.5b", "1.5b"),

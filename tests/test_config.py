@@ -168,7 +168,9 @@ def test_config_json_records_every_section(tmp_path):
     "sampler",
     "sampling",
     "rl",
+    "offpolicy",
     "mesh",
     "diagnostics",
     "counterfactual",
+    "env",
   }

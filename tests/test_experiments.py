@@ -93,3 +93,40 @@ def test_bench_rl_iteration_reports_every_phase_per_dtype():
     assert 0 < d["mfu_update"] < 1 and 0 < d["mfu_iteration"] < 1
     assert 0 <= d["sample_pad_frac"] < 1 and 0 <= d["update_pad_frac"] < 1
     assert len(d["iterations"]) == 2
+    assert d["memory_bandwidth_bytes_per_s"] > 0 and d["decode_roofline_tokens_per_s"] > 0
+    assert d["decode_of_roofline"] == pytest.approx(
+      d["sample_tokens_per_s"] / d["decode_roofline_tokens_per_s"]
+    )
+
+
+def test_mismatch_reports_the_sampler_trainer_gap_per_sampler_dtype():
+  import mismatch  # noqa: PLC0415
+
+  r = mismatch.main(["--quick"])
+  f32, bf16 = r["sampler_float32"], r["sampler_bfloat16"]
+  assert f32["mismatch_k3"] < 1e-6 and f32["max_abs_log_ratio"] < 1e-4  # CPU: same numerics.
+  assert bf16["mismatch_k3"] > f32["mismatch_k3"] and bf16["max_abs_log_ratio"] > 1e-3
+  assert bf16["ratio_p01"] <= bf16["ratio_p50"] <= bf16["ratio_p99"]
+
+
+def test_bench_offpolicy_reports_every_mode():
+  """Two host devices, in a fresh process: sync, overlapped shared and split."""
+  r = subproc.run(
+    [
+      ROOT / "experiments" / "bench_offpolicy.py",
+      "--iterations",
+      "3",
+      "--prompts",
+      "4",
+      "--d_model",
+      "32",
+    ],
+    devices=2,
+  )
+  out = json.loads(r.stdout.strip().splitlines()[-1])
+  for mode in ("sync", "async_shared", "async_split"):
+    assert out[mode]["iteration_s"] > 0, mode
+  assert out["async_split"]["reward_overlap_s"] >= 0
+  assert out["speedup_async_split"] == pytest.approx(
+    out["sync"]["iteration_s"] / out["async_split"]["iteration_s"]
+  )

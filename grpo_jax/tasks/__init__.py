@@ -1,20 +1,24 @@
 """Verifiable tasks, picked by name: ``tasks.get("arithmetic", max_digits=3)``.
 
 Toy tasks (character tokenizer, problems drawn from a seed): "arithmetic", "countdown",
-"long_addition" (multi-step: one line per column with carries).
+"long_addition" (multi-step: one line per column with carries), "calculator" (multi-step
+expressions solved with a calculator tool: `envs.calculator`).
 Dataset tasks (a Hugging Face tokenizer, problems from TFDS): "math" (GSM8K, MATH,
-MATH-500, your own JSONL/Parquet files; verified by `math_verify`).
+MATH-500, your own JSONL/Parquet files; verified by `math_verify`); "code" (Python functions
+with hidden unit tests, run in `sandbox`: shipped problems, MBPP or HumanEval JSONL).
 """
 
 from grpo_jax import registry
-from grpo_jax.tasks import arithmetic, countdown, long_addition, math
+from grpo_jax.tasks import arithmetic, calculator, code, countdown, long_addition, math
 from grpo_jax.tasks.base import SPLITS, TOY_ALPHABET, Example, Task, split_of
 
 REGISTRY: registry.Registry[type[Task]] = registry.Registry("task")
 REGISTRY.register("arithmetic")(arithmetic.Arithmetic)
+REGISTRY.register("calculator")(calculator.Calculator)
 REGISTRY.register("countdown")(countdown.Countdown)
 REGISTRY.register("long_addition")(long_addition.LongAddition)
 REGISTRY.register("math")(math.MathTask)
+REGISTRY.register("code")(code.CodeTask)
 
 
 def get(name: str, **kwargs) -> Task:

@@ -1,0 +1,21 @@
+"""Environments for multi-turn episodes (`episodes`), picked by name: config.env.name.
+
+  env_cls = envs.get("calculator")
+  env = env_cls(tokenizer=tok, **config.env.kwargs)      # one per episode
+
+"calculator": a calculator tool for the "calculator" task's multi-step problems.
+"""
+
+from grpo_jax import registry
+from grpo_jax.envs import calculator
+
+REGISTRY = registry.Registry("environment")
+REGISTRY.register("calculator")(calculator.Calculator)
+
+
+def get(name: str):
+  """The environment class registered as `name`."""
+  return REGISTRY.get(name)
+
+
+__all__ = ["REGISTRY", "get"]

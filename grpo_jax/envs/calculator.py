@@ -1,0 +1,51 @@
+"""A calculator tool: the model calls it on sub-expressions, then states the answer.
+
+  action "T:12+34="  ->  observation "46;"   (reward 0, the episode goes on)
+  action "A:322."    ->  done, reward 1 if 322 is the example's answer, else 0
+
+A turn ends at "=" (a tool call; `stop_text`) or at EOS (the answer). The tool evaluates
+the call's expression with the safe parser `tasks.expr` (integers, + - * / and
+parentheses, never `eval`): "?;" answers an expression it cannot read or whose value is
+not an integer. Any other action ends the episode with reward 0. Problems and reference
+transcripts come from the "calculator" task (`tasks.calculator`).
+"""
+
+from __future__ import annotations
+
+import re
+
+from grpo_jax import episodes
+from grpo_jax.tasks import expr
+
+_CALL = re.compile(r"^T:(.+)=$")
+_ANSWER = re.compile(r"^A:(-?\d+)\.$")
+
+
+class Calculator(episodes.Environment):
+  stop_text = ("=",)
+
+  def __init__(self, *, tokenizer):
+    super().__init__(tokenizer=tokenizer)
+    self.answer = None
+
+  def reset(self, example) -> list[int]:
+    self.answer = int(example.answer)
+    return []
+
+  @staticmethod
+  def calculate(expression: str) -> str:
+    """The tool's answer text: "<value>;", or "?;" when it has no integer value."""
+    try:
+      value, _ = expr.evaluate(expression)
+    except expr.ExprError:
+      return "?;"
+    return f"{value.numerator};" if value.denominator == 1 else "?;"
+
+  def step(self, action: str) -> episodes.Step:
+    call = _CALL.match(action)
+    if call:
+      return episodes.Step(observation=tuple(self.tokenizer.encode(self.calculate(call.group(1)))))
+    answer = _ANSWER.match(action)
+    return episodes.Step(
+      reward=float(answer is not None and int(answer.group(1)) == self.answer), done=True
+    )

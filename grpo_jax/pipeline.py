@@ -1,0 +1,248 @@
+"""The off-policy rollout source: batches in flight, sampled by older params (`offpolicy`).
+
+    source = pipeline.Source.create(setup, fns, pool, workdir=w, resumed_from=step)
+    got = source.take(st, it)       # batch it, finished and scored; π_old forwards dispatched
+    ...                             # the trainer prepares and dispatches the update
+    source.while_updating()         # scores the batches started this iteration
+    source.save(workdir, it)        # the pending buffer, next to checkpoint `it`
+
+`take` starts the batches up to it + s (sampled by θ_{it−1}, dispatched before the
+update so that, queued first, they run while the trainer's work waits behind them, or in
+parallel with placement "split"), decodes one segment of each in-flight batch with
+partial rollouts, finishes batch it, and dispatches its π_old / π_ref forwards under the
+trainer's current params. Rows staler than s follow offpolicy.stale (`offpolicy`).
+
+Resume. The pending buffer (in-flight rollouts with their per-token params versions and
+scores) is written to workdir/pending/<step>.npz with each checkpoint, so a run killed
+in async mode resumes with the batches it had in flight, and its metrics equal an
+uninterrupted run's. A checkpoint without one (a synchronous run's) starts an empty
+pipeline from its data position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax import config, offpolicy, rollout, sampling
+
+_SCORE_FIELDS = ("correct_N", "format_N", "scorable_N")
+
+
+@dataclasses.dataclass
+class InFlight:
+  """One rollout batch in the pipeline: the iteration that trains it and its rows."""
+
+  it: int
+  index: int  # Data position of its first prompt.
+  drawn: rollout.Drawn
+  rollouts: sampling.Rollouts
+  version_NT: np.ndarray  # int32: the params version that sampled each token (−1: none).
+  start_version: int  # The params version when it started.
+  segments: int = 0
+  scores: rollout.Scores | None = None
+
+
+class Source:
+  """The pipelined data source of `train._Loop` when config.offpolicy.enabled."""
+
+  def __init__(self, setup: config.Setup, fns, pool):
+    self.setup, self.fns, self.pool = setup, fns, pool
+    self.cfg = setup.offpolicy
+    self.pending: dict[int, InFlight] = {}
+    self.next_index: int | None = None  # Data position of the next batch to start.
+    self.seconds = {"sample": 0.0, "reward": 0.0}
+    self.overlap_seconds = 0.0
+
+  @classmethod
+  def create(cls, setup: config.Setup, fns, pool, *, workdir, resumed_from: int | None) -> Source:
+    source = cls(setup, fns, pool)
+    path = pending_path(workdir, resumed_from) if resumed_from else None
+    if path is not None and path.exists():
+      source.load(path)
+    return source
+
+  # --- The iteration's batch ----------------------------------------------------------
+
+  def take(self, st, it: int) -> rollout.Collected:
+    """Batch it, finished and scored, with its forwards under st.train.params dispatched."""
+    self.seconds = {"sample": 0.0, "reward": 0.0}
+    version = it - 1
+    if self.next_index is None:
+      self.next_index = st.data_index
+    for j in range(it, it + self.cfg.max_staleness + 1):
+      if j not in self.pending:
+        self.pending[j] = self._start(j, st, version)
+    if self.cfg.partial != "off":
+      for j in sorted(self.pending):
+        if not self._finished(self.pending[j]):
+          self._segment(self.pending[j], st, version)
+    b = self.pending.pop(it)
+    t0 = time.perf_counter()
+    while not self._finished(b):
+      self._segment(b, st, version)
+    self.seconds["sample"] += time.perf_counter() - t0
+    if b.scores is None:
+      self._score(b, "reward")
+    return self._collected(b, st, version)
+
+  def while_updating(self) -> None:
+    """Scores every finished in-flight batch not yet scored (during the update)."""
+    t0 = time.perf_counter()
+    for b in self.pending.values():
+      if b.scores is None and (self.cfg.partial == "off" or self._finished(b)):
+        self._score(b, None)
+    self.overlap_seconds = time.perf_counter() - t0
+
+  def _start(self, j: int, st, version: int) -> InFlight:
+    """Batch j: its prompts, and with partial off its rows sampled by st.train.params."""
+    B = self.setup.loop.prompts_per_step
+    index, self.next_index = self.next_index, self.next_index + B
+    drawn = rollout.draw(self.setup, self.fns, index)
+    T = self.setup.sampler_cfg.max_new_tokens
+    N = B * self.setup.sampler_cfg.group_size
+    if self.cfg.partial == "off":
+      t0 = time.perf_counter()
+      rollouts = self.fns.sample(
+        st.train.params, drawn.prompts, batch_key(st.key, j), self.setup.sampling_hyper
+      )
+      self.seconds["sample"] += time.perf_counter() - t0
+      version_NT = np.full((N, T), version, np.int32)
+      return InFlight(j, index, drawn, rollouts, version_NT, version, segments=1)
+    rollouts = self.fns.empty(drawn.prompts)
+    return InFlight(j, index, drawn, rollouts, np.full((N, T), -1, np.int32), version)
+
+  def _finished(self, b: InFlight) -> bool:
+    return self.cfg.partial == "off" or bool(jnp.all(offpolicy.finished(b.rollouts)))
+
+  def _segment(self, b: InFlight, st, version: int) -> None:
+    """One segment of a partial batch under st.train.params (version): with "restart",
+    unfinished rows that hold tokens of another version are emptied first."""
+    before_NT = np.asarray(b.rollouts.mask_NT)
+    rows = b.rollouts
+    if self.cfg.partial == "restart":
+      stale_N = np.any(before_NT & (b.version_NT != version), axis=1)
+      reset_N = stale_N & ~np.asarray(offpolicy.finished(rows))
+      if reset_N.any():
+        rows = offpolicy.restart_rows(
+          rows, jnp.asarray(reset_N), pad_id=self.setup.sampler_cfg.pad_id
+        )
+        b.version_NT[reset_N] = -1
+        before_NT = np.asarray(rows.mask_NT)
+    live_N = ~offpolicy.finished(rows)
+    steps = self.cfg.segment(self.setup.sampler_cfg.max_new_tokens)
+    key = jax.random.fold_in(batch_key(st.key, b.it), 1 + b.segments)
+    b.rollouts = self.fns.cont(
+      st.train.params, rows, live_N, jnp.int32(steps), key, self.setup.sampling_hyper
+    )
+    new_NT = np.asarray(b.rollouts.mask_NT) & ~before_NT
+    b.version_NT[new_NT] = version
+    b.segments += 1
+
+  def _score(self, b: InFlight, phase: str | None) -> None:
+    t0 = time.perf_counter()
+    G = self.setup.sampler_cfg.group_size
+    b.scores = rollout.score(self.setup, self.pool, b.drawn.examples, b.rollouts.tokens_NT, group=G)
+    if phase:
+      self.seconds[phase] += time.perf_counter() - t0
+
+  # --- What the trainer gets --------------------------------------------------------
+
+  def staleness(self, b: InFlight, version: int) -> np.ndarray:
+    """Per row: version − the version of its oldest token (rows with none: of its start)."""
+    mask_NT = np.asarray(b.rollouts.mask_NT)
+    oldest_N = np.where(mask_NT, b.version_NT, np.iinfo(np.int32).max).min(axis=1)
+    oldest_N = np.where(mask_NT.any(axis=1), oldest_N, b.start_version)
+    return version - oldest_N
+
+  def _collected(self, b: InFlight, st, version: int) -> rollout.Collected:
+    s = self.cfg.max_staleness
+    stale_N = self.staleness(b, version)
+    keep_N = (stale_N <= s) | (self.cfg.stale == "correct")
+    mask_NT = np.asarray(b.rollouts.mask_NT)
+    versions = np.where(mask_NT, b.version_NT, -1)
+    mixed_N = np.array([len(set(r[r >= 0])) > 1 for r in versions])
+    logprobs = self.fns.logprobs(st.train.params, st.ref_params, b.rollouts)
+    sc = b.scores
+    metrics = {
+      "accuracy": float(np.mean(sc.correct_N)),
+      "reward_errors": sc.errors,
+      "reward_timeouts": sc.timeouts,
+      "offpolicy/staleness_mean": float(stale_N.mean()),
+      "offpolicy/staleness_max": int(stale_N.max()),
+      "offpolicy/stale_frac": float(np.mean(stale_N > s)),
+      "offpolicy/stale_dropped_frac": float(np.mean(~keep_N)),
+      "offpolicy/mixed_version_frac": float(mixed_N.mean()),
+      "offpolicy/segments": b.segments,
+      "offpolicy/in_flight": len(self.pending),
+      "time/reward_overlap": self.overlap_seconds,
+    }
+    B = self.setup.loop.prompts_per_step
+    return rollout.Collected(
+      b.rollouts, logprobs, sc, keep_N, b.index + B, metrics, dict(self.seconds)
+    )
+
+  # --- Resume -----------------------------------------------------------------------
+
+  def save(self, workdir, step: int, *, keep: list[int]) -> None:
+    """Writes the pending buffer for checkpoint `step` (atomically), and removes the files
+    of steps no longer in `keep` (the checkpoints on disk)."""
+    d = pathlib.Path(workdir) / "pending"
+    d.mkdir(parents=True, exist_ok=True)
+    arrays = {"next_index": np.asarray(self.next_index if self.next_index is not None else -1)}
+    for j, b in self.pending.items():
+      fields = {f.name: getattr(b.rollouts, f.name) for f in dataclasses.fields(sampling.Rollouts)}
+      for name, x in jax.device_get(fields).items():
+        if x is not None:  # Optional fields left out (they load as None).
+          arrays[f"{j}/rollouts/{name}"] = np.asarray(x)
+      arrays[f"{j}/meta"] = np.asarray([b.index, b.start_version, b.segments], np.int64)
+      arrays[f"{j}/version_NT"] = b.version_NT
+      if b.scores is not None:
+        for name in _SCORE_FIELDS:
+          arrays[f"{j}/scores/{name}"] = np.asarray(getattr(b.scores, name))
+        arrays[f"{j}/scores/counts"] = np.asarray([b.scores.errors, b.scores.timeouts])
+    tmp = d / f"{step}.tmp.npz"
+    np.savez(tmp, **arrays)
+    tmp.replace(pending_path(workdir, step))
+    for f in d.glob("*.npz"):
+      if f.stem.isdigit() and int(f.stem) not in keep and int(f.stem) != step:
+        f.unlink()
+
+  def load(self, path: pathlib.Path) -> None:
+    with np.load(path) as z:
+      arrays = {k: z[k] for k in z.files}
+    nxt = int(arrays.pop("next_index"))
+    self.next_index = None if nxt < 0 else nxt
+    for j in sorted({int(k.split("/")[0]) for k in arrays}):
+      index, start_version, segments = (int(x) for x in arrays[f"{j}/meta"])
+      rollouts = sampling.Rollouts(
+        **{
+          f.name: jnp.asarray(arrays[f"{j}/rollouts/{f.name}"])
+          for f in dataclasses.fields(sampling.Rollouts)
+          if f"{j}/rollouts/{f.name}" in arrays
+        }
+      )
+      scores = None
+      if f"{j}/scores/counts" in arrays:
+        errors, timeouts = (int(x) for x in arrays[f"{j}/scores/counts"])
+        scores = rollout.Scores(
+          *(arrays[f"{j}/scores/{n}"] for n in _SCORE_FIELDS), errors=errors, timeouts=timeouts
+        )
+      drawn = rollout.draw(self.setup, self.fns, index)
+      self.pending[j] = InFlight(
+        j, index, drawn, rollouts, arrays[f"{j}/version_NT"].copy(), start_version, segments, scores
+      )
+
+
+def pending_path(workdir, step: int) -> pathlib.Path:
+  return pathlib.Path(workdir) / "pending" / f"{step}.npz"
+
+
+def batch_key(run_key, it: int):
+  """The sampling key of iteration it's batch: the synchronous loop's (`train._Loop`)."""
+  return jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(run_key, it), 0), 0)

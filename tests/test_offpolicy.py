@@ -1,0 +1,254 @@
+"""The off-policy pipeline (`offpolicy`, `pipeline`): the synchronous schedule at s = 0,
+rows s updates stale, stale rows never trained uncorrected, partial rollouts' per-segment
+log-probs, async resume, sampler/trainer device split, and bad configs."""
+
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax import config, logprobs, model, offpolicy, pipeline, steps, train
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "configs"))
+import arithmetic  # noqa: E402
+import runs  # noqa: E402
+import subproc  # noqa: E402
+
+# Keys only the pipeline writes, and the mismatch keys (present in both runs).
+PIPELINE_KEYS = (
+  "offpolicy/staleness",
+  "offpolicy/stale",
+  "offpolicy/mixed",
+  "offpolicy/segments",
+  "offpolicy/in_flight",
+)
+
+
+def _tiny(*, iterations=4, **sections):
+  """A run that learns within 4 iterations (so params change and staleness matters)."""
+  c = arithmetic.get_config("tiny")
+  c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64)
+  c.sampler.group_size = 4
+  c.task.kwargs.max_digits = 1
+  c.update(prompts_per_step=4, iterations=iterations, warmstart_steps=120, warmstart_batch=16)
+  c.update(eval_every=100, eval_size=8, eval_samples=0, checkpoint_every=2, peak_flops=1e11)
+  c.update(reward_workers=0, progress=False, learning_rate=3e-3)
+  for key, value in sections.items():
+    section, name = key.split("__")
+    c[section][name] = value
+  return c
+
+
+def _run(cfg, workdir, **kw):
+  train.run(cfg, workdir, log=lambda _: None, **kw)
+  return runs.lines(workdir)
+
+
+def _without_pipeline_keys(line):
+  return {k: v for k, v in runs.untimed(line).items() if not k.startswith(PIPELINE_KEYS)}
+
+
+@pytest.fixture(scope="module")
+def sync_run(tmp_path_factory):
+  return _run(_tiny(), tmp_path_factory.mktemp("sync"))
+
+
+def test_async_at_staleness_0_gives_the_synchronous_metrics_bit_for_bit(sync_run, tmp_path):
+  got = _run(_tiny(offpolicy__enabled=True), tmp_path)
+  assert [_without_pipeline_keys(x) for x in got] == [_without_pipeline_keys(x) for x in sync_run]
+  assert [x.get("offpolicy/staleness_max") for x in got[1:]] == [0, 0, 0, 0]
+  # The run learns, so later staleness tests see params that change.
+  assert sync_run[1]["accuracy"] > 0 and sync_run[1]["grad_norm"] > 0
+
+
+@pytest.fixture(scope="module")
+def stale_run(tmp_path_factory):
+  cfg = _tiny(offpolicy__enabled=True, offpolicy__max_staleness=2, rl__is_correction="tis_token")
+  return _run(cfg, tmp_path_factory.mktemp("stale"))
+
+
+def test_rows_are_sampled_s_updates_back_and_the_mismatch_shows(stale_run, sync_run):
+  lines = stale_run[1:]
+  # Batches 1..3 are sampled by θ_0 (the pipeline's start), batch 4 by θ_1.
+  assert [x["offpolicy/staleness_max"] for x in lines] == [0, 1, 2, 2]
+  assert [x["offpolicy/stale_frac"] for x in lines] == [0.0] * 4
+  assert lines[0]["offpolicy/mismatch_k3"] < 1e-6  # Same params, same numerics.
+  assert lines[2]["offpolicy/mismatch_k3"] > 1e-4  # Two updates apart.
+  assert lines[2]["offpolicy/ratio_p01"] < 1 < lines[2]["offpolicy/ratio_p99"]
+  assert lines[2]["offpolicy/is_weight_mean"] != 1.0
+  assert lines[0]["offpolicy/in_flight"] == 2
+  # Iteration 1 trains the same batch as the synchronous run, from the same params.
+  assert lines[0]["accuracy"] == sync_run[1]["accuracy"]
+
+
+def test_a_row_staler_than_the_bound_is_dropped_or_trained_corrected(tmp_path):
+  """A pipeline saved under s = 2 resumes under s = 0: its in-flight batches are 2
+  updates stale. 'drop' trains none of their tokens; 'correct' trains them with TIS."""
+  base = dict(offpolicy__enabled=True, rl__is_correction="tis_token")
+  _run(_tiny(iterations=2, offpolicy__max_staleness=2, **base), tmp_path / "drop")
+  _run(_tiny(iterations=2, offpolicy__max_staleness=2, **base), tmp_path / "correct")
+  assert (tmp_path / "drop" / "pending" / "2.npz").exists()
+  dropped = _run(_tiny(iterations=3, **base), tmp_path / "drop")[3]
+  assert dropped["offpolicy/staleness_max"] == 2 and dropped["offpolicy/stale_frac"] == 1.0
+  assert dropped["offpolicy/stale_dropped_frac"] == 1.0
+  assert dropped["loss_tokens"] == 0 and dropped["grad_norm"] == 0
+  corrected = _run(_tiny(iterations=3, offpolicy__stale="correct", **base), tmp_path / "correct")[3]
+  assert corrected["offpolicy/stale_frac"] == 1.0
+  assert corrected["offpolicy/stale_dropped_frac"] == 0.0
+  assert corrected["loss_tokens"] > 0 and corrected["offpolicy/mismatch_k3"] > 0
+
+
+def test_async_resume_after_a_crash_reproduces_the_uninterrupted_run(tmp_path):
+  """Staleness 1 with partial rollouts: the checkpoint at 2 holds an unfinished batch."""
+  cfg = lambda: _tiny(  # noqa: E731
+    offpolicy__enabled=True,
+    offpolicy__max_staleness=2,
+    offpolicy__partial="continue",
+    offpolicy__segment_tokens=3,
+    rl__is_correction="tis_token",
+  )
+  ref = _run(cfg(), tmp_path / "ref")
+
+  def crash(it, record):
+    if it == 3:
+      raise RuntimeError("simulated crash")
+
+  with pytest.raises(RuntimeError, match="simulated crash"):
+    _run(cfg(), tmp_path / "run", on_iteration=crash)
+  resumed = _run(cfg(), tmp_path / "run")
+  assert [x["iteration"] for x in resumed] == [0, 1, 2, 3, 4]
+  assert [runs.untimed(x) for x in resumed] == [runs.untimed(x) for x in ref]
+  assert max(x["offpolicy/mixed_version_frac"] for x in ref[1:]) > 0  # Partial rows exist.
+
+
+@pytest.fixture(scope="module")
+def pieces():
+  """The functions of a partial-rollout config and two different params."""
+  setup = config.build(
+    _tiny(offpolicy__enabled=True, offpolicy__max_staleness=2, offpolicy__partial="continue")
+  )
+  fns = steps.functions(setup)
+  a = model.init(setup.model_cfg, jax.random.key(1))
+  b = model.init(setup.model_cfg, jax.random.key(2))
+  return setup, fns, a, b
+
+
+def test_partial_rollout_logprobs_are_those_of_the_params_of_each_segment(pieces):
+  setup, fns, a, b = pieces
+  from grpo_jax import rollout
+
+  drawn = rollout.draw(setup, fns, 0)
+  rows = fns.empty(drawn.prompts)
+  hyper = setup.sampling_hyper
+  live = lambda r: ~offpolicy.finished(r)  # noqa: E731
+  rows_a = fns.cont(a, rows, live(rows), jnp.int32(3), jax.random.key(5), hyper)
+  first_NT = np.asarray(rows_a.mask_NT)
+  rows_ab = fns.cont(b, rows_a, live(rows_a), jnp.int32(8), jax.random.key(6), hyper)
+  mask_NT = np.asarray(rows_ab.mask_NT)
+  second_NT = mask_NT & ~first_NT
+  assert first_NT.sum() > 0 and second_NT.sum() > 0
+  assert first_NT.sum(axis=1).max() <= 3
+  # Row tokens are contiguous: the continuation starts where the first segment ended.
+  np.testing.assert_array_equal(mask_NT, np.arange(mask_NT.shape[1]) < mask_NT.sum(1)[:, None])
+
+  def forced(params):
+    return np.asarray(
+      logprobs.completion_logprobs(
+        params,
+        rows_ab.prompt_tokens_NP,
+        rows_ab.prompt_mask_NP,
+        rows_ab.tokens_NT,
+        rows_ab.mask_NT,
+        model_fn=fns.model_fn,
+      )[0]
+    )
+
+  got = np.asarray(rows_ab.policy_logp_NT)
+  np.testing.assert_allclose(got[first_NT], forced(a)[first_NT], atol=2e-5)
+  np.testing.assert_allclose(got[second_NT], forced(b)[second_NT], atol=2e-5)
+  assert np.abs(forced(a)[second_NT] - got[second_NT]).max() > 1e-2  # The params differ.
+
+
+def test_restart_empties_rows_unfinished_at_a_params_change(pieces):
+  setup, fns, a, _ = pieces
+  from grpo_jax import rollout
+
+  rows = fns.empty(rollout.draw(setup, fns, 0).prompts)
+  rows = fns.cont(
+    a, rows, ~offpolicy.finished(rows), jnp.int32(2), jax.random.key(5), setup.sampling_hyper
+  )
+  reset_N = ~offpolicy.finished(rows)
+  assert bool(jnp.any(reset_N))
+  out = offpolicy.restart_rows(rows, reset_N, pad_id=setup.sampler_cfg.pad_id)
+  assert int(jnp.sum(out.mask_NT[reset_N])) == 0 and int(jnp.max(out.length_N[reset_N])) == 0
+  assert bool(jnp.all(out.tokens_NT[~reset_N] == rows.tokens_NT[~reset_N]))
+
+
+def test_staleness_of_a_row_is_that_of_its_oldest_token():
+  b = pipeline.InFlight(
+    it=5,
+    index=0,
+    drawn=None,
+    rollouts=type("R", (), {"mask_NT": np.array([[1, 1, 0], [0, 0, 0], [1, 1, 1]], bool)})(),
+    version_NT=np.array([[2, 3, -1], [-1, -1, -1], [4, 4, 4]], np.int32),
+    start_version=3,
+  )
+  source = pipeline.Source.__new__(pipeline.Source)
+  np.testing.assert_array_equal(source.staleness(b, 4), [2, 1, 0])
+
+
+@pytest.mark.parametrize(
+  "sections,match",
+  [
+    (dict(offpolicy__max_staleness=-1), "max_staleness=-1: must be >= 0"),
+    (dict(offpolicy__enabled=True, rl__is_lower=2.0, rl__is_upper=1.0), "0 <= is_lower < is_upper"),
+    (dict(offpolicy__max_staleness=1), "enabled=False"),
+    (
+      dict(offpolicy__enabled=True, rl__dynamic_sampling=True, rl__max_gen_batches=2),
+      "dynamic_sampling",
+    ),
+    (dict(offpolicy__enabled=True, offpolicy__partial="continue"), "needs max_staleness >= 1"),
+    (dict(offpolicy__enabled=True, offpolicy__stale="correct"), "uncorrected"),
+    (dict(offpolicy__enabled=True, offpolicy__placement="split"), "placement='split'"),
+    (
+      dict(offpolicy__enabled=True, offpolicy__partial="later", offpolicy__max_staleness=1),
+      "partial='later'",
+    ),
+  ],
+)
+def test_bad_offpolicy_configs_fail_before_compiling(sections, match):
+  with pytest.raises(config.config_lib.ConfigError, match=match):
+    config.build(_tiny(**sections), n_devices=1)
+
+
+def test_split_placement_runs_the_sampler_on_its_own_device(tmp_path):
+  """Two host devices: the sampler on device 0, the trainer on device 1; the metrics are
+  those of the shared placement (the same programs on the same kind of device)."""
+  script = tmp_path / "split.py"
+  script.write_text(
+    f"""
+import json, sys
+sys.path[:0] = [{str(pathlib.Path(__file__).parent)!r}]
+import jax, test_offpolicy as t, runs
+from grpo_jax import train
+assert jax.device_count() == 2
+out = {{}}
+for placement in ("shared", "split"):
+  c = t._tiny(iterations=2, offpolicy__enabled=True, offpolicy__max_staleness=1,
+              offpolicy__placement=placement)
+  out[placement] = [runs.untimed(x) for x in t._run(c, {str(tmp_path)!r} + "/" + placement)]
+print(json.dumps(out))
+"""
+  )
+  r = subproc.run([script], devices=2)
+  import json
+
+  out = json.loads(r.stdout.strip().splitlines()[-1])
+  assert out["split"][1]["offpolicy/staleness_max"] == 0
+  assert out["split"][2]["offpolicy/staleness_max"] == 1
+  for a, b in zip(out["shared"], out["split"], strict=True):
+    assert abs(a.get("loss", 0) - b.get("loss", 0)) < 1e-5
+    assert a.get("accuracy") == b.get("accuracy")
