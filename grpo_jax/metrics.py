@@ -141,7 +141,8 @@ DEFINITIONS = {
   "time/eval": "Seconds of the held-out evaluation (when it ran).",
   "time/diagnostics": "Seconds of the token-credit diagnostics (config.diagnostics; when they ran): "
   "the params snapshot before the update and the measurements after it.",
-  "tokens_per_s": "Valid completion tokens of the training batch / time/sample.",
+  "tokens_per_s": "The policy's own completion tokens of the training batch (episodes: "
+  "actions, not observations) / time/sample.",
   "perf/mfu": "Model FLOPs of the iteration (grpo_jax.flops: sampling, prepare forwards, "
   "3x forward per update epoch, over the computed padded shapes) / time/iteration / peak FLOP/s.",
   "eval/greedy_accuracy": "Held-out accuracy of greedy completions (first eval_size test problems).",

@@ -809,6 +809,8 @@ def _cut(micro, Tb: int):
   """A micro-batch (RolloutBatch, w) with its completion columns cut to the first Tb."""
   mbk, wk = micro
   cut = {f: getattr(mbk, f)[:, :Tb] for f in _COMPLETION_FIELDS}
+  if mbk.action_mask_NT is not None:  # Episodes.
+    cut["action_mask_NT"] = mbk.action_mask_NT[:, :Tb]
   return mbk.replace(**cut), wk[:, :Tb]
 
 

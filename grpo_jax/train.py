@@ -544,6 +544,7 @@ class _Loop:
     gen_batches = got.metrics.get("dynamic/gen_batches", 1)
     fl = rollout.iteration_flops(self.setup, got.rollouts, gen_batches=gen_batches)
     tokens = float(jnp.sum(got.rollouts.mask_NT))  # Replicated: every process can read it.
+    actions = float(jnp.sum(rl.action_view(got.rollouts).mask_NT))  # Episodes: no observations.
     return {
       "iteration": it,
       "phase": "rl",
@@ -554,7 +555,7 @@ class _Loop:
       "nonfinite_total": st.nonfinite_total,
       **{f"time/{k}": v for k, v in seconds.items()},
       **rollout.padding(got.rollouts, tokens=tokens, slots=self.setup.sampler_cfg.refill_slots),
-      "tokens_per_s": tokens / max(seconds["sample"], 1e-9),
+      "tokens_per_s": actions / max(seconds["sample"], 1e-9),
       "perf/mfu": fl / seconds["iteration"] / self.peak_flops,
     }
 

@@ -131,6 +131,7 @@ _VARIANTS = {
   "countdown.py": ("tiny", "full"),
   "long_addition.py": ("tiny", "full"),
   "calculator.py": ("tiny", "full"),
+  "code_env.py": ("tiny", "qwen"),
   "ibpo.py": ("tiny", "trie", "grpo", "hint", "repair"),
   "remedies.py": ("tiny", *_config_module("remedies.py").REMEDIES),
   "gsm8k_qwen.py": ("tiny", "0.5b", "1.5b"),

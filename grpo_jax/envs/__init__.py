@@ -4,13 +4,15 @@
   env = env_cls(tokenizer=tok, **config.env.kwargs)      # one per episode
 
 "calculator": a calculator tool for the "calculator" task's multi-step problems.
+"code": run the code on the visible tests and revise, then answer (the "code" task).
 """
 
 from grpo_jax import registry
-from grpo_jax.envs import calculator
+from grpo_jax.envs import calculator, code
 
 REGISTRY = registry.Registry("environment")
 REGISTRY.register("calculator")(calculator.Calculator)
+REGISTRY.register("code")(code.CodeRunner)
 
 
 def get(name: str):
