@@ -3,6 +3,7 @@
   python experiments/bench_rl_iteration.py                      # float32 and bfloat16
   python experiments/bench_rl_iteration.py --dtypes float32 --iterations 4
   python experiments/bench_rl_iteration.py --quick              # a small smoke run
+  python experiments/bench_rl_iteration.py --dtypes bfloat16 --sampler_dtype float32
 
 The anchor workload of issue 20 (the Tunix comparison): the Qwen3-shaped model of
 experiments/bench_sampler.py (8 layers, d_model 512, 8 heads / 4 KV, head_dim 64, SwiGLU
@@ -24,7 +25,10 @@ iterations after the first (which compiles) of:
                                                  / the bytes a decode step must read (every
                                                  weight once in the compute dtype, the filled
                                                  KV slots at the mean context); and
-  decode_of_roofline                             sample_tokens_per_s / that roofline
+  decode_of_roofline                             sample_tokens_per_s / that roofline (an
+                                                 accelerator's figure: on a CPU the x + 1
+                                                 pass runs on one thread and understates
+                                                 the bandwidth, so the ratio can pass 1)
   mfu_update, mfu_iteration                      model FLOPs (`grpo_jax.flops`: sampling at
                                                  its decode contexts, the update's forward
                                                  and backward as 3 forwards) / seconds / the
@@ -67,12 +71,14 @@ ANCHOR = dict(
 )
 
 
-def make_config(dtype: str, *, quick: bool):
-  """The anchor workload's trainer config (module docstring)."""
+def make_config(dtype: str, *, quick: bool, sampler_dtype: str = ""):
+  """The anchor workload's trainer config (module docstring); sampler_dtype: the
+  sampler's compute dtype when it differs from the trainer's (sampler.dtype)."""
   import arithmetic  # noqa: PLC0415  (configs/, on sys.path)
 
   c = arithmetic.get_config("tiny")
   c.model.update(ANCHOR, dtype=dtype, param_dtype="float32")
+  c.sampler.dtype = sampler_dtype
   P, T, B, G = 64, 128, 16, 8
   if quick:
     c.model.update(d_model=64, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=32, mlp_dim=128)
@@ -117,10 +123,12 @@ def iteration_flops(setup, *, P: int, T: int, N: int) -> dict:
   return {"sample": sample, "update": update}
 
 
-def run_dtype(dtype: str, *, iterations: int, quick: bool, seed: int = 0) -> dict:
+def run_dtype(
+  dtype: str, *, iterations: int, quick: bool, seed: int = 0, sampler_dtype: str = ""
+) -> dict:
   from grpo_jax import config, flops, rl, steps, train  # noqa: PLC0415
 
-  setup = config.build(make_config(dtype, quick=quick))
+  setup = config.build(make_config(dtype, quick=quick, sampler_dtype=sampler_dtype))
   fns = steps.functions(setup)
   key = jax.random.key(seed)
   params = train.initial_params(setup, fns, jax.random.fold_in(key, 0))
@@ -193,6 +201,9 @@ def main(argv=None) -> dict:
   parser.add_argument("--dtypes", default="float32,bfloat16")
   parser.add_argument("--iterations", type=int, default=4)
   parser.add_argument("--quick", action="store_true")
+  parser.add_argument(
+    "--sampler_dtype", default="", help="the sampler's compute dtype ('': the trainer's)"
+  )
   args = parser.parse_args(argv)
   out = {
     "device": jax.devices()[0].device_kind,
@@ -200,7 +211,10 @@ def main(argv=None) -> dict:
     "workload": "anchor (issue 20)" if not args.quick else "quick",
   }
   for dtype in args.dtypes.split(","):
-    out[dtype] = run_dtype(dtype, iterations=args.iterations, quick=args.quick)
+    out[dtype] = run_dtype(
+      dtype, iterations=args.iterations, quick=args.quick, sampler_dtype=args.sampler_dtype
+    )
+    out[dtype]["sampler_dtype"] = args.sampler_dtype or dtype
     r = out[dtype]
     print(
       f"{dtype}: iteration {r['iteration_s']:.2f} s (sample {r['sample_s']:.2f}, prepare "
