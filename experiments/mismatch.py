@@ -50,8 +50,8 @@ def measure(sampler_dtype: str, *, quick: bool) -> dict:
   rollouts = fns.sample(params, prompts, jax.random.key(1), setup.sampling_hyper)
   lp = fns.logprobs(params, None, rollouts)
   mask = rollouts.mask_NT
-  w, keep = importance.get("none")(lp.old_logp_NT, rollouts.policy_logp_NT, mask, None)
-  m = importance.mismatch_metrics(lp.old_logp_NT, rollouts.policy_logp_NT, mask, w, keep)
+  ones = jnp.ones(mask.shape, jnp.float32)  # No correction: every weight 1, nothing dropped.
+  m = importance.mismatch_metrics(lp.old_logp_NT, rollouts.policy_logp_NT, mask, ones, mask)
   d = importance.log_ratio(lp.old_logp_NT, rollouts.policy_logp_NT, mask)
   out = {k.split("/")[-1]: float(v) for k, v in m.items() if "is_" not in k}
   out["max_abs_log_ratio"] = float(jnp.max(jnp.abs(d)))

@@ -447,16 +447,13 @@ def _build(config, *, n_devices: int | None) -> Setup:
   _check_batch_shapes(loop, rl_cfg, update_group, data_parallel=data_parallel)
   _check_group_estimator(rl_cfg, sampler_cfg.group_size)
   _check_prompt_lengths(task, tok, sampler_cfg, loop)
-  model_cfg, rl_cfg = _resolve_remat(
-    model_cfg, rl_cfg, mesh_cfg, loop, sampler_cfg, n_devices=n_devices, group=update_group
-  )
   rows = loop.prompts_per_step * sampler_cfg.group_size
   if sampler_cfg.refill_slots > rows:
     raise ValueError(
       f"config.sampler.refill_slots={sampler_cfg.refill_slots} exceeds the rows it decodes "
       f"(prompts_per_step × group_size = {rows}); use at most {rows}, or 0 (off)."
     )
-  return Setup(
+  setup = Setup(
     loop=loop,
     task=task,
     tokenizer=tok,
@@ -473,6 +470,7 @@ def _build(config, *, n_devices: int | None) -> Setup:
     steps=steps,
     offpolicy=op,
   )
+  return _resolve_remat(setup, n_devices=n_devices)
 
 
 def _episode_config(setup: Setup) -> episodes.EpisodeConfig | None:
@@ -528,34 +526,24 @@ def _offpolicy_config(d: dict, rl_cfg, cf, sampler_cfg, *, n_devices: int | None
   return op, n_devices
 
 
-def _resolve_remat(model_cfg, rl_cfg, mesh_cfg, loop, sampler_cfg, *, n_devices, group):
+def _resolve_remat(setup: Setup, *, n_devices: int) -> Setup:
   """model.remat = "auto": the fastest of `memory.AUTO_CANDIDATES` (no remat; full remat
-  over scanned layers; that with rl.logit_chunk = 256) whose memory plan fits the device
-  (memory_limit_gib, else the device's own limit; no limit known: no remat)."""
-  if model_cfg.remat != "auto":
-    return model_cfg, rl_cfg
-  optimizer = rl.make_optimizer(
-    lr=loop.learning_rate,
-    warmup_steps=loop.warmup_steps,
-    weight_decay=loop.weight_decay,
-    grad_clip=loop.grad_clip,
+  over scanned layers; that with rl.logit_chunk = 256) whose memory plan
+  (`memory.plan_for`) fits the device (memory_limit_gib, else the device's own limit; no
+  limit known: no remat)."""
+  if setup.model_cfg.remat != "auto":
+    return setup
+
+  def with_(m, r):
+    return dataclasses.replace(setup, model_cfg=m, rl_cfg=r)
+
+  m, r = memory.resolve_auto(
+    setup.model_cfg,
+    setup.rl_cfg,
+    limit=memory.limit_bytes(setup.loop.memory_limit_gib),
+    plan_fn=lambda m, r: memory.plan_for(with_(m, r), n_devices=n_devices),
   )
-
-  def plan_fn(m, r):
-    return memory.plan(
-      m,
-      r,
-      mesh_cfg,
-      n_devices=n_devices,
-      prompts=loop.prompts_per_step,
-      group_size=group,
-      prompt_len=max(sampler_cfg.prompt_buckets),
-      max_new_tokens=sampler_cfg.max_new_tokens,
-      optimizer=optimizer,
-    )
-
-  limit = memory.limit_bytes(loop.memory_limit_gib)
-  return memory.resolve_auto(model_cfg, rl_cfg, limit=limit, plan_fn=plan_fn)
+  return with_(m, r)
 
 
 def _step_splitter(task, tok) -> alignment.StepSplitter:

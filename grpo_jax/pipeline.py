@@ -153,20 +153,25 @@ class Source:
 
   # --- What the trainer gets --------------------------------------------------------
 
+  def versions(self, b: InFlight) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: the params versions of its oldest and newest tokens (rows with none: the
+    batch's start version, twice)."""
+    mask_NT = np.asarray(b.rollouts.mask_NT)
+    any_N = mask_NT.any(axis=1)
+    oldest_N = np.where(mask_NT, b.version_NT, np.iinfo(np.int32).max).min(axis=1)
+    newest_N = np.where(mask_NT, b.version_NT, -1).max(axis=1)
+    return np.where(any_N, oldest_N, b.start_version), np.where(any_N, newest_N, b.start_version)
+
   def staleness(self, b: InFlight, version: int) -> np.ndarray:
     """Per row: version − the version of its oldest token (rows with none: of its start)."""
-    mask_NT = np.asarray(b.rollouts.mask_NT)
-    oldest_N = np.where(mask_NT, b.version_NT, np.iinfo(np.int32).max).min(axis=1)
-    oldest_N = np.where(mask_NT.any(axis=1), oldest_N, b.start_version)
-    return version - oldest_N
+    return version - self.versions(b)[0]
 
   def _collected(self, b: InFlight, st, version: int) -> rollout.Collected:
     s = self.cfg.max_staleness
-    stale_N = self.staleness(b, version)
+    oldest_N, newest_N = self.versions(b)
+    stale_N = version - oldest_N
     keep_N = (stale_N <= s) | (self.cfg.stale == "correct")
-    mask_NT = np.asarray(b.rollouts.mask_NT)
-    versions = np.where(mask_NT, b.version_NT, -1)
-    mixed_N = np.array([len(set(r[r >= 0])) > 1 for r in versions])
+    mixed_N = newest_N != oldest_N
     logprobs = self.fns.logprobs(st.train.params, st.ref_params, b.rollouts)
     sc = b.scores
     metrics = {

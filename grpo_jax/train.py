@@ -544,7 +544,9 @@ class _Loop:
     gen_batches = got.metrics.get("dynamic/gen_batches", 1)
     fl = rollout.iteration_flops(self.setup, got.rollouts, gen_batches=gen_batches)
     tokens = float(jnp.sum(got.rollouts.mask_NT))  # Replicated: every process can read it.
-    actions = float(jnp.sum(rl.action_view(got.rollouts).mask_NT))  # Episodes: no observations.
+    actions = tokens  # The policy's own tokens; episodes leave their observations out.
+    if got.rollouts.action_mask_NT is not None:
+      actions = float(jnp.sum(rl.action_view(got.rollouts).mask_NT))
     return {
       "iteration": it,
       "phase": "rl",
