@@ -1,24 +1,26 @@
-"""IBPO on long addition: GRPO plus implicit process-level advantages from counterfactual
-trajectories (arXiv 2605.16302; README, "IBPO").
+"""IBPO on long addition: process-level credit from a leave-one-out prefix baseline over the
+group's trajectories and counterfactual branches (arXiv 2605.16302; README, "IBPO").
 
-  A_{i,t} = A_i^GRPO + λ·(φ(o_{i,≤t}) − φ(o_{i,<t}))      (rl.advantage = "ibpo")
+  A_{i,t} = (n_g − 1)/n_g · (r_i − b_{i,t}) / (σ_g + ε)        (rl.advantage = "ibpo")
+  b_{i,t} = (1 − λ)·r̄_{−i} + λ·φ_{−i}(o_{i,<t})
 
-φ(s) is the recoverability potential of a prefix s: the mean reward of the group's
-trajectories and counterfactuals through s (a prefix trie), shrunk toward the group mean
-for rarely visited prefixes. Counterfactuals (config.counterfactual) are extra rows per
-group: branches re-sampled from a prefix of a rollout (local repairs of a failed one),
-or samples under a perturbed prompt (hint, paraphrase, repair) with truncated importance
-weights; a counterfactual farther than τ (normalised edit distance) from its parent is a
-full rewrite and is dropped.
+φ_{−i}(s) is the mean reward of the other rows through the prefix s (a prefix trie of the
+group), shrunk toward the parent prefix's value by κ pseudo-counts; the baseline never holds
+the credited rollout, so the gradient stays unbiased (grpo_jax/ibpo.py derives it).
+Counterfactuals (config.counterfactual) are extra rows per group that inform the trie:
+branches re-sampled from a prefix of a rollout, counted only from their cut, or samples under
+a perturbed prompt (hint, paraphrase, repair) with truncated importance weights; one farther
+than τ (normalised edit distance) from its parent is a full rewrite and is dropped.
 
 Command (from the repo root, after `pip install -e .`):
   grpo-jax --config=configs/ibpo.py:tiny --workdir=/tmp/ibpo
   grpo-jax --config=configs/ibpo.py:grpo --workdir=/tmp/ibpo_grpo   # the GRPO arm
 
 Variants (the scale of configs/long_addition.py:tiny, 60 iterations of 16 prompts):
-  tiny: G = 8 samples + C = 4 branches per group, from failed rollouts, cut at a step
-    start (after a ";"), 2 continuations per cut (the Monte-Carlo estimate of φ there);
-    λ = 1, τ = 0.5 (token level), shrink κ = 1; the branches inform φ and are not trained.
+  tiny: G = 8 samples + C = 4 branches per group (2 continuations at each of 2 uniform cuts
+    of rollouts picked uniformly: a plan that looks at a parent only through the prefix it
+    keeps, and its length), informing the trie only; λ, κ, τ as chosen by the tuning grid of
+    claims 10c-10f (experiments/claims.py, IBPO_TUNED; tuned on seeds 100-102).
   trie: the same estimator with G = 10 samples and no counterfactual rows (φ from the
     group alone), at the tiny variant's generated tokens.
   grpo: GRPO with G = 10, about the tiny variant's generated tokens per group (the 4
@@ -27,12 +29,11 @@ Variants (the scale of configs/long_addition.py:tiny, 60 iterations of 16 prompt
     weighted by min(π(o|q)/π(o|q~), 2) (needs the recomputed π_old forward).
 
 Expected result (tiny, 2-core AMD EPYC CPU): greedy accuracy on 128 held-out problems goes
-from about 43% after the warm start to 70-80% after 60 iterations, the same range as
-configs/long_addition.py:tiny, in about 3 minutes; metrics.jsonl logs
-ibpo/kept_pair_frac, ibpo/edit_distance_mean, ibpo/distance_frac/<bin>,
-ibpo/shaping_abs_mean and ibpo/shaping_residual_corr each iteration. Whether IBPO lowers
-the gradient variance or learns faster than GRPO at equal generated tokens is measured
-with 3 seeds by `python experiments/reproduce.py --claims ibpo_variance,ibpo_accuracy`
+from about 43% after the warm start to 60-75% after 60 iterations, in about 3 minutes;
+metrics.jsonl logs ibpo/kept_pair_frac, ibpo/edit_distance_mean, ibpo/distance_frac/<bin>,
+ibpo/comparison_abs_mean and ibpo/terminal_comparison_corr each iteration. Whether IBPO
+lowers the gradient variance or learns faster than GRPO at equal generated tokens is
+measured by `python experiments/reproduce.py --claims ibpo_loo_variance,ibpo_loo_accuracy`
 (README, "Seed claims, reproduced"): those figures, not this docstring, are the result.
 """
 
@@ -46,6 +47,7 @@ long_addition = importlib.util.module_from_spec(_BASE)
 _BASE.loader.exec_module(long_addition)
 
 VARIANTS = ("tiny", "trie", "grpo", "hint", "repair")
+LAMBDA, SHRINK, TAU = 1.0, 4.0, 0.5  # λ, κ, τ (placeholders until the tuning grid has run).
 
 
 def get_config(arg: str = "tiny"):
@@ -55,12 +57,12 @@ def get_config(arg: str = "tiny"):
   if arg == "grpo":
     c.sampler.group_size = 10
     return c
-  c.rl.update(advantage="ibpo", ibpo_lambda=1.0, ibpo_tau=0.5)
-  c.rl.advantage_options = {"base": "grpo", "shrink": 1.0}
+  c.rl.update(advantage="ibpo", ibpo_lambda=LAMBDA, ibpo_tau=TAU)
+  c.rl.advantage_options = {"shrink": SHRINK, "scale": "std"}
   if arg == "trie":
     c.sampler.group_size = 10
     return c
-  c.counterfactual.update(per_group=4, per_rollout=2, branch_from="failed", cut="step")
+  c.counterfactual.update(per_group=4, per_rollout=2, branch_from="all", cut="uniform")
   if arg in ("hint", "repair"):
     c.counterfactual.update(source=arg, per_rollout=1, weighting="truncated_is")
     c.rl.ibpo_is_cap = 2.0

@@ -21,8 +21,8 @@ minutes on a 2-core CPU):
     advantages and negative_token_filter with the "prob" and "batch_shared" criteria
     (2606.17250).
   positive_only: the positive-only arm (rl.token_masks=("positive_only",); 2605.08666).
-  ibpo: rl.advantage="ibpo" (GRPO plus the group's prefix-trie potential shaping, λ =
-    rl.ibpo_lambda = 1; 2605.16302, without counterfactual branching yet).
+  ibpo: rl.advantage="ibpo" (the terminal reward against a leave-one-out prefix baseline
+    from the group's trie, λ = rl.ibpo_lambda = 1; 2605.16302, no counterfactual rows).
 
 Expected result: each variant trains and logs its remedy's own metrics (masked_frac/...,
 m_S / m_F, lambda_f); what each does to accuracy, drift and cancellation at this scale is

@@ -12,9 +12,9 @@ Two parts, printed as one JSON line:
    first (which compiles). extra_share = (IBPO − GRPO) / IBPO: the share of an IBPO
    iteration that IBPO adds.
 2. The pieces IBPO adds to prepare, jitted and timed alone on the merged batch's shape
-   (median of --repeats calls after a warm-up): the prefix trie with the shaping
-   (`ibpo.potential_and_shaping`), the token-level and step-level full-rewrite filter
-   (`counterfactuals.rewrite_filter`: batched Levenshtein on the device, no host loop),
+   (median of --repeats calls after a warm-up): the prefix trie with the leave-one-out
+   baseline and the advantage (`ibpo.advantage`), the token-level and step-level
+   full-rewrite filter (`counterfactuals.rewrite_filter`: batched Levenshtein on the device, no host loop),
    at the tiny shape and at a long-completion shape (64 prompts × 12 rows × 512 tokens)
    to show how they scale.
 """
@@ -78,8 +78,8 @@ def _time(fn, *args, repeats: int) -> float:
 
 
 def piece_seconds(*, B: int, G: int, C: int, T: int, repeats: int) -> dict:
-  """Seconds of the trie + shaping and of the two rewrite filters on a random merged batch
-  of B groups × (G + C) rows × T tokens (a vocabulary of 16 ids, step end id 0)."""
+  """Seconds of the trie + baseline + advantage and of the two rewrite filters on a random
+  merged batch of B groups × (G + C) rows × T tokens (a vocabulary of 16 ids, step end id 0)."""
   from grpo_jax import alignment, counterfactuals, ibpo  # noqa: PLC0415
 
   rng = np.random.default_rng(0)
@@ -97,11 +97,11 @@ def piece_seconds(*, B: int, G: int, C: int, T: int, repeats: int) -> dict:
     own_NT=mask,
     active_N=jnp.ones(N, bool),
   )
-  trie = jax.jit(lambda t, m, r, g: ibpo.potential_and_shaping(t, m, r, g, shrink=1.0))
+  trie = jax.jit(lambda t, m, r, g: ibpo.advantage(t, m, r, g, lam=1.0, eps=1e-6, shrink=1.0)[0])
   out = {
     "rows": N,
     "tokens": T,
-    "trie_shaping": _time(trie, tokens, mask, rewards, groups, repeats=repeats),
+    "trie_advantage": _time(trie, tokens, mask, rewards, groups, repeats=repeats),
   }
   for distance in ("token", "step"):
     f = jax.jit(

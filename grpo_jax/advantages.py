@@ -51,11 +51,14 @@ class AdvantageInputs:
   score_sq_BT: jax.Array | None = None
   # int32 [B, T]: the completion tokens (for estimators that compare trajectories: ibpo).
   tokens_BT: jax.Array | None = None
-  # bool: counterfactual rows that inform ibpo's potential φ but take no part in the base
-  # estimator (and are not trained); f32: every row's weight in φ's trie (importance
+  # bool: counterfactual rows that inform ibpo's trie (its baseline) but are not trained
+  # and take no part in n_g; f32: every row's weight in the trie (importance
   # weights of rows sampled under a perturbed prompt). None: no such rows; weight 1.
   context_B: jax.Array | None = None
   weights_B: jax.Array | None = None
+  # int32: the depth from which each row's tokens are its own draw, so it counts in ibpo's
+  # trie only there (a branch's cut c; 0 for samples). None: 0 everywhere.
+  start_B: jax.Array | None = None
 
   @property
   def success(self) -> jax.Array:
@@ -79,7 +82,8 @@ class AdvantageHyper:
 
   eps: added to std denominators. gamma: REINFORCE++ discount. kl_coef: β of the KL
   folded into REINFORCE++'s reward. lambda_s, lambda_f, std_power, focal_gamma: the
-  sign/difficulty family (`fade`). ibpo_lambda: λ of IBPO's potential-based shaping;
+  sign/difficulty family (`fade`). ibpo_lambda: λ of IBPO's prefix baseline (0: the
+  group's leave-one-out mean, 1: the prefix's);
   ibpo_tau: τ of its full-rewrite filter (counterfactuals at normalised edit distance > τ
   from their parent are dropped); ibpo_is_cap: c of the truncated importance weights
   min(π(o|q)/π(o|q̃), c) of counterfactuals sampled under a perturbed prompt q̃.
@@ -374,49 +378,51 @@ def fade(inputs: AdvantageInputs, hyper: AdvantageHyper):
 
 
 @REGISTRY.register("ibpo")
-def ibpo_shaped(
-  inputs: AdvantageInputs, hyper: AdvantageHyper, *, base: str = "grpo", shrink: float = 0.0
+def ibpo_advantage(
+  inputs: AdvantageInputs, hyper: AdvantageHyper, *, shrink: float = 0.0, scale: str = "std"
 ):
-  """A_{i,t} = A^base_{i,t} + λ·(φ(o_{i,≤t}) − φ(o_{i,<t})), with φ the group's prefix-trie
-  recoverability potential: φ(s) = (Σ_{j through s} r_j + κ r̄_g)/(n_s + κ), φ(∅) = r̄_g
-  (`ibpo.potential`; κ = shrink, λ = hyper.ibpo_lambda). The shaping telescopes to
-  λ·(φ(o_i) − r̄_g) over a rollout and is 0 on a prefix every trajectory through it
-  continues alike; λ = 0 is the base estimator exactly. Needs `tokens_BT`.
+  """A_{i,t} = (n_g − 1)/n_g · (r_i − b_{i,t}) / (σ_g + eps), b_{i,t} = (1 − λ)·r̄_{−i} +
+  λ·φ_{−i}(o_{i,<t}): the terminal reward against a leave-one-out baseline read from the
+  group's prefix trie at the state before token t (`ibpo.advantage`; λ = hyper.ibpo_lambda,
+  κ = shrink: pseudo-counts toward the parent prefix's value; scale "std" or "none": no σ_g).
 
-  The trie counts the valid rows and the context rows (`AdvantageInputs.context_B`: the
-  counterfactuals of `counterfactuals`, each with its weight `weights_B`); r̄_g and the base
-  estimator see the valid rows only.
+  φ_{−i}(s) = (Σ_{j through s, j≠i} w_j r_j + κ φ_{−i}(s⁻)) / (Σ_{j through s, j≠i} w_j + κ),
+  φ_{−i}(∅) = r̄_{−i}; a row counts at depths ≥ its start (`AdvantageInputs.start_B`: a
+  branch's cut). The baseline never contains the credited trajectory, so with scale="none"
+  the policy gradient is unbiased; λ = 0 without counterfactual rows is GRPO ("std") or
+  Dr. GRPO ("none") exactly. The trie counts the valid rows and the context rows
+  (`AdvantageInputs.context_B`, with weights `weights_B`); n_g counts the valid rows.
 
   Source: IBPO, "Reducing Credit Assignment Variance via Counterfactual Reasoning Paths"
-  (arXiv 2605.16302): the group's own trajectories and its counterfactuals (branches,
-  perturbed-prompt samples); a reconstruction [INF], RESEARCH.md §3.2.
+  (arXiv 2605.16302); a reconstruction [INF] derived in grpo_jax/ibpo.py and RESEARCH.md §3.2.
   """
-  _check_ibpo(base=base, shrink=shrink)
+  _check_ibpo(shrink=shrink, scale=scale)
+  return _ibpo(inputs, hyper, shrink=shrink, scale=scale)[0]
+
+
+def _ibpo(inputs: AdvantageInputs, hyper: AdvantageHyper, *, shrink, scale):
   if inputs.tokens_BT is None:
     raise ValueError("ibpo needs AdvantageInputs.tokens_BT (the completion tokens).")
-  base_BT = REGISTRY.get(base)(inputs, hyper)
-  shaping_BT = ibpo.shaping(*_ibpo_args(inputs), shrink=shrink, **_ibpo_context(inputs))
-  return base_BT + hyper.ibpo_lambda * shaping_BT  # Δφ is 0 off the valid rows' mask.
-
-
-def _ibpo_args(inputs: AdvantageInputs):
-  return (inputs.tokens_BT, inputs.mask_BT, inputs.rewards_B, inputs.group_ids_B, inputs.valid)
-
-
-def _ibpo_context(inputs: AdvantageInputs) -> dict:
-  return dict(context_B=inputs.context_B, weights_B=inputs.weights_B)
-
-
-def ibpo_stats(inputs: AdvantageInputs, hyper: AdvantageHyper, *, base="grpo", shrink=0.0):
-  """`ibpo.shaping_stats` of the ibpo estimator with these options, on its batch."""
-  m_BT = inputs.token_mask
-  phi_BT, shaping_BT = ibpo.potential_and_shaping(
-    *_ibpo_args(inputs), shrink=shrink, **_ibpo_context(inputs)
+  return ibpo.advantage(
+    inputs.tokens_BT,
+    inputs.mask_BT,
+    inputs.rewards_B,
+    inputs.group_ids_B,
+    inputs.valid,
+    lam=hyper.ibpo_lambda,
+    eps=hyper.eps,
+    shrink=shrink,
+    scale=scale,
+    start_B=inputs.start_B,
+    context_B=inputs.context_B,
+    weights_B=inputs.weights_B,
   )
-  base_BT = REGISTRY.get(base)(inputs, hyper)
-  return ibpo.shaping_stats(
-    base_BT, shaping_BT, phi_BT, inputs.rewards_B, m_BT, lam=hyper.ibpo_lambda
-  )
+
+
+def ibpo_stats(inputs: AdvantageInputs, hyper: AdvantageHyper, *, shrink=0.0, scale="std"):
+  """`ibpo.comparison_stats` of the ibpo estimator with these options, on its batch."""
+  adv_BT, parts = _ibpo(inputs, hyper, shrink=shrink, scale=scale)
+  return ibpo.comparison_stats(adv_BT, inputs.rewards_B, **parts)
 
 
 # Estimators that need no group: with G = 1 (single-rollout training) every other one gives
@@ -505,14 +511,11 @@ def _check_scope(name: str, scope) -> None:
     raise ValueError(f"{name} scope must be 'group' or 'batch', got {scope!r}.")
 
 
-def _check_ibpo(*, base="grpo", shrink=0.0) -> None:
-  if base == "ibpo" or base not in REGISTRY:
-    raise ValueError(
-      f"ibpo base must be another registered estimator, got {base!r}; valid: "
-      f"{', '.join(n for n in REGISTRY.names() if n != 'ibpo')}."
-    )
+def _check_ibpo(*, shrink=0.0, scale="std") -> None:
   if not (isinstance(shrink, int | float) and 0 <= shrink < float("inf")):
     raise ValueError(f"ibpo shrink must be a finite number >= 0, got {shrink}.")
+  if scale not in ibpo.SCALES:
+    raise ValueError(f"ibpo scale must be one of {', '.join(ibpo.SCALES)}, got {scale!r}.")
 
 
 def get(name: str, **options):

@@ -42,9 +42,11 @@ In `rl.finish_prepare` (`row_weights`, `rewrite_filter`): counterfactuals at nor
 edit distance > τ (token or step level) from their parent are full rewrites and are
 dropped; perturbed rows get their truncated importance weights (or weight 1, or are
 dropped: config.counterfactual.weighting); the kept rows inform the ibpo estimator's
-potential φ (`advantages.AdvantageInputs.context_B`, `weights_B`), and with
-config.counterfactual.train they are trained on their own tokens too, the advantage of a
-perturbed row scaled by its weight.
+leave-one-out prefix baseline φ_{−i} (`advantages.AdvantageInputs.context_B`, `weights_B`,
+`start_B`: a branch counts from its cut), and with config.counterfactual.train they are
+trained on their own tokens too, the advantage of a perturbed row scaled by its weight
+(grpo_jax/ibpo.py: training branches double-counts the subtrees below the cuts; keep them
+φ-only for an estimate of ∇J).
 """
 
 from __future__ import annotations

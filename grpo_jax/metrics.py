@@ -45,11 +45,16 @@ DEFINITIONS = {
   "zero_var_groups": "Fraction of groups whose correctness rewards c_i are all equal.",
   "all_zero_groups": "Fraction of groups whose correctness rewards are all 0.",
   "all_one_groups": "Fraction of groups whose correctness rewards are all 1.",
-  "ibpo/shaping_abs_mean": "ibpo estimator: mean over valid tokens of |λ Δφ|, the potential shaping.",
-  "ibpo/sign_flip_frac": "ibpo estimator: share of valid tokens whose shaped advantage has the opposite "
-  "sign of their rollout's base advantage.",
-  "ibpo/shaping_residual_corr": "ibpo estimator: correlation over valid tokens of Δφ_{i,t} with r_i − "
-  "φ(o_{i,≤t}) (IBPO's variance argument wants it negative).",
+  "ibpo/comparison_abs_mean": "ibpo estimator: mean over advantaged tokens of "
+  "|A_{i,t} − A^{λ=0}_i|, the credit its prefix baseline moves away from the group's "
+  "(A^{λ=0}: GRPO's advantage).",
+  "ibpo/sign_flip_frac": "ibpo estimator: share of advantaged tokens whose advantage has the "
+  "opposite sign of the group-baseline advantage A^{λ=0}_i of their rollout.",
+  "ibpo/terminal_comparison_corr": "ibpo estimator: Σxy/√(Σx²Σy²) over advantaged tokens, "
+  "x = r_i − r̄_{−i} the terminal term (GRPO's advantage up to (n−1)/n), y = r̄_{−i} − b_{i,t} "
+  "the comparison term the prefix baseline adds (A ∝ x + y). 0 in expectation when prefixes "
+  "say nothing of the outcome; negative when the comparison is a control variate (IBPO "
+  "principle ii); 0 at λ = 0.",
   "ibpo/counterfactual_rows": "Active counterfactual rows of the batch (config.counterfactual): "
   "slots the plan filled within the token budget.",
   "ibpo/counterfactual_tokens": "Tokens the active counterfactual rows decoded themselves (a "
@@ -61,8 +66,8 @@ DEFINITIONS = {
   "dropped).",
   "ibpo/edit_distance_mean": "Mean over active counterfactual rows of the normalised edit distance "
   "to their parent (token or step level, config.counterfactual.distance).",
-  "ibpo/is_weight_mean": "Mean over active counterfactual rows of their weight in φ and the loss: "
-  "min(π(o|q)/π(o|q~), c) for rows sampled under a perturbed prompt, 1 for branches.",
+  "ibpo/is_weight_mean": "Mean over active counterfactual rows of their weight in the trie and "
+  "the loss: min(π(o|q)/π(o|q~), c) for rows sampled under a perturbed prompt, 1 for branches.",
   "ibpo/distance_frac/<bin>": "Share of active counterfactual rows whose normalised edit distance "
   "to their parent falls in the bin lo-hi (lo <= d < hi; the last bin includes 1).",
   "masked_frac": "Fraction of valid completion tokens removed by all token masks together.",

@@ -74,7 +74,7 @@ class RLConfig:
   lambda_f: float = 1.0
   std_power: float = 0.5
   focal_gamma: float = 0.0
-  ibpo_lambda: float = 1.0  # λ of the ibpo estimator's shaping (an array: no recompile).
+  ibpo_lambda: float = 1.0  # λ of the ibpo estimator's prefix baseline (an array: no recompile).
   ibpo_tau: float = 1.0  # τ of the counterfactuals' full-rewrite filter (an array).
   ibpo_is_cap: float = 2.0  # c of perturbed counterfactuals' weights min(ratio, c) (an array).
   # Controller (controllers.REGISTRY) that updates λ_S, λ_F, γ between steps.
@@ -452,6 +452,7 @@ def _advantage_inputs(
   cfg,
   context_N=None,
   weights_N=None,
+  start_N=None,
 ):
   if cfg.kl_in == "reward" and cfg.advantage != "reinforce_pp":
     rewards_N = rewards_N - hyper.adv.kl_coef * jnp.sum(lp.kl_NT, axis=1)
@@ -467,6 +468,7 @@ def _advantage_inputs(
     success_B=success_N,
     context_B=context_N,
     weights_B=weights_N,
+    start_B=start_N,
   )
 
 
@@ -485,8 +487,9 @@ def compute_advantages(
   others take part in no statistic and get A = 0). With the KL folded into the reward
   (kl_in = "reward"), sequence estimators see r_i − β Σ_t kl_t; REINFORCE++ folds kl_t
   per token itself. success_N (bool): the verifier's verdict, for estimators that split
-  successes from failures (fade); None: shaped reward > 0. context (context_N, weights_N):
-  counterfactual rows that inform ibpo's φ only, and the rows' weights in it."""
+  successes from failures (fade); None: shaped reward > 0. context (context_N, weights_N,
+  start_N): counterfactual rows that inform ibpo's trie only, the rows' weights in it and
+  the depth from which each row counts there (a branch's cut)."""
   adv_fn = advantages.get(cfg.advantage, **config_lib.to_dict(cfg.advantage_options))
   inputs = _advantage_inputs(lp, rollouts, rewards_N, valid_N, hyper, success_N, cfg=cfg, **context)
   return adv_fn(inputs, hyper.adv)
@@ -593,6 +596,8 @@ def finish_prepare(
   rewards_N = shaped_rewards(rollouts, correct_N, format_N, hyper, cfg=cfg)
   success_N = jnp.asarray(correct_N) > 0
   ctx = dict(context_N=context_N, weights_N=weights_N)
+  if own_NT is not None:  # A branch counts in ibpo's trie from its cut (its first own token).
+    ctx["start_N"] = jnp.argmax(own_NT, axis=1).astype(jnp.int32)
   adv_NT = compute_advantages(lp, rollouts, rewards_N, valid_N, hyper, success_N, cfg=cfg, **ctx)
   if weights_N is not None:  # A trained perturbed row's loss carries its weight.
     adv_NT = adv_NT * weights_N[:, None]

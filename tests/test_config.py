@@ -100,7 +100,7 @@ def test_every_bad_value_fails_in_build_naming_the_key(key, value, match):
   "advantage, options, match",
   [
     ("ibpo", {"shrink": -1.0}, "ibpo shrink must be a finite number >= 0"),
-    ("ibpo", {"base": "ibpo"}, "ibpo base must be another registered estimator"),
+    ("ibpo", {"scale": "rank"}, "ibpo scale must be one of std, none"),
     ("optimal_token_baseline", {"scope": "rows"}, "scope must be 'group' or 'batch'"),
   ],
 )

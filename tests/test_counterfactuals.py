@@ -208,30 +208,3 @@ def test_config_errors():
   ):
     with pytest.raises(ValueError, match=match):
       CF.CounterfactualConfig(**bad)
-
-
-def test_counterfactuals_count_in_the_trie_with_their_weights_but_not_in_the_mean():
-  """Group: samples o0 = [1, 2] (r 0), o1 = [1, 3] (r 1); counterfactual o2 = [1, 2]
-  (r 1, weight 0.5). φ([1]) = (0 + 1 + 0.5·1)/(1 + 1 + 0.5) = 0.6, φ([1, 2]) =
-  (0 + 0.5)/1.5 = 1/3, φ(∅) = r̄ over the samples = 0.5."""
-  from grpo_jax import ibpo  # noqa: PLC0415
-
-  tokens = jnp.asarray([[1, 2], [1, 3], [1, 2]], jnp.int32)
-  mask = jnp.ones((3, 2), bool)
-  r = jnp.asarray([0.0, 1.0, 1.0])
-  valid = jnp.asarray([True, True, False])
-  phi, shaping = ibpo.potential_and_shaping(
-    tokens,
-    mask,
-    r,
-    jnp.zeros(3, jnp.int32),
-    valid,
-    context_B=jnp.asarray([False, False, True]),
-    weights_B=jnp.asarray([1.0, 1.0, 0.5]),
-  )
-  np.testing.assert_allclose(phi[0], [0.6, 1 / 3], rtol=1e-6)
-  np.testing.assert_allclose(phi[1], [0.6, 1.0], rtol=1e-6)
-  np.testing.assert_allclose(shaping[0], [0.1, 1 / 3 - 0.6], rtol=1e-5)
-  np.testing.assert_allclose(shaping[2], [0.0, 0.0])  # A context row is never trained.
-  # Telescoping on a valid row: Σ Δφ = φ(o_0) − φ(∅).
-  np.testing.assert_allclose(jnp.sum(shaping[0]), 1 / 3 - 0.5, rtol=1e-5)

@@ -219,14 +219,14 @@ def ibpo_batch():
   c.counterfactual.update(train=True, branch_from="all")
   setup, got, _, _, params = _iteration(c, key=5)
   # Rewards that vary within every group (the tiny policy solves nothing), so the base
-  # advantage and the shaping are both non-zero.
+  # advantage and the prefix baseline's comparison are both non-zero.
   n = got.rollouts.tokens_NT.shape[0]
   correct = (np.arange(n) % 3 == 0).astype(np.float32)
   hyper = setup.rl_cfg.prepare_hyper(max_new_tokens=26)
   batch, _, stats = steps.functions(setup).finish(
     got.logprobs, got.rollouts, correct, 0 * correct, hyper, None, None, got.provenance
   )
-  assert float(jnp.max(jnp.abs(batch.adv_NT))) > 0 and float(stats["ibpo/shaping_abs_mean"]) > 0
+  assert float(jnp.max(jnp.abs(batch.adv_NT))) > 0 and float(stats["ibpo/comparison_abs_mean"]) > 0
   return setup, params, batch
 
 
