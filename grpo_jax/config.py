@@ -21,6 +21,8 @@ Sections of the ConfigDict and the dataclass each becomes:
                rollouts, sampler placement (enabled = False: the synchronous loop)
   env          episodes.EpisodeConfig  multi-turn episodes with an environment (`envs`;
                name "": off, single-turn sampling); Setup.episodes, None when off
+  collapse     collapse.CollapseConfig  the guard that stops (or warns) a run whose
+               policy visibly collapsed (action "off": no guard)
 
 Where each value is checked: its own range (>= 1, finite, a registered name) in its
 dataclass's `__post_init__`; values that constrain each other (the rollout batch, the
@@ -45,6 +47,7 @@ from grpo_jax import (
   advantages,
   aggregation,
   alignment,
+  collapse,
   config_lib,
   counterfactuals,
   envs,
@@ -72,6 +75,7 @@ SECTIONS = (
   "counterfactual",
   "offpolicy",
   "env",
+  "collapse",
 )
 # What config.model may set when the architecture comes from a HF checkpoint.
 HF_RUNTIME_KEYS = ("param_dtype", "dtype", "scan_layers", "remat")
@@ -263,6 +267,7 @@ class Setup:
   steps: alignment.StepSplitter = alignment.StepSplitter()  # The task's step splitter.
   offpolicy: offpolicy.OffPolicyConfig = offpolicy.OffPolicyConfig()
   episodes: episodes.EpisodeConfig | None = None  # config.env; None: single-turn sampling.
+  collapse: collapse.CollapseConfig = collapse.CollapseConfig()
 
   @property
   def train_group(self) -> int:
@@ -337,6 +342,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.counterfactual = _section(_defaults(counterfactuals.CounterfactualConfig))
   c.offpolicy = _section(_defaults(offpolicy.OffPolicyConfig))
   c.env = _section({**_defaults(episodes.EpisodeConfig), "name": "", "kwargs": {}})
+  c.collapse = _section(_defaults(collapse.CollapseConfig))
   return c
 
 
@@ -429,6 +435,7 @@ def _build(config, *, n_devices: int | None) -> Setup:
   )
   task, tok = _task(d["task"], hf_dir=loop.hf_dir)
   model_cfg = _model_config(d["model"], tok, hf_dir=loop.hf_dir)
+  _check_learning_rates(loop, model_cfg)
   sampler_cfg = config_lib.from_dict(
     sampling.SamplerConfig,
     {**d["sampler"], "eos_ids": tok.eos_ids, "pad_id": tok.pad_id},
@@ -469,8 +476,26 @@ def _build(config, *, n_devices: int | None) -> Setup:
     counterfactual=cf,
     steps=steps,
     offpolicy=op,
+    collapse=config_lib.from_dict(
+      collapse.CollapseConfig, d.get("collapse", {}), where="config.collapse"
+    ),
   )
   return _resolve_remat(setup, n_devices=n_devices)
+
+
+def _check_learning_rates(loop: LoopConfig, model_cfg: model.ModelConfig) -> None:
+  """A learning rate that overflows in the parameter dtype (inf once cast) turns every
+  update into inf: refused here, not found after a run of skipped steps."""
+  dtype = jax.numpy.dtype(model_cfg.param_dtype)
+  largest = float(jax.numpy.finfo(dtype).max)
+  for name in ("learning_rate", "warmstart_lr"):
+    lr = getattr(loop, name)
+    if lr > largest:
+      raise ValueError(
+        f"config.{name}={lr:g} overflows in the parameter dtype {dtype} (largest finite "
+        f"value {largest:.4g}); use a value below that (typical learning rates are 1e-6 to "
+        "1e-2)."
+      )
 
 
 def _episode_config(setup: Setup) -> episodes.EpisodeConfig | None:
@@ -735,4 +760,5 @@ def as_dict(setup: Setup) -> dict:
     "counterfactual": dataclasses.asdict(setup.counterfactual),
     "offpolicy": dataclasses.asdict(setup.offpolicy),
     "env": dataclasses.asdict(setup.episodes) if setup.episodes else {"name": ""},
+    "collapse": dataclasses.asdict(setup.collapse),
   }

@@ -3,6 +3,8 @@
     writer = logs.RunLogger(workdir, resume_from=k)   # drops lines with iteration > k
     writer.write(record)                             # one JSON line + TensorBoard scalars
     progress = logs.Progress(total=300, start=k)     # a tqdm bar on a terminal
+    with logs.library_output(workdir / LIBRARY_LOG):  # libraries' tracebacks to a file
+      ...
 
 Every key of a record is defined in `grpo_jax.metrics.DEFINITIONS`. TensorBoard files are
 written with tensorboardX's event writer and protos (no TensorFlow needed), synchronously:
@@ -14,17 +16,24 @@ what a crashed session logged past the checkpoint (the `purge_step` of SummaryWr
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import pathlib
 import sys
+import threading
 import time
+import traceback
 
 import numpy as np
 import tqdm
+from absl import logging as absl_logging
 from tensorboardX import event_file_writer
 from tensorboardX import summary as tb_summary
 from tensorboardX.proto import event_pb2, summary_pb2
+
+LIBRARY_LOG = "grpo_jax.log"
 
 
 def _clean(v):
@@ -230,3 +239,62 @@ def plot_svg(records: list[dict], path: pathlib.Path, *, title: str = "") -> pat
   path = pathlib.Path(path)
   path.write_text("\n".join(parts) + "\n")
   return path
+
+
+class _LazyLog:
+  """A text stream appending to `path`, opened at the first write. Text that cannot be
+  written (a full disk) is dropped: a log must not add errors of its own."""
+
+  def __init__(self, path: pathlib.Path):
+    self.path, self._f, self.written = pathlib.Path(path), None, False
+
+  def write(self, text: str) -> int:
+    try:
+      if self._f is None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = self.path.open("a")
+      self._f.write(text)
+      self._f.flush()
+      self.written = True
+    except OSError:
+      pass
+    return len(text)
+
+  def flush(self) -> None:
+    pass
+
+  def close(self) -> None:
+    if self._f is not None:
+      with contextlib.suppress(OSError):
+        self._f.close()
+
+
+@contextlib.contextmanager
+def library_output(path: pathlib.Path):
+  """While the block runs, what libraries print on their own goes to `path` (created at
+  its first line), not to the terminal: log records (orbax's, JAX's; absl's handler and
+  Python's last-resort one), tracebacks of exceptions in background threads, and
+  "exception ignored" reports (TensorStore reads landing after a failed checkpoint write
+  or read closed their event loop). A failed save prints hundreds of such lines before
+  the one line that says what happened; the terminal keeps grpo_jax's own output.
+  Yields the stream (its `written` says whether anything went there)."""
+  out = _LazyLog(path)
+  absl = absl_logging.get_absl_handler().python_handler
+  saved = (absl.stream, logging.lastResort, threading.excepthook, sys.unraisablehook)
+
+  def thread_hook(args):
+    name = args.thread.name if args.thread is not None else "?"
+    out.write(f"Exception in thread {name}:\n")
+    traceback.print_exception(args.exc_type, args.exc_value, args.exc_traceback, file=out)
+
+  def unraisable_hook(u):
+    out.write(f"{u.err_msg or 'Exception ignored in'}: {u.object!r}\n")
+    traceback.print_exception(u.exc_type, u.exc_value, u.exc_traceback, file=out)
+
+  absl.stream, logging.lastResort = out, logging.StreamHandler(out)
+  threading.excepthook, sys.unraisablehook = thread_hook, unraisable_hook
+  try:
+    yield out
+  finally:
+    absl.stream, logging.lastResort, threading.excepthook, sys.unraisablehook = saved
+    out.close()

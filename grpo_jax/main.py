@@ -26,18 +26,23 @@ environment announces several processes (`distributed.initialize`).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import pathlib
 import sys
 
+import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from grpo_jax import (
   checkpoint,
+  collapse,
   config,
   config_lib,
   distributed,
   hf,
+  logs,
   memory,
   rewards,
   rl,
@@ -138,12 +143,23 @@ def main(argv):
   if not _WORKDIR.value:
     raise app.UsageError("--workdir is required to train (where metrics and checkpoints go).")
   distributed.initialize(_DISTRIBUTED.value)  # Before anything touches a device.
-  summary = train.run(_CONFIG.value, _WORKDIR.value)
+  with _library_output(_WORKDIR.value):
+    summary = train.run(_CONFIG.value, _WORKDIR.value)
   if distributed.is_primary():
     print(json.dumps(summary, indent=2))
     print(train.describe(summary))
   if summary["preempted"]:
     raise SystemExit(143)  # 128 + SIGTERM: a scheduler sees the job as interrupted.
+
+
+def _library_output(workdir: str):
+  """Libraries' own tracebacks and log records go to workdir/grpo_jax.log (one file per
+  process), the terminal keeps grpo_jax's lines (`logs.library_output`)."""
+  if "://" in workdir:  # Refused by train.run; nothing local to write to.
+    return contextlib.nullcontext()
+  index = jax.process_index()
+  name = logs.LIBRARY_LOG if index == 0 else f"grpo_jax.{index}.log"
+  return logs.library_output(pathlib.Path(workdir) / name)
 
 
 # What the user can fix, as opposed to a bug: one line on stderr and an exit status, no
@@ -158,6 +174,7 @@ USER_ERRORS = {
   checkpoint.CheckpointSaveError: 1,
   rewards.RewardFailure: 1,
   rl.NonFiniteError: 1,
+  collapse.CollapseError: 1,
 }
 
 

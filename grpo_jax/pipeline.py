@@ -1,10 +1,10 @@
 """The off-policy rollout source: batches in flight, sampled by older params (`offpolicy`).
 
-    source = pipeline.Source.create(setup, fns, pool, workdir=w, resumed_from=step)
+    source = pipeline.Source.create(setup, fns, pool, buffer=restored.buffer)
     got = source.take(st, it)       # batch it, finished and scored; π_old forwards dispatched
     ...                             # the trainer prepares and dispatches the update
     source.while_updating()         # scores the batches started this iteration
-    source.save(workdir, it)        # the pending buffer, next to checkpoint `it`
+    buffer = source.buffer(it, data_index=st.data_index)   # saved in checkpoint `it`
 
 `take` starts the batches up to it + s (sampled by θ_{it−1}, dispatched before the
 update so that, queued first, they run while the trainer's work waits behind them, or in
@@ -12,17 +12,21 @@ parallel with placement "split"), decodes one segment of each in-flight batch wi
 partial rollouts, finishes batch it, and dispatches its π_old / π_ref forwards under the
 trainer's current params. Rows staler than s follow offpolicy.stale (`offpolicy`).
 
-Resume. The pending buffer (in-flight rollouts with their per-token params versions and
-scores) is written to workdir/pending/<step>.npz with each checkpoint, so a run killed
-in async mode resumes with the batches it had in flight, and its metrics equal an
-uninterrupted run's. A checkpoint without one (a synchronous run's) starts an empty
-pipeline from its data position.
+Resume. The in-flight buffer (the pending rollouts with their per-token params versions
+and scores, the step and data position of the checkpoint it belongs to) is saved as the
+`buffer` item of each checkpoint (`checkpoint.Checkpointer.save`), so it is committed,
+hashed, pruned and set aside with the state it belongs to, and a run killed in async
+mode resumes with the batches it had in flight: its metrics equal an uninterrupted
+run's. On restore `buffer_problem` rejects a checkpoint whose buffer is missing (an
+off-policy run wrote it), holds another step's, or starts at another data position;
+the trainer then falls back to the newest checkpoint whose buffer is whole. A
+checkpoint a synchronous run wrote (none) starts an empty pipeline from its data
+position.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 import time
 
 import jax
@@ -60,11 +64,11 @@ class Source:
     self.overlap_seconds = 0.0
 
   @classmethod
-  def create(cls, setup: config.Setup, fns, pool, *, workdir, resumed_from: int | None) -> Source:
+  def create(cls, setup: config.Setup, fns, pool, *, buffer: dict | None = None) -> Source:
+    """The pipeline, holding a restored checkpoint's in-flight `buffer` (None: empty)."""
     source = cls(setup, fns, pool)
-    path = pending_path(workdir, resumed_from) if resumed_from else None
-    if path is not None and path.exists():
-      source.load(path)
+    if buffer is not None:
+      source.load(buffer)
     return source
 
   # --- The iteration's batch ----------------------------------------------------------
@@ -194,58 +198,83 @@ class Source:
 
   # --- Resume -----------------------------------------------------------------------
 
-  def save(self, workdir, step: int, *, keep: list[int]) -> None:
-    """Writes the pending buffer for checkpoint `step` (atomically), and removes the files
-    of steps no longer in `keep` (the checkpoints on disk)."""
-    d = pathlib.Path(workdir) / "pending"
-    d.mkdir(parents=True, exist_ok=True)
-    arrays = {"next_index": np.asarray(self.next_index if self.next_index is not None else -1)}
+  def buffer(self, step: int, *, data_index: int) -> dict:
+    """The in-flight buffer for checkpoint `step` (whose data position is `data_index`):
+    a tree of host numpy arrays, copied (the pipeline goes on changing its own while the
+    checkpoint is written in the background)."""
+    batches = {}
     for j, b in self.pending.items():
       fields = {f.name: getattr(b.rollouts, f.name) for f in dataclasses.fields(sampling.Rollouts)}
-      for name, x in jax.device_get(fields).items():
-        if x is not None:  # Optional fields left out (they load as None).
-          arrays[f"{j}/rollouts/{name}"] = np.asarray(x)
-      arrays[f"{j}/meta"] = np.asarray([b.index, b.start_version, b.segments], np.int64)
-      arrays[f"{j}/version_NT"] = b.version_NT
+      # Optional fields left out (they load as None).
+      rows = {k: np.array(x) for k, x in jax.device_get(fields).items() if x is not None}
+      out = {"rollouts": rows, "version_NT": np.array(b.version_NT)}
+      out["meta"] = np.asarray([b.index, b.start_version, b.segments], np.int64)
       if b.scores is not None:
-        for name in _SCORE_FIELDS:
-          arrays[f"{j}/scores/{name}"] = np.asarray(getattr(b.scores, name))
-        arrays[f"{j}/scores/counts"] = np.asarray([b.scores.errors, b.scores.timeouts])
-    tmp = d / f"{step}.tmp.npz"
-    np.savez(tmp, **arrays)
-    tmp.replace(pending_path(workdir, step))
-    for f in d.glob("*.npz"):
-      if f.stem.isdigit() and int(f.stem) not in keep and int(f.stem) != step:
-        f.unlink()
+        out["scores"] = {name: np.array(getattr(b.scores, name)) for name in _SCORE_FIELDS}
+        out["scores"]["counts"] = np.asarray([b.scores.errors, b.scores.timeouts], np.int64)
+      batches[str(j)] = out
+    nxt = self.next_index if self.next_index is not None else -1
+    return {**empty_buffer(step, data_index=data_index, next_index=nxt), "batches": batches}
 
-  def load(self, path: pathlib.Path) -> None:
-    with np.load(path) as z:
-      arrays = {k: z[k] for k in z.files}
-    nxt = int(arrays.pop("next_index"))
+  def load(self, buffer: dict) -> None:
+    """Takes over a restored checkpoint's in-flight buffer (`buffer`)."""
+    nxt = int(buffer["next_index"])
     self.next_index = None if nxt < 0 else nxt
-    for j in sorted({int(k.split("/")[0]) for k in arrays}):
-      index, start_version, segments = (int(x) for x in arrays[f"{j}/meta"])
+    for key in sorted(buffer.get("batches", {}), key=int):
+      b = buffer["batches"][key]
+      index, start_version, segments = (int(x) for x in b["meta"])
       rollouts = sampling.Rollouts(
         **{
-          f.name: jnp.asarray(arrays[f"{j}/rollouts/{f.name}"])
+          f.name: jnp.asarray(b["rollouts"][f.name])
           for f in dataclasses.fields(sampling.Rollouts)
-          if f"{j}/rollouts/{f.name}" in arrays
+          if f.name in b["rollouts"]
         }
       )
       scores = None
-      if f"{j}/scores/counts" in arrays:
-        errors, timeouts = (int(x) for x in arrays[f"{j}/scores/counts"])
+      if "scores" in b:
+        errors, timeouts = (int(x) for x in b["scores"]["counts"])
         scores = rollout.Scores(
-          *(arrays[f"{j}/scores/{n}"] for n in _SCORE_FIELDS), errors=errors, timeouts=timeouts
+          *(b["scores"][n] for n in _SCORE_FIELDS), errors=errors, timeouts=timeouts
         )
       drawn = rollout.draw(self.setup, self.fns, index)
-      self.pending[j] = InFlight(
-        j, index, drawn, rollouts, arrays[f"{j}/version_NT"].copy(), start_version, segments, scores
+      self.pending[int(key)] = InFlight(
+        int(key), index, drawn, rollouts, np.array(b["version_NT"]), start_version, segments, scores
       )
 
 
-def pending_path(workdir, step: int) -> pathlib.Path:
-  return pathlib.Path(workdir) / "pending" / f"{step}.npz"
+def empty_buffer(step: int, *, data_index: int, next_index: int = -1) -> dict:
+  """The in-flight buffer of checkpoint `step` with no batch in flight (a fresh run's
+  checkpoint 0; next_index −1: the pipeline starts at the checkpoint's data position)."""
+  return {
+    "step": np.asarray(step, np.int64),
+    "data_index": np.asarray(data_index, np.int64),
+    "next_index": np.asarray(next_index, np.int64),
+    "batches": {},
+  }
+
+
+def buffer_problem(restored, *, enabled: bool) -> str | None:
+  """Why a restored checkpoint (`checkpoint.Restored`) cannot resume the off-policy
+  pipeline (`enabled`: config.offpolicy.enabled), or None. An off-policy run's checkpoint
+  must hold the buffer it saved with it: its own step, its data position, and batches
+  of later iterations only; a synchronous run's holds none (the pipeline starts empty)."""
+  if not enabled:
+    return None
+  buf, meta = restored.buffer, restored.meta
+  written_offpolicy = (meta.get("config") or {}).get("offpolicy", {}).get("enabled", False)
+  if buf is None:
+    return "its off-policy in-flight buffer is missing" if written_offpolicy else None
+  if int(buf["step"]) != restored.step:
+    return f"its in-flight buffer is that of step {int(buf['step'])}"
+  if int(buf["data_index"]) != meta["data_index"]:
+    return (
+      f"its in-flight buffer starts at data position {int(buf['data_index'])}, the "
+      f"checkpoint at {meta['data_index']}"
+    )
+  early = [int(j) for j in buf.get("batches", {}) if int(j) <= restored.step]
+  if early:
+    return f"its in-flight buffer holds batches {early} of iterations already trained"
+  return None
 
 
 def batch_key(run_key, it: int):

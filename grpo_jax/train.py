@@ -16,7 +16,8 @@
               ppo_epochs × num_minibatches train steps as one jitted scan (`rl.update`),
               while the host draws the next prompts -> one metrics line (`logs`: JSONL
               and TensorBoard; every key defined in `metrics`) -> evaluation every
-              `eval_every` iterations -> a checkpoint every `checkpoint_every`.
+              `eval_every` iterations -> the collapse guard (`collapse`) -> a
+              checkpoint every `checkpoint_every`.
   Finish      wait for the last checkpoint, plot, summary.json (and `hf.export`).
 
 What the loop carries between iterations is one `RunState`; a checkpoint holds all of it
@@ -27,13 +28,17 @@ iteration, saves a checkpoint and returns with summary["preempted"] (the CLI exi
 
 A train step whose loss or gradient is not finite is skipped (`rl.apply_if_finite`); after
 `max_nonfinite_steps` consecutive ones the run stops with `rl.NonFiniteError`; a state that
-is not finite is never checkpointed.
+is not finite is never checkpointed, and a restored one is refused (`checkpoint`). A
+policy that visibly collapsed stops the run with `collapse.CollapseError`, or is logged
+once (config.collapse). summary["wall_seconds"] counts every session of the run, a
+preempted warm start's too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import pathlib
@@ -48,6 +53,7 @@ import numpy as np
 
 from grpo_jax import (
   checkpoint,
+  collapse,
   config,
   config_lib,
   controllers,
@@ -87,7 +93,8 @@ class RunState:
   best_iteration: int = 0
   nonfinite_total: int = 0
   nonfinite_run: int = 0  # Consecutive skipped steps so far.
-  wall_seconds: float = 0.0  # Of earlier sessions of this run.
+  wall_seconds: float = 0.0  # Of every session of this run, up to the last tick.
+  collapse_guard: dict = dataclasses.field(default_factory=dict)  # `collapse.observe`'s.
   config: dict | None = None  # `config.as_dict` of the session that wrote the checkpoint.
 
   _DEVICE = ("train", "ref_params", "prep_hyper", "controller", "key")
@@ -121,18 +128,20 @@ def run(config_dict, workdir: str | pathlib.Path, *, log=print, on_iteration=Non
     log(note)
   fns = steps.functions(setup)
   with contextlib.ExitStack() as stack:  # Closed in reverse order, on errors too.
-    s = _Session.open(setup, fns, workdir, stack, log=log)
+    s = _Session.open(setup, fns, workdir, stack, log=log, started=t_start)
 
     # --- Restore the latest checkpoint, or start: init, warm start, evaluate ------------
     try:
-      st, latest = _restore_or_start(s)
+      st, latest, buffer = _restore_or_start(s)
     except warmstart.Preempted as stop:
       return _preempted_in_warm_start(s, stop)
     _record_config(setup, workdir, st, resumed_from=latest, log=log)  # May refuse: first.
     writer = stack.enter_context(contextlib.closing(_open_logs(s, st, resumed_from=latest)))
 
     # --- Iterate -------------------------------------------------------------------------
-    it_loop = _Loop.create(setup, fns, s.pool, workdir, st, resumed_from=latest, log=log)
+    it_loop = _Loop.create(
+      setup, fns, s.pool, workdir, st, resumed_from=latest, buffer=buffer, log=log
+    )
     progress = stack.enter_context(contextlib.closing(_progress(setup.loop, st)))
     saved, preempted = st.iteration, False
     for it in range(st.iteration + 1, setup.loop.iterations + 1):
@@ -141,13 +150,13 @@ def run(config_dict, workdir: str | pathlib.Path, *, log=print, on_iteration=Non
       record = it_loop.iteration(st, it)
       writer.write(record)
       progress.update(it, record)
+      _watch_collapse(s, st, record)  # May stop the run (collapse.CollapseError).
       if on_iteration is not None:
         on_iteration(it, record)
-      st.wall_seconds += time.perf_counter() - t_start
-      t_start = time.perf_counter()
+      s.tick(st)
       preempted = distributed.any_across(s.preempted["set"])  # Every process, or none.
       if preempted or it % setup.loop.checkpoint_every == 0 or it == setup.loop.iterations:
-        _save(s.ckpt, st, accuracy=record.get("eval/greedy_accuracy"), source=it_loop.source)
+        _save(s.ckpt, st, accuracy=record.get("eval/greedy_accuracy"), buffer=it_loop.buffer(st))
         saved = it
       if preempted:
         s.ckpt.wait()
@@ -158,7 +167,7 @@ def run(config_dict, workdir: str | pathlib.Path, *, log=print, on_iteration=Non
     progress.close()
     writer.close()
     s.ckpt.wait()
-    st.wall_seconds += time.perf_counter() - t_start
+    s.tick(st)
     return _finish(setup, st, workdir, s.ckpt, preempted=preempted)
 
 
@@ -169,7 +178,10 @@ def _open_logs(s: _Session, st: RunState, *, resumed_from: int | None):
   writer = _logger(s.workdir, s.setup.loop, resume_from=resumed_from)
   if resumed_from is None:
     writer.write({"iteration": 0, "phase": "warmstart", **st.warmstart})
-    _save(s.ckpt, st, accuracy=st.warmstart["eval/greedy_accuracy"])
+    s.tick(st)
+    op = s.setup.offpolicy
+    buffer = pipeline.empty_buffer(0, data_index=st.data_index) if op.enabled else None
+    _save(s.ckpt, st, accuracy=st.warmstart["eval/greedy_accuracy"], buffer=buffer)
     s.ckpt.wait()
     warmstart.discard(s.workdir)  # Superseded by checkpoint 0, now on disk.
   s.log(f"warm-start accuracy {st.warmstart['eval/greedy_accuracy']:.3f}")
@@ -204,7 +216,8 @@ def _workdir(workdir) -> pathlib.Path:
 
 @dataclasses.dataclass
 class _Session:
-  """What one process's run holds open: checkpoints, the reward pool, the SIGTERM flag."""
+  """What one process's run holds open: checkpoints, the reward pool, the SIGTERM flag,
+  and the clock of this session (`mark`: when its seconds were last added to a state)."""
 
   setup: config.Setup
   fns: steps.Functions
@@ -213,9 +226,12 @@ class _Session:
   pool: Any
   preempted: dict
   log: Any
+  mark: float
 
   @classmethod
-  def open(cls, setup, fns, workdir, stack: contextlib.ExitStack, *, log) -> _Session:
+  def open(
+    cls, setup, fns, workdir, stack: contextlib.ExitStack, *, log, started: float
+  ) -> _Session:
     loop = setup.loop
     ckpt = checkpoint.Checkpointer(workdir / "checkpoints", keep=loop.keep_checkpoints)
     stack.callback(ckpt.close)
@@ -224,15 +240,26 @@ class _Session:
     )
     stack.callback(pool.close)
     preempted = stack.enter_context(_sigterm_flag())
-    return cls(setup, fns, workdir, ckpt, pool, preempted, log)
+    return cls(setup, fns, workdir, ckpt, pool, preempted, log, started)
+
+  def seconds(self) -> float:
+    """Seconds of this session not yet added to the run's state."""
+    return time.perf_counter() - self.mark
+
+  def tick(self, st: RunState) -> None:
+    """Adds this session's seconds since the last tick to st.wall_seconds."""
+    now = time.perf_counter()
+    st.wall_seconds += now - self.mark
+    self.mark = now
 
 
 _finite = jax.jit(rl.all_finite)
 
 
-def _save(ckpt: checkpoint.Checkpointer, st: RunState, *, accuracy=None, source=None) -> None:
-  """Checkpoint st.iteration (with the off-policy pipeline's pending buffer, written first:
-  a checkpoint never exists without it); a state with a non-finite array is never written."""
+def _save(ckpt: checkpoint.Checkpointer, st: RunState, *, accuracy=None, buffer=None) -> None:
+  """Checkpoint st.iteration (with the off-policy pipeline's in-flight `buffer`, in the same
+  step: committed, hashed and pruned with it); a state with a non-finite array is never
+  written."""
   tree = st.tree()
   if not bool(_finite(tree)):
     bad = [
@@ -245,9 +272,7 @@ def _save(ckpt: checkpoint.Checkpointer, st: RunState, *, accuracy=None, source=
       f"last checkpoint, {ckpt.latest_step()}, is kept). The train step's guard skips "
       "non-finite updates, so look at what else moves the state (an advantage controller)."
     )
-  if source is not None:
-    source.save(ckpt.directory.parent, st.iteration, keep=ckpt.all_steps())
-  ckpt.save(st.iteration, tree, st.meta(), accuracy=accuracy)
+  ckpt.save(st.iteration, tree, st.meta(), accuracy=accuracy, buffer=buffer)
 
 
 # ----------------------------------------------------------------------------
@@ -255,51 +280,67 @@ def _save(ckpt: checkpoint.Checkpointer, st: RunState, *, accuracy=None, source=
 # ----------------------------------------------------------------------------
 
 
-def _restore_or_start(s: _Session) -> tuple[RunState, int | None]:
-  """(state, the checkpoint step it was restored from, or None for a fresh start)."""
+def _restore_or_start(s: _Session) -> tuple[RunState, int | None, dict | None]:
+  """(state, the checkpoint step it was restored from or None for a fresh start, that
+  checkpoint's off-policy in-flight buffer or None). Under config.offpolicy a checkpoint
+  whose buffer is missing or not its own is refused like a damaged one
+  (`pipeline.buffer_problem`): the newest one whose buffer is whole is used."""
   got = s.ckpt.restore_latest(
-    like=abstract_tree(s.setup, s.fns), defaults=fillable_defaults(s.setup), log=s.log
+    like=abstract_tree(s.setup, s.fns),
+    defaults=fillable_defaults(s.setup),
+    log=s.log,
+    check=functools.partial(pipeline.buffer_problem, enabled=s.setup.offpolicy.enabled),
   )
   if got is None:
-    return _start(s.setup, s.fns, s.pool, workdir=s.workdir, log=s.log, preempted=s.preempted), None
-  latest, tree, meta = got
+    return _start(s), None, None
+  meta = dict(got.meta)
   if filled := meta.pop("filled", None):
-    s.log(f"checkpoint {latest} predates {filled}: taken from this config.")
-  st = RunState.restore(tree, meta)
-  s.log(f"resumed from {s.ckpt.directory / str(latest)} (iteration {st.iteration})")
-  return st, latest
+    s.log(f"checkpoint {got.step} predates {filled}: taken from this config.")
+  st = RunState.restore(got.tree, meta)
+  s.log(f"resumed from {s.ckpt.directory / str(got.step)} (iteration {st.iteration})")
+  return st, got.step, got.buffer
 
 
-def _start(setup: config.Setup, fns: steps.Functions, pool, *, workdir, log, preempted) -> RunState:
+def _start(s: _Session) -> RunState:
   """Initial params (random, or from config.hf_dir), the warm start (continued from its
-  SIGTERM checkpoint when there is one), and the evaluation of the warm-started policy."""
+  SIGTERM checkpoint when there is one, whose seconds the run's start with), and the
+  evaluation of the warm-started policy."""
+  setup, fns, pool = s.setup, s.fns, s.pool
   key = jax.random.key(setup.loop.seed)
   params = initial_params(setup, fns, jax.random.fold_in(key, 0))
+  before = warmstart.seconds_before(s.workdir) if setup.loop.warmstart_steps else 0.0
   if setup.loop.warmstart_steps:
-    params = warmstart.run(setup, fns, params, workdir=workdir, log=log, preempted=preempted)
+    params = warmstart.run(
+      setup,
+      fns,
+      params,
+      workdir=s.workdir,
+      log=s.log,
+      preempted=s.preempted,
+      wall_seconds=lambda: before + s.seconds(),
+    )
   tree = jax.device_put(
     initial_tree(setup, fns, params), jax.tree.map(lambda x: x.sharding, abstract_tree(setup, fns))
   )
   eval_key = jax.random.fold_in(key, 2**31 - 1)  # No iteration's key.
   warm = evaluation.evaluate(setup, fns, pool, params, key=eval_key)
-  return RunState.restore(
-    tree,
-    dict(warmstart=warm, last_eval=warm, best_accuracy=warm["eval/greedy_accuracy"]),
-  )
+  meta = dict(warmstart=warm, last_eval=warm, best_accuracy=warm["eval/greedy_accuracy"])
+  return RunState.restore(tree, {**meta, "wall_seconds": before})
 
 
 def _preempted_in_warm_start(s: _Session, stop: warmstart.Preempted) -> dict:
   """SIGTERM during the warm start: its state is in workdir/warmstart (`warmstart.run`)."""
   s.log(str(stop))
   summary = {"preempted": True, "iterations_done": 0, "warmstart_step": stop.step}
-  summary |= {"workdir": str(s.workdir), "wall_seconds": None}
+  summary |= {"workdir": str(s.workdir), "wall_seconds": stop.wall_seconds}
   if distributed.is_primary():
     (s.workdir / "summary.json").write_text(json.dumps(summary, indent=2))
   return summary
 
 
 # Loop keys that may change on resume without changing what is trained (the extent of the
-# run, logging, resources): `on_config_change = "refuse"` does not refuse these.
+# run, logging, resources): `on_config_change = "refuse"` does not refuse these, nor any
+# config.collapse key (the guard only watches).
 HOUSEKEEPING_KEYS = (
   "iterations",
   "eval_every",
@@ -345,7 +386,11 @@ def _record_config(
     changes = config_changes(before, now)
     if changes:
       text = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changes)
-      real = [k for k, _, _ in changes if k.split(".")[-1] not in HOUSEKEEPING_KEYS]
+      real = [
+        k
+        for k, _, _ in changes
+        if k.split(".")[-1] not in HOUSEKEEPING_KEYS and not k.startswith("collapse.")
+      ]
       if real and setup.loop.on_config_change == "refuse":
         raise config_lib.ConfigError(
           f"The checkpoint in {workdir} was made with another config; refusing to resume "
@@ -423,7 +468,7 @@ class _Loop:
   source: pipeline.Source | None = None  # The off-policy pipeline (config.offpolicy).
 
   @classmethod
-  def create(cls, setup, fns, pool, workdir, st: RunState, *, resumed_from, log) -> _Loop:
+  def create(cls, setup, fns, pool, workdir, st: RunState, *, resumed_from, buffer, log) -> _Loop:
     rl_cfg = setup.rl_cfg
     return cls(
       setup=setup,
@@ -442,10 +487,17 @@ class _Loop:
       ),
       step_hyper=rl_cfg.step_hyper(),
       peak_flops=setup.loop.peak_flops or flops.matmul_peak(),
-      source=pipeline.Source.create(setup, fns, pool, workdir=workdir, resumed_from=resumed_from)
+      source=pipeline.Source.create(setup, fns, pool, buffer=buffer)
       if setup.offpolicy.enabled
       else None,
     )
+
+  def buffer(self, st: RunState) -> dict | None:
+    """The off-policy pipeline's in-flight buffer for checkpoint st.iteration (None without
+    the pipeline)."""
+    if self.source is None:
+      return None
+    return self.source.buffer(st.iteration, data_index=st.data_index)
 
   def iteration(self, st: RunState, it: int) -> dict:
     """Collect, prepare, update and (every eval_every) evaluate; updates `st` in place and
@@ -571,8 +623,34 @@ class _Loop:
 
 
 # ----------------------------------------------------------------------------
-# Around the loop: logs, progress, signals, the summary.
+# Around the loop: the collapse guard, logs, progress, signals, the summary.
 # ----------------------------------------------------------------------------
+
+
+def _watch_collapse(s: _Session, st: RunState, record: dict) -> None:
+  """`collapse.observe` on the iteration's record. A signal raises collapse.CollapseError
+  (action "stop") or is logged once and kept for the summary (action "warn"); its line
+  names the newest checkpoint on disk from before the collapse began."""
+  setup = s.setup
+  op = setup.offpolicy
+  st.collapse_guard, found = collapse.observe(
+    st.collapse_guard,
+    record,
+    cfg=setup.collapse,
+    rows=setup.loop.prompts_per_step * setup.sampler_cfg.group_size,
+    solved_at_start=st.warmstart["eval/greedy_accuracy"] * setup.loop.eval_size,
+    lag=1 + (op.max_staleness if op.enabled else 0),
+  )
+  if found is None:
+    return
+  before = [k for k in s.ckpt.all_steps() if k <= found.healthy]
+  where = f"{s.ckpt.directory / str(before[-1])} (iteration {before[-1]})" if before else None
+  line = collapse.message(found, checkpoint=where, action=setup.collapse.action)
+  if setup.collapse.action == "stop":
+    raise collapse.CollapseError(line)
+  s.log(f"warning: {line}")
+  warnings = st.collapse_guard.get("warnings", [])
+  st.collapse_guard = {**st.collapse_guard, "warnings": [*warnings, line]}
 
 
 def _logger(workdir, loop: config.LoopConfig, *, resume_from=None):
@@ -629,6 +707,7 @@ def _finish(setup: config.Setup, st: RunState, workdir, ckpt, *, preempted: bool
     "tensorboard": str(workdir / "tb"),
     "plot": str(plot),
     "checkpoints": str(ckpt.directory),
+    "collapse_warnings": st.collapse_guard.get("warnings", []),
     **{k: v for k, v in st.last_eval.items() if k.startswith("eval/pass@")},
   }
   if setup.loop.export_hf and not preempted:
@@ -666,6 +745,7 @@ def describe(summary: dict) -> str:
   return "\n".join(
     [
       f"{state}: {summary['iterations_done']} iterations in {summary['wall_seconds']:.0f} s.",
+      *(f"warning: {line}" for line in summary.get("collapse_warnings", [])),
       f"held-out greedy accuracy: {100 * before:.1f}% after warm start -> {100 * after:.1f}% "
       f"({100 * (after - before):+.1f} points; best {100 * summary['best_accuracy']:.1f}% at "
       f"iteration {summary['best_iteration']}).",

@@ -8,9 +8,10 @@ completions (+ EOS) per step give it a non-zero pass rate first. The loss is the
 target tokens; the optimizer is the RL one at `warmstart_lr` (`steps.optimizers`).
 
 SIGTERM (a preemption notice) during the warm start saves its state (params, optimizer
-state, step) to workdir/warmstart and raises `Preempted`; rerunning continues from that
-step with the same data, so the result equals an uninterrupted warm start. The trainer
-deletes workdir/warmstart once checkpoint 0 (the warm-started policy) is on disk.
+state, step, and the run's wall seconds so far) to workdir/warmstart and raises
+`Preempted`; rerunning continues from that step with the same data, so the result equals
+an uninterrupted warm start, and the run's wall seconds go on from `seconds_before`. The
+trainer deletes workdir/warmstart once checkpoint 0 (the warm-started policy) is on disk.
 """
 
 from __future__ import annotations
@@ -29,17 +30,33 @@ DIRECTORY = "warmstart"
 
 
 class Preempted(RuntimeError):
-  """SIGTERM arrived during the warm start; its state is saved at `step`."""
+  """SIGTERM arrived during the warm start; its state is saved at `step`, after
+  `wall_seconds` of the run (every session so far)."""
 
-  def __init__(self, message: str, *, step: int):
+  def __init__(self, message: str, *, step: int, wall_seconds: float):
     super().__init__(message)
     self.step = step
+    self.wall_seconds = wall_seconds
 
 
 def _checkpointer(workdir) -> checkpoint.Checkpointer:
-  return checkpoint.Checkpointer(
-    pathlib.Path(workdir) / DIRECTORY, keep=1, keep_best=False, async_save=False
-  )
+  # Async: the manifest is then written before orbax commits the step (`checkpoint`).
+  return checkpoint.Checkpointer(pathlib.Path(workdir) / DIRECTORY, keep=1, keep_best=False)
+
+
+def seconds_before(workdir) -> float:
+  """The run's wall seconds that the warm start's SIGTERM checkpoint recorded (0 without
+  one, or when it cannot be read: `_resume` then says why)."""
+  if workdir is None or not (pathlib.Path(workdir) / DIRECTORY).exists():
+    return 0.0
+  ckpt = _checkpointer(workdir)
+  try:
+    step = ckpt.latest_step()
+    return 0.0 if step is None else float(ckpt.read_meta(step).get("wall_seconds", 0.0))
+  except Exception:  # A damaged checkpoint is `_resume`'s to report.
+    return 0.0
+  finally:
+    ckpt.close()
 
 
 def _abstract_state(setup: config.Setup, fns):
@@ -66,18 +83,18 @@ def _resume(setup: config.Setup, fns, workdir, params, *, log) -> tuple[rl.Train
     ckpt.close()
   if got is None:
     return state, 0
-  step, state, _ = got
+  step, state = got.step, got.tree
   log(f"warm start: continuing from step {step} ({pathlib.Path(workdir) / DIRECTORY})")
   return state, step
 
 
-def _save(workdir, state: rl.TrainState, step: int) -> None:
+def _save(workdir, state: rl.TrainState, step: int, *, wall_seconds: float) -> None:
   if workdir is None:
     return
   # Every process calls save (orbax writes each process's shards); only the primary deletes.
   ckpt = _checkpointer(workdir)
   try:
-    ckpt.save(step, state, {"warmstart_step": step})
+    ckpt.save(step, state, {"warmstart_step": step, "wall_seconds": wall_seconds})
   finally:
     ckpt.close()
 
@@ -119,11 +136,11 @@ def batch(setup: config.Setup, fns, examples):
   return (prompts, *distributed.to_global((tokens_NT, mask_NT), fns.layout.rows(n), n))
 
 
-def run(setup: config.Setup, fns, params, *, log, preempted, workdir=None):
+def run(setup: config.Setup, fns, params, *, log, preempted, workdir=None, wall_seconds=None):
   """`warmstart_steps` cross-entropy steps from `params` (or from workdir's SIGTERM
   checkpoint); returns the new params. Raises `Preempted` on SIGTERM (after saving the
-  state when `workdir` is given) and `rl.NonFiniteError` when max_nonfinite_steps
-  consecutive steps were not applied."""
+  state, and `wall_seconds()`: the run's seconds so far, when `workdir` is given) and
+  `rl.NonFiniteError` when max_nonfinite_steps consecutive steps were not applied."""
   loop = setup.loop
   state, done = _resume(setup, fns, workdir, params, log=log)
   stream = setup.task.examples("train", seed=loop.seed + 1)
@@ -132,11 +149,13 @@ def run(setup: config.Setup, fns, params, *, log, preempted, workdir=None):
   history = []
   for step in range(done, loop.warmstart_steps):
     if distributed.any_across(preempted["set"]):  # Every process stops at the same step.
-      _save(workdir, state, step)
+      seconds = wall_seconds() if wall_seconds is not None else 0.0
+      _save(workdir, state, step, wall_seconds=seconds)
       raise Preempted(
         f"SIGTERM during the warm start: its state at step {step} of {loop.warmstart_steps} is "
         f"saved; rerun the same command to continue from there.",
         step=step,
+        wall_seconds=seconds,
       )
     examples = [next(stream) for _ in range(loop.warmstart_batch)]
     state, metrics = fns.sft_step(state, *batch(setup, fns, examples))

@@ -1,9 +1,13 @@
 """Checkpointer: round trips of mixed pytrees and JSON meta, retention (latest N plus the
-best accuracy), async saves racing buffer donation, shape/structure mismatch errors and
-reopening an existing directory (a resumed process)."""
+best accuracy), async saves racing buffer donation, shape/structure mismatch errors,
+reopening an existing directory (a resumed process), and integrity: every file hashed
+before the commit, a changed byte of any file at any offset found, damage set aside and
+the previous checkpoint restored, non-finite states refused, the buffer item."""
 
 import contextlib
 import json
+import pathlib
+import shutil
 
 import flax
 import jax
@@ -11,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import xxhash
 
 from grpo_jax import checkpoint
 
@@ -342,53 +347,206 @@ def _three(tmp_path, **options):
   return ckpt
 
 
-def test_every_finished_save_gets_a_file_manifest(tmp_path):
-  ckpt = _three(tmp_path)
+@pytest.fixture(scope="module")
+def three_steps(tmp_path_factory):
+  """Steps 1, 2, 3 written once and closed; tests damage copies of them (`_copy`)."""
+  root = tmp_path_factory.mktemp("three")
+  _three(root).close()
+  return root / "ck"
+
+
+def _copy(three_steps, tmp_path) -> pathlib.Path:
+  return pathlib.Path(shutil.copytree(three_steps, tmp_path / "ck"))
+
+
+def _flip(path: pathlib.Path, offset: int) -> None:
+  """Inverts the bits of one byte: the file keeps its size."""
+  data = bytearray(path.read_bytes())
+  data[offset] ^= 0xFF
+  path.write_bytes(bytes(data))
+
+
+def _restore(directory, **kw):
+  """(restore_latest's result, the lines it logged), on a fresh Checkpointer."""
+  logged = []
+  with contextlib.closing(checkpoint.Checkpointer(directory)) as ckpt:
+    return ckpt.restore_latest(like=_tree(), log=logged.append, **kw), logged
+
+
+def test_every_save_records_each_files_size_and_hash_before_its_commit(three_steps, tmp_path):
   for step in (1, 2, 3):
-    listed = json.loads((tmp_path / "ck" / str(step) / checkpoint.MANIFEST).read_text())
-    assert any(name.startswith("state/") for name in listed) and all(
-      v >= 0 for v in listed.values()
+    d = three_steps / str(step)
+    written = json.loads((d / checkpoint.MANIFEST).read_text())
+    # Written by orbax's callback into the temporary directory: never a step without it.
+    assert (written["format"], written["hash"], written["written"]) == (
+      2,
+      "xxh3_128",
+      "before_commit",
     )
-    assert checkpoint.damage(tmp_path / "ck" / str(step)) is None
-  ckpt.close()
+    files = written["files"]
+    assert {"meta/metadata", "state/_METADATA"} <= set(files)
+    assert "_CHECKPOINT_METADATA" not in files  # orbax rewrites it at commit.
+    for name, entry in files.items():
+      data = (d / name).read_bytes()
+      assert entry == {"bytes": len(data), "xxh3_128": xxhash.xxh3_128(data).hexdigest()}
+    assert checkpoint.damage(d) is None and checkpoint.unverified(d) is None
+  sync = checkpoint.Checkpointer(tmp_path / "sync", keep=1, async_save=False)
+  sync.save(4, _small(4), {})
+  sync.close()
+  written = json.loads((tmp_path / "sync" / "4" / checkpoint.MANIFEST).read_text())
+  assert written["written"] == "after_commit" and checkpoint.damage(tmp_path / "sync" / "4") is None
 
 
-def test_damage_names_what_is_wrong(tmp_path):
-  ckpt = _three(tmp_path)
-  ckpt.close()
-  d = tmp_path / "ck" / "3"
+def test_damage_names_what_is_wrong(three_steps, tmp_path):
+  d = _copy(three_steps, tmp_path) / "3"
   biggest = max(
     (p for p in (d / "state").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size
   )
-  size = biggest.stat().st_size
-  biggest.write_bytes(biggest.read_bytes()[:-1])
+  name, size = biggest.relative_to(d), biggest.stat().st_size
+  _flip(biggest, size // 2)
   assert (
-    checkpoint.damage(d) == f"{biggest.relative_to(d)} has {size - 1} bytes, {size} when written"
+    checkpoint.damage(d) == f"{name} holds other bytes than when written (its xxh3_128 differs)"
   )
+  biggest.write_bytes(biggest.read_bytes()[:-1])
+  assert checkpoint.damage(d) == f"{name} has {size - 1} bytes, {size} when written"
   biggest.unlink()
-  assert checkpoint.damage(d) == f"{biggest.relative_to(d)} is missing"
-  empty = tmp_path / "ck" / "9"
+  assert checkpoint.damage(d) == f"{name} is missing"
+  (d / checkpoint.MANIFEST).write_text('{"format": 2, "files": ')
+  assert checkpoint.damage(d).startswith(f"its file manifest {checkpoint.MANIFEST} is unreadable")
+  empty = d.parent / "9"
   empty.mkdir()
   assert checkpoint.damage(empty) == "the step directory holds no files"
 
 
-def test_restore_latest_falls_back_and_sets_the_damaged_aside(tmp_path):
-  _three(tmp_path).close()
-  (tmp_path / "ck" / "3" / "state" / "_METADATA").unlink()
+def _data_file(step_dir):
+  return max(
+    (p for p in (step_dir / "state" / "ocdbt.process_0" / "d").iterdir()),
+    key=lambda p: p.stat().st_size,
+  )
+
+
+# Files of several kinds (an array data file, orbax's tree metadata, the OCDBT manifest,
+# the JSON meta) and offsets from the first byte to the last: every one is found.
+_FILES = {
+  "array data": _data_file,
+  "tree metadata": lambda d: d / "state" / "_METADATA",
+  "ocdbt manifest": lambda d: d / "state" / "ocdbt.process_0" / "manifest.ocdbt",
+  "json meta": lambda d: d / "meta" / "metadata",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_FILES))
+def test_a_changed_byte_anywhere_sets_the_step_aside_and_the_previous_restores(
+  three_steps, tmp_path, kind
+):
+  for where in ("first", "middle", "last"):
+    directory = _copy(three_steps, tmp_path / where)
+    target = _FILES[kind](directory / "3")
+    size = target.stat().st_size
+    _flip(target, {"first": 0, "middle": size // 2, "last": size - 1}[where])
+    got, logged = _restore(directory)
+    assert (got.step, got.meta) == (2, {"step": 2}), (kind, where)
+    _assert_trees_equal(got.tree, _tree(2.0))
+    name = target.relative_to(directory / "3")
+    (line,) = logged
+    assert f"/3 is unreadable ({name} holds other bytes than when written" in line, line
+    assert "resuming from step 2" in line
+    assert (tmp_path / where / "ck.bad" / "3" / "state").is_dir()
+
+
+def test_damage_only_the_storage_layer_can_see_falls_back_too(tmp_path, monkeypatch):
+  """Without a manifest (an older grpo_jax) a changed first byte of a compressed chunk
+  is found by TensorStore (a ValueError); any other error orbax raises while reading,
+  whatever its type (a decompression error is a plain Exception), falls back as well."""
+
+  def tree(step):  # An array large enough to be stored zstd-compressed.
+    return {**_tree(float(step)), "big": jnp.arange(20_000, dtype=jnp.float32) + step}
+
+  with contextlib.closing(checkpoint.Checkpointer(tmp_path / "ck", keep=5)) as ckpt:
+    for step in (1, 2, 3):
+      ckpt.save(step, tree(step), {"step": step})
+  directory = tmp_path / "ck"
+  (directory / "3" / checkpoint.MANIFEST).unlink()
+  _flip(_data_file(directory / "3"), 0)
   logged = []
-  ckpt = checkpoint.Checkpointer(tmp_path / "ck")
-  step, tree, meta = ckpt.restore_latest(like=_tree(), log=logged.append)
-  assert (step, meta) == (2, {"step": 2})
-  np.testing.assert_array_equal(tree["train"].params["w"], _params(2.0)["w"])
-  assert len(logged) == 1 and "/ck/3 is unreadable (state/_METADATA is missing)" in logged[0]
-  assert ckpt.all_steps() == [1, 2] and (tmp_path / "ck.bad" / "3" / "state").is_dir()
-  ckpt.save(3, _tree(3.0), {"step": 3})  # The step can be written again.
+  with contextlib.closing(checkpoint.Checkpointer(directory)) as ckpt:
+    got = ckpt.restore_latest(like=tree(0), log=logged.append)
+  assert got.step == 2 and len(logged) == 1 and "ZSTD_decompressStream() failed" in logged[0]
+  np.testing.assert_array_equal(got.tree["big"], np.arange(20_000) + 2)
+  real = checkpoint.Checkpointer.restore
+
+  def decompression_error(self, step, **kw):
+    if step == 2:
+      raise Exception("Decompression failed: corrupt block")  # noqa: TRY002
+    return real(self, step, **kw)
+
+  monkeypatch.setattr(checkpoint.Checkpointer, "restore", decompression_error)
+  logged = []
+  with contextlib.closing(checkpoint.Checkpointer(directory)) as ckpt:
+    got = ckpt.restore_latest(like=tree(0), log=logged.append)
+  assert got.step == 1 and len(logged) == 1
+  assert "/2 is unreadable (Exception: Decompression failed: corrupt block)" in logged[0]
+
+
+def test_a_step_without_a_manifest_restores_with_one_line_saying_so(three_steps, tmp_path):
+  directory = _copy(three_steps, tmp_path)
+  (directory / "3" / checkpoint.MANIFEST).unlink()
+  got, logged = _restore(directory)
+  assert got.step == 3
+  assert logged == [f"checkpoint {directory}/3: it has no file manifest (written by an older "
+                    "grpo_jax); its bytes are not verified."]  # fmt: skip
+
+
+def test_a_non_finite_state_is_never_restored(tmp_path):
+  ckpt = checkpoint.Checkpointer(tmp_path / "ck", keep=5)
+  ckpt.save(1, _tree(1.0), {"step": 1})
+  bad = _tree(2.0)
+  bad["train"] = bad["train"].replace(
+    params={**bad["train"].params, "b": jnp.array([1.0, jnp.nan, 2.0])}
+  )
+  ckpt.save(2, bad, {"step": 2})
   ckpt.close()
+  got, logged = _restore(tmp_path / "ck")
+  assert got.step == 1
+  assert "/2 is unreadable (non-finite values in train/params/b)" in logged[0], logged
 
 
-def test_restore_latest_raises_the_mismatch_when_every_checkpoint_disagrees(tmp_path):
-  _three(tmp_path).close()
-  ckpt = checkpoint.Checkpointer(tmp_path / "ck")
+def test_a_failure_of_this_machine_is_raised_and_nothing_is_set_aside(
+  three_steps, tmp_path, monkeypatch
+):
+  directory = _copy(three_steps, tmp_path)
+
+  def out_of_memory(self, step, **kw):
+    raise ValueError("RESOURCE_EXHAUSTED: Out of memory allocating 1.2GiB")
+
+  monkeypatch.setattr(checkpoint.Checkpointer, "restore", out_of_memory)
+  with pytest.raises(ValueError, match="RESOURCE_EXHAUSTED"):
+    _restore(directory)
+
+  def no_memory(self, step, **kw):
+    raise MemoryError
+
+  monkeypatch.setattr(checkpoint.Checkpointer, "restore", no_memory)
+  with pytest.raises(MemoryError):
+    _restore(directory)
+  assert _steps_on_disk(directory) == [1, 2, 3] and not (tmp_path / "ck.bad").exists()
+
+
+def test_restore_latest_falls_back_and_sets_the_damaged_aside(three_steps, tmp_path):
+  directory = _copy(three_steps, tmp_path)
+  (directory / "3" / "state" / "_METADATA").unlink()
+  got, logged = _restore(directory)
+  assert (got.step, got.meta, got.buffer) == (2, {"step": 2}, None)
+  np.testing.assert_array_equal(got.tree["train"].params["w"], _params(2.0)["w"])
+  assert len(logged) == 1 and "/ck/3 is unreadable (state/_METADATA is missing)" in logged[0]
+  assert (tmp_path / "ck.bad" / "3" / "state").is_dir()
+  with contextlib.closing(checkpoint.Checkpointer(directory)) as ckpt:
+    assert ckpt.all_steps() == [1, 2]
+    ckpt.save(3, _tree(3.0), {"step": 3})  # The step can be written again.
+
+
+def test_restore_latest_raises_the_mismatch_when_every_checkpoint_disagrees(three_steps, tmp_path):
+  ckpt = checkpoint.Checkpointer(_copy(three_steps, tmp_path))
   wrong = {**_tree(), "counts": np.zeros(4, np.int32)}
   with pytest.raises(checkpoint.CheckpointMismatchError, match=r"counts: in checkpoint \(3,\)"):
     ckpt.restore_latest(like=wrong, log=lambda _: None)
@@ -396,13 +554,42 @@ def test_restore_latest_raises_the_mismatch_when_every_checkpoint_disagrees(tmp_
   ckpt.close()
 
 
-def test_restore_latest_with_no_checkpoints_and_with_none_readable(tmp_path):
+def test_restore_latest_with_no_checkpoints_and_with_none_readable(three_steps, tmp_path):
   assert checkpoint.Checkpointer(tmp_path / "empty").restore_latest(like=_tree()) is None
-  _three(tmp_path).close()
+  directory = _copy(three_steps, tmp_path)
   for step in (1, 2, 3):
-    (tmp_path / "ck" / str(step) / "state" / "_METADATA").unlink()
+    (directory / str(step) / "state" / "_METADATA").unlink()
   with pytest.raises(checkpoint.NoValidCheckpointError, match=r"step 3: .*step 1: "):
-    checkpoint.Checkpointer(tmp_path / "ck").restore_latest(like=_tree(), log=lambda _: None)
+    checkpoint.Checkpointer(directory).restore_latest(like=_tree(), log=lambda _: None)
+  assert _steps_on_disk(directory) == [1, 2, 3]  # None restored: nothing is moved.
+
+
+def test_a_buffer_is_restored_as_written_and_a_check_can_refuse_its_step(tmp_path):
+  """The third item: host arrays of any structure, in the step's manifest. A caller's
+  check (the trainer's: the off-policy buffer) refuses a step like damage does."""
+  ckpt = checkpoint.Checkpointer(tmp_path / "ck", keep=5)
+  buffers = {
+    s: {"step": np.asarray(s, np.int64), "rows": {"7": np.arange(6, dtype=np.int32) * s}}
+    for s in (1, 2)
+  }
+  for s, buffer in buffers.items():
+    ckpt.save(s, _tree(float(s)), {"step": s}, buffer=buffer)
+  ckpt.save(3, _tree(3.0), {"step": 3})  # No buffer.
+  ckpt.close()
+  assert any(n.startswith("buffer/") for n in json.loads(
+    (tmp_path / "ck" / "2" / checkpoint.MANIFEST).read_text())["files"])  # fmt: skip
+
+  def needs_buffer(got):
+    return None if got.buffer is not None else "its buffer is missing"
+
+  got, logged = _restore(tmp_path / "ck", check=needs_buffer)
+  assert got.step == 2 and "/3 is unreadable (its buffer is missing)" in logged[0]
+  assert jax.tree.structure(got.buffer) == jax.tree.structure(buffers[2])
+  np.testing.assert_array_equal(got.buffer["rows"]["7"], [0, 2, 4, 6, 8, 10])
+  assert got.buffer["rows"]["7"].dtype == np.int32 and int(got.buffer["step"]) == 2
+  _flip(tmp_path / "ck" / "2" / "buffer" / "_METADATA", 5)
+  got, logged = _restore(tmp_path / "ck", check=needs_buffer)
+  assert got.step == 1 and "/2 is unreadable (buffer/_METADATA holds other bytes" in logged[0]
 
 
 def test_a_failed_save_is_one_error_and_keeps_the_only_valid_checkpoint(tmp_path, monkeypatch):
@@ -425,7 +612,7 @@ def test_a_failed_save_is_one_error_and_keeps_the_only_valid_checkpoint(tmp_path
     ckpt.close()
   fresh = checkpoint.Checkpointer(tmp_path / "ck")
   assert fresh.all_steps() == [1]
-  assert fresh.restore_latest(like=_tree(), log=lambda _: None)[0] == 1
+  assert fresh.restore_latest(like=_tree(), log=lambda _: None).step == 1
   fresh.close()
 
 

@@ -78,6 +78,12 @@ BAD = [
   ("task.name", "algebra", "algebra"),
   ("diagnostics.every", -1, "config.diagnostics.every must be >= 0"),
   ("diagnostics.tau", NAN, "config.diagnostics.tau=nan"),
+  ("learning_rate", 1e39, "config.learning_rate=1e\\+39 overflows in the parameter dtype float32"),
+  ("collapse.action", "exit", "config.collapse.action='exit'; allowed: stop, warn, off"),
+  ("collapse.patience", 0, "config.collapse.patience must be >= 1, got 0"),
+  ("collapse.expected_correct", NAN, "config.collapse.expected_correct=nan: must be a finite"),
+  ("collapse.eval_min_solved", -1, "config.collapse.eval_min_solved must be >= 0"),
+  ("collapse.entropy_floor", -0.1, "config.collapse.entropy_floor=-0.1: must be a finite"),
 ]
 
 
@@ -173,4 +179,5 @@ def test_config_json_records_every_section(tmp_path):
     "diagnostics",
     "counterfactual",
     "env",
+    "collapse",
   }

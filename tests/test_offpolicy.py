@@ -1,8 +1,10 @@
 """The off-policy pipeline (`offpolicy`, `pipeline`): the synchronous schedule at s = 0,
 rows s updates stale, stale rows never trained uncorrected, partial rollouts' per-segment
-log-probs, async resume, sampler/trainer device split, and bad configs."""
+log-probs, async resume (and a damaged, foreign or missing in-flight buffer never
+resumed), sampler/trainer device split, and bad configs."""
 
 import pathlib
+import shutil
 import sys
 
 import jax
@@ -10,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import config, logprobs, model, offpolicy, pipeline, steps, train
+from grpo_jax import checkpoint, config, logprobs, model, offpolicy, pipeline, steps, train
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "configs"))
 import arithmetic  # noqa: E402
@@ -90,7 +92,7 @@ def test_a_row_staler_than_the_bound_is_dropped_or_trained_corrected(tmp_path):
   base = dict(offpolicy__enabled=True, rl__is_correction="tis_token")
   _run(_tiny(iterations=2, offpolicy__max_staleness=2, **base), tmp_path / "drop")
   _run(_tiny(iterations=2, offpolicy__max_staleness=2, **base), tmp_path / "correct")
-  assert (tmp_path / "drop" / "pending" / "2.npz").exists()
+  assert (tmp_path / "drop" / "checkpoints" / "2" / "buffer").is_dir()
   dropped = _run(_tiny(iterations=3, **base), tmp_path / "drop")[3]
   assert dropped["offpolicy/staleness_max"] == 2 and dropped["offpolicy/stale_frac"] == 1.0
   assert dropped["offpolicy/stale_dropped_frac"] == 1.0
@@ -101,8 +103,31 @@ def test_a_row_staler_than_the_bound_is_dropped_or_trained_corrected(tmp_path):
   assert corrected["loss_tokens"] > 0 and corrected["offpolicy/mismatch_k3"] > 0
 
 
+def _replace_buffer(step_dir, source):
+  """step_dir's in-flight buffer replaced by source's (None: removed), and its manifest
+  written anew, as if the checkpoint had been written so: only the buffer's own record
+  (its step) or its absence can tell."""
+  shutil.rmtree(step_dir / "buffer")
+  if source is not None:
+    shutil.copytree(source / "buffer", step_dir / "buffer")
+  checkpoint.write_manifest(step_dir, when="after_commit")
+
+
+def _flip_buffer_byte(step_dir, source):
+  del source
+  f = max(
+    (p for p in (step_dir / "buffer").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size
+  )
+  data = bytearray(f.read_bytes())
+  data[len(data) // 2] ^= 0xFF
+  f.write_bytes(bytes(data))
+
+
 def test_async_resume_after_a_crash_reproduces_the_uninterrupted_run(tmp_path):
-  """Staleness 1 with partial rollouts: the checkpoint at 2 holds an unfinished batch."""
+  """Staleness 1 with partial rollouts: the checkpoint at 2 holds an unfinished batch.
+  Then the in-flight buffer of checkpoint 4 is damaged (a changed byte), replaced by
+  checkpoint 2's, or removed: each time the run names it in one line, falls back to
+  checkpoint 2 and its own buffer, and writes the uninterrupted run's metrics again."""
   cfg = lambda: _tiny(  # noqa: E731
     offpolicy__enabled=True,
     offpolicy__max_staleness=2,
@@ -122,6 +147,23 @@ def test_async_resume_after_a_crash_reproduces_the_uninterrupted_run(tmp_path):
   assert [x["iteration"] for x in resumed] == [0, 1, 2, 3, 4]
   assert [runs.untimed(x) for x in resumed] == [runs.untimed(x) for x in ref]
   assert max(x["offpolicy/mixed_version_frac"] for x in ref[1:]) > 0  # Partial rows exist.
+  ckpts = tmp_path / "run" / "checkpoints"
+  for damage, reason in [
+    (_flip_buffer_byte, "holds other bytes than when written"),
+    (_replace_buffer, "its in-flight buffer is that of step 2"),
+    (lambda d, _: _replace_buffer(d, None), "its off-policy in-flight buffer is missing"),
+  ]:
+    damage(ckpts / "4", ckpts / "2")
+    logged = []
+    train.run(cfg(), tmp_path / "run", log=logged.append)
+    said = [x for x in logged if "is unreadable" in x]
+    assert len(said) == 1 and reason in said[0] and "resuming from step 2" in said[0], logged
+    assert [runs.untimed(x) for x in runs.lines(tmp_path / "run")] == [runs.untimed(x) for x in ref]
+  assert sorted(p.name for p in (tmp_path / "run" / "checkpoints.bad").iterdir()) == [
+    "4",
+    "4.1",
+    "4.2",
+  ]
 
 
 @pytest.fixture(scope="module")
