@@ -19,10 +19,10 @@ Command (from the repo root, after `pip install -e .`):
 Variants (the scale of configs/long_addition.py:tiny, 60 iterations of 16 prompts):
   tiny: G = 8 samples + C = 4 branches per group (2 continuations at each of 2 uniform cuts
     of rollouts picked uniformly: a plan that looks at a parent only through the prefix it
-    keeps, and its length), informing the trie only; λ, κ, τ as chosen by the tuning grid of
-    claims 10c-10f (experiments/claims.py, IBPO_TUNED; tuned on seeds 100-102).
-  trie: the same estimator with G = 10 samples and no counterfactual rows (φ from the
-    group alone), at the tiny variant's generated tokens.
+    keeps, and its length), informing the trie only; λ, κ, τ = BRANCH, chosen by the tuning
+    grid of claims 10c-10f (experiments/claims.py, `tune_ibpo`; seeds 100-102).
+  trie: the same estimator with G = 10 samples and no counterfactual rows (the group's
+    trie alone), at the tiny variant's generated tokens; λ, κ = TRIE (the same grid).
   grpo: GRPO with G = 10, about the tiny variant's generated tokens per group (the 4
     branches regenerate about half a completion each).
   hint / repair: C = 4 rows sampled under the task's hint / "N:<attempt>" repair prompt,
@@ -47,7 +47,10 @@ long_addition = importlib.util.module_from_spec(_BASE)
 _BASE.loader.exec_module(long_addition)
 
 VARIANTS = ("tiny", "trie", "grpo", "hint", "repair")
-LAMBDA, SHRINK, TAU = 1.0, 4.0, 0.5  # λ, κ, τ (placeholders until the tuning grid has run).
+# (λ, κ) of the trie arm and (λ, κ, τ) of the branch arm: placeholders until the tuning grid
+# of claims 10c-10f has run on its seeds (experiments/claims.py, `tune_ibpo`).
+TRIE = (1.0, 4.0)
+BRANCH = (1.0, 4.0, 0.5)
 
 
 def get_config(arg: str = "tiny"):
@@ -57,8 +60,9 @@ def get_config(arg: str = "tiny"):
   if arg == "grpo":
     c.sampler.group_size = 10
     return c
-  c.rl.update(advantage="ibpo", ibpo_lambda=LAMBDA, ibpo_tau=TAU)
-  c.rl.advantage_options = {"shrink": SHRINK, "scale": "std"}
+  lam, shrink, tau = (*TRIE, 1.0) if arg == "trie" else BRANCH
+  c.rl.update(advantage="ibpo", ibpo_lambda=lam, ibpo_tau=tau)
+  c.rl.advantage_options = {"shrink": shrink, "scale": "std"}
   if arg == "trie":
     c.sampler.group_size = 10
     return c

@@ -1,31 +1,37 @@
-"""Gradient variance of GRPO and IBPO at equal generated tokens (IBPO, arXiv 2605.16302).
+"""Signal per unit gradient variance of GRPO and IBPO at equal generated tokens (arXiv 2605.16302).
 
   python experiments/ibpo_variance.py                    # 3 seeds, JSON on stdout
   python experiments/ibpo_variance.py --seeds 1 --quick  # smoke run
 
 For one warm-started policy (configs/ibpo.py's base, long_addition, seed s) and P held-in
-prompts, K independent groups are sampled per prompt under each arm of configs/ibpo.py:
+prompts, K independent groups are sampled per prompt under each arm:
 
   grpo    G = 10 samples, GRPO advantages;
-  trie    G = 10 samples, the ibpo estimator with φ from the group alone (no counterfactuals);
-  branch  G = 8 samples + C = 4 branches (2 continuations at each of 2 step cuts of failed
-          rollouts), the ibpo estimator; the branches inform φ and are not trained.
+  grpo8   G = 8 samples, GRPO (the branch arm's trained rows);
+  trie    G = 10 samples (the grpo arm's own, same key), the ibpo estimator with the trie of
+          the group alone (no counterfactual rows);
+  branch  G = 8 samples (the grpo8 arm's own) + C = 4 branches (2 continuations at each of 2
+          uniform cuts of uniformly picked rollouts), the ibpo estimator; the branches inform
+          the trie and are not trained.
 
-Each arm runs the trainer's own path (`rollout.with_counterfactuals`, `rl.finish_prepare`),
-so its advantages and loss mask are exactly what training would use. A group's gradient
-estimate is ĝ = (1/n) ∇ Σ_i Σ_t m_{i,t} A_{i,t} log π(o_{i,t}) over all parameters, n the
-group's trained rows (the same per-rollout scale for every arm). For each prompt the
-variance is the trace of the covariance of ĝ over its K groups, (1/(K−1)) Σ_k ‖ĝ_k − ḡ‖²,
-averaged over prompts; the signal is ‖ḡ‖². Generated tokens per group are counted (the
-samples' tokens plus the tokens the branches decoded themselves), so the arms can be
-compared at equal cost: G = 10 was chosen so grpo generates about as many tokens as
-branch (both are reported).
+λ, κ, τ of the ibpo arms are configs/ibpo.py's (TRIE, BRANCH: what the tuning grid of claims
+10c-10f chose), or given (`measure_grid`). Each arm runs the trainer's own path
+(`rollout.with_counterfactuals`, `rl.finish_prepare`), so its advantages and loss mask are
+exactly what training would use. A group's gradient estimate is ĝ = (1/n) ∇ Σ_i Σ_t m_{i,t}
+A_{i,t} log π(o_{i,t}) over all parameters, n the group's trained rows. Per prompt, with
+ḡ the mean of its K groups' ĝ: variance = (1/(K−1)) Σ_k ‖ĝ_k − ḡ‖² (the trace of the
+covariance) and signal = ‖ḡ‖² − variance/K (an unbiased estimate of ‖E ĝ‖²); both are
+averaged over prompts, and snr = signal ÷ variance is free of the advantages' scale. Tokens
+generated per group are counted (the samples' plus the tokens the branches decoded), and
+trained rows per group.
 
-Used by claim 10 of experiments/reproduce.py (`claims.analyse_ibpo_variance`).
+Used by claims 10c/10e of experiments/reproduce.py (`claims.analyse_ibpo_loo_variance`) and
+their tuning grid (`claims.tune_ibpo`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import sys
 
@@ -37,13 +43,22 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "configs"))
 sys.path.insert(0, str(ROOT / "experiments"))
 
-ARMS = ("grpo", "trie", "branch")
+ARMS = ("grpo", "grpo8", "trie", "branch")
+KEEP = ("ibpo/terminal_comparison_corr", "ibpo/comparison_abs_mean", "ibpo/kept_pair_frac")
 
 
-def make_config(arm: str, seed: int, *, prompts: int, groups: int, quick: bool):
+def make_config(arm: str, seed: int, *, prompts: int, groups: int, quick: bool, ibpo_params=None):
+  """The arm's config; ibpo_params (lam, shrink[, tau]) override configs/ibpo.py's."""
   import ibpo  # noqa: PLC0415  (configs/, on sys.path)
 
-  c = ibpo.get_config("tiny" if arm == "branch" else arm)
+  c = ibpo.get_config({"grpo": "grpo", "grpo8": "grpo", "trie": "trie", "branch": "tiny"}[arm])
+  if arm == "grpo8":
+    c.sampler.group_size = 8
+  if ibpo_params is not None and arm in ("trie", "branch"):
+    lam, shrink, *tau = ibpo_params
+    c.rl.update(ibpo_lambda=lam, advantage_options={**c.rl.advantage_options, "shrink": shrink})
+    if tau:
+      c.rl.ibpo_tau = tau[0]
   c.update(seed=seed, prompts_per_step=prompts * groups, reward_workers=0, progress=False)
   if quick:
     c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64)
@@ -54,8 +69,9 @@ def make_config(arm: str, seed: int, *, prompts: int, groups: int, quick: bool):
   return c
 
 
-def arm_batch(setup, fns, params, examples, key):
-  """(RolloutBatch, metrics, generated tokens per group) of one arm on `examples`."""
+def sampled(setup, fns, params, examples, key) -> dict:
+  """One arm's rollouts on `examples` (with its counterfactual rows), scores and log-probs,
+  and the tokens generated per group."""
   from grpo_jax import rewards, rollout  # noqa: PLC0415
 
   n, G = setup.loop.prompts_per_step, setup.sampler_cfg.group_size
@@ -72,18 +88,34 @@ def arm_batch(setup, fns, params, examples, key):
       )
       cf_N = prov.kind_N != 0
       tokens += float(jnp.sum(prov.own_NT & cf_N[:, None]))
-  lp = fns.logprobs(params, None, rollouts)
-  hyper = setup.rl_cfg.prepare_hyper(max_new_tokens=setup.sampler_cfg.max_new_tokens)
-  batch, _, stats = fns.finish(
-    lp, rollouts, scores.correct_N, scores.format_N, hyper, scores.scorable_N, None, prov
+  return dict(
+    rollouts=rollouts,
+    scores=scores,
+    prov=prov,
+    lp=fns.logprobs(params, None, rollouts),
+    tokens_per_group=tokens / n,
+    pass_rate=float(np.mean(np.asarray(scores.correct_N)[: n * G])),
   )
-  metrics = {k: float(v) for k, v in stats.items()}
-  metrics["pass_rate"] = float(np.mean(np.asarray(scores.correct_N)[: n * G]))
-  return batch, metrics, tokens / n
+
+
+def finished(setup, fns, got: dict, *, lam=None, tau=None):
+  """(RolloutBatch, metrics) of `sampled` through the trainer's prepare, with λ and τ
+  (arrays of the hyper: no recompile) replacing the config's where given."""
+  rl_cfg = setup.rl_cfg
+  if lam is not None:
+    rl_cfg = dataclasses.replace(rl_cfg, ibpo_lambda=lam)
+  if tau is not None:
+    rl_cfg = dataclasses.replace(rl_cfg, ibpo_tau=tau)
+  hyper = rl_cfg.prepare_hyper(max_new_tokens=setup.sampler_cfg.max_new_tokens)
+  s = got["scores"]
+  batch, _, stats = fns.finish(
+    got["lp"], got["rollouts"], s.correct_N, s.format_N, hyper, s.scorable_N, None, got["prov"]
+  )
+  return batch, {k: float(v) for k, v in stats.items()}
 
 
 def group_variance(params, batch, *, model_fn, group_size: int, prompts: int, groups: int):
-  """(variance, signal) of the per-group gradient estimates (module docstring)."""
+  """(variance, signal, rows per group) of the per-group gradient estimates (docstring)."""
   import baseline_variance  # noqa: PLC0415
 
   m_NT = batch.loss_mask_NT
@@ -97,41 +129,80 @@ def group_variance(params, batch, *, model_fn, group_size: int, prompts: int, gr
   g = np.asarray(g, np.float64).reshape(prompts, groups, -1)
   mean = g.mean(axis=1, keepdims=True)
   var = ((g - mean) ** 2).sum(axis=-1).sum(axis=1) / (groups - 1)
-  return float(var.mean()), float((mean**2).sum(axis=-1).mean())
+  signal = (mean**2).sum(axis=-1)[:, 0] - var / groups
+  rows = float(np.asarray(trained_N).sum()) / (prompts * groups)
+  return float(var.mean()), float(signal.mean()), rows
 
 
-def measure(seed: int, *, prompts: int = 8, groups: int = 8, quick: bool = False) -> dict:
-  """{arm: {"variance", "signal", "tokens_per_group", "pass_rate", ...}} for one seed."""
+def _figures(setup, fns, params, got, batch, metrics, *, prompts, groups) -> dict:
+  variance, signal, rows = group_variance(
+    params,
+    batch,
+    model_fn=fns.model_fn,
+    group_size=setup.train_group,
+    prompts=prompts,
+    groups=groups,
+  )
+  return {
+    "variance": variance,
+    "signal": signal,
+    "snr": signal / variance if variance > 0 else None,
+    "tokens_per_group": got["tokens_per_group"],
+    "rows_per_group": rows,
+    "pass_rate": got["pass_rate"],
+    **{k: metrics[k] for k in KEEP if k in metrics},
+  }
+
+
+def _arms(seed, specs: dict, *, prompts: int, groups: int, quick: bool) -> dict:
+  """{name: figures} for specs {name: (arm, [(λ, κ[, τ]), ...] or None)}, one warm start.
+  An arm samples once (the same key for every arm: the trie arm sees GRPO G = 10's
+  rollouts, the branch arm GRPO G = 8's); each κ builds its own prepare, λ and τ only change
+  its hyper."""
   from grpo_jax import config, steps, train, warmstart  # noqa: PLC0415
 
   key = jax.random.key(seed)
   out, params = {}, None
-  for arm in ARMS:
-    setup = config.build(make_config(arm, seed, prompts=prompts, groups=groups, quick=quick))
-    fns = steps.functions(setup)
-    if params is None:  # One warm start per seed, shared by the arms.
-      params = train.initial_params(setup, fns, jax.random.fold_in(key, 0))
-      params = warmstart.run(setup, fns, params, log=lambda *_: None, preempted={"set": False})
-    n = prompts * groups
-    # Prompt p fills rows p·K .. p·K + K − 1: K independent groups of the same prompt.
-    examples = {i: setup.task.example("train", i // groups, seed=seed) for i in range(n)}
-    batch, metrics, tokens = arm_batch(setup, fns, params, examples, jax.random.fold_in(key, 7))
-    variance, signal = group_variance(
-      params,
-      batch,
-      model_fn=fns.model_fn,
-      group_size=setup.train_group,
-      prompts=prompts,
-      groups=groups,
-    )
-    keep = ("ibpo/shaping_abs_mean", "ibpo/shaping_residual_corr", "ibpo/kept_pair_frac")
-    out[arm] = {
-      "variance": variance,
-      "signal": signal,
-      "tokens_per_group": tokens,
-      **{k: metrics[k] for k in ("pass_rate", *keep) if k in metrics},
-    }
+  size = dict(prompts=prompts, groups=groups)
+  for arm, points in specs.items():
+    points = points or [(None, None)]  # (name, params): the config's own.
+    got = None
+    for shrink in dict.fromkeys(p[2][1] if p[1] else None for p in points):
+      first = next(p for p in points if (p[2][1] if p[1] else None) == shrink)
+      c = make_config(arm, seed, quick=quick, ibpo_params=first[2] if first[1] else None, **size)
+      setup = config.build(c)
+      fns = steps.functions(setup)
+      if params is None:  # One warm start per seed, shared by the arms.
+        params = train.initial_params(setup, fns, jax.random.fold_in(key, 0))
+        params = warmstart.run(setup, fns, params, log=lambda *_: None, preempted={"set": False})
+      if got is None:
+        # Prompt p fills rows p·K .. p·K + K − 1: K independent groups of the same prompt.
+        examples = {
+          i: setup.task.example("train", i // groups, seed=seed) for i in range(prompts * groups)
+        }
+        got = sampled(setup, fns, params, examples, jax.random.fold_in(key, 7))
+      for name, has, p in points:
+        if (p[1] if has else None) != shrink:
+          continue
+        tau = p[2] if has and len(p) > 2 else None
+        batch, metrics = finished(setup, fns, got, lam=p[0] if has else None, tau=tau)
+        out[name] = _figures(setup, fns, params, got, batch, metrics, **size)
   return out
+
+
+def measure(seed: int, *, prompts: int = 8, groups: int = 8, quick: bool = False) -> dict:
+  """{arm: {"variance", "signal", "snr", "tokens_per_group", ...}} for one seed, the ibpo
+  arms at configs/ibpo.py's tuned λ, κ, τ."""
+  specs = {a: [(a, False, None)] for a in ARMS}
+  return _arms(seed, specs, prompts=prompts, groups=groups, quick=quick)
+
+
+def measure_grid(seed: int, *, grid: dict, prompts: int = 8, groups: int = 8, quick=False) -> dict:
+  """`measure` for the GRPO G = 10 reference and each grid point {name: (arm, (λ, κ[, τ]))}."""
+  specs = {"grpo": [("grpo", False, None)]}
+  for name, (arm, params) in grid.items():
+    specs.setdefault(arm, []).append((name, True, params))
+  return _arms(seed, specs, prompts=prompts, groups=groups, quick=quick)
 
 
 def main(argv=None) -> list[dict]:

@@ -199,6 +199,110 @@ def combine(parts: list[str]) -> str:
   return "inconclusive"
 
 
+def _t_test(fig: dict, threshold: float) -> tuple[float, float]:
+  """(mean − threshold, two-sided p of a one-sample t test over the seeds' values): the
+  test the 95% CI inverts (CI excludes the threshold ⇔ p < 0.05)."""
+  import scipy.stats  # noqa: PLC0415
+
+  v = np.asarray([x for x in fig["per_seed"] if x is not None], np.float64)
+  d = float(v.mean()) - threshold if v.size else 0.0
+  if v.size < 2:
+    return d, 1.0
+  sd = float(v.std(ddof=1))
+  if sd == 0.0:
+    return d, 0.0 if d != 0 else 1.0
+  t = d / (sd / math.sqrt(v.size))
+  return d, float(2 * scipy.stats.t.sf(abs(t), v.size - 1))
+
+
+def part_p(fig: dict, relation: str, low: float, high: float | None = None) -> dict:
+  """{"yes": p, "no": p}: the p-value with which the part holds ("yes") or fails outright
+  ("no"), 1 where the data lean the other way; relation as claims.Test."""
+  if relation == "within":
+    d_lo, p_lo = _t_test(fig, low)
+    d_hi, p_hi = _t_test(fig, high)
+    yes = max(p_lo if d_lo > 0 else 1.0, p_hi if d_hi < 0 else 1.0)
+    no = min(p_lo if d_lo < 0 else 1.0, p_hi if d_hi > 0 else 1.0)
+    return {"yes": yes, "no": no}
+  d, p = _t_test(fig, low)
+  sign = 1.0 if relation == "above" else -1.0
+  return {"yes": p if sign * d > 0 else 1.0, "no": p if sign * d < 0 else 1.0}
+
+
+def claim_p(figures: dict, tests) -> dict:
+  """{"supports": p, "contradicts": p} of a claim whose rule is `combine` over `tests`:
+  supports needs every part (intersection-union: the largest p); contradicts any part
+  (the smallest p times the number of parts, Bonferroni within the claim)."""
+  ps = [part_p(figures[t.figure], t.relation, t.low, t.high) for t in tests]
+  return {
+    "supports": max(p["yes"] for p in ps),
+    "contradicts": min(1.0, len(ps) * min(p["no"] for p in ps)),
+  }
+
+
+def holm(verdicts: dict, pvalues: dict, *, alpha: float = 0.05) -> dict:
+  """{claim: verdict after Holm's step-down over the family}: a supports/contradicts stays
+  only where its p (pvalues[claim][verdict]) is rejected at level alpha across all the
+  claims' m hypotheses; else inconclusive. Inconclusive claims enter with their smaller p."""
+  p = {
+    k: pvalues[k][v] if v in pvalues[k] else min(pvalues[k].values()) for k, v in verdicts.items()
+  }
+  out, m, going = {}, len(p), True
+  for rank, k in enumerate(sorted(p, key=p.get)):
+    going = going and p[k] <= alpha / (m - rank)
+    out[k] = verdicts[k] if going and verdicts[k] != "inconclusive" else "inconclusive"
+  return out
+
+
+def seeds_for_power(fig: dict, relation: str, low: float, high=None, *, power=0.8, cap=200):
+  """Seeds at which the part's 95% CI would exclude its threshold (the nearer bound for
+  "within") with probability `power`, if the seeds' mean and sd were the truth (a
+  noncentral-t power calculation); None if the mean sits on it or past cap."""
+  import scipy.stats  # noqa: PLC0415
+
+  v = np.asarray([x for x in fig["per_seed"] if x is not None], np.float64)
+  if v.size < 2:
+    return None
+  mean, sd = float(v.mean()), float(v.std(ddof=1))
+  bounds = [low] if relation != "within" else [low, high]
+  d = min(abs(mean - b) for b in bounds)
+  if d == 0 or sd == 0:
+    return None if d == 0 else int(v.size)
+  for n in range(2, cap + 1):
+    crit = scipy.stats.t.ppf(0.975, n - 1)
+    nc = d / sd * math.sqrt(n)
+    if scipy.stats.nct.sf(crit, n - 1, nc) + scipy.stats.nct.cdf(-crit, n - 1, nc) >= power:
+      return n
+  return None
+
+
+def claim_seeds_for_power(figures: dict, tests) -> int | None:
+  """Seeds for the rule to decide at its observed effects (80% power per part). A part
+  leaning "no" can never hold, so then the rule decides when the first such part fails
+  outright (the fewest seeds over them); else when every part holds (the most). None:
+  more than 200 seeds."""
+  yes, no = [], []
+  for t in tests:
+    n = seeds_for_power(figures[t.figure], t.relation, t.low, t.high)
+    p = part_p(figures[t.figure], t.relation, t.low, t.high)
+    (no if p["no"] < 1.0 else yes).append(n)
+  if no:
+    return min((n for n in no if n is not None), default=None)
+  return None if any(n is None for n in yes) else max(yes)
+
+
+def verdict_from_tests(figures: dict, tests) -> str:
+  """The rule's verdict recomputed from its decisive parts (claims.Test)."""
+  fn = {"above": above, "below": below}
+  parts = [
+    within(figures[t.figure], t.low, t.high)
+    if t.relation == "within"
+    else fn[t.relation](figures[t.figure], t.low)
+    for t in tests
+  ]
+  return combine(parts)
+
+
 # ----------------------------------------------------------------------------
 # Reading runs.
 # ----------------------------------------------------------------------------
@@ -356,26 +460,69 @@ Regenerate: `python experiments/reproduce.py --claims {key}` (its runs took
   (out / f"{key}.md").write_text(md)
 
 
+def adjusted(out: pathlib.Path) -> dict:
+  """{claim key: Holm-adjusted verdict} over the family of measured claims that stand (not
+  superseded), each with its rule's p-values (`claim_p`)."""
+  from claims import CLAIMS  # noqa: PLC0415
+
+  verdicts, pvalues = {}, {}
+  for claim in CLAIMS:
+    path = out / f"{claim.key}.json"
+    if claim.superseded or not claim.tests or not path.exists():
+      continue
+    r = json.loads(path.read_text())
+    verdicts[claim.key] = r["verdict"]
+    pvalues[claim.key] = claim_p(r["figures"], claim.tests)
+  return holm(verdicts, pvalues)
+
+
+def _power_cell(claim, r: dict, out: pathlib.Path) -> str:
+  """For an inconclusive claim: seeds for 80% power at its observed effects, and the
+  extension's verdict where one ran (out/extended/<key>.json)."""
+  if r["verdict"] != "inconclusive" or not claim.tests:
+    return "—"
+  n = claim_seeds_for_power(r["figures"], claim.tests)
+  cell = "> 200 seeds" if n is None else f"{n} seeds"
+  ext = out / "extended" / f"{claim.key}.json"
+  if ext.exists():
+    e = json.loads(ext.read_text())
+    cell += f"; extended to {len(e['seeds'])}: **{e['verdict']}** (sequential)"
+  return cell
+
+
 def table(out: pathlib.Path, *, link_prefix: str = "") -> str:
-  """The claims table (markdown) from the JSON under `out`."""
+  """The claims table (markdown) from the JSON under `out`: the verdict at the rule's own
+  seeds, Holm-adjusted over the claims that stand, and for inconclusive claims the seeds
+  80% power at the observed effect would need (`seeds_for_power`)."""
   from claims import CLAIMS  # noqa: PLC0415
 
   lines = [
-    "| # | claim | source | our measurement (mean [95% CI]) | verdict | result |",
-    "|---|---|---|---|---|---|",
+    "| # | claim | source | our measurement (mean [95% CI]) | seeds | verdict | Holm-adjusted "
+    "| power: seeds to decide | result |",
+    "|---|---|---|---|---|---|---|---|---|",
   ]
+  holm_verdicts = adjusted(out)
   for claim in CLAIMS:
     path = out / f"{claim.key}.json"
     if not path.exists():
-      lines.append(f"| {claim.label} | {claim.title} | {claim.source} | not measured yet | — | — |")
+      lines.append(
+        f"| {claim.label} | {claim.title} | {claim.source} | not measured yet | — | — | — | — | — |"
+      )
       continue
     r = json.loads(path.read_text())
     head = r["figures"][r["headline"]]
     label = head.get("label", r["headline"])
     quick = " (quick run)" if r["quick"] else ""
+    if claim.superseded:
+      title = f"{r['title']} (superseded: {claim.superseded.split(' (')[0]})"
+      adj, power = "— (superseded)", "—"
+    else:
+      title = r["title"]
+      adj, power = f"**{holm_verdicts.get(claim.key, '—')}**", _power_cell(claim, r, out)
     lines.append(
-      f"| {r['label']} | {r['title']} | {r['source']} | {label}: {_fmt_fig(head)}{quick} | "
-      f"**{r['verdict']}** | [{claim.key}]({link_prefix}{claim.key}.md) |"
+      f"| {r['label']} | {title} | {r['source']} | {label}: {_fmt_fig(head)}{quick} | "
+      f"{len(r['seeds'])} | **{r['verdict']}** | {adj} | {power} | "
+      f"[{claim.key}]({link_prefix}{claim.key}.md) |"
     )
   return "\n".join(lines) + "\n"
 
@@ -395,7 +542,74 @@ def write_table(out: pathlib.Path, *, readme: pathlib.Path | None) -> str:
   return text
 
 
+def extend_claim(claim, *, root, seeds, iterations, out: pathlib.Path) -> dict:
+  """Runs `seeds` more of a judged claim and merges them with its committed per-seed
+  figures into out/extended/<key>.json, the verdict recomputed from its rule's parts. A
+  sequential look after a power estimate, not the pre-registered verdict (which stays)."""
+  base = json.loads((out / f"{claim.key}.json").read_text())
+  new = run_claim(
+    claim, root=root, seeds=seeds, iterations=iterations, quick=False, out=out / "extended" / "new"
+  )
+  figures = {
+    name: {
+      "label": f.get("label", name),
+      **summarize(f["per_seed"] + new["figures"][name]["per_seed"]),
+    }
+    for name, f in base["figures"].items()
+    if name in new["figures"]
+  }
+  result = {
+    "claim": claim.key,
+    "label": claim.label,
+    "primary_verdict": base["verdict"],
+    "primary_seeds": base["seeds"],
+    "seeds": base["seeds"] + list(seeds),
+    "verdict": verdict_from_tests(figures, claim.tests),
+    "figures": figures,
+    "compute_seconds": new["compute_seconds"],
+    "note": "Seeds added after a power estimate (sequential, not pre-registered): the rule "
+    "is unchanged and the primary verdict stands; this is a second look.",
+  }
+  path = out / "extended" / f"{claim.key}.json"
+  path.write_text(json.dumps(result, indent=1) + "\n")
+  print(f"  extended {claim.key} to {len(result['seeds'])} seeds: {result['verdict']}", flush=True)
+  return result
+
+
+def write_tuning(tuned: dict, *, out: pathlib.Path) -> dict:
+  """out/ibpo_tuning.json and .md: the grid of claims 10c-10f on its tuning seeds."""
+  out.mkdir(parents=True, exist_ok=True)
+  slim = {k: v for k, v in tuned.items() if k != "per_seed"}
+  slim["per_seed_snr"] = [{k: v["snr"] for k, v in r.items()} for r in tuned["per_seed"]]
+  (out / "ibpo_tuning.json").write_text(json.dumps(slim, indent=1) + "\n")
+  rows = "\n".join(
+    f"| `{name}` | {row['params']} | {row['mean']:.4f} | "
+    + ", ".join(f"{x:.4f}" for x in row["snr_ratio"])
+    + (" | **chosen** |" if name in tuned["best"].values() else " | |")
+    for name, row in sorted(tuned["table"].items())
+  )
+  (out / "ibpo_tuning.md").write_text(
+    f"""# Tuning grid of claims 10c-10f (IBPO, leave-one-out prefix baseline)
+
+Seeds {tuned["seeds"]} only (the verdict seeds are 10-14). Each grid point's SNR (signal ÷
+variance of the per-group policy gradient, experiments/ibpo_variance.py, 16 prompts × 8
+groups) over GRPO G = 10's on the same warm-started policy; the highest mean ratio wins per
+arm and is written into configs/ibpo.py (TRIE, BRANCH) before any verdict run. Params are
+(λ, κ) for the trie arm and (λ, κ, τ) for the branch arm.
+
+| grid point | params | mean SNR ratio | per seed | |
+|---|---|---|---|---|
+{rows}
+
+Regenerate: `python experiments/reproduce.py --tune_ibpo`.
+"""
+  )
+  print(json.dumps(tuned["best"]))
+  return slim
+
+
 def main(argv=None) -> list[dict]:
+  import claims as claims_lib  # noqa: PLC0415
   from claims import CLAIMS  # noqa: PLC0415
 
   # Diagnostics log NaN for empty cells (e.g. no suppressed token in a small probe); the
@@ -412,16 +626,27 @@ def main(argv=None) -> list[dict]:
   parser.add_argument("--out", default=str(DEFAULT_OUT))
   parser.add_argument("--table", action="store_true", help="only rewrite index.md and README")
   parser.add_argument("--list", action="store_true", help="list the claims and exit")
+  parser.add_argument("--tune_ibpo", action="store_true", help="claims 10c-10f's grid, then exit")
+  parser.add_argument(
+    "--extend", default="", help="'K:s1,s2,...': more seeds for judged claim K (out/extended/)"
+  )
   args = parser.parse_args(argv)
   out = pathlib.Path(args.out).resolve()
+  root = pathlib.Path(args.workdir)
   if args.list:
     for c in CLAIMS:
-      print(f"{c.key:16s} {c.label:>3}  {c.title}")
+      print(f"{c.key:20s} {c.label:>3}  {c.title}")
     return []
   if args.table:
     print(write_table(out, readme=ROOT / "README.md" if out == DEFAULT_OUT else None))
     return []
-  runnable = [c.key for c in CLAIMS if c.analyse]
+  if args.tune_ibpo:
+    return [write_tuning(claims_lib.tune_ibpo(root=root, quick=args.quick), out=out)]
+  if args.extend:
+    key, seeds = args.extend.split(":")
+    seeds = [int(s) for s in seeds.split(",")]
+    return [extend_claim(by_key[key], root=root, seeds=seeds, iterations=args.iterations, out=out)]
+  runnable = [c.key for c in CLAIMS if c.analyse and not c.superseded]
   keys = runnable if args.claims == "all" else args.claims.split(",")
   unknown = [k for k in keys if k not in runnable]
   if unknown:
@@ -430,10 +655,11 @@ def main(argv=None) -> list[dict]:
   results = []
   for k in keys:
     print(f"claim {by_key[k].label} ({k}):", flush=True)
+    claim_seeds = list(by_key[k].seeds or range(seeds))
     r = run_claim(
       by_key[k],
-      root=pathlib.Path(args.workdir),
-      seeds=list(range(seeds)),
+      root=root,
+      seeds=claim_seeds[:seeds] if args.quick else claim_seeds,
       iterations=iterations,
       quick=args.quick,
       out=out,

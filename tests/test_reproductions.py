@@ -58,13 +58,61 @@ def test_combine_needs_every_part():
   assert reproduce.combine([]) == "inconclusive"
 
 
+def test_t_test_p_values_by_hand():
+  """One-sample t with 2 degrees of freedom has sf(t) = 1/2 − t/(2√(2 + t²)), so the two-sided
+  p is 1 − t/√(2 + t²). [1, 2, 3] against 0: t = 2√3, p = 1 − 2√3/√14."""
+  fig = reproduce.summarize([1.0, 2.0, 3.0])
+  p = reproduce.part_p(fig, "above", 0.0)
+  assert p["yes"] == pytest.approx(1 - 2 * math.sqrt(3) / math.sqrt(14), rel=1e-6)
+  assert p["no"] == 1.0  # The data lean the other way.
+  assert reproduce.part_p(fig, "below", 0.0) == {"yes": 1.0, "no": p["yes"]}
+  # Inside [0, 4]: both ends must hold (the larger p); against 0 and 4, t = ±2√3.
+  assert reproduce.part_p(fig, "within", 0.0, 4.0)["yes"] == pytest.approx(p["yes"], rel=1e-6)
+  # The CI excludes the threshold exactly when p < 0.05.
+  assert (reproduce.above(fig, 0.0) == "yes") == (p["yes"] < 0.05)
+
+
+def test_holm_keeps_a_verdict_only_past_its_step():
+  """m = 3: thresholds 0.05/3, 0.05/2, 0.05 in p order; the step-down stops at the first
+  miss (0.03 > 0.025), so the third is not kept either though 0.04 < 0.05."""
+  pv = {"a": {"supports": 0.01}, "b": {"contradicts": 0.03}, "c": {"supports": 0.04}}
+  verdicts = {"a": "supports", "b": "contradicts", "c": "supports"}
+  got = reproduce.holm(verdicts, pv)
+  assert got == {"a": "supports", "b": "inconclusive", "c": "inconclusive"}
+  pv["b"]["contradicts"] = 0.02
+  assert reproduce.holm(verdicts, pv) == verdicts
+
+
+def test_seeds_for_power_by_the_textbook_value():
+  """Effect = 1 sd: a two-sided one-sample t test at α = 0.05 needs 10 subjects for 80%
+  power (noncentral t); half the effect needs more, the same data twice the same."""
+  fig = reproduce.summarize([0.0, 1.0, 2.0])  # mean 1, sd 1.
+  assert reproduce.seeds_for_power(fig, "above", 0.0) == 10
+  assert reproduce.seeds_for_power(fig, "above", 0.5) > 30
+  assert reproduce.seeds_for_power(fig, "within", -5.0, 0.0) == 10  # The nearer bound.
+
+
+def test_rule_parts_reproduce_every_committed_verdict():
+  """claims.Claim.tests (read by the Holm adjustment, the power column and extensions)
+  restate each rule: recomputed from the committed figures they give the committed verdict."""
+  for c in claims.CLAIMS:
+    path = reproduce.DEFAULT_OUT / f"{c.key}.json"
+    if not path.exists():
+      continue
+    r = json.loads(path.read_text())
+    assert c.tests, c.key
+    assert reproduce.verdict_from_tests(r["figures"], c.tests) == r["verdict"], c.key
+
+
 def test_every_claim_is_numbered_sourced_and_ruled():
   assert [c.label for c in claims.CLAIMS if c.number == 7] == ["7", "7b"]
   numbers = [c.number for c in claims.CLAIMS]
   assert sorted(set(numbers)) == list(range(1, 12)) and numbers == sorted(numbers)
   assert len({c.key for c in claims.CLAIMS}) == len(claims.CLAIMS)
   for c in claims.CLAIMS:
-    assert c.source and c.statement and c.rule, c.key
+    assert c.source and c.statement and c.rule and c.tests, c.key
+    # Claims added after the first runs fix their own verdict seeds, apart from tuning's.
+    assert not set(c.seeds) & set(claims.TUNING_SEEDS), c.key
     # Something to analyse: trained arms or a measurement.
     assert c.analyse is not None and (c.arms or c.measure is not None), c.key
   names = [a.name for c in claims.CLAIMS for a in c.arms]
@@ -119,17 +167,22 @@ def test_quick_run_writes_the_result_schema(tmp_path):
 
 def test_ibpo_variance_measures_every_arm_on_the_trainer_path():
   """experiments/ibpo_variance.py at smoke size: every arm gives a finite variance and
-  signal, and the branch arm generated tokens of its counterfactuals too."""
+  signal, the trie arm reuses GRPO G = 10's rollouts and the branch arm G = 8's (the same
+  tokens), and the branch arm generated tokens of its counterfactuals too."""
   import ibpo_variance  # noqa: PLC0415
 
   got = ibpo_variance.measure(0, prompts=2, groups=3, quick=True)
   assert set(got) == set(ibpo_variance.ARMS)
   for arm, r in got.items():
-    assert np.isfinite(r["variance"]) and r["variance"] >= 0 and r["signal"] >= 0, arm
+    assert np.isfinite(r["variance"]) and r["variance"] >= 0 and np.isfinite(r["signal"]), arm
     assert r["tokens_per_group"] > 0
+  assert got["trie"]["tokens_per_group"] == got["grpo"]["tokens_per_group"]
+  assert got["branch"]["tokens_per_group"] > got["grpo8"]["tokens_per_group"]
+  assert got["branch"]["rows_per_group"] == got["grpo8"]["rows_per_group"] == 8
   assert "ibpo/kept_pair_frac" in got["branch"] and "ibpo/kept_pair_frac" not in got["trie"]
-  outcome = claims.analyse_ibpo_variance([got, got])
-  assert outcome.verdict in reproduce.VERDICTS and outcome.headline in outcome.figures
+  for analyse in (claims.analyse_ibpo_loo_variance, claims.analyse_ibpo_trie_variance):
+    outcome = analyse([got, got])
+    assert outcome.verdict in reproduce.VERDICTS and outcome.headline in outcome.figures
 
 
 def test_readme_table_is_generated_from_the_committed_json():
