@@ -24,6 +24,10 @@ Layout (HF `nn.Linear` weights are [out, in]; ours are DenseGeneral kernels [in,
   input_layernorm / post_attention_layernorm / q_norm / k_norm / norm -> the RMSNorm scales
   lm_head [V, D] (untied)        -> lm_head/kernel [D, V]
 RoPE needs no permutation: HF Llama/Qwen checkpoints use the same half-split layout.
+
+GGUF files (llama.cpp) are accepted wherever a checkpoint directory is: a `*.gguf` path or
+`pkg:<package>` (`gguf_import`, which gives this module the file's config.json and its
+tensors under HF names and layout, dequantized as they are read).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ import ml_dtypes
 import numpy as np
 from jax.experimental import multihost_utils
 
-from grpo_jax import distributed, model
+from grpo_jax import distributed, gguf_import, model
 
 ARCHITECTURES = {
   "LlamaForCausalLM": "llama",
@@ -74,7 +78,9 @@ class CheckpointError(ValueError):
 
 
 def read_config(hf_dir) -> dict:
-  """config.json of a checkpoint directory, as a dict."""
+  """config.json of a checkpoint directory, as a dict (of a GGUF file: from its metadata)."""
+  if gguf_import.is_source(hf_dir):
+    return gguf_import.hf_config(hf_dir)
   path = pathlib.Path(hf_dir) / "config.json"
   if not path.is_file():
     raise CheckpointError(
@@ -263,7 +269,10 @@ def _read_header(path: pathlib.Path) -> tuple[dict, int]:
 def tensor_index(hf_dir) -> dict[str, TensorEntry]:
   """Every tensor of the checkpoint's `*.safetensors` files (headers only, no data read).
 
-  With `model.safetensors.index.json` the files are those its weight_map names."""
+  With `model.safetensors.index.json` the files are those its weight_map names. A GGUF
+  source gives `gguf_import.Entry`s (HF names and shapes)."""
+  if gguf_import.is_source(hf_dir):
+    return gguf_import.tensor_index(hf_dir)
   hf_dir = pathlib.Path(hf_dir)
   index = hf_dir / "model.safetensors.index.json"
   if index.is_file():
@@ -293,7 +302,9 @@ def tensor_index(hf_dir) -> dict[str, TensorEntry]:
 
 
 def read_tensor(entry: TensorEntry) -> np.ndarray:
-  """One tensor's data, read into a fresh host buffer."""
+  """One tensor's data, read into a fresh host buffer (a GGUF entry's dequantized to float32)."""
+  if isinstance(entry, gguf_import.Entry):
+    return gguf_import.read_tensor(entry)
   buf = np.empty(entry.stop - entry.start, np.uint8)
   with open(entry.file, "rb") as f:
     f.seek(entry.start)
@@ -547,7 +558,8 @@ def export(
   max_shard_bytes: int = 4 * 2**30,
 ) -> pathlib.Path:
   """Writes `config.json` and `model*.safetensors` (+ index when sharded) for transformers
-  or vLLM, one tensor at a time; copies the tokenizer files of `tokenizer_dir` if given.
+  or vLLM, one tensor at a time; copies the tokenizer files of `tokenizer_dir` if given (a
+  GGUF source's are written from its metadata, `gguf_import.tokenizer_files`).
 
   Every process must call it (a parameter split over hosts is all-gathered); only the
   primary process writes. `dtype`: "bfloat16", "float16" or "float32".
@@ -593,6 +605,9 @@ def export(
       )
     config = hf_config_dict(cfg, arch=arch, dtype=dtype, base=base_config)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    if tokenizer_dir is not None and gguf_import.is_source(tokenizer_dir):
+      for f, text in gguf_import.tokenizer_files(tokenizer_dir).items():
+        (out_dir / f).write_text(text, encoding="utf-8")
     for f in TOKENIZER_FILES if tokenizer_dir is not None else ():
       src = pathlib.Path(tokenizer_dir) / f
       if src.is_file():
@@ -623,14 +638,14 @@ def check_batch(vocab_size: int, *, seed: int = 0, rows: int = 3, length: int = 
 
 def transformers_logits(hf_dir, ids: np.ndarray, mask: np.ndarray) -> np.ndarray | None:
   """The same batch through transformers' float32 torch forward (position ids skip the
-  padding), or None when torch / transformers are not installed."""
+  padding), or None when torch / transformers are not installed. A GGUF source is loaded
+  with `gguf_file=` (transformers dequantizes it too)."""
   try:
     import torch
-    import transformers
+    import transformers  # noqa: F401  (transformers_model imports it; None when absent)
   except ImportError:
     return None
-  m = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
-  m.eval()
+  m = transformers_model(hf_dir, dtype=torch.float32)
   positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
   with torch.no_grad():
     out = m(
@@ -639,6 +654,26 @@ def transformers_logits(hf_dir, ids: np.ndarray, mask: np.ndarray) -> np.ndarray
       position_ids=torch.tensor(positions),
     )
   return out.logits.float().numpy()
+
+
+def transformers_model(hf_dir, *, dtype):
+  """transformers' model of a checkpoint directory or a GGUF source, in eval mode."""
+  import transformers
+
+  kwargs = {}
+  if gguf_import.is_source(hf_dir):
+    path = gguf_import.resolve(hf_dir)
+    hf_dir, kwargs = path.parent, dict(gguf_file=path.name)
+  m = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype, **kwargs)
+  m.eval()
+  return m
+
+
+def config_where(hf_dir) -> str:
+  """Where a checkpoint's config comes from, for messages: config.json, or the GGUF file."""
+  if gguf_import.is_source(hf_dir):
+    return str(hf_dir)
+  return str(pathlib.Path(hf_dir) / "config.json")
 
 
 def check(hf_dir, *, tolerance: float = 1e-4, dtype: str = "float32", compare: bool = True) -> dict:
@@ -651,9 +686,9 @@ def check(hf_dir, *, tolerance: float = 1e-4, dtype: str = "float32", compare: b
 
   import jax.numpy as jnp
 
-  hf_dir = pathlib.Path(hf_dir)
+  hf_dir = hf_dir if gguf_import.is_source(hf_dir) else pathlib.Path(hf_dir)
   base = read_config(hf_dir)
-  cfg = model_config(base, where=str(hf_dir / "config.json"), param_dtype=dtype, dtype=dtype)
+  cfg = model_config(base, where=config_where(hf_dir), param_dtype=dtype, dtype=dtype)
   t0 = time.perf_counter()
   params = load_params(hf_dir, cfg)
   jax.block_until_ready(params)

@@ -7,6 +7,9 @@ only, and returns an `HFTokenizer`, which implements `grpo_jax.tokenizers.Tokeni
     prompt_ids = tok.encode_chat([{"role": "user", "content": "What is 2 + 3?"}])
     text = tok.decode(completion_ids)  # Stops at the first EOS id.
 
+A GGUF source (a `*.gguf` path or `pkg:<package>`) gives the same files, written from its
+metadata by `gguf_import.tokenizer_files`.
+
 Files read from the directory:
 - `tokenizer.json` (required): the fast tokenizer.
 - `tokenizer_config.json` (optional): `bos_token`, `eos_token`, `pad_token`, `unk_token`
@@ -58,6 +61,8 @@ import jinja2.utils
 import numpy as np
 import tokenizers
 
+from grpo_jax import gguf_import
+
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
 GENERATION_FILE = "generation_config.json"
@@ -98,7 +103,18 @@ class Files:
 
 
 def load(path: str | os.PathLike) -> HFTokenizer:
-  """Reads the tokenizer files of the checkpoint directory `path` (see the module docstring)."""
+  """Reads the tokenizer files of the checkpoint directory `path` (see the module docstring),
+  or of a GGUF source."""
+  if gguf_import.is_source(path):
+    files = gguf_import.tokenizer_files(path)
+    return HFTokenizer(
+      Files(
+        directory=str(gguf_import.resolve(path)),
+        tokenizer_json=files[TOKENIZER_FILE],
+        config_json=files[CONFIG_FILE],
+        generation_json=files[GENERATION_FILE],
+      )
+    )
   directory = pathlib.Path(path)
   if not directory.is_dir():
     raise FileNotFoundError(
