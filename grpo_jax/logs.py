@@ -28,7 +28,6 @@ import traceback
 
 import numpy as np
 import tqdm
-from absl import logging as absl_logging
 from tensorboardX import event_file_writer
 from tensorboardX import summary as tb_summary
 from tensorboardX.proto import event_pb2, summary_pb2
@@ -269,18 +268,31 @@ class _LazyLog:
         self._f.close()
 
 
+def _terminal_handlers() -> list[logging.StreamHandler]:
+  """The root logger's handlers that write to the terminal (absl's handler, which the
+  command line's app.run installs, wraps one: its `python_handler`)."""
+  terminal = {id(x) for x in (sys.stderr, sys.stdout, sys.__stderr__, sys.__stdout__)}
+  out = []
+  for h in logging.getLogger().handlers:
+    inner = getattr(h, "python_handler", h)
+    if isinstance(inner, logging.StreamHandler) and id(inner.stream) in terminal:
+      out.append(inner)
+  return out
+
+
 @contextlib.contextmanager
 def library_output(path: pathlib.Path):
   """While the block runs, what libraries print on their own goes to `path` (created at
-  its first line), not to the terminal: log records (orbax's, JAX's; absl's handler and
-  Python's last-resort one), tracebacks of exceptions in background threads, and
-  "exception ignored" reports (TensorStore reads landing after a failed checkpoint write
-  or read closed their event loop). A failed save prints hundreds of such lines before
-  the one line that says what happened; the terminal keeps grpo_jax's own output.
-  Yields the stream (its `written` says whether anything went there)."""
+  its first line), not to the terminal: log records (orbax's, JAX's: the root logger's
+  terminal handlers and Python's last-resort one), tracebacks of exceptions in background
+  threads, and "exception ignored" reports (TensorStore reads landing after a failed
+  checkpoint write or read closed their event loop). A failed save prints hundreds of
+  such lines before the one line that says what happened; the terminal keeps grpo_jax's
+  own output. Yields the stream (its `written` says whether anything went there)."""
   out = _LazyLog(path)
-  absl = absl_logging.get_absl_handler().python_handler
-  saved = (absl.stream, logging.lastResort, threading.excepthook, sys.unraisablehook)
+  handlers = _terminal_handlers()
+  streams = [h.stream for h in handlers]
+  saved = (logging.lastResort, threading.excepthook, sys.unraisablehook)
 
   def thread_hook(args):
     name = args.thread.name if args.thread is not None else "?"
@@ -291,10 +303,14 @@ def library_output(path: pathlib.Path):
     out.write(f"{u.err_msg or 'Exception ignored in'}: {u.object!r}\n")
     traceback.print_exception(u.exc_type, u.exc_value, u.exc_traceback, file=out)
 
-  absl.stream, logging.lastResort = out, logging.StreamHandler(out)
+  for h in handlers:
+    h.stream = out
+  logging.lastResort = logging.StreamHandler(out)
   threading.excepthook, sys.unraisablehook = thread_hook, unraisable_hook
   try:
     yield out
   finally:
-    absl.stream, logging.lastResort, threading.excepthook, sys.unraisablehook = saved
+    for h, stream in zip(handlers, streams, strict=True):
+      h.stream = stream
+    logging.lastResort, threading.excepthook, sys.unraisablehook = saved
     out.close()

@@ -397,6 +397,16 @@ def test_every_save_records_each_files_size_and_hash_before_its_commit(three_ste
   assert written["written"] == "after_commit" and checkpoint.damage(tmp_path / "sync" / "4") is None
 
 
+def test_file_hash_is_the_xxh3_128_of_the_bytes(tmp_path):
+  f = tmp_path / "f"
+  f.write_bytes(b"")  # mmap refuses an empty file: read instead.
+  assert checkpoint.file_hash(f) == "99aa06d3014798d86001c324468d497f"
+  f.write_bytes(b"grpo_jax")
+  assert checkpoint.file_hash(f) == "97a59ed462a88679db9a842af11a83c1"
+  f.write_bytes(bytes(range(256)) * 70_000)  # 17.9 MB: more than one read chunk.
+  assert checkpoint.file_hash(f) == xxhash.xxh3_128(f.read_bytes()).hexdigest()
+
+
 def test_damage_names_what_is_wrong(three_steps, tmp_path):
   d = _copy(three_steps, tmp_path) / "3"
   biggest = max(

@@ -46,10 +46,12 @@ def runs(tmp_path_factory):
   out = {"grpo": train.run(_config(), arms["grpo"], log=lambda _: None)}
   out["bf16"] = train.run(_config("bfloat16"), arms["bf16"], log=lambda _: None)
   real = rl.compute_advantages
+  flipped = _config()
+  flipped.collapse.action = "warn"  # If it collapses, the guard says so and lets it go on.
   with pytest.MonkeyPatch.context() as mp:
     mp.setattr(rl, "compute_advantages", lambda *a, **k: -real(*a, **k))
     mp.setattr(steps, "_FUNCTIONS", {})  # Compile the flipped arm afresh (and forget it).
-    out["flipped"] = train.run(_config(), arms["flipped"], log=lambda _: None)
+    out["flipped"] = train.run(flipped, arms["flipped"], log=lambda _: None)
   return out
 
 
@@ -61,6 +63,7 @@ def test_grpo_raises_held_out_accuracy_and_the_flipped_sign_does_not(runs):
   assert gain >= 0.04, (gain, grpo)  # Measured: +14.8 points (40.6% -> 55.5%).
   # The flipped arm collapses (measured: 40.6% -> 0.0%): a margin no noise could fake.
   assert gain - flipped_gain >= 0.10, (gain, flipped_gain)
+  assert grpo["collapse_warnings"] == []  # A run that learns never trips the guard.
 
 
 def test_the_demo_still_learns_with_bfloat16_compute(runs):

@@ -231,3 +231,42 @@ def test_progress_is_quiet_off_a_terminal_or_when_disabled(tty, enabled):
     progress.update(it, {"accuracy": 0.5})
   progress.close()
   assert stream.writes == [] and not progress.enabled
+
+
+# ----------------------------------------------------------------------------
+# Libraries' own output: to a file, not the terminal.
+# ----------------------------------------------------------------------------
+
+
+def test_library_output_goes_to_the_log_file_and_the_hooks_come_back(tmp_path, capsys):
+  import logging  # noqa: PLC0415
+  import threading  # noqa: PLC0415
+
+  terminal = logging.StreamHandler(sys.stderr)  # As absl's app.run installs one.
+  logging.getLogger().addHandler(terminal)
+  hooks = (threading.excepthook, sys.unraisablehook)
+  path = tmp_path / "run" / logs.LIBRARY_LOG
+  try:
+    with logs.library_output(path) as out:
+      assert not path.exists()  # Opened at the first line only.
+
+      def fail():
+        raise OSError(27, "File too large")
+
+      t = threading.Thread(target=fail, name="finalize")
+      t.start()
+      t.join()
+      logging.getLogger("absl").error("orbax: failed to run 5 Handler Commit operations")
+      sys.unraisablehook(
+        type("U", (), dict(exc_type=RuntimeError, exc_value=RuntimeError("Event loop is closed"),
+                           exc_traceback=None, err_msg=None, object="<future>"))()
+      )  # fmt: skip
+    logging.getLogger("absl").error("after the block: the terminal again")
+  finally:
+    logging.getLogger().removeHandler(terminal)
+  text = path.read_text()
+  assert out.written and "Exception in thread finalize:" in text and "File too large" in text
+  assert "Handler Commit operations" in text and "terminal again" not in text
+  assert "Exception ignored in: '<future>'" in text and "Event loop is closed" in text
+  assert capsys.readouterr().err == "after the block: the terminal again\n"
+  assert (threading.excepthook, sys.unraisablehook) == hooks
