@@ -602,8 +602,9 @@ def _measured(module: str, cache: str, *, seeds, root, quick, full: dict) -> lis
 
   measure = importlib.import_module(module).measure
   out = []
+  model = "" if reproduce.model_name() == "tiny" else f"-{reproduce.model_name()}"
   for s in seeds:
-    path = root / f"{cache}-{'quick' if quick else 'full'}" / f"seed{s}.json"
+    path = root / f"{cache}-{'quick' if quick else 'full'}{model}" / f"seed{s}.json"
     if not path.exists():
       t0 = time.perf_counter()
       got = measure(s, quick=quick, **(dict(prompts=4, groups=4) if quick else full))

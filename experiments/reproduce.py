@@ -70,8 +70,38 @@ class Arm:
   diagnostics: tuple[tuple[str, object], ...] = ()
 
   def key(self, *, iterations: int, quick: bool) -> str:
-    blob = json.dumps([self.overrides, self.diagnostics, iterations, quick], default=str)
+    model = [model_name()] if model_name() != "tiny" else []
+    blob = json.dumps([self.overrides, self.diagnostics, iterations, quick, *model], default=str)
     return f"{self.name}-{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
+
+
+# --model: every arm's policy and measurement at another size (an environment variable, so
+# the measurement scripts' own configs follow). "full": long_addition:full's ~40M model.
+MODEL_ENV = "GRPO_REPRO_MODEL"
+MODELS = {
+  "tiny": {},
+  "full": dict(
+    model=dict(d_model=512, n_layers=8, n_heads=8, n_kv_heads=4, head_dim=64, mlp_dim=1536),
+    learning_rate=1e-5,
+    warmstart_steps=1500,
+    warmstart_lr=3e-4,
+  ),
+}
+
+
+def model_name() -> str:
+  import os  # noqa: PLC0415
+
+  return os.environ.get(MODEL_ENV, "tiny")
+
+
+def apply_model(c) -> None:
+  """The --model size on a claim config (after --quick's shrinking: the quick schedule at
+  that model); "tiny" leaves it as is."""
+  spec = dict(MODELS[model_name()])
+  if "model" in spec:
+    c.model.update(spec.pop("model"))
+  c.update(**spec)
 
 
 def _set(c, dotted: str, value) -> None:
@@ -93,6 +123,7 @@ def arm_config(arm: Arm, *, seed: int, iterations: int, quick: bool):
     c.sampler.update(max_new_tokens=26)  # "9+9+0=18;9+9+1=19;A:198." and EOS fit.
     c.update(prompts_per_step=8, warmstart_steps=60, warmstart_batch=32, eval_size=16)
     c.rl.format_weight = 0.5  # Rewards vary even when the small model solves nothing.
+  apply_model(c)
   for k, v in arm.overrides:
     _set(c, k, v)
   if arm.diagnostics:
@@ -391,6 +422,7 @@ def run_claim(claim, *, root, seeds, iterations, quick, out) -> dict:
       for a in claim.arms
     },
     "base_config": "configs/long_addition.py:tiny",
+    "model": model_name(),
     "seconds": round(time.perf_counter() - t0, 1),
     # Wall seconds of every run the claim reads (from their summaries, cached or not): what
     # the claim costs from scratch on this machine.
@@ -627,12 +659,17 @@ def main(argv=None) -> list[dict]:
   parser.add_argument("--table", action="store_true", help="only rewrite index.md and README")
   parser.add_argument("--list", action="store_true", help="list the claims and exit")
   parser.add_argument("--tune_ibpo", action="store_true", help="claims 10c-10f's grid, then exit")
+  parser.add_argument("--model", default="tiny", choices=tuple(MODELS), help="policy size")
   parser.add_argument(
     "--extend", default="", help="'K:s1,s2,...': more seeds for judged claim K (out/extended/)"
   )
   args = parser.parse_args(argv)
   out = pathlib.Path(args.out).resolve()
   root = pathlib.Path(args.workdir)
+  if args.model != "tiny":
+    import os  # noqa: PLC0415
+
+    os.environ[MODEL_ENV] = args.model
   if args.list:
     for c in CLAIMS:
       print(f"{c.key:20s} {c.label:>3}  {c.title}")
