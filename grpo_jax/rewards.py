@@ -25,9 +25,17 @@ next free worker (results travel once per chunk, so the killed worker's finished
 are lost; rewards are pure, so rescoring them is safe). Each hang costs one worker
 ``timeout_s``, so k hanging items cost about k·timeout_s / workers of wall time.
 
-Batching. ``score`` splits the N items into one contiguous chunk per worker: two pipe
-messages per worker and call, so the overhead is about a millisecond for a few hundred
-short strings rather than one round trip per item. Results come back in input order.
+Batching. ``score`` splits the N items into up to 4 contiguous chunks per worker (two
+pipe messages per chunk: about a millisecond for a few hundred short strings rather than
+one round trip per item), handed to whichever worker is free. So a slow item holds one
+worker for at most its time, and the other workers take the rest of the batch meanwhile.
+Results come back in input order.
+
+Outcomes. A reward may carry the task's name for its outcome: ``reward`` returns a
+``Labeled`` value (a float with a ``label``), or raises ``Unscorable(message,
+label=...)``; ``Scores.label_N`` keeps each item's label ("" when none), and the trainer
+counts them per task vocabulary (``Task.outcomes``; e.g. the code sandbox's "timeout" or
+"crash") as ``reward/outcome/<label>``.
 
 The task is pickled once per worker process (at pool start and when a worker is
 replaced), never per call. Any picklable object with ``reward(prompt, completion)`` and
@@ -72,11 +80,40 @@ _POLL_S = 0.05
 _START_TIMEOUT_S = 300.0
 # Seconds ``close`` lets workers exit on their own before killing them.
 _CLOSE_GRACE_S = 1.0
+# Chunks per worker in a call: a slow item holds up only its chunk's worker.
+CHUNKS_PER_WORKER = 4
 
 
 class Unscorable(Exception):  # noqa: N818 -- a verdict, not a bug.
   """Raised by a reward function for an item it cannot score (e.g. a math expression the
-  verifier cannot decide): the item counts as a reward error, never as a wrong answer."""
+  verifier cannot decide): the item counts as a reward error, never as a wrong answer.
+  ``label`` names the outcome (see ``Labeled``)."""
+
+  def __init__(self, message: str = "", *, label: str = ""):
+    super().__init__(message)
+    self.label = label
+
+  def __reduce__(self):
+    return (_unscorable, (str(self), self.label))
+
+
+def _unscorable(message: str, label: str) -> Unscorable:
+  return Unscorable(message, label=label)
+
+
+class Labeled(float):
+  """A reward value with the task's name for its outcome, e.g. ``Labeled(0.0, "timeout")``:
+  a float everywhere, counted per batch as ``reward/outcome/<label>``."""
+
+  label: str
+
+  def __new__(cls, value: float, label: str) -> Labeled:
+    obj = super().__new__(cls, value)
+    obj.label = label
+    return obj
+
+  def __reduce__(self):
+    return (Labeled, (float(self), self.label))
 
 
 class RewardFailure(RuntimeError):
@@ -115,6 +152,7 @@ class Scores:
   error_N: np.ndarray  # bool: raised, non-finite, timed out or killed its worker.
   timeout_N: np.ndarray  # bool: the subset of error_N that timed out.
   messages: list[str] = dataclasses.field(default_factory=list)  # What failed, per error.
+  label_N: np.ndarray | None = None  # object: each item's outcome label ("" when none).
 
   @property
   def errors(self) -> int:
@@ -126,33 +164,38 @@ class Scores:
     return int(self.timeout_N.sum())
 
 
-def _score_one(task: RewardFn, prompt: str, completion: str) -> tuple[float, float, str | None]:
-  """(correct, format, None), or (0, 0, error message) if either call fails."""
+def _score_one(task: RewardFn, prompt: str, completion: str):
+  """(correct, format, None, label), or (0, 0, error message, label) if either call fails."""
+  label = ""
   try:
-    correct = float(task.reward(prompt, completion))
+    value = task.reward(prompt, completion)
+    label = value.label if isinstance(value, Labeled) else ""
+    correct = float(value)
     fmt = float(task.format_reward(prompt, completion))
     if not (math.isfinite(correct) and math.isfinite(fmt)):
       raise ValueError(f"non-finite reward {correct} / format reward {fmt}")
   except Exception as e:  # noqa: BLE001 -- any verifier failure is a scored error.
-    return 0.0, 0.0, f"{type(e).__name__}: {e}"
-  return correct, fmt, None
+    return 0.0, 0.0, f"{type(e).__name__}: {e}", getattr(e, "label", label)
+  return correct, fmt, None, label
 
 
 def _score_chunk(task, prompts, completions, progress=None):
-  """Lists (correct, format) and {index: error message}; progress gets (start time, index)."""
-  correct, fmt, errors = [], [], {}
+  """Lists (correct, format), {index: error message} and the labels; progress gets
+  (start time, index)."""
+  correct, fmt, errors, labels = [], [], {}, []
   for i, (prompt, completion) in enumerate(zip(prompts, completions)):
     if progress is not None:
       progress[0] = time.monotonic()  # Time first: a reader never sees a stale time.
       progress[1] = i
-    c, f, err = _score_one(task, prompt, completion)
+    c, f, err, label = _score_one(task, prompt, completion)
     correct.append(c)
     fmt.append(f)
+    labels.append(label)
     if err is not None:
       errors[i] = f"{err} (prompt {prompt!r:.80}, completion {completion!r:.80})"
   if progress is not None:
     progress[0] = math.inf  # Idle: the chunk's results are on their way.
-  return correct, fmt, errors
+  return correct, fmt, errors, labels
 
 
 def _exit_with_parent():
@@ -315,15 +358,18 @@ class RewardPool:
       format_N=np.zeros(n, np.float32),
       error_N=np.zeros(n, bool),
       timeout_N=np.zeros(n, bool),
+      label_N=np.full(n, "", object),
     )
     messages: list[str] = []
     if self.workers == 0:
-      c, f, errs = _score_chunk(self.task, prompts, completions)
-      out.correct_N[:], out.format_N[:] = c, f
+      c, f, errs, labels = _score_chunk(self.task, prompts, completions)
+      out.correct_N[:], out.format_N[:], out.label_N[:] = c, f, labels
       out.error_N[list(errs)] = True
       messages += errs.values()
     elif n:
-      jobs = [j for j in np.array_split(np.arange(n), min(n, self.workers)) if j.size]
+      chunks = min(n, self.workers * CHUNKS_PER_WORKER)
+      # Last chunk first out of `jobs` (a stack): the input order is kept in the results.
+      jobs = [j for j in np.array_split(np.arange(n), chunks) if j.size][::-1]
       self._run(jobs, prompts, completions, out, messages)
     out.messages.extend(messages)
     if messages:
@@ -381,9 +427,10 @@ class RewardPool:
     if msg == "ready":
       w.ready = True
       return
-    correct, fmt, errors = msg
+    correct, fmt, errors, labels = msg
     job_J, w.job_J = w.job_J, None
     out.correct_N[job_J], out.format_N[job_J] = correct, fmt
+    out.label_N[job_J] = labels
     out.error_N[job_J[list(errors)]] = True
     messages += errors.values()
 

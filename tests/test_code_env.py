@@ -25,7 +25,7 @@ ISOLATION = "namespaces" if not sandbox.namespaces_unavailable() else "none"
 ADD_WRONG = "```python\ndef add(a, b):\n  return a - b\n```\n"
 ADD_RIGHT = "```python\ndef add(a, b):\n  return a + b\n```"
 ADD_VISIBLE_ONLY = "def add(a, b):\n  return 5\n"  # Passes add(2, 3) == 5 only.
-ADD_OUT_OF_MEMORY = "def add(a, b):\n  return len(bytearray(10**10))\n"  # could_not_run.
+ADD_OUT_OF_MEMORY = "def add(a, b):\n  return len(bytearray(10**10))\n"  # fail (memory).
 
 
 @pytest.fixture(scope="module")
@@ -112,16 +112,33 @@ def test_an_answer_without_code_submits_the_last_run(task, problems):
   assert env.step(ADD_WRONG).reward == 0.0  # Code of its own: that code is the answer.
 
 
-def test_could_not_run_on_the_answer_is_unscorable_and_on_a_run_is_reported(task, problems):
+def test_the_codes_own_failures_are_zeros_and_reported(task, problems):
   env = started(task, problems["add"])
   step = env.step(ADD_OUT_OF_MEMORY + "$")
-  assert text(env, step).startswith("\ncould not run: ") and not step.done
-  with pytest.raises(rewards.Unscorable, match="code add: could not run the tests"):
-    env.step(ADD_OUT_OF_MEMORY)
-  assert env.outcome == "could_not_run"
+  assert text(env, step) == "\nvisible tests: 0/1 passed; assert add(2, 3) == 5: MemoryError\n"
+  assert env.step(ADD_OUT_OF_MEMORY).reward == 0.0
+  assert (env.outcome, env.cause) == ("fail", "memory")
   slow = started(task, problems["add"], run_timeout_s=0.5)
   step = slow.step("def add(a, b):\n  while True:\n    pass\n$")
-  assert text(slow, step) == "\ncould not run: timed out after 0.5s (0 of 1 tests done)\n"
+  assert (
+    text(slow, step) == "\nvisible tests: 0/1 passed; timed out after 0.5s (0 of 1 tests done)\n"
+  )
+
+
+def test_a_failing_sandbox_is_unscorable_on_the_answer_and_reported_on_a_run(
+  task, problems, monkeypatch
+):
+  if ISOLATION == "none":
+    pytest.skip("the fallback never refuses")
+  from grpo_jax.sandbox import runner
+
+  env = started(task, problems["add"])
+  monkeypatch.setattr(runner, "namespaces_unavailable", lambda: "user namespaces are off")
+  step = env.step(ADD_RIGHT + "\n$")
+  assert text(env, step).startswith("\ncould not run: sandbox refused") and not step.done
+  with pytest.raises(rewards.Unscorable, match="code add: could not run the tests") as e:
+    env.step(ADD_RIGHT)
+  assert (env.outcome, env.cause, e.value.label) == ("could_not_run", "sandbox", "sandbox")
 
 
 def test_runs_past_max_runs_are_not_run_and_the_answer_still_counts(task, problems, monkeypatch):
@@ -295,7 +312,7 @@ def test_the_episode_loop_with_a_scripted_model(task, problems):
     [(enc(ADD_WRONG + "$"), obs), (enc(ADD_RIGHT) + [eos], [])],  # Revised: done, 1.
     [(enc("def is_even(n):\n  return n == 4\n") + [eos], [])],  # Visible only: done, 0.
     [(enc("$"), no_code), (enc("$"), [])],  # Runs until max_turns: turn_limit.
-    [(enc(ADD_OUT_OF_MEMORY) + [eos], [])],  # The answer could not run: env_error.
+    [(enc(ADD_OUT_OF_MEMORY) + [eos], [])],  # The answer runs out of memory: done, 0.
   ]
   completions = [sum((a + o for a, o in row), []) for row in turns]
   actions = [sum(([1] * len(a) + [0] * len(o) for a, o in row), []) for row in turns]
@@ -318,11 +335,11 @@ def test_the_episode_loop_with_a_scripted_model(task, problems):
     np.testing.assert_array_equal(r.tokens_NT[i, :n], completions[i])
     np.testing.assert_array_equal(r.action_mask_NT[i, :n], np.array(actions[i], bool))
     assert not np.asarray(r.mask_NT[i, n:]).any() and np.asarray(r.mask_NT[i, :n]).all()
-  assert [episodes.END_REASONS[e] for e in got.end_N] == ["done", "done", "turn_limit", "env_error"]
+  assert [episodes.END_REASONS[e] for e in got.end_N] == ["done", "done", "turn_limit", "done"]
   np.testing.assert_array_equal(got.reward_N, [1.0, 0.0, 0.0, 0.0])
-  np.testing.assert_array_equal(got.scorable_N, [True, True, True, False])
+  np.testing.assert_array_equal(got.scorable_N, [True, True, True, True])
   np.testing.assert_array_equal(got.turns_N, [2, 1, 2, 1])
-  assert "Unscorable: code add: could not run the tests" in got.messages[0]
+  assert not got.messages
 
 
 def test_the_episode_loop_with_a_tiny_transformer(task, problems):

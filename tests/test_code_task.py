@@ -100,12 +100,41 @@ def test_reward_is_one_for_passing_code_and_zero_for_wrong_code(task):
   assert task.judge(spec, fenced("def add(a, b):\n    return a * b"))[0] == "fail"
 
 
-def test_could_not_run_raises_unscorable():
+def test_a_timeout_is_a_zero_labelled_with_its_cause():
   slow = tasks.get("code", isolation=ISOLATION, timeout_s=1.0)
   completion = fenced("def add(a, b):\n    while True:\n        pass")
-  assert slow.judge(add_spec(), completion)[0] == "could_not_run"
-  with pytest.raises(rewards.Unscorable, match="code add: could not run the tests: timed out"):
-    slow.reward(add_spec(), completion)
+  assert slow.outcome(add_spec(), completion) == code.Outcome(
+    "fail", "timeout", "timed out after 1s (0 of 2 tests done)"
+  )
+  reward = slow.reward(add_spec(), completion)
+  assert (reward, reward.label) == (0.0, "timeout")
+  assert slow.reward_budget_s == 1.0 + code._START_S
+
+
+def test_only_a_failing_sandbox_raises_unscorable(monkeypatch):
+  from grpo_jax.sandbox import runner
+
+  task = tasks.get("code", isolation=ISOLATION)
+  monkeypatch.setattr(runner, "namespaces_unavailable", lambda: "user namespaces are off")
+  completion = fenced("def add(a, b):\n    return a + b")
+  if ISOLATION == "none":
+    pytest.skip("the fallback never refuses")
+  with pytest.raises(rewards.Unscorable, match="could not run the tests: sandbox refused") as e:
+    task.reward(add_spec(), completion)
+  assert e.value.label == "sandbox"
+
+
+def test_the_task_checks_the_sandbox_when_it_is_made(monkeypatch):
+  from grpo_jax.sandbox import runner
+
+  monkeypatch.setattr(runner, "namespaces_unavailable", lambda: "user namespaces are off")
+  monkeypatch.setattr(runner, "_PROBE_ATTEMPTS", 1)
+  with pytest.raises(sandbox.Unavailable, match="isolation='auto' needs Linux namespaces"):
+    tasks.get("code")
+  monkeypatch.setattr(runner, "_WARNED", set())
+  with pytest.warns(RuntimeWarning, match="isolation='none'"):
+    notes = tasks.get("code", isolation="none").data_notes()
+  assert notes[0].startswith("sandbox: isolation='none': untrusted code runs")
 
 
 @pytest.mark.parametrize(
@@ -138,9 +167,9 @@ def test_reward_in_the_trainers_reward_pool():
   with rewards.RewardPool(pickle.loads(pickle.dumps(task)), workers=1, timeout_s=20.0) as pool:
     scores = pool.score([add_spec()] * 4, completions)
   assert scores.correct_N.tolist() == [1.0, 0.0, 0.0, 0.0]
-  assert scores.format_N.tolist() == [1.0, 1.0, 0.0, 0.0]
-  assert scores.error_N.tolist() == [False, False, True, False]  # could_not_run, not wrong.
-  assert "Unscorable" in scores.messages[0] and not scores.timeout_N.any()
+  assert scores.format_N.tolist() == [1.0, 1.0, 1.0, 0.0]
+  assert not scores.error_N.any() and not scores.timeout_N.any()  # A timeout is a zero.
+  assert scores.label_N.tolist() == ["pass", "wrong", "timeout", "no_code"]
 
 
 def test_pickled_task_carries_no_problems_or_tokenizer(task):
@@ -220,7 +249,7 @@ def test_mbpp_fixture_loads_and_its_references_pass():
   for problem in problems:
     ex = task.example_of(problem)
     assert task.judge(ex.answer, ex.reference)[0] == "pass", problem.id
-  assert task.data_notes() == [f"code: 4 mbpp problems from {MBPP}"]
+  assert task.data_notes()[1:] == [f"code: 4 mbpp problems from {MBPP}"]
 
 
 def test_mbpp_setup_code_is_needed_by_its_tests():
@@ -243,7 +272,7 @@ def test_humaneval_fixture_converts_what_it_can_and_counts_the_rest():
   assert first.hidden_tests[0] == "assert below_threshold([1, 2, 4], 5) == True"
   assert second.hidden_tests == ("assert mean([1, 2, 3]) == 2.0", "assert mean([4]) == 4.0")
   assert third.hidden_tests[1] == "assert 0 == count_char('', 'x')"
-  assert task.data_notes() == [
+  assert task.data_notes()[1:] == [
     f"code: 3 humaneval problems from {HUMANEVAL} (4 unconvertible tests and 0 problems skipped)"
   ]
   for problem in problems:

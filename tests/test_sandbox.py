@@ -11,13 +11,15 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
+import threading
 import time
-import warnings
 
 import pytest
 
 from grpo_jax import sandbox
+from grpo_jax.sandbox import channel, runner, values
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FAST = sandbox.Limits(timeout_s=2.0)
@@ -248,71 +250,171 @@ def test_forged_results_followed_by_the_harness_results_are_tampering():
   assert "tampered" in result.detail
 
 
-def channel(results: str, status: str = "exit 0", *, timed_out=False):
+def judge(results: str, status: str = "exit 0", *, timed_out=False, oom=False, raw=b""):
   nonce = "n0"
   lines = "".join(f"{nonce} {line}\n" for line in results.split("|")) if results else ""
   data = {
-    "results": lines.encode(),
+    "results": raw or lines.encode(),
     "status": f"{nonce} {status}\n".encode() if status else b"",
     "stderr": b"",
   }
-  reading = sandbox._Channel(nonce, data, overflow=False, timed_out=timed_out, timeout_s=1.0)
-  return reading.judge(ADD_TESTS)[:2]
+  ending = channel.Ending(data, overflow=False, timed_out=timed_out, oom_killed=oom, timeout_s=1.0)
+  return channel.judge(ending, ADD_TESTS, nonce=nonce, max_result_chars=1000)[:3]
 
 
 @pytest.mark.parametrize(
-  "results, status, timed_out, verdict, detail",
+  "results, status, timed_out, verdict, cause, detail",
   [
-    ("ready|0:ok 5|1:ok 0|end", "exit 0", False, "pass", "2 of 2"),
-    ("ready|0:ok 5|1:ok 0|end|0:ok 5", "exit 0", False, "fail", "a record after the end"),
-    ("ready|1:ok 0|0:ok 5|end", "exit 0", False, "fail", "expected test 0"),
-    ("ready|0:ok 5|end", "exit 0", False, "fail", "the end came after 1 of 2"),
-    ("ready|ready|0:ok 5|1:ok 0|end", "exit 0", False, "fail", "unexpected record 'ready'"),
-    ("ready|0:ok 5|1:bogus 0|end", "exit 0", False, "fail", "unknown record kind"),
-    ("ready|0:ok 5", "exit 0", False, "fail", "exited (status 0) before the tests finished"),
-    ("ready|0:ok 5", "signal 24", False, "could_not_run", "killed by SIGXCPU"),
-    ("ready|0:ok 5", "", True, "could_not_run", "timed out after 1s (1 of 2 tests done)"),
-    ("ready|0:ok 4", "", True, "fail", "got 4"),  # A wrong answer wins over a timeout.
-    ("ready|0:memory|1:ok 0|end", "exit 0", False, "could_not_run", "MemoryError"),
-    ("ready|0:ok 5|1:ok __import__('os')", "exit 0", False, "fail", "got __import__"),
-    ("", "setup_error 'OSError: no userns'", False, "could_not_run", "failed to start"),
-    ("", "exit 1", False, "could_not_run", "did not start"),
+    ("ready|0:ok 5|1:ok 0|end", "exit 0", False, "pass", "pass", "2 of 2"),
+    ("ready|0:ok 5|1:ok 0|end|0:ok 5", "exit 0", False, "fail", "tampered", "a record after"),
+    ("ready|1:ok 0|0:ok 5|end", "exit 0", False, "fail", "tampered", "expected test 0"),
+    ("ready|0:ok 5|end", "exit 0", False, "fail", "tampered", "the end came after 1 of 2"),
+    ("ready|ready|0:ok 5|1:ok 0|end", "exit 0", False, "fail", "tampered", "unexpected record"),
+    ("ready|0:ok 5|1:bogus 0|end", "exit 0", False, "fail", "tampered", "unknown record kind"),
+    ("ready|0:ok 5", "exit 0", False, "fail", "crash", "exited (status 0) before the tests"),
+    ("ready|0:ok 5", "exit 1", False, "fail", "crash", "exited (status 1)"),
+    ("ready|0:ok 5", "signal 24", False, "fail", "timeout", "killed by SIGXCPU"),
+    ("ready|0:ok 5", "signal 9", False, "fail", "crash", "killed by SIGKILL"),
+    ("ready|0:ok 5", "signal 25", False, "fail", "crash", "killed by SIGXFSZ"),
+    ("ready|0:ok 5", "", False, "fail", "crash", "died after the code started"),
+    ("ready|0:ok 5", "", True, "fail", "timeout", "timed out after 1s (1 of 2 tests done)"),
+    ("ready|0:ok 4", "", True, "fail", "wrong", "got 4"),  # A wrong answer wins.
+    ("ready|0:raised 'ValueError: x'", "", True, "fail", "raised", "raised 'ValueError"),
+    ("ready|0:memory|1:ok 0|end", "exit 0", False, "fail", "memory", "MemoryError"),
+    ("ready|code:memory|end", "exit 0", False, "fail", "memory", "MemoryError"),
+    ("ready|code:raised 'MemoryError: '|end", "exit 0", False, "fail", "raised", "raised"),
+    ("ready|0:ok 5|1:ok __import__('os')", "exit 0", False, "fail", "wrong", "got __import__"),
+    ("", "setup_error 'OSError: no userns'", False, "could_not_run", "sandbox", "failed to start"),
+    ("", "exit 1", False, "could_not_run", "sandbox", "did not start"),
+    ("", "", True, "could_not_run", "sandbox", "did not start within 1s"),
   ],
 )
-def test_channel_reading(results, status, timed_out, verdict, detail):
-  got = channel(results, status, timed_out=timed_out)
-  assert got[0] == verdict and detail in got[1], got
+def test_channel_reading(results, status, timed_out, verdict, cause, detail):
+  got = judge(results, status, timed_out=timed_out)
+  assert got[:2] == (verdict, cause) and detail in got[2], got
+
+
+def test_could_not_run_only_before_the_code_runs():
+  # Once "ready" is on the channel (candidate code may have run), no ending is
+  # "could_not_run": a policy cannot opt out of a zero by failing loudly.
+  endings = [
+    dict(status=s, timed_out=t, oom=o)
+    for s in ("exit 0", "exit 70", "signal 9", "signal 15", "signal 24", "")
+    for t in (False, True)
+    for o in (False, True)
+  ]
+  for results in ("ready", "ready|0:ok 5", "ready|0:memory", "ready|code:memory"):
+    for e in endings:
+      assert judge(results, **e)[0] == "fail", (results, e)
+  assert judge("ready|0:ok 5|1:ok 0", "signal 9", oom=True)[1] == "memory"
 
 
 def test_a_line_cut_off_by_the_kill_is_ignored():
-  data = {"results": b"n0 ready\nn0 0:ok 5\nn0 1:ok", "status": b"", "stderr": b""}
-  reading = sandbox._Channel("n0", data, overflow=False, timed_out=True, timeout_s=1.0)
-  assert reading.judge(ADD_TESTS)[:2] == ("could_not_run", "timed out after 1s (1 of 2 tests done)")
+  got = judge("", "", timed_out=True, raw=b"n0 ready\nn0 0:ok 5\nn0 1:ok")
+  assert got == ("fail", "timeout", "timed out after 1s (1 of 2 tests done)")
+
+
+def test_records_past_the_bounds_are_not_read(monkeypatch):
+  parsed = []
+  monkeypatch.setattr(values, "parse_value", lambda text: parsed.append(len(text)) or 5)
+  too_many = b"".join(b"n0 0:ok 5\n" for _ in range(6))  # n + 3 = 5 records at most.
+  assert judge("", raw=b"n0 ready\n" + too_many)[:2] == ("fail", "tampered")
+  too_long = b"n0 ready\nn0 0:ok " + b"5" * 5000 + b"\nn0 1:ok 0\nn0 end\n"
+  got = judge("", raw=too_long)
+  assert got[:2] == ("fail", "tampered") and "at most" in got[2]
+  assert parsed == []  # Nothing of either was parsed.
+
+
+def test_a_value_longer_than_any_equal_value_is_wrong_unparsed(monkeypatch):
+  parsed = []
+  real = values.parse_value
+  monkeypatch.setattr(values, "parse_value", lambda text: parsed.append(len(text)) or real(text))
+  bound = values.max_equal_repr(5)
+  long = "[" + "0," * (bound // 2) + "]"
+  got = judge(f"ready|0:ok {long}|1:ok 0|end")
+  assert got[:2] == ("fail", "wrong") and f"a value of {len(long)} characters" in got[2]
+  assert parsed == [1]  # Only test 1's "0".
+  assert judge("ready|0:ok 5.0|1:ok (-0-0j)|end")[0] == "pass"
+
+
+def _equal_variants(value):
+  """Values equal to `value` whose reprs are as long as equal values get."""
+  if isinstance(value, bool) or value is None or isinstance(value, (str, bytes)):
+    return [value]
+  if isinstance(value, int):
+    return [value, float(value), complex(value)] if abs(value) < 2**53 else [value]
+  if isinstance(value, float):
+    if value.is_integer():
+      return [value, int(value), complex(value)]
+    return [value, complex(value)]
+  if isinstance(value, (list, tuple)):
+    return [type(value)(v[-1] for v in map(_equal_variants, value))]
+  if isinstance(value, (set, frozenset)):
+    return [frozenset(value), set(value)]
+  if isinstance(value, dict):
+    return [{k: _equal_variants(v)[-1] for k, v in value.items()}]
+  return [value]
+
+
+def test_max_equal_repr_bounds_every_equal_value():
+  from hypothesis import given
+  from hypothesis import strategies as st
+
+  atoms = st.one_of(
+    st.integers(-(10**6), 10**6),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from([0, 0.0, -0.0, 1e308, 1e300, 5e-324, True, False, 1.0]),
+    st.text(max_size=5),
+    st.binary(max_size=5),
+  )
+  hashable = st.one_of(atoms, st.frozensets(st.integers(), max_size=3))
+  tree = st.recursive(
+    atoms,
+    lambda kids: st.one_of(
+      st.lists(kids, max_size=4),
+      st.tuples(kids, kids),
+      st.dictionaries(st.integers(-5, 5), kids, max_size=3),
+      st.frozensets(hashable, max_size=3),
+    ),
+    max_leaves=12,
+  )
+
+  @given(tree)
+  def check(value):
+    for variant in _equal_variants(value):
+      assert variant == value
+      assert len(repr(variant)) <= values.max_equal_repr(value), (value, variant)
+
+  check()
+  big = 1e308
+  assert len(repr(int(big))) == 309 and values.max_equal_repr(big) >= 309
+  assert len(repr(complex(-0.0, -0.0))) <= values.max_equal_repr(0)
 
 
 # ---------------------------------------------------------------------------------------
-# Could not run: timeouts, resource limits, a broken or refused sandbox.
+# Failures of the code are "fail" (with their cause); only the sandbox's are
+# "could_not_run".
 
 
 @pytest.mark.parametrize(
-  "code",
+  "code, cause",
   [
-    "while True:\n  pass\n",
-    "import time\ntime.sleep(60)\n",
-    "def add(a, b):\n  while True: pass\n",
+    ("while True:\n  pass\n", "timeout"),
+    ("import time\ntime.sleep(60)\n", "timeout"),
+    ("def add(a, b):\n  while True: pass\n", "timeout"),
   ],
 )
-def test_hangs_are_killed_at_the_wall_timeout(code):
+def test_hangs_are_killed_at_the_wall_timeout_and_fail(code, cause):
   start = time.monotonic()
   result = run(code, timeout_s=1.0)
-  assert result.verdict == "could_not_run"
+  assert (result.verdict, result.cause) == ("fail", cause), result
   assert "timed out after 1s" in result.detail
   assert time.monotonic() - start < 10.0  # Bounded: the trainer never hangs.
 
 
 def test_cpu_limit_kills_a_busy_loop():
   result = run("while True:\n  pass\n", timeout_s=5.0, cpu_s=1)
-  assert result.verdict == "could_not_run"
+  assert result.verdict == "fail" and result.cause in ("timeout", "crash"), result
   assert "SIGXCPU" in result.detail or "SIGKILL" in result.detail
 
 
@@ -322,46 +424,121 @@ def test_cpu_limit_kills_a_busy_loop():
 )
 def test_huge_allocation_is_stopped_by_the_memory_limit(code):
   result = run(code, memory_mb=256)
-  assert result.verdict == "could_not_run"
+  assert (result.verdict, result.cause) == ("fail", "memory"), result
   assert "MemoryError" in result.detail
+
+
+# The ways a wrong answer could opt out of its zero, each "fail" now.
+_OPT_OUTS = {
+  "raises MemoryError when unsure": (
+    "def add(a, b):\n  if a < 0:\n    raise MemoryError\n  return a + b\n",
+    "memory",
+  ),
+  "raises only on inputs it is unsure of": (
+    "def add(a, b):\n  if a < 0:\n    raise ValueError('unsure')\n  return a + b\n",
+    "raised",
+  ),
+  "kills itself with SIGKILL": (
+    "import os\ndef add(a, b):\n  if a < 0:\n    os.kill(os.getpid(), 9)\n  return a + b\n",
+    "crash",
+  ),
+  "kills itself with SIGSEGV": (
+    "import os\ndef add(a, b):\n  if a < 0:\n    os.kill(os.getpid(), 11)\n  return a + b\n",
+    "crash",
+  ),
+  "exits with an error status": ("import os\ndef add(a, b):\n  os._exit(3)\n", "crash"),
+  "hangs when unsure": (
+    "import time\ndef add(a, b):\n  if a < 0:\n    time.sleep(60)\n  return a + b\n",
+    "timeout",
+  ),
+  "kills its supervisor": (
+    "import os, signal\ndef add(a, b):\n  os.kill(os.getppid(), 9)\n  os.kill(0, 9)\n",
+    "crash",
+  ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_OPT_OUTS))
+def test_failing_loudly_is_a_fail_not_could_not_run(name):
+  code, cause = _OPT_OUTS[name]
+  result = run(code, timeout_s=1.0)
+  assert (result.verdict, result.cause) == ("fail", cause), result
+
+
+@pytest.mark.parametrize("name", ["kills its supervisor", "exits with an error status"])
+def test_failing_loudly_is_a_fail_without_namespaces_too(name, monkeypatch):
+  monkeypatch.setattr(runner, "_WARNED", set())
+  code, cause = _OPT_OUTS[name]
+  with pytest.warns(RuntimeWarning):
+    result = run(code, isolation="none", timeout_s=1.0)
+  assert (result.verdict, result.cause) == ("fail", cause), result
 
 
 def test_writing_a_huge_file_fails_at_the_file_size_limit():
   code = "def add(a, b):\n  open('big', 'wb').write(b'x' * (4 << 20))\n  return a + b\n"
   result = run(code, file_mb=1)
-  assert result.verdict == "fail"
+  assert (result.verdict, result.cause) == ("fail", "raised"), result
   assert "File too large" in result.detail
 
 
 def test_a_crashing_harness_could_not_run(monkeypatch):
-  monkeypatch.setattr(sandbox, "_HARNESS", "import sys\nsys.exit('harness broke')\n")
+  monkeypatch.setattr(runner, "_HARNESS", "import sys\nsys.exit('harness broke')\n")
   result = run(ADD)
-  assert result.verdict == "could_not_run"
+  assert (result.verdict, result.cause) == ("could_not_run", "sandbox")
   assert "did not start" in result.detail and "harness broke" in result.detail
 
 
 def test_a_harness_that_runs_out_of_memory_before_the_code_could_not_run():
   result = run(ADD, memory_mb=1)
-  assert result.verdict == "could_not_run", result
+  assert (result.verdict, result.cause) == ("could_not_run", "sandbox"), result
+
+
+# ---------------------------------------------------------------------------------------
+# Isolation never falls back silently.
 
 
 def test_required_namespaces_that_are_unavailable_refuse_to_run(monkeypatch):
-  monkeypatch.setattr(sandbox, "namespaces_unavailable", lambda: "user namespaces are off")
-  result = sandbox.run(ADD, ADD_TESTS, isolation="namespaces")
-  assert result.verdict == "could_not_run"
-  assert result.detail == "sandbox refused: user namespaces are off"
+  monkeypatch.setattr(runner, "namespaces_unavailable", lambda: "user namespaces are off")
+  for isolation in ("namespaces", "auto"):
+    result = sandbox.run(ADD, ADD_TESTS, isolation=isolation)
+    assert (result.verdict, result.cause, result.isolation) == ("could_not_run", "sandbox", "")
+    assert "user namespaces are off" in result.detail
 
 
-def test_unavailable_namespaces_warn_once_and_fall_back(monkeypatch):
-  monkeypatch.setattr(sandbox, "namespaces_unavailable", lambda: "user namespaces are off")
-  monkeypatch.setattr(sandbox, "_WARNED", set())
-  with pytest.warns(RuntimeWarning, match="namespace isolation is unavailable"):
-    result = sandbox.run(ADD, ADD_TESTS, limits=FAST)
-  assert (result.verdict, result.isolation) == ("pass", "none")
-  with pytest.warns() as record:  # The second run does not warn again.
-    sandbox.run(ADD, ADD_TESTS, limits=FAST)
-    warnings.warn("sentinel", UserWarning, stacklevel=1)
-  assert [str(w.message) for w in record] == ["sentinel"]
+def test_the_startup_check_is_one_clear_error_or_one_line(monkeypatch):
+  monkeypatch.setattr(runner, "namespaces_unavailable", lambda: "user namespaces are off")
+  monkeypatch.setattr(runner, "_PROBE_ATTEMPTS", 2)
+  for isolation in ("auto", "namespaces"):
+    with pytest.raises(sandbox.Unavailable) as e:
+      sandbox.check(isolation)
+    message = str(e.value)
+    assert "\n" not in message and "user namespaces are off" in message
+    assert "isolation='none'" in message
+  monkeypatch.setattr(runner, "_WARNED", set())
+  with pytest.warns(RuntimeWarning, match="isolation='none'"):
+    line = sandbox.check("none")
+  assert "\n" not in line and "untrusted code runs" in line
+  with pytest.raises(ValueError, match="Unknown sandbox isolation 'docker'"):
+    sandbox.check("docker")
+
+
+@needs_namespaces
+def test_the_startup_check_describes_the_containment():
+  line = sandbox.check("auto")
+  assert line.startswith("sandbox: namespace isolation") and "\n" not in line
+  if os.geteuid() == 0:
+    assert f"as uid {sandbox.IDENTITY}" in line
+
+
+def test_a_failed_probe_is_not_remembered(monkeypatch):
+  outcomes = iter(["could_not_run", "pass"])
+  fake = lambda: sandbox.Result(next(outcomes), "transient", 0, 1, "namespaces", 0.0, "sandbox")
+  monkeypatch.setattr(runner, "_probe", fake)
+  monkeypatch.setattr(runner, "_PASSED_PROBE", [])
+  monkeypatch.setattr(runner, "_namespace_problem", lambda: "")
+  assert "transient" in sandbox.namespaces_unavailable()  # Failed: asked again next time.
+  assert sandbox.namespaces_unavailable() == ""  # Passed: remembered.
+  assert sandbox.namespaces_unavailable() == ""
 
 
 # ---------------------------------------------------------------------------------------
@@ -468,7 +645,7 @@ def test_fallback_does_not_pass_the_environment_either(monkeypatch):
   monkeypatch.setenv("GRPO_JAX_TEST_SECRET", "hunter2")
   code = "import os\ndef env():\n  return os.environ.get('GRPO_JAX_TEST_SECRET')\n"
   with pytest.warns(RuntimeWarning):
-    monkeypatch.setattr(sandbox, "_WARNED", set())
+    monkeypatch.setattr(runner, "_WARNED", set())
     assert run(code, one("env()", None), isolation="none").verdict == "pass"
 
 
@@ -530,7 +707,7 @@ def test_fork_bomb_is_limited_and_leaves_no_process_behind():
   """
   start = time.monotonic()
   result = run(code, timeout_s=1.5)
-  assert result.verdict == "could_not_run"
+  assert (result.verdict, result.cause) == ("fail", "timeout"), result
   assert time.monotonic() - start < 10.0
   assert_no_process_with(marker)
 
@@ -573,7 +750,7 @@ def test_a_daemonised_child_dies_with_the_sandbox():
 
 
 def test_fallback_kills_the_process_group_at_the_timeout(monkeypatch):
-  monkeypatch.setattr(sandbox, "_WARNED", set())
+  monkeypatch.setattr(runner, "_WARNED", set())
   marker = sleep_marker()
   code = f"""
     import os, time
@@ -583,7 +760,7 @@ def test_fallback_kills_the_process_group_at_the_timeout(monkeypatch):
   """
   with pytest.warns(RuntimeWarning, match="isolation='none'"):
     result = run(code, isolation="none", timeout_s=1.0)
-  assert result.verdict == "could_not_run" and result.isolation == "none"
+  assert (result.verdict, result.cause, result.isolation) == ("fail", "timeout", "none")
   assert_no_process_with(marker)
 
 
@@ -629,23 +806,310 @@ def test_killing_the_caller_kills_the_sandbox(isolation):
   assert_no_process_with(marker)
 
 
-def test_root_without_a_nobody_mapping_still_isolates(monkeypatch):
-  # Where root may map only itself (e.g. some containers), the code runs as root in the
-  # namespaces (without RLIMIT_NPROC) rather than without namespaces.
+def test_root_that_may_not_change_identity_still_isolates(monkeypatch):
+  # Where root may not use the dedicated uid (a container mapping one uid), the code
+  # runs as root in the namespaces rather than without them.
   if not NAMESPACES:
     pytest.skip("namespaces unavailable")
-  refuse = "def map_root_and_nobody(pid):\n"
-  assert refuse in sandbox._HARNESS
+  refuse = "def drop_identity(job, libc):\n"
+  assert refuse in runner._HARNESS
   monkeypatch.setattr(
-    sandbox, "_HARNESS", sandbox._HARNESS.replace(refuse, refuse + "  return False\n")
+    runner, "_HARNESS", runner._HARNESS.replace(refuse, refuse + "  return False\n")
   )
   result = run("import os\ndef add(a, b):\n  return a + b if not os.path.exists('/work') else 0\n")
   assert (result.verdict, result.isolation) == ("pass", "namespaces"), result
+  assert result.identity == os.geteuid()
 
 
 def test_fallback_judges_like_the_sandbox(monkeypatch):
-  monkeypatch.setattr(sandbox, "_WARNED", set())
+  monkeypatch.setattr(runner, "_WARNED", set())
   with pytest.warns(RuntimeWarning):
     assert run(ADD, isolation="none").verdict == "pass"
   assert run("def add(a, b):\n  return 0\n", isolation="none").verdict == "fail"
   assert run("import os\nos._exit(0)\n", isolation="none").verdict == "fail"
+
+
+def test_rebinding_the_harness_literal_types_does_not_make_a_value_literal():
+  code = """
+    import __main__
+    class Five:
+      def __repr__(self):
+        return '5'
+    __main__.ATOMS = __main__.ATOMS + (Five,)
+    __main__.CONTAINERS = __main__.CONTAINERS + (Five,)
+    def add(a, b):
+      return Five()
+  """
+  result = run(code)
+  assert (result.verdict, result.cause) == ("fail", "wrong") and "nonliteral" in result.detail
+
+
+# ---------------------------------------------------------------------------------------
+# The result channel cannot stall or bloat the caller.
+
+_FORGE = """
+import gc, os
+job = next(o for o in gc.get_objects() if isinstance(o, dict) and 'nonce' in o)
+n, fd = job['nonce'].encode(), job['results_fd']
+def forge(data):
+  while data:
+    data = data[os.write(fd, data):]
+"""
+
+
+@pytest.mark.parametrize(
+  "attack",
+  [
+    # One well-formed record just under the old 16 MB channel cap.
+    "forge(n + b' ready\\n' + n + b' 0:ok [' + b'0,' * (7 << 20) + b']\\n')",
+    # Records of the longest allowed size, for every test, each far longer than any
+    # value equal to the expected one.
+    "forge(n + b' ready\\n' + n + b' 0:ok [' + b'0,' * 49_000 + b']\\n' * 2)",
+    # A flood of small records.
+    "forge((n + b' 0:ok 5\\n') * 200_000)",
+  ],
+)
+def test_an_enormous_forged_result_is_not_parsed(attack, monkeypatch):
+  import resource
+
+  parsed = []
+  real = values.parse_value
+  monkeypatch.setattr(values, "parse_value", lambda text: parsed.append(len(text)) or real(text))
+  before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  start = time.monotonic()
+  result = run(_FORGE + attack + "\nos._exit(0)\n", timeout_s=5.0)
+  assert result.verdict == "fail" and result.cause in ("tampered", "wrong"), result
+  assert time.monotonic() - start < 5.0  # Before: 26 s against a 5 s timeout.
+  assert sum(parsed) < 1000, parsed  # Nothing long was parsed.
+  grew_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+  assert grew_mb < 200, f"the caller grew by {grew_mb:.0f} MB (before: 7.9 GB)"
+
+
+# ---------------------------------------------------------------------------------------
+# No task data inside; no interpreter location breaks the sandbox.
+
+_PREFIX_PROBE = """
+import json, os, sys
+sys.path[:0] = {paths!r}
+from grpo_jax import sandbox
+from grpo_jax.tasks import code as code_task
+problems = {problems!r}
+out = {{"base_prefix": sys.base_prefix, "check": sandbox.check("auto"),
+        "visible": sandbox.visible(problems)}}
+reader = '''
+import os
+def look(path):
+  found = []
+  d = os.path.dirname
+  for p in (path, d(path), d(d(path)), d(d(d(path)))):
+    try:
+      found.append(sorted(os.listdir(p)) if os.path.isdir(p) else open(p).read()[:20])
+    except OSError as e:
+      found.append(type(e).__name__)
+  return found
+'''
+result = sandbox.run(reader, [sandbox.Test(f"look({{problems!r}})", None)])
+out["verdict"], out["detail"] = result.verdict, result.detail
+try:
+  code_task.CodeTask(problems=problems)
+  out["task"] = "built"
+except ValueError as e:
+  out["task"] = str(e)
+print(json.dumps(out))
+"""
+
+
+def _base_prefix_install(root: pathlib.Path) -> pathlib.Path:
+  """A Python installation under `root` (under /tmp): the interpreter, the standard
+  library (hard links), and grpo_jax's problems file installed in its site-packages, as
+  a Docker-style `pip install .` into the base interpreter would put it."""
+  real = pathlib.Path(os.path.realpath(sys.base_prefix))
+  version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+  stdlib = real / "lib" / version
+  (root / "bin").mkdir(parents=True)
+  exe = root / "bin" / version
+  exe.write_bytes(pathlib.Path(os.path.realpath(sys.executable)).read_bytes())
+  exe.chmod(0o755)
+  for dirpath, dirnames, filenames in os.walk(stdlib):
+    rel = pathlib.Path(dirpath).relative_to(stdlib)
+    dirnames[:] = [
+      d for d in dirnames if not (rel == pathlib.Path(".") and d in ("site-packages", "test"))
+    ]
+    (root / "lib" / version / rel).mkdir(parents=True, exist_ok=True)
+    for name in filenames:
+      try:
+        os.link(os.path.join(dirpath, name), root / "lib" / version / rel / name)
+      except OSError:
+        (root / "lib" / version / rel / name).write_bytes(pathlib.Path(dirpath, name).read_bytes())
+  data = root / "lib" / version / "site-packages" / "grpo_jax" / "data"
+  data.mkdir(parents=True)
+  (data / "code_problems.jsonl").write_bytes(
+    (ROOT / "grpo_jax/data/code_problems.jsonl").read_bytes()
+  )
+  return exe
+
+
+@needs_namespaces
+def test_an_install_into_a_base_prefix_under_tmp_hides_the_problems_and_isolates():
+  # Class 3 (the hidden tests readable when grpo_jax is installed into the interpreter's
+  # own site-packages) and class 5 (an interpreter under /tmp broke the sandbox's setup,
+  # and "auto" then ran everything unisolated): both at once.
+  import json
+  import shutil
+  import site
+
+  root = pathlib.Path(tempfile.mkdtemp(prefix="grpo_jax_prefix_", dir="/tmp"))
+  root.chmod(0o755)  # An installation others may read (the sandbox's identity among them).
+  try:
+    exe = _base_prefix_install(root)
+    version = exe.name
+    problems = str(root / "lib" / version / "site-packages/grpo_jax/data/code_problems.jsonl")
+    paths = [str(ROOT), *site.getsitepackages()]
+    code = _PREFIX_PROBE.format(paths=paths, problems=problems)
+    r = subprocess.run([str(exe), "-I", "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+  finally:
+    shutil.rmtree(root, ignore_errors=True)
+  assert out["base_prefix"] == str(root), out
+  assert out["check"].startswith("sandbox: namespace isolation"), out
+  assert out["visible"] is False
+  # Inside: site-packages is empty, so the file, its directory and the package are not there.
+  missing = "'FileNotFoundError', " * 3
+  assert out["verdict"] == "fail" and f"got [{missing}[]]" in out["detail"], out
+  assert out["task"] == "built"
+
+
+def test_a_task_refuses_to_run_when_its_problems_would_be_visible(tmp_path, monkeypatch):
+  from grpo_jax.sandbox import layout
+
+  problems = tmp_path / "problems.jsonl"
+  problems.write_bytes((ROOT / "grpo_jax/data/code_problems.jsonl").read_bytes())
+  binds, links, masks = layout.layout()
+  monkeypatch.setattr(layout, "layout", lambda: (binds + ((str(tmp_path), True),), links, masks))
+  assert sandbox.visible(str(problems))
+  from grpo_jax.tasks import code as code_task
+
+  with pytest.raises(ValueError, match="would be readable inside the sandbox") as e:
+    code_task.CodeTask(problems=str(problems), isolation="namespaces" if NAMESPACES else "none")
+  assert str(problems) in str(e.value) and "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------
+# The host's per-user kernel counts, and the whole sandbox's memory.
+
+
+def test_the_seccomp_filter_refuses_what_a_pure_function_never_needs():
+  from grpo_jax.sandbox import seccomp
+
+  for machine, (arch, numbers, x32) in seccomp.MACHINES.items():
+    prog = seccomp.program(machine)
+    check = lambda nr, arg0=0, arch=arch, prog=prog: seccomp.evaluate(
+      prog, arch=arch, nr=nr, arg0=arg0
+    )
+    eperm, allow = seccomp.RET_ERRNO | seccomp.EPERM, seccomp.RET_ALLOW
+    for name in (
+      "inotify_init1",
+      "fanotify_init",
+      "unshare",
+      "setns",
+      "mount",
+      "keyctl",
+      "bpf",
+      "ptrace",
+      "io_uring_setup",
+      "open_by_handle_at",
+      "mq_open",
+      "pivot_root",
+    ):
+      assert check(numbers[name]) == eperm, (machine, name)
+    assert check(numbers["clone3"]) == seccomp.RET_ERRNO | seccomp.ENOSYS
+    assert check(numbers["clone"], 0x10000000) == eperm  # CLONE_NEWUSER
+    assert check(numbers["clone"], 0x00020000 | 0x11) == eperm  # CLONE_NEWNS
+    assert check(numbers["clone"], 0x003D0F00) == allow  # A thread.
+    assert check(numbers["clone"], 0x01200011) == allow  # fork().
+    for nr in (0, 1, 2, 3, 57, 60, 63, 64, 93, 231):  # read, write, exit... (either table)
+      if nr not in set(numbers.values()):
+        assert check(nr) == allow, (machine, nr)
+    assert seccomp.evaluate(prog, arch=0x40000003, nr=1) == seccomp.RET_KILL_PROCESS
+    if x32:
+      assert check(seccomp.X32_BIT | 1) == eperm
+  assert seccomp.program("sparc") == b""
+
+
+_INOTIFY_HOG = """
+import ctypes, time
+libc = ctypes.CDLL(None, use_errno=True)
+made = [libc.inotify_init1(0) for _ in range(200)]
+time.sleep(1.0)
+def hog():
+  return sum(fd >= 0 for fd in made), ctypes.get_errno()
+"""
+
+
+@needs_namespaces
+def test_sandboxes_cannot_take_the_hosts_inotify_instances():
+  import ctypes
+
+  libc = ctypes.CDLL(None, use_errno=True)
+  results = []
+  threads = [
+    threading.Thread(
+      target=lambda: results.append(run(_INOTIFY_HOG, one("hog()", None), timeout_s=5.0))
+    )
+    for _ in range(3)
+  ]
+  for t in threads:
+    t.start()
+  time.sleep(0.5)  # The candidates are holding whatever they got.
+  fd = libc.inotify_init1(0)
+  for t in threads:
+    t.join()
+  assert fd >= 0, f"the host could not create an inotify instance (errno {ctypes.get_errno()})"
+  os.close(fd)
+  assert len(results) == 3
+  for r in results:
+    assert r.verdict == "fail" and "got (0, 1)" in r.detail, r  # None made: EPERM.
+  if os.geteuid() == 0:
+    assert {r.identity for r in results} == {sandbox.IDENTITY}
+
+
+_HOLDERS = """
+import os, time
+def hold(n, mb):
+  children = []
+  for _ in range(n):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+      try:
+        block = bytearray(mb << 20)
+        for i in range(0, len(block), 4096):
+          block[i] = 1
+        os.write(w, b'y')
+      except MemoryError:
+        os.write(w, b'n')
+      time.sleep(30)
+      os._exit(0)
+    os.close(w)  # A child the OOM killer stops gives EOF.
+    children.append((pid, r))
+  said = [(pid, os.read(r, 1) == b'y') for pid, r in children]
+  time.sleep(0.3)
+  return sum(yes and os.waitpid(pid, os.WNOHANG) == (0, 0) for pid, yes in said)
+"""
+
+
+def test_the_whole_sandbox_has_one_memory_budget():
+  from grpo_jax.sandbox import cgroup
+
+  assert sandbox.Limits().processes_for(grouped=False) == 4
+  assert sandbox.Limits().processes_for(grouped=True) == 16
+  assert sandbox.Limits(processes=7).processes_for(grouped=False) == 7
+  if not NAMESPACES or not cgroup.available():
+    pytest.skip("no control group here: the fallback is 4 processes x memory_mb")
+  # Six processes of 120 MB each: 720 MB under RLIMIT_AS per process, but the sandbox's
+  # budget is 256 MB (+64 for its supervisors): at most two still hold theirs at the end.
+  result = run(_HOLDERS, one("hold(6, 120)", 6), memory_mb=256, timeout_s=8.0)
+  assert result.verdict == "fail", result
+  held = int(result.detail.split("got ")[1]) if "got " in result.detail else 0
+  assert held <= 2, result

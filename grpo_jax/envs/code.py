@@ -10,8 +10,8 @@ config.task.name = "code"). An action ending in "$" (`RUN_TEXT`, one token for t
 character tokenizer and for the byte-level BPE tokenizers; `stop_text`) is a run turn:
 the code in it (extracted as `tasks.code.extract_code` does, the "$" dropped) runs in the
 sandbox on the example's visible tests only, and the observation says how many passed and
-the first failure (or "no code found", "syntax error: ...", "could not run: timed out
-..."); reward 0, the episode goes on. "$" is not a Python operator, so it rarely ends a
+the first failure (or "no code found", "syntax error: ...", "timed out after 2s ...",
+"could not run: ..." when the sandbox itself failed); reward 0, the episode goes on. "$" is not a Python operator, so it rarely ends a
 turn inside code (inside a string it does: the code is cut there, and the run most likely
 reports a syntax error). With a BPE tokenizer only the stand-alone "$" token ends a turn,
 not a token that merges it with other characters.
@@ -19,14 +19,20 @@ not a token that merges it with other characters.
 Any other action is the final answer (an action ended by EOS, or one cut at
 config.env.turn_tokens: the episode loop passes both to `step`): its code is judged on all
 of the problem's tests, visible and hidden, exactly as `tasks.code.CodeTask.reward` does
-(with this environment's sandbox options): reward 1.0 for "pass", 0.0 for "fail" or
-"no_code", done. An answer with no code of its own (e.g. a bare EOS after a run that
-passed) submits the last code sent to a run (a run turn with code, within max_runs).
-When the sandbox could not run the final code (timeout, resource limit, sandbox failure),
-nothing is known about it: `step` raises `rewards.Unscorable`, so the episode ends with
-"env_error" and the row is unscorable (the episode loop's convention: counted in
-reward_errors, never as a wrong answer). `outcome` keeps the final verdict ("pass",
-"fail", "no_code", "could_not_run").
+(with this environment's sandbox options): reward 1.0 for "pass", 0.0 for "fail" (a wrong
+value, an exception, a timeout, a MemoryError, a crash: the sandbox's rule, so failing
+loudly never beats failing) or "no_code", done. An answer with no code of its own (e.g. a
+bare EOS after a run that passed) submits the last code sent to a run (a run turn with
+code, within max_runs). When the sandbox itself could not run the final code (it failed
+to start), nothing is known about it: `step` raises `rewards.Unscorable`, so the episode
+ends with "env_error" and the row is unscorable (the episode loop's convention: counted
+in reward_errors, never as a wrong answer). `outcome` keeps the final verdict ("pass",
+"fail", "no_code", "could_not_run") and `cause` its cause (`tasks.code.OUTCOMES`).
+
+Every run, turn or answer, goes through `sandbox.run` in the trainer's process: what it
+reads back from the child is bounded before the run starts (`sandbox.channel`), so a
+candidate cannot stall or bloat the trainer through its results; its wall time is the
+run's timeout.
 
 Visible tests. The example carries all of its tests in `example.answer`
 (`CodeTask.reward_input`: visible and hidden together); the visible ones are those shown in
@@ -47,7 +53,7 @@ Limits (config.env.kwargs):
                  config.env.observation_tokens >= max_chars (a longer observation ends the
                  episode with "token_limit").
   run_timeout_s  the sandbox's wall-clock limit for a run turn (default 2 s; a timeout is
-                 reported to the model as "could not run").
+                 reported to the model as a failure: "timed out after 2s ...").
   timeout_s, memory_mb, isolation
                  the final answer's sandbox (as `tasks.code.CodeTask`'s options; memory_mb
                  and isolation apply to run turns too). The episode's reward comes from
@@ -154,11 +160,11 @@ class CodeRunner(episodes.Environment):
       raise ValueError(f"code environment: {e}") from None
     self.max_runs, self.max_chars, self.isolation = max_runs, max_chars, isolation
     self.problem: Problem | None = None
-    self.runs, self.last_run, self.outcome = 0, "", ""
+    self.runs, self.last_run, self.outcome, self.cause = 0, "", "", ""
 
   def reset(self, example) -> tuple[int, ...]:
     self.problem = problem_of(example)
-    self.runs, self.last_run, self.outcome = 0, "", ""
+    self.runs, self.last_run, self.outcome, self.cause = 0, "", "", ""
     return ()  # The prompt states the problem and its visible tests.
 
   def step(self, action: str) -> episodes.Step:
@@ -200,9 +206,11 @@ class CodeRunner(episodes.Environment):
     text = action
     if self.last_run and code_task.extract_code(action, entry_point=p.entry_point) is None:
       text = self.last_run
-    self.outcome, detail = self.task.judge(p.spec, text)
+    got = self.task.outcome(p.spec, text)
+    self.outcome, self.cause = got.verdict, got.cause
     if self.outcome == "could_not_run":
-      raise rewards.Unscorable(f"code {p.id}: could not run the tests: {detail}")
+      message = f"code {p.id}: could not run the tests: {got.detail}"
+      raise rewards.Unscorable(message, label=got.cause)
     return float(self.outcome == "pass")
 
   def observe(self, message: str) -> tuple[int, ...]:

@@ -57,12 +57,26 @@ Extracting the code (``extract_code``) from a completion:
 Reward. ``reward_input(example)`` is ``example.answer``: a JSON string with the problem
 id, entry point, tests (assert sources), prelude and setup; the tests travel to the
 reward worker, not into the prompt. ``judge`` gives the verdict: "pass" (reward 1),
-"fail" (wrong, reward 0; also code with a syntax error), "no_code" (reward 0), or
-"could_not_run" (timeout, resource limit, sandbox failure): ``reward`` raises
-``rewards.Unscorable`` for it, so the trainer counts it in ``reward_errors``, apart from
-wrong answers. ``format_reward`` is 1 when code can be extracted and parses. Each call
-runs one sandbox (about 30 ms, see `sandbox`); keep the trainer's ``reward_timeout_s``
-above ``timeout_s`` (+ the start). ``isolation`` is the sandbox's (see its docstring).
+"fail" (wrong, reward 0: a wrong value, an exception, a timeout, a MemoryError, a crash
+or a tampered result channel, whatever the code did to end: `sandbox`'s rule; also code
+with a syntax error), "no_code" (reward 0), or "could_not_run" (the sandbox itself failed
+before the code ran): ``reward`` raises ``rewards.Unscorable`` for it, so the trainer
+counts it in ``reward_errors``, apart from wrong answers. So failing loudly never beats
+failing: a policy cannot opt out of a zero. ``outcome`` also gives the cause
+(``OUTCOMES``: the sandbox's causes, "no_code" and "syntax"), which ``reward`` carries
+(``rewards.Labeled``) and the trainer logs as ``reward/outcome/<cause>``.
+``format_reward`` is 1 when code can be extracted and parses.
+
+Each call runs one sandbox (about 20 ms, see `sandbox`): ``timeout_s`` is a row's wall
+budget. The trainer's ``reward_timeout_s`` must exceed it plus the interpreter's start
+(``reward_budget_s``; checked when the config is built), so a slow answer is judged
+"fail" (timeout) by the sandbox rather than killed, unscorable, by the pool.
+
+Startup. The task checks the sandbox once when it is made (``sandbox.check``): with
+``isolation`` "auto" or "namespaces" where Linux namespaces do not work, it refuses with
+one line (``isolation="none"`` runs unisolated, trusted code only); ``data_notes()``
+carries the line saying how code is contained. It also refuses to run when a problems
+file would be readable inside the sandbox (``sandbox.visible``: e.g. a file under /usr).
 
 Stream. ``example(split, i, seed=s)`` is the problem at position i of the split: the
 train split shuffled per epoch (a permutation seeded by (seed, epoch)), the test split in
@@ -87,6 +101,9 @@ from grpo_jax import rewards, sandbox, tokenizers
 from grpo_jax.tasks import base
 
 VERDICTS = ("pass", "fail", "could_not_run", "no_code")
+# Why a completion got its reward (`outcome`): the sandbox's causes, and two of our own.
+OUTCOMES = (*sandbox.CAUSES, "no_code", "syntax")
+_START_S = 2.0  # The most an interpreter's start may add to a row's wall time.
 FORMATS = ("auto", "native", "mbpp", "humaneval")
 CODE_ALPHABET = "".join(chr(c) for c in range(32, 127)) + "\n\t"
 _PYTHON_TAGS = ("", "python", "py", "python3", "py3")
@@ -481,6 +498,13 @@ def extract_code(completion: str, *, entry_point: str = "") -> str | None:
 
 
 @dataclasses.dataclass(frozen=True)
+class Outcome:
+  verdict: str  # One of VERDICTS.
+  cause: str  # One of OUTCOMES.
+  detail: str
+
+
+@dataclasses.dataclass(frozen=True)
 class _Spec:
   id: str
   entry_point: str
@@ -501,6 +525,25 @@ def _spec(reward_input: str) -> _Spec:
       f"code: reward_input is not a problem spec from CodeTask.reward_input ({e}): "
       f"{reward_input[:200]!r}"
     ) from None
+
+
+def _refuse_visible(source: str | Mapping[str, str]) -> None:
+  """ValueError when a problems file (hidden tests, reference solutions) would be
+  readable by the code in the sandbox."""
+  if isinstance(source, Mapping):
+    paths = list(source.values())
+  elif source == "builtin":
+    paths = [str(importlib.resources.files("grpo_jax") / "data" / "code_problems.jsonl")]
+  else:
+    paths = [source]
+  for path in paths:
+    if sandbox.visible(path):
+      raise ValueError(
+        f"code: the problems file {path!r} would be readable inside the sandbox (it sits in a "
+        "directory the sandbox shows, e.g. /usr or the Python installation), so a candidate "
+        "could read its hidden tests. Move it elsewhere (e.g. under your home or data "
+        "directory)."
+      )
 
 
 def problem_text(problem: Problem) -> str:
@@ -524,6 +567,7 @@ class CodeTask(base.Task):
   name = "code"
   uses_hf_tokenizer = True  # The trainer passes config.hf_dir as tokenizer_dir.
   step_end_text = ("\n",)
+  outcomes = OUTCOMES
 
   def __init__(
     self,
@@ -564,9 +608,12 @@ class CodeTask(base.Task):
     self.test_percent = test_percent
     self.limits = sandbox.Limits(timeout_s=timeout_s, memory_mb=memory_mb)
     self.isolation = isolation
+    self.reward_budget_s = timeout_s + _START_S
     self._tokenizer = None
     self._splits: dict[str, list[Problem]] | None = None
-    self._notes: list[str] = []
+    self._notes: list[str] = [sandbox.check(isolation)]
+    if isolation != "none":
+      _refuse_visible(self.problems_source)
 
   def __getstate__(self):  # Reward workers need the sandbox options only.
     return {**self.__dict__, "_tokenizer": None, "_splits": None, "_notes": []}
@@ -648,14 +695,14 @@ class CodeTask(base.Task):
   def reward_input(self, example: base.Example) -> str:
     return example.answer
 
-  def judge(self, reward_input: str, completion: str) -> tuple[str, str]:
-    """(verdict in VERDICTS, detail) for a completion of the problem in `reward_input`."""
+  def outcome(self, reward_input: str, completion: str) -> Outcome:
+    """The verdict, its cause and why, for a completion of the problem in `reward_input`."""
     spec = _spec(reward_input)
     code = extract_code(completion, entry_point=spec.entry_point)
     if code is None:
-      return "no_code", "no Python code found in the completion"
+      return Outcome("no_code", "no_code", "no Python code found in the completion")
     if not parses(code):
-      return "fail", "the code has a syntax error"
+      return Outcome("fail", "syntax", "the code has a syntax error")
     result = sandbox.run(
       code,
       spec.tests,
@@ -664,15 +711,21 @@ class CodeTask(base.Task):
       limits=self.limits,
       isolation=self.isolation,
     )
-    return result.verdict, result.detail
+    return Outcome(result.verdict, result.cause, result.detail)
+
+  def judge(self, reward_input: str, completion: str) -> tuple[str, str]:
+    """(verdict in VERDICTS, detail) for a completion of the problem in `reward_input`."""
+    got = self.outcome(reward_input, completion)
+    return got.verdict, got.detail
 
   def reward(self, prompt: str, completion: str) -> float:
-    """`prompt` is the problem spec here (`reward_input`). Raises rewards.Unscorable when
-    the tests could not run."""
-    verdict, detail = self.judge(prompt, completion)
-    if verdict == "could_not_run":
-      raise rewards.Unscorable(f"code {_spec(prompt).id}: could not run the tests: {detail}")
-    return 1.0 if verdict == "pass" else 0.0
+    """`prompt` is the problem spec here (`reward_input`): 1.0 or 0.0 labelled with the
+    outcome's cause. Raises rewards.Unscorable when the tests could not run."""
+    got = self.outcome(prompt, completion)
+    if got.verdict == "could_not_run":
+      message = f"code {_spec(prompt).id}: could not run the tests: {got.detail}"
+      raise rewards.Unscorable(message, label=got.cause)
+    return rewards.Labeled(1.0 if got.verdict == "pass" else 0.0, got.cause)
 
   def format_reward(self, prompt: str, completion: str) -> float:
     code = extract_code(completion, entry_point=_spec(prompt).entry_point)

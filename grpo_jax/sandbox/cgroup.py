@@ -1,0 +1,210 @@
+"""A whole-sandbox memory and process budget: one control group per run.
+
+Rlimits bound each process (RLIMIT_AS, RLIMIT_NPROC), so a sandbox could hold
+processes × memory_mb (16 × 512 MB by default before this module). A control group bounds
+the sum: ``memory.max`` (v2) or ``memory.limit_in_bytes`` (v1) is the run's memory budget
+plus the four supervising processes' share, ``pids.max`` its processes plus those four.
+A run that the kernel's out-of-memory killer stopped inside its group is recognised from
+the group's ``oom_kill`` count (a "memory" failure of the code, not of the sandbox).
+
+Where: cgroup v2 when the unified hierarchy has the memory and pids controllers and this
+process may create a group under its own group's parent or the root (root, or a delegated
+subtree); else cgroup v1's memory and pids hierarchies when writable (root on a hybrid
+host). Otherwise there is no group and `runner` falls back to a lower default process
+count (see `runner.Limits`). `available()` probes once per process and says which.
+
+Cost: a mkdir, four writes and an rmdir per hierarchy and run (v2: one hierarchy, v1: two),
+measured by experiments/bench_sandbox.py within the per-call overhead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import functools
+import os
+import secrets
+import time
+
+ROOT = "/sys/fs/cgroup"
+SUPERVISORS = 4  # outer, C, init and the supervisor's own share of memory.
+SUPERVISOR_MB = 64
+_PARENT_NAME = "grpo_jax_sandbox"
+
+
+@dataclasses.dataclass(frozen=True)
+class Hierarchy:
+  version: int  # 1 or 2.
+  parent: str  # The directory the runs' groups are made in.
+
+
+def _read(path: str) -> str:
+  with open(path) as f:
+    return f.read()
+
+
+def _write(path: str, text: str) -> None:
+  fd = os.open(path, os.O_WRONLY)
+  try:
+    os.write(fd, text.encode())
+  finally:
+    os.close(fd)
+
+
+def _own_group(version: int, controller: str = "") -> str:
+  """This process's group path (relative) in a hierarchy, from /proc/self/cgroup."""
+  for line in _read("/proc/self/cgroup").splitlines():
+    number, controllers, path = line.split(":", 2)
+    if version == 2 and number == "0":
+      return path
+    if version == 1 and controller in controllers.split(","):
+      return path
+  return ""
+
+
+def _make_parent(base: str, controllers: tuple[str, ...], *, v2: bool) -> str:
+  parent = os.path.join(base, _PARENT_NAME)
+  with contextlib.suppress(FileExistsError):
+    os.mkdir(parent)
+  if v2:
+    _write(os.path.join(parent, "cgroup.subtree_control"), " ".join(f"+{c}" for c in controllers))
+  return parent
+
+
+def _v2() -> Hierarchy | None:
+  mount = ROOT if os.path.exists(os.path.join(ROOT, "cgroup.controllers")) else ""
+  mount = mount or (os.path.join(ROOT, "unified") if os.path.isdir(f"{ROOT}/unified") else "")
+  if not mount:
+    return None
+  own = os.path.join(mount, _own_group(2).strip("/")).rstrip("/")
+  # A group with processes cannot have controllers for its children (v2's rule): the
+  # runs' parent goes beside this process's group, or at the root.
+  for base in dict.fromkeys([os.path.dirname(own) if own != mount else mount, mount]):
+    try:
+      controllers = set(_read(os.path.join(base, "cgroup.controllers")).split())
+      if not {"memory", "pids"} <= controllers:
+        continue
+      if "memory" not in _read(os.path.join(base, "cgroup.subtree_control")).split():
+        _write(os.path.join(base, "cgroup.subtree_control"), "+memory +pids")
+      return Hierarchy(2, _make_parent(base, ("memory", "pids"), v2=True))
+    except OSError:
+      continue
+  return None
+
+
+def _v1() -> tuple[Hierarchy, Hierarchy] | None:
+  out = []
+  for controller in ("memory", "pids"):
+    # Under this process's own group: the runs stay inside its limits and accounting.
+    base = os.path.join(ROOT, controller, _own_group(1, controller).strip("/")).rstrip("/")
+    if not os.path.isdir(base):
+      return None
+    try:
+      out.append(Hierarchy(1, _make_parent(base, (), v2=False)))
+    except OSError:
+      return None
+  return out[0], out[1]
+
+
+@functools.cache
+def available() -> tuple[Hierarchy, ...]:
+  """The hierarchies a run's group goes in: (v2,), (v1 memory, v1 pids) or () for none."""
+  if not os.path.isdir(ROOT):
+    return ()
+  v2 = _v2()
+  if v2:
+    return (v2,)
+  return _v1() or ()
+
+
+def describe() -> str:
+  found = available()
+  if not found:
+    return "no control group (the per-process rlimits only)"
+  return f"cgroup v{found[0].version} under {', '.join(h.parent for h in found)}"
+
+
+@dataclasses.dataclass
+class Budget:
+  """One run's group(s): made by `create`, joined by `add`, read by `oom_killed`,
+  removed (its processes killed first) by `remove`."""
+
+  dirs: list[tuple[Hierarchy, str]]
+
+  @classmethod
+  def create(cls, *, memory_mb: int, processes: int) -> Budget | None:
+    """The run's groups with their limits, or None where no hierarchy is available or
+    making one failed (then the run has the rlimits only)."""
+    found, name = available(), f"run-{os.getpid()}-{secrets.token_hex(4)}"
+    if not found:
+      return None
+    budget = cls([])
+    memory = (memory_mb + SUPERVISOR_MB) << 20
+    try:
+      for h in found:
+        path = os.path.join(h.parent, name)
+        os.mkdir(path)
+        budget.dirs.append((h, path))
+        budget._limit(h, path, memory=memory, pids=processes + SUPERVISORS)
+    except OSError:
+      budget.remove()
+      return None
+    return budget
+
+  @staticmethod
+  def _limit(h: Hierarchy, path: str, *, memory: int, pids: int) -> None:
+    files = os.listdir(path)
+    if h.version == 2:
+      _write(os.path.join(path, "memory.max"), str(memory))
+      if "memory.swap.max" in files:
+        _write(os.path.join(path, "memory.swap.max"), "0")
+    elif "memory.limit_in_bytes" in files:
+      _write(os.path.join(path, "memory.limit_in_bytes"), str(memory))
+      if "memory.memsw.limit_in_bytes" in files:
+        _write(os.path.join(path, "memory.memsw.limit_in_bytes"), str(memory))
+    if "pids.max" in files:
+      _write(os.path.join(path, "pids.max"), str(pids))
+
+  def add(self, pid: int) -> None:
+    for _, path in self.dirs:
+      _write(os.path.join(path, "cgroup.procs"), str(pid))
+
+  def oom_killed(self) -> bool:
+    """Whether the kernel's out-of-memory killer stopped a process of the group."""
+    for h, path in self.dirs:
+      name = "memory.events" if h.version == 2 else "memory.oom_control"
+      with contextlib.suppress(OSError):
+        for line in _read(os.path.join(path, name)).splitlines():
+          key, _, value = line.partition(" ")
+          if key == "oom_kill" and int(value or 0) > 0:
+            return True
+    return False
+
+  def remove(self) -> None:
+    """Kills what is left in the groups and removes them (retrying briefly while the
+    kernel reaps the killed processes)."""
+    for h, path in reversed(self.dirs):
+      for _ in range(200):
+        self._kill(h, path)
+        try:
+          os.rmdir(path)
+          break
+        except FileNotFoundError:
+          break
+        except OSError as e:
+          if e.errno != errno.EBUSY:
+            break
+          time.sleep(0.005)
+    self.dirs = []
+
+  @staticmethod
+  def _kill(h: Hierarchy, path: str) -> None:
+    if h.version == 2 and os.path.exists(os.path.join(path, "cgroup.kill")):
+      with contextlib.suppress(OSError):
+        _write(os.path.join(path, "cgroup.kill"), "1")
+      return
+    with contextlib.suppress(OSError):
+      for pid in _read(os.path.join(path, "cgroup.procs")).split():
+        with contextlib.suppress(OSError):
+          os.kill(int(pid), 9)
