@@ -454,6 +454,7 @@ def _build(config, *, n_devices: int | None) -> Setup:
   _check_batch_shapes(loop, rl_cfg, update_group, data_parallel=data_parallel)
   _check_group_estimator(rl_cfg, sampler_cfg.group_size)
   _check_prompt_lengths(task, tok, sampler_cfg, loop)
+  _check_reward_budget(task, loop)
   rows = loop.prompts_per_step * sampler_cfg.group_size
   if sampler_cfg.refill_slots > rows:
     raise ValueError(
@@ -713,6 +714,20 @@ def _check_batch_shapes(loop: LoopConfig, rl_cfg: rl.RLConfig, group_size: int, 
     rl.make_plan_fn(rl_cfg, batch_size=n, group_size=group_size)
   except ValueError as e:
     raise ValueError(f"config.rl.planner={rl_cfg.planner!r}: {e}") from None
+
+
+def _check_reward_budget(task, loop: LoopConfig) -> None:
+  """A reward call that ends within its task's budget must not be killed by the pool's
+  timeout first: a slow answer would turn from a judged zero into an unscorable row that
+  `rl.unscorable` may drop (an opt-out of the zero)."""
+  budget = task.reward_budget_s
+  if loop.reward_workers and budget is not None and loop.reward_timeout_s <= budget:
+    raise ValueError(
+      f"config.reward_timeout_s={loop.reward_timeout_s:g} must exceed the task's reward "
+      f"budget ({budget:g} s: its sandbox's timeout_s plus the interpreter's start), so a "
+      f"slow answer is judged (a timeout is a zero) rather than killed by the pool; raise "
+      f"reward_timeout_s above {budget:g} or lower the task's timeout_s."
+    )
 
 
 def _check_group_estimator(rl_cfg: rl.RLConfig, group_size: int) -> None:

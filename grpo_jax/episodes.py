@@ -98,9 +98,13 @@ class Environment(abc.ABC):
   """
 
   stop_text: tuple[str, ...] = ()
+  # The outcome labels `label` may take (e.g. the code environment's sandbox causes),
+  # logged per batch as reward/outcome/<label>; () when the environment labels nothing.
+  outcomes: tuple[str, ...] = ()
 
   def __init__(self, *, tokenizer):
     self.tokenizer = tokenizer
+    self.label = ""  # The episode's outcome label, set by `step` (one of `outcomes`).
 
   @abc.abstractmethod
   def reset(self, example) -> Sequence[int]:
@@ -320,6 +324,8 @@ class Episodes:
   turns_N: np.ndarray
   seconds: dict  # "sample": the jitted pieces; "env": decoding, env steps, encoding.
   messages: tuple[str, ...] = ()  # The first environment errors.
+  labels: tuple[str, ...] = ()  # Each row's outcome label ("" when none).
+  outcomes: tuple[str, ...] = ()  # The environment's label vocabulary.
 
   @property
   def scorable_N(self) -> np.ndarray:
@@ -336,6 +342,11 @@ class Episodes:
     }
     for i, reason in enumerate(END_REASONS):
       out[f"episode/end/{reason}"] = float(np.mean(self.end_N == i))
+    if self.outcomes:
+      n, labels = len(self.labels), list(self.labels)
+      for label in self.outcomes:
+        out[f"reward/outcome/{label}"] = labels.count(label) / n
+      out["reward/outcome/other"] = sum(x not in self.outcomes for x in labels if x) / n
     return out
 
 
@@ -427,7 +438,14 @@ class Runner:
     with clock("sample"):
       rollouts = jax.block_until_ready(self._finish(prompts, state, rows.end_N == DONE))
     return Episodes(
-      rollouts, rows.reward_N, rows.end_N, rows.turns_N, seconds, tuple(rows.messages)
+      rollouts,
+      rows.reward_N,
+      rows.end_N,
+      rows.turns_N,
+      seconds,
+      tuple(rows.messages),
+      labels=tuple(env.label for env in rows.envs),
+      outcomes=type(rows.envs[0]).outcomes if rows.envs else (),
     )
 
   def _reset(self, examples_N) -> tuple[_Rows, list]:

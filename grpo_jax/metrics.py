@@ -89,6 +89,9 @@ DEFINITIONS = {
   "accuracy": "Mean correctness c_i over every row sampled this iteration (all generation batches).",
   "reward_errors": "Rows whose reward call raised, returned non-finite or timed out: unscorable, "
   "handled by rl.unscorable (default 'mask': left out of the loss and of group statistics).",
+  "reward/outcome/<label>": "Share of the iteration's scored rows whose reward carried this "
+  "outcome label (the task's `outcomes`, e.g. the code task's pass, wrong, raised, timeout, "
+  "memory, crash, tampered, no_code, syntax, sandbox; 'other' for labels outside them).",
   "reward_timeouts": "The reward_errors that timed out (reward_timeout_s): unscorable, e.g. a pathological math expression; their worker was replaced. Counted apart from wrong answers (reward 0 without an error).",
   "nonfinite_steps": "Train steps of this iteration skipped for a non-finite loss or gradient.",
   "nonfinite_total": "Skipped (non-finite) train steps since the start of the run.",

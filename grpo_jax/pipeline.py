@@ -182,6 +182,7 @@ class Source:
       "accuracy": float(np.mean(sc.correct_N)),
       "reward_errors": sc.errors,
       "reward_timeouts": sc.timeouts,
+      **rollout.outcome_metrics(self.setup.task.outcomes, [sc]),
       "offpolicy/staleness_mean": float(stale_N.mean()),
       "offpolicy/staleness_max": int(stale_N.max()),
       "offpolicy/stale_frac": float(np.mean(stale_N > s)),

@@ -50,6 +50,7 @@ class Scores:
   errors: int
   timeouts: int
   messages: tuple[str, ...] = ()  # This process's first failure messages.
+  outcomes: tuple[int, ...] = ()  # Rows per label of `Task.outcomes` (+ "other"), summed.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +107,10 @@ def score(setup: config.Setup, pool, examples: dict, tokens_NT, *, group: int) -
     completions,
   )
   gather = lambda x: distributed.gather_rows(x, tokens_NT.sharding, n)
-  errors, timeouts = distributed.sum_across(np.array([scores.errors, scores.timeouts]))
+  counts = outcome_counts(setup.task.outcomes, scores.label_N)
+  errors, timeouts, *outcomes = distributed.sum_across(
+    np.array([scores.errors, scores.timeouts, *counts])
+  )
   return Scores(
     gather(scores.correct_N),
     gather(scores.format_N),
@@ -114,7 +118,28 @@ def score(setup: config.Setup, pool, examples: dict, tokens_NT, *, group: int) -
     int(errors),
     int(timeouts),
     tuple(scores.messages[:3]),
+    tuple(int(c) for c in outcomes),
   )
+
+
+def outcome_counts(vocabulary: tuple[str, ...], label_N) -> list[int]:
+  """Rows per label of the task's outcome vocabulary, then the rows with any other label
+  ([] when the task labels nothing)."""
+  if not vocabulary:
+    return []
+  labels = list(label_N) if label_N is not None else []
+  counts = [labels.count(v) for v in vocabulary]
+  return [*counts, sum(1 for x in labels if x and x not in vocabulary)]
+
+
+def outcome_metrics(vocabulary: tuple[str, ...], scores: list[Scores]) -> dict:
+  """reward/outcome/<label>: the share of the scored rows with each label."""
+  rows = sum(len(s.correct_N) for s in scores)
+  counted = [s.outcomes for s in scores if s.outcomes]
+  if not vocabulary or not rows or not counted:
+    return {}
+  totals, names = np.sum(counted, axis=0), [*vocabulary, "other"]
+  return {f"reward/outcome/{k}": float(c) / rows for k, c in zip(names, totals)}
 
 
 def collect(
@@ -147,6 +172,7 @@ def collect(
     "accuracy": float(np.concatenate([s.correct_N for s in scores]).mean()),
     "reward_errors": sum(s.errors for s in scores),
     "reward_timeouts": sum(s.timeouts for s in scores),
+    **outcome_metrics(setup.task.outcomes, scores),
     **{k: float(np.mean([m[k] for m in played])) for k in played[0]},  # Episodes' (means).
   }
   valid_N = np.ones(setup.rollout_rows, bool)

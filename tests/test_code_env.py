@@ -340,6 +340,10 @@ def test_the_episode_loop_with_a_scripted_model(task, problems):
   np.testing.assert_array_equal(got.scorable_N, [True, True, True, True])
   np.testing.assert_array_equal(got.turns_N, [2, 1, 2, 1])
   assert not got.messages
+  assert got.labels == ("pass", "wrong", "", "memory")  # The turn limit judged nothing.
+  m = got.metrics()
+  assert (m["reward/outcome/pass"], m["reward/outcome/memory"]) == (0.25, 0.25)
+  assert (m["reward/outcome/timeout"], m["reward/outcome/other"]) == (0.0, 0.0)
 
 
 def test_the_episode_loop_with_a_tiny_transformer(task, problems):

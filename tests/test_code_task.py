@@ -4,6 +4,7 @@ import json
 import pathlib
 import pickle
 
+import numpy as np
 import pytest
 
 from grpo_jax import rewards, sandbox, tasks
@@ -109,6 +110,39 @@ def test_a_timeout_is_a_zero_labelled_with_its_cause():
   reward = slow.reward(add_spec(), completion)
   assert (reward, reward.label) == (0.0, "timeout")
   assert slow.reward_budget_s == 1.0 + code._START_S
+
+
+def test_outcomes_are_counted_per_batch():
+  from grpo_jax import rollout
+
+  vocab = ("pass", "wrong", "timeout")
+  counts = rollout.outcome_counts(vocab, np.array(["pass", "wrong", "wrong", "odd", ""], object))
+  assert counts == [1, 2, 0, 1]
+  make = lambda n, outcomes: rollout.Scores(
+    np.zeros(n), np.zeros(n), np.ones(n, bool), 0, 0, (), outcomes
+  )
+  got = rollout.outcome_metrics(vocab, [make(5, (1, 2, 0, 1)), make(3, (0, 0, 3, 0))])
+  assert got == {
+    "reward/outcome/pass": 1 / 8,
+    "reward/outcome/wrong": 2 / 8,
+    "reward/outcome/timeout": 3 / 8,
+    "reward/outcome/other": 1 / 8,
+  }
+  assert rollout.outcome_metrics((), [make(5, ())]) == {}
+
+
+def test_the_pools_timeout_must_exceed_the_tasks_budget():
+  from grpo_jax import config, config_lib
+
+  c = config_lib.load(str(ROOT / "configs" / "code_env.py") + ":tiny")
+  with c.unlocked():
+    c.task.kwargs.isolation = ISOLATION
+  c.reward_timeout_s = 6.0  # The sandbox's 5 s + the interpreter's start: 7 s.
+  with pytest.raises(config_lib.ConfigError, match="reward_timeout_s=6 must exceed") as e:
+    config.build(c)
+  assert "\n" not in str(e.value)
+  c.reward_timeout_s = 8.0
+  config.build(c)
 
 
 def test_only_a_failing_sandbox_raises_unscorable(monkeypatch):

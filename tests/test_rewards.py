@@ -162,3 +162,38 @@ def test_replacing_a_hung_worker_does_not_import_the_task_again(tmp_path):
   assert r.returncode == 0, r.stderr[-2000:]
   assert r.stdout.split() == ["4", "4", "8"]  # 4 hangs killed and replaced; 8 scored.
   assert len(log.read_text().splitlines()) == 2
+
+
+class SlowTask:
+  """reward 1 after sleeping for "slow" items (a slow but correct answer); format_reward
+  is the scoring worker's pid."""
+
+  def reward(self, prompt, completion):
+    if completion == "slow":
+      time.sleep(0.3)
+    return rewards.Labeled(1.0, completion)
+
+  def format_reward(self, prompt, completion):
+    return float(os.getpid())
+
+
+def test_slow_items_hold_one_worker_each_while_the_others_take_the_rest():
+  # Four slow items at the head of the batch: with one chunk per worker they would all
+  # sit in the first worker's chunk; in chunks of n / (4 workers) they are shared.
+  completions = ["slow"] * 4 + ["fast"] * 12
+  with rewards.RewardPool(SlowTask(), workers=2, timeout_s=10.0) as pool:
+    scores = pool.score(["p"] * 16, completions)
+  assert scores.correct_N.tolist() == [1.0] * 16 and not scores.error_N.any()
+  assert len(set(scores.format_N[:4].tolist())) == 2, scores.format_N
+  assert scores.label_N.tolist() == completions  # Labels travel with the scores.
+  inline = rewards.RewardPool(SlowTask(), workers=0).score(["p"], ["fast"])
+  assert inline.label_N.tolist() == ["fast"]
+
+
+def test_unscorable_carries_its_label_across_processes():
+  import pickle
+
+  e = pickle.loads(pickle.dumps(rewards.Unscorable("no sandbox", label="sandbox")))
+  assert (str(e), e.label) == ("no sandbox", "sandbox")
+  value = pickle.loads(pickle.dumps(rewards.Labeled(0.0, "timeout")))
+  assert (value, value.label, float(value) + 1) == (0.0, "timeout", 1.0)

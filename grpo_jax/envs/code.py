@@ -136,6 +136,7 @@ class CodeRunner(episodes.Environment):
   """Run turns on the visible tests, then a final answer on all tests (module docstring)."""
 
   stop_text = (RUN_TEXT,)
+  outcomes = code_task.OUTCOMES
 
   def __init__(
     self,
@@ -208,6 +209,7 @@ class CodeRunner(episodes.Environment):
       text = self.last_run
     got = self.task.outcome(p.spec, text)
     self.outcome, self.cause = got.verdict, got.cause
+    self.label = got.cause
     if self.outcome == "could_not_run":
       message = f"code {p.id}: could not run the tests: {got.detail}"
       raise rewards.Unscorable(message, label=got.cause)
