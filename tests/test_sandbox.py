@@ -861,10 +861,10 @@ def forge(data):
   "attack",
   [
     # One well-formed record just under the old 16 MB channel cap.
-    "forge(n + b' ready\\n' + n + b' 0:ok [' + b'0,' * (7 << 20) + b']\\n')",
+    "forge(n + b' 0:ok [' + b'0,' * (7 << 20) + b']\\n')",
     # Records of the longest allowed size, for every test, each far longer than any
     # value equal to the expected one.
-    "forge(n + b' ready\\n' + n + b' 0:ok [' + b'0,' * 49_000 + b']\\n' * 2)",
+    "forge(b''.join(n + b' %d:ok [' % i + b'0,' * 49_000 + b']\\n' for i in range(2)))",
     # A flood of small records.
     "forge((n + b' 0:ok 5\\n') * 200_000)",
   ],

@@ -113,9 +113,25 @@ def available() -> tuple[Hierarchy, ...]:
   if not os.path.isdir(ROOT):
     return ()
   v2 = _v2()
-  if v2:
-    return (v2,)
-  return _v1() or ()
+  found = (v2,) if v2 else (_v1() or ())
+  for h in found:
+    _sweep(h.parent)
+  return found
+
+
+def _sweep(parent: str) -> None:
+  """Removes the empty groups of runs whose process died without removing them."""
+  with contextlib.suppress(OSError):
+    for name in os.listdir(parent):
+      parts = name.split("-")
+      if len(parts) == 3 and parts[0] == "run" and parts[1].isdigit():
+        try:
+          os.kill(int(parts[1]), 0)
+        except ProcessLookupError:
+          with contextlib.suppress(OSError):
+            os.rmdir(os.path.join(parent, name))
+        except OSError:
+          pass
 
 
 def describe() -> str:
