@@ -42,13 +42,21 @@ replaced), never per call. Any picklable object with ``reward(prompt, completion
 ``format_reward(prompt, completion)`` methods serves (the ``Task`` protocol); its class
 must be importable by name in a fresh process (not defined in a notebook's ``__main__``).
 
+Scripts, notebooks and config files. A worker gets the task pickled in the parent and,
+when the task's class lives in a module loaded from a file but not importable by name (a
+config file: `--config=my_config.py` with the task class in it), imports that file first.
+The caller's script is not re-run in the workers when the task's class lives elsewhere, so
+a script without ``if __name__ == "__main__":`` works. A task class defined in
+``__main__`` needs the script re-run in each worker (put its top level under the guard);
+in a notebook it cannot be imported at all: then the pool scores inline, with one warning
+saying why.
+
 Start method: "forkserver" where the platform has it, else "spawn". Not "fork": the
 trainer's process has JAX (multithreaded) initialised, and a fork() of a multithreaded
 process can deadlock in the child on locks other threads held. The fork server is
 started with a fresh exec (no JAX threads), imports the task's module once (with the
 parent's sys.path) and forks each worker from its single thread, so a worker, first or
-replacement, starts in milliseconds. Workers exit when the parent process dies. As with "spawn", the
-main module must be safe to import: top-level work goes under ``if __name__ == "__main__":``.
+replacement, starts in milliseconds. Workers exit when the parent process dies.
 
 ``workers=0`` scores inline in the calling process: the same accounting of exceptions
 and non-finite values, but no timeout (a hanging reward hangs the caller). Use it to
@@ -59,6 +67,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
+import importlib.util
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -211,9 +221,41 @@ def _exit_with_parent():
   threading.Thread(target=watch, name="reward-worker-watchdog", daemon=True).start()
 
 
-def _worker_main(conn, task, progress):
+@dataclasses.dataclass(frozen=True)
+class _Packed:
+  """The task pickled in the parent, and the file of its class's module: a worker imports
+  a module that is not importable by name (a config file loaded by path) from its file."""
+
+  module: str
+  path: str | None
+  data: bytes
+
+  @classmethod
+  def of(cls, task) -> _Packed:
+    module = type(task).__module__
+    path = getattr(sys.modules.get(module), "__file__", None)
+    return cls(module, path if module != "__main__" else None, pickle.dumps(task))
+
+  def load(self):
+    if self.path and self.module not in sys.modules:
+      try:
+        importlib.import_module(self.module)
+      except ImportError:
+        spec = importlib.util.spec_from_file_location(self.module, self.path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[self.module] = module
+        spec.loader.exec_module(module)
+    return pickle.loads(self.data)
+
+
+def _worker_main(conn, packed: _Packed, progress):
   """Scores chunks (prompts, completions) from conn until it gets None or EOF."""
   _exit_with_parent()
+  try:
+    task = packed.load()
+  except Exception as e:  # noqa: BLE001 -- reported to the parent, which falls back.
+    conn.send(("error", f"{type(e).__name__}: {e}"))
+    return
   conn.send("ready")
   while True:
     try:
@@ -228,17 +270,18 @@ def _worker_main(conn, task, progress):
 class _Worker:
   """One worker process, its pipe, its progress array and the chunk it is scoring."""
 
-  def __init__(self, ctx, task):
+  def __init__(self, ctx, packed: _Packed):
     # progress: [start time of the item in flight (inf when idle), its index in the chunk].
     self.progress = ctx.RawArray("d", [math.inf, 0.0])
     self.conn, child_conn = ctx.Pipe()
     self.process = ctx.Process(
       target=_worker_main,
-      args=(child_conn, task, self.progress),
+      args=(child_conn, packed, self.progress),
       name="reward-worker",
       daemon=True,
     )
-    self.process.start()
+    with _main_hidden(packed.module != "__main__"):
+      self.process.start()
     child_conn.close()  # So the parent sees EOF when the worker dies.
     self.ready = False
     self.job_J: np.ndarray | None = None  # Input indices of the chunk in flight.
@@ -250,6 +293,26 @@ class _Worker:
     self.process.kill()
     self.process.join(timeout=5.0)
     self.conn.close()
+
+
+@contextlib.contextmanager
+def _main_hidden(hide: bool):
+  """Starts processes without re-running the caller's script in them: multiprocessing
+  re-imports ``__main__`` in each child (the whole script, when its top level is not under
+  ``if __name__ == "__main__":``), which a task defined in a module never needs."""
+  main = sys.modules.get("__main__")
+  saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main and k in main.__dict__}
+  if not (hide and saved):
+    yield
+    return
+  main.__dict__.pop("__file__", None)
+  main.__spec__ = None
+  try:
+    yield
+  finally:
+    main.__dict__.update(saved)
+    if "__spec__" not in saved:
+      del main.__spec__
 
 
 def _start_forkserver(ctx, module: str) -> None:
@@ -265,7 +328,8 @@ def _start_forkserver(ctx, module: str) -> None:
   old = os.environ.get("PYTHONPATH")
   os.environ["PYTHONPATH"] = os.pathsep.join(paths + ([old] if old else []))
   try:
-    multiprocessing.forkserver.ensure_running()
+    with _main_hidden(module != "__main__"):
+      multiprocessing.forkserver.ensure_running()
   finally:
     if old is None:
       del os.environ["PYTHONPATH"]
@@ -276,6 +340,24 @@ def _start_forkserver(ctx, module: str) -> None:
 def default_start_method() -> str:
   methods = multiprocessing.get_all_start_methods()
   return "forkserver" if "forkserver" in methods else "spawn"
+
+
+class _WorkersFailed(RuntimeError):
+  """The reward workers could not start; the pool scores inline instead."""
+
+  def __init__(self, what: str, task):
+    where = type(task).__module__
+    if where == "__main__":
+      hint = (
+        f"its class {type(task).__name__} is defined in __main__ (a notebook, or a script "
+        "re-run by each worker): define it in a module of its own"
+      )
+    else:
+      hint = f"check that module {where!r} imports in a fresh Python process"
+    super().__init__(
+      f"Reward workers could not start: {what}; {hint}. Scoring inline in this process "
+      "instead (no per-item timeout; config.reward_workers=0 does this without the warning)."
+    )
 
 
 class RewardPool:
@@ -315,10 +397,16 @@ class RewardPool:
         "use workers=0 to score inline."
       ) from e
     self._ctx = multiprocessing.get_context(start_method or default_start_method())
+    self._packed = _Packed.of(task)
     if self._ctx.get_start_method() == "forkserver":
       _start_forkserver(self._ctx, type(task).__module__)
-    self._workers = [_Worker(self._ctx, task) for _ in range(workers)]
-    self._await_ready()
+    self._workers = [_Worker(self._ctx, self._packed) for _ in range(workers)]
+    try:
+      self._await_ready()
+    except _WorkersFailed as e:
+      self.close()
+      self._closed, self.workers = False, 0
+      logging.warning("%s", e)
 
   def _await_ready(self):
     deadline = time.monotonic() + _START_TIMEOUT_S
@@ -337,11 +425,11 @@ class RewardPool:
     try:
       msg = worker.conn.recv()
     except (EOFError, OSError) as e:
-      self.close()
-      raise RuntimeError(
-        f"A reward worker died while starting (exit code {worker.process.exitcode}); is the "
-        f"task's class importable in a fresh process? Task: {self.task!r}."
+      raise _WorkersFailed(
+        f"it died while starting (exit code {worker.process.exitcode})", self.task
       ) from e
+    if isinstance(msg, tuple) and msg[:1] == ("error",):
+      raise _WorkersFailed(f"it could not load the task ({msg[1]})", self.task)
     if msg != "ready":
       raise RuntimeError(f"A reward worker sent {msg!r} before 'ready'.")
     worker.ready = True
@@ -453,7 +541,7 @@ class RewardPool:
 
   def _replace(self, w: _Worker):
     w.kill()
-    self._workers[self._workers.index(w)] = _Worker(self._ctx, self.task)
+    self._workers[self._workers.index(w)] = _Worker(self._ctx, self._packed)
 
   def close(self):
     """Stops the workers (killing any still busy after a short grace period). Idempotent."""

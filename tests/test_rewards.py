@@ -197,3 +197,66 @@ def test_unscorable_carries_its_label_across_processes():
   assert (str(e), e.label) == ("no sandbox", "sandbox")
   value = pickle.loads(pickle.dumps(rewards.Labeled(0.0, "timeout")))
   assert (value, value.label, float(value) + 1) == (0.0, "timeout", 1.0)
+
+
+_SCRIPT = """
+import sys
+sys.path.insert(0, {root!r})
+from grpo_jax import rewards, tasks
+print("top level", flush=True)
+with rewards.RewardPool(tasks.get("arithmetic"), workers=2) as pool:
+  print("workers", pool.workers, pool.score(["Q:1+2\\n"], ["A:3."]).correct_N.tolist())
+"""
+
+
+def test_a_script_without_a_main_guard_starts_its_workers_without_rerunning(tmp_path):
+  script = tmp_path / "train_script.py"
+  script.write_text(_SCRIPT.format(root=str(ROOT)))
+  r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert r.stdout.splitlines() == ["top level", "workers 2 [1.0]"], r.stdout
+
+
+_CONFIG_TASK = """
+from grpo_jax.tasks import arithmetic
+
+class Doubled(arithmetic.Arithmetic):
+  def reward(self, prompt, completion):
+    return 2.0 * super().reward(prompt, completion)
+"""
+
+
+def test_a_task_in_a_file_loaded_by_path_scores_in_workers(tmp_path):
+  # As a config file holds a task class: loaded from its path under a name no fresh
+  # process can import.
+  import importlib.util
+
+  path = tmp_path / "my_config.py"
+  path.write_text(_CONFIG_TASK)
+  spec = importlib.util.spec_from_file_location("_not_importable_config", path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module
+  try:
+    spec.loader.exec_module(module)
+    with rewards.RewardPool(module.Doubled(), workers=2, timeout_s=30.0) as pool:
+      scores = pool.score(["Q:1+2\n", "Q:2+2\n"], ["A:3.", "A:5."])
+      assert pool.workers == 2
+  finally:
+    del sys.modules[spec.name]
+  assert scores.correct_N.tolist() == [2.0, 0.0]
+
+
+def test_a_task_class_in_a_notebooks_main_falls_back_inline_with_one_warning():
+  code = (
+    f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+    "from grpo_jax import rewards\n"
+    "from grpo_jax.tasks import arithmetic\n"
+    "class Mine(arithmetic.Arithmetic):\n  pass\n"
+    "pool = rewards.RewardPool(Mine(), workers=2)\n"
+    "print(pool.workers, pool.score(['Q:1+2\\n'], ['A:3.']).correct_N.tolist())\n"
+  )
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert r.stdout.strip() == "0 [1.0]"
+  warned = [line for line in r.stderr.splitlines() if "Reward workers could not start" in line]
+  assert len(warned) == 1 and "defined in __main__" in warned[0], r.stderr
