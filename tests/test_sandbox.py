@@ -1113,3 +1113,53 @@ def test_the_whole_sandbox_has_one_memory_budget():
   assert result.verdict == "fail", result
   held = int(result.detail.split("got ")[1]) if "got " in result.detail else 0
   assert held <= 2, result
+
+
+def test_a_cgroup_v2_hierarchy_gets_the_whole_budget(tmp_path, monkeypatch):
+  # cgroup v2 on a fake tree (this machine may only have v1): where the runs' parent
+  # goes, what each run's group is limited to, how an OOM kill is read.
+  from grpo_jax.sandbox import cgroup
+
+  interface = ("cgroup.procs", "cgroup.kill", "memory.max", "memory.swap.max", "pids.max",
+               "memory.events", "cgroup.controllers", "cgroup.subtree_control")  # fmt: skip
+  real_mkdir = os.mkdir
+
+  def mkdir(path, *args):
+    real_mkdir(path, *args)
+    for name in interface:
+      (pathlib.Path(path) / name).write_text("")
+
+  root = tmp_path / "cg"
+  (root / "user.slice" / "session").mkdir(parents=True)
+  for d in (root, root / "user.slice"):
+    (d / "cgroup.controllers").write_text("cpu memory pids\n")
+    (d / "cgroup.subtree_control").write_text("cpu\n")
+  monkeypatch.setattr(cgroup, "ROOT", str(root))
+  monkeypatch.setattr(cgroup, "_own_group", lambda version, controller="": "/user.slice/session")
+  monkeypatch.setattr(cgroup.os, "mkdir", mkdir)
+  monkeypatch.setattr(cgroup, "_write", lambda path, text: pathlib.Path(path).write_text(text))
+  cgroup.available.cache_clear()
+  try:
+    found = cgroup.available()
+    parent = root / "user.slice" / "grpo_jax_sandbox"
+    assert found == (cgroup.Hierarchy(2, str(parent)),)
+    # Beside this process's group: controllers enabled for the parent's children.
+    assert (root / "user.slice" / "cgroup.subtree_control").read_text() == "+memory +pids"
+    assert (parent / "cgroup.subtree_control").read_text() == "+memory +pids"
+    budget = cgroup.Budget.create(memory_mb=256, processes=16)
+    ((h, run_dir),) = budget.dirs
+    run_dir = pathlib.Path(run_dir)
+    assert run_dir.parent == parent and run_dir.name.startswith(f"run-{os.getpid()}-")
+    assert (run_dir / "memory.max").read_text() == str((256 + 64) << 20)
+    assert (run_dir / "memory.swap.max").read_text() == "0"
+    assert (run_dir / "pids.max").read_text() == "20"
+    budget.add(4321)
+    assert (run_dir / "cgroup.procs").read_text() == "4321"
+    (run_dir / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 0\n")
+    assert not budget.oom_killed()
+    (run_dir / "memory.events").write_text("low 0\nhigh 0\nmax 9\noom 2\noom_kill 1\n")
+    assert budget.oom_killed()
+    budget.remove()
+    assert (run_dir / "cgroup.kill").read_text() == "1" and budget.dirs == []
+  finally:
+    cgroup.available.cache_clear()
