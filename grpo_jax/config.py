@@ -59,6 +59,7 @@ from grpo_jax import (
   presets,
   rl,
   sampling,
+  shapes,
   sharding,
   tasks,
 )
@@ -417,6 +418,49 @@ def build(config, *, n_devices: int | None = None) -> Setup:
     raise config_lib.ConfigError(str(e)) from e
 
 
+def plan_setup(config, *, n_devices: int | None = None, model_source: str = "") -> Setup:
+  """What the memory plan reads of a config (`grpo-jax plan`), built without the task's
+  tokenizer or the checkpoint's weights. The model: `model_source` (`shapes.read`: a
+  built-in shape, a config.json, a checkpoint directory or GGUF), else config.hf_dir's
+  config.json alone; config.model sets its dtypes, scan_layers and remat. Without either
+  (a model from config.model) this is `build`. The Setup has no task or tokenizer."""
+  d = config_lib.to_dict(config)
+  source = model_source or d.get("hf_dir", "")
+  if not source:
+    return build(config, n_devices=n_devices)
+  try:
+    runtime = {k: d["model"][k] for k in HF_RUNTIME_KEYS if k in d["model"]}
+    model_cfg = shapes.model_config(os.path.expanduser(source), **runtime)
+  except hf.CheckpointError as e:
+    hint = " Or plan from the shape alone: --model=<a config.json or a built-in shape>."
+    raise config_lib.ConfigError(f"{e}{'' if model_source else hint}") from None
+  try:
+    loop = config_lib.from_dict(
+      LoopConfig, {k: v for k, v in d.items() if k not in SECTIONS}, where="config"
+    )
+    sampler_cfg = config_lib.from_dict(
+      sampling.SamplerConfig, {**d["sampler"], "eos_ids": (0,), "pad_id": 0}, where="config.sampler"
+    )
+    rl_cfg = rl.RLConfig.from_dict(_with_mask_vocab(d["rl"], model_cfg), where="config.rl")
+    cf_d = d.get("counterfactual", {})
+    cf = config_lib.from_dict(
+      counterfactuals.CounterfactualConfig, cf_d, where="config.counterfactual"
+    )
+    mesh_cfg = sharding.MeshConfig.from_dict(d.get("mesh", {}))
+    n_devices = n_devices or jax.device_count()
+    group = sampler_cfg.group_size + (cf.per_group if cf.train else 0)
+    data_parallel = math.prod(mesh_cfg.shape(n_devices)[:2])
+    _check_batch_shapes(loop, rl_cfg, group, data_parallel=data_parallel)
+  except ValueError as e:
+    raise config_lib.ConfigError(str(e)) from e
+  setup = Setup(
+    loop=loop, task=None, tokenizer=None, model_cfg=model_cfg, sampler_cfg=sampler_cfg,
+    sampling_hyper=sampling.sampling_params(**d["sampling"]), rl_cfg=rl_cfg,
+    mesh_cfg=mesh_cfg, spec=d, counterfactual=cf,
+  )  # fmt: skip
+  return _resolve_remat(setup, n_devices=n_devices)
+
+
 _PACKAGE = pathlib.Path(__file__).resolve().parent
 
 
@@ -442,6 +486,7 @@ def _build(config, *, n_devices: int | None) -> Setup:
     where="config.sampler",
   )
   rl_cfg = rl.RLConfig.from_dict(_with_mask_vocab(d["rl"], model_cfg), where="config.rl")
+  _check_rl_lengths(rl_cfg, sampler_cfg)
   mesh_cfg = sharding.MeshConfig.from_dict(d.get("mesh", {}))
   cf = config_lib.from_dict(
     counterfactuals.CounterfactualConfig, d.get("counterfactual", {}), where="config.counterfactual"
@@ -482,6 +527,27 @@ def _build(config, *, n_devices: int | None) -> Setup:
     ),
   )
   return _resolve_remat(setup, n_devices=n_devices)
+
+
+def _check_rl_lengths(rl_cfg: rl.RLConfig, sampler_cfg: sampling.SamplerConfig) -> None:
+  """Settings that do nothing, or the opposite, at this run's lengths: DAPO's overlong
+  buffer past max_new_tokens (every row penalised), and dynamic sampling that may never
+  sample again (max_gen_batches 1: zero-variance groups are only masked)."""
+  T = sampler_cfg.max_new_tokens
+  if rl_cfg.overlong_buffer >= T and rl_cfg.overlong_factor > 0:
+    raise ValueError(
+      f"config.rl.overlong_buffer={rl_cfg.overlong_buffer} is not below "
+      f"config.sampler.max_new_tokens={T}: the overlong penalty would start before the first "
+      f"token and penalise every row. Use a buffer below {T} (DAPO: 4096 of 20480, a fifth), "
+      "or rl.overlong_factor=0 (off)."
+    )
+  if rl_cfg.dynamic_sampling and rl_cfg.max_gen_batches < 2:
+    raise ValueError(
+      "config.rl.dynamic_sampling=True with config.rl.max_gen_batches=1 never samples a second "
+      "batch: groups whose rewards are all equal are only masked out of the update. Set "
+      "rl.max_gen_batches to the batches it may sample (DAPO: 10), or use "
+      "--config.rl.preset=dapo."
+    )
 
 
 def _check_learning_rates(loop: LoopConfig, model_cfg: model.ModelConfig) -> None:

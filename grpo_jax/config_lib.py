@@ -44,20 +44,36 @@ def load(spec: str, **overrides):
 
   `overrides` set top-level keys (use `config.rl.advantage = ...` for nested ones). The
   returned ConfigDict is locked, so a misspelt key fails as it does on the command line.
+  A file that is missing, has no get_config, or fails to run (an unknown variant raises
+  in get_config) is a ConfigError naming the file and what went wrong.
   """
   import importlib.util
   import pathlib
+  import traceback
 
   path, _, arg = spec.partition(":")
   file = pathlib.Path(path)
   if not file.is_file():
-    raise FileNotFoundError(
-      f"Config file {path!r} not found (spec {spec!r}; expected 'file.py[:variant]')."
-    )
+    shipped = sorted(p.name for p in file.parent.glob("*.py")) if file.parent.is_dir() else []
+    listed = f"; {file.parent}/ holds {', '.join(shipped)}" if shipped else ""
+    raise ConfigError(f"Config file {path!r} not found (--config=FILE.py[:VARIANT]){listed}.")
   module_spec = importlib.util.spec_from_file_location(f"_grpo_jax_config_{file.stem}", file)
+  if module_spec is None or file.suffix != ".py":
+    raise ConfigError(f"--config={spec}: {path} is not a Python file (--config=FILE.py[:VARIANT]).")
   module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  config = module.get_config(arg) if arg else module.get_config()
+  try:
+    module_spec.loader.exec_module(module)
+    if not callable(getattr(module, "get_config", None)):
+      raise ConfigError(f"{path} has no get_config(); a config file defines get_config(arg).")
+    config = module.get_config(arg) if arg else module.get_config()
+  except ConfigError:
+    raise
+  except Exception as e:  # The config file's own error (a bad variant raises ValueError).
+    frames = traceback.extract_tb(e.__traceback__)
+    lines = [f.lineno for f in frames if pathlib.Path(f.filename).resolve() == file.resolve()]
+    at = f" ({path}, line {lines[-1]})" if lines and not isinstance(e, ValueError) else ""
+    what = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+    raise ConfigError(f"--config={spec}: {what}{at}") from e
   config.lock()
   for key, value in overrides.items():
     config[key] = value

@@ -1,5 +1,8 @@
 """Command line: `grpo-jax --config=configs/arithmetic.py:tiny --workdir=/tmp/run`.
 
+  grpo-jax --help                     the commands, the config syntax, the shipped configs
+  grpo-jax config --config=configs/arithmetic.py:tiny --config.rl.preset=dapo
+
   grpo-jax plan --config=configs/arithmetic.py:full --devices=8 --device=tpu-v5e
 
   grpo-jax hf-check --hf_dir=/path/to/Qwen2.5-0.5B-Instruct
@@ -15,8 +18,8 @@ installed it runs the same batch through transformers and prints the max abs dif
 Its last line is one JSON object; it exits 1 when the difference exceeds `--tolerance`.
 
 Overrides use ml-collections syntax, e.g. `--config.rl.advantage=rloo`; the config is
-locked, so a misspelt key fails. The same entry point is `train.run(config, workdir)` in
-a notebook.
+locked, so a misspelt key fails, in one line naming the closest keys (`cli`: argv, help,
+presets by name). The same entry point is `train.run(config, workdir)` in a notebook.
 
 Several hosts (a multi-host TPU VM slice, a Slurm or MPI job, or JAX_COORDINATOR_ADDRESS /
 JAX_NUM_PROCESSES / JAX_PROCESS_ID set by hand): every host runs the same command;
@@ -29,30 +32,28 @@ from __future__ import annotations
 import contextlib
 import json
 import pathlib
-import sys
 
 import jax
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 from grpo_jax import (
   checkpoint,
+  cli,
   collapse,
   config,
   config_lib,
   distributed,
+  gguf_import,
   hf,
   logs,
   memory,
   rewards,
   rl,
+  shapes,
   steps,
   train,
 )
 
-_CONFIG = config_flags.DEFINE_config_file(
-  "config", None, "Config file[:variant].", lock_config=True
-)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where metrics.jsonl and summary.json go.")
 _DISTRIBUTED = flags.DEFINE_enum(
   "distributed",
@@ -68,19 +69,29 @@ _DEVICE = flags.DEFINE_string(
 _COMPILE = flags.DEFINE_bool(
   "compile", False, "plan: also compile on this host's devices and print XLA's figures."
 )
+_MODEL = flags.DEFINE_string(
+  "model",
+  None,
+  "plan: the model's shape from a config.json, a checkpoint directory, a GGUF file or a "
+  f"built-in shape ({', '.join(shapes.CONFIGS)}); default: config.hf_dir's config.json.",
+)
 
 
 def plan(config_dict) -> dict:
-  """`grpo-jax plan`: prints the memory plan; returns its figures."""
-  setup = config.build(config_dict, n_devices=_DEVICES.value)
+  """`grpo-jax plan`: prints the memory plan, each line explained, and when it does not
+  fit, the changes that lower its peak most first; returns its figures."""
+  device = _device_bytes(_DEVICE.value)
+  setup = config.plan_setup(config_dict, n_devices=_DEVICES.value, model_source=_MODEL.value or "")
   p = memory.plan_for(setup, n_devices=_DEVICES.value)
-  device = memory.device_bytes(_DEVICE.value) if _DEVICE.value else None
-  print(memory.describe(p, device_memory=device, name=_DEVICE.value or ""))
+  why = memory.explain(p, setup.model_cfg, setup.rl_cfg)
+  print(memory.describe(p, device_memory=device, name=_DEVICE.value or "", why=why))
   out = memory.as_dict(p)
   if device:
     out.update(device_memory=device, fits=memory.fits(p, device))
-    if not out["fits"]:
-      print("Change:\n  - " + "\n  - ".join(memory.advice(p, setup.model_cfg, setup.rl_cfg)))
+  if device and not out["fits"]:
+    more = _plan_on_more_devices(setup, n_devices=_DEVICES.value or jax.device_count())
+    tips = memory.advice(p, setup.model_cfg, setup.rl_cfg, device_memory=device, more_devices=more)
+    print("Change: (the change that lowers the peak most first)\n  - " + "\n  - ".join(tips))
   if _COMPILE.value:
     measured = memory.measure(setup, steps.functions(setup))
     print(
@@ -93,6 +104,21 @@ def plan(config_dict) -> dict:
   return out
 
 
+def _device_bytes(device: str | None) -> float | None:
+  try:
+    return memory.device_bytes(device) if device else None
+  except ValueError as e:
+    raise cli.UsageError(f"--device={device}: {e}") from None
+
+
+def _plan_on_more_devices(setup, *, n_devices: int):
+  """The plan on twice the devices, when the mesh has a size that grows with them."""
+  try:
+    return memory.plan_for(setup, n_devices=2 * n_devices)
+  except ValueError:  # Fixed mesh sizes, or a batch the larger mesh cannot split.
+    return None
+
+
 _HF_DIR = flags.DEFINE_string("hf_dir", None, "hf-check: a Hugging Face checkpoint directory.")
 _TOLERANCE = flags.DEFINE_float(
   "tolerance", 1e-4, "hf-check: the largest max abs logit difference to transformers allowed."
@@ -100,20 +126,32 @@ _TOLERANCE = flags.DEFINE_float(
 _DTYPE = flags.DEFINE_enum(
   "dtype", "float32", ["float32", "bfloat16"], "hf-check: param and compute dtype."
 )
+_COMPARE = flags.DEFINE_bool(
+  "compare", True, "hf-check: compare with transformers (--nocompare: the import alone)."
+)
 
 
 def hf_check() -> dict:
   """`grpo-jax hf-check`: prints the check's figures; exits 1 past the tolerance."""
   if not _HF_DIR.value:
-    raise app.UsageError("hf-check needs --hf_dir=<a Hugging Face checkpoint directory>.")
-  out = hf.check(_HF_DIR.value, tolerance=_TOLERANCE.value, dtype=_DTYPE.value)
+    raise cli.UsageError("hf-check needs --hf_dir=<a Hugging Face checkpoint directory or GGUF>.")
+  out = hf.check(
+    _HF_DIR.value, tolerance=_TOLERANCE.value, dtype=_DTYPE.value, compare=_COMPARE.value
+  )
   print(
     f"{out['arch']}: {out['params']:,} params imported in {out['import_seconds']:.2f} s; "
     f"logits mean {out['logits_mean']:.4f}, std {out['logits_std']:.4f}, "
     f"max |logit| {out['logits_absmax']:.4f}, last-token argmax {out['argmax_last']}"
   )
+  if out["max_abs_diff"] is None and _COMPARE.value:  # Nothing compared: not a pass.
+    out.update(ok=None, compared=False)
+    print(json.dumps(out))
+    raise cli.UsageError(
+      "hf-check imported the checkpoint but compared nothing: transformers and torch are not "
+      "installed (pip install -e '.[bench]'); --nocompare checks the import alone."
+    )
   if out["max_abs_diff"] is None:
-    print("transformers/torch not installed: no comparison (pip install -e '.[bench]').")
+    print("--nocompare: the import and forward ran; no comparison with transformers.")
   else:
     verdict = "OK" if out["ok"] else "MISMATCH"
     print(
@@ -126,25 +164,26 @@ def hf_check() -> dict:
   return out
 
 
-def main(argv):
+def main(inv: cli.Invocation):
+  """`inv`: the command and its config, parsed by `cli.parse_flags`."""
   logging.set_verbosity(logging.WARNING)  # Quiet JAX's backend probing.
-  if argv[1:] == ["hf-check"]:
+  if inv.command == "hf-check":
     hf_check()
     return
-  if _CONFIG.value is None:
-    raise app.UsageError("--config is required (e.g. --config=configs/arithmetic.py:tiny).")
-  if argv[1:] == ["plan"]:
-    plan(_CONFIG.value)
+  if inv.preset:
+    print(cli.preset_note(inv))
+  if inv.command == "config":
+    print(cli.describe_config(inv))
+    print(cli.validate(inv.config))
     return
-  if len(argv) > 1:
-    raise app.UsageError(
-      f"Unexpected arguments: {argv[1:]}; the subcommands are `plan` and `hf-check`."
-    )
+  if inv.command == "plan":
+    plan(inv.config)
+    return
   if not _WORKDIR.value:
-    raise app.UsageError("--workdir is required to train (where metrics and checkpoints go).")
+    raise cli.UsageError("--workdir is required to train (where metrics and checkpoints go).")
   distributed.initialize(_DISTRIBUTED.value)  # Before anything touches a device.
   with _library_output(_WORKDIR.value):
-    summary = train.run(_CONFIG.value, _WORKDIR.value)
+    summary = train.run(inv.config, _WORKDIR.value)
   if distributed.is_primary():
     print(json.dumps(summary, indent=2))
     print(train.describe(summary))
@@ -167,6 +206,9 @@ def _library_output(workdir: str):
 # run stopped (rewards, non-finite steps, checkpoint writes).
 USER_ERRORS = {
   config_lib.ConfigError: 2,
+  cli.UsageError: 2,
+  hf.CheckpointError: 2,
+  gguf_import.GGUFError: 2,
   train.WorkdirError: 2,
   checkpoint.CheckpointMismatchError: 2,
   memory.OutOfMemoryPlan: 2,
@@ -183,12 +225,11 @@ def _main(argv):
     main(argv)
   except tuple(USER_ERRORS) as e:
     status = next(code for kind, code in USER_ERRORS.items() if isinstance(e, kind))
-    print(f"grpo-jax: error: {e}", file=sys.stderr)
-    raise SystemExit(status) from None
+    cli.fail(e, status=status)
 
 
 def run():
-  app.run(_main)
+  app.run(_main, flags_parser=cli.parse_flags)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
 """Algorithm presets: ml-collections snippets for the `rl` block of a config.
 
     config.rl = presets.get("dapo")          # then override fields as usual
+    presets.apply(config.rl, "dapo")         # or set its fields on a config's rl block
     rl_cfg = rl.RLConfig.from_dict(config.rl)
+
+On the command line: `--config.rl.preset=dapo` (`cli`), applied before the other overrides.
 
 Each preset sets only what defines the algorithm; everything else keeps RLConfig's
 defaults. Learning rate, batch and group sizes belong to the experiment config; the
@@ -146,3 +149,15 @@ def positive_only():
 def get(name: str) -> ml_collections.ConfigDict:
   """A fresh ConfigDict of the preset `name` (unknown names list the valid ones)."""
   return REGISTRY.get(name)()
+
+
+def apply(rl_config, name: str) -> list[tuple[str, object, object]]:
+  """Sets the preset `name`'s fields on a config's `rl` block (a ConfigDict, locked or
+  not); returns (key, value before, preset's value) for each field it changed."""
+  changes = []
+  for key, value in get(name).items():
+    before = rl_config[key]
+    if before != value:
+      changes.append((key, before, value))
+    rl_config[key] = value
+  return changes

@@ -19,7 +19,7 @@ class Registry(Generic[T]):
 
   def register(self, name: str) -> Callable[[T], T]:
     def add(obj: T) -> T:
-      if name in self._items:
+      if name in self._items and not _same_definition(self._items[name], obj):
         raise ValueError(f"{self.kind} {name!r} is already registered.")
       self._items[name] = obj
       return obj
@@ -63,3 +63,10 @@ class Registry(Generic[T]):
 
   def __len__(self) -> int:
     return len(self._items)
+
+
+def _same_definition(a, b) -> bool:
+  """Whether b is a re-run of a's definition (a config file or notebook cell executed
+  again defines a new class of the same name in the same module): it replaces a."""
+  name = lambda x: (getattr(x, "__module__", None), getattr(x, "__qualname__", None))
+  return name(a) == name(b) and name(a) != (None, None)

@@ -5,6 +5,7 @@ Qwen3 checkpoints with reference logits from transformers' torch forward.
 """
 
 import dataclasses
+import importlib.util
 import json
 import pathlib
 import shutil
@@ -227,8 +228,10 @@ def test_sharded_import_places_each_shard():
 
 
 def test_hf_check_cli_prints_json_figures():
+  # Without transformers nothing can be compared: an error unless --nocompare.
+  compare = [] if importlib.util.find_spec("transformers") else ["--nocompare"]
   r = subproc.run(
-    ["-m", "grpo_jax.main", "hf-check", f"--hf_dir={FIXTURES / 'qwen3'}"], timeout=300
+    ["-m", "grpo_jax.main", "hf-check", f"--hf_dir={FIXTURES / 'qwen3'}", *compare], timeout=300
   )
   out = json.loads(r.stdout.strip().splitlines()[-1])
   assert out["arch"] == "qwen3" and out["params"] == 34016 and out["ok"] is True
