@@ -138,6 +138,7 @@ _VARIANTS = {
   "math_qwen.py": ("tiny", "1.5b", "7b"),
   "scale.py": ("tiny", "0.5b", "1.5b", "7b"),
   "sample_demo.py": ("tiny", "full"),
+  "smollm2.py": ("tiny", "cpu", "accel"),
 }
 
 

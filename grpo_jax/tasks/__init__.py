@@ -6,10 +6,20 @@ expressions solved with a calculator tool: `envs.calculator`).
 Dataset tasks (a Hugging Face tokenizer, problems from TFDS): "math" (GSM8K, MATH,
 MATH-500, your own JSONL/Parquet files; verified by `math_verify`); "code" (Python functions
 with hidden unit tests, run in `sandbox`: shipped problems, MBPP or HumanEval JSONL).
+Generated problems for a pretrained chat model (its tokenizer and chat template):
+"word_problems" (English arithmetic stories, verified by `math_verify`).
 """
 
 from grpo_jax import registry
-from grpo_jax.tasks import arithmetic, calculator, code, countdown, long_addition, math
+from grpo_jax.tasks import (
+  arithmetic,
+  calculator,
+  code,
+  countdown,
+  long_addition,
+  math,
+  word_problems,
+)
 from grpo_jax.tasks.base import SPLITS, TOY_ALPHABET, Example, Task, split_of
 
 REGISTRY: registry.Registry[type[Task]] = registry.Registry("task")
@@ -19,6 +29,7 @@ REGISTRY.register("countdown")(countdown.Countdown)
 REGISTRY.register("long_addition")(long_addition.LongAddition)
 REGISTRY.register("math")(math.MathTask)
 REGISTRY.register("code")(code.CodeTask)
+REGISTRY.register("word_problems")(word_problems.WordProblems)
 
 
 def get(name: str, **kwargs) -> Task:
