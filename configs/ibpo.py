@@ -48,7 +48,7 @@ _BASE.loader.exec_module(long_addition)
 
 VARIANTS = ("tiny", "trie", "grpo", "hint", "repair")
 # (λ, κ) of the trie arm and (λ, κ, τ) of the branch arm: the grid points of claims 10c-10f's
-# tuning (experiments/claims.py `tune_ibpo`, seeds 100-102; results/reproductions/ibpo_tuning.md)
+# tuning (experiments/claims.py `tune_ibpo`, seeds 100-102; results/reproductions/tuning/ibpo.md)
 # with the highest mean signal ÷ variance against GRPO G = 10 (0.90× and 0.68×: both below 1).
 TRIE = (0.5, 16.0)
 BRANCH = (0.5, 16.0, 1.0)

@@ -609,18 +609,19 @@ def extend_claim(claim, *, root, seeds, iterations, out: pathlib.Path) -> dict:
 
 
 def write_tuning(tuned: dict, *, out: pathlib.Path) -> dict:
-  """out/ibpo_tuning.json and .md: the grid of claims 10c-10f on its tuning seeds."""
+  """out/tuning/ibpo.json and .md: the grid of claims 10c-10f on its tuning seeds."""
+  out = out / "tuning"
   out.mkdir(parents=True, exist_ok=True)
   slim = {k: v for k, v in tuned.items() if k != "per_seed"}
   slim["per_seed_snr"] = [{k: v["snr"] for k, v in r.items()} for r in tuned["per_seed"]]
-  (out / "ibpo_tuning.json").write_text(json.dumps(slim, indent=1) + "\n")
+  (out / "ibpo.json").write_text(json.dumps(slim, indent=1) + "\n")
   rows = "\n".join(
     f"| `{name}` | {row['params']} | {row['mean']:.4f} | "
     + ", ".join(f"{x:.4f}" for x in row["snr_ratio"])
     + (" | **chosen** |" if name in tuned["best"].values() else " | |")
     for name, row in sorted(tuned["table"].items())
   )
-  (out / "ibpo_tuning.md").write_text(
+  (out / "ibpo.md").write_text(
     f"""# Tuning grid of claims 10c-10f (IBPO, leave-one-out prefix baseline)
 
 Seeds {tuned["seeds"]} only (the verdict seeds are 10-14). Each grid point's SNR (signal ÷

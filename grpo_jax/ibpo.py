@@ -186,17 +186,20 @@ def state_stats(tokens_BT, mask_BT, rewards_B, group_ids_B, trie_B, *, start_B, 
 def loo_values(n_BT, s_BT, *, shrink: float):
   """φ_BT = φ_{−i}(s_{i,t}) from the leave-one-out sums at i's states (column 0: the root):
   φ(root) = S/n (0 when n = 0), then φ_t = (S_t + κ φ_{t−1})/(n_t + κ), or φ_{t−1} where
-  n_t + κ = 0 (no other row there and κ = 0)."""
-  root_B = _safe_div(s_BT[:, 0], n_BT[:, 0])
+  n_t + κ = 0 (no other row there and κ = 0). The recursion is affine, φ_t = a_t φ_{t−1} +
+  c_t, so it runs as an associative scan over t (log T depth, not T steps)."""
+  den_BT = n_BT + shrink
+  a_BT = jnp.where(den_BT > 0, _safe_div(jnp.full_like(den_BT, shrink), den_BT), 1.0)
+  c_BT = jnp.where(den_BT > 0, _safe_div(s_BT, den_BT), 0.0)
+  # Column 0 is the root: no parent to shrink toward.
+  a_BT = a_BT.at[:, 0].set(0.0)
+  c_BT = c_BT.at[:, 0].set(_safe_div(s_BT[:, 0], n_BT[:, 0]))
 
-  def step(prev_B, x):
-    n_B, s_B = x
-    den_B = n_B + shrink
-    phi_B = jnp.where(den_B > 0, _safe_div(s_B + shrink * prev_B, den_B), prev_B)
-    return phi_B, phi_B
+  def combine(left, right):
+    (a1, c1), (a2, c2) = left, right
+    return a1 * a2, a2 * c1 + c2
 
-  _, phi_TB = jax.lax.scan(step, root_B, (n_BT[:, 1:].T, s_BT[:, 1:].T))
-  return jnp.concatenate([root_B[:, None], phi_TB.T], axis=1)
+  return jax.lax.associative_scan(combine, (a_BT, c_BT), axis=1)[1]
 
 
 def _safe_div(num, den):
