@@ -2,7 +2,7 @@
 
 Command (from the repo root, after `pip install -e .`):
   grpo-jax --config=configs/countdown.py:tiny --workdir=/tmp/countdown
-  grpo-jax --config=configs/countdown.py:tiny --workdir=/tmp/cd_dapo --config.rl.dynamic_sampling=True
+  grpo-jax --config=configs/countdown.py:tiny --workdir=/tmp/cd_dapo --config.rl.preset=dapo --config.rl.overlong_buffer=4
 Rerunning a command with the same --workdir resumes from its latest checkpoint.
 
 Variants:

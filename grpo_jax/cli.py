@@ -21,6 +21,7 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import os
 import pathlib
 import sys
 from typing import Any
@@ -68,6 +69,13 @@ def fail(error: object, *, status: int = 2) -> None:
   """Prints `grpo-jax: error: <one line>` on stderr and exits with `status`."""
   print(f"{PROG}: error: {one_line(error)}", file=sys.stderr)
   raise SystemExit(status)
+
+
+def silence_stdout() -> None:
+  """Points stdout at /dev/null: after a reader closed the pipe, Python's own flush at exit
+  would raise again."""
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, sys.stdout.fileno())
 
 
 # ----------------------------------------------------------------------------
@@ -124,9 +132,10 @@ def split_config_args(argv: list[str]) -> tuple[str, list[str], list[str]]:
         raise UsageError("--config needs a value: --config=FILE.py[:VARIANT].")
     elif name.startswith(("config.", "noconfig.")):
       config_args.append(a)
-      if "=" not in a and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
-        config_args.append(argv[i + 1])  # `--config.KEY VALUE`; a bool takes no value,
-        i += 1  # which `_pair_values` undoes.
+      value = argv[i + 1] if "=" not in a and i + 1 < len(argv) else "-"
+      if not value.startswith("-") and value not in COMMANDS:
+        config_args.append(value)  # `--config.KEY VALUE`; a bool takes no value (a
+        i += 1  # value after one is refused by `_pair_values`).
     else:
       rest.append(a)
     i += 1
@@ -181,6 +190,7 @@ def parse(command: str, spec: str, config_args: list[str]) -> Invocation:
 
 
 def _key_of(arg: str) -> str:
+  """KEY of `--config.KEY[=V]` or `--noconfig.KEY`."""
   name = arg.lstrip("-").split("=", 1)[0]
   return name.removeprefix("no").split(".", 1)[1]
 
@@ -201,6 +211,11 @@ def _pair_values(config, config_args: list[str]) -> list[tuple[str, list[str]]]:
     else:
       out.append((key, [arg]))
     i += 1
+    if i < len(config_args) and not config_args[i].startswith("-"):
+      raise UsageError(
+        f"{arg} {config_args[i]}: a bool key takes no separate value; write "
+        f"{arg.split('=')[0]}={config_args[i]}."
+      )
   return out
 
 
@@ -214,9 +229,10 @@ def _value_at(config, path: str):
 
 
 def _preset(pairs) -> str:
-  values = [args[0].split("=", 1)[1] for path, args in pairs if path == PRESET_KEY]
-  if any("=" not in args[0] for path, args in pairs if path == PRESET_KEY):
+  given = [args[0] for path, args in pairs if path == PRESET_KEY]
+  if any("=" not in arg for arg in given):
     raise UsageError(f"--config.{PRESET_KEY} needs a name: --config.{PRESET_KEY}=dapo.")
+  values = [arg.split("=", 1)[1] for arg in given]
   if len(values) > 1:
     raise UsageError(f"--config.{PRESET_KEY} is given {len(values)} times; give one preset.")
   if values and values[0] not in presets.REGISTRY:

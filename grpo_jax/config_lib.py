@@ -49,6 +49,7 @@ def load(spec: str, **overrides):
   """
   import importlib.util
   import pathlib
+  import sys
   import traceback
 
   path, _, arg = spec.partition(":")
@@ -61,6 +62,9 @@ def load(spec: str, **overrides):
   if module_spec is None or file.suffix != ".py":
     raise ConfigError(f"--config={spec}: {path} is not a Python file (--config=FILE.py[:VARIANT]).")
   module = importlib.util.module_from_spec(module_spec)
+  # In sys.modules, as an import would put it: a task class the file defines then pickles
+  # by reference, and reward workers import it from the file (`rewards`).
+  sys.modules[module_spec.name] = module
   try:
     module_spec.loader.exec_module(module)
     if not callable(getattr(module, "get_config", None)):

@@ -1,6 +1,7 @@
 """Held-out evaluation: greedy accuracy, and pass@k / mean@k from n samples per problem.
 
     out = evaluation.evaluate(setup, fns, pool, params, key=key)   # the trainer's eval phase
+    out, shown = evaluation.run(setup, fns, pool, params, key=key)  # + a few greedy samples
     evaluation.pass_at_k(n, c_P, k), evaluation.mean_at_k(correct_PK)   # the estimators
 
 Notation: a problem has n sampled completions, c of them correct; k <= n.
@@ -10,7 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from grpo_jax import config, episodes, rewards, rollout, sampling
+from grpo_jax import config, distributed, episodes, rewards, rollout, sampling
+
+# Held-out problems whose greedy completions each evaluation shows (workdir/samples.jsonl
+# and TensorBoard's text tab): the first ones, so every evaluation shows the same prompts.
+SAMPLES = 4
 
 
 def _as_counts(name: str, x) -> np.ndarray:
@@ -89,6 +94,12 @@ def evaluate(setup: config.Setup, fns, pool, params, *, key) -> dict:
   > 0, n samples per problem (the training sampling params) give the unbiased pass@k for
   k = 1, 2, 4, ..., n (`pass_at_k`) and mean@n (`mean_at_k`).
   """
+  return run(setup, fns, pool, params, key=key, show=0)[0]
+
+
+def run(setup: config.Setup, fns, pool, params, *, key, show: int = SAMPLES):
+  """(`evaluate`'s metrics, the first `show` held-out problems' greedy completions as
+  `sample_records`)."""
   task, loop = setup.task, setup.loop
   n, size = loop.eval_samples, loop.eval_size
   rows = set(rollout.needed_rows(fns, size, 1))
@@ -96,7 +107,8 @@ def evaluate(setup: config.Setup, fns, pool, params, *, key) -> dict:
   examples = {i: task.example("test", i, seed=loop.seed) for i in sorted(rows)}
   prompts = rollout.host_prompts(setup, fns, examples, size)
   if setup.episodes is not None:
-    return evaluate_episodes(setup, fns, params, [examples[i] for i in range(size)], prompts, key)
+    listed = [examples[i] for i in range(size)]
+    return evaluate_episodes(setup, fns, params, listed, prompts, key, show=show)
   greedy = fns.sample_greedy(params, prompts, key, sampling.sampling_params(greedy=True))
   if n:  # Dispatched now: the device samples while the host scores the greedy answers.
     sampled = fns.sample_eval(params, prompts, key, setup.sampling_hyper)
@@ -112,10 +124,56 @@ def evaluate(setup: config.Setup, fns, pool, params, *, key) -> dict:
     "eval/format_rate": float(scores.format_N.mean()),
     "eval/reward_errors": scores.errors,
   }
+  shown = sample_records(
+    setup.tokenizer,
+    examples,
+    greedy.tokens_NT,
+    reward_N=scores.correct_N,
+    format_N=scores.format_N,
+    scorable_N=scores.scorable_N,
+    show=show,
+  )
   if n:
     more = rollout.score(setup, pool, examples, sampled.tokens_NT, group=n)
     out.update(sampled_metrics(more.correct_N.reshape(size, n)))
     out["eval/reward_errors"] += more.errors
+  return out, shown
+
+
+def verdict(reward: float, format_reward: float, scorable: bool) -> str:
+  """A row's verdict in a word: correct (reward 1), partial, wrong, wrong format (not even
+  the answer template), unscorable (the reward could not be computed)."""
+  if not scorable:
+    return "unscorable"
+  if reward >= 1.0:
+    return "correct"
+  if reward > 0.0:
+    return "partial"
+  return "wrong" if format_reward > 0.0 else "wrong format"
+
+
+def sample_records(
+  tok, examples: dict, tokens_NT, *, reward_N, format_N, scorable_N, show: int
+) -> list[dict]:
+  """The first `show` held-out rows this process holds (one per problem): prompt,
+  completion (decoded), answer, reward, format reward and `verdict`."""
+  if not show:
+    return []
+  if isinstance(tokens_NT, np.ndarray):  # Episodes' tokens come back to the host.
+    rows, local = slice(0, len(tokens_NT)), tokens_NT[:show]
+  else:
+    rows = distributed.local_rows(tokens_NT.sharding, tokens_NT.shape[0])
+    local = distributed.fetch_local(tokens_NT)[:show]
+  out = []
+  for i, ids in zip(range(rows.start, rows.stop), local):
+    r, f, ok = float(reward_N[i]), float(format_N[i]), bool(scorable_N[i])
+    e = examples[i]
+    out.append(
+      dict(
+        index=i, prompt=e.prompt, completion=tok.decode(ids), answer=e.answer, reward=r,
+        format_reward=f, verdict=verdict(r, f, ok),
+      )
+    )  # fmt: skip
   return out
 
 
@@ -129,11 +187,14 @@ def sampled_metrics(correct_PK) -> dict:
   return out
 
 
-def evaluate_episodes(setup: config.Setup, fns, params, examples: list, prompts, key) -> dict:
-  """`evaluate` with the environment (config.env): greedy episodes give
-  eval/greedy_accuracy (mean episode reward) and eval/format_rate (the share the
-  environment ended, `episodes.END_REASONS` "done"); with eval_samples = n, n sampled
-  episodes per problem give pass@k and mean@n. Environment errors count as reward errors."""
+def evaluate_episodes(
+  setup: config.Setup, fns, params, examples: list, prompts, key, *, show: int = 0
+):
+  """`run` with the environment (config.env): greedy episodes give eval/greedy_accuracy
+  (mean episode reward) and eval/format_rate (the share the environment ended,
+  `episodes.END_REASONS` "done"); with eval_samples = n, n sampled episodes per problem
+  give pass@k and mean@n. Environment errors count as reward errors. Returns (metrics,
+  the first `show` greedy episodes as `sample_records`: the whole episode's text)."""
   loop = setup.loop
   greedy = fns.episodes_greedy.run(
     params, prompts, examples, key, sampling.sampling_params(greedy=True)
@@ -149,8 +210,17 @@ def evaluate_episodes(setup: config.Setup, fns, params, examples: list, prompts,
     "eval/format_rate": float(np.mean(greedy.end_N == episodes.DONE)),
     "eval/reward_errors": int((~greedy.scorable_N).sum()),
   }
+  shown = sample_records(
+    setup.tokenizer,
+    dict(enumerate(examples)),
+    greedy.rollouts.tokens_NT,
+    reward_N=greedy.reward_N,
+    format_N=(greedy.end_N == episodes.DONE).astype(np.float32),
+    scorable_N=greedy.scorable_N,
+    show=show,
+  )
   if loop.eval_samples:
     sampled = fns.episodes_eval.run(params, prompts, examples, key, setup.sampling_hyper)
     out.update(sampled_metrics(sampled.reward_N.reshape(len(examples), loop.eval_samples)))
     out["eval/reward_errors"] += int((~sampled.scorable_N).sum())
-  return out
+  return out, shown

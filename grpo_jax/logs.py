@@ -2,11 +2,13 @@
 
     writer = logs.RunLogger(workdir, resume_from=k)   # drops lines with iteration > k
     writer.write(record)                             # one JSON line + TensorBoard scalars
-    progress = logs.Progress(total=300, start=k)     # a tqdm bar on a terminal
+    writer.write_samples(k, samples)                 # samples.jsonl + TensorBoard text
+    progress = logs.Progress(total=300, start=k)     # a bar, or periodic lines in a log
     with logs.library_output(workdir / LIBRARY_LOG):  # libraries' tracebacks to a file
       ...
 
-Every key of a record is defined in `grpo_jax.metrics.DEFINITIONS`. TensorBoard files are
+Every key of a record is defined in `grpo_jax.metrics.DEFINITIONS`, and TensorBoard shows
+it under the same name (`eval/pass@8`, not a cleaned-up `eval/pass_8`). TensorBoard files are
 written with tensorboardX's event writer and protos (no TensorFlow needed), synchronously:
 its SummaryWriter hands events to a background thread whose flush() does not wait for
 them, so a killed run could lose the last records TensorBoard should show. A resumed
@@ -33,6 +35,7 @@ from tensorboardX import summary as tb_summary
 from tensorboardX.proto import event_pb2, summary_pb2
 
 LIBRARY_LOG = "grpo_jax.log"
+SAMPLES = "samples.jsonl"  # Held-out prompts, completions, rewards, verdicts per evaluation.
 
 
 def _clean(v):
@@ -62,8 +65,19 @@ def read_jsonl(path: pathlib.Path) -> list[dict]:
   return out
 
 
+def _cut_back(path: pathlib.Path, resume_from: int | None) -> None:
+  """A fresh run starts `path` over; a resumed one drops its lines with iteration >
+  resume_from (written after the checkpoint it resumes from)."""
+  if resume_from is not None and path.exists():
+    kept = [r for r in read_jsonl(path) if r.get("iteration", 0) <= resume_from]
+    path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+  elif resume_from is None and path.exists():
+    path.unlink()
+
+
 class RunLogger:
-  """Appends records to workdir/metrics.jsonl and workdir/tb (TensorBoard scalars).
+  """Appends records to workdir/metrics.jsonl and workdir/tb (TensorBoard scalars), and
+  sampled completions to workdir/samples.jsonl and TensorBoard's text tab.
 
   On resume from iteration k, lines with iteration > k (written after the checkpoint the
   run resumes from) are dropped first, and TensorBoard is told to purge steps > k, so
@@ -74,11 +88,9 @@ class RunLogger:
     self, workdir: pathlib.Path, *, resume_from: int | None = None, tensorboard_dir=True
   ):
     self.path = pathlib.Path(workdir) / "metrics.jsonl"
-    if resume_from is not None and self.path.exists():
-      kept = [r for r in read_jsonl(self.path) if r.get("iteration", 0) <= resume_from]
-      self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
-    elif resume_from is None and self.path.exists():
-      self.path.unlink()
+    self.samples_path = pathlib.Path(workdir) / SAMPLES
+    for path in (self.path, self.samples_path):
+      _cut_back(path, resume_from)
     self._f = self.path.open("a")
     self._tb = None
     if tensorboard_dir:
@@ -95,12 +107,23 @@ class RunLogger:
     self._f.flush()
     if self._tb is None:
       return
-    values = [
-      tb_summary.scalar(k, float(v)).value[0]
+    values = [  # The record's own names (tensorboardX's scalar() would rewrite "@").
+      summary_pb2.Summary.Value(tag=k, simple_value=float(v))
       for k, v in record.items()
       if k != "iteration" and not isinstance(v, (str, bool, np.bool_)) and v is not None
     ]
     self._event(step=record["iteration"], summary=summary_pb2.Summary(value=values))
+
+  def write_samples(self, iteration: int, samples: list[dict]) -> None:
+    """One JSON line per sample (with its iteration) and a markdown table of them in
+    TensorBoard's text tab, under "samples"."""
+    if not samples:
+      return
+    with self.samples_path.open("a") as f:
+      f.writelines(json.dumps({"iteration": iteration, **s}) + "\n" for s in samples)
+    if self._tb is not None:
+      text = tb_summary.text("samples", samples_markdown(samples))
+      self._event(step=iteration, summary=text)
 
   def _event(self, *, step: int, **fields) -> None:
     self._tb.write_event(event_pb2.Event(wall_time=time.time(), step=step, **fields))
@@ -114,20 +137,41 @@ class RunLogger:
       self._tb = None
 
 
+def samples_markdown(samples: list[dict]) -> str:
+  """A markdown table of samples (TensorBoard's text tab renders markdown)."""
+  cell = lambda v: json.dumps(v)[1:-1].replace("|", "\\|") if isinstance(v, str) else f"{v:g}"  # noqa: E731
+  rows = [
+    f"| {cell(s['prompt'])} | {cell(s['completion'])} | {cell(s['answer'])} | "
+    f"{cell(s['reward'])} | {s['verdict']} |"
+    for s in samples
+  ]
+  return "\n".join(
+    ["| prompt | completion | answer | reward | verdict |", "|---|---|---|---|---|", *rows]
+  )
+
+
 class NullLogger:
   """RunLogger's interface, writing nothing (the non-primary processes of a job)."""
 
   def write(self, record: dict) -> None:
     del record
 
+  def write_samples(self, iteration: int, samples: list[dict]) -> None:
+    del iteration, samples
+
   def close(self) -> None:
     pass
 
 
 class Progress:
-  """A tqdm progress bar of the RL iterations, with the latest training reward, held-out
-  accuracy and sampling throughput in its postfix. Quiet when the stream is not a
-  terminal (logs, CI, notebooks: metrics.jsonl has every figure) or when disabled."""
+  """Progress of a loop wherever it runs: a tqdm bar on a terminal, `tqdm.auto`'s bar in a
+  notebook (a widget where ipywidgets is installed), and elsewhere (a log file, CI, a
+  script piped to a file) one line every `every_s` seconds, at the first update and at the
+  end, through `log`. Nothing when disabled.
+
+  Beside the bar: `fields(record)`, by default the RL figures (`postfix`: the latest
+  training reward, held-out accuracy and sampling throughput).
+  """
 
   def __init__(
     self,
@@ -137,22 +181,40 @@ class Progress:
     accuracy: float = float("nan"),
     enabled: bool = True,
     stream=None,
+    desc: str = "RL",
+    unit: str = "it",
+    every_s: float = 30.0,
+    log=print,
+    fields=None,
+    clock=time.monotonic,
   ):
     stream = stream or sys.stderr
     self.acc = accuracy  # The latest held-out accuracy, shown until the next evaluation.
-    tty = bool(getattr(stream, "isatty", lambda: False)())
-    self._bar = None
-    if enabled and tty:
+    self.total, self.desc, self.unit, self.every_s = total, desc, unit, every_s
+    self._fields, self._log, self._clock = fields or self.postfix, log, clock
+    self._bar, self._lines = None, False
+    self._start = (start, clock())
+    self._last_line, self._lines_written = None, 0  # The first line's pace would be a compile's.
+    if not enabled:
+      return
+    if bool(getattr(stream, "isatty", lambda: False)()):
       self._bar = tqdm.tqdm(
-        total=total, initial=start, file=stream, unit="it", dynamic_ncols=True, leave=True
-      )
+        total=total, initial=start, file=stream, unit=unit, desc=desc, dynamic_ncols=True,
+        leave=True,
+      )  # fmt: skip
+    elif _in_notebook():
+      from tqdm import auto  # noqa: PLC0415 -- picks the notebook's widget.
+
+      self._bar = auto.tqdm(total=total, initial=start, unit=unit, desc=desc, leave=True)
+    else:
+      self._lines = True
 
   @property
   def enabled(self) -> bool:
-    return self._bar is not None
+    return self._bar is not None or self._lines
 
   def postfix(self, record: dict) -> dict[str, str]:
-    """The figures shown beside the bar."""
+    """The RL figures shown beside the bar."""
     if "eval/greedy_accuracy" in record:
       self.acc = record["eval/greedy_accuracy"]
     return {
@@ -161,79 +223,177 @@ class Progress:
       "tok/s": f"{record.get('tokens_per_s', 0.0):,.0f}",
     }
 
-  def update(self, it: int, record: dict) -> None:
-    postfix = self.postfix(record)
-    if self._bar is None:
-      return
-    self._bar.set_postfix(postfix, refresh=False)
-    self._bar.update(it - self._bar.n)
+  def update(self, n: int, record: dict | None = None) -> None:
+    fields = self._fields(record or {})
+    if self._bar is not None:
+      self._bar.set_postfix(fields, refresh=False)
+      self._bar.update(n - self._bar.n)
+    elif self._lines:
+      now = self._clock()
+      due = self._last_line is None or now - self._last_line >= self.every_s
+      if due or n >= self.total:
+        self._last_line = now
+        self._log(self.line(n, fields, now=now))
+        self._lines_written += 1
+
+  def line(self, n: int, fields: dict[str, str], *, now: float) -> str:
+    """One summary line: where the loop is, its figures, its pace and the time left."""
+    n0, t0 = self._start
+    rate = (n - n0) / max(now - t0, 1e-9)
+    pace = f"{1 / rate:.2f} s/{self.unit}" if 0 < rate < 1 else f"{rate:.1f} {self.unit}/s"
+    left = (self.total - n) / rate if rate > 0 else float("nan")
+    shown = ", ".join(f"{k} {v}" for k, v in fields.items())
+    return (
+      f"{self.desc} {n}/{self.total} ({100 * n / max(self.total, 1):.0f}%)"
+      + (f": {shown}" if shown else "")
+      + (f"; {pace}, {_duration(left)} left" if self._lines_written else "")
+    )
 
   def close(self) -> None:
     if self._bar is not None:
       self._bar.close()
       self._bar = None
+    self._lines = False
 
 
-def _polyline(xs, ys, *, x_range, y_range, box, color) -> str:
-  (x0, x1), (y0, y1), (left, top, width, height) = x_range, y_range, box
+def _in_notebook() -> bool:
+  """Whether this process is a Jupyter / Colab kernel (its stderr is not a terminal)."""
+  return "ipykernel" in sys.modules or "google.colab" in sys.modules
+
+
+def _duration(seconds: float) -> str:
+  if not math.isfinite(seconds):
+    return "?"
+  m, s = divmod(int(round(seconds)), 60)
+  h, m = divmod(m, 60)
+  return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def _polyline(xs, ys, *, x_range, y_range, box, color, width=1.5, dash="") -> str:
+  (x0, x1), (y0, y1), (left, top, w, h) = x_range, y_range, box
   pts = [
-    f"{left + width * (x - x0) / max(x1 - x0, 1e-9):.1f},"
-    f"{top + height * (1 - (y - y0) / max(y1 - y0, 1e-9)):.1f}"
+    f"{left + w * (x - x0) / max(x1 - x0, 1e-9):.1f},"
+    f"{top + h * (1 - (y - y0) / max(y1 - y0, 1e-9)):.1f}"
     for x, y in zip(xs, ys)
     if y is not None and math.isfinite(y)
   ]
-  return f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{" ".join(pts)}"/>'
+  dashed = f' stroke-dasharray="{dash}"' if dash else ""
+  return (
+    f'<polyline fill="none" stroke="{color}" stroke-width="{width}"{dashed} '
+    f'points="{" ".join(pts)}"/>'
+  )
+
+
+def _series(records: list[dict], key: str) -> list[tuple[int, float]]:
+  return [
+    (r["iteration"], float(r[key]))
+    for r in records
+    if isinstance(r.get(key), (int, float)) and math.isfinite(float(r[key]))
+  ]
+
+
+def _smooth(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
+  """The moving average over ~5% of the run."""
+  w = max(1, len(points) // 20)
+  return [
+    (points[i][0], sum(v for _, v in points[max(0, i - w + 1) : i + 1]) / min(w, i + 1))
+    for i in range(len(points))
+  ]
+
+
+_COLORS = ("#d62", "#2a7", "#a3c", "#c90", "#39c", "#777")
+
+
+def curve_panels(records: list[dict]) -> list[tuple[str, list[tuple[str, list, str]], bool]]:
+  """(title, [(label, points, style)], y from 0 to 1) per panel of `plot_svg`: the
+  accuracies, then entropy, KL to the reference, response length, loss and gradient norm
+  where the records hold them. Styles: "thin", "line", "thick" (with points), "dashed"."""
+  reward = _series(records, "accuracy")
+  acc = [
+    ("training reward", reward, "thin"),
+    ("training reward (moving avg)", _smooth(reward), "line"),
+  ]
+  acc.append(("held-out greedy accuracy", _series(records, "eval/greedy_accuracy"), "thick"))
+  passes = sorted(
+    {k for r in records for k in r if k.startswith("eval/pass@")}, key=lambda k: int(k[10:])
+  )
+  acc += [(k.removeprefix("eval/"), _series(records, k), "dashed") for k in passes]
+  kl_keys = sorted({k for r in records for k in r if k.startswith("kl_ref/")}) or ["ppo_kl"]
+  panels = [
+    ("accuracy", acc, True),
+    ("entropy", [("entropy", _series(records, "entropy"), "line")], False),
+  ]
+  panels.append(("KL", [(k, _series(records, k), "line") for k in kl_keys], False))
+  for key, title in (
+    ("response_length", "response length (tokens)"),
+    ("loss", "loss"),
+    ("grad_norm", "gradient norm"),
+  ):
+    panels.append((title, [(key, _series(records, key), "line")], False))
+  return [
+    (t, [x for x in lines if x[1]], unit) for t, lines, unit in panels if any(x[1] for x in lines)
+  ]
+
+
+def _panel(title, lines, *, box, x_max: int, unit: bool) -> list[str]:
+  """One panel of `plot_svg`: a frame, its title, y ticks, and its lines with a legend."""
+  left, top, w, h = box
+  ys = [y for _, pts, _ in lines for _, y in pts]
+  y0, y1 = (0.0, 1.0) if unit else (min(ys), max(ys))
+  if y1 - y0 < 1e-12:
+    y0, y1 = y0 - 0.5, y1 + 0.5
+  xr, yr = (0, x_max), (y0, y1)
+  parts = [
+    f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="none" stroke="#999"/>',
+    f'<text x="{left + w / 2}" y="{top - 6}" text-anchor="middle">{title}</text>',
+  ]
+  for frac in (0.0, 0.5, 1.0):
+    y = top + h * (1 - frac)
+    parts.append(f'<line x1="{left}" x2="{left + w}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>')
+    parts.append(
+      f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end">{y0 + frac * (y1 - y0):.3g}</text>'
+    )
+  parts.append(f'<text x="{left}" y="{top + h + 12}" text-anchor="start">0</text>')
+  parts.append(f'<text x="{left + w}" y="{top + h + 12}" text-anchor="end">{x_max}</text>')
+  styles = {"thin": ("#bbd", 1.0, ""), "line": ("#35a", 1.5, ""), "thick": ("#d62", 2.0, "")}
+  extra = iter(_COLORS[1:])
+  for i, (label, pts, style) in enumerate(lines):
+    color, width, dash = styles.get(style) or (next(extra, "#777"), 1.2, "4,3")
+    xs, vals = [x for x, _ in pts], [y for _, y in pts]
+    parts.append(
+      _polyline(xs, vals, x_range=xr, y_range=yr, box=box, color=color, width=width, dash=dash)
+    )
+    if style == "thick":
+      parts += [
+        f'<circle cx="{left + w * x / x_max:.1f}" cy="{top + h * (1 - (y - y0) / (y1 - y0)):.1f}" r="2.5" fill="{color}"/>'
+        for x, y in pts
+      ]
+    if style != "thin":
+      y = top + 12 + 12 * i
+      parts.append(
+        f'<line x1="{left + 6}" x2="{left + 20}" y1="{y - 4}" y2="{y - 4}" stroke="{color}" stroke-width="2"/>'
+      )
+      parts.append(f'<text x="{left + 24}" y="{y}">{label}</text>')
+  return parts
 
 
 def plot_svg(records: list[dict], path: pathlib.Path, *, title: str = "") -> pathlib.Path:
-  """Writes a dependency-free SVG of the training reward and held-out accuracy curves.
-
-  Lines: `accuracy` (mean training reward per iteration, thin), its moving average over
-  ~5% of the run, and `eval/greedy_accuracy` at each evaluation (thick, with points).
-  """
-  W, H, pad = 640, 360, 48
-  box = (pad, pad / 2, W - 1.5 * pad, H - 1.5 * pad)
-  train = [(r["iteration"], r["accuracy"]) for r in records if "accuracy" in r]
-  evals = [
-    (r["iteration"], r["eval/greedy_accuracy"]) for r in records if "eval/greedy_accuracy" in r
-  ]
-  x_max = max([1] + [i for i, _ in train + evals])
-  xr, yr = (0, x_max), (0.0, 1.0)
-  window = max(1, len(train) // 20)
-  smooth = [
-    (train[i][0], sum(v for _, v in train[max(0, i - window + 1) : i + 1]) / min(window, i + 1))
-    for i in range(len(train))
-  ]
-  left, top, width, height = box
+  """Writes a dependency-free SVG of the run's curves, one panel each (`curve_panels`):
+  training reward (thin, and its moving average), held-out greedy accuracy (thick, with
+  points) and pass@k (dashed); entropy; KL to the reference; response length; loss;
+  gradient norm."""
+  panels = curve_panels(records)
+  x_max = max([1] + [r["iteration"] for r in records if "iteration" in r])
+  cols, pw, ph, pad = 2, 400, 190, 56
+  rows = max(1, math.ceil(len(panels) / cols))
+  W, H = cols * (pw + pad) + pad / 2, rows * (ph + pad) + 28
   parts = [
-    f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="11">',
-    f'<rect x="{left}" y="{top}" width="{width}" height="{height}" fill="none" stroke="#999"/>',
-    f'<text x="{W / 2}" y="14" text-anchor="middle">{title}</text>',
+    f'<svg xmlns="http://www.w3.org/2000/svg" width="{W:.0f}" height="{H:.0f}" font-family="sans-serif" font-size="10">',
+    f'<text x="{W / 2}" y="14" font-size="12" text-anchor="middle">{title} (x: iteration)</text>',
   ]
-  for frac in (0.0, 0.25, 0.5, 0.75, 1.0):
-    y = top + height * (1 - frac)
-    parts.append(f'<line x1="{left}" x2="{left + width}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>')
-    parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{frac:.2f}</text>')
-  for frac in (0.0, 0.5, 1.0):
-    x = left + width * frac
-    parts.append(
-      f'<text x="{x:.1f}" y="{top + height + 14}" text-anchor="middle">{round(x_max * frac)}</text>'
-    )
-  parts.append(f'<text x="{left + width / 2}" y="{H - 4}" text-anchor="middle">iteration</text>')
-  for xs_ys, color in ((train, "#bbd"), (smooth, "#35a"), (evals, "#d62")):
-    xs, ys = [x for x, _ in xs_ys], [y for _, y in xs_ys]
-    parts.append(_polyline(xs, ys, x_range=xr, y_range=yr, box=box, color=color))
-  for x, y in evals:
-    cx = left + width * x / x_max
-    cy = top + height * (1 - y)
-    parts.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="2.5" fill="#d62"/>')
-  legend = (("#35a", "training reward (moving avg)"), ("#d62", "held-out greedy accuracy"))
-  for i, (color, text) in enumerate(legend):
-    y = top + 14 + 14 * i
-    parts.append(
-      f'<line x1="{left + 8}" x2="{left + 24}" y1="{y - 4}" y2="{y - 4}" stroke="{color}" stroke-width="2"/>'
-    )
-    parts.append(f'<text x="{left + 28}" y="{y}">{text}</text>')
+  for i, (name, lines, unit) in enumerate(panels):
+    box = (pad + (i % cols) * (pw + pad), 40 + (i // cols) * (ph + pad), pw, ph)
+    parts += _panel(name, lines, box=box, x_max=x_max, unit=unit)
   parts.append("</svg>")
   path = pathlib.Path(path)
   path.write_text("\n".join(parts) + "\n")

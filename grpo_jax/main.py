@@ -226,6 +226,9 @@ def _main(argv):
   except tuple(USER_ERRORS) as e:
     status = next(code for kind, code in USER_ERRORS.items() if isinstance(e, kind))
     cli.fail(e, status=status)
+  except BrokenPipeError:  # `grpo-jax config ... | head`: the reader stopped reading.
+    cli.silence_stdout()
+    raise SystemExit(1) from None
 
 
 def run():

@@ -101,16 +101,27 @@ class MeshConfig:
       if n_devices % known:
         raise ValueError(
           f"mesh {dict(zip(AXES, sizes))}: the fixed sizes multiply to {known}, which does "
-          f"not divide the {n_devices} devices."
+          f"not divide the {n_devices} devices.{_cpu_hint(known)}"
         )
       sizes = [n_devices // known if n == -1 else n for n in sizes]
     if math.prod(sizes) != n_devices:
       raise ValueError(
         f"mesh {dict(zip(AXES, sizes))} has {math.prod(sizes)} devices but there are "
         f"{n_devices}; the sizes must multiply to the device count (set one to -1 to take "
-        "the rest)."
+        f"the rest).{_cpu_hint(math.prod(sizes))}"
       )
     return tuple(sizes)
+
+
+def _cpu_hint(needed: int) -> str:
+  """On CPU, how to get host devices to try a mesh on."""
+  if jax.default_backend() != "cpu":
+    return ""
+  n = max(8, needed)
+  return (
+    f" On CPU, XLA_FLAGS=--xla_force_host_platform_device_count={n} before the command "
+    f"gives {n} host devices to try the mesh on."
+  )
 
 
 def _as_pairs(rules):

@@ -142,13 +142,14 @@ def run(config_dict, workdir: str | pathlib.Path, *, log=print, on_iteration=Non
     it_loop = _Loop.create(
       setup, fns, s.pool, workdir, st, resumed_from=latest, buffer=buffer, log=log
     )
-    progress = stack.enter_context(contextlib.closing(_progress(setup.loop, st)))
+    progress = stack.enter_context(contextlib.closing(_progress(setup.loop, st, log=log)))
     saved, preempted = st.iteration, False
     for it in range(st.iteration + 1, setup.loop.iterations + 1):
       # A failed background save stops the run one iteration after it started, at the latest.
       s.ckpt.check(block=it > saved + 1)
       record = it_loop.iteration(st, it)
       writer.write(record)
+      writer.write_samples(it, it_loop.take_samples())
       progress.update(it, record)
       _watch_collapse(s, st, record)  # May stop the run (collapse.CollapseError).
       if on_iteration is not None:
@@ -178,13 +179,15 @@ def _open_logs(s: _Session, st: RunState, *, resumed_from: int | None):
   writer = _logger(s.workdir, s.setup.loop, resume_from=resumed_from)
   if resumed_from is None:
     writer.write({"iteration": 0, "phase": "warmstart", **st.warmstart})
+    writer.write_samples(0, s.samples)
     s.tick(st)
     op = s.setup.offpolicy
     buffer = pipeline.empty_buffer(0, data_index=st.data_index) if op.enabled else None
     _save(s.ckpt, st, accuracy=st.warmstart["eval/greedy_accuracy"], buffer=buffer)
     s.ckpt.wait()
     warmstart.discard(s.workdir)  # Superseded by checkpoint 0, now on disk.
-  s.log(f"warm-start accuracy {st.warmstart['eval/greedy_accuracy']:.3f}")
+  start = "warm-start" if s.setup.loop.warmstart_steps else "initial (no warm start)"
+  s.log(f"{start} accuracy {st.warmstart['eval/greedy_accuracy']:.3f}")
   return writer
 
 
@@ -227,6 +230,7 @@ class _Session:
   preempted: dict
   log: Any
   mark: float
+  samples: list = dataclasses.field(default_factory=list)  # The first evaluation's.
 
   @classmethod
   def open(
@@ -323,7 +327,7 @@ def _start(s: _Session) -> RunState:
     initial_tree(setup, fns, params), jax.tree.map(lambda x: x.sharding, abstract_tree(setup, fns))
   )
   eval_key = jax.random.fold_in(key, 2**31 - 1)  # No iteration's key.
-  warm = evaluation.evaluate(setup, fns, pool, params, key=eval_key)
+  warm, s.samples = evaluation.run(setup, fns, pool, params, key=eval_key)
   meta = dict(warmstart=warm, last_eval=warm, best_accuracy=warm["eval/greedy_accuracy"])
   return RunState.restore(tree, {**meta, "wall_seconds": before})
 
@@ -466,6 +470,7 @@ class _Loop:
   peak_flops: float
   prefetched: rollout.Drawn | None = None  # The next prompts, drawn during the update.
   source: pipeline.Source | None = None  # The off-policy pipeline (config.offpolicy).
+  samples: list = dataclasses.field(default_factory=list)  # The last evaluation's.
 
   @classmethod
   def create(cls, setup, fns, pool, workdir, st: RunState, *, resumed_from, buffer, log) -> _Loop:
@@ -613,9 +618,16 @@ class _Loop:
       "perf/mfu": fl / seconds["iteration"] / self.peak_flops,
     }
 
+  def take_samples(self) -> list[dict]:
+    """The greedy samples of this iteration's evaluation ([] without one), once."""
+    out, self.samples = self.samples, []
+    return out
+
   def _evaluate(self, st: RunState, it: int, key) -> dict:
     t0 = time.perf_counter()
-    st.last_eval = evaluation.evaluate(self.setup, self.fns, self.pool, st.train.params, key=key)
+    st.last_eval, self.samples = evaluation.run(
+      self.setup, self.fns, self.pool, st.train.params, key=key
+    )
     accuracy = st.last_eval["eval/greedy_accuracy"]
     if accuracy > st.best_accuracy:
       st.best_accuracy, st.best_iteration = accuracy, it
@@ -660,12 +672,15 @@ def _logger(workdir, loop: config.LoopConfig, *, resume_from=None):
   return logs.RunLogger(workdir, resume_from=resume_from, tensorboard_dir=loop.tensorboard)
 
 
-def _progress(loop: config.LoopConfig, st: RunState) -> logs.Progress:
+def _progress(loop: config.LoopConfig, st: RunState, *, log) -> logs.Progress:
+  """A bar on a terminal or in a notebook; elsewhere a line every 30 s through `log`."""
   return logs.Progress(
     total=loop.iterations,
     start=st.iteration,
     accuracy=st.last_eval["eval/greedy_accuracy"],
     enabled=loop.progress and distributed.is_primary(),
+    desc="RL iteration",
+    log=log,
   )
 
 
@@ -695,6 +710,7 @@ def _finish(setup: config.Setup, st: RunState, workdir, ckpt, *, preempted: bool
     records = logs.read_jsonl(workdir / "metrics.jsonl")
     plot = logs.plot_svg(records, plot, title=f"{setup.task.name}: {setup.rl_cfg.advantage}")
   summary = {
+    "warmstart_steps": setup.loop.warmstart_steps,
     "warmstart_accuracy": st.warmstart["eval/greedy_accuracy"],
     "final_accuracy": st.last_eval["eval/greedy_accuracy"],
     "best_accuracy": st.best_accuracy,
@@ -705,6 +721,7 @@ def _finish(setup: config.Setup, st: RunState, workdir, ckpt, *, preempted: bool
     "workdir": str(workdir),
     "metrics": str(workdir / "metrics.jsonl"),
     "tensorboard": str(workdir / "tb"),
+    "samples": str(workdir / logs.SAMPLES),
     "plot": str(plot),
     "checkpoints": str(ckpt.directory),
     "collapse_warnings": st.collapse_guard.get("warnings", []),
@@ -742,14 +759,16 @@ def describe(summary: dict) -> str:
     )
   before, after = summary["warmstart_accuracy"], summary["final_accuracy"]
   state = "stopped by SIGTERM; rerun to resume" if summary["preempted"] else "done"
+  start = "after warm start" if summary.get("warmstart_steps", 1) else "at the start"
   return "\n".join(
     [
       f"{state}: {summary['iterations_done']} iterations in {summary['wall_seconds']:.0f} s.",
       *(f"warning: {line}" for line in summary.get("collapse_warnings", [])),
-      f"held-out greedy accuracy: {100 * before:.1f}% after warm start -> {100 * after:.1f}% "
+      f"held-out greedy accuracy: {100 * before:.1f}% {start} -> {100 * after:.1f}% "
       f"({100 * (after - before):+.1f} points; best {100 * summary['best_accuracy']:.1f}% at "
       f"iteration {summary['best_iteration']}).",
       f"plot: {summary['plot']}",
+      *([f"samples: {summary['samples']}"] if "samples" in summary else []),
       f"metrics: {summary['metrics']}  (definitions: grpo_jax.metrics.DEFINITIONS)",
       f"tensorboard: pip install tensorboard && tensorboard --logdir {summary['tensorboard']}",
     ]

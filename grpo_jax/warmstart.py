@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from grpo_jax import checkpoint, config, distributed, logprobs, model, rl, rollout
+from grpo_jax import checkpoint, config, distributed, logprobs, logs, model, rl, rollout
 
 DIRECTORY = "warmstart"
 
@@ -136,6 +136,36 @@ def batch(setup: config.Setup, fns, examples):
   return (prompts, *distributed.to_global((tokens_NT, mask_NT), fns.layout.rows(n), n))
 
 
+# The bar shows the loss of a step this many steps back, read every this many steps: the
+# device has long finished it, so reading it never makes the loop wait.
+_LOSS_LAG = 16
+
+
+def _lagged_loss(history: list, steps: int) -> dict:
+  """{"loss": the loss of step (steps - _LOSS_LAG)}, read every _LOSS_LAG steps ({} else)."""
+  if steps < _LOSS_LAG or steps % _LOSS_LAG:
+    return {}
+  return {"loss": float(history[-_LOSS_LAG]["loss"])}
+
+
+def _progress(loop: config.LoopConfig, done: int, *, log) -> logs.Progress:
+  last = {}
+
+  def fields(record):
+    last.update(record)
+    return {"loss": f"{last['loss']:.3f}"} if "loss" in last else {}
+
+  return logs.Progress(
+    total=loop.warmstart_steps,
+    start=done,
+    enabled=loop.progress and distributed.is_primary(),
+    desc="warm start",
+    unit="step",
+    log=log,
+    fields=fields,
+  )
+
+
 def run(setup: config.Setup, fns, params, *, log, preempted, workdir=None, wall_seconds=None):
   """`warmstart_steps` cross-entropy steps from `params` (or from workdir's SIGTERM
   checkpoint); returns the new params. Raises `Preempted` on SIGTERM (after saving the
@@ -147,19 +177,24 @@ def run(setup: config.Setup, fns, params, *, log, preempted, workdir=None, wall_
   for _ in range(done * loop.warmstart_batch):  # The examples of the steps already done.
     next(stream)
   history = []
-  for step in range(done, loop.warmstart_steps):
-    if distributed.any_across(preempted["set"]):  # Every process stops at the same step.
-      seconds = wall_seconds() if wall_seconds is not None else 0.0
-      _save(workdir, state, step, wall_seconds=seconds)
-      raise Preempted(
-        f"SIGTERM during the warm start: its state at step {step} of {loop.warmstart_steps} is "
-        f"saved; rerun the same command to continue from there.",
-        step=step,
-        wall_seconds=seconds,
-      )
-    examples = [next(stream) for _ in range(loop.warmstart_batch)]
-    state, metrics = fns.sft_step(state, *batch(setup, fns, examples))
-    history.append(metrics)
+  progress = _progress(loop, done, log=log)
+  try:
+    for step in range(done, loop.warmstart_steps):
+      if distributed.any_across(preempted["set"]):  # Every process stops at the same step.
+        seconds = wall_seconds() if wall_seconds is not None else 0.0
+        _save(workdir, state, step, wall_seconds=seconds)
+        raise Preempted(
+          f"SIGTERM during the warm start: its state at step {step} of {loop.warmstart_steps} is "
+          f"saved; rerun the same command to continue from there.",
+          step=step,
+          wall_seconds=seconds,
+        )
+      examples = [next(stream) for _ in range(loop.warmstart_batch)]
+      state, metrics = fns.sft_step(state, *batch(setup, fns, examples))
+      history.append(metrics)
+      progress.update(step + 1, _lagged_loss(history, step + 1 - done))
+  finally:
+    progress.close()
   history = jax.device_get(history)  # One transfer at the end: the loop never waits.
   skipped, _ = rl.count_nonfinite(
     [h["nonfinite"] > 0 for h in history], 0, limit=loop.max_nonfinite_steps, where="warm start"

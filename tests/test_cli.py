@@ -59,6 +59,11 @@ ERRORS = [
   ([TINY, "--workdri=/tmp/x"], r"unknown flag --workdri; did you mean --workdir\?"),
   ([TINY, "--config.iterations=abc"], r"--config\.iterations=abc: invalid literal for int"),
   ([TINY, "--config.rl.preset=dapoo"], r"'dapoo' is not a preset; presets: dapo, dr_grpo"),
+  ([TINY, "--config.rl.preset"], r"--config\.rl\.preset needs a name: --config\.rl\.preset=dapo"),
+  (
+    [TINY, "--config.progress", "False"],
+    r"takes no separate value; write --config\.progress=False",
+  ),
   (["hf-check", TINY], r"hf-check takes no --config"),
   (["hf-check"], r"hf-check needs --hf_dir="),
   (["hf-check", "--hf_dir=/missing"], r"/missing/config\.json: not found"),

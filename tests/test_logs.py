@@ -1,6 +1,7 @@
 """Run logs: metrics.jsonl lines (NaN/inf as strings), resume truncation, TensorBoard scalars
-(written by tensorboardX, read back by TensorBoard's own loader) and the progress bar
-(tqdm on a terminal, quiet elsewhere)."""
+(written by tensorboardX, read back by TensorBoard's own loader) under the metrics' own
+names, sampled completions, the curves, and progress (tqdm on a terminal, periodic lines
+elsewhere)."""
 
 import json
 import math
@@ -179,6 +180,87 @@ def test_two_sessions_in_one_second_never_share_a_file(tmp_path):
   assert len(_event_files(tmp_path / "tb")) == 3
 
 
+def test_tensorboard_shows_every_metric_under_its_metrics_jsonl_name(tmp_path):
+  """eval/pass@8 in metrics.jsonl is eval/pass@8 in TensorBoard (tensorboardX's own
+  scalar() would have cleaned it to eval/pass_8)."""
+  writer = logs.RunLogger(tmp_path)
+  record = {"iteration": 3, "eval/pass@8": 0.5, "eval/mean@8": 0.25, "kl_ref/k3": 0.125}
+  writer.write(record)
+  writer.close()
+  assert set(tb_events.scalars(tmp_path / "tb")) == {(3, k) for k in record if k != "iteration"}
+  assert set(json.loads(_lines(tmp_path)[0])) == set(record)
+
+
+_SAMPLE = dict(prompt="Q:1+2\n", completion="A:3.", answer="3", reward=1.0, verdict="correct")
+
+
+def test_samples_go_to_samples_jsonl_and_tensorboards_text_tab_and_resume_cuts_them(tmp_path):
+  from tensorboard.backend.event_processing import event_accumulator  # noqa: PLC0415
+
+  for it in (0, 10, 20):
+    writer = logs.RunLogger(tmp_path, resume_from=None if it == 0 else it - 10)
+    writer.write_samples(it, [dict(_SAMPLE, index=0), dict(_SAMPLE, index=1, verdict="wrong")])
+    writer.close()
+  writer = logs.RunLogger(tmp_path, resume_from=10)  # Drops what iteration 20 wrote.
+  writer.close()
+  lines = logs.read_jsonl(tmp_path / logs.SAMPLES)
+  assert [(r["iteration"], r["index"], r["verdict"]) for r in lines] == [
+    (0, 0, "correct"), (0, 1, "wrong"), (10, 0, "correct"), (10, 1, "wrong")
+  ]  # fmt: skip
+  acc = event_accumulator.EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0})
+  acc.Reload()
+  assert "samples/text_summary" in acc.Tags()["tensors"]
+  table = logs.samples_markdown([dict(_SAMPLE, completion="a|b")])
+  assert table.splitlines()[2] == "| Q:1+2\\n | a\\|b | 3 | 1 | correct |"
+
+
+def test_verdicts_and_the_samples_an_evaluation_shows():
+  from grpo_jax import evaluation, tasks  # noqa: PLC0415
+
+  assert [evaluation.verdict(*x) for x in [(1, 1, True), (0.5, 1, True), (0, 1, True)]] == [
+    "correct", "partial", "wrong"
+  ]  # fmt: skip
+  assert evaluation.verdict(0, 0, True) == "wrong format"
+  assert evaluation.verdict(1, 1, False) == "unscorable"
+  task = tasks.get("arithmetic")
+  tok = task.tokenizer()
+  examples = {i: task.example("test", i, seed=0) for i in range(3)}
+  rows = [examples[0].reference, "A:1.", "11"]
+  width = max(len(r) for r in rows) + 1
+  tokens_NT = np.zeros((3, width), np.int32)
+  for i, r in enumerate(rows):
+    ids = tok.encode(r, add_eos=True)
+    tokens_NT[i, : len(ids)] = ids
+  shown = evaluation.sample_records(
+    tok, examples, tokens_NT, reward_N=[1.0, 0.0, 0.0], format_N=[1.0, 1.0, 0.0],
+    scorable_N=[True, True, True], show=2,
+  )  # fmt: skip
+  assert [(s["completion"], s["verdict"]) for s in shown] == [
+    (examples[0].reference, "correct"), ("A:1.", "wrong")
+  ]  # fmt: skip
+  assert shown[0]["prompt"] == examples[0].prompt and shown[0]["answer"] == examples[0].answer
+
+
+def test_the_curves_have_a_panel_per_quantity_the_run_logged(tmp_path):
+  records = [{"iteration": 0, "phase": "warmstart", "eval/greedy_accuracy": 0.25}]
+  records += [
+    {"iteration": i, "accuracy": 0.1 * i, "entropy": 1.0 / i, "kl_ref/k3": 0.01 * i,
+     "response_length": 5.0 + i, "loss": -0.1, "grad_norm": 2.0}
+    for i in range(1, 5)
+  ]  # fmt: skip
+  records[-1].update({"eval/greedy_accuracy": 0.5, "eval/pass@1": 0.4, "eval/pass@8": 0.75})
+  panels = logs.curve_panels(records)
+  assert [t for t, _, _ in panels] == [
+    "accuracy", "entropy", "KL", "response length (tokens)", "loss", "gradient norm"
+  ]  # fmt: skip
+  labels = [label for label, _, _ in panels[0][1]]
+  assert labels[2:] == ["held-out greedy accuracy", "pass@1", "pass@8"]
+  assert panels[0][1][2][1] == [(0, 0.25), (4, 0.5)]
+  assert [t for t, _, _ in logs.curve_panels(records[:1])] == ["accuracy"]  # Nothing else yet.
+  svg = logs.plot_svg(records, tmp_path / "curves.svg", title="t").read_text()
+  assert svg.count("<rect") == 6 and "pass@8" in svg and "kl_ref/k3" in svg
+
+
 # ----------------------------------------------------------------------------
 # Progress.
 # ----------------------------------------------------------------------------
@@ -223,14 +305,44 @@ def test_progress_carries_the_last_eval_accuracy():
   assert progress.postfix({"accuracy": 0.25})["eval acc"] == "0.375"
 
 
-@pytest.mark.parametrize("tty, enabled", [(False, True), (True, False), (False, False)])
-def test_progress_is_quiet_off_a_terminal_or_when_disabled(tty, enabled):
-  stream = FakeStream(tty=tty)
-  progress = logs.Progress(total=4, enabled=enabled, stream=stream)
+@pytest.mark.parametrize("tty", [True, False])
+def test_progress_is_quiet_when_disabled(tty):
+  stream, lines = FakeStream(tty=tty), []
+  progress = logs.Progress(total=4, enabled=False, stream=stream, log=lines.append)
   for it in range(1, 5):
     progress.update(it, {"accuracy": 0.5})
   progress.close()
-  assert stream.writes == [] and not progress.enabled
+  assert stream.writes == [] and lines == [] and not progress.enabled
+
+
+def test_progress_off_a_terminal_is_a_line_every_interval_and_at_the_end():
+  """A log file or CI sees the first update, then one line per `every_s` seconds, and the
+  last; each with the figures, the pace and the time left (a fake clock: 2 s a step)."""
+  stream, lines, now = FakeStream(tty=False), [], [100.0]
+  progress = logs.Progress(
+    total=10, start=2, stream=stream, log=lines.append, every_s=5.0, clock=lambda: now[0]
+  )
+  assert progress.enabled
+  for it in range(3, 11):
+    now[0] += 2.0
+    progress.update(it, {"accuracy": 0.5, "tokens_per_s": 1500.0})
+  progress.close()
+  assert stream.writes == []
+  assert [line.split(" (")[0] for line in lines] == [
+    "RL 3/10", "RL 6/10", "RL 9/10", "RL 10/10"
+  ]  # fmt: skip
+  assert lines[0] == "RL 3/10 (30%): reward 0.500, eval acc nan, tok/s 1,500"  # No pace yet.
+  assert lines[1] == "RL 6/10 (60%): reward 0.500, eval acc nan, tok/s 1,500; 2.00 s/it, 8s left"
+  assert lines[-1].endswith("; 2.00 s/it, 0s left")
+
+
+def test_the_warm_starts_progress_shows_its_loss_a_few_steps_late():
+  from grpo_jax import warmstart  # noqa: PLC0415
+
+  history = [{"loss": float(i)} for i in range(40)]
+  assert warmstart._lagged_loss(history[:15], 15) == {}
+  assert warmstart._lagged_loss(history[:32], 32) == {"loss": 16.0}  # Step 17's, 16 back.
+  assert warmstart._lagged_loss(history[:33], 33) == {}
 
 
 # ----------------------------------------------------------------------------
