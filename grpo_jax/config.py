@@ -125,7 +125,8 @@ class LoopConfig:
   # Per-device memory the plan must fit (`memory`), GiB; 0: the device's own limit where
   # jax reports one (GPU, TPU), no check where it does not (CPU).
   memory_limit_gib: float = 0.0
-  # A Hugging Face checkpoint directory (config.json + safetensors): the policy's
+  # A Hugging Face checkpoint directory (config.json + safetensors), a GGUF file or
+  # "pkg:<package>" (the GGUF a Python package ships: `gguf_import`): the policy's
   # architecture and initial weights come from it (`hf`); config.model then sets only
   # param_dtype, dtype, scan_layers and remat. "": random init from config.model.
   hf_dir: str = ""
@@ -715,19 +716,20 @@ def _hf_model_config(hf_dir: str, model_d: dict, tok) -> model.ModelConfig:
   of config.model that differs from both its default and the checkpoint is an error
   (it would be silently ignored otherwise). A vocabulary padded past the tokenizer's
   size gets `vocab_limit` = the tokenizer's size."""
-  base = hf.model_config(hf.read_config(hf_dir), where=f"{hf_dir}/config.json")
+  where = hf.config_where(hf_dir)
+  base = hf.model_config(hf.read_config(hf_dir), where=where)
   default = config_lib.to_dict(default_config().model)
   for key, value in model_d.items():
     if key in HF_RUNTIME_KEYS or value == default.get(key) or value == getattr(base, key):
       continue
     raise ValueError(
-      f"config.model.{key}={value!r} conflicts with {hf_dir}/config.json "
+      f"config.model.{key}={value!r} conflicts with {where} "
       f"({getattr(base, key)!r}): with config.hf_dir the architecture comes from the "
       f"checkpoint; config.model sets only {list(HF_RUNTIME_KEYS)}."
     )
   if tok.vocab_size > base.vocab_size:
     raise ValueError(
-      f"The tokenizer has {tok.vocab_size} tokens but {hf_dir}/config.json has vocab_size "
+      f"The tokenizer has {tok.vocab_size} tokens but {where} has vocab_size "
       f"{base.vocab_size}: they do not belong together."
     )
   runtime = {k: model_d[k] for k in HF_RUNTIME_KEYS if k in model_d}
