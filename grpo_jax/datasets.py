@@ -37,8 +37,10 @@ whatever P is, and resuming at a global index is exact.
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import re
@@ -748,12 +750,16 @@ def prepare(
   if reused and manual_dir is not None:
     changed = _changed_manual_files(builder, manual_dir)
   mode = tfds.download.GenerateMode
-  builder.download_and_prepare(
-    download_config=tfds.download.DownloadConfig(
-      manual_dir=manual_dir,
-      download_mode=mode.REUSE_CACHE_IF_EXISTS if changed else mode.REUSE_DATASET_IF_EXISTS,
+  printed = io.StringIO()  # TFDS prints "Downloading and preparing..." even from manual files.
+  with contextlib.redirect_stdout(printed):
+    builder.download_and_prepare(
+      download_config=tfds.download.DownloadConfig(
+        manual_dir=manual_dir,
+        download_mode=mode.REUSE_CACHE_IF_EXISTS if changed else mode.REUSE_DATASET_IF_EXISTS,
+      )
     )
-  )
+  if printed.getvalue().strip():
+    logging.info("TFDS: %s", " ".join(printed.getvalue().split()))
   name = builder.info.full_name
   if changed:
     note = (

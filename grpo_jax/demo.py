@@ -10,15 +10,13 @@ import time
 
 import jax
 import numpy as np
-from absl import app, logging
-from ml_collections import config_flags
+from absl import app, flags, logging
 
-from grpo_jax import config_lib, model, sampling, tasks
+from grpo_jax import cli, config_lib, model, sampling, tasks
 
 _DEFAULT = (
   str(pathlib.Path(__file__).resolve().parent.parent / "configs" / "sample_demo.py") + ":tiny"
 )
-_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT, "Demo config file.", lock_config=True)
 
 
 def run_demo(config) -> dict:
@@ -84,14 +82,31 @@ def run_demo(config) -> dict:
   return summary
 
 
-def main(argv):
-  del argv
+def parse_flags(argv: list[str]):
+  """--config (default: configs/sample_demo.py:tiny) and its --config.KEY overrides, read
+  as `grpo-jax` reads them (`cli`): a mistake is one line, exit status 2."""
+  try:
+    spec, config_args, rest = cli.split_config_args(argv)
+    try:
+      extra = flags.FLAGS(rest)[1:]
+    except flags.Error as e:
+      raise cli.UsageError(cli.flag_error(e)) from None
+    if extra:
+      raise cli.UsageError(
+        f"unexpected argument(s) {' '.join(extra)!r}; the demo takes flags only."
+      )
+    return cli.parse("train", spec or _DEFAULT, config_args).config
+  except (cli.UsageError, config_lib.ConfigError) as e:
+    cli.fail(e)
+
+
+def main(config):
   logging.set_verbosity(logging.WARNING)  # Quiet JAX's backend probing.
-  run_demo(_CONFIG.value)
+  run_demo(config)
 
 
 def run():
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

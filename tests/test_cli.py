@@ -260,3 +260,18 @@ def test_a_definition_run_again_replaces_its_registration():
   assert reg.get("mine") is Mine
   with pytest.raises(ValueError, match="already registered"):
     reg.register("mine")(tasks.arithmetic.Arithmetic)
+
+
+def test_the_sampler_demo_reads_its_flags_the_same_way(monkeypatch, capsys):
+  from grpo_jax import demo  # noqa: PLC0415
+
+  monkeypatch.chdir(ROOT)
+  try:
+    config = demo.parse_flags(["grpo-jax-demo", "--config.num_prompts=3"])
+    with pytest.raises(SystemExit) as e:
+      demo.parse_flags(["grpo-jax-demo", "--config.num_prompt=3"])
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert config.num_prompts == 3 and e.value.code == 2
+  (line,) = capsys.readouterr().err.splitlines()
+  assert "did you mean --config.num_prompts?" in line

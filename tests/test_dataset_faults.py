@@ -77,8 +77,9 @@ def test_an_edited_problems_file_is_used_by_the_next_run(tmp_path, monkeypatch):
   builds = _builds(tmp_path)
   assert len(builds) == 2 and first in builds, f"the edited file was not rebuilt: {builds}"
   [new] = [b for b in builds if b != first]
-  logged = re.search(r"rebuilt in (\S+)", second.stderr)
-  assert logged and pathlib.Path(logged.group(1)) == new, second.stderr[-3000:]
+  # The run's data note (its libraries' log records go to workdir/grpo_jax.log).
+  logged = re.search(r"rebuilt in (\S+)", second.stdout)
+  assert logged and pathlib.Path(logged.group(1)) == new, second.stdout[-3000:]
   assert _questions(new) == {"What is 2 + 3?", "What is 9 + 9?"}
   assert json.loads((tmp_path / "second" / "summary.json").read_text())["iterations_done"] == 1
   # Both under the project cache ($GRPO_JAX_CACHE here), not TFDS's global data dir.

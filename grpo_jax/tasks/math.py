@@ -157,7 +157,9 @@ class MathTask(base.Task):
 
       builder = datasets.get(self.dataset, data_dir=self.data_dir, config=self.builder_config)
       datasets.prepare(builder, manual_dir=self.manual_dir)
-      self._notes.append(builder.grpo_jax_note)
+      note = builder.grpo_jax_note  # One line per dataset: the second split's is "reused".
+      if not any(n.split(":")[0] == note.split(":")[0] for n in self._notes):
+        self._notes.append(note)
       self._sources[split] = datasets.problems(builder, self.splits[split])
     return self._sources[split]
 
