@@ -182,8 +182,12 @@ def main(inv: cli.Invocation):
   if not _WORKDIR.value:
     raise cli.UsageError("--workdir is required to train (where metrics and checkpoints go).")
   distributed.initialize(_DISTRIBUTED.value)  # Before anything touches a device.
-  with _library_output(_WORKDIR.value):
-    summary = train.run(inv.config, _WORKDIR.value)
+  # Left in place when the run fails: libraries' background threads (orbax's writes) go on
+  # reporting until the process exits, and that belongs in the log, not after the error line.
+  library_output = contextlib.ExitStack()
+  library_output.enter_context(_library_output(_WORKDIR.value))
+  summary = train.run(inv.config, _WORKDIR.value)
+  library_output.close()
   if distributed.is_primary():
     print(json.dumps(summary, indent=2))
     print(train.describe(summary))

@@ -190,7 +190,10 @@ def test_a_failed_save_stops_the_run_in_one_line_and_the_last_checkpoint_stays(r
   assert line.startswith("grpo-jax: error: Saving a checkpoint under"), line  # the log.
   assert "File too large" in line and "previous checkpoint is intact" in line, line
   library = (tmp_path / "grpo_jax.log").read_text()
-  assert "Traceback" in library and "File too large" in library
+  # The log is under the same 16 KB file-size limit: which background failure fills it
+  # first (orbax's write error, or an event loop's report after it) depends on timing.
+  assert "Traceback" in library
+  assert "File too large" in library or len(library.encode()) >= 16 * 1024, library[-2000:]
   steps = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
   assert steps == [0, 2]  # 4 failed; 2 (and 0) intact.
   assert metrics(tmp_path)[-1]["iteration"] <= 5  # Stopped at the next iteration at the latest.

@@ -38,6 +38,8 @@ def readme_commands() -> list[str]:
   out = []
   for block in _blocks("bash") + _blocks("sh"):
     for line in block.replace("\\\n", " ").splitlines():
+      if line.lstrip().startswith("#"):
+        continue
       line = line.split(" # ")[0].split("   #")[0]
       for part in re.split(r"&&|;", line):
         m = re.search(r"(?:^|\s)(grpo-jax\s.*)", part)
