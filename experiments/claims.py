@@ -1062,6 +1062,16 @@ def _ratio_or_none(per_seed: list[dict], arm: str, base: str, what: str) -> list
   return out
 
 
+def _tuned(arm: str) -> str:
+  """The tuned estimator of an arm, for its result page."""
+  lam, shrink, *tau = ibpo_config.BRANCH if arm == "branch" else ibpo_config.TRIE
+  tau = f", τ = {tau[0]:g}" if tau else ""
+  return (
+    f" (λ = {lam:g}, κ = {shrink:g}{tau}: the grid's best on tuning seeds 100-102, "
+    "results/reproductions/tuning/ibpo.md; verdict seeds 10-14.)"
+  )
+
+
 def _snr_figs(per_seed: list[dict], arm: str) -> dict:
   def ratio(what, base="grpo"):
     return _ratio_or_none(per_seed, arm, base, what)
@@ -1103,6 +1113,7 @@ def analyse_ibpo_loo_variance(per_seed: list[dict]) -> Outcome:
     f"{_v(s, '.3f')}× [{_v(s, '.3f', 0)}, {_v(s, '.3f', 1)}] GRPO's signal per unit variance "
     f"({_v(figs['snr_ratio_branch_vs_grpo8'], '.3f')}× GRPO G = 8's, its own samples); the "
     f"comparison term correlates {_v(figs['corr_branch'], '+.3f')} with the terminal term."
+    + _tuned("branch")
   )
 
   def plot(ax):
@@ -1123,7 +1134,7 @@ def analyse_ibpo_trie_variance(per_seed: list[dict]) -> Outcome:
   reason = (
     f"On GRPO G = 10's own rollouts, the trie's prefix baseline keeps {_v(s, '.3f')}× "
     f"[{_v(s, '.3f', 0)}, {_v(s, '.3f', 1)}] GRPO's signal per unit variance; the comparison "
-    f"term correlates {_v(figs['corr_trie'], '+.3f')} with the terminal term."
+    f"term correlates {_v(figs['corr_trie'], '+.3f')} with the terminal term." + _tuned("trie")
   )
 
   def plot(ax):
@@ -1168,6 +1179,7 @@ def _accuracy_outcome(runs, arm: str) -> Outcome:
     f"Final greedy accuracy: GRPO G = 10 {_v(figs['final_grpo'], '.3f')}, IBPO ({arm}) "
     f"{_v(figs[f'final_{arm}'], '.3f')}: gap {_v(g, '+.3f')} [{_v(g, '+.3f', 0)}, "
     f"{_v(g, '+.3f', 1)}]; against GRPO G = 8 {_v(figs[f'gap_{arm}_vs_grpo8'], '+.3f')}."
+    + _tuned(arm)
   )
 
   def plot(ax):
