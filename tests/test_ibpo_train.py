@@ -167,7 +167,10 @@ def test_perturbed_prompt_rows_carry_truncated_importance_weights():
       {"rl.advantage": "grpo", "rl.advantage_options": {}},
       "the counterfactual rows would be sampled and never used",
     ),
-    ({"rl.dynamic_sampling": True}, "does not combine with rl.dynamic_sampling"),
+    (
+      {"rl.dynamic_sampling": True, "rl.max_gen_batches": 4},
+      "does not combine with rl.dynamic_sampling",
+    ),
     (
       {"counterfactual.source": "hint", "rl.recompute_old_logp": False},
       "weighting='truncated_is' needs",
