@@ -1115,6 +1115,35 @@ def test_the_whole_sandbox_has_one_memory_budget():
   assert held <= 2, result
 
 
+def test_the_code_runs_inside_its_runs_groups_joined_by_the_harness_itself():
+  """v1: the harness writes "0" to each group's tasks file before anything else (the
+  caller does not move it by pid); the code and its children are in the run's groups."""
+  from grpo_jax.sandbox import cgroup
+
+  found = cgroup.available()
+  if not found or found[0].version != 1:
+    pytest.skip("no cgroup v1 hierarchy here")
+  budget = cgroup.Budget.create(memory_mb=64, processes=4)
+  try:
+    assert budget.self_join() == [os.path.join(p, "tasks") for _, p in budget.dirs]
+  finally:
+    budget.remove()
+  code = """
+  import os
+  def in_run_groups():
+    r, w = os.pipe()
+    if os.fork() == 0:  # A child of the code: born in the same groups.
+      os.write(w, open("/proc/self/cgroup").read().encode())
+      os._exit(0)
+    os.close(w)
+    lines = [line.split(":", 2) for line in os.read(r, 4096).decode().split()]
+    return sorted(c for _, c, path in lines if "/grpo_jax_sandbox/run-" in path)
+  """
+  with pytest.warns(RuntimeWarning, match="isolation='none'"):
+    result = run(code, one("in_run_groups()", ["memory", "pids"]), isolation="none")
+  assert result.verdict == "pass", result
+
+
 def test_a_cgroup_v2_hierarchy_gets_the_whole_budget(tmp_path, monkeypatch):
   # cgroup v2 on a fake tree (this machine may only have v1): where the runs' parent
   # goes, what each run's group is limited to, how an OOM kill is read.

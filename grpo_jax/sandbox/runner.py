@@ -347,6 +347,7 @@ def _start_and_collect(job, *, nonce, workdir, limits, n_tests, deadline, budget
     payload = job(
       grouped=budget is not None, nonce=nonce, fds=(results_w, status_w), workdir=workdir
     )
+    payload["join"] = budget.self_join() if budget is not None else []
     with contextlib.suppress(BrokenPipeError):  # The harness died: judged from its pipes.
       proc.stdin.write(marshal.dumps(payload))
       proc.stdin.close()
