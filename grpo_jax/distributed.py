@@ -21,9 +21,11 @@ job has several processes; it must run before anything touches a JAX device.
 from __future__ import annotations
 
 import os
+import socket
 
 import jax
 import numpy as np
+from absl import logging
 from jax.experimental import multihost_utils
 
 MODES = ("auto", "on", "off")
@@ -66,7 +68,54 @@ def initialize(mode: str = "auto", **kwargs) -> bool:
   if "process_id" not in kwargs and env.get("JAX_PROCESS_ID"):
     kwargs["process_id"] = int(env["JAX_PROCESS_ID"])
   jax.distributed.initialize(**kwargs)
+  _gloo_by_address(kwargs.get("coordinator_address") or env.get("JAX_COORDINATOR_ADDRESS"))
   return True
+
+
+def _resolves(hostname: str) -> bool:
+  try:
+    socket.getaddrinfo(hostname, None)
+  except OSError:
+    return False
+  return True
+
+
+def _local_address(coordinator: str) -> str:
+  """This host's address on the route to the coordinator (a UDP connect sends nothing)."""
+  host, _, port = coordinator.rpartition(":")
+  with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    s.connect((host.strip("[]") or "localhost", int(port or 1)))
+    return s.getsockname()[0]
+
+
+def _gloo_by_address(coordinator: str | None) -> None:
+  """Gloo's CPU collectives find this host by resolving its hostname, and fail with
+  "gloo/transport/tcp/device.cc:99 rv == 0. -2 vs 0" (EAI_NONAME) where the hostname does
+  not resolve (containers, CI runners, some VMs). There, the CPU backend is made with gloo
+  bound to this host's address on the route to the coordinator instead. jax has no public
+  option for it (0.10: `make_gloo_tcp_collectives(hostname=)` is only reachable through
+  its backend factory), so this swaps the "cpu" factory before any backend exists.
+  """
+  if jax.config.jax_cpu_collectives_implementation != "gloo" or not coordinator:
+    return
+  if _resolves(socket.gethostname()):
+    return
+  from jax._src import distributed as jax_distributed  # noqa: PLC0415 -- private, see above.
+  from jax._src import xla_bridge  # noqa: PLC0415
+  from jax._src.lib import _jax  # noqa: PLC0415
+
+  address = _local_address(coordinator)
+
+  def make_cpu_client():
+    collectives = _jax.make_gloo_tcp_collectives(
+      distributed_client=jax_distributed.global_state.client, hostname=address
+    )
+    return xla_bridge.make_cpu_client(collectives=collectives)
+
+  xla_bridge.register_backend_factory("cpu", make_cpu_client, priority=0, fail_quietly=False)
+  logging.info(
+    "distributed: hostname %r does not resolve; gloo uses %s.", socket.gethostname(), address
+  )
 
 
 def is_primary() -> bool:

@@ -43,6 +43,12 @@ def test_initialize_only_when_the_environment_announces_several_processes(monkey
     distributed.initialize("yes")
 
 
+def test_gloo_is_bound_by_address_where_the_hostname_does_not_resolve():
+  assert distributed._resolves("localhost") and not distributed._resolves("no-such-host.invalid")
+  assert distributed._local_address("localhost:12355") == "127.0.0.1"
+  assert distributed._local_address("127.0.0.1:80") == "127.0.0.1"
+
+
 class _Device:
   def __init__(self, p):
     self.process_index = p
