@@ -12,7 +12,10 @@ Measures, on PROMPTS (chat messages through the model's ChatML template):
    max |difference|, max |logit|, argmax agreement; and our bfloat16 forward vs the same.
 3. Greedy text: NEW_TOKENS tokens from our sampler (greedy, float32 and bfloat16) vs
    transformers' `generate(do_sample=False)`: identical token ids?
-4. With --export_dir (a run's `workdir/hf`, `config.export_hf=True`): transformers loads
+4. Tokenizer on TEXTS random strings (digits, spaces, newlines, punctuation, non-ASCII):
+   our ids vs transformers' GGUF tokenizer and vs llama.cpp's (llama-cpp-python, which
+   the smollm extra installs; `vocab_only`), counts of strings that differ.
+5. With --export_dir (a run's `workdir/hf`, `config.export_hf=True`): transformers loads
    the exported safetensors and tokenizer files, and its greedy ids equal our sampler's
    from the same directory.
 Writes <out>.json and <out>.md (default experiments/results/smollm2/reference).
@@ -39,6 +42,8 @@ PROMPTS = [
   "Tell me a short story about a cat who learns to swim.",
 ]
 NEW_TOKENS = 32
+TEXTS = 200
+ALPHABET = "ab XYZ 0123456789\n\t'!?.,$é日"
 
 
 def _chat(prompt: str) -> list[dict]:
@@ -114,6 +119,41 @@ def agreement(ours: np.ndarray, ref: np.ndarray) -> dict:
     max_abs_logit=float(np.abs(ref).max()),
     argmax_agree=float((ours.argmax(-1) == ref.argmax(-1)).mean()),
   )
+
+
+def random_texts(n: int, *, seed: int = 0) -> list[str]:
+  rng = np.random.default_rng(seed)
+  fixed = ["He has 123 apples and 4567 pears", " 12 x1000  \n\n  3.14159 $5,000"]
+  return fixed + [
+    "".join(rng.choice(list(ALPHABET), size=int(rng.integers(1, 41)))) for _ in range(n)
+  ]
+
+
+def tokenizer_agreement(src: str, *, n: int) -> dict:
+  """Strings whose ids differ between ours and transformers' / llama.cpp's tokenizers."""
+  import transformers
+
+  from grpo_jax import gguf_import, hf_tokenizer
+
+  path = gguf_import.resolve(src)
+  tok = hf_tokenizer.load(src)
+  hf_tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+  texts = random_texts(n)
+  ours = [tok.encode(t) for t in texts]
+  out = dict(texts=len(texts), pre=gguf_import.metadata(src).get("tokenizer.ggml.pre"))
+  out["differ_transformers"] = sum(
+    a != hf_tok(t, add_special_tokens=False)["input_ids"] for a, t in zip(ours, texts)
+  )
+  try:
+    import llama_cpp
+  except ImportError:
+    out["differ_llama_cpp"] = None
+    return out
+  ll = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+  out["differ_llama_cpp"] = sum(
+    a != ll.tokenize(t.encode(), add_bos=False, special=True) for a, t in zip(ours, texts)
+  )
+  return out
 
 
 def compare_source(src: str, *, new_tokens: int) -> dict:
@@ -197,6 +237,14 @@ def markdown(results: dict) -> str:
     for p in r["prompts"]:
       lines += [f"- {p['hf_text']!r}", f"  {p['float32']['text']!r}"]
     lines.append("")
+  t = results.get("tokenizer")
+  if t:
+    lines += [
+      f"Tokenizer (`tokenizer.ggml.pre={t['pre']!r}`) on {t['texts']} random strings: ids "
+      f"differ from transformers' GGUF tokenizer on {t['differ_transformers']}, from "
+      f"llama.cpp's on {t['differ_llama_cpp']}.",
+      "",
+    ]
   lines.append(f"Load when measured: {results.get('load', '')}")
   return "\n".join(lines) + "\n"
 
@@ -209,6 +257,7 @@ def main(argv=None):
   parser.add_argument("--out", default=str(ROOT / "experiments/results/smollm2/reference"))
   args = parser.parse_args(argv)
   results = {"gguf": compare_source(args.source, new_tokens=args.new_tokens)}
+  results["tokenizer"] = tokenizer_agreement(args.source, n=TEXTS)
   if args.export_dir:
     results["export"] = compare_source(args.export_dir, new_tokens=args.new_tokens)
   results["load"] = pathlib.Path("/proc/loadavg").read_text().split()[:3]

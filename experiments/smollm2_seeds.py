@@ -9,8 +9,10 @@ process (workdir <root>/seed_s; a finished one is not rerun). Figures per seed, 
 summary.json and metrics.jsonl: greedy accuracy on its held-out problems at iteration 0 and
 at the end (the same problems: `eval_size` draws of the test split for that seed), the
 gain, wall seconds, the median seconds per iteration and tokens/s of the iterations after
-the first (which compiles), and the 1-minute load average at the start and end of the run
-(the machine may be shared: a wall-clock figure is only comparable at the same load).
+the first (which compiles), the 1-minute load average at the start and end of the run
+(the machine may be shared: a wall-clock figure is only comparable at the same load) and
+the CPU seconds the run used (user + system, its reward workers included), which a shared
+machine does not inflate: on an idle 2-core machine the wall time is about that / 2.
 
 Writes <out>.json, <out>.md and <out>.png (accuracy against iteration, one line per seed);
 default experiments/results/smollm2/<variant>_seeds.
@@ -22,6 +24,7 @@ import argparse
 import json
 import os
 import pathlib
+import resource
 import subprocess
 import sys
 import time
@@ -52,8 +55,11 @@ def run_seed(variant: str, seed: int, workdir: pathlib.Path, extra: list[str]) -
     *extra,
   ]
   print(" ".join(cmd), flush=True)
+  before = resource.getrusage(resource.RUSAGE_CHILDREN)
   subprocess.run(cmd, check=True, cwd=ROOT)
-  loads.update(load_end=_load())
+  after = resource.getrusage(resource.RUSAGE_CHILDREN)
+  cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+  loads.update(load_end=_load(), cpu_seconds=round(cpu, 1))
   (workdir / "loads.json").write_text(json.dumps(loads))
   return loads
 
@@ -90,13 +96,15 @@ def markdown(variant: str, out: dict) -> str:
     "",
     f"Machine: {out['machine']}. Command: `{out['command']}`.",
     "",
-    "| seed | before | after | gain (points) | wall s | s/iteration | tokens/s | load start/end |",
-    "|---|---|---|---|---|---|---|---|",
+    "| seed | before | after | gain (points) | wall s | CPU s | s/iteration | tokens/s | load "
+    "start/end |",
+    "|---|---|---|---|---|---|---|---|---|",
   ]
   for s, r in out["seeds"].items():
     lines.append(
       f"| {s} | {100 * r['before']:.1f}% | {100 * r['after']:.1f}% | {100 * r['gain']:+.1f} | "
-      f"{r['wall_seconds']:.0f} | {r['seconds_per_iteration']:.1f} | {r['tokens_per_s']:.0f} | "
+      f"{r['wall_seconds']:.0f} | {r.get('cpu_seconds', '?')} | {r['seconds_per_iteration']:.1f} | "
+      f"{r['tokens_per_s']:.0f} | "
       f"{r.get('load_start', '?')}/{r.get('load_end', '?')} |"
     )
   g = out["gain_points"]
