@@ -1775,7 +1775,7 @@ CLAIMS = (
     "offpolicy_staleness",
     11,
     "Importance correction keeps stale rollouts useful",
-    "Off-policy RL practice (issue 21): AReaL's decoupled PPO (2505.24298); truncated IS "
+    "Off-policy RL practice: AReaL's decoupled PPO (2505.24298); truncated IS "
     "(Yao et al. 2025)",
     "Rollouts sampled by params s updates old bias an uncorrected policy gradient; "
     "truncated importance sampling against the behaviour policy's log-probs removes the "
@@ -1793,7 +1793,7 @@ CLAIMS = (
     "offpolicy_bf16",
     11,
     "Truncated IS corrects a bfloat16 sampler",
-    "Off-policy RL practice (issue 21): sampler/trainer mismatch (Yao et al. 2025)",
+    "Off-policy RL practice: sampler/trainer mismatch (Yao et al. 2025)",
     "A sampler that computes in lower precision than the trainer is off-policy; correcting "
     "with truncated IS restores learning.",
     "configs/long_addition.py:tiny, sampler.dtype = bfloat16 with the float32 trainer "

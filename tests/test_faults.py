@@ -151,11 +151,23 @@ def _overwrite(step_dir: pathlib.Path):
   f.write_bytes(bytes(data))
 
 
+@pytest.fixture(scope="module")
+def four_iterations(tmp_path_factory) -> pathlib.Path:
+  """A workdir whose run stopped at iteration 4 (checkpoints 2 and 4), made once."""
+  workdir = tmp_path_factory.mktemp("four") / "run"
+  r = cli(workdir, iterations=4)
+  assert r.returncode == 0, r.stderr[-3000:]
+  return workdir
+
+
 @pytest.mark.parametrize(
   "damage", [_truncate, _empty, _no_metadata, _overwrite], ids=lambda f: f.__name__
 )
-def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(reference, tmp_path, damage):
-  assert cli(tmp_path, iterations=4).returncode == 0
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(
+  reference, four_iterations, tmp_path, damage
+):
+  tmp_path = tmp_path / "run"
+  shutil.copytree(four_iterations, tmp_path)
   damage(tmp_path / "checkpoints" / "4")
   r = cli(tmp_path)
   assert r.returncode == 0, r.stderr[-3000:]

@@ -14,9 +14,9 @@ from grpo_jax import rl, steps, train
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "configs"))
 import arithmetic  # noqa: E402
 
-ITERATIONS = 60
-# Measured (eval every 10): the flipped arm falls 51.6% -> 27.3% in 20 iterations (9.4% at
-# 60), while GRPO climbs to 68.0% at 60.
+# Measured (eval every 10): GRPO 51.6% -> 57.8% (40), 63.3% (50), 68.0% (60); the flipped
+# arm falls to 27.3% in 20 iterations (9.4% at 60).
+ITERATIONS = 50
 FLIPPED_ITERATIONS = 20
 
 
@@ -67,7 +67,7 @@ def test_grpo_raises_held_out_accuracy_in_float32_and_bfloat16_and_the_flipped_s
   assert grpo["warmstart_accuracy"] == flipped["warmstart_accuracy"]  # One warm start.
   gain = grpo["final_accuracy"] - grpo["warmstart_accuracy"]
   flipped_gain = flipped["final_accuracy"] - flipped["warmstart_accuracy"]
-  assert gain >= 0.04, (gain, grpo)  # Measured: +16.4 points (51.6% -> 68.0%).
+  assert gain >= 0.04, (gain, grpo)  # Measured: +11.7 points at 50 (see above).
   # The flipped arm collapses (see FLIPPED_ITERATIONS): a margin no noise could fake.
   assert gain - flipped_gain >= 0.10, (gain, flipped_gain)
   assert grpo["collapse_warnings"] == []  # A run that learns never trips the guard.

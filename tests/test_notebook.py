@@ -1,4 +1,4 @@
-"""colabs/quickstart.ipynb runs headless (nbclient) on a ~1 minute config."""
+"""colabs/quickstart.ipynb runs headless (nbclient) on a ~20 s config."""
 
 import json
 import pathlib
