@@ -1115,33 +1115,45 @@ def test_the_whole_sandbox_has_one_memory_budget():
   assert held <= 2, result
 
 
-def test_the_code_runs_inside_its_runs_groups_joined_by_the_harness_itself():
-  """v1: the harness writes "0" to each group's tasks file before anything else (the
-  caller does not move it by pid); the code and its children are in the run's groups."""
+def test_a_cgroup_v1_run_is_joined_by_the_harness_itself(tmp_path, monkeypatch):
+  """cgroup v1 on a fake tree: the caller sets the run's limits but does not move the
+  child by pid (cgroup.procs: the kernel's global threadgroup lock); the harness writes
+  "0" to each group's tasks file itself, before anything else. (That the code then runs
+  inside the real groups, where this machine has them: the memory-budget test above
+  fails without the join.)"""
   from grpo_jax.sandbox import cgroup
 
-  found = cgroup.available()
-  if not found or found[0].version != 1:
-    pytest.skip("no cgroup v1 hierarchy here")
-  budget = cgroup.Budget.create(memory_mb=64, processes=4)
+  interface = ("cgroup.procs", "tasks", "memory.limit_in_bytes", "memory.oom_control",
+               "pids.max")  # fmt: skip
+  real_mkdir = os.mkdir
+
+  def mkdir(path, *args):
+    real_mkdir(path, *args)
+    for name in interface:
+      (pathlib.Path(path) / name).write_text("")
+
+  root = tmp_path / "cg"
+  for controller in ("memory", "pids"):
+    (root / controller / "job").mkdir(parents=True)
+  monkeypatch.setattr(cgroup, "ROOT", str(root))
+  monkeypatch.setattr(cgroup, "_own_group", lambda version, controller="": "/job")
+  monkeypatch.setattr(cgroup.os, "mkdir", mkdir)
+  monkeypatch.setattr(cgroup, "_write", lambda path, text: pathlib.Path(path).write_text(text))
+  cgroup.available.cache_clear()
   try:
-    assert budget.self_join() == [os.path.join(p, "tasks") for _, p in budget.dirs]
+    parents = [root / c / "job" / "grpo_jax_sandbox" for c in ("memory", "pids")]
+    assert cgroup.available() == tuple(cgroup.Hierarchy(1, str(p)) for p in parents)
+    with pytest.warns(RuntimeWarning, match="isolation='none'"):
+      result = run(ADD, isolation="none", memory_mb=256, processes=8)
+    assert result.verdict == "pass", result
+    for parent in parents:
+      (run_dir,) = [d for d in parent.iterdir() if d.name.startswith(f"run-{os.getpid()}-")]
+      assert (run_dir / "tasks").read_text() == "0"  # The harness joined by itself,
+      assert (run_dir / "cgroup.procs").read_text() == ""  # never moved by pid.
+    assert (parents[0] / run_dir.name / "memory.limit_in_bytes").read_text() == str(320 << 20)
+    assert (parents[1] / run_dir.name / "pids.max").read_text() == "12"
   finally:
-    budget.remove()
-  code = """
-  import os
-  def in_run_groups():
-    r, w = os.pipe()
-    if os.fork() == 0:  # A child of the code: born in the same groups.
-      os.write(w, open("/proc/self/cgroup").read().encode())
-      os._exit(0)
-    os.close(w)
-    lines = [line.split(":", 2) for line in os.read(r, 4096).decode().split()]
-    return sorted(c for _, c, path in lines if "/grpo_jax_sandbox/run-" in path)
-  """
-  with pytest.warns(RuntimeWarning, match="isolation='none'"):
-    result = run(code, one("in_run_groups()", ["memory", "pids"]), isolation="none")
-  assert result.verdict == "pass", result
+    cgroup.available.cache_clear()
 
 
 def test_a_cgroup_v2_hierarchy_gets_the_whole_budget(tmp_path, monkeypatch):
