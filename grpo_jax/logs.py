@@ -19,6 +19,7 @@ what a crashed session logged past the checkpoint (the `purge_step` of SummaryWr
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import math
@@ -27,6 +28,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 
 import numpy as np
 import tqdm
@@ -445,14 +447,19 @@ def library_output(path: pathlib.Path):
   """While the block runs, what libraries print on their own goes to `path` (created at
   its first line), not to the terminal: log records (orbax's, JAX's: the root logger's
   terminal handlers and Python's last-resort one), tracebacks of exceptions in background
-  threads, and "exception ignored" reports (TensorStore reads landing after a failed
-  checkpoint write or read closed their event loop). A failed save prints hundreds of
-  such lines before the one line that says what happened; the terminal keeps grpo_jax's
-  own output. Yields the stream (its `written` says whether anything went there)."""
+  threads, "exception ignored" reports (TensorStore reads landing after a failed
+  checkpoint write or read closed their event loop) and libraries' warnings ("coroutine
+  ... was never awaited" from orbax's abandoned saves); grpo_jax's own warnings stay on
+  the terminal. A failed save prints hundreds of such lines before the one line that says
+  what happened; the terminal keeps grpo_jax's own output. Before the hooks come back,
+  a garbage collection reports what the block left unreferenced (those coroutines) while
+  it is still redirected. Yields the stream (its `written` says whether anything went
+  there)."""
   out = _LazyLog(path)
   handlers = _terminal_handlers()
   streams = [h.stream for h in handlers]
-  saved = (logging.lastResort, threading.excepthook, sys.unraisablehook)
+  saved = (logging.lastResort, threading.excepthook, sys.unraisablehook, warnings.showwarning)
+  ours = str(pathlib.Path(__file__).resolve().parent)
 
   def thread_hook(args):
     name = args.thread.name if args.thread is not None else "?"
@@ -463,14 +470,22 @@ def library_output(path: pathlib.Path):
     out.write(f"{u.err_msg or 'Exception ignored in'}: {u.object!r}\n")
     traceback.print_exception(u.exc_type, u.exc_value, u.exc_traceback, file=out)
 
+  def show_warning(message, category, filename, lineno, file=None, line=None):
+    if str(filename).startswith(ours):  # grpo_jax's own: the user should see it.
+      saved[3](message, category, filename, lineno, file, line)
+    else:
+      out.write(warnings.formatwarning(message, category, filename, lineno, line))
+
   for h in handlers:
     h.stream = out
   logging.lastResort = logging.StreamHandler(out)
   threading.excepthook, sys.unraisablehook = thread_hook, unraisable_hook
+  warnings.showwarning = show_warning
   try:
     yield out
   finally:
+    gc.collect()
     for h, stream in zip(handlers, streams, strict=True):
       h.stream = stream
-    logging.lastResort, threading.excepthook, sys.unraisablehook = saved
+    logging.lastResort, threading.excepthook, sys.unraisablehook, warnings.showwarning = saved
     out.close()

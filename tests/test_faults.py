@@ -198,8 +198,10 @@ def test_a_failed_save_stops_the_run_in_one_line_and_the_last_checkpoint_stays(r
   assert cli(tmp_path, iterations=2).returncode == 0
   r = cli(tmp_path, preexec_fn=_file_size_limit(16 * 1024))  # Checkpoints no longer fit.
   assert r.returncode == 1, r.stderr[-3000:]
-  (line,) = r.stderr.splitlines()  # The terminal's only line: orbax's tracebacks went to
-  assert line.startswith("grpo-jax: error: Saving a checkpoint under"), line  # the log.
+  lines = r.stderr.splitlines()
+  assert len(lines) == 1, r.stderr[-3000:]  # The terminal's only line: orbax's tracebacks
+  (line,) = lines  # went to the log.
+  assert line.startswith("grpo-jax: error: Saving a checkpoint under"), line
   assert "File too large" in line and "previous checkpoint is intact" in line, line
   library = (tmp_path / "grpo_jax.log").read_text()
   # The log is under the same 16 KB file-size limit: which background failure fills it

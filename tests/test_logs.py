@@ -350,13 +350,33 @@ def test_the_warm_starts_progress_shows_its_loss_a_few_steps_late():
 # ----------------------------------------------------------------------------
 
 
+def test_library_warnings_go_to_the_log_and_grpo_jax_s_own_stay_on_the_terminal(tmp_path):
+  import warnings  # noqa: PLC0415
+
+  path, shown = tmp_path / logs.LIBRARY_LOG, []
+  with warnings.catch_warnings():
+    warnings.simplefilter("always")
+    warnings.showwarning = lambda message, *_, **__: shown.append(str(message))
+    with logs.library_output(path):
+      warnings.warn_explicit(
+        "coroutine 'JsonCheckpointHandler.async_save' was never awaited",
+        RuntimeWarning, "/site-packages/orbax/handler.py", 7,
+      )  # fmt: skip
+      warnings.warn_explicit("isolation='none'", RuntimeWarning, logs.__file__, 9)
+  text = path.read_text()
+  assert "orbax/handler.py:7: RuntimeWarning: coroutine" in text and "isolation" not in text
+  assert shown == ["isolation='none'"]
+
+
 def test_library_output_goes_to_the_log_file_and_the_hooks_come_back(tmp_path, capsys):
   import logging  # noqa: PLC0415
   import threading  # noqa: PLC0415
 
   terminal = logging.StreamHandler(sys.stderr)  # As absl's app.run installs one.
   logging.getLogger().addHandler(terminal)
-  hooks = (threading.excepthook, sys.unraisablehook)
+  import warnings  # noqa: PLC0415
+
+  hooks = (threading.excepthook, sys.unraisablehook, warnings.showwarning)
   path = tmp_path / "run" / logs.LIBRARY_LOG
   try:
     with logs.library_output(path) as out:
@@ -381,4 +401,4 @@ def test_library_output_goes_to_the_log_file_and_the_hooks_come_back(tmp_path, c
   assert "Handler Commit operations" in text and "terminal again" not in text
   assert "Exception ignored in: '<future>'" in text and "Event loop is closed" in text
   assert capsys.readouterr().err == "after the block: the terminal again\n"
-  assert (threading.excepthook, sys.unraisablehook) == hooks
+  assert (threading.excepthook, sys.unraisablehook, warnings.showwarning) == hooks

@@ -1156,6 +1156,42 @@ def test_a_cgroup_v1_run_is_joined_by_the_harness_itself(tmp_path, monkeypatch):
     cgroup.available.cache_clear()
 
 
+def test_pending_groups_are_removed_once_when_runs_end_on_many_threads(tmp_path, monkeypatch):
+  """Runs start on the reward pool's threads, and each start retries the groups left
+  pending by earlier runs: two threads must never both remove one (CI once saw
+  `list.remove(x): x not in list` from that race). rmdir is slowed to widen the window."""
+  from grpo_jax.sandbox import cgroup
+
+  groups = [tmp_path / f"run-{i}" for i in range(40)]
+  for g in groups:
+    g.mkdir()
+  real_rmdir = cgroup._rmdir
+
+  def slow_rmdir(path):
+    time.sleep(0.001)
+    return real_rmdir(path)
+
+  monkeypatch.setattr(cgroup, "_rmdir", slow_rmdir)
+  monkeypatch.setattr(
+    cgroup, "_PENDING", [(cgroup.Hierarchy(1, str(tmp_path)), str(g)) for g in groups]
+  )
+  errors = []
+
+  def retry():
+    try:
+      cgroup._retry_pending()
+    except Exception as e:  # noqa: BLE001 -- any error is the failure this test looks for.
+      errors.append(e)
+
+  threads = [threading.Thread(target=retry) for _ in range(8)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert errors == []
+  assert cgroup._PENDING == [] and not any(g.exists() for g in groups)
+
+
 def test_a_cgroup_v2_hierarchy_gets_the_whole_budget(tmp_path, monkeypatch):
   # cgroup v2 on a fake tree (this machine may only have v1): where the runs' parent
   # goes, what each run's group is limited to, how an OOM kill is read.

@@ -27,6 +27,7 @@ import errno
 import functools
 import os
 import secrets
+import threading
 import time
 
 ROOT = "/sys/fs/cgroup"
@@ -137,6 +138,9 @@ def _sweep(parent: str) -> None:
 
 
 _PENDING: list[tuple[Hierarchy, str]] = []  # Killed, not yet reaped: removed later.
+# Runs start and end on several threads at once (the reward pool): one at a time edits
+# _PENDING, so two never remove the same group.
+_PENDING_LOCK = threading.Lock()
 
 
 def _rmdir(path: str) -> bool:
@@ -153,13 +157,14 @@ def _rmdir(path: str) -> bool:
 def _retry_pending(*, wait_s: float = 0.0) -> None:
   """Removes the pending groups that are empty now; with wait_s, retries for that long."""
   deadline = time.monotonic() + wait_s
-  while _PENDING:
-    for h, path in list(_PENDING):
-      Budget._kill(h, path)
-      if _rmdir(path):
-        _PENDING.remove((h, path))
-    if not _PENDING or time.monotonic() >= deadline:
-      return
+  while True:
+    with _PENDING_LOCK:
+      for h, path in list(_PENDING):
+        Budget._kill(h, path)
+        if _rmdir(path):
+          _PENDING.remove((h, path))
+      if not _PENDING or time.monotonic() >= deadline:
+        return
     time.sleep(0.005)
 
 
@@ -250,7 +255,8 @@ class Budget:
     for h, path in reversed(self.dirs):
       self._kill(h, path)
       if not _rmdir(path):
-        _PENDING.append((h, path))
+        with _PENDING_LOCK:
+          _PENDING.append((h, path))
     self.dirs = []
 
   @staticmethod
