@@ -271,7 +271,11 @@ def tree_shardings(layout: Layout, build_boxed, *args, where: str = "state"):
 def _place(x, s: jax.sharding.Sharding):
   """device_put of one leaf. Several processes: a host value (numpy, or an array on this
   process's devices, e.g. a key or hyperparameters made eagerly) is taken to be the same on
-  every process and becomes the global array (each process puts its own shards)."""
+  every process and becomes the global array (each process puts its own shards). An
+  array already on `s` is returned as is: device_put would return it too, but at about
+  40 µs a leaf (a train state of 110 leaves: ~5 ms a step) against 0.3 µs for the check."""
+  if isinstance(x, jax.Array) and x.sharding == s:
+    return x
   if isinstance(x, jax.Array) and x.is_fully_addressable and not s.is_fully_addressable:
     if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
       data = _place(jax.random.key_data(x), s)
