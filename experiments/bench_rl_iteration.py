@@ -168,9 +168,11 @@ def run_dtype(
     )
   later = rows[1:] or rows
   med = {k: statistics.median(r[k] for r in later) for k in later[0]}
-  peak = flops.matmul_peak(dtype=jnp.dtype(dtype))
+  # --quick (a smoke test of the figures): smaller GEMMs and a 32 MiB array; still this
+  # machine's measured rates, but not the ones a benchmark should quote.
+  peak = flops.matmul_peak(512 if quick else 0, dtype=jnp.dtype(dtype))
   fl = iteration_flops(setup, P=P, T=T, N=N)
-  bandwidth = flops.memory_bandwidth()
+  bandwidth = flops.memory_bandwidth(2**25 if quick else 0)
   step_bytes = decode_step_bytes(setup, state.params, P=P, T=T, N=N)
   med.update(
     sample_tokens_per_s=med["generated_tokens"] / med["sample_s"],

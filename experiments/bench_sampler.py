@@ -1,7 +1,7 @@
 """Sampler throughput: grpo_jax's jitted KV-cache group sampler vs Hugging Face `generate`.
 
   python experiments/bench_sampler.py            # full workload (a few minutes on 2 CPU cores)
-  python experiments/bench_sampler.py --quick    # small smoke run
+  python experiments/bench_sampler.py --quick    # small smoke run (a 2-layer model)
 
 Model: a ~40M-parameter Qwen3-shaped config with random weights (d_model 512, 8 layers,
 8 heads, 4 KV heads, head_dim 64, SwiGLU 1536, vocab 32768, tied embeddings), float32.
@@ -48,6 +48,11 @@ from grpo_jax import flops, model, refill, sampling
 BENCH_MODEL = dict(
   vocab_size=32768, d_model=512, n_layers=8, n_heads=8, n_kv_heads=4, head_dim=64, mlp_dim=1536,
   qk_norm=True, tie_embeddings=True, rope_theta=1e6,
+)  # fmt: skip
+# --quick: a smoke test of the script's figures (tests/test_experiments.py), not a benchmark.
+QUICK_MODEL = dict(
+  BENCH_MODEL, vocab_size=4096, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32,
+  mlp_dim=384,
 )  # fmt: skip
 
 
@@ -232,10 +237,10 @@ def main(argv=None):
   args = parser.parse_args(argv)
 
   B, P, T = (4, 16, 8) if args.quick else (32, 64, 128)
-  cfg = model.ModelConfig(**BENCH_MODEL)
+  cfg = model.ModelConfig(**(QUICK_MODEL if args.quick else BENCH_MODEL))
   params = jax.jit(functools.partial(model.init, cfg))(jax.random.key(0))
   prompts_BP = np.asarray(jax.random.randint(jax.random.key(1), (B, P), 3, cfg.vocab_size))
-  peak = flops.matmul_peak(1024 if args.quick else 2048)
+  peak = flops.matmul_peak(512 if args.quick else 2048)
   fpt = flops.forward_flops_per_token(cfg, context=P + T / 2)
   result = dict(
     backend=jax.default_backend(),
