@@ -417,7 +417,7 @@ class _LazyLog:
       self._f.write(text)
       self._f.flush()
       self.written = True
-    except OSError:
+    except (OSError, ValueError):  # ValueError: closed (at interpreter exit).
       pass
     return len(text)
 
@@ -481,11 +481,20 @@ def library_output(path: pathlib.Path):
   logging.lastResort = logging.StreamHandler(out)
   threading.excepthook, sys.unraisablehook = thread_hook, unraisable_hook
   warnings.showwarning = show_warning
+  abandoned = False
   try:
     yield out
+  except GeneratorExit:
+    # Never exited, only dropped: the command line leaves the redirection in place when a
+    # run fails (`main`), and once its frame is gone the generator is collected. Orbax's
+    # event loops report until the process exits ("Task exception was never retrieved"):
+    # that stays in the log, not after the error line.
+    abandoned = True
+    raise
   finally:
-    gc.collect()
-    for h, stream in zip(handlers, streams, strict=True):
-      h.stream = stream
-    logging.lastResort, threading.excepthook, sys.unraisablehook, warnings.showwarning = saved
-    out.close()
+    if not abandoned:
+      gc.collect()
+      for h, stream in zip(handlers, streams, strict=True):
+        h.stream = stream
+      logging.lastResort, threading.excepthook, sys.unraisablehook, warnings.showwarning = saved
+      out.close()

@@ -182,11 +182,18 @@ def main(inv: cli.Invocation):
   if not _WORKDIR.value:
     raise cli.UsageError("--workdir is required to train (where metrics and checkpoints go).")
   distributed.initialize(_DISTRIBUTED.value)  # Before anything touches a device.
-  # Left in place when the run fails: libraries' background threads (orbax's writes) go on
-  # reporting until the process exits, and that belongs in the log, not after the error line.
+  # Left in place when the run fails and the process ends with it (`run`, the command):
+  # libraries' background threads (orbax's writes) go on reporting until the process exits,
+  # and that belongs in the log, not after the error line (`logs.library_output` stays
+  # redirected when it is dropped unexited). Called in-process (tests), it is handed back.
   library_output = contextlib.ExitStack()
   library_output.enter_context(_library_output(_WORKDIR.value))
-  summary = train.run(inv.config, _WORKDIR.value)
+  try:
+    summary = train.run(inv.config, _WORKDIR.value)
+  except BaseException:
+    if not _PROCESS_ENDS_ON_ERROR:
+      library_output.close()
+    raise
   library_output.close()
   if distributed.is_primary():
     print(json.dumps(summary, indent=2))
@@ -235,7 +242,13 @@ def _main(argv):
     raise SystemExit(1) from None
 
 
+# Set by `run` (the grpo-jax command): an error ends the process.
+_PROCESS_ENDS_ON_ERROR = False
+
+
 def run():
+  global _PROCESS_ENDS_ON_ERROR
+  _PROCESS_ENDS_ON_ERROR = True
   app.run(_main, flags_parser=cli.parse_flags)
 
 

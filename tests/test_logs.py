@@ -368,6 +368,35 @@ def test_library_warnings_go_to_the_log_and_grpo_jax_s_own_stay_on_the_terminal(
   assert shown == ["isolation='none'"]
 
 
+def test_library_output_left_in_place_stays_redirected_after_it_is_collected(tmp_path):
+  """The command line leaves it in place when a run fails; when the abandoned generator is
+  garbage-collected (the failed frame is gone) it must not hand the terminal back: orbax's
+  event loops still report ("Task exception was never retrieved") until the process exits
+  (CI saw 264 such lines after the error line)."""
+  import gc  # noqa: PLC0415
+  import logging  # noqa: PLC0415
+  import threading  # noqa: PLC0415
+  import warnings  # noqa: PLC0415
+
+  terminal = logging.StreamHandler(sys.stderr)
+  logging.getLogger().addHandler(terminal)
+  saved = (logging.lastResort, threading.excepthook, sys.unraisablehook, warnings.showwarning)
+  stream = terminal.stream
+  path = tmp_path / logs.LIBRARY_LOG
+  try:
+    cm = logs.library_output(path)
+    cm.__enter__()
+    del cm
+    gc.collect()  # The generator is closed (GeneratorExit), as when main()'s frame goes.
+    logging.getLogger("asyncio").error("Task exception was never retrieved")
+    assert "Task exception was never retrieved" in path.read_text()
+    assert terminal.stream is not stream
+  finally:
+    terminal.stream = stream
+    logging.getLogger().removeHandler(terminal)
+    logging.lastResort, threading.excepthook, sys.unraisablehook, warnings.showwarning = saved
+
+
 def test_library_output_goes_to_the_log_file_and_the_hooks_come_back(tmp_path, capsys):
   import logging  # noqa: PLC0415
   import threading  # noqa: PLC0415
