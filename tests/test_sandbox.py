@@ -1115,6 +1115,18 @@ def test_the_whole_sandbox_has_one_memory_budget():
   assert held <= 2, result
 
 
+def _fake_cgroup_files(monkeypatch, cgroup, interface):
+  """A fake cgroup tree: each directory cgroup makes gets the kernel's interface files."""
+  real_mkdir = os.mkdir
+
+  def mkdir(path, *args):
+    real_mkdir(path, *args)
+    for name in interface:
+      (pathlib.Path(path) / name).write_text("")
+
+  monkeypatch.setattr(cgroup.os, "mkdir", mkdir)
+
+
 def test_a_cgroup_v1_run_is_joined_by_the_harness_itself(tmp_path, monkeypatch):
   """cgroup v1 on a fake tree: the caller sets the run's limits but does not move the
   child by pid (cgroup.procs: the kernel's global threadgroup lock); the harness writes
@@ -1125,19 +1137,13 @@ def test_a_cgroup_v1_run_is_joined_by_the_harness_itself(tmp_path, monkeypatch):
 
   interface = ("cgroup.procs", "tasks", "memory.limit_in_bytes", "memory.oom_control",
                "pids.max")  # fmt: skip
-  real_mkdir = os.mkdir
-
-  def mkdir(path, *args):
-    real_mkdir(path, *args)
-    for name in interface:
-      (pathlib.Path(path) / name).write_text("")
 
   root = tmp_path / "cg"
   for controller in ("memory", "pids"):
     (root / controller / "job").mkdir(parents=True)
   monkeypatch.setattr(cgroup, "ROOT", str(root))
   monkeypatch.setattr(cgroup, "_own_group", lambda version, controller="": "/job")
-  monkeypatch.setattr(cgroup.os, "mkdir", mkdir)
+  _fake_cgroup_files(monkeypatch, cgroup, interface)
   monkeypatch.setattr(cgroup, "_write", lambda path, text: pathlib.Path(path).write_text(text))
   cgroup.available.cache_clear()
   try:
@@ -1199,12 +1205,6 @@ def test_a_cgroup_v2_hierarchy_gets_the_whole_budget(tmp_path, monkeypatch):
 
   interface = ("cgroup.procs", "cgroup.kill", "memory.max", "memory.swap.max", "pids.max",
                "memory.events", "cgroup.controllers", "cgroup.subtree_control")  # fmt: skip
-  real_mkdir = os.mkdir
-
-  def mkdir(path, *args):
-    real_mkdir(path, *args)
-    for name in interface:
-      (pathlib.Path(path) / name).write_text("")
 
   root = tmp_path / "cg"
   (root / "user.slice" / "session").mkdir(parents=True)
@@ -1213,7 +1213,7 @@ def test_a_cgroup_v2_hierarchy_gets_the_whole_budget(tmp_path, monkeypatch):
     (d / "cgroup.subtree_control").write_text("cpu\n")
   monkeypatch.setattr(cgroup, "ROOT", str(root))
   monkeypatch.setattr(cgroup, "_own_group", lambda version, controller="": "/user.slice/session")
-  monkeypatch.setattr(cgroup.os, "mkdir", mkdir)
+  _fake_cgroup_files(monkeypatch, cgroup, interface)
   monkeypatch.setattr(cgroup, "_write", lambda path, text: pathlib.Path(path).write_text(text))
   cgroup.available.cache_clear()
   try:
