@@ -79,7 +79,7 @@ SECTIONS = (
   "collapse",
 )
 # What config.model may set when the architecture comes from a HF checkpoint.
-HF_RUNTIME_KEYS = ("param_dtype", "dtype", "scan_layers", "remat")
+HF_RUNTIME_KEYS = ("param_dtype", "dtype", "scan_layers", "remat", "lora")
 
 
 def _check_fields(obj, where: str, *, at_least: dict[str, float], above: dict[str, float] = ()):
@@ -701,14 +701,19 @@ def _task(d: dict, *, hf_dir: str):
 
 def _model_config(model_d: dict, tok, *, hf_dir: str) -> model.ModelConfig:
   if hf_dir:
-    return _hf_model_config(hf_dir, model_d, tok)
-  vocab = model_d.get("vocab_size", 0) or tok.vocab_size
-  if vocab < tok.vocab_size:
-    raise ValueError(
-      f"config.model.vocab_size={vocab} is smaller than the tokenizer's {tok.vocab_size}; "
-      "use 0 (the tokenizer's) or a larger size (e.g. a pretrained model's padded vocab)."
-    )
-  return model.ModelConfig.from_dict({**model_d, "vocab_size": vocab})
+    cfg = _hf_model_config(hf_dir, model_d, tok)
+  else:
+    vocab = model_d.get("vocab_size", 0) or tok.vocab_size
+    if vocab < tok.vocab_size:
+      raise ValueError(
+        f"config.model.vocab_size={vocab} is smaller than the tokenizer's {tok.vocab_size}; "
+        "use 0 (the tokenizer's) or a larger size (e.g. a pretrained model's padded vocab)."
+      )
+    cfg = model.ModelConfig.from_dict({**model_d, "vocab_size": vocab})
+  if cfg.lora.warm_start == "auto":  # A random init is pretrained by the warm start.
+    lora = dataclasses.replace(cfg.lora, warm_start="adapters" if hf_dir else "base")
+    cfg = dataclasses.replace(cfg, lora=lora)
+  return cfg
 
 
 def _hf_model_config(hf_dir: str, model_d: dict, tok) -> model.ModelConfig:

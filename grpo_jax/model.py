@@ -49,6 +49,58 @@ CACHE_K = ("activation_batch", "activation_kv_heads", "activation_head_dim", "ac
 CACHE_V = ("activation_batch", "activation_kv_heads", "activation_cache", "activation_head_dim")
 
 
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down", "lm_head")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoraConfig:
+  """model.lora: low-rank adapters on the named projections (`lora`). rank 0: off.
+
+  Each targeted projection y = x·W gets y = x·W + (alpha / rank)·(x·A)·B, A [in, r] random
+  (normal, variance 1/in), B [r, out] zero, so a fresh adapter changes nothing."""
+
+  rank: int = 0
+  alpha: float = 16.0
+  dropout: float = 0.0
+  targets: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
+  # What the supervised warm start trains: "base" (the model's own weights, adapters
+  # untouched at B = 0: a randomly initialised model is pretrained there, and RL then
+  # adapts it), "adapters", or "auto": "base" for a random init, "adapters" for a
+  # checkpoint (config.hf_dir), resolved by config.build.
+  warm_start: str = "auto"
+
+  def __post_init__(self):
+    if not isinstance(self.rank, int) or self.rank < 0:
+      raise ValueError(f"model.lora.rank must be an int >= 0 (0: off), got {self.rank!r}.")
+    if not (np.isfinite(self.alpha) and self.alpha > 0):
+      raise ValueError(f"model.lora.alpha must be a positive number, got {self.alpha!r}.")
+    if self.dropout != 0.0:
+      raise ValueError(
+        f"model.lora.dropout={self.dropout!r}: only 0 is supported (the RL update has no "
+        "dropout randomness; adapter dropout is not implemented)."
+      )
+    if self.warm_start not in ("auto", "base", "adapters"):
+      raise ValueError(
+        f"model.lora.warm_start={self.warm_start!r}; allowed: 'auto', 'base', 'adapters'."
+      )
+    targets = tuple(self.targets)
+    object.__setattr__(self, "targets", targets)
+    unknown = sorted(set(targets) - set(LORA_TARGETS))
+    if unknown or not targets:
+      raise ValueError(
+        f"model.lora.targets={list(targets)}: unknown {unknown}; allowed: a non-empty subset "
+        f"of {list(LORA_TARGETS)} (the embedding table is not adapted)."
+      )
+
+  @property
+  def enabled(self) -> bool:
+    return self.rank > 0
+
+  @property
+  def scale(self) -> float:
+    return self.alpha / self.rank
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
   """Architecture of the policy. Validated on construction."""
@@ -80,8 +132,18 @@ class ModelConfig:
   scan_layers: bool = False  # nn.scan over layers: compile time flat in depth.
   remat: str = "none"  # One of _REMAT_POLICIES, or "auto" (config.build resolves it).
   init_std: float = 0.02
+  lora: LoraConfig = LoraConfig()  # Low-rank adapters (`lora`); rank 0: full fine-tuning.
 
   def __post_init__(self):
+    if not isinstance(self.lora, LoraConfig):
+      object.__setattr__(
+        self, "lora", config_lib.from_dict(LoraConfig, self.lora, where="model.lora")
+      )
+    if self.lora.enabled and "lm_head" in self.lora.targets and self.tie_embeddings:
+      raise ValueError(
+        "model.lora.targets has 'lm_head', but the LM head is the tied embedding table here "
+        "(tie_embeddings=True), which is not adapted; drop 'lm_head'."
+      )
     for name in (
       "vocab_size",
       "d_model",
@@ -367,6 +429,51 @@ def _dense(cfg: ModelConfig, features, names, *, axis=-1, use_bias=False, name=N
   )
 
 
+class _Adapter(nn.Module):
+  """The low-rank path of one projection, scale·(x·A)·B, its A [*in, r] and B [r, *out] in
+  the "lora" collection (float32, trained; logical names: the base kernel's, with
+  "lora_rank" between). Returns None where that collection has no adapter: the reference
+  policy is the same call without it, the base weights alone."""
+
+  cfg: ModelConfig
+  in_names: tuple[str, ...]
+  out_shape: tuple[int, ...]
+  out_names: tuple[str, ...]
+
+  @nn.compact
+  def __call__(self, x):
+    if not (self.is_initializing() or self.has_variable("lora", "a")):
+      return None
+    r, n = self.cfg.lora.rank, len(self.in_names)
+    in_shape = x.shape[x.ndim - n :]
+    fan_in = int(np.prod(in_shape))
+
+    def a_init():
+      a = jax.random.normal(self.make_rng("params"), (*in_shape, r), jnp.float32)
+      return _Named(a * fan_in**-0.5, (*self.in_names, "lora_rank"))
+
+    def b_init():
+      return _Named(jnp.zeros((r, *self.out_shape), jnp.float32), ("lora_rank", *self.out_names))
+
+    a = self.variable("lora", "a", a_init).value
+    b = self.variable("lora", "b", b_init).value
+    dt = self.cfg.compute_dtype
+    xa = jnp.tensordot(
+      x.astype(dt), a.astype(dt), axes=(tuple(range(x.ndim - n, x.ndim)), tuple(range(n)))
+    )
+    return (jnp.tensordot(xa, b.astype(dt), axes=1) * self.cfg.lora.scale).astype(dt)
+
+
+def _adapted(cfg: ModelConfig, name: str, x, y, *, in_names, out_names):
+  """y, plus the adapter of projection `name` on its input x when model.lora targets it."""
+  if not (cfg.lora.enabled and name in cfg.lora.targets):
+    return y
+  delta = _Adapter(
+    cfg, in_names, y.shape[y.ndim - len(out_names) :], out_names, name=f"{name}_lora"
+  )(x)
+  return y if delta is None else y + delta
+
+
 class Attention(nn.Module):
   """Grouped-query attention.
 
@@ -382,15 +489,15 @@ class Attention(nn.Module):
   def __call__(self, x_BTD, positions_BT, cache_kv, cache_pos_BS, index):
     cfg = self.cfg
     H, K, E = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    q_BTHE = _dense(
-      cfg, (H, E), ("embed", "q_heads", "head_dim"), use_bias=cfg.attn_bias, name="q"
-    )(x_BTD)
-    k_BTKE = _dense(
-      cfg, (K, E), ("embed", "kv_heads", "head_dim"), use_bias=cfg.attn_bias, name="k"
-    )(x_BTD)
-    v_BTKE = _dense(
-      cfg, (K, E), ("embed", "kv_heads", "head_dim"), use_bias=cfg.attn_bias, name="v"
-    )(x_BTD)
+    projections = {}
+    for name, heads, names in (("q", H, "q_heads"), ("k", K, "kv_heads"), ("v", K, "kv_heads")):
+      y = _dense(cfg, (heads, E), ("embed", names, "head_dim"), use_bias=cfg.attn_bias, name=name)(
+        x_BTD
+      )
+      projections[name] = _adapted(
+        cfg, name, x_BTD, y, in_names=("embed",), out_names=(names, "head_dim")
+      )
+    q_BTHE, k_BTKE, v_BTKE = projections["q"], projections["k"], projections["v"]
     if cfg.qk_norm:
       norm = functools.partial(
         RMSNorm,
@@ -438,6 +545,9 @@ class Attention(nn.Module):
     out_BTD = _dense(cfg, cfg.d_model, ("q_heads", "head_dim", "embed"), axis=(-2, -1), name="o")(
       out_BTHE
     )
+    out_BTD = _adapted(
+      cfg, "o", out_BTHE, out_BTD, in_names=("q_heads", "head_dim"), out_names=("embed",)
+    )
     return out_BTD, new_kv
 
 
@@ -449,12 +559,16 @@ class Mlp(nn.Module):
   @nn.compact
   def __call__(self, x_BTD):
     cfg = self.cfg
-    gate_BTF = _dense(cfg, cfg.mlp_dim, ("embed", "mlp"), name="gate")(x_BTD)
-    up_BTF = _dense(cfg, cfg.mlp_dim, ("embed", "mlp"), name="up")(x_BTD)
+    proj = {}
+    for name in ("gate", "up"):
+      y = _dense(cfg, cfg.mlp_dim, ("embed", "mlp"), name=name)(x_BTD)
+      proj[name] = _adapted(cfg, name, x_BTD, y, in_names=("embed",), out_names=("mlp",))
     h_BTF = nn.with_logical_constraint(
-      nn.silu(gate_BTF) * up_BTF, ("activation_batch", "activation_length", "activation_mlp")
+      nn.silu(proj["gate"]) * proj["up"],
+      ("activation_batch", "activation_length", "activation_mlp"),
     )
-    return _dense(cfg, cfg.d_model, ("mlp", "embed"), name="down")(h_BTF)
+    down_BTD = _dense(cfg, cfg.d_model, ("mlp", "embed"), name="down")(h_BTF)
+    return _adapted(cfg, "down", h_BTF, down_BTD, in_names=("mlp",), out_names=("embed",))
 
 
 class Block(nn.Module):
@@ -517,7 +631,7 @@ class Decoder(nn.Module):
     if cfg.scan_layers:
       stack = nn.scan(
         block,
-        variable_axes={"params": 0},
+        variable_axes={"params": 0, "lora": 0},
         split_rngs={"params": True},
         in_axes=(nn.broadcast, 0, nn.broadcast, nn.broadcast),
         length=cfg.n_layers,
@@ -546,6 +660,9 @@ class Decoder(nn.Module):
       logits_BTV = _tied_logits(cfg, x_BTD, embed.embedding)
     else:
       logits_BTV = _dense(cfg, cfg.vocab_size, ("embed", "vocab"), name="lm_head")(x_BTD)
+      logits_BTV = _adapted(
+        cfg, "lm_head", x_BTD, logits_BTV, in_names=("embed",), out_names=("vocab",)
+      )
     return _finish_logits(cfg, logits_BTV), kv_new
 
 
@@ -568,10 +685,27 @@ def head_logits(params: Params, x_BTD, *, cfg: ModelConfig):
   """The LM head alone: float32 logits [B, T, V] of final-normed hidden states (those of
   `apply(..., hidden_only=True)`), equal to what `apply` returns at those positions.
   Callers that never need all T positions' logits at once (`logprobs`, in chunks) use it."""
+  variables = _variables(params, cfg)
+  base = variables["params"]
   if cfg.tie_embeddings:
-    return _finish_logits(cfg, _tied_logits(cfg, x_BTD, params["embed"]["embedding"]))
-  head = _dense(cfg, cfg.vocab_size, ("embed", "vocab"))
-  return _finish_logits(cfg, head.apply({"params": params["lm_head"]}, x_BTD))
+    return _finish_logits(cfg, _tied_logits(cfg, x_BTD, base["embed"]["embedding"]))
+  head = _Head(cfg)
+  head_vars = {"params": {"lm_head": base["lm_head"]}}
+  if "lm_head_lora" in variables.get("lora", {}):
+    head_vars["lora"] = {"lm_head_lora": variables["lora"]["lm_head_lora"]}
+  return _finish_logits(cfg, head.apply(head_vars, x_BTD))
+
+
+class _Head(nn.Module):
+  """The untied LM head with its adapter (`head_logits`'s parameter paths: Decoder's)."""
+
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BTD):
+    cfg = self.cfg
+    logits_BTV = _dense(cfg, cfg.vocab_size, ("embed", "vocab"), name="lm_head")(x_BTD)
+    return _adapted(cfg, "lm_head", x_BTD, logits_BTV, in_names=("embed",), out_names=("vocab",))
 
 
 # ----------------------------------------------------------------------------
@@ -648,8 +782,87 @@ def _dummy_inputs():
 
 
 def init_boxed(cfg: ModelConfig, key: jax.Array) -> Params:
-  """Params boxed in nn.LogicallyPartitioned (for sharded init from shapes)."""
-  return Decoder(cfg).init(key, *_dummy_inputs(), None, None, None)["params"]
+  """Params boxed in nn.LogicallyPartitioned (for sharded init from shapes). With
+  model.lora: {"base": the model's weights, "lora": the adapters} (`lora`)."""
+  variables = Decoder(cfg).init(key, *_dummy_inputs(), None, None, None)
+  if cfg.lora.enabled:
+    return {"base": variables["params"], "lora": variables["lora"]}
+  return variables["params"]
+
+
+def split_trainable(params: Params, *, part: str = "adapters"):
+  """(trainable, join): the part of a params tree the optimizer owns, and join(trainable)
+  -> the whole tree. With adapters ({"base": ..., "lora": ...}) the adapters are trainable
+  (part="adapters": the base is never differentiated nor in the optimizer state), or the
+  base (part="base", the warm start of a randomly initialised model: adapters untouched).
+  Without adapters, the whole tree."""
+  if isinstance(params, dict) and set(params) == {"base", "lora"}:
+    if part == "base":
+      lora = params["lora"]
+      return params["base"], lambda base: {"base": base, "lora": lora}
+    base = params["base"]
+    return params["lora"], lambda lora: {"base": base, "lora": lora}
+  return params, lambda trainable: trainable
+
+
+def reference_part(tree):
+  """The part of a params-shaped tree (params, shardings, shapes) the reference policy
+  reads: with adapters, {"base": ...} (adapters off); else the whole tree."""
+  if isinstance(tree, dict) and set(tree) == {"base", "lora"}:
+    return {"base": tree["base"]}
+  return tree
+
+
+def reference(params: Params) -> Params:
+  """The reference policy of a params tree: with adapters, the base with adapters off (the
+  same arrays: no second copy of the weights); else a copy of the params (the trainer
+  updates them in place)."""
+  part = reference_part(params)
+  return part if part is not params else jax.tree.map(jnp.copy, params)
+
+
+def merge_adapters(params: Params, cfg: ModelConfig) -> Params:
+  """The base weights with each adapter folded in, W + (alpha/r)·A·B (the same policy
+  without adapters: export it as a plain checkpoint). Params without adapters: as they
+  are."""
+  if not (cfg.lora.enabled and isinstance(params, dict) and set(params) == {"base", "lora"}):
+    return params
+  merged = jax.tree.map(lambda x: x, params["base"])  # A new dict structure.
+  scale = cfg.lora.scale
+
+  def fold(base_node, lora_node):
+    for key, value in lora_node.items():
+      if key.endswith("_lora"):  # The adapter of projection `name`, beside its kernel.
+        name = key[: -len("_lora")]
+        kernel = _fold(base_node[name]["kernel"], value["a"], value["b"], scale)
+        base_node[name] = {**base_node[name], "kernel": kernel}
+      else:
+        fold(base_node[key], value)
+
+  fold(merged, params["lora"])
+  return merged
+
+
+def _fold(kernel, a, b, scale):
+  """kernel [(L,) *in, *out] + scale·A [(L,) *in, r] · B [(L,) r, *out], in float32."""
+  stacked = kernel.ndim == (a.ndim - 1) + (b.ndim - 1) - 1  # Both carry a layer axis.
+  if stacked:
+    delta = jax.vmap(lambda a1, b1: jnp.tensordot(a1, b1, axes=1))(a, b)
+  else:
+    delta = jnp.tensordot(a, b, axes=1)
+  return (kernel.astype(jnp.float32) + scale * delta).astype(kernel.dtype)
+
+
+def _variables(params: Params, cfg: ModelConfig) -> dict:
+  """Flax variables of a params tree: {"params": ...}, plus {"lora": ...} when the tree
+  holds adapters ({"base": ..., "lora": ...}). {"base": ...} alone is the reference: the
+  base model, adapters off."""
+  if not cfg.lora.enabled:
+    return {"params": params}
+  variables = {"params": params["base"]}
+  if params.get("lora") is not None:
+    variables["lora"] = params["lora"]
+  return variables
 
 
 def init(cfg: ModelConfig, key: jax.Array) -> Params:
@@ -693,8 +906,9 @@ def apply(
   decoder = Decoder(cfg, logits_slice=logits_slice, head=not hidden_only)
   if hidden_only and cache is not None:
     raise ValueError("model.apply(hidden_only=True) is a teacher-forced forward: no cache.")
+  variables = _variables(params, cfg)
   if cache is None:
-    logits_BTV, _ = decoder.apply({"params": params}, tokens_BT, positions_BT, None, None, None)
+    logits_BTV, _ = decoder.apply(variables, tokens_BT, positions_BT, None, None, None)
     return logits_BTV, None
   i = cache.index
   if jnp.ndim(i) == 1:  # A write slot per row (decode only).
@@ -705,7 +919,7 @@ def apply(
     pos_BS = jax.lax.dynamic_update_slice(cache.pos_BS, positions_BT.astype(jnp.int32), (0, i))
   if cache.empty:  # Prefill: attend within the call, then write its k/v [L,B,T,K,E] once.
     logits_BTV, (k_LBTKE, v_LBTKE) = decoder.apply(
-      {"params": params}, tokens_BT, positions_BT, None, None, None
+      variables, tokens_BT, positions_BT, None, None, None
     )
 
     def write(bufs, new_L, at):
@@ -719,7 +933,7 @@ def apply(
     v = write(cache.v, jnp.swapaxes(v_LBTKE, 2, 3), (0, 0, i, 0))
   else:  # Decode: every layer writes into its own buffer in place, then attends over it.
     kv = (cache.k[0], cache.v[0]) if cache.stacked else (cache.k, cache.v)
-    logits_BTV, (k, v) = decoder.apply({"params": params}, tokens_BT, positions_BT, kv, pos_BS, i)
+    logits_BTV, (k, v) = decoder.apply(variables, tokens_BT, positions_BT, kv, pos_BS, i)
     k, v = ((k,), (v,)) if cache.stacked else (tuple(k), tuple(v))
   cache = cache.replace(k=k, v=v, pos_BS=pos_BS, index=i + tokens_BT.shape[1], empty=False)
   return logits_BTV, cache

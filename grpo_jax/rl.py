@@ -51,6 +51,7 @@ from grpo_jax import (
   logprobs,
   losses,
   masks,
+  model,
   planners,
   reward_transforms,
 )
@@ -309,8 +310,13 @@ class TrainState:
   opt_state: Any
 
 
-def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params))
+def init_state(params, optimizer: optax.GradientTransformation, *, part="adapters") -> TrainState:
+  """The optimizer state covers the trainable part only (`model.split_trainable`: with
+  adapters, the adapters, or the base for part="base")."""
+  trainable, _ = model.split_trainable(params, part=part)
+  return TrainState(
+    step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(trainable)
+  )
 
 
 def make_optimizer(
@@ -833,10 +839,11 @@ def accumulate_gradients(
   w = 0 there the sum is unchanged."""
   K, T = cfg.micro_batches, mb.tokens_NT.shape[1]
   buckets = length_buckets(cfg, T)
+  trainable, join = model.split_trainable(params)  # Gradients of the trainable part only.
 
-  def micro_loss(params, micro):
+  def micro_loss(trainable, micro):
     mbk, wk = micro
-    total_NT, terms = token_terms(params, mbk, hyper, cfg=cfg, model_fn=model_fn)
+    total_NT, terms = token_terms(join(trainable), mbk, hyper, cfg=cfg, model_fn=model_fn)
     return jnp.sum(wk * total_NT), (terms, _sums(terms, mbk, wk))
 
   grad_fn = jax.grad(micro_loss, has_aux=True)
@@ -844,7 +851,7 @@ def accumulate_gradients(
 
   def at_length(Tb):
     def run(micro):
-      grads, (terms, sums) = grad_fn(params, _cut(micro, Tb) if Tb < T else micro)
+      grads, (terms, sums) = grad_fn(trainable, _cut(micro, Tb) if Tb < T else micro)
       pad = lambda x: jnp.pad(x, ((0, 0), (0, T - Tb))) if Tb < T else x
       return grads, sums, {k: pad(terms[k]) for k in keep}
 
@@ -870,7 +877,7 @@ def accumulate_gradients(
   micro = jax.tree.map(split, (mb, w_NT))
   # The accumulator starts at zeros shaped like one micro-batch's (grads, sums).
   grads_shape, (_, sums_shape) = jax.eval_shape(
-    grad_fn, params, jax.tree.map(lambda x: x[0], micro)
+    grad_fn, trainable, jax.tree.map(lambda x: x[0], micro)
   )
   zeros = jax.tree.map(jnp.zeros_like, (grads_shape, sums_shape))
   (grads, sums), tok = jax.lax.scan(body, zeros, micro)
@@ -888,18 +895,21 @@ def all_finite(tree) -> jax.Array:
   return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
 
 
-def apply_if_finite(state: TrainState, grads, finite, optimizer: optax.GradientTransformation):
+def apply_if_finite(
+  state: TrainState, grads, finite, optimizer: optax.GradientTransformation, *, part="adapters"
+):
   """The optimizer's update, applied only if `finite` and the updated params and optimizer
   state are all finite (a finite gradient can still overflow them, e.g. with a huge
   learning rate); otherwise params and optimizer state stay unchanged. state.step advances
   either way. Returns (state, applied)."""
-  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  applied = finite & all_finite((params, opt_state))
-  params, opt_state = jax.tree.map(
-    lambda a, b: jnp.where(applied, a, b), (params, opt_state), (state.params, state.opt_state)
+  trainable, join = model.split_trainable(state.params, part=part)
+  updates, opt_state = optimizer.update(grads, state.opt_state, trainable)
+  new = optax.apply_updates(trainable, updates)
+  applied = finite & all_finite((new, opt_state))
+  new, opt_state = jax.tree.map(
+    lambda a, b: jnp.where(applied, a, b), (new, opt_state), (trainable, state.opt_state)
   )
-  return TrainState(step=state.step + 1, params=params, opt_state=opt_state), applied
+  return TrainState(step=state.step + 1, params=join(new), opt_state=opt_state), applied
 
 
 def train_step(

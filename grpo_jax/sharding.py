@@ -57,6 +57,7 @@ DEFAULT_RULES = (
   ("head_dim", None),
   ("mlp", "tensor"),
   ("layers", None),
+  ("lora_rank", None),  # Adapters (`lora`): the rank is small, never split.
   ("activation_batch", BATCH_AXES),
   ("activation_length", None),
   ("activation_embed", None),

@@ -165,11 +165,13 @@ def _shardings(setup: config.Setup, layout: sharding.Layout, optimizer, sft_opti
   params = sharding.param_shardings(layout, mcfg)
   state, sft_state = (
     sharding.tree_shardings(
-      layout, lambda k, o=o: rl.init_state(model.init_boxed(mcfg, k), o), jax.random.key(0)
+      layout,
+      lambda k, o=o, p=p: rl.init_state(model.init_boxed(mcfg, k), o, part=p),
+      jax.random.key(0),
     )
-    for o in (optimizer, sft_optimizer)
+    for o, p in ((optimizer, "adapters"), (sft_optimizer, warmstart.part(mcfg)))
   )
-  ref = params if setup.rl_cfg.use_ref else layout.replicated
+  ref = model.reference_part(params) if setup.rl_cfg.use_ref else layout.replicated
   return _Shardings(layout=layout, params=params, state=state, sft_state=sft_state, ref=ref)
 
 
@@ -386,7 +388,12 @@ def _build(setup: config.Setup) -> Functions:
     else None,
     sft_step=sharding.Jitted(
       layout,
-      functools.partial(warmstart.sft_step, model_fn=model_fn, optimizer=sft_optimizer),
+      functools.partial(
+        warmstart.sft_step,
+        model_fn=model_fn,
+        optimizer=sft_optimizer,
+        part=warmstart.part(setup.model_cfg),
+      ),
       in_shardings=(sh.sft_state, *(sh.rows(loop.warmstart_batch),) * 3),
       out_shardings=(sh.sft_state, sh.rep),
       donate_argnums=(0,),

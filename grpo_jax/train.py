@@ -423,7 +423,7 @@ def initial_tree(setup: config.Setup, fns: steps.Functions, params) -> dict:
   return {
     "train": rl.init_state(params, fns.optimizer),
     # A copy: the update donates the policy's buffers, the reference must outlive them.
-    "ref_params": jax.tree.map(jnp.copy, params) if rl_cfg.use_ref else None,
+    "ref_params": model.reference(params) if rl_cfg.use_ref else None,
     "prep_hyper": rl_cfg.prepare_hyper(max_new_tokens=setup.sampler_cfg.max_new_tokens),
     "controller": controllers.init_state(),
     "key": jax.random.key_data(jax.random.key(setup.loop.seed)),
@@ -445,7 +445,7 @@ def abstract_tree(setup: config.Setup, fns: steps.Functions):
   shardings = {
     **jax.tree.map(lambda _: fns.layout.replicated, tree),
     "train": fns.state_shardings,
-    "ref_params": fns.param_shardings if setup.rl_cfg.use_ref else None,
+    "ref_params": model.reference_part(fns.param_shardings) if setup.rl_cfg.use_ref else None,
   }
   return jax.tree.map(
     lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings

@@ -62,7 +62,10 @@ def seconds_before(workdir) -> float:
 def _abstract_state(setup: config.Setup, fns):
   """Shapes, dtypes and shardings of the warm start's train state."""
   shapes = jax.eval_shape(
-    lambda k: rl.init_state(model.init(setup.model_cfg, k), fns.sft_optimizer), jax.random.key(0)
+    lambda k: rl.init_state(
+      model.init(setup.model_cfg, k), fns.sft_optimizer, part=part(setup.model_cfg)
+    ),
+    jax.random.key(0),
   )
   return jax.tree.map(
     lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
@@ -73,7 +76,7 @@ def _abstract_state(setup: config.Setup, fns):
 
 def _resume(setup: config.Setup, fns, workdir, params, *, log) -> tuple[rl.TrainState, int]:
   """(state, steps done): the SIGTERM checkpoint's, else a fresh state at step 0."""
-  state = rl.init_state(params, fns.sft_optimizer)
+  state = rl.init_state(params, fns.sft_optimizer, part=part(setup.model_cfg))
   if workdir is None or not (pathlib.Path(workdir) / DIRECTORY).exists():
     return state, 0
   ckpt = _checkpointer(workdir)
@@ -105,20 +108,30 @@ def discard(workdir) -> None:
     shutil.rmtree(pathlib.Path(workdir) / DIRECTORY, ignore_errors=True)
 
 
-def sft_step(state: rl.TrainState, prompts, tokens_NT, mask_NT, *, model_fn, optimizer):
+def part(model_cfg) -> str:
+  """What the warm start trains (`model.split_trainable`): model.lora.warm_start with
+  adapters (config.build resolves "auto"), else the whole model."""
+  return model_cfg.lora.warm_start if model_cfg.lora.enabled else "adapters"
+
+
+def sft_step(
+  state: rl.TrainState, prompts, tokens_NT, mask_NT, *, model_fn, optimizer, part="adapters"
+):
   """One cross-entropy step on reference completions: (state, {"loss", "nonfinite"}), with
   loss = −Σ m·log π(y) / Σ m over the batch's target tokens. A step whose loss, gradient or
   updated state is not finite is not applied (`rl.apply_if_finite`). Pure; `steps` jits it."""
 
-  def loss_fn(params):
+  trainable, join = model.split_trainable(state.params, part=part)
+
+  def loss_fn(trainable):
     logp_NT, _ = logprobs.completion_logprobs(
-      params, prompts.tokens_BP, prompts.mask_BP, tokens_NT, mask_NT, model_fn=model_fn
+      join(trainable), prompts.tokens_BP, prompts.mask_BP, tokens_NT, mask_NT, model_fn=model_fn
     )
     return -jnp.sum(logp_NT) / jnp.maximum(jnp.sum(mask_NT), 1)
 
-  loss, grads = jax.value_and_grad(loss_fn)(state.params)
+  loss, grads = jax.value_and_grad(loss_fn)(trainable)
   finite = jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(grads))
-  state, applied = rl.apply_if_finite(state, grads, finite, optimizer)
+  state, applied = rl.apply_if_finite(state, grads, finite, optimizer, part=part)
   return state, {"loss": loss, "nonfinite": 1.0 - applied.astype(jnp.float32)}
 
 

@@ -1,0 +1,170 @@
+"""Low-rank adapters: the reference is the base with adapters off, bit for bit at B = 0;
+the adapter path equals the merged weights; only adapters train; the optimizer never holds
+the base; the reference shares the base's arrays; a LoRA run learns."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from grpo_jax import config, config_lib, model, rl
+
+V = 32
+
+
+def _cfg(**lora):
+  return model.tiny_config(V, lora=dict(rank=4, **lora))
+
+
+def _inputs():
+  tokens_BT = (jnp.arange(14).reshape(2, 7) * 5) % V
+  return tokens_BT, jnp.broadcast_to(jnp.arange(7), (2, 7))
+
+
+def _random_adapters(params, seed=1, scale=0.1):
+  leaves, tree = jax.tree.flatten(params["lora"])
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  noisy = [jax.random.normal(k, x.shape) * scale for k, x in zip(keys, leaves)]
+  return {"base": params["base"], "lora": jax.tree.unflatten(tree, noisy)}
+
+
+@pytest.mark.parametrize("scan, dtype", [(False, "float32"), (True, "float32"), (True, "bfloat16")])
+def test_fresh_adapters_are_the_reference_bit_for_bit(scan, dtype):
+  cfg = dataclasses.replace(_cfg(), scan_layers=scan, dtype=dtype)
+  params = model.init(cfg, jax.random.key(0))
+  assert set(params) == {"base", "lora"}
+  b_leaves = [
+    x for path, x in jax.tree_util.tree_leaves_with_path(params["lora"]) if path[-1].key == "b"
+  ]
+  assert b_leaves and all(not np.asarray(b).any() for b in b_leaves)  # B = 0.
+  policy, _ = model.apply(params, *_inputs(), cfg=cfg)
+  ref, _ = model.apply(model.reference(params), *_inputs(), cfg=cfg)
+  np.testing.assert_array_equal(policy, ref)
+  # The reference is the base model's own forward: the same weights under a config
+  # without adapters.
+  plain = dataclasses.replace(cfg, lora=model.LoraConfig())
+  base_logits, _ = model.apply(params["base"], *_inputs(), cfg=plain)
+  np.testing.assert_array_equal(ref, base_logits)
+  # And trained adapters move the policy off it.
+  moved, _ = model.apply(_random_adapters(params), *_inputs(), cfg=cfg)
+  assert float(jnp.abs(moved - ref).max()) > 1e-2
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_the_adapter_path_equals_the_merged_weights(scan):
+  targets = ("q", "k", "v", "o", "gate", "up", "down", "lm_head")
+  lora = dict(rank=4, targets=targets)
+  cfg = model.tiny_config(V, lora=lora, scan_layers=scan, tie_embeddings=False)
+  params = _random_adapters(model.init(cfg, jax.random.key(0)))
+  plain = dataclasses.replace(cfg, lora=model.LoraConfig())
+  merged = model.merge_adapters(params, cfg)
+  assert jax.tree.structure(merged) == jax.tree.structure(params["base"])
+  got, _ = model.apply(params, *_inputs(), cfg=cfg)
+  want, _ = model.apply(merged, *_inputs(), cfg=plain)
+  np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
+  # The LM head alone (the chunked log-prob path) sees its adapter too.
+  hidden, _ = model.apply(params, *_inputs(), cfg=cfg, hidden_only=True)
+  np.testing.assert_allclose(model.head_logits(params, hidden, cfg=cfg), got, atol=2e-5)
+
+
+def test_merge_by_hand_on_one_kernel():
+  # W + (alpha/r)·A·B written out for q of layer 0: alpha 8, rank 4 -> scale 2.
+  cfg = _cfg(alpha=8.0)
+  params = _random_adapters(model.init(cfg, jax.random.key(0)))
+  merged = model.merge_adapters(params, cfg)
+  w = params["base"]["layer_0"]["attn"]["q"]["kernel"]  # [D, H, E]
+  a = params["lora"]["layer_0"]["attn"]["q_lora"]["a"]  # [D, r]
+  b = params["lora"]["layer_0"]["attn"]["q_lora"]["b"]  # [r, H, E]
+  want = w + 2.0 * np.einsum("dr,rhe->dhe", a, b)
+  np.testing.assert_allclose(merged["layer_0"]["attn"]["q"]["kernel"], want, atol=1e-6)
+  assert merged["layer_0"]["attn_norm"]["scale"] is params["base"]["layer_0"]["attn_norm"]["scale"]
+
+
+def test_gradients_reach_only_the_adapters_and_equal_the_merged_path():
+  cfg = _cfg()
+  params = _random_adapters(model.init(cfg, jax.random.key(0)))
+  plain = dataclasses.replace(cfg, lora=model.LoraConfig())
+  tokens_BT, positions_BT = _inputs()
+
+  def loss(p, c):
+    logits, _ = model.apply(p, tokens_BT, positions_BT, cfg=c)
+    return jnp.sum(jax.nn.log_softmax(logits)[..., 3])
+
+  trainable, join = model.split_trainable(params)
+  assert trainable is params["lora"]
+  got = jax.grad(lambda t: loss(join(t), cfg))(trainable)
+  want = jax.grad(lambda t: loss(model.merge_adapters(join(t), cfg), plain))(trainable)
+  jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5), got, want)
+  base_part, join_base = model.split_trainable(params, part="base")
+  assert base_part is params["base"] and join_base(base_part)["lora"] is params["lora"]
+
+
+def test_the_optimizer_holds_only_the_adapters_and_the_base_never_moves():
+  cfg = _cfg()
+  params = model.init(cfg, jax.random.key(0))
+  optimizer = optax.adam(1e-2)
+  state = rl.init_state(params, optimizer)
+  n_adapters = model.param_count(params["lora"])
+  assert sum(x.size for x in jax.tree.leaves(state.opt_state)) == 2 * n_adapters + 1  # m, v, count
+  grads = jax.tree.map(jnp.ones_like, params["lora"])
+  new, applied = rl.apply_if_finite(state, grads, jnp.asarray(True), optimizer)
+  assert bool(applied)
+  assert new.params["base"] is params["base"]  # Not even copied.
+  changed = jax.tree.map(lambda a, b: bool((a != b).any()), new.params["lora"], params["lora"])
+  assert all(jax.tree.leaves(changed))
+  # The warm start of a random init trains the base instead (adapters untouched).
+  sft = rl.init_state(params, optimizer, part="base")
+  grads = jax.tree.map(jnp.ones_like, params["base"])
+  new, _ = rl.apply_if_finite(sft, grads, jnp.asarray(True), optimizer, part="base")
+  assert new.params["lora"] is params["lora"]
+
+
+def test_the_reference_shares_the_bases_arrays():
+  params = model.init(_cfg(), jax.random.key(0))
+  ref = model.reference(params)
+  assert set(ref) == {"base"}
+  assert all(a is b for a, b in zip(jax.tree.leaves(ref["base"]), jax.tree.leaves(params["base"])))
+  plain = model.init(model.tiny_config(V), jax.random.key(0))
+  copied = model.reference(plain)  # Full fine-tuning: its own copy.
+  assert not any(a is b for a, b in zip(jax.tree.leaves(copied), jax.tree.leaves(plain)))
+
+
+def test_adapters_follow_their_kernels_logical_axes():
+  axes = model.logical_axes(dataclasses.replace(_cfg(), scan_layers=True))
+  q = axes["lora"]["layers"]["attn"]["q_lora"]
+  assert tuple(q["a"]) == ("layers", "embed", "lora_rank")
+  assert tuple(q["b"]) == ("layers", "lora_rank", "q_heads", "head_dim")
+  o = axes["lora"]["layers"]["attn"]["o_lora"]
+  assert tuple(o["a"]) == ("layers", "q_heads", "head_dim", "lora_rank")
+
+
+@pytest.mark.parametrize(
+  "lora, message",
+  [
+    (dict(rank=-1), "model.lora.rank must be an int >= 0"),
+    (dict(rank=4, alpha=0.0), "model.lora.alpha must be a positive number"),
+    (dict(rank=4, dropout=0.1), "only 0 is supported"),
+    (dict(rank=4, targets=("q", "embed")), r"unknown \['embed'\]"),
+    (dict(rank=4, targets=("lm_head",)), "tied embedding table"),
+    (dict(rank=4, warm_start="never"), "warm_start='never'"),
+    (dict(rnak=4), "unknown LoraConfig keys"),
+  ],
+)
+def test_bad_lora_options_are_one_clear_error(lora, message, tmp_path):
+  c = config_lib.load("configs/arithmetic.py:tiny")
+  with c.unlocked():
+    c.model.lora = lora
+  with pytest.raises(config_lib.ConfigError, match=message) as e:
+    config.build(c)
+  assert "\n" not in str(e.value)
+
+
+def test_the_warm_start_trains_the_base_of_a_random_init():
+  c = config_lib.load("configs/arithmetic.py:tiny")
+  c.model.lora.rank = 4
+  assert config.build(c).model_cfg.lora.warm_start == "base"
+  c.model.lora.warm_start = "adapters"
+  assert config.build(c).model_cfg.lora.warm_start == "adapters"
