@@ -481,7 +481,9 @@ def load_params(hf_dir, cfg: model.ModelConfig, *, shardings=None):
 
   `shardings`: a pytree like the params of `jax.sharding.Sharding`s (e.g.
   `sharding.Layout.params`), or None for the default device. Leaves are cfg.param_dtype.
+  With model.lora, the base weights alone (`model.base_config`; adapters start fresh).
   """
+  cfg = model.base_config(cfg)
   hf_dir = pathlib.Path(hf_dir)
   index = tensor_index(hf_dir)
   check_tensors(index, cfg, hf_dir=hf_dir)
@@ -566,6 +568,8 @@ def export(
   """
   if dtype not in EXPORT_DTYPES:
     raise ValueError(f"export dtype {dtype!r}; allowed: {sorted(EXPORT_DTYPES)}.")
+  # Adapters are folded into the base weights: the same policy as a plain checkpoint.
+  params, cfg = model.merge_adapters(params, cfg), model.base_config(cfg)
   np_dtype = EXPORT_DTYPES[dtype]
   out_dir = pathlib.Path(out_dir)
   mapping = param_map(cfg)
@@ -717,3 +721,75 @@ def check(hf_dir, *, tolerance: float = 1e-4, dtype: str = "float32", compare: b
     out["max_abs_diff"] = float(np.abs(ours - ref[keep]).max())
   out["ok"] = out["max_abs_diff"] is None or out["max_abs_diff"] <= tolerance
   return out
+
+
+# ----------------------------------------------------------------------------
+# Adapters alone, in PEFT's layout.
+# ----------------------------------------------------------------------------
+
+PEFT_TARGETS = {
+  "q": "q_proj",
+  "k": "k_proj",
+  "v": "v_proj",
+  "o": "o_proj",
+  "gate": "gate_proj",
+  "up": "up_proj",
+  "down": "down_proj",
+  "lm_head": "lm_head",
+}
+
+
+def export_adapters(
+  params, cfg: model.ModelConfig, out_dir, *, base_model: str = ""
+) -> pathlib.Path:
+  """Writes the adapters of a LoRA params tree as PEFT loads them: `adapter_config.json`
+  and `adapter_model.safetensors` (float32), `base_model.model.<HF module>.lora_A.weight`
+  [r, in] and `lora_B.weight` [out, r] per adapted projection, with r and lora_alpha
+  from model.lora, so that PEFT's W + (lora_alpha/r)·B·A is our merged weight.
+  `base_model`: the base checkpoint's name or path for `base_model_name_or_path`. Every
+  process must call it; the primary writes."""
+  if not (cfg.lora.enabled and isinstance(params, dict) and "lora" in params):
+    raise ValueError(
+      "export_adapters needs a LoRA params tree ({'base', 'lora'}, model.lora.rank > 0)."
+    )
+  mapping, r = param_map(model.base_config(cfg)), cfg.lora.rank
+  tensors = {}
+  for path, x in jax.tree_util.tree_flatten_with_path(params["lora"])[0]:
+    keys = _path_keys(path)
+    kernel = (*keys[:-2], keys[-2][: -len("_lora")], "kernel")
+    value = np.asarray(distributed.host_value(x), np.float32)
+    stacked = len(mapping[kernel].hf_names) > 1
+    for layer, hf_name in enumerate(mapping[kernel].hf_names):
+      v = value[layer] if stacked else value
+      module = hf_name[: -len(".weight")]
+      if keys[-1] == "a":  # [*in, r] -> lora_A.weight [r, in]
+        tensors[f"base_model.model.{module}.lora_A.weight"] = v.reshape(-1, r).T
+      else:  # [r, *out] -> lora_B.weight [out, r]
+        tensors[f"base_model.model.{module}.lora_B.weight"] = v.reshape(r, -1).T
+  out_dir = pathlib.Path(out_dir)
+  if distributed.is_primary():
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = sorted(tensors, key=_natural_key)
+    shapes = {n: (tensors[n].shape, np.float32) for n in names}
+    write_safetensors(
+      out_dir / "adapter_model.safetensors",
+      ((n, np.ascontiguousarray(tensors[n])) for n in names),
+      shapes=shapes,
+    )
+    adapter_config = {
+      "peft_type": "LORA",
+      "task_type": "CAUSAL_LM",
+      "base_model_name_or_path": base_model,
+      "r": r,
+      "lora_alpha": cfg.lora.alpha,
+      "lora_dropout": cfg.lora.dropout,
+      "target_modules": sorted(PEFT_TARGETS[t] for t in cfg.lora.targets),
+      "bias": "none",
+      "fan_in_fan_out": False,
+      "inference_mode": True,
+      "modules_to_save": None,
+    }
+    (out_dir / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2) + "\n")
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices("grpo_jax.hf.export_adapters")
+  return out_dir

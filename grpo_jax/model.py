@@ -821,6 +821,11 @@ def reference(params: Params) -> Params:
   return part if part is not params else jax.tree.map(jnp.copy, params)
 
 
+def base_config(cfg: ModelConfig) -> ModelConfig:
+  """The config of the base model alone (adapters off): what checkpoints hold."""
+  return dataclasses.replace(cfg, lora=LoraConfig()) if cfg.lora.enabled else cfg
+
+
 def merge_adapters(params: Params, cfg: ModelConfig) -> Params:
   """The base weights with each adapter folded in, W + (alpha/r)·A·B (the same policy
   without adapters: export it as a plain checkpoint). Params without adapters: as they

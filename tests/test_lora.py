@@ -168,3 +168,64 @@ def test_the_warm_start_trains_the_base_of_a_random_init():
   assert config.build(c).model_cfg.lora.warm_start == "base"
   c.model.lora.warm_start = "adapters"
   assert config.build(c).model_cfg.lora.warm_start == "adapters"
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_merged_and_adapter_exports_agree_as_peft_reads_them(scan, tmp_path):
+  """base + (lora_alpha / r)·B·A, from the PEFT files, is the merged export, tensor by
+  tensor (PEFT's formula, without PEFT: it is not installable here)."""
+  import json
+
+  from grpo_jax import hf
+
+  lora = dict(rank=4, alpha=8.0, targets=("q", "o", "down", "lm_head"))
+  cfg = model.tiny_config(V, lora=lora, scan_layers=scan, tie_embeddings=False)
+  params = _random_adapters(model.init(cfg, jax.random.key(0)))
+  base_cfg = model.base_config(cfg)
+  hf.export(params["base"], base_cfg, tmp_path / "base", arch="qwen3", dtype="float32")
+  hf.export(params, cfg, tmp_path / "merged", arch="qwen3", dtype="float32")
+  hf.export_adapters(params, cfg, tmp_path / "adapters", base_model=str(tmp_path / "base"))
+  config_json = json.loads((tmp_path / "adapters" / "adapter_config.json").read_text())
+  assert (config_json["r"], config_json["lora_alpha"]) == (4, 8.0)
+  assert config_json["target_modules"] == ["down_proj", "lm_head", "o_proj", "q_proj"]
+  read = lambda d: {n: hf.read_tensor(e) for n, e in hf.tensor_index(tmp_path / d).items()}
+  base, merged = read("base"), read("merged")
+  entries = hf.tensor_index(tmp_path / "adapters")
+  adapted = 0
+  for name, w in base.items():
+    module = name[: -len(".weight")]
+    a_name = f"base_model.model.{module}.lora_A.weight"
+    if a_name in entries:
+      a = hf.read_tensor(entries[a_name])
+      b = hf.read_tensor(entries[f"base_model.model.{module}.lora_B.weight"])
+      assert a.shape[0] == 4 and b.shape[1] == 4
+      np.testing.assert_allclose(w + 2.0 * b @ a, merged[name], atol=1e-5)
+      adapted += 1
+    else:
+      np.testing.assert_array_equal(w, merged[name])
+  assert adapted == 3 * cfg.n_layers + 1  # q, o, down per layer, and the LM head.
+
+
+def test_peft_loads_the_exported_adapters_onto_the_base(tmp_path):
+  """With the bench extra (torch, transformers, peft): PeftModel.from_pretrained(base,
+  adapters) gives the merged export's logits, and ours."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  peft = pytest.importorskip("peft")
+  from grpo_jax import hf
+
+  cfg = model.tiny_config(V, lora=dict(rank=4, alpha=8.0), tie_embeddings=False)
+  params = _random_adapters(model.init(cfg, jax.random.key(0)))
+  hf.export(
+    params["base"], model.base_config(cfg), tmp_path / "base", arch="qwen3", dtype="float32"
+  )
+  hf.export_adapters(params, cfg, tmp_path / "adapters", base_model=str(tmp_path / "base"))
+  base = transformers.AutoModelForCausalLM.from_pretrained(
+    tmp_path / "base", torch_dtype=torch.float32
+  )
+  peft_model = peft.PeftModel.from_pretrained(base, tmp_path / "adapters").eval()
+  tokens_BT, _ = _inputs()
+  with torch.no_grad():
+    theirs = peft_model(torch.tensor(np.asarray(tokens_BT))).logits.numpy()
+  ours, _ = model.apply(params, *_inputs(), cfg=cfg)
+  np.testing.assert_allclose(theirs, ours, atol=2e-4, rtol=2e-4)
