@@ -237,6 +237,13 @@ class DiagnosticsConfig:
     cfg = config_lib.from_dict(cls, d, where="config.diagnostics")
     if not cfg.enabled:
       return cfg
+    if model_cfg is not None and model_cfg.lora.enabled:
+      raise ValueError(
+        f"config.diagnostics.every={cfg.every} with config.model.lora.rank="
+        f"{model_cfg.lora.rank}: the diagnostics measure gradients of the full parameter "
+        "tree (coupling, rank, drift), not of adapters; set diagnostics.every=0 or "
+        "model.lora.rank=0."
+      )
     if cfg.probe_prompts > prompts_per_step:
       raise ValueError(
         f"config.diagnostics.probe_prompts={cfg.probe_prompts} exceeds prompts_per_step="

@@ -11,6 +11,9 @@ Figures are bytes per device, for the mesh of `setup.mesh_cfg` on `n_devices` de
   the rules (exact: what `sharding.init_params` and the optimizer create).
 - grads: the params-shaped gradient of a micro-batch, and the accumulator it is added to
   when there are several micro-batches.
+- With adapters (model.lora): params are the base plus the adapters; grads and opt_state
+  are the adapters' only (`model.split_trainable`), and ref_params is 0 (the reference is
+  the base itself, `train.RunState.reference`).
 - activations: what reverse-mode autodiff saves from the forward of one micro-batch for
   the backward (the residuals of `jax.vjp` of the train loss, traced with
   `jax.make_jaxpr`, never compiled), on per-device shapes: rows / (data × fsdp), and
@@ -257,6 +260,10 @@ def plan(
   rules = mesh_cfg.rules
   boxed = jax.eval_shape(functools.partial(model.init_boxed, model_cfg), jax.random.key(0))
   params = _tree_bytes(boxed, rules=rules, mesh_sizes=sizes)
+  # With adapters (model.lora) only they are differentiated: gradients and the optimizer
+  # state are theirs, and the reference is the base itself (no copy).
+  trainable = _tree_bytes(model.split_trainable(boxed)[0], rules=rules, mesh_sizes=sizes)
+  adapted = model.is_adapted(boxed)
   state = jax.eval_shape(lambda b: rl.init_state(b, optimizer), boxed)
   opt_state = _tree_bytes(state.opt_state, rules=rules, mesh_sizes=sizes)
   N = prompts * group_size
@@ -277,7 +284,7 @@ def plan(
     S = P + T  # activations and its attention-score gradient, at the scan's pace.
     working += one_layer + mb_rows * local.n_heads * S * S * 4
   if model_cfg.scan_layers:  # The layer scan's stacked gradient, before it is accumulated.
-    working += params
+    working += trainable
   # FSDP: weights are all-gathered over fsdp to compute; XLA gathers them all at once
   # (one layer at a time when the layers are scanned).
   gathered = params * (fsdp - 1) // (model_cfg.n_layers if model_cfg.scan_layers else 1)
@@ -296,10 +303,10 @@ def plan(
   return Plan(
     mesh=(data, fsdp, tensor),
     params=params,
-    ref_params=params if rl_cfg.use_ref else 0,
+    ref_params=params if rl_cfg.use_ref and not adapted else 0,
     opt_state=opt_state,
     # The micro-batch gradient, plus the accumulator when there are several micro-batches.
-    grads=params * (2 if rl_cfg.micro_batches > 1 else 1),
+    grads=trainable * (2 if rl_cfg.micro_batches > 1 else 1),
     activations=a_remat if remat_on else a_none,
     activations_no_remat=a_none,
     activations_remat=a_remat,

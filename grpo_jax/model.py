@@ -796,7 +796,7 @@ def split_trainable(params: Params, *, part: str = "adapters"):
   (part="adapters": the base is never differentiated nor in the optimizer state), or the
   base (part="base", the warm start of a randomly initialised model: adapters untouched).
   Without adapters, the whole tree."""
-  if isinstance(params, dict) and set(params) == {"base", "lora"}:
+  if is_adapted(params):
     if part == "base":
       lora = params["lora"]
       return params["base"], lambda base: {"base": base, "lora": lora}
@@ -805,12 +805,15 @@ def split_trainable(params: Params, *, part: str = "adapters"):
   return params, lambda trainable: trainable
 
 
+def is_adapted(tree) -> bool:
+  """Whether a params-shaped tree holds adapters ({"base": ..., "lora": ...})."""
+  return isinstance(tree, dict) and set(tree) == {"base", "lora"}
+
+
 def reference_part(tree):
   """The part of a params-shaped tree (params, shardings, shapes) the reference policy
   reads: with adapters, {"base": ...} (adapters off); else the whole tree."""
-  if isinstance(tree, dict) and set(tree) == {"base", "lora"}:
-    return {"base": tree["base"]}
-  return tree
+  return {"base": tree["base"]} if is_adapted(tree) else tree
 
 
 def reference(params: Params) -> Params:

@@ -176,7 +176,7 @@ class Source:
     stale_N = version - oldest_N
     keep_N = (stale_N <= s) | (self.cfg.stale == "correct")
     mixed_N = newest_N != oldest_N
-    logprobs = self.fns.logprobs(st.train.params, st.ref_params, b.rollouts)
+    logprobs = self.fns.logprobs(st.train.params, st.reference(), b.rollouts)
     sc = b.scores
     metrics = {
       "accuracy": float(np.mean(sc.correct_N)),

@@ -259,6 +259,14 @@ def init_params(layout: Layout, model_cfg: model.ModelConfig, key):
   return init(key)
 
 
+def init_adapters(layout: Layout, model_cfg: model.ModelConfig, key):
+  """Fresh adapters (model.lora) in their shards; the base's init is never computed (the
+  jitted function returns only the adapters, so XLA drops the rest)."""
+  shardings = param_shardings(layout, model_cfg)["lora"]
+  init = jax.jit(lambda k: model.init(model_cfg, k)["lora"], out_shardings=shardings)
+  return init(key)
+
+
 def tree_shardings(layout: Layout, build_boxed, *args, where: str = "state"):
   """Shardings of the pytree `build_boxed(*args)` returns when its params come from
   `model.init_boxed`: boxed leaves (params and everything the optimizer derives from

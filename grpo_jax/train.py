@@ -80,7 +80,7 @@ class RunState:
 
   # On device: the checkpoint's "state" item.
   train: rl.TrainState
-  ref_params: Any  # The reference policy (None without a KL term).
+  ref_params: Any  # The reference policy (None without a KL term, or with adapters).
   prep_hyper: rl.PrepareHyper  # Arrays a controller may move between iterations.
   controller: dict
   key: jax.Array  # The run's PRNG key; iteration k uses fold_in(key, k).
@@ -98,6 +98,14 @@ class RunState:
   config: dict | None = None  # `config.as_dict` of the session that wrote the checkpoint.
 
   _DEVICE = ("train", "ref_params", "prep_hyper", "controller", "key")
+
+  def reference(self):
+    """The reference policy's params: with adapters, the current base with adapters off
+    (`model.reference_part`: the train state's own arrays, never stored apart: the update
+    donates them), else `ref_params`."""
+    if model.is_adapted(self.train.params):
+      return model.reference_part(self.train.params)
+    return self.ref_params
 
   def tree(self) -> dict:
     out = {k: getattr(self, k) for k in self._DEVICE}
@@ -410,10 +418,18 @@ def _record_config(
 
 def initial_params(setup: config.Setup, fns: steps.Functions, key):
   """The checkpoint's weights streamed onto their shardings (config.hf_dir), else a
-  random init created in its shards."""
-  if setup.loop.hf_dir:
-    return hf.load_params(setup.loop.hf_dir, setup.model_cfg, shardings=fns.param_shardings)
-  return sharding.init_params(fns.layout, setup.model_cfg, key)
+  random init created in its shards. With model.lora, a checkpoint is the base and the
+  adapters start fresh (B = 0: the policy is the checkpoint's)."""
+  if not setup.loop.hf_dir:
+    return sharding.init_params(fns.layout, setup.model_cfg, key)
+  shardings = fns.param_shardings
+  lora = setup.model_cfg.lora.enabled
+  base = hf.load_params(
+    setup.loop.hf_dir, setup.model_cfg, shardings=shardings["base"] if lora else shardings
+  )
+  if not lora:
+    return base
+  return {"base": base, "lora": sharding.init_adapters(fns.layout, setup.model_cfg, key)}
 
 
 def initial_tree(setup: config.Setup, fns: steps.Functions, params) -> dict:
@@ -423,7 +439,10 @@ def initial_tree(setup: config.Setup, fns: steps.Functions, params) -> dict:
   return {
     "train": rl.init_state(params, fns.optimizer),
     # A copy: the update donates the policy's buffers, the reference must outlive them.
-    "ref_params": model.reference(params) if rl_cfg.use_ref else None,
+    # With adapters the reference is the base itself (`RunState.reference`).
+    "ref_params": model.reference(params)
+    if rl_cfg.use_ref and not model.is_adapted(params)
+    else None,
     "prep_hyper": rl_cfg.prepare_hyper(max_new_tokens=setup.sampler_cfg.max_new_tokens),
     "controller": controllers.init_state(),
     "key": jax.random.key_data(jax.random.key(setup.loop.seed)),
@@ -436,6 +455,10 @@ def fillable_defaults(setup: config.Setup) -> dict:
   return {"prep_hyper": setup.rl_cfg.prepare_hyper(max_new_tokens=setup.sampler_cfg.max_new_tokens)}
 
 
+def _stores_ref(setup: config.Setup) -> bool:
+  return setup.rl_cfg.use_ref and not setup.model_cfg.lora.enabled
+
+
 def abstract_tree(setup: config.Setup, fns: steps.Functions):
   """Shapes, dtypes and shardings of the checkpointed pytree, without computing it: the
   train state and reference params on their shardings, the rest replicated."""
@@ -445,7 +468,7 @@ def abstract_tree(setup: config.Setup, fns: steps.Functions):
   shardings = {
     **jax.tree.map(lambda _: fns.layout.replicated, tree),
     "train": fns.state_shardings,
-    "ref_params": model.reference_part(fns.param_shardings) if setup.rl_cfg.use_ref else None,
+    "ref_params": fns.param_shardings if _stores_ref(setup) else None,
   }
   return jax.tree.map(
     lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
@@ -483,7 +506,7 @@ class _Loop:
         setup,
         workdir,
         params=st.train.params,
-        ref_params=st.ref_params,
+        ref_params=st.reference(),
         resumed_from=resumed_from,
         log=log,
       ),
@@ -538,7 +561,7 @@ class _Loop:
       self.fns,
       self.pool,
       st.train.params,
-      st.ref_params,
+      st.reference(),
       index=st.data_index,
       key=jax.random.fold_in(it_key, 0),
       prefetched=self.prefetched,

@@ -132,6 +132,28 @@ def test_the_reference_shares_the_bases_arrays():
   assert not any(a is b for a, b in zip(jax.tree.leaves(copied), jax.tree.leaves(plain)))
 
 
+def test_the_memory_plan_counts_adapters_for_gradients_and_optimizer_and_no_reference_copy():
+  from grpo_jax import memory, sharding  # noqa: PLC0415
+
+  def plan(cfg, micro_batches=2):
+    return memory.plan(
+      cfg,
+      rl.RLConfig(micro_batches=micro_batches, kl_coef=0.01),
+      sharding.MeshConfig(data=1, fsdp=1, tensor=1),
+      n_devices=1, prompts=2, group_size=4, prompt_len=8, max_new_tokens=8,
+      optimizer=rl.make_optimizer(lr=1e-3),
+    )  # fmt: skip
+
+  full, lora = plan(model.tiny_config(V)), plan(_cfg())
+  params = model.init(_cfg(), jax.random.key(0))
+  adapter_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params["lora"]))
+  base_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params["base"]))
+  assert full.ref_params == full.params == base_bytes and lora.ref_params == 0
+  assert lora.params == base_bytes + adapter_bytes
+  assert lora.grads == 2 * adapter_bytes and full.grads == 2 * base_bytes  # + accumulator.
+  assert lora.opt_state < full.opt_state / 5
+
+
 def test_adapters_follow_their_kernels_logical_axes():
   axes = model.logical_axes(dataclasses.replace(_cfg(), scan_layers=True))
   q = axes["lora"]["layers"]["attn"]["q_lora"]
@@ -160,6 +182,14 @@ def test_bad_lora_options_are_one_clear_error(lora, message, tmp_path):
   with pytest.raises(config_lib.ConfigError, match=message) as e:
     config.build(c)
   assert "\n" not in str(e.value)
+
+
+def test_diagnostics_with_adapters_are_refused_in_one_line():
+  c = config_lib.load("configs/arithmetic.py:tiny")
+  c.model.lora.rank = 4
+  c.diagnostics.every = 5
+  with pytest.raises(config_lib.ConfigError, match="diagnostics.every=5 with config.model.lora"):
+    config.build(c)
 
 
 def test_the_warm_start_trains_the_base_of_a_random_init():
@@ -229,3 +259,24 @@ def test_peft_loads_the_exported_adapters_onto_the_base(tmp_path):
     theirs = peft_model(torch.tensor(np.asarray(tokens_BT))).logits.numpy()
   ours, _ = model.apply(params, *_inputs(), cfg=cfg)
   np.testing.assert_allclose(theirs, ours, atol=2e-4, rtol=2e-4)
+
+
+def test_a_checkpoint_base_loads_with_fresh_adapters_and_the_policy_is_the_checkpoints():
+  """config.hf_dir with model.lora: the base is the checkpoint's weights (as without
+  adapters), the adapters start at B = 0, and the reference is that base."""
+  from grpo_jax import hf, steps, train  # noqa: PLC0415
+
+  c = config_lib.load("configs/gsm8k_qwen.py:tiny")
+  c.model.lora.rank = 4
+  setup = config.build(c)
+  assert setup.model_cfg.lora.warm_start == "adapters"  # A checkpoint: the base stays.
+  fns = steps.functions(setup)
+  params = train.initial_params(setup, fns, jax.random.key(0))
+  assert model.is_adapted(params)
+  want = hf.load_params(setup.loop.hf_dir, model.base_config(setup.model_cfg), shardings=None)
+  for a, b in zip(jax.tree.leaves(params["base"]), jax.tree.leaves(want), strict=True):
+    np.testing.assert_array_equal(a, b)
+  for name, leaf in jax.tree_util.tree_flatten_with_path(params["lora"])[0]:
+    if jax.tree_util.keystr(name).endswith("['b']"):
+      assert not np.any(np.asarray(leaf)), name
+  assert set(model.reference(params)) == {"base"}
