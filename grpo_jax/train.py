@@ -60,6 +60,7 @@ from grpo_jax import (
   distributed,
   evaluation,
   flops,
+  frozen_base,
   hf,
   logs,
   model,
@@ -96,6 +97,9 @@ class RunState:
   wall_seconds: float = 0.0  # Of every session of this run, up to the last tick.
   collapse_guard: dict = dataclasses.field(default_factory=dict)  # `collapse.observe`'s.
   config: dict | None = None  # `config.as_dict` of the session that wrote the checkpoint.
+  # With adapters: where the frozen base comes from and its fingerprint (`frozen_base`);
+  # checkpoints hold the adapters only.
+  base_identity: dict | None = None
 
   _DEVICE = ("train", "ref_params", "prep_hyper", "controller", "key")
 
@@ -108,8 +112,9 @@ class RunState:
     return self.ref_params
 
   def tree(self) -> dict:
+    """What a checkpoint's "state" item holds: with adapters, not the frozen base."""
     out = {k: getattr(self, k) for k in self._DEVICE}
-    return {**out, "key": jax.random.key_data(self.key)}
+    return frozen_base.stored({**out, "key": jax.random.key_data(self.key)})
 
   def meta(self) -> dict:
     return {
@@ -297,8 +302,9 @@ def _restore_or_start(s: _Session) -> tuple[RunState, int | None, dict | None]:
   checkpoint's off-policy in-flight buffer or None). Under config.offpolicy a checkpoint
   whose buffer is missing or not its own is refused like a damaged one
   (`pipeline.buffer_problem`): the newest one whose buffer is whole is used."""
+  abstract = abstract_tree(s.setup, s.fns)
   got = s.ckpt.restore_latest(
-    like=abstract_tree(s.setup, s.fns),
+    like=frozen_base.stored(abstract),
     defaults=fillable_defaults(s.setup),
     log=s.log,
     check=functools.partial(pipeline.buffer_problem, enabled=s.setup.offpolicy.enabled),
@@ -308,7 +314,12 @@ def _restore_or_start(s: _Session) -> tuple[RunState, int | None, dict | None]:
   meta = dict(got.meta)
   if filled := meta.pop("filled", None):
     s.log(f"checkpoint {got.step} predates {filled}: taken from this config.")
-  st = RunState.restore(got.tree, meta)
+  tree = got.tree
+  if identity := meta.get("base_identity"):  # Adapters: the base is read and checked.
+    like = abstract["train"].params["base"]
+    base = frozen_base.load(s.setup, like, identity, workdir=s.workdir)
+    tree = frozen_base.joined(tree, base)
+  st = RunState.restore(tree, meta)
   s.log(f"resumed from {s.ckpt.directory / str(got.step)} (iteration {st.iteration})")
   return st, got.step, got.buffer
 
@@ -337,6 +348,11 @@ def _start(s: _Session) -> RunState:
   eval_key = jax.random.fold_in(key, 2**31 - 1)  # No iteration's key.
   warm, s.samples = evaluation.run(setup, fns, pool, params, key=eval_key)
   meta = dict(warmstart=warm, last_eval=warm, best_accuracy=warm["eval/greedy_accuracy"])
+  if model.is_adapted(params):  # Kept once (workdir/base) or named (config.hf_dir).
+    trained = bool(setup.loop.warmstart_steps) and setup.model_cfg.lora.warm_start == "base"
+    meta["base_identity"] = frozen_base.record(
+      setup, params["base"], workdir=s.workdir, trained=trained
+    )
   return RunState.restore(tree, {**meta, "wall_seconds": before})
 
 

@@ -280,3 +280,117 @@ def test_a_checkpoint_base_loads_with_fresh_adapters_and_the_policy_is_the_check
     if jax.tree_util.keystr(name).endswith("['b']"):
       assert not np.any(np.asarray(leaf)), name
   assert set(model.reference(params)) == {"base"}
+
+
+# ----------------------------------------------------------------------------
+# Checkpoints: adapters and their optimizer state only; the base kept once and checked.
+# ----------------------------------------------------------------------------
+
+
+def test_the_fingerprint_changes_with_one_bit_a_dtype_or_a_path():
+  from grpo_jax import frozen_base  # noqa: PLC0415
+
+  tree = {"a": jnp.arange(6.0).reshape(2, 3), "b": {"c": jnp.ones(4, jnp.bfloat16)}}
+  same = jax.tree.map(jnp.copy, tree)
+  assert frozen_base.fingerprint(tree) == frozen_base.fingerprint(same)
+  flipped = np.asarray(tree["a"]).copy().view(np.uint32)
+  flipped[1, 2] ^= 1  # The lowest mantissa bit of one weight.
+  one_bit = {**tree, "a": jnp.asarray(flipped.view(np.float32))}
+  swapped = {**tree, "a": tree["a"][::-1]}  # The same values, in another order.
+  retyped = {**tree, "b": {"c": jnp.ones(4, jnp.float16)}}
+  renamed = {"a": tree["a"], "d": tree["b"]}
+  prints = {frozen_base.fingerprint(t) for t in (tree, one_bit, swapped, retyped, renamed)}
+  assert len(prints) == 5
+
+
+def _lora_run_config(iterations=4):
+  c = config_lib.load("configs/arithmetic.py:tiny")
+  c.model.lora.rank = 4
+  c.update(warmstart_steps=120, iterations=iterations, eval_every=iterations, eval_size=16)
+  c.update(checkpoint_every=2, prompts_per_step=8, eval_samples=0)
+  c.update(reward_workers=0, progress=False, tensorboard=False)
+  return c
+
+
+@pytest.fixture(scope="module")
+def lora_runs(tmp_path_factory):
+  """An uninterrupted 4-iteration LoRA run, and the same run stopped after iteration 3
+  (checkpoint 2 is its latest) and resumed."""
+  import runs  # noqa: PLC0415 -- tests/ is on sys.path (conftest).
+
+  from grpo_jax import train  # noqa: PLC0415
+
+  whole = tmp_path_factory.mktemp("whole")
+  train.run(_lora_run_config(), whole, log=lambda _: None)
+  cut = tmp_path_factory.mktemp("cut")
+
+  class Stop(Exception):
+    pass
+
+  def stop(it, record):
+    if it == 3:
+      raise Stop
+
+  with pytest.raises(Stop):
+    train.run(_lora_run_config(), cut, log=lambda _: None, on_iteration=stop)
+  logs = []
+  train.run(_lora_run_config(), cut, log=logs.append)
+  untimed = lambda workdir: [runs.untimed(r) for r in runs.lines(workdir)]  # noqa: E731
+  return {"whole": whole, "cut": cut, "resume_log": logs, "lines": untimed}
+
+
+def _saved_leaves(step_dir):
+  """The checkpoint's "state" item: {leaf path: shape} from its metadata."""
+  from grpo_jax import checkpoint  # noqa: PLC0415
+
+  ckpt = checkpoint.Checkpointer(step_dir.parent, keep=3)
+  try:
+    meta = ckpt._mngr.item_metadata(int(step_dir.name))["state"]
+    return checkpoint._metadata_shapes(meta), ckpt.read_meta(int(step_dir.name))
+  finally:
+    ckpt.close()
+
+
+def test_a_lora_checkpoint_holds_the_adapters_and_names_its_base(lora_runs):
+  shapes, meta = _saved_leaves(lora_runs["whole"] / "checkpoints" / "4")
+  params = [k for k in shapes if k.startswith("train/params/")]
+  assert params and all(k.startswith("train/params/lora/") for k in params), params[:5]
+  assert not any("base" in k for k in shapes)
+  assert any(k.startswith("train/opt_state/") for k in shapes)
+  identity = meta["base_identity"]
+  # A random init whose base the warm start trained: kept once, in workdir/base.
+  assert identity["source"] == "workdir" and len(identity["fingerprint"]) == 16
+  assert (lora_runs["whole"] / "base" / "0").is_dir()
+
+
+def test_a_lora_run_resumes_to_the_uninterrupted_metrics(lora_runs):
+  lines = lora_runs["lines"]
+  whole = lines(lora_runs["whole"])
+  assert lines(lora_runs["cut"]) == whole
+  # Not vacuous: the warm-started policy solves some problems, so advantages are non-zero
+  # and the adapters move.
+  assert whole[0]["eval/greedy_accuracy"] > 0.05, whole[0]
+  assert all(r["adv_std"] > 0 for r in whole if r["phase"] == "rl"), whole
+  assert any("resumed from" in line for line in lora_runs["resume_log"])
+
+
+def test_a_resume_on_another_base_is_refused_in_one_line(lora_runs, tmp_path):
+  import shutil  # noqa: PLC0415
+
+  from grpo_jax import checkpoint, frozen_base, train  # noqa: PLC0415
+
+  workdir = tmp_path / "run"
+  shutil.copytree(lora_runs["whole"], workdir)
+  c = _lora_run_config(iterations=6)
+  # Another base in its place: the run's base directory from a run with another seed.
+  other = tmp_path / "other"
+  c_other = _lora_run_config(iterations=1)
+  c_other.update(seed=7, warmstart_steps=10, checkpoint_every=1)
+  train.run(c_other, other, log=lambda _: None)
+  shutil.rmtree(workdir / frozen_base.BASE_DIR)
+  shutil.copytree(other / frozen_base.BASE_DIR, workdir / frozen_base.BASE_DIR)
+  with pytest.raises(checkpoint.CheckpointMismatchError, match="not the one this run's adapters"):
+    train.run(c, workdir, log=lambda _: None)
+  shutil.rmtree(workdir / frozen_base.BASE_DIR)
+  with pytest.raises(checkpoint.CheckpointMismatchError, match="which is missing"):
+    train.run(c, workdir, log=lambda _: None)
