@@ -259,6 +259,7 @@ def plan(
   dp = data * fsdp
   rules = mesh_cfg.rules
   boxed = jax.eval_shape(functools.partial(model.init_boxed, model_cfg), jax.random.key(0))
+  boxed = model.cast_base(boxed, model_cfg)  # model.lora.base_dtype.
   params = _tree_bytes(boxed, rules=rules, mesh_sizes=sizes)
   # With adapters (model.lora) only they are differentiated: gradients and the optimizer
   # state are theirs, and the reference is the base itself (no copy).

@@ -68,6 +68,10 @@ class LoraConfig:
   # adapts it), "adapters", or "auto": "base" for a random init, "adapters" for a
   # checkpoint (config.hf_dir), resolved by config.build.
   warm_start: str = "auto"
+  # The frozen base's storage dtype: "" (model.param_dtype), "float32" or "bfloat16" (half
+  # the base's memory; each weight is cast back to the compute dtype inside its matmul).
+  # The warm start of a random init trains the base in param_dtype and casts it after.
+  base_dtype: str = ""
 
   def __post_init__(self):
     if not isinstance(self.rank, int) or self.rank < 0:
@@ -82,6 +86,11 @@ class LoraConfig:
     if self.warm_start not in ("auto", "base", "adapters"):
       raise ValueError(
         f"model.lora.warm_start={self.warm_start!r}; allowed: 'auto', 'base', 'adapters'."
+      )
+    if self.base_dtype not in ("", "float32", "bfloat16"):
+      raise ValueError(
+        f"model.lora.base_dtype={self.base_dtype!r}; allowed: '' (model.param_dtype), "
+        "'float32', 'bfloat16'."
       )
     targets = tuple(self.targets)
     object.__setattr__(self, "targets", targets)
@@ -822,6 +831,23 @@ def reference(params: Params) -> Params:
   updates them in place)."""
   part = reference_part(params)
   return part if part is not params else jax.tree.map(jnp.copy, params)
+
+
+def cast_base(tree, cfg: ModelConfig):
+  """A params-shaped tree (arrays, or jax.ShapeDtypeStruct) with the frozen base in
+  model.lora.base_dtype; adapters, integer leaves and trees without adapters unchanged."""
+  if not (is_adapted(tree) and cfg.lora.enabled and cfg.lora.base_dtype):
+    return tree
+  dtype = _DTYPES[cfg.lora.base_dtype]
+
+  def cast(x):
+    if not jnp.issubdtype(x.dtype, jnp.floating) or x.dtype == dtype:
+      return x
+    if isinstance(x, jax.ShapeDtypeStruct):
+      return jax.ShapeDtypeStruct(x.shape, dtype, sharding=x.sharding)
+    return x.astype(dtype)
+
+  return {"base": jax.tree.map(cast, tree["base"]), "lora": tree["lora"]}
 
 
 def base_config(cfg: ModelConfig) -> ModelConfig:

@@ -331,6 +331,8 @@ def _start(s: _Session) -> RunState:
   setup, fns, pool = s.setup, s.fns, s.pool
   key = jax.random.key(setup.loop.seed)
   params = initial_params(setup, fns, jax.random.fold_in(key, 0))
+  if setup.model_cfg.lora.warm_start != "base":  # The warm start adapts the stored base.
+    params = model.cast_base(params, setup.model_cfg)
   before = warmstart.seconds_before(s.workdir) if setup.loop.warmstart_steps else 0.0
   if setup.loop.warmstart_steps:
     params = warmstart.run(
@@ -342,6 +344,7 @@ def _start(s: _Session) -> RunState:
       preempted=s.preempted,
       wall_seconds=lambda: before + s.seconds(),
     )
+  params = model.cast_base(params, setup.model_cfg)  # A base the warm start trained.
   tree = jax.device_put(
     initial_tree(setup, fns, params), jax.tree.map(lambda x: x.sharding, abstract_tree(setup, fns))
   )
@@ -479,7 +482,10 @@ def abstract_tree(setup: config.Setup, fns: steps.Functions):
   """Shapes, dtypes and shardings of the checkpointed pytree, without computing it: the
   train state and reference params on their shardings, the rest replicated."""
   tree = jax.eval_shape(
-    lambda k: initial_tree(setup, fns, model.init(setup.model_cfg, k)), jax.random.key(0)
+    lambda k: initial_tree(
+      setup, fns, model.cast_base(model.init(setup.model_cfg, k), setup.model_cfg)
+    ),
+    jax.random.key(0),
   )
   shardings = {
     **jax.tree.map(lambda _: fns.layout.replicated, tree),

@@ -152,6 +152,37 @@ def test_the_memory_plan_counts_adapters_for_gradients_and_optimizer_and_no_refe
   assert lora.params == base_bytes + adapter_bytes
   assert lora.grads == 2 * adapter_bytes and full.grads == 2 * base_bytes  # + accumulator.
   assert lora.opt_state < full.opt_state / 5
+  # A bfloat16 base (model.lora.base_dtype) holds half the base's bytes.
+  half = plan(_cfg(base_dtype="bfloat16"))
+  assert half.params == base_bytes // 2 + adapter_bytes and half.grads == lora.grads
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_a_bfloat16_base_is_the_float32_model_on_rounded_weights(scan):
+  """model.lora.base_dtype="bfloat16": each base weight is stored in bfloat16 and cast back
+  inside its matmul, so the policy equals the float32 model whose base weights were
+  rounded to bfloat16, bit for bit; adapters stay float32 and the reference is that base."""
+  cfg = dataclasses.replace(_cfg(base_dtype="bfloat16"), scan_layers=scan)
+  params = _random_adapters(model.init(cfg, jax.random.key(0)))
+  stored = model.cast_base(params, cfg)
+  assert {x.dtype for x in jax.tree.leaves(stored["base"])} == {jnp.dtype(jnp.bfloat16)}
+  assert {x.dtype for x in jax.tree.leaves(stored["lora"])} == {jnp.dtype(jnp.float32)}
+  rounded = {
+    "base": jax.tree.map(lambda x: x.astype(jnp.bfloat16).astype(jnp.float32), params["base"]),
+    "lora": params["lora"],
+  }
+  got, _ = model.apply(stored, *_inputs(), cfg=cfg)
+  want, _ = model.apply(rounded, *_inputs(), cfg=cfg)
+  assert got.dtype == jnp.float32
+  np.testing.assert_array_equal(got, want)
+  ref, _ = model.apply(model.reference(stored), *_inputs(), cfg=cfg)
+  ref_want, _ = model.apply(model.reference(rounded), *_inputs(), cfg=cfg)
+  np.testing.assert_array_equal(ref, ref_want)
+  # Gradients reach the adapters (float32) through the bfloat16 base.
+  trainable, join = model.split_trainable(stored)
+  grads = jax.grad(lambda t: model.apply(join(t), *_inputs(), cfg=cfg)[0].sum())(trainable)
+  assert all(g.dtype == jnp.float32 for g in jax.tree.leaves(grads))
+  assert any(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(grads))
 
 
 def test_adapters_follow_their_kernels_logical_axes():
@@ -303,9 +334,9 @@ def test_the_fingerprint_changes_with_one_bit_a_dtype_or_a_path():
   assert len(prints) == 5
 
 
-def _lora_run_config(iterations=4):
+def _lora_run_config(iterations=4, base_dtype=""):
   c = config_lib.load("configs/arithmetic.py:tiny")
-  c.model.lora.rank = 4
+  c.model.lora.update(rank=4, base_dtype=base_dtype)
   c.update(warmstart_steps=120, iterations=iterations, eval_every=iterations, eval_size=16)
   c.update(checkpoint_every=2, prompts_per_step=8, eval_samples=0)
   c.update(reward_workers=0, progress=False, tensorboard=False)
@@ -394,3 +425,24 @@ def test_a_resume_on_another_base_is_refused_in_one_line(lora_runs, tmp_path):
   shutil.rmtree(workdir / frozen_base.BASE_DIR)
   with pytest.raises(checkpoint.CheckpointMismatchError, match="which is missing"):
     train.run(c, workdir, log=lambda _: None)
+
+
+def test_a_bfloat16_base_is_kept_and_resumed_in_bfloat16(tmp_path):
+  """A random init with model.lora.base_dtype="bfloat16": the warm start trains the base
+  in float32, then it is stored in bfloat16 (workdir/base too) and the run resumes on it."""
+  from grpo_jax import checkpoint, frozen_base, train  # noqa: PLC0415
+
+  c = _lora_run_config(iterations=2, base_dtype="bfloat16")
+  c.update(warmstart_steps=10, checkpoint_every=1, eval_size=8)
+  train.run(c, tmp_path, log=lambda _: None)
+  keeper = checkpoint.Checkpointer(tmp_path / frozen_base.BASE_DIR, keep=1, keep_best=False)
+  try:
+    saved = checkpoint._metadata_shapes(keeper._mngr.item_metadata(0)["state"])
+    dtypes = {m.dtype for m in jax.tree.leaves(keeper._mngr.item_metadata(0)["state"])}
+  finally:
+    keeper.close()
+  assert saved and dtypes == {jnp.dtype(jnp.bfloat16)}, dtypes
+  c.iterations = 3
+  logs = []
+  train.run(c, tmp_path, log=logs.append)  # Resumes: the base read back passes its check.
+  assert any("resumed from" in line for line in logs), logs
