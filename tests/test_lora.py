@@ -446,3 +446,87 @@ def test_a_bfloat16_base_is_kept_and_resumed_in_bfloat16(tmp_path):
   logs = []
   train.run(c, tmp_path, log=logs.append)  # Resumes: the base read back passes its check.
   assert any("resumed from" in line for line in logs), logs
+
+
+# ----------------------------------------------------------------------------
+# Composition: the off-policy pipeline samples with the current adapters.
+# ----------------------------------------------------------------------------
+
+
+def _pipeline_config(*, is_correction="none", **offpolicy):
+  """test_offpolicy's small run (it learns within 4 iterations), with adapters."""
+  c = config_lib.load("configs/arithmetic.py:tiny")
+  c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64)
+  c.model.lora.update(rank=4, alpha=32.0)
+  c.sampler.group_size = 4
+  c.task.kwargs.max_digits = 1
+  c.update(prompts_per_step=4, iterations=4, warmstart_steps=120, warmstart_batch=16)
+  c.update(eval_every=100, eval_size=8, eval_samples=0, checkpoint_every=2, peak_flops=1e11)
+  c.update(reward_workers=0, progress=False, tensorboard=False, learning_rate=3e-3)
+  c.offpolicy.update(offpolicy)
+  c.rl.is_correction = is_correction
+  return c
+
+
+def test_the_pipeline_samples_with_the_current_adapters(tmp_path):
+  """At staleness 0 the async pipeline's rollouts are the synchronous run's, bit for bit
+  (every batch sampled by the adapters just trained); at staleness 2 a batch sampled two
+  updates back has log-probs that differ from the trainer's (the adapters moved), and
+  one sampled by the current adapters has the trainer's own (verl #7495: an adapter that
+  never reached the sampler would leave every batch at mismatch 0)."""
+  import runs  # noqa: PLC0415
+
+  from grpo_jax import train  # noqa: PLC0415
+
+  def run(name, **options):
+    train.run(_pipeline_config(**options), tmp_path / name, log=lambda _: None)
+    return runs.lines(tmp_path / name)[1:]
+
+  timing = ("offpolicy/", "time/", "seconds", "mfu", "tokens_per_s")
+
+  def untimed(line):
+    return {k: v for k, v in runs.untimed(line).items() if not k.startswith(timing)}
+
+  sync = run("sync")
+  assert sync[0]["grad_norm"] > 0 and sync[0]["accuracy"] > 0  # Adapters train.
+  at_zero = run("async0", enabled=True)
+  assert [untimed(x) for x in at_zero] == [untimed(x) for x in sync]
+  stale = run("async2", enabled=True, max_staleness=2, is_correction="tis_token")
+  assert [x["offpolicy/staleness_max"] for x in stale] == [0, 1, 2, 2]
+  assert stale[0]["offpolicy/mismatch_k3"] < 1e-6  # Sampled by the adapters trained on.
+  assert stale[2]["offpolicy/mismatch_k3"] > 1e-5  # Two adapter updates apart.
+
+
+def test_a_resume_reads_the_checkpoint_base_again_and_refuses_an_edited_one(tmp_path):
+  """A base from config.hf_dir is not copied into the workdir: a resume reads it again
+  (from wherever config.hf_dir points now) and checks its fingerprint; a checkpoint whose
+  weights were edited in between is refused in one line."""
+  import shutil  # noqa: PLC0415
+
+  import safetensors.numpy  # noqa: PLC0415
+
+  from grpo_jax import checkpoint, frozen_base, train  # noqa: PLC0415
+
+  hf_dir = tmp_path / "qwen2"
+  c = config_lib.load("configs/gsm8k_qwen.py:tiny")
+  shutil.copytree(c.hf_dir, hf_dir)
+  c.update(hf_dir=str(hf_dir), iterations=1, eval_every=1, checkpoint_every=1)
+  c.update(reward_workers=0, progress=False, tensorboard=False, export_hf=False)
+  c.model.lora.rank = 4
+  workdir = tmp_path / "run"
+  train.run(c, workdir, log=lambda _: None)
+  assert not (workdir / frozen_base.BASE_DIR).exists()  # Named, not copied.
+  moved = tmp_path / "moved"
+  shutil.move(hf_dir, moved)  # The same weights elsewhere: resumes.
+  c.update(hf_dir=str(moved), iterations=2)
+  logs = []
+  train.run(c, workdir, log=logs.append)
+  assert any("resumed from" in line for line in logs), logs
+  (path,) = moved.glob("*.safetensors")
+  tensors = safetensors.numpy.load_file(path)
+  name = next(k for k in sorted(tensors) if k.endswith("q_proj.weight"))
+  tensors[name] = tensors[name] + np.float32(1e-3).astype(tensors[name].dtype)
+  safetensors.numpy.save_file(tensors, path, metadata={"format": "pt"})
+  c.iterations = 3
+  with pytest.raises(checkpoint.CheckpointMismatchError, match="is not the one this run's"):
+    train.run(c, workdir, log=lambda _: None)
