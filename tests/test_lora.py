@@ -334,40 +334,23 @@ def test_the_fingerprint_changes_with_one_bit_a_dtype_or_a_path():
   assert len(prints) == 5
 
 
+def _small_model(c):
+  """A 1-layer model on 1-digit sums (test_offpolicy's): learns within 120 warm-start steps
+  and compiles in a fraction of the tiny config's time."""
+  c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64)
+  c.task.kwargs.max_digits = 1
+  c.sampler.group_size = 4
+  c.update(warmstart_batch=16)
+  return c
+
+
 def _lora_run_config(iterations=4, base_dtype=""):
-  c = config_lib.load("configs/arithmetic.py:tiny")
+  c = _small_model(config_lib.load("configs/arithmetic.py:tiny"))
   c.model.lora.update(rank=4, base_dtype=base_dtype)
   c.update(warmstart_steps=120, iterations=iterations, eval_every=iterations, eval_size=16)
   c.update(checkpoint_every=2, prompts_per_step=8, eval_samples=0)
   c.update(reward_workers=0, progress=False, tensorboard=False)
   return c
-
-
-@pytest.fixture(scope="module")
-def lora_runs(tmp_path_factory):
-  """An uninterrupted 4-iteration LoRA run, and the same run stopped after iteration 3
-  (checkpoint 2 is its latest) and resumed."""
-  import runs  # noqa: PLC0415 -- tests/ is on sys.path (conftest).
-
-  from grpo_jax import train  # noqa: PLC0415
-
-  whole = tmp_path_factory.mktemp("whole")
-  train.run(_lora_run_config(), whole, log=lambda _: None)
-  cut = tmp_path_factory.mktemp("cut")
-
-  class Stop(Exception):
-    pass
-
-  def stop(it, record):
-    if it == 3:
-      raise Stop
-
-  with pytest.raises(Stop):
-    train.run(_lora_run_config(), cut, log=lambda _: None, on_iteration=stop)
-  logs = []
-  train.run(_lora_run_config(), cut, log=logs.append)
-  untimed = lambda workdir: [runs.untimed(r) for r in runs.lines(workdir)]  # noqa: E731
-  return {"whole": whole, "cut": cut, "resume_log": logs, "lines": untimed}
 
 
 def _saved_leaves(step_dir):
@@ -382,8 +365,34 @@ def _saved_leaves(step_dir):
     ckpt.close()
 
 
-def test_a_lora_checkpoint_holds_the_adapters_and_names_its_base(lora_runs):
-  shapes, meta = _saved_leaves(lora_runs["whole"] / "checkpoints" / "4")
+def test_a_lora_checkpoint_holds_the_adapters_resumes_exactly_and_checks_its_base(tmp_path):
+  """One test, so that its runs are made once (xdist's worksteal would repeat a module
+  fixture on each worker): an uninterrupted 4-iteration LoRA run; the same run stopped
+  after iteration 3 (checkpoint 2 its latest) and resumed; that run's base swapped for
+  another, then removed."""
+  import shutil  # noqa: PLC0415
+
+  import runs  # noqa: PLC0415 -- tests/ is on sys.path (conftest).
+
+  from grpo_jax import checkpoint, frozen_base, train  # noqa: PLC0415
+
+  whole, cut = tmp_path / "whole", tmp_path / "cut"
+  train.run(_lora_run_config(), whole, log=lambda _: None)
+
+  class Stop(Exception):
+    pass
+
+  def stop(it, record):
+    if it == 3:
+      raise Stop
+
+  with pytest.raises(Stop):
+    train.run(_lora_run_config(), cut, log=lambda _: None, on_iteration=stop)
+  resume_log = []
+  train.run(_lora_run_config(), cut, log=resume_log.append)
+
+  # The checkpoint holds the adapters and their optimizer state, and names its base.
+  shapes, meta = _saved_leaves(whole / "checkpoints" / "4")
   params = [k for k in shapes if k.startswith("train/params/")]
   assert params and all(k.startswith("train/params/lora/") for k in params), params[:5]
   assert not any("base" in k for k in shapes)
@@ -391,40 +400,30 @@ def test_a_lora_checkpoint_holds_the_adapters_and_names_its_base(lora_runs):
   identity = meta["base_identity"]
   # A random init whose base the warm start trained: kept once, in workdir/base.
   assert identity["source"] == "workdir" and len(identity["fingerprint"]) == 16
-  assert (lora_runs["whole"] / "base" / "0").is_dir()
+  assert (whole / "base" / "0").is_dir()
 
-
-def test_a_lora_run_resumes_to_the_uninterrupted_metrics(lora_runs):
-  lines = lora_runs["lines"]
-  whole = lines(lora_runs["whole"])
-  assert lines(lora_runs["cut"]) == whole
+  # The resumed run ends with the uninterrupted run's metrics.
+  lines = [runs.untimed(r) for r in runs.lines(whole)]
+  assert [runs.untimed(r) for r in runs.lines(cut)] == lines
   # Not vacuous: the warm-started policy solves some problems, so advantages are non-zero
   # and the adapters move.
-  assert whole[0]["eval/greedy_accuracy"] > 0.05, whole[0]
-  assert all(r["adv_std"] > 0 for r in whole if r["phase"] == "rl"), whole
-  assert any("resumed from" in line for line in lora_runs["resume_log"])
+  assert lines[0]["eval/greedy_accuracy"] > 0.05, lines[0]
+  assert all(r["adv_std"] > 0 for r in lines if r["phase"] == "rl"), lines
+  assert any("resumed from" in line for line in resume_log)
 
-
-def test_a_resume_on_another_base_is_refused_in_one_line(lora_runs, tmp_path):
-  import shutil  # noqa: PLC0415
-
-  from grpo_jax import checkpoint, frozen_base, train  # noqa: PLC0415
-
-  workdir = tmp_path / "run"
-  shutil.copytree(lora_runs["whole"], workdir)
+  # Another base in its place (a run with another seed) or none: refused in one line.
   c = _lora_run_config(iterations=6)
-  # Another base in its place: the run's base directory from a run with another seed.
   other = tmp_path / "other"
   c_other = _lora_run_config(iterations=1)
   c_other.update(seed=7, warmstart_steps=10, checkpoint_every=1)
   train.run(c_other, other, log=lambda _: None)
-  shutil.rmtree(workdir / frozen_base.BASE_DIR)
-  shutil.copytree(other / frozen_base.BASE_DIR, workdir / frozen_base.BASE_DIR)
+  shutil.rmtree(cut / frozen_base.BASE_DIR)
+  shutil.copytree(other / frozen_base.BASE_DIR, cut / frozen_base.BASE_DIR)
   with pytest.raises(checkpoint.CheckpointMismatchError, match="not the one this run's adapters"):
-    train.run(c, workdir, log=lambda _: None)
-  shutil.rmtree(workdir / frozen_base.BASE_DIR)
+    train.run(c, cut, log=lambda _: None)
+  shutil.rmtree(cut / frozen_base.BASE_DIR)
   with pytest.raises(checkpoint.CheckpointMismatchError, match="which is missing"):
-    train.run(c, workdir, log=lambda _: None)
+    train.run(c, cut, log=lambda _: None)
 
 
 def test_a_bfloat16_base_is_kept_and_resumed_in_bfloat16(tmp_path):
@@ -455,12 +454,9 @@ def test_a_bfloat16_base_is_kept_and_resumed_in_bfloat16(tmp_path):
 
 def _pipeline_config(*, is_correction="none", **offpolicy):
   """test_offpolicy's small run (it learns within 4 iterations), with adapters."""
-  c = config_lib.load("configs/arithmetic.py:tiny")
-  c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64)
+  c = _small_model(config_lib.load("configs/arithmetic.py:tiny"))
   c.model.lora.update(rank=4, alpha=32.0)
-  c.sampler.group_size = 4
-  c.task.kwargs.max_digits = 1
-  c.update(prompts_per_step=4, iterations=4, warmstart_steps=120, warmstart_batch=16)
+  c.update(prompts_per_step=4, iterations=4, warmstart_steps=120)
   c.update(eval_every=100, eval_size=8, eval_samples=0, checkpoint_every=2, peak_flops=1e11)
   c.update(reward_workers=0, progress=False, tensorboard=False, learning_rate=3e-3)
   c.offpolicy.update(offpolicy)
