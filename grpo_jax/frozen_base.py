@@ -118,14 +118,16 @@ def record(setup, base, *, workdir: pathlib.Path, trained: bool) -> dict:
   return {**identity, "source": "workdir", "path": str(directory)}
 
 
-def load(setup, abstract_base, identity: dict, *, workdir: pathlib.Path):
-  """The base recorded in `identity`, on the shardings of `abstract_base` (a tree of
-  jax.ShapeDtypeStruct), after checking its fingerprint. A base that is missing or is not
-  the one the adapters were trained on is a CheckpointMismatchError that says which."""
+def load(setup, abstract_base, identity: dict, *, workdir: pathlib.Path, load_shardings):
+  """The base recorded in `identity`, as stored (`abstract_base`: a tree of
+  jax.ShapeDtypeStruct), after checking its fingerprint; a checkpoint's weights are read
+  onto `load_shardings` (the base as `model.init` makes it) and stored again. A base that
+  is missing or is not the one the adapters were trained on is a CheckpointMismatchError
+  that says which."""
   if identity["source"] == "hf_dir":
     where = setup.loop.hf_dir or identity["path"]
-    shardings = jax.tree.map(lambda x: x.sharding, abstract_base)
-    base = hf.load_params(where, setup.model_cfg, shardings=shardings)
+    base = hf.load_params(where, setup.model_cfg, shardings=load_shardings)
+    base = model.store_base(base, setup.model_cfg)
   else:
     where = pathlib.Path(workdir) / BASE_DIR
     if not where.is_dir():

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import config_lib
+from grpo_jax import config_lib, quant
 
 Params = Any
 
@@ -68,9 +68,11 @@ class LoraConfig:
   # adapts it), "adapters", or "auto": "base" for a random init, "adapters" for a
   # checkpoint (config.hf_dir), resolved by config.build.
   warm_start: str = "auto"
-  # The frozen base's storage dtype: "" (model.param_dtype), "float32" or "bfloat16" (half
-  # the base's memory; each weight is cast back to the compute dtype inside its matmul).
-  # The warm start of a random init trains the base in param_dtype and casts it after.
+  # The frozen base's storage dtype: "" (model.param_dtype), "float32", "bfloat16" (half
+  # the base's memory; each weight is cast back to the compute dtype inside its matmul) or
+  # "int8" (Dense kernels int8 with a float32 scale per output channel, dequantized inside
+  # their layer; embedding and norms bfloat16: `grpo_jax.quant`). The warm start of a
+  # random init trains the base in param_dtype and stores it so after.
   base_dtype: str = ""
 
   def __post_init__(self):
@@ -87,10 +89,10 @@ class LoraConfig:
       raise ValueError(
         f"model.lora.warm_start={self.warm_start!r}; allowed: 'auto', 'base', 'adapters'."
       )
-    if self.base_dtype not in ("", "float32", "bfloat16"):
+    if self.base_dtype not in ("", *quant.DTYPES, *quant.QUANTIZED):
       raise ValueError(
         f"model.lora.base_dtype={self.base_dtype!r}; allowed: '' (model.param_dtype), "
-        "'float32', 'bfloat16'."
+        "'float32', 'bfloat16', 'int8'."
       )
     targets = tuple(self.targets)
     object.__setattr__(self, "targets", targets)
@@ -424,8 +426,15 @@ def _dot_general_f32_acc(lhs, rhs, dimension_numbers, precision=None, preferred_
 
 
 def _dense(cfg: ModelConfig, features, names, *, axis=-1, use_bias=False, name=None):
+  """nn.DenseGeneral with logical names; over an int8 base (model.lora.base_dtype) its
+  kernel is dequantized as the layer runs (`quant.dequantized`)."""
   n_out = 1 if isinstance(features, int) else len(features)
-  return nn.DenseGeneral(
+  dense = nn.DenseGeneral
+  if cfg.lora.enabled and cfg.lora.base_dtype in quant.QUANTIZED:
+    dense = nn.map_variables(
+      dense, "params", trans_in_fn=quant.dequantized, mutable=False, init=True
+    )
+  return dense(
     features=features,
     axis=axis,
     use_bias=use_bias,
@@ -834,20 +843,27 @@ def reference(params: Params) -> Params:
 
 
 def cast_base(tree, cfg: ModelConfig):
-  """A params-shaped tree (arrays, or jax.ShapeDtypeStruct) with the frozen base in
-  model.lora.base_dtype; adapters, integer leaves and trees without adapters unchanged."""
+  """A params-shaped tree (arrays or jax.ShapeDtypeStructs, boxed or not) with the frozen
+  base stored in model.lora.base_dtype (`quant.store`); adapters, integer leaves, a base
+  already stored and trees without adapters unchanged."""
   if not (is_adapted(tree) and cfg.lora.enabled and cfg.lora.base_dtype):
     return tree
-  dtype = _DTYPES[cfg.lora.base_dtype]
+  return {"base": store_base(tree["base"], cfg), "lora": tree["lora"]}
 
-  def cast(x):
-    if not jnp.issubdtype(x.dtype, jnp.floating) or x.dtype == dtype:
-      return x
-    if isinstance(x, jax.ShapeDtypeStruct):
-      return jax.ShapeDtypeStruct(x.shape, dtype, sharding=x.sharding)
-    return x.astype(dtype)
 
-  return {"base": jax.tree.map(cast, tree["base"]), "lora": tree["lora"]}
+def store_base(base, cfg: ModelConfig):
+  """The base alone (`cast_base`'s "base"), e.g. a checkpoint's weights read again."""
+  names = None
+  if cfg.lora.base_dtype in quant.QUANTIZED and not _boxed(base):
+    names = logical_axes(cfg)["base"]
+  return quant.store(base, cfg.lora.base_dtype, names=names)
+
+
+def _boxed(tree) -> bool:
+  return any(
+    isinstance(x, nn.LogicallyPartitioned)
+    for x in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+  )
 
 
 def base_config(cfg: ModelConfig) -> ModelConfig:
@@ -874,11 +890,13 @@ def merge_adapters(params: Params, cfg: ModelConfig) -> Params:
         fold(base_node[key], value)
 
   fold(merged, params["lora"])
-  return merged
+  return quant.dequantized(merged)  # An int8 base's kernels without adapters, too.
 
 
 def _fold(kernel, a, b, scale):
-  """kernel [(L,) *in, *out] + scale·A [(L,) *in, r] · B [(L,) r, *out], in float32."""
+  """kernel [(L,) *in, *out] + scale·A [(L,) *in, r] · B [(L,) r, *out], in float32 (an
+  int8 kernel: dequantized first, merged in float32)."""
+  kernel = quant.dequantized(kernel)
   stacked = kernel.ndim == (a.ndim - 1) + (b.ndim - 1) - 1  # Both carry a layer axis.
   if stacked:
     delta = jax.vmap(lambda a1, b1: jnp.tensordot(a1, b1, axes=1))(a, b)

@@ -242,10 +242,14 @@ class Layout:
     )
 
 
-def param_shardings(layout: Layout, model_cfg: model.ModelConfig):
-  """NamedShardings of the params, from `model.logical_axes` and the rules."""
-  abstract = jax.eval_shape(functools.partial(model.init, model_cfg), jax.random.key(0))
-  return layout.logical(model.logical_axes(model_cfg), abstract, where="params")
+def param_shardings(layout: Layout, model_cfg: model.ModelConfig, *, stored: bool = False):
+  """NamedShardings of the params, from their logical names and the rules: as `model.init`
+  makes them, or (stored=True) as a run keeps them (`model.cast_base`: an int8 base's
+  kernel is a (Q, s) pair, s unsharded on the axis it reduces)."""
+  boxed = jax.eval_shape(functools.partial(model.init_boxed, model_cfg), jax.random.key(0))
+  if stored:
+    boxed = model.cast_base(boxed, model_cfg)
+  return layout.logical(nn.get_partition_spec(boxed), nn.unbox(boxed), where="params")
 
 
 def init_params(layout: Layout, model_cfg: model.ModelConfig, key):

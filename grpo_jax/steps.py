@@ -162,11 +162,13 @@ class _Shardings:
 
 def _shardings(setup: config.Setup, layout: sharding.Layout, optimizer, sft_optimizer):
   mcfg = setup.model_cfg
-  params = sharding.param_shardings(layout, mcfg)
+  params = sharding.param_shardings(layout, mcfg, stored=True)
   state, sft_state = (
     sharding.tree_shardings(
       layout,
-      lambda k, o=o, p=p: rl.init_state(model.init_boxed(mcfg, k), o, part=p),
+      lambda k, o=o, p=p: rl.init_state(
+        warmstart.stored(model.init_boxed(mcfg, k), mcfg, p), o, part=p
+      ),
       jax.random.key(0),
     )
     for o, p in ((optimizer, "adapters"), (sft_optimizer, warmstart.part(mcfg)))
@@ -373,7 +375,7 @@ def _build(setup: config.Setup) -> Functions:
   train_sampler = functools.partial(_sampler, setup, sampler_sh, model_fn)
   return Functions(
     layout=layout,
-    param_shardings=sh.params,
+    param_shardings=sharding.param_shardings(layout, setup.model_cfg),  # What loads fill.
     state_shardings=sh.state,
     sft_state_shardings=sh.sft_state,
     model_fn=model_fn,

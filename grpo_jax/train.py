@@ -317,7 +317,9 @@ def _restore_or_start(s: _Session) -> tuple[RunState, int | None, dict | None]:
   tree = got.tree
   if identity := meta.get("base_identity"):  # Adapters: the base is read and checked.
     like = abstract["train"].params["base"]
-    base = frozen_base.load(s.setup, like, identity, workdir=s.workdir)
+    base = frozen_base.load(
+      s.setup, like, identity, workdir=s.workdir, load_shardings=s.fns.param_shardings["base"]
+    )
     tree = frozen_base.joined(tree, base)
   st = RunState.restore(tree, meta)
   s.log(f"resumed from {s.ckpt.directory / str(got.step)} (iteration {st.iteration})")

@@ -63,7 +63,9 @@ def _abstract_state(setup: config.Setup, fns):
   """Shapes, dtypes and shardings of the warm start's train state."""
   shapes = jax.eval_shape(
     lambda k: rl.init_state(
-      model.init(setup.model_cfg, k), fns.sft_optimizer, part=part(setup.model_cfg)
+      stored(model.init(setup.model_cfg, k), setup.model_cfg, part(setup.model_cfg)),
+      fns.sft_optimizer,
+      part=part(setup.model_cfg),
     ),
     jax.random.key(0),
   )
@@ -112,6 +114,12 @@ def part(model_cfg) -> str:
   """What the warm start trains (`model.split_trainable`): model.lora.warm_start with
   adapters (config.build resolves "auto"), else the whole model."""
   return model_cfg.lora.warm_start if model_cfg.lora.enabled else "adapters"
+
+
+def stored(params, model_cfg, trains: str):
+  """The params a warm start that trains `trains` (`part`) holds: with "adapters" the
+  frozen base as stored (`model.cast_base`: model.lora.base_dtype), with "base" as made."""
+  return model.cast_base(params, model_cfg) if trains == "adapters" else params
 
 
 def sft_step(

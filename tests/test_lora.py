@@ -155,6 +155,17 @@ def test_the_memory_plan_counts_adapters_for_gradients_and_optimizer_and_no_refe
   # A bfloat16 base (model.lora.base_dtype) holds half the base's bytes.
   half = plan(_cfg(base_dtype="bfloat16"))
   assert half.params == base_bytes // 2 + adapter_bytes and half.grads == lora.grads
+  # An int8 base: a byte per kernel weight and a float32 scale per output channel (the
+  # kernel's size over its first input axis), the rest in bfloat16.
+  flat = jax.tree_util.tree_flatten_with_path(params["base"])[0]
+  kernels = [x for path, x in flat if path[-1].key == "kernel"]
+  rest = [x for path, x in flat if path[-1].key != "kernel"]
+  int8_bytes = sum(x.size + 4 * x.size // x.shape[0] for x in kernels)
+  int8_bytes += sum(2 * x.size for x in rest)
+  assert kernels and rest
+  int8 = plan(_cfg(base_dtype="int8"))
+  assert int8.params == int8_bytes + adapter_bytes and int8.grads == lora.grads
+  assert int8_bytes < base_bytes / 3
 
 
 @pytest.mark.parametrize("scan", [False, True])
@@ -185,6 +196,66 @@ def test_a_bfloat16_base_is_the_float32_model_on_rounded_weights(scan):
   assert any(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(grads))
 
 
+def test_int8_quantization_by_hand():
+  """Per output channel (columns of a [in, out] kernel): s = max|W| / 127.5 (qwix's int8
+  bound: the top bucket is [126.5, 127.5]), Q = clip(round(W / s), -128, 127): column 0
+  max 1 -> s = 1/127.5, 1 -> 127.5 -> 127, 0.5 -> 63.75 -> 64; column 1 max 4 ->
+  s = 4/127.5, -2 -> -63.75 -> -64, 4 -> 127."""
+  from grpo_jax import quant  # noqa: PLC0415
+
+  w = jnp.array([[1.0, -2.0], [0.5, 4.0]])
+  q = quant.quantize(w, axis=0)
+  np.testing.assert_array_equal(q.qvalue, np.array([[127, -64], [64, 127]], np.int8))
+  np.testing.assert_allclose(q.scale, [[1 / 127.5, 4 / 127.5]], rtol=1e-7)
+  want = np.array([[127, -256], [64, 508]]) / 127.5
+  np.testing.assert_allclose(quant.dequantized(q), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_an_int8_base_is_the_float32_model_on_dequantized_weights(scan):
+  """model.lora.base_dtype="int8": every Dense kernel is stored as (Q int8, s float32) and
+  dequantized inside its layer, so the policy equals the float32 model whose kernels are
+  s·Q (the embedding table and norms rounded to bfloat16), bit for bit under jit; the
+  reference is that base; adapter gradients are float32 and equal that model's; each
+  weight is within s/2 of the original."""
+  from grpo_jax import quant  # noqa: PLC0415
+
+  cfg = dataclasses.replace(_cfg(base_dtype="int8"), scan_layers=scan)
+  cfg32 = dataclasses.replace(_cfg(), scan_layers=scan)
+  params = _random_adapters(model.init(cfg, jax.random.key(0)))
+  stored = model.cast_base(params, cfg)
+  flat = jax.tree_util.tree_flatten_with_path(stored["base"], is_leaf=quant.is_quantized)[0]
+  kernels = {jax.tree_util.keystr(p): x for p, x in flat if quant.is_quantized(x)}
+  assert len(kernels) == 7 * (1 if scan else cfg.n_layers), sorted(kernels)
+  assert {x.qvalue.dtype for x in kernels.values()} == {jnp.dtype(jnp.int8)}
+  assert {x.dtype for _, x in flat if not quant.is_quantized(x)} == {jnp.dtype(jnp.bfloat16)}
+  originals = {
+    jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_flatten_with_path(params["base"])[0]
+  }
+  for name, q in kernels.items():
+    error = jnp.abs(quant.dequantized(q) - originals[name])
+    assert bool(jnp.all(error <= q.scale / 2 * (1 + 1e-4))), name
+  dequantized = jax.jit(lambda s: {"base": quant.dequantized(s["base"]), "lora": s["lora"]})(stored)
+  policy = jax.jit(lambda p, c: model.apply(p, *_inputs(), cfg=c)[0], static_argnums=1)
+  np.testing.assert_array_equal(policy(stored, cfg), policy(dequantized, cfg32))
+  np.testing.assert_array_equal(
+    policy(model.reference(stored), cfg), policy(model.reference(dequantized), cfg32)
+  )
+
+  def adapter_grads(p, c):
+    trainable, join = model.split_trainable(p)
+    return jax.jit(jax.grad(lambda t: model.apply(join(t), *_inputs(), cfg=c)[0].sum()))(trainable)
+
+  got, want = adapter_grads(stored, cfg), adapter_grads(dequantized, cfg32)
+  assert all(g.dtype == jnp.float32 for g in jax.tree.leaves(got))
+  assert any(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(got))
+  jax.tree.map(np.testing.assert_array_equal, got, want)
+  # Merging folds the adapters into s·Q, and leaves no quantized kernel behind.
+  merged = model.merge_adapters(stored, cfg)
+  assert not any(quant.is_quantized(x) for x in jax.tree.leaves(merged, is_leaf=quant.is_quantized))
+  jax.tree.map(np.testing.assert_array_equal, merged, model.merge_adapters(dequantized, cfg32))
+
+
 def test_adapters_follow_their_kernels_logical_axes():
   axes = model.logical_axes(dataclasses.replace(_cfg(), scan_layers=True))
   q = axes["lora"]["layers"]["attn"]["q_lora"]
@@ -203,6 +274,7 @@ def test_adapters_follow_their_kernels_logical_axes():
     (dict(rank=4, targets=("q", "embed")), r"unknown \['embed'\]"),
     (dict(rank=4, targets=("lm_head",)), "tied embedding table"),
     (dict(rank=4, warm_start="never"), "warm_start='never'"),
+    (dict(rank=4, base_dtype="nf4"), "allowed: '' .*'int8'"),
     (dict(rnak=4), "unknown LoraConfig keys"),
   ],
 )
@@ -426,21 +498,27 @@ def test_a_lora_checkpoint_holds_the_adapters_resumes_exactly_and_checks_its_bas
     train.run(c, cut, log=lambda _: None)
 
 
-def test_a_bfloat16_base_is_kept_and_resumed_in_bfloat16(tmp_path):
-  """A random init with model.lora.base_dtype="bfloat16": the warm start trains the base
-  in float32, then it is stored in bfloat16 (workdir/base too) and the run resumes on it."""
+@pytest.mark.parametrize(
+  "base_dtype, dtypes", [("bfloat16", {"bfloat16"}), ("int8", {"int8", "float32", "bfloat16"})]
+)
+def test_a_stored_base_is_kept_and_resumed_in_its_dtype(base_dtype, dtypes, tmp_path):
+  """A random init with model.lora.base_dtype set: the warm start trains the base in
+  float32, then it is stored in bfloat16 (or int8 kernels with float32 scales, the rest
+  bfloat16), in workdir/base too, and the run resumes on it."""
   from grpo_jax import checkpoint, frozen_base, train  # noqa: PLC0415
 
-  c = _lora_run_config(iterations=2, base_dtype="bfloat16")
+  c = _lora_run_config(iterations=2, base_dtype=base_dtype)
   c.update(warmstart_steps=10, checkpoint_every=1, eval_size=8)
   train.run(c, tmp_path, log=lambda _: None)
   keeper = checkpoint.Checkpointer(tmp_path / frozen_base.BASE_DIR, keep=1, keep_best=False)
   try:
     saved = checkpoint._metadata_shapes(keeper._mngr.item_metadata(0)["state"])
-    dtypes = {m.dtype for m in jax.tree.leaves(keeper._mngr.item_metadata(0)["state"])}
+    saved_dtypes = {m.dtype for m in jax.tree.leaves(keeper._mngr.item_metadata(0)["state"])}
   finally:
     keeper.close()
-  assert saved and dtypes == {jnp.dtype(jnp.bfloat16)}, dtypes
+  assert saved and {str(d) for d in saved_dtypes} == dtypes, saved_dtypes
+  quantized = [k for k in saved if k.endswith("kernel/qvalue")]
+  assert bool(quantized) == (base_dtype == "int8"), list(saved)[:8]
   c.iterations = 3
   logs = []
   train.run(c, tmp_path, log=logs.append)  # Resumes: the base read back passes its check.
@@ -493,10 +571,12 @@ def test_the_pipeline_samples_with_the_current_adapters(tmp_path):
   assert stale[2]["offpolicy/mismatch_k3"] > 1e-5  # Two adapter updates apart.
 
 
-def test_a_resume_reads_the_checkpoint_base_again_and_refuses_an_edited_one(tmp_path):
+@pytest.mark.parametrize("base_dtype", ["", "int8"])
+def test_a_resume_reads_the_checkpoint_base_again_and_refuses_an_edited_one(base_dtype, tmp_path):
   """A base from config.hf_dir is not copied into the workdir: a resume reads it again
-  (from wherever config.hf_dir points now) and checks its fingerprint; a checkpoint whose
-  weights were edited in between is refused in one line."""
+  (from wherever config.hf_dir points now), stores it again (int8: quantized the same
+  way) and checks its fingerprint; a checkpoint whose weights were edited in between is
+  refused in one line."""
   import shutil  # noqa: PLC0415
 
   import safetensors.numpy  # noqa: PLC0415
@@ -508,7 +588,7 @@ def test_a_resume_reads_the_checkpoint_base_again_and_refuses_an_edited_one(tmp_
   shutil.copytree(c.hf_dir, hf_dir)
   c.update(hf_dir=str(hf_dir), iterations=1, eval_every=1, checkpoint_every=1)
   c.update(reward_workers=0, progress=False, tensorboard=False, export_hf=False)
-  c.model.lora.rank = 4
+  c.model.lora.update(rank=4, base_dtype=base_dtype)
   workdir = tmp_path / "run"
   train.run(c, workdir, log=lambda _: None)
   assert not (workdir / frozen_base.BASE_DIR).exists()  # Named, not copied.

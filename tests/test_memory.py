@@ -119,6 +119,28 @@ def test_plan_agrees_with_xla(devices, flags):
   assert 0.9 <= d["kv_cache"] / x["sample_temp"] <= 1.1
 
 
+def test_an_int8_lora_base_is_planned_and_compiled_on_a_mesh():
+  """LoRA over an int8 base (model.lora.base_dtype) on (1, 4, 2): the (Q, s) pairs are
+  sharded like their kernels (s unsharded on the axis it reduces); the plan's resident
+  bytes equal the compiled update's arguments, and the base holds under a third of its
+  float32 bytes."""
+  lora = ["--config.model.lora.rank=16", "--config.mesh.fsdp=4", "--config.mesh.tensor=2"]
+  _, d = _cli(
+    "--config=configs/scale.py:tiny",
+    "--compile",
+    *lora,
+    "--config.model.lora.base_dtype=int8",
+    devices=8,
+  )
+  _, f32 = _cli("--config=configs/scale.py:tiny", *lora, devices=8)
+  x = d["xla"]
+  assert d["params"] + d["opt_state"] == pytest.approx(x["train_step_arguments"], rel=0.01)
+  assert d["opt_state"] == f32["opt_state"]  # Adapters only, in float32 either way.
+  adapters = f32["opt_state"] / 2  # Adam's two moments, one per adapter weight.
+  assert d["params"] - adapters < (f32["params"] - adapters) / 3
+  assert d["train_step"] == pytest.approx(x["train_step_temp"], rel=0.10)
+
+
 def test_plan_cli_says_what_to_change_when_it_does_not_fit():
   out, d = _cli("--config=configs/scale.py:7b", "--devices=8", "--device=tpu-v5e")
   assert d["fits"] is False and d["mesh"] == [1, 2, 4]
