@@ -130,3 +130,29 @@ def test_bench_offpolicy_reports_every_mode():
   assert out["speedup_async_split"] == pytest.approx(
     out["sync"]["iteration_s"] / out["async_split"]["iteration_s"]
   )
+
+
+def test_lora_smollm2_applies_its_rule_seed_by_seed():
+  """LoRA's gain must reach half of full's on every seed: 0.14 >= 0.27/2 holds, 0.10 <
+  0.43/2 does not -> inconclusive; all three holding -> supports."""
+  import lora_smollm2  # noqa: PLC0415
+
+  def seeds(gains):
+    return {
+      "command": "c",
+      "machine": "m",
+      "seeds": {
+        str(s): dict(
+          before=0.3, after=0.3 + g, gain=g, evals=[[0, 0.3]], seconds_per_iteration=60.0
+        )
+        for s, g in enumerate(gains)
+      },
+    }
+
+  full = seeds([0.27, 0.43, 0.20])
+  r = lora_smollm2.compare(seeds([0.14, 0.10, 0.10]), full)
+  assert [row["holds"] for row in r["rows"]] == [True, False, True]
+  assert r["verdict"] == "inconclusive"
+  assert lora_smollm2.compare(seeds([0.2, 0.3, 0.1]), full)["verdict"] == "supports"
+  assert lora_smollm2.compare(seeds([0.0, 0.0, 0.0]), full)["verdict"] == "contradicts"
+  assert "| 1 | lora | 30.0% | 40.0% | +10.0 |" in lora_smollm2.markdown(r)
