@@ -12,7 +12,7 @@ mean, σ_g the group std (ddof 1 if `unbiased_std` else 0), m_{i,t} the completi
 Singleton rule: a group with one row has no baseline from its peers, so GRPO, Dr. GRPO,
 RLOO, positive-only and the group optimal baseline give it advantage 0 (r_i - r̄ = 0).
 verl instead gives a singleton (r - 0)/1 = r; use a batch-level estimator for G = 1
-(`BATCH_LEVEL`).
+(`batch_level_names()`: its `Traits.batch_level`).
 
 Excluded rows: rows with valid_B = False (e.g. unscorable rewards, `rl.RLConfig.unscorable`)
 take part in no statistic (group or batch means, stds, pass rates, whitening) and get
@@ -21,13 +21,56 @@ A = 0; every estimator then equals itself on the batch without those rows (teste
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
 import flax
 import jax
 import jax.numpy as jnp
 
 from grpo_jax import groups, ibpo, registry
 
-REGISTRY = registry.Registry("advantage estimator")
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Traits:
+  """What the trainer asks of an estimator (`REGISTRY.traits(name)`), declared where it is
+  registered; no caller compares estimator names.
+
+  needs_old_logp: it reads π_old's distribution (the optimal baselines' score norms), so
+    rl.recompute_old_logp=False is refused.
+  batch_level: it gives non-zero advantages with one rollout per prompt (its baseline is
+    not the group's): True, or the options that make it so ({"scope": "batch"}).
+  metrics: fn(inputs, hyper, **options) -> {name: scalar}, its own metrics (logged beside
+    the others), or None.
+  check: fn(**options) that raises on bad option values before anything is traced, or None.
+  reads_counterfactuals: counterfactual rows (config.counterfactual) inform it even when
+    they are not trained on.
+  """
+
+  needs_old_logp: bool = False
+  batch_level: bool | dict = False
+  metrics: Callable | None = None
+  check: Callable | None = None
+  reads_counterfactuals: bool = False
+
+
+def _check_scope(name: str, scope) -> None:
+  if scope not in ("group", "batch"):
+    raise ValueError(f"{name} scope must be 'group' or 'batch', got {scope!r}.")
+
+
+def _check_ibpo(*, shrink=0.0, scale="std") -> None:
+  if not (isinstance(shrink, int | float) and 0 <= shrink < float("inf")):
+    raise ValueError(f"ibpo shrink must be a finite number >= 0, got {shrink}.")
+  if scale not in ibpo.SCALES:
+    raise ValueError(f"ibpo scale must be one of {', '.join(ibpo.SCALES)}, got {scale!r}.")
+
+
+def _scope_check(name: str):
+  return lambda *, scope="group": _check_scope(name, scope)
+
+
+REGISTRY = registry.Registry("advantage estimator", traits=Traits)
 
 
 @flax.struct.dataclass
@@ -201,7 +244,7 @@ def rloo(inputs: AdvantageInputs, hyper: AdvantageHyper):
   return _to_tokens(scale_B * (r_B - groups.group_mean(r_B, g_B, v_B)), inputs.token_mask)
 
 
-@REGISTRY.register("reinforce_pp")
+@REGISTRY.register("reinforce_pp", batch_level=True)
 def reinforce_pp(inputs: AdvantageInputs, hyper: AdvantageHyper):
   """Token rewards r_t = 1[t = last]·r_i - β·kl_t, return G_t = Σ_{s>=t} γ^{s-t} r_s over the
   row's valid tokens (s, t count valid tokens only: masked gaps are skipped), then global whitening A = (G - μ)/(σ + eps) over all
@@ -239,7 +282,7 @@ def reinforce_pp_baseline(inputs: AdvantageInputs, hyper: AdvantageHyper):
   return _masked_whiten(centred_BT, inputs.token_mask, hyper.eps)
 
 
-@REGISTRY.register("batch_mean")
+@REGISTRY.register("batch_mean", batch_level=True)
 def batch_mean(inputs: AdvantageInputs, hyper: AdvantageHyper):
   """A_i = r_i - (1/B) Σ_j r_j: a batch baseline for single-rollout (G = 1) training.
 
@@ -250,7 +293,7 @@ def batch_mean(inputs: AdvantageInputs, hyper: AdvantageHyper):
   return _to_tokens(r_B - _batch_mean(r_B, inputs.valid), inputs.token_mask)
 
 
-@REGISTRY.register("batch_mean_std")
+@REGISTRY.register("batch_mean_std", batch_level=True)
 def batch_mean_std(inputs: AdvantageInputs, hyper: AdvantageHyper, *, unbiased_std: bool = True):
   """A_i = (r_i - μ_B)/(σ_B + eps) over the rows of the batch (σ with ddof 1 or 0).
 
@@ -278,7 +321,12 @@ def positive_only(inputs: AdvantageInputs, hyper: AdvantageHyper, *, unbiased_st
   return jnp.maximum(grpo(inputs, hyper, unbiased_std=unbiased_std), 0.0)
 
 
-@REGISTRY.register("optimal_baseline")
+@REGISTRY.register(
+  "optimal_baseline",
+  needs_old_logp=True,
+  batch_level={"scope": "batch"},
+  check=_scope_check("optimal_baseline"),
+)
 def optimal_baseline(inputs: AdvantageInputs, hyper: AdvantageHyper, *, scope: str = "group"):
   """A_i = r_i - b*, b* = Σ_j s_j r_j / Σ_j s_j over the group (or batch), s_j = ‖∇log π(o_j)‖².
 
@@ -304,7 +352,12 @@ def optimal_baseline(inputs: AdvantageInputs, hyper: AdvantageHyper, *, scope: s
   return _to_tokens(r_B - b_B, inputs.token_mask)
 
 
-@REGISTRY.register("optimal_token_baseline")
+@REGISTRY.register(
+  "optimal_token_baseline",
+  needs_old_logp=True,
+  batch_level={"scope": "batch"},
+  check=_scope_check("optimal_token_baseline"),
+)
 def optimal_token_baseline(inputs: AdvantageInputs, hyper: AdvantageHyper, *, scope: str = "group"):
   """A_{i,t} = r_i − B_{g(i),t}, the per-token optimal baseline of each group (or batch):
 
@@ -377,7 +430,6 @@ def fade(inputs: AdvantageInputs, hyper: AdvantageHyper):
   return _to_tokens(jnp.where(mixed_B, a_B, 0.0), inputs.token_mask)
 
 
-@REGISTRY.register("ibpo")
 def ibpo_advantage(
   inputs: AdvantageInputs, hyper: AdvantageHyper, *, shrink: float = 0.0, scale: str = "std"
 ):
@@ -425,22 +477,31 @@ def ibpo_stats(inputs: AdvantageInputs, hyper: AdvantageHyper, *, shrink=0.0, sc
   return ibpo.comparison_stats(adv_BT, inputs.rewards_B, **parts)
 
 
-# Estimators that need no group: with G = 1 (single-rollout training) every other one gives
-# A = 0 (a singleton group is its own baseline) and trains nothing.
-BATCH_LEVEL = (
-  "batch_mean",
-  "batch_mean_std",
-  "reinforce_pp",
-  "optimal_baseline(scope='batch')",
-  "optimal_token_baseline(scope='batch')",
+REGISTRY.register("ibpo", metrics=ibpo_stats, check=_check_ibpo, reads_counterfactuals=True)(
+  ibpo_advantage
 )
 
 
 def works_without_groups(name: str, options: dict) -> bool:
-  """Whether estimator `name` with `options` gives non-zero advantages at group size 1."""
-  if name in ("optimal_baseline", "optimal_token_baseline"):
-    return options.get("scope", "group") == "batch"
-  return name in BATCH_LEVEL
+  """Whether estimator `name` with `options` gives non-zero advantages at group size 1 (its
+  `Traits.batch_level`); every other one gives A = 0 there (a singleton group is its own
+  baseline) and trains nothing."""
+  level = REGISTRY.traits(name).batch_level
+  if isinstance(level, dict):
+    return all(options.get(k) == v for k, v in level.items())
+  return bool(level)
+
+
+def batch_level_names() -> list[str]:
+  """The estimators (with the options they need) that work at group size 1."""
+  out = []
+  for name in REGISTRY.names():
+    level = REGISTRY.traits(name).batch_level
+    if isinstance(level, dict):
+      out.append(f"{name}({', '.join(f'{k}={v!r}' for k, v in level.items())})")
+    elif level:
+      out.append(name)
+  return out
 
 
 # ----------------------------------------------------------------------------
@@ -506,18 +567,6 @@ def advantage_stats(adv_BT, mask_BT, rewards_B, correct_B, group_ids_B):
 # ----------------------------------------------------------------------------
 
 
-def _check_scope(name: str, scope) -> None:
-  if scope not in ("group", "batch"):
-    raise ValueError(f"{name} scope must be 'group' or 'batch', got {scope!r}.")
-
-
-def _check_ibpo(*, shrink=0.0, scale="std") -> None:
-  if not (isinstance(shrink, int | float) and 0 <= shrink < float("inf")):
-    raise ValueError(f"ibpo shrink must be a finite number >= 0, got {shrink}.")
-  if scale not in ibpo.SCALES:
-    raise ValueError(f"ibpo scale must be one of {', '.join(ibpo.SCALES)}, got {scale!r}.")
-
-
 def get(name: str, **options):
   """The estimator `name` with its static options bound: fn(inputs, hyper) -> A_BT.
 
@@ -525,8 +574,6 @@ def get(name: str, **options):
   option values fail here, before anything is traced.
   """
   fn = REGISTRY.bind(name, **options)
-  if "scope" in options:
-    _check_scope(name, options["scope"])
-  if name == "ibpo":
-    _check_ibpo(**options)
+  if (check := REGISTRY.traits(name).check) is not None:
+    check(**options)
   return fn

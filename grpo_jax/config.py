@@ -668,11 +668,15 @@ def _check_counterfactuals(cf, rl_cfg: rl.RLConfig, task, steps, *, diagnostics)
       f"{where}.train=True with config.diagnostics.every > 0: the diagnostics probe groups "
       "of G samples, and trained counterfactuals make them G + C rows; switch one off."
     )
-  if rl_cfg.advantage != "ibpo" and not cf.train:
+  if not (advantages.REGISTRY.traits(rl_cfg.advantage).reads_counterfactuals or cf.train):
+    readers = [
+      n for n in advantages.REGISTRY if advantages.REGISTRY.traits(n).reads_counterfactuals
+    ]
     raise ValueError(
       f"{where}.per_group={cf.per_group} with rl.advantage={rl_cfg.advantage!r} and "
       f"{where}.train=False: the counterfactual rows would be sampled and never used. Use "
-      "rl.advantage='ibpo' (they inform its potential φ), or train=True, or per_group=0."
+      f"rl.advantage={' or '.join(map(repr, readers))} (they inform its potential φ), or "
+      "train=True, or per_group=0."
     )
   if rl_cfg.dynamic_sampling:
     raise ValueError(f"{where} does not combine with rl.dynamic_sampling; switch one off.")
@@ -818,7 +822,7 @@ def _check_group_estimator(rl_cfg: rl.RLConfig, group_size: int) -> None:
     raise ValueError(
       f"config.rl.advantage={rl_cfg.advantage!r} with config.sampler.group_size=1: a group of "
       "one is its own baseline, so every advantage is 0 and nothing trains. At group_size 1 "
-      f"use one of {', '.join(advantages.BATCH_LEVEL)}, or raise group_size."
+      f"use one of {', '.join(advantages.batch_level_names())}, or raise group_size."
     )
 
 

@@ -1,11 +1,17 @@
-"""Name -> object registries, so configs pick variants by string."""
+"""Name -> object registries, so configs pick variants by string.
+
+A registry may declare a traits record (a frozen dataclass with defaults): what the
+trainer asks of a variant (e.g. an estimator's need of π_old), declared beside it at
+registration, `@REGISTRY.register("name", needs_old_logp=True)`, and read with
+`REGISTRY.traits("name")`, so that no caller compares variant names.
+"""
 
 from __future__ import annotations
 
 import functools
 import inspect
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -13,18 +19,32 @@ T = TypeVar("T")
 class Registry(Generic[T]):
   """A named table of variants; unknown names fail with the list of valid ones."""
 
-  def __init__(self, kind: str):
+  def __init__(self, kind: str, *, traits: type | None = None):
     self.kind = kind
     self._items: dict[str, T] = {}
+    self._traits_type = traits
+    self._traits: dict[str, Any] = {}
 
-  def register(self, name: str) -> Callable[[T], T]:
+  def register(self, name: str, **traits) -> Callable[[T], T]:
+    """Decorator: adds `obj` under `name`, with its traits (the registry's traits record;
+    an unknown trait fails here, at import)."""
+    if traits and self._traits_type is None:
+      raise ValueError(f"{self.kind} registry declares no traits; got {sorted(traits)}.")
+    record = self._traits_type(**traits) if self._traits_type is not None else None
+
     def add(obj: T) -> T:
       if name in self._items and not _same_definition(self._items[name], obj):
         raise ValueError(f"{self.kind} {name!r} is already registered.")
       self._items[name] = obj
+      self._traits[name] = record
       return obj
 
     return add
+
+  def traits(self, name: str):
+    """The traits record `name` was registered with (defaults where none were given)."""
+    self.get(name)  # Unknown names: the list of valid ones.
+    return self._traits[name]
 
   def get(self, name: str) -> T:
     try:

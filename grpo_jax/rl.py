@@ -180,7 +180,7 @@ class RLConfig:
         for what, used in (
           (
             f"advantage={self.advantage!r}",
-            self.advantage in ("optimal_baseline", "optimal_token_baseline"),
+            advantages.REGISTRY.traits(self.advantage).needs_old_logp,
           ),
           (
             "the 'entropy' negative_token_filter criterion",
@@ -512,12 +512,13 @@ def estimator_metrics(
   cfg,
   **context,
 ):
-  """The configured estimator's own metrics: "ibpo/..." for ibpo (`advantages.ibpo_stats`),
-  none for the others."""
-  if cfg.advantage != "ibpo":
+  """The configured estimator's own metrics (its `advantages.Traits.metrics`: "ibpo/..."
+  for ibpo), none for the others."""
+  metrics = advantages.REGISTRY.traits(cfg.advantage).metrics
+  if metrics is None:
     return {}
   inputs = _advantage_inputs(lp, rollouts, rewards_N, valid_N, hyper, success_N, cfg=cfg, **context)
-  return advantages.ibpo_stats(inputs, hyper.adv, **config_lib.to_dict(cfg.advantage_options))
+  return metrics(inputs, hyper.adv, **config_lib.to_dict(cfg.advantage_options))
 
 
 def loss_mask(lp: PolicyLogProbs, rollouts, adv_NT, valid_N, hyper: PrepareHyper, *, cfg):

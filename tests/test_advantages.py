@@ -771,3 +771,45 @@ def test_works_without_groups():
   for name, options in _EVERY_ESTIMATOR:
     nonzero = bool(np.any(np.asarray(_run(name, inputs, **options)) != 0))
     assert nonzero == advantages.works_without_groups(name, options), name
+
+
+def test_the_trainer_asks_an_estimators_traits_not_its_name(monkeypatch):
+  """A toy estimator registered with traits (as a user's file would) is judged by them: its
+  need of π_old refuses recompute_old_logp=False, its batch level passes group_size 1, its
+  option check runs in `get`, and its own metrics are what the trainer logs for it."""
+  from grpo_jax import registry, rl  # noqa: PLC0415
+
+  monkeypatch.setattr(advantages.REGISTRY, "_items", dict(advantages.REGISTRY._items))
+  monkeypatch.setattr(advantages.REGISTRY, "_traits", dict(advantages.REGISTRY._traits))
+
+  def check(*, width=1.0):
+    if width <= 0:
+      raise ValueError(f"toy width must be > 0, got {width}.")
+
+  @advantages.REGISTRY.register(
+    "toy",
+    needs_old_logp=True,
+    batch_level=True,
+    check=check,
+    metrics=lambda inputs, hyper, **o: {"toy/reward_sum": jnp.sum(inputs.rewards_B)},
+  )
+  def toy(inputs, hyper, *, width=1.0):
+    """A_i = width · r_i."""
+    return advantages._to_tokens(width * inputs.rewards_B, inputs.token_mask)
+
+  with pytest.raises(ValueError, match=r"advantage='toy' needs; set recompute_old_logp=True"):
+    rl.RLConfig(advantage="toy", recompute_old_logp=False)
+  rl.RLConfig(advantage="toy")  # Fine with π_old recomputed.
+  assert advantages.works_without_groups("toy", {}) and "toy" in advantages.batch_level_names()
+  with pytest.raises(ValueError, match="toy width must be > 0"):
+    advantages.get("toy", width=0.0)
+  inputs = _inputs([1.0, 0.0, 1.0, 1.0], [0, 0, 1, 1])
+  np.testing.assert_allclose(
+    np.asarray(advantages.get("toy", width=2.0)(inputs, None))[:, 0], [2, 0, 2, 2]
+  )
+  assert advantages.REGISTRY.traits("toy").metrics(inputs, None)["toy/reward_sum"] == 3.0
+  assert advantages.REGISTRY.traits("grpo") == advantages.Traits()  # The defaults.
+  with pytest.raises(TypeError, match="unexpected keyword argument 'needs_reference'"):
+    advantages.REGISTRY.register("toy2", needs_reference=True)
+  with pytest.raises(ValueError, match="declares no traits"):
+    registry.Registry("thing").register("x", fast=True)
