@@ -45,6 +45,8 @@ class Traits:
   check: fn(**options) that raises on bad option values before anything is traced, or None.
   reads_counterfactuals: counterfactual rows (config.counterfactual) inform it even when
     they are not trained on.
+  folds_kl: with rl.kl_in="reward" it subtracts β·kl_t per token itself (`AdvantageInputs.
+    kl_BT`); any other estimator sees the sequence reward r_i − β·Σ_t kl_t instead.
   """
 
   needs_old_logp: bool = False
@@ -52,6 +54,7 @@ class Traits:
   metrics: Callable | None = None
   check: Callable | None = None
   reads_counterfactuals: bool = False
+  folds_kl: bool = False
 
 
 def _check_scope(name: str, scope) -> None:
@@ -244,7 +247,7 @@ def rloo(inputs: AdvantageInputs, hyper: AdvantageHyper):
   return _to_tokens(scale_B * (r_B - groups.group_mean(r_B, g_B, v_B)), inputs.token_mask)
 
 
-@REGISTRY.register("reinforce_pp", batch_level=True)
+@REGISTRY.register("reinforce_pp", batch_level=True, folds_kl=True)
 def reinforce_pp(inputs: AdvantageInputs, hyper: AdvantageHyper):
   """Token rewards r_t = 1[t = last]·r_i - β·kl_t, return G_t = Σ_{s>=t} γ^{s-t} r_s over the
   row's valid tokens (s, t count valid tokens only: masked gaps are skipped), then global whitening A = (G - μ)/(σ + eps) over all

@@ -460,7 +460,7 @@ def _advantage_inputs(
   weights_N=None,
   start_N=None,
 ):
-  if cfg.kl_in == "reward" and cfg.advantage != "reinforce_pp":
+  if cfg.kl_in == "reward" and not advantages.REGISTRY.traits(cfg.advantage).folds_kl:
     rewards_N = rewards_N - hyper.adv.kl_coef * jnp.sum(lp.kl_NT, axis=1)
   return advantages.AdvantageInputs(
     rewards_B=rewards_N,
