@@ -45,7 +45,7 @@ import time
 
 import numpy as np
 
-from grpo_jax import math_verify, rewards
+from grpo_jax import logs, math_verify, rewards
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CASES = ROOT / "tests" / "fixtures" / "verifier" / "cases.jsonl"
@@ -54,7 +54,7 @@ HF_REPOS = ("huggingface/",)  # Math-Verify's own organisation (see the md).
 
 
 def load_cases(path: pathlib.Path = CASES) -> list[dict]:
-  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  return logs.read_jsonl(path)
 
 
 def completion_of(case: dict) -> str:

@@ -137,7 +137,9 @@ def arm_config(arm: Arm, *, seed: int, iterations: int, quick: bool):
 
 
 def read_records(workdir: pathlib.Path) -> list[dict]:
-  return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  from grpo_jax import logs  # noqa: PLC0415 -- as train below: --table needs no JAX.
+
+  return logs.read_jsonl(workdir / "metrics.jsonl")
 
 
 def run_seconds(arm: Arm, seed: int, *, root: pathlib.Path, iterations: int, quick: bool) -> float:
