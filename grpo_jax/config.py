@@ -721,7 +721,8 @@ def _model_config(model_d: dict, tok, *, hf_dir: str) -> model.ModelConfig:
         "use 0 (the tokenizer's) or a larger size (e.g. a pretrained model's padded vocab)."
       )
     cfg = model.ModelConfig.from_dict({**model_d, "vocab_size": vocab})
-  if cfg.lora.warm_start == "auto":  # A random init is pretrained by the warm start.
+  if cfg.lora.enabled and cfg.lora.warm_start == "auto":  # A random init: the warm start
+    # pretrains its base. Without adapters nothing reads it (the config stays as given).
     lora = dataclasses.replace(cfg.lora, warm_start="adapters" if hf_dir else "base")
     cfg = dataclasses.replace(cfg, lora=lora)
   return cfg
