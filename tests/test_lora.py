@@ -571,7 +571,7 @@ def test_the_pipeline_samples_with_the_current_adapters(tmp_path):
   assert stale[2]["offpolicy/mismatch_k3"] > 1e-5  # Two adapter updates apart.
 
 
-@pytest.mark.parametrize("base_dtype", ["", "int8"])
+@pytest.mark.parametrize("base_dtype", ["int8"])  # CI time: int8 runs the float path and more.
 def test_a_resume_reads_the_checkpoint_base_again_and_refuses_an_edited_one(base_dtype, tmp_path):
   """A base from config.hf_dir is not copied into the workdir: a resume reads it again
   (from wherever config.hf_dir points now), stores it again (int8: quantized the same
