@@ -126,6 +126,8 @@ def main(argv=None) -> dict:
     "config": CONFIG + " with --config.model.lora.rank=16",
     "machine": f"{platform.processor() or platform.machine()}, {jax.devices()[0].platform}, jax {jax.__version__}",
     "rule": "none: a measurement of memory, speed and fidelity, not a claim",
+    "seeds": [0],  # The config's seed (the trainer runs); the quality part draws none.
+    "verdict": "not judged: a measurement of memory, speed and fidelity, no rule was set",
   }
   if "quality" in parts:
     result["quality"] = quality()
