@@ -390,8 +390,12 @@ class Runner:
     tokenizer,
     make_env: Callable[[], Environment],
     env_cls: type[Environment],
+    view: Callable | None = None,
   ):
+    """`view`: the policy's params -> what model_fn reads (`model.sampler_view`: adapters
+    merged), applied once per `run`; None: the params as given."""
     self.cfg, self.sampler_cfg, self.tokenizer = cfg, sampler_cfg, tokenizer
+    self._view = jax.jit(view) if view is not None else None
     self.make_env, self.stop_ids = make_env, stop_ids(env_cls, tokenizer)
     pad, width = sampler_cfg.pad_id, cfg.observation_tokens
     self._start = jax.jit(
@@ -419,6 +423,9 @@ class Runner:
     G = self.sampler_cfg.group_size
     seconds = {"sample": 0.0, "env": 0.0}
     clock = functools.partial(_timed, seconds)
+    if self._view is not None:
+      with clock("sample"):
+        params = self._view(params)
     with clock("env"):
       rows, first = self._reset([examples[n // G] for n in range(len(examples) * G)])
     with clock("sample"):

@@ -49,6 +49,8 @@ Figures are bytes per device, for the mesh of `setup.mesh_cfg` on `n_devices` de
     attention scores and exponentials [B, heads, P - 1, P - 1], the MLP's gate, up and
     product [B·(P - 1), F]) and the prompt batch's k and v [L, B, P - 1, K, E].
   - cache write: the rollout cache, written from one of those k/v stacks.
+  - with adapters merged for sampling (`model.sampler_view`), every phase also holds the
+    merged weights (the base's shapes, sharded as the base; float32 for an int8 kernel).
 - gathered weights (train step): with fsdp > 1 each device all-gathers the weights over
   fsdp to compute with them; XLA gathers the whole model at once, or one layer at a
   time when the layers are scanned.
@@ -293,9 +295,12 @@ def plan(
   gathered = params * (fsdp - 1) // (model_cfg.n_layers if model_cfg.scan_layers else 1)
   working += gathered
   rollout_rows = N // dp if N % dp == 0 else N
-  kv = _sampler_bytes(
+  sampled, merged = _sampled_tree(boxed, model_cfg), 0
+  if sampled is not boxed:  # Adapters merged for sampling: a copy of the weights.
+    merged = _tree_bytes(sampled, rules=rules, mesh_sizes=sizes)
+  kv = merged + _sampler_bytes(
     model_cfg,
-    boxed,
+    sampled,
     rules=rules,
     sizes=sizes,
     rows=rollout_rows,
@@ -327,6 +332,20 @@ def _local_size(n: int, name: str, rules, sizes) -> int:
   return n // size if n % size == 0 else n
 
 
+def _sampled_tree(boxed, cfg: model.ModelConfig):
+  """The boxed abstract params the samplers read: with adapters merged for sampling
+  (`model.sampler_view`), the base with each adapter folded into its kernel (in the
+  kernel's dtype; a quantized kernel dequantized to float32), which the sampler holds for
+  the whole call; else `boxed` itself."""
+  base_cfg, view = model.sampler_view(cfg)
+  if view is None:
+    return boxed
+  names = jax.eval_shape(functools.partial(model.init_boxed, base_cfg), jax.random.key(0))
+  merged = jax.eval_shape(view, nn.unbox(boxed))
+  is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)  # noqa: E731
+  return jax.tree.map(lambda box, x: box.replace_boxed(x), names, merged, is_leaf=is_box)
+
+
 def _sampler_bytes(cfg: model.ModelConfig, boxed, *, rules, sizes, rows, prompt_rows, P, T) -> int:
   """Temporary memory of the compiled sampler (`sampling.sample`) on one device: the
   largest of its three phases (module docstring, "sampler"). `rows` rollout rows and
@@ -339,7 +358,8 @@ def _sampler_bytes(cfg: model.ModelConfig, boxed, *, rules, sizes, rows, prompt_
   vocab = _local_size(cfg.vocab_size, "activation_vocab", rules, sizes)
   # Weights as a device computes with them: gathered over fsdp, split over tensor.
   whole = dict(sizes, fsdp=1)
-  part = lambda k: _tree_bytes(boxed[k], rules=rules, mesh_sizes=whole) if k in boxed else 0
+  tables_of = boxed["base"] if model.is_adapted(boxed) else boxed  # Adapters unmerged.
+  part = lambda k: _tree_bytes(tables_of[k], rules=rules, mesh_sizes=whole) if k in tables_of else 0
   w_model = _tree_bytes(boxed, rules=rules, mesh_sizes=whole)
   w_tables = part("embed") + part("lm_head")
   w_layer = (w_model - w_tables - part("final_norm")) // L

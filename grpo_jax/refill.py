@@ -251,10 +251,14 @@ def make_sample_fn(
 def make_policy_sampler(
   model_cfg: model_lib.ModelConfig, cfg: sampling.SamplerConfig, *, slots: int
 ):
-  """The refill sampler for a grpo_jax transformer policy."""
-  return make_sample_fn(
-    model_fn=model_lib.make_model_fn(model_cfg),
-    init_cache=functools.partial(model_lib.init_cache, model_cfg),
+  """The refill sampler for a grpo_jax transformer policy (adapters merged for sampling when
+  the config says so: `model.sampler_view`)."""
+  mcfg, view = model_lib.sampler_view(model_cfg)
+  fn = functools.partial(
+    sample,
+    model_fn=model_lib.make_model_fn(mcfg),
+    init_cache=functools.partial(model_lib.init_cache, mcfg),
     cfg=cfg,
     slots=slots,
   )
+  return jax.jit(sampling.viewed(fn, view))

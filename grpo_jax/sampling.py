@@ -478,9 +478,29 @@ def make_sample_fn(*, model_fn: Callable, init_cache: Callable, cfg: SamplerConf
 
 
 def make_policy_sampler(model_cfg: model_lib.ModelConfig, cfg: SamplerConfig):
-  """The sampler for a grpo_jax transformer policy."""
-  return make_sample_fn(
-    model_fn=model_lib.make_model_fn(model_cfg),
-    init_cache=functools.partial(model_lib.init_cache, model_cfg),
-    cfg=cfg,
+  """The sampler for a grpo_jax transformer policy (adapters merged for sampling when the
+  config says so: `model.sampler_view`)."""
+  mcfg, view = model_lib.sampler_view(model_cfg)
+  return jax.jit(
+    viewed(
+      functools.partial(
+        sample,
+        model_fn=model_lib.make_model_fn(mcfg),
+        init_cache=functools.partial(model_lib.init_cache, mcfg),
+        cfg=cfg,
+      ),
+      view,
+    )
   )
+
+
+def viewed(fn: Callable, view: Callable | None) -> Callable:
+  """fn(params, *args) run on view(params) (`model.sampler_view`); fn itself without a
+  view."""
+  if view is None:
+    return fn
+  return functools.partial(_on_view, fn=fn, view=view)
+
+
+def _on_view(params, *args, fn: Callable, view: Callable, **kwargs):
+  return fn(view(params), *args, **kwargs)

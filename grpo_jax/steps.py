@@ -178,12 +178,15 @@ def _shardings(setup: config.Setup, layout: sharding.Layout, optimizer, sft_opti
 
 
 def _sampler_model(setup: config.Setup, model_fn):
-  """(model config, model_fn) the samplers run: the model's, in sampler.dtype when set."""
-  mcfg = setup.model_cfg
-  if setup.sampler_cfg.dtype and setup.sampler_cfg.dtype != mcfg.dtype:
-    mcfg = dataclasses.replace(mcfg, dtype=setup.sampler_cfg.dtype)
+  """(model config, model_fn, view) the samplers run: the model's, in sampler.dtype when
+  set; with adapters merged for sampling, the base model on `view(params)`
+  (`model.sampler_view`; view None: the params as given)."""
+  mcfg, view = model.sampler_view(setup.model_cfg)
+  dtype = setup.sampler_cfg.dtype
+  if mcfg is not setup.model_cfg or (dtype and dtype != mcfg.dtype):
+    mcfg = dataclasses.replace(mcfg, dtype=dtype or mcfg.dtype)
     model_fn = model.make_model_fn(mcfg)
-  return mcfg, model_fn
+  return mcfg, model_fn, view
 
 
 def _sampler(
@@ -191,7 +194,7 @@ def _sampler(
 ):
   """`sampling.sample` for `prompts` prompts × `group` rows each; with `slots`, the
   slot-refill sampler (`refill.sample`); in sampler.dtype when it is set."""
-  mcfg, model_fn = _sampler_model(setup, model_fn)
+  mcfg, model_fn, view = _sampler_model(setup, model_fn)
   kw = dict(
     model_fn=model_fn,
     init_cache=functools.partial(model.init_cache, mcfg),
@@ -204,7 +207,7 @@ def _sampler(
   )
   return sharding.Jitted(
     sh.layout,
-    fn,
+    sampling.viewed(fn, view),
     in_shardings=(sh.params, sh.rows(prompts), sh.rep, sh.rep),
     out_shardings=sh.rollouts(prompts * group),
   )
@@ -218,13 +221,15 @@ def _counterfactual_functions(setup: config.Setup, sh: _Shardings, model_fn) -> 
   B, G = setup.loop.prompts_per_step, scfg.group_size
   N, M, rep = B * G, B * cf.per_group, sh.rep
   plan = functools.partial(counterfactuals.plan, cfg=cf, group_size=G, splitter=setup.steps)
+  mcfg, model_fn, view = _sampler_model(setup, model_fn)
   generate = functools.partial(
     counterfactuals.generate,
     model_fn=model_fn,
-    init_cache=functools.partial(model.init_cache, setup.model_cfg),
+    init_cache=functools.partial(model.init_cache, mcfg),
     sampler_cfg=scfg,
     cfg=cf,
   )
+  generate = sampling.viewed(generate, view)
   merge = functools.partial(counterfactuals.merge, group_size=G, kind=cf.kind)
   return dict(
     cf_plan=sharding.Jitted(
@@ -313,13 +318,14 @@ def _offpolicy_functions(setup: config.Setup, sh: _Shardings, model_fn) -> dict:
     return {}
   B, G = setup.loop.prompts_per_step, scfg.group_size
   N, rep = B * G, sh.rep
-  mcfg, model_fn = _sampler_model(setup, model_fn)
+  mcfg, model_fn, view = _sampler_model(setup, model_fn)
   cont = functools.partial(
     offpolicy.continue_rows,
     model_fn=model_fn,
     init_cache=functools.partial(model.init_cache, mcfg),
     cfg=scfg,
   )
+  cont = sampling.viewed(cont, view)
   empty = functools.partial(
     offpolicy.empty_rollouts, group_size=G, max_new_tokens=scfg.max_new_tokens, pad_id=scfg.pad_id
   )
@@ -344,10 +350,11 @@ def _episode_runners(setup: config.Setup, model_fn) -> dict:
   if cfg is None:
     return {}
   env_cls = envs.get(cfg.name)
-  mcfg, model_fn = _sampler_model(setup, model_fn)
+  mcfg, model_fn, view = _sampler_model(setup, model_fn)
   make = functools.partial(
     episodes.Runner,
     model_fn=model_fn,
+    view=view,
     init_cache=functools.partial(model.init_cache, mcfg),
     cfg=cfg,
     tokenizer=tok,

@@ -3,6 +3,7 @@ the adapter path equals the merged weights; only adapters train; the optimizer n
 the base; the reference shares the base's arrays; a LoRA run learns."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +14,8 @@ import pytest
 from grpo_jax import config, config_lib, model, rl
 
 V = 32
+# The forward compiled (as the trainer runs it): op by op, each new shape compiles anew.
+_apply = jax.jit(model.apply, static_argnames=("cfg", "logits_slice", "hidden_only", "head_only"))
 
 
 def _cfg(**lora):
@@ -40,16 +43,16 @@ def test_fresh_adapters_are_the_reference_bit_for_bit(scan, dtype):
     x for path, x in jax.tree_util.tree_leaves_with_path(params["lora"]) if path[-1].key == "b"
   ]
   assert b_leaves and all(not np.asarray(b).any() for b in b_leaves)  # B = 0.
-  policy, _ = model.apply(params, *_inputs(), cfg=cfg)
-  ref, _ = model.apply(model.reference(params), *_inputs(), cfg=cfg)
+  policy, _ = _apply(params, *_inputs(), cfg=cfg)
+  ref, _ = _apply(model.reference(params), *_inputs(), cfg=cfg)
   np.testing.assert_array_equal(policy, ref)
   # The reference is the base model's own forward: the same weights under a config
   # without adapters.
   plain = dataclasses.replace(cfg, lora=model.LoraConfig())
-  base_logits, _ = model.apply(params["base"], *_inputs(), cfg=plain)
+  base_logits, _ = _apply(params["base"], *_inputs(), cfg=plain)
   np.testing.assert_array_equal(ref, base_logits)
   # And trained adapters move the policy off it.
-  moved, _ = model.apply(_random_adapters(params), *_inputs(), cfg=cfg)
+  moved, _ = _apply(_random_adapters(params), *_inputs(), cfg=cfg)
   assert float(jnp.abs(moved - ref).max()) > 1e-2
 
 
@@ -62,11 +65,11 @@ def test_the_adapter_path_equals_the_merged_weights(scan):
   plain = dataclasses.replace(cfg, lora=model.LoraConfig())
   merged = model.merge_adapters(params, cfg)
   assert jax.tree.structure(merged) == jax.tree.structure(params["base"])
-  got, _ = model.apply(params, *_inputs(), cfg=cfg)
-  want, _ = model.apply(merged, *_inputs(), cfg=plain)
+  got, _ = _apply(params, *_inputs(), cfg=cfg)
+  want, _ = _apply(merged, *_inputs(), cfg=plain)
   np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
   # The LM head alone (the chunked log-prob path) sees its adapter too.
-  hidden, _ = model.apply(params, *_inputs(), cfg=cfg, hidden_only=True)
+  hidden, _ = _apply(params, *_inputs(), cfg=cfg, hidden_only=True)
   np.testing.assert_allclose(model.head_logits(params, hidden, cfg=cfg), got, atol=2e-5)
 
 
@@ -90,13 +93,13 @@ def test_gradients_reach_only_the_adapters_and_equal_the_merged_path():
   tokens_BT, positions_BT = _inputs()
 
   def loss(p, c):
-    logits, _ = model.apply(p, tokens_BT, positions_BT, cfg=c)
+    logits, _ = _apply(p, tokens_BT, positions_BT, cfg=c)
     return jnp.sum(jax.nn.log_softmax(logits)[..., 3])
 
   trainable, join = model.split_trainable(params)
   assert trainable is params["lora"]
-  got = jax.grad(lambda t: loss(join(t), cfg))(trainable)
-  want = jax.grad(lambda t: loss(model.merge_adapters(join(t), cfg), plain))(trainable)
+  got = jax.jit(jax.grad(lambda t: loss(join(t), cfg)))(trainable)
+  want = jax.jit(jax.grad(lambda t: loss(model.merge_adapters(join(t), cfg), plain)))(trainable)
   jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5), got, want)
   base_part, join_base = model.split_trainable(params, part="base")
   assert base_part is params["base"] and join_base(base_part)["lora"] is params["lora"]
@@ -182,18 +185,50 @@ def test_a_bfloat16_base_is_the_float32_model_on_rounded_weights(scan):
     "base": jax.tree.map(lambda x: x.astype(jnp.bfloat16).astype(jnp.float32), params["base"]),
     "lora": params["lora"],
   }
-  got, _ = model.apply(stored, *_inputs(), cfg=cfg)
-  want, _ = model.apply(rounded, *_inputs(), cfg=cfg)
+  got, _ = _apply(stored, *_inputs(), cfg=cfg)
+  want, _ = _apply(rounded, *_inputs(), cfg=cfg)
   assert got.dtype == jnp.float32
   np.testing.assert_array_equal(got, want)
-  ref, _ = model.apply(model.reference(stored), *_inputs(), cfg=cfg)
-  ref_want, _ = model.apply(model.reference(rounded), *_inputs(), cfg=cfg)
+  ref, _ = _apply(model.reference(stored), *_inputs(), cfg=cfg)
+  ref_want, _ = _apply(model.reference(rounded), *_inputs(), cfg=cfg)
   np.testing.assert_array_equal(ref, ref_want)
   # Gradients reach the adapters (float32) through the bfloat16 base.
   trainable, join = model.split_trainable(stored)
-  grads = jax.grad(lambda t: model.apply(join(t), *_inputs(), cfg=cfg)[0].sum())(trainable)
+  grads = jax.jit(jax.grad(lambda t: model.apply(join(t), *_inputs(), cfg=cfg)[0].sum()))(trainable)
   assert all(g.dtype == jnp.float32 for g in jax.tree.leaves(grads))
   assert any(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(grads))
+
+
+@pytest.mark.parametrize("base_dtype", ["", "int8"])
+def test_the_samplers_run_the_merged_weights_and_draw_the_unmerged_policys_tokens(base_dtype):
+  """merge_for_sampling="on" folds the adapters into the kernels once per sampler call
+  (`model.sampler_view`); the sampler then draws the tokens the unmerged policy ("off")
+  draws from the same key, with log-probs equal to float rounding. "auto" merges a float
+  base and leaves an int8 one unmerged (merging would hold its float32 copy)."""
+  from grpo_jax import sampling  # noqa: PLC0415
+
+  on, off = (_cfg(base_dtype=base_dtype, merge_for_sampling=m) for m in ("on", "off"))
+  assert model.sampler_view(off) == (off, None)
+  mcfg, view = model.sampler_view(on)
+  assert mcfg == model.base_config(on) and view is not None
+  assert _cfg(base_dtype=base_dtype).lora.merged_sampling is (base_dtype != "int8")
+  params = model.cast_base(_random_adapters(model.init(on, jax.random.key(0)), scale=0.3), on)
+  scfg = sampling.SamplerConfig(
+    max_new_tokens=12, eos_ids=(1,), pad_id=0, group_size=4, prompt_buckets=(8,)
+  )
+  prompts = sampling.prepare_prompts([[2, 5, 7], [3, 9, 4, 11]], cfg=scfg)
+  hyper = sampling.sampling_params(temperature=1.0)
+  got, want = (
+    sampling.make_policy_sampler(c, scfg)(params, prompts, jax.random.key(3), hyper)
+    for c in (on, off)
+  )
+  assert int(want.mask_NT.sum()) > 16  # Real completions, not EOS at once.
+  np.testing.assert_array_equal(got.tokens_NT, want.tokens_NT)
+  np.testing.assert_allclose(got.policy_logp_NT, want.policy_logp_NT, atol=2e-5)
+  # The adapters are in what the merged sampler reads: without them it draws otherwise.
+  fresh = {"base": params["base"], "lora": jax.tree.map(jnp.zeros_like, params["lora"])}
+  base_rows = sampling.make_policy_sampler(on, scfg)(fresh, prompts, jax.random.key(3), hyper)
+  assert float(jnp.abs(base_rows.policy_logp_NT - got.policy_logp_NT).max()) > 1e-2
 
 
 def test_int8_quantization_by_hand():
@@ -275,6 +310,7 @@ def test_adapters_follow_their_kernels_logical_axes():
     (dict(rank=4, targets=("lm_head",)), "tied embedding table"),
     (dict(rank=4, warm_start="never"), "warm_start='never'"),
     (dict(rank=4, base_dtype="nf4"), "allowed: '' .*'int8'"),
+    (dict(rank=4, merge_for_sampling="yes"), "merge_for_sampling='yes'; allowed: 'auto'"),
     (dict(rnak=4), "unknown LoraConfig keys"),
   ],
 )
@@ -360,7 +396,7 @@ def test_peft_loads_the_exported_adapters_onto_the_base(tmp_path):
   tokens_BT, _ = _inputs()
   with torch.no_grad():
     theirs = peft_model(torch.tensor(np.asarray(tokens_BT))).logits.numpy()
-  ours, _ = model.apply(params, *_inputs(), cfg=cfg)
+  ours, _ = _apply(params, *_inputs(), cfg=cfg)
   np.testing.assert_allclose(theirs, ours, atol=2e-4, rtol=2e-4)
 
 
@@ -606,3 +642,89 @@ def test_a_resume_reads_the_checkpoint_base_again_and_refuses_an_edited_one(base
   c.iterations = 3
   with pytest.raises(checkpoint.CheckpointMismatchError, match="is not the one this run's"):
     train.run(c, workdir, log=lambda _: None)
+
+
+# Estimators that read more than rewards: π_old (optimal baselines), the KL (reinforce_pp,
+# which folds it into the reward), batch statistics, and a group estimator. The others see
+# only rewards and lengths, which adapters do not change (every estimator on the full
+# model: test_episodes, test_advantages).
+_ESTIMATORS = (
+  "optimal_token_baseline", "optimal_baseline", "reinforce_pp", "batch_mean_std", "grpo", "rloo"
+)  # fmt: skip
+
+
+def _variant_configs():
+  """Six configs that run every policy loss, KL estimator, planner, aggregation and
+  importance correction at least once, with the estimators of `_ESTIMATORS` (IBPO, which
+  needs counterfactual rows, trains with adapters in test_ibpo_train's way through
+  `steps`, which builds its sampler with the same view)."""
+  from grpo_jax import aggregation, importance, losses, planners  # noqa: PLC0415
+
+  registries = (
+    losses.REGISTRY, losses.KL_REGISTRY, planners.REGISTRY, aggregation.REGISTRY, importance.REGISTRY
+  )  # fmt: skip
+  n = max(len(r.names()) for r in registries)
+  assert n == len(_ESTIMATORS)
+  return [
+    dict(
+      advantage=_ESTIMATORS[i],
+      policy_loss=losses.REGISTRY.names()[i % len(losses.REGISTRY.names())],
+      kl_estimator=losses.KL_REGISTRY.names()[i % len(losses.KL_REGISTRY.names())],
+      planner=planners.REGISTRY.names()[i % len(planners.REGISTRY.names())],
+      aggregation=aggregation.REGISTRY.names()[i % len(aggregation.REGISTRY.names())],
+      is_correction=importance.REGISTRY.names()[i % len(importance.REGISTRY.names())],
+      kl_coef=0.05,
+      num_minibatches=2,
+    )
+    for i in range(n)
+  ]
+
+
+@pytest.fixture(scope="module")
+def lora_rollouts(tokenizer, sampler_cfg):
+  """(model config, LoRA params with random adapters, rollouts the merged sampler drew)
+  of a 1-layer model (each variant compiles its prepare and update)."""
+  from grpo_jax import sampling  # noqa: PLC0415
+
+  cfg = model.tiny_config(
+    tokenizer.vocab_size, n_layers=1, d_model=32, mlp_dim=64, lora=dict(rank=4)
+  )
+  params = _random_adapters(model.init(cfg, jax.random.key(2)))
+  prompts = sampling.prepare_prompts(
+    [tokenizer.encode(f"Q:{a}+{a + 3}\n", add_bos=True) for a in range(4)], cfg=sampler_cfg
+  )
+  hyper = sampling.sampling_params(temperature=1.0)
+  sample = sampling.make_policy_sampler(cfg, sampler_cfg)
+  return cfg, params, sample(params, prompts, jax.random.key(1), hyper)
+
+
+@pytest.mark.parametrize("rl_options", _variant_configs(), ids=lambda o: o["advantage"])
+def test_every_variant_trains_the_adapters_against_the_base_as_reference(rl_options, lora_rollouts):
+  """With adapters, each policy loss, KL estimator, planner, aggregation and importance
+  correction (`_variant_configs`) prepares and updates: the reference log-probs are the
+  base model's own, the loss is finite, the adapters move and the base does not change
+  by one bit."""
+  cfg, params, rollouts = lora_rollouts
+  rl_cfg = rl.RLConfig(**rl_options)
+  model_fn = model.make_model_fn(cfg)
+  correct_N = jnp.asarray(np.arange(16) % 3 == 0, jnp.float32)
+  prep_hyper = rl_cfg.prepare_hyper(max_new_tokens=rollouts.tokens_NT.shape[1])
+  batch, _, _ = rl.make_prepare(rl_cfg, model_fn)(
+    params, model.reference(params), rollouts, correct_N, jnp.zeros(16), prep_hyper
+  )
+  if rl_options["advantage"] == _ESTIMATORS[0]:  # Once: the reference is the base model.
+    plain = model.make_model_fn(model.base_config(cfg))
+    base_logp = functools.partial(rl.rollout_logprobs, cfg=rl.RLConfig(), model_fn=plain)
+    want = jax.jit(base_logp)(params["base"], None, rollouts)
+    np.testing.assert_array_equal(batch.ref_logp_NT, want.old_logp_NT)
+  optimizer = rl.make_optimizer(lr=1e-2)
+  update = rl.make_update(rl_cfg, model_fn, optimizer, batch_size=16, group_size=4, donate=False)
+  state, _, history = update(
+    rl.init_state(params, optimizer), batch, jax.random.key(0), rl_cfg.step_hyper()
+  )
+  assert np.isfinite(np.asarray(history["loss"])).all()
+  jax.tree.map(np.testing.assert_array_equal, state.params["base"], params["base"])
+  moved = jax.tree.map(
+    lambda a, b: float(jnp.abs(a - b).max()), state.params["lora"], params["lora"]
+  )
+  assert max(jax.tree.leaves(moved)) > 1e-4, rl_options

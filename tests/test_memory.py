@@ -123,13 +123,15 @@ def test_an_int8_lora_base_is_planned_and_compiled_on_a_mesh():
   """LoRA over an int8 base (model.lora.base_dtype) on (1, 4, 2): the (Q, s) pairs are
   sharded like their kernels (s unsharded on the axis it reduces); the plan's resident
   bytes equal the compiled update's arguments, and the base holds under a third of its
-  float32 bytes."""
+  float32 bytes. With the adapters merged for sampling, the sampler's temporaries (which
+  hold the merged float32 weights) agree with XLA's as the plain model's do."""
   lora = ["--config.model.lora.rank=16", "--config.mesh.fsdp=4", "--config.mesh.tensor=2"]
   _, d = _cli(
     "--config=configs/scale.py:tiny",
     "--compile",
     *lora,
     "--config.model.lora.base_dtype=int8",
+    "--config.model.lora.merge_for_sampling=on",
     devices=8,
   )
   _, f32 = _cli("--config=configs/scale.py:tiny", *lora, devices=8)
@@ -139,6 +141,7 @@ def test_an_int8_lora_base_is_planned_and_compiled_on_a_mesh():
   adapters = f32["opt_state"] / 2  # Adam's two moments, one per adapter weight.
   assert d["params"] - adapters < (f32["params"] - adapters) / 3
   assert d["train_step"] == pytest.approx(x["train_step_temp"], rel=0.10)
+  assert 0.9 <= d["kv_cache"] / x["sample_temp"] <= 1.1
 
 
 def test_plan_cli_says_what_to_change_when_it_does_not_fit():
