@@ -75,11 +75,13 @@ class LoraConfig:
   # their layer; embedding and norms bfloat16: `grpo_jax.quant`). The warm start of a
   # random init trains the base in param_dtype and stores it so after.
   base_dtype: str = ""
-  # What the samplers run: "on" folds every adapter into its kernel once per sampler call,
-  # W + (alpha / rank)·A·B (`sampler_view`), so a decode step does one matmul per
-  # projection instead of three; "off" applies the adapters unmerged; "auto": "on" unless
-  # the base is quantized (merging keeps a dequantized copy of the base while sampling).
-  merge_for_sampling: str = "auto"
+  # Whether the samplers fold every adapter into its kernel once per call, W + (alpha /
+  # rank)·A·B (`sampler_view`), and decode with one matmul per projection instead of
+  # three. Off by default: on a 2-core CPU it saves nothing measurable on SmolLM2-135M
+  # (experiments/lora_sampling.py), it holds a merged copy of the base while sampling
+  # (float32 for an int8 base), and in bfloat16 the merged kernel rounds differently from
+  # the trainer's unmerged forward.
+  merge_for_sampling: bool = False
 
   def __post_init__(self):
     if not isinstance(self.rank, int) or self.rank < 0:
@@ -100,9 +102,9 @@ class LoraConfig:
         f"model.lora.base_dtype={self.base_dtype!r}; allowed: '' (model.param_dtype), "
         "'float32', 'bfloat16', 'int8'."
       )
-    if self.merge_for_sampling not in ("auto", "on", "off"):
+    if not isinstance(self.merge_for_sampling, bool):
       raise ValueError(
-        f"model.lora.merge_for_sampling={self.merge_for_sampling!r}; allowed: 'auto', 'on', 'off'."
+        f"model.lora.merge_for_sampling={self.merge_for_sampling!r}; allowed: True, False."
       )
     targets = tuple(self.targets)
     object.__setattr__(self, "targets", targets)
@@ -120,13 +122,6 @@ class LoraConfig:
   @property
   def scale(self) -> float:
     return self.alpha / self.rank
-
-  @property
-  def merged_sampling(self) -> bool:
-    """Whether the samplers run the merged weights (merge_for_sampling, 'auto' resolved)."""
-    if self.merge_for_sampling == "auto":
-      return self.base_dtype not in quant.QUANTIZED
-    return self.merge_for_sampling == "on"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -912,14 +907,15 @@ def merge_adapters(params: Params, cfg: ModelConfig) -> Params:
 
 def sampler_view(cfg: ModelConfig) -> tuple[ModelConfig, Callable[[Params], Params] | None]:
   """(config, view) of the model the samplers run: `view(params)` is what that config's
-  model reads (None: the params as given). With adapters merged for sampling (model.lora.merge_for_sampling), the base
+  model reads (None: the params as given). With model.lora.merge_for_sampling, the base
   model on `merge_adapters(params)`: the fold, (L·)r·in·out multiply-adds per projection,
   runs once per sampler call inside its jit, and each decode step then does one matmul
-  per projection instead of x·W + (x·A)·B. Otherwise the model as it is, params as given.
+  per projection instead of x·W + (x·A)·B. Otherwise the model as it is, and None.
 
   The policy is the same up to float rounding (W + s·A·B rounded once to the kernel's
-  dtype); the sampler's log-probs already differ from the trainer's by their op order."""
-  if not (cfg.lora.enabled and cfg.lora.merged_sampling):
+  dtype: in float32 the same tokens, in bfloat16 the trajectories part where a rounding
+  tips a draw); the sampler's log-probs already differ from the trainer's by op order."""
+  if not (cfg.lora.enabled and cfg.lora.merge_for_sampling):
     return cfg, None
   return base_config(cfg), functools.partial(_merged_policy, cfg=cfg)
 

@@ -1,5 +1,6 @@
 """Shared fixtures: one tiny model and its compiled sampler per test process."""
 
+import fcntl
 import functools
 import os
 
@@ -70,3 +71,23 @@ def tiny_model_fn(tiny_cfg):
 @pytest.fixture(scope="session")
 def init_cache(tiny_cfg):
   return functools.partial(model.init_cache, tiny_cfg)
+
+
+@pytest.fixture(scope="session")
+def mesh_warm_start(tmp_path_factory):
+  """(directory, base): tests/mesh_run.py's warm start (one device, checkpoint 0) in
+  `base`, and its one-device RL iteration in directory/1x1x1.npz, made once per test
+  session: test_sharding and test_multihost resume from copies of it. xdist's workers
+  share it: the first to ask makes it under a lock, the others wait for it."""
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    root = root.parent  # The session's directory, above each worker's own.
+  out = root / "mesh_warm"
+  with open(root / "mesh_warm.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not (out / "done").exists():
+      out.mkdir(exist_ok=True)
+      script = subproc.ROOT / "tests" / "mesh_run.py"
+      subproc.run([script, out, "1,1,1", "--warm", out / "base"], devices=1)
+      (out / "done").touch()
+  return out, out / "base"

@@ -201,17 +201,15 @@ def test_a_bfloat16_base_is_the_float32_model_on_rounded_weights(scan):
 
 @pytest.mark.parametrize("base_dtype", ["", "int8"])
 def test_the_samplers_run_the_merged_weights_and_draw_the_unmerged_policys_tokens(base_dtype):
-  """merge_for_sampling="on" folds the adapters into the kernels once per sampler call
-  (`model.sampler_view`); the sampler then draws the tokens the unmerged policy ("off")
-  draws from the same key, with log-probs equal to float rounding. "auto" merges a float
-  base and leaves an int8 one unmerged (merging would hold its float32 copy)."""
+  """merge_for_sampling=True folds the adapters into the kernels once per sampler call
+  (`model.sampler_view`); the sampler then draws the tokens the unmerged policy (False,
+  the default) draws from the same key, with log-probs equal to float rounding."""
   from grpo_jax import sampling  # noqa: PLC0415
 
-  on, off = (_cfg(base_dtype=base_dtype, merge_for_sampling=m) for m in ("on", "off"))
-  assert model.sampler_view(off) == (off, None)
+  on, off = (_cfg(base_dtype=base_dtype, merge_for_sampling=m) for m in (True, False))
+  assert model.sampler_view(off) == (off, None) and off == _cfg(base_dtype=base_dtype)
   mcfg, view = model.sampler_view(on)
   assert mcfg == model.base_config(on) and view is not None
-  assert _cfg(base_dtype=base_dtype).lora.merged_sampling is (base_dtype != "int8")
   params = model.cast_base(_random_adapters(model.init(on, jax.random.key(0)), scale=0.3), on)
   scfg = sampling.SamplerConfig(
     max_new_tokens=12, eos_ids=(1,), pad_id=0, group_size=4, prompt_buckets=(8,)
@@ -310,7 +308,7 @@ def test_adapters_follow_their_kernels_logical_axes():
     (dict(rank=4, targets=("lm_head",)), "tied embedding table"),
     (dict(rank=4, warm_start="never"), "warm_start='never'"),
     (dict(rank=4, base_dtype="nf4"), "allowed: '' .*'int8'"),
-    (dict(rank=4, merge_for_sampling="yes"), "merge_for_sampling='yes'; allowed: 'auto'"),
+    (dict(rank=4, merge_for_sampling="yes"), "merge_for_sampling='yes'; allowed: True, False"),
     (dict(rnak=4), "unknown LoraConfig keys"),
   ],
 )
@@ -566,10 +564,10 @@ def test_a_stored_base_is_kept_and_resumed_in_its_dtype(base_dtype, dtypes, tmp_
 # ----------------------------------------------------------------------------
 
 
-def _pipeline_config(*, is_correction="none", **offpolicy):
+def _pipeline_config(*, is_correction="none", merge=False, **offpolicy):
   """test_offpolicy's small run (it learns within 4 iterations), with adapters."""
   c = _small_model(config_lib.load("configs/arithmetic.py:tiny"))
-  c.model.lora.update(rank=4, alpha=32.0)
+  c.model.lora.update(rank=4, alpha=32.0, merge_for_sampling=merge)
   c.update(prompts_per_step=4, iterations=4, warmstart_steps=120)
   c.update(eval_every=100, eval_size=8, eval_samples=0, checkpoint_every=2, peak_flops=1e11)
   c.update(reward_workers=0, progress=False, tensorboard=False, learning_rate=3e-3)
@@ -583,7 +581,9 @@ def test_the_pipeline_samples_with_the_current_adapters(tmp_path):
   (every batch sampled by the adapters just trained); at staleness 2 a batch sampled two
   updates back has log-probs that differ from the trainer's (the adapters moved), and
   one sampled by the current adapters has the trainer's own (verl #7495: an adapter that
-  never reached the sampler would leave every batch at mismatch 0)."""
+  never reached the sampler would leave every batch at mismatch 0). The stale run samples
+  with the adapters merged (merge_for_sampling), so the merged weights are the current
+  ones too, and their log-probs are the unmerged trainer's to float32 rounding."""
   import runs  # noqa: PLC0415
 
   from grpo_jax import train  # noqa: PLC0415
@@ -601,7 +601,7 @@ def test_the_pipeline_samples_with_the_current_adapters(tmp_path):
   assert sync[0]["grad_norm"] > 0 and sync[0]["accuracy"] > 0  # Adapters train.
   at_zero = run("async0", enabled=True)
   assert [untimed(x) for x in at_zero] == [untimed(x) for x in sync]
-  stale = run("async2", enabled=True, max_staleness=2, is_correction="tis_token")
+  stale = run("async2", enabled=True, max_staleness=2, is_correction="tis_token", merge=True)
   assert [x["offpolicy/staleness_max"] for x in stale] == [0, 1, 2, 2]
   assert stale[0]["offpolicy/mismatch_k3"] < 1e-6  # Sampled by the adapters trained on.
   assert stale[2]["offpolicy/mismatch_k3"] > 1e-5  # Two adapter updates apart.
@@ -728,3 +728,36 @@ def test_every_variant_trains_the_adapters_against_the_base_as_reference(rl_opti
     lambda a, b: float(jnp.abs(a - b).max()), state.params["lora"], params["lora"]
   )
   assert max(jax.tree.leaves(moved)) > 1e-4, rl_options
+
+
+def test_a_lora_iteration_on_a_mesh_equals_the_one_device_run(tmp_path):
+  """Adapters and base sharded by the logical rules on (data 1, fsdp 2, tensor 2) of 4 CPU
+  devices: from the same random init (no warm start), one RL iteration with a KL term
+  gives the one-device run's metrics (float32; the reductions sum in another order). The
+  1-layer model of `_small_model`, whose 2 query heads split over tensor."""
+  import runs  # noqa: PLC0415 -- tests/ is on sys.path.
+  import subproc  # noqa: PLC0415
+
+  from grpo_jax import logs  # noqa: PLC0415
+
+  small = ["d_model=32", "n_layers=1", "n_heads=2", "n_kv_heads=2", "head_dim=16", "mlp_dim=64"]
+
+  def run(name, devices, *mesh):
+    workdir = tmp_path / name
+    args = ["-m", "grpo_jax.main", "--config=configs/arithmetic.py:tiny", f"--workdir={workdir}"]
+    args += [f"--config.model.{x}" for x in small] + ["--config.model.lora.rank=4"]
+    args += ["--config.rl.kl_coef=0.05", "--config.iterations=1", "--config.warmstart_steps=0"]
+    args += ["--config.eval_every=100", "--config.eval_size=4", "--config.prompts_per_step=4"]
+    args += ["--config.sampler.group_size=4", "--config.progress=False", *mesh]
+    subproc.run(args, devices=devices)
+    (record,) = [r for r in logs.read_jsonl(workdir / "metrics.jsonl") if r["phase"] == "rl"]
+    return record
+
+  one = run("one", 1)
+  mesh = run("mesh", 4, "--config.mesh.fsdp=2", "--config.mesh.tensor=2")
+  assert one["loss"] != 0 and one["grad_norm"] > 0 and "kl_ref/k3" in one
+  untimed = runs.untimed(one)
+  compared = [k for k, v in untimed.items() if isinstance(v, float)]
+  assert len(compared) > 20
+  for k in compared:
+    assert mesh[k] == pytest.approx(one[k], rel=1e-4, abs=1e-5), (k, one[k], mesh[k])

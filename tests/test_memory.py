@@ -131,7 +131,7 @@ def test_an_int8_lora_base_is_planned_and_compiled_on_a_mesh():
     "--compile",
     *lora,
     "--config.model.lora.base_dtype=int8",
-    "--config.model.lora.merge_for_sampling=on",
+    "--config.model.lora.merge_for_sampling=True",
     devices=8,
   )
   _, f32 = _cli("--config=configs/scale.py:tiny", *lora, devices=8)

@@ -112,10 +112,9 @@ def _launch(out, workdir, base, *, processes, devices, iterations):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, mesh_warm_start):
   two, one = tmp_path_factory.mktemp("two"), tmp_path_factory.mktemp("one")
-  base = tmp_path_factory.mktemp("warm") / "base"
-  subproc.run([ROOT / "tests" / "mesh_run.py", base.parent, "--warm", base])
+  _, base = mesh_warm_start  # Made once per session (conftest), shared with test_sharding.
   _launch(two, two / "work", base, processes=2, devices=2, iterations=1)
   _launch(two, two / "work", base, processes=2, devices=2, iterations=2)  # Resumes at 1.
   _launch(one, one / "work", base, processes=1, devices=4, iterations=2)

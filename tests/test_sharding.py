@@ -89,11 +89,15 @@ def _run(out, meshes, devices, *flags):
 
 
 @pytest.fixture(scope="module")
-def mesh_results(tmp_path_factory):
-  out, base = tmp_path_factory.mktemp("meshes"), tmp_path_factory.mktemp("warm") / "base"
-  _run(out, ["1,1,1"], 1, "--warm", str(base))  # Warm start once, on one device.
+def mesh_results(tmp_path_factory, mesh_warm_start):
+  warm, base = mesh_warm_start  # The warm start and its 1x1x1 run (conftest), shared.
+  out = tmp_path_factory.mktemp("meshes")
   log = _run(out, [m.replace("x", ",") for m in MESHES], 8, "--base", str(base))
-  return {"log": log, **{p.stem: np.load(p) for p in out.glob("*.npz")}}
+  return {
+    "log": log,
+    "1x1x1": np.load(warm / "1x1x1.npz"),
+    **{p.stem: np.load(p) for p in out.glob("*.npz")},
+  }
 
 
 def test_no_involuntary_full_rematerialization(mesh_results):
