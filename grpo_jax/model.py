@@ -949,8 +949,9 @@ def _variables(params: Params, cfg: ModelConfig) -> dict:
 
 
 def init(cfg: ModelConfig, key: jax.Array) -> Params:
-  """Unboxed parameter pytree, compiled once per config (run op by op, Flax's init of the
-  tiny model dispatches hundreds of small programs: 6.7 s against 0.5 s compiled)."""
+  """Unboxed parameter pytree, compiled once per config (op by op, Flax's init of the tiny
+  model dispatches hundreds of small programs: 6.7 s on a 2-core CPU, against 3.2 s for
+  the compiled init, its compile included)."""
   return _init(cfg, key)
 
 

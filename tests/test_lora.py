@@ -450,9 +450,10 @@ def _small_model(c):
   return c
 
 
-def _lora_run_config(iterations=4, base_dtype=""):
+def _lora_run_config(iterations=4, base_dtype="", dynamic=False):
   c = _small_model(config_lib.load("configs/arithmetic.py:tiny"))
   c.model.lora.update(rank=4, base_dtype=base_dtype)
+  c.rl.update(dynamic_sampling=dynamic, max_gen_batches=2)
   c.update(warmstart_steps=120, iterations=iterations, eval_every=iterations, eval_size=16)
   c.update(checkpoint_every=2, prompts_per_step=8, eval_samples=0)
   c.update(reward_workers=0, progress=False, tensorboard=False)
@@ -475,7 +476,8 @@ def test_a_lora_checkpoint_holds_the_adapters_resumes_exactly_and_checks_its_bas
   """One test, so that its runs are made once (xdist's worksteal would repeat a module
   fixture on each worker): an uninterrupted 4-iteration LoRA run; the same run stopped
   after iteration 3 (checkpoint 2 its latest) and resumed; that run's base swapped for
-  another, then removed."""
+  another, then removed. Both runs drop zero-variance groups and sample again (DAPO's
+  dynamic sampling), which the resume reproduces too."""
   import shutil  # noqa: PLC0415
 
   import runs  # noqa: PLC0415 -- tests/ is on sys.path (conftest).
@@ -483,7 +485,7 @@ def test_a_lora_checkpoint_holds_the_adapters_resumes_exactly_and_checks_its_bas
   from grpo_jax import checkpoint, frozen_base, train  # noqa: PLC0415
 
   whole, cut = tmp_path / "whole", tmp_path / "cut"
-  train.run(_lora_run_config(), whole, log=lambda _: None)
+  train.run(_lora_run_config(dynamic=True), whole, log=lambda _: None)
 
   class Stop(Exception):
     pass
@@ -493,9 +495,9 @@ def test_a_lora_checkpoint_holds_the_adapters_resumes_exactly_and_checks_its_bas
       raise Stop
 
   with pytest.raises(Stop):
-    train.run(_lora_run_config(), cut, log=lambda _: None, on_iteration=stop)
+    train.run(_lora_run_config(dynamic=True), cut, log=lambda _: None, on_iteration=stop)
   resume_log = []
-  train.run(_lora_run_config(), cut, log=resume_log.append)
+  train.run(_lora_run_config(dynamic=True), cut, log=resume_log.append)
 
   # The checkpoint holds the adapters and their optimizer state, and names its base.
   shapes, meta = _saved_leaves(whole / "checkpoints" / "4")
@@ -515,10 +517,13 @@ def test_a_lora_checkpoint_holds_the_adapters_resumes_exactly_and_checks_its_bas
   # and the adapters move.
   assert lines[0]["eval/greedy_accuracy"] > 0.05, lines[0]
   assert all(r["adv_std"] > 0 for r in lines if r["phase"] == "rl"), lines
+  # Dynamic sampling did drop groups and sample again (measured: a second batch every
+  # iteration, 8-10 of the 16 groups sampled dropped).
+  assert all(r["dynamic/dropped_groups"] > 0 for r in lines if r["phase"] == "rl"), lines
   assert any("resumed from" in line for line in resume_log)
 
   # Another base in its place (a run with another seed) or none: refused in one line.
-  c = _lora_run_config(iterations=6)
+  c = _lora_run_config(iterations=6, dynamic=True)
   other = tmp_path / "other"
   c_other = _lora_run_config(iterations=1)
   c_other.update(seed=7, warmstart_steps=10, checkpoint_every=1)
