@@ -1252,6 +1252,8 @@ def tune_ibpo(*, root, quick=False, seeds=TUNING_SEEDS) -> dict:
   }
   return {
     "seeds": list(seeds),
+    "verdict": "not judged: a tuning grid, no rule; it chose λ, κ, τ for claims 10c-10f, "
+    "which are judged on verdict seeds 10-14",
     "grid": TUNING_GRID,
     "table": table,
     "best": best,

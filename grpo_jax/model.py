@@ -917,11 +917,7 @@ def sampler_view(cfg: ModelConfig) -> tuple[ModelConfig, Callable[[Params], Para
   tips a draw); the sampler's log-probs already differ from the trainer's by op order."""
   if not (cfg.lora.enabled and cfg.lora.merge_for_sampling):
     return cfg, None
-  return base_config(cfg), functools.partial(_merged_policy, cfg=cfg)
-
-
-def _merged_policy(params: Params, *, cfg: ModelConfig) -> Params:
-  return merge_adapters(params, cfg)
+  return base_config(cfg), functools.partial(merge_adapters, cfg=cfg)
 
 
 def _fold(kernel, a, b, scale):

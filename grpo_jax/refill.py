@@ -239,13 +239,17 @@ def _retire(s: _State, ended_S, prefix, tokens_BP, positions_BP, limit_N, *, G: 
 
 
 def make_sample_fn(
-  *, model_fn: Callable, init_cache: Callable, cfg: sampling.SamplerConfig, slots: int
+  *,
+  model_fn: Callable,
+  init_cache: Callable,
+  cfg: sampling.SamplerConfig,
+  slots: int,
+  view: Callable | None = None,
 ):
   """jit(sample) with the model, config and slot count bound: fn(params, prompts, key,
-  hyper, limit_N=None)."""
-  return jax.jit(
-    functools.partial(sample, model_fn=model_fn, init_cache=init_cache, cfg=cfg, slots=slots)
-  )
+  hyper, limit_N=None), run on view(params) when a view is given (`sampling.viewed`)."""
+  fn = functools.partial(sample, model_fn=model_fn, init_cache=init_cache, cfg=cfg, slots=slots)
+  return jax.jit(sampling.viewed(fn, view))
 
 
 def make_policy_sampler(
@@ -254,11 +258,10 @@ def make_policy_sampler(
   """The refill sampler for a grpo_jax transformer policy (adapters merged for sampling when
   the config says so: `model.sampler_view`)."""
   mcfg, view = model_lib.sampler_view(model_cfg)
-  fn = functools.partial(
-    sample,
+  return make_sample_fn(
     model_fn=model_lib.make_model_fn(mcfg),
     init_cache=functools.partial(model_lib.init_cache, mcfg),
     cfg=cfg,
     slots=slots,
+    view=view,
   )
-  return jax.jit(sampling.viewed(fn, view))

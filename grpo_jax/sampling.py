@@ -472,25 +472,24 @@ def sample(
   return to_rollouts(prompts, state, group_size=cfg.group_size, eos_N=eos_N)
 
 
-def make_sample_fn(*, model_fn: Callable, init_cache: Callable, cfg: SamplerConfig):
-  """jit(sample) with the model and static config bound: fn(params, prompts, key, hyper)."""
-  return jax.jit(functools.partial(sample, model_fn=model_fn, init_cache=init_cache, cfg=cfg))
+def make_sample_fn(
+  *, model_fn: Callable, init_cache: Callable, cfg: SamplerConfig, view: Callable | None = None
+):
+  """jit(sample) with the model and static config bound: fn(params, prompts, key, hyper),
+  run on view(params) when a view is given (`viewed`)."""
+  fn = functools.partial(sample, model_fn=model_fn, init_cache=init_cache, cfg=cfg)
+  return jax.jit(viewed(fn, view))
 
 
 def make_policy_sampler(model_cfg: model_lib.ModelConfig, cfg: SamplerConfig):
   """The sampler for a grpo_jax transformer policy (adapters merged for sampling when the
   config says so: `model.sampler_view`)."""
   mcfg, view = model_lib.sampler_view(model_cfg)
-  return jax.jit(
-    viewed(
-      functools.partial(
-        sample,
-        model_fn=model_lib.make_model_fn(mcfg),
-        init_cache=functools.partial(model_lib.init_cache, mcfg),
-        cfg=cfg,
-      ),
-      view,
-    )
+  return make_sample_fn(
+    model_fn=model_lib.make_model_fn(mcfg),
+    init_cache=functools.partial(model_lib.init_cache, mcfg),
+    cfg=cfg,
+    view=view,
   )
 
 

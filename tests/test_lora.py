@@ -660,9 +660,8 @@ _ESTIMATORS = (
 
 def _variant_configs():
   """Six configs that run every policy loss, KL estimator, planner, aggregation and
-  importance correction at least once, with the estimators of `_ESTIMATORS` (IBPO, which
-  needs counterfactual rows, trains with adapters in test_ibpo_train's way through
-  `steps`, which builds its sampler with the same view)."""
+  importance correction at least once, with the estimators of `_ESTIMATORS`. IBPO, which
+  needs counterfactual rows, is not among them: no test trains it with adapters."""
   from grpo_jax import aggregation, importance, losses, planners  # noqa: PLC0415
 
   registries = (
