@@ -67,18 +67,29 @@ token_stats.defvjp(_token_stats_fwd, _token_stats_bwd)
 
 
 def completion_logits(
-  params, prompt_tokens_NP, prompt_mask_NP, tokens_NT, mask_NT, *, model_fn, hidden_only=False
+  params,
+  prompt_tokens_NP,
+  prompt_mask_NP,
+  tokens_NT,
+  mask_NT,
+  *,
+  model_fn,
+  hidden_only=False,
+  dropout_key=None,
 ):
   """Logits [N, T, V] at the T slots that predict the completion tokens (the sequence
   [left-padded prompt ; right-padded completion], position ids skipping both paddings;
   `model_fn` must take `logits_slice`). hidden_only: the final-normed hidden states
-  [N, T, D] there instead (the model's `hidden_only`), for an LM head run in chunks."""
+  [N, T, D] there instead (the model's `hidden_only`), for an LM head run in chunks.
+  dropout_key (a training forward, `model.apply`'s) is passed on only when given."""
   P = prompt_tokens_NP.shape[1]
   tokens_NS = jnp.concatenate([prompt_tokens_NP, tokens_NT], axis=1)
   mask_NS = jnp.concatenate([prompt_mask_NP, mask_NT], axis=1)
   S = tokens_NS.shape[1]
   # Logits at slot s predict the token at slot s + 1: slots P-1 .. S-2.
   extra = {"hidden_only": True} if hidden_only else {}
+  if dropout_key is not None:
+    extra["dropout_key"] = dropout_key
   logits_NTV, _ = model_fn(
     params,
     tokens_NS,
@@ -101,12 +112,15 @@ def _stats_of_logits(logits_NTV, tokens_NT, *, with_rank):
   return logp_NT, ent_NT, sq_NT, rank_NT
 
 
-def chunked_stats(params, hidden_NTD, tokens_NT, *, model_fn, chunk: int, with_rank=False):
+def chunked_stats(
+  params, hidden_NTD, tokens_NT, *, model_fn, chunk: int, with_rank=False, dropout_key=None
+):
   """`_stats_of_logits` of the LM head's logits, `chunk` completion positions at a time:
   a `lax.map` over ⌈T / chunk⌉ blocks, each under `jax.checkpoint`, so the forward holds
   [N, chunk, V] logits at once and the backward recomputes each block's logits from its
   hidden states instead of keeping [N, T, V] (the head's matmul runs twice: the price of
-  the memory). T is padded to a multiple of the chunk; the padding is cut off."""
+  the memory). T is padded to a multiple of the chunk; the padding is cut off. With a
+  dropout_key, block c's head forward gets fold_in(key, c) (blocks draw distinct masks)."""
   N, T, D = hidden_NTD.shape
   C = -(-T // chunk)
   pad = C * chunk - T
@@ -114,11 +128,12 @@ def chunked_stats(params, hidden_NTD, tokens_NT, *, model_fn, chunk: int, with_r
   y_CNc = jnp.pad(tokens_NT, ((0, 0), (0, pad))).reshape(N, C, chunk).swapaxes(0, 1)
 
   @jax.checkpoint
-  def block(params, h_NcD, y_Nc):
-    logits_NcV, _ = model_fn(params, h_NcD, None, None, head_only=True)
+  def block(params, h_NcD, y_Nc, c):
+    extra = {} if dropout_key is None else {"dropout_key": jax.random.fold_in(dropout_key, c)}
+    logits_NcV, _ = model_fn(params, h_NcD, None, None, head_only=True, **extra)
     return _stats_of_logits(logits_NcV, y_Nc, with_rank=with_rank)
 
-  out = jax.lax.map(lambda xs: block(params, *xs), (h_CNcD, y_CNc))
+  out = jax.lax.map(lambda xs: block(params, *xs), (h_CNcD, y_CNc, jnp.arange(C)))
   unchunk = lambda x_CNc: x_CNc.swapaxes(0, 1).reshape(N, C * chunk)[:, :T]  # noqa: E731
   return tuple(None if x is None else unchunk(x) for x in out)
 
@@ -134,6 +149,7 @@ def completion_logprobs(
   with_stats=False,
   with_rank=False,
   chunk: int = 0,
+  dropout_key=None,
 ):
   """log π(o_t | q, o_<t) of each completion token in one full forward: [N, T] (0 off mask).
 
@@ -148,15 +164,24 @@ def completion_logprobs(
   only at the T positions that predict completion tokens (`token_stats` does the rest).
   With `chunk` = c (0 < c < T) it runs there c positions at a time (`chunked_stats`): the
   [N, T, V] logits never exist at once, in the forward or the backward (rl.logit_chunk).
+  `dropout_key` makes it a training forward (adapter dropout, `model.apply`).
   """
   args = (params, prompt_tokens_NP, prompt_mask_NP, tokens_NT, mask_NT)
   if 0 < chunk < tokens_NT.shape[1]:
-    hidden_NTD = completion_logits(*args, model_fn=model_fn, hidden_only=True)
+    hidden_NTD = completion_logits(
+      *args, model_fn=model_fn, hidden_only=True, dropout_key=dropout_key
+    )
     out = chunked_stats(
-      params, hidden_NTD, tokens_NT, model_fn=model_fn, chunk=chunk, with_rank=with_rank
+      params,
+      hidden_NTD,
+      tokens_NT,
+      model_fn=model_fn,
+      chunk=chunk,
+      with_rank=with_rank,
+      dropout_key=None if dropout_key is None else jax.random.fold_in(dropout_key, 1 << 20),
     )
   else:
-    logits_NTV = completion_logits(*args, model_fn=model_fn)
+    logits_NTV = completion_logits(*args, model_fn=model_fn, dropout_key=dropout_key)
     out = _stats_of_logits(logits_NTV, tokens_NT, with_rank=with_rank)
   logp_NT, ent_NT, sq_NT, rank_NT = out
   logp_NT = jnp.where(mask_NT, logp_NT, 0.0)

@@ -62,6 +62,11 @@ class LoraConfig:
 
   rank: int = 0
   alpha: float = 16.0
+  # Inverted dropout on each adapter's input while training, PEFT's
+  # scale·B(A(dropout(x))): the RL update's and the warm start's differentiated forwards
+  # only (`apply(dropout_key=...)`). Sampling, π_old, the reference and evaluation run
+  # without it, so at the first step of an update the ratio π/π_old is 1 only in
+  # expectation over the masks (exactly 1 while B = 0).
   dropout: float = 0.0
   targets: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
   # What the supervised warm start trains: "base" (the model's own weights, adapters
@@ -88,10 +93,10 @@ class LoraConfig:
       raise ValueError(f"model.lora.rank must be an int >= 0 (0: off), got {self.rank!r}.")
     if not (np.isfinite(self.alpha) and self.alpha > 0):
       raise ValueError(f"model.lora.alpha must be a positive number, got {self.alpha!r}.")
-    if self.dropout != 0.0:
+    if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
       raise ValueError(
-        f"model.lora.dropout={self.dropout!r}: only 0 is supported (the RL update has no "
-        "dropout randomness; adapter dropout is not implemented)."
+        f"model.lora.dropout={self.dropout!r}; allowed: a number in [0, 1) (the probability "
+        "that an element of an adapter's input is zeroed while training; 0: off)."
       )
     if self.warm_start not in ("auto", "base", "adapters"):
       raise ValueError(
@@ -463,7 +468,9 @@ class _Adapter(nn.Module):
   """The low-rank path of one projection, scale·(x·A)·B, its A [*in, r] and B [r, *out] in
   the "lora" collection (float32, trained; logical names: the base kernel's, with
   "lora_rank" between). Returns None where that collection has no adapter: the reference
-  policy is the same call without it, the base weights alone."""
+  policy is the same call without it, the base weights alone. With model.lora.dropout = p
+  and a "dropout" rng (a training forward), x is inverted-dropped first: each element kept
+  with probability 1 − p and scaled by 1/(1 − p), so E[path] is the undropped path."""
 
   cfg: ModelConfig
   in_names: tuple[str, ...]
@@ -488,6 +495,10 @@ class _Adapter(nn.Module):
     a = self.variable("lora", "a", a_init).value
     b = self.variable("lora", "b", b_init).value
     dt = self.cfg.compute_dtype
+    p = self.cfg.lora.dropout
+    if p > 0 and self.has_rng("dropout"):
+      keep = jax.random.bernoulli(self.make_rng("dropout"), 1.0 - p, x.shape)
+      x = jnp.where(keep, x / (1.0 - p), 0.0).astype(x.dtype)
     xa = jnp.tensordot(
       x.astype(dt), a.astype(dt), axes=(tuple(range(x.ndim - n, x.ndim)), tuple(range(n)))
     )
@@ -662,7 +673,7 @@ class Decoder(nn.Module):
       stack = nn.scan(
         block,
         variable_axes={"params": 0, "lora": 0},
-        split_rngs={"params": True},
+        split_rngs={"params": True, "dropout": True},
         in_axes=(nn.broadcast, 0, nn.broadcast, nn.broadcast),
         length=cfg.n_layers,
         metadata_params={nn.PARTITION_NAME: "layers"},
@@ -711,10 +722,11 @@ def _finish_logits(cfg: ModelConfig, logits_BTV):
   return nn.with_logical_constraint(logits_BTV, ACT_BTV)
 
 
-def head_logits(params: Params, x_BTD, *, cfg: ModelConfig):
+def head_logits(params: Params, x_BTD, *, cfg: ModelConfig, dropout_key=None):
   """The LM head alone: float32 logits [B, T, V] of final-normed hidden states (those of
   `apply(..., hidden_only=True)`), equal to what `apply` returns at those positions.
-  Callers that never need all T positions' logits at once (`logprobs`, in chunks) use it."""
+  Callers that never need all T positions' logits at once (`logprobs`, in chunks) use it.
+  dropout_key: as `apply`'s (the head's adapter, when targeted)."""
   variables = _variables(params, cfg)
   base = variables["params"]
   if cfg.tie_embeddings:
@@ -723,7 +735,16 @@ def head_logits(params: Params, x_BTD, *, cfg: ModelConfig):
   head_vars = {"params": {"lm_head": base["lm_head"]}}
   if "lm_head_lora" in variables.get("lora", {}):
     head_vars["lora"] = {"lm_head_lora": variables["lora"]["lm_head_lora"]}
-  return _finish_logits(cfg, head.apply(head_vars, x_BTD))
+  return _finish_logits(cfg, head.apply(head_vars, x_BTD, rngs=_rngs(cfg, dropout_key)))
+
+
+def _rngs(cfg: ModelConfig, dropout_key) -> dict:
+  """Flax rngs of a forward: {"dropout": key} when it is a training forward (a key given)
+  of a model whose adapters drop (model.lora.dropout > 0); else none, and the forward is
+  deterministic (a key given to a model without adapter dropout changes nothing)."""
+  if dropout_key is None or not (cfg.lora.enabled and cfg.lora.dropout > 0):
+    return {}
+  return {"dropout": dropout_key}
 
 
 class _Head(nn.Module):
@@ -976,6 +997,7 @@ def apply(
   logits_slice: tuple[int, int] | None = None,
   hidden_only: bool = False,
   head_only: bool = False,
+  dropout_key: jax.Array | None = None,
 ):
   """Forward pass. Returns (float32 logits [B,T,V], cache with this call's tokens appended).
 
@@ -986,16 +1008,21 @@ def apply(
   `hidden_only=True` (no cache) returns the final-normed hidden states [B, T', D] in place
   of the logits; `head_only=True` takes those hidden states as `tokens_BT` and returns
   their logits (`head_logits`): the two halves of a forward whose LM head runs in chunks.
+  `dropout_key` makes it a training forward: with model.lora.dropout > 0 each adapter's
+  input is dropped (`_Adapter`); without a key (sampling, π_old, the reference) it is not.
   """
   if head_only:
-    return head_logits(params, tokens_BT, cfg=cfg), None
+    return head_logits(params, tokens_BT, cfg=cfg, dropout_key=dropout_key), None
   decoder = Decoder(cfg, logits_slice=logits_slice, head=not hidden_only)
   if hidden_only and cache is not None:
     raise ValueError("model.apply(hidden_only=True) is a teacher-forced forward: no cache.")
   variables = _variables(params, cfg)
+  rngs = _rngs(cfg, dropout_key)
   if cache is None:
-    logits_BTV, _ = decoder.apply(variables, tokens_BT, positions_BT, None, None, None)
+    logits_BTV, _ = decoder.apply(variables, tokens_BT, positions_BT, None, None, None, rngs=rngs)
     return logits_BTV, None
+  if rngs:
+    raise ValueError("model.apply(dropout_key=...) is a training forward: no cache.")
   i = cache.index
   if jnp.ndim(i) == 1:  # A write slot per row (decode only).
     pos_BS = jax.vmap(lambda p, n, j: jax.lax.dynamic_update_slice(p, n, (j,)))(

@@ -714,8 +714,11 @@ def make_prepare(cfg: RLConfig, model_fn: Callable):
 # ----------------------------------------------------------------------------
 
 
-def token_terms(params, mb: RolloutBatch, hyper: StepHyper, *, cfg: RLConfig, model_fn):
-  """Per-token objective terms of a (micro-)batch: (total ℓ_NT, dict of per-token arrays)."""
+def token_terms(
+  params, mb: RolloutBatch, hyper: StepHyper, *, cfg: RLConfig, model_fn, dropout_key=None
+):
+  """Per-token objective terms of a (micro-)batch: (total ℓ_NT, dict of per-token arrays).
+  dropout_key: the forward's adapter-dropout key (`model.apply`; None: deterministic)."""
   logp_NT, stats = logprobs.completion_logprobs(
     params,
     mb.prompt_tokens_NP,
@@ -725,6 +728,7 @@ def token_terms(params, mb: RolloutBatch, hyper: StepHyper, *, cfg: RLConfig, mo
     model_fn=model_fn,
     with_stats=True,
     chunk=cfg.logit_chunk,
+    dropout_key=dropout_key,
   )
   ent_NT = stats["entropy"]
   m_NT = mb.loss_mask_NT
@@ -827,7 +831,15 @@ def _cut(micro, Tb: int):
 
 
 def accumulate_gradients(
-  params, mb: RolloutBatch, w_NT, hyper: StepHyper, *, cfg: RLConfig, model_fn, token_outputs
+  params,
+  mb: RolloutBatch,
+  w_NT,
+  hyper: StepHyper,
+  *,
+  cfg: RLConfig,
+  model_fn,
+  token_outputs,
+  dropout_key=None,
 ):
   """(Σ_k ∇ Σ_{(i,t)∈micro-batch k} w·ℓ, additive metric sums, per-token outputs) over
   `cfg.micro_batches` slices of the mini-batch, in a `lax.scan`. The weights w are the
@@ -837,14 +849,20 @@ def accumulate_gradients(
   rows are sorted by length and sliced contiguously, and each micro-batch runs at the
   smallest bucket length (`length_buckets`) that holds its longest row (a `lax.switch`
   over one compiled branch per bucket): the padding past it is never computed, and since
-  w = 0 there the sum is unchanged."""
+  w = 0 there the sum is unchanged.
+
+  With a dropout_key (adapter dropout), micro-batch k's forward gets fold_in(key, k): the
+  masks, so the gradient, then depend on how the rows are split (the expectation does not)."""
   K, T = cfg.micro_batches, mb.tokens_NT.shape[1]
   buckets = length_buckets(cfg, T)
   trainable, join = model.split_trainable(params)  # Gradients of the trainable part only.
 
   def micro_loss(trainable, micro):
-    mbk, wk = micro
-    total_NT, terms = token_terms(join(trainable), mbk, hyper, cfg=cfg, model_fn=model_fn)
+    mbk, wk, k = micro
+    key = None if dropout_key is None else jax.random.fold_in(dropout_key, k)
+    total_NT, terms = token_terms(
+      join(trainable), mbk, hyper, cfg=cfg, model_fn=model_fn, dropout_key=key
+    )
     return jnp.sum(wk * total_NT), (terms, _sums(terms, mbk, wk))
 
   grad_fn = jax.grad(micro_loss, has_aux=True)
@@ -852,14 +870,15 @@ def accumulate_gradients(
 
   def at_length(Tb):
     def run(micro):
-      grads, (terms, sums) = grad_fn(trainable, _cut(micro, Tb) if Tb < T else micro)
+      cut = (*_cut(micro[:2], Tb), micro[2]) if Tb < T else micro
+      grads, (terms, sums) = grad_fn(trainable, cut)
       pad = lambda x: jnp.pad(x, ((0, 0), (0, T - Tb))) if Tb < T else x
       return grads, sums, {k: pad(terms[k]) for k in keep}
 
     return run
 
   def body(acc, micro):
-    micro = _rows_constraint(micro)
+    micro = (*_rows_constraint(micro[:2]), micro[2])
     if buckets:
       longest = jnp.max(jnp.sum(micro[0].mask_NT, axis=1))
       branch = jnp.searchsorted(jnp.asarray(buckets), longest)
@@ -875,7 +894,7 @@ def accumulate_gradients(
     split = lambda x: x.reshape(K, x.shape[0] // K, *x.shape[1:])
   else:
     split = functools.partial(_split, k=K)
-  micro = jax.tree.map(split, (mb, w_NT))
+  micro = (*jax.tree.map(split, (mb, w_NT)), jnp.arange(K))
   # The accumulator starts at zeros shaped like one micro-batch's (grads, sums).
   grads_shape, (_, sums_shape) = jax.eval_shape(
     grad_fn, trainable, jax.tree.map(lambda x: x[0], micro)
@@ -922,6 +941,7 @@ def train_step(
   model_fn: Callable,
   optimizer: optax.GradientTransformation,
   token_outputs: bool = False,
+  dropout_key: jax.Array | None = None,
 ):
   """One optimizer step on one mini-batch: (state, metrics).
 
@@ -933,12 +953,22 @@ def train_step(
   params and optimizer state unchanged (state.step still advances) and reports
   metrics["nonfinite"] = 1; the trainer counts these and stops after `max_nonfinite_steps`
   in a row.
+
+  dropout_key: the step's adapter-dropout key (model.lora.dropout; `update` passes one per
+  step); None: a deterministic forward.
   """
   w_NT = aggregation.get(cfg.aggregation)(
     mb.loss_mask_NT, mb.group_ids_N, mb.adv_NT, max_len=cfg.max_len or None
   )
   grads, sums, tok = accumulate_gradients(
-    state.params, mb, w_NT, hyper, cfg=cfg, model_fn=model_fn, token_outputs=token_outputs
+    state.params,
+    mb,
+    w_NT,
+    hyper,
+    cfg=cfg,
+    model_fn=model_fn,
+    token_outputs=token_outputs,
+    dropout_key=dropout_key,
   )
   metrics = _metrics_from_sums(sums, cfg=cfg)
   metrics["grad_norm"] = optax.tree.norm(grads)
@@ -1003,7 +1033,8 @@ def update(
 
   plan_fn(key, group_ids_N, adv_N, lengths_N) -> idx [E, M, b] (`make_plan_fn`); step s =
   e·M + m trains on rows idx[e, m]. Pure and jittable. Returns (state, idx_EMb, metrics)
-  where every metric is stacked over the E·M steps ([E·M] arrays, step order).
+  where every metric is stacked over the E·M steps ([E·M] arrays, step order). Step s's
+  adapter-dropout key is split from fold_in(key, 1) (the plan's key is `key` itself).
   """
   acted_NT = batch.mask_NT if batch.action_mask_NT is None else batch.action_mask_NT
   adv_N = advantages.sequence_advantage(batch.adv_NT, acted_NT)
@@ -1011,11 +1042,15 @@ def update(
   idx_EMb = plan_fn(key, batch.group_ids_N, adv_N, lengths_N)
   E, M, b = idx_EMb.shape
 
-  def step(state, idx_b):
+  def step(state, xs):
+    idx_b, dropout_key = xs
     mb = _rows_constraint(gather(batch, idx_b))
-    return train_step(state, mb, hyper, cfg=cfg, model_fn=model_fn, optimizer=optimizer)
+    return train_step(
+      state, mb, hyper, cfg=cfg, model_fn=model_fn, optimizer=optimizer, dropout_key=dropout_key
+    )
 
-  state, metrics_S = jax.lax.scan(step, state, idx_EMb.reshape(E * M, b))
+  keys_S = jax.random.split(jax.random.fold_in(key, 1), E * M)
+  state, metrics_S = jax.lax.scan(step, state, (idx_EMb.reshape(E * M, b), keys_S))
   return state, idx_EMb, metrics_S
 
 

@@ -402,6 +402,7 @@ def _build(setup: config.Setup) -> Functions:
         model_fn=model_fn,
         optimizer=sft_optimizer,
         part=warmstart.part(setup.model_cfg),
+        dropout_seed=loop.seed,
       ),
       in_shardings=(sh.sft_state, *(sh.rows(loop.warmstart_batch),) * 3),
       out_shardings=(sh.sft_state, sh.rep),

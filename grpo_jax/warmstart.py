@@ -123,17 +123,34 @@ def stored(params, model_cfg, trains: str):
 
 
 def sft_step(
-  state: rl.TrainState, prompts, tokens_NT, mask_NT, *, model_fn, optimizer, part="adapters"
+  state: rl.TrainState,
+  prompts,
+  tokens_NT,
+  mask_NT,
+  *,
+  model_fn,
+  optimizer,
+  part="adapters",
+  dropout_seed: int = 0,
 ):
   """One cross-entropy step on reference completions: (state, {"loss", "nonfinite"}), with
   loss = −Σ m·log π(y) / Σ m over the batch's target tokens. A step whose loss, gradient or
-  updated state is not finite is not applied (`rl.apply_if_finite`). Pure; `steps` jits it."""
+  updated state is not finite is not applied (`rl.apply_if_finite`). Pure; `steps` jits it.
+  The forward is a training one: adapter dropout (model.lora.dropout) draws its masks from
+  fold_in(key(dropout_seed), state.step), so a resumed warm start draws the same ones."""
 
   trainable, join = model.split_trainable(state.params, part=part)
+  dropout_key = jax.random.fold_in(jax.random.key(dropout_seed), state.step)
 
   def loss_fn(trainable):
     logp_NT, _ = logprobs.completion_logprobs(
-      join(trainable), prompts.tokens_BP, prompts.mask_BP, tokens_NT, mask_NT, model_fn=model_fn
+      join(trainable),
+      prompts.tokens_BP,
+      prompts.mask_BP,
+      tokens_NT,
+      mask_NT,
+      model_fn=model_fn,
+      dropout_key=dropout_key,
     )
     return -jnp.sum(logp_NT) / jnp.maximum(jnp.sum(mask_NT), 1)
 
