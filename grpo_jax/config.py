@@ -62,6 +62,7 @@ from grpo_jax import (
   shapes,
   sharding,
   tasks,
+  trackers,
 )
 from grpo_jax.diagnostics import grads
 
@@ -77,6 +78,7 @@ SECTIONS = (
   "offpolicy",
   "env",
   "collapse",
+  "logging",
 )
 # What config.model may set when the architecture comes from a HF checkpoint.
 HF_RUNTIME_KEYS = ("param_dtype", "dtype", "scan_layers", "remat", "lora")
@@ -134,7 +136,8 @@ class LoopConfig:
   # or vLLM evaluation), with hf_dir's tokenizer files.
   export_hf: bool = False
   progress: bool = True  # Progress bar (tqdm) on a terminal.
-  tensorboard: bool = True  # Event files under workdir/tb.
+  # Event files under workdir/tb; False drops "tensorboard" from config.logging.trackers.
+  tensorboard: bool = True
   # Resuming under a config that differs from the workdir's config.json: "warn" logs the
   # differences; "refuse" stops (changes to the run's extent or logging are allowed).
   on_config_change: str = "warn"
@@ -277,6 +280,7 @@ class Setup:
   offpolicy: offpolicy.OffPolicyConfig = offpolicy.OffPolicyConfig()
   episodes: episodes.EpisodeConfig | None = None  # config.env; None: single-turn sampling.
   collapse: collapse.CollapseConfig = collapse.CollapseConfig()
+  tracking: trackers.TrackingConfig = trackers.TrackingConfig()  # config.logging.
 
   @property
   def train_group(self) -> int:
@@ -326,7 +330,8 @@ def default_config() -> ml_collections.ConfigDict:
   sampler (SamplerConfig without eos_ids/pad_id), sampling (temperature, top_k, top_p,
   greedy), rl (every RLConfig field), mesh (data, fsdp, tensor sizes and the
   logical->mesh rules table, `sharding.MeshConfig`) and diagnostics (DiagnosticsConfig;
-  every = 0: off). Because every key exists, command-line overrides such as
+  every = 0: off), and logging (`trackers.TrackingConfig`: jsonl, TensorBoard, W&B,
+  MLflow). Because every key exists, command-line overrides such as
   `--config.rl.num_minibatches=4` work on the locked config, and a misspelt key fails.
   """
   c = ml_collections.ConfigDict(_defaults(LoopConfig))
@@ -352,6 +357,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.offpolicy = _section(_defaults(offpolicy.OffPolicyConfig))
   c.env = _section({**_defaults(episodes.EpisodeConfig), "name": "", "kwargs": {}})
   c.collapse = _section(_defaults(collapse.CollapseConfig))
+  c.logging = _section(_defaults(trackers.TrackingConfig))
   return c
 
 
@@ -532,6 +538,9 @@ def _build(config, *, n_devices: int | None) -> Setup:
     offpolicy=op,
     collapse=config_lib.from_dict(
       collapse.CollapseConfig, d.get("collapse", {}), where="config.collapse"
+    ),
+    tracking=config_lib.from_dict(
+      trackers.TrackingConfig, d.get("logging", {}), where="config.logging"
     ),
   )
   return _resolve_remat(setup, n_devices=n_devices)
@@ -861,4 +870,5 @@ def as_dict(setup: Setup) -> dict:
     "offpolicy": dataclasses.asdict(setup.offpolicy),
     "env": dataclasses.asdict(setup.episodes) if setup.episodes else {"name": ""},
     "collapse": dataclasses.asdict(setup.collapse),
+    "logging": dataclasses.asdict(setup.tracking),
   }

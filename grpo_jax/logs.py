@@ -84,11 +84,19 @@ class RunLogger:
   On resume from iteration k, lines with iteration > k (written after the checkpoint the
   run resumes from) are dropped first, and TensorBoard is told to purge steps > k, so
   every iteration appears once. Strings and booleans are not sent to TensorBoard.
+  Each record and sample batch also goes to every tracker in `trackers` (`grpo_jax.trackers`:
+  W&B, MLflow; each its own write / write_samples / close), after the local files.
   """
 
   def __init__(
-    self, workdir: pathlib.Path, *, resume_from: int | None = None, tensorboard_dir=True
+    self,
+    workdir: pathlib.Path,
+    *,
+    resume_from: int | None = None,
+    tensorboard_dir=True,
+    trackers=(),
   ):
+    self.trackers = list(trackers)
     self.path = pathlib.Path(workdir) / "metrics.jsonl"
     self.samples_path = pathlib.Path(workdir) / SAMPLES
     for path in (self.path, self.samples_path):
@@ -107,6 +115,8 @@ class RunLogger:
   def write(self, record: dict) -> None:
     self._f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
     self._f.flush()
+    for tracker in self.trackers:
+      tracker.write(record)
     if self._tb is None:
       return
     values = [  # The record's own names (tensorboardX's scalar() would rewrite "@").
@@ -123,6 +133,8 @@ class RunLogger:
       return
     with self.samples_path.open("a") as f:
       f.writelines(json.dumps({"iteration": iteration, **s}) + "\n" for s in samples)
+    for tracker in self.trackers:
+      tracker.write_samples(iteration, samples)
     if self._tb is not None:
       text = tb_summary.text("samples", samples_markdown(samples))
       self._event(step=iteration, summary=text)
@@ -134,6 +146,9 @@ class RunLogger:
   def close(self) -> None:
     if not self._f.closed:
       self._f.close()
+    for tracker in self.trackers:
+      tracker.close()
+    self.trackers = []
     if self._tb is not None:
       self._tb.close()
       self._tb = None

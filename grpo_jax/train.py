@@ -70,6 +70,7 @@ from grpo_jax import (
   rollout,
   sharding,
   steps,
+  trackers,
   warmstart,
 )
 from grpo_jax.diagnostics import hook as diagnostics_hook
@@ -189,7 +190,7 @@ def _open_logs(s: _Session, st: RunState, *, resumed_from: int | None):
   """The metrics writer (cut back to the checkpoint on a resume). A fresh run writes the
   warm-start evaluation line and checkpoint 0, after which the warm start's own SIGTERM
   checkpoint is obsolete."""
-  writer = _logger(s.workdir, s.setup.loop, resume_from=resumed_from)
+  writer = _logger(s.workdir, s.setup, st, resume_from=resumed_from, log=s.log)
   if resumed_from is None:
     writer.write({"iteration": 0, "phase": "warmstart", **st.warmstart})
     writer.write_samples(0, s.samples)
@@ -373,7 +374,7 @@ def _preempted_in_warm_start(s: _Session, stop: warmstart.Preempted) -> dict:
 
 # Loop keys that may change on resume without changing what is trained (the extent of the
 # run, logging, resources): `on_config_change = "refuse"` does not refuse these, nor any
-# config.collapse key (the guard only watches).
+# config.collapse key (the guard only watches) nor config.logging key (where metrics go).
 HOUSEKEEPING_KEYS = (
   "iterations",
   "eval_every",
@@ -390,6 +391,7 @@ HOUSEKEEPING_KEYS = (
   "tensorboard",
   "on_config_change",
 )
+HOUSEKEEPING_SECTIONS = ("collapse.", "logging.")  # Every key under these, too.
 
 
 def config_changes(before: dict, after: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:
@@ -422,7 +424,7 @@ def _record_config(
       real = [
         k
         for k, _, _ in changes
-        if k.split(".")[-1] not in HOUSEKEEPING_KEYS and not k.startswith("collapse.")
+        if k.split(".")[-1] not in HOUSEKEEPING_KEYS and not k.startswith(HOUSEKEEPING_SECTIONS)
       ]
       if real and setup.loop.on_config_change == "refuse":
         raise config_lib.ConfigError(
@@ -712,11 +714,21 @@ def _watch_collapse(s: _Session, st: RunState, record: dict) -> None:
   st.collapse_guard = {**st.collapse_guard, "warnings": [*warnings, line]}
 
 
-def _logger(workdir, loop: config.LoopConfig, *, resume_from=None):
-  """metrics.jsonl + TensorBoard on the primary process; a no-op writer elsewhere."""
+def _logger(workdir, setup: config.Setup, st: RunState, *, resume_from=None, log=print):
+  """metrics.jsonl, TensorBoard and the trackers of config.logging (W&B, MLflow, which log
+  the run's config once) on the primary process; a no-op writer elsewhere."""
   if not distributed.is_primary():
     return logs.NullLogger()
-  return logs.RunLogger(workdir, resume_from=resume_from, tensorboard_dir=loop.tensorboard)
+  tracking = setup.tracking
+  external = trackers.open_trackers(
+    tracking, workdir, config=st.config, resumed=resume_from is not None, log=log
+  )
+  return logs.RunLogger(
+    workdir,
+    resume_from=resume_from,
+    tensorboard_dir=setup.loop.tensorboard and "tensorboard" in tracking.trackers,
+    trackers=external,
+  )
 
 
 def _progress(loop: config.LoopConfig, st: RunState, *, log) -> logs.Progress:

@@ -180,4 +180,5 @@ def test_config_json_records_every_section(tmp_path):
     "counterfactual",
     "env",
     "collapse",
+    "logging",
   }
