@@ -25,14 +25,12 @@ import argparse
 import functools
 import json
 import pathlib
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "configs"))
 
 BASELINES = {
   "group_mean": ("dr_grpo", {}),
@@ -42,16 +40,15 @@ BASELINES = {
 
 
 def make_config(seed: int, *, prompts: int, groups: int, quick: bool):
-  import long_addition  # noqa: PLC0415
+  from grpo_jax import config_lib  # noqa: PLC0415
 
-  c = long_addition.get_config("tiny")
+  c = config_lib.load(str(ROOT / "configs" / "long_addition.py") + ":tiny")
   c.update(seed=seed, prompts_per_step=prompts * groups, reward_workers=0, progress=False)
   if quick:
     c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64)
     c.task.kwargs = dict(min_digits=1, max_digits=2)
     c.sampler.update(max_new_tokens=26)
     c.update(warmstart_steps=60, warmstart_batch=32)
-  sys.path.insert(0, str(ROOT / "experiments"))
   import reproduce  # noqa: PLC0415
 
   reproduce.apply_model(c)  # reproduce.py --model.

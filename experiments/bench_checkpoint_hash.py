@@ -26,7 +26,6 @@ import argparse
 import json
 import pathlib
 import statistics
-import sys
 import tempfile
 import time
 
@@ -34,7 +33,6 @@ import jax
 import jax.numpy as jnp
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from grpo_jax import checkpoint, config, config_lib, steps, train  # noqa: E402
 

@@ -46,18 +46,14 @@ import json
 import os
 import pathlib
 import statistics
-import sys
 import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "configs"))
-sys.path.insert(0, str(ROOT / "experiments"))
-import arithmetic  # noqa: E402
 import diagnose  # noqa: E402
 import jax  # noqa: E402
 
-from grpo_jax import train  # noqa: E402
+from grpo_jax import config_lib, train  # noqa: E402
 
 
 def get_config(args):
@@ -66,7 +62,7 @@ def get_config(args):
     c.diagnostics.update(aggregations=(), rank=False, value=False)  # in the same process.
     c.warmstart_steps = 0
   else:
-    c = arithmetic.get_config("full")
+    c = config_lib.load(str(ROOT / "configs" / "arithmetic.py") + ":full")
     c.sampler.group_size = args.group
     c.update(prompts_per_step=args.prompts, warmstart_steps=0, eval_size=8, eval_samples=0)
   c.update(iterations=args.every * (1 + args.periods) + 1, reward_workers=0, progress=False)

@@ -25,7 +25,6 @@ import argparse
 import json
 import pathlib
 import statistics
-import sys
 import tempfile
 import time
 
@@ -34,14 +33,13 @@ import jax.numpy as jnp
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "configs"))
 
 
 def _config(name: str, *, iterations: int, quick: bool):
-  import ibpo  # noqa: PLC0415  (configs/, on sys.path)
-  import long_addition  # noqa: PLC0415
+  from grpo_jax import config_lib  # noqa: PLC0415
 
-  c = ibpo.get_config("tiny") if name == "ibpo" else long_addition.get_config("tiny")
+  config_file = "ibpo.py" if name == "ibpo" else "long_addition.py"
+  c = config_lib.load(str(ROOT / "configs" / config_file) + ":tiny")
   c.update(iterations=iterations, eval_every=10_000, checkpoint_every=10_000)
   c.update(reward_workers=0, progress=False, eval_size=8)
   if quick:

@@ -30,7 +30,6 @@ import time
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 SIZES = {
   # ~1.1B: Llama 3.2 1B-like widths with an untied head and a 32K vocabulary.

@@ -34,18 +34,14 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import pathlib  # noqa: E402
 import statistics  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "configs"))
 
-import long_addition  # noqa: E402
-
-from grpo_jax import tasks, train  # noqa: E402
+from grpo_jax import config_lib, tasks, train  # noqa: E402
 from grpo_jax.tasks import long_addition as long_addition_task  # noqa: E402
 
 VERIFIER_MS = [0.0]
@@ -69,7 +65,7 @@ MODES = {
 
 
 def _config(args, offpolicy: dict):
-  c = long_addition.get_config("tiny")
+  c = config_lib.load(str(ROOT / "configs" / "long_addition.py") + ":tiny")
   c.task.name = "bench_slow_long_addition"
   d = args.d_model
   c.model.update(d_model=d, n_heads=4, n_kv_heads=2, head_dim=d // 4, mlp_dim=3 * d)

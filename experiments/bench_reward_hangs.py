@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
 import statistics
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import hanging_task  # noqa: E402
 
 from grpo_jax import rewards  # noqa: E402

@@ -56,7 +56,6 @@ import jax.numpy as jnp
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "configs"))
 
 ANCHOR = dict(
   d_model=512,
@@ -74,9 +73,9 @@ ANCHOR = dict(
 def make_config(dtype: str, *, quick: bool, sampler_dtype: str = ""):
   """The anchor workload's trainer config (module docstring); sampler_dtype: the
   sampler's compute dtype when it differs from the trainer's (sampler.dtype)."""
-  import arithmetic  # noqa: PLC0415  (configs/, on sys.path)
+  from grpo_jax import config_lib  # noqa: PLC0415
 
-  c = arithmetic.get_config("tiny")
+  c = config_lib.load(str(ROOT / "configs" / "arithmetic.py") + ":tiny")
   c.model.update(ANCHOR, dtype=dtype, param_dtype="float32")
   c.sampler.dtype = sampler_dtype
   P, T, B, G = 64, 128, 16, 8

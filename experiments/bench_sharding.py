@@ -77,12 +77,10 @@ import time  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from grpo_jax import config, model, rl, sampling, sharding, tasks  # noqa: E402
+from grpo_jax import config, config_lib, model, rl, sampling, sharding, tasks  # noqa: E402
 from grpo_jax import steps as steps_lib  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "configs"))
-import arithmetic  # noqa: E402
 
 DEFAULT_MESHES = "1x1x1,8x1x1,2x2x2,1x4x2,1x8x1,1x1x8"
 SINGLE = "1x1x1"
@@ -98,7 +96,7 @@ def parse_mesh(text: str) -> tuple[int, int, int]:
 
 def make_config(mesh, *, d_model: int, layers: int, prompts: int, group: int):
   """The benchmark's trainer config (see the module docstring) on mesh (data, fsdp, tensor)."""
-  c = arithmetic.get_config("tiny")
+  c = config_lib.load(str(ROOT / "configs" / "arithmetic.py") + ":tiny")
   heads = d_model // 8
   c.model.update(
     d_model=d_model,

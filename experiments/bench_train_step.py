@@ -64,8 +64,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_sampler import BENCH_MODEL  # noqa: E402
 
 from grpo_jax import flops as flops_lib  # noqa: E402

@@ -17,9 +17,9 @@ import numpy as np
 import reproduce
 from reproduce import Arm, Outcome, summarize
 
-ibpo_config = importlib.import_module(
-  "ibpo"
-)  # configs/ibpo.py (reproduce put configs/ on the path)
+from grpo_jax import config_lib
+
+ibpo_config = config_lib.module(str(reproduce.ROOT / "configs" / "ibpo.py"))  # TRIE, BRANCH.
 
 # ----------------------------------------------------------------------------
 # Arms.
@@ -597,7 +597,6 @@ def analyse_rank(runs) -> Outcome:
 def _measured(module: str, cache: str, *, seeds, root, quick, full: dict) -> list[dict]:
   """experiments/<module>.measure per seed (kwargs `full`, or 4 prompts × 4 groups with
   quick), cached as JSON under root/<cache>-quick|full/seed<s>.json, with its seconds."""
-  import importlib  # noqa: PLC0415
   import json  # noqa: PLC0415
 
   measure = importlib.import_module(module).measure

@@ -38,7 +38,6 @@ import argparse
 import json
 import math
 import pathlib
-import sys
 import time
 
 import matplotlib
@@ -48,10 +47,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "configs"))
-import arithmetic  # noqa: E402
 
-from grpo_jax import logs, tasks, train  # noqa: E402
+from grpo_jax import config_lib, logs, tasks, train  # noqa: E402
 from grpo_jax.diagnostics import coupling, flips  # noqa: E402
 
 COMPARE = ("seq_mean_token_mean", "constant_norm", "group_token_mean")
@@ -59,7 +56,7 @@ CATEGORIES = (*flips.DEFAULT_CATEGORIES, "all")
 
 
 def get_config(*, iterations: int, every: int, quick: bool):
-  c = arithmetic.get_config("tiny")
+  c = config_lib.load(str(ROOT / "configs" / "arithmetic.py") + ":tiny")
   c.update(iterations=iterations, eval_every=max(iterations // 2, 1), eval_samples=0)
   c.update(checkpoint_every=max(iterations, 1), reward_workers=0, progress=False)
   c.diagnostics.update(every=every, probe_prompts=8, aggregations=COMPARE, rank=True)

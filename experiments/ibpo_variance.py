@@ -33,15 +33,12 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "configs"))
-sys.path.insert(0, str(ROOT / "experiments"))
 
 ARMS = ("grpo", "grpo8", "trie", "branch")
 KEEP = ("ibpo/terminal_comparison_corr", "ibpo/comparison_abs_mean", "ibpo/kept_pair_frac")
@@ -49,9 +46,10 @@ KEEP = ("ibpo/terminal_comparison_corr", "ibpo/comparison_abs_mean", "ibpo/kept_
 
 def make_config(arm: str, seed: int, *, prompts: int, groups: int, quick: bool, ibpo_params=None):
   """The arm's config; ibpo_params (lam, shrink[, tau]) override configs/ibpo.py's."""
-  import ibpo  # noqa: PLC0415  (configs/, on sys.path)
+  from grpo_jax import config_lib  # noqa: PLC0415
 
-  c = ibpo.get_config({"grpo": "grpo", "grpo8": "grpo", "trie": "trie", "branch": "tiny"}[arm])
+  variant = {"grpo": "grpo", "grpo8": "grpo", "trie": "trie", "branch": "tiny"}[arm]
+  c = config_lib.load(str(ROOT / "configs" / "ibpo.py") + f":{variant}")
   if arm == "grpo8":
     c.sampler.group_size = 8
   if ibpo_params is not None and arm in ("trie", "branch"):

@@ -38,7 +38,6 @@ import jax.numpy as jnp
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from grpo_jax import config, config_lib, hf, logs, model, quant  # noqa: E402
 

@@ -30,7 +30,6 @@ import argparse
 import json
 import pathlib
 import platform
-import sys
 import tempfile
 import time
 
@@ -38,7 +37,6 @@ import jax
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from grpo_jax import config_lib, logs, train  # noqa: E402
 

@@ -30,7 +30,6 @@ import jax.numpy as jnp
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "experiments"))
 
 import bench_rl_iteration  # noqa: E402
 

@@ -23,7 +23,6 @@ moments and where each landed (the iteration the killed session had logged).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import pathlib
@@ -34,6 +33,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from grpo_jax import logs
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIG = "--config=configs/arithmetic.py:tiny"
@@ -78,14 +79,9 @@ def _finish(workdir: pathlib.Path, flags: list[str]) -> float:
 
 
 def _metrics(workdir: pathlib.Path) -> list[dict]:
-  path = workdir / "metrics.jsonl"
-  if not path.exists():
-    return []
-  out = []
-  for line in path.read_text().splitlines():
-    with contextlib.suppress(json.JSONDecodeError):  # A line cut by the kill.
-      out.append({k: v for k, v in json.loads(line).items() if not k.startswith(_TIMING)})
-  return out
+  """The run's records without timings (a last line cut by the kill is dropped)."""
+  records = logs.read_jsonl(workdir / "metrics.jsonl")
+  return [{k: v for k, v in r.items() if not k.startswith(_TIMING)} for r in records]
 
 
 def _kill_at(workdir, flags, *, after: int, delay_s: float, startup_s: float, sig) -> dict:

@@ -17,14 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import sys
 import time
 
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "configs"))
 
 PROMPTS = {
   "short": "{question}\nAnswer in one short sentence, with the final answer in \\boxed{{}}.",

@@ -26,13 +26,11 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import sys
 import time
 
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 PROMPTS = [
   "Mia has 11 pencils. She loses 3 pencils. How many pencils does Mia have now?\n"

@@ -26,13 +26,11 @@ import os
 import pathlib
 import resource
 import subprocess
-import sys
 import time
 
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 
 def _load() -> float:

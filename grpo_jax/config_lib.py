@@ -47,12 +47,32 @@ def load(spec: str, **overrides):
   A file that is missing, has no get_config, or fails to run (an unknown variant raises
   in get_config) is a ConfigError naming the file and what went wrong.
   """
+  path, _, arg = spec.partition(":")
+
+  def make():
+    loaded = _exec_config_file(path, spec=spec)
+    if not callable(getattr(loaded, "get_config", None)):
+      raise ConfigError(f"{path} has no get_config(); a config file defines get_config(arg).")
+    return loaded.get_config(arg) if arg else loaded.get_config()
+
+  config = _config_errors(make, path=path, spec=spec)
+  config.lock()
+  for key, value in overrides.items():
+    config[key] = value
+  return config
+
+
+def module(path: str):
+  """A config file's module, run as `load` runs it (its constants: configs/ibpo.py's TRIE,
+  ...), for experiments that read more than get_config. Errors as `load`'s."""
+  return _config_errors(lambda: _exec_config_file(path, spec=path), path=path, spec=path)
+
+
+def _exec_config_file(path: str, *, spec: str):
   import importlib.util
   import pathlib
   import sys
-  import traceback
 
-  path, _, arg = spec.partition(":")
   file = pathlib.Path(path)
   if not file.is_file():
     shipped = sorted(p.name for p in file.parent.glob("*.py")) if file.parent.is_dir() else []
@@ -61,24 +81,28 @@ def load(spec: str, **overrides):
   module_spec = importlib.util.spec_from_file_location(f"_grpo_jax_config_{file.stem}", file)
   if module_spec is None or file.suffix != ".py":
     raise ConfigError(f"--config={spec}: {path} is not a Python file (--config=FILE.py[:VARIANT]).")
-  module = importlib.util.module_from_spec(module_spec)
+  loaded = importlib.util.module_from_spec(module_spec)
   # In sys.modules, as an import would put it: a task class the file defines then pickles
   # by reference, and reward workers import it from the file (`rewards`).
-  sys.modules[module_spec.name] = module
+  sys.modules[module_spec.name] = loaded
+  module_spec.loader.exec_module(loaded)
+  return loaded
+
+
+def _config_errors(fn, *, path: str, spec: str):
+  """fn(), with the config file's own errors as one ConfigError line naming the file (a
+  bad variant's ValueError as its message; anything else with its type and line)."""
+  import pathlib
+  import traceback
+
   try:
-    module_spec.loader.exec_module(module)
-    if not callable(getattr(module, "get_config", None)):
-      raise ConfigError(f"{path} has no get_config(); a config file defines get_config(arg).")
-    config = module.get_config(arg) if arg else module.get_config()
+    return fn()
   except ConfigError:
     raise
   except Exception as e:  # The config file's own error (a bad variant raises ValueError).
     frames = traceback.extract_tb(e.__traceback__)
-    lines = [f.lineno for f in frames if pathlib.Path(f.filename).resolve() == file.resolve()]
+    file = pathlib.Path(path).resolve()
+    lines = [f.lineno for f in frames if pathlib.Path(f.filename).resolve() == file]
     at = f" ({path}, line {lines[-1]})" if lines and not isinstance(e, ValueError) else ""
     what = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
     raise ConfigError(f"--config={spec}: {what}{at}") from e
-  config.lock()
-  for key, value in overrides.items():
-    config[key] = value
-  return config

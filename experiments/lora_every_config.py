@@ -1,0 +1,141 @@
+"""Every shipped training config's tiny variant, trained with LoRA rank 16.
+
+  python experiments/lora_every_config.py                 # ~20 minutes on 2 CPU cores
+  python experiments/lora_every_config.py --configs arithmetic,calculator
+  python experiments/lora_every_config.py --warmstart 20  # the first protocol (~10 min)
+
+Per config (configs/*.py with a "tiny" variant, sample_demo excepted: it samples, it does
+not train), the trainer's CLI in a fresh process with
+
+  --config.model.lora.rank=16 --config.model.lora.dropout=0.05 --config.iterations=2
+  --config.eval_every=2 --config.eval_size=8
+
+and the config's own everything else (task, estimator, episodes, counterfactuals, GGUF
+import, ...). Rule, fixed before the runs: a config passes when the process exits 0 and
+each of its 2 RL iterations logs a finite loss, a gradient norm > 0 and no skipped
+(non-finite) step. A run that fails is reported with the last lines of its output.
+
+Protocols (the rule is the same):
+  --warmstart 20 (the first, run 2026-11-27/28 and judged: 4 of 11 pass, results/lora/
+    every_config_ws20_2026-11-27.json): 20 warm-start steps. The 7 failures are all
+    grad_norm 0 at iteration 1: no group with varied rewards after 20 steps, so no
+    advantage and no gradient, a property of the protocol, not of LoRA.
+  --warmstart own (registered after that verdict and before its own runs): each config's
+    own warm start (warmstart_steps as shipped). Expected beforehand to fail by
+    construction: smollm2 (its tiny variant is a random 2-layer GGUF, accuracy 0 by
+    design, so every reward is 0); the SmolLM2 config proper trains with LoRA in
+    results/lora/smollm2_vs_full.md.
+
+Written to experiments/results/lora/every_config_<protocol>_<date>.json: per config, the
+verdict, the exit status, the wall seconds (context only: not a quiet-machine timing), and
+each iteration's loss, grad_norm, adv_std, reward_mean and kl_ref/k3 where logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import pathlib
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+from grpo_jax import logs
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SKIP = ("sample_demo",)  # Samples only: no trainer.
+OVERRIDES = (
+  "--config.model.lora.rank=16",
+  "--config.model.lora.dropout=0.05",
+  "--config.iterations=2",
+  "--config.eval_every=2",
+  "--config.eval_size=8",
+  "--config.progress=False",
+)
+KEPT = ("loss", "grad_norm", "adv_std", "reward_mean", "kl_ref/k3", "nonfinite_steps")
+
+
+def configs() -> list[str]:
+  return [p.stem for p in sorted((ROOT / "configs").glob("*.py")) if p.stem not in SKIP]
+
+
+def judge(returncode: int, rl_lines: list[dict]) -> str:
+  """The rule (module docstring): "passes" or "fails: <why>"."""
+  if returncode != 0:
+    return f"fails: exit status {returncode}"
+  if len(rl_lines) != 2:
+    return f"fails: {len(rl_lines)} RL iterations logged, 2 expected"
+  for r in rl_lines:
+    if not math.isfinite(r.get("loss", math.nan)):
+      return f"fails: loss {r.get('loss')!r} at iteration {r.get('iteration')}"
+    if not r.get("grad_norm", 0.0) > 0:
+      return f"fails: grad_norm {r.get('grad_norm')!r} at iteration {r.get('iteration')}"
+    if r.get("nonfinite_steps", 0) != 0:
+      return f"fails: {r['nonfinite_steps']} skipped steps at iteration {r.get('iteration')}"
+  return "passes"
+
+
+def run_one(name: str, workdir: pathlib.Path, *, warmstart: str) -> dict:
+  cmd = [sys.executable, "-m", "grpo_jax.main", f"--config=configs/{name}.py:tiny"]
+  cmd += [f"--workdir={workdir}", *OVERRIDES]
+  if warmstart != "own":
+    cmd.append(f"--config.warmstart_steps={int(warmstart)}")
+  t0 = time.perf_counter()
+  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+  seconds = time.perf_counter() - t0
+  rl_lines = [r for r in logs.read_jsonl(workdir / "metrics.jsonl") if r.get("phase") == "rl"]
+  out = {
+    "config": f"configs/{name}.py:tiny",
+    "verdict": judge(proc.returncode, rl_lines),
+    "returncode": proc.returncode,
+    "wall_seconds": round(seconds, 1),
+    "iterations": [{k: r[k] for k in KEPT if k in r} for r in rl_lines],
+  }
+  if out["verdict"] != "passes":
+    out["output_tail"] = (proc.stdout + proc.stderr)[-3000:]
+  return out
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--configs", default=",".join(configs()), help="comma-separated names")
+  parser.add_argument(
+    "--warmstart", default="own", help="'own' (each config's) or a number of steps"
+  )
+  parser.add_argument("--out", default="", help="default: results/lora/every_config_...")
+  args = parser.parse_args(argv)
+  if not (args.warmstart == "own" or args.warmstart.isdigit()):
+    parser.error(f"--warmstart={args.warmstart!r}; allowed: 'own' or a number of steps")
+  today = datetime.date.today().isoformat()
+  protocol = "own" if args.warmstart == "own" else f"ws{args.warmstart}"
+  out = args.out or str(ROOT / "experiments/results/lora" / f"every_config_{protocol}_{today}.json")
+  names = [n for n in args.configs.split(",") if n]
+  unknown = sorted(set(names) - set(configs()))
+  if unknown:
+    parser.error(f"--configs: unknown {unknown}; allowed: {', '.join(configs())}")
+  results = []
+  with tempfile.TemporaryDirectory() as tmp:
+    for name in names:
+      r = run_one(name, pathlib.Path(tmp) / name, warmstart=args.warmstart)
+      print(f"{name:16s} {r['verdict']:40s} {r['wall_seconds']:7.1f} s", flush=True)
+      results.append(r)
+  doc = {
+    "date": today,
+    "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+    "overrides": list(OVERRIDES),
+    "warmstart": args.warmstart,
+    "rule": "exit 0; 2 RL iterations each with a finite loss, grad_norm > 0, 0 skipped steps",
+    "passed": sum(r["verdict"] == "passes" for r in results),
+    "configs": results,
+  }
+  pathlib.Path(out).write_text(json.dumps(doc, indent=1) + "\n")
+  print(f"{doc['passed']}/{len(results)} pass; wrote {out}")
+  return 0 if doc["passed"] == len(results) else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
