@@ -49,9 +49,9 @@ def make_config(seed: int, *, prompts: int, groups: int, quick: bool):
     c.task.kwargs = dict(min_digits=1, max_digits=2)
     c.sampler.update(max_new_tokens=26)
     c.update(warmstart_steps=60, warmstart_batch=32)
-  import reproduce  # noqa: PLC0415
+  import evidence  # noqa: PLC0415
 
-  reproduce.apply_model(c)  # reproduce.py --model.
+  evidence.apply_model(c)  # reproduce.py --model.
   return c
 
 

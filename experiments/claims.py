@@ -1,6 +1,6 @@
 """The seed claims as measurements: arms to train, figures to read, a verdict rule each.
 
-Every rule is a condition on 95% confidence intervals over seeds (reproduce.summarize),
+Every rule is a condition on 95% confidence intervals over seeds (evidence.summarize),
 fixed here before the runs. Thresholds that are not in the papers (what counts as
 "similar", "non-negligible", "≈ 2") are ours, stated in each rule, and never moved after
 seeing results. Metric keys are those of grpo_jax.metrics.DEFINITIONS.
@@ -13,13 +13,13 @@ import importlib
 import time
 from collections.abc import Callable
 
+import evidence
 import numpy as np
-import reproduce
-from reproduce import Arm, Outcome, summarize
+from evidence import Arm, Outcome, summarize
 
 from grpo_jax import config_lib
 
-ibpo_config = config_lib.module(str(reproduce.ROOT / "configs" / "ibpo.py"))  # TRIE, BRANCH.
+ibpo_config = config_lib.module(str(evidence.ROOT / "configs" / "ibpo.py"))  # TRIE, BRANCH.
 
 # ----------------------------------------------------------------------------
 # Arms.
@@ -186,8 +186,8 @@ def _bar(ax, figures: dict, names: list[str]):
 
 def _boosted_share(pol: str):
   def fn(records):
-    b = reproduce.diag_mean(records, f"flip/{pol}/all/boosted")
-    s = reproduce.diag_mean(records, f"flip/{pol}/all/suppressed")
+    b = evidence.diag_mean(records, f"flip/{pol}/all/boosted")
+    s = evidence.diag_mean(records, f"flip/{pol}/all/suppressed")
     return None if b is None or s is None or b + s == 0 else b / (b + s)
 
   return fn
@@ -208,10 +208,10 @@ def analyse_flips(runs) -> Outcome:
       key = f"flip/{pol}/all/{state}"
       figs[key] = _fig(
         f"{state} fraction, {pol}",
-        _per_seed(runs, GRPO, lambda r, k=key: reproduce.diag_mean(r, k)),
+        _per_seed(runs, GRPO, lambda r, k=key: evidence.diag_mean(r, k)),
       )
-  gap = reproduce.within(figs["boosted_share_gap"], -0.15, 0.15)
-  verdict = reproduce.combine([gap])
+  gap = evidence.within(figs["boosted_share_gap"], -0.15, 0.15)
+  verdict = evidence.combine([gap])
   g = figs["boosted_share_gap"]
   reason = (
     f"Of the tokens whose log-prob moved by more than τ, {_v(figs['boosted_share_pos'], '.0%')} were "
@@ -234,15 +234,15 @@ LOW, HIGH = ("p0-0.1", "p0.1-0.5"), ("p0.9-1",)
 
 def _bins_mean_k(records, kind, bins):
   keys = [f"coupling/{kind}/{a}/{b}/mean_k" for a in bins for b in bins]
-  xs = [reproduce.diag_mean(records, k) for k in keys]
+  xs = [evidence.diag_mean(records, k) for k in keys]
   xs = [x for x in xs if x is not None]
   return float(np.mean(xs)) if xs else None
 
 
 def _same_id_concentration(records):
-  share = reproduce.diag_mean(records, "coupling/same_id/abs_share")
-  same = reproduce.diag_mean(records, "coupling/same_id/pairs")
-  diff = reproduce.diag_mean(records, "coupling/diff_id/pairs")
+  share = evidence.diag_mean(records, "coupling/same_id/abs_share")
+  same = evidence.diag_mean(records, "coupling/same_id/pairs")
+  diff = evidence.diag_mean(records, "coupling/diff_id/pairs")
   if None in (share, same, diff) or same == 0:
     return None
   return share / (same / (same + diff))
@@ -264,7 +264,7 @@ def _low_confidence_share(records):
 
 def analyse_coupling(runs) -> Outcome:
   def get(k):
-    return _per_seed(runs, GRPO, lambda r: reproduce.diag_mean(r, k))
+    return _per_seed(runs, GRPO, lambda r: evidence.diag_mean(r, k))
 
   fit, self_fit, self_share = (
     get("coupling/fit/corr"),
@@ -298,14 +298,14 @@ def analyse_coupling(runs) -> Outcome:
     ),
   }
   parts = {
-    "coupling non-negligible (share > 0.1)": reproduce.above(figs["coupling_share"], 0.1),
-    "coupling improves the prediction (gain > 0)": reproduce.above(figs["fit_gain"], 0.0),
-    "concentrated on identical tokens (> 1)": reproduce.above(figs["same_id_concentration"], 1.0),
-    "mostly between low-confidence tokens (share > 0.5)": reproduce.above(
+    "coupling non-negligible (share > 0.1)": evidence.above(figs["coupling_share"], 0.1),
+    "coupling improves the prediction (gain > 0)": evidence.above(figs["fit_gain"], 0.0),
+    "concentrated on identical tokens (> 1)": evidence.above(figs["same_id_concentration"], 1.0),
+    "mostly between low-confidence tokens (share > 0.5)": evidence.above(
       figs["low_confidence_share"], 0.5
     ),
   }
-  verdict = reproduce.combine(list(parts.values()))
+  verdict = evidence.combine(list(parts.values()))
   reason = "; ".join(f"{k}: {v}" for k, v in parts.items()) + "."
 
   def plot(ax):
@@ -325,7 +325,7 @@ def _cells_mean_k(records, kind, targets, sources):
   """Mean over the (target bin, source bin) cells that hold pairs of their mean K_sn, each
   cell first averaged over the diagnostic iterations."""
   keys = [f"coupling/{kind}/{a}/{b}/mean_k" for a in targets for b in sources]
-  xs = [reproduce.diag_mean(records, k) for k in keys]
+  xs = [evidence.diag_mean(records, k) for k in keys]
   xs = [x for x in xs if x is not None]
   return float(np.mean(xs)) if xs else None
 
@@ -354,11 +354,11 @@ def analyse_coupling_kernel(runs) -> Outcome:
     "low_high_gap": _fig("same-id mean K: both π < 0.5 − both ≥ 0.9", _paired(same_low, same_high)),
   }
   parts = {
-    "identical ids": reproduce.above(figs["identity_gap"], 0.0),
-    "both low (vs one high)": reproduce.above(figs["both_low_gap"], 0.0),
-    "low (vs both high)": reproduce.above(figs["low_high_gap"], 0.0),
+    "identical ids": evidence.above(figs["identity_gap"], 0.0),
+    "both low (vs one high)": evidence.above(figs["both_low_gap"], 0.0),
+    "low (vs both high)": evidence.above(figs["low_high_gap"], 0.0),
   }
-  verdict = reproduce.combine(list(parts.values()))
+  verdict = evidence.combine(list(parts.values()))
   reason = (
     f"Per pair, the LM-head kernel of two low-confidence predictions of one id averages "
     f"{_v(figs['k_same_low'], '.3g')}, against {_v(figs['k_diff_low'], '.3g')} for different "
@@ -381,14 +381,14 @@ def analyse_coupling_kernel(runs) -> Outcome:
 
 def analyse_template_shift(runs) -> Outcome:
   key = "flip/all/template/abs_delta_share"
-  g = _per_seed(runs, GRPO, lambda r: reproduce.diag_mean(r, key))
-  p = _per_seed(runs, POSITIVE_ONLY, lambda r: reproduce.diag_mean(r, key))
+  g = _per_seed(runs, GRPO, lambda r: evidence.diag_mean(r, key))
+  p = _per_seed(runs, POSITIVE_ONLY, lambda r: evidence.diag_mean(r, key))
   figs = {
     "template_share_grpo": _fig("template share of Σ|Δ log p|, GRPO", g),
     "template_share_positive_only": _fig("template share of Σ|Δ log p|, positive-only", p),
     "template_share_shift": _fig("shift (GRPO − positive-only)", _paired(g, p)),
   }
-  verdict = reproduce.combine([reproduce.below(figs["template_share_shift"], 0.0)])
+  verdict = evidence.combine([evidence.below(figs["template_share_shift"], 0.0)])
   s = figs["template_share_shift"]
   reason = (
     f"GRPO puts {_v(figs['template_share_grpo'], '.1%')} of |Δ log p| on template tokens, "
@@ -414,10 +414,10 @@ def analyse_value(runs) -> Outcome:
       key = f"value/{pol}/{what}"
       figs[f"{what}_{pol}"] = _fig(
         f"{'value' if what == 'value_gap' else 'gain'} boosted − suppressed, {pol}",
-        _per_seed(runs, GRPO, lambda r, k=key: reproduce.diag_mean(r, k)),
+        _per_seed(runs, GRPO, lambda r, k=key: evidence.diag_mean(r, k)),
       )
-  parts = [reproduce.above(figs[f"value_gap_{pol}"], 0.0) for pol in ("pos", "neg")]
-  verdict = reproduce.combine(parts)
+  parts = [evidence.above(figs[f"value_gap_{pol}"], 0.0) for pol in ("pos", "neg")]
+  verdict = evidence.combine(parts)
   reason = (
     f"MC value V(q, o_≤t) at boosted minus suppressed tokens: positive rollouts "
     f"{_v(figs['value_gap_pos'], '+.3f')}, negative {_v(figs['value_gap_neg'], '+.3f')} "
@@ -436,7 +436,7 @@ def analyse_value(runs) -> Outcome:
 
 
 def _final_acc(records):
-  return reproduce.last(records, "eval/greedy_accuracy")
+  return evidence.last(records, "eval/greedy_accuracy")
 
 
 def _late_mean(key, frac=1 / 3):
@@ -449,8 +449,8 @@ def _late_mean(key, frac=1 / 3):
 
 
 def _drift_change(records):
-  a = reproduce.first(records, "drift/solution_logp_token")
-  b = reproduce.last(records, "drift/solution_logp_token")
+  a = evidence.first(records, "drift/solution_logp_token")
+  b = evidence.last(records, "drift/solution_logp_token")
   return None if a is None or b is None else b - a
 
 
@@ -468,11 +468,11 @@ def _arm_figs(runs, arms: dict) -> dict:
     )
     figs[f"residual_{name}"] = _fig(
       f"group residual ratio (clipped weights), {name}",
-      _per_seed(runs, arm, lambda r: reproduce.diag_mean(r, "cancel/clipped/group_residual_ratio")),
+      _per_seed(runs, arm, lambda r: evidence.diag_mean(r, "cancel/clipped/group_residual_ratio")),
     )
     figs[f"tax_{name}"] = _fig(
       f"learning tax, {name}",
-      _per_seed(runs, arm, lambda r: reproduce.diag_mean(r, "tax/learning_tax")),
+      _per_seed(runs, arm, lambda r: evidence.diag_mean(r, "tax/learning_tax")),
     )
   return figs
 
@@ -484,8 +484,8 @@ def analyse_minibatching(runs) -> Outcome:
   for name in ("query_preserved", "reward_balanced"):
     d = _paired(_per_seed(runs, MB[name], _final_acc), base)
     figs[f"accuracy_gain_{name}"] = _fig(f"accuracy − random split, {name}", d)
-    parts.append(reproduce.above(figs[f"accuracy_gain_{name}"], 0.0))
-  verdict = reproduce.combine(parts)
+    parts.append(evidence.above(figs[f"accuracy_gain_{name}"], 0.0))
+  verdict = evidence.combine(parts)
   reason = (
     f"With 4 mini-batches per rollout batch, final accuracy minus the random split: "
     f"query-preserved {_v(figs['accuracy_gain_query_preserved'], '+.3f')}, reward-balanced "
@@ -512,20 +512,20 @@ def analyse_breakers(runs) -> Outcome:
   figs = _arm_figs(runs, BREAKERS)
   parts = {}
   base_tax = _per_seed(
-    runs, BREAKERS["shared"], lambda r: reproduce.diag_mean(r, "tax/learning_tax")
+    runs, BREAKERS["shared"], lambda r: evidence.diag_mean(r, "tax/learning_tax")
   )
   base_drift = _per_seed(runs, BREAKERS["shared"], _drift_change)
   for name in ("length_norm", "asym_clip", "split"):
     arm = BREAKERS[name]
-    tax = _per_seed(runs, arm, lambda r: reproduce.diag_mean(r, "tax/learning_tax"))
+    tax = _per_seed(runs, arm, lambda r: evidence.diag_mean(r, "tax/learning_tax"))
     figs[f"tax_excess_{name}"] = _fig(
       f"learning tax − shared normaliser, {name}", _paired(tax, base_tax)
     )
     figs[f"drift_excess_{name}"] = _fig(
       f"drift − shared normaliser, {name}", _paired(_per_seed(runs, arm, _drift_change), base_drift)
     )
-    parts[name] = reproduce.above(figs[f"tax_excess_{name}"], 0.0)
-  verdict = reproduce.combine(list(parts.values()))
+    parts[name] = evidence.above(figs[f"tax_excess_{name}"], 0.0)
+  verdict = evidence.combine(list(parts.values()))
   reason = (
     "Learning tax above the group-shared normaliser's (CI above 0): "
     + ", ".join(f"{k} {v} ({_v(figs[f'tax_excess_{k}'], '+.4f')})" for k, v in parts.items())
@@ -567,12 +567,12 @@ def analyse_rank(runs) -> Outcome:
     for metric in ("entropy_rank", "stable_rank", "energy_rank_90"):
       figs[f"{metric}_g{G}"] = _fig(f"{metric}, G = {G}", _per_seed(runs, arm, _rank_mean(metric)))
       if G > 2:  # With G = 2 rows the rank is at most 2 whatever happens.
-        parts.append(reproduce.within(figs[f"{metric}_g{G}"], 1.0, 3.0))
+        parts.append(evidence.within(figs[f"{metric}_g{G}"], 1.0, 3.0))
     figs[f"zero_var_slope_g{G}"] = _fig(
       f"slope of zero-variance group fraction per iteration, G = {G}",
-      _per_seed(runs, arm, lambda r: reproduce.slope(r, "zero_var_groups")),
+      _per_seed(runs, arm, lambda r: evidence.slope(r, "zero_var_groups")),
     )
-  verdict = reproduce.combine(parts)
+  verdict = evidence.combine(parts)
   reason = (
     "Per-rollout gradient matrix of one group's G rollouts (last block, projected): "
     + ", ".join(f"G={G} entropy rank {_v(figs[f'entropy_rank_g{G}'], '.2f')}" for G in RANK)
@@ -601,7 +601,7 @@ def _measured(module: str, cache: str, *, seeds, root, quick, full: dict) -> lis
 
   measure = importlib.import_module(module).measure
   out = []
-  model = "" if reproduce.model_name() == "tiny" else f"-{reproduce.model_name()}"
+  model = "" if evidence.model_name() == "tiny" else f"-{evidence.model_name()}"
   for s in seeds:
     path = root / f"{cache}-{'quick' if quick else 'full'}{model}" / f"seed{s}.json"
     if not path.exists():
@@ -644,9 +644,9 @@ def analyse_baselines(per_seed: list[dict]) -> Outcome:
     "pass_rate": _fig("pass rate of the sampled groups", [r["pass_rate"] for r in per_seed]),
   }
   parts = [
-    reproduce.below(figs[k], 1.0) for k in ("variance_ratio_weaver_tao", "variance_ratio_per_token")
+    evidence.below(figs[k], 1.0) for k in ("variance_ratio_weaver_tao", "variance_ratio_per_token")
   ]
-  verdict = reproduce.combine(parts)
+  verdict = evidence.combine(parts)
   reason = (
     f"On the same rollouts of the warm-started policy, the Weaver–Tao baseline leaves "
     f"{_v(figs['variance_ratio_weaver_tao'], '.2f')}× the group mean's gradient variance and "
@@ -668,7 +668,7 @@ def analyse_baselines(per_seed: list[dict]) -> Outcome:
 
 def _rl_evals(records):
   """(iterations, greedy accuracies) of the RL evaluations (the warm start's excluded)."""
-  return reproduce.series(
+  return evidence.series(
     [r for r in records if r.get("phase") != "warmstart"], "eval/greedy_accuracy"
   )
 
@@ -692,7 +692,7 @@ def _targets(runs):
   of that seed must reach; an arm that never learns never reaches it)."""
   out = []
   for records in runs[FADE_ARMS["grpo"].name]:
-    warm = reproduce.first(records, "eval/greedy_accuracy")
+    warm = evidence.first(records, "eval/greedy_accuracy")
     _, y = _rl_evals(records)
     out.append(None if warm is None or not y else warm + 0.9 * (max(y) - warm))
   return out
@@ -707,13 +707,13 @@ def analyse_fade(runs) -> Outcome:
     figs[f"peak_{name}"] = _fig(
       f"peak greedy accuracy, {name}",
       _per_seed(
-        runs, arm, lambda r: max(reproduce.series(r, "eval/greedy_accuracy")[1] or [np.nan])
+        runs, arm, lambda r: max(evidence.series(r, "eval/greedy_accuracy")[1] or [np.nan])
       ),
     )
     for k in (1, 4, 16):
       figs[f"pass@{k}_{name}"] = _fig(
         f"final pass@{k}, {name}",
-        _per_seed(runs, arm, lambda r, k=k: reproduce.last(r, f"eval/pass@{k}")),
+        _per_seed(runs, arm, lambda r, k=k: evidence.last(r, f"eval/pass@{k}")),
       )
     figs[f"entropy_{name}"] = _fig(
       f"rollout entropy (last third), {name}", _per_seed(runs, arm, _late_mean("rollout_entropy"))
@@ -741,14 +741,14 @@ def analyse_fade(runs) -> Outcome:
     "final pass@16: FADE − GRPO",
     _paired(
       *(
-        _per_seed(runs, FADE_ARMS[n], lambda r: reproduce.last(r, "eval/pass@16"))
+        _per_seed(runs, FADE_ARMS[n], lambda r: evidence.last(r, "eval/pass@16"))
         for n in ("fade", "grpo")
       )
     ),
   )
-  earlier = reproduce.below(figs["peak_earlier"], 0.0)
-  not_worse = reproduce.above(figs["pass16_gain"], -0.05)
-  verdict = reproduce.combine([earlier, not_worse])
+  earlier = evidence.below(figs["peak_earlier"], 0.0)
+  not_worse = evidence.above(figs["pass16_gain"], -0.05)
+  verdict = evidence.combine([earlier, not_worse])
   reason = (
     f"FADE reaches 90% of GRPO's gain {_v(figs['peak_earlier'], '+.1f')} iterations from the earliest static variant "
     f"(CI below 0: {earlier}); pass@16 vs GRPO {_v(figs['pass16_gain'], '+.3f')} (CI above −0.05: {not_worse})."
@@ -780,8 +780,8 @@ def analyse_single(runs) -> Outcome:
     "masked fraction of tokens (filter)",
     _per_seed(runs, SINGLE["filter"], _late_mean("masked_frac/negative_token_filter", frac=1.0)),
   )
-  comparable = reproduce.above(figs["gap_filter"], -0.05)
-  verdict = reproduce.combine([comparable])
+  comparable = evidence.above(figs["gap_filter"], -0.05)
+  verdict = evidence.combine([comparable])
   reason = (
     f"At 128 rollouts per iteration, G = 1 with the 'prob' + 'batch_shared' filter ends "
     f"{_v(figs['gap_filter'], '+.3f')} from GRPO G = 8 (CI above −0.05: {comparable}); "
@@ -829,9 +829,9 @@ def analyse_single_equal(runs) -> Outcome:
       runs, SINGLE_EQUAL["filter"], _late_mean("masked_frac/negative_token_filter", frac=1.0)
     ),
   )
-  gain = reproduce.above(figs["filter_gain"], 0.0)
-  comparable = reproduce.above(figs["gap_filter"], -0.05)
-  verdict = reproduce.combine([gain, comparable])
+  gain = evidence.above(figs["filter_gain"], 0.0)
+  comparable = evidence.above(figs["gap_filter"], -0.05)
+  verdict = evidence.combine([gain, comparable])
   reason = (
     f"On the same 16 prompts × 8 rollouts per iteration, batch-level advantages with the "
     f"filter end {_v(figs['filter_gain'], '+.3f')} from the same without it (CI above 0: "
@@ -903,7 +903,7 @@ def analyse_ibpo_variance(per_seed: list[dict]) -> Outcome:
       [r["branch"].get("ibpo/kept_pair_frac") for r in per_seed],
     ),
   }
-  verdict = reproduce.combine([reproduce.below(figs["variance_ratio_branch"], 1.0)])
+  verdict = evidence.combine([evidence.below(figs["variance_ratio_branch"], 1.0)])
   reason = (
     f"At {_v(figs['token_ratio_branch'], '.2f')}× GRPO's generated tokens, IBPO with branches "
     f"leaves {_v(figs['variance_ratio_branch'], '.2f')}× GRPO's gradient variance (trie only: "
@@ -943,7 +943,7 @@ def analyse_ibpo_accuracy(runs) -> Outcome:
       [_rows_tokens(r) for r in arms["grpo"]],
     ),
   )
-  verdict = reproduce.combine([reproduce.above(figs["gap_branch"], 0.0)])
+  verdict = evidence.combine([evidence.above(figs["gap_branch"], 0.0)])
   reason = (
     f"Final greedy accuracy: GRPO {_v(figs['final_grpo'], '.3f')}, IBPO with branches "
     f"{_v(figs['final_branch'], '.3f')} (gap {_v(figs['gap_branch'], '+.3f')}), trie only "
@@ -964,7 +964,7 @@ def analyse_ibpo_accuracy(runs) -> Outcome:
       d = acc[k] - acc["grpo"]
       mean, half = (
         d.mean(axis=0),
-        reproduce.t_quantile(len(d)) * d.std(axis=0, ddof=1) / np.sqrt(len(d)),
+        evidence.t_quantile(len(d)) * d.std(axis=0, ddof=1) / np.sqrt(len(d)),
       )
       gap.plot(its, mean, color=color, ls="--", label=f"{k} − grpo (paired, 95% CI)")
       gap.fill_between(its, mean - half, mean + half, color=color, alpha=0.12)
@@ -1104,7 +1104,7 @@ def analyse_ibpo_loo_variance(per_seed: list[dict]) -> Outcome:
   figs["kept_pair_frac"] = _fig(
     "kept branches (edit distance ≤ τ)", [r["branch"].get("ibpo/kept_pair_frac") for r in per_seed]
   )
-  verdict = reproduce.combine([reproduce.above(figs["snr_ratio_branch"], 1.0)])
+  verdict = evidence.combine([evidence.above(figs["snr_ratio_branch"], 1.0)])
   s = figs["snr_ratio_branch"]
   reason = (
     f"At {_v(figs['token_ratio_branch'], '.2f')}× GRPO G = 10's generated tokens (and "
@@ -1128,7 +1128,7 @@ def analyse_ibpo_trie_variance(per_seed: list[dict]) -> Outcome:
     "mean |A − A^{λ=0}|, IBPO (trie)",
     [r["trie"].get("ibpo/comparison_abs_mean") for r in per_seed],
   )
-  verdict = reproduce.combine([reproduce.above(figs["snr_ratio_trie"], 1.0)])
+  verdict = evidence.combine([evidence.above(figs["snr_ratio_trie"], 1.0)])
   s = figs["snr_ratio_trie"]
   reason = (
     f"On GRPO G = 10's own rollouts, the trie's prefix baseline keeps {_v(s, '.3f')}× "
@@ -1173,7 +1173,7 @@ def _accuracy_outcome(runs, arm: str) -> Outcome:
       ),
     )
   g = figs[f"gap_{arm}"]
-  verdict = reproduce.combine([reproduce.above(g, 0.0)])
+  verdict = evidence.combine([evidence.above(g, 0.0)])
   reason = (
     f"Final greedy accuracy: GRPO G = 10 {_v(figs['final_grpo'], '.3f')}, IBPO ({arm}) "
     f"{_v(figs[f'final_{arm}'], '.3f')}: gap {_v(g, '+.3f')} [{_v(g, '+.3f', 0)}, "
@@ -1192,7 +1192,7 @@ def _accuracy_outcome(runs, arm: str) -> Outcome:
     ax.set_ylabel("greedy held-out accuracy (mean over seeds)")
     twin = ax.twinx()
     d = curves[arm] - curves["grpo"]
-    half = reproduce.t_quantile(len(d)) * d.std(axis=0, ddof=1) / np.sqrt(len(d))
+    half = evidence.t_quantile(len(d)) * d.std(axis=0, ddof=1) / np.sqrt(len(d))
     twin.plot(its, d.mean(axis=0), color="tab:orange", ls="--", label=f"{arm} − grpo (95% CI)")
     twin.fill_between(
       its, d.mean(axis=0) - half, d.mean(axis=0) + half, color="tab:orange", alpha=0.12
@@ -1317,7 +1317,7 @@ def _plot_curves(ax, runs, arms: dict, title: str, gaps=()):
       its, acc_a = _curves(runs, a)
       d = acc_a - _curves(runs, b)[1]
       mean = d.mean(axis=0)
-      half = reproduce.t_quantile(len(d)) * d.std(axis=0, ddof=1) / np.sqrt(len(d))
+      half = evidence.t_quantile(len(d)) * d.std(axis=0, ddof=1) / np.sqrt(len(d))
       line = twin.plot(its, mean, color="black", lw=1.2, ls=":", label=label)[0]
       twin.fill_between(its, mean - half, mean + half, color=line.get_color(), alpha=0.1)
     twin.axhline(0.0, color="grey", lw=0.6)
@@ -1345,7 +1345,7 @@ def analyse_offpolicy_staleness(runs) -> Outcome:
       f"uncorrected staleness {s} − synchronous, final accuracy",
       _paired(final[(s, "none")], final[(0, "none")]),
     )
-  verdict = reproduce.combine([reproduce.above(figs["gain_s4"], 0.0)])
+  verdict = evidence.combine([evidence.above(figs["gain_s4"], 0.0)])
   reason = (
     f"Final greedy accuracy, synchronous {_v(figs['accuracy_s0_none'], '.3f')}; staleness 4 "
     f"uncorrected {_v(figs['accuracy_s4_none'], '.3f')}, with token TIS "
@@ -1394,7 +1394,7 @@ def analyse_bf16_sampler(runs) -> Outcome:
   figs["cost_bf16"] = _fig(
     "bfloat16 sampler uncorrected − float32 sampler, final accuracy", _paired(final["none"], base)
   )
-  verdict = reproduce.combine([reproduce.above(figs["gain_tis"], 0.0)])
+  verdict = evidence.combine([evidence.above(figs["gain_tis"], 0.0)])
   reason = (
     f"A bfloat16 sampler against the float32 trainer: k3 {_v(figs['k3_bf16_none'], '.1e')} "
     f"(float32 sampler {_v(figs['k3_fp32'], '.1e')}). Final greedy accuracy: float32 sampler "

@@ -64,9 +64,9 @@ def make_config(arm: str, seed: int, *, prompts: int, groups: int, quick: bool, 
     c.sampler.update(max_new_tokens=26)
     c.update(warmstart_steps=60, warmstart_batch=32)
     c.rl.format_weight = 0.5  # Rewards vary even when the small model solves nothing.
-  import reproduce  # noqa: PLC0415
+  import evidence  # noqa: PLC0415
 
-  reproduce.apply_model(c)  # reproduce.py --model.
+  evidence.apply_model(c)  # reproduce.py --model.
   return c
 
 

@@ -1,4 +1,4 @@
-"""experiments/reproduce.py: the statistics by hand, the verdict rules, the result schema of a
+"""experiments/reproduce.py and evidence.py: the statistics by hand, the verdict rules, the result schema of a
 --quick run, and the README table in sync with the committed JSON."""
 
 import json
@@ -15,23 +15,24 @@ from tests import subproc
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "experiments"))
 import claims  # noqa: E402
+import evidence  # noqa: E402
 import reproduce  # noqa: E402
 
 
 def test_summarize_is_a_t_interval_by_hand():
   # mean 2, sd 1 (ddof 1), n = 3: t_{0.975, 2} = 4.302653, half width 4.302653 / √3.
-  got = reproduce.summarize([1.0, 2.0, 3.0])
+  got = evidence.summarize([1.0, 2.0, 3.0])
   half = 4.302653 / math.sqrt(3)
   assert got["mean"] == 2.0 and got["n"] == 3
   assert got["ci"] == pytest.approx([2.0 - half, 2.0 + half], rel=1e-6)
   # Missing and non-finite values stay in place as None and leave the statistics;
   # [1, 3]: sd √2, n = 2, t_{0.975, 1} = 12.7062047, half width 12.7062047·√2/√2.
-  got = reproduce.summarize([1.0, None, math.nan, 3.0])
+  got = evidence.summarize([1.0, None, math.nan, 3.0])
   assert got["per_seed"] == [1.0, None, None, 3.0] and got["n"] == 2
   assert got["ci"] == pytest.approx([2.0 - 12.7062047, 2.0 + 12.7062047], rel=1e-6)
   # One value: a mean and no interval (None, written as JSON null); none: no mean.
-  assert reproduce.summarize([5.0])["ci"] == [None, None]
-  assert reproduce.summarize([None])["mean"] is None
+  assert evidence.summarize([5.0])["ci"] == [None, None]
+  assert evidence.summarize([None])["mean"] is None
 
 
 @pytest.mark.parametrize(
@@ -46,30 +47,30 @@ def test_summarize_is_a_t_interval_by_hand():
 )
 def test_rules_on_intervals(ci, above0, within, verdict):
   fig = {"mean": sum(ci) / 2, "ci": ci}
-  assert reproduce.above(fig, 0.0) == above0
-  assert reproduce.within(fig, -0.25, 0.25) == within
-  assert reproduce.combine([above0]) == verdict
+  assert evidence.above(fig, 0.0) == above0
+  assert evidence.within(fig, -0.25, 0.25) == within
+  assert evidence.combine([above0]) == verdict
 
 
 def test_combine_needs_every_part():
-  assert reproduce.combine(["yes", "yes"]) == "supports"
-  assert reproduce.combine(["yes", "unclear"]) == "inconclusive"
-  assert reproduce.combine(["yes", "no", "unclear"]) == "contradicts"
-  assert reproduce.combine([]) == "inconclusive"
+  assert evidence.combine(["yes", "yes"]) == "supports"
+  assert evidence.combine(["yes", "unclear"]) == "inconclusive"
+  assert evidence.combine(["yes", "no", "unclear"]) == "contradicts"
+  assert evidence.combine([]) == "inconclusive"
 
 
 def test_t_test_p_values_by_hand():
   """One-sample t with 2 degrees of freedom has sf(t) = 1/2 − t/(2√(2 + t²)), so the two-sided
   p is 1 − t/√(2 + t²). [1, 2, 3] against 0: t = 2√3, p = 1 − 2√3/√14."""
-  fig = reproduce.summarize([1.0, 2.0, 3.0])
-  p = reproduce.part_p(fig, "above", 0.0)
+  fig = evidence.summarize([1.0, 2.0, 3.0])
+  p = evidence.part_p(fig, "above", 0.0)
   assert p["yes"] == pytest.approx(1 - 2 * math.sqrt(3) / math.sqrt(14), rel=1e-6)
   assert p["no"] == 1.0  # The data lean the other way.
-  assert reproduce.part_p(fig, "below", 0.0) == {"yes": 1.0, "no": p["yes"]}
+  assert evidence.part_p(fig, "below", 0.0) == {"yes": 1.0, "no": p["yes"]}
   # Inside [0, 4]: both ends must hold (the larger p); against 0 and 4, t = ±2√3.
-  assert reproduce.part_p(fig, "within", 0.0, 4.0)["yes"] == pytest.approx(p["yes"], rel=1e-6)
+  assert evidence.part_p(fig, "within", 0.0, 4.0)["yes"] == pytest.approx(p["yes"], rel=1e-6)
   # The CI excludes the threshold exactly when p < 0.05.
-  assert (reproduce.above(fig, 0.0) == "yes") == (p["yes"] < 0.05)
+  assert (evidence.above(fig, 0.0) == "yes") == (p["yes"] < 0.05)
 
 
 def test_holm_keeps_a_verdict_only_past_its_step():
@@ -77,19 +78,19 @@ def test_holm_keeps_a_verdict_only_past_its_step():
   miss (0.03 > 0.025), so the third is not kept either though 0.04 < 0.05."""
   pv = {"a": {"supports": 0.01}, "b": {"contradicts": 0.03}, "c": {"supports": 0.04}}
   verdicts = {"a": "supports", "b": "contradicts", "c": "supports"}
-  got = reproduce.holm(verdicts, pv)
+  got = evidence.holm(verdicts, pv)
   assert got == {"a": "supports", "b": "inconclusive", "c": "inconclusive"}
   pv["b"]["contradicts"] = 0.02
-  assert reproduce.holm(verdicts, pv) == verdicts
+  assert evidence.holm(verdicts, pv) == verdicts
 
 
 def test_seeds_for_power_by_the_textbook_value():
   """Effect = 1 sd: a two-sided one-sample t test at α = 0.05 needs 10 subjects for 80%
   power (noncentral t); half the effect needs more, the same data twice the same."""
-  fig = reproduce.summarize([0.0, 1.0, 2.0])  # mean 1, sd 1.
-  assert reproduce.seeds_for_power(fig, "above", 0.0) == 10
-  assert reproduce.seeds_for_power(fig, "above", 0.5) > 30
-  assert reproduce.seeds_for_power(fig, "within", -5.0, 0.0) == 10  # The nearer bound.
+  fig = evidence.summarize([0.0, 1.0, 2.0])  # mean 1, sd 1.
+  assert evidence.seeds_for_power(fig, "above", 0.0) == 10
+  assert evidence.seeds_for_power(fig, "above", 0.5) > 30
+  assert evidence.seeds_for_power(fig, "within", -5.0, 0.0) == 10  # The nearer bound.
 
 
 def test_rule_parts_reproduce_every_committed_verdict():
@@ -101,7 +102,7 @@ def test_rule_parts_reproduce_every_committed_verdict():
       continue
     r = json.loads(path.read_text())
     assert c.tests, c.key
-    assert reproduce.verdict_from_tests(r["figures"], c.tests) == r["verdict"], c.key
+    assert evidence.verdict_from_tests(r["figures"], c.tests) == r["verdict"], c.key
 
 
 def test_every_claim_is_numbered_sourced_and_ruled():
