@@ -113,30 +113,64 @@ def run(setup: config.Setup, fns, pool, params, *, key, show: int = SAMPLES):
   if n:  # Dispatched now: the device samples while the host scores the greedy answers.
     sampled = fns.sample_eval(params, prompts, key, setup.sampling_hyper)
   scores = rollout.score(setup, pool, examples, greedy.tokens_NT, group=1)
-  rewards.check_failures(
-    ~scores.scorable_N,
-    scores.messages,
-    limit=loop.max_unscorable_frac,
-    where="the held-out greedy evaluation",
-  )
-  out = {
-    "eval/greedy_accuracy": float(scores.correct_N.mean()),
-    "eval/format_rate": float(scores.format_N.mean()),
-    "eval/reward_errors": scores.errors,
-  }
-  shown = sample_records(
-    setup.tokenizer,
+
+  def more():
+    scored = rollout.score(setup, pool, examples, sampled.tokens_NT, group=n)
+    return scored.correct_N.reshape(size, n), scored.errors
+
+  return _metrics(
+    setup,
     examples,
     greedy.tokens_NT,
     reward_N=scores.correct_N,
     format_N=scores.format_N,
     scorable_N=scores.scorable_N,
+    errors=scores.errors,
+    messages=scores.messages,
+    where="the held-out greedy evaluation",
+    sampled=more if n else None,
     show=show,
   )
-  if n:
-    more = rollout.score(setup, pool, examples, sampled.tokens_NT, group=n)
-    out.update(sampled_metrics(more.correct_N.reshape(size, n)))
-    out["eval/reward_errors"] += more.errors
+
+
+def _metrics(
+  setup,
+  examples,
+  tokens_NT,
+  *,
+  reward_N,
+  format_N,
+  scorable_N,
+  errors,
+  messages,
+  where,
+  sampled,
+  show,
+):
+  """(metrics, shown) of one evaluation, single-turn or episodes: stop if too many greedy
+  rows were unscorable (`rewards.check_failures`), eval/greedy_accuracy (mean reward),
+  eval/format_rate, eval/reward_errors, the first `show` greedy rows (`sample_records`);
+  and with `sampled` (a callable -> (correctness [P, n], errors), called last, so the
+  device keeps sampling while the greedy rows are scored) pass@k and mean@n."""
+  rewards.check_failures(~scorable_N, messages, limit=setup.loop.max_unscorable_frac, where=where)
+  out = {
+    "eval/greedy_accuracy": float(reward_N.mean()),
+    "eval/format_rate": float(format_N.mean()),
+    "eval/reward_errors": errors,
+  }
+  shown = sample_records(
+    setup.tokenizer,
+    examples,
+    tokens_NT,
+    reward_N=reward_N,
+    format_N=format_N,
+    scorable_N=scorable_N,
+    show=show,
+  )
+  if sampled is not None:
+    correct_PK, more_errors = sampled()
+    out.update(sampled_metrics(correct_PK))
+    out["eval/reward_errors"] += more_errors
   return out, shown
 
 
@@ -199,28 +233,22 @@ def evaluate_episodes(
   greedy = fns.episodes_greedy.run(
     params, prompts, examples, key, sampling.sampling_params(greedy=True)
   )
-  rewards.check_failures(
-    ~greedy.scorable_N,
-    greedy.messages,
-    limit=loop.max_unscorable_frac,
-    where="the held-out greedy episodes",
-  )
-  out = {
-    "eval/greedy_accuracy": float(greedy.reward_N.mean()),
-    "eval/format_rate": float(np.mean(greedy.end_N == episodes.DONE)),
-    "eval/reward_errors": int((~greedy.scorable_N).sum()),
-  }
-  shown = sample_records(
-    setup.tokenizer,
+
+  def more():
+    sampled = fns.episodes_eval.run(params, prompts, examples, key, setup.sampling_hyper)
+    errors = int((~sampled.scorable_N).sum())
+    return sampled.reward_N.reshape(len(examples), loop.eval_samples), errors
+
+  return _metrics(
+    setup,
     dict(enumerate(examples)),
     greedy.rollouts.tokens_NT,
     reward_N=greedy.reward_N,
-    format_N=(greedy.end_N == episodes.DONE).astype(np.float32),
+    format_N=(greedy.end_N == episodes.DONE).astype(np.float64),
     scorable_N=greedy.scorable_N,
+    errors=int((~greedy.scorable_N).sum()),
+    messages=greedy.messages,
+    where="the held-out greedy episodes",
+    sampled=more if loop.eval_samples else None,
     show=show,
   )
-  if loop.eval_samples:
-    sampled = fns.episodes_eval.run(params, prompts, examples, key, setup.sampling_hyper)
-    out.update(sampled_metrics(sampled.reward_N.reshape(len(examples), loop.eval_samples)))
-    out["eval/reward_errors"] += int((~sampled.scorable_N).sum())
-  return out, shown
