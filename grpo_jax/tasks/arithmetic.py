@@ -77,6 +77,11 @@ class Arithmetic(base.Task):
   def format_reward(self, prompt: str, completion: str) -> float:
     return float(_ANSWER.match(completion) is not None)
 
+  def extract_answer(self, completion: str) -> str | None:
+    """The integer of "A:<n>." ("A:07." -> "7"), or None."""
+    m = _ANSWER.match(completion)
+    return str(int(m.group(1))) if m else None
+
   def reward(self, prompt: str, completion: str) -> float:
     m = _ANSWER.match(completion)
     return float(m is not None and int(m.group(1)) == self.solve(prompt))

@@ -107,6 +107,14 @@ class Task(abc.ABC):
   def format_reward(self, prompt: str, completion: str) -> float:
     """1.0 if the completion follows the answer template, whether or not it is right."""
 
+  def extract_answer(self, completion: str) -> str | None:
+    """The final answer a completion states, normalised so equal answers compare equal
+    (maj@k votes over these), or None when it states none. Tasks whose answers are not
+    comparable strings (an expression, a program) keep this default: no answer, and
+    maj@k is not reported for them."""
+    del completion
+    return None
+
   def reward_input(self, example: Example) -> str:
     """What the trainer passes as `reward`'s first argument for a completion of
     `example`: the prompt (toy tasks parse the problem from it). Tasks whose prompt does

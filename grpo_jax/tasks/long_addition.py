@@ -147,6 +147,11 @@ class LongAddition(base.Task):
   def format_reward(self, prompt: str, completion: str) -> float:
     return float(_FORMAT.match(completion) is not None)
 
+  def extract_answer(self, completion: str) -> str | None:
+    """The integer of the final "A:<n>." (the steps before it not checked), or None."""
+    m = _ANSWER.search(completion)
+    return str(int(m.group(1))) if m else None
+
   def reward(self, prompt: str, completion: str) -> float:
     return float(check(*self.operands(prompt), completion) is None)
 

@@ -220,3 +220,9 @@ class MathTask(base.Task):
 
   def format_reward(self, prompt: str, completion: str) -> float:
     return self.reward_fn.format_reward(prompt, completion)
+
+  def extract_answer(self, completion: str) -> str | None:
+    """Math-Verify's extraction (`math_verify.extract_answer`: last \\boxed{}, '####',
+    'the answer is'), spaces removed: equivalent forms (1/2, 0.5) stay distinct votes."""
+    got = math_verify.extract_answer(completion, answer_tag=self.reward_fn.answer_tag)
+    return None if got is None else "".join(got.split())

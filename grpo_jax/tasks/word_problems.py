@@ -157,3 +157,8 @@ class WordProblems(base.Task):
 
   def format_reward(self, prompt: str, completion: str) -> float:
     return self.reward_fn.format_reward(prompt, completion)
+
+  def extract_answer(self, completion: str) -> str | None:
+    """Math-Verify's extraction (`math_verify.extract_answer`), spaces removed."""
+    got = math_verify.extract_answer(completion)
+    return None if got is None else "".join(got.split())
