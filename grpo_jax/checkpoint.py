@@ -387,6 +387,12 @@ class Checkpointer:
       "aside to start the run again."
     )
 
+  def restore_step(self, step: int, *, like: Any, defaults: dict | None = None) -> Restored:
+    """Checkpoint `step`, checked against its manifest and for non-finite values like
+    `restore_latest`'s, but read-only: a damaged one raises CheckpointDamagedError (with
+    why) and stays where it is."""
+    return self._restore_whole(step, like=like, defaults=defaults, check=None)
+
   def _restore_whole(self, step: int, *, like, defaults, check) -> Restored:
     """Step's checkpoint, or CheckpointDamagedError (or the storage layer's error) saying
     why it is not the one that was written."""

@@ -79,6 +79,7 @@ SECTIONS = (
   "env",
   "collapse",
   "logging",
+  "eval",
 )
 # What config.model may set when the architecture comes from a HF checkpoint.
 HF_RUNTIME_KEYS = ("param_dtype", "dtype", "scan_layers", "remat", "lora")
@@ -178,6 +179,36 @@ class LoopConfig:
       raise ValueError(
         f"config.max_unscorable_frac={self.max_unscorable_frac}: must be in (0, 1] (1: never stop)."
       )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+  """config.eval: what `grpo-jax eval` scores (`grpo_jax.evaluate`)."""
+
+  # Benchmark names, comma-separated: a task of grpo_jax.tasks (the config's own with its
+  # kwargs, others with their defaults), or "jsonl:PATH[:VERIFIER]" ({"prompt", "answer"}
+  # per line; VERIFIER "exact" (default) or "math"). "": the config's own task.
+  benchmarks: str = ""
+  k: int = 8  # Samples per problem for avg@k, pass@k, maj@k (0: greedy only).
+  size: int = 0  # Problems per benchmark (the first of its test split); 0: config.eval_size.
+  step: int = -1  # The workdir checkpoint to score; -1: the newest.
+  out: str = ""  # Where the report goes; "": workdir/eval/step_<step>.
+
+  def __post_init__(self):
+    _check_fields(self, "config.eval", at_least={"k": 0, "size": 0, "step": -1})
+    if not isinstance(self.benchmarks, str):
+      raise ValueError(
+        f"config.eval.benchmarks={self.benchmarks!r}: a comma-separated string, e.g. "
+        "'arithmetic,long_addition,jsonl:bench.jsonl'."
+      )
+    names = self.names
+    if len(set(names)) != len(names) or any(not n for n in names):
+      raise ValueError(f"config.eval.benchmarks={self.benchmarks!r}: an empty or repeated name.")
+
+  @property
+  def names(self) -> tuple[str, ...]:
+    """The benchmark names, in order (() for "")."""
+    return tuple(n.strip() for n in self.benchmarks.split(",")) if self.benchmarks else ()
 
 
 CREDIT_BATCHES = ("current", "fixed")
@@ -281,6 +312,7 @@ class Setup:
   episodes: episodes.EpisodeConfig | None = None  # config.env; None: single-turn sampling.
   collapse: collapse.CollapseConfig = collapse.CollapseConfig()
   tracking: trackers.TrackingConfig = trackers.TrackingConfig()  # config.logging.
+  eval: EvalConfig = EvalConfig()  # config.eval (`grpo-jax eval`).
 
   @property
   def train_group(self) -> int:
@@ -358,6 +390,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.env = _section({**_defaults(episodes.EpisodeConfig), "name": "", "kwargs": {}})
   c.collapse = _section(_defaults(collapse.CollapseConfig))
   c.logging = _section(_defaults(trackers.TrackingConfig))
+  c.eval = _section(_defaults(EvalConfig))
   return c
 
 
@@ -542,6 +575,7 @@ def _build(config, *, n_devices: int | None) -> Setup:
     tracking=config_lib.from_dict(
       trackers.TrackingConfig, d.get("logging", {}), where="config.logging"
     ),
+    eval=config_lib.from_dict(EvalConfig, d.get("eval", {}), where="config.eval"),
   )
   return _resolve_remat(setup, n_devices=n_devices)
 
@@ -871,4 +905,5 @@ def as_dict(setup: Setup) -> dict:
     "env": dataclasses.asdict(setup.episodes) if setup.episodes else {"name": ""},
     "collapse": dataclasses.asdict(setup.collapse),
     "logging": dataclasses.asdict(setup.tracking),
+    "eval": dataclasses.asdict(setup.eval),
   }

@@ -7,10 +7,16 @@
 
   grpo-jax hf-check --hf_dir=/path/to/Qwen2.5-0.5B-Instruct
 
+  grpo-jax eval --config=configs/arithmetic.py:tiny --workdir=/tmp/run --config.eval.k=8
+
 `plan` prints the per-device memory plan of a config (`memory`) for a device count and
 says whether it fits a device (a name in `memory.DEVICE_MEMORY_GIB`, or GiB); with
 `--compile` it also compiles the train step and sampler on this host's devices and prints
 XLA's own figures next to the plan. Its last line is one JSON object.
+
+`eval` scores the workdir's newest checkpoint (or config.hf_dir's weights) on
+config.eval.benchmarks with greedy, avg@k, pass@k and maj@k and their intervals, and
+writes workdir/eval/step_<step>/eval.json and eval.md (`evaluate`).
 
 `hf-check` imports a Hugging Face checkpoint directory, runs a forward on a few token
 sequences (one left-padded) and prints the logits' summary; with torch and transformers
@@ -43,6 +49,7 @@ from grpo_jax import (
   config,
   config_lib,
   distributed,
+  evaluate,
   gguf_import,
   hf,
   logs,
@@ -179,6 +186,11 @@ def main(inv: cli.Invocation):
   if inv.command == "plan":
     plan(inv.config)
     return
+  if inv.command == "eval":
+    if not _WORKDIR.value:
+      raise cli.UsageError("--workdir is required to eval (its checkpoint; the report goes there).")
+    evaluate.run(inv.config, _WORKDIR.value)
+    return
   if not _WORKDIR.value:
     raise cli.UsageError("--workdir is required to train (where metrics and checkpoints go).")
   distributed.initialize(_DISTRIBUTED.value)  # Before anything touches a device.
@@ -223,6 +235,8 @@ USER_ERRORS = {
   train.WorkdirError: 2,
   checkpoint.CheckpointMismatchError: 2,
   memory.OutOfMemoryPlan: 2,
+  evaluate.EvalError: 2,
+  checkpoint.CheckpointDamagedError: 1,
   checkpoint.NoValidCheckpointError: 1,
   checkpoint.CheckpointSaveError: 1,
   rewards.RewardFailure: 1,

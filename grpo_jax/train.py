@@ -315,16 +315,50 @@ def _restore_or_start(s: _Session) -> tuple[RunState, int | None, dict | None]:
   meta = dict(got.meta)
   if filled := meta.pop("filled", None):
     s.log(f"checkpoint {got.step} predates {filled}: taken from this config.")
-  tree = got.tree
-  if identity := meta.get("base_identity"):  # Adapters: the base is read and checked.
-    like = abstract["train"].params["base"]
-    base = frozen_base.load(
-      s.setup, like, identity, workdir=s.workdir, load_shardings=s.fns.param_shardings["base"]
-    )
-    tree = frozen_base.joined(tree, base)
-  st = RunState.restore(tree, meta)
+  st = _with_base(s.setup, s.fns, s.workdir, got.tree, meta, abstract)
   s.log(f"resumed from {s.ckpt.directory / str(got.step)} (iteration {st.iteration})")
   return st, got.step, got.buffer
+
+
+def _with_base(setup, fns, workdir, tree, meta: dict, abstract) -> RunState:
+  """The RunState of a restored checkpoint; with adapters, its base read and checked
+  against the identity the checkpoint recorded (`frozen_base`)."""
+  if identity := meta.get("base_identity"):
+    like = abstract["train"].params["base"]
+    base = frozen_base.load(
+      setup, like, identity, workdir=workdir, load_shardings=fns.param_shardings["base"]
+    )
+    tree = frozen_base.joined(tree, base)
+  return RunState.restore(tree, meta)
+
+
+def read_checkpoint(setup, fns, workdir, *, step: int | None = None) -> RunState | None:
+  """The RunState of checkpoint `step` (None: the newest) under workdir/checkpoints,
+  read-only: a damaged checkpoint raises (`checkpoint.Checkpointer.restore_step`) instead
+  of being set aside as a resume does. None when the directory holds no checkpoint; a
+  missing step raises with the ones there are. For `grpo-jax eval`."""
+  directory = pathlib.Path(workdir) / "checkpoints"
+  if not directory.is_dir():
+    return None
+  ckpt = checkpoint.Checkpointer(directory, keep=10**9, async_save=False)
+  try:
+    steps_there = ckpt.all_steps()
+    if not steps_there:
+      return None
+    step = max(steps_there) if step is None else step
+    if step not in steps_there:
+      raise checkpoint.CheckpointMismatchError(
+        f"{ckpt.directory} has no checkpoint {step}; it has {sorted(steps_there)}."
+      )
+    abstract = abstract_tree(setup, fns)
+    got = ckpt.restore_step(
+      step, like=frozen_base.stored(abstract), defaults=fillable_defaults(setup)
+    )
+    meta = dict(got.meta)
+    meta.pop("filled", None)
+    return _with_base(setup, fns, workdir, got.tree, meta, abstract)
+  finally:
+    ckpt.close()
 
 
 def _start(s: _Session) -> RunState:
@@ -391,7 +425,7 @@ HOUSEKEEPING_KEYS = (
   "tensorboard",
   "on_config_change",
 )
-HOUSEKEEPING_SECTIONS = ("collapse.", "logging.")  # Every key under these, too.
+HOUSEKEEPING_SECTIONS = ("collapse.", "logging.", "eval.")  # Every key under these, too.
 
 
 def config_changes(before: dict, after: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:

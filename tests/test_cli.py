@@ -64,6 +64,15 @@ ERRORS = [
     [TINY, "--config.progress", "False"],
     r"takes no separate value; write --config\.progress=False",
   ),
+  (["eval", TINY], r"--workdir is required to eval"),
+  (
+    ["eval", TINY, "--workdir=/nonexistent/eval", "--config.eval.benchmarks=jsonl:/no.jsonl"],
+    r"'jsonl:/no\.jsonl': jsonl benchmark '/no\.jsonl': no such file",
+  ),
+  (
+    ["eval", TINY, "--workdir=/nonexistent/eval"],
+    r"has no checkpoints and config\.hf_dir is empty",
+  ),
   (["hf-check", TINY], r"hf-check takes no --config"),
   (["hf-check"], r"hf-check needs --hf_dir="),
   (["hf-check", "--hf_dir=/missing"], r"/missing/config\.json: not found"),

@@ -181,4 +181,5 @@ def test_config_json_records_every_section(tmp_path):
     "env",
     "collapse",
     "logging",
+    "eval",
   }

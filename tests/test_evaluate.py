@@ -1,0 +1,141 @@
+"""`grpo-jax eval` (grpo_jax/evaluate.py): on a trained checkpoint its figures equal the
+trainer's in-loop evaluation of that checkpoint; several benchmarks (a task, another task, a
+JSONL file) in one call with every problem's verdicts written; a killed eval resumes after
+its last whole batch; bad requests are one clear error."""
+
+import json
+
+import numpy as np
+import pytest
+
+from grpo_jax import config_lib, evaluate, train
+from grpo_jax.tasks import jsonl as jsonl_task
+
+
+def _config(**eval_options):
+  c = config_lib.load("configs/arithmetic.py:tiny")
+  c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64)
+  c.task.kwargs.max_digits = 1
+  c.sampler.group_size = 4
+  c.update(warmstart_steps=120, warmstart_batch=16, iterations=2, prompts_per_step=8)
+  c.update(eval_every=2, eval_size=16, eval_samples=4, checkpoint_every=2)
+  c.update(reward_workers=0, progress=False, tensorboard=False)
+  c.eval.update(eval_options)
+  return c
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """A 2-iteration run (checkpoints 0 and 2) whose evaluations used 4 samples per problem:
+  (workdir, its metrics.jsonl records by iteration)."""
+  workdir = tmp_path_factory.mktemp("eval_run")
+  train.run(_config(), workdir, log=lambda _: None)
+  lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+  return workdir, {r["iteration"]: r for r in lines if "eval/greedy_accuracy" in r}
+
+
+@pytest.mark.parametrize("step", [-1, 0])
+def test_the_figures_equal_the_trainers_evaluation_of_the_checkpoint(trained, step, tmp_path):
+  """eval.size = eval_size and eval.k = eval_samples: greedy, avg@4 and pass@k of the
+  newest checkpoint (iteration 2) and of checkpoint 0 (the warm start's evaluation) are
+  the in-loop evaluation's eval/greedy_accuracy, eval/mean@4 and eval/pass@k."""
+  workdir, evals = trained
+  out = evaluate.run(_config(k=4, step=step, out=str(tmp_path)), workdir, log=lambda _: None)
+  iteration = 2 if step == -1 else 0
+  assert out["source"] == {"workdir": str(workdir), "step": iteration}
+  got = out["figures"]["arithmetic"]
+  want = evals[iteration]
+  assert want["eval/greedy_accuracy"] > 0  # Not vacuous: the policy solves some.
+  assert got["greedy"]["value"] == pytest.approx(want["eval/greedy_accuracy"], abs=1e-12)
+  assert got["format_rate"]["value"] == pytest.approx(want["eval/format_rate"], abs=1e-12)
+  assert got["avg@4"]["value"] == pytest.approx(want["eval/mean@4"], abs=1e-12)
+  for k in (1, 2, 4):
+    assert got[f"pass@{k}"]["value"] == pytest.approx(want[f"eval/pass@{k}"], abs=1e-12)
+  assert "maj@4" in got
+
+
+def test_several_benchmarks_write_every_verdict(trained, tmp_path):
+  """arithmetic (the config's task), long_addition (another task, its defaults) and a
+  2-record JSONL file in one call: eval.json holds every problem with its greedy row and 4
+  samples (completion, reward, format, scorable, answer), eval.md the table."""
+  workdir, _ = trained
+  bench = tmp_path / "bench.jsonl"
+  bench.write_text(
+    '{"prompt": "Q:2+3\\n", "answer": "A:5."}\n{"prompt": "Q:1+1\\n", "answer": "A:2."}\n'
+  )
+  names = ("arithmetic", "long_addition", f"jsonl:{bench}")
+  out = evaluate.run(
+    _config(k=4, benchmarks=",".join(names), out=str(tmp_path / "out")),
+    workdir,
+    log=lambda _: None,
+  )
+  report = json.loads((tmp_path / "out" / evaluate.REPORT).read_text())
+  assert list(report["benchmarks"]) == list(names) == list(out["figures"])
+  sizes = {n: b["problems_scored"] for n, b in report["benchmarks"].items()}
+  assert sizes == {"arithmetic": 16, "long_addition": 16, f"jsonl:{bench}": 2}
+  problem = report["benchmarks"]["arithmetic"]["problems"][0]
+  assert set(problem) == {"index", "prompt", "answer", "greedy", "samples"}
+  assert len(problem["samples"]) == 4
+  assert set(problem["greedy"]) == {"completion", "reward", "format", "scorable", "answer"}
+  assert problem["prompt"].startswith("Q:") and problem["answer"]
+  # The exact verifier: 1 where the completion is the answer, as stored.
+  for p in report["benchmarks"][f"jsonl:{bench}"]["problems"]:
+    for row in (p["greedy"], *p["samples"]):
+      assert row["reward"] == float(row["completion"].strip() == p["answer"])
+  text = (tmp_path / "out" / evaluate.SUMMARY).read_text()
+  assert "| benchmark | greedy |" in text and "| long_addition |" in text
+
+
+def test_a_killed_eval_resumes_after_its_last_whole_batch(trained, tmp_path, monkeypatch):
+  """48 problems in 3 batches of 16: killed in the second batch, the rerun scores batches
+  2 and 3 only, and its report equals an uninterrupted eval's."""
+  workdir, _ = trained
+  whole = evaluate.run(
+    _config(k=2, size=48, out=str(tmp_path / "whole")), workdir, log=lambda _: None
+  )
+  real, calls = evaluate.batch_rows, []
+
+  def dying(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 2:
+      raise KeyboardInterrupt
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(evaluate, "batch_rows", dying)
+  c = _config(k=2, size=48, out=str(tmp_path / "cut"))
+  with pytest.raises(KeyboardInterrupt):
+    evaluate.run(c, workdir, log=lambda _: None)
+  calls.clear()
+  monkeypatch.setattr(evaluate, "batch_rows", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+  messages = []
+  resumed = evaluate.run(c, workdir, log=messages.append)
+  assert len(calls) == 2 and any("1 batch(es) already scored" in m for m in messages)
+  assert resumed["figures"] == whole["figures"]
+  cut = json.loads((tmp_path / "cut" / evaluate.REPORT).read_text())
+  full = json.loads((tmp_path / "whole" / evaluate.REPORT).read_text())
+  assert cut["benchmarks"] == full["benchmarks"]
+  assert [p["index"] for p in cut["benchmarks"]["arithmetic"]["problems"]] == list(range(48))
+
+
+def test_bad_requests_are_one_clear_error(trained, tmp_path):
+  workdir, _ = trained
+  with pytest.raises(evaluate.EvalError, match="unknown benchmark 'aritmetic'; allowed: a task"):
+    evaluate.run(_config(benchmarks="aritmetic"), workdir, log=lambda _: None)
+  with pytest.raises(evaluate.EvalError, match="has no checkpoints and config.hf_dir is empty"):
+    evaluate.run(_config(), tmp_path / "empty", log=lambda _: None)
+  with pytest.raises(ValueError, match=r"has no checkpoint 5; it has \[0, 2\]"):
+    evaluate.run(_config(step=5, out=str(tmp_path)), workdir, log=lambda _: None)
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text('{"prompt": "Q:1+1\\n", "answer": "A:2."}\n{"prompt": 3}\n')
+  with pytest.raises(ValueError, match=r"bad.jsonl:2: each line must be"):
+    jsonl_task.JsonlProblems(path=str(bad))
+  with pytest.raises(ValueError, match="jsonl verifier 'fuzzy'; allowed: exact, math"):
+    jsonl_task.JsonlProblems(path=str(bad), verifier="fuzzy")
+
+
+def test_the_jsonl_verifiers():
+  task = jsonl_task.JsonlProblems.__new__(jsonl_task.JsonlProblems)
+  task.reward_fn = None
+  assert task.reward("A:5.", " A:5.\n") == 1.0 and task.reward("A:5.", "A:6.") == 0.0
+  assert task.extract_answer("  A:5. ") == "A:5." and task.extract_answer("  ") is None
+  assert np.isclose(task.format_reward("x", "y"), 1.0)
