@@ -21,6 +21,7 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import json
 import os
 import pathlib
 import sys
@@ -54,11 +55,14 @@ class Invocation:
   """What the command line asks for, parsed: the command and the config it runs on."""
 
   command: str  # One of COMMANDS.
-  config: Any = None  # The ConfigDict with every override applied (None: hf-check).
+  # The ConfigDict with every override applied (None: hf-check, and eval without --config,
+  # which reads the workdir's: `recorded`).
+  config: Any = None
   spec: str = ""  # FILE[:VARIANT] as given.
   overrides: tuple[str, ...] = ()  # The --config.KEY paths given, in order.
   preset: str = ""
   preset_changes: tuple = ()  # (key, before, after) the preset made and no override undid.
+  config_args: tuple[str, ...] = ()  # The --config.KEY arguments as given (for `recorded`).
 
 
 def one_line(message: object) -> str:
@@ -166,12 +170,36 @@ def parse(command: str, spec: str, config_args: list[str]) -> Invocation:
     if spec or config_args:
       raise UsageError("hf-check takes no --config; it reads --hf_dir.")
     return Invocation(command)
+  if command == "eval" and not spec:  # The run's own config (`recorded`), read later.
+    return Invocation(command, config_args=tuple(config_args))
   if not spec:
     raise UsageError(
       f"--config is required, e.g. --config=configs/arithmetic.py:tiny ({PROG} --help lists "
       "the shipped configs and their variants)."
     )
-  config = config_lib.load(spec)
+  return configured(command, config_lib.load(spec), spec, config_args)
+
+
+def recorded(inv: Invocation, workdir: str) -> Invocation:
+  """`inv` (eval without --config) on the config the run in `workdir` recorded
+  (workdir/config.json, `config.from_recorded`), with inv's --config.KEY overrides."""
+  from grpo_jax import config as config_schema  # noqa: PLC0415 -- JAX; only here.
+
+  path = pathlib.Path(workdir) / "config.json"
+  if not path.is_file():
+    raise UsageError(
+      f"{path}: not found; give --config=FILE.py[:VARIANT] (the run's config), or a --workdir "
+      "that a run wrote."
+    )
+  return configured(
+    inv.command, config_schema.from_recorded(json.loads(path.read_text())), str(path),
+    list(inv.config_args),
+  )  # fmt: skip
+
+
+def configured(command: str, config, spec: str, config_args: list[str]) -> Invocation:
+  """The Invocation of `command` on `config` (loaded from `spec`) with its --config.KEY
+  arguments applied (a preset first)."""
   pairs = _pair_values(config, config_args)
   preset = _preset(pairs)
   paths = [path for path, _ in pairs if path != PRESET_KEY]

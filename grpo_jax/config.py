@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import os
 import pathlib
@@ -887,6 +888,34 @@ def _check_prompt_lengths(task, tok, cfg: sampling.SamplerConfig, loop: LoopConf
           f"{tuple(cfg.prompt_buckets)} allow ({limit}). Raise both, or set "
           "config.sampler.truncate_prompts='left' to keep each prompt's last tokens."
         )
+
+
+def from_recorded(recorded: dict) -> ml_collections.ConfigDict:
+  """The ConfigDict that builds the Setup a workdir's config.json (`as_dict`) records, so a
+  command that reads a run (`grpo-jax eval --workdir=...`) needs no --config: today's
+  defaults (`default_config`), overlaid with the recorded loop keys and each section's
+  recorded keys that still exist, less what `build` derives (the task's class, the
+  tokenizer's eos/pad ids, and with config.hf_dir the checkpoint's architecture: only
+  HF_RUNTIME_KEYS are kept). config.eval is not the run's: it keeps its defaults. Locked,
+  like `config_lib.load`'s."""
+  d = json.loads(json.dumps(recorded))  # A copy, as plain JSON data.
+  rec = {**d.pop("loop", {}), **{k: v for k, v in d.items() if k in SECTIONS and k != "eval"}}
+  rec["task"] = {k: v for k, v in rec.get("task", {}).items() if k != "class"}
+  rec["sampler"] = {
+    k: v for k, v in rec.get("sampler", {}).items() if k not in ("eos_ids", "pad_id")
+  }
+  if rec.get("hf_dir"):
+    rec["model"] = {k: v for k, v in rec.get("model", {}).items() if k in HF_RUNTIME_KEYS}
+  out = {}
+  for key, default in config_lib.to_dict(default_config()).items():
+    if key in SECTIONS:
+      given = rec.get(key, {})
+      out[key] = {**default, **{k: v for k, v in given.items() if k in default}}
+    else:
+      out[key] = rec.get(key, default)
+  c = ml_collections.ConfigDict(out)
+  c.lock()
+  return c
 
 
 def as_dict(setup: Setup) -> dict:

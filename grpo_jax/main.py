@@ -7,7 +7,7 @@
 
   grpo-jax hf-check --hf_dir=/path/to/Qwen2.5-0.5B-Instruct
 
-  grpo-jax eval --config=configs/arithmetic.py:tiny --workdir=/tmp/run --config.eval.k=8
+  grpo-jax eval --workdir=/tmp/run --benchmarks=arithmetic,long_addition,jsonl:b.jsonl --k=8
 
 `plan` prints the per-device memory plan of a config (`memory`) for a device count and
 says whether it fits a device (a name in `memory.DEVICE_MEMORY_GIB`, or GiB); with
@@ -16,7 +16,9 @@ XLA's own figures next to the plan. Its last line is one JSON object.
 
 `eval` scores the workdir's newest checkpoint (or config.hf_dir's weights) on
 config.eval.benchmarks with greedy, avg@k, pass@k and maj@k and their intervals, and
-writes workdir/eval/step_<step>/eval.json and eval.md (`evaluate`).
+writes workdir/eval/step_<step>/eval.json and eval.md (`evaluate`). Without --config it
+runs on the config the run recorded (workdir/config.json); --benchmarks, --k, --size,
+--step and --out set config.eval's keys.
 
 `hf-check` imports a Hugging Face checkpoint directory, runs a forward on a few token
 sequences (one left-padded) and prints the logits' summary; with torch and transformers
@@ -70,6 +72,18 @@ _DISTRIBUTED = flags.DEFINE_enum(
 )
 
 _DEVICES = flags.DEFINE_integer("devices", None, "plan: device count (default: this host's).")
+# eval: shorthands for config.eval.* (the flag wins over the config).
+_EVAL_FLAGS = {
+  "benchmarks": flags.DEFINE_string(
+    "benchmarks", None, "eval: comma-separated benchmarks (config.eval.benchmarks)."
+  ),
+  "k": flags.DEFINE_integer("k", None, "eval: samples per problem (config.eval.k)."),
+  "size": flags.DEFINE_integer("size", None, "eval: problems per benchmark (config.eval.size)."),
+  "step": flags.DEFINE_integer(
+    "step", None, "eval: the checkpoint, -1 the newest (config.eval.step)."
+  ),
+  "out": flags.DEFINE_string("out", None, "eval: the report's directory (config.eval.out)."),
+}
 _DEVICE = flags.DEFINE_string(
   "device", None, f"plan: device memory, one of {sorted(memory.DEVICE_MEMORY_GIB)} or GiB."
 )
@@ -187,9 +201,7 @@ def main(inv: cli.Invocation):
     plan(inv.config)
     return
   if inv.command == "eval":
-    if not _WORKDIR.value:
-      raise cli.UsageError("--workdir is required to eval (its checkpoint; the report goes there).")
-    evaluate.run(inv.config, _WORKDIR.value)
+    eval_command(inv)
     return
   if not _WORKDIR.value:
     raise cli.UsageError("--workdir is required to train (where metrics and checkpoints go).")
@@ -212,6 +224,18 @@ def main(inv: cli.Invocation):
     print(train.describe(summary))
   if summary["preempted"]:
     raise SystemExit(143)  # 128 + SIGTERM: a scheduler sees the job as interrupted.
+
+
+def eval_command(inv: cli.Invocation) -> dict:
+  """`grpo-jax eval`: the run's own config (workdir/config.json) unless --config is given,
+  with --benchmarks/--k/--size/--step/--out over config.eval (`evaluate.run`)."""
+  if not _WORKDIR.value:
+    raise cli.UsageError("--workdir is required to eval (its checkpoint; the report goes there).")
+  if inv.config is None:
+    inv = cli.recorded(inv, _WORKDIR.value)
+  given = {k: f.value for k, f in _EVAL_FLAGS.items() if f.value is not None}
+  inv.config.eval.update(given)
+  return evaluate.run(inv.config, _WORKDIR.value)
 
 
 def _library_output(workdir: str):

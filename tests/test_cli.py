@@ -66,6 +66,10 @@ ERRORS = [
   ),
   (["eval", TINY], r"--workdir is required to eval"),
   (
+    ["eval", "--workdir=/nonexistent/eval"],
+    r"/nonexistent/eval/config\.json: not found; give --config",
+  ),
+  (
     ["eval", TINY, "--workdir=/nonexistent/eval", "--config.eval.benchmarks=jsonl:/no.jsonl"],
     r"'jsonl:/no\.jsonl': jsonl benchmark '/no\.jsonl': no such file",
   ),

@@ -2,6 +2,7 @@
 written) as a ConfigError that names the key and what is allowed; the command line turns
 it into one line on stderr and exit status 2, with no traceback and no workdir."""
 
+import json
 import pathlib
 import subprocess
 import sys
@@ -182,4 +183,21 @@ def test_config_json_records_every_section(tmp_path):
     "collapse",
     "logging",
     "eval",
+  }
+
+
+@pytest.mark.parametrize(
+  "name", sorted(p.stem for p in (ROOT / "configs").glob("*.py") if p.stem != "sample_demo")
+)
+def test_a_recorded_config_builds_the_same_setup(name):
+  """config.json (`as_dict`) read back by `from_recorded` (what `grpo-jax eval --workdir`
+  runs on) builds a Setup that records the same config.json, for every shipped config's
+  tiny variant (eval aside: it is not the run's)."""
+  setup = config.build(config_lib.load(str(ROOT / "configs" / f"{name}.py") + ":tiny"))
+  recorded = json.loads(json.dumps(config.as_dict(setup), default=str))
+  again = json.loads(
+    json.dumps(config.as_dict(config.build(config.from_recorded(recorded))), default=str)
+  )
+  assert {k: v for k, v in again.items() if k != "eval"} == {
+    k: v for k, v in recorded.items() if k != "eval"
   }

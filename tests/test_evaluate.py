@@ -139,3 +139,26 @@ def test_the_jsonl_verifiers():
   assert task.reward("A:5.", " A:5.\n") == 1.0 and task.reward("A:5.", "A:6.") == 0.0
   assert task.extract_answer("  A:5. ") == "A:5." and task.extract_answer("  ") is None
   assert np.isclose(task.format_reward("x", "y"), 1.0)
+
+
+def test_the_command_needs_only_the_workdir(trained, tmp_path):
+  """`grpo-jax eval --workdir=W --benchmarks=... --k=4` runs on the config the run recorded
+  (no --config), prints the table and writes eval.json, whose figures are the in-process
+  eval's (so the trainer's)."""
+  import subproc  # noqa: PLC0415 -- tests/ is on sys.path (conftest).
+
+  workdir, evals = trained
+  bench = tmp_path / "bench.jsonl"
+  bench.write_text('{"prompt": "Q:2+3\\n", "answer": "A:5."}\n')
+  args = ["-m", "grpo_jax.main", "eval", f"--workdir={workdir}", f"--out={tmp_path / 'cli'}"]
+  args += [f"--benchmarks=arithmetic,long_addition,jsonl:{bench}", "--k=4"]
+  r = subproc.run(args)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert "| benchmark | greedy |" in r.stdout and "| long_addition |" in r.stdout
+  report = json.loads((tmp_path / "cli" / evaluate.REPORT).read_text())
+  assert report["source"]["step"] == 2 and list(report["benchmarks"]) == [
+    "arithmetic", "long_addition", f"jsonl:{bench}",
+  ]  # fmt: skip
+  figs = report["benchmarks"]["arithmetic"]["figures"]
+  assert figs["greedy"]["value"] == pytest.approx(evals[2]["eval/greedy_accuracy"], abs=1e-12)
+  assert figs["pass@4"]["value"] == pytest.approx(evals[2]["eval/pass@4"], abs=1e-12)
