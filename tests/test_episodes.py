@@ -420,6 +420,67 @@ def test_every_planner_updates_on_episodes(tiny_cfg, tiny_params, chatty_episode
   np.testing.assert_array_equal(history["loss_tokens"], loss_tokens)
 
 
+def test_lora_episodes_train_the_adapters_on_actions_only(tokenizer):
+  """Multi-turn episodes with adapters (rank 4, dropout 0.1, a KL term): the runner samples
+  the adapted policy; prepare's reference log-probs are the base model's own forward of the
+  whole episode (to float rounding); the update moves the adapters, never the base, and
+  counts action tokens only."""
+  cfg = model.tiny_config(
+    tokenizer.vocab_size, n_layers=1, d_model=32, mlp_dim=64, lora=dict(rank=4, dropout=0.1)
+  )
+  params = model.init(cfg, jax.random.key(0))
+  keys = jax.random.split(jax.random.key(1), len(jax.tree.leaves(params["lora"])))
+  leaves, tree = jax.tree.flatten(params["lora"])
+  params["lora"] = jax.tree.unflatten(
+    tree, [jax.random.normal(k, x.shape) * 0.1 for k, x in zip(keys, leaves)]
+  )
+  scfg = sampling.SamplerConfig(
+    max_new_tokens=32, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id, group_size=4,
+    prompt_buckets=(8,),
+  )  # fmt: skip
+  runner = episodes.Runner(
+    model_fn=model.make_model_fn(cfg),
+    init_cache=functools.partial(model.init_cache, cfg),
+    sampler_cfg=scfg,
+    cfg=episodes.EpisodeConfig(name="chatty", max_turns=3, turn_tokens=8, observation_tokens=6),
+    tokenizer=tokenizer,
+    make_env=functools.partial(Chatty, tokenizer=tokenizer),
+    env_cls=Chatty,
+  )
+  texts = ("Q:12+7\n", "Q:3+45\n", "Q:60+6\n", "Q:8+8\n")
+  prompts = sampling.prepare_prompts([tokenizer.encode(p, add_bos=True) for p in texts], cfg=scfg)
+  r = runner.run(params, prompts, list(texts), jax.random.key(3), sampling.sampling_params())
+  r = r.rollouts
+  assert int(np.asarray(r.mask_NT).sum()) > int(np.asarray(r.action_mask_NT).sum())  # Tools.
+  rl_cfg = rl.RLConfig(kl_coef=0.05, num_minibatches=2)
+  model_fn = model.make_model_fn(cfg)
+  hyper = rl_cfg.prepare_hyper(max_new_tokens=r.tokens_NT.shape[1])
+  correct = jnp.asarray(np.arange(16) % 3 == 0, jnp.float32)
+  batch, _, _ = jax.jit(functools.partial(rl.prepare, cfg=rl_cfg, model_fn=model_fn))(
+    params, model.reference(params), r, correct, jnp.zeros(16), hyper
+  )
+  base_fn = model.make_model_fn(model.base_config(cfg))
+  want = jax.jit(functools.partial(rl.rollout_logprobs, cfg=rl.RLConfig(), model_fn=base_fn))(
+    params["base"], None, r
+  )
+  # Equal to float rounding (another fusion of the same forward; test_lora pins the bits).
+  np.testing.assert_allclose(batch.ref_logp_NT, want.old_logp_NT, rtol=1e-6, atol=1e-6)
+  optimizer = rl.make_optimizer(lr=1e-2)
+  update = rl.make_update(rl_cfg, model_fn, optimizer, batch_size=16, group_size=4, donate=False)
+  state, idx_EMb, history = update(
+    rl.init_state(params, optimizer), batch, jax.random.key(0), rl_cfg.step_hyper()
+  )
+  assert np.isfinite(np.asarray(history["loss"])).all()
+  jax.tree.map(np.testing.assert_array_equal, state.params["base"], params["base"])
+  moved = jax.tree.map(
+    lambda a, b: float(jnp.abs(a - b).max()), state.params["lora"], params["lora"]
+  )
+  assert max(jax.tree.leaves(moved)) > 1e-4
+  action_tokens = np.asarray(r.action_mask_NT).sum(axis=1)
+  loss_tokens = [action_tokens[np.asarray(idx)].sum() for idx in np.asarray(idx_EMb)[0]]
+  np.testing.assert_array_equal(history["loss_tokens"], loss_tokens)
+
+
 # ----------------------------------------------------------------------------
 # The calculator environment, its task and config.
 # ----------------------------------------------------------------------------
