@@ -9,7 +9,8 @@ weights (a Hugging Face directory or a GGUF file); neither is an error.
 
 Benchmarks (config.eval.benchmarks, `benchmark_task`): the config's own task (with its
 kwargs; the default when none is named), any other task of `grpo_jax.tasks` (its defaults),
-or "jsonl:PATH[:VERIFIER]" (`tasks.jsonl`). Each scores the first config.eval.size problems
+a dataset ("gsm8k", "math500": the `math` task on its TFDS builder, with config.hf_dir's
+tokenizer and chat template; `DATASETS`), or "jsonl:PATH[:VERIFIER]" (`tasks.jsonl`). Each scores the first config.eval.size problems
 of its test split (0: config.eval_size), config.eval_size at a time through the trainer's
 own evaluation samplers (`steps.functions`: the same sharding, batching and refill), with
 the model's tokenizer. Per problem: the greedy completion and k = config.eval.k samples at
@@ -58,6 +59,13 @@ from grpo_jax import (
 from grpo_jax.tasks import base as tasks_base
 from grpo_jax.tasks import jsonl as jsonl_task
 
+# Dataset benchmarks: the `math` task on a TFDS builder (`grpo_jax.datasets`), with the
+# model's chat template (config.hf_dir's tokenizer).
+DATASETS = {"gsm8k": dict(dataset="gsm8k"), "math500": dict(dataset="math", test_split="math500")}
+# What a dataset benchmark takes from the config's own `math` task: how it prompts and
+# verifies, and where the data lives when it is the same dataset.
+_PROMPTING = ("chat", "system_prompt", "prompt_template", "think_tags", "answer_tag")
+_DATA = ("data_dir", "manual_dir", "config")
 REPORT = "eval.json"
 SUMMARY = "eval.md"
 _WARM_START_EVAL = 2**31 - 1  # The fold of the warm start's evaluation key (`train`).
@@ -124,6 +132,8 @@ def _benchmark_task(name: str, setup: config.Setup) -> tasks_base.Task:
   own = setup.spec.get("task", {}).get("name")
   if name == own:
     return setup.task
+  if name in DATASETS:
+    return _dataset_task(name, setup)
   if setup.episodes is not None:
     raise EvalError(
       f"config.eval.benchmarks has {name!r}, but this config runs episodes (config.env) of "
@@ -132,7 +142,8 @@ def _benchmark_task(name: str, setup: config.Setup) -> tasks_base.Task:
   if name not in tasks.REGISTRY:
     raise EvalError(
       f"config.eval.benchmarks: unknown benchmark {name!r}; allowed: a task "
-      f"({', '.join(tasks.REGISTRY.names())}) or jsonl:PATH[:exact|math]."
+      f"({', '.join(tasks.REGISTRY.names())}), a dataset ({', '.join(DATASETS)}) or "
+      "jsonl:PATH[:exact|math]."
     )
   return tasks.get(name)
 
@@ -140,6 +151,38 @@ def _benchmark_task(name: str, setup: config.Setup) -> tasks_base.Task:
 # ----------------------------------------------------------------------------
 # One batch of problems: sample, decode, score.
 # ----------------------------------------------------------------------------
+
+
+def _dataset_task(name: str, setup: config.Setup) -> tasks_base.Task:
+  """`DATASETS[name]` as a `math` task: the model's tokenizer (config.hf_dir), the own math
+  task's prompting and verifier options, and its data directories when the dataset is the
+  same (else TFDS's defaults: downloaded on first use)."""
+  if not setup.loop.hf_dir:
+    raise EvalError(
+      f"benchmark {name!r} prompts through a chat model's tokenizer and template: set "
+      "config.hf_dir (a Hugging Face directory or GGUF file)."
+    )
+  kwargs = {**DATASETS[name], "tokenizer_dir": setup.loop.hf_dir}
+  task_d = setup.spec.get("task", {})
+  own = dict(task_d.get("kwargs", {})) if task_d.get("name") == "math" else {}
+  kwargs.update({k: v for k, v in own.items() if k in _PROMPTING + ("verifier_backend",)})
+  if own.get("dataset") == kwargs["dataset"]:
+    kwargs.update({k: v for k, v in own.items() if k in _DATA})
+  return tasks.get("math", **kwargs)
+
+
+def _first_problem(name: str, task, setup: config.Setup):
+  """`task`, once its first test problem could be read (a dataset is built, or found
+  missing, here: before anything is sampled)."""
+  try:
+    task.example("test", 0, seed=setup.loop.seed)
+  except (OSError, ValueError) as e:
+    raise EvalError(f"benchmark {name!r}: {_one_line(e)}") from None
+  return task
+
+
+def _one_line(e: BaseException) -> str:
+  return " ".join(str(e).split())
 
 
 def _decoded(setup, tokens_NT) -> list[str]:
@@ -305,7 +348,7 @@ def run(config_dict, workdir, *, log=print) -> dict:
     raise EvalError("grpo-jax eval runs on one process; several hosts are not supported yet.")
   setup = build(config_dict)
   names = setup.eval.names or (setup.spec["task"]["name"],)
-  chosen = {n: benchmark_task(n, setup) for n in names}  # Checked before anything runs.
+  chosen = {n: _first_problem(n, benchmark_task(n, setup), setup) for n in names}
   fns = steps.functions(setup)
   workdir = pathlib.Path(workdir)
   params, key, source_info = source(setup, fns, workdir)

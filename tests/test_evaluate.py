@@ -162,3 +162,26 @@ def test_the_command_needs_only_the_workdir(trained, tmp_path):
   figs = report["benchmarks"]["arithmetic"]["figures"]
   assert figs["greedy"]["value"] == pytest.approx(evals[2]["eval/greedy_accuracy"], abs=1e-12)
   assert figs["pass@4"]["value"] == pytest.approx(evals[2]["eval/pass@4"], abs=1e-12)
+
+
+@pytest.mark.parametrize(
+  "spec, benchmarks, hf_dir",
+  [
+    ("configs/gsm8k_qwen.py:tiny", "gsm8k", "tests/fixtures/hf/qwen2"),  # An HF directory.
+    ("configs/smollm2.py:tiny", "", "tests/fixtures/gguf/tiny_llama.gguf"),  # A GGUF file.
+  ],
+)
+def test_a_workdir_without_checkpoints_scores_config_hf_dir(spec, benchmarks, hf_dir, tmp_path):
+  """No checkpoint: the weights of config.hf_dir (the committed random Qwen2 directory on
+  the GSM8K fixture records as the "gsm8k" dataset benchmark, through its chat template;
+  the tiny GGUF on the config's own word problems), every problem scored."""
+  c = config_lib.load(spec)
+  c.eval.update(benchmarks=benchmarks, k=2)
+  c.progress = False
+  out = evaluate.run(c, tmp_path / "empty", log=lambda _: None)
+  assert out["source"]["step"] == "hf" and out["source"]["hf_dir"].endswith(hf_dir)
+  report = json.loads((tmp_path / "empty" / "eval" / "step_hf" / evaluate.REPORT).read_text())
+  (bench,) = report["benchmarks"].values()
+  assert bench["problems_scored"] == c.eval_size
+  assert all(len(p["samples"]) == 2 for p in bench["problems"])
+  assert "<|im_start|>" in bench["problems"][0]["prompt"] or spec.startswith("configs/smollm2")
