@@ -143,8 +143,8 @@ def test_the_jsonl_verifiers():
 
 def test_the_command_needs_only_the_workdir(trained, tmp_path):
   """`grpo-jax eval --workdir=W --benchmarks=... --k=4` runs on the config the run recorded
-  (no --config), prints the table and writes eval.json, whose figures are the in-process
-  eval's (so the trainer's)."""
+  (no --config), here on 4 devices (data 2 × fsdp 2; the run trained on one), prints the
+  table and writes eval.json, whose figures are the trainer's evaluation's."""
   import subproc  # noqa: PLC0415 -- tests/ is on sys.path (conftest).
 
   workdir, evals = trained
@@ -152,7 +152,8 @@ def test_the_command_needs_only_the_workdir(trained, tmp_path):
   bench.write_text('{"prompt": "Q:2+3\\n", "answer": "A:5."}\n')
   args = ["-m", "grpo_jax.main", "eval", f"--workdir={workdir}", f"--out={tmp_path / 'cli'}"]
   args += [f"--benchmarks=arithmetic,long_addition,jsonl:{bench}", "--k=4"]
-  r = subproc.run(args)
+  args += ["--config.mesh.data=2", "--config.mesh.fsdp=2"]
+  r = subproc.run(args, devices=4)
   assert r.returncode == 0, r.stderr[-2000:]
   assert "| benchmark | greedy |" in r.stdout and "| long_addition |" in r.stdout
   report = json.loads((tmp_path / "cli" / evaluate.REPORT).read_text())
