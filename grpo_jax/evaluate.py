@@ -36,6 +36,7 @@ refused).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import re
@@ -148,11 +149,6 @@ def _benchmark_task(name: str, setup: config.Setup) -> tasks_base.Task:
   return tasks.get(name)
 
 
-# ----------------------------------------------------------------------------
-# One batch of problems: sample, decode, score.
-# ----------------------------------------------------------------------------
-
-
 def _dataset_task(name: str, setup: config.Setup) -> tasks_base.Task:
   """`DATASETS[name]` as a `math` task: the model's tokenizer (config.hf_dir), the own math
   task's prompting and verifier options, and its data directories when the dataset is the
@@ -183,6 +179,11 @@ def _first_problem(name: str, task, setup: config.Setup):
 
 def _one_line(e: BaseException) -> str:
   return " ".join(str(e).split())
+
+
+# ----------------------------------------------------------------------------
+# One batch of problems: sample, decode, score.
+# ----------------------------------------------------------------------------
 
 
 def _decoded(setup, tokens_NT) -> list[str]:
@@ -316,8 +317,6 @@ def _size(setup: config.Setup, task) -> int:
 
 
 def _with_task(setup: config.Setup, task) -> config.Setup:
-  import dataclasses  # noqa: PLC0415
-
   return dataclasses.replace(setup, task=task)
 
 

@@ -186,3 +186,32 @@ def test_a_workdir_without_checkpoints_scores_config_hf_dir(spec, benchmarks, hf
   assert bench["problems_scored"] == c.eval_size
   assert all(len(p["samples"]) == 2 for p in bench["problems"])
   assert "<|im_start|>" in bench["problems"][0]["prompt"] or spec.startswith("configs/smollm2")
+
+
+def test_episodes_are_scored_as_the_trainer_scores_them(tmp_path):
+  """configs/calculator.py (multi-turn episodes with a calculator tool), 1-layer model, 40
+  warm-start steps: the eval of checkpoint 0 (k = eval_samples = 2) gives the warm-start
+  evaluation's greedy accuracy, format rate (episodes that ended), mean@2 and pass@k, and
+  each row's greedy completion is the whole episode the trainer showed for that problem."""
+  c = config_lib.load("configs/calculator.py:tiny")
+  c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64)
+  c.update(warmstart_steps=40, warmstart_batch=32, iterations=1, prompts_per_step=4)
+  c.update(eval_size=8, eval_samples=2)
+  c.update(eval_every=1, checkpoint_every=1, reward_workers=0, progress=False)
+  c.tensorboard = False
+  train.run(c, tmp_path, log=lambda _: None)
+  first = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+  c.eval.update(k=2, step=0)
+  got = evaluate.run(c, tmp_path, log=lambda _: None)["figures"]["calculator"]
+  assert got["greedy"]["value"] == pytest.approx(first["eval/greedy_accuracy"], abs=1e-12)
+  assert got["format_rate"]["value"] == pytest.approx(first["eval/format_rate"], abs=1e-12)
+  assert got["avg@2"]["value"] == pytest.approx(first["eval/mean@2"], abs=1e-12)
+  assert got["pass@2"]["value"] == pytest.approx(first["eval/pass@2"], abs=1e-12)
+  report = json.loads((tmp_path / "eval" / "step_0" / evaluate.REPORT).read_text())
+  rows = report["benchmarks"]["calculator"]["problems"]
+  assert len(rows) == 8 and all(len(p["samples"]) == 2 for p in rows)
+  # Token for token: the greedy episodes the trainer showed (samples.jsonl, iteration 0).
+  shown = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
+  shown = [r for r in shown if r["iteration"] == 0]
+  assert len(shown) >= 2 and "=" in shown[0]["completion"]  # A tool call's result, in it.
+  assert [r["completion"] for r in shown] == [p["greedy"]["completion"] for p in rows[: len(shown)]]
