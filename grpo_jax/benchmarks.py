@@ -49,10 +49,7 @@ def majority(answers: Sequence[str | None]) -> int | None:
   if not counts:
     return None
   top = max(counts.values())
-  for i, a in enumerate(answers):
-    if a is not None and counts[a] == top:
-      return i
-  raise AssertionError("unreachable")
+  return next(i for i, a in enumerate(answers) if a is not None and counts[a] == top)
 
 
 def maj_at_k(correct_PK, answers_PK) -> np.ndarray:

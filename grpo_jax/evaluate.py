@@ -47,7 +47,6 @@ import numpy as np
 from grpo_jax import (
   benchmarks,
   config,
-  distributed,
   episodes,
   logs,
   rewards,
@@ -186,13 +185,9 @@ def _one_line(e: BaseException) -> str:
 # ----------------------------------------------------------------------------
 
 
-def _decoded(setup, tokens_NT) -> list[str]:
-  return [setup.tokenizer.decode(r) for r in distributed.fetch_local(tokens_NT)]
-
-
 def _scored(setup, pool, examples, tokens_NT, *, group: int) -> list[dict]:
-  """Per row: completion, reward, format, scorable, extracted answer."""
-  texts = _decoded(setup, tokens_NT)
+  """Per row: completion (as `rollout.score` decoded it), reward, format, scorable,
+  extracted answer. One process: its rows are all of them (`run`)."""
   s = rollout.score(setup, pool, examples, tokens_NT, group=group)
   return [
     dict(
@@ -202,7 +197,7 @@ def _scored(setup, pool, examples, tokens_NT, *, group: int) -> list[dict]:
       scorable=bool(s.scorable_N[i]),
       answer=setup.task.extract_answer(t),
     )
-    for i, t in enumerate(texts)
+    for i, t in enumerate(s.completions)
   ]
 
 

@@ -178,6 +178,7 @@ def completion_logprobs(
       model_fn=model_fn,
       chunk=chunk,
       with_rank=with_rank,
+      # The head's masks from a key apart from the hidden forward's (which got dropout_key).
       dropout_key=None if dropout_key is None else jax.random.fold_in(dropout_key, 1 << 20),
     )
   else:

@@ -51,6 +51,7 @@ class Scores:
   timeouts: int
   messages: tuple[str, ...] = ()  # This process's first failure messages.
   outcomes: tuple[int, ...] = ()  # Rows per label of `Task.outcomes` (+ "other"), summed.
+  completions: tuple[str, ...] = ()  # `score`'s decoded texts of this process's rows.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +120,7 @@ def score(setup: config.Setup, pool, examples: dict, tokens_NT, *, group: int) -
     int(timeouts),
     tuple(scores.messages[:3]),
     tuple(int(c) for c in outcomes),
+    tuple(completions),
   )
 
 

@@ -1,9 +1,24 @@
-"""Reading a run's metrics in tests: its lines, and a line without the keys that measure time
-(they differ between two otherwise identical runs)."""
+"""Runs in tests: the small config they share, a run's metrics lines, and a line without the
+keys that measure time (they differ between two otherwise identical runs)."""
 
 import pathlib
 
-from grpo_jax import logs
+from grpo_jax import config_lib, logs
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def small_arithmetic():
+  """configs/arithmetic.py:tiny on a 1-layer model and 1-digit sums, G = 4, warm-start
+  batches of 16: it learns within 120 warm-start steps and compiles in a fraction of the
+  tiny config's time."""
+  c = config_lib.load(str(ROOT / "configs" / "arithmetic.py") + ":tiny")
+  c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64)
+  c.task.kwargs.max_digits = 1
+  c.sampler.group_size = 4
+  c.warmstart_batch = 16
+  return c
+
 
 TIMING = ("time/", "tokens_per_s", "perf/")
 

@@ -374,7 +374,7 @@ def test_bad_json_line_is_named(tmp_path):
   path = tmp_path / "x.jsonl"
   path.write_text('{"id": 1}\n{not json\n')
   with pytest.raises(ValueError, match=r"x.jsonl:2: not valid JSON"):
-    code.read_jsonl(str(path))
+    base.read_jsonl(str(path))
 
 
 def test_explicit_split_files():

@@ -232,8 +232,8 @@ class Chatty(episodes.Environment):
     return episodes.Step(self.tokenizer.encode(text), reward=float(self.k), done=self.k >= 3)
 
 
-@pytest.fixture(scope="module")
-def chatty_episodes(tiny_cfg, tiny_params, tokenizer):
+def _chatty_run(cfg, params, tokenizer):
+  """Chatty episodes of 4 prompts × G = 4 sampled by the model `cfg` with `params`."""
   scfg = sampling.SamplerConfig(
     max_new_tokens=32,
     eos_ids=tokenizer.eos_ids,
@@ -242,8 +242,8 @@ def chatty_episodes(tiny_cfg, tiny_params, tokenizer):
     prompt_buckets=(8,),
   )
   runner = episodes.Runner(
-    model_fn=model.make_model_fn(tiny_cfg),
-    init_cache=functools.partial(model.init_cache, tiny_cfg),
+    model_fn=model.make_model_fn(cfg),
+    init_cache=functools.partial(model.init_cache, cfg),
     sampler_cfg=scfg,
     cfg=episodes.EpisodeConfig(name="chatty", max_turns=3, turn_tokens=8, observation_tokens=6),
     tokenizer=tokenizer,
@@ -252,9 +252,12 @@ def chatty_episodes(tiny_cfg, tiny_params, tokenizer):
   )
   texts = ("Q:12+7\n", "Q:3+45\n", "Q:60+6\n", "Q:8+8\n")
   prompts = sampling.prepare_prompts([tokenizer.encode(p, add_bos=True) for p in texts], cfg=scfg)
-  return runner.run(
-    tiny_params, prompts, list(texts), jax.random.key(3), sampling.sampling_params()
-  )
+  return runner.run(params, prompts, list(texts), jax.random.key(3), sampling.sampling_params())
+
+
+@pytest.fixture(scope="module")
+def chatty_episodes(tiny_cfg, tiny_params, tokenizer):
+  return _chatty_run(tiny_cfg, tiny_params, tokenizer)
 
 
 def test_episode_log_probs_equal_the_teacher_forced_forward_of_the_whole_episode(
@@ -434,23 +437,7 @@ def test_lora_episodes_train_the_adapters_on_actions_only(tokenizer):
   params["lora"] = jax.tree.unflatten(
     tree, [jax.random.normal(k, x.shape) * 0.1 for k, x in zip(keys, leaves)]
   )
-  scfg = sampling.SamplerConfig(
-    max_new_tokens=32, eos_ids=tokenizer.eos_ids, pad_id=tokenizer.pad_id, group_size=4,
-    prompt_buckets=(8,),
-  )  # fmt: skip
-  runner = episodes.Runner(
-    model_fn=model.make_model_fn(cfg),
-    init_cache=functools.partial(model.init_cache, cfg),
-    sampler_cfg=scfg,
-    cfg=episodes.EpisodeConfig(name="chatty", max_turns=3, turn_tokens=8, observation_tokens=6),
-    tokenizer=tokenizer,
-    make_env=functools.partial(Chatty, tokenizer=tokenizer),
-    env_cls=Chatty,
-  )
-  texts = ("Q:12+7\n", "Q:3+45\n", "Q:60+6\n", "Q:8+8\n")
-  prompts = sampling.prepare_prompts([tokenizer.encode(p, add_bos=True) for p in texts], cfg=scfg)
-  r = runner.run(params, prompts, list(texts), jax.random.key(3), sampling.sampling_params())
-  r = r.rollouts
+  r = _chatty_run(cfg, params, tokenizer).rollouts
   assert int(np.asarray(r.mask_NT).sum()) > int(np.asarray(r.action_mask_NT).sum())  # Tools.
   rl_cfg = rl.RLConfig(kl_coef=0.05, num_minibatches=2)
   model_fn = model.make_model_fn(cfg)

@@ -5,19 +5,16 @@ its last whole batch; bad requests are one clear error."""
 
 import json
 
-import numpy as np
 import pytest
+import runs  # tests/ is on sys.path (conftest).
 
 from grpo_jax import config_lib, evaluate, train
 from grpo_jax.tasks import jsonl as jsonl_task
 
 
 def _config(**eval_options):
-  c = config_lib.load("configs/arithmetic.py:tiny")
-  c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64)
-  c.task.kwargs.max_digits = 1
-  c.sampler.group_size = 4
-  c.update(warmstart_steps=120, warmstart_batch=16, iterations=2, prompts_per_step=8)
+  c = runs.small_arithmetic()
+  c.update(warmstart_steps=120, iterations=2, prompts_per_step=8)
   c.update(eval_every=2, eval_size=16, eval_samples=4, checkpoint_every=2)
   c.update(reward_workers=0, progress=False, tensorboard=False)
   c.eval.update(eval_options)
@@ -127,18 +124,23 @@ def test_bad_requests_are_one_clear_error(trained, tmp_path):
     evaluate.run(_config(step=5, out=str(tmp_path)), workdir, log=lambda _: None)
   bad = tmp_path / "bad.jsonl"
   bad.write_text('{"prompt": "Q:1+1\\n", "answer": "A:2."}\n{"prompt": 3}\n')
-  with pytest.raises(ValueError, match=r"bad.jsonl:2: each line must be"):
+  with pytest.raises(ValueError, match=r"bad.jsonl: record 2 must be \{\"prompt\": str"):
     jsonl_task.JsonlProblems(path=str(bad))
   with pytest.raises(ValueError, match="jsonl verifier 'fuzzy'; allowed: exact, math"):
     jsonl_task.JsonlProblems(path=str(bad), verifier="fuzzy")
 
 
-def test_the_jsonl_verifiers():
-  task = jsonl_task.JsonlProblems.__new__(jsonl_task.JsonlProblems)
-  task.reward_fn = None
+def test_the_jsonl_verifiers(tmp_path):
+  path = tmp_path / "b.jsonl"
+  path.write_text('{"prompt": "Q:2+3\\n", "answer": "A:5."}\n\n{"prompt": "x", "answer": "1/2"}\n')
+  task = jsonl_task.JsonlProblems(path=str(path))
+  assert task.test_size == 2 and task.example("test", 1, seed=0).answer == "1/2"
   assert task.reward("A:5.", " A:5.\n") == 1.0 and task.reward("A:5.", "A:6.") == 0.0
   assert task.extract_answer("  A:5. ") == "A:5." and task.extract_answer("  ") is None
-  assert np.isclose(task.format_reward("x", "y"), 1.0)
+  assert task.format_reward("x", "y") == 1.0
+  math = jsonl_task.JsonlProblems(path=str(path), verifier="math")
+  assert math.reward("1/2", "so \\boxed{0.5}") == 1.0 and math.reward("1/2", "\\boxed{3}") == 0.0
+  assert math.extract_answer("so \\boxed{1 / 2}") == "1/2"
 
 
 def test_the_command_needs_only_the_workdir(trained, tmp_path):

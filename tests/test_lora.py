@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import runs  # tests/ is on sys.path (conftest).
 from jax import flatten_util
 
 from grpo_jax import config, config_lib, model, rl
@@ -525,18 +526,8 @@ def test_the_fingerprint_changes_with_one_bit_a_dtype_or_a_path():
   assert len(prints) == 5
 
 
-def _small_model(c):
-  """A 1-layer model on 1-digit sums (test_offpolicy's): learns within 120 warm-start steps
-  and compiles in a fraction of the tiny config's time."""
-  c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64)
-  c.task.kwargs.max_digits = 1
-  c.sampler.group_size = 4
-  c.update(warmstart_batch=16)
-  return c
-
-
 def _lora_run_config(iterations=4, base_dtype="", dynamic=False, dropout=0.0):
-  c = _small_model(config_lib.load("configs/arithmetic.py:tiny"))
+  c = runs.small_arithmetic()
   c.model.lora.update(rank=4, base_dtype=base_dtype, dropout=dropout)
   c.rl.update(dynamic_sampling=dynamic, max_gen_batches=2)
   c.update(warmstart_steps=120, iterations=iterations, eval_every=iterations, eval_size=16)
@@ -565,8 +556,6 @@ def test_a_lora_checkpoint_holds_the_adapters_resumes_exactly_and_checks_its_bas
   dynamic sampling) and drop adapter inputs (model.lora.dropout = 0.1), which the resume
   reproduces too."""
   import shutil  # noqa: PLC0415
-
-  import runs  # noqa: PLC0415 -- tests/ is on sys.path (conftest).
 
   from grpo_jax import checkpoint, frozen_base, train  # noqa: PLC0415
 
@@ -658,7 +647,7 @@ def test_a_stored_base_is_kept_and_resumed_in_its_dtype(base_dtype, dtypes, tmp_
 
 def _pipeline_config(*, is_correction="none", merge=False, **offpolicy):
   """test_offpolicy's small run (it learns within 4 iterations), with adapters."""
-  c = _small_model(config_lib.load("configs/arithmetic.py:tiny"))
+  c = runs.small_arithmetic()
   c.model.lora.update(rank=4, alpha=32.0, merge_for_sampling=merge)
   c.update(prompts_per_step=4, iterations=4, warmstart_steps=120)
   c.update(eval_every=100, eval_size=8, eval_samples=0, checkpoint_every=2, peak_flops=1e11)
@@ -676,7 +665,6 @@ def test_the_pipeline_samples_with_the_current_adapters(tmp_path):
   never reached the sampler would leave every batch at mismatch 0). The stale run samples
   with the adapters merged (merge_for_sampling), so the merged weights are the current
   ones too, and their log-probs are the unmerged trainer's to float32 rounding."""
-  import runs  # noqa: PLC0415
 
   from grpo_jax import train  # noqa: PLC0415
 
@@ -825,8 +813,7 @@ def test_a_lora_iteration_on_a_mesh_equals_the_one_device_run(tmp_path):
   """Adapters and base sharded by the logical rules on (data 1, fsdp 2, tensor 2) of 4 CPU
   devices: from the same random init (no warm start), one RL iteration with a KL term
   gives the one-device run's metrics (float32; the reductions sum in another order). The
-  1-layer model of `_small_model`, whose 2 query heads split over tensor."""
-  import runs  # noqa: PLC0415 -- tests/ is on sys.path.
+  1-layer model of `runs.small_arithmetic`, whose 2 query heads split over tensor."""
   import subproc  # noqa: PLC0415
 
   from grpo_jax import logs  # noqa: PLC0415
@@ -894,7 +881,6 @@ def test_ibpo_with_counterfactual_rows_trains_adapters_with_dropout(tmp_path):
   with adapter dropout and a KL term: two iterations whose counterfactual rows, prefix
   comparisons, advantages, KL and gradients are non-zero and finite, and no step is
   skipped (measured: reward ~0.17, adv_std ~0.4, ibpo/comparison_abs_mean ~0.03)."""
-  import runs  # noqa: PLC0415 -- tests/ is on sys.path (conftest).
 
   from grpo_jax import train  # noqa: PLC0415
 

@@ -9,10 +9,10 @@ import sys
 
 import numpy as np
 import pytest
+import runs  # tests/ is on sys.path (conftest).
+from mlflow import tracking as mlflow_tracking
 
 from grpo_jax import config, config_lib, logs, metrics, trackers
-
-mlflow_tracking = pytest.importorskip("mlflow.tracking")
 
 
 def test_mlflow_names_by_hand():
@@ -50,11 +50,8 @@ def test_bad_logging_options_are_one_clear_error(logging, message):
 
 
 def _run_config(tmp_path, *, trackers_=("jsonl", "tensorboard", "wandb", "mlflow")):
-  c = config_lib.load("configs/arithmetic.py:tiny")
-  c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64)
-  c.task.kwargs.max_digits = 1
-  c.sampler.group_size = 4
-  c.update(warmstart_steps=20, warmstart_batch=16, iterations=2, prompts_per_step=4)
+  c = runs.small_arithmetic()
+  c.update(warmstart_steps=20, iterations=2, prompts_per_step=4)
   c.update(eval_every=1, eval_size=8, eval_samples=2, checkpoint_every=1)
   c.update(reward_workers=0, progress=False)
   c.logging.update(
@@ -82,7 +79,6 @@ def test_wandb_and_mlflow_receive_the_run_and_a_resume_continues_the_same_runs(
   file store (read through its client) hold every metrics.jsonl record under one run id
   each across both sessions (iteration 1 twice, the resumed session's last), the config,
   the held-out samples and the metric definitions; MLflow's names map "@" to "_at_"."""
-  import runs  # noqa: PLC0415 -- tests/ is on sys.path (conftest).
   import wandb_files  # noqa: PLC0415
 
   from grpo_jax import train  # noqa: PLC0415

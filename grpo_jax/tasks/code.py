@@ -177,23 +177,6 @@ class _Skips:
   problems: int = 0
 
 
-def read_jsonl(path: str) -> list[dict]:
-  """The objects of a JSONL file; ValueError naming the line that is not a JSON object."""
-  records = []
-  with open(path, encoding="utf-8") as f:
-    for number, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{number}: not valid JSON ({e}).") from None
-      if not isinstance(record, dict):
-        raise ValueError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}.")
-      records.append(record)
-  return records
-
-
 def detect_format(record: Mapping) -> str:
   """The format a record is in, from its fields; ValueError when it fits none."""
   fields = {
@@ -394,9 +377,9 @@ def load_problems(
   if path == "builtin":
     resource = importlib.resources.files("grpo_jax").joinpath("data", "code_problems.jsonl")
     with importlib.resources.as_file(resource) as file:
-      records = read_jsonl(str(file))
+      records = base.read_jsonl(str(file))
   else:
-    records = read_jsonl(path)
+    records = base.read_jsonl(path)
   if not records:
     raise ValueError(f"{path}: no problems.")
   fmt = detect_format(records[0]) if problem_format == "auto" else problem_format

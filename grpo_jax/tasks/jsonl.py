@@ -15,7 +15,6 @@ Made for `grpo-jax eval --config.eval.benchmarks=jsonl:PATH[:VERIFIER]`; not a t
 
 from __future__ import annotations
 
-import json
 import pathlib
 
 from grpo_jax import math_verify
@@ -69,21 +68,14 @@ class JsonlProblems(base.Task):
 
 
 def _read(path: pathlib.Path) -> list[dict]:
-  """The file's records; a missing file, a line that is not a JSON object with string
-  "prompt" and "answer", or an empty file is one ValueError naming the line."""
+  """The file's records (`base.read_jsonl`); a missing file, a line that is not a JSON
+  object with string "prompt" and "answer", or an empty file is one ValueError naming it."""
   if not path.is_file():
     raise ValueError(f"jsonl benchmark {str(path)!r}: no such file.")
-  out = []
-  for i, line in enumerate(path.read_text().splitlines(), 1):
-    if not line.strip():
-      continue
-    try:
-      r = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{path}:{i}: not JSON ({e.msg}).") from None
-    if not (isinstance(r, dict) and all(isinstance(r.get(k), str) for k in ("prompt", "answer"))):
-      raise ValueError(f'{path}:{i}: each line must be {{"prompt": str, "answer": str}}.')
-    out.append(r)
-  if not out:
+  records = base.read_jsonl(str(path))
+  for i, r in enumerate(records):
+    if not all(isinstance(r.get(k), str) for k in ("prompt", "answer")):
+      raise ValueError(f'{path}: record {i + 1} must be {{"prompt": str, "answer": str}}.')
+  if not records:
     raise ValueError(f"jsonl benchmark {path}: no records.")
-  return out
+  return records
