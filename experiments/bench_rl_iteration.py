@@ -122,6 +122,28 @@ def iteration_flops(setup, *, P: int, T: int, N: int) -> dict:
   return {"sample": sample, "update": update}
 
 
+def timed_iteration(fns, setup, state, prompts, key, it: int) -> tuple:
+  """Iteration `it` of the trainer's functions (sample; logprobs + finish; update) on
+  random 0/1 rewards, each phase timed with its outputs ready: (state, seconds per
+  phase, rollouts)."""
+  N = setup.rollout_rows
+  prep_hyper = setup.rl_cfg.prepare_hyper(max_new_tokens=setup.sampler_cfg.max_new_tokens)
+  k = jax.random.fold_in(key, it + 1)
+  t0 = time.perf_counter()
+  rollouts = jax.block_until_ready(fns.sample(state.params, prompts, k, setup.sampling_hyper))
+  t1 = time.perf_counter()
+  correct = np.random.default_rng(it).integers(0, 2, N).astype(np.float32)
+  lp = fns.logprobs(state.params, None, rollouts)
+  batch, _, _ = fns.finish(lp, rollouts, correct, 0 * correct, prep_hyper)
+  batch = jax.block_until_ready(batch)
+  t2 = time.perf_counter()
+  state, _, history = fns.update(state, batch, jax.random.fold_in(k, 1), setup.rl_cfg.step_hyper())
+  jax.block_until_ready((state, history))
+  t3 = time.perf_counter()
+  times = {"sample_s": t1 - t0, "prepare_s": t2 - t1, "update_s": t3 - t2, "iteration_s": t3 - t0}
+  return state, times, rollouts
+
+
 def run_dtype(
   dtype: str, *, iterations: int, quick: bool, seed: int = 0, sampler_dtype: str = ""
 ) -> dict:
@@ -133,33 +155,17 @@ def run_dtype(
   params = train.initial_params(setup, fns, jax.random.fold_in(key, 0))
   state = rl.init_state(params, fns.optimizer)
   prompts = random_prompts(setup, seed=seed)
-  prep_hyper = setup.rl_cfg.prepare_hyper(max_new_tokens=setup.sampler_cfg.max_new_tokens)
-  step_hyper = setup.rl_cfg.step_hyper()
   N, P = setup.rollout_rows, setup.sampler_cfg.max_prompt_len
   T = setup.sampler_cfg.max_new_tokens
   rows = []
   for it in range(iterations):
-    k = jax.random.fold_in(key, it + 1)
-    t0 = time.perf_counter()
-    rollouts = jax.block_until_ready(fns.sample(state.params, prompts, k, setup.sampling_hyper))
-    t1 = time.perf_counter()
-    correct = np.random.default_rng(it).integers(0, 2, N).astype(np.float32)
-    lp = fns.logprobs(state.params, None, rollouts)
-    batch, _, _ = fns.finish(lp, rollouts, correct, 0 * correct, prep_hyper)
-    batch = jax.block_until_ready(batch)
-    t2 = time.perf_counter()
-    state, _, history = fns.update(state, batch, jax.random.fold_in(k, 1), step_hyper)
-    jax.block_until_ready((state, history))
-    t3 = time.perf_counter()
+    state, times, rollouts = timed_iteration(fns, setup, state, prompts, key, it)
     mask = np.asarray(rollouts.mask_NT)
     steps_run = int(rollouts.num_steps)
     positions = np.asarray(rollouts.prompt_mask_NP).sum() + mask.sum()
     rows.append(
       {
-        "sample_s": t1 - t0,
-        "prepare_s": t2 - t1,
-        "update_s": t3 - t2,
-        "iteration_s": t3 - t0,
+        **times,
         "sample_pad_frac": 1.0 - mask.sum() / max(N * steps_run, 1),
         "update_pad_frac": 1.0 - positions / (N * (P + T)),
         "generated_tokens": float(mask.sum()),

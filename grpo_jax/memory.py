@@ -39,7 +39,9 @@ Figures are bytes per device, for the mesh of `setup.mesh_cfg` on `n_devices` de
     fsdp, hoisted out of the loop (and the embedding table again for a tied LM head).
     Plus the step's sampling: five float32 [rows, V / tensor] buffers (logits, scaled
     logits, their order keys, probabilities, filtered logits).
-  - decode, scanned layers: the layer scan reads the stacked cache and writes a new
+  - decode, scanned layers sharded over fsdp (without fsdp the samplers decode scanned
+    layers unrolled, `model.sampler_view`: the unrolled case above, plus the layers'
+    slices, a copy of the weights): the layer scan reads the stacked cache and writes a new
     one (2 caches), with one layer's k and v slices and the copy the step writes into
     (3 layer buffers, 6 with one kv head per device) and one layer's weights (sliced
     from the stacked params, or gathered over fsdp); the sampling buffers come after the
@@ -295,11 +297,12 @@ def plan(
   gathered = params * (fsdp - 1) // (model_cfg.n_layers if model_cfg.scan_layers else 1)
   working += gathered
   rollout_rows = N // dp if N % dp == 0 else N
-  sampled, merged = _sampled_tree(boxed, model_cfg), 0
-  if sampled is not boxed:  # Adapters merged for sampling: a copy of the weights.
+  sampler_cfg, _ = model.sampler_view(model_cfg, fsdp=fsdp)
+  sampled, merged = _sampled_tree(boxed, model_cfg, fsdp=fsdp), 0
+  if sampled is not boxed:  # Merged adapters or unstacked layers: a copy of the weights.
     merged = _tree_bytes(sampled, rules=rules, mesh_sizes=sizes)
   kv = merged + _sampler_bytes(
-    model_cfg,
+    sampler_cfg,
     sampled,
     rules=rules,
     sizes=sizes,
@@ -332,12 +335,13 @@ def _local_size(n: int, name: str, rules, sizes) -> int:
   return n // size if n % size == 0 else n
 
 
-def _sampled_tree(boxed, cfg: model.ModelConfig):
-  """The boxed abstract params the samplers read: with adapters merged for sampling
-  (`model.sampler_view`), the base with each adapter folded into its kernel (in the
-  kernel's dtype; a quantized kernel dequantized to float32), which the sampler holds for
-  the whole call; else `boxed` itself."""
-  base_cfg, view = model.sampler_view(cfg)
+def _sampled_tree(boxed, cfg: model.ModelConfig, *, fsdp: int):
+  """The boxed abstract params the samplers read (`model.sampler_view`), which the sampler
+  holds for the whole call: with adapters merged for sampling, the base with each adapter
+  folded into its kernel (in the kernel's dtype; a quantized kernel dequantized to
+  float32); with scanned layers decoded unrolled, every layer's slices; else `boxed`
+  itself."""
+  base_cfg, view = model.sampler_view(cfg, fsdp=fsdp)
   if view is None:
     return boxed
   names = jax.eval_shape(functools.partial(model.init_boxed, base_cfg), jax.random.key(0))

@@ -177,11 +177,12 @@ def _shardings(setup: config.Setup, layout: sharding.Layout, optimizer, sft_opti
   return _Shardings(layout=layout, params=params, state=state, sft_state=sft_state, ref=ref)
 
 
-def _sampler_model(setup: config.Setup, model_fn):
+def _sampler_model(setup: config.Setup, model_fn, layout: sharding.Layout):
   """(model config, model_fn, view) the samplers run: the model's, in sampler.dtype when
   set; with adapters merged for sampling, the base model on `view(params)`
-  (`model.sampler_view`; view None: the params as given)."""
-  mcfg, view = model.sampler_view(setup.model_cfg)
+  (`model.sampler_view`; view None: the params as given); scanned layers unrolled when
+  the mesh does not shard the weights over fsdp."""
+  mcfg, view = model.sampler_view(setup.model_cfg, fsdp=layout.mesh.shape["fsdp"])
   dtype = setup.sampler_cfg.dtype
   if mcfg is not setup.model_cfg or (dtype and dtype != mcfg.dtype):
     mcfg = dataclasses.replace(mcfg, dtype=dtype or mcfg.dtype)
@@ -194,7 +195,7 @@ def _sampler(
 ):
   """`sampling.sample` for `prompts` prompts × `group` rows each; with `slots`, the
   slot-refill sampler (`refill.sample`); in sampler.dtype when it is set."""
-  mcfg, model_fn, view = _sampler_model(setup, model_fn)
+  mcfg, model_fn, view = _sampler_model(setup, model_fn, sh.layout)
   kw = dict(
     model_fn=model_fn,
     init_cache=functools.partial(model.init_cache, mcfg),
@@ -221,7 +222,7 @@ def _counterfactual_functions(setup: config.Setup, sh: _Shardings, model_fn) -> 
   B, G = setup.loop.prompts_per_step, scfg.group_size
   N, M, rep = B * G, B * cf.per_group, sh.rep
   plan = functools.partial(counterfactuals.plan, cfg=cf, group_size=G, splitter=setup.steps)
-  mcfg, model_fn, view = _sampler_model(setup, model_fn)
+  mcfg, model_fn, view = _sampler_model(setup, model_fn, sh.layout)
   generate = functools.partial(
     counterfactuals.generate,
     model_fn=model_fn,
@@ -318,7 +319,7 @@ def _offpolicy_functions(setup: config.Setup, sh: _Shardings, model_fn) -> dict:
     return {}
   B, G = setup.loop.prompts_per_step, scfg.group_size
   N, rep = B * G, sh.rep
-  mcfg, model_fn, view = _sampler_model(setup, model_fn)
+  mcfg, model_fn, view = _sampler_model(setup, model_fn, sh.layout)
   cont = functools.partial(
     offpolicy.continue_rows,
     model_fn=model_fn,
@@ -342,7 +343,7 @@ def _offpolicy_functions(setup: config.Setup, sh: _Shardings, model_fn) -> dict:
   )
 
 
-def _episode_runners(setup: config.Setup, model_fn) -> dict:
+def _episode_runners(setup: config.Setup, model_fn, layout: sharding.Layout) -> dict:
   """Multi-turn episode runners (config.env): the training group, greedy evaluation and
   pass@k evaluation (`episodes.Runner`; its jitted pieces follow the params' shardings),
   in sampler.dtype when it is set."""
@@ -350,7 +351,7 @@ def _episode_runners(setup: config.Setup, model_fn) -> dict:
   if cfg is None:
     return {}
   env_cls = envs.get(cfg.name)
-  mcfg, model_fn, view = _sampler_model(setup, model_fn)
+  mcfg, model_fn, view = _sampler_model(setup, model_fn, layout)
   make = functools.partial(
     episodes.Runner,
     model_fn=model_fn,
@@ -411,5 +412,5 @@ def _build(setup: config.Setup) -> Functions:
     **_rl_functions(setup, sh, model_fn, optimizer),
     **_counterfactual_functions(setup, sh, model_fn),
     **_offpolicy_functions(setup, sampler_sh, model_fn),
-    **_episode_runners(setup, model_fn),
+    **_episode_runners(setup, model_fn, layout),
   )

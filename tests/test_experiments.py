@@ -99,6 +99,28 @@ def test_bench_rl_iteration_reports_every_phase_per_dtype():
     )
 
 
+def test_bench_gpu_writes_one_line_per_figure(tmp_path):
+  # The GPU script's parts (peaks, the trainer's iteration) run as subprocesses of its own;
+  # --quick shrinks the shapes to CPU size. A budget spent skips the parts after it.
+  import bench_gpu  # noqa: PLC0415
+
+  out = tmp_path / "gpu.jsonl"
+  records = bench_gpu.main(["--quick", "--sizes", "0.5b", "--no-hf", "--out", str(out)])
+  assert [json.loads(x) for x in out.read_text().splitlines()] == records
+  by = {(r["part"], r["figure"]): r for r in records}
+  assert not [r for r in records if r["figure"] in ("failed", "skipped")], records
+  for figure in ("sample_s", "update_s", "sample_tokens_per_s", "decode_roofline_tokens_per_s"):
+    assert by[("jax:0.5b", figure)]["value"] > 0, figure
+  for figure in ("mfu_update", "decode_of_roofline"):
+    assert 0 < by[("jax:0.5b", figure)]["value"] < 1, figure
+    assert by[("jax:0.5b", figure)]["target"] == bench_gpu.TARGETS[figure]
+  context = by[("jax:0.5b", "context")]["value"]
+  assert context["workload"] == dict(B=4, P=16, T=16, G=8) and context["remat"] in ("none", "full")
+  assert by[("peaks", "matmul_peak_bfloat16")]["unit"] == "FLOP/s"
+  spent = bench_gpu.main(["--quick", "--sizes", "0.5b", "--no-hf", "--budget_s", "0"])
+  assert [r["figure"] for r in spent] == ["skipped", "skipped"]
+
+
 def test_mismatch_reports_the_sampler_trainer_gap_per_sampler_dtype():
   import mismatch  # noqa: PLC0415
 

@@ -1,10 +1,12 @@
 """The memory plan: hand-computed terms, XLA's own figures on CPU (within 10%), the CLI,
 and the trainer's refusal of a config that cannot fit, before anything compiles."""
 
+import functools
 import json
 import pathlib
 import sys
 
+import jax
 import pytest
 
 from grpo_jax import config, memory, model, rl, sharding, steps
@@ -66,11 +68,21 @@ def test_params_optimizer_and_kv_cache_by_hand():
   # carried one, and the copies for the step's second, rank-reduced write).
   one_head = 2.5 * 2 * 2 * (buf // 2) + 8 * 15 * 4
   assert _plan(n_kv_heads=1).kv_cache == one_head + 5 * 8 * 32 * 4
-  # Scanned layers: the old and new stacked caches, one layer's k and v slices and the
-  # copy the step writes into, and one layer's weights (f32: q and o 64 × 4 × 16, k and v
-  # 64 × 2 × 16, the MLP 3 × 64 × 192, four norms 64 + 64 + 16 + 16).
+  # Scanned layers without fsdp decode unrolled (`model.sampler_view`): the same cache
+  # and sampling buffers, plus every layer's slices, a copy of the weights.
+  assert _plan(scan_layers=True).kv_cache == p.kv_cache + p.params
+  # Scanned layers that stay scanned (weights sharded over fsdp; here the decode phase of
+  # one device's share alone): the old and new stacked caches, one layer's k and v slices
+  # and the copy the step writes into, and one layer's weights (f32: q and o 64 × 4 × 16,
+  # k and v 64 × 2 × 16, the MLP 3 × 64 × 192, four norms 64 + 64 + 16 + 16).
   layer = 4 * (2 * 64 * 4 * 16 + 2 * 64 * 2 * 16 + 3 * 64 * 192 + 160)
-  assert _plan(scan_layers=True).kv_cache == 8 * 15 * 4 + 2 * 2 * 2 * buf + 3 * buf + layer
+  scanned = model.tiny_config(vocab_size=32, scan_layers=True)
+  boxed = jax.eval_shape(functools.partial(model.init_boxed, scanned), jax.random.key(0))
+  sampler_bytes = memory._sampler_bytes(
+    scanned, boxed, rules=sharding.MeshConfig().rules, sizes=dict(data=1, fsdp=1, tensor=1),
+    rows=8, prompt_rows=2, P=8, T=8,
+  )  # fmt: skip
+  assert sampler_bytes == 8 * 15 * 4 + 2 * 2 * 2 * buf + 3 * buf + layer
 
 
 def test_remat_and_rows_move_activations_as_they_should():

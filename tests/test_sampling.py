@@ -1,3 +1,4 @@
+import dataclasses
 import functools
 
 import flax
@@ -375,3 +376,47 @@ def test_prompt_longer_than_max_is_an_error_or_left_truncated():
 def test_bad_sampler_input_errors_are_clear(make, message):
   with pytest.raises(ValueError, match=message):
     make()
+
+
+def test_scanned_layers_decode_unrolled_on_the_same_weights():
+  """A scanned model's samplers run the unrolled model on its layers' slices
+  (`model.sampler_view`): same logits, same tokens as decoding with the layer scan, and
+  the cache is one buffer per layer. Sharded over fsdp the layers stay scanned; adapters
+  merged for sampling are unstacked after the fold."""
+  cfg = model.tiny_config(vocab_size=48, scan_layers=True, n_layers=3)
+  params = model.init(cfg, jax.random.key(0))
+  mcfg, view = model.sampler_view(cfg)
+  assert not mcfg.scan_layers and mcfg.remat == "none"
+  assert model.sampler_view(cfg, fsdp=2) == (cfg, None)
+  unrolled = view(params)
+  assert sorted(unrolled) == ["embed", "final_norm", "layer_0", "layer_1", "layer_2"]
+  assert jax.tree.structure(unrolled) == jax.tree.structure(model.init(mcfg, jax.random.key(1)))
+  np.testing.assert_array_equal(
+    unrolled["layer_2"]["mlp"]["up"]["kernel"], params["layers"]["mlp"]["up"]["kernel"][2]
+  )
+  tokens_BT = jax.random.randint(jax.random.key(2), (3, 7), 1, 48)
+  positions_BT = jnp.broadcast_to(jnp.arange(7), (3, 7))
+  scanned_logits, _ = model.apply(params, tokens_BT, positions_BT, cfg=cfg)
+  unrolled_logits, _ = model.apply(unrolled, tokens_BT, positions_BT, cfg=mcfg)
+  np.testing.assert_allclose(unrolled_logits, scanned_logits, atol=1e-5)
+
+  scfg = sampling.SamplerConfig(max_new_tokens=6, eos_ids=(47,), pad_id=0, group_size=2)
+  prompts = sampling.prepare_prompts([[3, 4, 5], [6, 7]], cfg=scfg)
+  hyper = sampling.sampling_params(temperature=1.0)
+  with_scan = sampling.make_sample_fn(
+    model_fn=model.make_model_fn(cfg), init_cache=functools.partial(model.init_cache, cfg), cfg=scfg
+  )
+  policy = sampling.make_policy_sampler(cfg, scfg)
+  a, b = (f(params, prompts, jax.random.key(3), hyper) for f in (with_scan, policy))
+  np.testing.assert_array_equal(a.tokens_NT, b.tokens_NT)
+  np.testing.assert_allclose(a.policy_logp_NT, b.policy_logp_NT, atol=1e-5)
+  assert len(model.init_cache(mcfg, 2, 4).k) == 3  # One key buffer per layer.
+
+  lora = dataclasses.replace(cfg, lora=model.LoraConfig(rank=2, merge_for_sampling=True))
+  lcfg, lview = model.sampler_view(lora)
+  assert lcfg == mcfg  # The base, unrolled.
+  adapted = model.init(lora, jax.random.key(4))
+  merged = lview(adapted)
+  expected = view(model.merge_adapters(adapted, lora))
+  assert jax.tree.structure(merged) == jax.tree.structure(expected)
+  jax.tree.map(np.testing.assert_array_equal, merged, expected)
