@@ -36,7 +36,8 @@ Figures (one JSON line each: {"figure", "value", "unit", "part", "size", "target
   update_tokens_per_s, mfu_update               N (P + T) positions / update_s; the update's
                                                 model FLOPs (3 forwards, `grpo_jax.flops`)
                                                 / update_s / the bfloat16 peak (target >= 0.45)
-  mfu_iteration                                 sampling + update FLOPs / iteration_s / peak
+  mfu_sample, mfu_iteration                     sampling FLOPs / sample_s / peak; sampling +
+                                                update FLOPs / iteration_s / peak
   peak_memory_gib                               the device's peak bytes in use
   hf_generate_s, hf_tokens_per_s                Hugging Face, same shapes
   speedup_vs_hf                                 sample_tokens_per_s / hf_tokens_per_s
@@ -200,6 +201,7 @@ def part_jax(size: str, *, quick: bool, iterations: int, micro_batches: int, pea
     line("decode_of_roofline", tokens_per_s / roofline, "", **ctx),
     line("decode_slots_read_ratio", (P + T) / (P + T / 2), "", **ctx),
     line("update_tokens_per_s", N * (P + T) / med["update_s"], "tok/s", **ctx),
+    line("mfu_sample", fl["sample"] / med["sample_s"] / bf16, "", **ctx),
     line("mfu_update", fl["update"] / med["update_s"] / bf16, "", **ctx),
     line("mfu_iteration", (fl["sample"] + fl["update"]) / med["iteration_s"] / bf16, "", **ctx),
   ]

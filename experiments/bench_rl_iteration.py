@@ -29,7 +29,7 @@ iterations after the first (which compiles) of:
                                                  accelerator's figure: on a CPU the x + 1
                                                  pass runs on one thread and understates
                                                  the bandwidth, so the ratio can pass 1)
-  mfu_update, mfu_iteration                      model FLOPs (`grpo_jax.flops`: sampling at
+  mfu_sample, mfu_update, mfu_iteration          model FLOPs (`grpo_jax.flops`: sampling at
                                                  its decode contexts, the update's forward
                                                  and backward as 3 forwards) / seconds / the
                                                  measured matmul peak of the same dtype
@@ -182,6 +182,7 @@ def run_dtype(
   med.update(
     sample_tokens_per_s=med["generated_tokens"] / med["sample_s"],
     update_tokens_per_s=N * (P + T) / med["update_s"],
+    mfu_sample=fl["sample"] / med["sample_s"] / peak,
     mfu_update=fl["update"] / med["update_s"] / peak,
     mfu_iteration=(fl["sample"] + fl["update"]) / med["iteration_s"] / peak,
     matmul_peak_flops=peak,

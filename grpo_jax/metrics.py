@@ -101,7 +101,11 @@ DEFINITIONS = {
   "dynamic/surplus_groups": "Groups with varying rewards sampled beyond B and discarded.",
   "time/sample": "Seconds in the jitted sampler this iteration (all generation batches).",
   "time/reward": "Seconds decoding completions and scoring rewards on the host (the old/ref log-prob forwards run on the device meanwhile, without dynamic sampling).",
-  "time/update": "Seconds from scored rollouts to the updated state: the rest of prepare, planning, train steps.",
+  "time/prepare": "Seconds from scored rollouts to the training batch on the device: advantages, "
+  "token masks and the batch's statistics (the old/ref log-prob forwards ran during time/reward).",
+  "time/update": "Seconds from the training batch to the updated state: planning and the train steps.",
+  "time/host": "time/iteration less its timed phases (sample, reward, counterfactuals, env, "
+  "prepare, update): the host glue between them.",
   "time/iteration": "Seconds of the iteration without evaluation: sample + reward + update + host glue.",
   "time/counterfactuals": "Seconds planning, decoding, merging and scoring IBPO's counterfactual "
   "rows (config.counterfactual), inside time/iteration.",
@@ -153,6 +157,10 @@ DEFINITIONS = {
   "actions, not observations) / time/sample.",
   "perf/mfu": "Model FLOPs of the iteration (grpo_jax.flops: sampling, prepare forwards, "
   "3x forward per update epoch, over the computed padded shapes) / time/iteration / peak FLOP/s.",
+  "perf/mfu_sample": "Model FLOPs of sampling (every generation batch: prefill and decode at "
+  "the decoded contexts) / time/sample / peak FLOP/s.",
+  "perf/mfu_update": "Model FLOPs of the update (3x forward per epoch over the update rows) / "
+  "time/update / peak FLOP/s.",
   "eval/greedy_accuracy": "Held-out accuracy of greedy completions (first eval_size test problems).",
   "eval/format_rate": "Held-out fraction of greedy completions that follow the answer template "
   "(episodes, config.env: the fraction the environment ended, episode/end/done).",

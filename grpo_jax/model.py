@@ -361,8 +361,16 @@ def _attend(q_BKQE, q_pos_BQ, keys_BKES, values_BKSE, key_pos_BS, *, dtype):
   The softmax does not depend on the shift m, so its gradient through m is exactly 0 and
   m is a stop-gradient (sg): the backward has no argmax/select over [B, K, Q, S].
   """
+  # A float32 cache of a bfloat16 model (`cache_dtype`, XLA:CPU) holds bfloat16-rounded
+  # keys and values: both dots run in float32 on the same values (products of bfloat16
+  # values are exact in float32), with the exponentials rounded to `dtype` as the
+  # bfloat16 p·V rounds them. Otherwise everything in `dtype`.
+  mm = jnp.float32 if keys_BKES.dtype == jnp.float32 else dtype
   s_BKQS = jnp.einsum(
-    "bkqe,bkes->bkqs", q_BKQE, keys_BKES.astype(dtype), preferred_element_type=jnp.float32
+    "bkqe,bkes->bkqs",
+    q_BKQE.astype(mm),
+    keys_BKES.astype(mm),
+    preferred_element_type=jnp.float32,
   )
   kp, qp = key_pos_BS[:, None, None, :], q_pos_BQ[:, None, :, None]
   valid = ((kp >= 0) & (kp <= qp) & (qp >= 0)).astype(jnp.float32)
@@ -377,8 +385,8 @@ def _attend(q_BKQE, q_pos_BQ, keys_BKES, values_BKSE, key_pos_BS, *, dtype):
   else:
     out_BKQE = jnp.einsum(
       "bkqs,bkse->bkqe",
-      e_BKQS.astype(dtype),
-      values_BKSE.astype(dtype),
+      e_BKQS.astype(dtype).astype(mm),
+      values_BKSE.astype(mm),
       preferred_element_type=jnp.float32,
     )
   # A padding query has Σe = 0 and out = 0; dividing by 1 there (not by a tiny floor,
@@ -392,9 +400,13 @@ def _matmul_f32_acc(x_MK, w_KF):
   """x·w of bfloat16 operands accumulated in float32, rounded to x's dtype. XLA:CPU runs
   bfloat16 GEMMs at about twice the float32 rate only when they accumulate and return
   float32 (measured: 985 vs 501 GFLOP/s at [4096, 512] x [512, 1536]; bfloat16 output:
-  456), so the forward and the input gradient take that path; the weight gradient
-  (contracting the rows) is not faster there in bfloat16 (266 GFLOP/s) and runs in float32
-  (433)."""
+  456), so the forward and the input gradient take that path. The weight gradient
+  contracts the rows: as a plain [M, K]^T [M, F] dot XLA:CPU runs it in bfloat16 no faster
+  than in float32 (258 against 265 GFLOP/s at M 3072, K 512, F 1536 on a 2-core Xeon with
+  AMX; 266 against 433 on an AMD EPYC), but the same contraction over a leading unit batch
+  axis too, [1, M, K] x [1, M, F] contracted over both, takes its fast path: 918 GFLOP/s
+  there (830-940 over the model's shapes and M 2999-12288). The sum is the same products
+  (bfloat16 products are exact in float32) in float32, in another order."""
   return jax.lax.dot(x_MK, w_KF, preferred_element_type=jnp.float32).astype(x_MK.dtype)
 
 
@@ -407,8 +419,12 @@ def _matmul_bwd(res, g_MF):
   dx = jax.lax.dot_general(
     g_MF.astype(x_MK.dtype), w_KF, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
   )
-  f32 = jnp.float32
-  dw = jax.lax.dot_general(x_MK.astype(f32), g_MF.astype(f32), (((0,), (0,)), ((), ())))
+  dw = jax.lax.dot_general(
+    x_MK[None],
+    g_MF.astype(x_MK.dtype)[None],
+    (((0, 1), (0, 1)), ((), ())),
+    preferred_element_type=jnp.float32,
+  )
   return dx.astype(x_MK.dtype), dw.astype(w_KF.dtype)
 
 
@@ -805,14 +821,29 @@ class KVCache:
     )
 
 
+def cache_dtype(cfg: ModelConfig):
+  """The KV cache's dtype: the compute dtype, except a bfloat16 model on XLA:CPU, whose
+  cache holds the same bfloat16-rounded keys and values in float32 (`_attend`). XLA:CPU
+  runs a bfloat16 batched matmul on float32 copies of its operands, so a bfloat16 cache
+  was converted at every decode step: the anchor model's sampler (8 layers, 128 rows,
+  64 + 128 tokens; one sitting on a 2-core EPYC) took 14.0 s a call in bfloat16 against
+  10.4 s in float32, and 7.0 s with the float32 cache. Decided by this host's backend, as
+  `_pv_by_reduce` is."""
+  if cfg.compute_dtype == jnp.bfloat16 and jax.default_backend() == "cpu":
+    return jnp.float32
+  return cfg.compute_dtype
+
+
 def init_cache(cfg: ModelConfig, batch_size: int, max_len: int) -> KVCache:
-  """An empty cache of max_len slots: keys [B, K, E, S], values [B, K, S, E] per layer."""
+  """An empty cache of max_len slots: keys [B, K, E, S], values [B, K, S, E] per layer,
+  in `cache_dtype`."""
   k_shape = (batch_size, cfg.n_kv_heads, cfg.head_dim, max_len)
   v_shape = (batch_size, cfg.n_kv_heads, max_len, cfg.head_dim)
+  dtype = cache_dtype(cfg)
   if cfg.scan_layers:
-    zeros = lambda shape: (jnp.zeros((cfg.n_layers, *shape), cfg.compute_dtype),)
+    zeros = lambda shape: (jnp.zeros((cfg.n_layers, *shape), dtype),)
   else:
-    zeros = lambda shape: tuple(jnp.zeros(shape, cfg.compute_dtype) for _ in range(cfg.n_layers))
+    zeros = lambda shape: tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers))
   return KVCache(
     k=zeros(k_shape),
     v=zeros(v_shape),

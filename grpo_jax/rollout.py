@@ -332,6 +332,12 @@ def padding(rollouts, *, tokens: float, slots: int = 0) -> dict:
 
 def iteration_flops(setup: config.Setup, rollouts: Any, *, gen_batches: int) -> float:
   """Model FLOPs of one iteration (`flops`): sampling, prepare's forwards, the updates."""
+  return sum(phase_flops(setup, rollouts, gen_batches=gen_batches).values())
+
+
+def phase_flops(setup: config.Setup, rollouts: Any, *, gen_batches: int) -> dict:
+  """Model FLOPs of one iteration's phases (`flops`): "sample" (every generation batch),
+  "prepare" (the π_old and reference forwards) and "update" (3 forwards per epoch)."""
   cfg, scfg, rl_cfg = setup.model_cfg, setup.sampler_cfg, setup.rl_cfg
   N, P = rollouts.prompt_tokens_NP.shape
   T = scfg.max_new_tokens
@@ -344,4 +350,8 @@ def iteration_flops(setup: config.Setup, rollouts: Any, *, gen_batches: int) -> 
   )
   seq = flops.sequence_forward_flops(cfg, length=P + T)
   forwards = (1 if rl_cfg.recompute_old_logp else 0) + (1 if rl_cfg.use_ref else 0)
-  return sample + forwards * N * seq + 3 * rl_cfg.ppo_epochs * setup.update_rows * seq
+  return {
+    "sample": sample,
+    "prepare": forwards * N * seq,
+    "update": 3 * rl_cfg.ppo_epochs * setup.update_rows * seq,
+  }

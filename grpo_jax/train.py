@@ -406,6 +406,10 @@ def _preempted_in_warm_start(s: _Session, stop: warmstart.Preempted) -> dict:
   return summary
 
 
+# The timed phases of an iteration, disjoint in time: time/host is time/iteration less
+# their sum (the host glue between them; metrics.DEFINITIONS).
+PHASES = ("sample", "reward", "counterfactuals", "env", "prepare", "update")
+
 # Loop keys that may change on resume without changing what is trained (the extent of the
 # run, logging, resources): `on_config_change = "refuse"` does not refuse these, nor any
 # config.collapse key (the guard only watches) nor config.logging key (where metrics go).
@@ -595,14 +599,21 @@ class _Loop:
     got = self._collect(st, it, it_key)
     st.data_index = got.next_index
     t1 = time.perf_counter()
-    batch, stats = self._prepare(st, got)
+    batch, stats = jax.block_until_ready(self._prepare(st, got))
+    t_prepared = time.perf_counter()
     snapshot = self.diag and self.diag.before_update(
       it, st.train.params, batch, data_range=range(data_start, st.data_index)
     )
     history = self._update(st, batch, jax.random.fold_in(it_key, 1), stats)
     t2 = time.perf_counter()
     skipped = self._count_nonfinite(st, history["nonfinite"] > 0, iteration=it)
-    seconds = {**got.seconds, "update": t2 - t1, "iteration": t2 - t0}
+    seconds = {
+      **got.seconds,
+      "prepare": t_prepared - t1,
+      "update": t2 - t_prepared,
+      "iteration": t2 - t0,
+    }
+    seconds["host"] = seconds["iteration"] - sum(seconds[k] for k in PHASES if k in seconds)
     record = self._record(it, got, stats, history, skipped, st, seconds)
     if self.diag:
       record.update(self.diag.after_update(snapshot, st.train.params, record))
@@ -682,7 +693,7 @@ class _Loop:
   def _record(self, it, got, stats, history, skipped, st: RunState, seconds) -> dict:
     """The iteration's metrics line (definitions: `metrics.DEFINITIONS`)."""
     gen_batches = got.metrics.get("dynamic/gen_batches", 1)
-    fl = rollout.iteration_flops(self.setup, got.rollouts, gen_batches=gen_batches)
+    fl = rollout.phase_flops(self.setup, got.rollouts, gen_batches=gen_batches)
     tokens = float(jnp.sum(got.rollouts.mask_NT))  # Replicated: every process can read it.
     actions = tokens  # The policy's own tokens; episodes leave their observations out.
     if got.rollouts.action_mask_NT is not None:
@@ -698,7 +709,9 @@ class _Loop:
       **{f"time/{k}": v for k, v in seconds.items()},
       **rollout.padding(got.rollouts, tokens=tokens, slots=self.setup.sampler_cfg.refill_slots),
       "tokens_per_s": actions / max(seconds["sample"], 1e-9),
-      "perf/mfu": fl / seconds["iteration"] / self.peak_flops,
+      "perf/mfu": sum(fl.values()) / seconds["iteration"] / self.peak_flops,
+      "perf/mfu_sample": fl["sample"] / max(seconds["sample"], 1e-9) / self.peak_flops,
+      "perf/mfu_update": fl["update"] / max(seconds["update"], 1e-9) / self.peak_flops,
     }
 
   def take_samples(self) -> list[dict]:

@@ -177,7 +177,14 @@ def test_bfloat16_compute_and_param_dtypes():
   params = model.init(cfg, jax.random.key(0))
   assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(params))
   logits, cache = model.apply(params, TOKENS_BT, _positions(), model.init_cache(cfg, 2, 9), cfg=cfg)
-  assert logits.dtype == jnp.float32 and cache.k[0].dtype == jnp.bfloat16
+  # The cache: bfloat16 on an accelerator; on XLA:CPU the same bfloat16-rounded values in
+  # float32 (`model.cache_dtype`).
+  assert logits.dtype == jnp.float32 and cache.k[0].dtype == model_lib.cache_dtype(cfg)
+  assert model_lib.cache_dtype(cfg) == (
+    jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+  )
+  np.testing.assert_array_equal(cache.k[0], cache.k[0].astype(jnp.bfloat16).astype(jnp.float32))
+  assert model_lib.cache_dtype(model.tiny_config(VOCAB)) == jnp.float32
   f32_cfg = model.tiny_config(VOCAB)
   ref, _ = model.apply(
     jax.tree.map(lambda x: x.astype(jnp.float32), params), TOKENS_BT, _positions(), cfg=f32_cfg

@@ -79,6 +79,12 @@ def test_run_writes_metrics_tensorboard_checkpoints_and_summary(reference_run):
   assert lines[4]["eval/pass@1"] <= lines[4]["eval/pass@2"] <= lines[4]["eval/pass@4"]
   assert lines[4]["eval/pass@1"] == pytest.approx(lines[4]["eval/mean@4"])
   assert 0 < lines[1]["perf/mfu"] < 1
+  # The iteration's phases: disjoint, so the host glue (time/host) is what they leave.
+  for line in lines[1:]:
+    phases = [line[f"time/{k}"] for k in ("sample", "reward", "prepare", "update")]
+    assert min(phases) > 0 and line["time/host"] >= 0
+    assert sum(phases) + line["time/host"] == pytest.approx(line["time/iteration"])
+    assert 0 < line["perf/mfu_sample"] < 1 and 0 < line["perf/mfu_update"] < 1
 
   saved = json.loads((workdir / "summary.json").read_text())
   assert saved["warmstart_accuracy"] == lines[0]["eval/greedy_accuracy"]
