@@ -78,7 +78,8 @@ XLA; `tests/test_memory.py`, `grpo-jax plan --compile` prints both):
   dominated configs (G <= 2, P 128-256, T 8) 0.74-1.23 (XLA keeps 2 to 4 attention-score
   buffers, split per kv head or not); bfloat16 compute 0.58-0.73: XLA:CPU computes bf16
   dots in float32, with float32 copies of the cache and of the weights that a TPU or GPU
-  does not make (not modelled).
+  does not make, and keeps a bfloat16 model's KV cache in float32 (`model.cache_dtype`)
+  (neither modelled: a plan is for the accelerator it names, wherever it is made).
 XLA on CPU does not realise the saving of remat without scan_layers (measured: 6% less
 temporary memory, not the 60% the residuals predict), so the plan counts remat as
 effective only with `model.scan_layers`.
@@ -356,7 +357,6 @@ def _sampler_bytes(cfg: model.ModelConfig, boxed, *, rules, sizes, rows, prompt_
   `prompt_rows` prompts on a device; P prompt slots, T new tokens."""
   fsdp, L, E = sizes["fsdp"], cfg.n_layers, cfg.head_dim
   item = jnp.dtype(cfg.compute_dtype).itemsize
-  cache_item = jnp.dtype(model.cache_dtype(cfg)).itemsize  # float32 for bfloat16 on a CPU.
   kv_heads = _local_size(cfg.n_kv_heads, "activation_kv_heads", rules, sizes)
   heads = _local_size(cfg.n_heads, "q_heads", rules, sizes)
   mlp = _local_size(cfg.mlp_dim, "mlp", rules, sizes)
@@ -369,7 +369,7 @@ def _sampler_bytes(cfg: model.ModelConfig, boxed, *, rules, sizes, rows, prompt_
   w_tables = part("embed") + part("lm_head")
   w_layer = (w_model - w_tables - part("final_norm")) // L
   S = P - 1 + T
-  buf = rows * kv_heads * S * E * cache_item  # One layer's keys [rows, K, E, S] (or values).
+  buf = rows * kv_heads * S * E * item  # One layer's keys [rows, K, E, S] (or values).
   pos = rows * S * 4  # The cache's int32 positions [rows, S].
   cache = 2 * L * buf + pos
   # The prompt batch's keys (or values) of every layer [L, B, P - 1, K, E], from the

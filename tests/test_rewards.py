@@ -145,11 +145,11 @@ def test_replacing_a_hung_worker_does_not_import_the_task_again(tmp_path):
   and the fork server's, whatever the number of hangs."""
   log = tmp_path / "imports.log"
   code = (
-    f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
-    "import hang_task\n"
+    f"import sys; sys.path.insert(0, {str(ROOT / 'experiments')!r})\n"
+    "import hanging_task\n"
     "from grpo_jax import rewards\n"
     "if __name__ == '__main__':\n"
-    "  with rewards.RewardPool(hang_task.HangTask(), workers=2, timeout_s=0.2) as pool:\n"
+    "  with rewards.RewardPool(hanging_task.HangTask(), workers=2, timeout_s=0.2) as pool:\n"
     "    s = pool.score(['p'] * 12, ['hang' if i % 3 == 0 else 'ok' for i in range(12)])\n"
     "  print(s.timeouts, s.errors, int(s.correct_N.sum()))\n"
   )
