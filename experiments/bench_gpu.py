@@ -323,7 +323,7 @@ def drive(args) -> list[dict]:
 def speedups(records: list[dict]) -> list[dict]:
   by = {(r["part"], r["figure"]): r["value"] for r in records}
   out = []
-  for size in SIZES + ("tiny",):
+  for size in SIZES:
     ours, theirs = (
       by.get((f"jax:{size}", "sample_tokens_per_s")),
       by.get((f"hf:{size}", "hf_tokens_per_s")),

@@ -298,8 +298,8 @@ def plan(
   gathered = params * (fsdp - 1) // (model_cfg.n_layers if model_cfg.scan_layers else 1)
   working += gathered
   rollout_rows = N // dp if N % dp == 0 else N
-  sampler_cfg, _ = model.sampler_view(model_cfg, fsdp=fsdp)
-  sampled, merged = _sampled_tree(boxed, model_cfg, fsdp=fsdp), 0
+  sampler_cfg, view = model.sampler_view(model_cfg, fsdp=fsdp)
+  sampled, merged = _sampled_tree(boxed, sampler_cfg, view), 0
   if sampled is not boxed:  # Merged adapters or unstacked layers: a copy of the weights.
     merged = _tree_bytes(sampled, rules=rules, mesh_sizes=sizes)
   kv = merged + _sampler_bytes(
@@ -336,16 +336,15 @@ def _local_size(n: int, name: str, rules, sizes) -> int:
   return n // size if n % size == 0 else n
 
 
-def _sampled_tree(boxed, cfg: model.ModelConfig, *, fsdp: int):
-  """The boxed abstract params the samplers read (`model.sampler_view`), which the sampler
-  holds for the whole call: with adapters merged for sampling, the base with each adapter
-  folded into its kernel (in the kernel's dtype; a quantized kernel dequantized to
-  float32); with scanned layers decoded unrolled, every layer's slices; else `boxed`
-  itself."""
-  base_cfg, view = model.sampler_view(cfg, fsdp=fsdp)
+def _sampled_tree(boxed, sampler_cfg: model.ModelConfig, view):
+  """The boxed abstract params the samplers read (`model.sampler_view`'s config and view),
+  which the sampler holds for the whole call: with adapters merged for sampling, the base
+  with each adapter folded into its kernel (in the kernel's dtype; a quantized kernel
+  dequantized to float32); with scanned layers decoded unrolled, every layer's slices;
+  else `boxed` itself."""
   if view is None:
     return boxed
-  names = jax.eval_shape(functools.partial(model.init_boxed, base_cfg), jax.random.key(0))
+  names = jax.eval_shape(functools.partial(model.init_boxed, sampler_cfg), jax.random.key(0))
   merged = jax.eval_shape(view, nn.unbox(boxed))
   is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)  # noqa: E731
   return jax.tree.map(lambda box, x: box.replace_boxed(x), names, merged, is_leaf=is_box)

@@ -330,11 +330,6 @@ def padding(rollouts, *, tokens: float, slots: int = 0) -> dict:
   }
 
 
-def iteration_flops(setup: config.Setup, rollouts: Any, *, gen_batches: int) -> float:
-  """Model FLOPs of one iteration (`flops`): sampling, prepare's forwards, the updates."""
-  return sum(phase_flops(setup, rollouts, gen_batches=gen_batches).values())
-
-
 def phase_flops(setup: config.Setup, rollouts: Any, *, gen_batches: int) -> dict:
   """Model FLOPs of one iteration's phases (`flops`): "sample" (every generation batch),
   "prepare" (the π_old and reference forwards) and "update" (3 forwards per epoch)."""
