@@ -40,6 +40,7 @@ COMMANDS = {
   "plan": "the per-device memory plan and whether it fits a device",
   "eval": "score a checkpoint (or config.hf_dir) on benchmarks: greedy, avg@k, pass@k, maj@k",
   "hf-check": "import a Hugging Face / GGUF checkpoint and compare its logits with transformers",
+  "rm-train": "train a Bradley-Terry reward model on JSONL preference pairs (config.reward_model)",
 }
 PRESET_KEY = "rl.preset"  # A command-line key only: the preset is applied, not stored.
 _REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -466,6 +467,8 @@ def help_text(configs_dir: pathlib.Path | None = None) -> str:
     f"      [--config.eval.k=8] [--config.eval.size=N] [--config.eval.step=S]   {COMMANDS['eval']}",
     f"  {PROG} hf-check --hf_dir=DIR|FILE.gguf [--tolerance=1e-4] [--dtype=float32] [--nocompare]",
     f"      {COMMANDS['hf-check']}",
+    f"  {PROG} rm-train --config=FILE.py[:VARIANT] --workdir=DIR [--config.reward_model.KEY=V]",
+    f"      {COMMANDS['rm-train']}",
     "",
     "Config overrides (ml-collections syntax; the config is locked, so a misspelt key fails):",
     "  --config.rl.advantage=rloo   --config.sampler.group_size=16   --config.iterations=100",

@@ -58,6 +58,8 @@ from grpo_jax import (
   model,
   offpolicy,
   presets,
+  reward_model,
+  reward_sources,
   rl,
   sampling,
   shapes,
@@ -81,6 +83,8 @@ SECTIONS = (
   "collapse",
   "logging",
   "eval",
+  "rewards",
+  "reward_model",
 )
 # What config.model may set when the architecture comes from a HF checkpoint.
 HF_RUNTIME_KEYS = ("param_dtype", "dtype", "scan_layers", "remat", "lora")
@@ -314,6 +318,7 @@ class Setup:
   collapse: collapse.CollapseConfig = collapse.CollapseConfig()
   tracking: trackers.TrackingConfig = trackers.TrackingConfig()  # config.logging.
   eval: EvalConfig = EvalConfig()  # config.eval (`grpo-jax eval`).
+  rewards: tuple = ()  # config.rewards: reward_sources.SourceSpec per source; (): the verifier.
 
   @property
   def train_group(self) -> int:
@@ -392,6 +397,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.collapse = _section(_defaults(collapse.CollapseConfig))
   c.logging = _section(_defaults(trackers.TrackingConfig))
   c.eval = _section(_defaults(EvalConfig))
+  # Named reward sources (`reward_sources`); empty: the task's verifier alone.
+  c.rewards = ml_collections.ConfigDict()
+  c.reward_model = _section(_defaults(reward_model.RewardModelConfig))  # `grpo-jax rm-train`.
   return c
 
 
@@ -525,8 +533,8 @@ def _build(config, *, n_devices: int | None) -> Setup:
   loop = config_lib.from_dict(
     LoopConfig, {k: v for k, v in d.items() if k not in SECTIONS}, where="config"
   )
-  task, tok = _task(d["task"], hf_dir=loop.hf_dir)
-  model_cfg = _model_config(d["model"], tok, hf_dir=loop.hf_dir)
+  task, tok = task_and_tokenizer(d["task"], hf_dir=loop.hf_dir)
+  model_cfg = model_config_of(d["model"], tok, hf_dir=loop.hf_dir)
   _check_learning_rates(loop, model_cfg)
   sampler_cfg = config_lib.from_dict(
     sampling.SamplerConfig,
@@ -577,8 +585,15 @@ def _build(config, *, n_devices: int | None) -> Setup:
       trackers.TrackingConfig, d.get("logging", {}), where="config.logging"
     ),
     eval=config_lib.from_dict(EvalConfig, d.get("eval", {}), where="config.eval"),
+    rewards=_reward_sources(d, rl_cfg),
   )
   return _resolve_remat(setup, n_devices=n_devices)
+
+
+def _reward_sources(d: dict, rl_cfg: rl.RLConfig) -> tuple:
+  specs = reward_sources.specs_from_dict(d.get("rewards", {}))
+  reward_sources.check_format_weight(specs, rl_cfg.format_weight)
+  return specs
 
 
 def _check_rl_lengths(rl_cfg: rl.RLConfig, sampler_cfg: sampling.SamplerConfig) -> None:
@@ -745,7 +760,7 @@ def _check_counterfactuals(cf, rl_cfg: rl.RLConfig, task, steps, *, diagnostics)
     )
 
 
-def _task(d: dict, *, hf_dir: str):
+def task_and_tokenizer(d: dict, *, hf_dir: str):
   """The task and its tokenizer; a task that reads a HF tokenizer takes hf_dir's."""
   kwargs = dict(d.get("kwargs", {}))
   if hf_dir and getattr(tasks.REGISTRY.get(d["name"]), "uses_hf_tokenizer", False):
@@ -754,7 +769,9 @@ def _task(d: dict, *, hf_dir: str):
   return task, task.tokenizer()
 
 
-def _model_config(model_d: dict, tok, *, hf_dir: str) -> model.ModelConfig:
+def model_config_of(model_d: dict, tok, *, hf_dir: str) -> model.ModelConfig:
+  """config.model as a ModelConfig: its own keys (vocab_size 0: the tokenizer's), or
+  hf_dir's architecture with config.model's runtime keys."""
   if hf_dir:
     cfg = _hf_model_config(hf_dir, model_d, tok)
   else:
@@ -908,7 +925,9 @@ def from_recorded(recorded: dict) -> ml_collections.ConfigDict:
     rec["model"] = {k: v for k, v in rec.get("model", {}).items() if k in HF_RUNTIME_KEYS}
   out = {}
   for key, default in config_lib.to_dict(default_config()).items():
-    if key in SECTIONS:
+    if key == "rewards":  # Named by the run: no defaults to overlay.
+      out[key] = rec.get(key, {})
+    elif key in SECTIONS:
       given = rec.get(key, {})
       out[key] = {**default, **{k: v for k, v in given.items() if k in default}}
     else:
@@ -935,4 +954,5 @@ def as_dict(setup: Setup) -> dict:
     "collapse": dataclasses.asdict(setup.collapse),
     "logging": dataclasses.asdict(setup.tracking),
     "eval": dataclasses.asdict(setup.eval),
+    "rewards": setup.spec.get("rewards", {}),
   }

@@ -428,8 +428,11 @@ def _path_keys(path) -> tuple[str, ...]:
 # ----------------------------------------------------------------------------
 
 
-def check_tensors(index: dict[str, TensorEntry], cfg: model.ModelConfig, *, hf_dir) -> None:
-  """Every tensor the model needs is present with its shape, and nothing unknown is."""
+def check_tensors(
+  index: dict[str, TensorEntry], cfg: model.ModelConfig, *, hf_dir, ignore: tuple[str, ...] = ()
+) -> None:
+  """Every tensor the model needs is present with its shape, and nothing unknown is
+  (`ignore`: tensors a caller reads itself, e.g. a reward model's score head)."""
   mapping = param_map(cfg)
   needed = {n: m.hf_shape for m in mapping.values() for n in m.hf_names}
   missing = sorted(set(needed) - set(index))
@@ -453,7 +456,9 @@ def check_tensors(index: dict[str, TensorEntry], cfg: model.ModelConfig, *, hf_d
   extra = sorted(
     n
     for n in set(index) - set(needed)
-    if not _IGNORED.match(n) and not (cfg.tie_embeddings and n == "lm_head.weight")
+    if not _IGNORED.match(n)
+    and not (cfg.tie_embeddings and n == "lm_head.weight")
+    and n not in ignore
   )
   if extra:
     raise CheckpointError(
@@ -476,17 +481,18 @@ def _host_value(entries: list[TensorEntry], m: _Map, dtype) -> np.ndarray:
   return out
 
 
-def load_params(hf_dir, cfg: model.ModelConfig, *, shardings=None):
+def load_params(hf_dir, cfg: model.ModelConfig, *, shardings=None, ignore: tuple[str, ...] = ()):
   """Streams a checkpoint into our param pytree, each leaf placed on its sharding.
 
   `shardings`: a pytree like the params of `jax.sharding.Sharding`s (e.g.
   `sharding.Layout.params`), or None for the default device. Leaves are cfg.param_dtype.
   With model.lora, the base weights alone (`model.base_config`; adapters start fresh).
+  `ignore`: tensors of the file the model has no place for that the caller reads itself.
   """
   cfg = model.base_config(cfg)
   hf_dir = pathlib.Path(hf_dir)
   index = tensor_index(hf_dir)
-  check_tensors(index, cfg, hf_dir=hf_dir)
+  check_tensors(index, cfg, hf_dir=hf_dir, ignore=ignore)
   mapping = param_map(cfg)
   abstract = jax.eval_shape(functools.partial(model.init, cfg), jax.random.key(0))
   if shardings is None:

@@ -9,6 +9,8 @@
 
   grpo-jax eval --workdir=/tmp/run --benchmarks=arithmetic,long_addition,jsonl:b.jsonl --k=8
 
+  grpo-jax rm-train --config=configs/reward_model.py:tiny --workdir=/tmp/grpo_rm
+
 `plan` prints the per-device memory plan of a config (`memory`) for a device count and
 says whether it fits a device (a name in `memory.DEVICE_MEMORY_GIB`, or GiB); with
 `--compile` it also compiles the train step and sampler on this host's devices and prints
@@ -24,6 +26,11 @@ runs on the config the run recorded (workdir/config.json); --benchmarks, --k, --
 sequences (one left-padded) and prints the logits' summary; with torch and transformers
 installed it runs the same batch through transformers and prints the max abs difference.
 Its last line is one JSON object; it exits 1 when the difference exceeds `--tolerance`.
+
+`rm-train` trains a Bradley–Terry reward model on config.reward_model.train_path's
+preference pairs (`rm_train`); rerunning it resumes. Its last line is the
+summary as one JSON object (held-out pair accuracy before and after). A run reads it back
+with a config.rewards source of kind "reward_model" (`reward_sources`).
 
 Overrides use ml-collections syntax, e.g. `--config.rl.advantage=rloo`; the config is
 locked, so a misspelt key fails, in one line naming the closest keys (`cli`: argv, help,
@@ -56,8 +63,10 @@ from grpo_jax import (
   hf,
   logs,
   memory,
+  reward_model,
   rewards,
   rl,
+  rm_train,
   shapes,
   steps,
   train,
@@ -203,6 +212,11 @@ def main(inv: cli.Invocation):
   if inv.command == "eval":
     eval_command(inv)
     return
+  if inv.command == "rm-train":
+    if not _WORKDIR.value:
+      raise cli.UsageError("--workdir is required for rm-train (its checkpoints go there).")
+    print(json.dumps(rm_train.rm_train(inv.config, _WORKDIR.value)))
+    return
   if not _WORKDIR.value:
     raise cli.UsageError("--workdir is required to train (where metrics and checkpoints go).")
   distributed.initialize(_DISTRIBUTED.value)  # Before anything touches a device.
@@ -260,6 +274,7 @@ USER_ERRORS = {
   checkpoint.CheckpointMismatchError: 2,
   memory.OutOfMemoryPlan: 2,
   evaluate.EvalError: 2,
+  reward_model.PairsError: 2,
   checkpoint.CheckpointDamagedError: 1,
   checkpoint.NoValidCheckpointError: 1,
   checkpoint.CheckpointSaveError: 1,

@@ -92,6 +92,18 @@ DEFINITIONS = {
   "reward/outcome/<label>": "Share of the iteration's scored rows whose reward carried this "
   "outcome label (the task's `outcomes`, e.g. the code task's pass, wrong, raised, timeout, "
   "memory, crash, tampered, no_code, syntax, sandbox; 'other' for labels outside them).",
+  "reward/<source>": "config.rewards: mean over the rows this named reward source scored of its raw "
+  "score (before its transforms and weight; reward_sources), over every generation batch.",
+  "reward/<source>/unscorable": "config.rewards: share of the iteration's rows this reward "
+  "source could not score (timeouts, malformed or missing judge answers, a server gone).",
+  "reward/<source>/seconds_per_row": "config.rewards: seconds this model source (reward model "
+  "or judge) has spent per scored row since the run's process started (cache hits included).",
+  "rm/loss": "rm-train: the mini-batch's mean −log σ(r_c − r_r − m) (reward_model.pair_loss).",
+  "rm/pair_accuracy": "rm-train: share of the mini-batch's pairs with r(x, y_c) > r(x, y_r).",
+  "rm/reward_gap": "rm-train: mean over the mini-batch's pairs of r(x, y_c) − r(x, y_r).",
+  "rm/eval_pair_accuracy": "rm-train: share of the held-out pairs with r(x, y_c) > r(x, y_r) "
+  "(a tie counts as wrong).",
+  "rm/eval_loss": "rm-train: mean −log σ(r_c − r_r) over the held-out pairs (margin 0).",
   "reward_timeouts": "The reward_errors that timed out (reward_timeout_s): unscorable, e.g. a pathological math expression; their worker was replaced. Counted apart from wrong answers (reward 0 without an error).",
   "nonfinite_steps": "Train steps of this iteration skipped for a non-finite loss or gradient.",
   "nonfinite_total": "Skipped (non-finite) train steps since the start of the run.",

@@ -163,6 +163,9 @@ class Scores:
   timeout_N: np.ndarray  # bool: the subset of error_N that timed out.
   messages: list[str] = dataclasses.field(default_factory=list)  # What failed, per error.
   label_N: np.ndarray | None = None  # object: each item's outcome label ("" when none).
+  # A `reward_sources.Mixture`'s: each named source's `SourceScores` (correct_N is their
+  # weighted sum); None from the pool.
+  parts: dict | None = None
 
   @property
   def errors(self) -> int:
@@ -172,6 +175,21 @@ class Scores:
   @property
   def timeouts(self) -> int:
     return int(self.timeout_N.sum())
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceScores:
+  """One named reward source's scores of a batch (`reward_sources`), in input order."""
+
+  value_N: np.ndarray  # float32; 0 where error_N.
+  error_N: np.ndarray  # bool: unscorable by this source.
+  messages: list[str] = dataclasses.field(default_factory=list)  # What failed, per error.
+
+  @classmethod
+  def of(cls, values, errors, messages=()) -> SourceScores:
+    error_N = np.asarray(errors, bool)
+    value_N = np.where(error_N, 0.0, np.asarray(values, np.float32)).astype(np.float32)
+    return cls(value_N, error_N, list(messages))
 
 
 def _score_one(task: RewardFn, prompt: str, completion: str):

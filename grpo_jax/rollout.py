@@ -27,7 +27,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import config, counterfactuals, distributed, dynamic_sampling, flops, rl, sampling
+from grpo_jax import (
+  config,
+  counterfactuals,
+  distributed,
+  dynamic_sampling,
+  flops,
+  reward_sources,
+  rewards,
+  rl,
+  sampling,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +62,7 @@ class Scores:
   messages: tuple[str, ...] = ()  # This process's first failure messages.
   outcomes: tuple[int, ...] = ()  # Rows per label of `Task.outcomes` (+ "other"), summed.
   completions: tuple[str, ...] = ()  # `score`'s decoded texts of this process's rows.
+  parts: dict = dataclasses.field(default_factory=dict)  # Reward source -> SourceScores.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,29 +110,58 @@ def draw(setup: config.Setup, fns, index: int) -> Drawn:
 
 def score(setup: config.Setup, pool, examples: dict, tokens_NT, *, group: int) -> Scores:
   """Decodes and scores this process's rows of the completions tokens_NT (n = prompts ×
-  group rows, global), then all-gathers the scores."""
+  group rows, global), then all-gathers the scores. A `reward_sources.Mixture` also gets
+  the prompts, and its total is recombined from every process's rows (`combine`)."""
   tok, n = setup.tokenizer, tokens_NT.shape[0]
   rows = distributed.local_rows(tokens_NT.sharding, n)
   completions = [tok.decode(r) for r in distributed.fetch_local(tokens_NT)]
-  scores = pool.score(
-    [setup.task.reward_input(examples[i // group]) for i in range(rows.start, rows.stop)],
-    completions,
-  )
+  inputs = [setup.task.reward_input(examples[i // group]) for i in range(rows.start, rows.stop)]
+  if isinstance(pool, reward_sources.Mixture):
+    prompts = [examples[i // group].prompt for i in range(rows.start, rows.stop)]
+    scores = pool.score(inputs, completions, prompts=prompts)
+  else:
+    scores = pool.score(inputs, completions)
   gather = lambda x: distributed.gather_rows(x, tokens_NT.sharding, n)
   counts = outcome_counts(setup.task.outcomes, scores.label_N)
   errors, timeouts, *outcomes = distributed.sum_across(
     np.array([scores.errors, scores.timeouts, *counts])
   )
+  correct_N, error_N, parts = gather(scores.correct_N), gather(scores.error_N), {}
+  if scores.parts is not None:
+    parts = {
+      k: rewards.SourceScores(gather(p.value_N), gather(p.error_N)) for k, p in scores.parts.items()
+    }
+    correct_N, error_N = pool.combine(parts)
   return Scores(
-    gather(scores.correct_N),
+    correct_N,
     gather(scores.format_N),
-    ~gather(scores.error_N),
+    ~error_N,
     int(errors),
     int(timeouts),
     tuple(scores.messages[:3]),
     tuple(int(c) for c in outcomes),
     tuple(completions),
+    parts,
   )
+
+
+def source_costs(pool) -> dict:
+  """reward/<name>/seconds_per_row of a mixture's model sources (none from the pool)."""
+  if not isinstance(pool, reward_sources.Mixture):
+    return {}
+  return {f"reward/{k}/seconds_per_row": v for k, v in pool.cost().items()}
+
+
+def source_metrics(scores: list[Scores]) -> dict:
+  """reward/<name>: each reward source's raw mean over the rows it scored;
+  reward/<name>/unscorable: the share of rows it could not score."""
+  out = {}
+  for name in scores[0].parts:
+    value_N = np.concatenate([s.parts[name].value_N for s in scores])
+    error_N = np.concatenate([s.parts[name].error_N for s in scores])
+    out[f"reward/{name}"] = float(value_N[~error_N].mean()) if (~error_N).any() else float("nan")
+    out[f"reward/{name}/unscorable"] = float(error_N.mean())
+  return out
 
 
 def outcome_counts(vocabulary: tuple[str, ...], label_N) -> list[int]:
@@ -175,6 +215,8 @@ def collect(
     "reward_errors": sum(s.errors for s in scores),
     "reward_timeouts": sum(s.timeouts for s in scores),
     **outcome_metrics(setup.task.outcomes, scores),
+    **(source_metrics(scores) if scores[0].parts else {}),
+    **source_costs(pool),
     **{k: float(np.mean([m[k] for m in played])) for k in played[0]},  # Episodes' (means).
   }
   valid_N = np.ones(setup.rollout_rows, bool)

@@ -65,6 +65,7 @@ from grpo_jax import (
   logs,
   model,
   pipeline,
+  reward_sources,
   rewards,
   rl,
   rollout,
@@ -153,9 +154,7 @@ def run(config_dict, workdir: str | pathlib.Path, *, log=print, on_iteration=Non
     writer = stack.enter_context(contextlib.closing(_open_logs(s, st, resumed_from=latest)))
 
     # --- Iterate -------------------------------------------------------------------------
-    it_loop = _Loop.create(
-      setup, fns, s.pool, workdir, st, resumed_from=latest, buffer=buffer, log=log
-    )
+    it_loop = _Loop.create(setup, fns, s, st, resumed_from=latest, buffer=buffer, log=log)
     progress = stack.enter_context(contextlib.closing(_progress(setup.loop, st, log=log)))
     saved, preempted = st.iteration, False
     for it in range(st.iteration + 1, setup.loop.iterations + 1):
@@ -233,14 +232,17 @@ def _workdir(workdir) -> pathlib.Path:
 
 @dataclasses.dataclass
 class _Session:
-  """What one process's run holds open: checkpoints, the reward pool, the SIGTERM flag,
-  and the clock of this session (`mark`: when its seconds were last added to a state)."""
+  """What one process's run holds open: checkpoints, the reward scorer (`pool`: the
+  verifier pool, or the mixture of config.rewards over it; evaluations score with the
+  `verifier`), the SIGTERM flag, and the clock of this session (`mark`: when its seconds
+  were last added to a state)."""
 
   setup: config.Setup
   fns: steps.Functions
   workdir: pathlib.Path
   ckpt: checkpoint.Checkpointer
   pool: Any
+  verifier: Any
   preempted: dict
   log: Any
   mark: float
@@ -253,12 +255,16 @@ class _Session:
     loop = setup.loop
     ckpt = checkpoint.Checkpointer(workdir / "checkpoints", keep=loop.keep_checkpoints)
     stack.callback(ckpt.close)
-    pool = rewards.RewardPool(
+    verifier = rewards.RewardPool(
       setup.task, workers=loop.reward_workers, timeout_s=loop.reward_timeout_s
     )
-    stack.callback(pool.close)
+    stack.callback(verifier.close)
+    pool = verifier
+    if setup.rewards:
+      pool = reward_sources.open_mixture(setup.rewards, verifier)
+      stack.callback(pool.close)
     preempted = stack.enter_context(_sigterm_flag())
-    return cls(setup, fns, workdir, ckpt, pool, preempted, log, started)
+    return cls(setup, fns, workdir, ckpt, pool, verifier, preempted, log, started)
 
   def seconds(self) -> float:
     """Seconds of this session not yet added to the run's state."""
@@ -365,7 +371,7 @@ def _start(s: _Session) -> RunState:
   """Initial params (random, or from config.hf_dir), the warm start (continued from its
   SIGTERM checkpoint when there is one, whose seconds the run's start with), and the
   evaluation of the warm-started policy."""
-  setup, fns, pool = s.setup, s.fns, s.pool
+  setup, fns = s.setup, s.fns
   key = jax.random.key(setup.loop.seed)
   params = initial_params(setup, fns, jax.random.fold_in(key, 0))
   if setup.model_cfg.lora.warm_start != "base":  # The warm start adapts the stored base.
@@ -386,7 +392,7 @@ def _start(s: _Session) -> RunState:
     initial_tree(setup, fns, params), jax.tree.map(lambda x: x.sharding, abstract_tree(setup, fns))
   )
   eval_key = jax.random.fold_in(key, 2**31 - 1)  # No iteration's key.
-  warm, s.samples = evaluation.run(setup, fns, pool, params, key=eval_key)
+  warm, s.samples = evaluation.run(setup, fns, s.verifier, params, key=eval_key)
   meta = dict(warmstart=warm, last_eval=warm, best_accuracy=warm["eval/greedy_accuracy"])
   if model.is_adapted(params):  # Kept once (workdir/base) or named (config.hf_dir).
     trained = bool(setup.loop.warmstart_steps) and setup.model_cfg.lora.warm_start == "base"
@@ -550,7 +556,8 @@ class _Loop:
 
   setup: config.Setup
   fns: steps.Functions
-  pool: Any
+  pool: Any  # The training batches' scorer (`_Session.pool`).
+  verifier: Any  # The evaluations' (`_Session.verifier`).
   diag: diagnostics_hook.Hook | None  # Token-credit diagnostics (None: off).
   controller: Any  # Moves the advantage hyperparameters between iterations.
   step_hyper: rl.StepHyper
@@ -560,15 +567,16 @@ class _Loop:
   samples: list = dataclasses.field(default_factory=list)  # The last evaluation's.
 
   @classmethod
-  def create(cls, setup, fns, pool, workdir, st: RunState, *, resumed_from, buffer, log) -> _Loop:
+  def create(cls, setup, fns, s: _Session, st: RunState, *, resumed_from, buffer, log) -> _Loop:
     rl_cfg = setup.rl_cfg
     return cls(
       setup=setup,
       fns=fns,
-      pool=pool,
+      pool=s.pool,
+      verifier=s.verifier,
       diag=diagnostics_hook.Hook.create(
         setup,
-        workdir,
+        s.workdir,
         params=st.train.params,
         ref_params=st.reference(),
         resumed_from=resumed_from,
@@ -579,7 +587,7 @@ class _Loop:
       ),
       step_hyper=rl_cfg.step_hyper(),
       peak_flops=setup.loop.peak_flops or flops.matmul_peak(),
-      source=pipeline.Source.create(setup, fns, pool, buffer=buffer)
+      source=pipeline.Source.create(setup, fns, s.pool, buffer=buffer)
       if setup.offpolicy.enabled
       else None,
     )
@@ -722,7 +730,7 @@ class _Loop:
   def _evaluate(self, st: RunState, it: int, key) -> dict:
     t0 = time.perf_counter()
     st.last_eval, self.samples = evaluation.run(
-      self.setup, self.fns, self.pool, st.train.params, key=key
+      self.setup, self.fns, self.verifier, st.train.params, key=key
     )
     accuracy = st.last_eval["eval/greedy_accuracy"]
     if accuracy > st.best_accuracy:

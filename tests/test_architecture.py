@@ -139,6 +139,7 @@ _VARIANTS = {
   "scale.py": ("tiny", "0.5b", "1.5b", "7b"),
   "sample_demo.py": ("tiny", "full"),
   "smollm2.py": ("tiny", "cpu", "accel"),
+  "reward_model.py": ("tiny", "rl"),
 }
 
 

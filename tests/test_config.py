@@ -183,6 +183,7 @@ def test_config_json_records_every_section(tmp_path):
     "collapse",
     "logging",
     "eval",
+    "rewards",
   }
 
 
