@@ -6,7 +6,7 @@ Commands (from the repo root, after `pip install -e .`), in this order:
 
 Variants:
   tiny (default): `rm-train` of a ~0.3M-parameter decoder with a scalar head on
-    configs/data/arithmetic_prefs_train.jsonl (4000 pairs: prompt `Q:67+34\n`, chosen its
+    configs/data/arithmetic_prefs_train.jsonl (4000 pairs: prompt `Q:67+34\\n`, chosen its
     answer `A:101.`, rejected another problem's `A:183.`; experiments/make_preference_pairs.py
     writes them), 600 steps of 32 pairs, held out on arithmetic_prefs_test.jsonl (400
     pairs of test-split problems).
@@ -16,9 +16,13 @@ Variants:
     sees it, so it says whether the learnt preference carries the true one. Held-out
     evaluation scores with the verifier.
 
-Expected result (tiny, measured on a 2-core Intel Xeon, float32): held-out pair accuracy
-0.0 -> 0.84 (a zero head ties every pair; ties count as wrong) in about 35 s. rl: see
-README "Reward models and judges" for the measured curve of reward/rm and reward/correct.
+Expected result (measured on a 2-core Intel Xeon, float32, nothing else running):
+  tiny: held-out pair accuracy 0.0 -> 0.84 (a zero head ties every pair; ties count as
+    wrong) in 31 s.
+  rl: the policy games the reward model. Its mean score of the training batches goes
+    3.18 -> 3.50 (iterations 1-10 -> 291-300) while their verifier accuracy falls
+    0.44 -> 0.18, and held-out greedy accuracy 51.6% -> 25.8%, in 142 s (a negative
+    result: an 84%-accurate reward model is not the verifier).
 """
 
 import importlib.util

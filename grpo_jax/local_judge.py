@@ -114,11 +114,11 @@ class LocalJudge:
     self.seconds, self.rows = 0.0, 0
 
   @classmethod
-  def open(cls, options) -> LocalJudge:
-    """From `reward_sources.LocalJudgeOptions`: the weights and tokenizer at options.path."""
+  def open(cls, options, *, path: str) -> LocalJudge:
+    """From `reward_sources.LocalJudgeOptions`: the weights and tokenizer at `path`."""
     from grpo_jax import hf_tokenizer  # noqa: PLC0415 -- the tokenizers package, when used.
 
-    cfg = hf.model_config(hf.read_config(options.path), where=hf.config_where(options.path))
+    cfg = hf.model_config(hf.read_config(path), where=hf.config_where(path))
     rubric = judges.Rubric(
       template=options.template or judges.DEFAULT_TEMPLATE,
       mode=options.mode,
@@ -126,8 +126,8 @@ class LocalJudge:
     )
     return cls(
       cfg=cfg,
-      params=hf.load_params(options.path, cfg),
-      tokenizer=hf_tokenizer.load(options.path),
+      params=hf.load_params(path, cfg),
+      tokenizer=hf_tokenizer.load(path),
       rubric=rubric,
       max_new_tokens=options.max_new_tokens,
       batch_size=options.batch_size,

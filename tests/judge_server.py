@@ -26,6 +26,7 @@ import threading
 class Server(http.server.ThreadingHTTPServer):
   daemon_threads = True
   block_on_close = False  # Teardown must not wait for a SLOW handler.
+  request_queue_size = 128  # listen() backlog: at 5, a burst of connects waits for SYN retries.
 
   def __init__(self):
     super().__init__(("127.0.0.1", 0), Handler)

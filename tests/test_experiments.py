@@ -178,3 +178,16 @@ def test_lora_smollm2_applies_its_rule_seed_by_seed():
   assert lora_smollm2.compare(seeds([0.2, 0.3, 0.1]), full)["verdict"] == "supports"
   assert lora_smollm2.compare(seeds([0.0, 0.0, 0.0]), full)["verdict"] == "contradicts"
   assert "| 1 | lora | 30.0% | 40.0% | +10.0 |" in lora_smollm2.markdown(r)
+
+
+def test_bench_reward_sources_writes_a_cost_per_part(tmp_path):
+  import bench_reward_sources  # noqa: PLC0415
+
+  out = tmp_path / "costs.jsonl"
+  lines = bench_reward_sources.main(
+    ["--quick", "--repeats", "1", "--skip_smollm2", "--out", str(out)]
+  )
+  assert [json.loads(x) for x in out.read_text().splitlines()] == lines
+  by = {r["part"]: r for r in lines}
+  assert 0 < by["rm_tiny"]["seconds_per_row"] < 1 and by["http_judge"]["unscorable"] == 0
+  assert by["smollm2"]["skipped"] == "--skip_smollm2"

@@ -1,26 +1,12 @@
-"""LLM-judge client against a real local HTTP server (127.0.0.1, a free port) with a script.
-
-The scripted judge reads the completion out of the user message (the test rubric's "C: " line)
-and answers ``<score>K</score>`` with K = the completion's number of "1"s (capped at 10), so
-every expected reward is countable by eye. Markers in the completion trigger faults:
-
-  SLOW     sleeps ``slow_s`` (past the client's timeout) before answering;
-  BAD      200 with a body that is not JSON;       NOCHOICES  200 with JSON but no choices;
-  NOTAG    200 with a reply without a score tag;   E400       HTTP 400 every time;
-  FLAKY    HTTP 503 on the first request for that text, then an answer;
-  BUSY     HTTP 429 on the first request, then an answer;
-  PLAIN    (yes_no) answers "Yes" without logprobs.
-
-The server counts requests per completion and the most requests in flight at once (counted
-until the handler starts writing its reply, so a client's next request never overlaps it).
-"""
+"""LLM-judge client against a real local HTTP server (127.0.0.1, a free port) with a script
+(`judge_server`: it answers <score>K</score>, K the completion's count of "1"s, and markers
+in the completion such as SLOW, BAD, FLAKY or E400 inject faults)."""
 
 import json
 import math
 import threading
 import time
 
-import judge_server  # tests/ is on sys.path (pytest rootdir conftest).
 import numpy as np
 import pytest
 
@@ -28,14 +14,6 @@ from grpo_jax import judges, rewards
 
 RUBRIC = judges.Rubric("P: {prompt}\nC: {completion}", system="You are a judge.")
 YES_NO = judges.Rubric("P: {prompt}\nC: {completion}\nGood? Answer yes or no.", mode="yes_no")
-
-
-@pytest.fixture
-def server(monkeypatch):
-  for name in judge_server.PROXY_VARIABLES:
-    monkeypatch.delenv(name, raising=False)
-  with judge_server.serving() as srv:
-    yield srv
 
 
 def _judge(server, **options):

@@ -6,11 +6,11 @@ import json
 
 import jax
 import jax.numpy as jnp
-import judge_server  # tests/ is on sys.path (pytest rootdir conftest).
 import numpy as np
 import pytest
 import runs
 import safetensors.numpy
+import subproc
 
 from grpo_jax import (
   hf,
@@ -291,14 +291,6 @@ def test_rl_against_the_reward_model_raises_its_score(trained_rm, tmp_path):
   assert np.mean(rm[-10:]) > np.mean(rm[:10]) + 1.0, rm
 
 
-@pytest.fixture
-def server(monkeypatch):
-  for name in judge_server.PROXY_VARIABLES:
-    monkeypatch.delenv(name, raising=False)
-  with judge_server.serving() as srv:
-    yield srv
-
-
 def test_verifier_plus_judge_with_faults_trains_on_the_scorable_rows(server, tmp_path):
   """The scripted server scores <score>K</score>, K the completion's count of "1"s; it
   stops listening after the first iteration, so every judge call of the second one is
@@ -329,3 +321,65 @@ def test_verifier_plus_judge_with_faults_trains_on_the_scorable_rows(server, tmp
   assert first["reward/judge/unscorable"] == 0 and first["reward_errors"] == 0
   assert 0 <= first["reward/judge"] <= 1 and "reward/correct" in first
   assert second["reward/judge/unscorable"] == 1.0 and second["reward_errors"] == 8 * 4
+  assert first["loss_tokens"] > 0 and second["loss_tokens"] == 0  # Nothing trained on.
+
+
+_SHARDED = """
+import jax, numpy as np
+from grpo_jax import model, reward_model, sharding, tasks
+tok = tasks.get("arithmetic", max_digits=1, ops="+").tokenizer()
+cfg = model.tiny_config(tok.vocab_size, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
+                        head_dim=16, mlp_dim=64)
+params = reward_model.init(cfg, jax.random.key(0))
+params["head"]["kernel"] = jax.random.normal(jax.random.key(1), (32,))
+layout = sharding.Layout.create(sharding.MeshConfig(data=1, fsdp=-1, tensor=1))
+texts = [("Q:%d+%d\\n" % (i % 10, i // 10), "A:%d." % i) for i in range(11)]
+one = reward_model.Scorer(params, cfg, tok, max_len=16, batch_size=6)
+four = reward_model.Scorer(params, cfg, tok, max_len=16, batch_size=6, layout=layout)
+p, c = zip(*texts)
+a, b = one(p, c), four(p, c)
+spec = four.params["model"]["embed"]["embedding"].sharding.spec
+print(four.batch_size, jax.device_count(), spec, float(np.abs(a - b).max()))
+"""
+
+
+def test_reward_model_scores_sharded_over_devices_as_on_one():
+  """Four host devices, fsdp over them: params split by their logical names, rows split
+  over the batch axes (batch_size 6 -> 8), the same scores as one device's."""
+  out = subproc.run(["-c", _SHARDED], devices=4).stdout.split()
+  batch, devices, diff = int(out[0]), int(out[1]), float(out[-1])
+  assert (batch, devices) == (8, 4)
+  assert "fsdp" in " ".join(out[2:-1])  # The embedding table is split over fsdp.
+  assert diff < 1e-5
+
+
+def test_a_judge_that_fails_most_of_a_batch_stops_the_run(server, tmp_path):
+  """Default max_unscorable_frac (0.9): a judge server that is gone from the start fails
+  every row, and the run stops with RewardFailure naming the source, before any update."""
+  server.stop_listening()
+  c = _rl_config(iterations=2)
+  with c.unlocked():
+    c.rewards.judge = dict(
+      kind="http_judge",
+      base_url=server.base_url,
+      model="judge",
+      template="P: {prompt}\nC: {completion}",
+      timeout_s=1.0,
+      retries=0,
+    )
+  with pytest.raises(rewards.RewardFailure, match=r"failed on 32 of 32 items.*judge: row 0"):
+    train.run(c, tmp_path / "gone", log=lambda _: None)
+
+
+def test_off_policy_pipeline_logs_the_sources(tmp_path):
+  c = _rl_config(iterations=2)
+  c.offpolicy.enabled = True
+  with c.unlocked():
+    c.rewards.correct = dict(kind="verifier", weight=1.0)
+    c.rewards.shape = dict(kind="format", weight=0.5)
+  train.run(c, tmp_path / "op", log=lambda _: None)
+  got = [r for r in runs.lines(tmp_path / "op") if "reward_errors" in r]
+  assert len(got) == 2
+  for r in got:
+    assert 0 <= r["reward/correct"] <= r["reward/shape"] <= 1  # Correct implies formatted.
+    assert r["reward/correct/unscorable"] == 0
