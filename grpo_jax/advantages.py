@@ -47,6 +47,8 @@ class Traits:
     they are not trained on.
   folds_kl: with rl.kl_in="reward" it subtracts β·kl_t per token itself (`AdvantageInputs.
     kl_BT`); any other estimator sees the sequence reward r_i − β·Σ_t kl_t instead.
+  reads_outcome: it splits rows by the verifier's verdict (`AdvantageInputs.success_B`,
+    correct vs failed), which a config.rewards mixture (a weighted sum of scores) lacks.
   """
 
   needs_old_logp: bool = False
@@ -55,6 +57,7 @@ class Traits:
   check: Callable | None = None
   reads_counterfactuals: bool = False
   folds_kl: bool = False
+  reads_outcome: bool = False
 
 
 def _check_scope(name: str, scope) -> None:
@@ -407,7 +410,7 @@ def pass_rate(success_B, group_ids_B, valid_B=None):
   return groups.group_mean(s_B.astype(jnp.float32), group_ids_B, valid_B)
 
 
-@REGISTRY.register("fade")
+@REGISTRY.register("fade", reads_outcome=True)
 def fade(inputs: AdvantageInputs, hyper: AdvantageHyper):
   """Sign/difficulty family: A_i = f(p)·[λ_S·1(s_i)·(1-p) - λ_F·1(¬s_i)·p], with s_i the
   row's success (the verifier's verdict) and p the group pass rate and f(p) = (p(1-p) + eps)^(-α)·(1-p)^γ (α = std_power, γ = focal_gamma).

@@ -585,14 +585,36 @@ def _build(config, *, n_devices: int | None) -> Setup:
       trackers.TrackingConfig, d.get("logging", {}), where="config.logging"
     ),
     eval=config_lib.from_dict(EvalConfig, d.get("eval", {}), where="config.eval"),
-    rewards=_reward_sources(d, rl_cfg),
+    rewards=_reward_sources(d, rl_cfg, cf),
   )
   return _resolve_remat(setup, n_devices=n_devices)
 
 
-def _reward_sources(d: dict, rl_cfg: rl.RLConfig) -> tuple:
+def _reward_sources(d: dict, rl_cfg: rl.RLConfig, cf) -> tuple:
+  """config.rewards as specs, refused where the run needs the verifier's own outcome:
+  episodes score themselves, counterfactuals branch on correct vs failed rows, and an
+  estimator that reads the outcome (`advantages.Traits.reads_outcome`) splits by it."""
   specs = reward_sources.specs_from_dict(d.get("rewards", {}))
+  if not specs:
+    return specs
   reward_sources.check_format_weight(specs, rl_cfg.format_weight)
+  clash = [
+    why
+    for why, on in (
+      ("config.env: an episode's environment scores it", bool(d.get("env", {}).get("name"))),
+      ("config.counterfactual: it branches on correct vs failed rows", cf.enabled),
+      (
+        f"rl.advantage={rl_cfg.advantage!r}: it splits rows by the verifier's outcome",
+        advantages.REGISTRY.traits(rl_cfg.advantage).reads_outcome,
+      ),
+    )
+    if on
+  ]
+  if clash:
+    raise ValueError(
+      f"config.rewards (a weighted sum of named scores, no verifier outcome) cannot be used "
+      f"with {'; '.join(clash)}. Drop config.rewards or that setting."
+    )
   return specs
 
 

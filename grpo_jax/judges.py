@@ -45,10 +45,13 @@ with waves = ⌈unique requests / max_concurrency⌉: a batch of well-behaved fa
 ends before it, and a batch can never stall. Rows not done at the deadline are unscorable
 ("batch deadline"); their threads stop retrying (a late success still fills the cache), and
 since each call reads only its own futures, a late thread cannot write into a later batch's
-result.
+result. A server that is gone costs one wave, not the whole batch: once max_concurrency rows
+in a row have exhausted their retries on transient faults with no success between them, the
+call's other rows are unscorable at once ("judge unreachable"). Several processes (hosts)
+each run their own pool: a shared server sees up to processes × max_concurrency requests.
 
-Cache. Key = sha256 of the JSON list [model, template, mode, max_score, system, prompt,
-completion]: what determines a temperature-0 verdict (not base_url: the same model served
+Cache. Key = sha256 of the JSON list [model, template, mode, max_score, system, max_tokens,
+prompt, completion]: what determines a temperature-0 verdict (not base_url: the same model served
 elsewhere gives the same answer). Successful scores only — an error may be transient, so it is
 asked again next time. Rows of a batch with the same key are requested once. With
 ``cache_path``, each scored row is also appended to a JSONL file ({"key", "value"} per line)
@@ -251,7 +254,8 @@ class HttpJudge:
   def key(self, prompt: str, completion: str) -> str:
     """The cache key of one row (see the module docstring)."""
     r = self.rubric
-    fields = [self.model, r.template, r.mode, float(r.max_score), r.system, prompt, completion]
+    fields = [self.model, r.template, r.mode, float(r.max_score), r.system, self.max_tokens]
+    fields += [prompt, completion]
     return hashlib.sha256(json.dumps(fields).encode()).hexdigest()
 
   def stats(self) -> dict[str, float]:
@@ -299,7 +303,9 @@ class HttpJudge:
     """{key: (value, reason or None)} for each key of ``todo``, by the call's deadline."""
     if not todo:
       return {}
-    cancel = threading.Event()  # Set when this call returns: its late threads stop retrying.
+    # Set when this call returns (its late threads stop retrying), or when the breaker
+    # opens: max_concurrency rows in a row failed on transient faults (the server is gone).
+    cancel = _Breaker(limit=self.max_concurrency)
     futures = {
       self._pool.submit(self._score_one, key, prompt, completion, cancel): key
       for key, (prompt, completion) in todo.items()
@@ -322,7 +328,10 @@ class HttpJudge:
 
   def _score_one(self, key, prompt, completion, cancel):
     try:
+      if cancel.is_set():
+        raise rewards.Unscorable(cancel.reason or "batch deadline")
       reply = self._post_with_retries(self._body(prompt, completion), cancel)
+      cancel.succeeded()
       value = self.rubric.parse(*_reply(reply))
     except rewards.Unscorable as e:
       return 0.0, _short(str(e))
@@ -350,13 +359,14 @@ class HttpJudge:
       if attempt:
         delay = self.backoff_s * 2 ** (attempt - 1) * (1 + 0.1 * random.random())
         if cancel.wait(delay):
-          raise rewards.Unscorable("batch deadline")
+          raise rewards.Unscorable(cancel.reason or "batch deadline")
         self._count("n_retries")
       try:
         return self._post(body)
       except _Transient as e:
         reason = str(e)
     suffix = f" after {self.retries} retries" if self.retries else ""
+    cancel.failed(f"{reason}{suffix}")
     raise rewards.Unscorable(f"{reason}{suffix}")
 
   def _post(self, body: bytes):
@@ -392,6 +402,29 @@ class HttpJudge:
       if self.cache_path:
         with open(self.cache_path, "a") as f:  # One write per line: a kill cuts only the last.
           f.write(json.dumps({"key": key, "value": value}) + "\n")
+
+
+class _Breaker(threading.Event):
+  """A call's stop signal: set at its deadline, or opened once `limit` rows in a row
+  exhausted their retries on transient faults (refused, timed out, 5xx) with no success
+  between them: the server is gone, and the call's other rows fail at once instead of
+  each spending its timeouts."""
+
+  def __init__(self, *, limit: int):
+    super().__init__()
+    self.limit, self.run, self.reason = limit, 0, ""
+    self._lock = threading.Lock()
+
+  def failed(self, why: str):
+    with self._lock:
+      self.run += 1
+      if self.run >= self.limit and not self.is_set():
+        self.reason = f"judge unreachable ({self.run} rows in a row failed; last: {why})"
+        self.set()
+
+  def succeeded(self):
+    with self._lock:
+      self.run = 0
 
 
 def _check_args(base_url, max_concurrency, timeout_s, retries, backoff_s, batch_timeout_s):

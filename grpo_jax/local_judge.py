@@ -97,7 +97,6 @@ class LocalJudge:
       eos_ids=tuple(tokenizer.eos_ids),
       pad_id=tokenizer.pad_id,
       max_prompt_len=max_prompt_len,
-      truncate_prompts="left",
     )
     if rubric.mode == "yes_no":
       self.yes_ids = single_token_ids(tokenizer, yes_words)
@@ -123,6 +122,7 @@ class LocalJudge:
       template=options.template or judges.DEFAULT_TEMPLATE,
       mode=options.mode,
       max_score=options.max_score,
+      system=options.system,
     )
     return cls(
       cfg=cfg,
@@ -145,30 +145,36 @@ class LocalJudge:
     return self.tokenizer.encode(text, add_bos=True)
 
   def score(self, prompts: Sequence[str], completions: Sequence[str]):
+    """SourceScores of the rows; a row whose judge prompt is longer than max_prompt_len is
+    unscorable (cutting it would drop the rubric's start), never truncated."""
     t0 = time.perf_counter()
     rows = [self.prompt_ids(p, c) for p, c in zip(prompts, completions)]
-    values, errors, messages = [], [], []
-    for start in range(0, len(rows), self.batch_size):
-      chunk = rows[start : start + self.batch_size]
+    n, limit = len(rows), self.sampler_cfg.max_prompt_len
+    values, errors, messages = np.zeros(n, np.float32), np.zeros(n, bool), []
+    fits = [i for i, r in enumerate(rows) if len(r) <= limit]
+    for i in sorted(set(range(n)) - set(fits)):
+      errors[i] = True
+      messages.append(f"row {i}: judge prompt of {len(rows[i])} tokens > max_prompt_len {limit}")
+    for start in range(0, len(fits), self.batch_size):
+      index = fits[start : start + self.batch_size]
+      chunk = [rows[i] for i in index]
       padded = chunk + [chunk[-1]] * (self.batch_size - len(chunk))
       batch = sampling.prepare_prompts(padded, cfg=self.sampler_cfg)
       if self.rubric.mode == "yes_no":
         logits_BV = self._forward(self.params, batch.tokens_BP, batch.mask_BP)
-        p_B = np.asarray(yes_probability(logits_BV, self.yes_ids, self.no_ids))
-        values += list(p_B[: len(chunk)])
-        errors += [False] * len(chunk)
+        values[index] = np.asarray(yes_probability(logits_BV, self.yes_ids, self.no_ids))[
+          : len(index)
+        ]
         continue
       got = self._sample(self.params, batch, jax.random.key(0), self._greedy)
-      for i, ids in enumerate(np.asarray(got.tokens_NT)[: len(chunk)]):
+      for i, ids in zip(index, np.asarray(got.tokens_NT)):
         try:
-          values.append(self.rubric.parse(self.tokenizer.decode(ids), None))
-          errors.append(False)
+          values[i] = self.rubric.parse(self.tokenizer.decode(ids), None)
         except rewards.Unscorable as e:
-          values.append(0.0)
-          errors.append(True)
-          messages.append(f"row {start + i}: {e}")
+          errors[i] = True
+          messages.append(f"row {i}: {e}")
     self.seconds += time.perf_counter() - t0
-    self.rows += len(rows)
+    self.rows += n
     return rewards.SourceScores.of(values, errors, messages)
 
   def close(self):

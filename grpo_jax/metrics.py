@@ -86,7 +86,7 @@ DEFINITIONS = {
   # --- train.run, per iteration (metrics.jsonl, TensorBoard) ------------------------
   "iteration": "RL iteration (0: the warm-start evaluation line).",
   "phase": "'warmstart' or 'rl' (a string; not sent to TensorBoard).",
-  "accuracy": "Mean correctness c_i over every row sampled this iteration (all generation batches).",
+  "accuracy": "Mean correctness c_i over every row sampled this iteration (all generation batches); with config.rewards, c_i is the sources' weighted sum.",
   "reward_errors": "Rows whose reward call raised, returned non-finite or timed out: unscorable, "
   "handled by rl.unscorable (default 'mask': left out of the loss and of group statistics).",
   "reward/outcome/<label>": "Share of the iteration's scored rows whose reward carried this "

@@ -9,7 +9,8 @@ x ⊕ y the token ids of BOS + prompt + completion, right-padded (causal attenti
 token sees a pad). Source: Bradley & Terry (1952); the pairwise loss of Ouyang et al.
 (InstructGPT, arXiv 2203.02155, eq. 1); the margin of Llama 2 (arXiv 2307.09288, eq. 2).
 Pooling on the last non-pad token is what transformers' `*ForSequenceClassification`
-heads do, so their checkpoints load (`from_hf`).
+heads do, so their weights load (`from_hf`); rows are BOS + prompt + completion text, with
+no chat template (see `load`).
 
     params = reward_model.init(cfg, key)                       # {"model": ..., "head": ...}
     r_B = reward_model.score(params, tokens_BT, mask_BT, cfg=cfg)
@@ -244,13 +245,19 @@ def hf_reward_config(hf_dir, **overrides) -> tuple[model.ModelConfig, bool]:
   return hf.model_config(hf_config, where=where, **overrides), bool(seq_cls)
 
 
-def from_hf(hf_dir, **overrides) -> tuple[model.ModelConfig, dict]:
+def from_hf(hf_dir, *, layout=None, **overrides) -> tuple[model.ModelConfig, dict]:
   """(ModelConfig, params) of a HF checkpoint directory (`hf_reward_config`): a
   sequence-classification checkpoint's `score.weight` becomes the head; a causal LM's
-  head starts at zero."""
+  head starts at zero. With a `sharding.Layout` each decoder tensor is streamed straight
+  into its shards (no device holds the whole model)."""
   cfg, seq_cls = hf_reward_config(hf_dir, **overrides)
   ignore = (HEAD_TENSOR,) if seq_cls else ()
-  params = hf.load_params(hf_dir, cfg, ignore=ignore)
+  shardings = None
+  if layout is not None:
+    from grpo_jax import sharding  # noqa: PLC0415 -- sharding imports model, not this.
+
+    shardings = sharding.param_shardings(layout, cfg)
+  params = hf.load_params(hf_dir, cfg, ignore=ignore, shardings=shardings)
   head = zero_head(cfg)
   if seq_cls:
     entry = hf.tensor_index(hf_dir).get(HEAD_TENSOR)
@@ -347,15 +354,20 @@ class Loaded:
   step: int  # The checkpoint's step (-1: a HF checkpoint).
 
 
-def load(path, *, step: int = -1, max_len: int = 0) -> Loaded:
+def load(path, *, step: int = -1, max_len: int = 0, layout=None) -> Loaded:
   """The reward model of an rm-train workdir (its newest checkpoint, or `step`), or of a
   HF checkpoint directory (a config.json with a sequence-classification architecture and
-  a tokenizer). max_len 0: the workdir's config.reward_model.max_len (HF: 1024)."""
+  a tokenizer; loaded into `layout`'s shards when given). max_len 0: the workdir's
+  config.reward_model.max_len (HF: 1024).
+
+  Rows are scored as BOS + prompt + completion text, the format rm-train trains on. A HF
+  reward model trained on chat-formatted conversations expects its chat template: render
+  the prompt with it before scoring (the source passes the task's prompt text as is)."""
   path = pathlib.Path(path)
   if (path / "config.json").is_file() and not (path / RECORD).is_file():  # HF.
     from grpo_jax import hf_tokenizer  # noqa: PLC0415 -- only HF reward models read one.
 
-    cfg, params = from_hf(path)
+    cfg, params = from_hf(path, layout=layout)
     return Loaded(cfg, params, hf_tokenizer.load(path), max_len or 1024, -1)
   if not (path / RECORD).is_file():
     raise FileNotFoundError(

@@ -25,8 +25,14 @@ reward; not with rl.format_weight > 0, which would count it twice), "reward_mode
 (`reward_model.Scorer`, on device), "http_judge" (`judges.HttpJudge`) and "local_judge"
 (`local_judge.LocalJudge`). Transforms (`TRANSFORMS`) are "center" (x − x̄),
 "standardize" ((x − x̄)/(σ + 1e-6)) and "clip" (to [−clip, clip]), x̄ and σ over the
-rows the source scored in the batch (all processes' rows: `combine` runs after the
-batch is gathered).
+rows the source scored in the batch the update trains: `combine` runs after every
+process's rows are gathered, and again over the groups dynamic sampling keeps.
+
+Not with config.env (episodes score themselves), config.counterfactual (it branches on
+correct vs failed rows) or an estimator that reads the verifier's outcome
+(`advantages.Traits.reads_outcome`, e.g. fade): `config.build` refuses them. With a
+mixture the `accuracy` metric is the mean of c_i; held-out evaluation still reports the
+verifier's accuracy.
 
 Without config.rewards the trainer scores with the task's verifier alone, as before.
 """
@@ -104,7 +110,8 @@ class HttpJudgeOptions:
   retries: int = 2
   backoff_s: float = 0.5
   batch_timeout_s: float = 0.0  # 0: bounded from timeout_s, retries and backoff_s.
-  cache_path: str = ""  # A JSONL response cache kept across runs; "": in memory only.
+  cache_path: str = ""  # A JSONL response cache kept across runs ("": in memory only); with
+  # several processes each writes its own, PATH.<process index>.
   api_key_env: str = "OPENAI_API_KEY"
 
 
@@ -116,6 +123,7 @@ class LocalJudgeOptions:
   template: str = ""  # The rubric, with {prompt} and {completion}; "": judges.DEFAULT_TEMPLATE.
   mode: str = "yes_no"  # "yes_no": P(yes) from one forward; "score": greedy, parsed.
   max_score: float = 10.0
+  system: str = ""  # A system message before the rubric (in the chat template).
   max_new_tokens: int = 16  # "score": tokens the judge writes.
   batch_size: int = 16
   max_prompt_len: int = 512
@@ -137,16 +145,17 @@ class _RewardModelSource:
   def __init__(self, o: RewardModelOptions, run: Run):
     from grpo_jax import reward_model, sharding  # noqa: PLC0415 -- jax and the model: when used.
 
-    loaded = reward_model.load(o.path, step=o.step, max_len=o.max_len)
     rules = {"rules": run.rules} if run.rules else {}
     mesh_cfg = sharding.MeshConfig(data=1, fsdp=-1, tensor=1, **rules)
+    layout = sharding.Layout.create(mesh_cfg, devices=jax.local_devices())
+    loaded = reward_model.load(o.path, step=o.step, max_len=o.max_len, layout=layout)
     self.scorer = reward_model.Scorer(
       loaded.params,
       loaded.cfg,
       loaded.tokenizer,
       max_len=loaded.max_len,
       batch_size=o.batch_size,
-      layout=sharding.Layout.create(mesh_cfg, devices=jax.local_devices()),
+      layout=layout,
     )
 
   def score(self, prompts, completions) -> rewards.SourceScores:
@@ -161,6 +170,9 @@ def _open_http_judge(o: HttpJudgeOptions, run: Run):
   del run
   from grpo_jax import judges  # noqa: PLC0415 -- only runs that use a judge import it.
 
+  cache_path = o.cache_path
+  if cache_path and jax.process_count() > 1:  # One writer per file.
+    cache_path = f"{cache_path}.{jax.process_index()}"
   rubric = judges.Rubric(
     template=o.template or judges.DEFAULT_TEMPLATE,
     mode=o.mode,
@@ -176,7 +188,7 @@ def _open_http_judge(o: HttpJudgeOptions, run: Run):
     retries=o.retries,
     backoff_s=o.backoff_s,
     batch_timeout_s=o.batch_timeout_s or None,
-    cache_path=o.cache_path or None,
+    cache_path=cache_path or None,
     api_key_env=o.api_key_env,
   )
 
@@ -241,7 +253,12 @@ def specs_from_dict(d: dict) -> tuple[SourceSpec, ...]:
   checked; unknown kinds and options fail naming the allowed ones."""
   specs = []
   for name, entry in config_lib.to_dict(d or {}).items():
-    entry, where = dict(entry), f"config.rewards.{name}"
+    where = f"config.rewards.{name}"
+    if not isinstance(entry, dict):
+      raise ValueError(
+        f"{where}={entry!r}: expected a dict(kind=..., weight=..., ...); kinds: {sorted(KINDS)}."
+      )
+    entry = dict(entry)
     kind = entry.get("kind", "")
     if kind not in KINDS:
       raise ValueError(f"{where}.kind={kind!r}; allowed: {sorted(KINDS)}.")
@@ -259,6 +276,11 @@ def specs_from_dict(d: dict) -> tuple[SourceSpec, ...]:
         clip=float(entry.get("clip", 0.0)),
         options=options,
       )
+    )
+  if specs and all(s.weight == 0 for s in specs):
+    raise ValueError(
+      "config.rewards: every source has weight 0, so every reward would be 0; give at least "
+      "one a non-zero weight."
     )
   return tuple(specs)
 

@@ -140,8 +140,9 @@ def check_failures(error_N, messages: Sequence[str], *, limit: float, where: str
   raise RewardFailure(
     f"The reward function failed on {int(error_N.sum())} of {error_N.size} items ({where}), "
     f"more than max_unscorable_frac={limit:g}: training on the rest would be noise.{example} "
-    "Fix the verifier (reward_workers=0 scores inline, with tracebacks), raise "
-    "reward_timeout_s if they timed out, or raise config.max_unscorable_frac."
+    "Fix the verifier (reward_workers=0 scores inline, with tracebacks) or the reward "
+    "source the message names (config.rewards: a judge's base_url, timeout_s, retries), "
+    "raise reward_timeout_s if the verifier timed out, or raise config.max_unscorable_frac."
   )
 
 

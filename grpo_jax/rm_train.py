@@ -48,8 +48,9 @@ def built(d: dict) -> Built:
   hf_dir = d.get("hf_dir", "")
   if rm_cfg.init == "hf" and not hf_dir:
     raise ValueError("config.reward_model.init='hf' needs config.hf_dir (the checkpoint).")
-  if hf_dir:
-    model_cfg, _ = reward_model.hf_reward_config(hf_dir)
+  if hf_dir:  # The checkpoint's architecture, config.model's runtime keys (dtypes, remat).
+    runtime = {k: v for k, v in d["model"].items() if k in ("param_dtype", "dtype", "remat")}
+    model_cfg, _ = reward_model.hf_reward_config(hf_dir, **runtime)
     return Built(rm_cfg, model_cfg, hf_tokenizer.load(hf_dir), hf_dir)
   _, tok = config.task_and_tokenizer(d["task"], hf_dir="")
   return Built(rm_cfg, config.model_config_of(d["model"], tok, hf_dir=""), tok, hf_dir)
@@ -100,9 +101,15 @@ def _train_step(rm: Built):
   return jax.jit(step, donate_argnums=0)
 
 
+@functools.lru_cache(maxsize=4)
+def _eval_loss(model_cfg: model.ModelConfig):
+  """The jitted held-out loss (margin 0), made once per architecture."""
+  return jax.jit(functools.partial(reward_model.pair_loss, cfg=model_cfg, margin=0.0))
+
+
 def evaluate(params, pairs: Sequence[reward_model.Pair], rm: Built) -> dict:
   """Held-out pair accuracy and mean loss (margin 0) over `pairs`, in batches."""
-  fn = jax.jit(functools.partial(reward_model.pair_loss, cfg=rm.model_cfg, margin=0.0))
+  fn = _eval_loss(rm.model_cfg)
   correct, loss = 0.0, 0.0
   for start in range(0, len(pairs), rm.cfg.batch_size):
     chunk = pairs[start : start + rm.cfg.batch_size]
@@ -151,8 +158,9 @@ def _fit(rm: Built, state, train_pairs, eval_pairs, *, start: int, ckpt, log):
 
 def rm_train(config_dict, workdir) -> dict:
   """Trains a Bradley–Terry reward model (config.reward_model) and returns its summary:
-  held-out pair accuracy at the start and the end, steps, seconds. Rerunning resumes from
-  the newest checkpoint in workdir/checkpoints."""
+  held-out pair accuracy where this session started (step resumed_from: 0, or the
+  checkpoint it resumed) and at the end, steps, seconds. Rerunning resumes from the newest
+  checkpoint in workdir/checkpoints."""
   d = config_lib.to_dict(config_dict)
   rm = built(d)
   train_pairs, eval_pairs = _pairs(rm.cfg)
@@ -170,14 +178,16 @@ def rm_train(config_dict, workdir) -> dict:
     start = 0 if restored is None else int(restored.tree["step"])
     state = state if restored is None else restored.tree
     log = logs.RunLogger(workdir, resume_from=start if restored else None)
-    first, last = _fit(rm, state, train_pairs, eval_pairs, start=start, ckpt=ckpt, log=log)
-    log.close()
+    try:
+      first, last = _fit(rm, state, train_pairs, eval_pairs, start=start, ckpt=ckpt, log=log)
+    finally:
+      log.close()
   finally:
     ckpt.close()
   summary = {
     "train_pairs": len(train_pairs),
     "eval_pairs": len(eval_pairs),
-    "initial_eval_pair_accuracy": first["rm/eval_pair_accuracy"],
+    "start_eval_pair_accuracy": first["rm/eval_pair_accuracy"],
     "final_eval_pair_accuracy": last["rm/eval_pair_accuracy"],
     "steps": rm.cfg.steps,
     "resumed_from": start,

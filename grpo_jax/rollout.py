@@ -228,7 +228,7 @@ def collect(
     return Collected(merged, logprobs, picked, valid_N, index, metrics, seconds, prov)
   if not rl_cfg.dynamic_sampling:
     return Collected(parts[0], logprobs, scores[0], valid_N, index, metrics, seconds)
-  rollouts, picked, valid_N, dynamic = _select(setup, parts, scores)
+  rollouts, picked, valid_N, dynamic = _select(setup, pool, parts, scores)
   logprobs = fns.logprobs(params, ref_params, rollouts)
   return Collected(rollouts, logprobs, picked, valid_N, index, {**metrics, **dynamic}, seconds)
 
@@ -327,10 +327,11 @@ def with_counterfactuals(
   return merged, picked, prov, time.perf_counter() - t0
 
 
-def _select(setup: config.Setup, parts: list, scores: list[Scores]):
+def _select(setup: config.Setup, pool, parts: list, scores: list[Scores]):
   """Dynamic sampling: B groups assembled from the generation batches (varying groups
   first, masked fill groups when the cap was reached); (rollouts, their scores, valid_N,
-  dynamic/... metrics)."""
+  dynamic/... metrics). A mixture's total is recombined over the selected rows, so its
+  per-batch transforms see the batch the update trains."""
   B, G = setup.loop.prompts_per_step, setup.sampler_cfg.group_size
   varying = [
     dynamic_sampling.varying_groups(s.correct_N, group_size=G, scorable_N=s.scorable_N)
@@ -339,13 +340,24 @@ def _select(setup: config.Setup, parts: list, scores: list[Scores]):
   sel = dynamic_sampling.select(varying, num_groups=B)
   rollouts = dynamic_sampling.assemble(parts, sel, group_size=G, pad_id=setup.sampler_cfg.pad_id)
   pick = functools.partial(dynamic_sampling.select_rows, sel=sel, group_size=G)
+  correct_N, scorable_N, sources = pick([s.correct_N for s in scores]), None, {}
+  if scores[0].parts:
+    sources = {
+      k: rewards.SourceScores(
+        pick([s.parts[k].value_N for s in scores]), pick([s.parts[k].error_N for s in scores])
+      )
+      for k in scores[0].parts
+    }
+    correct_N, error_N = pool.combine(sources)
+    scorable_N = ~error_N
   picked = Scores(
-    pick([s.correct_N for s in scores]),
+    correct_N,
     pick([s.format_N for s in scores]),
-    pick([s.scorable_N for s in scores]),
+    pick([s.scorable_N for s in scores]) if scorable_N is None else scorable_N,
     sum(s.errors for s in scores),
     sum(s.timeouts for s in scores),
     sum((s.messages for s in scores), ()),
+    parts=sources,
   )
   metrics = {
     "dynamic/gen_batches": len(parts),

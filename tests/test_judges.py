@@ -293,7 +293,30 @@ def test_server_gone_mid_batch(server):
   assert scores.error_N[-1] and scores.error_N.sum() >= 2
   ok = ~scores.error_N
   np.testing.assert_allclose(scores.value_N[ok], (np.arange(1, 9) / 10)[ok], rtol=1e-6)
-  assert all("after 1 retries" in m for m in scores.messages)
+  # Two rows in a row refused (max_concurrency): the breaker fails the rest at once.
+  assert all("after 1 retries" in m or "judge unreachable" in m for m in scores.messages)
+
+
+def test_a_silent_server_costs_one_wave_not_the_batch(server):
+  """16 rows the server never answers in time, 2 in flight: without the breaker 8 waves of
+  0.4 s timeouts; with it, the first wave's two failures fail the other 14 at once."""
+  start = time.monotonic()
+  with _judge(server, timeout_s=0.4, retries=0, max_concurrency=2) as judge:
+    scores = _score(judge, [f"SLOW{i}" for i in range(16)])
+    stats = judge.stats()
+  assert time.monotonic() - start < 2.0
+  assert scores.error_N.all() and stats["requests"] <= 4
+  assert sum("judge unreachable (2 rows in a row failed" in m for m in scores.messages) >= 12
+
+
+def test_the_api_key_goes_in_the_authorization_header(server, monkeypatch):
+  monkeypatch.setenv("MY_JUDGE_KEY", "sk-test")
+  with _judge(server, api_key_env="MY_JUDGE_KEY") as judge:
+    _score(judge, ["1"])
+  monkeypatch.delenv("MY_JUDGE_KEY")
+  with _judge(server, api_key_env="MY_JUDGE_KEY") as judge:
+    _score(judge, ["11"])
+  assert server.auth == ["Bearer sk-test", None]
 
 
 def test_yes_no_end_to_end(server):

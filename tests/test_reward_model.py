@@ -13,6 +13,8 @@ import safetensors.numpy
 import subproc
 
 from grpo_jax import (
+  config,
+  config_lib,
   hf,
   judges,
   local_judge,
@@ -132,7 +134,7 @@ def test_split_keeps_a_prompt_on_one_side():
 
 def test_rm_train_ranks_held_out_pairs_and_loads_back(trained_rm):
   workdir, summary = trained_rm
-  assert summary["initial_eval_pair_accuracy"] == 0.0  # A zero head: every pair ties.
+  assert summary["start_eval_pair_accuracy"] == 0.0  # A zero head: every pair ties.
   assert summary["final_eval_pair_accuracy"] >= 0.75, summary
   loaded = reward_model.load(workdir)
   assert loaded.step == 300
@@ -383,3 +385,58 @@ def test_off_policy_pipeline_logs_the_sources(tmp_path):
   for r in got:
     assert 0 <= r["reward/correct"] <= r["reward/shape"] <= 1  # Correct implies formatted.
     assert r["reward/correct/unscorable"] == 0
+
+
+def test_rewards_are_refused_where_the_run_needs_the_verifiers_outcome():
+  def build(**sections):
+    c = _rl_config()
+    with c.unlocked():
+      c.rewards.correct = dict(kind="verifier", transforms=("standardize",))
+      for path, value in sections.items():
+        section, key = path.split("__")
+        c[section][key] = value
+    return config.build(c)
+
+  build()  # The mixture alone builds.
+  with pytest.raises(config_lib.ConfigError, match="rl.advantage='fade': it splits rows"):
+    build(rl__advantage="fade")
+  with pytest.raises(config_lib.ConfigError, match="config.counterfactual: it branches"):
+    build(counterfactual__per_group=2, counterfactual__per_rollout=1, rl__advantage="ibpo")
+  c = _rl_config()
+  with c.unlocked():
+    c.rewards.a = dict(kind="verifier", weight=0.0)
+    c.rewards.b = "verifier"
+  with pytest.raises(config_lib.ConfigError, match=r"config.rewards.b='verifier': expected a dict"):
+    config.build(c)
+  with c.unlocked():
+    del c.rewards["b"]
+  with pytest.raises(config_lib.ConfigError, match="every source has weight 0"):
+    config.build(c)
+
+
+def test_dynamic_sampling_recombines_the_mixture_over_the_kept_groups(tmp_path):
+  c = _rl_config(iterations=2)
+  c.rl.update(dynamic_sampling=True, max_gen_batches=2)
+  with c.unlocked():
+    c.rewards.correct = dict(kind="verifier", transforms=("center",))
+    c.rewards.shape = dict(kind="format", weight=0.0)
+  train.run(c, tmp_path / "ds", log=lambda _: None)
+  got = [r for r in runs.lines(tmp_path / "ds") if "reward_errors" in r]
+  assert len(got) == 2 and all("dynamic/gen_batches" in r and "reward/correct" in r for r in got)
+
+
+def test_local_judge_refuses_to_cut_a_prompt_past_max_prompt_len():
+  cfg, params = _tiny_rm()
+  judge = local_judge.LocalJudge(
+    cfg=cfg,
+    params=params["model"],
+    tokenizer=TASK.tokenizer(),
+    rubric=judges.Rubric("{prompt}{completion}?", mode="yes_no"),
+    max_prompt_len=12,
+    yes_words=("T",),
+    no_words=("N",),
+  )
+  got = judge.score(["Q:1+2\n", "Q:1+2\n"], ["A:3.", "A:3." + "0" * 20])
+  assert got.error_N.tolist() == [False, True]
+  # BOS + 6 + 4 + "?" = 12 tokens fits; 20 more digits make 32.
+  assert got.messages == ["row 1: judge prompt of 32 tokens > max_prompt_len 12"]
