@@ -31,6 +31,29 @@ import jax.numpy as jnp
 from grpo_jax import groups, ibpo, registry
 
 
+@dataclasses.dataclass(frozen=True)
+class Hyper:
+  """An array hyperparameter an estimator declares where it is registered
+  (`@REGISTRY.register(name, hyper={"tau": Hyper(1.0, low=0.0)})`): set by
+  config.rl.advantage_hyper.<name>, validated against [low, high], and handed to the
+  estimator as `hyper.extra[<name>]` (float32). An array, so a controller or a schedule
+  can move it without recompiling. One declaration is all a new one needs: no other file
+  changes (`declared_hyper`, `RLConfig.prepare_hyper`)."""
+
+  default: float
+  low: float = -float("inf")
+  high: float = float("inf")
+  doc: str = ""
+
+  def check(self, name: str, value) -> float:
+    if not isinstance(value, int | float) or not self.low <= value <= self.high:
+      raise ValueError(
+        f"config.rl.advantage_hyper.{name}={value!r}: must be a number in "
+        f"[{self.low:g}, {self.high:g}] ({self.doc or 'declared by its estimator'})."
+      )
+    return float(value)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Traits:
   """What the trainer asks of an estimator (`REGISTRY.traits(name)`), declared where it is
@@ -49,6 +72,7 @@ class Traits:
     kl_BT`); any other estimator sees the sequence reward r_i − β·Σ_t kl_t instead.
   reads_outcome: it splits rows by the verifier's verdict (`AdvantageInputs.success_B`,
     correct vs failed), which a config.rewards mixture (a weighted sum of scores) lacks.
+  hyper: {name: Hyper}, the array hyperparameters it declares (`hyper.extra[name]`).
   """
 
   needs_old_logp: bool = False
@@ -58,6 +82,7 @@ class Traits:
   reads_counterfactuals: bool = False
   folds_kl: bool = False
   reads_outcome: bool = False
+  hyper: dict = dataclasses.field(default_factory=dict)
 
 
 def _check_scope(name: str, scope) -> None:
@@ -148,6 +173,8 @@ class AdvantageHyper:
   ibpo_lambda: jax.Array
   ibpo_tau: jax.Array
   ibpo_is_cap: jax.Array
+  # The chosen estimator's declared hyperparameters (`Traits.hyper`): {name: float32}.
+  extra: dict = flax.struct.field(default_factory=dict)
 
 
 def advantage_hyper(
@@ -162,8 +189,10 @@ def advantage_hyper(
   ibpo_lambda: float = 1.0,
   ibpo_tau: float = 1.0,
   ibpo_is_cap: float = 2.0,
+  extra: dict | None = None,
 ) -> AdvantageHyper:
-  """Validated AdvantageHyper of float32 scalars."""
+  """Validated AdvantageHyper of float32 scalars; `extra`: values of declared
+  hyperparameters (`Hyper`), already checked (`declared_values`)."""
   for name, value, ok, allowed in (
     ("eps", eps, eps >= 0, ">= 0"),
     ("gamma", gamma, 0 <= gamma <= 1, "in [0, 1]"),
@@ -189,7 +218,36 @@ def advantage_hyper(
     ibpo_lambda=f32(ibpo_lambda),
     ibpo_tau=f32(ibpo_tau),
     ibpo_is_cap=f32(ibpo_is_cap),
+    extra={k: f32(v) for k, v in (extra or {}).items()},
   )
+
+
+def declared_hyper() -> dict[str, Hyper]:
+  """Every registered estimator's declared hyperparameters, by name (config.rl's
+  advantage_hyper section lists them with their defaults). A name means one thing:
+  two estimators may share it only with the same declaration."""
+  out: dict[str, Hyper] = {}
+  for name in REGISTRY.names():
+    for key, h in REGISTRY.traits(name).hyper.items():
+      if key in out and out[key] != h:
+        raise ValueError(f"Advantage hyperparameter {key!r} is declared twice, differently.")
+      out[key] = h
+  return out
+
+
+def declared_values(name: str, given: dict) -> dict[str, float]:
+  """The values of estimator `name`'s declared hyperparameters: config.rl.advantage_hyper's
+  (checked against each declaration), else the default. A given key no estimator declares
+  is an error that lists the declared ones."""
+  known = declared_hyper()
+  unknown = sorted(set(given) - set(known))
+  if unknown:
+    raise ValueError(
+      f"config.rl.advantage_hyper: {unknown} are declared by no estimator; declared: "
+      f"{sorted(known) or 'none'}."
+    )
+  own = REGISTRY.traits(name).hyper
+  return {k: h.check(k, given.get(k, h.default)) for k, h in own.items()}
 
 
 def _to_tokens(a_B, mask_BT):

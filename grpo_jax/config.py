@@ -386,6 +386,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.sampler = ml_collections.ConfigDict(sampler)
   c.sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_k=0, top_p=1.0, greedy=False))
   c.rl = _section(_defaults(rl.RLConfig))
+  # Each registered estimator's declared hyperparameters (`advantages.Hyper`) and defaults:
+  # --config.rl.advantage_hyper.NAME=VALUE overrides one.
+  declared = advantages.declared_hyper().items()
+  c.rl.advantage_hyper = ml_collections.ConfigDict({k: h.default for k, h in declared})
   mesh = sharding.MeshConfig()
   c.mesh = ml_collections.ConfigDict(
     dict(data=mesh.data, fsdp=mesh.fsdp, tensor=mesh.tensor, rules=_section(dict(mesh.rules)))

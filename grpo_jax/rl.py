@@ -78,6 +78,8 @@ class RLConfig:
   ibpo_lambda: float = 1.0  # λ of the ibpo estimator's prefix baseline (an array: no recompile).
   ibpo_tau: float = 1.0  # τ of the counterfactuals' full-rewrite filter (an array).
   ibpo_is_cap: float = 2.0  # c of perturbed counterfactuals' weights min(ratio, c) (an array).
+  # Hyperparameters an estimator declares at registration (`advantages.Hyper`), by name.
+  advantage_hyper: dict = dataclasses.field(default_factory=dict)
   # Controller (controllers.REGISTRY) that updates λ_S, λ_F, γ between steps.
   controller: str = "none"
   controller_options: dict = dataclasses.field(default_factory=dict)
@@ -142,6 +144,7 @@ class RLConfig:
           f"rl.{attr}={getattr(self, attr)!r} is not a registered {registry_.kind}; "
           f"valid names: {', '.join(registry_.names())}."
         )
+    advantages.declared_values(self.advantage, config_lib.to_dict(self.advantage_hyper))
     for name in self.token_masks:
       masks.REGISTRY.get(name)
     for name in self.mask_options:
@@ -245,6 +248,7 @@ class RLConfig:
         ibpo_lambda=self.ibpo_lambda,
         ibpo_tau=self.ibpo_tau,
         ibpo_is_cap=self.ibpo_is_cap,
+        extra=advantages.declared_values(self.advantage, config_lib.to_dict(self.advantage_hyper)),
       ),
       mask=masks.mask_hyper(
         prob_threshold=self.prob_threshold,
