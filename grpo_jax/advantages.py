@@ -629,15 +629,3 @@ def advantage_stats(adv_BT, mask_BT, rewards_B, correct_B, group_ids_B):
 # ----------------------------------------------------------------------------
 # Config edge.
 # ----------------------------------------------------------------------------
-
-
-def get(name: str, **options):
-  """The estimator `name` with its static options bound: fn(inputs, hyper) -> A_BT.
-
-  Unknown names list the registered ones; unknown options list the allowed ones; bad
-  option values fail here, before anything is traced.
-  """
-  fn = REGISTRY.bind(name, **options)
-  if (check := REGISTRY.traits(name).check) is not None:
-    check(**options)
-  return fn

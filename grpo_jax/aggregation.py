@@ -116,11 +116,6 @@ def balanced(mask_BT, group_ids_B, adv_BT, *, max_len=None):
   return m_BT * w_B[:, None]
 
 
-def get(name: str):
-  """The aggregation mode `name` (unknown names list the valid ones)."""
-  return REGISTRY.get(name)
-
-
 def aggregate(loss_BT, w_BT):
   """Σ_{i,t} w_{i,t}·ℓ_{i,t}."""
   return jnp.sum(w_BT * loss_BT)

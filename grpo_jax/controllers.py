@@ -8,11 +8,31 @@ float32 scalars that checkpoints with the run. `init_state()` gives the starting
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
 import jax.numpy as jnp
 
 from grpo_jax import advantages, registry
 
-REGISTRY = registry.Registry("advantage controller")
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Traits:
+  """check: fn(**options) that raises on bad option values (`REGISTRY.make`), or None."""
+
+  check: Callable | None = None
+
+
+REGISTRY = registry.Registry("advantage controller", traits=Traits)
+
+
+def _check_fade_entropy(*, entropy_high=1.0, entropy_low=0.2, max_drop=0.05, ema=0.9, **_):
+  if not entropy_high > entropy_low:
+    raise ValueError(
+      f"fade_entropy needs entropy_high > entropy_low, got {entropy_high} <= {entropy_low}."
+    )
+  if max_drop <= 0 or not 0 <= ema < 1:
+    raise ValueError("fade_entropy needs max_drop > 0 and ema in [0, 1).")
 
 
 def init_state() -> dict:
@@ -28,7 +48,7 @@ def none(hyper: advantages.AdvantageHyper, state: dict, metrics: dict):
   return hyper, state
 
 
-@REGISTRY.register("fade_entropy")
+@REGISTRY.register("fade_entropy", check=_check_fade_entropy)
 def fade_entropy(
   hyper: advantages.AdvantageHyper,
   state: dict,
@@ -72,14 +92,3 @@ def fade_entropy(
   )
   state = {"entropy": h_bar, "slope": slope, "started": jnp.ones((), jnp.float32)}
   return hyper, state
-
-
-def get(name: str, **options):
-  """The controller `name` with its options bound and checked."""
-  if name == "fade_entropy":
-    hi, lo = options.get("entropy_high", 1.0), options.get("entropy_low", 0.2)
-    if not hi > lo:
-      raise ValueError(f"fade_entropy needs entropy_high > entropy_low, got {hi} <= {lo}.")
-    if options.get("max_drop", 0.05) <= 0 or not 0 <= options.get("ema", 0.9) < 1:
-      raise ValueError("fade_entropy needs max_drop > 0 and ema in [0, 1).")
-  return REGISTRY.bind(name, **options)

@@ -148,10 +148,6 @@ def mis_geometric(old_logp_NT, behav_logp_NT, mask_NT, hyper: ISHyper):
   return jnp.ones(mask_NT.shape, jnp.float32), keep_NT
 
 
-def get(name: str) -> Correction:
-  return REGISTRY.get(name)
-
-
 def masked_quantiles(x_NT, mask_NT, qs=QUANTILES):
   """Quantiles of x over the masked entries (linear interpolation; NaN when none)."""
   x = jnp.where(mask_NT, x_NT.astype(jnp.float32), jnp.nan).reshape(-1)

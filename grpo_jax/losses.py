@@ -267,11 +267,6 @@ def cispo(logp_BT, old_logp_BT, adv_BT, mask_BT, hyper: LossHyper):
   return _masked(loss_BT, mask_BT), aux
 
 
-def policy_loss(name: str) -> PolicyLoss:
-  """The policy loss registered as ``name``; unknown names list the valid ones."""
-  return REGISTRY.get(name)
-
-
 # ----------------------------------------------------------------------------
 # KL estimators: Δ = log π_θ − log π_ref on samples from π_θ (RESEARCH.md §6.8).
 # ----------------------------------------------------------------------------
@@ -335,11 +330,6 @@ def k1_plus(logp_BT, ref_logp_BT):
 def k3_plus(logp_BT, ref_logp_BT):
   """k3+ = k2 + sg(k3 − k2): k3's value with k2's gradient Δ·∇ℓ. verl `kl_penalty`."""
   return _with_k2_gradient(k3(logp_BT, ref_logp_BT), _delta(logp_BT, ref_logp_BT))
-
-
-def kl_estimator(name: str) -> KlEstimator:
-  """The KL estimator registered as ``name``; unknown names list the valid ones."""
-  return KL_REGISTRY.get(name)
 
 
 # ----------------------------------------------------------------------------

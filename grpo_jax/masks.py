@@ -208,11 +208,6 @@ def masked_fraction(mask_BT, keep_BT):
   return jnp.sum(m_BT * (~keep_BT).astype(jnp.float32)) / jnp.maximum(jnp.sum(m_BT), 1.0)
 
 
-def get(name: str, **options):
-  """The mask `name` with its static options bound: fn(inputs, hyper) -> keep_BT."""
-  return REGISTRY.bind(name, **options)
-
-
 def apply(mask_fns: dict, inputs: MaskInputs, hyper: MaskHyper):
   """AND of the named masks with the completion mask.
 

@@ -3,7 +3,8 @@
 A registry may declare a traits record (a frozen dataclass with defaults): what the
 trainer asks of a variant (e.g. an estimator's need of π_old), declared beside it at
 registration, `@REGISTRY.register("name", needs_old_logp=True)`, and read with
-`REGISTRY.traits("name")`, so that no caller compares variant names.
+`REGISTRY.traits("name")`, so that no caller compares variant names. Every caller gets a
+variant with `REGISTRY.make(name, **options)`.
 """
 
 from __future__ import annotations
@@ -71,6 +72,17 @@ class Registry(Generic[T]):
         f"{self.kind} {name!r} has no options {unknown}; allowed: {allowed or 'none'}."
       )
     return functools.partial(fn, **options) if options else fn
+
+  def make(self, name: str, **options):
+    """The one accessor: variant `name` ready to call, its static options bound (`bind`)
+    and checked by its record's `check` trait (fn(**options) that raises on bad values)
+    when the registry's traits have one. Unknown names and options fail listing the
+    valid ones."""
+    fn = self.bind(name, **options)
+    check = getattr(self.traits(name), "check", None)
+    if check is not None:
+      check(**options)
+    return fn
 
   def names(self) -> list[str]:
     return sorted(self._items)

@@ -175,7 +175,7 @@ class RLConfig:
       if getattr(self, attr) < 0:
         raise ValueError(f"rl.{attr} must be >= 0, got {getattr(self, attr)}.")
     # Build every variant once, so bad options fail here, before anything compiles.
-    advantages.get(self.advantage, **self.advantage_options)
+    advantages.REGISTRY.make(self.advantage, **self.advantage_options)
     if not self.recompute_old_logp:
       criteria = config_lib.to_dict(self.mask_options.get("negative_token_filter", {}))
       needs = [
@@ -209,7 +209,7 @@ class RLConfig:
         "log-probs, but rl.recompute_old_logp=False makes π_old the sampler's own log-probs "
         "(nothing to correct); set recompute_old_logp=True or is_correction='none'."
       )
-    controllers.get(self.controller, **config_lib.to_dict(self.controller_options))
+    controllers.REGISTRY.make(self.controller, **config_lib.to_dict(self.controller_options))
     self.mask_fns()
     self.prepare_hyper(max_new_tokens=max(self.overlong_buffer, 1))
     self.step_hyper()
@@ -233,7 +233,9 @@ class RLConfig:
     names = list(self.token_masks)
     if self.truncation == "mask" and "overlong_filter" not in names:
       names.append("overlong_filter")
-    return {n: masks.get(n, **config_lib.to_dict(self.mask_options.get(n, {}))) for n in names}
+    return {
+      n: masks.REGISTRY.make(n, **config_lib.to_dict(self.mask_options.get(n, {}))) for n in names
+    }
 
   def prepare_hyper(self, *, max_new_tokens: int) -> PrepareHyper:
     return PrepareHyper(
@@ -402,7 +404,7 @@ def rollout_logprobs(params, ref_params, rollouts, *, cfg: RLConfig, model_fn):
     score_sq_N = score_sq_NT = rank_NT = None
   if cfg.use_ref:
     ref_logp_NT = logp(ref_params)[0]
-    kl_NT = losses.kl_estimator(cfg.kl_estimator)(old_logp_NT, ref_logp_NT) * mask_NT
+    kl_NT = losses.KL_REGISTRY.make(cfg.kl_estimator)(old_logp_NT, ref_logp_NT) * mask_NT
   else:
     ref_logp_NT = jnp.zeros_like(old_logp_NT)
     kl_NT = jnp.zeros_like(old_logp_NT)
@@ -500,7 +502,7 @@ def compute_advantages(
   successes from failures (fade); None: shaped reward > 0. context (context_N, weights_N,
   start_N): counterfactual rows that inform ibpo's trie only, the rows' weights in it and
   the depth from which each row counts there (a branch's cut)."""
-  adv_fn = advantages.get(cfg.advantage, **config_lib.to_dict(cfg.advantage_options))
+  adv_fn = advantages.REGISTRY.make(cfg.advantage, **config_lib.to_dict(cfg.advantage_options))
   inputs = _advantage_inputs(lp, rollouts, rewards_N, valid_N, hyper, success_N, cfg=cfg, **context)
   return adv_fn(inputs, hyper.adv)
 
@@ -646,7 +648,7 @@ def behaviour_correction(lp: PolicyLogProbs, rollouts, adv_NT, loss_mask_NT, hyp
   if not cfg.recompute_old_logp:
     return adv_NT, loss_mask_NT, {}
   old_NT, behav_NT = lp.old_logp_NT, rollouts.policy_logp_NT
-  w_NT, keep_NT = importance.get(cfg.is_correction)(
+  w_NT, keep_NT = importance.REGISTRY.make(cfg.is_correction)(
     old_NT, behav_NT, loss_mask_NT, hyper.importance
   )
   stats = importance.mismatch_metrics(old_NT, behav_NT, loss_mask_NT, w_NT, keep_NT)
@@ -736,13 +738,13 @@ def token_terms(
   )
   ent_NT = stats["entropy"]
   m_NT = mb.loss_mask_NT
-  pg_NT, aux = losses.policy_loss(cfg.policy_loss)(
+  pg_NT, aux = losses.REGISTRY.make(cfg.policy_loss)(
     logp_NT, mb.old_logp_NT, mb.adv_NT, m_NT, hyper.loss
   )
   total_NT = pg_NT - hyper.entropy_coef * ent_NT
   kl_NT = jnp.zeros_like(logp_NT)
   if cfg.use_ref:
-    kl_NT = losses.kl_estimator(cfg.kl_estimator)(logp_NT, mb.ref_logp_NT)
+    kl_NT = losses.KL_REGISTRY.make(cfg.kl_estimator)(logp_NT, mb.ref_logp_NT)
     total_NT = total_NT + hyper.kl_coef * kl_NT
   total_NT = jnp.where(m_NT, total_NT, 0.0)
   terms = dict(aux, pg_loss=pg_NT, kl=kl_NT, entropy=ent_NT, logp=logp_NT, loss=total_NT)
@@ -961,7 +963,7 @@ def train_step(
   dropout_key: the step's adapter-dropout key (model.lora.dropout; `update` passes one per
   step); None: a deterministic forward.
   """
-  w_NT = aggregation.get(cfg.aggregation)(
+  w_NT = aggregation.REGISTRY.make(cfg.aggregation)(
     mb.loss_mask_NT, mb.group_ids_N, mb.adv_NT, max_len=cfg.max_len or None
   )
   grads, sums, tok = accumulate_gradients(

@@ -583,7 +583,7 @@ class _Loop:
         resumed_from=resumed_from,
         log=log,
       ),
-      controller=controllers.get(
+      controller=controllers.REGISTRY.make(
         rl_cfg.controller, **config_lib.to_dict(rl_cfg.controller_options)
       ),
       step_hyper=rl_cfg.step_hyper(),

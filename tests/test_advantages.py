@@ -63,7 +63,7 @@ def _inputs(rewards, group_ids, lengths=None, *, T=3, kl=None, score_sq=None, ro
 @functools.cache
 def _jitted(name, **options):
   """One jitted estimator per (name, options): hypothesis examples of one shape reuse it."""
-  return jax.jit(advantages.get(name, **options))
+  return jax.jit(advantages.REGISTRY.make(name, **options))
 
 
 def _seq(adv_BT, inputs):
@@ -639,7 +639,7 @@ def test_advantage_hyper_is_float32_arrays():
 
 def test_get_unknown_name_lists_valid_names():
   with pytest.raises(ValueError, match="Unknown advantage estimator 'nope'") as info:
-    advantages.get("nope")
+    advantages.REGISTRY.make("nope")
   for name in (
     "batch_mean",
     "batch_mean_std",
@@ -660,14 +660,14 @@ def test_get_unknown_name_lists_valid_names():
 
 def test_get_unknown_options_lists_allowed():
   with pytest.raises(ValueError, match=r"no options \['ddof'\]; allowed: \['unbiased_std'\]"):
-    advantages.get("grpo", ddof=1)
+    advantages.REGISTRY.make("grpo", ddof=1)
   with pytest.raises(ValueError, match="allowed: none"):
-    advantages.get("dr_grpo", unbiased_std=False)
+    advantages.REGISTRY.make("dr_grpo", unbiased_std=False)
   with pytest.raises(ValueError, match="scope must be 'group' or 'batch'"):
-    advantages.get("optimal_baseline", scope="global")
+    advantages.REGISTRY.make("optimal_baseline", scope="global")
   with pytest.raises(ValueError, match="optimal_token_baseline scope must be"):
-    advantages.get("optimal_token_baseline", scope="rows")
-  assert advantages.get("rloo") is advantages.rloo  # No options: the function itself.
+    advantages.REGISTRY.make("optimal_token_baseline", scope="rows")
+  assert advantages.REGISTRY.make("rloo") is advantages.rloo  # No options: the function itself.
 
 
 def test_validate_group_ids_accepts_consistent_batches():
@@ -802,10 +802,10 @@ def test_the_trainer_asks_an_estimators_traits_not_its_name(monkeypatch):
   rl.RLConfig(advantage="toy")  # Fine with π_old recomputed.
   assert advantages.works_without_groups("toy", {}) and "toy" in advantages.batch_level_names()
   with pytest.raises(ValueError, match="toy width must be > 0"):
-    advantages.get("toy", width=0.0)
+    advantages.REGISTRY.make("toy", width=0.0)
   inputs = _inputs([1.0, 0.0, 1.0, 1.0], [0, 0, 1, 1])
   np.testing.assert_allclose(
-    np.asarray(advantages.get("toy", width=2.0)(inputs, None))[:, 0], [2, 0, 2, 2]
+    np.asarray(advantages.REGISTRY.make("toy", width=2.0)(inputs, None))[:, 0], [2, 0, 2, 2]
   )
   assert advantages.REGISTRY.traits("toy").metrics(inputs, None)["toy/reward_sum"] == 3.0
   assert advantages.REGISTRY.traits("grpo") == advantages.Traits()  # The defaults.

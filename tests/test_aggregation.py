@@ -29,7 +29,7 @@ def _mask(lengths, T):
 
 @functools.cache
 def _jitted(name, max_len=None):
-  return jax.jit(functools.partial(aggregation.get(name), max_len=max_len))
+  return jax.jit(functools.partial(aggregation.REGISTRY.make(name), max_len=max_len))
 
 
 def _weights(name, mask_BT, group_ids_B, adv_BT, max_len=None):
@@ -311,7 +311,7 @@ def _advantages(estimator, rewards=CAN_REWARDS, ids=CAN_IDS, mask=CAN_MASK):
     group_ids_B=jnp.asarray(ids, jnp.int32),
     mask_BT=jnp.asarray(mask),
   )
-  return np.asarray(advantages.get(estimator)(inputs, advantages.advantage_hyper()))
+  return np.asarray(advantages.REGISTRY.make(estimator)(inputs, advantages.advantage_hyper()))
 
 
 def _residual(w_BT, adv_BT, tokens, mask, rows, token=7):
@@ -387,6 +387,6 @@ def test_shared_token_cancels_for_any_lengths_and_pass_rate(lengths, k, position
 
 def test_get_unknown_name_lists_valid_names():
   with pytest.raises(ValueError, match="Unknown aggregation mode 'token-mean'") as info:
-    aggregation.get("token-mean")  # verl's spelling is not ours
+    aggregation.REGISTRY.make("token-mean")  # verl's spelling is not ours
   valid = str(info.value).split("valid names: ")[1].rstrip(".").split(", ")
   assert valid == sorted(MODES)

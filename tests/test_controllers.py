@@ -11,7 +11,7 @@ OPTS = dict(entropy_high=1.0, entropy_low=0.2, max_drop=0.05, pass_high=0.9, har
 
 
 def _run(entropies, pass_rate=0.5, **opts):
-  ctrl = controllers.get("fade_entropy", **{**OPTS, **opts})
+  ctrl = controllers.REGISTRY.make("fade_entropy", **{**OPTS, **opts})
   hyper, state = advantages.advantage_hyper(), controllers.init_state()
   for h in entropies:
     hyper, state = ctrl(hyper, state, {"rollout_entropy": h, "pass_rate": pass_rate})
@@ -51,14 +51,14 @@ def test_saturated_pass_rate_stops_exploration():
 
 
 def test_controller_updates_do_not_recompile_the_estimator():
-  fade_fn = advantages.get("fade")
+  fade_fn = advantages.REGISTRY.make("fade")
   fade = jax.jit(lambda inputs, hyper: fade_fn(inputs, hyper))  # Its own jit cache.
   inputs = advantages.AdvantageInputs(
     rewards_B=jnp.array([1.0, 0.0, 0.0, 0.0]),
     group_ids_B=jnp.zeros(4, jnp.int32),
     mask_BT=jnp.ones((4, 3), bool),
   )
-  ctrl = controllers.get("fade_entropy", **OPTS)
+  ctrl = controllers.REGISTRY.make("fade_entropy", **OPTS)
   hyper, state = advantages.advantage_hyper(), controllers.init_state()
   outs = []
   for h in (1.0, 0.5, 0.1):
@@ -70,11 +70,11 @@ def test_controller_updates_do_not_recompile_the_estimator():
 
 def test_none_controller_and_bad_options():
   hyper = advantages.advantage_hyper(lambda_f=3.0)
-  out, _ = controllers.get("none")(hyper, controllers.init_state(), {})
+  out, _ = controllers.REGISTRY.make("none")(hyper, controllers.init_state(), {})
   assert float(out.lambda_f) == 3.0
   with pytest.raises(ValueError, match="entropy_high > entropy_low"):
-    controllers.get("fade_entropy", entropy_high=0.1, entropy_low=0.5)
+    controllers.REGISTRY.make("fade_entropy", entropy_high=0.1, entropy_low=0.5)
   with pytest.raises(ValueError, match="valid names: fade_entropy, none"):
-    controllers.get("pid")
+    controllers.REGISTRY.make("pid")
   with pytest.raises(ValueError, match="no options \\['gain'\\]"):
-    controllers.get("fade_entropy", gain=1.0)
+    controllers.REGISTRY.make("fade_entropy", gain=1.0)

@@ -95,7 +95,7 @@ def _can_adv(estimator="grpo"):
     group_ids_B=jnp.asarray(CAN_IDS),
     mask_BT=jnp.asarray(CAN_MASK),
   )
-  return np.asarray(advantages.get(estimator)(inputs, advantages.advantage_hyper()))
+  return np.asarray(advantages.REGISTRY.make(estimator)(inputs, advantages.advantage_hyper()))
 
 
 def _residuals(mode, adv_BT):

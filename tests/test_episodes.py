@@ -327,7 +327,9 @@ def _loss_and_grads(params, rollouts, tiny_cfg, mode):
   batch, _, stats = rl.prepare(
     params, None, rollouts, correct, jnp.zeros(16), hyper, cfg=cfg, model_fn=model_fn
   )
-  w_NT = aggregation.get(mode)(batch.loss_mask_NT, batch.group_ids_N, batch.adv_NT, max_len=None)
+  w_NT = aggregation.REGISTRY.make(mode)(
+    batch.loss_mask_NT, batch.group_ids_N, batch.adv_NT, max_len=None
+  )
   grads, sums, _ = rl.accumulate_gradients(
     params, batch, w_NT, cfg.step_hyper(), cfg=cfg, model_fn=model_fn, token_outputs=False
   )

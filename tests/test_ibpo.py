@@ -37,7 +37,7 @@ def _inputs(tokens=TOKENS, rewards=REWARDS, ids=None, *, lengths=None, **extra):
 @functools.cache
 def _jitted(name, **options):
   """One compile per estimator, options and input structure (eager runs trace every op)."""
-  return jax.jit(advantages.get(name, **options))
+  return jax.jit(advantages.REGISTRY.make(name, **options))
 
 
 @functools.cache
@@ -272,13 +272,13 @@ def test_counterfactual_weights_count_in_the_trie_not_in_n_g():
 
 def test_options_are_checked_at_config_time():
   with pytest.raises(ValueError, match="shrink must be a finite number >= 0"):
-    advantages.get("ibpo", shrink=-1.0)
+    advantages.REGISTRY.make("ibpo", shrink=-1.0)
   with pytest.raises(ValueError, match="ibpo scale must be one of std, none"):
-    advantages.get("ibpo", scale="rank")
+    advantages.REGISTRY.make("ibpo", scale="rank")
   with pytest.raises(ValueError, match="unknown option|base"):
-    advantages.get("ibpo", base="grpo")  # The additive form's option is gone.
+    advantages.REGISTRY.make("ibpo", base="grpo")  # The additive form's option is gone.
   with pytest.raises(ValueError, match="needs AdvantageInputs.tokens_BT"):
-    advantages.get("ibpo")(_inputs().replace(tokens_BT=None), H)
+    advantages.REGISTRY.make("ibpo")(_inputs().replace(tokens_BT=None), H)
 
 
 def test_metrics_by_hand():

@@ -120,7 +120,7 @@ def test_counterfactuals_inform_phi_only_and_lambda_zero_is_grpo_on_the_samples(
     group_ids_B=got.rollouts.group_ids_N[sample_N],
     mask_BT=got.rollouts.mask_NT[sample_N],
   )
-  want = advantages.get("grpo")(inputs, setup.rl_cfg.prepare_hyper(max_new_tokens=26).adv)
+  want = advantages.REGISTRY.make("grpo")(inputs, setup.rl_cfg.prepare_hyper(max_new_tokens=26).adv)
   np.testing.assert_allclose(np.asarray(batch.adv_NT)[sample_N], want, atol=1e-6)
   # The merged batch is group-major: G samples then C counterfactuals per group.
   np.testing.assert_array_equal(prov.kind_N, np.tile([0] * 4 + [1] * 4, 4))

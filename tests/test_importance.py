@@ -17,7 +17,7 @@ HYPER = importance.is_hyper(lower=0.5, upper=2.5)
 
 
 def _run(name):
-  w, keep = importance.get(name)(OLD, BEHAV, MASK, HYPER)
+  w, keep = importance.REGISTRY.make(name)(OLD, BEHAV, MASK, HYPER)
   return np.asarray(w), np.asarray(keep)
 
 
@@ -47,14 +47,14 @@ def test_mis_sequence_drops_whole_rows():
 
 def test_mis_geometric_tests_the_per_token_geometric_mean():
   hyper = importance.is_hyper(lower=0.5, upper=1.6)
-  w, keep = importance.get("mis_geometric")(OLD, BEHAV, MASK, hyper)
+  w, keep = importance.REGISTRY.make("mis_geometric")(OLD, BEHAV, MASK, hyper)
   # Row 0: 2.4^(1/3) = 1.34 kept; row 1: sqrt(3) = 1.73 dropped.
   np.testing.assert_array_equal(np.asarray(keep), [[1, 1, 1], [0, 0, 0]])
   np.testing.assert_array_equal(np.asarray(w), np.ones((2, 3)))
 
 
 def test_mismatch_metrics_by_hand():
-  w, keep = importance.get("mis_token")(OLD, BEHAV, MASK, HYPER)
+  w, keep = importance.REGISTRY.make("mis_token")(OLD, BEHAV, MASK, HYPER)
   m = importance.mismatch_metrics(OLD, BEHAV, MASK, w, keep)
   k3 = lambda r: r - 1 - math.log(r)
   want = (k3(2) + k3(0.4) + k3(3) + k3(1) + k3(3)) / 5
@@ -68,10 +68,12 @@ def test_mismatch_metrics_by_hand():
 
 def test_no_mismatch_gives_unit_weights_and_zero_kl():
   for name in importance.REGISTRY.names():
-    w, keep = importance.get(name)(OLD, OLD, MASK, HYPER)
+    w, keep = importance.REGISTRY.make(name)(OLD, OLD, MASK, HYPER)
     np.testing.assert_allclose(np.asarray(w)[np.asarray(MASK)], 1.0, rtol=1e-6)
     np.testing.assert_array_equal(np.asarray(keep), np.asarray(MASK))
-  m = importance.mismatch_metrics(OLD, OLD, MASK, *importance.get("none")(OLD, OLD, MASK, HYPER))
+  m = importance.mismatch_metrics(
+    OLD, OLD, MASK, *importance.REGISTRY.make("none")(OLD, OLD, MASK, HYPER)
+  )
   assert float(m["offpolicy/mismatch_k3"]) == 0.0
 
 

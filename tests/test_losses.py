@@ -22,7 +22,7 @@ def _row(x):
 
 @functools.partial(jax.jit, static_argnames="name")
 def _loss(name, logp_BT, old_logp_BT, adv_BT, mask_BT, hyper):
-  return losses.policy_loss(name)(logp_BT, old_logp_BT, adv_BT, mask_BT, hyper)
+  return losses.REGISTRY.make(name)(logp_BT, old_logp_BT, adv_BT, mask_BT, hyper)
 
 
 @functools.partial(jax.jit, static_argnames="name")
@@ -30,7 +30,7 @@ def _grad_logp(name, logp_BT, old_logp_BT, adv_BT, mask_BT, w_BT, hyper):
   """∂/∂logp of Σ w·ℓ_tok (the train step's aggregation with weights w)."""
 
   def objective(logp_BT):
-    loss_BT, _ = losses.policy_loss(name)(logp_BT, old_logp_BT, adv_BT, mask_BT, hyper)
+    loss_BT, _ = losses.REGISTRY.make(name)(logp_BT, old_logp_BT, adv_BT, mask_BT, hyper)
     return jnp.sum(w_BT * loss_BT)
 
   return jax.grad(objective)(logp_BT)
@@ -148,7 +148,7 @@ def test_masked_tokens_give_zero_loss_false_flags_and_finite_grads(name):
 def test_aux_keys_dtypes_and_jit_without_recompiles(name):
   logp_BT, adv_BT, mask_BT, _ = _random_batch(1)
   old_logp_BT = logp_BT + 0.3 * np.sin(np.arange(7, dtype=np.float32))[None, :]
-  loss_fn = losses.policy_loss(name)
+  loss_fn = losses.REGISTRY.make(name)
   fn = jax.jit(lambda *args: loss_fn(*args))  # Its own jit cache.
   out_a = fn(logp_BT, old_logp_BT, adv_BT, mask_BT, losses.loss_hyper())
   out_b = fn(logp_BT, old_logp_BT, adv_BT, mask_BT, losses.loss_hyper(**DAPO, dual_clip_c=3.0))
@@ -303,7 +303,7 @@ def test_gspo_log_ratio_clamped_at_10():
 @functools.partial(jax.jit, static_argnames="name")
 def _kl_and_grad(name, logp_BT, ref_logp_BT):
   """(kl_BT, ∂/∂logp of Σ kl)."""
-  fn = losses.kl_estimator(name)
+  fn = losses.KL_REGISTRY.make(name)
   return fn(logp_BT, ref_logp_BT), jax.grad(lambda x: jnp.sum(fn(x, ref_logp_BT)))(logp_BT)
 
 
@@ -429,9 +429,9 @@ def test_loss_hyper_rejects_bad_values(kwargs, match):
 def test_registries_list_names_and_reject_unknown():
   assert losses.REGISTRY.names() == sorted(LOSS_NAMES)
   assert losses.KL_REGISTRY.names() == sorted(KL_NAMES)
-  assert losses.policy_loss("ppo_clip") is losses.ppo_clip
-  assert losses.kl_estimator("k3+") is losses.k3_plus
+  assert losses.REGISTRY.make("ppo_clip") is losses.ppo_clip
+  assert losses.KL_REGISTRY.make("k3+") is losses.k3_plus
   with pytest.raises(ValueError, match="Unknown policy loss 'ppo'.*cispo, gspo, ppo_clip"):
-    losses.policy_loss("ppo")
+    losses.REGISTRY.make("ppo")
   with pytest.raises(ValueError, match="Unknown KL estimator 'low_var_kl'.*k3"):
-    losses.kl_estimator("low_var_kl")
+    losses.KL_REGISTRY.make("low_var_kl")

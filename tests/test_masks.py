@@ -83,7 +83,7 @@ MASK = np.asarray(INPUTS.mask_BT)
 
 @functools.cache
 def _jitted(name, **options):
-  return jax.jit(masks.get(name, **options))
+  return jax.jit(masks.REGISTRY.make(name, **options))
 
 
 def _loss_mask(name, inputs=INPUTS, **options):
@@ -247,8 +247,8 @@ def test_shared_matches_brute_force(tokens, ids, lengths, signs):
 
 def test_apply_ands_masks_and_reports_fractions():
   fns = {
-    "positive_only": masks.get("positive_only"),
-    "overlong_filter": masks.get("overlong_filter"),
+    "positive_only": masks.REGISTRY.make("positive_only"),
+    "overlong_filter": masks.REGISTRY.make("overlong_filter"),
   }
   loss_mask_BT, stats = jax.jit(functools.partial(masks.apply, fns))(INPUTS, HYPER)
   # positive_only keeps rows 0, 2, 4 (and empty 5); overlong_filter drops 1, 4.
@@ -268,10 +268,10 @@ def test_apply_with_no_masks_is_the_completion_mask():
 
 def test_apply_negative_token_filter_with_polarity_mask():
   fns = {
-    "negative_token_filter": masks.get(
+    "negative_token_filter": masks.REGISTRY.make(
       "negative_token_filter", criteria=("prob", "entropy"), vocab_size=VOCAB
     ),
-    "negative_only": masks.get("negative_only"),
+    "negative_only": masks.REGISTRY.make("negative_only"),
   }
   loss_mask_BT, stats = masks.apply(fns, INPUTS, HYPER)
   # Filter removes (1,1), (1,2), (3,0), (3,2) = 4; negative_only removes rows 0, 2 = 5.
@@ -291,7 +291,7 @@ def test_masked_fraction_pinned():
 
 
 def test_thresholds_are_arrays_and_change_results_without_recompiling():
-  fn = jax.jit(masks.get("negative_token_filter", criteria=("prob", "entropy")))
+  fn = jax.jit(masks.REGISTRY.make("negative_token_filter", criteria=("prob", "entropy")))
   loose = fn(INPUTS, masks.mask_hyper(prob_threshold=0.4, entropy_threshold=0.0))
   # π_old > 0.4 in negative rows: row 1 t0 (0.5), t1 (0.95); row 3 t0 (0.95), t2 (0.92);
   # H < 0 never holds.
@@ -322,7 +322,7 @@ def test_mask_hyper_rejects_bad_values(kwargs, match):
 
 def test_get_unknown_name_lists_valid_names():
   with pytest.raises(ValueError, match="Unknown token mask 'nope'") as info:
-    masks.get("nope")
+    masks.REGISTRY.make("nope")
   valid = str(info.value).split("valid names: ")[1].rstrip(".").split(", ")
   assert valid == ["negative_only", "negative_token_filter", "overlong_filter", "positive_only"]
 
@@ -331,14 +331,14 @@ def test_get_unknown_options_lists_allowed():
   with pytest.raises(
     ValueError, match=r"no options \['threshold'\]; allowed: \['criteria', 'vocab_size'\]"
   ):
-    masks.get("negative_token_filter", threshold=0.5)
+    masks.REGISTRY.make("negative_token_filter", threshold=0.5)
   with pytest.raises(ValueError, match="allowed: none"):
-    masks.get("positive_only", criteria=("prob",))
+    masks.REGISTRY.make("positive_only", criteria=("prob",))
 
 
 @pytest.mark.parametrize("criteria", [("prob", "nope"), ()])
 def test_negative_token_filter_rejects_bad_criteria(criteria):
-  fn = masks.get("negative_token_filter", criteria=criteria)
+  fn = masks.REGISTRY.make("negative_token_filter", criteria=criteria)
   with pytest.raises(
     ValueError, match=r"non-empty subset of \('prob', 'entropy', 'rank', 'shared', 'batch_shared'\)"
   ):
@@ -347,10 +347,12 @@ def test_negative_token_filter_rejects_bad_criteria(criteria):
 
 def test_shared_needs_a_vocab_bound():
   with pytest.raises(ValueError, match="needs vocab_size > 0"):
-    masks.get("negative_token_filter", criteria=("shared",))(INPUTS, HYPER)
+    masks.REGISTRY.make("negative_token_filter", criteria=("shared",))(INPUTS, HYPER)
   # B·V must fit the uint32 keys: 6·2^30 >= 2^32.
   with pytest.raises(ValueError, match=r"batch\*vocab_size < 2\^32"):
-    masks.get("negative_token_filter", criteria=("shared",), vocab_size=2**30)(INPUTS, HYPER)
+    masks.REGISTRY.make("negative_token_filter", criteria=("shared",), vocab_size=2**30)(
+      INPUTS, HYPER
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -391,21 +393,21 @@ def test_at_group_size_one_shared_finds_nothing_and_batch_shared_filters():
   [(1, [(1, 0), (1, 3), (3, 1)]), (2, [(1, 0), (1, 2), (1, 3), (3, 0), (3, 1)])],
 )
 def test_rank_criterion_drops_negatives_tokens_in_the_top_k(top_k, cells):
-  fn = jax.jit(masks.get("negative_token_filter", criteria=("rank",)))
+  fn = jax.jit(masks.REGISTRY.make("negative_token_filter", criteria=("rank",)))
   hyper = masks.mask_hyper(top_k=top_k)
   np.testing.assert_array_equal(fn(_with_rank(), hyper) & MASK, _removed(*cells))
 
 
 def test_rank_criterion_without_ranks_is_a_clear_error():
   with pytest.raises(ValueError, match="'rank' needs MaskInputs.rank_BT"):
-    masks.get("negative_token_filter", criteria=("rank",))(INPUTS, HYPER)
+    masks.REGISTRY.make("negative_token_filter", criteria=("rank",))(INPUTS, HYPER)
   with pytest.raises(ValueError, match="top_k must be >= 1"):
     masks.mask_hyper(top_k=0)
 
 
 def test_apply_reports_each_criterion_alone_and_together():
   fns = {
-    "negative_token_filter": masks.get(
+    "negative_token_filter": masks.REGISTRY.make(
       "negative_token_filter", criteria=("prob", "rank", "batch_shared"), vocab_size=VOCAB
     )
   }

@@ -94,7 +94,7 @@ def test_bucketed_micro_batches_give_the_unbucketed_sums_for_every_aggregation(
   cfg = rl.RLConfig(micro_batches=4, entropy_coef=0.01)
   b = skewed_batch
   for name in aggregation.REGISTRY.names():
-    w_NT = aggregation.get(name)(b.loss_mask_NT, b.group_ids_N, b.adv_NT)
+    w_NT = aggregation.REGISTRY.make(name)(b.loss_mask_NT, b.group_ids_N, b.adv_NT)
     want, got = _both(cfg, tiny_cfg, tiny_params, b, w_NT)
     _assert_same(got, want, b.loss_mask_NT)
 
@@ -107,7 +107,7 @@ def test_bucketed_micro_batches_give_the_unbucketed_sums_for_sequence_losses_and
 ):
   cfg = rl.RLConfig(micro_batches=4, entropy_coef=0.01, **changes)
   b = skewed_batch
-  w_NT = aggregation.get("token_mean")(b.loss_mask_NT, b.group_ids_N, b.adv_NT)
+  w_NT = aggregation.REGISTRY.make("token_mean")(b.loss_mask_NT, b.group_ids_N, b.adv_NT)
   want, got = _both(cfg, tiny_cfg, tiny_params, b, w_NT)
   _assert_same(got, want, b.loss_mask_NT)
 

@@ -37,7 +37,7 @@ def coefficients(adv_BT, w_BT, mask_BT):
 
 def aggregation_weights(name: str, mask_BT, group_ids_B, adv_BT, *, max_len: int | None = None):
   """w_BT of the registered aggregation mode `name` (aggregation.REGISTRY)."""
-  return aggregation.get(name)(mask_BT, group_ids_B, adv_BT, max_len=max_len)
+  return aggregation.REGISTRY.make(name)(mask_BT, group_ids_B, adv_BT, max_len=max_len)
 
 
 def token_counts(tokens_BT, mask_BT, *, vocab_size: int):

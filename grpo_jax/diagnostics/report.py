@@ -144,7 +144,7 @@ def loss_coefficients(logp_BT, old_logp_BT, adv_BT, mask_BT, w_BT, loss_hyper, p
   log-probs ℓ (vs π_old's ℓ_old). For PPO's clipped surrogate c = w·A·ρ·1[not clipped]:
   a token whose clipped branch binds (or whose dual clip binds) gets 0. At ρ = 1 (nothing
   moved yet) c = w·A, the coefficient the plain residual uses."""
-  fn = losses.policy_loss(policy_loss)
+  fn = losses.REGISTRY.make(policy_loss)
 
   def total(lp_BT):
     return jnp.sum(w_BT * fn(lp_BT, old_logp_BT, adv_BT, mask_BT, loss_hyper)[0])
