@@ -18,9 +18,11 @@ from grpo_jax import advantages, registry
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Traits:
-  """check: fn(**options) that raises on bad option values (`REGISTRY.make`), or None."""
+  """check: fn(**options) that raises on bad option values (`REGISTRY.make`), or None.
+  reads_old_logp: it steers by π_old's entropy, so rl.recompute_old_logp=False is refused."""
 
   check: Callable | None = None
+  reads_old_logp: bool = True
 
 
 REGISTRY = registry.Registry("advantage controller", traits=Traits)
@@ -41,7 +43,7 @@ def init_state() -> dict:
   return {"entropy": z, "slope": z, "started": z}
 
 
-@REGISTRY.register("none")
+@REGISTRY.register("none", reads_old_logp=False)
 def none(hyper: advantages.AdvantageHyper, state: dict, metrics: dict):
   """Leaves the hyperparameters unchanged."""
   del metrics

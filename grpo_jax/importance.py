@@ -45,6 +45,7 @@ log ρ is clamped to ±LOG_RATIO_CLAMP before exp, as the policy losses clamp th
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import flax
@@ -57,7 +58,17 @@ LOG_RATIO_CLAMP = 20.0
 QUANTILES = (0.01, 0.5, 0.99)
 
 Correction = Callable[..., tuple[jax.Array, jax.Array]]
-REGISTRY: registry.Registry[Correction] = registry.Registry("importance correction")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Traits:
+  """corrects: it reweights or drops tokens by π_old / μ (False only for "none", which
+  needs no sampler log-probs and corrects nothing)."""
+
+  corrects: bool = True
+
+
+REGISTRY: registry.Registry[Correction] = registry.Registry("importance correction", traits=Traits)
 
 
 @flax.struct.dataclass
@@ -101,7 +112,7 @@ def _inside(r, hyper: ISHyper):
   return (r >= hyper.lower) & (r <= hyper.upper)
 
 
-@REGISTRY.register("none")
+@REGISTRY.register("none", corrects=False)
 def no_correction(old_logp_NT, behav_logp_NT, mask_NT, hyper: ISHyper):
   """w = 1: the behaviour policy is taken to be π_old (today's on-policy assumption)."""
   del old_logp_NT, behav_logp_NT, hyper

@@ -50,7 +50,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from grpo_jax import counterfactuals, sampling
+from grpo_jax import counterfactuals, importance, sampling
 
 STALE_POLICIES = ("drop", "correct")
 PARTIAL = ("off", "continue", "restart")
@@ -136,7 +136,7 @@ def check(
     )
   if cfg.partial != "off" and refill_slots:
     problems.append("partial rollouts continue rows with the static sampler; set refill_slots=0")
-  if cfg.stale == "correct" and rl_cfg.is_correction == "none":
+  if cfg.stale == "correct" and not importance.REGISTRY.traits(rl_cfg.is_correction).corrects:
     problems.append(
       "stale='correct' would train rows staler than max_staleness uncorrected: set "
       "rl.is_correction (e.g. 'tis_token') or stale='drop'"

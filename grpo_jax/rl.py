@@ -193,7 +193,10 @@ class RLConfig:
             "the 'rank' negative_token_filter criterion",
             "rank" in criteria.get("criteria", ()),
           ),
-          (f"controller={self.controller!r}", self.controller != "none"),
+          (
+            f"controller={self.controller!r}",
+            controllers.REGISTRY.traits(self.controller).reads_old_logp,
+          ),
         )
         if used
       ]
@@ -203,7 +206,7 @@ class RLConfig:
           "needs; set recompute_old_logp=True."
         )
     importance.check_bounds(lower=self.is_lower, upper=self.is_upper)
-    if self.is_correction != "none" and not self.recompute_old_logp:
+    if importance.REGISTRY.traits(self.is_correction).corrects and not self.recompute_old_logp:
       raise ValueError(
         f"rl.is_correction={self.is_correction!r} corrects π_old against the sampler's "
         "log-probs, but rl.recompute_old_logp=False makes π_old the sampler's own log-probs "
