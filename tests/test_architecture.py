@@ -196,3 +196,43 @@ def test_property_tests_are_derandomized_by_default():
     pytest.skip("HYPOTHESIS_PROFILE chose another profile")
   assert hypothesis.settings.default.derandomize
   assert hypothesis.settings(max_examples=5).derandomize
+
+
+# The RLConfig fields that name a registry record: the trainer asks the record's traits.
+_VARIANT_FIELDS = (
+  "advantage",
+  "policy_loss",
+  "kl_estimator",
+  "aggregation",
+  "planner",
+  "controller",
+  "is_correction",
+)
+
+
+def _name_checks(tree: ast.AST) -> list[str]:
+  """`x.<variant field> ==/!=/in "literal"` comparisons (a trait decided by a name)."""
+  found = []
+  for node in ast.walk(tree):
+    if not isinstance(node, ast.Compare):
+      continue
+    sides = [node.left, *node.comparators]
+    names = [s.attr for s in sides if isinstance(s, ast.Attribute) and s.attr in _VARIANT_FIELDS]
+    literal = any(
+      isinstance(s, ast.Constant | ast.Tuple | ast.List | ast.Set)
+      and not (isinstance(s, ast.Constant) and s.value is None)
+      for s in sides
+    )
+    if names and literal:
+      found.append(f"line {node.lineno}: {ast.unparse(node)}")
+  return found
+
+
+def test_no_trait_is_decided_by_a_variant_name():
+  bad = {
+    str(path.relative_to(ROOT)): got
+    for path in sorted(PACKAGE.rglob("*.py"))
+    if (got := _name_checks(ast.parse(path.read_text())))
+  }
+  assert not bad, bad
+  assert _name_checks(ast.parse('if cfg.advantage == "fade": pass'))  # It can fail.
