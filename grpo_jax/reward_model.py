@@ -113,19 +113,15 @@ def read_pairs(path) -> list[Pair]:
   path = pathlib.Path(path)
   if not path.is_file():
     raise PairsError(f"{path}: no such preference file (JSONL of {list(PAIR_KEYS)}).")
+  try:
+    rows = task_base.read_jsonl(str(path))
+  except ValueError as e:
+    raise PairsError(str(e)) from None
   pairs = []
-  for n, line in enumerate(path.read_text().splitlines(), start=1):
-    if not line.strip():
-      continue
-    try:
-      row = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise PairsError(f"{path}:{n}: not JSON ({e.msg}).") from None
-    if not isinstance(row, dict):
-      raise PairsError(f"{path}:{n}: expected an object with keys {list(PAIR_KEYS)}.")
+  for n, row in enumerate(rows, start=1):
     bad = [k for k in PAIR_KEYS if not isinstance(row.get(k), str)]
     if bad:
-      raise PairsError(f"{path}:{n}: {bad} missing or not strings; each line needs {PAIR_KEYS}.")
+      raise PairsError(f"{path}: pair {n}: {bad} missing or not strings; each needs {PAIR_KEYS}.")
     pairs.append(Pair(row["prompt"], row["chosen"], row["rejected"]))
   if not pairs:
     raise PairsError(f"{path}: no pairs.")

@@ -113,10 +113,10 @@ def test_pair_loss_is_the_logistic_loss_of_the_margin_by_hand():
 def test_pairs_file_errors_name_the_line(tmp_path):
   path = tmp_path / "p.jsonl"
   path.write_text('{"prompt": "a", "chosen": "b", "rejected": "c"}\n{"prompt": "a", "chosen": 1}\n')
-  with pytest.raises(reward_model.PairsError, match=r"p.jsonl:2: \['chosen', 'rejected'\]"):
+  with pytest.raises(reward_model.PairsError, match=r"p.jsonl: pair 2: \['chosen', 'rejected'\]"):
     reward_model.read_pairs(path)
   path.write_text("{not json\n")
-  with pytest.raises(reward_model.PairsError, match=r"p.jsonl:1: not JSON"):
+  with pytest.raises(reward_model.PairsError, match=r"p.jsonl:1: not valid JSON"):
     reward_model.read_pairs(path)
   with pytest.raises(reward_model.PairsError, match="no such preference file"):
     reward_model.read_pairs(tmp_path / "missing.jsonl")
