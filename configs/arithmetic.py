@@ -11,6 +11,8 @@ Variants:
     2-core CPU.
   full: a ~40M-parameter model, up to 3-digit addition and subtraction, 64 prompts x G=8
     (hours on CPU; minutes on one accelerator).
+  quick: tiny on a 1-layer, d_model 32 model (`config.QUICK_MODEL`), for tests and smoke
+    runs.
 
 Expected result (tiny, measured on a 2-core CPU): greedy accuracy on 128 held-out problems
 goes from 40.6% after the warm start to 66.4% after GRPO (+25.8 points; 46.1% at iteration
@@ -28,8 +30,8 @@ from grpo_jax import config, presets
 
 
 def get_config(arg: str = "tiny"):
-  if arg not in ("tiny", "full"):
-    raise ValueError(f"configs/arithmetic.py variant {arg!r}; allowed: 'tiny', 'full'.")
+  if arg not in ("tiny", "full", "quick"):
+    raise ValueError(f"configs/arithmetic.py variant {arg!r}; allowed: 'tiny', 'full', 'quick'.")
   c = config.default_config()
   c.task.name = "arithmetic"
   c.task.kwargs = dict(max_digits=2, ops="+")
@@ -42,6 +44,8 @@ def get_config(arg: str = "tiny"):
   c.update(prompts_per_step=32, iterations=300, learning_rate=1e-4, grad_clip=1.0)
   c.update(warmstart_steps=400, warmstart_batch=64, warmstart_lr=3e-3)
   c.update(eval_every=50, eval_size=128, eval_samples=8, checkpoint_every=50)
+  if arg == "quick":
+    c.model.update(config.QUICK_MODEL)
   if arg == "full":
     c.task.kwargs.update(max_digits=3, ops="+-")
     c.model.update(d_model=512, n_layers=8, n_heads=8, n_kv_heads=4, head_dim=64, mlp_dim=1536)

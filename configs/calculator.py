@@ -16,6 +16,8 @@ Variants:
     episode in all).
   full: a ~40M-parameter model, three nested operations, 64 prompts x G=8 (not measured:
     hours on CPU).
+  quick: tiny on a 1-layer, d_model 32 model (`config.QUICK_MODEL`), for tests and smoke
+    runs.
 
 Expected result (tiny, measured on a 2-core CPU shared with other jobs, load average 4-6):
 greedy accuracy on 128 held-out problems goes from 36.7% after the warm start to 60.2%
@@ -32,8 +34,8 @@ from grpo_jax import config, presets
 
 
 def get_config(arg: str = "tiny"):
-  if arg not in ("tiny", "full"):
-    raise ValueError(f"configs/calculator.py variant {arg!r}; allowed: 'tiny', 'full'.")
+  if arg not in ("tiny", "full", "quick"):
+    raise ValueError(f"configs/calculator.py variant {arg!r}; allowed: 'tiny', 'full', 'quick'.")
   c = config.default_config()
   c.task.name = "calculator"
   c.task.kwargs = dict(steps=2, ops="+*", max_digits=2)
@@ -47,6 +49,8 @@ def get_config(arg: str = "tiny"):
   c.update(prompts_per_step=32, iterations=200, learning_rate=3e-4, grad_clip=1.0)
   c.update(warmstart_steps=200, warmstart_batch=64, warmstart_lr=3e-3)
   c.update(eval_every=25, eval_size=128, eval_samples=0, checkpoint_every=50)
+  if arg == "quick":
+    c.model.update(config.QUICK_MODEL)
   if arg == "full":
     c.task.kwargs.update(steps=3)
     c.env.update(max_turns=5)

@@ -16,6 +16,8 @@ Variants:
     up to 34 tokens: 3 steps and the answer), 150 supervised warm-start steps, then 60 GRPO
     iterations of 16 prompts x G=8.
   full: a ~40M-parameter model, 3-5 digit operands, 64 prompts x G=8.
+  quick: tiny on a 1-layer, d_model 32 model (`config.QUICK_MODEL`), for tests and smoke
+    runs.
 
 Expected result (tiny, measured on a 2-core AMD EPYC CPU while another job shared it):
 greedy accuracy on 128 held-out problems (every step right) goes from 43.0% after the warm
@@ -28,8 +30,8 @@ from grpo_jax import config, presets
 
 
 def get_config(arg: str = "tiny"):
-  if arg not in ("tiny", "full"):
-    raise ValueError(f"configs/long_addition.py variant {arg!r}; allowed: 'tiny', 'full'.")
+  if arg not in ("tiny", "full", "quick"):
+    raise ValueError(f"configs/long_addition.py variant {arg!r}; allowed: 'tiny', 'full', 'quick'.")
   c = config.default_config()
   c.task.name = "long_addition"
   c.task.kwargs = dict(min_digits=2, max_digits=3)
@@ -42,6 +44,8 @@ def get_config(arg: str = "tiny"):
   c.update(prompts_per_step=16, iterations=60, learning_rate=1e-4, grad_clip=1.0)
   c.update(warmstart_steps=150, warmstart_batch=64, warmstart_lr=3e-3)
   c.update(eval_every=20, eval_size=128, eval_samples=0, checkpoint_every=20)
+  if arg == "quick":
+    c.model.update(config.QUICK_MODEL)
   if arg == "full":
     c.task.kwargs.update(min_digits=3, max_digits=5)
     c.model.update(d_model=512, n_layers=8, n_heads=8, n_kv_heads=4, head_dim=64, mlp_dim=1536)

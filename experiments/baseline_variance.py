@@ -42,10 +42,9 @@ BASELINES = {
 def make_config(seed: int, *, prompts: int, groups: int, quick: bool):
   from grpo_jax import config_lib  # noqa: PLC0415
 
-  c = config_lib.load(str(ROOT / "configs" / "long_addition.py") + ":tiny")
+  c = config_lib.load(str(ROOT / "configs" / "long_addition.py") + (":quick" if quick else ":tiny"))
   c.update(seed=seed, prompts_per_step=prompts * groups, reward_workers=0, progress=False)
   if quick:
-    c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64)
     c.task.kwargs = dict(min_digits=1, max_digits=2)
     c.sampler.update(max_new_tokens=26)
     c.update(warmstart_steps=60, warmstart_batch=32)

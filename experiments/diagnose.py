@@ -56,13 +56,12 @@ CATEGORIES = (*flips.DEFAULT_CATEGORIES, "all")
 
 
 def get_config(*, iterations: int, every: int, quick: bool):
-  c = config_lib.load(str(ROOT / "configs" / "arithmetic.py") + ":tiny")
+  c = config_lib.load(str(ROOT / "configs" / "arithmetic.py") + (":quick" if quick else ":tiny"))
   c.update(iterations=iterations, eval_every=max(iterations // 2, 1), eval_samples=0)
   c.update(checkpoint_every=max(iterations, 1), reward_workers=0, progress=False)
   c.diagnostics.update(every=every, probe_prompts=8, aggregations=COMPARE, rank=True)
   c.diagnostics.update(value=True, value_tokens=24, value_samples=8)
   if quick:
-    c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64)
     c.sampler.group_size = 4
     c.update(prompts_per_step=4, warmstart_steps=50, warmstart_batch=8, eval_size=8)
     c.rl.format_weight = 0.5  # Rewards vary even when the tiny model solves nothing.

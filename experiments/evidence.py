@@ -81,11 +81,10 @@ def _set(c, dotted: str, value) -> None:
 def arm_config(arm: Arm, *, seed: int, iterations: int, quick: bool):
   from grpo_jax import config_lib  # noqa: PLC0415
 
-  c = config_lib.load(str(ROOT / "configs" / "long_addition.py") + ":tiny")
+  c = config_lib.load(str(ROOT / "configs" / "long_addition.py") + (":quick" if quick else ":tiny"))
   c.update(seed=seed, iterations=iterations, eval_every=max(iterations // 3, 1))
   c.update(eval_samples=0, checkpoint_every=iterations, reward_workers=0, progress=False)
   if quick:
-    c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64)
     c.task.kwargs = dict(min_digits=1, max_digits=2)
     c.sampler.update(max_new_tokens=26)  # "9+9+0=18;9+9+1=19;A:198." and EOS fit.
     c.update(prompts_per_step=8, warmstart_steps=60, warmstart_batch=32, eval_size=16)

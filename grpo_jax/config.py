@@ -360,6 +360,12 @@ def _section(v):
   return v
 
 
+# The `quick` variant's model (configs/arithmetic.py, long_addition.py, calculator.py): a
+# 1-layer, d_model 32 Qwen3-shaped model that compiles in a fraction of the tiny one's time,
+# for tests, smoke runs and experiments that need many short runs.
+QUICK_MODEL = dict(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64)
+
+
 def default_config() -> ml_collections.ConfigDict:
   """Every key a trainer config may set, with its default; configs/*.py start from it.
 

@@ -9,11 +9,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def small_arithmetic():
-  """configs/arithmetic.py:tiny on a 1-layer model and 1-digit sums, G = 4, warm-start
+  """configs/arithmetic.py:quick (a 1-layer model) on 1-digit sums, G = 4, warm-start
   batches of 16: it learns within 120 warm-start steps and compiles in a fraction of the
   tiny config's time."""
-  c = config_lib.load(str(ROOT / "configs" / "arithmetic.py") + ":tiny")
-  c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64)
+  c = config_lib.load(str(ROOT / "configs" / "arithmetic.py") + ":quick")
   c.task.kwargs.max_digits = 1
   c.sampler.group_size = 4
   c.warmstart_batch = 16

@@ -127,10 +127,10 @@ def _config_module(name: str):
 
 
 _VARIANTS = {
-  "arithmetic.py": ("tiny", "full"),
+  "arithmetic.py": ("tiny", "full", "quick"),
   "countdown.py": ("tiny", "full"),
-  "long_addition.py": ("tiny", "full"),
-  "calculator.py": ("tiny", "full"),
+  "long_addition.py": ("tiny", "full", "quick"),
+  "calculator.py": ("tiny", "full", "quick"),
   "code_env.py": ("tiny", "qwen"),
   "ibpo.py": ("tiny", "trie", "grpo", "hint", "repair"),
   "remedies.py": ("tiny", *_config_module("remedies.py").REMEDIES),

@@ -195,8 +195,7 @@ def test_episodes_are_scored_as_the_trainer_scores_them(tmp_path):
   warm-start steps: the eval of checkpoint 0 (k = eval_samples = 2) gives the warm-start
   evaluation's greedy accuracy, format rate (episodes that ended), mean@2 and pass@k, and
   each row's greedy completion is the whole episode the trainer showed for that problem."""
-  c = config_lib.load("configs/calculator.py:tiny")
-  c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64)
+  c = config_lib.load("configs/calculator.py:quick")
   c.update(warmstart_steps=40, warmstart_batch=32, iterations=1, prompts_per_step=4)
   c.update(eval_size=8, eval_samples=2)
   c.update(eval_every=1, checkpoint_every=1, reward_workers=0, progress=False)

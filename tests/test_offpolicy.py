@@ -31,8 +31,7 @@ PIPELINE_KEYS = (
 
 def _tiny(*, iterations=4, **sections):
   """A run that learns within 4 iterations (so params change and staleness matters)."""
-  c = arithmetic.get_config("tiny")
-  c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64)
+  c = arithmetic.get_config("quick")
   c.sampler.group_size = 4
   c.task.kwargs.max_digits = 1
   c.update(prompts_per_step=4, iterations=iterations, warmstart_steps=120, warmstart_batch=16)

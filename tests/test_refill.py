@@ -106,8 +106,7 @@ def test_the_trainer_runs_on_the_refill_sampler(tmp_path):
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "configs"))
   import arithmetic  # noqa: PLC0415
 
-  c = arithmetic.get_config("tiny")
-  c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64)
+  c = arithmetic.get_config("quick")
   c.sampler.update(group_size=4, refill_slots=6)
   c.update(prompts_per_step=4, iterations=2, warmstart_steps=2, warmstart_batch=8, eval_size=8)
   c.update(eval_every=2, checkpoint_every=2, reward_workers=0, progress=False)

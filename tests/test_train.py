@@ -34,8 +34,7 @@ import tb_events  # noqa: E402
 
 
 def _tiny(**loop):
-  c = arithmetic.get_config("tiny")
-  c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64)
+  c = arithmetic.get_config("quick")
   c.sampler.group_size = 4
   c.update(prompts_per_step=4, iterations=4, warmstart_steps=2, warmstart_batch=8)
   c.update(eval_every=2, eval_size=8, eval_samples=4, checkpoint_every=2, peak_flops=1e11)

@@ -30,9 +30,8 @@ def scaled_grpo(inputs, hyper):
 
 
 def _run(overrides: list[str], workdir: pathlib.Path) -> dict:
-  spec = str(ROOT / "configs" / "arithmetic.py") + ":tiny"
+  spec = str(ROOT / "configs" / "arithmetic.py") + ":quick"
   c = cli.parse("train", spec, ["--config.rl.advantage=scaled_grpo", *overrides]).config
-  c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64)
   c.task.kwargs.max_digits = 1  # runs.small_arithmetic's: it learns in ~100 warm-start steps,
   # so a group's rewards differ and the advantages are not all 0.
   c.update(iterations=1, warmstart_steps=100, warmstart_batch=16, prompts_per_step=8)
