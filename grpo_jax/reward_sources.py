@@ -128,6 +128,10 @@ class LocalJudgeOptions:
   batch_size: int = 16
   max_prompt_len: int = 512
   chat: bool = True  # Wrap the rubric in the tokenizer's chat template when it has one.
+  # "yes_no": the spellings of each answer (those that are one token count); ():
+  # local_judge.YES_WORDS / NO_WORDS.
+  yes_words: tuple[str, ...] = ()
+  no_words: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -324,7 +328,7 @@ class Mixture:
     self.seconds = dict.fromkeys(scorers, 0.0)
     self.rows = 0
 
-  def score(self, inputs: Sequence[str], completions: Sequence[str], *, prompts=None):
+  def score(self, inputs: Sequence[str], completions: Sequence[str], *, prompts: Sequence[str]):
     """`inputs` go to the verifier (`Task.reward_input`), `prompts` to the model sources."""
     verified = self.verifier.score(inputs, completions)
     parts, messages = {}, []
@@ -336,7 +340,7 @@ class Mixture:
         )
       else:
         t0 = time.perf_counter()
-        part = self.scorers[spec.name].score(list(prompts or inputs), list(completions))
+        part = self.scorers[spec.name].score(list(prompts), list(completions))
         self.seconds[spec.name] += time.perf_counter() - t0
       parts[spec.name] = part
       messages += [f"{spec.name}: {m}" for m in part.messages[:3]]

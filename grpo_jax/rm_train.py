@@ -84,12 +84,8 @@ def _initial_params(rm: Built, key) -> dict:
   return reward_model.init(rm.model_cfg, key)
 
 
-def _optimizer_settings(cfg: reward_model.RewardModelConfig) -> dict:
-  return {"learning_rate": cfg.learning_rate, "weight_decay": cfg.weight_decay}
-
-
 def _train_step(rm: Built):
-  opt = reward_model.make_optimizer(**_optimizer_settings(rm.cfg))
+  opt = reward_model.make_optimizer(**reward_model.optimizer_settings(rm.cfg))
   loss_fn = functools.partial(reward_model.pair_loss, cfg=rm.model_cfg, margin=rm.cfg.margin)
 
   def step(state, tokens_2BT, mask_2BT):
@@ -108,17 +104,21 @@ def _eval_loss(model_cfg: model.ModelConfig):
 
 
 def evaluate(params, pairs: Sequence[reward_model.Pair], rm: Built) -> dict:
-  """Held-out pair accuracy and mean loss (margin 0) over `pairs`, in batches."""
+  """Held-out pair accuracy and mean loss (margin 0) over `pairs`, in batches (read back
+  once, after every batch is dispatched)."""
   fn = _eval_loss(rm.model_cfg)
-  correct, loss = 0.0, 0.0
+  got = []
   for start in range(0, len(pairs), rm.cfg.batch_size):
     chunk = pairs[start : start + rm.cfg.batch_size]
     tokens, mask = reward_model.pair_rows(chunk, rm.tokenizer, max_len=rm.cfg.max_len)
     value, m = fn(params, tokens, mask)
-    correct += float(m["rm/pair_accuracy"]) * len(chunk)
-    loss += float(value) * len(chunk)
+    got.append((value, m["rm/pair_accuracy"], len(chunk)))
+  got = jax.device_get(got)
   n = len(pairs)
-  return {"rm/eval_pair_accuracy": correct / n, "rm/eval_loss": loss / n}
+  return {
+    "rm/eval_pair_accuracy": sum(float(a) * k for _, a, k in got) / n,
+    "rm/eval_loss": sum(float(v) * k for v, _, k in got) / n,
+  }
 
 
 def _batch(pairs: Sequence[reward_model.Pair], step: int, rm: Built) -> list[reward_model.Pair]:
@@ -137,22 +137,32 @@ def _permutation(seed: int, epoch: int, n: int) -> np.ndarray:
 
 
 def _fit(rm: Built, state, train_pairs, eval_pairs, *, start: int, ckpt, log):
-  """Steps start .. steps - 1; returns the held-out metrics at start and at the end."""
+  """Steps start .. steps - 1; returns the held-out metrics at start and at the end. Each
+  step's metrics stay on the device until an evaluation or a checkpoint (or the end): then
+  they are read back at once and written, one line per step."""
   step_fn = _train_step(rm)
   first = last = evaluate(state["params"], eval_pairs, rm)
+  pending = []
   for step in range(start, rm.cfg.steps):
     tokens, mask = reward_model.pair_rows(
       _batch(train_pairs, step, rm), rm.tokenizer, max_len=rm.cfg.max_len
     )
     state, metrics = step_fn(state, tokens, mask)
-    record = {"iteration": step + 1, **{k: float(v) for k, v in metrics.items()}}
-    done = step + 1 == rm.cfg.steps
-    if (step + 1) % rm.cfg.eval_every == 0 or done:
+    pending.append(metrics)
+    it, done = step + 1, step + 1 == rm.cfg.steps
+    evaluated, saved = it % rm.cfg.eval_every == 0 or done, it % rm.cfg.checkpoint_every == 0
+    if not (evaluated or saved):  # `done` is evaluated.
+      continue
+    first_it = it - len(pending) + 1
+    records = [{"iteration": first_it + k, **m} for k, m in enumerate(jax.device_get(pending))]
+    pending = []
+    if evaluated:
       last = evaluate(state["params"], eval_pairs, rm)
-      record.update(last)
-    log.write(record)
-    if (step + 1) % rm.cfg.checkpoint_every == 0 or done:
-      ckpt.save(step + 1, state, {"step": step + 1}, accuracy=last["rm/eval_pair_accuracy"])
+      records[-1].update(last)
+    for record in records:
+      log.write(record)
+    if saved or done:
+      ckpt.save(it, state, {"step": it}, accuracy=last["rm/eval_pair_accuracy"])
   return first, last
 
 
@@ -169,14 +179,20 @@ def rm_train(config_dict, workdir) -> dict:
   rec = reward_model.record(rm.model_cfg, rm.cfg, task=d["task"], hf_dir=rm.hf_dir)
   (workdir / reward_model.RECORD).write_text(json.dumps(rec, indent=2, default=str))
   (workdir / "config.json").write_text(json.dumps(d, indent=2, sort_keys=True, default=str))
-  params = _initial_params(rm, jax.random.key(rm.cfg.seed))
-  state = reward_model.initial_state(params, _optimizer_settings(rm.cfg))
+  settings = reward_model.optimizer_settings(rm.cfg)
+  key = jax.random.key(rm.cfg.seed)
+  like = jax.eval_shape(
+    lambda: reward_model.initial_state(reward_model.init(rm.model_cfg, key), settings)
+  )
   t0 = time.perf_counter()
   ckpt = checkpoint.Checkpointer(workdir / "checkpoints", keep=2, keep_best=False)
   try:
-    restored = ckpt.restore_latest(like=state)
+    restored = ckpt.restore_latest(like=like)
     start = 0 if restored is None else int(restored.tree["step"])
-    state = state if restored is None else restored.tree
+    if restored is None:  # Only a fresh start builds (or reads) the initial params.
+      state = reward_model.initial_state(_initial_params(rm, key), settings)
+    else:
+      state = restored.tree
     log = logs.RunLogger(workdir, resume_from=start if restored else None)
     try:
       first, last = _fit(rm, state, train_pairs, eval_pairs, start=start, ckpt=ckpt, log=log)

