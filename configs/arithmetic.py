@@ -26,7 +26,8 @@ warmstart_accuracy, final_accuracy, wall_seconds; curves.svg plots training rewa
 held-out accuracy.
 """
 
-from grpo_jax import config, presets
+from grpo_jax import config
+from grpo_jax.rl import presets
 
 
 def get_config(arg: str = "tiny"):

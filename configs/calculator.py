@@ -30,7 +30,8 @@ and so may the trajectory. summary.json holds warmstart_accuracy, final_accuracy
 wall_seconds.
 """
 
-from grpo_jax import config, presets
+from grpo_jax import config
+from grpo_jax.rl import presets
 
 
 def get_config(arg: str = "tiny"):

@@ -8,7 +8,7 @@ the result and revise, before its final answer is judged on the hidden tests too
 
 Bracketed text is the code environment's observation (grpo_jax/envs/code.py): in the
 context, never trained. "$" ends a run turn; EOS ends the final answer. The problems and
-the sandbox are the "code" task's (grpo_jax/tasks/code.py, grpo_jax/sandbox.py).
+the sandbox are the "code" task's (grpo_jax/tasks/code.py, grpo_jax/verifiers/sandbox.py).
 
 Command (from the repo root, after `pip install -e .`):
   grpo-jax --config=configs/code_env.py:tiny --workdir=/tmp/code_env
@@ -34,7 +34,8 @@ use the runs needs a pretrained code model: the qwen variant (another checkpoint
 claimed for either variant.
 """
 
-from grpo_jax import config, presets
+from grpo_jax import config
+from grpo_jax.rl import presets
 
 SYSTEM_PROMPT = (
   "Answer with the Python function in a ```python code block. Before your final answer "

@@ -17,7 +17,8 @@ at iteration 50, 37.5% at 150), pass@8 61.7%, in 341 s wall. (With 2-3 numbers i
 the train problems repeat and GRPO overfits them: held-out accuracy falls.)
 """
 
-from grpo_jax import config, presets
+from grpo_jax import config
+from grpo_jax.rl import presets
 
 
 def get_config(arg: str = "tiny"):

@@ -6,7 +6,7 @@ group's trajectories and counterfactual branches (arXiv 2605.16302; README, "IBP
 
 φ_{−i}(s) is the mean reward of the other rows through the prefix s (a prefix trie of the
 group), shrunk toward the parent prefix's value by κ pseudo-counts; the baseline never holds
-the credited rollout, so the gradient stays unbiased (grpo_jax/ibpo.py derives it).
+the credited rollout, so the gradient stays unbiased (grpo_jax/rl/ibpo.py derives it).
 Counterfactuals (config.counterfactual) are extra rows per group that inform the trie:
 branches re-sampled from a prefix of a rollout, counted only from their cut, or samples under
 a perturbed prompt (hint, paraphrase, repair) with truncated importance weights; one farther

@@ -26,7 +26,8 @@ wall. Sampled training accuracy at temperature 1 is lower (30-50%): the warm-sta
 policy is still spread over wrong carries.
 """
 
-from grpo_jax import config, presets
+from grpo_jax import config
+from grpo_jax.rl import presets
 
 
 def get_config(arg: str = "tiny"):

@@ -9,7 +9,7 @@ Commands (from the repo root, after `pip install -e .`):
 $HOME/gcs is a GCS bucket mounted with gcsfuse on every host (README, "TPU VM
 slices"). `manual_dir` holds the official files: MATH/{train,test}/<subject>/*.json (or MATH.tar)
 and PRM800K's math_splits/test.jsonl (MATH-500); without them they are downloaded.
-Answers are verified by `grpo_jax.math_verify` (\\boxed{...} extraction, LaTeX
+Answers are verified by `grpo_jax.verifiers.math_verify` (\\boxed{...} extraction, LaTeX
 normalisation, numeric then sympy equivalence) in worker processes with a hard
 timeout: a pathological answer is killed and counted in `reward_timeouts`.
 

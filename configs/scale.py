@@ -45,7 +45,8 @@ Choices, and why:
   8 × H100: peak 27.0 GiB of 72 usable.
 """
 
-from grpo_jax import config, presets
+from grpo_jax import config
+from grpo_jax.rl import presets
 
 # Qwen2.5 architectures (the published config.json of each model).
 _QWEN25 = {

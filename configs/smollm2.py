@@ -41,7 +41,8 @@ Expected results:
 
 import pathlib
 
-from grpo_jax import config, presets
+from grpo_jax import config
+from grpo_jax.rl import presets
 
 FIXTURE = pathlib.Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "gguf"
 PROMPT = "{question}\nAnswer in one short sentence, with the final answer in \\boxed{{}}."

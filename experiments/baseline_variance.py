@@ -40,7 +40,7 @@ BASELINES = {
 
 
 def make_config(seed: int, *, prompts: int, groups: int, quick: bool):
-  from grpo_jax import config_lib  # noqa: PLC0415
+  from grpo_jax.infra import config_lib  # noqa: PLC0415
 
   c = config_lib.load(str(ROOT / "configs" / "long_addition.py") + (":quick" if quick else ":tiny"))
   c.update(seed=seed, prompts_per_step=prompts * groups, reward_workers=0, progress=False)
@@ -57,7 +57,7 @@ def make_config(seed: int, *, prompts: int, groups: int, quick: bool):
 @functools.partial(jax.jit, static_argnames=("model_fn", "group_size"))
 def group_gradients(params, rollouts, adv_NT, *, model_fn, group_size: int):
   """ĝ per group, flattened: [N / G, P] with ĝ_g = (1/G) ∇ Σ_{i∈g} Σ_t A log π."""
-  from grpo_jax import logprobs  # noqa: PLC0415
+  from grpo_jax.models import logprobs  # noqa: PLC0415
 
   def one(args):
     pt, pm, t, m, a = args
@@ -84,9 +84,11 @@ def group_gradients(params, rollouts, adv_NT, *, model_fn, group_size: int):
 
 def measure(seed: int, *, prompts: int = 8, groups: int = 8, quick: bool = False) -> dict:
   """{baseline: {"variance", "signal"}} for one seed (see the module docstring)."""
-  from grpo_jax import advantages, config, rewards, rollout, steps, train, warmstart  # noqa: PLC0415
+  from grpo_jax import build, rollout, steps, train, warmstart  # noqa: PLC0415
+  from grpo_jax.rl import advantages  # noqa: PLC0415
+  from grpo_jax.verifiers import reward_pool
 
-  setup = config.build(make_config(seed, prompts=prompts, groups=groups, quick=quick))
+  setup = build.build(make_config(seed, prompts=prompts, groups=groups, quick=quick))
   fns = steps.functions(setup)
   key = jax.random.key(seed)
   params = train.initial_params(setup, fns, jax.random.fold_in(key, 0))
@@ -96,7 +98,7 @@ def measure(seed: int, *, prompts: int = 8, groups: int = 8, quick: bool = False
   examples = {i: setup.task.example("train", i // groups, seed=seed) for i in range(n)}
   batch = rollout.host_prompts(setup, fns, examples, n)
   rollouts = fns.sample(params, batch, jax.random.fold_in(key, 1), setup.sampling_hyper)
-  with rewards.RewardPool(setup.task, workers=0, timeout_s=10.0) as pool:
+  with reward_pool.RewardPool(setup.task, workers=0, timeout_s=10.0) as pool:
     scores = rollout.score(setup, pool, examples, rollouts.tokens_NT, group=G)
   lp = fns.logprobs(params, None, rollouts)
   inputs = advantages.AdvantageInputs(

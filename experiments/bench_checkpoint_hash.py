@@ -34,12 +34,13 @@ import jax.numpy as jnp
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-from grpo_jax import checkpoint, config, config_lib, steps, train  # noqa: E402
+from grpo_jax import build, steps, train  # noqa: E402
+from grpo_jax.infra import checkpoint, config_lib  # noqa: E402
 
 
 def tiny_tree():
   """The tree a configs/arithmetic.py:tiny run checkpoints (`train.initial_tree`)."""
-  setup = config.build(config_lib.load(str(ROOT / "configs" / "arithmetic.py") + ":tiny"))
+  setup = build.build(config_lib.load(str(ROOT / "configs" / "arithmetic.py") + ":tiny"))
   fns = steps.functions(setup)
   params = train.initial_params(setup, fns, jax.random.key(0))
   return train.initial_tree(setup, fns, params)

@@ -28,7 +28,8 @@ import time
 import jax
 import numpy as np
 
-from grpo_jax import config, config_lib, rollout, steps, train, warmstart
+from grpo_jax import build, rollout, steps, train, warmstart
+from grpo_jax.infra import config_lib
 
 CONFIG = pathlib.Path(__file__).resolve().parent.parent / "configs" / "calculator.py"
 
@@ -36,7 +37,7 @@ CONFIG = pathlib.Path(__file__).resolve().parent.parent / "configs" / "calculato
 def _setup(args):
   c = config_lib.load(f"{CONFIG}:tiny", warmstart_steps=args.warmstart, progress=False)
   c.prompts_per_step, c.sampler.group_size = args.prompts, args.group
-  setup = config.build(c)
+  setup = build.build(c)
   fns = steps.functions(setup)
   params = train.initial_params(setup, fns, jax.random.key(0))
   if args.warmstart:

@@ -34,7 +34,7 @@ Figures (one JSON line each: {"figure", "value", "unit", "part", "size", "target
                                                 (all P + T slots, every step) over the
                                                 filled ones: what a slot-blind kernel pays
   update_tokens_per_s, mfu_update               N (P + T) positions / update_s; the update's
-                                                model FLOPs (3 forwards, `grpo_jax.flops`)
+                                                model FLOPs (3 forwards, `grpo_jax.infra.flops`)
                                                 / update_s / the bfloat16 peak (target >= 0.45)
   mfu_sample, mfu_iteration                     sampling FLOPs / sample_s / peak; sampling +
                                                 update FLOPs / iteration_s / peak
@@ -75,7 +75,7 @@ def workload(*, quick: bool) -> dict:
 
 def make_config(size: str, *, quick: bool, micro_batches: int):
   """configs/scale.py:SIZE's model with the issue-35 workload (module docstring)."""
-  from grpo_jax import config_lib  # noqa: PLC0415
+  from grpo_jax.infra import config_lib  # noqa: PLC0415
 
   c = config_lib.load(str(ROOT / "configs" / "scale.py") + f":{size}")
   w = workload(quick=quick)
@@ -131,7 +131,7 @@ def flags() -> dict:
 def part_peaks(*, quick: bool) -> list[dict]:
   import jax.numpy as jnp  # noqa: PLC0415
 
-  from grpo_jax import flops  # noqa: PLC0415
+  from grpo_jax.infra import flops  # noqa: PLC0415
 
   n = 512 if quick else 0
   ctx = dict(part="peaks", size="")
@@ -153,9 +153,10 @@ def part_jax(size: str, *, quick: bool, iterations: int, micro_batches: int, pea
   import jax  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
 
-  from grpo_jax import config, rl, steps, train  # noqa: PLC0415
+  from grpo_jax import build, steps, train  # noqa: PLC0415
+  from grpo_jax.rl import spec  # noqa: PLC0415
 
-  setup = config.build(make_config(size, quick=quick, micro_batches=micro_batches))
+  setup = build.build(make_config(size, quick=quick, micro_batches=micro_batches))
   cfg, w = setup.model_cfg, workload(quick=quick)
   ctx = dict(part=f"jax:{size}", size=size)
   context = dict(
@@ -173,7 +174,9 @@ def part_jax(size: str, *, quick: bool, iterations: int, micro_batches: int, pea
   emit(line("context", context, "", **ctx))
   fns = steps.functions(setup)
   key = jax.random.key(0)
-  state = rl.init_state(train.initial_params(setup, fns, jax.random.fold_in(key, 0)), fns.optimizer)
+  state = spec.init_state(
+    train.initial_params(setup, fns, jax.random.fold_in(key, 0)), fns.optimizer
+  )
   prompts = bench_rl_iteration.random_prompts(setup, seed=0)
   runs = []
   for it in range(1 + iterations):
@@ -217,7 +220,7 @@ def part_hf(size: str, *, quick: bool) -> list[dict]:
     import transformers  # noqa: PLC0415
   except ImportError as e:
     return [line("skipped", f"torch/transformers not installed ({e})", "", **ctx)]
-  from grpo_jax import config_lib  # noqa: PLC0415
+  from grpo_jax.infra import config_lib  # noqa: PLC0415
 
   m = config_lib.load(str(ROOT / "configs" / "scale.py") + f":{size}").model
   if quick:

@@ -36,7 +36,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _config(name: str, *, iterations: int, quick: bool):
-  from grpo_jax import config_lib  # noqa: PLC0415
+  from grpo_jax.infra import config_lib  # noqa: PLC0415
 
   config_file = "ibpo.py" if name == "ibpo" else "long_addition.py"
   c = config_lib.load(str(ROOT / "configs" / config_file) + ":tiny")
@@ -49,7 +49,8 @@ def _config(name: str, *, iterations: int, quick: bool):
 
 def iteration_seconds(name: str, *, iterations: int, quick: bool) -> dict:
   """Median seconds per phase over iterations 2.. of a run of `name`."""
-  from grpo_jax import logs, train  # noqa: PLC0415
+  from grpo_jax import train  # noqa: PLC0415
+  from grpo_jax.infra import logs  # noqa: PLC0415
 
   with tempfile.TemporaryDirectory() as workdir:
     train.run(_config(name, iterations=iterations, quick=quick), workdir, log=lambda *_: None)
@@ -78,7 +79,7 @@ def _time(fn, *args, repeats: int) -> float:
 def piece_seconds(*, B: int, G: int, C: int, T: int, repeats: int) -> dict:
   """Seconds of the trie + baseline + advantage and of the two rewrite filters on a random
   merged batch of B groups × (G + C) rows × T tokens (a vocabulary of 16 ids, step end id 0)."""
-  from grpo_jax import alignment, counterfactuals, ibpo  # noqa: PLC0415
+  from grpo_jax.rl import alignment, counterfactuals, ibpo  # noqa: PLC0415
 
   rng = np.random.default_rng(0)
   N = B * (G + C)

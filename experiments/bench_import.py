@@ -1,4 +1,4 @@
-"""Import time and peak host memory of a Hugging Face checkpoint (`grpo_jax.hf`).
+"""Import time and peak host memory of a Hugging Face checkpoint (`grpo_jax.models.hf`).
 
   python experiments/bench_import.py                    # synthetic ~1.1B Llama, bfloat16
   python experiments/bench_import.py --size=tiny        # seconds; what the smoke test runs
@@ -57,7 +57,7 @@ def write_checkpoint(out: pathlib.Path, size: str, *, shard_bytes: int = 1 << 30
   a time (each is generated when the writer reaches it)."""
   import ml_dtypes
 
-  from grpo_jax import hf
+  from grpo_jax.models import hf
 
   config = dict(
     architectures=["LlamaForCausalLM"], model_type="llama", rms_norm_eps=1e-5,
@@ -102,7 +102,7 @@ def measure(hf_dir: str) -> dict:
   """Runs in a fresh process: the peak is a high-water mark."""
   import jax
 
-  from grpo_jax import hf, model
+  from grpo_jax.models import hf, model
 
   jax.numpy.zeros(1).block_until_ready()  # Start the backend before the baseline.
   baseline = peak_rss()

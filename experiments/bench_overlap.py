@@ -4,7 +4,7 @@
   python experiments/bench_overlap.py --verifier_ms 0 --workers 0   # the demo's own scoring
   python experiments/bench_overlap.py --config configs/countdown.py:tiny --prompts 32
 
-One rollout batch of the config's trainer (`config.build`, `steps.functions`) is sampled
+One rollout batch of the config's trainer (`build.build`, `steps.functions`) is sampled
 once. Then, --repeats times each, in alternation:
 
   sequential = wall(block(logprobs(params, ref, rollouts)); pool.score(...))
@@ -20,7 +20,7 @@ Verifier latency. Every reward call sleeps --verifier_ms first (`SlowTask`), sta
 for a verifier that waits on something else: a sandbox that runs generated code, a remote
 judge, a sympy call in another process. On a CPU-only machine the "device" is the same two
 cores as the host, so CPU-bound scoring cannot overlap the forward there; on a GPU or TPU
-host it can. Scores go through `rewards.RewardPool` with --workers processes, as in training.
+host it can. Scores go through `reward_pool.RewardPool` with --workers processes, as in training.
 
 The last line printed is one JSON object with every figure.
 """
@@ -34,7 +34,10 @@ import time
 import jax
 import numpy as np
 
-from grpo_jax import config, config_lib, model, rewards, rollout, steps
+from grpo_jax import build, rollout, steps
+from grpo_jax.infra import config_lib
+from grpo_jax.models import model
+from grpo_jax.verifiers import reward_pool
 
 
 class SlowTask:
@@ -65,7 +68,7 @@ def main(argv=None) -> dict:
     overrides["prompts_per_step"] = args.prompts
   c = config_lib.load(args.config, **overrides)
   c.rl.dynamic_sampling = False
-  setup = config.build(c)
+  setup = build.build(c)
   fns = steps.functions(setup)
   params = model.init(setup.model_cfg, jax.random.key(0))
   drawn = rollout.draw(setup, fns, 0)
@@ -90,7 +93,7 @@ def main(argv=None) -> dict:
     pool.score(prompts_N, completions)
     jax.block_until_ready(lp)
 
-  with rewards.RewardPool(task, workers=args.workers, timeout_s=60.0) as pool:
+  with reward_pool.RewardPool(task, workers=args.workers, timeout_s=60.0) as pool:
     score = lambda: pool.score(prompts_N, completions)
     forward()  # Compile.
     score()  # Start the workers.

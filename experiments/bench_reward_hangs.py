@@ -3,7 +3,7 @@
   python experiments/bench_reward_hangs.py                    # 8 hangs in 64 items, 2 and 4 workers
   python experiments/bench_reward_hangs.py --hangs 16 --timeout 0.5
 
-A `rewards.RewardPool` scores N items of which k never return (the task sleeps), with a
+A `reward_pool.RewardPool` scores N items of which k never return (the task sleeps), with a
 per-item timeout T and W workers. Each hang costs its worker T, then the worker is killed
 and replaced; the other workers go on meanwhile. The ideal wall time is k·T/W (plus the
 real scoring, ~0 here). The task's module imports jax and grpo_jax, as a reward that
@@ -24,14 +24,14 @@ import time
 
 import hanging_task  # noqa: E402
 
-from grpo_jax import rewards  # noqa: E402
+from grpo_jax.verifiers import reward_pool  # noqa: E402
 
 
 def measure(*, workers: int, items: int, hangs: int, timeout: float, repeats: int) -> dict:
   completions = ["hang" if i % (items // hangs) == 0 else "ok" for i in range(items)][:items]
   k = completions.count("hang")
   times = []
-  with rewards.RewardPool(hanging_task.HangTask(), workers=workers, timeout_s=timeout) as pool:
+  with reward_pool.RewardPool(hanging_task.HangTask(), workers=workers, timeout_s=timeout) as pool:
     pool.score(["p"] * items, ["ok"] * items)  # Start the workers.
     for _ in range(repeats):
       t0 = time.perf_counter()

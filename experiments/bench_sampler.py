@@ -43,7 +43,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import flops, model, refill, sampling
+from grpo_jax.infra import flops
+from grpo_jax.models import model, refill, sampling
 
 BENCH_MODEL = dict(
   vocab_size=32768, d_model=512, n_layers=8, n_heads=8, n_kv_heads=4, head_dim=64, mlp_dim=1536,

@@ -7,7 +7,7 @@ Per-call overhead: `sandbox.run` of a one-line function with one test, `--calls`
 a row, with isolation "namespaces" and "none" (the median and the 10th/90th percentiles of
 the wall seconds; the first call of each mode, which pays the probe, is left out).
 
-Pool throughput: a `rewards.RewardPool` with `--workers` workers scores the shipped code
+Pool throughput: a `reward_pool.RewardPool` with `--workers` workers scores the shipped code
 problems' reference solutions (`tasks.code`, 53 problems, every one a "pass") `--rounds`
 times over; items/s is the median over rounds of items / wall seconds. Each item is one
 sandbox run plus the pool's pickling and the code extraction.
@@ -26,8 +26,8 @@ import time
 
 import numpy as np
 
-from grpo_jax import rewards, sandbox
 from grpo_jax.tasks import code as code_task
+from grpo_jax.verifiers import reward_pool, sandbox
 
 
 def per_call(isolation: str, calls: int) -> dict:
@@ -58,7 +58,7 @@ def pool_throughput(*, workers: int, rounds: int, isolation: str) -> dict:
   prompts = [task.reward_input(e) for e in examples]
   completions = [e.reference for e in examples]
   rates = []
-  with rewards.RewardPool(task, workers=workers, timeout_s=30.0) as pool:
+  with reward_pool.RewardPool(task, workers=workers, timeout_s=30.0) as pool:
     pool.score(prompts[:workers], completions[:workers])  # Warm: each worker's probe.
     for _ in range(rounds):
       start = time.perf_counter()

@@ -77,8 +77,11 @@ import time  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from grpo_jax import config, config_lib, model, rl, sampling, sharding, tasks  # noqa: E402
+from grpo_jax import build, tasks  # noqa: E402
 from grpo_jax import steps as steps_lib  # noqa: E402
+from grpo_jax.infra import config_lib  # noqa: E402
+from grpo_jax.models import model, sampling, sharding  # noqa: E402
+from grpo_jax.rl import spec  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -130,7 +133,7 @@ def first_prompts(setup) -> sampling.Prompts:
 
 def rollout_batch(setup, fns, params, rollouts):
   """The trainer's pipeline on one rollout batch with random 0/1 rewards: the
-  `rl.RolloutBatch` its update phase takes."""
+  `spec.RolloutBatch` its update phase takes."""
   n = rollouts.tokens_NT.shape[0]
   correct_N = np.random.default_rng(0).integers(0, 2, n).astype(np.float32)
   prep_hyper = setup.rl_cfg.prepare_hyper(max_new_tokens=setup.sampler_cfg.max_new_tokens)
@@ -145,7 +148,7 @@ def rollout_batch(setup, fns, params, rollouts):
 def measure(c, *, steps: int) -> dict:
   """Compile and call times of `sample` and `update` (the planned num_minibatches train
   steps over one rollout batch, one jitted scan) for trainer config c."""
-  setup = config.build(c)
+  setup = build.build(c)
   fns = steps_lib.functions(setup)
   params = sharding.init_params(fns.layout, setup.model_cfg, jax.random.key(0))
   hyper = setup.sampling_hyper
@@ -154,7 +157,7 @@ def measure(c, *, steps: int) -> dict:
   _, rollouts = timed(lambda: fns.sample(*sample_args))  # Warm-up.
   sample_times = [timed(lambda: fns.sample(*sample_args))[0] for _ in range(steps)]
   batch = rollout_batch(setup, fns, params, rollouts)
-  state = jax.device_put(rl.init_state(params, fns.optimizer), fns.state_shardings)
+  state = jax.device_put(spec.init_state(params, fns.optimizer), fns.state_shardings)
   args = fns.update.place((state, batch, jax.random.key(2), setup.rl_cfg.step_hyper()))
   update_compile_s, _ = timed(lambda: fns.update.lower(*args).compile())
   holder = [args[0]]

@@ -1,4 +1,4 @@
-"""Update-step throughput and MFU: one jitted `rl.train_step` of the Foundation-benchmark model.
+"""Update-step throughput and MFU: one jitted `learner.train_step` of the Foundation-benchmark model.
 
   python experiments/bench_train_step.py                  # batch 8, seq 256 (64 + 192), fp32
   python experiments/bench_train_step.py --batch 16 --steps 5
@@ -8,7 +8,7 @@
 
 Model: the ~40M-parameter Qwen3-shaped config of experiments/bench_sampler.py (d_model 512,
 8 layers, 8 heads, 4 KV heads, head_dim 64, SwiGLU 1536, vocab 32768, tied embeddings),
-random weights. Step: `rl.make_train_step(RLConfig(), model_fn, optimizer)` -- GRPO
+random weights. Step: `learner.make_train_step(RLConfig(), model_fn, optimizer)` -- GRPO
 defaults (ppo_clip, token_mean, no KL, no entropy bonus, one micro-batch) and the
 trainer's optimizer (clip_by_global_norm(1.0) + AdamW) -- on a mini-batch of --batch
 rows of --prompt_len prompt tokens + (--seq_len - --prompt_len) completion tokens, every
@@ -66,8 +66,9 @@ import jax
 import jax.numpy as jnp
 from bench_sampler import BENCH_MODEL  # noqa: E402
 
-from grpo_jax import flops as flops_lib  # noqa: E402
-from grpo_jax import logprobs, model, rl  # noqa: E402
+from grpo_jax.infra import flops as flops_lib  # noqa: E402
+from grpo_jax.models import logprobs, model  # noqa: E402
+from grpo_jax.rl import learner, spec  # noqa: E402
 
 
 def model_flops(cfg: model.ModelConfig, *, batch: int, prompt_len: int, completion_len: int):
@@ -133,7 +134,7 @@ def make_minibatch(cfg, params, model_fn, *, batch: int, prompt_len: int, comple
     functools.partial(logprobs.completion_logprobs, model_fn=model_fn)
   )(params, prompt, pmask, tokens, mask)  # fmt: skip
   adv = jnp.where(jax.random.bernoulli(ka, 0.5, (B, 1)), 1.0, -1.0) * jnp.ones((B, T))
-  return rl.RolloutBatch(
+  return spec.RolloutBatch(
     prompt_tokens_NP=prompt,
     prompt_mask_NP=pmask,
     tokens_NT=tokens,
@@ -147,8 +148,8 @@ def make_minibatch(cfg, params, model_fn, *, batch: int, prompt_len: int, comple
 
 
 def make_optimizer(lr: float = 1e-6):
-  """The trainer's optimizer (`rl.make_optimizer`): global-norm clip + AdamW."""
-  return rl.make_optimizer(lr=lr, weight_decay=0.01, grad_clip=1.0)
+  """The trainer's optimizer (`spec.make_optimizer`): global-norm clip + AdamW."""
+  return spec.make_optimizer(lr=lr, weight_decay=0.01, grad_clip=1.0)
 
 
 def time_fn(fn, steps: int) -> list[float]:
@@ -185,7 +186,7 @@ def breakdown(cfg, params, mb, rl_cfg, model_fn, hyper, steps):
   w = mb.loss_mask_NT / jnp.sum(mb.loss_mask_NT)
 
   def loss(p):
-    total, _ = rl.token_terms(p, mb, hyper, cfg=rl_cfg, model_fn=model_fn)
+    total, _ = learner.token_terms(p, mb, hyper, cfg=rl_cfg, model_fn=model_fn)
     return jnp.sum(w * total)
 
   grad = jax.jit(jax.grad(loss))
@@ -226,14 +227,14 @@ def main(argv=None):
   model_fn = model.make_model_fn(cfg)
   params = jax.jit(functools.partial(model.init, cfg))(jax.random.key(0))
   n_params = model.param_count(params)
-  rl_cfg = rl.RLConfig(micro_batches=args.micro_batches)
+  rl_cfg = spec.RLConfig(micro_batches=args.micro_batches)
   hyper = rl_cfg.step_hyper()
   optimizer = make_optimizer()
   mb = make_minibatch(cfg, params, model_fn, batch=args.batch, prompt_len=P, completion_len=T)
   flops = model_flops(cfg, batch=args.batch, prompt_len=P, completion_len=T)
 
-  step = rl.make_train_step(rl_cfg, model_fn, optimizer)
-  state = rl.init_state(params, optimizer)
+  step = learner.make_train_step(rl_cfg, model_fn, optimizer)
+  state = spec.init_state(params, optimizer)
   t = time.perf_counter()
   compiled = step.lower(state, mb, hyper).compile()
   compile_s = time.perf_counter() - t

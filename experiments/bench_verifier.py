@@ -10,9 +10,9 @@ with ``"input": "answer"`` (sources that compare two bare answers) is passed as
 ``\\boxed{prediction}``, the form the task's prompt asks for.
 
 Path. Each backend scores the set the way the trainer does: ``math_verify.MathReward``
-(the ``math`` task's reward) in a ``rewards.RewardPool`` with --workers processes and a
+(the ``math`` task's reward) in a ``reward_pool.RewardPool`` with --workers processes and a
 --timeout_s hard timeout per item. Reward 1.0 is an accept, 0.0 a reject, and an item the
-pool reports as an error (``rewards.Unscorable`` raised, an exception, a timeout) is
+pool reports as an error (``verdicts.Unscorable`` raised, an exception, a timeout) is
 "unscorable": excluded from training, so it counts against agreement but as neither a
 false accept nor a false reject.
 
@@ -45,7 +45,8 @@ import time
 
 import numpy as np
 
-from grpo_jax import logs, math_verify, rewards
+from grpo_jax.infra import logs
+from grpo_jax.verifiers import math_verify, reward_pool, verdicts
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CASES = ROOT / "tests" / "fixtures" / "verifier" / "cases.jsonl"
@@ -83,7 +84,7 @@ def score_in_pool(backend: str, cases: list[dict], *, workers: int, timeout_s: f
   task = math_verify.MathReward(backend=backend)
   golds = [c["gold"] for c in cases]
   completions = [completion_of(c) for c in cases]
-  with rewards.RewardPool(task, workers=workers, timeout_s=timeout_s) as pool:
+  with reward_pool.RewardPool(task, workers=workers, timeout_s=timeout_s) as pool:
     pool.score(golds[:2], completions[:2])  # Workers import the backend before the clock.
     start = time.perf_counter()
     scores = pool.score(golds, completions)
@@ -112,7 +113,7 @@ def time_inline(backend: str, cases: list[dict], *, repeats: int) -> list[float]
   task = math_verify.MathReward(backend=backend)
 
   def one(c):
-    with contextlib.suppress(rewards.Unscorable):
+    with contextlib.suppress(verdicts.Unscorable):
       task.reward(c["gold"], completion_of(c))
 
   for c in cases:  # Warm-up: imports and compiled regexes, not timed.

@@ -3,7 +3,7 @@
 Every rule is a condition on 95% confidence intervals over seeds (evidence.summarize),
 fixed here before the runs. Thresholds that are not in the papers (what counts as
 "similar", "non-negligible", "≈ 2") are ours, stated in each rule, and never moved after
-seeing results. Metric keys are those of grpo_jax.metrics.DEFINITIONS.
+seeing results. Metric keys are those of grpo_jax.infra.metrics.DEFINITIONS.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import evidence
 import numpy as np
 from evidence import Arm, Outcome, summarize
 
-from grpo_jax import config_lib
+from grpo_jax.infra import config_lib
 
 ibpo_config = config_lib.module(str(evidence.ROOT / "configs" / "ibpo.py"))  # TRIE, BRANCH.
 

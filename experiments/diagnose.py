@@ -48,8 +48,9 @@ import numpy as np  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-from grpo_jax import config_lib, logs, tasks, train  # noqa: E402
+from grpo_jax import tasks, train  # noqa: E402
 from grpo_jax.diagnostics import coupling, flips  # noqa: E402
+from grpo_jax.infra import config_lib, logs  # noqa: E402
 
 COMPARE = ("seq_mean_token_mean", "constant_norm", "group_token_mean")
 CATEGORIES = (*flips.DEFAULT_CATEGORIES, "all")
@@ -267,7 +268,7 @@ def write_report(workdir: pathlib.Path, summary: dict, *, config) -> dict:
     f"{summary['warmstart_accuracy']:.3f} → {summary['final_accuracy']:.3f}; "
     f"wall {summary['wall_seconds']:.0f} s, of which diagnostics "
     f"{sum(_num(r.get('time/diagnostics')) for r in diag):.1f} s. Definitions of every "
-    "quantity: `grpo_jax.metrics.DEFINITIONS` (metrics.jsonl holds the "
+    "quantity: `grpo_jax.infra.metrics.DEFINITIONS` (metrics.jsonl holds the "
     "per-iteration values).",
     "",
     "## Token flips (mean over diagnostic iterations)",

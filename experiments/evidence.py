@@ -79,7 +79,7 @@ def _set(c, dotted: str, value) -> None:
 
 
 def arm_config(arm: Arm, *, seed: int, iterations: int, quick: bool):
-  from grpo_jax import config_lib  # noqa: PLC0415
+  from grpo_jax.infra import config_lib  # noqa: PLC0415
 
   c = config_lib.load(str(ROOT / "configs" / "long_addition.py") + (":quick" if quick else ":tiny"))
   c.update(seed=seed, iterations=iterations, eval_every=max(iterations // 3, 1))
@@ -103,7 +103,7 @@ def arm_config(arm: Arm, *, seed: int, iterations: int, quick: bool):
 
 
 def read_records(workdir: pathlib.Path) -> list[dict]:
-  from grpo_jax import logs  # noqa: PLC0415 -- as train below: --table needs no JAX.
+  from grpo_jax.infra import logs  # noqa: PLC0415 -- as train below: --table needs no JAX.
 
   return logs.read_jsonl(workdir / "metrics.jsonl")
 

@@ -46,7 +46,7 @@ KEEP = ("ibpo/terminal_comparison_corr", "ibpo/comparison_abs_mean", "ibpo/kept_
 
 def make_config(arm: str, seed: int, *, prompts: int, groups: int, quick: bool, ibpo_params=None):
   """The arm's config; ibpo_params (lam, shrink[, tau]) override configs/ibpo.py's."""
-  from grpo_jax import config_lib  # noqa: PLC0415
+  from grpo_jax.infra import config_lib  # noqa: PLC0415
 
   variant = {"grpo": "grpo", "grpo8": "grpo", "trie": "trie", "branch": "tiny"}[arm]
   c = config_lib.load(str(ROOT / "configs" / "ibpo.py") + f":{variant}")
@@ -73,13 +73,14 @@ def make_config(arm: str, seed: int, *, prompts: int, groups: int, quick: bool, 
 def sampled(setup, fns, params, examples, key) -> dict:
   """One arm's rollouts on `examples` (with its counterfactual rows), scores and log-probs,
   and the tokens generated per group."""
-  from grpo_jax import rewards, rollout  # noqa: PLC0415
+  from grpo_jax import rollout  # noqa: PLC0415
+  from grpo_jax.verifiers import reward_pool  # noqa: PLC0415
 
   n, G = setup.loop.prompts_per_step, setup.sampler_cfg.group_size
   prompts = rollout.host_prompts(setup, fns, examples, n)
   rollouts = fns.sample(params, prompts, jax.random.fold_in(key, 1), setup.sampling_hyper)
   tokens = float(jnp.sum(rollouts.mask_NT))
-  with rewards.RewardPool(setup.task, workers=0, timeout_s=10.0) as pool:
+  with reward_pool.RewardPool(setup.task, workers=0, timeout_s=10.0) as pool:
     scores = rollout.score(setup, pool, examples, rollouts.tokens_NT, group=G)
     prov = None
     if setup.counterfactual.enabled:
@@ -160,7 +161,7 @@ def _arms(seed, specs: dict, *, prompts: int, groups: int, quick: bool) -> dict:
   An arm samples once (the same key for every arm: the trie arm sees GRPO G = 10's
   rollouts, the branch arm GRPO G = 8's); each κ builds its own prepare, λ and τ only change
   its hyper."""
-  from grpo_jax import config, steps, train, warmstart  # noqa: PLC0415
+  from grpo_jax import build, steps, train, warmstart  # noqa: PLC0415
 
   key = jax.random.key(seed)
   out, params = {}, None
@@ -171,7 +172,7 @@ def _arms(seed, specs: dict, *, prompts: int, groups: int, quick: bool) -> dict:
     for shrink in dict.fromkeys(p[2][1] if p[1] else None for p in points):
       first = next(p for p in points if (p[2][1] if p[1] else None) == shrink)
       c = make_config(arm, seed, quick=quick, ibpo_params=first[2] if first[1] else None, **size)
-      setup = config.build(c)
+      setup = build.build(c)
       fns = steps.functions(setup)
       if params is None:  # One warm start per seed, shared by the arms.
         params = train.initial_params(setup, fns, jax.random.fold_in(key, 0))

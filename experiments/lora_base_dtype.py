@@ -39,7 +39,9 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-from grpo_jax import config, config_lib, hf, logs, model, quant  # noqa: E402
+from grpo_jax import build  # noqa: E402
+from grpo_jax.infra import config_lib, logs  # noqa: E402
+from grpo_jax.models import hf, model, quant  # noqa: E402
 
 CONFIG = str(ROOT / "configs" / "smollm2.py") + ":cpu"
 WAYS = ("float32", "bfloat16", "int8")
@@ -52,7 +54,7 @@ def _tree_bytes(tree) -> int:
 def quality(*, problems: int = 32) -> dict:
   c = config_lib.load(CONFIG)
   c.model.lora.rank = 16
-  setup = config.build(c)
+  setup = build.build(c)
   cfg = setup.model_cfg
   base = hf.load_params(setup.loop.hf_dir, cfg)
   adapters = model.init(cfg, jax.random.key(0))["lora"]

@@ -51,7 +51,7 @@ import sys
 import tempfile
 import time
 
-from grpo_jax import logs
+from grpo_jax.infra import logs
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SKIP = ("sample_demo",)  # Samples only: no trainer.

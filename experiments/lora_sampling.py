@@ -37,21 +37,23 @@ import time
 import jax
 import numpy as np
 
-from grpo_jax import config, config_lib, hf, model, rollout, steps
+from grpo_jax import build, rollout, steps
+from grpo_jax.infra import config_lib
+from grpo_jax.models import hf, model
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODELS = ("full", "float32_off", "float32_on", "int8_off", "int8_on")
 
 
-def _setup(variant: str, name: str) -> config.Setup:
+def _setup(variant: str, name: str) -> build.Setup:
   c = config_lib.load(str(ROOT / "configs" / "smollm2.py") + f":{variant}")
   if name != "full":
     base_dtype, merge = name.split("_")
     c.model.lora.update(rank=16, base_dtype=base_dtype, merge_for_sampling=merge == "on")
-  return config.build(c)
+  return build.build(c)
 
 
-def _params(setup: config.Setup, base, key):
+def _params(setup: build.Setup, base, key):
   """The base (loaded once), stored as the config says, with random adapters."""
   cfg = setup.model_cfg
   if not cfg.lora.enabled:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pathlib
 
-from grpo_jax import reward_model, tasks
+from grpo_jax import tasks
+from grpo_jax.rewards import reward_model
 
 OUT = pathlib.Path(__file__).resolve().parent.parent / "configs" / "data"
 SIZES = {"train": 4000, "test": 400}

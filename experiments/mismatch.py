@@ -33,14 +33,15 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 import bench_rl_iteration  # noqa: E402
 
-from grpo_jax import config, importance, steps, train  # noqa: E402
+from grpo_jax import build, steps, train  # noqa: E402
+from grpo_jax.rl import importance  # noqa: E402
 
 
 def measure(sampler_dtype: str, *, quick: bool) -> dict:
   c = bench_rl_iteration.make_config("float32", quick=quick)
   c.rl.recompute_old_logp = True
   c.sampler.dtype = sampler_dtype
-  setup = config.build(c)
+  setup = build.build(c)
   fns = steps.functions(setup)
   params = train.initial_params(setup, fns, jax.random.key(0))
   # A peaked policy, as after training (random init is near uniform over 32K ids).

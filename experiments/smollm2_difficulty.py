@@ -46,7 +46,8 @@ def run(setting, *, params, cfg, tok, n: int, group: int, temperature: float | N
   """(correct [n, group], lengths, truncated) of one setting; temperature None: greedy."""
   import jax
 
-  from grpo_jax import sampling, tasks
+  from grpo_jax import tasks
+  from grpo_jax.models import sampling
 
   steps, max_value, ops, prompt, new_tokens = setting
   task = tasks.get(
@@ -81,7 +82,7 @@ def run(setting, *, params, cfg, tok, n: int, group: int, temperature: float | N
 
 
 def main(argv=None):
-  from grpo_jax import hf, hf_tokenizer
+  from grpo_jax.models import hf, hf_tokenizer
 
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--n", type=int, default=128)

@@ -52,7 +52,7 @@ def our_greedy(params, cfg, tok, ids_list, *, new_tokens: int) -> list[list[int]
   """Greedy ids from our sampler, cut after the first EOS (inclusive)."""
   import jax
 
-  from grpo_jax import sampling
+  from grpo_jax.models import sampling
 
   scfg = sampling.SamplerConfig(
     max_new_tokens=new_tokens,
@@ -98,7 +98,7 @@ def hf_greedy(m, ids_list, *, eos_id: int, new_tokens: int) -> list[list[int]]:
 def our_logits(params, cfg, ids) -> np.ndarray:
   import jax.numpy as jnp
 
-  from grpo_jax import model
+  from grpo_jax.models import model
 
   x = jnp.asarray([ids])
   return np.asarray(model.apply(params, x, model.positions_from_mask(x >= 0), cfg=cfg)[0][0])
@@ -131,7 +131,7 @@ def tokenizer_agreement(src: str, *, n: int) -> dict:
   """Strings whose ids differ between ours and transformers' / llama.cpp's tokenizers."""
   import transformers
 
-  from grpo_jax import gguf_import, hf_tokenizer
+  from grpo_jax.models import gguf_import, hf_tokenizer
 
   path = gguf_import.resolve(src)
   tok = hf_tokenizer.load(src)
@@ -159,7 +159,7 @@ def compare_source(src: str, *, new_tokens: int) -> dict:
   import torch
   import transformers
 
-  from grpo_jax import gguf_import, hf, hf_tokenizer
+  from grpo_jax.models import gguf_import, hf, hf_tokenizer
 
   tok = hf_tokenizer.load(src)
   t0 = time.perf_counter()

@@ -76,7 +76,7 @@ def run_seed(variant: str, seed: int, workdir: pathlib.Path, extra: list[str]) -
 
 
 def seed_figures(workdir: pathlib.Path, loads: dict) -> dict:
-  from grpo_jax import logs
+  from grpo_jax.infra import logs
 
   summary = json.loads((workdir / "summary.json").read_text())
   records = logs.read_jsonl(workdir / "metrics.jsonl")

@@ -31,7 +31,8 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from grpo_jax import config_lib, presets
+from grpo_jax.infra import config_lib
+from grpo_jax.rl import presets
 
 PROG = "grpo-jax"
 COMMANDS = {
@@ -268,7 +269,7 @@ def _preset(pairs) -> str:
   if values and values[0] not in presets.REGISTRY:
     raise UsageError(
       f"--config.{PRESET_KEY}={values[0]!r} is not a preset; presets: "
-      f"{', '.join(presets.REGISTRY.names())} (grpo_jax/presets.py)."
+      f"{', '.join(presets.REGISTRY.names())} (grpo_jax/rl/presets.py)."
     )
   return values[0] if values else ""
 
@@ -421,20 +422,21 @@ def describe_config(inv: Invocation) -> str:
 
 
 def validate(config_dict) -> str:
-  """`config.build` on a config (a ConfigError if it refuses it): one line saying what it
+  """`build.build` on a config (a ConfigError if it refuses it): one line saying what it
   builds."""
   import functools  # noqa: PLC0415
 
   import jax  # noqa: PLC0415
 
-  from grpo_jax import config, model  # noqa: PLC0415
+  from grpo_jax import build  # noqa: PLC0415
+  from grpo_jax.models import model  # noqa: PLC0415
 
-  setup = config.build(config_dict)
+  setup = build.build(config_dict)
   m, loop = setup.model_cfg, setup.loop
   shapes = jax.eval_shape(functools.partial(model.init, m), jax.random.key(0))
   n = sum(x.size for x in jax.tree.leaves(shapes))
   return (
-    f"valid: config.build accepts it (task {type(setup.task).__name__}; a {n / 1e6:.2f}M-parameter "
+    f"valid: build.build accepts it (task {type(setup.task).__name__}; a {n / 1e6:.2f}M-parameter "
     f"policy, d_model {m.d_model} x {m.n_layers} layers, vocab {m.vocab_size}; "
     f"{loop.prompts_per_step} prompts x G = {setup.sampler_cfg.group_size} per iteration, "
     f"{loop.iterations} iterations)."

@@ -2,7 +2,7 @@
 
     c = config.default_config()        # configs/*.py start here (no I/O, no trainer import)
     c.rl.advantage = "rloo"             # any key; the locked ConfigDict refuses a misspelt one
-    setup = config.build(c)             # validated dataclasses + the task and its tokenizer
+    setup = build.build(c)              # (grpo_jax.build) validated dataclasses + the task and its tokenizer
 
 Sections of the ConfigDict and the dataclass each becomes:
 
@@ -11,7 +11,7 @@ Sections of the ConfigDict and the dataclass each becomes:
   model        model.ModelConfig     (vocab_size 0: the tokenizer's; or from config.hf_dir)
   sampler      sampling.SamplerConfig (eos_ids / pad_id come from the tokenizer)
   sampling     sampling.SamplingParams (arrays: temperature, top_k, top_p, greedy)
-  rl           rl.RLConfig           the algorithm, by registry names
+  rl           spec.RLConfig           the algorithm, by registry names
   mesh         sharding.MeshConfig   (data, fsdp, tensor) sizes and the logical->mesh rules
   diagnostics  DiagnosticsConfig     token-credit diagnostics (every = 0: off)
   counterfactual counterfactuals.CounterfactualConfig  IBPO's counterfactual rows (per_group
@@ -38,36 +38,23 @@ import functools
 import json
 import math
 import os
-import pathlib
-from typing import Any
 
 import jax
 import ml_collections
 
-from grpo_jax import (
+from grpo_jax.diagnostics import grads
+from grpo_jax.envs import episodes
+from grpo_jax.infra import collapse, config_lib, trackers
+from grpo_jax.models import model, sampling, sharding
+from grpo_jax.rewards import reward_model
+from grpo_jax.rl import (
   advantages,
   aggregation,
-  alignment,
-  collapse,
-  config_lib,
   counterfactuals,
-  envs,
-  episodes,
-  hf,
-  memory,
-  model,
   offpolicy,
   presets,
-  reward_model,
-  reward_sources,
-  rl,
-  sampling,
-  shapes,
-  sharding,
-  tasks,
-  trackers,
+  spec,
 )
-from grpo_jax.diagnostics import grads
 
 SECTIONS = (
   "task",
@@ -297,51 +284,6 @@ class DiagnosticsConfig:
     return cfg
 
 
-@dataclasses.dataclass(frozen=True)
-class Setup:
-  """Everything built from a config, once, at the edge (before anything compiles)."""
-
-  loop: LoopConfig
-  task: Any
-  tokenizer: Any
-  model_cfg: model.ModelConfig
-  sampler_cfg: sampling.SamplerConfig
-  sampling_hyper: sampling.SamplingParams
-  rl_cfg: rl.RLConfig
-  mesh_cfg: sharding.MeshConfig
-  diagnostics: DiagnosticsConfig = DiagnosticsConfig()
-  spec: dict = dataclasses.field(default_factory=dict)  # The ConfigDict, as plain data.
-  counterfactual: counterfactuals.CounterfactualConfig = counterfactuals.CounterfactualConfig()
-  steps: alignment.StepSplitter = alignment.StepSplitter()  # The task's step splitter.
-  offpolicy: offpolicy.OffPolicyConfig = offpolicy.OffPolicyConfig()
-  episodes: episodes.EpisodeConfig | None = None  # config.env; None: single-turn sampling.
-  collapse: collapse.CollapseConfig = collapse.CollapseConfig()
-  tracking: trackers.TrackingConfig = trackers.TrackingConfig()  # config.logging.
-  eval: EvalConfig = EvalConfig()  # config.eval (`grpo-jax eval`).
-  rewards: tuple = ()  # config.rewards: reward_sources.SourceSpec per source; (): the verifier.
-
-  @property
-  def train_group(self) -> int:
-    """Rows per group in the training batch: G samples + C counterfactuals."""
-    return self.sampler_cfg.group_size + self.counterfactual.per_group
-
-  @property
-  def rollout_rows(self) -> int:
-    """N = prompts_per_step × train_group rows per rollout batch (before the update)."""
-    return self.loop.prompts_per_step * self.train_group
-
-  @property
-  def update_group(self) -> int:
-    """Rows per group the update trains: counterfactuals that only inform φ
-    (counterfactual.train False) leave the batch after prepare."""
-    cf = self.counterfactual
-    return self.sampler_cfg.group_size + (cf.per_group if cf.train else 0)
-
-  @property
-  def update_rows(self) -> int:
-    return self.loop.prompts_per_step * self.update_group
-
-
 def _defaults(cls) -> dict:
   """A dataclass's field defaults, without constructing it (RLConfig's validation builds
   jax arrays, and reading a config must not start a backend)."""
@@ -391,7 +333,7 @@ def default_config() -> ml_collections.ConfigDict:
   sampler["max_new_tokens"] = 16
   c.sampler = ml_collections.ConfigDict(sampler)
   c.sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_k=0, top_p=1.0, greedy=False))
-  c.rl = _section(_defaults(rl.RLConfig))
+  c.rl = _section(_defaults(spec.RLConfig))
   # Each registered estimator's declared hyperparameters (`advantages.Hyper`) and defaults:
   # --config.rl.advantage_hyper.NAME=VALUE overrides one.
   declared = advantages.declared_hyper().items()
@@ -466,479 +408,6 @@ def hf_math_config(
   return c
 
 
-def build(config, *, n_devices: int | None = None) -> Setup:
-  """Validates the ConfigDict and builds the typed pieces; errors name the bad key.
-  `n_devices`: the device count the mesh is checked against (default: this job's).
-
-  Raises config_lib.ConfigError (a ValueError) for any bad value or missing file."""
-  try:
-    setup = _build(config, n_devices=n_devices)
-    return dataclasses.replace(setup, episodes=_episode_config(setup))
-  except config_lib.ConfigError:
-    raise
-  except OSError as e:  # A missing or unreadable file the config names.
-    raise config_lib.ConfigError(str(e)) from e
-  except ValueError as e:  # Our validators' messages; another library's is a bug to show.
-    if not _raised_here(e):
-      raise
-    raise config_lib.ConfigError(str(e)) from e
-
-
-def plan_setup(config, *, n_devices: int | None = None, model_source: str = "") -> Setup:
-  """What the memory plan reads of a config (`grpo-jax plan`), built without the task's
-  tokenizer or the checkpoint's weights. The model: `model_source` (`shapes.read`: a
-  built-in shape, a config.json, a checkpoint directory or GGUF), else config.hf_dir's
-  config.json alone; config.model sets its dtypes, scan_layers and remat. Without either
-  (a model from config.model) this is `build`. The Setup has no task or tokenizer."""
-  d = config_lib.to_dict(config)
-  source = model_source or d.get("hf_dir", "")
-  if not source:
-    return build(config, n_devices=n_devices)
-  try:
-    runtime = {k: d["model"][k] for k in HF_RUNTIME_KEYS if k in d["model"]}
-    model_cfg = shapes.model_config(os.path.expanduser(source), **runtime)
-  except hf.CheckpointError as e:
-    hint = " Or plan from the shape alone: --model=<a config.json or a built-in shape>."
-    raise config_lib.ConfigError(f"{e}{'' if model_source else hint}") from None
-  try:
-    loop = config_lib.from_dict(
-      LoopConfig, {k: v for k, v in d.items() if k not in SECTIONS}, where="config"
-    )
-    sampler_cfg = config_lib.from_dict(
-      sampling.SamplerConfig, {**d["sampler"], "eos_ids": (0,), "pad_id": 0}, where="config.sampler"
-    )
-    rl_cfg = rl.RLConfig.from_dict(_with_mask_vocab(d["rl"], model_cfg), where="config.rl")
-    cf_d = d.get("counterfactual", {})
-    cf = config_lib.from_dict(
-      counterfactuals.CounterfactualConfig, cf_d, where="config.counterfactual"
-    )
-    mesh_cfg = sharding.MeshConfig.from_dict(d.get("mesh", {}))
-    n_devices = n_devices or jax.device_count()
-    group = sampler_cfg.group_size + (cf.per_group if cf.train else 0)
-    data_parallel = math.prod(mesh_cfg.shape(n_devices)[:2])
-    _check_batch_shapes(loop, rl_cfg, group, data_parallel=data_parallel)
-  except ValueError as e:
-    raise config_lib.ConfigError(str(e)) from e
-  setup = Setup(
-    loop=loop, task=None, tokenizer=None, model_cfg=model_cfg, sampler_cfg=sampler_cfg,
-    sampling_hyper=sampling.sampling_params(**d["sampling"]), rl_cfg=rl_cfg,
-    mesh_cfg=mesh_cfg, spec=d, counterfactual=cf,
-  )  # fmt: skip
-  return _resolve_remat(setup, n_devices=n_devices)
-
-
-_PACKAGE = pathlib.Path(__file__).resolve().parent
-
-
-def _raised_here(e: BaseException) -> bool:
-  """Whether e was raised by grpo_jax's own code (its innermost frame is in the package)."""
-  tb = e.__traceback__
-  while tb is not None and tb.tb_next is not None:
-    tb = tb.tb_next
-  return tb is not None and _PACKAGE in pathlib.Path(tb.tb_frame.f_code.co_filename).parents
-
-
-def _build(config, *, n_devices: int | None) -> Setup:
-  d = config_lib.to_dict(config)
-  loop = config_lib.from_dict(
-    LoopConfig, {k: v for k, v in d.items() if k not in SECTIONS}, where="config"
-  )
-  task, tok = task_and_tokenizer(d["task"], hf_dir=loop.hf_dir)
-  model_cfg = model_config_of(d["model"], tok, hf_dir=loop.hf_dir)
-  _check_learning_rates(loop, model_cfg)
-  sampler_cfg = config_lib.from_dict(
-    sampling.SamplerConfig,
-    {**d["sampler"], "eos_ids": tok.eos_ids, "pad_id": tok.pad_id},
-    where="config.sampler",
-  )
-  rl_cfg = rl.RLConfig.from_dict(_with_mask_vocab(d["rl"], model_cfg), where="config.rl")
-  _check_rl_lengths(rl_cfg, sampler_cfg)
-  mesh_cfg = sharding.MeshConfig.from_dict(d.get("mesh", {}))
-  cf = config_lib.from_dict(
-    counterfactuals.CounterfactualConfig, d.get("counterfactual", {}), where="config.counterfactual"
-  )
-  op, n_devices = _offpolicy_config(d, rl_cfg, cf, sampler_cfg, n_devices=n_devices)
-  data_parallel = math.prod(mesh_cfg.shape(n_devices)[:2])
-  steps = _step_splitter(task, tok)
-  _check_counterfactuals(cf, rl_cfg, task, steps, diagnostics=d.get("diagnostics", {}))
-  update_group = sampler_cfg.group_size + (cf.per_group if cf.train else 0)
-  _check_batch_shapes(loop, rl_cfg, update_group, data_parallel=data_parallel)
-  _check_group_estimator(rl_cfg, sampler_cfg.group_size)
-  _check_prompt_lengths(task, tok, sampler_cfg, loop)
-  _check_reward_budget(task, loop)
-  rows = loop.prompts_per_step * sampler_cfg.group_size
-  if sampler_cfg.refill_slots > rows:
-    raise ValueError(
-      f"config.sampler.refill_slots={sampler_cfg.refill_slots} exceeds the rows it decodes "
-      f"(prompts_per_step × group_size = {rows}); use at most {rows}, or 0 (off)."
-    )
-  setup = Setup(
-    loop=loop,
-    task=task,
-    tokenizer=tok,
-    model_cfg=model_cfg,
-    sampler_cfg=sampler_cfg,
-    sampling_hyper=sampling.sampling_params(**d["sampling"]),
-    rl_cfg=rl_cfg,
-    mesh_cfg=mesh_cfg,
-    diagnostics=DiagnosticsConfig.from_dict(
-      d.get("diagnostics", {}), prompts_per_step=loop.prompts_per_step, model_cfg=model_cfg
-    ),
-    spec=d,
-    counterfactual=cf,
-    steps=steps,
-    offpolicy=op,
-    collapse=config_lib.from_dict(
-      collapse.CollapseConfig, d.get("collapse", {}), where="config.collapse"
-    ),
-    tracking=config_lib.from_dict(
-      trackers.TrackingConfig, d.get("logging", {}), where="config.logging"
-    ),
-    eval=config_lib.from_dict(EvalConfig, d.get("eval", {}), where="config.eval"),
-    rewards=_reward_sources(d, rl_cfg, cf),
-  )
-  return _resolve_remat(setup, n_devices=n_devices)
-
-
-def _reward_sources(d: dict, rl_cfg: rl.RLConfig, cf) -> tuple:
-  """config.rewards as specs, refused where the run needs the verifier's own outcome:
-  episodes score themselves, counterfactuals branch on correct vs failed rows, and an
-  estimator that reads the outcome (`advantages.Traits.reads_outcome`) splits by it."""
-  specs = reward_sources.specs_from_dict(d.get("rewards", {}))
-  if not specs:
-    return specs
-  reward_sources.check_format_weight(specs, rl_cfg.format_weight)
-  clash = [
-    why
-    for why, on in (
-      ("config.env: an episode's environment scores it", bool(d.get("env", {}).get("name"))),
-      ("config.counterfactual: it branches on correct vs failed rows", cf.enabled),
-      (
-        f"rl.advantage={rl_cfg.advantage!r}: it splits rows by the verifier's outcome",
-        advantages.REGISTRY.traits(rl_cfg.advantage).reads_outcome,
-      ),
-    )
-    if on
-  ]
-  if clash:
-    raise ValueError(
-      f"config.rewards (a weighted sum of named scores, no verifier outcome) cannot be used "
-      f"with {'; '.join(clash)}. Drop config.rewards or that setting."
-    )
-  return specs
-
-
-def _check_rl_lengths(rl_cfg: rl.RLConfig, sampler_cfg: sampling.SamplerConfig) -> None:
-  """Settings that do nothing, or the opposite, at this run's lengths: DAPO's overlong
-  buffer past max_new_tokens (every row penalised), and dynamic sampling that may never
-  sample again (max_gen_batches 1: zero-variance groups are only masked)."""
-  T = sampler_cfg.max_new_tokens
-  if rl_cfg.overlong_buffer >= T and rl_cfg.overlong_factor > 0:
-    raise ValueError(
-      f"config.rl.overlong_buffer={rl_cfg.overlong_buffer} is not below "
-      f"config.sampler.max_new_tokens={T}: the overlong penalty would start before the first "
-      f"token and penalise every row. Use a buffer below {T} (DAPO: 4096 of 20480, a fifth), "
-      "or rl.overlong_factor=0 (off)."
-    )
-  if rl_cfg.dynamic_sampling and rl_cfg.max_gen_batches < 2:
-    raise ValueError(
-      "config.rl.dynamic_sampling=True with config.rl.max_gen_batches=1 never samples a second "
-      "batch: groups whose rewards are all equal are only masked out of the update. Set "
-      "rl.max_gen_batches to the batches it may sample (DAPO: 10), or use "
-      "--config.rl.preset=dapo."
-    )
-
-
-def _check_learning_rates(loop: LoopConfig, model_cfg: model.ModelConfig) -> None:
-  """A learning rate that overflows in the parameter dtype (inf once cast) turns every
-  update into inf: refused here, not found after a run of skipped steps."""
-  dtype = jax.numpy.dtype(model_cfg.param_dtype)
-  largest = float(jax.numpy.finfo(dtype).max)
-  for name in ("learning_rate", "warmstart_lr"):
-    lr = getattr(loop, name)
-    if lr > largest:
-      raise ValueError(
-        f"config.{name}={lr:g} overflows in the parameter dtype {dtype} (largest finite "
-        f"value {largest:.4g}); use a value below that (typical learning rates are 1e-6 to "
-        "1e-2)."
-      )
-
-
-def _episode_config(setup: Setup) -> episodes.EpisodeConfig | None:
-  """config.env (from setup.spec), or None when its name is "" (single-turn sampling). The
-  environment must be registered, build with its kwargs, and end turns with one-token
-  texts. Episodes run their own turn loop on the host, so the features that sample rows
-  another way are refused."""
-  env_d, tok = setup.spec.get("env", {}), setup.tokenizer
-  if not env_d.get("name"):
-    return None
-  conflicts = {
-    "config.counterfactual (per_group > 0)": setup.counterfactual.enabled,
-    "config.sampler.refill_slots > 0": setup.sampler_cfg.refill_slots > 0,
-    "config.offpolicy.enabled": setup.offpolicy.enabled,
-    "config.diagnostics.value": setup.diagnostics.value,
-  }
-  cfg = config_lib.from_dict(episodes.EpisodeConfig, env_d, where="config.env")
-  try:
-    env_cls = envs.get(cfg.name)
-  except ValueError as e:
-    raise ValueError(f"config.env.name: {e}") from None
-  try:
-    env_cls(tokenizer=tok, **cfg.kwargs)
-  except TypeError as e:
-    raise ValueError(f"config.env.kwargs for environment {cfg.name!r}: {e}") from None
-  episodes.stop_ids(env_cls, tok)
-  for what, on in conflicts.items():
-    if on:
-      raise ValueError(
-        f"config.env.name={cfg.name!r} (multi-turn episodes) does not combine with {what}; "
-        "switch one off."
-      )
-  return cfg
-
-
-def _offpolicy_config(d: dict, rl_cfg, cf, sampler_cfg, *, n_devices: int | None):
-  """(config.offpolicy, checked against the rest: `offpolicy.check`; the trainer's device
-  count: all of them, or with placement "split" those the sampler leaves)."""
-  op = config_lib.from_dict(
-    offpolicy.OffPolicyConfig, d.get("offpolicy", {}), where="config.offpolicy"
-  )
-  n_devices = n_devices or jax.device_count()
-  offpolicy.check(
-    op,
-    rl_cfg=rl_cfg,
-    counterfactual_enabled=cf.enabled,
-    refill_slots=sampler_cfg.refill_slots,
-    n_devices=n_devices,
-    process_count=jax.process_count(),
-  )
-  if op.enabled and op.placement == "split":
-    n_devices -= op.sampler_devices
-  return op, n_devices
-
-
-def _resolve_remat(setup: Setup, *, n_devices: int) -> Setup:
-  """model.remat = "auto": the fastest of `memory.AUTO_CANDIDATES` (no remat; full remat
-  over scanned layers; that with rl.logit_chunk = 256) whose memory plan
-  (`memory.plan_for`) fits the device (memory_limit_gib, else the device's own limit; no
-  limit known: no remat)."""
-  if setup.model_cfg.remat != "auto":
-    return setup
-
-  def with_(m, r):
-    return dataclasses.replace(setup, model_cfg=m, rl_cfg=r)
-
-  m, r = memory.resolve_auto(
-    setup.model_cfg,
-    setup.rl_cfg,
-    limit=memory.limit_bytes(setup.loop.memory_limit_gib),
-    plan_fn=lambda m, r: memory.plan_for(with_(m, r), n_devices=n_devices),
-  )
-  return with_(m, r)
-
-
-def _step_splitter(task, tok) -> alignment.StepSplitter:
-  """The task's step splitter in token ids: its step-ending texts (`Task.step_end_text`)
-  that are one token, and the tokens of its step-start text (`Task.step_start_text`)."""
-  ends = [tok.encode(t, add_bos=False) for t in getattr(task, "step_end_text", ("\n",))]
-  start = getattr(task, "step_start_text", "")
-  return alignment.StepSplitter(
-    end_ids=tuple(sorted({i[0] for i in ends if len(i) == 1})),
-    start_pattern=tuple(tok.encode(start, add_bos=False)) if start else (),
-  )
-
-
-def _check_counterfactuals(cf, rl_cfg: rl.RLConfig, task, steps, *, diagnostics) -> None:
-  """Counterfactual rows are used by something, can be scored against their prompt's
-  example, and their importance weights can be computed."""
-  if not cf.enabled:
-    return
-  where = "config.counterfactual"
-  if cf.train and diagnostics.get("every", 0):
-    raise ValueError(
-      f"{where}.train=True with config.diagnostics.every > 0: the diagnostics probe groups "
-      "of G samples, and trained counterfactuals make them G + C rows; switch one off."
-    )
-  if not (advantages.REGISTRY.traits(rl_cfg.advantage).reads_counterfactuals or cf.train):
-    readers = [
-      n for n in advantages.REGISTRY if advantages.REGISTRY.traits(n).reads_counterfactuals
-    ]
-    raise ValueError(
-      f"{where}.per_group={cf.per_group} with rl.advantage={rl_cfg.advantage!r} and "
-      f"{where}.train=False: the counterfactual rows would be sampled and never used. Use "
-      f"rl.advantage={' or '.join(map(repr, readers))} (they inform its potential φ), or "
-      "train=True, or per_group=0."
-    )
-  if rl_cfg.dynamic_sampling:
-    raise ValueError(f"{where} does not combine with rl.dynamic_sampling; switch one off.")
-  if cf.perturbed:
-    supported = task.supported_perturbations()
-    if cf.source not in supported:
-      raise ValueError(
-        f"{where}.source={cf.source!r}: task {type(task).__name__} perturbs its prompts by "
-        f"{', '.join(supported) or 'none'}; use one of those or 'branch'."
-      )
-    if cf.weighting == "truncated_is" and not rl_cfg.recompute_old_logp:
-      raise ValueError(
-        f"{where}.weighting='truncated_is' needs π(o|q) of rows sampled under a perturbed "
-        "prompt: set rl.recompute_old_logp=True (one forward per row), or weighting "
-        "'none' / 'drop'."
-      )
-  if "step" in (cf.cut, cf.distance) and not steps.defined:
-    raise ValueError(
-      f"{where}: cut or distance 'step' needs the task's step splitter, and task "
-      f"{type(task).__name__} defines neither a one-token step_end_text nor a "
-      "step_start_text; use 'uniform' / 'token'."
-    )
-
-
-def task_and_tokenizer(d: dict, *, hf_dir: str):
-  """The task and its tokenizer; a task that reads a HF tokenizer takes hf_dir's."""
-  kwargs = dict(d.get("kwargs", {}))
-  if hf_dir and getattr(tasks.REGISTRY.get(d["name"]), "uses_hf_tokenizer", False):
-    kwargs.setdefault("tokenizer_dir", hf_dir)
-  task = tasks.get(d["name"], **kwargs)
-  return task, task.tokenizer()
-
-
-def model_config_of(model_d: dict, tok, *, hf_dir: str) -> model.ModelConfig:
-  """config.model as a ModelConfig: its own keys (vocab_size 0: the tokenizer's), or
-  hf_dir's architecture with config.model's runtime keys."""
-  if hf_dir:
-    cfg = _hf_model_config(hf_dir, model_d, tok)
-  else:
-    vocab = model_d.get("vocab_size", 0) or tok.vocab_size
-    if vocab < tok.vocab_size:
-      raise ValueError(
-        f"config.model.vocab_size={vocab} is smaller than the tokenizer's {tok.vocab_size}; "
-        "use 0 (the tokenizer's) or a larger size (e.g. a pretrained model's padded vocab)."
-      )
-    cfg = model.ModelConfig.from_dict({**model_d, "vocab_size": vocab})
-  if cfg.lora.enabled and cfg.lora.warm_start == "auto":  # A random init: the warm start
-    # pretrains its base. Without adapters nothing reads it (the config stays as given).
-    lora = dataclasses.replace(cfg.lora, warm_start="adapters" if hf_dir else "base")
-    cfg = dataclasses.replace(cfg, lora=lora)
-  return cfg
-
-
-def _hf_model_config(hf_dir: str, model_d: dict, tok) -> model.ModelConfig:
-  """The checkpoint's architecture with config.model's runtime keys. An architecture key
-  of config.model that differs from both its default and the checkpoint is an error
-  (it would be silently ignored otherwise). A vocabulary padded past the tokenizer's
-  size gets `vocab_limit` = the tokenizer's size."""
-  where = hf.config_where(hf_dir)
-  base = hf.model_config(hf.read_config(hf_dir), where=where)
-  default = config_lib.to_dict(default_config().model)
-  for key, value in model_d.items():
-    if key in HF_RUNTIME_KEYS or value == default.get(key) or value == getattr(base, key):
-      continue
-    raise ValueError(
-      f"config.model.{key}={value!r} conflicts with {where} "
-      f"({getattr(base, key)!r}): with config.hf_dir the architecture comes from the "
-      f"checkpoint; config.model sets only {list(HF_RUNTIME_KEYS)}."
-    )
-  if tok.vocab_size > base.vocab_size:
-    raise ValueError(
-      f"The tokenizer has {tok.vocab_size} tokens but {where} has vocab_size "
-      f"{base.vocab_size}: they do not belong together."
-    )
-  runtime = {k: model_d[k] for k in HF_RUNTIME_KEYS if k in model_d}
-  limit = tok.vocab_size if tok.vocab_size < base.vocab_size else 0
-  return dataclasses.replace(base, vocab_limit=limit, **runtime)
-
-
-def _with_mask_vocab(rl_d: dict, model_cfg) -> dict:
-  """rl_d with negative_token_filter's vocab_size set to the model's when a criterion that
-  looks up ids ("shared", "batch_shared") needs it and the config left it 0."""
-  options = dict(rl_d.get("mask_options", {}).get("negative_token_filter", {}))
-  needs = {"shared", "batch_shared"} & set(options.get("criteria", ()))
-  if not needs or options.get("vocab_size", 0):
-    return rl_d
-  options["vocab_size"] = model_cfg.vocab_size
-  mask_options = {**rl_d["mask_options"], "negative_token_filter": options}
-  return {**rl_d, "mask_options": mask_options}
-
-
-def _check_batch_shapes(loop: LoopConfig, rl_cfg: rl.RLConfig, group_size: int, *, data_parallel):
-  """The rollout batch N = prompts_per_step × group_size splits into rl.num_minibatches
-  mini-batches of b rows, each into rl.micro_batches micro-batches of b / micro_batches
-  rows; every one of them is split over the data × fsdp devices, and the planner must be
-  able to honour its guarantee (e.g. whole groups per mini-batch) at this shape."""
-  n = loop.prompts_per_step * group_size
-  M, K = rl_cfg.num_minibatches, rl_cfg.micro_batches
-  if n % M:
-    raise ValueError(
-      f"config.rl.num_minibatches={M} does not divide the rollout batch of {n} rows "
-      f"(prompts_per_step {loop.prompts_per_step} × group_size {group_size})."
-    )
-  if (n // M) % K:
-    raise ValueError(
-      f"config.rl.micro_batches={K} does not divide the mini-batch of {n // M} rows "
-      f"(rollout batch {n} / num_minibatches {M})."
-    )
-  rows = {
-    "the rollout batch (prompts_per_step × group_size)": n,
-    "a mini-batch (rollout batch / rl.num_minibatches)": n // M,
-    "a micro-batch (mini-batch / rl.micro_batches)": n // M // K,
-  }
-  for what, r in rows.items():
-    if r % data_parallel:
-      raise ValueError(
-        f"config.mesh: {what} has {r} rows, not divisible by the data-parallel size "
-        f"data × fsdp = {data_parallel}. Change prompts_per_step, group_size, "
-        "rl.num_minibatches or rl.micro_batches, or the mesh (e.g. put devices on `tensor`)."
-      )
-  try:
-    rl.make_plan_fn(rl_cfg, batch_size=n, group_size=group_size)
-  except ValueError as e:
-    raise ValueError(f"config.rl.planner={rl_cfg.planner!r}: {e}") from None
-
-
-def _check_reward_budget(task, loop: LoopConfig) -> None:
-  """A reward call that ends within its task's budget must not be killed by the pool's
-  timeout first: a slow answer would turn from a judged zero into an unscorable row that
-  `rl.unscorable` may drop (an opt-out of the zero)."""
-  budget = task.reward_budget_s
-  if loop.reward_workers and budget is not None and loop.reward_timeout_s <= budget:
-    raise ValueError(
-      f"config.reward_timeout_s={loop.reward_timeout_s:g} must exceed the task's reward "
-      f"budget ({budget:g} s: its sandbox's timeout_s plus the interpreter's start), so a "
-      f"slow answer is judged (a timeout is a zero) rather than killed by the pool; raise "
-      f"reward_timeout_s above {budget:g} or lower the task's timeout_s."
-    )
-
-
-def _check_group_estimator(rl_cfg: rl.RLConfig, group_size: int) -> None:
-  """With one rollout per prompt a group-relative estimator's baseline is the row itself:
-  every advantage is 0 and nothing is trained."""
-  options = config_lib.to_dict(rl_cfg.advantage_options)
-  if group_size == 1 and not advantages.works_without_groups(rl_cfg.advantage, options):
-    raise ValueError(
-      f"config.rl.advantage={rl_cfg.advantage!r} with config.sampler.group_size=1: a group of "
-      "one is its own baseline, so every advantage is 0 and nothing trains. At group_size 1 "
-      f"use one of {', '.join(advantages.batch_level_names())}, or raise group_size."
-    )
-
-
-def _check_prompt_lengths(task, tok, cfg: sampling.SamplerConfig, loop: LoopConfig) -> None:
-  """The first training batch and the held-out set fit max_prompt_len and the largest
-  prompt bucket, so a too-long prompt fails here, not after compiling and warm-starting.
-  (Later training prompts are checked when drawn.)"""
-  limit = min(cfg.max_prompt_len, max(cfg.prompt_buckets))
-  if cfg.truncate_prompts == "left" and max(cfg.prompt_buckets) >= cfg.max_prompt_len:
-    return
-  for split, n in (("train", loop.prompts_per_step), ("test", loop.eval_size)):
-    for i in range(n):
-      length = len(tok.encode(task.example(split, i, seed=loop.seed).prompt, add_bos=True))
-      if length > limit:
-        raise ValueError(
-          f"The {split} prompt {i} has {length} tokens, more than config.sampler."
-          f"max_prompt_len={cfg.max_prompt_len} / the largest of config.sampler.prompt_buckets="
-          f"{tuple(cfg.prompt_buckets)} allow ({limit}). Raise both, or set "
-          "config.sampler.truncate_prompts='left' to keep each prompt's last tokens."
-        )
-
-
 def from_recorded(recorded: dict) -> ml_collections.ConfigDict:
   """The ConfigDict that builds the Setup a workdir's config.json (`as_dict`) records, so a
   command that reads a run (`grpo-jax eval --workdir=...`) needs no --config: today's
@@ -967,24 +436,3 @@ def from_recorded(recorded: dict) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict(out)
   c.lock()
   return c
-
-
-def as_dict(setup: Setup) -> dict:
-  """The validated config as plain data (written to workdir/config.json)."""
-  return {
-    "loop": dataclasses.asdict(setup.loop),
-    "task": {"class": type(setup.task).__name__, **setup.spec.get("task", {})},
-    "model": dataclasses.asdict(setup.model_cfg),
-    "sampler": dataclasses.asdict(setup.sampler_cfg),
-    "sampling": setup.spec.get("sampling", {}),
-    "rl": dataclasses.asdict(setup.rl_cfg),
-    "mesh": {**dataclasses.asdict(setup.mesh_cfg), "rules": dict(setup.mesh_cfg.rules)},
-    "diagnostics": dataclasses.asdict(setup.diagnostics),
-    "counterfactual": dataclasses.asdict(setup.counterfactual),
-    "offpolicy": dataclasses.asdict(setup.offpolicy),
-    "env": dataclasses.asdict(setup.episodes) if setup.episodes else {"name": ""},
-    "collapse": dataclasses.asdict(setup.collapse),
-    "logging": dataclasses.asdict(setup.tracking),
-    "eval": dataclasses.asdict(setup.eval),
-    "rewards": setup.spec.get("rewards", {}),
-  }

@@ -12,7 +12,9 @@ import jax
 import numpy as np
 from absl import app, flags, logging
 
-from grpo_jax import cli, config_lib, model, sampling, tasks
+from grpo_jax import cli, tasks
+from grpo_jax.infra import config_lib
+from grpo_jax.models import model, sampling
 
 _DEFAULT = (
   str(pathlib.Path(__file__).resolve().parent.parent / "configs" / "sample_demo.py") + ":tiny"

@@ -44,22 +44,15 @@ import re
 import jax
 import numpy as np
 
-from grpo_jax import (
-  benchmarks,
-  config,
-  episodes,
-  logs,
-  rewards,
-  rollout,
-  sampling,
-  steps,
-  tasks,
-  train,
-)
+from grpo_jax import benchmarks, build, rollout, steps, tasks, train
+from grpo_jax.envs import episodes
+from grpo_jax.infra import logs
+from grpo_jax.models import sampling
 from grpo_jax.tasks import base as tasks_base
 from grpo_jax.tasks import jsonl as jsonl_task
+from grpo_jax.verifiers import reward_pool
 
-# Dataset benchmarks: the `math` task on a TFDS builder (`grpo_jax.datasets`), with the
+# Dataset benchmarks: the `math` task on a TFDS builder (`grpo_jax.tasks.datasets`), with the
 # model's chat template (config.hf_dir's tokenizer).
 DATASETS = {"gsm8k": dict(dataset="gsm8k"), "math500": dict(dataset="math", test_split="math500")}
 # What a dataset benchmark takes from the config's own `math` task: how it prompts and
@@ -80,15 +73,15 @@ class EvalError(ValueError):
 # ----------------------------------------------------------------------------
 
 
-def build(config_dict) -> config.Setup:
+def eval_setup(config_dict) -> build.Setup:
   """The Setup an eval runs: the config with eval_samples = eval.k (the sampler it
   compiles for k samples per problem)."""
   c = config_dict.copy_and_resolve_references()
   c.eval_samples = int(c.eval.k)
-  return config.build(c)
+  return build.build(c)
 
 
-def source(setup: config.Setup, fns, workdir) -> tuple[dict, jax.Array, dict]:
+def source(setup: build.Setup, fns, workdir) -> tuple[dict, jax.Array, dict]:
   """(params, the first batch's key, what was scored) from the workdir's checkpoint, else
   config.hf_dir's weights."""
   step = None if setup.eval.step < 0 else setup.eval.step
@@ -114,7 +107,7 @@ def source(setup: config.Setup, fns, workdir) -> tuple[dict, jax.Array, dict]:
   return params, key, {"hf_dir": setup.loop.hf_dir, "step": "hf"}
 
 
-def benchmark_task(name: str, setup: config.Setup) -> tasks_base.Task:
+def benchmark_task(name: str, setup: build.Setup) -> tasks_base.Task:
   """The task a benchmark name stands for (module docstring); a name or file that does not
   make one is an EvalError saying why."""
   try:
@@ -125,7 +118,7 @@ def benchmark_task(name: str, setup: config.Setup) -> tasks_base.Task:
     raise EvalError(f"config.eval.benchmarks: {name!r}: {e}") from None
 
 
-def _benchmark_task(name: str, setup: config.Setup) -> tasks_base.Task:
+def _benchmark_task(name: str, setup: build.Setup) -> tasks_base.Task:
   if name.startswith("jsonl:"):
     path, _, verifier = name[len("jsonl:") :].partition(":")
     return jsonl_task.JsonlProblems(path=path, verifier=verifier or "exact")
@@ -148,7 +141,7 @@ def _benchmark_task(name: str, setup: config.Setup) -> tasks_base.Task:
   return tasks.get(name)
 
 
-def _dataset_task(name: str, setup: config.Setup) -> tasks_base.Task:
+def _dataset_task(name: str, setup: build.Setup) -> tasks_base.Task:
   """`DATASETS[name]` as a `math` task: the model's tokenizer (config.hf_dir), the own math
   task's prompting and verifier options, and its data directories when the dataset is the
   same (else TFDS's defaults: downloaded on first use)."""
@@ -166,7 +159,7 @@ def _dataset_task(name: str, setup: config.Setup) -> tasks_base.Task:
   return tasks.get("math", **kwargs)
 
 
-def _first_problem(name: str, task, setup: config.Setup):
+def _first_problem(name: str, task, setup: build.Setup):
   """`task`, once its first test problem could be read (a dataset is built, or found
   missing, here: before anything is sampled)."""
   try:
@@ -284,7 +277,7 @@ def run_benchmark(
   )
   path = out / f"{_file_name(name)}.batches.jsonl"
   done = _resumed(path, header, log=log)
-  with rewards.RewardPool(
+  with reward_pool.RewardPool(
     task, workers=setup.loop.reward_workers, timeout_s=setup.loop.reward_timeout_s
   ) as pool:
     for b in range(len(done), -(-size // B)):
@@ -303,7 +296,7 @@ def run_benchmark(
   return _figures(task, problems, k=k), problems
 
 
-def _size(setup: config.Setup, task) -> int:
+def _size(setup: build.Setup, task) -> int:
   """Problems to score: config.eval.size (0: config.eval_size), at most a finite test
   split's (`test_size`: a JSONL file's records)."""
   size = setup.eval.size or setup.loop.eval_size
@@ -311,7 +304,7 @@ def _size(setup: config.Setup, task) -> int:
   return min(size, limit) if limit else size
 
 
-def _with_task(setup: config.Setup, task) -> config.Setup:
+def _with_task(setup: build.Setup, task) -> build.Setup:
   return dataclasses.replace(setup, task=task)
 
 
@@ -340,7 +333,7 @@ def run(config_dict, workdir, *, log=print) -> dict:
   {"source", "out", "figures": {benchmark: figures}}."""
   if jax.process_count() > 1:
     raise EvalError("grpo-jax eval runs on one process; several hosts are not supported yet.")
-  setup = build(config_dict)
+  setup = eval_setup(config_dict)
   names = setup.eval.names or (setup.spec["task"]["name"],)
   chosen = {n: _first_problem(n, benchmark_task(n, setup), setup) for n in names}
   fns = steps.functions(setup)

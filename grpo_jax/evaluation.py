@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from grpo_jax import config, distributed, episodes, rewards, rollout, sampling
+from grpo_jax import build, rollout
+from grpo_jax.envs import episodes
+from grpo_jax.infra import distributed
+from grpo_jax.models import sampling
+from grpo_jax.verifiers import verdicts
 
 # Held-out problems whose greedy completions each evaluation shows (workdir/samples.jsonl
 # and TensorBoard's text tab): the first ones, so every evaluation shows the same prompts.
@@ -87,7 +91,7 @@ def pass_ks(n: int) -> list[int]:
   return ks + ([n] if ks[-1] != n else [])
 
 
-def evaluate(setup: config.Setup, fns, pool, params, *, key) -> dict:
+def evaluate(setup: build.Setup, fns, pool, params, *, key) -> dict:
   """Held-out metrics on the first eval_size test problems, scored through `pool`.
 
   Greedy decoding gives eval/greedy_accuracy and eval/format_rate. With eval_samples = n
@@ -97,7 +101,7 @@ def evaluate(setup: config.Setup, fns, pool, params, *, key) -> dict:
   return run(setup, fns, pool, params, key=key, show=0)[0]
 
 
-def run(setup: config.Setup, fns, pool, params, *, key, show: int = SAMPLES):
+def run(setup: build.Setup, fns, pool, params, *, key, show: int = SAMPLES):
   """(`evaluate`'s metrics, the first `show` held-out problems' greedy completions as
   `sample_records`)."""
   task, loop = setup.task, setup.loop
@@ -148,11 +152,11 @@ def _metrics(
   show,
 ):
   """(metrics, shown) of one evaluation, single-turn or episodes: stop if too many greedy
-  rows were unscorable (`rewards.check_failures`), eval/greedy_accuracy (mean reward),
+  rows were unscorable (`verdicts.check_failures`), eval/greedy_accuracy (mean reward),
   eval/format_rate, eval/reward_errors, the first `show` greedy rows (`sample_records`);
   and with `sampled` (a callable -> (correctness [P, n], errors), called last, so the
   device keeps sampling while the greedy rows are scored) pass@k and mean@n."""
-  rewards.check_failures(~scorable_N, messages, limit=setup.loop.max_unscorable_frac, where=where)
+  verdicts.check_failures(~scorable_N, messages, limit=setup.loop.max_unscorable_frac, where=where)
   out = {
     "eval/greedy_accuracy": float(reward_N.mean()),
     "eval/format_rate": float(format_N.mean()),
@@ -222,7 +226,7 @@ def sampled_metrics(correct_PK) -> dict:
 
 
 def evaluate_episodes(
-  setup: config.Setup, fns, params, examples: list, prompts, key, *, show: int = 0
+  setup: build.Setup, fns, params, examples: list, prompts, key, *, show: int = 0
 ):
   """`run` with the environment (config.env): greedy episodes give eval/greedy_accuracy
   (mean episode reward) and eval/format_rate (the share the environment ended,

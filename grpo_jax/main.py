@@ -51,26 +51,12 @@ import pathlib
 import jax
 from absl import app, flags, logging
 
-from grpo_jax import (
-  checkpoint,
-  cli,
-  collapse,
-  config,
-  config_lib,
-  distributed,
-  evaluate,
-  gguf_import,
-  hf,
-  logs,
-  memory,
-  reward_model,
-  rewards,
-  rl,
-  rm_train,
-  shapes,
-  steps,
-  train,
-)
+from grpo_jax import build, cli, evaluate, memory, rm_train, steps, train
+from grpo_jax.infra import checkpoint, collapse, config_lib, distributed, logs
+from grpo_jax.models import gguf_import, hf, shapes
+from grpo_jax.rewards import reward_model
+from grpo_jax.rl import guards
+from grpo_jax.verifiers import verdicts
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where metrics.jsonl and summary.json go.")
 _DISTRIBUTED = flags.DEFINE_enum(
@@ -111,7 +97,7 @@ def plan(config_dict) -> dict:
   """`grpo-jax plan`: prints the memory plan, each line explained, and when it does not
   fit, the changes that lower its peak most first; returns its figures."""
   device = _device_bytes(_DEVICE.value)
-  setup = config.plan_setup(config_dict, n_devices=_DEVICES.value, model_source=_MODEL.value or "")
+  setup = build.plan_setup(config_dict, n_devices=_DEVICES.value, model_source=_MODEL.value or "")
   p = memory.plan_for(setup, n_devices=_DEVICES.value)
   why = memory.explain(p, setup.model_cfg, setup.rl_cfg)
   print(memory.describe(p, device_memory=device, name=_DEVICE.value or "", why=why))
@@ -278,8 +264,8 @@ USER_ERRORS = {
   checkpoint.CheckpointDamagedError: 1,
   checkpoint.NoValidCheckpointError: 1,
   checkpoint.CheckpointSaveError: 1,
-  rewards.RewardFailure: 1,
-  rl.NonFiniteError: 1,
+  verdicts.RewardFailure: 1,
+  guards.NonFiniteError: 1,
   collapse.CollapseError: 1,
 }
 

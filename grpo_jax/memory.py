@@ -96,7 +96,8 @@ import jax
 import jax.extend as jex
 import jax.numpy as jnp
 
-from grpo_jax import model, rl, sampling, sharding
+from grpo_jax.models import model, sampling, sharding
+from grpo_jax.rl import learner, spec
 
 GIB = 2**30
 
@@ -206,13 +207,13 @@ def _local_model(cfg: model.ModelConfig, tensor: int) -> model.ModelConfig:
   )
 
 
-def abstract_minibatch(rows: int, P: int, T: int) -> rl.RolloutBatch:
+def abstract_minibatch(rows: int, P: int, T: int) -> spec.RolloutBatch:
   """Shapes and dtypes of a mini-batch of `rows` rows of P prompt + T completion tokens."""
   sd = jax.ShapeDtypeStruct
   token = lambda *shape: sd(shape, jnp.int32)
   flag = lambda *shape: sd(shape, jnp.bool_)
   real = lambda *shape: sd(shape, jnp.float32)
-  return rl.RolloutBatch(
+  return spec.RolloutBatch(
     prompt_tokens_NP=token(rows, P),
     prompt_mask_NP=flag(rows, P),
     tokens_NT=token(rows, T),
@@ -225,7 +226,7 @@ def abstract_minibatch(rows: int, P: int, T: int) -> rl.RolloutBatch:
   )
 
 
-def residual_bytes(cfg: model.ModelConfig, rl_cfg: rl.RLConfig, *, rows: int, P: int, T: int):
+def residual_bytes(cfg: model.ModelConfig, rl_cfg: spec.RLConfig, *, rows: int, P: int, T: int):
   """Bytes autodiff saves in the forward of the train loss for the backward, for `rows`
   rows of P prompt + T completion tokens: the outputs of the vjp's forward that are not
   its inputs (traced with make_jaxpr; nothing runs or compiles)."""
@@ -235,7 +236,7 @@ def residual_bytes(cfg: model.ModelConfig, rl_cfg: rl.RLConfig, *, rows: int, P:
   model_fn = model.make_model_fn(cfg)
 
   def residuals(params, mb, hyper):
-    loss = lambda p: jnp.sum(rl.token_terms(p, mb, hyper, cfg=rl_cfg, model_fn=model_fn)[0])
+    loss = lambda p: jnp.sum(learner.token_terms(p, mb, hyper, cfg=rl_cfg, model_fn=model_fn)[0])
     return jax.vjp(loss, params)[1]
 
   closed = jax.make_jaxpr(residuals)(params, mb, hyper)
@@ -250,7 +251,7 @@ def residual_bytes(cfg: model.ModelConfig, rl_cfg: rl.RLConfig, *, rows: int, P:
 
 def plan(
   model_cfg: model.ModelConfig,
-  rl_cfg: rl.RLConfig,
+  rl_cfg: spec.RLConfig,
   mesh_cfg: sharding.MeshConfig,
   *,
   n_devices: int,
@@ -272,7 +273,7 @@ def plan(
   # state are theirs, and the reference is the base itself (no copy).
   trainable = _tree_bytes(model.split_trainable(boxed)[0], rules=rules, mesh_sizes=sizes)
   adapted = model.is_adapted(boxed)
-  state = jax.eval_shape(lambda b: rl.init_state(b, optimizer), boxed)
+  state = jax.eval_shape(lambda b: spec.init_state(b, optimizer), boxed)
   opt_state = _tree_bytes(state.opt_state, rules=rules, mesh_sizes=sizes)
   N = prompts * group_size
   mb_rows = max(N // rl_cfg.num_minibatches // rl_cfg.micro_batches // dp, 1)
@@ -421,10 +422,10 @@ def _sampler_bytes(cfg: model.ModelConfig, boxed, *, rules, sizes, rows, prompt_
 
 
 def plan_for(setup, *, n_devices: int | None = None, optimizer=None) -> Plan:
-  """The plan of a `config.Setup` on n_devices (default: this host's), with the run's
-  optimizer (`rl.make_optimizer`) unless another is given."""
+  """The plan of a `build.Setup` on n_devices (default: this host's), with the run's
+  optimizer (`spec.make_optimizer`) unless another is given."""
   scfg, loop = setup.sampler_cfg, setup.loop
-  optimizer = optimizer or rl.make_optimizer(
+  optimizer = optimizer or spec.make_optimizer(
     lr=loop.learning_rate,
     warmup_steps=loop.warmup_steps,
     weight_decay=loop.weight_decay,
@@ -492,7 +493,7 @@ def fits(p: Plan, device_memory: float) -> bool:
 
 
 def changes(
-  p: Plan, model_cfg: model.ModelConfig, rl_cfg: rl.RLConfig, *, more_devices: Plan | None = None
+  p: Plan, model_cfg: model.ModelConfig, rl_cfg: spec.RLConfig, *, more_devices: Plan | None = None
 ) -> list[tuple[Plan, str]]:
   """Each change that lowers the peak, with the plan it would give: the terms it moves,
   scaled as the change scales them (a guide: rerun the plan with the change for its own
@@ -544,7 +545,7 @@ def changes(
 def advice(
   p: Plan,
   model_cfg: model.ModelConfig,
-  rl_cfg: rl.RLConfig,
+  rl_cfg: spec.RLConfig,
   *,
   device_memory: float | None = None,
   more_devices: Plan | None = None,
@@ -578,7 +579,7 @@ def _gib(n: float) -> str:
   return f"{n / GIB:.2f}"
 
 
-def explain(p: Plan, model_cfg: model.ModelConfig, rl_cfg: rl.RLConfig) -> dict[str, str]:
+def explain(p: Plan, model_cfg: model.ModelConfig, rl_cfg: spec.RLConfig) -> dict[str, str]:
   """What each line of `describe` counts, for this config."""
   data, fsdp, tensor = p.mesh
   remat_on = model_cfg.remat != "none" and model_cfg.scan_layers
@@ -653,7 +654,7 @@ def measure(setup, fns) -> dict:
   N, P, T = setup.update_rows, max(scfg.prompt_buckets), scfg.max_new_tokens
   sd = jax.ShapeDtypeStruct
   state = jax.eval_shape(
-    lambda k: rl.init_state(
+    lambda k: spec.init_state(
       model.cast_base(model.init(setup.model_cfg, k), setup.model_cfg), fns.optimizer
     ),
     jax.random.key(0),

@@ -33,7 +33,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import config, offpolicy, rollout, sampling
+from grpo_jax import build, rollout
+from grpo_jax.models import sampling
+from grpo_jax.rl import offpolicy
 
 _SCORE_FIELDS = ("correct_N", "format_N", "scorable_N")
 
@@ -55,7 +57,7 @@ class InFlight:
 class Source:
   """The pipelined data source of `train._Loop` when config.offpolicy.enabled."""
 
-  def __init__(self, setup: config.Setup, fns, pool):
+  def __init__(self, setup: build.Setup, fns, pool):
     self.setup, self.fns, self.pool = setup, fns, pool
     self.cfg = setup.offpolicy
     self.pending: dict[int, InFlight] = {}
@@ -64,7 +66,7 @@ class Source:
     self.overlap_seconds = 0.0
 
   @classmethod
-  def create(cls, setup: config.Setup, fns, pool, *, buffer: dict | None = None) -> Source:
+  def create(cls, setup: build.Setup, fns, pool, *, buffer: dict | None = None) -> Source:
     """The pipeline, holding a restored checkpoint's in-flight `buffer` (None: empty)."""
     source = cls(setup, fns, pool)
     if buffer is not None:

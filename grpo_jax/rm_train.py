@@ -26,7 +26,10 @@ import jax
 import numpy as np
 import optax
 
-from grpo_jax import checkpoint, config, config_lib, hf_tokenizer, logs, model, reward_model
+from grpo_jax import build
+from grpo_jax.infra import checkpoint, config_lib, logs
+from grpo_jax.models import hf_tokenizer, model
+from grpo_jax.rewards import reward_model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,8 +55,8 @@ def built(d: dict) -> Built:
     runtime = {k: v for k, v in d["model"].items() if k in ("param_dtype", "dtype", "remat")}
     model_cfg, _ = reward_model.hf_reward_config(hf_dir, **runtime)
     return Built(rm_cfg, model_cfg, hf_tokenizer.load(hf_dir), hf_dir)
-  _, tok = config.task_and_tokenizer(d["task"], hf_dir="")
-  return Built(rm_cfg, config.model_config_of(d["model"], tok, hf_dir=""), tok, hf_dir)
+  _, tok = build.task_and_tokenizer(d["task"], hf_dir="")
+  return Built(rm_cfg, build.model_config_of(d["model"], tok, hf_dir=""), tok, hf_dir)
 
 
 # ----------------------------------------------------------------------------

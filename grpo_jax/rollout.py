@@ -5,8 +5,8 @@
     got.rollouts, got.logprobs, got.correct_N, got.valid_N, got.metrics
 
 Host/device overlap: without dynamic sampling the old/ref log-prob forwards
-(`rl.rollout_logprobs`) are dispatched as soon as the rollouts exist, and run on the
-device while the host decodes and scores rewards in the worker pool (`rewards.RewardPool`).
+(`preparation.rollout_logprobs`) are dispatched as soon as the rollouts exist, and run on the
+device while the host decodes and scores rewards in the worker pool (`reward_pool.RewardPool`).
 With DAPO dynamic sampling (`dynamic_sampling`) generation batches are sampled until B
 groups have varying rewards or `rl.max_gen_batches` is reached, and the forwards run once
 the kept groups are assembled, so no forward is spent on dropped groups.
@@ -27,17 +27,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import (
-  config,
-  counterfactuals,
-  distributed,
-  dynamic_sampling,
-  flops,
-  reward_sources,
-  rewards,
-  rl,
-  sampling,
-)
+from grpo_jax import build
+from grpo_jax.infra import distributed, flops
+from grpo_jax.models import sampling
+from grpo_jax.rewards import reward_sources
+from grpo_jax.rl import counterfactuals, dynamic_sampling, preparation
+from grpo_jax.verifiers import verdicts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +65,7 @@ class Collected:
   """A training batch of B·G rows, scored, with its log-prob forwards dispatched."""
 
   rollouts: sampling.Rollouts
-  logprobs: rl.PolicyLogProbs
+  logprobs: preparation.PolicyLogProbs
   scores: Scores
   valid_N: np.ndarray  # False on dynamic-sampling fill groups: kept for shape, not trained.
   next_index: int
@@ -79,7 +74,7 @@ class Collected:
   provenance: Any = None  # counterfactuals.Provenance of IBPO's counterfactual rows.
 
 
-def host_prompts(setup: config.Setup, fns, examples: dict, n: int) -> sampling.Prompts:
+def host_prompts(setup: build.Setup, fns, examples: dict, n: int) -> sampling.Prompts:
   """The n-row prompt batch as global arrays on the layout's row sharding; this process
   encodes only its own rows (`examples` maps row -> example), padded to the bucket of the
   longest prompt of every process."""
@@ -98,7 +93,7 @@ def needed_rows(fns, n_prompts: int, group: int) -> range:
   return range(min(p.start, c.start // group), max(p.stop, -(-c.stop // group)))
 
 
-def draw(setup: config.Setup, fns, index: int) -> Drawn:
+def draw(setup: build.Setup, fns, index: int) -> Drawn:
   """Train examples index .. index + B - 1 and their prompt batch."""
   loop = setup.loop
   rows = set(needed_rows(fns, loop.prompts_per_step, setup.sampler_cfg.group_size))
@@ -108,7 +103,7 @@ def draw(setup: config.Setup, fns, index: int) -> Drawn:
   return Drawn(index, examples, host_prompts(setup, fns, examples, loop.prompts_per_step))
 
 
-def score(setup: config.Setup, pool, examples: dict, tokens_NT, *, group: int) -> Scores:
+def score(setup: build.Setup, pool, examples: dict, tokens_NT, *, group: int) -> Scores:
   """Decodes and scores this process's rows of the completions tokens_NT (n = prompts ×
   group rows, global), then all-gathers the scores. A `reward_sources.Mixture` also gets
   the prompts, and its total is recombined from every process's rows (`combine`)."""
@@ -129,7 +124,8 @@ def score(setup: config.Setup, pool, examples: dict, tokens_NT, *, group: int) -
   correct_N, error_N, parts = gather(scores.correct_N), gather(scores.error_N), {}
   if scores.parts is not None:
     parts = {
-      k: rewards.SourceScores(gather(p.value_N), gather(p.error_N)) for k, p in scores.parts.items()
+      k: verdicts.SourceScores(gather(p.value_N), gather(p.error_N))
+      for k, p in scores.parts.items()
     }
     correct_N, error_N = pool.combine(parts)
   return Scores(
@@ -185,7 +181,7 @@ def outcome_metrics(vocabulary: tuple[str, ...], scores: list[Scores]) -> dict:
 
 
 def collect(
-  setup: config.Setup, fns, pool, params, ref_params, *, index: int, key, prefetched=None
+  setup: build.Setup, fns, pool, params, ref_params, *, index: int, key, prefetched=None
 ) -> Collected:
   """Samples and scores generation batches (one, or with dynamic sampling up to
   rl.max_gen_batches) from data position `index`; `prefetched` is a `Drawn` made while the
@@ -234,7 +230,7 @@ def collect(
 
 
 def sample_and_score(
-  setup: config.Setup, fns, pool, params, ref_params, drawn: Drawn, key, dispatch: bool, seconds
+  setup: build.Setup, fns, pool, params, ref_params, drawn: Drawn, key, dispatch: bool, seconds
 ):
   """One generation batch: (rollouts, Scores, logprobs, episode metrics). Single-turn: the
   sampler, then (with `dispatch`) the old/ref log-prob forwards dispatched before the host
@@ -257,7 +253,7 @@ def sample_and_score(
   return rollouts, scores, logprobs, {}
 
 
-def play(setup: config.Setup, fns, params, drawn: Drawn, key, seconds: dict):
+def play(setup: build.Setup, fns, params, drawn: Drawn, key, seconds: dict):
   """G episodes per drawn prompt with the environment (`episodes`): (rollouts, Scores,
   "episode/..." metrics). The reward is the episode's sum of step rewards; an episode
   whose environment raised is unscorable. Adds "sample" (the jitted pieces) and "env" (the
@@ -280,7 +276,7 @@ def play(setup: config.Setup, fns, params, drawn: Drawn, key, seconds: dict):
 
 
 def with_counterfactuals(
-  setup: config.Setup, fns, pool, params, drawn: Drawn, rollouts, scores, key
+  setup: build.Setup, fns, pool, params, drawn: Drawn, rollouts, scores, key
 ):
   """IBPO's counterfactual rows (`counterfactuals`) for a scored batch of B·G samples:
   plan the slots, decode and score them, merge. Returns (merged Rollouts of B·(G + C)
@@ -327,7 +323,7 @@ def with_counterfactuals(
   return merged, picked, prov, time.perf_counter() - t0
 
 
-def _select(setup: config.Setup, pool, parts: list, scores: list[Scores]):
+def _select(setup: build.Setup, pool, parts: list, scores: list[Scores]):
   """Dynamic sampling: B groups assembled from the generation batches (varying groups
   first, masked fill groups when the cap was reached); (rollouts, their scores, valid_N,
   dynamic/... metrics). A mixture's total is recombined over the selected rows, so its
@@ -343,7 +339,7 @@ def _select(setup: config.Setup, pool, parts: list, scores: list[Scores]):
   correct_N, scorable_N, sources = pick([s.correct_N for s in scores]), None, {}
   if scores[0].parts:
     sources = {
-      k: rewards.SourceScores(
+      k: verdicts.SourceScores(
         pick([s.parts[k].value_N for s in scores]), pick([s.parts[k].error_N for s in scores])
       )
       for k in scores[0].parts
@@ -384,7 +380,7 @@ def padding(rollouts, *, tokens: float, slots: int = 0) -> dict:
   }
 
 
-def phase_flops(setup: config.Setup, rollouts: Any, *, gen_batches: int) -> dict:
+def phase_flops(setup: build.Setup, rollouts: Any, *, gen_batches: int) -> dict:
   """Model FLOPs of one iteration's phases (`flops`): "sample" (every generation batch),
   "prepare" (the π_old and reference forwards) and "update" (3 forwards per epoch)."""
   cfg, scfg, rl_cfg = setup.model_cfg, setup.sampler_cfg, setup.rl_cfg

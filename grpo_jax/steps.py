@@ -20,28 +20,18 @@ from typing import Any
 
 import jax
 
-from grpo_jax import (
-  config,
-  counterfactuals,
-  envs,
-  episodes,
-  memory,
-  model,
-  offpolicy,
-  refill,
-  rl,
-  sampling,
-  sharding,
-  warmstart,
-)
+from grpo_jax import build, config, envs, memory, warmstart
+from grpo_jax.envs import episodes
+from grpo_jax.models import model, refill, sampling, sharding
+from grpo_jax.rl import counterfactuals, learner, offpolicy, preparation, spec
 
 
 @dataclasses.dataclass(frozen=True)
 class Functions:
   layout: sharding.Layout  # The mesh and its rules.
   param_shardings: Any
-  state_shardings: Any  # rl.TrainState with the RL optimizer.
-  sft_state_shardings: Any  # rl.TrainState with the warm-start optimizer.
+  state_shardings: Any  # spec.TrainState with the RL optimizer.
+  sft_state_shardings: Any  # spec.TrainState with the warm-start optimizer.
   model_fn: Any
   optimizer: Any
   sft_optimizer: Any
@@ -49,9 +39,9 @@ class Functions:
   sample_greedy: Any  # One row per prompt, for greedy evaluation.
   sample_eval: Any  # eval_samples rows per prompt, for pass@k (None when off).
   sft_step: Any  # warmstart.sft_step: one cross-entropy step on reference solutions.
-  logprobs: Any  # rl.rollout_logprobs: dispatched before rewards are scored.
-  finish: Any  # rl.finish_prepare: advantages and masks once rewards are in.
-  update: Any  # rl.update: plan + a scan of train steps over one rollout batch.
+  logprobs: Any  # preparation.rollout_logprobs: dispatched before rewards are scored.
+  finish: Any  # preparation.finish_prepare: advantages and masks once rewards are in.
+  update: Any  # learner.update: plan + a scan of train steps over one rollout batch.
   # IBPO's counterfactual rows (None when config.counterfactual.per_group = 0):
   cf_plan: Any = None  # counterfactuals.plan: the slots' parents and cuts.
   cf_generate: Any = None  # counterfactuals.generate: decodes the M rows.
@@ -84,7 +74,7 @@ _CACHE_FIELDS = (
 _FUNCTIONS: dict[str, Functions] = {}  # Config repr -> functions (oldest first out).
 
 
-def functions(setup: config.Setup) -> Functions:
+def functions(setup: build.Setup) -> Functions:
   """The jitted pieces of a run; built once per (model, sampler, RL, optimizer, mesh), so a
   notebook that reruns a config does not recompile."""
   loop = setup.loop
@@ -116,7 +106,7 @@ def memory_limit(loop: config.LoopConfig) -> float | None:
   return memory.limit_bytes(loop.memory_limit_gib)
 
 
-def check_memory(setup: config.Setup) -> None:
+def check_memory(setup: build.Setup) -> None:
   """Refuses, before compiling, a config whose memory plan exceeds the device memory
   (`memory.OutOfMemoryPlan`, with the plan and what to change)."""
   limit = memory_limit(setup.loop)
@@ -128,7 +118,7 @@ def check_memory(setup: config.Setup) -> None:
 def optimizers(loop: config.LoopConfig):
   """(RL optimizer, warm-start optimizer): the same chain at their learning rates."""
   make = functools.partial(
-    rl.make_optimizer,
+    spec.make_optimizer,
     warmup_steps=loop.warmup_steps,
     weight_decay=loop.weight_decay,
     grad_clip=loop.grad_clip,
@@ -145,8 +135,8 @@ class _Shardings:
 
   layout: sharding.Layout
   params: Any
-  state: Any  # rl.TrainState with the RL optimizer.
-  sft_state: Any  # rl.TrainState with the warm-start optimizer.
+  state: Any  # spec.TrainState with the RL optimizer.
+  sft_state: Any  # spec.TrainState with the warm-start optimizer.
   ref: Any  # The reference params (replicated None without a KL term).
 
   def rows(self, n: int):
@@ -160,13 +150,13 @@ class _Shardings:
     return sampling.Rollouts(**{f: self.rows(n) for f in _ROLLOUT_FIELDS}, num_steps=self.rep)
 
 
-def _shardings(setup: config.Setup, layout: sharding.Layout, optimizer, sft_optimizer):
+def _shardings(setup: build.Setup, layout: sharding.Layout, optimizer, sft_optimizer):
   mcfg = setup.model_cfg
   params = sharding.param_shardings(layout, mcfg, stored=True)
   state, sft_state = (
     sharding.tree_shardings(
       layout,
-      lambda k, o=o, p=p: rl.init_state(
+      lambda k, o=o, p=p: spec.init_state(
         warmstart.stored(model.init_boxed(mcfg, k), mcfg, p), o, part=p
       ),
       jax.random.key(0),
@@ -177,7 +167,7 @@ def _shardings(setup: config.Setup, layout: sharding.Layout, optimizer, sft_opti
   return _Shardings(layout=layout, params=params, state=state, sft_state=sft_state, ref=ref)
 
 
-def _sampler_model(setup: config.Setup, model_fn, layout: sharding.Layout):
+def _sampler_model(setup: build.Setup, model_fn, layout: sharding.Layout):
   """(model config, model_fn, view) the samplers run: the model's, in sampler.dtype when
   set; with adapters merged for sampling, the base model on `view(params)`
   (`model.sampler_view`; view None: the params as given); scanned layers unrolled when
@@ -191,7 +181,7 @@ def _sampler_model(setup: config.Setup, model_fn, layout: sharding.Layout):
 
 
 def _sampler(
-  setup: config.Setup, sh: _Shardings, model_fn, *, group: int, prompts: int, slots: int = 0
+  setup: build.Setup, sh: _Shardings, model_fn, *, group: int, prompts: int, slots: int = 0
 ):
   """`sampling.sample` for `prompts` prompts × `group` rows each; with `slots`, the
   slot-refill sampler (`refill.sample`); in sampler.dtype when it is set."""
@@ -214,7 +204,7 @@ def _sampler(
   )
 
 
-def _counterfactual_functions(setup: config.Setup, sh: _Shardings, model_fn) -> dict:
+def _counterfactual_functions(setup: build.Setup, sh: _Shardings, model_fn) -> dict:
   """IBPO's counterfactual rows: plan the slots, decode them, merge them into the batch."""
   cf, scfg = setup.counterfactual, setup.sampler_cfg
   if not cf.enabled:
@@ -259,22 +249,22 @@ def _counterfactual_functions(setup: config.Setup, sh: _Shardings, model_fn) -> 
   )
 
 
-def _rl_functions(setup: config.Setup, sh: _Shardings, model_fn, optimizer) -> dict:
+def _rl_functions(setup: build.Setup, sh: _Shardings, model_fn, optimizer) -> dict:
   """The RL half: log-prob forwards, prepare, and the update phase."""
   rl_cfg, N, U = setup.rl_cfg, setup.rollout_rows, setup.update_rows
   rows, rep = sh.rows(N), sh.rep
-  plan_fn = rl.make_plan_fn(rl_cfg, batch_size=U, group_size=setup.update_group)
+  plan_fn = learner.make_plan_fn(rl_cfg, batch_size=U, group_size=setup.update_group)
   return dict(
     logprobs=sharding.Jitted(
       sh.layout,
-      functools.partial(rl.rollout_logprobs, cfg=rl_cfg, model_fn=model_fn),
+      functools.partial(preparation.rollout_logprobs, cfg=rl_cfg, model_fn=model_fn),
       in_shardings=(sh.params, sh.ref, sh.rollouts(N)),
       out_shardings=rows,
     ),
     finish=sharding.Jitted(
       sh.layout,
       functools.partial(
-        rl.finish_prepare,
+        preparation.finish_prepare,
         cfg=rl_cfg,
         cf_cfg=setup.counterfactual,
         splitter=setup.steps,
@@ -286,7 +276,7 @@ def _rl_functions(setup: config.Setup, sh: _Shardings, model_fn, optimizer) -> d
     update=sharding.Jitted(
       sh.layout,
       functools.partial(
-        rl.update, cfg=rl_cfg, model_fn=model_fn, optimizer=optimizer, plan_fn=plan_fn
+        learner.update, cfg=rl_cfg, model_fn=model_fn, optimizer=optimizer, plan_fn=plan_fn
       ),
       in_shardings=(sh.state, sh.rows(U), rep, rep),
       out_shardings=(sh.state, rep, rep),
@@ -295,7 +285,7 @@ def _rl_functions(setup: config.Setup, sh: _Shardings, model_fn, optimizer) -> d
   )
 
 
-def _layouts(setup: config.Setup) -> tuple[sharding.Layout, sharding.Layout]:
+def _layouts(setup: build.Setup) -> tuple[sharding.Layout, sharding.Layout]:
   """(trainer layout, training sampler's layout): the same mesh over every device, or with
   offpolicy placement "split" the sampler's first `sampler_devices` devices (data-parallel
   over them) and the trainer's mesh over the rest."""
@@ -312,7 +302,7 @@ def _layouts(setup: config.Setup) -> tuple[sharding.Layout, sharding.Layout]:
   )
 
 
-def _offpolicy_functions(setup: config.Setup, sh: _Shardings, model_fn) -> dict:
+def _offpolicy_functions(setup: build.Setup, sh: _Shardings, model_fn) -> dict:
   """Partial rollouts' segment decode and empty start batch, on the sampler's devices."""
   op, scfg = setup.offpolicy, setup.sampler_cfg
   if not (op.enabled and op.partial != "off"):
@@ -343,7 +333,7 @@ def _offpolicy_functions(setup: config.Setup, sh: _Shardings, model_fn) -> dict:
   )
 
 
-def _episode_runners(setup: config.Setup, model_fn, layout: sharding.Layout) -> dict:
+def _episode_runners(setup: build.Setup, model_fn, layout: sharding.Layout) -> dict:
   """Multi-turn episode runners (config.env): the training group, greedy evaluation and
   pass@k evaluation (`episodes.Runner`; its jitted pieces follow the params' shardings),
   in sampler.dtype when it is set."""
@@ -370,7 +360,7 @@ def _episode_runners(setup: config.Setup, model_fn, layout: sharding.Layout) -> 
   )
 
 
-def _build(setup: config.Setup) -> Functions:
+def _build(setup: build.Setup) -> Functions:
   loop, scfg = setup.loop, setup.sampler_cfg
   layout, sampler_layout = _layouts(setup)
   model_fn = model.make_model_fn(setup.model_cfg)

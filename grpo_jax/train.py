@@ -4,7 +4,7 @@
 
 `run` reads top to bottom in phases; each names the module that does the work:
 
-  Set up      `config.build` validates the ConfigDict (before anything compiles);
+  Set up      `build.build` validates the ConfigDict (before anything compiles);
               `steps.functions` builds the jitted functions with their shardings.
   Restore     the latest checkpoint (`checkpoint`), or a fresh start: params (random, or
               streamed from config.hf_dir by `hf`), the supervised warm start
@@ -12,8 +12,8 @@
   Iterate     each RL iteration: draw B prompts and sample G rollouts each, dispatch the
               old/ref log-prob forwards and score rewards on the host meanwhile
               (`rollout.collect`, with DAPO dynamic sampling when on) -> advantages and
-              token masks (`rl.finish_prepare`) -> plan mini-batches and run
-              ppo_epochs × num_minibatches train steps as one jitted scan (`rl.update`),
+              token masks (`preparation.finish_prepare`) -> plan mini-batches and run
+              ppo_epochs × num_minibatches train steps as one jitted scan (`learner.update`),
               while the host draws the next prompts -> one metrics line (`logs`: JSONL
               and TensorBoard; every key defined in `metrics`) -> evaluation every
               `eval_every` iterations -> the collapse guard (`collapse`) -> a
@@ -26,8 +26,8 @@ same workdir resumes from the latest one and writes the metrics an uninterrupted
 have (same machine and config). SIGTERM (a TPU VM preemption notice) finishes the
 iteration, saves a checkpoint and returns with summary["preempted"] (the CLI exits 143).
 
-A train step whose loss or gradient is not finite is skipped (`rl.apply_if_finite`); after
-`max_nonfinite_steps` consecutive ones the run stops with `rl.NonFiniteError`; a state that
+A train step whose loss or gradient is not finite is skipped (`learner.apply_if_finite`); after
+`max_nonfinite_steps` consecutive ones the run stops with `guards.NonFiniteError`; a state that
 is not finite is never checkpointed, and a restored one is refused (`checkpoint`). A
 policy that visibly collapsed stops the run with `collapse.CollapseError`, or is logged
 once (config.collapse). summary["wall_seconds"] counts every session of the run, a
@@ -51,30 +51,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import (
-  checkpoint,
-  collapse,
-  config,
-  config_lib,
-  controllers,
-  distributed,
-  evaluation,
-  flops,
-  frozen_base,
-  hf,
-  logs,
-  model,
-  pipeline,
-  reward_sources,
-  rewards,
-  rl,
-  rollout,
-  sharding,
-  steps,
-  trackers,
-  warmstart,
-)
+from grpo_jax import build, config, evaluation, pipeline, rollout, steps, warmstart
 from grpo_jax.diagnostics import hook as diagnostics_hook
+from grpo_jax.infra import checkpoint, collapse, config_lib, distributed, flops, logs, trackers
+from grpo_jax.models import frozen_base, hf, model, sharding
+from grpo_jax.rewards import reward_sources
+from grpo_jax.rl import controllers, guards, learner, preparation, spec
+from grpo_jax.verifiers import reward_pool, verdicts
 
 
 @dataclasses.dataclass
@@ -82,9 +65,9 @@ class RunState:
   """What the loop carries from one iteration to the next; a checkpoint holds all of it."""
 
   # On device: the checkpoint's "state" item.
-  train: rl.TrainState
+  train: spec.TrainState
   ref_params: Any  # The reference policy (None without a KL term, or with adapters).
-  prep_hyper: rl.PrepareHyper  # Arrays a controller may move between iterations.
+  prep_hyper: spec.PrepareHyper  # Arrays a controller may move between iterations.
   controller: dict
   key: jax.Array  # The run's PRNG key; iteration k uses fold_in(key, k).
   # On the host: the checkpoint's "meta" item.
@@ -98,7 +81,7 @@ class RunState:
   nonfinite_run: int = 0  # Consecutive skipped steps so far.
   wall_seconds: float = 0.0  # Of every session of this run, up to the last tick.
   collapse_guard: dict = dataclasses.field(default_factory=dict)  # `collapse.observe`'s.
-  config: dict | None = None  # `config.as_dict` of the session that wrote the checkpoint.
+  config: dict | None = None  # `build.as_dict` of the session that wrote the checkpoint.
   # With adapters: where the frozen base comes from and its fingerprint (`frozen_base`);
   # checkpoints hold the adapters only.
   base_identity: dict | None = None
@@ -137,7 +120,7 @@ def run(config_dict, workdir: str | pathlib.Path, *, log=print, on_iteration=Non
   _check_url(workdir)
 
   # --- Set up: the config (checked before anything is written), workdir, functions -----
-  setup = config.build(config_dict)
+  setup = build.build(config_dict)
   workdir = _workdir(workdir)
   for note in setup.task.data_notes():
     log(note)
@@ -237,7 +220,7 @@ class _Session:
   `verifier`), the SIGTERM flag, and the clock of this session (`mark`: when its seconds
   were last added to a state)."""
 
-  setup: config.Setup
+  setup: build.Setup
   fns: steps.Functions
   workdir: pathlib.Path
   ckpt: checkpoint.Checkpointer
@@ -255,7 +238,7 @@ class _Session:
     loop = setup.loop
     ckpt = checkpoint.Checkpointer(workdir / "checkpoints", keep=loop.keep_checkpoints)
     stack.callback(ckpt.close)
-    verifier = rewards.RewardPool(
+    verifier = reward_pool.RewardPool(
       setup.task, workers=loop.reward_workers, timeout_s=loop.reward_timeout_s
     )
     stack.callback(verifier.close)
@@ -278,7 +261,7 @@ class _Session:
     self.mark = now
 
 
-_finite = jax.jit(rl.all_finite)
+_finite = jax.jit(learner.all_finite)
 
 
 def _save(ckpt: checkpoint.Checkpointer, st: RunState, *, accuracy=None, buffer=None) -> None:
@@ -292,7 +275,7 @@ def _save(ckpt: checkpoint.Checkpointer, st: RunState, *, accuracy=None, buffer=
       for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]
       if jnp.issubdtype(x.dtype, jnp.inexact) and not bool(jnp.all(jnp.isfinite(x)))
     ]
-    raise rl.NonFiniteError(
+    raise guards.NonFiniteError(
       f"Refusing to checkpoint iteration {st.iteration}: non-finite values in {bad[:5]} (the "
       f"last checkpoint, {ckpt.latest_step()}, is kept). The train step's guard skips "
       "non-finite updates, so look at what else moves the state (an advantage controller)."
@@ -452,14 +435,14 @@ def config_changes(before: dict, after: dict, prefix: str = "") -> list[tuple[st
 
 
 def _record_config(
-  setup: config.Setup, workdir: pathlib.Path, st: RunState, *, resumed_from, log
+  setup: build.Setup, workdir: pathlib.Path, st: RunState, *, resumed_from, log
 ) -> None:
   """config.json is this session's config and config_history.jsonl keeps every session's
   (the iteration it resumed from, and the config); st.config, saved in each checkpoint,
   becomes this session's. A resume under a config other than the one that wrote the
   checkpoint logs the changes, or refuses with on_config_change = "refuse" (housekeeping
   keys aside), before anything in the workdir is touched."""
-  now = json.loads(json.dumps(config.as_dict(setup), default=str))
+  now = json.loads(json.dumps(build.as_dict(setup), default=str))
   previous = workdir / "config.json"
   before = st.config or (json.loads(previous.read_text()) if previous.exists() else None)
   if resumed_from is not None and before is not None:
@@ -484,7 +467,7 @@ def _record_config(
       f.write(json.dumps({"from_iteration": resumed_from or 0, "config": now}) + "\n")
 
 
-def initial_params(setup: config.Setup, fns: steps.Functions, key):
+def initial_params(setup: build.Setup, fns: steps.Functions, key):
   """The checkpoint's weights streamed onto their shardings (config.hf_dir), else a
   random init created in its shards. With model.lora, a checkpoint is the base and the
   adapters start fresh (B = 0: the policy is the checkpoint's)."""
@@ -500,12 +483,12 @@ def initial_params(setup: config.Setup, fns: steps.Functions, key):
   return {"base": base, "lora": sharding.init_adapters(fns.layout, setup.model_cfg, key)}
 
 
-def initial_tree(setup: config.Setup, fns: steps.Functions, params) -> dict:
+def initial_tree(setup: build.Setup, fns: steps.Functions, params) -> dict:
   """The checkpointed pytree of a fresh run (`RunState.tree`): train state, reference
   params, the hyperparameters controllers move, controller state and the RNG key."""
   rl_cfg = setup.rl_cfg
   return {
-    "train": rl.init_state(params, fns.optimizer),
+    "train": spec.init_state(params, fns.optimizer),
     # A copy: the update donates the policy's buffers, the reference must outlive them.
     # With adapters the reference is the base itself (`RunState.reference`).
     "ref_params": model.reference(params)
@@ -517,17 +500,17 @@ def initial_tree(setup: config.Setup, fns: steps.Functions, params) -> dict:
   }
 
 
-def fillable_defaults(setup: config.Setup) -> dict:
+def fillable_defaults(setup: build.Setup) -> dict:
   """The checkpointed hyperparameters as this config sets them: a checkpoint written
   before one of them existed (an older grpo_jax) resumes with the config's value."""
   return {"prep_hyper": setup.rl_cfg.prepare_hyper(max_new_tokens=setup.sampler_cfg.max_new_tokens)}
 
 
-def _stores_ref(setup: config.Setup) -> bool:
+def _stores_ref(setup: build.Setup) -> bool:
   return setup.rl_cfg.use_ref and not setup.model_cfg.lora.enabled
 
 
-def abstract_tree(setup: config.Setup, fns: steps.Functions):
+def abstract_tree(setup: build.Setup, fns: steps.Functions):
   """Shapes, dtypes and shardings of the checkpointed pytree, without computing it: the
   train state and reference params on their shardings, the rest replicated."""
   tree = jax.eval_shape(
@@ -555,13 +538,13 @@ def abstract_tree(setup: config.Setup, fns: steps.Functions):
 class _Loop:
   """What every iteration uses and nothing changes: the run's pieces, built once."""
 
-  setup: config.Setup
+  setup: build.Setup
   fns: steps.Functions
   pool: Any  # The training batches' scorer (`_Session.pool`).
   verifier: Any  # The evaluations' (`_Session.verifier`).
   diag: diagnostics_hook.Hook | None  # Token-credit diagnostics (None: off).
   controller: Any  # Moves the advantage hyperparameters between iterations.
-  step_hyper: rl.StepHyper
+  step_hyper: spec.StepHyper
   peak_flops: float
   prefetched: rollout.Drawn | None = None  # The next prompts, drawn during the update.
   source: pipeline.Source | None = None  # The off-policy pipeline (config.offpolicy).
@@ -649,13 +632,13 @@ class _Loop:
 
   def _prepare(self, st: RunState, got: rollout.Collected):
     """Advantages, token masks and prepare metrics, once the rewards are in."""
-    rewards.check_failures(
+    verdicts.check_failures(
       ~got.scores.scorable_N,
       got.scores.messages,
       limit=self.setup.loop.max_unscorable_frac,
       where="the training batch",
     )
-    rl.validate_batch(
+    guards.validate_batch(
       rewards_N=got.scores.correct_N + got.scores.format_N,
       group_ids_N=distributed.host_value(got.rollouts.group_ids_N),
       group_size=self.setup.train_group,
@@ -675,7 +658,7 @@ class _Loop:
       batch = self.fns.cf_samples(batch)
     return batch, stats
 
-  def _update(self, st: RunState, batch: rl.RolloutBatch, key, stats) -> dict:
+  def _update(self, st: RunState, batch: spec.RolloutBatch, key, stats) -> dict:
     """The update phase (one jitted scan); the controller's move; the next prompts drawn
     while the device works. Returns the per-step metrics as host arrays [E·M]."""
     st.train, _, history = self.fns.update(st.train, batch, key, self.step_hyper)
@@ -689,8 +672,8 @@ class _Loop:
     return jax.device_get(history)  # Blocks until the update is done.
 
   def _count_nonfinite(self, st: RunState, flags, *, iteration: int) -> int:
-    """Skipped steps of this iteration; raises rl.NonFiniteError at max_nonfinite_steps."""
-    skipped, st.nonfinite_run = rl.count_nonfinite(
+    """Skipped steps of this iteration; raises guards.NonFiniteError at max_nonfinite_steps."""
+    skipped, st.nonfinite_run = guards.count_nonfinite(
       list(np.asarray(flags)),
       st.nonfinite_run,
       limit=self.setup.loop.max_nonfinite_steps,
@@ -706,7 +689,7 @@ class _Loop:
     tokens = float(jnp.sum(got.rollouts.mask_NT))  # Replicated: every process can read it.
     actions = tokens  # The policy's own tokens; episodes leave their observations out.
     if got.rollouts.action_mask_NT is not None:
-      actions = float(jnp.sum(rl.action_view(got.rollouts).mask_NT))
+      actions = float(jnp.sum(preparation.action_view(got.rollouts).mask_NT))
     return {
       "iteration": it,
       "phase": "rl",
@@ -770,7 +753,7 @@ def _watch_collapse(s: _Session, st: RunState, record: dict) -> None:
   st.collapse_guard = {**st.collapse_guard, "warnings": [*warnings, line]}
 
 
-def _logger(workdir, setup: config.Setup, st: RunState, *, resume_from=None, log=print):
+def _logger(workdir, setup: build.Setup, st: RunState, *, resume_from=None, log=print):
   """metrics.jsonl, TensorBoard and the trackers of config.logging (W&B, MLflow, which log
   the run's config once) on the primary process; a no-op writer elsewhere."""
   if not distributed.is_primary():
@@ -818,7 +801,7 @@ def _sigterm_flag():
     signal.signal(signal.SIGTERM, previous)
 
 
-def _finish(setup: config.Setup, st: RunState, workdir, ckpt, *, preempted: bool) -> dict:
+def _finish(setup: build.Setup, st: RunState, workdir, ckpt, *, preempted: bool) -> dict:
   """The plot, summary.json (and the HF export); returns the summary."""
   plot = workdir / "curves.svg"
   if distributed.is_primary():
@@ -849,7 +832,7 @@ def _finish(setup: config.Setup, st: RunState, workdir, ckpt, *, preempted: bool
   return summary
 
 
-def export_hf(setup: config.Setup, params, out_dir) -> pathlib.Path:
+def export_hf(setup: build.Setup, params, out_dir) -> pathlib.Path:
   """The policy as a Hugging Face checkpoint (config.json, safetensors, and hf_dir's
   tokenizer files when the run started from one). Every process calls it."""
   base = hf.read_config(setup.loop.hf_dir) if setup.loop.hf_dir else None
@@ -884,7 +867,7 @@ def describe(summary: dict) -> str:
       f"iteration {summary['best_iteration']}).",
       f"plot: {summary['plot']}",
       *([f"samples: {summary['samples']}"] if "samples" in summary else []),
-      f"metrics: {summary['metrics']}  (definitions: grpo_jax.metrics.DEFINITIONS)",
+      f"metrics: {summary['metrics']}  (definitions: grpo_jax.infra.metrics.DEFINITIONS)",
       f"tensorboard: pip install tensorboard && tensorboard --logdir {summary['tensorboard']}",
     ]
   )

@@ -24,7 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from grpo_jax import checkpoint, config, distributed, logprobs, logs, model, rl, rollout
+from grpo_jax import build, config, rollout
+from grpo_jax.infra import checkpoint, distributed, logs
+from grpo_jax.models import logprobs, model
+from grpo_jax.rl import guards, learner, spec
 
 DIRECTORY = "warmstart"
 
@@ -59,10 +62,10 @@ def seconds_before(workdir) -> float:
     ckpt.close()
 
 
-def _abstract_state(setup: config.Setup, fns):
+def _abstract_state(setup: build.Setup, fns):
   """Shapes, dtypes and shardings of the warm start's train state."""
   shapes = jax.eval_shape(
-    lambda k: rl.init_state(
+    lambda k: spec.init_state(
       stored(model.init(setup.model_cfg, k), setup.model_cfg, part(setup.model_cfg)),
       fns.sft_optimizer,
       part=part(setup.model_cfg),
@@ -76,9 +79,9 @@ def _abstract_state(setup: config.Setup, fns):
   )
 
 
-def _resume(setup: config.Setup, fns, workdir, params, *, log) -> tuple[rl.TrainState, int]:
+def _resume(setup: build.Setup, fns, workdir, params, *, log) -> tuple[spec.TrainState, int]:
   """(state, steps done): the SIGTERM checkpoint's, else a fresh state at step 0."""
-  state = rl.init_state(params, fns.sft_optimizer, part=part(setup.model_cfg))
+  state = spec.init_state(params, fns.sft_optimizer, part=part(setup.model_cfg))
   if workdir is None or not (pathlib.Path(workdir) / DIRECTORY).exists():
     return state, 0
   ckpt = _checkpointer(workdir)
@@ -93,7 +96,7 @@ def _resume(setup: config.Setup, fns, workdir, params, *, log) -> tuple[rl.Train
   return state, step
 
 
-def _save(workdir, state: rl.TrainState, step: int, *, wall_seconds: float) -> None:
+def _save(workdir, state: spec.TrainState, step: int, *, wall_seconds: float) -> None:
   if workdir is None:
     return
   # Every process calls save (orbax writes each process's shards); only the primary deletes.
@@ -112,7 +115,7 @@ def discard(workdir) -> None:
 
 def part(model_cfg) -> str:
   """What the warm start trains (`model.split_trainable`): model.lora.warm_start with
-  adapters (config.build resolves "auto"), else the whole model."""
+  adapters (build.build resolves "auto"), else the whole model."""
   return model_cfg.lora.warm_start if model_cfg.lora.enabled else "adapters"
 
 
@@ -123,7 +126,7 @@ def stored(params, model_cfg, trains: str):
 
 
 def sft_step(
-  state: rl.TrainState,
+  state: spec.TrainState,
   prompts,
   tokens_NT,
   mask_NT,
@@ -135,7 +138,7 @@ def sft_step(
 ):
   """One cross-entropy step on reference completions: (state, {"loss", "nonfinite"}), with
   loss = −Σ m·log π(y) / Σ m over the batch's target tokens. A step whose loss, gradient or
-  updated state is not finite is not applied (`rl.apply_if_finite`). Pure; `steps` jits it.
+  updated state is not finite is not applied (`learner.apply_if_finite`). Pure; `steps` jits it.
   The forward is a training one: adapter dropout (model.lora.dropout) draws its masks from
   fold_in(key(dropout_seed), state.step), so a resumed warm start draws the same ones."""
 
@@ -156,11 +159,11 @@ def sft_step(
 
   loss, grads = jax.value_and_grad(loss_fn)(trainable)
   finite = jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(grads))
-  state, applied = rl.apply_if_finite(state, grads, finite, optimizer, part=part)
+  state, applied = learner.apply_if_finite(state, grads, finite, optimizer, part=part)
   return state, {"loss": loss, "nonfinite": 1.0 - applied.astype(jnp.float32)}
 
 
-def batch(setup: config.Setup, fns, examples):
+def batch(setup: build.Setup, fns, examples):
   """Prompts (left-padded bucket) and reference completions + EOS (right-padded to T), as
   global arrays; this process encodes only its rows of `examples`."""
   tok, T, n = setup.tokenizer, setup.sampler_cfg.max_new_tokens, len(examples)
@@ -204,11 +207,11 @@ def _progress(loop: config.LoopConfig, done: int, *, log) -> logs.Progress:
   )
 
 
-def run(setup: config.Setup, fns, params, *, log, preempted, workdir=None, wall_seconds=None):
+def run(setup: build.Setup, fns, params, *, log, preempted, workdir=None, wall_seconds=None):
   """`warmstart_steps` cross-entropy steps from `params` (or from workdir's SIGTERM
   checkpoint); returns the new params. Raises `Preempted` on SIGTERM (after saving the
   state, and `wall_seconds()`: the run's seconds so far, when `workdir` is given) and
-  `rl.NonFiniteError` when max_nonfinite_steps consecutive steps were not applied."""
+  `guards.NonFiniteError` when max_nonfinite_steps consecutive steps were not applied."""
   loop = setup.loop
   state, done = _resume(setup, fns, workdir, params, log=log)
   stream = setup.task.examples("train", seed=loop.seed + 1)
@@ -234,7 +237,7 @@ def run(setup: config.Setup, fns, params, *, log, preempted, workdir=None, wall_
   finally:
     progress.close()
   history = jax.device_get(history)  # One transfer at the end: the loop never waits.
-  skipped, _ = rl.count_nonfinite(
+  skipped, _ = guards.count_nonfinite(
     [h["nonfinite"] > 0 for h in history], 0, limit=loop.max_nonfinite_steps, where="warm start"
   )
   loss = float(history[-1]["loss"]) if history else float("nan")

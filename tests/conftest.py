@@ -26,7 +26,8 @@ hypothesis.settings.register_profile("ci", derandomize=True, database=None, dead
 hypothesis.settings.register_profile("explore", deadline=None)
 hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-from grpo_jax import model, sampling, tasks  # noqa: E402
+from grpo_jax import tasks  # noqa: E402
+from grpo_jax.models import model, sampling  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -16,14 +16,13 @@ It also registers the test tasks of `fault_tasks` (a verifier that raises, one t
 
 import argparse
 import os
-import pathlib
 import signal
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import fault_tasks  # noqa: E402, F401 -- registers the test tasks.
 
-from grpo_jax import checkpoint, main, train, warmstart  # noqa: E402
+from grpo_jax import main, train, warmstart  # noqa: E402
+from grpo_jax.infra import checkpoint  # noqa: E402
 
 
 def _after(n: int, act):

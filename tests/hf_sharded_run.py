@@ -8,15 +8,13 @@ difference to the transformers reference.
 
 import json
 import pathlib
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from grpo_jax import hf, model, sharding  # noqa: E402
+from grpo_jax.models import hf, model, sharding  # noqa: E402
 
 d = ROOT / "tests" / "fixtures" / "hf" / "qwen2"
 cfg = hf.model_config(hf.read_config(d))

@@ -19,22 +19,21 @@ import contextlib
 import json
 import pathlib
 import shutil
-import sys
 import tempfile
 
 import jax
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "configs"))
-import arithmetic  # noqa: E402
-import runs  # noqa: E402 -- tests/, this script's directory.
+import runs  # noqa: E402
 
-from grpo_jax import checkpoint, config, logs, sampling, steps, train  # noqa: E402
+from grpo_jax import build, steps, train  # noqa: E402
+from grpo_jax.infra import checkpoint, config_lib, logs  # noqa: E402
+from grpo_jax.models import sampling  # noqa: E402
 
 
 def make_config(mesh):
-  c = arithmetic.get_config("tiny")
+  c = config_lib.load(str(ROOT / "configs" / "arithmetic.py") + ":tiny")
   c.task.kwargs = dict(max_digits=1, ops="+")
   c.model.update(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, mlp_dim=128)
   c.sampler.group_size = 4
@@ -74,7 +73,7 @@ def main(out, meshes, *, base):
       workdir = pathlib.Path(tmp) / "run"
       shutil.copytree(base, workdir)
       train.run(c, workdir, log=lambda _: None)
-      setup = config.build(c)
+      setup = build.build(c)
       fns = steps.functions(setup)
       ckpt = checkpoint.Checkpointer(pathlib.Path(workdir) / "checkpoints")
       tree, _ = ckpt.restore(ckpt.latest_step(), like=train.abstract_tree(setup, fns))

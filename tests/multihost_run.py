@@ -16,18 +16,17 @@ import argparse
 import json
 import pathlib
 import shutil
-import sys
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 import mesh_run  # noqa: E402
 import runs  # noqa: E402
 
-from grpo_jax import checkpoint, config, distributed, logs, steps, train  # noqa: E402
+from grpo_jax import build, steps, train  # noqa: E402
+from grpo_jax.infra import checkpoint, distributed, logs  # noqa: E402
 
 
 def main(argv=None):
@@ -58,7 +57,7 @@ def main(argv=None):
   c.iterations = args.iterations
   c.update(eval_size=8, eval_samples=2, checkpoint_every=1)
   summary = train.run(c, args.workdir, log=lambda _: None)
-  setup = config.build(c)
+  setup = build.build(c)
   fns = steps.functions(setup)
   ckpt = checkpoint.Checkpointer(pathlib.Path(args.workdir) / "checkpoints")
   tree, _ = ckpt.restore(ckpt.latest_step(), like=train.abstract_tree(setup, fns))

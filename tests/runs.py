@@ -3,7 +3,7 @@ keys that measure time (they differ between two otherwise identical runs)."""
 
 import pathlib
 
-from grpo_jax import config_lib, logs
+from grpo_jax.infra import config_lib, logs
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

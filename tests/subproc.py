@@ -8,14 +8,20 @@ import sys
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+# pyproject.toml's [tool.pytest.ini_options] pythonpath, for child processes.
+PYTHONPATH = ("tests", "experiments", "configs")
 
 
 def child_env(**extra) -> dict:
   """The environment of a child python: this one without XLA_FLAGS, on CPU, with JAX's
   persistent compilation cache (tests run the same small programs in many processes: a
-  compile is then paid once per test session, not once per process)."""
+  compile is then paid once per test session, not once per process). Its import path holds
+  what pytest's `pythonpath` (pyproject.toml) gives the tests: tests/, experiments/ and
+  configs/, so a child imports the same helpers by name."""
   out = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   out["JAX_PLATFORMS"] = "cpu"
+  paths = [str(ROOT / d) for d in PYTHONPATH] + [p for p in [os.environ.get("PYTHONPATH")] if p]
+  out["PYTHONPATH"] = os.pathsep.join(paths)
   out.setdefault("JAX_COMPILATION_CACHE_DIR", str(COMPILATION_CACHE))
   out.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   out.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import advantages, groups
+from grpo_jax.rl import advantages, groups
 
 EPS = 1e-6  # advantage_hyper's default eps.
 H = advantages.advantage_hyper()
@@ -777,7 +777,8 @@ def test_the_trainer_asks_an_estimators_traits_not_its_name(monkeypatch):
   """A toy estimator registered with traits (as a user's file would) is judged by them: its
   need of π_old refuses recompute_old_logp=False, its batch level passes group_size 1, its
   option check runs in `get`, and its own metrics are what the trainer logs for it."""
-  from grpo_jax import registry, rl  # noqa: PLC0415
+  from grpo_jax.infra import registry  # noqa: PLC0415
+  from grpo_jax.rl import spec  # noqa: PLC0415
 
   monkeypatch.setattr(advantages.REGISTRY, "_items", dict(advantages.REGISTRY._items))
   monkeypatch.setattr(advantages.REGISTRY, "_traits", dict(advantages.REGISTRY._traits))
@@ -798,8 +799,8 @@ def test_the_trainer_asks_an_estimators_traits_not_its_name(monkeypatch):
     return advantages._to_tokens(width * inputs.rewards_B, inputs.token_mask)
 
   with pytest.raises(ValueError, match=r"advantage='toy' needs; set recompute_old_logp=True"):
-    rl.RLConfig(advantage="toy", recompute_old_logp=False)
-  rl.RLConfig(advantage="toy")  # Fine with π_old recomputed.
+    spec.RLConfig(advantage="toy", recompute_old_logp=False)
+  spec.RLConfig(advantage="toy")  # Fine with π_old recomputed.
   assert advantages.works_without_groups("toy", {}) and "toy" in advantages.batch_level_names()
   with pytest.raises(ValueError, match="toy width must be > 0"):
     advantages.REGISTRY.make("toy", width=0.0)

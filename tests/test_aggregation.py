@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import advantages, aggregation
+from grpo_jax.rl import advantages, aggregation
 
 MODES = (
   "token_mean",

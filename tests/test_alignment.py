@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import alignment
+from grpo_jax.rl import alignment
 
 
 def _levenshtein(a, b):

@@ -12,7 +12,11 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "grpo_jax"
 # The trainer: one module per phase of the data path (README, "Architecture").
-TRAINER = ("config", "rollout", "warmstart", "evaluation", "steps", "train", "main")
+TRAINER = ("config", "build", "rollout", "warmstart", "evaluation", "steps", "train", "main")
+# The package's folders, lowest first: a module may import its own folder, the folders
+# before it and nothing else of the package (README, "Architecture"). The trainer's modules
+# (grpo_jax/*.py) sit on top and may import any of them.
+FOLDERS = ("infra", "models", "verifiers", "tasks", "rewards", "envs", "rl", "diagnostics")
 MAX_FUNCTION_LINES = 60
 
 
@@ -76,10 +80,82 @@ def test_the_cycle_check_finds_a_cycle():
   assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_configs_import_the_config_module_not_the_trainer():
+def _folder(module: str) -> str:
+  """The folder of FOLDERS a module sits in; "" for the trainer's top-level modules."""
+  parts = module.split(".")
+  return parts[1] if len(parts) > 1 and parts[1] in FOLDERS else ""
+
+
+def _layer_breaches(graph) -> list[str]:
+  """Imports that run up or sideways between folders (FOLDERS, lowest first)."""
+  rank = {f: i for i, f in enumerate(FOLDERS)} | {"": len(FOLDERS)}
+  return [
+    f"{a} -> {b}"
+    for a, bs in sorted(graph.items())
+    for b in sorted(bs)
+    if _folder(a) and _folder(a) != _folder(b) and rank[_folder(b)] > rank[_folder(a)]
+  ]
+
+
+def test_folders_import_only_the_folders_below_them():
+  graph = _graph()
+  folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+  assert folders == set(FOLDERS), f"place each folder in FOLDERS: {sorted(folders ^ set(FOLDERS))}"
+  assert not _layer_breaches(graph), f"imports that run up: {_layer_breaches(graph)}"
+  assert all(_folder(m) for m in graph if m.count(".") > 1), "a nested module outside FOLDERS"
+
+
+def test_the_layer_check_finds_an_import_that_runs_up():
+  graph = {"grpo_jax.infra.logs": {"grpo_jax.models.model"}, "grpo_jax.rl.losses": set()}
+  assert _layer_breaches(graph) == ["grpo_jax.infra.logs -> grpo_jax.models.model"]
+  assert not _layer_breaches({"grpo_jax.train": {"grpo_jax.rl.losses"}})
+
+
+# What a config file may import: the schema and the named RL recipes, never the build or
+# the trainer (reading a config stays cheap and does no I/O).
+_CONFIG_IMPORTS = {"grpo_jax.config", "grpo_jax.rl.presets"}
+
+
+def test_configs_import_the_schema_only():
   for path in sorted((ROOT / "configs").glob("*.py")):
     imported = _imports(path, _modules())
-    assert not imported & {"grpo_jax.train", "grpo_jax.steps", "grpo_jax.rl"}, path.name
+    assert imported <= _CONFIG_IMPORTS, f"{path.name}: {sorted(imported - _CONFIG_IMPORTS)}"
+  schema = _imports(PACKAGE / "config.py", _modules())
+  assert not schema & {f"grpo_jax.{m}" for m in TRAINER}, sorted(schema)
+
+
+def test_the_old_flat_paths_still_import_with_a_deprecation_warning():
+  """0.1's `from grpo_jax import advantages` and `rl.RLConfig` keep working for one
+  release: every entry of the move table names a module (and a name) that exists."""
+  code = (
+    "import importlib, warnings\n"
+    "warnings.simplefilter('error')\n"
+    "import grpo_jax\n"
+    "from grpo_jax import rl, rewards\n"
+    "from grpo_jax.infra import moved\n"
+    "for old, new in moved.MODULES.items():\n"
+    "  assert importlib.import_module(new).__name__ == new, new\n"
+    "  try:\n"
+    "    getattr(grpo_jax, old)\n"
+    "  except DeprecationWarning as w:\n"
+    "    assert new in str(w), w\n"
+    "  else:\n"
+    "    raise AssertionError(old)\n"
+    "for pkg, table in ((rl, moved.RL_NAMES), (rewards, moved.REWARDS_NAMES)):\n"
+    "  for name, new in table.items():\n"
+    "    assert hasattr(importlib.import_module(new), name), (name, new)\n"
+    "warnings.simplefilter('ignore')\n"
+    "from grpo_jax import advantages\n"
+    "from grpo_jax.rl import spec\n"
+    "assert advantages.__name__ == 'grpo_jax.rl.advantages' and rl.RLConfig is spec.RLConfig\n"
+    "assert rewards.RewardPool.__module__ == 'grpo_jax.verifiers.reward_pool'\n"
+    "try:\n"
+    "  grpo_jax.no_such_module\n"
+    "except AttributeError as e:\n"
+    "  assert 'no_such_module' in str(e)\n"
+  )
+  r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+  assert r.returncode == 0, r.stderr[-3000:]
 
 
 # Command-line entry points define absl flags: each is imported in a process of its own.
@@ -152,7 +228,7 @@ def test_every_config_is_listed():
 )
 def test_reading_a_config_does_no_io(spec, monkeypatch):
   """get_config builds a ConfigDict and nothing else: no file is opened or listed (I/O
-  happens in config.build, at the edge)."""
+  happens in build.build, at the edge)."""
   import builtins  # noqa: PLC0415
   import os  # noqa: PLC0415
 
@@ -178,7 +254,7 @@ def test_loading_every_config_starts_no_jax_backend():
   specs = [f"configs/{n}:{v}" for n, vs in _VARIANTS.items() for v in vs]
   code = (
     "from jax._src import xla_bridge\n"
-    "from grpo_jax import config_lib\n"
+    "from grpo_jax.infra import config_lib\n"
     f"for spec in {specs!r}:\n"
     "  config_lib.load(spec)\n"
     "  assert not xla_bridge.backends_are_initialized(), spec\n"

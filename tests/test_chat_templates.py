@@ -15,7 +15,7 @@ import shutil
 
 import pytest
 
-from grpo_jax import hf_tokenizer
+from grpo_jax.models import hf_tokenizer
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 TEMPLATES = FIXTURES / "chat_templates"

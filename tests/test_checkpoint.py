@@ -17,7 +17,7 @@ import optax
 import pytest
 import xxhash
 
-from grpo_jax import checkpoint
+from grpo_jax.infra import checkpoint
 
 
 @flax.struct.dataclass

@@ -2,18 +2,16 @@
 the whole-T head, less memory; and model.remat = "auto" chosen by the memory plan."""
 
 import dataclasses
-import pathlib
-import sys
 
+import arithmetic
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import config, logprobs, memory, model, rl
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "configs"))
-import arithmetic  # noqa: E402
+from grpo_jax import build, memory
+from grpo_jax.models import logprobs, model
+from grpo_jax.rl import learner, spec
 
 N, P, T, V = 3, 4, 7, 40
 
@@ -96,7 +94,7 @@ def test_train_step_terms_equal_with_and_without_chunks():
   cfg = model.tiny_config(V)
   params = model.init(cfg, jax.random.key(0))
   prompt, prompt_mask, tokens, mask = _batch()
-  mb = rl.RolloutBatch(
+  mb = spec.RolloutBatch(
     prompt_tokens_NP=prompt,
     prompt_mask_NP=prompt_mask,
     tokens_NT=tokens,
@@ -109,9 +107,11 @@ def test_train_step_terms_equal_with_and_without_chunks():
   )
   out = {}
   for chunk in (0, 2):
-    rl_cfg = rl.RLConfig(logit_chunk=chunk, kl_coef=0.1, entropy_coef=0.01)
+    rl_cfg = spec.RLConfig(logit_chunk=chunk, kl_coef=0.1, entropy_coef=0.01)
     fn = lambda p, rl_cfg=rl_cfg: jnp.sum(  # noqa: E731
-      rl.token_terms(p, mb, rl_cfg.step_hyper(), cfg=rl_cfg, model_fn=model.make_model_fn(cfg))[0]
+      learner.token_terms(
+        p, mb, rl_cfg.step_hyper(), cfg=rl_cfg, model_fn=model.make_model_fn(cfg)
+      )[0]
     )
     out[chunk] = jax.value_and_grad(fn)(params)
   assert float(out[2][0]) == pytest.approx(float(out[0][0]), rel=1e-6)
@@ -121,7 +121,7 @@ def test_train_step_terms_equal_with_and_without_chunks():
 
 def test_negative_chunk_is_refused():
   with pytest.raises(ValueError, match="logit_chunk must be >= 0"):
-    rl.RLConfig(logit_chunk=-1)
+    spec.RLConfig(logit_chunk=-1)
 
 
 def _auto(limit_gib):
@@ -129,7 +129,7 @@ def _auto(limit_gib):
   c.sampler.max_new_tokens = 64
   c.model.remat = "auto"
   c.memory_limit_gib = limit_gib
-  return config.build(c)
+  return build.build(c)
 
 
 def test_auto_remat_takes_the_fastest_plan_that_fits():

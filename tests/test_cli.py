@@ -11,7 +11,10 @@ import re
 import pytest
 from absl import flags
 
-from grpo_jax import cli, config, config_lib, hf, main, memory, registry, shapes, tasks
+from grpo_jax import build, cli, config, main, memory, tasks
+from grpo_jax.infra import config_lib, registry
+from grpo_jax.models import hf, model, shapes
+from grpo_jax.rl import spec
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TINY = "--config=configs/arithmetic.py:tiny"
@@ -164,7 +167,7 @@ def test_task_keywords_the_config_left_out_bools_and_space_separated_values(monk
   )
   c = inv.config
   assert (c.task.kwargs.min_digits, c.progress, c.iterations) == (2, False, 7)
-  assert config.build(c).task.min_digits == 2
+  assert build.build(c).task.min_digits == 2
   assert _invocation(TINY, "--config.tensorboard").config.tensorboard is True
 
 
@@ -179,7 +182,7 @@ def test_the_config_command_prints_every_key_marked_and_validates(monkeypatch, c
   assert "iterations = 300  # default: 50" in lines
   assert "task.kwargs.ops = '+'  # set by the config file" in lines
   assert "seed = 0" in lines  # Unchanged keys are listed too.
-  assert lines[-1].startswith("valid: config.build accepts it (task Arithmetic; a 0.34M")
+  assert lines[-1].startswith("valid: build.build accepts it (task Arithmetic; a 0.34M")
 
 
 def test_plan_reads_a_models_shape_without_its_tokenizer(monkeypatch):
@@ -187,7 +190,7 @@ def test_plan_reads_a_models_shape_without_its_tokenizer(monkeypatch):
   the shape only, and the built-in shape agrees with configs/scale.py's Qwen2.5-1.5B."""
   monkeypatch.setattr(tasks, "get", lambda *a, **k: pytest.fail("plan built the task"))
   c = config_lib.load(str(ROOT / "configs/gsm8k_qwen.py:1.5b"))
-  setup = config.plan_setup(c, n_devices=8, model_source="qwen2.5-1.5b")
+  setup = build.plan_setup(c, n_devices=8, model_source="qwen2.5-1.5b")
   scale = config_lib.load(str(ROOT / "configs/scale.py:1.5b"))
   want = {k: v for k, v in scale.model.items() if k not in ("remat", "scan_layers", "lora")}
   got = {k: getattr(setup.model_cfg, k) for k in want}
@@ -215,8 +218,8 @@ def test_plan_advice_is_ranked_by_the_peak_each_change_gives():
   nothing and are left out."""
   p = _plan()
   m = config.default_config()
-  model_cfg = config.model.ModelConfig.from_dict({**m.model.to_dict(), "vocab_size": 8})
-  rl_cfg = config.rl.RLConfig(kl_coef=0.04, micro_batches=2)
+  model_cfg = model.ModelConfig.from_dict({**m.model.to_dict(), "vocab_size": 8})
+  rl_cfg = spec.RLConfig(kl_coef=0.04, micro_batches=2)
   assert p.peak == 27 * memory.GIB
   tips = memory.advice(p, model_cfg, rl_cfg, device_memory=16 * memory.GIB)
   assert [t.split()[0] for t in tips] == [
@@ -230,7 +233,7 @@ def test_plan_advice_is_ranked_by_the_peak_each_change_gives():
   assert first[0] == "8 devices (mesh (1, 8, 1)): each holds less -> peak 9.00 GiB, fits"
   why = memory.explain(p, model_cfg, rl_cfg)
   assert why["gradients"].endswith("(rl.micro_batches = 2): 2 x params")
-  one = memory.explain(p, model_cfg, config.rl.RLConfig(micro_batches=1))
+  one = memory.explain(p, model_cfg, spec.RLConfig(micro_batches=1))
   assert "no accumulator" in one["gradients"]
 
 
@@ -239,9 +242,9 @@ def test_a_small_plan_shows_mib_and_an_unfit_one_is_one_line():
   text = memory.describe(small)
   assert "MiB per device" in text and "  peak                                9.00" in text
   m = config.default_config()
-  model_cfg = config.model.ModelConfig.from_dict({**m.model.to_dict(), "vocab_size": 8})
+  model_cfg = model.ModelConfig.from_dict({**m.model.to_dict(), "vocab_size": 8})
   with pytest.raises(memory.OutOfMemoryPlan) as e:
-    memory.check(_plan(), 16 * memory.GIB, model_cfg, config.rl.RLConfig(kl_coef=0.04))
+    memory.check(_plan(), 16 * memory.GIB, model_cfg, spec.RLConfig(kl_coef=0.04))
   assert "\n" not in str(e.value) and "biggest terms: Adam state 8.00, gradients 8.00" in str(
     e.value
   )

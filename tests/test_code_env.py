@@ -13,9 +13,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import config, config_lib, envs, episodes, model, rewards, sampling, sandbox, tasks
+from grpo_jax import build, envs, tasks
+from grpo_jax.envs import base, episodes
 from grpo_jax.envs import code as code_env
+from grpo_jax.infra import config_lib
+from grpo_jax.models import model, sampling
 from grpo_jax.tasks import code as code_task
+from grpo_jax.verifiers import sandbox, verdicts
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 QWEN2 = ROOT / "tests" / "fixtures" / "hf" / "qwen2"
@@ -89,15 +93,15 @@ def test_a_correct_run_says_every_visible_test_passed(task):
 def test_the_final_answer_is_judged_on_the_hidden_tests_too(task, problems):
   env = started(task, problems["add"])
   assert text(env, env.step(ADD_VISIBLE_ONLY + "$")) == "\nvisible tests: 1/1 passed\n"
-  assert env.step(ADD_VISIBLE_ONLY) == episodes.Step(reward=0.0, done=True)
+  assert env.step(ADD_VISIBLE_ONLY) == base.Step(reward=0.0, done=True)
   assert env.outcome == "fail"
   right = started(task, problems["add"])
-  assert right.step(ADD_RIGHT) == episodes.Step(reward=1.0, done=True)
+  assert right.step(ADD_RIGHT) == base.Step(reward=1.0, done=True)
   assert right.outcome == "pass"
   with pytest.raises(RuntimeError, match="the episode is over"):
     right.step(ADD_RIGHT)
   none = started(task, problems["add"])
-  assert none.step("I give up.") == episodes.Step(reward=0.0, done=True)
+  assert none.step("I give up.") == base.Step(reward=0.0, done=True)
   assert none.outcome == "no_code"
 
 
@@ -106,7 +110,7 @@ def test_an_answer_without_code_submits_the_last_run(task, problems):
   env.step(ADD_WRONG + "$")
   env.step(ADD_RIGHT + "\n$")
   env.step("no code here$")  # No code: not a run to submit.
-  assert env.step("") == episodes.Step(reward=1.0, done=True) and env.outcome == "pass"
+  assert env.step("") == base.Step(reward=1.0, done=True) and env.outcome == "pass"
   env = started(task, problems["add"])
   env.step(ADD_RIGHT + "\n$")
   assert env.step(ADD_WRONG).reward == 0.0  # Code of its own: that code is the answer.
@@ -130,13 +134,13 @@ def test_a_failing_sandbox_is_unscorable_on_the_answer_and_reported_on_a_run(
 ):
   if ISOLATION == "none":
     pytest.skip("the fallback never refuses")
-  from grpo_jax.sandbox import runner
+  from grpo_jax.verifiers.sandbox import runner
 
   env = started(task, problems["add"])
   monkeypatch.setattr(runner, "namespaces_unavailable", lambda: "user namespaces are off")
   step = env.step(ADD_RIGHT + "\n$")
   assert text(env, step).startswith("\ncould not run: sandbox refused") and not step.done
-  with pytest.raises(rewards.Unscorable, match="code add: could not run the tests") as e:
+  with pytest.raises(verdicts.Unscorable, match="code add: could not run the tests") as e:
     env.step(ADD_RIGHT)
   assert (env.outcome, env.cause, e.value.label) == ("could_not_run", "sandbox", "sandbox")
 
@@ -176,7 +180,7 @@ def test_observations_are_clipped_and_in_the_tokenizers_alphabet(task, problems)
 def test_observations_with_a_hugging_face_tokenizer():
   task = tasks.get("code", tokenizer_dir=str(QWEN2), isolation=ISOLATION)
   tok = task.tokenizer()
-  assert len(episodes.stop_ids(code_env.CodeRunner, tok)) == len(set(tok.eos_ids)) + 1
+  assert len(base.stop_ids(code_env.CodeRunner, tok)) == len(set(tok.eos_ids)) + 1
   problem = next(p for p in task.split_problems("train") if p.visible_tests)
   env = code_env.CodeRunner(tokenizer=tok, isolation=ISOLATION)
   env.reset(task.example_of(problem))
@@ -401,7 +405,7 @@ def test_the_episode_loop_with_a_tiny_transformer(task, problems):
 
 def test_the_config_builds_code_episodes():
   c = config_lib.load("configs/code_env.py:tiny")
-  setup = config.build(c)
+  setup = build.build(c)
   assert setup.episodes.name == "code" and setup.task.name == "code"
   assert setup.episodes.observation_tokens >= setup.episodes.kwargs["max_chars"]
   example = setup.task.example("train", 0, seed=0)
@@ -409,9 +413,9 @@ def test_the_config_builds_code_episodes():
   bad = config_lib.load("configs/code_env.py:tiny")
   bad.env.kwargs = {"max_turns": 3}
   with pytest.raises(config_lib.ConfigError, match="config.env.kwargs for environment 'code'"):
-    config.build(bad)
+    build.build(bad)
   qwen = config_lib.load("configs/code_env.py:qwen")
   qwen.hf_dir = str(QWEN2)  # The committed random checkpoint, for its tokenizer and shape.
-  setup = config.build(qwen)
+  setup = build.build(qwen)
   assert setup.episodes.name == "code" and setup.task.tokenizer_dir == str(QWEN2)
   assert "$" in setup.task.example("train", 0, seed=0).prompt  # The system prompt.

@@ -7,8 +7,9 @@ import pickle
 import numpy as np
 import pytest
 
-from grpo_jax import rewards, sandbox, tasks
+from grpo_jax import tasks
 from grpo_jax.tasks import base, code
+from grpo_jax.verifiers import reward_pool, sandbox, verdicts
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -132,34 +133,35 @@ def test_outcomes_are_counted_per_batch():
 
 
 def test_the_pools_timeout_must_exceed_the_tasks_budget():
-  from grpo_jax import config, config_lib
+  from grpo_jax import build
+  from grpo_jax.infra import config_lib
 
   c = config_lib.load(str(ROOT / "configs" / "code_env.py") + ":tiny")
   with c.unlocked():
     c.task.kwargs.isolation = ISOLATION
   c.reward_timeout_s = 6.0  # The sandbox's 5 s + the interpreter's start: 7 s.
   with pytest.raises(config_lib.ConfigError, match="reward_timeout_s=6 must exceed") as e:
-    config.build(c)
+    build.build(c)
   assert "\n" not in str(e.value)
   c.reward_timeout_s = 8.0
-  config.build(c)
+  build.build(c)
 
 
 def test_only_a_failing_sandbox_raises_unscorable(monkeypatch):
-  from grpo_jax.sandbox import runner
+  from grpo_jax.verifiers.sandbox import runner
 
   task = tasks.get("code", isolation=ISOLATION)
   monkeypatch.setattr(runner, "namespaces_unavailable", lambda: "user namespaces are off")
   completion = fenced("def add(a, b):\n    return a + b")
   if ISOLATION == "none":
     pytest.skip("the fallback never refuses")
-  with pytest.raises(rewards.Unscorable, match="could not run the tests: sandbox refused") as e:
+  with pytest.raises(verdicts.Unscorable, match="could not run the tests: sandbox refused") as e:
     task.reward(add_spec(), completion)
   assert e.value.label == "sandbox"
 
 
 def test_the_task_checks_the_sandbox_when_it_is_made(monkeypatch):
-  from grpo_jax.sandbox import runner
+  from grpo_jax.verifiers.sandbox import runner
 
   monkeypatch.setattr(runner, "namespaces_unavailable", lambda: "user namespaces are off")
   monkeypatch.setattr(runner, "_PROBE_ATTEMPTS", 1)
@@ -198,7 +200,7 @@ def test_reward_in_the_trainers_reward_pool():
     fenced("import time\ntime.sleep(30)"),
     "no code here",
   ]
-  with rewards.RewardPool(pickle.loads(pickle.dumps(task)), workers=1, timeout_s=20.0) as pool:
+  with reward_pool.RewardPool(pickle.loads(pickle.dumps(task)), workers=1, timeout_s=20.0) as pool:
     scores = pool.score([add_spec()] * 4, completions)
   assert scores.correct_N.tolist() == [1.0, 0.0, 0.0, 0.0]
   assert scores.format_N.tolist() == [1.0, 1.0, 1.0, 0.0]

@@ -5,7 +5,7 @@ params version; action "off" watches nothing."""
 
 import pytest
 
-from grpo_jax import collapse
+from grpo_jax.infra import collapse
 
 CFG = collapse.CollapseConfig()  # patience 5, expected_correct 8, eval_min_solved 8.
 

@@ -1,4 +1,4 @@
-"""The config edge: every bad value fails in `config.build` (before anything compiles or is
+"""The config edge: every bad value fails in `build.build` (before anything compiles or is
 written) as a ConfigError that names the key and what is allowed; the command line turns
 it into one line on stderr and exit status 2, with no traceback and no workdir."""
 
@@ -8,11 +8,10 @@ import subprocess
 import sys
 
 import pytest
+import subproc
 
-from grpo_jax import config, config_lib
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import subproc  # noqa: E402
+from grpo_jax import build, config
+from grpo_jax.infra import config_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "configs" / "arithmetic.py") + ":tiny"
@@ -100,7 +99,7 @@ def test_every_bad_value_fails_in_build_naming_the_key(key, value, match):
   c = config_lib.load(TINY)
   _set(c, key, value)
   with pytest.raises(config_lib.ConfigError, match=match):
-    config.build(c)
+    build.build(c)
 
 
 @pytest.mark.parametrize(
@@ -115,12 +114,12 @@ def test_bad_estimator_options_fail_in_build(advantage, options, match):
   c = config_lib.load(TINY)
   c.rl.advantage, c.rl.advantage_options = advantage, options
   with pytest.raises(config_lib.ConfigError, match=match):
-    config.build(c)
+    build.build(c)
 
 
 def test_the_unmodified_config_builds():
   """The control for the table above: each row fails because of its one change."""
-  assert config.build(config_lib.load(TINY)).loop.iterations == 300
+  assert build.build(config_lib.load(TINY)).loop.iterations == 300
 
 
 @pytest.mark.parametrize(
@@ -155,13 +154,13 @@ def test_a_value_error_from_another_library_is_a_bug_not_a_config_error(monkeypa
 
   monkeypatch.setattr(tasks, "get", lambda *a, **k: np.zeros(-1))
   with pytest.raises(ValueError, match="negative dimensions") as e:
-    config.build(config_lib.load(TINY))
+    build.build(config_lib.load(TINY))
   assert not isinstance(e.value, config_lib.ConfigError)
 
 
 def test_config_json_records_every_section(tmp_path):
-  setup = config.build(config_lib.load(TINY))
-  d = config.as_dict(setup)
+  setup = build.build(config_lib.load(TINY))
+  d = build.as_dict(setup)
   assert d["task"] == {
     "class": "Arithmetic",
     "name": "arithmetic",
@@ -194,10 +193,10 @@ def test_a_recorded_config_builds_the_same_setup(name):
   """config.json (`as_dict`) read back by `from_recorded` (what `grpo-jax eval --workdir`
   runs on) builds a Setup that records the same config.json, for every shipped config's
   tiny variant (eval aside: it is not the run's)."""
-  setup = config.build(config_lib.load(str(ROOT / "configs" / f"{name}.py") + ":tiny"))
-  recorded = json.loads(json.dumps(config.as_dict(setup), default=str))
+  setup = build.build(config_lib.load(str(ROOT / "configs" / f"{name}.py") + ":tiny"))
+  recorded = json.loads(json.dumps(build.as_dict(setup), default=str))
   again = json.loads(
-    json.dumps(config.as_dict(config.build(config.from_recorded(recorded))), default=str)
+    json.dumps(build.as_dict(build.build(config.from_recorded(recorded))), default=str)
   )
   assert {k: v for k, v in again.items() if k != "eval"} == {
     k: v for k, v in recorded.items() if k != "eval"

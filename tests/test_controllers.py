@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import advantages, controllers
+from grpo_jax.rl import advantages, controllers
 
 OPTS = dict(entropy_high=1.0, entropy_low=0.2, max_drop=0.05, pass_high=0.9, hard_gamma=2.0)
 

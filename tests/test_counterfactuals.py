@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import alignment, counterfactuals, logprobs, model, sampling
+from grpo_jax.models import logprobs, model, sampling
+from grpo_jax.rl import alignment, counterfactuals
 
 CF = counterfactuals
 

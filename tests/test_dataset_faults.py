@@ -11,7 +11,7 @@ import textwrap
 
 import tensorflow_datasets as tfds
 
-from grpo_jax import datasets
+from grpo_jax.tasks import datasets
 from tests import subproc
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -19,7 +19,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # A config file in the test's tmp dir: the tiny GSM8K recipe (committed HF fixture model)
 # with the math task reading the user's problem file, one RL iteration, no export.
 CONFIG = """
-from grpo_jax import config_lib
+from grpo_jax.infra import config_lib
 
 def get_config():
   c = config_lib.load({gsm8k!r})

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow_datasets as tfds
 
-from grpo_jax import datasets
+from grpo_jax.tasks import datasets
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "data"
 USER_FIELDS = datasets.Fields(question="prompt", answer="target", id="uid", solution="rationale")

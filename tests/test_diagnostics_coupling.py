@@ -8,8 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import logprobs, metrics, model
 from grpo_jax.diagnostics import cancellation, coupling, grads
+from grpo_jax.infra import metrics
+from grpo_jax.models import logprobs, model
 
 V, B, P, T = 16, 4, 3, 5
 LR = 0.02

@@ -5,8 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import advantages, metrics, tasks
+from grpo_jax import tasks
 from grpo_jax.diagnostics import cancellation, flips
+from grpo_jax.infra import metrics
+from grpo_jax.rl import advantages
 from tests import test_aggregation as agg_case
 
 # ----------------------------------------------------------------------------
@@ -197,8 +199,8 @@ def test_every_flip_key_has_a_definition():
 def test_loss_coefficients_are_what_ppo_clipping_applies():
   """c = −∂(Σ w·ℓ_tok)/∂ℓ: w·A·ρ where the unclipped branch is active, 0 where clipping
   binds (ε = 0.2), and exactly w·A at ρ = 1."""
-  from grpo_jax import losses
   from grpo_jax.diagnostics import report
+  from grpo_jax.rl import losses
 
   #            A>0 ρ=1.5  A>0 ρ=1.1  A<0 ρ=0.5  A<0 ρ=1.3  padding
   adv = jnp.asarray([[2.0, 2.0, -1.0, -1.0, 5.0]])

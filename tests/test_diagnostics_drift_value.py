@@ -9,8 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import logprobs, metrics, model, rl, sampling
 from grpo_jax.diagnostics import cancellation, drift, report, value
+from grpo_jax.infra import metrics
+from grpo_jax.models import logprobs, model, sampling
+from grpo_jax.rl import spec
 
 V = 16
 
@@ -233,7 +235,7 @@ def test_token_credit_report_after_an_lm_head_sgd_step(tiny):
     np.float32
   )
   ids = np.asarray([0, 0, 1, 1], np.int32)
-  batch = rl.RolloutBatch(
+  batch = spec.RolloutBatch(
     prompt_tokens_NP=pt,
     prompt_mask_NP=pm,
     tokens_NT=tt,

@@ -9,15 +9,13 @@ import io
 import json
 import math
 import pathlib
-import sys
 
 import pytest
 
-from grpo_jax import logs, metrics, train
+from grpo_jax import train
+from grpo_jax.infra import logs, metrics
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "experiments"))
-sys.path.insert(0, str(ROOT / "tests"))
 import bench_diagnostics  # noqa: E402
 import diagnose  # noqa: E402
 import runs  # noqa: E402

@@ -6,7 +6,8 @@ import pathlib
 
 import pytest
 
-from grpo_jax import config, config_lib, metrics
+from grpo_jax import build, config
+from grpo_jax.infra import config_lib, metrics
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "configs" / "arithmetic.py") + ":tiny"
@@ -14,14 +15,14 @@ TINY = str(ROOT / "configs" / "arithmetic.py") + ":tiny"
 
 def test_diagnostics_are_off_by_default_and_settable_like_a_flag():
   assert config.default_config().diagnostics.every == 0
-  setup = config.build(config_lib.load(TINY))
+  setup = build.build(config_lib.load(TINY))
   assert not setup.diagnostics.enabled
   assert setup.diagnostics == config.DiagnosticsConfig()
   c = config_lib.load(TINY)  # Locked, as with --config.diagnostics.every=10.
   c.diagnostics.every = 10
   c.diagnostics.aggregations = ("seq_mean_token_mean", "constant_norm")
   c.diagnostics.rank = True
-  got = config.build(c).diagnostics
+  got = build.build(c).diagnostics
   assert (got.every, got.aggregations, got.rank) == (
     10,
     ("seq_mean_token_mean", "constant_norm"),
@@ -57,9 +58,9 @@ def test_run_dependent_checks_apply_only_when_on():
   c = config_lib.load(TINY)
   c.diagnostics.update(every=5, rank=True, rank_subset="lm_head")  # Tied embeddings.
   with pytest.raises(ValueError, match="config.diagnostics.rank_subset: .*untied head"):
-    config.build(c)
+    build.build(c)
   c.diagnostics.rank_subset = "final_norm"
-  assert config.build(c).diagnostics.rank_subset == "final_norm"
+  assert build.build(c).diagnostics.rank_subset == "final_norm"
 
 
 def test_every_diagnostics_key_resolves_through_metrics():
@@ -80,7 +81,7 @@ def test_every_diagnostics_key_resolves_through_metrics():
   ):
     assert metrics.definition(name)
   assert "(polarity, category)" in metrics.definition("flip/all/all/count")
-  with pytest.raises(KeyError, match="grpo_jax.metrics.DEFINITIONS"):
+  with pytest.raises(KeyError, match="grpo_jax.infra.metrics.DEFINITIONS"):
     metrics.definition("flip/sideways")
-  with pytest.raises(KeyError, match="grpo_jax.metrics.DEFINITIONS"):
+  with pytest.raises(KeyError, match="grpo_jax.infra.metrics.DEFINITIONS"):
     metrics.definition("flipped")

@@ -8,8 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import metrics, model
 from grpo_jax.diagnostics import rank
+from grpo_jax.infra import metrics
+from grpo_jax.models import model
 
 
 def _rank2(m=6, n=5):

@@ -53,10 +53,11 @@ def test_every_config_documents_its_command_and_expected_result(path):
   ],
 )
 def test_trainer_configs_validate(spec):
-  from grpo_jax import config, config_lib  # noqa: PLC0415
+  from grpo_jax import build  # noqa: PLC0415
+  from grpo_jax.infra import config_lib  # noqa: PLC0415
 
   c = config_lib.load(str(ROOT / "configs" / spec))
-  setup = config.build(c)
+  setup = build.build(c)
   assert setup.loop.iterations >= 1
   with pytest.raises(AttributeError, match="iteratons"):
     c.iteratons = 3  # Locked: a misspelt key fails.
@@ -64,7 +65,7 @@ def test_trainer_configs_validate(spec):
 
 def _variant_registries():
   """Every registry of formula-defined variants (imported here: only these tests need them)."""
-  from grpo_jax import advantages, aggregation, losses, masks, planners  # noqa: PLC0415
+  from grpo_jax.rl import advantages, aggregation, losses, masks, planners  # noqa: PLC0415
 
   return (
     advantages.REGISTRY,
@@ -77,7 +78,7 @@ def _variant_registries():
 
 
 def test_readme_tables_name_every_registered_variant():
-  from grpo_jax import presets  # noqa: PLC0415
+  from grpo_jax.rl import presets  # noqa: PLC0415
 
   readme = (ROOT / "README.md").read_text()
   for reg in (*_variant_registries(), presets.REGISTRY):

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import dynamic_sampling, logprobs, model, sampling
+from grpo_jax.models import logprobs, model, sampling
+from grpo_jax.rl import dynamic_sampling
 
 PAD = 31  # Not 0, so that padding with the wrong value shows.
 

@@ -6,10 +6,8 @@ episodes; the calculator environment and its config."""
 
 import contextlib
 import functools
-import pathlib
 import re
 import shutil
-import sys
 
 import flax
 import jax
@@ -18,24 +16,11 @@ import numpy as np
 import pytest
 import runs  # tests/ is on sys.path (conftest).
 
-from grpo_jax import (
-  advantages,
-  aggregation,
-  config,
-  config_lib,
-  episodes,
-  logprobs,
-  metrics,
-  model,
-  planners,
-  presets,
-  rl,
-  sampling,
-  steps,
-  tasks,
-  train,
-)
-from grpo_jax.envs import calculator
+from grpo_jax import build, config, steps, tasks, train
+from grpo_jax.envs import base, calculator, episodes
+from grpo_jax.infra import config_lib, metrics
+from grpo_jax.models import logprobs, model, sampling
+from grpo_jax.rl import advantages, aggregation, learner, planners, preparation, presets, spec
 
 # ----------------------------------------------------------------------------
 # A fake model (the next token is (token + 1) % 10, by a 30-nat margin), a digit tokenizer
@@ -73,7 +58,7 @@ class Digits:
     return "".join(str(i) for i in ids[: ids.index(EOS) if EOS in ids else len(ids)])
 
 
-class Script(episodes.Environment):
+class Script(base.Environment):
   """Step k returns observation obs[k] with reward rewards[k] while k < len(obs), then
   done with reward rewards[len(obs)]; raises at step `raise_at`. The actions are kept."""
 
@@ -90,8 +75,8 @@ class Script(episodes.Environment):
       raise RuntimeError("tool crashed")
     obs, rewards = self.script["obs"], self.script.get("rewards", [0.0] * 9)
     if k < len(obs):
-      return episodes.Step(observation=tuple(obs[k]), reward=rewards[k])
-    return episodes.Step(reward=rewards[k], done=True)
+      return base.Step(observation=tuple(obs[k]), reward=rewards[k])
+    return base.Step(reward=rewards[k], done=True)
 
 
 def _fake_runner(*, T=10, group=1, max_turns=4, turn_tokens=6, obs_tokens=3, widths=None):
@@ -209,7 +194,7 @@ def test_a_stop_text_of_several_tokens_is_refused(tokenizer):
     stop_text = ("T:",)
 
   with pytest.raises(ValueError, match="exactly one token"):
-    episodes.stop_ids(Bad, tokenizer)
+    base.stop_ids(Bad, tokenizer)
 
 
 # ----------------------------------------------------------------------------
@@ -217,7 +202,7 @@ def test_a_stop_text_of_several_tokens_is_refused(tokenizer):
 # ----------------------------------------------------------------------------
 
 
-class Chatty(episodes.Environment):
+class Chatty(base.Environment):
   """Three turns; observations of 1-5 tokens that depend on the action, so rows differ."""
 
   stop_text = ("=",)
@@ -229,7 +214,7 @@ class Chatty(episodes.Environment):
   def step(self, action):
     self.k += 1
     text = "7" * ((self.k * len(action)) % 5) + ";"
-    return episodes.Step(self.tokenizer.encode(text), reward=float(self.k), done=self.k >= 3)
+    return base.Step(self.tokenizer.encode(text), reward=float(self.k), done=self.k >= 3)
 
 
 def _chatty_run(cfg, params, tokenizer):
@@ -320,17 +305,17 @@ def _appended(r, tokenizer):
 
 
 def _loss_and_grads(params, rollouts, tiny_cfg, mode):
-  cfg = rl.RLConfig(aggregation=mode)
+  cfg = spec.RLConfig(aggregation=mode)
   model_fn = model.make_model_fn(tiny_cfg)
   correct = jnp.asarray([1, 0, 0, 1, 1, 1, 0, 1, 0, 0, 1, 0, 1, 1, 0, 1], jnp.float32)
   hyper = cfg.prepare_hyper(max_new_tokens=rollouts.tokens_NT.shape[1])
-  batch, _, stats = rl.prepare(
+  batch, _, stats = preparation.prepare(
     params, None, rollouts, correct, jnp.zeros(16), hyper, cfg=cfg, model_fn=model_fn
   )
   w_NT = aggregation.REGISTRY.make(mode)(
     batch.loss_mask_NT, batch.group_ids_N, batch.adv_NT, max_len=None
   )
-  grads, sums, _ = rl.accumulate_gradients(
+  grads, sums, _ = learner.accumulate_gradients(
     params, batch, w_NT, cfg.step_hyper(), cfg=cfg, model_fn=model_fn, token_outputs=False
   )
   return sums, grads, stats
@@ -360,10 +345,10 @@ def test_observation_tokens_have_zero_gradient_and_leave_the_loss_unchanged(
 
 def test_prepare_counts_action_tokens_only(tiny_cfg, tiny_params, chatty_episodes):
   r = chatty_episodes.rollouts
-  cfg = rl.RLConfig(aggregation="token_mean")
+  cfg = spec.RLConfig(aggregation="token_mean")
   correct = jnp.asarray((chatty_episodes.reward_N > 3.5).astype(np.float32))
   hyper = cfg.prepare_hyper(max_new_tokens=r.tokens_NT.shape[1])
-  batch, _, stats = rl.prepare(
+  batch, _, stats = preparation.prepare(
     tiny_params,
     None,
     r,
@@ -388,10 +373,10 @@ def test_every_advantage_estimator_sees_actions_only(
   sequence estimator's one value per row on all of its actions (observations between them
   split nothing)."""
   r = chatty_episodes.rollouts
-  cfg = rl.RLConfig(advantage=estimator)
+  cfg = spec.RLConfig(advantage=estimator)
   correct = jnp.asarray(np.arange(16) % 3 == 0, jnp.float32)
   hyper = cfg.prepare_hyper(max_new_tokens=r.tokens_NT.shape[1])
-  prepare = functools.partial(rl.prepare, cfg=cfg, model_fn=model.make_model_fn(tiny_cfg))
+  prepare = functools.partial(preparation.prepare, cfg=cfg, model_fn=model.make_model_fn(tiny_cfg))
   batch, _, stats = prepare(tiny_params, None, r, correct, jnp.zeros(16), hyper)
   action = np.asarray(r.action_mask_NT)
   adv = np.asarray(batch.adv_NT)
@@ -407,16 +392,16 @@ def test_every_advantage_estimator_sees_actions_only(
 def test_every_planner_updates_on_episodes(tiny_cfg, tiny_params, chatty_episodes, planner):
   r = chatty_episodes.rollouts
   base = config_lib.to_dict(presets.get("grpo"))
-  cfg = rl.RLConfig.from_dict({**base, "planner": planner, "num_minibatches": 2, "kl_coef": 0.0})
+  cfg = spec.RLConfig.from_dict({**base, "planner": planner, "num_minibatches": 2, "kl_coef": 0.0})
   model_fn = model.make_model_fn(tiny_cfg)
   correct = jnp.asarray(np.arange(16) % 3 == 0, jnp.float32)
   hyper = cfg.prepare_hyper(max_new_tokens=r.tokens_NT.shape[1])
-  batch, _, _ = rl.prepare(
+  batch, _, _ = preparation.prepare(
     tiny_params, None, r, correct, jnp.zeros(16), hyper, cfg=cfg, model_fn=model_fn
   )
-  optimizer = rl.make_optimizer(lr=1e-3)
-  update = rl.make_update(cfg, model_fn, optimizer, batch_size=16, group_size=4, donate=False)
-  state = rl.init_state(tiny_params, optimizer)
+  optimizer = spec.make_optimizer(lr=1e-3)
+  update = learner.make_update(cfg, model_fn, optimizer, batch_size=16, group_size=4, donate=False)
+  state = spec.init_state(tiny_params, optimizer)
   _, idx_EMb, history = update(state, batch, jax.random.key(0), cfg.step_hyper())
   assert sorted(np.ravel(idx_EMb).tolist()) == list(range(16))
   assert np.isfinite(history["loss"]).all()
@@ -441,23 +426,25 @@ def test_lora_episodes_train_the_adapters_on_actions_only(tokenizer):
   )
   r = _chatty_run(cfg, params, tokenizer).rollouts
   assert int(np.asarray(r.mask_NT).sum()) > int(np.asarray(r.action_mask_NT).sum())  # Tools.
-  rl_cfg = rl.RLConfig(kl_coef=0.05, num_minibatches=2)
+  rl_cfg = spec.RLConfig(kl_coef=0.05, num_minibatches=2)
   model_fn = model.make_model_fn(cfg)
   hyper = rl_cfg.prepare_hyper(max_new_tokens=r.tokens_NT.shape[1])
   correct = jnp.asarray(np.arange(16) % 3 == 0, jnp.float32)
-  batch, _, _ = jax.jit(functools.partial(rl.prepare, cfg=rl_cfg, model_fn=model_fn))(
+  batch, _, _ = jax.jit(functools.partial(preparation.prepare, cfg=rl_cfg, model_fn=model_fn))(
     params, model.reference(params), r, correct, jnp.zeros(16), hyper
   )
   base_fn = model.make_model_fn(model.base_config(cfg))
-  want = jax.jit(functools.partial(rl.rollout_logprobs, cfg=rl.RLConfig(), model_fn=base_fn))(
-    params["base"], None, r
-  )
+  want = jax.jit(
+    functools.partial(preparation.rollout_logprobs, cfg=spec.RLConfig(), model_fn=base_fn)
+  )(params["base"], None, r)
   # Equal to float rounding (another fusion of the same forward; test_lora pins the bits).
   np.testing.assert_allclose(batch.ref_logp_NT, want.old_logp_NT, rtol=1e-6, atol=1e-6)
-  optimizer = rl.make_optimizer(lr=1e-2)
-  update = rl.make_update(rl_cfg, model_fn, optimizer, batch_size=16, group_size=4, donate=False)
+  optimizer = spec.make_optimizer(lr=1e-2)
+  update = learner.make_update(
+    rl_cfg, model_fn, optimizer, batch_size=16, group_size=4, donate=False
+  )
   state, idx_EMb, history = update(
-    rl.init_state(params, optimizer), batch, jax.random.key(0), rl_cfg.step_hyper()
+    spec.init_state(params, optimizer), batch, jax.random.key(0), rl_cfg.step_hyper()
   )
   assert np.isfinite(np.asarray(history["loss"])).all()
   jax.tree.map(np.testing.assert_array_equal, state.params["base"], params["base"])
@@ -484,7 +471,7 @@ def test_the_calculator_answers_tool_calls_and_checks_the_answer(tokenizer):
     step = env.step(action)
     assert tokenizer.decode(step.observation) == observation and not step.done
     assert step.reward == 0.0
-  assert env.step(f"A:{example.answer}.") == episodes.Step(reward=1.0, done=True)
+  assert env.step(f"A:{example.answer}.") == base.Step(reward=1.0, done=True)
   assert env.step(f"A:{int(example.answer) + 1}.").reward == 0.0
   assert env.step("T:12+34").done  # Not a call (no "="), not an answer: ends, reward 0.
   # The reference transcript is what the environment would say.
@@ -505,9 +492,9 @@ def test_calculator_problems_stay_in_range_and_splits_are_disjoint():
 
 def test_the_config_builds_episodes_and_refuses_what_does_not_combine():
   c = config_lib.load("configs/calculator.py:tiny")
-  setup = config.build(c)
+  setup = build.build(c)
   assert setup.episodes.name == "calculator" and setup.episodes.max_turns == 4
-  assert config.as_dict(setup)["env"]["name"] == "calculator"
+  assert build.as_dict(setup)["env"]["name"] == "calculator"
   for key, value, match in (
     ("env.name", "abacus", "config.env.name: Unknown environment 'abacus'"),
     ("env.max_turns", 0, "config.env.max_turns must be >= 1"),
@@ -518,10 +505,10 @@ def test_the_config_builds_episodes_and_refuses_what_does_not_combine():
     section, _, field = key.partition(".")
     bad[section][field] = value
     with pytest.raises(config_lib.ConfigError, match=match):
-      config.build(bad)
+      build.build(bad)
   plain = config.default_config()
   plain.sampler.group_size = 4
-  assert config.build(plain).episodes is None  # No environment: single-turn sampling.
+  assert build.build(plain).episodes is None  # No environment: single-turn sampling.
 
 
 # ----------------------------------------------------------------------------
@@ -560,9 +547,9 @@ def calculator_runs(tmp_path_factory):
   for workdir in arms.values():
     shutil.copytree(base, workdir)
   out = {"grpo": train.run(_calculator_config(), arms["grpo"], log=lambda _: None)}
-  real = rl.compute_advantages
+  real = preparation.compute_advantages
   with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(rl, "compute_advantages", lambda *a, **k: -real(*a, **k))
+    mp.setattr(preparation, "compute_advantages", lambda *a, **k: -real(*a, **k))
     mp.setattr(steps, "_FUNCTIONS", {})  # Compile the flipped arm afresh (and forget it).
     flipped = _calculator_config(FLIPPED_ITERATIONS)
     flipped.collapse.action = "warn"  # If it collapses, the guard warns and goes on.
@@ -586,7 +573,6 @@ def test_the_calculator_config_learns_with_its_tool(calculator_runs):
 
 
 def test_bench_episodes_reports_its_figures():
-  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "experiments"))
   import bench_episodes  # noqa: PLC0415
 
   r = bench_episodes.main(["--quick"])

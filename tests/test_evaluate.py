@@ -8,7 +8,8 @@ import json
 import pytest
 import runs  # tests/ is on sys.path (conftest).
 
-from grpo_jax import config_lib, evaluate, train
+from grpo_jax import evaluate, train
+from grpo_jax.infra import config_lib
 from grpo_jax.tasks import jsonl as jsonl_task
 
 

@@ -2,14 +2,11 @@
 
 import json
 import pathlib
-import sys
 
 import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "experiments"))
-sys.path.insert(0, str(ROOT / "tests"))
 import bench_overlap  # noqa: E402
 import bench_sampler  # noqa: E402
 import subproc  # noqa: E402

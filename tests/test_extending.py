@@ -7,7 +7,7 @@ import json
 import pytest
 import subproc  # tests/ is on sys.path (pytest rootdir conftest).
 
-from grpo_jax import advantages, rl
+from grpo_jax.rl import advantages, spec
 
 
 def test_an_estimator_with_a_new_hyperparameter_is_one_file():
@@ -26,5 +26,5 @@ def test_an_estimator_with_a_new_hyperparameter_is_one_file():
 
 def test_undeclared_advantage_hyperparameters_are_named():
   with pytest.raises(ValueError, match=r"\['tau'\] are declared by no estimator; declared: none"):
-    rl.RLConfig(advantage_hyper={"tau": 1.0})
+    spec.RLConfig(advantage_hyper={"tau": 1.0})
   assert advantages.declared_hyper() == {}  # No shipped estimator declares one yet.

@@ -15,8 +15,6 @@ import subprocess
 import sys
 
 import pytest
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import runs  # noqa: E402
 import subproc  # noqa: E402
 
@@ -90,7 +88,7 @@ def _summary(workdir) -> dict:
 
 
 def test_sigterm_in_the_warm_start_saves_it_and_exits_143(reference, tmp_path):
-  from grpo_jax import checkpoint  # noqa: PLC0415
+  from grpo_jax.infra import checkpoint  # noqa: PLC0415
 
   r = cli(tmp_path, fault="term_in_warmstart:2")
   assert r.returncode == 143, r.stderr[-3000:]

@@ -15,7 +15,9 @@ gguf = pytest.importorskip("gguf", reason="the GGUF importer needs `pip install 
 
 import gguf_files  # noqa: E402 -- tests/ is on sys.path.
 
-from grpo_jax import config, config_lib, gguf_import, hf, hf_tokenizer, model  # noqa: E402
+from grpo_jax import build  # noqa: E402
+from grpo_jax.infra import config_lib  # noqa: E402
+from grpo_jax.models import gguf_import, hf, hf_tokenizer, model  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 V = len(gguf_files.vocabulary()[0])
@@ -200,7 +202,7 @@ def test_hf_check_accepts_a_gguf_path(written):
 
 
 def test_the_tiny_config_builds_from_the_committed_fixture():
-  setup = config.build(config_lib.load(f"{ROOT / 'configs' / 'smollm2.py'}:tiny"))
+  setup = build.build(config_lib.load(f"{ROOT / 'configs' / 'smollm2.py'}:tiny"))
   assert setup.model_cfg.n_layers == 2 and setup.model_cfg.vocab_size == V
   assert setup.sampler_cfg.eos_ids == (2,)
   prompt = setup.task.example("test", 0, seed=0).prompt

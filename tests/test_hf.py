@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from grpo_jax import hf, model
+from grpo_jax.models import hf, model
 from tests import subproc
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"

@@ -11,7 +11,7 @@ import sys
 import pytest
 import tokenizers as hf_tokenizers
 
-from grpo_jax import hf_tokenizer, tokenizers
+from grpo_jax.models import hf_tokenizer, tokenizers
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 ARCHS = ("llama", "qwen2", "qwen3")
@@ -364,7 +364,7 @@ def test_bad_special_tokens(tmp_path):
 
 def test_does_not_import_transformers():
   code = (
-    "import sys; from grpo_jax import hf_tokenizer as h\n"
+    "import sys; from grpo_jax.models import hf_tokenizer as h\n"
     f"t = h.load({str(FIXTURES / 'qwen2')!r})\n"
     "t.decode(t.encode_chat([{'role': 'user', 'content': 'hi'}]))\n"
     "assert 'transformers' not in sys.modules, 'transformers was imported'\n"

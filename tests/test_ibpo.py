@@ -1,4 +1,4 @@
-"""IBPO's leave-one-out prefix baseline (grpo_jax/ibpo.py, the `ibpo` estimator): numbers
+"""IBPO's leave-one-out prefix baseline (grpo_jax/rl/ibpo.py, the `ibpo` estimator): numbers
 by hand, a reference trie, the zero-sum at every node, no credit above a branch cut, and on a
 tabular policy whose exact gradient is enumerated: unbiasedness and signal ÷ variance."""
 
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import advantages, ibpo
+from grpo_jax.rl import advantages, ibpo
 
 H = advantages.advantage_hyper()
 

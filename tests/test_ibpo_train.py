@@ -2,33 +2,18 @@
 score, merge, prepare, update), exact resume, perturbed prompts, and the config checks."""
 
 import dataclasses
-import pathlib
-import sys
 
+import ibpo
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import runs
 
-from grpo_jax import (
-  advantages,
-  aggregation,
-  config,
-  config_lib,
-  counterfactuals,
-  losses,
-  metrics,
-  rewards,
-  rl,
-  rollout,
-  steps,
-  train,
-)
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "configs"))
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import ibpo  # noqa: E402
-import runs  # noqa: E402
+from grpo_jax import build, rollout, steps, train
+from grpo_jax.infra import config_lib, metrics
+from grpo_jax.rl import advantages, aggregation, counterfactuals, learner, losses, spec
+from grpo_jax.verifiers import reward_pool
 
 
 def _tiny(variant="tiny", **loop):
@@ -90,10 +75,10 @@ def test_resume_with_counterfactuals_reproduces_the_uninterrupted_run(reference_
 def _iteration(c, *, key=1):
   """One iteration's merged batch through prepare from the initial policy: (setup,
   collected, RolloutBatch, stats, params)."""
-  setup = config.build(c)
+  setup = build.build(c)
   fns = steps.functions(setup)
   params = train.initial_params(setup, fns, jax.random.key(0))
-  with rewards.RewardPool(setup.task, workers=0, timeout_s=10.0) as pool:
+  with reward_pool.RewardPool(setup.task, workers=0, timeout_s=10.0) as pool:
     got = rollout.collect(setup, fns, pool, params, None, index=0, key=jax.random.key(key))
   hyper = setup.rl_cfg.prepare_hyper(max_new_tokens=setup.sampler_cfg.max_new_tokens)
   s = got.scores
@@ -194,7 +179,7 @@ def test_bad_counterfactual_configs_fail_before_compiling(changes, match):
       node = node[p]
     node[leaf] = v
   with pytest.raises(config_lib.ConfigError, match=match):
-    config.build(c)
+    build.build(c)
 
 
 def test_unsupported_perturbation_and_missing_step_splitter_are_refused(monkeypatch):
@@ -202,17 +187,17 @@ def test_unsupported_perturbation_and_missing_step_splitter_are_refused(monkeypa
   c.task.name = "arithmetic"
   c.task.kwargs = {}
   c.counterfactual.source = "repair"
-  setup = config.build(c)  # Arithmetic supports repair.
+  setup = build.build(c)  # Arithmetic supports repair.
   assert setup.train_group == 8
   from grpo_jax.tasks import arithmetic  # noqa: PLC0415
 
   monkeypatch.setattr(arithmetic.Arithmetic, "perturbations", ("hint",))
   with pytest.raises(config_lib.ConfigError, match="perturbs its prompts by hint"):
-    config.build(c)
+    build.build(c)
   monkeypatch.setattr(arithmetic.Arithmetic, "step_end_text", ("AN",))  # Not one token.
   c.counterfactual.update(source="branch", cut="step")
   with pytest.raises(config_lib.ConfigError, match="needs the task's step splitter"):
-    config.build(c)
+    build.build(c)
 
 
 @pytest.fixture(scope="module")
@@ -252,11 +237,11 @@ def test_ibpo_advantages_compose_with_every_policy_loss_and_aggregation(ibpo_bat
   assert name in (losses.REGISTRY if field == "policy_loss" else aggregation.REGISTRY)
   setup, params, batch = ibpo_batch
   cfg = dataclasses.replace(setup.rl_cfg, **{field: name})
-  optimizer = rl.make_optimizer(lr=1e-2)
+  optimizer = spec.make_optimizer(lr=1e-2)
   fns = steps.functions(setup)
-  state = rl.init_state(params, optimizer)
+  state = spec.init_state(params, optimizer)
   new, m = jax.jit(
-    lambda s, b: rl.train_step(
+    lambda s, b: learner.train_step(
       s, b, cfg.step_hyper(), cfg=cfg, model_fn=fns.model_fn, optimizer=optimizer
     )
   )(state, batch)
@@ -275,5 +260,5 @@ def test_ibpo_with_counterfactuals_builds_under_every_planner(planner):
     c = _tiny()
     c.counterfactual.train = train_cf
     c.rl.update(planner=planner, num_minibatches=2)
-    setup = config.build(c)
+    setup = build.build(c)
     assert setup.update_group == (8 if train_cf else 4)

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import importance, rl
+from grpo_jax.rl import importance, preparation, spec
 
 # ρ = π_old / μ per token: row 0 (2, 0.4, 3), row 1 (1, 3, —masked—).
 OLD = jnp.log(jnp.array([[0.5, 0.2, 0.9], [0.3, 0.6, 0.1]]))
@@ -80,20 +80,20 @@ def test_no_mismatch_gives_unit_weights_and_zero_kl():
 @pytest.mark.parametrize("lower,upper", [(2.0, 0.5), (1.0, 1.0), (-0.1, 2.0)])
 def test_inverted_or_negative_bounds_are_refused(lower, upper):
   with pytest.raises(ValueError, match="0 <= is_lower < is_upper"):
-    rl.RLConfig(is_lower=lower, is_upper=upper)
+    spec.RLConfig(is_lower=lower, is_upper=upper)
 
 
 def test_unknown_correction_and_correction_without_recompute_are_refused():
   with pytest.raises(ValueError, match="importance correction"):
-    rl.RLConfig(is_correction="tis")
+    spec.RLConfig(is_correction="tis")
   with pytest.raises(ValueError, match="recompute_old_logp"):
-    rl.RLConfig(is_correction="tis_token", recompute_old_logp=False)
+    spec.RLConfig(is_correction="tis_token", recompute_old_logp=False)
 
 
 def test_prepare_folds_the_weights_into_the_advantage_and_drops_from_the_loss_mask():
   """finish_prepare with tis_token: A·w per token; with mis_token the dropped tokens leave
   the loss mask; 'none' leaves A as it is."""
-  from grpo_jax import sampling
+  from grpo_jax.models import sampling
 
   N, T = 2, 3
   rollouts = sampling.Rollouts(
@@ -109,7 +109,7 @@ def test_prepare_folds_the_weights_into_the_advantage_and_drops_from_the_loss_ma
     group_ids_N=jnp.zeros((N,), jnp.int32),
     num_steps=jnp.int32(T),
   )
-  lp = rl.PolicyLogProbs(
+  lp = preparation.PolicyLogProbs(
     old_logp_NT=jnp.where(MASK, OLD, 0.0),
     entropy_NT=jnp.zeros((N, T)),
     score_sq_N=jnp.zeros((N,)),
@@ -121,9 +121,11 @@ def test_prepare_folds_the_weights_into_the_advantage_and_drops_from_the_loss_ma
   correct = jnp.array([1.0, 0.0])
   out = {}
   for name in ("none", "tis_token", "mis_token"):
-    cfg = rl.RLConfig(advantage="rloo", is_correction=name, is_lower=0.5, is_upper=2.5)
+    cfg = spec.RLConfig(advantage="rloo", is_correction=name, is_lower=0.5, is_upper=2.5)
     hyper = cfg.prepare_hyper(max_new_tokens=T)
-    batch, _, stats = rl.finish_prepare(lp, rollouts, correct, jnp.zeros(N), hyper, cfg=cfg)
+    batch, _, stats = preparation.finish_prepare(
+      lp, rollouts, correct, jnp.zeros(N), hyper, cfg=cfg
+    )
     out[name] = (np.asarray(batch.adv_NT), np.asarray(batch.loss_mask_NT), stats)
   adv0, mask0, _ = out["none"]
   np.testing.assert_allclose(adv0[0], [1.0, 1.0, 1.0])  # RLOO, G = 2: ±1.

@@ -10,7 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from grpo_jax import judges, rewards
+from grpo_jax.rewards import judges
+from grpo_jax.verifiers import verdicts
 
 RUBRIC = judges.Rubric("P: {prompt}\nC: {completion}", system="You are a judge.")
 YES_NO = judges.Rubric("P: {prompt}\nC: {completion}\nGood? Answer yes or no.", mode="yes_no")
@@ -49,7 +50,7 @@ def test_parse_score_takes_the_last_tag_over_max_score():
   ],
 )
 def test_parse_score_errors(text, match):
-  with pytest.raises(rewards.Unscorable, match=match):
+  with pytest.raises(verdicts.Unscorable, match=match):
     judges.parse_score(text, max_score=10)
 
 
@@ -72,7 +73,7 @@ def test_parse_yes_no_falls_back_to_the_answer():
   assert judges.parse_yes_no("no.", []) == 0.0
   # Neither answer among the logprobs: the content decides.
   assert judges.parse_yes_no("YES", [{"token": "Sure", "logprob": -0.1}]) == 1.0
-  with pytest.raises(rewards.Unscorable, match="neither yes nor no"):
+  with pytest.raises(verdicts.Unscorable, match="neither yes nor no"):
     judges.parse_yes_no("maybe", None)
 
 

@@ -3,16 +3,13 @@ run with the gradient's sign flipped cannot reach (same seed, same warm start), 
 still learns with bfloat16 compute (float32 master weights)."""
 
 import contextlib
-import pathlib
 import shutil
-import sys
 
+import arithmetic
 import pytest
 
-from grpo_jax import rl, steps, train
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "configs"))
-import arithmetic  # noqa: E402
+from grpo_jax import steps, train
+from grpo_jax.rl import preparation
 
 # Measured (eval every 10): GRPO 51.6% -> 57.8% (40), 63.3% (50), 68.0% (60); the flipped
 # arm falls to 27.3% in 20 iterations (9.4% at 60).
@@ -48,11 +45,11 @@ def runs(tmp_path_factory):
     shutil.copytree(base, workdir)
   out = {"grpo": train.run(_config(), arms["grpo"], log=lambda _: None)}
   out["bf16"] = train.run(_config("bfloat16"), arms["bf16"], log=lambda _: None)
-  real = rl.compute_advantages
+  real = preparation.compute_advantages
   flipped = _config(iterations=FLIPPED_ITERATIONS)
   flipped.collapse.action = "warn"  # If it collapses, the guard says so and lets it go on.
   with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(rl, "compute_advantages", lambda *a, **k: -real(*a, **k))
+    mp.setattr(preparation, "compute_advantages", lambda *a, **k: -real(*a, **k))
     mp.setattr(steps, "_FUNCTIONS", {})  # Compile the flipped arm afresh (and forget it).
     out["flipped"] = train.run(flipped, arms["flipped"], log=lambda _: None)
   return out

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import logprobs
+from grpo_jax.models import logprobs
 
 
 def test_token_stats_values_and_custom_gradient_match_autodiff_of_log_softmax():

@@ -10,13 +10,11 @@ import sys
 
 import numpy as np
 import pytest
+import tb_events
 from tensorboard.backend.event_processing import event_file_loader
 from tensorboard.compat.proto import event_pb2
 
-from grpo_jax import logs
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import tb_events  # noqa: E402
+from grpo_jax.infra import logs
 
 
 def _lines(workdir) -> list[str]:

@@ -13,7 +13,10 @@ import pytest
 import runs  # tests/ is on sys.path (conftest).
 from jax import flatten_util
 
-from grpo_jax import config, config_lib, model, rl
+from grpo_jax import build
+from grpo_jax.infra import config_lib
+from grpo_jax.models import model
+from grpo_jax.rl import learner, preparation, spec
 
 V = 32
 # The forward compiled (as the trainer runs it): op by op, each new shape compiles anew.
@@ -135,7 +138,7 @@ def test_adapter_dropout_reaches_a_chunked_lm_head():
   """An adapted, untied LM head run in chunks of 2 positions (rl.logit_chunk): without a key
   its log-probs equal the unchunked ones; with a key they differ from the undropped ones,
   and the same key repeats them."""
-  from grpo_jax import logprobs  # noqa: PLC0415
+  from grpo_jax.models import logprobs  # noqa: PLC0415
 
   cfg = model.tiny_config(
     V, tie_embeddings=False, lora=dict(rank=4, dropout=0.5, targets=("q", "lm_head"))
@@ -194,19 +197,19 @@ def test_the_optimizer_holds_only_the_adapters_and_the_base_never_moves():
   cfg = _cfg()
   params = model.init(cfg, jax.random.key(0))
   optimizer = optax.adam(1e-2)
-  state = rl.init_state(params, optimizer)
+  state = spec.init_state(params, optimizer)
   n_adapters = model.param_count(params["lora"])
   assert sum(x.size for x in jax.tree.leaves(state.opt_state)) == 2 * n_adapters + 1  # m, v, count
   grads = jax.tree.map(jnp.ones_like, params["lora"])
-  new, applied = rl.apply_if_finite(state, grads, jnp.asarray(True), optimizer)
+  new, applied = learner.apply_if_finite(state, grads, jnp.asarray(True), optimizer)
   assert bool(applied)
   assert new.params["base"] is params["base"]  # Not even copied.
   changed = jax.tree.map(lambda a, b: bool((a != b).any()), new.params["lora"], params["lora"])
   assert all(jax.tree.leaves(changed))
   # The warm start of a random init trains the base instead (adapters untouched).
-  sft = rl.init_state(params, optimizer, part="base")
+  sft = spec.init_state(params, optimizer, part="base")
   grads = jax.tree.map(jnp.ones_like, params["base"])
-  new, _ = rl.apply_if_finite(sft, grads, jnp.asarray(True), optimizer, part="base")
+  new, _ = learner.apply_if_finite(sft, grads, jnp.asarray(True), optimizer, part="base")
   assert new.params["lora"] is params["lora"]
 
 
@@ -221,15 +224,16 @@ def test_the_reference_shares_the_bases_arrays():
 
 
 def test_the_memory_plan_counts_adapters_for_gradients_and_optimizer_and_no_reference_copy():
-  from grpo_jax import memory, sharding  # noqa: PLC0415
+  from grpo_jax import memory  # noqa: PLC0415
+  from grpo_jax.models import sharding  # noqa: PLC0415
 
   def plan(cfg, micro_batches=2):
     return memory.plan(
       cfg,
-      rl.RLConfig(micro_batches=micro_batches, kl_coef=0.01),
+      spec.RLConfig(micro_batches=micro_batches, kl_coef=0.01),
       sharding.MeshConfig(data=1, fsdp=1, tensor=1),
       n_devices=1, prompts=2, group_size=4, prompt_len=8, max_new_tokens=8,
-      optimizer=rl.make_optimizer(lr=1e-3),
+      optimizer=spec.make_optimizer(lr=1e-3),
     )  # fmt: skip
 
   full, lora = plan(model.tiny_config(V)), plan(_cfg())
@@ -289,7 +293,7 @@ def test_the_samplers_run_the_merged_weights_and_draw_the_unmerged_policys_token
   """merge_for_sampling=True folds the adapters into the kernels once per sampler call
   (`model.sampler_view`); the sampler then draws the tokens the unmerged policy (False,
   the default) draws from the same key, with log-probs equal to float rounding."""
-  from grpo_jax import sampling  # noqa: PLC0415
+  from grpo_jax.models import sampling  # noqa: PLC0415
 
   on, off = (_cfg(base_dtype=base_dtype, merge_for_sampling=m) for m in (True, False))
   assert model.sampler_view(off) == (off, None) and off == _cfg(base_dtype=base_dtype)
@@ -319,7 +323,7 @@ def test_int8_quantization_by_hand():
   bound: the top bucket is [126.5, 127.5]), Q = clip(round(W / s), -128, 127): column 0
   max 1 -> s = 1/127.5, 1 -> 127.5 -> 127, 0.5 -> 63.75 -> 64; column 1 max 4 ->
   s = 4/127.5, -2 -> -63.75 -> -64, 4 -> 127."""
-  from grpo_jax import quant  # noqa: PLC0415
+  from grpo_jax.models import quant  # noqa: PLC0415
 
   w = jnp.array([[1.0, -2.0], [0.5, 4.0]])
   q = quant.quantize(w, axis=0)
@@ -336,7 +340,7 @@ def test_an_int8_base_is_the_float32_model_on_dequantized_weights(scan):
   s·Q (the embedding table and norms rounded to bfloat16), bit for bit under jit; the
   reference is that base; adapter gradients are float32 and equal that model's; each
   weight is within s/2 of the original."""
-  from grpo_jax import quant  # noqa: PLC0415
+  from grpo_jax.models import quant  # noqa: PLC0415
 
   cfg = dataclasses.replace(_cfg(base_dtype="int8"), scan_layers=scan)
   cfg32 = dataclasses.replace(_cfg(), scan_layers=scan)
@@ -403,7 +407,7 @@ def test_bad_lora_options_are_one_clear_error(lora, message, tmp_path):
   with c.unlocked():
     c.model.lora = lora
   with pytest.raises(config_lib.ConfigError, match=message) as e:
-    config.build(c)
+    build.build(c)
   assert "\n" not in str(e.value)
 
 
@@ -412,15 +416,15 @@ def test_diagnostics_with_adapters_are_refused_in_one_line():
   c.model.lora.rank = 4
   c.diagnostics.every = 5
   with pytest.raises(config_lib.ConfigError, match="diagnostics.every=5 with config.model.lora"):
-    config.build(c)
+    build.build(c)
 
 
 def test_the_warm_start_trains_the_base_of_a_random_init():
   c = config_lib.load("configs/arithmetic.py:tiny")
   c.model.lora.rank = 4
-  assert config.build(c).model_cfg.lora.warm_start == "base"
+  assert build.build(c).model_cfg.lora.warm_start == "base"
   c.model.lora.warm_start = "adapters"
-  assert config.build(c).model_cfg.lora.warm_start == "adapters"
+  assert build.build(c).model_cfg.lora.warm_start == "adapters"
 
 
 @pytest.mark.parametrize("scan", [False, True])
@@ -429,7 +433,7 @@ def test_merged_and_adapter_exports_agree_as_peft_reads_them(scan, tmp_path):
   tensor (PEFT's formula, without PEFT: it is not installable here)."""
   import json
 
-  from grpo_jax import hf
+  from grpo_jax.models import hf
 
   lora = dict(rank=4, alpha=8.0, targets=("q", "o", "down", "lm_head"))
   cfg = model.tiny_config(V, lora=lora, scan_layers=scan, tie_embeddings=False)
@@ -465,7 +469,7 @@ def test_peft_loads_the_exported_adapters_onto_the_base(tmp_path):
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
   peft = pytest.importorskip("peft")
-  from grpo_jax import hf
+  from grpo_jax.models import hf
 
   cfg = model.tiny_config(V, lora=dict(rank=4, alpha=8.0), tie_embeddings=False)
   params = _random_adapters(model.init(cfg, jax.random.key(0)))
@@ -487,11 +491,12 @@ def test_peft_loads_the_exported_adapters_onto_the_base(tmp_path):
 def test_a_checkpoint_base_loads_with_fresh_adapters_and_the_policy_is_the_checkpoints():
   """config.hf_dir with model.lora: the base is the checkpoint's weights (as without
   adapters), the adapters start at B = 0, and the reference is that base."""
-  from grpo_jax import hf, steps, train  # noqa: PLC0415
+  from grpo_jax import steps, train  # noqa: PLC0415
+  from grpo_jax.models import hf  # noqa: PLC0415
 
   c = config_lib.load("configs/gsm8k_qwen.py:tiny")
   c.model.lora.rank = 4
-  setup = config.build(c)
+  setup = build.build(c)
   assert setup.model_cfg.lora.warm_start == "adapters"  # A checkpoint: the base stays.
   fns = steps.functions(setup)
   params = train.initial_params(setup, fns, jax.random.key(0))
@@ -511,7 +516,7 @@ def test_a_checkpoint_base_loads_with_fresh_adapters_and_the_policy_is_the_check
 
 
 def test_the_fingerprint_changes_with_one_bit_a_dtype_or_a_path():
-  from grpo_jax import frozen_base  # noqa: PLC0415
+  from grpo_jax.models import frozen_base  # noqa: PLC0415
 
   tree = {"a": jnp.arange(6.0).reshape(2, 3), "b": {"c": jnp.ones(4, jnp.bfloat16)}}
   same = jax.tree.map(jnp.copy, tree)
@@ -538,7 +543,7 @@ def _lora_run_config(iterations=4, base_dtype="", dynamic=False, dropout=0.0):
 
 def _saved_leaves(step_dir):
   """The checkpoint's "state" item: {leaf path: shape} from its metadata."""
-  from grpo_jax import checkpoint  # noqa: PLC0415
+  from grpo_jax.infra import checkpoint  # noqa: PLC0415
 
   ckpt = checkpoint.Checkpointer(step_dir.parent, keep=3)
   try:
@@ -557,7 +562,9 @@ def test_a_lora_checkpoint_holds_the_adapters_resumes_exactly_and_checks_its_bas
   reproduces too."""
   import shutil  # noqa: PLC0415
 
-  from grpo_jax import checkpoint, frozen_base, train  # noqa: PLC0415
+  from grpo_jax import train  # noqa: PLC0415
+  from grpo_jax.infra import checkpoint  # noqa: PLC0415
+  from grpo_jax.models import frozen_base
 
   whole, cut = tmp_path / "whole", tmp_path / "cut"
   run_config = functools.partial(_lora_run_config, dynamic=True, dropout=0.1)
@@ -620,7 +627,9 @@ def test_a_stored_base_is_kept_and_resumed_in_its_dtype(base_dtype, dtypes, tmp_
   """A random init with model.lora.base_dtype set: the warm start trains the base in
   float32, then it is stored in bfloat16 (or int8 kernels with float32 scales, the rest
   bfloat16), in workdir/base too, and the run resumes on it."""
-  from grpo_jax import checkpoint, frozen_base, train  # noqa: PLC0415
+  from grpo_jax import train  # noqa: PLC0415
+  from grpo_jax.infra import checkpoint  # noqa: PLC0415
+  from grpo_jax.models import frozen_base
 
   c = _lora_run_config(iterations=2, base_dtype=base_dtype)
   c.update(warmstart_steps=10, checkpoint_every=1, eval_size=8)
@@ -697,7 +706,9 @@ def test_a_resume_reads_the_checkpoint_base_again_and_refuses_an_edited_one(base
 
   import safetensors.numpy  # noqa: PLC0415
 
-  from grpo_jax import checkpoint, frozen_base, train  # noqa: PLC0415
+  from grpo_jax import train  # noqa: PLC0415
+  from grpo_jax.infra import checkpoint  # noqa: PLC0415
+  from grpo_jax.models import frozen_base
 
   hf_dir = tmp_path / "qwen2"
   c = config_lib.load("configs/gsm8k_qwen.py:tiny")
@@ -737,7 +748,7 @@ def _variant_configs():
   """Six configs that run every policy loss, KL estimator, planner, aggregation and
   importance correction at least once, with the estimators of `_ESTIMATORS`. IBPO, which
   needs counterfactual rows, is not among them: no test trains it with adapters."""
-  from grpo_jax import aggregation, importance, losses, planners  # noqa: PLC0415
+  from grpo_jax.rl import aggregation, importance, losses, planners  # noqa: PLC0415
 
   registries = (
     losses.REGISTRY, losses.KL_REGISTRY, planners.REGISTRY, aggregation.REGISTRY, importance.REGISTRY
@@ -763,7 +774,7 @@ def _variant_configs():
 def lora_rollouts(tokenizer, sampler_cfg):
   """(model config, LoRA params with random adapters, rollouts the merged sampler drew)
   of a 1-layer model (each variant compiles its prepare and update)."""
-  from grpo_jax import sampling  # noqa: PLC0415
+  from grpo_jax.models import sampling  # noqa: PLC0415
 
   cfg = model.tiny_config(
     tokenizer.vocab_size, n_layers=1, d_model=32, mlp_dim=64, lora=dict(rank=4)
@@ -784,22 +795,24 @@ def test_every_variant_trains_the_adapters_against_the_base_as_reference(rl_opti
   base model's own, the loss is finite, the adapters move and the base does not change
   by one bit."""
   cfg, params, rollouts = lora_rollouts
-  rl_cfg = rl.RLConfig(**rl_options)
+  rl_cfg = spec.RLConfig(**rl_options)
   model_fn = model.make_model_fn(cfg)
   correct_N = jnp.asarray(np.arange(16) % 3 == 0, jnp.float32)
   prep_hyper = rl_cfg.prepare_hyper(max_new_tokens=rollouts.tokens_NT.shape[1])
-  batch, _, _ = rl.make_prepare(rl_cfg, model_fn)(
+  batch, _, _ = preparation.make_prepare(rl_cfg, model_fn)(
     params, model.reference(params), rollouts, correct_N, jnp.zeros(16), prep_hyper
   )
   if rl_options["advantage"] == _ESTIMATORS[0]:  # Once: the reference is the base model.
     plain = model.make_model_fn(model.base_config(cfg))
-    base_logp = functools.partial(rl.rollout_logprobs, cfg=rl.RLConfig(), model_fn=plain)
+    base_logp = functools.partial(preparation.rollout_logprobs, cfg=spec.RLConfig(), model_fn=plain)
     want = jax.jit(base_logp)(params["base"], None, rollouts)
     np.testing.assert_array_equal(batch.ref_logp_NT, want.old_logp_NT)
-  optimizer = rl.make_optimizer(lr=1e-2)
-  update = rl.make_update(rl_cfg, model_fn, optimizer, batch_size=16, group_size=4, donate=False)
+  optimizer = spec.make_optimizer(lr=1e-2)
+  update = learner.make_update(
+    rl_cfg, model_fn, optimizer, batch_size=16, group_size=4, donate=False
+  )
   state, _, history = update(
-    rl.init_state(params, optimizer), batch, jax.random.key(0), rl_cfg.step_hyper()
+    spec.init_state(params, optimizer), batch, jax.random.key(0), rl_cfg.step_hyper()
   )
   assert np.isfinite(np.asarray(history["loss"])).all()
   jax.tree.map(np.testing.assert_array_equal, state.params["base"], params["base"])
@@ -816,7 +829,7 @@ def test_a_lora_iteration_on_a_mesh_equals_the_one_device_run(tmp_path):
   1-layer model of `runs.small_arithmetic`, whose 2 query heads split over tensor."""
   import subproc  # noqa: PLC0415
 
-  from grpo_jax import logs  # noqa: PLC0415
+  from grpo_jax.infra import logs  # noqa: PLC0415
 
   small = ["d_model=32", "n_layers=1", "n_heads=2", "n_kv_heads=2", "head_dim=16", "mlp_dim=64"]
 
@@ -848,19 +861,21 @@ def test_the_update_drops_adapter_inputs_and_prepare_does_not(lora_rollouts):
   repeats the same update."""
   cfg, params, rollouts = lora_rollouts
   drop = dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, dropout=0.3))
-  rl_cfg = rl.RLConfig(kl_coef=0.05, num_minibatches=2)
+  rl_cfg = spec.RLConfig(kl_coef=0.05, num_minibatches=2)
   correct_N = jnp.asarray(np.arange(16) % 3 == 0, jnp.float32)
   prep_hyper = rl_cfg.prepare_hyper(max_new_tokens=rollouts.tokens_NT.shape[1])
-  optimizer = rl.make_optimizer(lr=1e-2)
+  optimizer = spec.make_optimizer(lr=1e-2)
 
   def run(c):
     model_fn = model.make_model_fn(c)
-    batch, _, _ = rl.make_prepare(rl_cfg, model_fn)(
+    batch, _, _ = preparation.make_prepare(rl_cfg, model_fn)(
       params, model.reference(params), rollouts, correct_N, jnp.zeros(16), prep_hyper
     )
-    update = rl.make_update(rl_cfg, model_fn, optimizer, batch_size=16, group_size=4, donate=False)
+    update = learner.make_update(
+      rl_cfg, model_fn, optimizer, batch_size=16, group_size=4, donate=False
+    )
     state, _, history = update(
-      rl.init_state(params, optimizer), batch, jax.random.key(0), rl_cfg.step_hyper()
+      spec.init_state(params, optimizer), batch, jax.random.key(0), rl_cfg.step_hyper()
     )
     return batch, state.params["lora"], np.asarray(history["ppo_kl"])
 

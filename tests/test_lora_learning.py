@@ -7,7 +7,9 @@ import shutil
 
 import pytest
 
-from grpo_jax import config_lib, rl, steps, train
+from grpo_jax import steps, train
+from grpo_jax.infra import config_lib
+from grpo_jax.rl import preparation
 
 # Measured (seed 0, eval every 10, rank 8, lr 1e-3): 51.6% after the warm start (the full
 # model's warm start: the same base), 49.2% (10), 53.9% (20), 59.4% (30), 63.3% (40), 69.5%
@@ -44,11 +46,11 @@ def lora_arms(tmp_path_factory):
   for workdir in arms.values():
     shutil.copytree(base, workdir)
   out = {"grpo": train.run(_config(), arms["grpo"], log=lambda _: None)}
-  real = rl.compute_advantages
+  real = preparation.compute_advantages
   flipped = _config(FLIPPED_ITERATIONS)
   flipped.collapse.action = "warn"
   with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(rl, "compute_advantages", lambda *a, **k: -real(*a, **k))
+    mp.setattr(preparation, "compute_advantages", lambda *a, **k: -real(*a, **k))
     mp.setattr(steps, "_FUNCTIONS", {})  # Compile the flipped arm afresh (and forget it).
     out["flipped"] = train.run(flipped, arms["flipped"], log=lambda _: None)
   return out

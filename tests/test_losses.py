@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import losses
+from grpo_jax.rl import losses
 
 LOSS_NAMES = ("ppo_clip", "gspo", "reinforce", "cispo")
 KL_NAMES = ("k1", "k2", "k3", "abs", "k1+", "k3+")

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import masks
+from grpo_jax.rl import masks
 
 VOCAB = 10
 HYPER = masks.mask_hyper(prob_threshold=0.9, entropy_threshold=0.1)

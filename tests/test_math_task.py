@@ -10,7 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import config, config_lib, hf, math_verify, model, rewards, sampling, tasks, train
+from grpo_jax import build, tasks, train
+from grpo_jax.infra import config_lib
+from grpo_jax.models import hf, model, sampling
+from grpo_jax.verifiers import math_verify, verdicts
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -83,7 +86,7 @@ def test_verifier_backend_is_a_task_option(gsm8k, data_dir):
   assert gsm8k.reward("72", "so $x = 72$") == 1.0
   assert builtin.reward("72", "so $x = 72$") == 0.0
   # An item the verifier cannot decide is a reward error, not a wrong answer.
-  with pytest.raises(rewards.Unscorable):
+  with pytest.raises(verdicts.Unscorable):
     gsm8k.reward("12:00", r"\boxed{5}")
   with pytest.raises(ValueError, match="Unknown math verifier backend 'nope'"):
     tasks.get("math", dataset="gsm8k", tokenizer_dir=str(QWEN2), verifier_backend="nope")
@@ -124,7 +127,7 @@ def _tiny(data_dir, **loop):
 
 
 def test_build_takes_the_architecture_from_the_checkpoint(data_dir):
-  setup = config.build(_tiny(data_dir))
+  setup = build.build(_tiny(data_dir))
   expected = hf.model_config(hf.read_config(QWEN2))
   assert setup.model_cfg == dataclasses.replace(expected, vocab_limit=320)
   assert setup.sampler_cfg.eos_ids == (2, 0)  # <|im_end|>, <|endoftext|>.
@@ -136,7 +139,7 @@ def test_build_rejects_an_architecture_key_that_conflicts(data_dir):
   with pytest.raises(
     ValueError, match=r"config.model.d_model=48 conflicts with .*qwen2/config.json \(32\)"
   ):
-    config.build(c)
+    build.build(c)
 
 
 def test_build_rejects_a_tokenizer_larger_than_the_model(data_dir, tmp_path):
@@ -151,7 +154,7 @@ def test_build_rejects_a_tokenizer_larger_than_the_model(data_dir, tmp_path):
   with pytest.raises(
     ValueError, match=r"tokenizer has 320 tokens but .*config.json has vocab_size 300"
   ):
-    config.build(c)
+    build.build(c)
 
 
 def test_run_from_a_checkpoint_scores_and_exports(data_dir, tmp_path):

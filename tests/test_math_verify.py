@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import sympy
 
-from grpo_jax import math_verify, rewards
+from grpo_jax.verifiers import math_verify, reward_pool, verdicts
 
 TIMEOUT_S = 1.0
 SLACK_S = 4.0  # A loaded 2-core CI machine: a replacement worker may be slow to start.
@@ -422,7 +422,7 @@ def test_math_reward_scores_through_a_reward_pool():
     r"<think>x</think> \boxed{4}",  # Wrong, well formatted.
     "<think>x</think> seven",  # No answer.
   ]
-  with rewards.RewardPool(task, workers=0) as pool:
+  with reward_pool.RewardPool(task, workers=0) as pool:
     scores = pool.score(golds, completions)
   np.testing.assert_array_equal(scores.correct_N, [1.0, 1.0, 0.0, 0.0])
   np.testing.assert_array_equal(scores.format_N, [1.0, 0.0, 1.0, 0.0])
@@ -489,14 +489,14 @@ def test_verify_batch_works_off_the_main_thread():
 def test_verify_batch_checks_its_arguments(pool):
   with pytest.raises(ValueError, match="2 completions but 1 gold"):
     math_verify.verify_batch(["a", "b"], ["1"], pool=pool)
-  other = rewards.RewardPool(math_verify.MathReward(), workers=0)
+  other = reward_pool.RewardPool(math_verify.MathReward(), workers=0)
   with pytest.raises(TypeError, match="verification_pool"):
     math_verify.verify_batch(["a"], ["1"], pool=other)
   assert math_verify.verify_batch([], [], pool=pool) == []
 
 
 def test_verdicts_from_scores():
-  scores = rewards.Scores(
+  scores = verdicts.Scores(
     correct_N=np.array([1.0, 0.0, 0.0, 0.0], np.float32),
     format_N=np.array([1.0, 1.0, 0.0, 0.0], np.float32),
     error_N=np.array([False, False, False, True]),
@@ -634,11 +634,11 @@ def test_an_undecidable_item_is_unscorable_and_raises_in_the_reward():
   # "12:00" parses to 12/0 (zoo); math_verify refuses to compare it: nothing decided.
   assert math_verify.verify(r"\boxed{5}", "12:00") == "unscorable"
   task = math_verify.MathReward()
-  with pytest.raises(rewards.Unscorable, match="cannot decide gold '12:00'"):
+  with pytest.raises(verdicts.Unscorable, match="cannot decide gold '12:00'"):
     task.reward("12:00", r"\boxed{5}")
   assert task.reward("5", r"\boxed{5}") == 1.0
   assert task.reward("5", r"\boxed{6}") == 0.0  # Wrong is 0.0, not an error.
-  with rewards.RewardPool(task, workers=0) as pool:
+  with reward_pool.RewardPool(task, workers=0) as pool:
     scores = pool.score(["12:00", "5", "5"], [r"\boxed{5}", r"\boxed{5}", "no answer"])
   np.testing.assert_array_equal(scores.error_N, [True, False, False])
   np.testing.assert_array_equal(scores.correct_N, [0.0, 1.0, 0.0])
@@ -652,7 +652,7 @@ def test_an_exception_inside_the_backend_is_unscorable(monkeypatch):
   monkeypatch.setattr(math_verify, "_hf_parse", broken)
   assert math_verify.verify(r"\boxed{5}", "5") == "unscorable"
   assert not math_verify.has_answer(r"\boxed{5}", backend="math_verify")
-  with pytest.raises(rewards.Unscorable):
+  with pytest.raises(verdicts.Unscorable):
     math_verify.MathReward().reward("5", r"\boxed{5}")
   assert math_verify.MathReward(backend="builtin").reward("5", r"\boxed{5}") == 1.0
 

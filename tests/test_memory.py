@@ -4,16 +4,15 @@ and the trainer's refusal of a config that cannot fit, before anything compiles.
 import functools
 import json
 import pathlib
-import sys
 
 import jax
 import pytest
 
-from grpo_jax import config, memory, model, rl, sharding, steps
+from grpo_jax import build, memory, steps
+from grpo_jax.models import model, sharding
+from grpo_jax.rl import spec
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "configs"))
-sys.path.insert(0, str(ROOT / "tests"))
 import scale  # noqa: E402
 import subproc  # noqa: E402
 
@@ -40,14 +39,14 @@ def _plan(**model_kw):
   cfg = model.tiny_config(vocab_size=32, **model_kw)
   return memory.plan(
     cfg,
-    rl.RLConfig(),
+    spec.RLConfig(),
     sharding.MeshConfig(data=1, fsdp=1, tensor=1),
     n_devices=1,
     prompts=2,
     group_size=4,
     prompt_len=8,
     max_new_tokens=8,
-    optimizer=rl.make_optimizer(lr=1e-3),
+    optimizer=spec.make_optimizer(lr=1e-3),
   )
 
 
@@ -90,7 +89,7 @@ def test_remat_and_rows_move_activations_as_they_should():
   assert p.activations_remat < p.activations_no_remat / 3
   assert _plan(scan_layers=True, remat="full").activations == p.activations_remat
   assert _plan(remat="full").activations == p.activations_no_remat  # No scan: not realised.
-  cfg, rl_cfg = model.tiny_config(vocab_size=32), rl.RLConfig()
+  cfg, rl_cfg = model.tiny_config(vocab_size=32), spec.RLConfig()
   one, two = (memory.residual_bytes(cfg, rl_cfg, rows=r, P=8, T=8) for r in (1, 2))
   assert two == pytest.approx(2 * one, rel=0.01)  # Residuals are per row.
 
@@ -167,8 +166,8 @@ def test_plan_cli_says_what_to_change_when_it_does_not_fit():
 def test_trainer_refuses_a_config_that_cannot_fit_before_compiling():
   c = scale.get_config("tiny")
   c.memory_limit_gib = 0.01  # 10 MiB: the tiny plan needs ~45.
-  setup = config.build(c)
+  setup = build.build(c)
   with pytest.raises(memory.OutOfMemoryPlan, match=r"(?s)needs 0\.0\d GiB per device.*Change:"):
     steps.functions(setup)
   c.memory_limit_gib = 1.0
-  steps.check_memory(config.build(c))  # Fits: no error.
+  steps.check_memory(build.build(c))  # Fits: no error.

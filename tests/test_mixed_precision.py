@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import logprobs, model, rl, sampling
+from grpo_jax.models import logprobs, model, sampling
+from grpo_jax.rl import learner, spec
 
 # Tolerances of a bfloat16 step against the float32 step on the same params and batch
 # (bfloat16 keeps 8 mantissa bits: relative rounding ~4e-3 per operation). The loss is
@@ -30,7 +31,7 @@ def batch(tiny_cfg, tiny_params, sampler_cfg, tiny_sampler, tokenizer):
   r = tiny_sampler(tiny_params, prompts, jax.random.key(1), sampling.sampling_params())
   n = r.tokens_NT.shape[0]
   adv = jnp.where(jnp.arange(n) % 2 == 0, 1.0, -1.0)[:, None] * r.mask_NT
-  return rl.RolloutBatch(
+  return spec.RolloutBatch(
     prompt_tokens_NP=r.prompt_tokens_NP,
     prompt_mask_NP=r.prompt_mask_NP,
     tokens_NT=r.tokens_NT,
@@ -44,16 +45,16 @@ def batch(tiny_cfg, tiny_params, sampler_cfg, tiny_sampler, tokenizer):
 
 
 def _step(cfg_model, params, batch):
-  cfg = rl.RLConfig(micro_batches=2)
-  optimizer = rl.make_optimizer(lr=1e-3)
-  state = rl.init_state(params, optimizer)
+  cfg = spec.RLConfig(micro_batches=2)
+  optimizer = spec.make_optimizer(lr=1e-3)
+  state = spec.init_state(params, optimizer)
   model_fn = model.make_model_fn(cfg_model)
   w = jnp.where(batch.loss_mask_NT, 1.0, 0.0) / jnp.sum(batch.loss_mask_NT)
   grads, sums, _ = jax.jit(
-    functools.partial(rl.accumulate_gradients, cfg=cfg, model_fn=model_fn, token_outputs=False)
+    functools.partial(learner.accumulate_gradients, cfg=cfg, model_fn=model_fn, token_outputs=False)
   )(params, batch, w, cfg.step_hyper())
   new, metrics = jax.jit(
-    functools.partial(rl.train_step, cfg=cfg, model_fn=model_fn, optimizer=optimizer)
+    functools.partial(learner.train_step, cfg=cfg, model_fn=model_fn, optimizer=optimizer)
   )(state, batch, cfg.step_hyper())
   return grads, sums, new, metrics
 

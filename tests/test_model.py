@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import model as model_lib
+from grpo_jax.models import model as model_lib
 
 
 class model:  # noqa: N801 -- the module, with a jitted apply (eager flax is slow).

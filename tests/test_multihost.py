@@ -14,11 +14,9 @@ import sys
 import jax
 import numpy as np
 import pytest
+import subproc
 
-from grpo_jax import distributed
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import subproc  # noqa: E402
+from grpo_jax.infra import distributed
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCRIPT = str(ROOT / "tests" / "multihost_run.py")

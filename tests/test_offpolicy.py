@@ -3,21 +3,20 @@ rows s updates stale, stale rows never trained uncorrected, partial rollouts' pe
 log-probs, async resume (and a damaged, foreign or missing in-flight buffer never
 resumed), sampler/trainer device split, and bad configs."""
 
-import pathlib
 import shutil
-import sys
 
+import arithmetic
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import runs
+import subproc
 
-from grpo_jax import checkpoint, config, logprobs, model, offpolicy, pipeline, steps, train
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "configs"))
-import arithmetic  # noqa: E402
-import runs  # noqa: E402
-import subproc  # noqa: E402
+from grpo_jax import build, pipeline, steps, train
+from grpo_jax.infra import checkpoint, config_lib
+from grpo_jax.models import logprobs, model
+from grpo_jax.rl import offpolicy
 
 # Keys only the pipeline writes, and the mismatch keys (present in both runs).
 PIPELINE_KEYS = (
@@ -168,7 +167,7 @@ def test_async_resume_after_a_crash_reproduces_the_uninterrupted_run(tmp_path):
 @pytest.fixture(scope="module")
 def pieces():
   """The functions of a partial-rollout config and two different params."""
-  setup = config.build(
+  setup = build.build(
     _tiny(offpolicy__enabled=True, offpolicy__max_staleness=2, offpolicy__partial="continue")
   )
   fns = steps.functions(setup)
@@ -261,8 +260,8 @@ def test_staleness_of_a_row_is_that_of_its_oldest_token():
   ],
 )
 def test_bad_offpolicy_configs_fail_before_compiling(sections, match):
-  with pytest.raises(config.config_lib.ConfigError, match=match):
-    config.build(_tiny(**sections), n_devices=1)
+  with pytest.raises(config_lib.ConfigError, match=match):
+    build.build(_tiny(**sections), n_devices=1)
 
 
 def test_split_placement_runs_the_sampler_on_its_own_device(tmp_path):
@@ -271,8 +270,7 @@ def test_split_placement_runs_the_sampler_on_its_own_device(tmp_path):
   script = tmp_path / "split.py"
   script.write_text(
     f"""
-import json, sys
-sys.path[:0] = [{str(pathlib.Path(__file__).parent)!r}]
+import json
 import jax, test_offpolicy as t, runs
 from grpo_jax import train
 assert jax.device_count() == 2

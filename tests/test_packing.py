@@ -1,4 +1,4 @@
-"""Length-bucketed micro-batches (rl.length_buckets): rows sorted by length, each
+"""Length-bucketed micro-batches (learner.length_buckets): rows sorted by length, each
 micro-batch cut to the smallest bucket that holds it. Loss, metrics and gradient equal the
 unbucketed step's for every aggregation mode and policy loss."""
 
@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import aggregation, model, rl, sampling
+from grpo_jax.models import model, sampling
+from grpo_jax.rl import aggregation, learner, spec
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def skewed_batch(tiny_cfg, tiny_params, tokenizer):
   r = fn(tiny_params, prompts, jax.random.key(0), sampling.sampling_params(), limit)
   np.testing.assert_array_equal(r.length_N, limit)
   adv = jnp.asarray(np.random.default_rng(0).normal(size=(16, 1)), jnp.float32) * r.mask_NT
-  return rl.RolloutBatch(
+  return spec.RolloutBatch(
     prompt_tokens_NP=r.prompt_tokens_NP,
     prompt_mask_NP=r.prompt_mask_NP,
     tokens_NT=r.tokens_NT,
@@ -57,7 +58,7 @@ def _grads_fn(cfg, tiny_cfg):
   if key not in _JITTED:
     _JITTED[key] = jax.jit(
       functools.partial(
-        rl.accumulate_gradients,
+        learner.accumulate_gradients,
         cfg=cfg,
         model_fn=model.make_model_fn(tiny_cfg),
         token_outputs=True,
@@ -69,7 +70,7 @@ def _grads_fn(cfg, tiny_cfg):
 def _both(cfg, tiny_cfg, params, batch, w_NT):
   """(unbucketed, 4-bucket) accumulate_gradients outputs on the same batch and weights."""
   packed = dataclasses.replace(cfg, length_buckets=4)
-  assert rl.length_buckets(packed, 16) == (4, 8, 12, 16)
+  assert learner.length_buckets(packed, 16) == (4, 8, 12, 16)
   return tuple(_grads_fn(c, tiny_cfg)(params, batch, w_NT, c.step_hyper()) for c in (cfg, packed))
 
 
@@ -91,7 +92,7 @@ def _assert_same(got, want, mask_NT):
 def test_bucketed_micro_batches_give_the_unbucketed_sums_for_every_aggregation(
   tiny_cfg, tiny_params, skewed_batch
 ):
-  cfg = rl.RLConfig(micro_batches=4, entropy_coef=0.01)
+  cfg = spec.RLConfig(micro_batches=4, entropy_coef=0.01)
   b = skewed_batch
   for name in aggregation.REGISTRY.names():
     w_NT = aggregation.REGISTRY.make(name)(b.loss_mask_NT, b.group_ids_N, b.adv_NT)
@@ -105,7 +106,7 @@ def test_bucketed_micro_batches_give_the_unbucketed_sums_for_every_aggregation(
 def test_bucketed_micro_batches_give_the_unbucketed_sums_for_sequence_losses_and_kl(
   tiny_cfg, tiny_params, skewed_batch, changes
 ):
-  cfg = rl.RLConfig(micro_batches=4, entropy_coef=0.01, **changes)
+  cfg = spec.RLConfig(micro_batches=4, entropy_coef=0.01, **changes)
   b = skewed_batch
   w_NT = aggregation.REGISTRY.make("token_mean")(b.loss_mask_NT, b.group_ids_N, b.adv_NT)
   want, got = _both(cfg, tiny_cfg, tiny_params, b, w_NT)
@@ -115,9 +116,9 @@ def test_bucketed_micro_batches_give_the_unbucketed_sums_for_sequence_losses_and
 def test_bucketing_computes_less_on_skewed_rows(skewed_batch):
   """Sorted lengths [1,1,1,1 | 2,2,2,3 | 3,4,5,7 | 9,12,16,16] run at buckets 4, 4, 8,
   16: (4 + 4 + 8 + 16) × 4 rows = 128 of the unbucketed 16 × 16 = 256 completion columns."""
-  cfg = rl.RLConfig(micro_batches=4, length_buckets=4)
+  cfg = spec.RLConfig(micro_batches=4, length_buckets=4)
   lengths = np.sort(np.asarray(skewed_batch.mask_NT).sum(axis=1)).reshape(4, 4)
-  buckets = np.asarray(rl.length_buckets(cfg, 16))
+  buckets = np.asarray(learner.length_buckets(cfg, 16))
   picked = buckets[np.searchsorted(buckets, lengths.max(axis=1))]
   np.testing.assert_array_equal(picked, [4, 4, 8, 16])
   assert picked.sum() * 4 / (16 * 16) == 0.5  # Half the unbucketed completion columns.

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from grpo_jax import planners
+from grpo_jax.rl import planners
 
 EPOCHS = 2
 # (B, G, M): batch size, group size, mini-batches; M divides K = B / G in every shape.

@@ -15,7 +15,7 @@ import sys
 import pytest
 from absl import flags
 
-from grpo_jax import cli, config, main  # noqa: F401 -- main defines the command's flags.
+from grpo_jax import build, cli, main  # noqa: F401 -- main defines the command's flags.
 from tests import subproc
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -81,8 +81,8 @@ def test_every_readme_command_parses_and_its_config_builds(command, monkeypatch)
   if hf_dir and not pathlib.Path(hf_dir).expanduser().exists():
     return  # The user's checkpoint: the plan test and the config tests build the rest.
   n = devices or _devices(inv.config)
-  setup = config.plan_setup(inv.config, n_devices=n) if inv.command == "plan" else None
-  setup = setup or config.build(inv.config, n_devices=n)
+  setup = build.plan_setup(inv.config, n_devices=n) if inv.command == "plan" else None
+  setup = setup or build.build(inv.config, n_devices=n)
   assert setup.loop.iterations >= 1
 
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import logprobs, model, refill, sampling
+from grpo_jax.models import logprobs, model, refill, sampling
 
 
 @pytest.fixture(scope="module")
@@ -98,13 +98,11 @@ def test_bad_slot_counts_are_refused(tiny_cfg, tiny_params, setup):
 
 
 def test_the_trainer_runs_on_the_refill_sampler(tmp_path):
-  import pathlib  # noqa: PLC0415
-  import sys  # noqa: PLC0415
 
-  from grpo_jax import config, config_lib, logs, train  # noqa: PLC0415
+  import arithmetic
 
-  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "configs"))
-  import arithmetic  # noqa: PLC0415
+  from grpo_jax import build, train
+  from grpo_jax.infra import config_lib, logs
 
   c = arithmetic.get_config("quick")
   c.sampler.update(group_size=4, refill_slots=6)
@@ -117,10 +115,10 @@ def test_the_trainer_runs_on_the_refill_sampler(tmp_path):
     assert 0.0 <= x["pad/sample_frac"] < 1.0 and np.isfinite(x["loss"])
   c.sampler.refill_slots = 17  # More slots than the 16 rows it decodes.
   with pytest.raises(config_lib.ConfigError, match="refill_slots=17 exceeds the rows"):
-    config.build(c)
+    build.build(c)
   c.sampler.refill_slots = -1
   with pytest.raises(config_lib.ConfigError, match="refill_slots must be >= 0"):
-    config.build(c)
+    build.build(c)
 
 
 def test_refill_with_scanned_layers_matches_the_teacher_forced_forward(tiny_cfg, setup):

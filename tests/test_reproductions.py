@@ -13,7 +13,6 @@ import pytest
 from tests import subproc
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "experiments"))
 import claims  # noqa: E402
 import evidence  # noqa: E402
 import reproduce  # noqa: E402

@@ -12,20 +12,11 @@ import runs
 import safetensors.numpy
 import subproc
 
-from grpo_jax import (
-  config,
-  config_lib,
-  hf,
-  judges,
-  local_judge,
-  model,
-  reward_model,
-  reward_sources,
-  rewards,
-  rm_train,
-  tasks,
-  train,
-)
+from grpo_jax import build, rm_train, tasks, train
+from grpo_jax.infra import config_lib
+from grpo_jax.models import hf, model
+from grpo_jax.rewards import judges, local_judge, reward_model, reward_sources
+from grpo_jax.verifiers import verdicts
 
 TASK = tasks.get("arithmetic", max_digits=1, ops="+")
 
@@ -192,7 +183,7 @@ def test_hf_sequence_classification_checkpoint_loads_with_its_score_head(tmp_pat
 
 def _part(values, errors=None):
   errors = np.zeros(len(values), bool) if errors is None else np.asarray(errors)
-  return rewards.SourceScores.of(values, errors)
+  return verdicts.SourceScores.of(values, errors)
 
 
 def test_combine_weights_transforms_and_masks_by_hand():
@@ -328,7 +319,9 @@ def test_verifier_plus_judge_with_faults_trains_on_the_scorable_rows(server, tmp
 
 _SHARDED = """
 import jax, numpy as np
-from grpo_jax import model, reward_model, sharding, tasks
+from grpo_jax import tasks
+from grpo_jax.models import model, sharding
+from grpo_jax.rewards import reward_model
 tok = tasks.get("arithmetic", max_digits=1, ops="+").tokenizer()
 cfg = model.tiny_config(tok.vocab_size, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
                         head_dim=16, mlp_dim=64)
@@ -369,7 +362,7 @@ def test_a_judge_that_fails_most_of_a_batch_stops_the_run(server, tmp_path):
       timeout_s=1.0,
       retries=0,
     )
-  with pytest.raises(rewards.RewardFailure, match=r"failed on 32 of 32 items.*judge: row 0"):
+  with pytest.raises(verdicts.RewardFailure, match=r"failed on 32 of 32 items.*judge: row 0"):
     train.run(c, tmp_path / "gone", log=lambda _: None)
 
 
@@ -388,30 +381,30 @@ def test_off_policy_pipeline_logs_the_sources(tmp_path):
 
 
 def test_rewards_are_refused_where_the_run_needs_the_verifiers_outcome():
-  def build(**sections):
+  def built(**sections):
     c = _rl_config()
     with c.unlocked():
       c.rewards.correct = dict(kind="verifier", transforms=("standardize",))
       for path, value in sections.items():
         section, key = path.split("__")
         c[section][key] = value
-    return config.build(c)
+    return build.build(c)
 
-  build()  # The mixture alone builds.
+  built()  # The mixture alone builds.
   with pytest.raises(config_lib.ConfigError, match="rl.advantage='fade': it splits rows"):
-    build(rl__advantage="fade")
+    built(rl__advantage="fade")
   with pytest.raises(config_lib.ConfigError, match="config.counterfactual: it branches"):
-    build(counterfactual__per_group=2, counterfactual__per_rollout=1, rl__advantage="ibpo")
+    built(counterfactual__per_group=2, counterfactual__per_rollout=1, rl__advantage="ibpo")
   c = _rl_config()
   with c.unlocked():
     c.rewards.a = dict(kind="verifier", weight=0.0)
     c.rewards.b = "verifier"
   with pytest.raises(config_lib.ConfigError, match=r"config.rewards.b='verifier': expected a dict"):
-    config.build(c)
+    build.build(c)
   with c.unlocked():
     del c.rewards["b"]
   with pytest.raises(config_lib.ConfigError, match="every source has weight 0"):
-    config.build(c)
+    build.build(c)
 
 
 def test_dynamic_sampling_recombines_the_mixture_over_the_kept_groups(tmp_path):

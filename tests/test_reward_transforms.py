@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import reward_transforms
+from grpo_jax.rl import reward_transforms
 
 # L_max = 20, L_buf = 4: the buffer starts at L_max - L_buf = 16.
 DAPO = reward_transforms.reward_hyper(overlong_max_len=20, overlong_buffer=4, overlong_factor=1.0)

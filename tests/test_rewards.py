@@ -8,7 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from grpo_jax import rewards, tasks
+from grpo_jax import tasks
+from grpo_jax.verifiers import reward_pool, verdicts
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -38,7 +39,7 @@ class FakeTask:
 
 @pytest.fixture(scope="module")
 def pool():
-  with rewards.RewardPool(FakeTask(), workers=2, timeout_s=TIMEOUT_S) as pool:
+  with reward_pool.RewardPool(FakeTask(), workers=2, timeout_s=TIMEOUT_S) as pool:
     yield pool
 
 
@@ -74,7 +75,7 @@ def _misbehave(bad: dict[int, str], n=40):
 def test_raising_or_non_numeric_reward_scores_zero_and_counts(pool, workers):
   bad = {0: "raise", 7: "nan", 21: "text", 39: "raise"}
   prompts, completions = _misbehave(bad)
-  scorer = pool if workers else rewards.RewardPool(FakeTask(), workers=0)
+  scorer = pool if workers else reward_pool.RewardPool(FakeTask(), workers=0)
   scores = scorer.score(prompts, completions)
   correct_N, format_N = _expect(prompts, completions, bad)
   np.testing.assert_array_equal(scores.correct_N, correct_N)
@@ -113,7 +114,7 @@ def test_arithmetic_references_score_one_through_the_pool():
   task = tasks.get("arithmetic", ops="+-*")
   examples = [task.example("train", i, seed=0) for i in range(50)]
   prompts = [ex.prompt for ex in examples]
-  with rewards.RewardPool(task, workers=2, timeout_s=5.0) as pool:
+  with reward_pool.RewardPool(task, workers=2, timeout_s=5.0) as pool:
     right = pool.score(prompts, [ex.reference for ex in examples])
     wrong = pool.score(prompts, [f"A:{int(ex.answer) + 1}." for ex in examples])
   np.testing.assert_array_equal(right.correct_N, 1.0)
@@ -125,12 +126,12 @@ def test_arithmetic_references_score_one_through_the_pool():
 
 def test_bad_arguments():
   with pytest.raises(TypeError, match="does not pickle"):
-    rewards.RewardPool(type("Local", (FakeTask,), {})(), workers=1)
+    reward_pool.RewardPool(type("Local", (FakeTask,), {})(), workers=1)
   with pytest.raises(ValueError, match="workers"):
-    rewards.RewardPool(FakeTask(), workers=-1)
+    reward_pool.RewardPool(FakeTask(), workers=-1)
   with pytest.raises(ValueError, match="timeout_s"):
-    rewards.RewardPool(FakeTask(), workers=0, timeout_s=0)
-  inline = rewards.RewardPool(FakeTask(), workers=0)
+    reward_pool.RewardPool(FakeTask(), workers=0, timeout_s=0)
+  inline = reward_pool.RewardPool(FakeTask(), workers=0)
   with pytest.raises(ValueError, match="2 prompts but 1 completions"):
     inline.score(["a", "b"], ["c"])
   inline.close()
@@ -147,9 +148,9 @@ def test_replacing_a_hung_worker_does_not_import_the_task_again(tmp_path):
   code = (
     f"import sys; sys.path.insert(0, {str(ROOT / 'experiments')!r})\n"
     "import hanging_task\n"
-    "from grpo_jax import rewards\n"
+    "from grpo_jax.verifiers import reward_pool\n"
     "if __name__ == '__main__':\n"
-    "  with rewards.RewardPool(hanging_task.HangTask(), workers=2, timeout_s=0.2) as pool:\n"
+    "  with reward_pool.RewardPool(hanging_task.HangTask(), workers=2, timeout_s=0.2) as pool:\n"
     "    s = pool.score(['p'] * 12, ['hang' if i % 3 == 0 else 'ok' for i in range(12)])\n"
     "  print(s.timeouts, s.errors, int(s.correct_N.sum()))\n"
   )
@@ -171,7 +172,7 @@ class SlowTask:
   def reward(self, prompt, completion):
     if completion == "slow":
       time.sleep(0.3)
-    return rewards.Labeled(1.0, completion)
+    return verdicts.Labeled(1.0, completion)
 
   def format_reward(self, prompt, completion):
     return float(os.getpid())
@@ -181,30 +182,30 @@ def test_slow_items_hold_one_worker_each_while_the_others_take_the_rest():
   # Four slow items at the head of the batch: with one chunk per worker they would all
   # sit in the first worker's chunk; in chunks of n / (4 workers) they are shared.
   completions = ["slow"] * 4 + ["fast"] * 12
-  with rewards.RewardPool(SlowTask(), workers=2, timeout_s=10.0) as pool:
+  with reward_pool.RewardPool(SlowTask(), workers=2, timeout_s=10.0) as pool:
     scores = pool.score(["p"] * 16, completions)
   assert scores.correct_N.tolist() == [1.0] * 16 and not scores.error_N.any()
   assert len(set(scores.format_N[:4].tolist())) == 2, scores.format_N
   assert scores.label_N.tolist() == completions  # Labels travel with the scores.
-  inline = rewards.RewardPool(SlowTask(), workers=0).score(["p"], ["fast"])
+  inline = reward_pool.RewardPool(SlowTask(), workers=0).score(["p"], ["fast"])
   assert inline.label_N.tolist() == ["fast"]
 
 
 def test_unscorable_carries_its_label_across_processes():
   import pickle
 
-  e = pickle.loads(pickle.dumps(rewards.Unscorable("no sandbox", label="sandbox")))
+  e = pickle.loads(pickle.dumps(verdicts.Unscorable("no sandbox", label="sandbox")))
   assert (str(e), e.label) == ("no sandbox", "sandbox")
-  value = pickle.loads(pickle.dumps(rewards.Labeled(0.0, "timeout")))
+  value = pickle.loads(pickle.dumps(verdicts.Labeled(0.0, "timeout")))
   assert (value, value.label, float(value) + 1) == (0.0, "timeout", 1.0)
 
 
 _SCRIPT = """
 import sys
-sys.path.insert(0, {root!r})
-from grpo_jax import rewards, tasks
+from grpo_jax import tasks
+from grpo_jax.verifiers import reward_pool, verdicts
 print("top level", flush=True)
-with rewards.RewardPool(tasks.get("arithmetic"), workers=2) as pool:
+with reward_pool.RewardPool(tasks.get("arithmetic"), workers=2) as pool:
   print("workers", pool.workers, pool.score(["Q:1+2\\n"], ["A:3."]).correct_N.tolist())
 """
 
@@ -238,7 +239,7 @@ def test_a_task_in_a_file_loaded_by_path_scores_in_workers(tmp_path):
   sys.modules[spec.name] = module
   try:
     spec.loader.exec_module(module)
-    with rewards.RewardPool(module.Doubled(), workers=2, timeout_s=30.0) as pool:
+    with reward_pool.RewardPool(module.Doubled(), workers=2, timeout_s=30.0) as pool:
       scores = pool.score(["Q:1+2\n", "Q:2+2\n"], ["A:3.", "A:5."])
       assert pool.workers == 2
   finally:
@@ -249,10 +250,10 @@ def test_a_task_in_a_file_loaded_by_path_scores_in_workers(tmp_path):
 def test_a_task_class_in_a_notebooks_main_falls_back_inline_with_one_warning():
   code = (
     f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
-    "from grpo_jax import rewards\n"
+    "from grpo_jax.verifiers import reward_pool\n"
     "from grpo_jax.tasks import arithmetic\n"
     "class Mine(arithmetic.Arithmetic):\n  pass\n"
-    "pool = rewards.RewardPool(Mine(), workers=2)\n"
+    "pool = reward_pool.RewardPool(Mine(), workers=2)\n"
     "print(pool.workers, pool.score(['Q:1+2\\n'], ['A:3.']).correct_N.tolist())\n"
   )
   r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

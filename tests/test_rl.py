@@ -11,7 +11,9 @@ import numpy as np
 import optax
 import pytest
 
-from grpo_jax import advantages, logprobs, metrics, presets, rl, sampling
+from grpo_jax.infra import metrics
+from grpo_jax.models import logprobs, sampling
+from grpo_jax.rl import advantages, guards, learner, preparation, presets, spec
 
 B_PROMPTS, G = 4, 4
 N = B_PROMPTS * G
@@ -29,7 +31,7 @@ def rollouts(tiny_sampler, tiny_params, tokenizer, sampler_cfg):
 
 
 def _prepare(cfg, params, rollouts, model_fn, *, ref_params=None):
-  fn = rl.make_prepare(cfg, model_fn)
+  fn = preparation.make_prepare(cfg, model_fn)
   hyper = cfg.prepare_hyper(max_new_tokens=rollouts.tokens_NT.shape[1])
   return fn(params, ref_params, rollouts, jnp.asarray(CORRECT_N), jnp.zeros(N), hyper)
 
@@ -57,29 +59,29 @@ def _prepare(cfg, params, rollouts, model_fn, *, ref_params=None):
 )
 def test_rl_config_rejects_bad_values_with_the_allowed_ones(field, value, match):
   with pytest.raises(ValueError, match=match):
-    rl.RLConfig(**{field: value})
+    spec.RLConfig(**{field: value})
 
 
 def test_rl_config_from_dict_rejects_unknown_keys():
   with pytest.raises(ValueError, match="unknown RLConfig keys \\['advantge'\\]"):
-    rl.RLConfig.from_dict({"advantge": "rloo"})
+    spec.RLConfig.from_dict({"advantge": "rloo"})
 
 
 @pytest.mark.parametrize("name", presets.REGISTRY.names())
 def test_every_preset_is_a_valid_config(name):
-  cfg = rl.RLConfig.from_dict(presets.get(name))
+  cfg = spec.RLConfig.from_dict(presets.get(name))
   assert isinstance(presets.get(name), ml_collections.ConfigDict)
   assert presets.REGISTRY.get(name).__doc__ and "arXiv" in presets.REGISTRY.get(name).__doc__
   assert cfg.advantage in advantages.REGISTRY
 
 
 def test_presets_pin_their_defining_values():
-  dapo = rl.RLConfig.from_dict(presets.get("dapo"))
+  dapo = spec.RLConfig.from_dict(presets.get("dapo"))
   assert (dapo.eps_low, dapo.eps_high, dapo.aggregation) == (0.2, 0.28, "token_mean")
   assert dapo.dynamic_sampling and dapo.overlong_factor == 1.0
-  gspo = rl.RLConfig.from_dict(presets.get("gspo"))
+  gspo = spec.RLConfig.from_dict(presets.get("gspo"))
   assert (gspo.policy_loss, gspo.eps_low, gspo.eps_high) == ("gspo", 3e-4, 4e-4)
-  assert rl.RLConfig.from_dict(presets.get("dr_grpo")).aggregation == "constant_norm"
+  assert spec.RLConfig.from_dict(presets.get("dr_grpo")).aggregation == "constant_norm"
 
 
 # ----------------------------------------------------------------------------
@@ -88,7 +90,7 @@ def test_presets_pin_their_defining_values():
 
 
 def test_prepare_recomputes_old_logp_and_builds_advantages(rollouts, tiny_model_fn, tiny_params):
-  cfg = rl.RLConfig(advantage="grpo")
+  cfg = spec.RLConfig(advantage="grpo")
   batch, rewards_N, m = _prepare(cfg, tiny_params, rollouts, tiny_model_fn)
   # The recomputed old log-probs match the sampler's policy log-probs.
   np.testing.assert_allclose(batch.old_logp_NT, rollouts.policy_logp_NT, atol=2e-5)
@@ -108,7 +110,7 @@ def test_prepare_recomputes_old_logp_and_builds_advantages(rollouts, tiny_model_
 
 
 def test_prepare_positive_only_mask_and_kl_to_reference(rollouts, tiny_model_fn, tiny_params):
-  cfg = rl.RLConfig(token_masks=("positive_only",), kl_coef=0.1, kl_estimator="k3")
+  cfg = spec.RLConfig(token_masks=("positive_only",), kl_coef=0.1, kl_estimator="k3")
   ref = jax.tree.map(lambda x: x * 0.9, tiny_params)
   batch, _, m = _prepare(cfg, tiny_params, rollouts, tiny_model_fn, ref_params=ref)
   a_N = advantages.sequence_advantage(batch.adv_NT, batch.mask_NT)
@@ -125,13 +127,15 @@ def test_prepare_positive_only_mask_and_kl_to_reference(rollouts, tiny_model_fn,
 def test_split_prepare_equals_prepare(rollouts, tiny_model_fn, tiny_params, advantage):
   """The trainer's two halves (forwards dispatched before rewards exist, then advantages
   and masks) give prepare's batch, rewards and metrics."""
-  cfg = rl.RLConfig(
+  cfg = spec.RLConfig(
     advantage=advantage, kl_coef=0.1, token_masks=("negative_token_filter",), kl_in="reward"
   )
   ref = jax.tree.map(lambda x: x * 0.9, tiny_params)
   want = _prepare(cfg, tiny_params, rollouts, tiny_model_fn, ref_params=ref)
-  logprobs = jax.jit(functools.partial(rl.rollout_logprobs, cfg=cfg, model_fn=tiny_model_fn))
-  finish = jax.jit(functools.partial(rl.finish_prepare, cfg=cfg))
+  logprobs = jax.jit(
+    functools.partial(preparation.rollout_logprobs, cfg=cfg, model_fn=tiny_model_fn)
+  )
+  finish = jax.jit(functools.partial(preparation.finish_prepare, cfg=cfg))
   lp = logprobs(tiny_params, ref, rollouts)
   hyper = cfg.prepare_hyper(max_new_tokens=rollouts.tokens_NT.shape[1])
   got = finish(lp, rollouts, jnp.asarray(CORRECT_N), jnp.zeros(N), hyper)
@@ -143,7 +147,7 @@ def test_split_prepare_equals_prepare(rollouts, tiny_model_fn, tiny_params, adva
 
 def test_kl_folded_into_the_reward(rollouts, tiny_model_fn, tiny_params):
   """kl_in="reward": sequence estimators see r_i - β Σ_t kl_t (here GRPO, k2, β = 0.5)."""
-  cfg = rl.RLConfig(advantage="dr_grpo", kl_coef=0.5, kl_estimator="k2", kl_in="reward")
+  cfg = spec.RLConfig(advantage="dr_grpo", kl_coef=0.5, kl_estimator="k2", kl_in="reward")
   ref = jax.tree.map(lambda x: x * 0.9, tiny_params)
   batch, rewards_N, m = _prepare(cfg, tiny_params, rollouts, tiny_model_fn, ref_params=ref)
   delta_NT = np.asarray(batch.old_logp_NT) - np.asarray(batch.ref_logp_NT)
@@ -158,7 +162,7 @@ def test_kl_folded_into_the_reward(rollouts, tiny_model_fn, tiny_params):
 
 def test_optimal_baseline_gets_score_norms_from_prepare(rollouts, tiny_model_fn, tiny_params):
   """b* = Σ s r / Σ s with s_i = Σ_t (1 - 2π_t(y) + Σ_v π_v²), computed from the logits."""
-  cfg = rl.RLConfig(advantage="optimal_baseline")
+  cfg = spec.RLConfig(advantage="optimal_baseline")
   batch, rewards_N, _ = _prepare(cfg, tiny_params, rollouts, tiny_model_fn)
   full = logprobs.completion_logprobs(
     tiny_params,
@@ -182,9 +186,9 @@ def test_optimal_baseline_gets_score_norms_from_prepare(rollouts, tiny_model_fn,
 
 def test_features_needing_the_old_distribution_require_recompute():
   with pytest.raises(ValueError, match="recompute_old_logp=True"):
-    rl.RLConfig(advantage="optimal_baseline", recompute_old_logp=False)
+    spec.RLConfig(advantage="optimal_baseline", recompute_old_logp=False)
   with pytest.raises(ValueError, match="'entropy' negative_token_filter"):
-    rl.RLConfig(
+    spec.RLConfig(
       token_masks=("negative_token_filter",),
       mask_options={"negative_token_filter": {"criteria": ("entropy",)}},
       recompute_old_logp=False,
@@ -197,16 +201,16 @@ def test_features_needing_the_old_distribution_require_recompute():
 
 
 def _sgd_step(cfg, model_fn, **kw):
-  return rl.make_train_step(cfg, model_fn, optax.sgd(0.1), donate=False, **kw)
+  return learner.make_train_step(cfg, model_fn, optax.sgd(0.1), donate=False, **kw)
 
 
 def test_on_policy_first_step_has_ratio_one_and_documented_metrics(
   rollouts, tiny_model_fn, tiny_params
 ):
-  cfg = rl.RLConfig(eps_high=0.28)
+  cfg = spec.RLConfig(eps_high=0.28)
   batch, _, _ = _prepare(cfg, tiny_params, rollouts, tiny_model_fn)
   step = _sgd_step(cfg, tiny_model_fn, token_outputs=True)
-  state = rl.init_state(tiny_params, optax.sgd(0.1))
+  state = spec.init_state(tiny_params, optax.sgd(0.1))
   new_state, m = step(state, batch, cfg.step_hyper())
   assert float(m["ratio_mean"]) == pytest.approx(1.0, abs=1e-5)
   assert float(m["ppo_kl"]) == pytest.approx(0.0, abs=1e-5)
@@ -230,11 +234,11 @@ def test_on_policy_first_step_has_ratio_one_and_documented_metrics(
 def test_nonfinite_step_is_skipped_and_counted(where, rollouts, tiny_model_fn, tiny_params):
   """A NaN in the loss (via A) or only in the gradient path leaves params and Adam state
   untouched and reports nonfinite = 1; the next finite step applies normally."""
-  cfg = rl.RLConfig()
+  cfg = spec.RLConfig()
   batch, _, _ = _prepare(cfg, tiny_params, rollouts, tiny_model_fn)
   opt = optax.adam(1e-2)
-  step = rl.make_train_step(cfg, tiny_model_fn, opt, donate=False)
-  state = rl.init_state(tiny_params, opt)
+  step = learner.make_train_step(cfg, tiny_model_fn, opt, donate=False)
+  state = spec.init_state(tiny_params, opt)
   state, m = step(state, batch, cfg.step_hyper())  # One good step: non-trivial Adam moments.
   assert float(m["nonfinite"]) == 0.0
   field = {"adv": "adv_NT", "old_logp": "old_logp_NT"}[where]
@@ -265,10 +269,10 @@ def test_micro_batching_does_not_change_the_update(
   aggregation, rollouts, tiny_model_fn, tiny_params
 ):
   """Four micro-batches give the same SGD update as one (weights are mini-batch wide)."""
-  base = rl.RLConfig(aggregation=aggregation, eps_low=0.01, eps_high=0.01, entropy_coef=0.01)
+  base = spec.RLConfig(aggregation=aggregation, eps_low=0.01, eps_high=0.01, entropy_coef=0.01)
   batch, _, _ = _prepare(base, tiny_params, rollouts, tiny_model_fn)
   moved, _ = _sgd_step(base, tiny_model_fn)(
-    rl.init_state(tiny_params, optax.sgd(1.0)), batch, base.step_hyper()
+    spec.init_state(tiny_params, optax.sgd(1.0)), batch, base.step_hyper()
   )
   out = {}
   for k in (1, 4):
@@ -288,11 +292,11 @@ def test_micro_batches_are_strided_and_token_outputs_come_back_in_row_order(
   """Micro-batch k holds rows k, k + K, ... (each slice keeps the rows' data-parallel
   split); the per-token outputs are reassembled in the mini-batch's own row order."""
   x = np.arange(12).reshape(6, 2)
-  np.testing.assert_array_equal(rl._split(x, 3)[1], x[[1, 4]])
-  np.testing.assert_array_equal(rl._unsplit(rl._split(x, 3)), x)
-  base = rl.RLConfig(eps_low=0.01, eps_high=0.01)
+  np.testing.assert_array_equal(learner._split(x, 3)[1], x[[1, 4]])
+  np.testing.assert_array_equal(learner._unsplit(learner._split(x, 3)), x)
+  base = spec.RLConfig(eps_low=0.01, eps_high=0.01)
   batch, _, _ = _prepare(base, tiny_params, rollouts, tiny_model_fn)
-  state = rl.init_state(tiny_params, optax.sgd(1.0))
+  state = spec.init_state(tiny_params, optax.sgd(1.0))
   moved, _ = _sgd_step(base, tiny_model_fn)(state, batch, base.step_hyper())
   tok = {}
   for k in (1, 4):
@@ -305,11 +309,11 @@ def test_micro_batches_are_strided_and_token_outputs_come_back_in_row_order(
 
 
 def test_changing_hyperparameters_does_not_recompile(rollouts, tiny_model_fn, tiny_params):
-  cfg = rl.RLConfig(kl_coef=0.05, entropy_coef=0.0)
+  cfg = spec.RLConfig(kl_coef=0.05, entropy_coef=0.0)
   ref = jax.tree.map(lambda x: x * 0.95, tiny_params)
   batch, _, _ = _prepare(cfg, tiny_params, rollouts, tiny_model_fn, ref_params=ref)
   step = _sgd_step(cfg, tiny_model_fn)
-  state = rl.init_state(tiny_params, optax.sgd(0.1))
+  state = spec.init_state(tiny_params, optax.sgd(0.1))
   losses_seen = []
   for eps, kl, ent in [(0.2, 0.05, 0.0), (0.1, 0.5, 0.01), (0.3, 0.0, 0.1)]:
     h = dataclasses.replace(cfg, eps_low=eps, eps_high=eps, kl_coef=kl, entropy_coef=ent)
@@ -322,10 +326,10 @@ def test_changing_hyperparameters_does_not_recompile(rollouts, tiny_model_fn, ti
 def test_repeated_steps_raise_positive_and_lower_negative_logprobs(
   rollouts, tiny_model_fn, tiny_params
 ):
-  cfg = rl.RLConfig(advantage="dr_grpo", aggregation="token_mean", eps_low=10.0, eps_high=10.0)
+  cfg = spec.RLConfig(advantage="dr_grpo", aggregation="token_mean", eps_low=10.0, eps_high=10.0)
   batch, _, _ = _prepare(cfg, tiny_params, rollouts, tiny_model_fn)
   step = _sgd_step(cfg, tiny_model_fn)
-  state = rl.init_state(tiny_params, optax.sgd(1.0))
+  state = spec.init_state(tiny_params, optax.sgd(1.0))
   for _ in range(5):
     state, _ = step(state, batch, cfg.step_hyper())
   after, _ = logprobs.completion_logprobs(
@@ -349,12 +353,12 @@ def test_repeated_steps_raise_positive_and_lower_negative_logprobs(
 def test_update_runs_epochs_times_minibatches_with_whole_groups(
   rollouts, tiny_model_fn, tiny_params
 ):
-  cfg = rl.RLConfig(planner="query_preserved", num_minibatches=2, ppo_epochs=2)
+  cfg = spec.RLConfig(planner="query_preserved", num_minibatches=2, ppo_epochs=2)
   batch, _, _ = _prepare(cfg, tiny_params, rollouts, tiny_model_fn)
-  update = rl.make_update(
+  update = learner.make_update(
     cfg, tiny_model_fn, optax.sgd(0.1), batch_size=N, group_size=G, donate=False
   )
-  state = rl.init_state(tiny_params, optax.sgd(0.1))
+  state = spec.init_state(tiny_params, optax.sgd(0.1))
   new, idx_EMb, history = update(state, batch, jax.random.key(0), cfg.step_hyper())
   assert idx_EMb.shape == (2, 2, N // 2) and int(new.step) == 4
   assert all(v.shape == (4,) for v in history.values())  # Stacked over E·M steps.
@@ -370,7 +374,7 @@ def test_update_runs_epochs_times_minibatches_with_whole_groups(
   # The scan is the loop of train steps over the plan's mini-batches, step for step.
   step = _sgd_step(cfg, tiny_model_fn)
   for s, idx_b in enumerate(np.asarray(idx_EMb).reshape(4, -1)):
-    state, metrics = step(state, rl.gather(batch, idx_b), cfg.step_hyper())
+    state, metrics = step(state, learner.gather(batch, idx_b), cfg.step_hyper())
     assert float(metrics["loss"]) == pytest.approx(float(history["loss"][s]), rel=1e-5, abs=1e-7)
   for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(new.params), strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -379,12 +383,14 @@ def test_update_runs_epochs_times_minibatches_with_whole_groups(
 def test_validate_batch_errors():
   ok_ids = np.repeat(np.arange(4), 4)
   with pytest.raises(ValueError, match="rows \\[2\\]"):
-    rl.validate_batch(rewards_N=[1.0, 0.0, np.nan, 1.0], group_ids_N=ok_ids[:4] * 0, group_size=4)
+    guards.validate_batch(
+      rewards_N=[1.0, 0.0, np.nan, 1.0], group_ids_N=ok_ids[:4] * 0, group_size=4
+    )
   with pytest.raises(ValueError, match="inconsistent"):
-    rl.validate_batch(rewards_N=np.zeros(16), group_ids_N=np.r_[ok_ids[:-1], 0], group_size=4)
+    guards.validate_batch(rewards_N=np.zeros(16), group_ids_N=np.r_[ok_ids[:-1], 0], group_size=4)
   with pytest.raises(ValueError, match="group count"):
-    rl.make_plan_fn(
-      rl.RLConfig(planner="query_preserved", num_minibatches=8), batch_size=16, group_size=4
+    learner.make_plan_fn(
+      spec.RLConfig(planner="query_preserved", num_minibatches=8), batch_size=16, group_size=4
     )
 
 
@@ -399,13 +405,17 @@ def test_trained_rows_by_policy_pinned():
   g = jnp.array([0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 4])
   scorable = jnp.array([1, 1, 1, 1, 0, 1, 0, 1, 0, 0, 1], bool)
   keep = jnp.array([1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0], bool)
-  rows = lambda policy: np.asarray(rl.trained_rows(scorable, keep, g, policy=policy)).astype(int)
+  rows = lambda policy: np.asarray(
+    preparation.trained_rows(scorable, keep, g, policy=policy)
+  ).astype(int)
   # mask: failed rows out; group 2 keeps one scorable row (< 2): out too.
   np.testing.assert_array_equal(rows("mask"), [1, 1, 1, 1, 0, 1, 0, 0, 0, 0, 0])
   np.testing.assert_array_equal(rows("drop_group"), [1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0])
   np.testing.assert_array_equal(rows("zero"), [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0])
   # A group of one (G = 1 training) that scored is kept under "mask".
-  one = rl.trained_rows(jnp.array([True]), jnp.array([True]), jnp.array([0]), policy="mask")
+  one = preparation.trained_rows(
+    jnp.array([True]), jnp.array([True]), jnp.array([0]), policy="mask"
+  )
   assert bool(one[0])
 
 
@@ -414,14 +424,16 @@ def test_unscorable_rows_get_no_loss_and_no_say_in_their_group(
 ):
   """A failed row scored 0 pushes its group's correct answers up (zero) or is left out
   (mask): the other rows' advantages then equal those of the group without it."""
-  cfg = rl.RLConfig(advantage="dr_grpo")
-  lp = rl.rollout_logprobs(tiny_params, None, rollouts, cfg=cfg, model_fn=tiny_model_fn)
+  cfg = spec.RLConfig(advantage="dr_grpo")
+  lp = preparation.rollout_logprobs(tiny_params, None, rollouts, cfg=cfg, model_fn=tiny_model_fn)
   correct = jnp.asarray(np.tile([1.0, 0.0, 0.0, 0.0], N // 4), jnp.float32)  # Row 1: failed.
   scorable = jnp.asarray(np.tile([True, False, True, True], N // 4))
   hyper = cfg.prepare_hyper(max_new_tokens=rollouts.tokens_NT.shape[1])
   zero = dataclasses.replace(cfg, unscorable="zero")
-  mask, _, m_mask = rl.finish_prepare(lp, rollouts, correct, correct * 0, hyper, scorable, cfg=cfg)
-  zeroed, _, m_zero = rl.finish_prepare(
+  mask, _, m_mask = preparation.finish_prepare(
+    lp, rollouts, correct, correct * 0, hyper, scorable, cfg=cfg
+  )
+  zeroed, _, m_zero = preparation.finish_prepare(
     lp, rollouts, correct, correct * 0, hyper, scorable, cfg=zero
   )
   seq = lambda b: np.asarray(advantages.sequence_advantage(b.adv_NT, b.mask_NT))[:4]
@@ -438,12 +450,12 @@ def test_fade_in_the_trainer_counts_a_formatted_wrong_answer_as_a_failure(
   """finish_prepare hands FADE the verifier's verdict (correct_N > 0), not the shaped
   reward: with a format bonus of 0.5, a well-formatted wrong answer (r = 0.5 > 0) still
   gets a failure's (negative) advantage, equal to the other failures'."""
-  cfg = rl.RLConfig(advantage="fade", format_weight=0.5)
-  lp = rl.rollout_logprobs(tiny_params, None, rollouts, cfg=cfg, model_fn=tiny_model_fn)
+  cfg = spec.RLConfig(advantage="fade", format_weight=0.5)
+  lp = preparation.rollout_logprobs(tiny_params, None, rollouts, cfg=cfg, model_fn=tiny_model_fn)
   correct = jnp.asarray(np.tile([1.0, 0.0, 0.0, 0.0], N // 4), jnp.float32)
   formatted = jnp.asarray(np.tile([1.0, 1.0, 0.0, 0.0], N // 4), jnp.float32)  # Row 1: wrong.
   hyper = cfg.prepare_hyper(max_new_tokens=rollouts.tokens_NT.shape[1])
-  batch, rewards_N, _ = rl.finish_prepare(lp, rollouts, correct, formatted, hyper, cfg=cfg)
+  batch, rewards_N, _ = preparation.finish_prepare(lp, rollouts, correct, formatted, hyper, cfg=cfg)
   assert float(rewards_N[1]) == 0.5  # The shaped reward of the formatted wrong answer.
   seq = np.asarray(advantages.sequence_advantage(batch.adv_NT, batch.mask_NT))[:4]
   f = (3 / 16 + 1e-6) ** -0.5  # p = 1/4 from the verdicts (the shaped rewards say 1/2).

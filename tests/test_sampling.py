@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import logprobs, model, sampling
+from grpo_jax.models import logprobs, model, sampling
 
 # ----------------------------------------------------------------------------
 # A fake deterministic model: the next token is (token + 1) % V, with a margin of

@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from grpo_jax import sandbox
-from grpo_jax.sandbox import channel, runner, values
+from grpo_jax.verifiers import sandbox
+from grpo_jax.verifiers.sandbox import channel, runner, values
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FAST = sandbox.Limits(timeout_s=2.0)
@@ -766,7 +766,7 @@ def test_fallback_kills_the_process_group_at_the_timeout(monkeypatch):
 
 _CALLER = """
 import sys
-from grpo_jax import sandbox
+from grpo_jax.verifiers import sandbox
 marker, isolation = sys.stdin.read().split()
 code = (
   "import os, time\\n"
@@ -891,7 +891,7 @@ def test_an_enormous_forged_result_is_not_parsed(attack, monkeypatch):
 _PREFIX_PROBE = """
 import json, os, sys
 sys.path[:0] = {paths!r}
-from grpo_jax import sandbox
+from grpo_jax.verifiers import sandbox
 from grpo_jax.tasks import code as code_task
 problems = {problems!r}
 out = {{"base_prefix": sys.base_prefix, "check": sandbox.check("auto"),
@@ -981,7 +981,7 @@ def test_an_install_into_a_base_prefix_under_tmp_hides_the_problems_and_isolates
 
 
 def test_a_task_refuses_to_run_when_its_problems_would_be_visible(tmp_path, monkeypatch):
-  from grpo_jax.sandbox import layout
+  from grpo_jax.verifiers.sandbox import layout
 
   problems = tmp_path / "problems.jsonl"
   problems.write_bytes((ROOT / "grpo_jax/data/code_problems.jsonl").read_bytes())
@@ -1000,7 +1000,7 @@ def test_a_task_refuses_to_run_when_its_problems_would_be_visible(tmp_path, monk
 
 
 def test_the_seccomp_filter_refuses_what_a_pure_function_never_needs():
-  from grpo_jax.sandbox import seccomp
+  from grpo_jax.verifiers.sandbox import seccomp
 
   for machine, (arch, numbers, x32) in seccomp.MACHINES.items():
     prog = seccomp.program(machine)
@@ -1100,7 +1100,7 @@ def hold(n, mb):
 
 
 def test_the_whole_sandbox_has_one_memory_budget():
-  from grpo_jax.sandbox import cgroup
+  from grpo_jax.verifiers.sandbox import cgroup
 
   assert sandbox.Limits().processes_for(grouped=False) == 4
   assert sandbox.Limits().processes_for(grouped=True) == 16
@@ -1133,7 +1133,7 @@ def test_a_cgroup_v1_run_is_joined_by_the_harness_itself(tmp_path, monkeypatch):
   "0" to each group's tasks file itself, before anything else. (That the code then runs
   inside the real groups, where this machine has them: the memory-budget test above
   fails without the join.)"""
-  from grpo_jax.sandbox import cgroup
+  from grpo_jax.verifiers.sandbox import cgroup
 
   interface = ("cgroup.procs", "tasks", "memory.limit_in_bytes", "memory.oom_control",
                "pids.max")  # fmt: skip
@@ -1166,7 +1166,7 @@ def test_pending_groups_are_removed_once_when_runs_end_on_many_threads(tmp_path,
   """Runs start on the reward pool's threads, and each start retries the groups left
   pending by earlier runs: two threads must never both remove one (CI once saw
   `list.remove(x): x not in list` from that race). rmdir is slowed to widen the window."""
-  from grpo_jax.sandbox import cgroup
+  from grpo_jax.verifiers.sandbox import cgroup
 
   groups = [tmp_path / f"run-{i}" for i in range(40)]
   for g in groups:
@@ -1201,7 +1201,7 @@ def test_pending_groups_are_removed_once_when_runs_end_on_many_threads(tmp_path,
 def test_a_cgroup_v2_hierarchy_gets_the_whole_budget(tmp_path, monkeypatch):
   # cgroup v2 on a fake tree (this machine may only have v1): where the runs' parent
   # goes, what each run's group is limited to, how an OOM kill is read.
-  from grpo_jax.sandbox import cgroup
+  from grpo_jax.verifiers.sandbox import cgroup
 
   interface = ("cgroup.procs", "cgroup.kill", "memory.max", "memory.swap.max", "pids.max",
                "memory.events", "cgroup.controllers", "cgroup.subtree_control")  # fmt: skip

@@ -3,16 +3,15 @@
 
 import json
 import pathlib
-import sys
 
 import jax
 import numpy as np
 import pytest
 
-from grpo_jax import config, model, sharding
+from grpo_jax import build, config
+from grpo_jax.models import model, sharding
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 import mesh_run  # noqa: E402
 import subproc  # noqa: E402
 
@@ -51,29 +50,29 @@ def test_trainer_refuses_a_mesh_for_other_devices_and_indivisible_batches(monkey
   c = mesh_run.make_config((1, 1, 1))
   c.mesh.update(data=2, fsdp=1, tensor=1)
   with pytest.raises(ValueError, match="mesh .* has 2 devices but there are 1"):
-    config.build(c)
+    build.build(c)
   monkeypatch.setattr(config.jax, "device_count", lambda: 8)  # Checked before any mesh exists.
   c.mesh.update(data=8)
-  config.build(c)  # 32 rollout rows, mini-batches of 16.
+  build.build(c)  # 32 rollout rows, mini-batches of 16.
   c.rl.num_minibatches = 8
   with pytest.raises(ValueError, match=r"a mini-batch .* has 4 rows, not divisible .* = 8"):
-    config.build(c)
+    build.build(c)
   c.rl.num_minibatches, c.rl.micro_batches = 1, 8  # Micro-batches of 4 rows on 8 devices.
   with pytest.raises(ValueError, match=r"a micro-batch .* has 4 rows, not divisible .* = 8"):
-    config.build(c)
+    build.build(c)
   c.rl.micro_batches, c.mesh.data = 1, 1
   c.mesh.fsdp = 32
   with pytest.raises(ValueError, match="mesh .* has 32 devices but there are 8"):
-    config.build(c)
+    build.build(c)
   c.mesh.update(data=-1, fsdp=1)
   c.prompts_per_step = 1  # 4 rollout rows on 8 data-parallel devices.
   with pytest.raises(ValueError, match=r"the rollout batch .* has 4 rows, not divisible"):
-    config.build(c)
+    build.build(c)
 
 
 def test_single_device_params_carry_the_rules_specs():
   c = mesh_run.make_config((1, 1, 1))
-  setup = config.build(c)
+  setup = build.build(c)
   layout = sharding.Layout.create(setup.mesh_cfg)
   shardings = sharding.param_shardings(layout, setup.model_cfg)
   q = shardings["layer_0"]["attn"]["q"]["kernel"]

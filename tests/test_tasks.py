@@ -3,7 +3,9 @@ import itertools
 
 import pytest
 
-from grpo_jax import registry, tasks, tokenizers
+from grpo_jax import tasks
+from grpo_jax.infra import registry
+from grpo_jax.models import tokenizers
 from grpo_jax.tasks import arithmetic, countdown, expr
 
 

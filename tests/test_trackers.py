@@ -12,7 +12,8 @@ import pytest
 import runs  # tests/ is on sys.path (conftest).
 from mlflow import tracking as mlflow_tracking
 
-from grpo_jax import config, config_lib, logs, metrics, trackers
+from grpo_jax import build
+from grpo_jax.infra import config_lib, logs, metrics, trackers
 
 
 def test_mlflow_names_by_hand():
@@ -45,7 +46,7 @@ def test_bad_logging_options_are_one_clear_error(logging, message):
   with c.unlocked():
     c.logging = {**c.logging.to_dict(), **logging}
   with pytest.raises(config_lib.ConfigError, match=message) as e:
-    config.build(c)
+    build.build(c)
   assert "\n" not in str(e.value)
 
 

@@ -8,29 +8,20 @@ import pathlib
 import signal
 import sys
 
+import arithmetic
+import fault_tasks  # noqa: F401
 import jax
 import numpy as np
 import pytest
+import runs
+import subproc
+import tb_events
 
-from grpo_jax import (
-  checkpoint,
-  config,
-  metrics,
-  model,
-  rewards,
-  rl,
-  rollout,
-  steps,
-  train,
-)
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "configs"))
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import arithmetic  # noqa: E402
-import fault_tasks  # noqa: E402, F401 -- registers the misbehaving test tasks.
-import runs  # noqa: E402
-import subproc  # noqa: E402
-import tb_events  # noqa: E402
+from grpo_jax import build, config, rollout, steps, train
+from grpo_jax.infra import checkpoint, metrics
+from grpo_jax.models import model
+from grpo_jax.rl import guards, preparation
+from grpo_jax.verifiers import reward_pool, verdicts
 
 
 def _tiny(**loop):
@@ -174,7 +165,7 @@ def test_nonfinite_steps_are_skipped_counted_and_stop_the_run(monkeypatch, tmp_p
 
   monkeypatch.setattr(steps, "functions", poisoned_functions)
   c = _tiny(max_nonfinite_steps=3, checkpoint_every=1)  # Two train steps per iteration.
-  with pytest.raises(rl.NonFiniteError, match="3 consecutive train steps"):
+  with pytest.raises(guards.NonFiniteError, match="3 consecutive train steps"):
     train.run(c, tmp_path, log=lambda _: None)
   lines = runs.lines(tmp_path)
   assert lines[1]["nonfinite_steps"] == 0
@@ -202,7 +193,7 @@ def test_reward_exceptions_and_hangs_are_counted_and_training_continues(tmp_path
 def test_a_verifier_that_fails_on_every_row_stops_the_run(tmp_path):
   c = _tiny(iterations=2, eval_samples=0)
   c.task.name = "broken_arithmetic"
-  with pytest.raises(rewards.RewardFailure, match=r"failed on 8 of 8 items .*KeyError"):
+  with pytest.raises(verdicts.RewardFailure, match=r"failed on 8 of 8 items .*KeyError"):
     train.run(c, tmp_path, log=lambda _: None)
 
 
@@ -219,7 +210,7 @@ def test_dynamic_sampling_keeps_shapes_static_and_counts_what_it_drops(tmp_path)
     assert fill == 0 or gen == 3  # Masked fill only once the cap is reached.
     # The zero-variance groups in the trained batch are exactly the masked fill groups.
     assert x["zero_var_groups"] * B == pytest.approx(fill)
-  fns = steps.functions(config.build(c))
+  fns = steps.functions(build.build(c))
   assert fns.update._cache_size() == 1  # One compile: the batch shape never changed.
   assert fns.logprobs._cache_size() == 1 and fns.finish._cache_size() == 1
 
@@ -228,7 +219,7 @@ class _OrderPool:
   """A reward pool that records, when scoring starts, whether the forwards were dispatched."""
 
   def __init__(self, task, calls):
-    self.inline, self.calls = rewards.RewardPool(task, workers=0), calls
+    self.inline, self.calls = reward_pool.RewardPool(task, workers=0), calls
 
   def score(self, prompts, completions):
     self.calls.append("score")
@@ -239,7 +230,7 @@ class _OrderPool:
 def test_log_prob_forwards_are_dispatched_before_rewards_are_scored(dynamic):
   c = _tiny()
   c.rl.update(dynamic_sampling=dynamic, max_gen_batches=2)
-  setup = config.build(c)
+  setup = build.build(c)
   fns = steps.functions(setup)
   calls = []
 
@@ -262,9 +253,9 @@ def test_log_prob_forwards_are_dispatched_before_rewards_are_scored(dynamic):
     assert calls[-1] == "logprobs" and calls.count("logprobs") == 1
   else:
     assert calls == ["logprobs", "score"]
-  # The dispatched forwards are the ones `rl.prepare` computes in one function.
+  # The dispatched forwards are the ones `preparation.prepare` computes in one function.
   hyper = setup.rl_cfg.prepare_hyper(max_new_tokens=setup.sampler_cfg.max_new_tokens)
-  fused, _, _ = rl.make_prepare(setup.rl_cfg, fns.model_fn)(
+  fused, _, _ = preparation.make_prepare(setup.rl_cfg, fns.model_fn)(
     params, params, rollouts, correct, fmt, hyper
   )
   np.testing.assert_allclose(lp.old_logp_NT, fused.old_logp_NT, rtol=1e-6, atol=1e-6)
@@ -283,7 +274,7 @@ def test_bad_loop_values_fail_before_compiling(key, value, match):
   c = _tiny()
   c[key] = value
   with pytest.raises(ValueError, match=match):
-    config.build(c)
+    build.build(c)
 
 
 def test_unknown_keys_and_inconsistent_batches_are_refused():
@@ -291,18 +282,18 @@ def test_unknown_keys_and_inconsistent_batches_are_refused():
   c.unlock()
   c.iteratons = 3
   with pytest.raises(ValueError, match="unknown LoopConfig keys \\['iteratons'\\]"):
-    config.build(c)
+    build.build(c)
   c = _tiny()
   c.rl.num_minibatches = 3  # 16 rows do not split into 3 mini-batches.
   with pytest.raises(ValueError, match="num_minibatches=3 does not divide"):
-    config.build(c)
+    build.build(c)
 
 
 def test_nonfinite_counting():
-  assert rl.count_nonfinite([False, True, True], 0, limit=3, where="it 1") == (2, 2)
-  assert rl.count_nonfinite([True, False], 1, limit=3, where="it 1") == (1, 0)
-  with pytest.raises(rl.NonFiniteError, match=r"3 consecutive.*\(it 7\)"):
-    rl.count_nonfinite([True, True], 1, limit=3, where="it 7")
+  assert guards.count_nonfinite([False, True, True], 0, limit=3, where="it 1") == (2, 2)
+  assert guards.count_nonfinite([True, False], 1, limit=3, where="it 1") == (1, 0)
+  with pytest.raises(guards.NonFiniteError, match=r"3 consecutive.*\(it 7\)"):
+    guards.count_nonfinite([True, True], 1, limit=3, where="it 7")
 
 
 def _cli(*args, cwd):

@@ -3,13 +3,11 @@
 import collections
 import json
 import pathlib
-import sys
 
 import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "experiments"))
 import bench_verifier  # noqa: E402
 
 CATEGORIES = {

@@ -16,7 +16,9 @@ import pathlib
 import sys
 import tempfile
 
-from grpo_jax import advantages, cli, config_lib, train
+from grpo_jax import cli, train
+from grpo_jax.infra import config_lib
+from grpo_jax.rl import advantages
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import aggregation
+from grpo_jax.rl import aggregation
 
 
 def coefficients(adv_BT, w_BT, mask_BT):

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import model as model_lib
+from grpo_jax.models import model as model_lib
 
 HI = jax.lax.Precision.HIGHEST
 DEFAULT_CONF_EDGES = (0.0, 0.1, 0.5, 0.9, 1.0)

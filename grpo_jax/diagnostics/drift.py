@@ -39,7 +39,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import logprobs, losses
+from grpo_jax.models import logprobs
+from grpo_jax.rl import losses
 
 
 def pad_references(

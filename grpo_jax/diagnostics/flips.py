@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import tokenizers
+from grpo_jax.models import tokenizers
 
 POLARITIES = ("pos", "neg", "all")  # ā > 0, ā < 0, every row (ā = 0 rows only in "all").
 STATES = ("boosted", "suppressed", "unchanged")

@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from grpo_jax import logprobs
-from grpo_jax import model as model_lib
+from grpo_jax.models import logprobs
+from grpo_jax.models import model as model_lib
 
 PROJECTIONS = ("gaussian", "countsketch")
 

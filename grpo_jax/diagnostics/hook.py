@@ -33,7 +33,7 @@ What runs, and when (iteration k of `train.run`):
   sampled probe tokens, boosted vs suppressed; expensive).
 
 The metrics join that iteration's metrics.jsonl line and TensorBoard step (definitions:
-`report.DEFINITIONS`, resolved by `grpo_jax.metrics.definition`), with `time/diagnostics`,
+`report.DEFINITIONS`, resolved by `grpo_jax.infra.metrics.definition`), with `time/diagnostics`,
 the seconds they took. The jitted pieces are built once per model config and reused.
 
 Cost: about 6 forwards of the probe batch (probe_prompts × G rows) plus the reference
@@ -59,16 +59,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import (
-  checkpoint,
-  distributed,
-  logprobs,
-  logs,
-  sampling,
-  tokenizers,
-)
-from grpo_jax import model as model_lib
 from grpo_jax.diagnostics import cancellation, coupling, drift, flips, grads, rank, report, value
+from grpo_jax.infra import checkpoint, distributed, logs
+from grpo_jax.models import logprobs, sampling, tokenizers
+from grpo_jax.models import model as model_lib
 
 # Template/format tokens of a non-toy tokenizer: whitespace, punctuation, <|markers|>, \boxed.
 TEMPLATE_PATTERNS = (r"^\s*$", r"^\s*[\W_]+\s*$", r"<\|?[\w/]+\|?>", r"\\boxed")

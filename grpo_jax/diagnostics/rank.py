@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import advantages
+from grpo_jax.rl import advantages
 
 ENERGY_LEVELS = (0.9, 0.95, 0.99)
 # Relative slack when comparing cumulative energy with q·total, so that a cut exactly on a

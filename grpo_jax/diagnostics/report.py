@@ -5,7 +5,7 @@
   ... train steps ...                                      # update,
   metrics = report.token_credit_report(before, state.params, probe, model_cfg=..., ...)
 
-Every key it emits is defined in `grpo_jax.metrics.DEFINITIONS` (`metrics.definition`).
+Every key it emits is defined in `grpo_jax.infra.metrics.DEFINITIONS` (`metrics.definition`).
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import advantages, logprobs, losses
-from grpo_jax import model as model_lib
 from grpo_jax.diagnostics import cancellation, coupling, drift, flips
+from grpo_jax.models import logprobs
+from grpo_jax.models import model as model_lib
+from grpo_jax.rl import advantages, losses
 
 
 @flax.struct.dataclass
@@ -197,7 +198,7 @@ def token_credit_report(
 ) -> dict[str, float]:
   """Flip table, cancellation residual, LM-head coupling fit, learning tax, entropy and KL
   for one update (params_before -> params_after) on the probe batch. Host; returns a
-  flat metrics dict (keys defined in `grpo_jax.metrics.DEFINITIONS`).
+  flat metrics dict (keys defined in `grpo_jax.infra.metrics.DEFINITIONS`).
 
   Measured Δ = log π_after − log π_before on the probe tokens. The coupling fit compares
   it with (a) the SGD first-order prediction on the LM-head block, η = sgd_lr, c = w·A

@@ -28,8 +28,8 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
-from grpo_jax import sampling
 from grpo_jax.diagnostics import flips
+from grpo_jax.models import sampling
 
 
 def build_prefixes(

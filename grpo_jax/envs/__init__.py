@@ -7,8 +7,8 @@
 "code": run the code on the visible tests and revise, then answer (the "code" task).
 """
 
-from grpo_jax import registry
 from grpo_jax.envs import calculator, code
+from grpo_jax.infra import registry
 
 REGISTRY = registry.Registry("environment")
 REGISTRY.register("calculator")(calculator.Calculator)

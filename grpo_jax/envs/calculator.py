@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import re
 
-from grpo_jax import episodes
+from grpo_jax.envs import base
 from grpo_jax.tasks import expr
 
 _CALL = re.compile(r"^T:(.+)=$")
 _ANSWER = re.compile(r"^A:(-?\d+)\.$")
 
 
-class Calculator(episodes.Environment):
+class Calculator(base.Environment):
   stop_text = ("=",)
 
   def __init__(self, *, tokenizer):
@@ -41,11 +41,11 @@ class Calculator(episodes.Environment):
       return "?;"
     return f"{value.numerator};" if value.denominator == 1 else "?;"
 
-  def step(self, action: str) -> episodes.Step:
+  def step(self, action: str) -> base.Step:
     call = _CALL.match(action)
     if call:
-      return episodes.Step(observation=tuple(self.tokenizer.encode(self.calculate(call.group(1)))))
+      return base.Step(observation=tuple(self.tokenizer.encode(self.calculate(call.group(1)))))
     answer = _ANSWER.match(action)
-    return episodes.Step(
+    return base.Step(
       reward=float(answer is not None and int(answer.group(1)) == self.answer), done=True
     )

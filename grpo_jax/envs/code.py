@@ -24,7 +24,7 @@ value, an exception, a timeout, a MemoryError, a crash: the sandbox's rule, so f
 loudly never beats failing) or "no_code", done. An answer with no code of its own (e.g. a
 bare EOS after a run that passed) submits the last code sent to a run (a run turn with
 code, within max_runs). When the sandbox itself could not run the final code (it failed
-to start), nothing is known about it: `step` raises `rewards.Unscorable`, so the episode
+to start), nothing is known about it: `step` raises `verdicts.Unscorable`, so the episode
 ends with "env_error" and the row is unscorable (the episode loop's convention: counted
 in reward_errors, never as a wrong answer). `outcome` keeps the final verdict ("pass",
 "fail", "no_code", "could_not_run") and `cause` its cause (`tasks.code.OUTCOMES`).
@@ -69,8 +69,9 @@ import ast
 import dataclasses
 import json
 
-from grpo_jax import episodes, rewards, sandbox
+from grpo_jax.envs import base
 from grpo_jax.tasks import code as code_task
+from grpo_jax.verifiers import sandbox, verdicts
 
 RUN_TEXT = "$"
 NO_RUNS_LEFT = "no runs left; give your final answer"
@@ -132,7 +133,7 @@ def clip(text: str, max_chars: int) -> str:
   return text if len(text) <= max_chars else text[: max_chars - 3] + "..."
 
 
-class CodeRunner(episodes.Environment):
+class CodeRunner(base.Environment):
   """Run turns on the visible tests, then a final answer on all tests (module docstring)."""
 
   stop_text = (RUN_TEXT,)
@@ -168,14 +169,14 @@ class CodeRunner(episodes.Environment):
     self.runs, self.last_run, self.outcome, self.cause = 0, "", "", ""
     return ()  # The prompt states the problem and its visible tests.
 
-  def step(self, action: str) -> episodes.Step:
+  def step(self, action: str) -> base.Step:
     if self.problem is None:
       raise RuntimeError("code environment: step() before reset().")
     if self.outcome:
       raise RuntimeError(f"code environment: the episode is over (answer: {self.outcome}).")
     if action.endswith(RUN_TEXT):
-      return episodes.Step(observation=self.observe(self.run(action[: -len(RUN_TEXT)])))
-    return episodes.Step(reward=self.answer(action), done=True)
+      return base.Step(observation=self.observe(self.run(action[: -len(RUN_TEXT)])))
+    return base.Step(reward=self.answer(action), done=True)
 
   def run(self, text: str) -> str:
     """A run turn's message: the code in `text` on the visible tests."""
@@ -202,7 +203,7 @@ class CodeRunner(episodes.Environment):
 
   def answer(self, action: str) -> float:
     """The final answer's reward on all tests (the last run's code when it has none);
-    raises rewards.Unscorable when its tests could not run."""
+    raises verdicts.Unscorable when its tests could not run."""
     p = self.problem
     text = action
     if self.last_run and code_task.extract_code(action, entry_point=p.entry_point) is None:
@@ -212,7 +213,7 @@ class CodeRunner(episodes.Environment):
     self.label = got.cause
     if self.outcome == "could_not_run":
       message = f"code {p.id}: could not run the tests: {got.detail}"
-      raise rewards.Unscorable(message, label=got.cause)
+      raise verdicts.Unscorable(message, label=got.cause)
     return float(self.outcome == "pass")
 
   def observe(self, message: str) -> tuple[int, ...]:

@@ -10,7 +10,7 @@ Generated problems for a pretrained chat model (its tokenizer and chat template)
 "word_problems" (English arithmetic stories, verified by `math_verify`).
 """
 
-from grpo_jax import registry
+from grpo_jax.infra import registry
 from grpo_jax.tasks import (
   arithmetic,
   calculator,

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from grpo_jax import tokenizers
+from grpo_jax.models import tokenizers
 
 SPLITS = ("train", "test")
 # Every toy task writes prompts and completions in this alphabet, so one tokenizer

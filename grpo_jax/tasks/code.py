@@ -60,11 +60,11 @@ reward worker, not into the prompt. ``judge`` gives the verdict: "pass" (reward 
 "fail" (wrong, reward 0: a wrong value, an exception, a timeout, a MemoryError, a crash
 or a tampered result channel, whatever the code did to end: `sandbox`'s rule; also code
 with a syntax error), "no_code" (reward 0), or "could_not_run" (the sandbox itself failed
-before the code ran): ``reward`` raises ``rewards.Unscorable`` for it, so the trainer
+before the code ran): ``reward`` raises ``verdicts.Unscorable`` for it, so the trainer
 counts it in ``reward_errors``, apart from wrong answers. So failing loudly never beats
 failing: a policy cannot opt out of a zero. ``outcome`` also gives the cause
 (``OUTCOMES``: the sandbox's causes, "no_code" and "syntax"), which ``reward`` carries
-(``rewards.Labeled``) and the trainer logs as ``reward/outcome/<cause>``.
+(``verdicts.Labeled``) and the trainer logs as ``reward/outcome/<cause>``.
 ``format_reward`` is 1 when code can be extracted and parses.
 
 Each call runs one sandbox (about 20 ms, see `sandbox`): ``timeout_s`` is a row's wall
@@ -97,8 +97,9 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from grpo_jax import rewards, sandbox, tokenizers
+from grpo_jax.models import tokenizers
 from grpo_jax.tasks import base
+from grpo_jax.verifiers import sandbox, verdicts
 
 VERDICTS = ("pass", "fail", "could_not_run", "no_code")
 # Why a completion got its reward (`outcome`): the sandbox's causes, and two of our own.
@@ -631,7 +632,7 @@ class CodeTask(base.Task):
   def tokenizer(self):
     if self._tokenizer is None:
       if self.tokenizer_dir:
-        from grpo_jax import hf_tokenizer
+        from grpo_jax.models import hf_tokenizer
 
         self._tokenizer = hf_tokenizer.load(self.tokenizer_dir)
       else:
@@ -703,12 +704,12 @@ class CodeTask(base.Task):
 
   def reward(self, prompt: str, completion: str) -> float:
     """`prompt` is the problem spec here (`reward_input`): 1.0 or 0.0 labelled with the
-    outcome's cause. Raises rewards.Unscorable when the tests could not run."""
+    outcome's cause. Raises verdicts.Unscorable when the tests could not run."""
     got = self.outcome(prompt, completion)
     if got.verdict == "could_not_run":
       message = f"code {_spec(prompt).id}: could not run the tests: {got.detail}"
-      raise rewards.Unscorable(message, label=got.cause)
-    return rewards.Labeled(1.0 if got.verdict == "pass" else 0.0, got.cause)
+      raise verdicts.Unscorable(message, label=got.cause)
+    return verdicts.Labeled(1.0 if got.verdict == "pass" else 0.0, got.cause)
 
   def format_reward(self, prompt: str, completion: str) -> float:
     code = extract_code(completion, entry_point=_spec(prompt).entry_point)

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import pathlib
 
-from grpo_jax import math_verify
 from grpo_jax.tasks import base
+from grpo_jax.verifiers import math_verify
 
 VERIFIERS = ("exact", "math")
 

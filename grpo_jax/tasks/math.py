@@ -43,8 +43,8 @@ import re
 
 import numpy as np
 
-from grpo_jax import math_verify
 from grpo_jax.tasks import base
+from grpo_jax.verifiers import math_verify
 
 DEFAULT_TEMPLATE = (
   "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
@@ -112,7 +112,7 @@ class MathTask(base.Task):
       )
     if "{question}" not in prompt_template:
       raise ValueError(f"prompt_template must contain '{{question}}', got {prompt_template!r}.")
-    from grpo_jax import datasets  # TFDS is imported only when a dataset task is built.
+    from grpo_jax.tasks import datasets
 
     if dataset not in datasets.REGISTRY.names():
       raise ValueError(f"Unknown dataset {dataset!r}; valid: {datasets.REGISTRY.names()}.")
@@ -143,7 +143,7 @@ class MathTask(base.Task):
 
   def tokenizer(self):
     if self._tokenizer is None:
-      from grpo_jax import hf_tokenizer
+      from grpo_jax.models import hf_tokenizer
 
       self._tokenizer = hf_tokenizer.load(self.tokenizer_dir)
     return self._tokenizer
@@ -153,7 +153,7 @@ class MathTask(base.Task):
     if split not in base.SPLITS:
       raise ValueError(f"Unknown split {split!r}; valid splits: {base.SPLITS}.")
     if split not in self._sources:
-      from grpo_jax import datasets
+      from grpo_jax.tasks import datasets
 
       builder = datasets.get(self.dataset, data_dir=self.data_dir, config=self.builder_config)
       datasets.prepare(builder, manual_dir=self.manual_dir)
@@ -198,7 +198,7 @@ class MathTask(base.Task):
     return self.render(f"{question}\n\nA previous attempt was wrong:\n{attempt}\nSolve it again.")
 
   def example(self, split: str, index: int, *, seed: int) -> base.Example:
-    from grpo_jax import datasets
+    from grpo_jax.tasks import datasets
 
     src = self.source(split)
     i = datasets.record_index(index, n=len(src), seed=seed, shuffle=split == "train")

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from grpo_jax import math_verify
 from grpo_jax.tasks import base
+from grpo_jax.verifiers import math_verify
 
 DEFAULT_TEMPLATE = "{question}\nPut the final answer in \\boxed{{}}."
 OPS = "+-*"
@@ -132,7 +132,7 @@ class WordProblems(base.Task):
 
   def tokenizer(self):
     if self._tokenizer is None:
-      from grpo_jax import hf_tokenizer
+      from grpo_jax.models import hf_tokenizer
 
       self._tokenizer = hf_tokenizer.load(self.tokenizer_dir)
     return self._tokenizer

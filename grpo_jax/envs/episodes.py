@@ -1,0 +1,466 @@
+"""Multi-turn episodes: the policy acts, an environment answers, until the episode ends.
+
+    env_cls = envs.get("calculator")
+    runner = episodes.Runner(model_fn=..., init_cache=..., sampler_cfg=...,
+                             cfg=episodes.EpisodeConfig(name="calculator"), tokenizer=tok,
+                             make_env=functools.partial(env_cls, tokenizer=tok), env_cls=env_cls)
+    got = runner.run(params, prompts, examples_B, key, hyper)
+    got.rollouts (Rollouts with action_mask_NT), got.reward_N, got.end_N, got.seconds
+
+An `Environment` (`envs.base`) is a host object per episode: `reset(example)` returns observation tokens
+put in the context before the first action (often none: the prompt already states the
+problem), `step(action_text)` returns a `Step` (observation tokens, reward, done). Strings,
+environments and rewards stay on the host; the jitted pieces map pytrees to pytrees.
+
+One episode is one rollout row: its completion region holds the model's actions and the
+environment's observations in order, [a_1 ; o_1 ; a_2 ; o_2 ; ... ; a_K], right-padded to
+T = sampler.max_new_tokens (the episode's token budget). `mask_NT` marks every token in the
+context (actions and observations: position ids and attention see both, as a single-turn
+sampler would on the concatenated text) and `action_mask_NT` the model's own tokens: only
+those are trained or counted (`rl.action_view`). Group sampling, advantages and planners
+see one row per episode with a sequence reward R_i = Σ_k r_{i,k}, the sum of its steps'
+rewards.
+
+The loop (`Runner.run`), all rows in lockstep turns:
+  1. `start`: the prompts minus their last token are prefilled once per prompt and the
+     cache repeated to the G rows of each group (as `sampling.prefill`); the cache gets a
+     write column per row and `observation_tokens` spare columns.
+  2. `decode_turn` (jitted `lax.while_loop`): every live row samples tokens until it emits
+     a turn-end token (the environment's `stop_text`, or EOS), or `turn_tokens` tokens,
+     or the budget T is spent. Rows not live this turn feed nothing (position −1: their
+     cache and write column stay put).
+  3. On the host: each row's new action tokens are decoded (decode only: the sampled ids
+     stay in the token buffer, never re-encoded) and passed to its environment's `step`.
+  4. `append` (jitted): the observation tokens are written into each row's cache at its own
+     write column, one padded block of `observation_tokens` columns for all rows (pad
+     columns have position −1: invisible, and the write column advances by the row's own
+     count), and into the token buffer with action mask False. The history is never
+     re-encoded: one forward of the new tokens per turn.
+  5. Repeat until every episode ended, at most `max_turns` turns.
+
+Why an episode ended (`END_REASONS`, per row in `end_N`):
+  done         the environment's step returned done=True (an answer, or it gave up);
+  turn_limit   max_turns actions without done;
+  token_limit  the budget T ran out: an action was cut at T, or an observation did not fit
+               the budget or `observation_tokens`;
+  env_error    reset or step raised (or returned a non-finite reward); the row is
+               unscorable (`rl.unscorable` decides).
+The reward is the sum of the rewards received until then (0 for env_error).
+
+Shape letters: B prompts, G group size, N = B·G episodes, P prompt tokens, T the episode
+token budget, O = observation_tokens, V vocab.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax.envs import base
+from grpo_jax.models import model as model_lib
+from grpo_jax.models import sampling
+
+END_REASONS = ("done", "turn_limit", "token_limit", "env_error")
+DONE, TURN_LIMIT, TOKEN_LIMIT, ENV_ERROR = range(len(END_REASONS))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EpisodeConfig:
+  """config.env: the environment by registry name, its options, and the episode limits."""
+
+  name: str
+  kwargs: dict = dataclasses.field(default_factory=dict)
+  max_turns: int = 4  # Actions per episode.
+  turn_tokens: int = 16  # Tokens per action.
+  observation_tokens: int = 8  # Tokens per observation (O, the append's static width).
+
+  def __post_init__(self):
+    if not self.name:
+      raise ValueError("config.env.name must name an environment (or leave config.env off).")
+    for attr in ("max_turns", "turn_tokens", "observation_tokens"):
+      if getattr(self, attr) < 1:
+        raise ValueError(f"config.env.{attr} must be >= 1, got {getattr(self, attr)}.")
+
+
+# ----------------------------------------------------------------------------
+# Jitted pieces.
+# ----------------------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class EpisodeState:
+  """The episodes' device state between turns. The cache holds the context up to, not
+  including, `tok_N` (the next token to feed, at position `pos_N`); `t_N` counts the filled
+  completion columns; `step` the token columns computed per row (decode steps of every
+  turn, plus O per append): Rollouts.num_steps, so `pad/sample_frac` and the sampling
+  FLOPs count the appends' padding too."""
+
+  cache: Any
+  key: jax.Array
+  tok_N: jax.Array
+  pos_N: jax.Array
+  t_N: jax.Array
+  tokens_NT: jax.Array
+  mask_NT: jax.Array
+  action_mask_NT: jax.Array
+  logp_NT: jax.Array
+  policy_logp_NT: jax.Array
+  step: jax.Array
+
+
+def start(
+  params,
+  prompts: sampling.Prompts,
+  key,
+  *,
+  model_fn: Callable,
+  init_cache: Callable,
+  cfg: sampling.SamplerConfig,
+  observation_tokens: int,
+) -> EpisodeState:
+  """Prefills each prompt minus its last token once, repeats the cache to the G rows of its
+  group and gives it a write column per row; P − 1 + T + O columns (O spare: the padded
+  observation block of `append` never runs past the end)."""
+  tokens_BP = jnp.asarray(prompts.tokens_BP, jnp.int32)
+  mask_BP = jnp.asarray(prompts.mask_BP, jnp.bool_)
+  (B, P), G, T = tokens_BP.shape, cfg.group_size, cfg.max_new_tokens
+  N = B * G
+  if P < 2:
+    raise ValueError(f"Prompt batches need >= 2 slots, got shape {(B, P)}.")
+  positions_BP = model_lib.positions_from_mask(mask_BP)
+  cache = init_cache(B, P - 1 + T + observation_tokens)
+  _, cache = model_fn(params, tokens_BP[:, :-1], positions_BP[:, :-1], cache)
+  cache = cache.repeat(G).replace(index=jnp.full((N,), P - 1, jnp.int32))
+  zeros = lambda dtype: jnp.zeros((N, T), dtype)
+  return EpisodeState(
+    cache=cache,
+    key=key,
+    tok_N=jnp.repeat(tokens_BP[:, -1], G),
+    pos_N=jnp.repeat(positions_BP[:, -1], G),
+    t_N=jnp.zeros((N,), jnp.int32),
+    tokens_NT=jnp.full((N, T), cfg.pad_id, jnp.int32),
+    mask_NT=zeros(jnp.bool_),
+    action_mask_NT=zeros(jnp.bool_),
+    logp_NT=zeros(jnp.float32),
+    policy_logp_NT=zeros(jnp.float32),
+    step=jnp.zeros((), jnp.int32),
+  )
+
+
+def _put(buf_NT, rows_N, cols_N, x_N):
+  """buf[rows, cols] = x; rows out of range (N: not written) are dropped."""
+  return buf_NT.at[rows_N, cols_N].set(x_N.astype(buf_NT.dtype), mode="drop")
+
+
+def decode_turn(
+  params,
+  state: EpisodeState,
+  hyper: sampling.SamplingParams,
+  active_N,
+  *,
+  model_fn: Callable,
+  stop_ids: tuple[int, ...],
+  turn_tokens: int,
+  pad_id: int,
+) -> EpisodeState:
+  """One action per active row: tokens are sampled until a stop id (kept, as the action's
+  last token), `turn_tokens` tokens, or the budget T. A row not live feeds a pad at
+  position −1 (its key is invisible, and its write column does not advance)."""
+  N, T = state.tokens_NT.shape
+  stop = jnp.asarray(stop_ids, jnp.int32)
+
+  def cond(carry):
+    _, live_N, k = carry
+    return (k < turn_tokens) & jnp.any(live_N)
+
+  def body(carry):
+    s, live_N, k = carry
+    feed_N = jnp.where(live_N, s.tok_N, pad_id)
+    logits_N1V, cache = model_fn(
+      params, feed_N[:, None], jnp.where(live_N, s.pos_N, -1)[:, None], s.cache
+    )
+    cache = cache.replace(index=jnp.where(live_N, cache.index, s.cache.index))
+    key, step_key = jax.random.split(s.key)
+    tok_N, logp_N, policy_N = sampling.choose_tokens(logits_N1V[:, -1], step_key, hyper)
+    rows_N = jnp.where(live_N, jnp.arange(N), N)
+    put = functools.partial(_put, rows_N=rows_N, cols_N=s.t_N)
+    s = s.replace(
+      cache=cache,
+      key=key,
+      tok_N=jnp.where(live_N, tok_N, s.tok_N),
+      pos_N=s.pos_N + live_N,
+      t_N=s.t_N + live_N,
+      tokens_NT=put(s.tokens_NT, x_N=tok_N),
+      mask_NT=put(s.mask_NT, x_N=live_N),
+      action_mask_NT=put(s.action_mask_NT, x_N=live_N),
+      logp_NT=put(s.logp_NT, x_N=logp_N),
+      policy_logp_NT=put(s.policy_logp_NT, x_N=policy_N),
+      step=s.step + 1,
+    )
+    return s, live_N & ~jnp.isin(tok_N, stop) & (s.t_N < T), k + 1
+
+  live_N = jnp.asarray(active_N, jnp.bool_) & (state.t_N < T)
+  return jax.lax.while_loop(cond, body, (state, live_N, jnp.zeros((), jnp.int32)))[0]
+
+
+def append(params, state: EpisodeState, obs_NO, n_N, *, model_fn: Callable, pad_id: int):
+  """Puts n_N[i] observation tokens obs_NO[i, :n] after row i's context (n = 0: nothing).
+
+  The cache takes [tok_N, obs_0, ..., obs_{n−2}] at positions pos_N + 0..n−1 in one
+  forward (the columns past n are pads at position −1, and the row's write column advances
+  by n), and obs_{n−1} becomes the next token to feed. The token buffer takes obs at
+  columns t_N .. t_N + n − 1, in the context (mask) but not actions.
+  """
+  obs_NO, n_N = jnp.asarray(obs_NO, jnp.int32), jnp.asarray(n_N, jnp.int32)
+  (N, width), T = obs_NO.shape, state.tokens_NT.shape[1]
+  j_O = jnp.arange(width)
+  has_NO = j_O[None, :] < n_N[:, None]
+  feed_NO = jnp.concatenate([state.tok_N[:, None], obs_NO[:, :-1]], axis=1)
+  feed_NO = jnp.where(has_NO, feed_NO, pad_id)
+  pos_NO = jnp.where(has_NO, state.pos_N[:, None] + j_O[None, :], -1)
+  _, cache = model_fn(params, feed_NO, pos_NO, state.cache)
+  cache = cache.replace(index=state.cache.index + n_N)
+  last_N = jnp.take_along_axis(obs_NO, jnp.maximum(n_N - 1, 0)[:, None], axis=1)[:, 0]
+  rows_NO = jnp.where(has_NO, jnp.arange(N)[:, None], N)
+  cols_NO = jnp.minimum(state.t_N[:, None] + j_O[None, :], T)  # T: out of range, dropped.
+  put = lambda buf, x: buf.at[rows_NO, cols_NO].set(x, mode="drop")
+  return state.replace(
+    cache=cache,
+    tok_N=jnp.where(n_N > 0, last_N, state.tok_N),
+    pos_N=state.pos_N + n_N,
+    t_N=state.t_N + n_N,
+    tokens_NT=put(state.tokens_NT, obs_NO),
+    mask_NT=put(state.mask_NT, True),
+    step=state.step + width,
+  )
+
+
+def to_rollouts(prompts, state: EpisodeState, ended_N, *, group_size: int) -> sampling.Rollouts:
+  """The episodes as Rollouts: eos_N = the environment ended the episode (`done`), and
+  truncated_N its complement; `action_mask_NT` the model's tokens."""
+  rollouts = sampling.to_rollouts(prompts, state, group_size=group_size, eos_N=ended_N)
+  return rollouts.replace(action_mask_NT=state.action_mask_NT)
+
+
+# ----------------------------------------------------------------------------
+# Host side: the turn loop.
+# ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Episodes:
+  """A batch of finished episodes: rollouts, and per row its reward, why it ended (an
+  index into END_REASONS), its number of actions, and whether its rewards are valid."""
+
+  rollouts: sampling.Rollouts
+  reward_N: np.ndarray
+  end_N: np.ndarray
+  turns_N: np.ndarray
+  seconds: dict  # "sample": the jitted pieces; "env": decoding, env steps, encoding.
+  messages: tuple[str, ...] = ()  # The first environment errors.
+  labels: tuple[str, ...] = ()  # Each row's outcome label ("" when none).
+  outcomes: tuple[str, ...] = ()  # The environment's label vocabulary.
+
+  @property
+  def scorable_N(self) -> np.ndarray:
+    return self.end_N != ENV_ERROR
+
+  def metrics(self) -> dict:
+    """Means over the batch's episodes (`metrics.DEFINITIONS`, "episode/...")."""
+    r = self.rollouts
+    actions = np.asarray(jnp.sum(r.action_mask_NT, axis=1))
+    out = {
+      "episode/turns": float(self.turns_N.mean()),
+      "episode/action_tokens": float(actions.mean()),
+      "episode/observation_tokens": float((np.asarray(r.length_N) - actions).mean()),
+    }
+    for i, reason in enumerate(END_REASONS):
+      out[f"episode/end/{reason}"] = float(np.mean(self.end_N == i))
+    if self.outcomes:
+      n, labels = len(self.labels), list(self.labels)
+      for label in self.outcomes:
+        out[f"reward/outcome/{label}"] = labels.count(label) / n
+      out["reward/outcome/other"] = sum(x not in self.outcomes for x in labels if x) / n
+    return out
+
+
+@dataclasses.dataclass
+class _Rows:
+  """Host bookkeeping of the N episodes in flight."""
+
+  envs: list
+  reward_N: np.ndarray
+  end_N: np.ndarray  # -1 while running.
+  turns_N: np.ndarray
+  t_N: np.ndarray  # Filled completion columns.
+  action_start_N: np.ndarray  # Column of the current action's first token.
+  messages: list
+
+  @classmethod
+  def create(cls, n: int) -> _Rows:
+    zeros = lambda: np.zeros(n, np.int32)
+    return cls([], np.zeros(n), np.full(n, -1), zeros(), zeros(), zeros(), [])
+
+  @property
+  def running_N(self) -> np.ndarray:
+    return self.end_N < 0
+
+  def fail(self, i: int, err: Exception) -> None:
+    self.end_N[i], self.reward_N[i] = ENV_ERROR, 0.0
+    if len(self.messages) < 3:
+      self.messages.append(f"{type(err).__name__}: {err}")
+
+
+class Runner:
+  """The episode loop for one group size, with its jitted pieces compiled once per shape."""
+
+  def __init__(
+    self,
+    *,
+    model_fn: Callable,
+    init_cache: Callable,
+    sampler_cfg: sampling.SamplerConfig,
+    cfg: EpisodeConfig,
+    tokenizer,
+    make_env: Callable[[], base.Environment],
+    env_cls: type[base.Environment],
+    view: Callable | None = None,
+  ):
+    """`view`: the policy's params -> what model_fn reads (`model.sampler_view`: adapters
+    merged), applied once per `run`; None: the params as given."""
+    self.cfg, self.sampler_cfg, self.tokenizer = cfg, sampler_cfg, tokenizer
+    self._view = jax.jit(view) if view is not None else None
+    self.make_env, self.stop_ids = make_env, base.stop_ids(env_cls, tokenizer)
+    pad, width = sampler_cfg.pad_id, cfg.observation_tokens
+    self._start = jax.jit(
+      functools.partial(
+        start, model_fn=model_fn, init_cache=init_cache, cfg=sampler_cfg, observation_tokens=width
+      )
+    )
+    self._turn = jax.jit(
+      functools.partial(
+        decode_turn,
+        model_fn=model_fn,
+        stop_ids=self.stop_ids,
+        turn_tokens=cfg.turn_tokens,
+        pad_id=pad,
+      )
+    )
+    self._append = jax.jit(functools.partial(append, model_fn=model_fn, pad_id=pad))
+    self._finish = jax.jit(functools.partial(to_rollouts, group_size=sampler_cfg.group_size))
+
+  def run(self, params, prompts: sampling.Prompts, examples: Sequence, key, hyper) -> Episodes:
+    """Plays G episodes of each of the B examples (`examples[b]` is prompt b's); `hyper`
+    the sampling parameters of every action."""
+    if jax.process_count() > 1:
+      raise NotImplementedError("Environment episodes run in one process only.")
+    G = self.sampler_cfg.group_size
+    seconds = {"sample": 0.0, "env": 0.0}
+    clock = functools.partial(_timed, seconds)
+    if self._view is not None:
+      with clock("sample"):
+        params = self._view(params)
+    with clock("env"):
+      rows, first = self._reset([examples[n // G] for n in range(len(examples) * G)])
+    with clock("sample"):
+      state = self._start(params, prompts, key)
+      state = self._observe(params, state, first, rows)
+    for turn in range(self.cfg.max_turns):
+      if not rows.running_N.any():
+        break
+      with clock("sample"):
+        state = self._turn(params, state, hyper, rows.running_N)
+        tokens_NT, t_N = jax.device_get((state.tokens_NT, state.t_N))
+      with clock("env"):
+        rows.t_N = np.array(t_N, np.int32)
+        obs = self._act(rows, tokens_NT, last_turn=turn == self.cfg.max_turns - 1)
+      with clock("sample"):
+        state = self._observe(params, state, obs, rows)
+    with clock("sample"):
+      rollouts = jax.block_until_ready(self._finish(prompts, state, rows.end_N == DONE))
+    return Episodes(
+      rollouts,
+      rows.reward_N,
+      rows.end_N,
+      rows.turns_N,
+      seconds,
+      tuple(rows.messages),
+      labels=tuple(env.label for env in rows.envs),
+      outcomes=type(rows.envs[0]).outcomes if rows.envs else (),
+    )
+
+  def _reset(self, examples_N) -> tuple[_Rows, list]:
+    """A fresh environment per episode, and its reset observation."""
+    rows, first = _Rows.create(len(examples_N)), []
+    for i, example in enumerate(examples_N):
+      rows.envs.append(self.make_env())
+      try:
+        first.append(tuple(int(t) for t in rows.envs[i].reset(example)))
+      except Exception as err:  # noqa: BLE001 -- any environment failure ends the episode.
+        rows.fail(i, err)
+        first.append(())
+    return rows, first
+
+  def _act(self, rows: _Rows, tokens_NT, *, last_turn: bool) -> list:
+    """Each running row's new action (decoded, never re-encoded) to its environment;
+    returns the observations to append (empty for rows that ended)."""
+    T = tokens_NT.shape[1]
+    obs = [()] * len(rows.t_N)
+    for i in np.flatnonzero(rows.running_N):
+      action_ids = tokens_NT[i, rows.action_start_N[i] : rows.t_N[i]]
+      rows.turns_N[i] += 1
+      stopped = len(action_ids) > 0 and int(action_ids[-1]) in self.stop_ids
+      if rows.t_N[i] >= T and not stopped:
+        rows.end_N[i] = TOKEN_LIMIT
+        continue
+      try:
+        step = rows.envs[i].step(self.tokenizer.decode(action_ids))
+        if not math.isfinite(float(step.reward)):
+          raise ValueError(f"the environment's step returned reward {step.reward}")
+        rows.reward_N[i] += float(step.reward)
+      except Exception as err:  # noqa: BLE001 -- any environment failure ends the episode.
+        rows.fail(i, err)
+        continue
+      if step.done:
+        rows.end_N[i] = DONE
+      elif last_turn:
+        rows.end_N[i] = TURN_LIMIT
+      else:
+        obs[i] = tuple(int(t) for t in step.observation)
+    return obs
+
+  def _observe(self, params, state: EpisodeState, obs: list, rows: _Rows) -> EpisodeState:
+    """Appends the observations of running rows; one that exceeds O or leaves no column
+    for another action ends its episode with token_limit. Records where each row's next
+    action starts."""
+    width, T = self.cfg.observation_tokens, self.sampler_cfg.max_new_tokens
+    n_N = np.array([len(o) for o in obs], np.int32)
+    over_N = rows.running_N & (n_N > 0) & ((n_N > width) | (rows.t_N + n_N >= T))
+    rows.end_N[over_N] = TOKEN_LIMIT
+    n_N = np.where(rows.running_N, n_N, 0).astype(np.int32)
+    rows.t_N = rows.t_N + n_N
+    rows.action_start_N = rows.t_N.copy()
+    if not n_N.any():
+      return state
+    obs_NO = np.full((len(obs), width), self.sampler_cfg.pad_id, np.int32)
+    for i in np.flatnonzero(n_N):
+      obs_NO[i, : n_N[i]] = obs[i]
+    return self._append(params, state, obs_NO, n_N)
+
+
+@contextlib.contextmanager
+def _timed(seconds: dict, phase: str):
+  """Adds the seconds of the `with` block to seconds[phase]."""
+  t0 = time.perf_counter()
+  yield
+  seconds[phase] += time.perf_counter() - t0

@@ -1,0 +1,209 @@
+"""Teacher-forced log-probs of given completions: the loss side of the policy.
+
+    logp_NT, stats = logprobs.completion_logprobs(params, prompt_tokens_NP, prompt_mask_NP,
+                                                  tokens_NT, mask_NT, model_fn=model_fn,
+                                                  with_stats=True)
+
+One full forward over [left-padded prompt ; right-padded completion], with position ids
+that skip both paddings, so the log-probs match the cached decode that produced the
+rollout (`sampling`). The LM head runs only at the T slots that predict completion
+tokens (`model_fn(..., logits_slice=...)`), and `token_stats` turns their logits into
+log π(y), the entropy and Σ π² in one pass over the vocabulary, with a hand-written
+backward (a custom VJP) so no [N, T, V] log-softmax is kept for the gradient.
+
+Shape letters: N rows, P prompt tokens, T completion tokens, S = P + T, V vocab.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.models import model as model_lib
+
+
+@jax.custom_vjp
+def token_stats(logits_NTV, tokens_NT):
+  """(log π(y), H, Σ_v π_v²) per position from logits z, in one pass over the vocabulary.
+
+    lse = log Σ_v e^{z_v},  log π(y) = z_y − lse,  H = lse − Σ_v π_v z_v,  π = e^{z − lse}.
+
+  The backward is written out (a custom VJP), so no [N, T, V] log-softmax is stored:
+    ∂/∂z_v = g_lp·(1[v = y] − π_v) − g_H·π_v·(log π_v + H) + 2·g_sq·π_v·(π_v − Σ π²).
+  """
+  return _token_stats_fwd(logits_NTV, tokens_NT)[0]
+
+
+def _token_stats_fwd(z_NTV, y_NT):
+  z_NTV = z_NTV.astype(jnp.float32)
+  m_NT1 = jax.lax.stop_gradient(jnp.max(z_NTV, axis=-1, keepdims=True))
+  e_NTV = jnp.exp(z_NTV - m_NT1)
+  se_NT1 = jnp.sum(e_NTV, axis=-1, keepdims=True)
+  lse_NT1 = m_NT1 + jnp.log(se_NT1)
+  p_NTV = e_NTV / se_NT1
+  logp_NT = (jnp.take_along_axis(z_NTV, y_NT[..., None], axis=-1) - lse_NT1)[..., 0]
+  ent_NT = lse_NT1[..., 0] - jnp.sum(p_NTV * z_NTV, axis=-1)
+  sq_NT = jnp.sum(p_NTV * p_NTV, axis=-1)
+  return (logp_NT, ent_NT, sq_NT), (z_NTV, y_NT, lse_NT1, ent_NT, sq_NT)
+
+
+def _token_stats_bwd(res, g):
+  z_NTV, y_NT, lse_NT1, ent_NT, sq_NT = res
+  g_lp, g_ent, g_sq = (x[..., None] for x in g)
+  logp_NTV = z_NTV - lse_NT1
+  p_NTV = jnp.exp(logp_NTV)
+  onehot_NTV = jax.nn.one_hot(y_NT, z_NTV.shape[-1], dtype=jnp.float32)
+  dz_NTV = (
+    g_lp * (onehot_NTV - p_NTV)
+    - g_ent * p_NTV * (logp_NTV + ent_NT[..., None])
+    + 2.0 * g_sq * p_NTV * (p_NTV - sq_NT[..., None])
+  )
+  return dz_NTV, None
+
+
+token_stats.defvjp(_token_stats_fwd, _token_stats_bwd)
+
+
+def completion_logits(
+  params,
+  prompt_tokens_NP,
+  prompt_mask_NP,
+  tokens_NT,
+  mask_NT,
+  *,
+  model_fn,
+  hidden_only=False,
+  dropout_key=None,
+):
+  """Logits [N, T, V] at the T slots that predict the completion tokens (the sequence
+  [left-padded prompt ; right-padded completion], position ids skipping both paddings;
+  `model_fn` must take `logits_slice`). hidden_only: the final-normed hidden states
+  [N, T, D] there instead (the model's `hidden_only`), for an LM head run in chunks.
+  dropout_key (a training forward, `model.apply`'s) is passed on only when given."""
+  P = prompt_tokens_NP.shape[1]
+  tokens_NS = jnp.concatenate([prompt_tokens_NP, tokens_NT], axis=1)
+  mask_NS = jnp.concatenate([prompt_mask_NP, mask_NT], axis=1)
+  S = tokens_NS.shape[1]
+  # Logits at slot s predict the token at slot s + 1: slots P-1 .. S-2.
+  extra = {"hidden_only": True} if hidden_only else {}
+  if dropout_key is not None:
+    extra["dropout_key"] = dropout_key
+  logits_NTV, _ = model_fn(
+    params,
+    tokens_NS,
+    model_lib.positions_from_mask(mask_NS),
+    None,
+    logits_slice=(P - 1, S - 1),
+    **extra,
+  )
+  return logits_NTV
+
+
+def _stats_of_logits(logits_NTV, tokens_NT, *, with_rank):
+  """(log π(y), H, Σ π², rank or None) of one block of logits."""
+  logp_NT, ent_NT, sq_NT = token_stats(logits_NTV, tokens_NT)
+  rank_NT = None
+  if with_rank:
+    z_NTV = jax.lax.stop_gradient(logits_NTV)
+    z_y_NT1 = jnp.take_along_axis(z_NTV, tokens_NT[..., None], axis=-1)
+    rank_NT = jnp.sum(z_NTV > z_y_NT1, axis=-1, dtype=jnp.int32)
+  return logp_NT, ent_NT, sq_NT, rank_NT
+
+
+def chunked_stats(
+  params, hidden_NTD, tokens_NT, *, model_fn, chunk: int, with_rank=False, dropout_key=None
+):
+  """`_stats_of_logits` of the LM head's logits, `chunk` completion positions at a time:
+  a `lax.map` over ⌈T / chunk⌉ blocks, each under `jax.checkpoint`, so the forward holds
+  [N, chunk, V] logits at once and the backward recomputes each block's logits from its
+  hidden states instead of keeping [N, T, V] (the head's matmul runs twice: the price of
+  the memory). T is padded to a multiple of the chunk; the padding is cut off. With a
+  dropout_key, block c's head forward gets fold_in(key, c) (blocks draw distinct masks)."""
+  N, T, D = hidden_NTD.shape
+  C = -(-T // chunk)
+  pad = C * chunk - T
+  h_CNcD = jnp.pad(hidden_NTD, ((0, 0), (0, pad), (0, 0))).reshape(N, C, chunk, D).swapaxes(0, 1)
+  y_CNc = jnp.pad(tokens_NT, ((0, 0), (0, pad))).reshape(N, C, chunk).swapaxes(0, 1)
+
+  @jax.checkpoint
+  def block(params, h_NcD, y_Nc, c):
+    extra = {} if dropout_key is None else {"dropout_key": jax.random.fold_in(dropout_key, c)}
+    logits_NcV, _ = model_fn(params, h_NcD, None, None, head_only=True, **extra)
+    return _stats_of_logits(logits_NcV, y_Nc, with_rank=with_rank)
+
+  out = jax.lax.map(lambda xs: block(params, *xs), (h_CNcD, y_CNc, jnp.arange(C)))
+  unchunk = lambda x_CNc: x_CNc.swapaxes(0, 1).reshape(N, C * chunk)[:, :T]  # noqa: E731
+  return tuple(None if x is None else unchunk(x) for x in out)
+
+
+def completion_logprobs(
+  params,
+  prompt_tokens_NP,
+  prompt_mask_NP,
+  tokens_NT,
+  mask_NT,
+  *,
+  model_fn,
+  with_stats=False,
+  with_rank=False,
+  chunk: int = 0,
+  dropout_key=None,
+):
+  """log π(o_t | q, o_<t) of each completion token in one full forward: [N, T] (0 off mask).
+
+  With `with_stats`, also a dict of per-token statistics of each step's distribution π_t:
+  "entropy" H_t = -Σ_v π log π and "sum_sq" Σ_v π_v² (else None); with `with_rank` too,
+  "rank": #{v : z_v > z_{o_t}}, how many ids π_t ranks strictly above the token (0 = the
+  argmax; one more pass over the logits, no gradient).
+
+  The sequence is [left-padded prompt ; right-padded completion]; position ids skip
+  both paddings, so the logits match the cached decode that produced the rollout.
+  `model_fn` must take `logits_slice=(start, stop)` (grpo_jax models do): the LM head runs
+  only at the T positions that predict completion tokens (`token_stats` does the rest).
+  With `chunk` = c (0 < c < T) it runs there c positions at a time (`chunked_stats`): the
+  [N, T, V] logits never exist at once, in the forward or the backward (rl.logit_chunk).
+  `dropout_key` makes it a training forward (adapter dropout, `model.apply`).
+  """
+  args = (params, prompt_tokens_NP, prompt_mask_NP, tokens_NT, mask_NT)
+  if 0 < chunk < tokens_NT.shape[1]:
+    hidden_NTD = completion_logits(
+      *args, model_fn=model_fn, hidden_only=True, dropout_key=dropout_key
+    )
+    out = chunked_stats(
+      params,
+      hidden_NTD,
+      tokens_NT,
+      model_fn=model_fn,
+      chunk=chunk,
+      with_rank=with_rank,
+      # The head's masks from a key apart from the hidden forward's (which got dropout_key).
+      dropout_key=None if dropout_key is None else jax.random.fold_in(dropout_key, 1 << 20),
+    )
+  else:
+    logits_NTV = completion_logits(*args, model_fn=model_fn, dropout_key=dropout_key)
+    out = _stats_of_logits(logits_NTV, tokens_NT, with_rank=with_rank)
+  logp_NT, ent_NT, sq_NT, rank_NT = out
+  logp_NT = jnp.where(mask_NT, logp_NT, 0.0)
+  if not with_stats:
+    return logp_NT, None
+  stats = {
+    "entropy": jnp.where(mask_NT, ent_NT, 0.0),
+    "sum_sq": jnp.where(mask_NT, sq_NT, 0.0),
+  }
+  if with_rank:
+    stats["rank"] = jnp.where(mask_NT, rank_NT, 0)
+  return logp_NT, stats
+
+
+def teacher_forced_logprobs(params, rollouts, *, model_fn: Callable):
+  """`completion_logprobs` of a `sampling.Rollouts`: [N, T] log-probs, 0 off the completion mask."""
+  return completion_logprobs(
+    params,
+    rollouts.prompt_tokens_NP,
+    rollouts.prompt_mask_NP,
+    rollouts.tokens_NT,
+    rollouts.mask_NT,
+    model_fn=model_fn,
+  )[0]

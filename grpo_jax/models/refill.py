@@ -1,0 +1,267 @@
+"""Slot-refill (continuous batching) sampler: a fixed number of decode slots, refilled from
+the pending (prompt, sample) requests as rows end, so no slot decodes a finished row.
+
+  rollouts = refill.sample(params, prompts, key, hyper, model_fn=..., init_cache=...,
+                           cfg=sampler_cfg, slots=S)          # same Rollouts as sampling.sample
+
+The static sampler (`sampling.sample`) decodes all N = B·G rows until the longest has
+ended: under a long-tailed length distribution most of its row-steps are spent on rows
+that already emitted EOS (`pad/sample_frac`). Here (static shapes, one `lax.while_loop`):
+
+  1. Every prompt's first P − 1 tokens are prefilled once (B rows, not B·G): a prefix
+     cache of P − 1 columns, shared by the prompt's G requests.
+  2. S slots hold a cache of P − 1 + T columns each, with a write column per row (the
+     model's per-row cache index). Request r = b·G + g (prompt b, sample g) starts in a
+     slot by copying prompt b's prefix keys/values into its columns [0, P − 1) and
+     invalidating the rest (position −1); its tokens are then written at P − 1, P, ...
+  3. Each step decodes one token in every slot. A request ends at an EOS id or after
+     limit_N[r] tokens (default T); its slot takes the next pending request in the same
+     step (requests are issued in order 0 .. N − 1), or idles when none is left.
+  4. Once no request is pending and at most S/4 rows are live, those rows' caches are
+     gathered into S/4 slots and decoded there to the end: a long request issued late no
+     longer keeps the full batch of slots stepping.
+
+Sampling draws one key per step for all slots, so a request's tokens depend on the slot
+schedule: the rows are samples of the same distribution as the static sampler's, not the
+same samples. Its log-probs are those of the tokens it drew (the teacher-forced forward of
+each row gives the same values; tested). Hand-written: no JAX library does continuous
+batching for a functional KV cache (vLLM, SGLang and JetStream do it outside JAX or
+around their own engines).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.models import model as model_lib
+from grpo_jax.models import sampling
+
+
+@flax.struct.dataclass
+class _State:
+  step: jax.Array
+  cache: Any
+  key: jax.Array
+  req_S: jax.Array  # Request in each slot; N when idle.
+  t_S: jax.Array  # Tokens the slot's request has emitted.
+  tok_S: jax.Array  # Next token to feed.
+  pos_S: jax.Array  # Its position id.
+  next_req: jax.Array  # First request not yet issued.
+  tokens_NT: jax.Array
+  mask_NT: jax.Array
+  logp_NT: jax.Array
+  policy_logp_NT: jax.Array
+  eos_N: jax.Array
+
+
+def _load(cache, prefix, slot_R, b_R, *, P: int):
+  """Slots slot_R (index S: none) start prompts b_R: the prompt's prefix keys/values in
+  columns [0, P − 1), every later column invalidated, the write column at P − 1. A scatter
+  of R rows: the copy costs what the refilled rows hold, not the whole cache."""
+  w = P - 1
+
+  def put(buf, pre, axis):
+    head = jnp.take(pre, b_R, axis=0)
+    cols = (slice(None),) * (axis - 1) + (slice(0, w),)
+    return buf.at[(slot_R, *cols)].set(head.astype(buf.dtype), mode="drop")
+
+  if cache.stacked:
+    k = (jax.vmap(lambda b, p: put(b, p, 3))(cache.k[0], prefix.k[0]),)
+    v = (jax.vmap(lambda b, p: put(b, p, 2))(cache.v[0], prefix.v[0]),)
+  else:
+    k = tuple(put(b, p, 3) for b, p in zip(cache.k, prefix.k, strict=True))
+    v = tuple(put(b, p, 2) for b, p in zip(cache.v, prefix.v, strict=True))
+  R, L = slot_R.shape[0], cache.pos_BS.shape[1]
+  fresh = jnp.concatenate(
+    [jnp.take(prefix.pos_BS, b_R, axis=0), jnp.full((R, L - w), -1, jnp.int32)], axis=1
+  )
+  pos = cache.pos_BS.at[slot_R].set(fresh, mode="drop")
+  index = cache.index.at[slot_R].set(w, mode="drop")
+  return cache.replace(k=k, v=v, pos_BS=pos, index=index)
+
+
+def sample(
+  params,
+  prompts: sampling.Prompts,
+  key: jax.Array,
+  hyper: sampling.SamplingParams,
+  limit_N: jax.Array | None = None,
+  *,
+  model_fn: Callable,
+  init_cache: Callable[[int, int], Any],
+  cfg: sampling.SamplerConfig,
+  slots: int,
+) -> sampling.Rollouts:
+  """cfg.group_size completions per prompt through `slots` refilled decode slots (module
+  docstring); limit_N (int32 [N], optional) ends request r after limit_N[r] tokens (at
+  least 1, at most T).
+  Pure and jittable; returns the Rollouts `sampling.sample` would (rows in request order)."""
+  tokens_BP = jnp.asarray(prompts.tokens_BP, jnp.int32)
+  mask_BP = jnp.asarray(prompts.mask_BP, jnp.bool_)
+  B, P = tokens_BP.shape
+  G, T, S = cfg.group_size, cfg.max_new_tokens, slots
+  N = B * G
+  if not 1 <= S <= N:
+    raise ValueError(f"refill slots must be in [1, {N}] (prompts × group_size), got {S}.")
+  if P < 2:
+    raise ValueError(f"Prompt batches need >= 2 slots, got shape {(B, P)}.")
+  limit_N = jnp.full((N,), T, jnp.int32) if limit_N is None else jnp.clip(limit_N, 1, T)
+  positions_BP = model_lib.positions_from_mask(mask_BP)
+  prefix = init_cache(B, P - 1)
+  _, prefix = model_fn(params, tokens_BP[:, :-1], positions_BP[:, :-1], prefix)
+  cache = init_cache(S, P - 1 + T)
+  cache = cache.replace(index=jnp.zeros((S,), jnp.int32), empty=False)
+  req_S = jnp.arange(S, dtype=jnp.int32)
+  cache = _load(cache, prefix, req_S, req_S // G, P=P)
+  eos_ids = jnp.asarray(cfg.eos_ids, jnp.int32)
+  state = _State(
+    step=jnp.zeros((), jnp.int32),
+    cache=cache,
+    key=key,
+    req_S=req_S,
+    t_S=jnp.zeros((S,), jnp.int32),
+    tok_S=tokens_BP[req_S // G, -1],
+    pos_S=positions_BP[req_S // G, -1],
+    next_req=jnp.asarray(S, jnp.int32),
+    tokens_NT=jnp.full((N, T), cfg.pad_id, jnp.int32),
+    mask_NT=jnp.zeros((N, T), bool),
+    logp_NT=jnp.zeros((N, T), jnp.float32),
+    policy_logp_NT=jnp.zeros((N, T), jnp.float32),
+    eos_N=jnp.zeros((N,), bool),
+  )
+
+  tail = max(1, S // TAIL_FRACTION)
+  limit_steps = N * (T + 1) + 1
+
+  def cond(s: _State):  # Until the queue is empty and the live rows fit the tail's slots.
+    live = jnp.sum(s.req_S < N)
+    return ((s.next_req < N) | (live > (tail if tail < S else 0))) & (s.step < limit_steps)
+
+  def step(s: _State):
+    logits_S1V, cache = model_fn(params, s.tok_S[:, None], s.pos_S[:, None], s.cache)
+    key, step_key = jax.random.split(s.key)
+    tok_S, logp_S, policy_S = sampling.choose_tokens(logits_S1V[:, -1], step_key, hyper)
+    live_S = s.req_S < N
+    at = (jnp.where(live_S, s.req_S, N), s.t_S)
+
+    def put(buf, x):
+      return buf.at[at].set(x.astype(buf.dtype), mode="drop")
+
+    eos_S = jnp.isin(tok_S, eos_ids)
+    s = s.replace(
+      step=s.step + 1,
+      cache=cache,
+      key=key,
+      tokens_NT=put(s.tokens_NT, tok_S),
+      mask_NT=put(s.mask_NT, live_S),
+      logp_NT=put(s.logp_NT, logp_S),
+      policy_logp_NT=put(s.policy_logp_NT, policy_S),
+      eos_N=s.eos_N.at[jnp.where(live_S & eos_S, s.req_S, N)].set(True, mode="drop"),
+      tok_S=tok_S,
+      pos_S=s.pos_S + 1,
+      t_S=s.t_S + 1,
+    )
+    ended = live_S & (eos_S | (s.t_S >= limit_N[jnp.minimum(s.req_S, N - 1)]))
+    return s, ended
+
+  def body(s: _State):
+    s, ended = step(s)
+    return _retire(s, ended, prefix, tokens_BP, positions_BP, limit_N, G=G, P=P)
+
+  def tail_body(s: _State):  # No request is pending: ended slots just go idle.
+    s, ended = step(s)
+    return s.replace(req_S=jnp.where(ended, N, s.req_S).astype(jnp.int32))
+
+  state = jax.lax.while_loop(cond, body, state)
+  if tail < S:  # The schedule's tail: the last live rows, decoded in `tail` slots.
+    state = jax.lax.while_loop(
+      lambda s: jnp.any(s.req_S < N) & (s.step < limit_steps), tail_body, _compact(state, tail)
+    )
+  return sampling.to_rollouts(prompts, state, group_size=G, eos_N=state.eos_N)
+
+
+def _compact(s: _State, tail: int) -> _State:
+  """The state with its live slots (at most `tail` of them) gathered into `tail` slots:
+  their caches, write columns and decode state; the rest of the tail's slots idle."""
+  N = s.eos_N.shape[0]
+  live_S = s.req_S < N
+  idx_R = jnp.nonzero(live_S, size=tail, fill_value=0)[0]
+  used_R = jnp.arange(tail) < jnp.sum(live_S)
+  cache = s.cache
+  if cache.stacked:
+    k, v = (cache.k[0][:, idx_R],), (cache.v[0][:, idx_R],)
+  else:
+    k, v = tuple(b[idx_R] for b in cache.k), tuple(b[idx_R] for b in cache.v)
+  cache = cache.replace(k=k, v=v, pos_BS=cache.pos_BS[idx_R], index=cache.index[idx_R])
+  return s.replace(
+    cache=cache,
+    req_S=jnp.where(used_R, s.req_S[idx_R], N).astype(jnp.int32),
+    t_S=s.t_S[idx_R],
+    tok_S=s.tok_S[idx_R],
+    pos_S=s.pos_S[idx_R],
+  )
+
+
+# When no request is pending and at most S / TAIL_FRACTION rows are live, they move into
+# that many slots (`_compact`): a decode step costs about what its rows cost, and the
+# schedule's tail (a long request issued late) then runs at a quarter of the batch.
+TAIL_FRACTION = 4
+
+
+def _retire(s: _State, ended_S, prefix, tokens_BP, positions_BP, limit_N, *, G: int, P: int):
+  """Idle slots and slots whose request just ended take the next pending requests in
+  order, at most R = max(1, S // 16) per step (a slot left over waits a step: refilling
+  costs a scatter of R rows each step, not a copy of every slot's cache)."""
+  N, S = limit_N.shape[0], s.req_S.shape[0]
+  R = max(1, S // 16)
+  free_S = ended_S | (s.req_S >= N)
+  rank_S = jnp.cumsum(free_S) - 1
+  take_S = free_S & (rank_S < R) & (s.next_req + rank_S < N)
+  new_S = (s.next_req + rank_S).astype(jnp.int32)
+  req_S = jnp.where(take_S, new_S, jnp.where(ended_S, N, s.req_S)).astype(jnp.int32)
+  slot_R = jnp.nonzero(take_S, size=R, fill_value=S)[0]
+  b_R = jnp.minimum(req_S[jnp.minimum(slot_R, S - 1)], N - 1) // G
+  b_S = jnp.minimum(req_S, N - 1) // G
+  return s.replace(
+    cache=_load(s.cache, prefix, slot_R, b_R, P=P),
+    req_S=req_S,
+    next_req=(s.next_req + jnp.sum(take_S)).astype(jnp.int32),
+    tok_S=jnp.where(take_S, tokens_BP[b_S, -1], s.tok_S),
+    pos_S=jnp.where(take_S, positions_BP[b_S, -1], s.pos_S),
+    t_S=jnp.where(take_S, 0, s.t_S),
+  )
+
+
+def make_sample_fn(
+  *,
+  model_fn: Callable,
+  init_cache: Callable,
+  cfg: sampling.SamplerConfig,
+  slots: int,
+  view: Callable | None = None,
+):
+  """jit(sample) with the model, config and slot count bound: fn(params, prompts, key,
+  hyper, limit_N=None), run on view(params) when a view is given (`sampling.viewed`)."""
+  fn = functools.partial(sample, model_fn=model_fn, init_cache=init_cache, cfg=cfg, slots=slots)
+  return jax.jit(sampling.viewed(fn, view))
+
+
+def make_policy_sampler(
+  model_cfg: model_lib.ModelConfig, cfg: sampling.SamplerConfig, *, slots: int
+):
+  """The refill sampler for a grpo_jax transformer policy (adapters merged for sampling when
+  the config says so: `model.sampler_view`)."""
+  mcfg, view = model_lib.sampler_view(model_cfg)
+  return make_sample_fn(
+    model_fn=model_lib.make_model_fn(mcfg),
+    init_cache=functools.partial(model_lib.init_cache, mcfg),
+    cfg=cfg,
+    slots=slots,
+    view=view,
+  )

@@ -1,0 +1,627 @@
+"""Advantage estimators: sequence rewards r[B] and group ids -> token advantages A[B, T].
+
+Every estimator has the signature `fn(inputs: AdvantageInputs, hyper: AdvantageHyper,
+**static_options) -> A_BT` and is registered by its config name in `REGISTRY`. Outputs
+are token-level so token-level estimators plug in the same way; sequence estimators
+broadcast A_i over the row's completion mask (A = 0 off the mask). All reductions are
+segment sums over `group_ids` (see groups.py): no Python loops over groups.
+
+Notation: r_i the reward of row i, g(i) its group, n_g the group size, r̄_g the group
+mean, σ_g the group std (ddof 1 if `unbiased_std` else 0), m_{i,t} the completion mask.
+
+Singleton rule: a group with one row has no baseline from its peers, so GRPO, Dr. GRPO,
+RLOO, positive-only and the group optimal baseline give it advantage 0 (r_i - r̄ = 0).
+verl instead gives a singleton (r - 0)/1 = r; use a batch-level estimator for G = 1
+(`batch_level_names()`: its `Traits.batch_level`).
+
+Excluded rows: rows with valid_B = False (e.g. unscorable rewards, `rl.RLConfig.unscorable`)
+take part in no statistic (group or batch means, stds, pass rates, whitening) and get
+A = 0; every estimator then equals itself on the batch without those rows (tested).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.infra import registry
+from grpo_jax.rl import groups, ibpo
+
+
+@dataclasses.dataclass(frozen=True)
+class Hyper:
+  """An array hyperparameter an estimator declares where it is registered
+  (`@REGISTRY.register(name, hyper={"tau": Hyper(1.0, low=0.0)})`): set by
+  config.rl.advantage_hyper.<name>, validated against [low, high], and handed to the
+  estimator as `hyper.extra[<name>]` (float32). An array, so a controller or a schedule
+  can move it without recompiling. One declaration is all a new one needs: no other file
+  changes (`declared_hyper`, `RLConfig.prepare_hyper`)."""
+
+  default: float
+  low: float = -float("inf")
+  high: float = float("inf")
+  doc: str = ""
+
+  def check(self, name: str, value) -> float:
+    if not isinstance(value, int | float) or not self.low <= value <= self.high:
+      raise ValueError(
+        f"config.rl.advantage_hyper.{name}={value!r}: must be a number in "
+        f"[{self.low:g}, {self.high:g}] ({self.doc or 'declared by its estimator'})."
+      )
+    return float(value)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Traits:
+  """What the trainer asks of an estimator (`REGISTRY.traits(name)`), declared where it is
+  registered; no caller compares estimator names.
+
+  needs_old_logp: it reads π_old's distribution (the optimal baselines' score norms), so
+    rl.recompute_old_logp=False is refused.
+  batch_level: it gives non-zero advantages with one rollout per prompt (its baseline is
+    not the group's): True, or the options that make it so ({"scope": "batch"}).
+  metrics: fn(inputs, hyper, **options) -> {name: scalar}, its own metrics (logged beside
+    the others), or None.
+  check: fn(**options) that raises on bad option values before anything is traced, or None.
+  reads_counterfactuals: counterfactual rows (config.counterfactual) inform it even when
+    they are not trained on.
+  folds_kl: with rl.kl_in="reward" it subtracts β·kl_t per token itself (`AdvantageInputs.
+    kl_BT`); any other estimator sees the sequence reward r_i − β·Σ_t kl_t instead.
+  reads_outcome: it splits rows by the verifier's verdict (`AdvantageInputs.success_B`,
+    correct vs failed), which a config.rewards mixture (a weighted sum of scores) lacks.
+  hyper: {name: Hyper}, the array hyperparameters it declares (`hyper.extra[name]`).
+  """
+
+  needs_old_logp: bool = False
+  batch_level: bool | dict = False
+  metrics: Callable | None = None
+  check: Callable | None = None
+  reads_counterfactuals: bool = False
+  folds_kl: bool = False
+  reads_outcome: bool = False
+  hyper: dict = dataclasses.field(default_factory=dict)
+
+
+def _check_scope(name: str, scope) -> None:
+  if scope not in ("group", "batch"):
+    raise ValueError(f"{name} scope must be 'group' or 'batch', got {scope!r}.")
+
+
+def _check_ibpo(*, shrink=0.0, scale="std") -> None:
+  if not (isinstance(shrink, int | float) and 0 <= shrink < float("inf")):
+    raise ValueError(f"ibpo shrink must be a finite number >= 0, got {shrink}.")
+  if scale not in ibpo.SCALES:
+    raise ValueError(f"ibpo scale must be one of {', '.join(ibpo.SCALES)}, got {scale!r}.")
+
+
+def _scope_check(name: str):
+  return lambda *, scope="group": _check_scope(name, scope)
+
+
+REGISTRY = registry.Registry("advantage estimator", traits=Traits)
+
+
+@flax.struct.dataclass
+class AdvantageInputs:
+  """rewards_B f32, group_ids_B int32, mask_BT bool (completion tokens); kl_BT f32 is the
+  per-token KL estimate to the reference (REINFORCE++ folds -β·kl into the reward);
+  score_sq_B f32 is ‖∇_θ log π(o_i|q)‖² per sequence (for the optimal baseline)."""
+
+  rewards_B: jax.Array
+  group_ids_B: jax.Array
+  mask_BT: jax.Array
+  kl_BT: jax.Array | None = None
+  score_sq_B: jax.Array | None = None
+  valid_B: jax.Array | None = None  # bool; None: every row takes part.
+  # bool: the verifier's verdict (correctness reward c_i > 0, before any shaping); None:
+  # r_i > 0. Estimators that split rows into successes and failures (fade) use it, so a
+  # format bonus never turns a wrong answer into a success.
+  success_B: jax.Array | None = None
+  # f32 [B, T]: per-token ‖∇_z log π(o_t)‖² = 1 − 2π(o_t) + Σ_v π_v² (logit-space score
+  # norm; for the per-token optimal baseline).
+  score_sq_BT: jax.Array | None = None
+  # int32 [B, T]: the completion tokens (for estimators that compare trajectories: ibpo).
+  tokens_BT: jax.Array | None = None
+  # bool: counterfactual rows that inform ibpo's trie (its baseline) but are not trained
+  # and take no part in n_g; f32: every row's weight in the trie (importance
+  # weights of rows sampled under a perturbed prompt). None: no such rows; weight 1.
+  context_B: jax.Array | None = None
+  weights_B: jax.Array | None = None
+  # int32: the depth from which each row's tokens are its own draw, so it counts in ibpo's
+  # trie only there (a branch's cut c; 0 for samples). None: 0 everywhere.
+  start_B: jax.Array | None = None
+
+  @property
+  def success(self) -> jax.Array:
+    """success_B, or r_i > 0 when not given."""
+    return self.rewards_B > 0 if self.success_B is None else self.success_B
+
+  @property
+  def valid(self) -> jax.Array:
+    """valid_B, all True when not given."""
+    return jnp.ones(self.rewards_B.shape, bool) if self.valid_B is None else self.valid_B
+
+  @property
+  def token_mask(self) -> jax.Array:
+    """mask_BT on valid rows only: where the advantage may be non-zero."""
+    return self.mask_BT & self.valid[:, None]
+
+
+@flax.struct.dataclass
+class AdvantageHyper:
+  """Arrays, so a controller can change them between steps without recompiling.
+
+  eps: added to std denominators. gamma: REINFORCE++ discount. kl_coef: β of the KL
+  folded into REINFORCE++'s reward. lambda_s, lambda_f, std_power, focal_gamma: the
+  sign/difficulty family (`fade`). ibpo_lambda: λ of IBPO's prefix baseline (0: the
+  group's leave-one-out mean, 1: the prefix's);
+  ibpo_tau: τ of its full-rewrite filter (counterfactuals at normalised edit distance > τ
+  from their parent are dropped); ibpo_is_cap: c of the truncated importance weights
+  min(π(o|q)/π(o|q̃), c) of counterfactuals sampled under a perturbed prompt q̃.
+  """
+
+  eps: jax.Array
+  gamma: jax.Array
+  kl_coef: jax.Array
+  lambda_s: jax.Array
+  lambda_f: jax.Array
+  std_power: jax.Array
+  focal_gamma: jax.Array
+  ibpo_lambda: jax.Array
+  ibpo_tau: jax.Array
+  ibpo_is_cap: jax.Array
+  # The chosen estimator's declared hyperparameters (`Traits.hyper`): {name: float32}.
+  extra: dict = flax.struct.field(default_factory=dict)
+
+
+def advantage_hyper(
+  *,
+  eps: float = 1e-6,
+  gamma: float = 1.0,
+  kl_coef: float = 0.0,
+  lambda_s: float = 1.0,
+  lambda_f: float = 1.0,
+  std_power: float = 0.5,
+  focal_gamma: float = 0.0,
+  ibpo_lambda: float = 1.0,
+  ibpo_tau: float = 1.0,
+  ibpo_is_cap: float = 2.0,
+  extra: dict | None = None,
+) -> AdvantageHyper:
+  """Validated AdvantageHyper of float32 scalars; `extra`: values of declared
+  hyperparameters (`Hyper`), already checked (`declared_values`)."""
+  for name, value, ok, allowed in (
+    ("eps", eps, eps >= 0, ">= 0"),
+    ("gamma", gamma, 0 <= gamma <= 1, "in [0, 1]"),
+    ("kl_coef", kl_coef, kl_coef >= 0, ">= 0"),
+    ("lambda_s", lambda_s, lambda_s >= 0, ">= 0"),
+    ("lambda_f", lambda_f, lambda_f >= 0, ">= 0"),
+    ("std_power", std_power, std_power >= 0, ">= 0"),
+    ("ibpo_lambda", ibpo_lambda, ibpo_lambda >= 0, ">= 0"),
+    ("ibpo_tau", ibpo_tau, 0 < ibpo_tau <= 1, "in (0, 1] (1: keep every counterfactual)"),
+    ("ibpo_is_cap", ibpo_is_cap, ibpo_is_cap > 0, "> 0"),
+  ):
+    if not ok:
+      raise ValueError(f"Advantage hyperparameter {name} must be {allowed}, got {value}.")
+  f32 = lambda x: jnp.asarray(x, jnp.float32)
+  return AdvantageHyper(
+    eps=f32(eps),
+    gamma=f32(gamma),
+    kl_coef=f32(kl_coef),
+    lambda_s=f32(lambda_s),
+    lambda_f=f32(lambda_f),
+    std_power=f32(std_power),
+    focal_gamma=f32(focal_gamma),
+    ibpo_lambda=f32(ibpo_lambda),
+    ibpo_tau=f32(ibpo_tau),
+    ibpo_is_cap=f32(ibpo_is_cap),
+    extra={k: f32(v) for k, v in (extra or {}).items()},
+  )
+
+
+def declared_hyper() -> dict[str, Hyper]:
+  """Every registered estimator's declared hyperparameters, by name (config.rl's
+  advantage_hyper section lists them with their defaults). A name means one thing:
+  two estimators may share it only with the same declaration."""
+  out: dict[str, Hyper] = {}
+  for name in REGISTRY.names():
+    for key, h in REGISTRY.traits(name).hyper.items():
+      if key in out and out[key] != h:
+        raise ValueError(f"Advantage hyperparameter {key!r} is declared twice, differently.")
+      out[key] = h
+  return out
+
+
+def declared_values(name: str, given: dict) -> dict[str, float]:
+  """The values of estimator `name`'s declared hyperparameters: config.rl.advantage_hyper's
+  (checked against each declaration), else the default. A given key no estimator declares
+  is an error that lists the declared ones."""
+  known = declared_hyper()
+  unknown = sorted(set(given) - set(known))
+  if unknown:
+    raise ValueError(
+      f"config.rl.advantage_hyper: {unknown} are declared by no estimator; declared: "
+      f"{sorted(known) or 'none'}."
+    )
+  own = REGISTRY.traits(name).hyper
+  return {k: h.check(k, given.get(k, h.default)) for k, h in own.items()}
+
+
+def _to_tokens(a_B, mask_BT):
+  return jnp.where(mask_BT, a_B[:, None], 0.0).astype(jnp.float32)
+
+
+def _batch_mean(x_B, valid_B):
+  return jnp.sum(jnp.where(valid_B, x_B, 0.0)) / jnp.maximum(jnp.sum(valid_B), 1)
+
+
+def _safe_div(num, den):
+  """num/den, and 0 where den == 0 (eps = 0 and a zero std: then num is 0 too)."""
+  return jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
+
+
+def _masked_whiten(x_BT, mask_BT, eps):
+  """(x - μ)/(σ + eps) with μ, σ (ddof 1) over the valid tokens of the whole batch."""
+  m_BT = mask_BT.astype(jnp.float32)
+  n = jnp.maximum(jnp.sum(m_BT), 1.0)
+  mu = jnp.sum(x_BT * m_BT) / n
+  var = jnp.sum(jnp.square(x_BT - mu) * m_BT) / jnp.maximum(n - 1.0, 1.0)
+  return jnp.where(mask_BT, _safe_div(x_BT - mu, jnp.sqrt(var) + eps), 0.0)
+
+
+@REGISTRY.register("grpo")
+def grpo(inputs: AdvantageInputs, hyper: AdvantageHyper, *, unbiased_std: bool = True):
+  """A_i = (r_i - r̄_g) / (σ_g + eps); σ_g with ddof 1 (unbiased_std) or 0.
+
+  A group whose rewards are all equal gets 0; a singleton gets 0. Source: DeepSeekMath
+  (arXiv 2402.03300) outcome supervision; verl `compute_grpo_outcome_advantage` (ddof 1,
+  eps 1e-6).
+  """
+  r_B, g_B, v_B = inputs.rewards_B.astype(jnp.float32), inputs.group_ids_B, inputs.valid
+  std_B = groups.group_std(r_B, g_B, unbiased=unbiased_std, valid_B=v_B)
+  dev_B = r_B - groups.group_mean(r_B, g_B, v_B)
+  return _to_tokens(_safe_div(dev_B, std_B + hyper.eps), inputs.token_mask)
+
+
+@REGISTRY.register("dr_grpo")
+def dr_grpo(inputs: AdvantageInputs, hyper: AdvantageHyper):
+  """A_i = r_i - r̄_g (no std). Source: Dr. GRPO, "Understanding R1-Zero-Like Training"
+  (arXiv 2503.20783), removing the difficulty bias."""
+  del hyper
+  r_B, g_B = inputs.rewards_B.astype(jnp.float32), inputs.group_ids_B
+  return _to_tokens(r_B - groups.group_mean(r_B, g_B, inputs.valid), inputs.token_mask)
+
+
+@REGISTRY.register("rloo")
+def rloo(inputs: AdvantageInputs, hyper: AdvantageHyper):
+  """A_i = r_i - (1/(n_g-1)) Σ_{j≠i} r_j = n_g/(n_g-1) · (r_i - r̄_g); 0 for a singleton.
+
+  Source: RLOO, "Back to Basics" (arXiv 2402.14740); verl `compute_rloo_outcome_advantage`.
+  """
+  del hyper
+  r_B, g_B, v_B = inputs.rewards_B.astype(jnp.float32), inputs.group_ids_B, inputs.valid
+  n_B = groups.group_size(g_B, valid_B=v_B)
+  scale_B = jnp.where(n_B > 1, n_B / jnp.maximum(n_B - 1.0, 1.0), 0.0)
+  return _to_tokens(scale_B * (r_B - groups.group_mean(r_B, g_B, v_B)), inputs.token_mask)
+
+
+@REGISTRY.register("reinforce_pp", batch_level=True, folds_kl=True)
+def reinforce_pp(inputs: AdvantageInputs, hyper: AdvantageHyper):
+  """Token rewards r_t = 1[t = last]·r_i - β·kl_t, return G_t = Σ_{s>=t} γ^{s-t} r_s over the
+  row's valid tokens (s, t count valid tokens only: masked gaps are skipped), then global whitening A = (G - μ)/(σ + eps) over all
+  valid tokens of the batch (ddof 1). No group baseline.
+
+  Source: REINFORCE++ (arXiv 2501.03262); verl `compute_reinforce_plus_plus_outcome_advantage`
+  (verl whitens with rsqrt(var + 1e-8)).
+  """
+  mask_BT = inputs.token_mask
+  m_BT = mask_BT.astype(jnp.float32)
+  # The last valid token of each row (masks may have gaps, e.g. masked observations).
+  last_BT = mask_BT & (jnp.cumsum(m_BT[:, ::-1], axis=1)[:, ::-1] == 1.0)
+  kl_BT = jnp.zeros_like(m_BT) if inputs.kl_BT is None else inputs.kl_BT.astype(jnp.float32)
+  rew_BT = (jnp.where(last_BT, inputs.rewards_B[:, None], 0.0) - hyper.kl_coef * kl_BT) * m_BT
+
+  def back(carry_B, r_m_B):
+    r_B, m_B = r_m_B  # Masked positions (gaps) pass the return through undiscounted.
+    g_B = jnp.where(m_B, r_B + hyper.gamma * carry_B, carry_B)
+    return g_B, g_B
+
+  _, ret_TB = jax.lax.scan(
+    back, jnp.zeros_like(inputs.rewards_B, jnp.float32), (rew_BT.T, mask_BT.T), reverse=True
+  )
+  return _masked_whiten(ret_TB.T * m_BT, mask_BT, hyper.eps)
+
+
+@REGISTRY.register("reinforce_pp_baseline")
+def reinforce_pp_baseline(inputs: AdvantageInputs, hyper: AdvantageHyper):
+  """A = whiten(r_i - r̄_g) over all valid tokens of the batch (μ, σ with ddof 1).
+
+  Source: REINFORCE++-baseline (arXiv 2501.03262); verl
+  `compute_reinforce_plus_plus_baseline_outcome_advantage`.
+  """
+  centred_BT = dr_grpo(inputs, hyper)
+  return _masked_whiten(centred_BT, inputs.token_mask, hyper.eps)
+
+
+@REGISTRY.register("batch_mean", batch_level=True)
+def batch_mean(inputs: AdvantageInputs, hyper: AdvantageHyper):
+  """A_i = r_i - (1/B) Σ_j r_j: a batch baseline for single-rollout (G = 1) training.
+
+  Source: "Rethinking Groups in Critic-Free RLVR" (arXiv 2606.17250), batch-level advantages.
+  """
+  del hyper
+  r_B = inputs.rewards_B.astype(jnp.float32)
+  return _to_tokens(r_B - _batch_mean(r_B, inputs.valid), inputs.token_mask)
+
+
+@REGISTRY.register("batch_mean_std", batch_level=True)
+def batch_mean_std(inputs: AdvantageInputs, hyper: AdvantageHyper, *, unbiased_std: bool = True):
+  """A_i = (r_i - μ_B)/(σ_B + eps) over the rows of the batch (σ with ddof 1 or 0).
+
+  Source: batch-level normalisation as in REINFORCE++ (arXiv 2501.03262) at sequence level;
+  "Rethinking Groups in Critic-Free RLVR" (arXiv 2606.17250).
+  """
+  r_B, v_B = inputs.rewards_B.astype(jnp.float32), inputs.valid
+  # Shifted: exactly 0 (so σ = 0, A = 0) when all rewards are equal.
+  s_B = r_B - jnp.max(jnp.where(v_B, r_B, -jnp.inf), initial=-jnp.inf)
+  s_B = jnp.where(v_B, s_B, 0.0)
+  n = jnp.sum(v_B).astype(jnp.float32)
+  dev_B = jnp.where(v_B, s_B - _batch_mean(s_B, v_B), 0.0)
+  ddof = 1.0 if unbiased_std else 0.0
+  std = jnp.sqrt(jnp.sum(dev_B * dev_B) / jnp.maximum(n - ddof, 1.0))
+  return _to_tokens(_safe_div(dev_B, std + hyper.eps), inputs.token_mask)
+
+
+@REGISTRY.register("positive_only")
+def positive_only(inputs: AdvantageInputs, hyper: AdvantageHyper, *, unbiased_std: bool = True):
+  """A_i = max(GRPO_i, 0): negatives contribute nothing.
+
+  Source: the positive-only arm of "The Cancellation Hypothesis in Critic-Free RL"
+  (arXiv 2605.08666).
+  """
+  return jnp.maximum(grpo(inputs, hyper, unbiased_std=unbiased_std), 0.0)
+
+
+@REGISTRY.register(
+  "optimal_baseline",
+  needs_old_logp=True,
+  batch_level={"scope": "batch"},
+  check=_scope_check("optimal_baseline"),
+)
+def optimal_baseline(inputs: AdvantageInputs, hyper: AdvantageHyper, *, scope: str = "group"):
+  """A_i = r_i - b*, b* = Σ_j s_j r_j / Σ_j s_j over the group (or batch), s_j = ‖∇log π(o_j)‖².
+
+  The variance-minimising constant baseline for the score-function estimator; it equals
+  the group mean when s is constant. s comes from the caller (`score_sq_B`); b* falls back
+  to the plain mean where Σ s = 0. Source: Weaver & Tao, "The optimal reward baseline for
+  gradient-based RL" (UAI 2001); arXiv 2606.29238 §optimal baselines.
+  """
+  del hyper
+  _check_scope("optimal_baseline", scope)
+  r_B, v_B = inputs.rewards_B.astype(jnp.float32), inputs.valid
+  s_B = jnp.ones_like(r_B) if inputs.score_sq_B is None else inputs.score_sq_B.astype(jnp.float32)
+  s_B = jnp.where(v_B, s_B, 0.0)
+  if scope == "group":
+    g_B = inputs.group_ids_B
+    num_B, den_B = groups.group_sum(s_B * r_B, g_B, v_B), groups.group_sum(s_B, g_B, v_B)
+    mean_B = groups.group_mean(r_B, g_B, v_B)
+  else:
+    num_B = jnp.full_like(r_B, jnp.sum(jnp.where(v_B, s_B * r_B, 0.0)))
+    den_B = jnp.full_like(r_B, jnp.sum(s_B))
+    mean_B = jnp.full_like(r_B, _batch_mean(r_B, v_B))
+  b_B = jnp.where(den_B > 0, num_B / jnp.where(den_B > 0, den_B, 1.0), mean_B)
+  return _to_tokens(r_B - b_B, inputs.token_mask)
+
+
+@REGISTRY.register(
+  "optimal_token_baseline",
+  needs_old_logp=True,
+  batch_level={"scope": "batch"},
+  check=_scope_check("optimal_token_baseline"),
+)
+def optimal_token_baseline(inputs: AdvantageInputs, hyper: AdvantageHyper, *, scope: str = "group"):
+  """A_{i,t} = r_i − B_{g(i),t}, the per-token optimal baseline of each group (or batch):
+
+    B_{g,t} = Σ_{j∈g} m_{j,t} W_{j,t} r_j / Σ_{j∈g} m_{j,t} W_{j,t},
+    W_{j,t} = Σ_{s≤t} m_{j,s} ‖e_{o_s} − π_s‖²,   ‖e_y − π‖² = 1 − 2π(y) + Σ_v π_v²,
+
+  over the rows j of the group with a token at t. With a terminal reward the return from
+  t is r_j, and W_{j,t} is the squared logit-space score norm of the prefix o_{j,≤t}: the
+  Weaver–Tao weighting E[‖∇ log π‖² R] / E[‖∇ log π‖²] applied per position, with each
+  token's score norm measured at the logits (where ∇_z log π(y) = e_y − π). Where
+  Σ m W = 0 (every prefix certain) B falls back to the mean reward of the rows with a
+  token at t. `score_sq_BT` comes from π_old (rl computes it); without it every token's
+  norm is taken as 1, so W_{j,t} = t + 1 and B_t is the mean reward of the rows still
+  running at t. Like verl's OTB, B includes the row's own reward (so it is not an
+  unbiased baseline), and where one row of a group is left running, B = its reward and
+  its remaining tokens get A = 0.
+
+  Source: Weaver & Tao, "The optimal reward baseline for gradient-based RL" (UAI 2001);
+  the per-token form is verl's Optimal Token Baseline (volcengine/verl
+  `core_algos.compute_optimal_token_baseline_advantage`), RESEARCH.md §4.2.
+  """
+  del hyper
+  _check_scope("optimal_token_baseline", scope)
+  m_BT = inputs.token_mask.astype(jnp.float32)
+  r_B1 = inputs.rewards_B.astype(jnp.float32)[:, None]
+  if inputs.score_sq_BT is None:
+    s_BT = jnp.ones_like(m_BT)
+  else:
+    s_BT = inputs.score_sq_BT.astype(jnp.float32)
+  w_BT = jnp.cumsum(s_BT * m_BT, axis=1) * m_BT
+  B = m_BT.shape[0]
+  seg_B = inputs.group_ids_B if scope == "group" else jnp.zeros((B,), jnp.int32)
+  total = lambda x_BT: jax.ops.segment_sum(x_BT, seg_B, num_segments=B)[seg_B]
+  num_BT, den_BT = total(w_BT * r_B1), total(w_BT)
+  mean_BT = _safe_div(total(m_BT * r_B1), total(m_BT))
+  b_BT = jnp.where(den_BT > 0, _safe_div(num_BT, den_BT), mean_BT)
+  return jnp.where(inputs.token_mask, r_B1 - b_BT, 0.0)
+
+
+def pass_rate(success_B, group_ids_B, valid_B=None):
+  """p_g = (1/n_g) Σ_{i∈g} 1(success_i) over the group's (valid) rows, per row. success_B:
+  bool, or rewards (success = r > 0)."""
+  s_B = success_B if success_B.dtype == jnp.bool_ else success_B > 0
+  return groups.group_mean(s_B.astype(jnp.float32), group_ids_B, valid_B)
+
+
+@REGISTRY.register("fade", reads_outcome=True)
+def fade(inputs: AdvantageInputs, hyper: AdvantageHyper):
+  """Sign/difficulty family: A_i = f(p)·[λ_S·1(s_i)·(1-p) - λ_F·1(¬s_i)·p], with s_i the
+  row's success (the verifier's verdict) and p the group pass rate and f(p) = (p(1-p) + eps)^(-α)·(1-p)^γ (α = std_power, γ = focal_gamma).
+
+  Masses per group: m_S = p·a⁺ = λ_S f p(1-p), m_F = (1-p)|a⁻| = λ_F f p(1-p). α = 1/2,
+  γ = 0, λ = 1 is GRPO with the biased std (m_S = m_F = √(p(1-p))); α = 0 is Dr. GRPO
+  (m = p(1-p)); γ > 0 focuses on hard prompts, γ < 0 on easy ones; λ_F > λ_S is
+  negative-dominant ("suppression"). All-equal groups (p ∈ {0, 1}) get 0. Success is the
+  verifier's verdict (`AdvantageInputs.success_B`, from the correctness reward), not the
+  shaped reward: with a format bonus a well-formatted wrong answer is still a failure.
+
+  Source: a reconstruction [INF] of FADE, "Don't Let Gains FADE" (arXiv 2607.01490), with
+  the focal weight of F-GRPO (arXiv 2602.06717); see RESEARCH.md §5a.
+  """
+  success_B = inputs.success
+  p_B = pass_rate(success_B, inputs.group_ids_B, inputs.valid)
+  mixed_B = (p_B > 0) & (p_B < 1)
+  q_B = jnp.where(mixed_B, 1.0 - p_B, 0.5)  # Keeps (1-p)^γ finite for γ < 0 off the mix.
+  f_B = jnp.power(p_B * (1.0 - p_B) + hyper.eps, -hyper.std_power) * jnp.power(
+    q_B, hyper.focal_gamma
+  )
+  a_B = f_B * jnp.where(success_B, hyper.lambda_s * (1.0 - p_B), -hyper.lambda_f * p_B)
+  return _to_tokens(jnp.where(mixed_B, a_B, 0.0), inputs.token_mask)
+
+
+def ibpo_advantage(
+  inputs: AdvantageInputs, hyper: AdvantageHyper, *, shrink: float = 0.0, scale: str = "std"
+):
+  """A_{i,t} = (n_g − 1)/n_g · (r_i − b_{i,t}) / (σ_g + eps), b_{i,t} = (1 − λ)·r̄_{−i} +
+  λ·φ_{−i}(o_{i,<t}): the terminal reward against a leave-one-out baseline read from the
+  group's prefix trie at the state before token t (`ibpo.advantage`; λ = hyper.ibpo_lambda,
+  κ = shrink: pseudo-counts toward the parent prefix's value; scale "std" or "none": no σ_g).
+
+  φ_{−i}(s) = (Σ_{j through s, j≠i} w_j r_j + κ φ_{−i}(s⁻)) / (Σ_{j through s, j≠i} w_j + κ),
+  φ_{−i}(∅) = r̄_{−i}; a row counts at depths ≥ its start (`AdvantageInputs.start_B`: a
+  branch's cut). The baseline never contains the credited trajectory, so with scale="none"
+  the policy gradient is unbiased; λ = 0 without counterfactual rows is GRPO ("std") or
+  Dr. GRPO ("none") exactly. The trie counts the valid rows and the context rows
+  (`AdvantageInputs.context_B`, with weights `weights_B`); n_g counts the valid rows.
+
+  Source: IBPO, "Reducing Credit Assignment Variance via Counterfactual Reasoning Paths"
+  (arXiv 2605.16302); a reconstruction [INF] derived in grpo_jax/rl/ibpo.py and RESEARCH.md §3.2.
+  """
+  _check_ibpo(shrink=shrink, scale=scale)
+  return _ibpo(inputs, hyper, shrink=shrink, scale=scale)[0]
+
+
+def _ibpo(inputs: AdvantageInputs, hyper: AdvantageHyper, *, shrink, scale):
+  if inputs.tokens_BT is None:
+    raise ValueError("ibpo needs AdvantageInputs.tokens_BT (the completion tokens).")
+  return ibpo.advantage(
+    inputs.tokens_BT,
+    inputs.mask_BT,
+    inputs.rewards_B,
+    inputs.group_ids_B,
+    inputs.valid,
+    lam=hyper.ibpo_lambda,
+    eps=hyper.eps,
+    shrink=shrink,
+    scale=scale,
+    start_B=inputs.start_B,
+    context_B=inputs.context_B,
+    weights_B=inputs.weights_B,
+  )
+
+
+def ibpo_stats(inputs: AdvantageInputs, hyper: AdvantageHyper, *, shrink=0.0, scale="std"):
+  """`ibpo.comparison_stats` of the ibpo estimator with these options, on its batch."""
+  adv_BT, parts = _ibpo(inputs, hyper, shrink=shrink, scale=scale)
+  return ibpo.comparison_stats(adv_BT, inputs.rewards_B, **parts)
+
+
+REGISTRY.register("ibpo", metrics=ibpo_stats, check=_check_ibpo, reads_counterfactuals=True)(
+  ibpo_advantage
+)
+
+
+def works_without_groups(name: str, options: dict) -> bool:
+  """Whether estimator `name` with `options` gives non-zero advantages at group size 1 (its
+  `Traits.batch_level`); every other one gives A = 0 there (a singleton group is its own
+  baseline) and trains nothing."""
+  level = REGISTRY.traits(name).batch_level
+  if isinstance(level, dict):
+    return all(options.get(k) == v for k, v in level.items())
+  return bool(level)
+
+
+def batch_level_names() -> list[str]:
+  """The estimators (with the options they need) that work at group size 1."""
+  out = []
+  for name in REGISTRY.names():
+    level = REGISTRY.traits(name).batch_level
+    if isinstance(level, dict):
+      out.append(f"{name}({', '.join(f'{k}={v!r}' for k, v in level.items())})")
+    elif level:
+      out.append(name)
+  return out
+
+
+# ----------------------------------------------------------------------------
+# Statistics shared by every estimator.
+# ----------------------------------------------------------------------------
+
+
+def sequence_advantage(adv_BT, mask_BT):
+  """ā_i = Σ_t m A / Σ_t m (0 for an empty row): the sign that decides a row's polarity."""
+  m_BT = mask_BT.astype(jnp.float32)
+  return jnp.sum(adv_BT * m_BT, axis=1) / jnp.maximum(jnp.sum(m_BT, axis=1), 1.0)
+
+
+def sign_masses(adv_B):
+  """m_S = (1/B) Σ_i max(ā_i, 0), m_F = (1/B) Σ_i max(-ā_i, 0): positive and negative
+  gradient mass (FADE, arXiv 2607.01490). For one binary group: m_S = p·a⁺, m_F = (1-p)|a⁻|."""
+  return jnp.mean(jnp.maximum(adv_B, 0.0)), jnp.mean(jnp.maximum(-adv_B, 0.0))
+
+
+def group_stats(rewards_B, group_ids_B):
+  """Fractions of groups whose rewards have zero variance: all equal, all 0, all 1."""
+  r_B = rewards_B.astype(jnp.float32)
+  n_B = groups.group_size(group_ids_B)
+  mean_B = groups.group_mean(r_B, group_ids_B)
+  equal_B = groups.group_sum(jnp.square(r_B - mean_B), group_ids_B) <= 1e-12
+  all0_B = equal_B & (mean_B == 0.0)
+  all1_B = equal_B & (mean_B == 1.0)
+  # Each group counted once: weight each row by 1/n_g.
+  per_group = lambda flag_B: jnp.sum(flag_B / n_B) / jnp.sum(1.0 / n_B)
+  return {
+    "zero_var_groups": per_group(equal_B),
+    "all_zero_groups": per_group(all0_B),
+    "all_one_groups": per_group(all1_B),
+  }
+
+
+def advantage_stats(adv_BT, mask_BT, rewards_B, correct_B, group_ids_B):
+  """Advantage and reward statistics (see metrics.DEFINITIONS). Group fractions and the
+  pass rate come from the correctness reward c_i, the rest from the shaped reward r_i."""
+  m_BT = mask_BT.astype(jnp.float32)
+  n = jnp.maximum(jnp.sum(m_BT), 1.0)
+  mean = jnp.sum(adv_BT * m_BT) / n
+  big = jnp.float32(3e38)
+  a_B = sequence_advantage(adv_BT, mask_BT)
+  m_s, m_f = sign_masses(a_B)
+  return {
+    "adv_mean": mean,
+    "adv_std": jnp.sqrt(jnp.sum(jnp.square(adv_BT - mean) * m_BT) / n),
+    "adv_min": jnp.min(jnp.where(mask_BT, adv_BT, big)),
+    "adv_max": jnp.max(jnp.where(mask_BT, adv_BT, -big)),
+    "adv_pos_frac": jnp.mean((a_B > 0).astype(jnp.float32)),
+    "adv_neg_frac": jnp.mean((a_B < 0).astype(jnp.float32)),
+    "m_S": m_s,
+    "m_F": m_f,
+    "reward_mean": jnp.mean(rewards_B.astype(jnp.float32)),
+    "pass_rate": jnp.mean((correct_B > 0).astype(jnp.float32)),
+    **group_stats(correct_B, group_ids_B),
+  }

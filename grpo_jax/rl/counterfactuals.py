@@ -1,0 +1,535 @@
+"""IBPO's counterfactual trajectories: branches from prefixes of the group's rollouts and
+samples under perturbed prompts, merged into the batch with their provenance.
+
+IBPO (arXiv 2605.16302; RESEARCH.md §3.2) credits a decision by comparing trajectories
+that share everything but that decision. Stochastic re-decoding (the group itself) gives
+such pairs by chance; this module makes them on purpose, on top of the G rollouts:
+
+  branch      o~ = o_i[:c] + a continuation sampled from π(·|q, o_i[:c]): a failed rollout
+              gets "local repairs", a correct one near misses. Decoded by the jitted
+              sampler from the given prefixes (`branch`), the prefix left-aligned into a
+              prompt by a gather, with a per-row limit T − c so |o~| ≤ T.
+  hint, paraphrase, repair
+              o~ ~ π(·|q~) under a perturbed prompt q~ of the task
+              (`tasks.base.Task.perturb`); off-policy for q, so a row carries the original
+              prompt q and the weight w = min(π(o~|q)/π(o~|q~), c) (π(o~|q) is the
+              trainer's recomputed π_old forward, π(o~|q~) the sampler's log-probs).
+
+Slots: C = config.counterfactual.per_group rows per group, static. `plan` fills them:
+C/k (rollout, cut) picks per group among the eligible rollouts (failed, correct or all,
+at least 2 tokens long), k = per_rollout continuations from each (k > 1 is the
+Monte-Carlo estimate of φ at that prefix: the trie counts all k + 1 trajectories through
+it), a cut chosen
+
+  uniform     c ~ U{1, …, |o_i| − 1}
+  step        uniformly among the step starts in [1, |o_i| − 1] (after a step-ending
+              token; `alignment.step_ids`), uniform when the rollout has none
+  divergence  c = t* + 1, t* the first position where o_i leaves every other trajectory of
+              its group (the first prefix the trie has seen once): the Monte-Carlo
+              fallback for the prefixes the trie has too few visits of
+
+and a total-token budget (config.counterfactual.token_budget, per iteration; 0: none):
+slots are granted in a random order while the sum of their expected lengths (|o_i| − c
+for a branch, |o_i| for a perturbed sample) stays within it. Unused slots are inactive:
+they decode nothing and are never valid.
+
+The merged batch is group-major: each group's G samples, then its C counterfactuals, so
+the trainer sees groups of G + C rows (`build.Setup.train_group`). `Provenance` travels
+next to the rollouts: kind (KINDS), the parent row, own_NT (the tokens the row generated
+itself: a branch's prefix is its parent's and is never trained twice) and active_N.
+
+In `rl.finish_prepare` (`row_weights`, `rewrite_filter`): counterfactuals at normalised
+edit distance > τ (token or step level) from their parent are full rewrites and are
+dropped; perturbed rows get their truncated importance weights (or weight 1, or are
+dropped: config.counterfactual.weighting); the kept rows inform the ibpo estimator's
+leave-one-out prefix baseline φ_{−i} (`advantages.AdvantageInputs.context_B`, `weights_B`,
+`start_B`: a branch counts from its cut), and with config.counterfactual.train they are
+trained on their own tokens too, the advantage of a perturbed row scaled by its weight
+(grpo_jax/rl/ibpo.py: training branches double-counts the subtrees below the cuts; keep them
+φ-only for an estimate of ∇J).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax.models import sampling
+from grpo_jax.rl import alignment, ibpo
+
+KINDS = ("sampled", "branch", "hint", "paraphrase", "repair")  # Provenance codes 0..4.
+SOURCES = KINDS[1:]
+BRANCH_FROM = ("failed", "correct", "all")
+CUTS = ("uniform", "step", "divergence")
+WEIGHTING = ("truncated_is", "none", "drop")
+DISTANCES = ("token", "step")
+SAMPLED, BRANCH = 0, 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CounterfactualConfig:
+  """config.counterfactual: which counterfactual rows each group gets (static: changing
+  one recompiles). per_group = 0 switches them off."""
+
+  per_group: int = 0  # C counterfactual rows per group.
+  per_rollout: int = 1  # k continuations from each picked (rollout, cut); divides C.
+  source: str = "branch"  # SOURCES.
+  branch_from: str = "failed"  # BRANCH_FROM: which rollouts get counterfactuals.
+  cut: str = "uniform"  # CUTS (branches only).
+  token_budget: int = 0  # Expected counterfactual tokens per iteration (0: no cap).
+  train: bool = False  # Train counterfactual rows (own tokens) too, not only φ.
+  weighting: str = "truncated_is"  # WEIGHTING of perturbed rows.
+  distance: str = "token"  # DISTANCES of the full-rewrite filter.
+
+  def __post_init__(self):
+    for name, value, allowed in (
+      ("source", self.source, SOURCES),
+      ("branch_from", self.branch_from, BRANCH_FROM),
+      ("cut", self.cut, CUTS),
+      ("weighting", self.weighting, WEIGHTING),
+      ("distance", self.distance, DISTANCES),
+    ):
+      if value not in allowed:
+        raise ValueError(f"counterfactual.{name}={value!r}; allowed: {', '.join(allowed)}.")
+    for name in ("per_group", "token_budget"):
+      if getattr(self, name) < 0:
+        raise ValueError(f"counterfactual.{name} must be >= 0, got {getattr(self, name)}.")
+    if self.per_rollout < 1:
+      raise ValueError(f"counterfactual.per_rollout must be >= 1, got {self.per_rollout}.")
+    if self.per_group % self.per_rollout:
+      raise ValueError(
+        f"counterfactual.per_group={self.per_group} must be a multiple of per_rollout="
+        f"{self.per_rollout} (each picked prefix gets per_rollout continuations)."
+      )
+
+  @property
+  def enabled(self) -> bool:
+    return self.per_group > 0
+
+  @property
+  def perturbed(self) -> bool:
+    return self.source != "branch"
+
+  @property
+  def kind(self) -> int:
+    return KINDS.index(self.source)
+
+
+@flax.struct.dataclass
+class Provenance:
+  """Where each row of a merged batch comes from (N' = B·(G + C) rows)."""
+
+  kind_N: jax.Array  # int32 KINDS code.
+  parent_N: jax.Array  # int32 row (in the merged batch) it derives from; itself if sampled.
+  own_NT: jax.Array  # bool: tokens the row generated (a branch's prefix is its parent's).
+  active_N: jax.Array  # bool: False on unused slots (nothing decoded; never valid).
+
+
+@flax.struct.dataclass
+class Plan:
+  """The M = B·C slots: parent row (in the B·G samples), cut c, active."""
+
+  parent_M: jax.Array
+  cut_M: jax.Array
+  active_M: jax.Array
+
+
+# ----------------------------------------------------------------------------
+# Planning the slots (jitted).
+# ----------------------------------------------------------------------------
+
+
+def eligible(correct_N, length_N, *, branch_from: str):
+  """Rollouts that may get counterfactuals: by outcome, and at least 2 tokens long."""
+  ok = {"failed": correct_N <= 0, "correct": correct_N > 0, "all": correct_N == correct_N}
+  return ok[branch_from] & (length_N >= 2)
+
+
+def first_unique(tokens_NT, mask_NT, group_ids_N):
+  """t*_N: the first position where row n's prefix o_{≤t} is shared by no other row of
+  its group (the trie's first one-visit prefix); its length when never unique."""
+  n_NT, _ = ibpo.prefix_stats(tokens_NT, mask_NT, jnp.zeros(tokens_NT.shape[:1]), group_ids_N)
+  unique_NT = mask_NT & (n_NT <= 1)
+  length_N = jnp.sum(mask_NT, axis=1, dtype=jnp.int32)
+  return jnp.where(jnp.any(unique_NT, axis=1), jnp.argmax(unique_NT, axis=1), length_N)
+
+
+def _cuts(key, parent_M, rollouts, *, cut: str, splitter: alignment.StepSplitter):
+  """c_M for the chosen parents (see the module docstring)."""
+  len_M = rollouts.length_N[parent_M]
+  T = rollouts.tokens_NT.shape[1]
+  u_M = jax.random.uniform(key, parent_M.shape)
+  uniform_M = 1 + jnp.floor(u_M * jnp.maximum(len_M - 1, 1)).astype(jnp.int32)
+  if cut == "uniform":
+    return uniform_M
+  if cut == "divergence":
+    t_N = first_unique(rollouts.tokens_NT, rollouts.mask_NT, rollouts.group_ids_N)
+    return jnp.clip(t_N[parent_M] + 1, 1, jnp.maximum(len_M - 1, 1))
+  # step: cut c at a step start (`alignment.step_ids` changes at c), 1 ≤ c ≤ |o| − 1.
+  ids_MT = splitter.ids(rollouts.tokens_NT[parent_M], rollouts.mask_NT[parent_M])
+  t = jnp.arange(T)[None, :]
+  changed_MT = jnp.concatenate(
+    [jnp.zeros_like(ids_MT[:, :1], bool), ids_MT[:, 1:] != ids_MT[:, :-1]], axis=1
+  )
+  starts_MT = changed_MT & (t >= 1) & (t <= len_M[:, None] - 1)
+  n_M = jnp.sum(starts_MT, axis=1)
+  pick_M = jnp.floor(u_M * jnp.maximum(n_M, 1)).astype(jnp.int32)  # The pick_M-th start.
+  rank_MT = jnp.cumsum(starts_MT, axis=1) - 1
+  step_M = jnp.argmax(starts_MT & (rank_MT == pick_M[:, None]), axis=1).astype(jnp.int32)
+  return jnp.where(n_M > 0, step_M, uniform_M)
+
+
+def plan(
+  key,
+  rollouts: sampling.Rollouts,
+  correct_N,
+  *,
+  cfg: CounterfactualConfig,
+  group_size: int,
+  splitter: alignment.StepSplitter = alignment.NO_STEPS,
+) -> Plan:
+  """Fills the B·C slots (see the module docstring): parents drawn without replacement
+  among each group's eligible rollouts (cycling when C/k exceeds them), k slots per
+  parent with the same cut, then the token budget. Jittable."""
+  N, T = rollouts.tokens_NT.shape
+  G, C, k = group_size, cfg.per_group, cfg.per_rollout
+  B = N // G
+  pick_key, cut_key, order_key = jax.random.split(key, 3)
+  ok_BG = eligible(correct_N, rollouts.length_N, branch_from=cfg.branch_from).reshape(B, G)
+  score_BG = jnp.where(ok_BG, jax.random.gumbel(pick_key, (B, G)), -jnp.inf)
+  order_BG = jnp.argsort(-score_BG, axis=1)
+  n_B = jnp.sum(ok_BG, axis=1)
+  j = jnp.arange(C // k)
+  picks_BJ = jnp.take_along_axis(order_BG, j[None, :] % jnp.maximum(n_B, 1)[:, None], axis=1)
+  parent_BJ = picks_BJ + G * jnp.arange(B)[:, None]
+  cut_BJ = _cuts(cut_key, parent_BJ.reshape(-1), rollouts, cut=cfg.cut, splitter=splitter).reshape(
+    B, C // k
+  )
+  parent_M = jnp.repeat(parent_BJ, k, axis=1).reshape(-1).astype(jnp.int32)
+  cut_M = jnp.repeat(cut_BJ, k, axis=1).reshape(-1).astype(jnp.int32)
+  if cfg.perturbed:
+    cut_M = jnp.zeros_like(cut_M)
+  active_M = jnp.repeat(n_B > 0, C)
+  if cfg.token_budget:
+    cost_M = jnp.where(active_M, rollouts.length_N[parent_M] - cut_M, 0)
+    prio_M = jax.random.permutation(order_key, parent_M.shape[0])
+    spent = jnp.zeros_like(cost_M).at[prio_M].set(jnp.cumsum(cost_M[prio_M]))
+    active_M = active_M & (spent <= cfg.token_budget)
+  return Plan(parent_M=parent_M, cut_M=cut_M, active_M=active_M)
+
+
+# ----------------------------------------------------------------------------
+# Decoding the counterfactuals (jitted).
+# ----------------------------------------------------------------------------
+
+
+def prefix_prompts(
+  prompt_tokens_MP, prompt_mask_MP, tokens_MT, cut_M, *, pad_id
+) -> sampling.Prompts:
+  """Prompt + o[:c] per row as one left-padded prompt of P + T slots: the concatenation
+  shifted right by T − c (a gather), so its real tokens end at the last slot."""
+  P, T = prompt_tokens_MP.shape[1], tokens_MT.shape[1]
+  seq_MS = jnp.concatenate([prompt_tokens_MP, tokens_MT], axis=1)
+  on_MS = jnp.concatenate([prompt_mask_MP, jnp.arange(T)[None, :] < cut_M[:, None]], axis=1)
+  src_MS = jnp.arange(P + T)[None, :] - (T - cut_M)[:, None]
+  inside_MS = src_MS >= 0
+  src_MS = jnp.clip(src_MS, 0, P + T - 1)
+  tokens = jnp.where(inside_MS, jnp.take_along_axis(seq_MS, src_MS, axis=1), pad_id)
+  mask = inside_MS & jnp.take_along_axis(on_MS, src_MS, axis=1)
+  return sampling.Prompts(tokens_BP=jnp.where(mask, tokens, pad_id), mask_BP=mask)
+
+
+def sample_limited(
+  params,
+  prompts: sampling.Prompts,
+  limit_M,
+  key,
+  hyper: sampling.SamplingParams,
+  *,
+  model_fn: Callable,
+  init_cache: Callable,
+  cfg: sampling.SamplerConfig,
+):
+  """One completion per prompt row, row m stopping after limit_M[m] tokens (0: none):
+  the decode state (`sampling.decode` with limit_N)."""
+  cfg = dataclasses.replace(cfg, group_size=1)
+  state = sampling.prefill(params, prompts, key, model_fn=model_fn, init_cache=init_cache, cfg=cfg)
+  return sampling.decode(params, state, hyper, model_fn=model_fn, cfg=cfg, limit_N=limit_M)
+
+
+def _rows(rollouts: sampling.Rollouts, parent_M, tokens_MT, mask_MT, logp_MT, policy_MT, eos_ids):
+  """Counterfactual Rollouts rows: the parent's prompt and group, the given completion."""
+  eos_M = sampling.ended_with_eos(tokens_MT, mask_MT, eos_ids)
+  return sampling.Rollouts(
+    prompt_tokens_NP=rollouts.prompt_tokens_NP[parent_M],
+    prompt_mask_NP=rollouts.prompt_mask_NP[parent_M],
+    tokens_NT=tokens_MT,
+    mask_NT=mask_MT,
+    logp_NT=logp_MT,
+    policy_logp_NT=policy_MT,
+    eos_N=eos_M,
+    truncated_N=~eos_M,
+    length_N=jnp.sum(mask_MT, axis=1, dtype=jnp.int32),
+    group_ids_N=rollouts.group_ids_N[parent_M],
+    num_steps=rollouts.num_steps,
+  )
+
+
+def branch(
+  params,
+  rollouts: sampling.Rollouts,
+  cf_plan: Plan,
+  key,
+  hyper: sampling.SamplingParams,
+  *,
+  model_fn: Callable,
+  init_cache: Callable,
+  cfg: sampling.SamplerConfig,
+):
+  """(Rollouts of the M branch rows, own_MT): o~_m = o_p[:c] + a continuation sampled
+  from the prefix, at most T tokens in all; the prefix keeps its parent's log-probs
+  (sampled by the same policy), inactive slots are empty. Jittable."""
+  p_M, c_M = cf_plan.parent_M, cf_plan.cut_M
+  T = rollouts.tokens_NT.shape[1]
+  parent_MT = rollouts.tokens_NT[p_M]
+  prompts = prefix_prompts(
+    rollouts.prompt_tokens_NP[p_M], rollouts.prompt_mask_NP[p_M], parent_MT, c_M, pad_id=cfg.pad_id
+  )
+  limit_M = jnp.where(cf_plan.active_M, T - c_M, 0)
+  s = sample_limited(
+    params, prompts, limit_M, key, hyper, model_fn=model_fn, init_cache=init_cache, cfg=cfg
+  )
+  t = jnp.arange(T)[None, :]
+  src_MT = jnp.clip(t - c_M[:, None], 0, T - 1)
+  head_MT = (t < c_M[:, None]) & cf_plan.active_M[:, None]
+  own_MT = (t >= c_M[:, None]) & jnp.take_along_axis(s.mask_NT, src_MT, axis=1)
+
+  def join(parent, cont, fill):
+    cont = jnp.take_along_axis(cont, src_MT, axis=1)
+    return jnp.where(head_MT, parent, jnp.where(own_MT, cont, fill))
+
+  rows = _rows(
+    rollouts,
+    p_M,
+    join(parent_MT, s.tokens_NT, cfg.pad_id),
+    head_MT | own_MT,
+    join(rollouts.logp_NT[p_M], s.logp_NT, 0.0),
+    join(rollouts.policy_logp_NT[p_M], s.policy_logp_NT, 0.0),
+    cfg.eos_ids,
+  )
+  return rows, own_MT
+
+
+def perturbed(
+  params,
+  rollouts: sampling.Rollouts,
+  cf_plan: Plan,
+  prompts: sampling.Prompts,
+  key,
+  hyper: sampling.SamplingParams,
+  *,
+  model_fn: Callable,
+  init_cache: Callable,
+  cfg: sampling.SamplerConfig,
+):
+  """(Rollouts of the M rows sampled under the perturbed prompts q~ (`perturbed_prompts`),
+  carrying the original prompt q; own_MT = their mask). Log-probs are π(·|q~)'s."""
+  T = rollouts.tokens_NT.shape[1]
+  limit_M = jnp.where(cf_plan.active_M, T, 0)
+  s = sample_limited(
+    params, prompts, limit_M, key, hyper, model_fn=model_fn, init_cache=init_cache, cfg=cfg
+  )
+  args = (s.tokens_NT, s.mask_NT, s.logp_NT, s.policy_logp_NT)
+  return _rows(rollouts, cf_plan.parent_M, *args, cfg.eos_ids), s.mask_NT
+
+
+def generate(
+  params,
+  rollouts: sampling.Rollouts,
+  cf_plan: Plan,
+  prompts: sampling.Prompts | None,
+  key,
+  hyper: sampling.SamplingParams,
+  *,
+  model_fn: Callable,
+  init_cache: Callable,
+  sampler_cfg: sampling.SamplerConfig,
+  cfg: CounterfactualConfig,
+):
+  """(counterfactual Rollouts [M rows], own_MT): `branch`, or `perturbed` from `prompts`."""
+  kw = dict(model_fn=model_fn, init_cache=init_cache, cfg=sampler_cfg)
+  if cfg.perturbed:
+    return perturbed(params, rollouts, cf_plan, prompts, key, hyper, **kw)
+  return branch(params, rollouts, cf_plan, key, hyper, **kw)
+
+
+def perturbed_prompts(
+  task,
+  tokenizer,
+  examples,
+  completions,
+  cf_plan,
+  *,
+  kind: str,
+  group_size: int,
+  sampler_cfg,
+  seed: int,
+):
+  """Host: the perturbed prompt q~ of each active slot (`Task.perturb`; "repair" seeded
+  with the parent's decoded completion), left-padded into one bucket; inactive slots get
+  the original prompt (nothing is decoded from them), and so does a repair slot whose
+  parent decodes to nothing (an on-policy sample: its weight is 1)."""
+  parent_M = np.asarray(cf_plan.parent_M)
+  active_M = np.asarray(cf_plan.active_M)
+  rng = np.random.default_rng(seed)
+  lists = []
+  for m, p in enumerate(parent_M):
+    example = examples[int(p) // group_size]
+    text = example.prompt
+    if active_M[m] and (kind != "repair" or completions[int(p)].strip()):
+      text = task.perturb(example, kind, attempt=completions[int(p)], rng=rng)
+    lists.append(tokenizer.encode(text, add_bos=True))
+  return sampling.prepare_prompts(lists, cfg=sampler_cfg)
+
+
+# ----------------------------------------------------------------------------
+# The merged batch.
+# ----------------------------------------------------------------------------
+
+
+def merge_order(B: int, G: int, C: int) -> np.ndarray:
+  """Row order of the group-major merged batch over concat(samples N, counterfactuals M):
+  group b's G samples, then its C counterfactuals."""
+  samples = np.arange(B * G).reshape(B, G)
+  cfs = B * G + np.arange(B * C).reshape(B, C)
+  return np.concatenate([samples, cfs], axis=1).reshape(-1)
+
+
+def merge(
+  rollouts: sampling.Rollouts,
+  cf_rows: sampling.Rollouts,
+  own_MT,
+  cf_plan: Plan,
+  *,
+  group_size: int,
+  kind: int,
+):
+  """(merged Rollouts of B·(G + C) rows, Provenance): group-major, group ids 0..B−1."""
+  N, T = rollouts.tokens_NT.shape
+  M = cf_rows.tokens_NT.shape[0]
+  G = group_size
+  B = N // G
+  C = M // B
+  order = jnp.asarray(merge_order(B, G, C))
+  inverse = np.argsort(merge_order(B, G, C))
+
+  def cat(a, b):
+    return jnp.concatenate([a, b], axis=0)[order]
+
+  steps = jnp.maximum(rollouts.num_steps, cf_rows.num_steps)
+  merged = jax.tree.map(cat, rollouts.replace(num_steps=None), cf_rows.replace(num_steps=None))
+  merged = merged.replace(num_steps=steps)
+  kind_N = cat(jnp.zeros(N, jnp.int32), jnp.full(M, kind, jnp.int32))
+  parent_N = cat(jnp.arange(N, dtype=jnp.int32), cf_plan.parent_M)
+  parent_N = jnp.asarray(inverse, jnp.int32)[parent_N]  # Positions in the merged batch.
+  prov = Provenance(
+    kind_N=kind_N,
+    parent_N=parent_N,
+    own_NT=cat(rollouts.mask_NT, own_MT),
+    active_N=cat(jnp.ones(N, bool), cf_plan.active_M),
+  )
+  return merged, prov
+
+
+def sample_rows(tree, *, group_size: int, per_group: int):
+  """The G samples' rows of a group-major merged batch (any pytree of [B·(G + C), ...]
+  arrays): the update batch when counterfactuals only inform φ, so no forward or
+  backward is spent on rows with no loss token."""
+  n = jax.tree.leaves(tree)[0].shape[0]
+  B = n // (group_size + per_group)
+  rows = np.flatnonzero(merge_order(B, group_size, per_group) < B * group_size)
+  return jax.tree.map(lambda x: x[rows], tree)
+
+
+# ----------------------------------------------------------------------------
+# In prepare: the full-rewrite filter and the rows' weights (jitted).
+# ----------------------------------------------------------------------------
+
+
+def rewrite_filter(
+  tokens_NT,
+  mask_NT,
+  prov: Provenance,
+  tau,
+  *,
+  distance: str,
+  splitter: alignment.StepSplitter = alignment.NO_STEPS,
+  rows=None,
+):
+  """(kept_N, d_N): a counterfactual is kept when its normalised edit distance to its
+  parent (token or step level, `alignment`) is at most τ; samples are always kept (d 0).
+  rows (static ints, optional): the only rows that may be counterfactuals (the merged
+  batch's layout, `counterfactual_rows`); the O(T²) distance runs on those alone."""
+  N = tokens_NT.shape[0]
+  rows = np.arange(N) if rows is None else np.asarray(rows)
+  p_R = prov.parent_N[rows]
+  len_N = jnp.sum(mask_NT, axis=1, dtype=jnp.int32)
+  if distance == "token":
+    d_R = jax.vmap(alignment.normalised_distance)(
+      tokens_NT[rows], len_N[rows], tokens_NT[p_R], len_N[p_R]
+    )
+  else:
+    step = functools.partial(
+      alignment.normalised_step_distance,
+      end_ids=splitter.end_ids,
+      start_pattern=splitter.start_pattern,
+    )
+    d_R = jax.vmap(step)(tokens_NT[rows], mask_NT[rows], tokens_NT[p_R], mask_NT[p_R])
+  cf_N = prov.kind_N != SAMPLED
+  d_N = jnp.where(cf_N, jnp.zeros(N).at[rows].set(d_R), 0.0)
+  return ~cf_N | alignment.keep_local(d_N, tau), d_N
+
+
+def counterfactual_rows(n_rows: int, *, group_size: int, per_group: int) -> np.ndarray:
+  """The positions of the counterfactual slots in a group-major merged batch of n_rows."""
+  B = n_rows // (group_size + per_group)
+  return np.flatnonzero(merge_order(B, group_size, per_group) >= B * group_size)
+
+
+def importance_weights(old_logp_NT, behaviour_logp_NT, prov: Provenance, cap, *, weighting: str):
+  """w_N: 1 for samples and branches (drawn from π(·|q)); for a row drawn under a
+  perturbed prompt, min(exp(Σ_t own (log π(o_t|q) − log π(o_t|q~))), c) (truncated_is), 1
+  (none) or 0 (drop)."""
+  perturbed_N = prov.kind_N > BRANCH
+  if weighting == "none":
+    return jnp.ones(perturbed_N.shape)
+  if weighting == "drop":
+    return jnp.where(perturbed_N, 0.0, 1.0)
+  log_ratio = jnp.sum(jnp.where(prov.own_NT, old_logp_NT - behaviour_logp_NT, 0.0), axis=1)
+  w_N = jnp.minimum(jnp.exp(jnp.minimum(log_ratio, 30.0)), cap)
+  return jnp.where(perturbed_N, w_N, 1.0)
+
+
+def stats(prov: Provenance, kept_N, d_N, w_N) -> dict:
+  """The counterfactuals' metrics (`metrics.DEFINITIONS`, "ibpo/..."), over active
+  counterfactual rows."""
+  cf_N = (prov.kind_N != SAMPLED) & prov.active_N
+  n = jnp.maximum(jnp.sum(cf_N), 1)
+  hist = alignment.distance_histogram(d_N, cf_N)
+  names = alignment.histogram_metric_names()
+  own_N = jnp.sum(prov.own_NT & prov.active_N[:, None], axis=1).astype(jnp.float32)
+  return {
+    "ibpo/counterfactual_rows": jnp.sum(cf_N).astype(jnp.float32),
+    "ibpo/counterfactual_tokens": jnp.sum(jnp.where(cf_N, own_N, 0.0)),
+    "ibpo/generated_tokens": jnp.sum(own_N),
+    "ibpo/kept_pair_frac": jnp.sum(cf_N & kept_N) / n,
+    "ibpo/edit_distance_mean": jnp.sum(jnp.where(cf_N, d_N, 0.0)) / n,
+    "ibpo/is_weight_mean": jnp.sum(jnp.where(cf_N, w_N, 0.0)) / n,
+    **{name: hist[i] for i, name in enumerate(names)},
+  }

@@ -1,0 +1,389 @@
+"""The train step and the update phase of one rollout batch: plan, then a `lax.scan` of
+train steps (the objective is described in `preparation`)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from grpo_jax.infra import config_lib
+from grpo_jax.models import logprobs, model
+from grpo_jax.rl import (
+  advantages,
+  aggregation,
+  losses,
+  planners,
+  spec,
+)
+
+
+def token_terms(
+  params,
+  mb: spec.RolloutBatch,
+  hyper: spec.StepHyper,
+  *,
+  cfg: spec.RLConfig,
+  model_fn,
+  dropout_key=None,
+):
+  """Per-token objective terms of a (micro-)batch: (total ℓ_NT, dict of per-token arrays).
+  dropout_key: the forward's adapter-dropout key (`model.apply`; None: deterministic)."""
+  logp_NT, stats = logprobs.completion_logprobs(
+    params,
+    mb.prompt_tokens_NP,
+    mb.prompt_mask_NP,
+    mb.tokens_NT,
+    mb.mask_NT,
+    model_fn=model_fn,
+    with_stats=True,
+    chunk=cfg.logit_chunk,
+    dropout_key=dropout_key,
+  )
+  ent_NT = stats["entropy"]
+  m_NT = mb.loss_mask_NT
+  pg_NT, aux = losses.REGISTRY.make(cfg.policy_loss)(
+    logp_NT, mb.old_logp_NT, mb.adv_NT, m_NT, hyper.loss
+  )
+  total_NT = pg_NT - hyper.entropy_coef * ent_NT
+  kl_NT = jnp.zeros_like(logp_NT)
+  if cfg.use_ref:
+    kl_NT = losses.KL_REGISTRY.make(cfg.kl_estimator)(logp_NT, mb.ref_logp_NT)
+    total_NT = total_NT + hyper.kl_coef * kl_NT
+  total_NT = jnp.where(m_NT, total_NT, 0.0)
+  terms = dict(aux, pg_loss=pg_NT, kl=kl_NT, entropy=ent_NT, logp=logp_NT, loss=total_NT)
+  return total_NT, terms
+
+
+def _sums(terms, mb: spec.RolloutBatch, w_NT):
+  """Numerators and denominators of the step metrics: additive over micro-batches."""
+  m = mb.loss_mask_NT.astype(jnp.float32)
+  pos, neg = m * (mb.adv_NT > 0), m * (mb.adv_NT < 0)
+  f = lambda x: x.astype(jnp.float32)
+  return {
+    "loss": jnp.sum(w_NT * terms["loss"]),
+    "pg_loss": jnp.sum(w_NT * terms["pg_loss"]),
+    "n_tok": jnp.sum(m),
+    "n_pos": jnp.sum(pos),
+    "n_neg": jnp.sum(neg),
+    "clip_high": jnp.sum(pos * f(terms["clip_high"])),
+    "clip_low": jnp.sum(neg * f(terms["clip_low"])),
+    "dual_clip": jnp.sum(neg * f(terms["dual_clip"])),
+    "ppo_kl": jnp.sum(m * (mb.old_logp_NT - terms["logp"])),
+    "kl_ref": jnp.sum(m * terms["kl"]),
+    "entropy": jnp.sum(m * terms["entropy"]),
+    "ratio": jnp.sum(m * terms["ratio"]),
+  }
+
+
+def _metrics_from_sums(s, *, cfg: spec.RLConfig):
+  d = lambda a, b: s[a] / jnp.maximum(s[b], 1.0)
+  out = {
+    "loss": s["loss"],
+    "pg_loss": s["pg_loss"],
+    "pg_clipfrac": (s["clip_high"] + s["clip_low"]) / jnp.maximum(s["n_tok"], 1.0),
+    "pg_clipfrac_high": d("clip_high", "n_pos"),
+    "pg_clipfrac_low": d("clip_low", "n_neg"),
+    "dual_clipfrac": d("dual_clip", "n_neg"),
+    "ppo_kl": d("ppo_kl", "n_tok"),
+    "entropy": d("entropy", "n_tok"),
+    "ratio_mean": d("ratio", "n_tok"),
+    "loss_tokens": s["n_tok"],
+  }
+  if cfg.use_ref:
+    out[f"kl_ref/{cfg.kl_estimator}"] = d("kl_ref", "n_tok")
+  return out
+
+
+def _split(x, k):
+  """[b, ...] -> [k, b/k, ...], slice j holding rows j, j + k, j + 2k, ... (strided: each
+  slice keeps the rows' split over the data-parallel devices)."""
+  return x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)
+
+
+def _unsplit(x):
+  """The inverse of `_split`: [k, b/k, ...] -> [b, ...] in the original row order."""
+  return x.swapaxes(0, 1).reshape(-1, *x.shape[2:])
+
+
+def _rows_constraint(tree):
+  """Rows over the data-parallel axes (the rules' "activation_batch"); a no-op outside a
+  mesh context."""
+  return jax.tree.map(
+    lambda x: nn.with_logical_constraint(x, ("activation_batch",) + (None,) * (x.ndim - 1)), tree
+  )
+
+
+_COMPLETION_FIELDS = (
+  "tokens_NT",
+  "mask_NT",
+  "loss_mask_NT",
+  "adv_NT",
+  "old_logp_NT",
+  "ref_logp_NT",
+)
+
+
+def length_buckets(cfg: spec.RLConfig, T: int) -> tuple[int, ...]:
+  """The completion lengths micro-batches are cut to (rl.length_buckets = k > 1: T·j/k
+  rounded up, j = 1..k); () when off."""
+  k = cfg.length_buckets
+  return tuple(sorted({-(-T * j // k) for j in range(1, k + 1)})) if k > 1 else ()
+
+
+def _cut(micro, Tb: int):
+  """A micro-batch (spec.RolloutBatch, w) with its completion columns cut to the first Tb."""
+  mbk, wk = micro
+  cut = {f: getattr(mbk, f)[:, :Tb] for f in _COMPLETION_FIELDS}
+  if mbk.action_mask_NT is not None:  # Episodes.
+    cut["action_mask_NT"] = mbk.action_mask_NT[:, :Tb]
+  return mbk.replace(**cut), wk[:, :Tb]
+
+
+def accumulate_gradients(
+  params,
+  mb: spec.RolloutBatch,
+  w_NT,
+  hyper: spec.StepHyper,
+  *,
+  cfg: spec.RLConfig,
+  model_fn,
+  token_outputs,
+  dropout_key=None,
+):
+  """(Σ_k ∇ Σ_{(i,t)∈micro-batch k} w·ℓ, additive metric sums, per-token outputs) over
+  `cfg.micro_batches` slices of the mini-batch, in a `lax.scan`. The weights w are the
+  whole mini-batch's, so the sum equals the unsplit gradient.
+
+  Slices are strided (rows j, j + k, ...) by default. With rl.length_buckets = k > 1 the
+  rows are sorted by length and sliced contiguously, and each micro-batch runs at the
+  smallest bucket length (`length_buckets`) that holds its longest row (a `lax.switch`
+  over one compiled branch per bucket): the padding past it is never computed, and since
+  w = 0 there the sum is unchanged.
+
+  With a dropout_key (adapter dropout), micro-batch k's forward gets fold_in(key, k): the
+  masks, so the gradient, then depend on how the rows are split (the expectation does not)."""
+  K, T = cfg.micro_batches, mb.tokens_NT.shape[1]
+  buckets = length_buckets(cfg, T)
+  trainable, join = model.split_trainable(params)  # Gradients of the trainable part only.
+
+  def micro_loss(trainable, micro):
+    mbk, wk, k = micro
+    key = None if dropout_key is None else jax.random.fold_in(dropout_key, k)
+    total_NT, terms = token_terms(
+      join(trainable), mbk, hyper, cfg=cfg, model_fn=model_fn, dropout_key=key
+    )
+    return jnp.sum(wk * total_NT), (terms, _sums(terms, mbk, wk))
+
+  grad_fn = jax.grad(micro_loss, has_aux=True)
+  keep = ("loss", "ratio", "clip_high", "clip_low", "dual_clip") if token_outputs else ()
+
+  def at_length(Tb):
+    def run(micro):
+      cut = (*_cut(micro[:2], Tb), micro[2]) if Tb < T else micro
+      grads, (terms, sums) = grad_fn(trainable, cut)
+      pad = lambda x: jnp.pad(x, ((0, 0), (0, T - Tb))) if Tb < T else x
+      return grads, sums, {k: pad(terms[k]) for k in keep}
+
+    return run
+
+  def body(acc, micro):
+    micro = (*_rows_constraint(micro[:2]), micro[2])
+    if buckets:
+      longest = jnp.max(jnp.sum(micro[0].mask_NT, axis=1))
+      branch = jnp.searchsorted(jnp.asarray(buckets), longest)
+      grads, sums, tok = jax.lax.switch(branch, [at_length(b) for b in buckets], micro)
+    else:
+      grads, sums, tok = at_length(T)(micro)
+    return jax.tree.map(jnp.add, acc, (grads, sums)), tok
+
+  order = None
+  if buckets:  # Sorted by length, sliced contiguously.
+    order = jnp.argsort(jnp.sum(mb.mask_NT, axis=1))
+    mb, w_NT = jax.tree.map(lambda x: x[order], mb), w_NT[order]
+    split = lambda x: x.reshape(K, x.shape[0] // K, *x.shape[1:])
+  else:
+    split = functools.partial(_split, k=K)
+  micro = (*jax.tree.map(split, (mb, w_NT)), jnp.arange(K))
+  # The accumulator starts at zeros shaped like one micro-batch's (grads, sums).
+  grads_shape, (_, sums_shape) = jax.eval_shape(
+    grad_fn, trainable, jax.tree.map(lambda x: x[0], micro)
+  )
+  zeros = jax.tree.map(jnp.zeros_like, (grads_shape, sums_shape))
+  (grads, sums), tok = jax.lax.scan(body, zeros, micro)
+  if order is None:
+    return grads, sums, jax.tree.map(_unsplit, tok)
+  inverse = jnp.argsort(order)
+  return grads, sums, jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:])[inverse], tok)
+
+
+def all_finite(tree) -> jax.Array:
+  """True when every floating-point leaf of `tree` is finite (a jitted-friendly reduction)."""
+  leaves = [
+    jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)
+  ]
+  return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
+
+
+def apply_if_finite(
+  state: spec.TrainState, grads, finite, optimizer: optax.GradientTransformation, *, part="adapters"
+):
+  """The optimizer's update, applied only if `finite` and the updated params and optimizer
+  state are all finite (a finite gradient can still overflow them, e.g. with a huge
+  learning rate); otherwise params and optimizer state stay unchanged. state.step advances
+  either way. Returns (state, applied)."""
+  trainable, join = model.split_trainable(state.params, part=part)
+  updates, opt_state = optimizer.update(grads, state.opt_state, trainable)
+  new = optax.apply_updates(trainable, updates)
+  applied = finite & all_finite((new, opt_state))
+  new, opt_state = jax.tree.map(
+    lambda a, b: jnp.where(applied, a, b), (new, opt_state), (trainable, state.opt_state)
+  )
+  return spec.TrainState(step=state.step + 1, params=join(new), opt_state=opt_state), applied
+
+
+def train_step(
+  state: spec.TrainState,
+  mb: spec.RolloutBatch,
+  hyper: spec.StepHyper,
+  *,
+  cfg: spec.RLConfig,
+  model_fn: Callable,
+  optimizer: optax.GradientTransformation,
+  token_outputs: bool = False,
+  dropout_key: jax.Array | None = None,
+):
+  """One optimizer step on one mini-batch: (state, metrics).
+
+  w = aggregation(mini-batch); grads = `accumulate_gradients`; `apply_if_finite`. With
+  `token_outputs`, metrics["tokens"] holds the per-token loss, weight, ratio and clip
+  flags of the mini-batch ([N, T] each).
+
+  Non-finite guard: a step whose loss, gradient norm or updated state is not finite leaves
+  params and optimizer state unchanged (state.step still advances) and reports
+  metrics["nonfinite"] = 1; the trainer counts these and stops after `max_nonfinite_steps`
+  in a row.
+
+  dropout_key: the step's adapter-dropout key (model.lora.dropout; `update` passes one per
+  step); None: a deterministic forward.
+  """
+  w_NT = aggregation.REGISTRY.make(cfg.aggregation)(
+    mb.loss_mask_NT, mb.group_ids_N, mb.adv_NT, max_len=cfg.max_len or None
+  )
+  grads, sums, tok = accumulate_gradients(
+    state.params,
+    mb,
+    w_NT,
+    hyper,
+    cfg=cfg,
+    model_fn=model_fn,
+    token_outputs=token_outputs,
+    dropout_key=dropout_key,
+  )
+  metrics = _metrics_from_sums(sums, cfg=cfg)
+  metrics["grad_norm"] = optax.tree.norm(grads)
+  finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(metrics["grad_norm"])
+  state, applied = apply_if_finite(state, grads, finite, optimizer)
+  metrics["nonfinite"] = 1.0 - applied.astype(jnp.float32)
+  if token_outputs:
+    metrics["tokens"] = {"weight": w_NT, **tok}
+  return state, metrics
+
+
+def make_train_step(
+  cfg: spec.RLConfig,
+  model_fn: Callable,
+  optimizer: optax.GradientTransformation,
+  *,
+  token_outputs: bool = False,
+  donate: bool = True,
+):
+  """jit(train_step) with everything static bound: fn(state, minibatch, hyper)."""
+  fn = functools.partial(
+    train_step, cfg=cfg, model_fn=model_fn, optimizer=optimizer, token_outputs=token_outputs
+  )
+  return jax.jit(fn, donate_argnums=(0,) if donate else ())
+
+
+def gather(batch: spec.RolloutBatch, idx_b) -> spec.RolloutBatch:
+  """The rows idx_b of a rollout batch (jittable; on device)."""
+  return jax.tree.map(lambda x: jnp.take(x, idx_b, axis=0), batch)
+
+
+# ----------------------------------------------------------------------------
+# The update phase of one rollout batch: plan, then a scan of train steps.
+# ----------------------------------------------------------------------------
+
+
+def make_plan_fn(cfg: spec.RLConfig, *, batch_size: int, group_size: int):
+  """The configured planner, validated for this batch shape: fn(key, group_ids_N, adv_N,
+  lengths_N) -> idx [ppo_epochs, num_minibatches, batch_size // num_minibatches]."""
+  return planners.make_planner(
+    cfg.planner,
+    num_minibatches=cfg.num_minibatches,
+    ppo_epochs=cfg.ppo_epochs,
+    batch_size=batch_size,
+    group_size=group_size,
+    **config_lib.to_dict(cfg.planner_options),
+  )
+
+
+def update(
+  state: spec.TrainState,
+  batch: spec.RolloutBatch,
+  key: jax.Array,
+  hyper: spec.StepHyper,
+  *,
+  cfg: spec.RLConfig,
+  model_fn: Callable,
+  optimizer: optax.GradientTransformation,
+  plan_fn: Callable,
+):
+  """ppo_epochs × num_minibatches train steps over one rollout batch, as one `lax.scan`.
+
+  plan_fn(key, group_ids_N, adv_N, lengths_N) -> idx [E, M, b] (`make_plan_fn`); step s =
+  e·M + m trains on rows idx[e, m]. Pure and jittable. Returns (state, idx_EMb, metrics)
+  where every metric is stacked over the E·M steps ([E·M] arrays, step order). Step s's
+  adapter-dropout key is split from fold_in(key, 1) (the plan's key is `key` itself).
+  """
+  acted_NT = batch.mask_NT if batch.action_mask_NT is None else batch.action_mask_NT
+  adv_N = advantages.sequence_advantage(batch.adv_NT, acted_NT)
+  lengths_N = jnp.sum(batch.mask_NT, axis=1, dtype=jnp.int32)  # Compute: the whole context.
+  idx_EMb = plan_fn(key, batch.group_ids_N, adv_N, lengths_N)
+  E, M, b = idx_EMb.shape
+
+  def step(state, xs):
+    idx_b, dropout_key = xs
+    mb = _rows_constraint(gather(batch, idx_b))
+    return train_step(
+      state, mb, hyper, cfg=cfg, model_fn=model_fn, optimizer=optimizer, dropout_key=dropout_key
+    )
+
+  keys_S = jax.random.split(jax.random.fold_in(key, 1), E * M)
+  state, metrics_S = jax.lax.scan(step, state, (idx_EMb.reshape(E * M, b), keys_S))
+  return state, idx_EMb, metrics_S
+
+
+def make_update(
+  cfg: spec.RLConfig,
+  model_fn: Callable,
+  optimizer: optax.GradientTransformation,
+  *,
+  batch_size: int,
+  group_size: int,
+  donate: bool = True,
+):
+  """jit(update) with the planner for this batch shape bound: fn(state, batch, key, hyper)
+  -> (state, idx_EMb, stacked metrics)."""
+  fn = functools.partial(
+    update,
+    cfg=cfg,
+    model_fn=model_fn,
+    optimizer=optimizer,
+    plan_fn=make_plan_fn(cfg, batch_size=batch_size, group_size=group_size),
+  )
+  return jax.jit(fn, donate_argnums=(0,) if donate else ())

@@ -1,0 +1,315 @@
+"""The RL run's spec: `RLConfig` (the config edge of the objective), the hyperparameter
+arrays `PrepareHyper` / `StepHyper`, the `RolloutBatch` and `TrainState` pytrees, and the
+optimizer.
+
+The objective as a whole, prepare then update, is described in `grpo_jax.rl.preparation`
+and `grpo_jax.rl.learner`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+
+from grpo_jax.infra import config_lib
+from grpo_jax.models import model
+from grpo_jax.rl import (
+  advantages,
+  aggregation,
+  controllers,
+  importance,
+  losses,
+  masks,
+  planners,
+  reward_transforms,
+)
+
+KL_PLACEMENTS = ("loss", "reward")
+# What happens to rows whose reward could not be computed (`rewards.Scores.error_N`: the
+# verifier raised, timed out or returned a non-finite value); see `trained_rows`.
+UNSCORABLE_POLICIES = ("mask", "zero", "drop_group")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RLConfig:
+  """The RL algorithm, by name. Validated once, at the config edge (`from_dict`)."""
+
+  # Advantages (advantages.REGISTRY) and their array hyperparameters.
+  advantage: str = "grpo"
+  advantage_options: dict = dataclasses.field(default_factory=dict)
+  adv_eps: float = 1e-6
+  gamma: float = 1.0
+  lambda_s: float = 1.0
+  lambda_f: float = 1.0
+  std_power: float = 0.5
+  focal_gamma: float = 0.0
+  ibpo_lambda: float = 1.0  # λ of the ibpo estimator's prefix baseline (an array: no recompile).
+  ibpo_tau: float = 1.0  # τ of the counterfactuals' full-rewrite filter (an array).
+  ibpo_is_cap: float = 2.0  # c of perturbed counterfactuals' weights min(ratio, c) (an array).
+  # Hyperparameters an estimator declares at registration (`advantages.Hyper`), by name.
+  advantage_hyper: dict = dataclasses.field(default_factory=dict)
+  # Controller (controllers.REGISTRY) that updates λ_S, λ_F, γ between steps.
+  controller: str = "none"
+  controller_options: dict = dataclasses.field(default_factory=dict)
+  # Token masks (masks.REGISTRY), AND-ed; options per mask name.
+  token_masks: tuple[str, ...] = ()
+  mask_options: dict = dataclasses.field(default_factory=dict)
+  prob_threshold: float = 0.9
+  entropy_threshold: float = 0.1
+  top_k: int = 1  # negative_token_filter 'rank': drop negatives' tokens in π_old's top k.
+  # Reward transforms.
+  truncation: str = "none"  # "none" | "zero" (reward 0) | "mask" (overlong_filter)
+  unscorable: str = "mask"  # UNSCORABLE_POLICIES: rows whose reward failed (`trained_rows`).
+  format_weight: float = 0.0
+  overlong_buffer: int = 0
+  overlong_factor: float = 0.0
+  # Policy loss (losses.REGISTRY).
+  policy_loss: str = "ppo_clip"
+  eps_low: float = 0.2
+  eps_high: float = 0.2
+  dual_clip_c: float = 0.0
+  # KL to the reference policy (losses.KL_REGISTRY); off when kl_coef == 0.
+  kl_estimator: str = "k3"
+  kl_coef: float = 0.0
+  kl_in: str = "loss"
+  entropy_coef: float = 0.0
+  # Aggregation (aggregation.REGISTRY); max_len is L_max of constant_norm (0 = padded T).
+  aggregation: str = "token_mean"
+  max_len: int = 0
+  # Mini-batching (planners.REGISTRY).
+  planner: str = "query_preserved"
+  planner_options: dict = dataclasses.field(default_factory=dict)
+  num_minibatches: int = 1
+  ppo_epochs: int = 1
+  micro_batches: int = 1
+  # Micro-batches cut to the smallest of k length buckets that holds their rows (sorted
+  # by length first; `length_buckets`): no compute on completion padding. 1: off.
+  length_buckets: int = 1
+  # Completion positions whose logits exist at once in the log-prob forwards and the
+  # update (`logprobs.chunked_stats`; 0: all T). Saves the [rows, T, V] logits and their
+  # gradient for [rows, chunk, V], for a second LM-head matmul in the backward.
+  logit_chunk: int = 0
+  recompute_old_logp: bool = True
+  # The behaviour-policy correction (`importance`): π_old / μ per token, μ the sampler.
+  is_correction: str = "none"
+  is_lower: float = 0.5  # L (an array: no recompile): MIS keeps ratios >= L.
+  is_upper: float = 2.0  # U (an array): TIS truncates at U; MIS keeps ratios <= U.
+  # Batch filtering (used by the trainer's loop): DAPO dynamic sampling.
+  dynamic_sampling: bool = False
+  max_gen_batches: int = 1
+
+  def __post_init__(self):
+    for attr, registry_ in (
+      ("advantage", advantages.REGISTRY),
+      ("policy_loss", losses.REGISTRY),
+      ("kl_estimator", losses.KL_REGISTRY),
+      ("aggregation", aggregation.REGISTRY),
+      ("planner", planners.REGISTRY),
+      ("is_correction", importance.REGISTRY),
+    ):
+      if getattr(self, attr) not in registry_:
+        raise ValueError(
+          f"rl.{attr}={getattr(self, attr)!r} is not a registered {registry_.kind}; "
+          f"valid names: {', '.join(registry_.names())}."
+        )
+    advantages.declared_values(self.advantage, config_lib.to_dict(self.advantage_hyper))
+    for name in self.token_masks:
+      masks.REGISTRY.get(name)
+    for name in self.mask_options:
+      if name not in self.token_masks:
+        raise ValueError(f"rl.mask_options names {name!r}, which is not in rl.token_masks.")
+    if self.truncation not in reward_transforms.TRUNCATION_POLICIES:
+      raise ValueError(
+        f"rl.truncation={self.truncation!r}; allowed: {reward_transforms.TRUNCATION_POLICIES}."
+      )
+    if self.kl_in not in KL_PLACEMENTS:
+      raise ValueError(f"rl.kl_in={self.kl_in!r}; allowed: {KL_PLACEMENTS}.")
+    if self.unscorable not in UNSCORABLE_POLICIES:
+      raise ValueError(f"rl.unscorable={self.unscorable!r}; allowed: {UNSCORABLE_POLICIES}.")
+    for f in dataclasses.fields(self):
+      v = getattr(self, f.name)
+      if isinstance(v, float) and not math.isfinite(v):
+        raise ValueError(f"rl.{f.name}={v}: must be a finite number.")
+    for attr in (
+      "num_minibatches",
+      "ppo_epochs",
+      "micro_batches",
+      "max_gen_batches",
+      "length_buckets",
+    ):
+      if getattr(self, attr) < 1:
+        raise ValueError(f"rl.{attr} must be >= 1, got {getattr(self, attr)}.")
+    for attr in ("kl_coef", "entropy_coef", "max_len", "overlong_buffer", "logit_chunk"):
+      if getattr(self, attr) < 0:
+        raise ValueError(f"rl.{attr} must be >= 0, got {getattr(self, attr)}.")
+    # Build every variant once, so bad options fail here, before anything compiles.
+    advantages.REGISTRY.make(self.advantage, **self.advantage_options)
+    if not self.recompute_old_logp:
+      criteria = config_lib.to_dict(self.mask_options.get("negative_token_filter", {}))
+      needs = [
+        what
+        for what, used in (
+          (
+            f"advantage={self.advantage!r}",
+            advantages.REGISTRY.traits(self.advantage).needs_old_logp,
+          ),
+          (
+            "the 'entropy' negative_token_filter criterion",
+            "entropy" in criteria.get("criteria", ()),
+          ),
+          (
+            "the 'rank' negative_token_filter criterion",
+            "rank" in criteria.get("criteria", ()),
+          ),
+          (
+            f"controller={self.controller!r}",
+            controllers.REGISTRY.traits(self.controller).reads_old_logp,
+          ),
+        )
+        if used
+      ]
+      if needs:
+        raise ValueError(
+          f"rl.recompute_old_logp=False gives no π_old distribution, which {', '.join(needs)} "
+          "needs; set recompute_old_logp=True."
+        )
+    importance.check_bounds(lower=self.is_lower, upper=self.is_upper)
+    if importance.REGISTRY.traits(self.is_correction).corrects and not self.recompute_old_logp:
+      raise ValueError(
+        f"rl.is_correction={self.is_correction!r} corrects π_old against the sampler's "
+        "log-probs, but rl.recompute_old_logp=False makes π_old the sampler's own log-probs "
+        "(nothing to correct); set recompute_old_logp=True or is_correction='none'."
+      )
+    controllers.REGISTRY.make(self.controller, **config_lib.to_dict(self.controller_options))
+    self.mask_fns()
+    self.prepare_hyper(max_new_tokens=max(self.overlong_buffer, 1))
+    self.step_hyper()
+
+  @classmethod
+  def from_dict(cls, d, *, where: str = "rl") -> RLConfig:
+    d = config_lib.to_dict(d)
+    return config_lib.from_dict(cls, d, where=where)
+
+  @property
+  def needs_rank(self) -> bool:
+    """Whether a token mask reads π_old's ranks (negative_token_filter's 'rank')."""
+    options = config_lib.to_dict(self.mask_options.get("negative_token_filter", {}))
+    return "negative_token_filter" in self.token_masks and "rank" in options.get("criteria", ())
+
+  @property
+  def use_ref(self) -> bool:
+    return self.kl_coef > 0
+
+  def mask_fns(self) -> dict[str, Callable]:
+    names = list(self.token_masks)
+    if self.truncation == "mask" and "overlong_filter" not in names:
+      names.append("overlong_filter")
+    return {
+      n: masks.REGISTRY.make(n, **config_lib.to_dict(self.mask_options.get(n, {}))) for n in names
+    }
+
+  def prepare_hyper(self, *, max_new_tokens: int) -> PrepareHyper:
+    return PrepareHyper(
+      adv=advantages.advantage_hyper(
+        eps=self.adv_eps,
+        gamma=self.gamma,
+        kl_coef=self.kl_coef if self.kl_in == "reward" else 0.0,
+        lambda_s=self.lambda_s,
+        lambda_f=self.lambda_f,
+        std_power=self.std_power,
+        focal_gamma=self.focal_gamma,
+        ibpo_lambda=self.ibpo_lambda,
+        ibpo_tau=self.ibpo_tau,
+        ibpo_is_cap=self.ibpo_is_cap,
+        extra=advantages.declared_values(self.advantage, config_lib.to_dict(self.advantage_hyper)),
+      ),
+      mask=masks.mask_hyper(
+        prob_threshold=self.prob_threshold,
+        entropy_threshold=self.entropy_threshold,
+        top_k=self.top_k,
+      ),
+      reward=reward_transforms.reward_hyper(
+        format_weight=self.format_weight,
+        overlong_max_len=max_new_tokens if self.overlong_factor > 0 else 0,
+        overlong_buffer=self.overlong_buffer,
+        overlong_factor=self.overlong_factor,
+      ),
+      importance=importance.is_hyper(lower=self.is_lower, upper=self.is_upper),
+    )
+
+  def step_hyper(self) -> StepHyper:
+    return StepHyper(
+      loss=losses.loss_hyper(
+        eps_low=self.eps_low, eps_high=self.eps_high, dual_clip_c=self.dual_clip_c
+      ),
+      kl_coef=jnp.asarray(self.kl_coef if self.kl_in == "loss" else 0.0, jnp.float32),
+      entropy_coef=jnp.asarray(self.entropy_coef, jnp.float32),
+    )
+
+
+@flax.struct.dataclass
+class PrepareHyper:
+  adv: advantages.AdvantageHyper
+  mask: masks.MaskHyper
+  reward: reward_transforms.RewardHyper
+  importance: importance.ISHyper
+
+
+@flax.struct.dataclass
+class StepHyper:
+  loss: losses.LossHyper
+  kl_coef: jax.Array
+  entropy_coef: jax.Array
+
+
+@flax.struct.dataclass
+class RolloutBatch:
+  """Everything a train step needs, per rollout row (N rows, T completion tokens)."""
+
+  prompt_tokens_NP: jax.Array
+  prompt_mask_NP: jax.Array
+  tokens_NT: jax.Array
+  mask_NT: jax.Array  # Valid completion tokens.
+  loss_mask_NT: jax.Array  # mask_NT AND every token mask.
+  adv_NT: jax.Array
+  old_logp_NT: jax.Array
+  ref_logp_NT: jax.Array
+  group_ids_N: jax.Array
+  # Episodes (`episodes`): the model's own tokens among mask_NT, which then also holds
+  # observations (in the forward's context, never trained); None: all of mask_NT.
+  action_mask_NT: jax.Array | None = None
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any
+  opt_state: Any
+
+
+def init_state(params, optimizer: optax.GradientTransformation, *, part="adapters") -> TrainState:
+  """The optimizer state covers the trainable part only (`model.split_trainable`: with
+  adapters, the adapters, or the base for part="base")."""
+  trainable, _ = model.split_trainable(params, part=part)
+  return TrainState(
+    step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(trainable)
+  )
+
+
+def make_optimizer(
+  *, lr: float, warmup_steps: int = 0, weight_decay: float = 0.0, grad_clip: float = 1.0
+) -> optax.GradientTransformation:
+  """Global-norm clipping (off when grad_clip = 0), then AdamW (β = 0.9, 0.99) whose
+  learning rate ramps linearly from 0 to `lr` over `warmup_steps` (0: constant)."""
+  schedule = optax.linear_schedule(0.0, lr, warmup_steps) if warmup_steps else lr
+  return optax.chain(
+    optax.clip_by_global_norm(grad_clip) if grad_clip > 0 else optax.identity(),
+    optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=weight_decay),
+  )
