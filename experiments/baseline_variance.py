@@ -97,10 +97,10 @@ def measure(seed: int, *, prompts: int = 8, groups: int = 8, quick: bool = False
   # Prompt p fills rows p·K .. p·K + K − 1: K independent groups of the same prompt.
   examples = {i: setup.task.example("train", i // groups, seed=seed) for i in range(n)}
   batch = rollout.host_prompts(setup, fns, examples, n)
-  rollouts = fns.sample(params, batch, jax.random.fold_in(key, 1), setup.sampling_hyper)
+  rollouts = fns.samplers.train(params, batch, jax.random.fold_in(key, 1), setup.sampling_hyper)
   with reward_pool.RewardPool(setup.task, workers=0, timeout_s=10.0) as pool:
     scores = rollout.score(setup, pool, examples, rollouts.tokens_NT, group=G)
-  lp = fns.logprobs(params, None, rollouts)
+  lp = fns.rl.logprobs(params, None, rollouts)
   inputs = advantages.AdvantageInputs(
     rewards_B=jnp.asarray(scores.correct_N, jnp.float32),
     group_ids_B=rollouts.group_ids_N,

@@ -49,7 +49,7 @@ def _batch(setup, fns, params, index: int, key):
   drawn = rollout.draw(setup, fns, index)
   B = setup.loop.prompts_per_step
   t0 = time.perf_counter()
-  got = fns.episodes.run(
+  got = fns.episodes.train.run(
     params, drawn.prompts, [drawn.examples[b] for b in range(B)], key, setup.sampling_hyper
   )
   return got, time.perf_counter() - t0

@@ -73,7 +73,7 @@ def main(argv=None) -> dict:
   params = model.init(setup.model_cfg, jax.random.key(0))
   drawn = rollout.draw(setup, fns, 0)
   rollouts = jax.block_until_ready(
-    fns.sample(params, drawn.prompts, jax.random.key(1), setup.sampling_hyper)
+    fns.samplers.train(params, drawn.prompts, jax.random.key(1), setup.sampling_hyper)
   )
   G = setup.sampler_cfg.group_size
   prompts_N = [drawn.examples[i // G].prompt for i in range(rollouts.tokens_NT.shape[0])]
@@ -86,10 +86,10 @@ def main(argv=None) -> dict:
     fn()
     times[name].append(time.perf_counter() - t0)
 
-  forward = lambda: jax.block_until_ready(fns.logprobs(params, params, rollouts))
+  forward = lambda: jax.block_until_ready(fns.rl.logprobs(params, params, rollouts))
 
   def overlapped():
-    lp = fns.logprobs(params, params, rollouts)
+    lp = fns.rl.logprobs(params, params, rollouts)
     pool.score(prompts_N, completions)
     jax.block_until_ready(lp)
 

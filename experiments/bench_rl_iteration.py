@@ -130,14 +130,18 @@ def timed_iteration(fns, setup, state, prompts, key, it: int) -> tuple:
   prep_hyper = setup.rl_cfg.prepare_hyper(max_new_tokens=setup.sampler_cfg.max_new_tokens)
   k = jax.random.fold_in(key, it + 1)
   t0 = time.perf_counter()
-  rollouts = jax.block_until_ready(fns.sample(state.params, prompts, k, setup.sampling_hyper))
+  rollouts = jax.block_until_ready(
+    fns.samplers.train(state.params, prompts, k, setup.sampling_hyper)
+  )
   t1 = time.perf_counter()
   correct = np.random.default_rng(it).integers(0, 2, N).astype(np.float32)
-  lp = fns.logprobs(state.params, None, rollouts)
-  batch, _, _ = fns.finish(lp, rollouts, correct, 0 * correct, prep_hyper)
+  lp = fns.rl.logprobs(state.params, None, rollouts)
+  batch, _, _ = fns.rl.finish(lp, rollouts, correct, 0 * correct, prep_hyper)
   batch = jax.block_until_ready(batch)
   t2 = time.perf_counter()
-  state, _, history = fns.update(state, batch, jax.random.fold_in(k, 1), setup.rl_cfg.step_hyper())
+  state, _, history = fns.rl.update(
+    state, batch, jax.random.fold_in(k, 1), setup.rl_cfg.step_hyper()
+  )
   jax.block_until_ready((state, history))
   t3 = time.perf_counter()
   times = {"sample_s": t1 - t0, "prepare_s": t2 - t1, "update_s": t3 - t2, "iteration_s": t3 - t0}

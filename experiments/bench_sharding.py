@@ -29,8 +29,8 @@ no host -> device transfers.
 Figures, per mesh (seconds of wall time; medians over --steps calls after one untimed
 warm-up call, each call timed to `jax.block_until_ready` of its outputs):
 
-  sample_compile_s      fns.sample.lower(...).compile(): trace, lower, XLA compile
-  update_compile_s      the same for fns.update
+  sample_compile_s      fns.samplers.train.lower(...).compile(): trace, lower, XLA compile
+  update_compile_s      the same for fns.rl.update
   sample_s              one `sample` call: prompts x group rows, up to 8 new tokens
                         (sample_num_steps: decode steps it ran)
   update_s              one `update` call: num_minibatches × (forward, backward, AdamW)
@@ -137,9 +137,9 @@ def rollout_batch(setup, fns, params, rollouts):
   n = rollouts.tokens_NT.shape[0]
   correct_N = np.random.default_rng(0).integers(0, 2, n).astype(np.float32)
   prep_hyper = setup.rl_cfg.prepare_hyper(max_new_tokens=setup.sampler_cfg.max_new_tokens)
-  logprobs = fns.logprobs(params, None, rollouts)
+  logprobs = fns.rl.logprobs(params, None, rollouts)
   ones = np.ones(n, bool)  # Every reward scored, every row kept.
-  batch, _, _ = fns.finish(
+  batch, _, _ = fns.rl.finish(
     logprobs, rollouts, correct_N, np.zeros(n, np.float32), prep_hyper, ones, ones
   )
   return batch
@@ -152,18 +152,18 @@ def measure(c, *, steps: int) -> dict:
   fns = steps_lib.functions(setup)
   params = sharding.init_params(fns.layout, setup.model_cfg, jax.random.key(0))
   hyper = setup.sampling_hyper
-  sample_args = fns.sample.place((params, first_prompts(setup), jax.random.key(1), hyper))
-  sample_compile_s, _ = timed(lambda: fns.sample.lower(*sample_args).compile())
-  _, rollouts = timed(lambda: fns.sample(*sample_args))  # Warm-up.
-  sample_times = [timed(lambda: fns.sample(*sample_args))[0] for _ in range(steps)]
+  sample_args = fns.samplers.train.place((params, first_prompts(setup), jax.random.key(1), hyper))
+  sample_compile_s, _ = timed(lambda: fns.samplers.train.lower(*sample_args).compile())
+  _, rollouts = timed(lambda: fns.samplers.train(*sample_args))  # Warm-up.
+  sample_times = [timed(lambda: fns.samplers.train(*sample_args))[0] for _ in range(steps)]
   batch = rollout_batch(setup, fns, params, rollouts)
   state = jax.device_put(spec.init_state(params, fns.optimizer), fns.state_shardings)
-  args = fns.update.place((state, batch, jax.random.key(2), setup.rl_cfg.step_hyper()))
-  update_compile_s, _ = timed(lambda: fns.update.lower(*args).compile())
+  args = fns.rl.update.place((state, batch, jax.random.key(2), setup.rl_cfg.step_hyper()))
+  update_compile_s, _ = timed(lambda: fns.rl.update.lower(*args).compile())
   holder = [args[0]]
 
   def update():
-    holder[0], _, metrics = fns.update(holder[0], *args[1:])
+    holder[0], _, metrics = fns.rl.update(holder[0], *args[1:])
     return holder[0], metrics
 
   timed(update)  # Warm-up (also allocates the donated buffers).

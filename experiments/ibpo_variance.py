@@ -78,7 +78,7 @@ def sampled(setup, fns, params, examples, key) -> dict:
 
   n, G = setup.loop.prompts_per_step, setup.sampler_cfg.group_size
   prompts = rollout.host_prompts(setup, fns, examples, n)
-  rollouts = fns.sample(params, prompts, jax.random.fold_in(key, 1), setup.sampling_hyper)
+  rollouts = fns.samplers.train(params, prompts, jax.random.fold_in(key, 1), setup.sampling_hyper)
   tokens = float(jnp.sum(rollouts.mask_NT))
   with reward_pool.RewardPool(setup.task, workers=0, timeout_s=10.0) as pool:
     scores = rollout.score(setup, pool, examples, rollouts.tokens_NT, group=G)
@@ -94,7 +94,7 @@ def sampled(setup, fns, params, examples, key) -> dict:
     rollouts=rollouts,
     scores=scores,
     prov=prov,
-    lp=fns.logprobs(params, None, rollouts),
+    lp=fns.rl.logprobs(params, None, rollouts),
     tokens_per_group=tokens / n,
     pass_rate=float(np.mean(np.asarray(scores.correct_N)[: n * G])),
   )
@@ -110,7 +110,7 @@ def finished(setup, fns, got: dict, *, lam=None, tau=None):
     rl_cfg = dataclasses.replace(rl_cfg, ibpo_tau=tau)
   hyper = rl_cfg.prepare_hyper(max_new_tokens=setup.sampler_cfg.max_new_tokens)
   s = got["scores"]
-  batch, _, stats = fns.finish(
+  batch, _, stats = fns.rl.finish(
     got["lp"], got["rollouts"], s.correct_N, s.format_N, hyper, s.scorable_N, None, got["prov"]
   )
   return batch, {k: float(v) for k, v in stats.items()}

@@ -79,7 +79,7 @@ def run(variant: str, rounds: int) -> dict:
     params = _params(setup, base, jax.random.key(1))
     prompts = rollout.host_prompts(setup, fns, examples, n)
     call = lambda fns=fns, params=params, prompts=prompts: jax.block_until_ready(  # noqa: E731
-      fns.sample(params, prompts, jax.random.key(7), hyper)
+      fns.samplers.train(params, prompts, jax.random.key(7), hyper)
     )
     t0 = time.perf_counter()
     rollouts[name] = call()

@@ -47,8 +47,8 @@ def measure(sampler_dtype: str, *, quick: bool) -> dict:
   # A peaked policy, as after training (random init is near uniform over 32K ids).
   params["embed"]["embedding"] = params["embed"]["embedding"] * 4.0
   prompts = bench_rl_iteration.random_prompts(setup, seed=0)
-  rollouts = fns.sample(params, prompts, jax.random.key(1), setup.sampling_hyper)
-  lp = fns.logprobs(params, None, rollouts)
+  rollouts = fns.samplers.train(params, prompts, jax.random.key(1), setup.sampling_hyper)
+  lp = fns.rl.logprobs(params, None, rollouts)
   mask = rollouts.mask_NT
   ones = jnp.ones(mask.shape, jnp.float32)  # No correction: every weight 1, nothing dropped.
   m = importance.mismatch_metrics(lp.old_logp_NT, rollouts.policy_logp_NT, mask, ones, mask)

@@ -217,18 +217,18 @@ def batch_rows(setup, fns, pool, params, examples: dict, key, *, k: int) -> list
   listed = [examples[i] for i in range(B)]
   if setup.episodes is not None:
     greedy = _episode_rows(
-      setup, fns.episodes_greedy.run(params, prompts, listed, key, greedy_hyper)
+      setup, fns.episodes.greedy.run(params, prompts, listed, key, greedy_hyper)
     )
     sampled = (
       _episode_rows(
-        setup, fns.episodes_eval.run(params, prompts, listed, key, setup.sampling_hyper)
+        setup, fns.episodes.eval.run(params, prompts, listed, key, setup.sampling_hyper)
       )
       if k
       else []
     )
   else:
-    tokens = fns.sample_greedy(params, prompts, key, greedy_hyper).tokens_NT
-    more = fns.sample_eval(params, prompts, key, setup.sampling_hyper).tokens_NT if k else None
+    tokens = fns.samplers.greedy(params, prompts, key, greedy_hyper).tokens_NT
+    more = fns.samplers.eval(params, prompts, key, setup.sampling_hyper).tokens_NT if k else None
     greedy = _scored(setup, pool, examples, tokens, group=1)
     sampled = _scored(setup, pool, examples, more, group=k) if k else []
   return [

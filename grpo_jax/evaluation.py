@@ -113,9 +113,9 @@ def run(setup: build.Setup, fns, pool, params, *, key, show: int = SAMPLES):
   if setup.episodes is not None:
     listed = [examples[i] for i in range(size)]
     return evaluate_episodes(setup, fns, params, listed, prompts, key, show=show)
-  greedy = fns.sample_greedy(params, prompts, key, sampling.sampling_params(greedy=True))
+  greedy = fns.samplers.greedy(params, prompts, key, sampling.sampling_params(greedy=True))
   if n:  # Dispatched now: the device samples while the host scores the greedy answers.
-    sampled = fns.sample_eval(params, prompts, key, setup.sampling_hyper)
+    sampled = fns.samplers.eval(params, prompts, key, setup.sampling_hyper)
   scores = rollout.score(setup, pool, examples, greedy.tokens_NT, group=1)
 
   def more():
@@ -234,12 +234,12 @@ def evaluate_episodes(
   give pass@k and mean@n. Environment errors count as reward errors. Returns (metrics,
   the first `show` greedy episodes as `sample_records`: the whole episode's text)."""
   loop = setup.loop
-  greedy = fns.episodes_greedy.run(
+  greedy = fns.episodes.greedy.run(
     params, prompts, examples, key, sampling.sampling_params(greedy=True)
   )
 
   def more():
-    sampled = fns.episodes_eval.run(params, prompts, examples, key, setup.sampling_hyper)
+    sampled = fns.episodes.eval.run(params, prompts, examples, key, setup.sampling_hyper)
     errors = int((~sampled.scorable_N).sum())
     return sampled.reward_N.reshape(len(examples), loop.eval_samples), errors
 

@@ -664,8 +664,8 @@ def measure(setup, fns) -> dict:
   B = loop.prompts_per_step
   prompts = sampling.Prompts(tokens_BP=sd((B, P), jnp.int32), mask_BP=sd((B, P), jnp.bool_))
   with fns.layout.context():
-    update = fns.update.jitted.lower(state, batch, key, jax.eval_shape(rl_cfg.step_hyper))
-    sample = fns.sample.jitted.lower(state.params, prompts, key, setup.sampling_hyper)
+    update = fns.rl.update.jitted.lower(state, batch, key, jax.eval_shape(rl_cfg.step_hyper))
+    sample = fns.samplers.train.jitted.lower(state.params, prompts, key, setup.sampling_hyper)
   a, b = update.compile().memory_analysis(), sample.compile().memory_analysis()
   batch_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(batch))
   return {

@@ -114,13 +114,13 @@ class Source:
     N = B * self.setup.sampler_cfg.group_size
     if self.cfg.partial == "off":
       t0 = time.perf_counter()
-      rollouts = self.fns.sample(
+      rollouts = self.fns.samplers.train(
         st.train.params, drawn.prompts, batch_key(st.key, j), self.setup.sampling_hyper
       )
       self.seconds["sample"] += time.perf_counter() - t0
       version_NT = np.full((N, T), version, np.int32)
       return InFlight(j, index, drawn, rollouts, version_NT, version, segments=1)
-    rollouts = self.fns.empty(drawn.prompts)
+    rollouts = self.fns.partial.empty(drawn.prompts)
     return InFlight(j, index, drawn, rollouts, np.full((N, T), -1, np.int32), version)
 
   def _finished(self, b: InFlight) -> bool:
@@ -143,7 +143,7 @@ class Source:
     live_N = ~offpolicy.finished(rows)
     steps = self.cfg.segment(self.setup.sampler_cfg.max_new_tokens)
     key = jax.random.fold_in(batch_key(st.key, b.it), 1 + b.segments)
-    b.rollouts = self.fns.cont(
+    b.rollouts = self.fns.partial.cont(
       st.train.params, rows, live_N, jnp.int32(steps), key, self.setup.sampling_hyper
     )
     new_NT = np.asarray(b.rollouts.mask_NT) & ~before_NT
@@ -178,7 +178,7 @@ class Source:
     stale_N = version - oldest_N
     keep_N = (stale_N <= s) | (self.cfg.stale == "correct")
     mixed_N = newest_N != oldest_N
-    logprobs = self.fns.logprobs(st.train.params, st.reference(), b.rollouts)
+    logprobs = self.fns.rl.logprobs(st.train.params, st.reference(), b.rollouts)
     sc = b.scores
     metrics = {
       "accuracy": float(np.mean(sc.correct_N)),

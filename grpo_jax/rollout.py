@@ -219,13 +219,13 @@ def collect(
   if setup.counterfactual.enabled:
     cf = with_counterfactuals(setup, fns, pool, params, drawn, parts[0], scores[0], key)
     merged, picked, prov, cf_seconds = cf
-    logprobs = fns.logprobs(params, ref_params, merged)
+    logprobs = fns.rl.logprobs(params, ref_params, merged)
     seconds["counterfactuals"] = cf_seconds
     return Collected(merged, logprobs, picked, valid_N, index, metrics, seconds, prov)
   if not rl_cfg.dynamic_sampling:
     return Collected(parts[0], logprobs, scores[0], valid_N, index, metrics, seconds)
   rollouts, picked, valid_N, dynamic = _select(setup, pool, parts, scores)
-  logprobs = fns.logprobs(params, ref_params, rollouts)
+  logprobs = fns.rl.logprobs(params, ref_params, rollouts)
   return Collected(rollouts, logprobs, picked, valid_N, index, {**metrics, **dynamic}, seconds)
 
 
@@ -238,13 +238,13 @@ def sample_and_score(
   (config.env): `play`. Adds the phases' seconds to `seconds`."""
   if setup.episodes is not None:
     rollouts, scores, metrics = play(setup, fns, params, drawn, key, seconds)
-    logprobs = fns.logprobs(params, ref_params, rollouts) if dispatch else None
+    logprobs = fns.rl.logprobs(params, ref_params, rollouts) if dispatch else None
     return rollouts, scores, logprobs, metrics
   t0 = time.perf_counter()
-  rollouts = fns.sample(params, drawn.prompts, key, setup.sampling_hyper)
+  rollouts = fns.samplers.train(params, drawn.prompts, key, setup.sampling_hyper)
   rollouts = jax.block_until_ready(rollouts)
   t1 = time.perf_counter()
-  logprobs = fns.logprobs(params, ref_params, rollouts) if dispatch else None  # Async.
+  logprobs = fns.rl.logprobs(params, ref_params, rollouts) if dispatch else None  # Async.
   scores = score(
     setup, pool, drawn.examples, rollouts.tokens_NT, group=setup.sampler_cfg.group_size
   )
@@ -259,7 +259,7 @@ def play(setup: build.Setup, fns, params, drawn: Drawn, key, seconds: dict):
   whose environment raised is unscorable. Adds "sample" (the jitted pieces) and "env" (the
   host's environment steps) seconds."""
   n = drawn.prompts.tokens_BP.shape[0]
-  got = fns.episodes.run(
+  got = fns.episodes.train.run(
     params, drawn.prompts, [drawn.examples[b] for b in range(n)], key, setup.sampling_hyper
   )
   for phase, s in got.seconds.items():
@@ -284,7 +284,7 @@ def with_counterfactuals(
   cf, G = setup.counterfactual, setup.sampler_cfg.group_size
   t0 = time.perf_counter()
   key = jax.random.fold_in(key, 1_000_003)
-  cf_plan = fns.cf_plan(key, rollouts, scores.correct_N)
+  cf_plan = fns.counterfactual.plan(key, rollouts, scores.correct_N)
   prompts = None
   if cf.perturbed:
     if jax.process_count() > 1:
@@ -301,10 +301,10 @@ def with_counterfactuals(
       sampler_cfg=setup.sampler_cfg,
       seed=drawn.index,
     )
-  cf_rows, own = fns.cf_generate(
+  cf_rows, own = fns.counterfactual.generate(
     params, rollouts, cf_plan, prompts, jax.random.fold_in(key, 1), setup.sampling_hyper
   )
-  merged, prov = fns.cf_merge(rollouts, cf_rows, own, cf_plan)
+  merged, prov = fns.counterfactual.merge(rollouts, cf_rows, own, cf_plan)
   cf_scores = score(setup, pool, drawn.examples, cf_rows.tokens_NT, group=cf.per_group)
   B = setup.loop.prompts_per_step
   order = counterfactuals.merge_order(B, G, cf.per_group)

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
+import optax
 
 from grpo_jax import build, config, envs, memory, warmstart
 from grpo_jax.envs import episodes
@@ -27,35 +29,75 @@ from grpo_jax.rl import counterfactuals, learner, offpolicy, preparation, spec
 
 
 @dataclasses.dataclass(frozen=True)
+class Samplers:
+  """The jitted samplers, `(params, prompts, key, sampling_hyper) -> Rollouts`."""
+
+  train: sharding.Jitted  # G rows per prompt (refill slots when sampler.refill_slots).
+  greedy: sharding.Jitted  # One row per prompt, for greedy evaluation.
+  eval: sharding.Jitted | None  # eval_samples rows per prompt, for pass@k (None when off).
+
+
+@dataclasses.dataclass(frozen=True)
+class RLSteps:
+  """The RL half of an iteration, in the order the trainer calls them."""
+
+  logprobs: sharding.Jitted  # preparation.rollout_logprobs: dispatched before rewards.
+  finish: sharding.Jitted  # preparation.finish_prepare: advantages and masks.
+  update: sharding.Jitted  # learner.update: plan + a scan of train steps.
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmStart:
+  """The supervised warm start (`warmstart`): its optimizer, state shardings and step."""
+
+  optimizer: optax.GradientTransformation
+  state_shardings: Any  # spec.TrainState with this optimizer.
+  step: sharding.Jitted  # warmstart.sft_step: one cross-entropy step on solutions.
+
+
+@dataclasses.dataclass(frozen=True)
+class CounterfactualSteps:
+  """IBPO's counterfactual rows (config.counterfactual.per_group > 0)."""
+
+  plan: sharding.Jitted  # counterfactuals.plan: the slots' parents and cuts.
+  generate: sharding.Jitted  # counterfactuals.generate: decodes the M rows.
+  merge: sharding.Jitted  # counterfactuals.merge: the group-major batch and Provenance.
+  samples: sharding.Jitted | None  # The samples' rows of a prepared batch (None: train all).
+
+
+@dataclasses.dataclass(frozen=True)
+class PartialRollouts:
+  """The off-policy pipeline's partial rollouts (config.offpolicy.partial)."""
+
+  cont: sharding.Jitted  # offpolicy.continue_rows: one segment of every live row.
+  empty: sharding.Jitted  # offpolicy.empty_rollouts: the batch rows start from.
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeRunners:
+  """Multi-turn episode runners (config.env), `episodes.Runner` for each row count."""
+
+  train: episodes.Runner  # The training group.
+  greedy: episodes.Runner  # Greedy evaluation.
+  eval: episodes.Runner | None  # pass@k evaluation (None when eval_samples = 0).
+
+
+@dataclasses.dataclass(frozen=True)
 class Functions:
+  """Everything a run compiles, in typed groups; an optional group is None when its
+  feature is off."""
+
   layout: sharding.Layout  # The mesh and its rules.
-  param_shardings: Any
+  param_shardings: Any  # What loads fill.
   state_shardings: Any  # spec.TrainState with the RL optimizer.
-  sft_state_shardings: Any  # spec.TrainState with the warm-start optimizer.
-  model_fn: Any
-  optimizer: Any
-  sft_optimizer: Any
-  sample: Any  # G rows per prompt, training sampler.
-  sample_greedy: Any  # One row per prompt, for greedy evaluation.
-  sample_eval: Any  # eval_samples rows per prompt, for pass@k (None when off).
-  sft_step: Any  # warmstart.sft_step: one cross-entropy step on reference solutions.
-  logprobs: Any  # preparation.rollout_logprobs: dispatched before rewards are scored.
-  finish: Any  # preparation.finish_prepare: advantages and masks once rewards are in.
-  update: Any  # learner.update: plan + a scan of train steps over one rollout batch.
-  # IBPO's counterfactual rows (None when config.counterfactual.per_group = 0):
-  cf_plan: Any = None  # counterfactuals.plan: the slots' parents and cuts.
-  cf_generate: Any = None  # counterfactuals.generate: decodes the M rows.
-  cf_merge: Any = None  # counterfactuals.merge: the group-major batch and its Provenance.
-  cf_samples: Any = None  # The update batch: the samples' rows of a prepared batch.
-  # The off-policy pipeline (config.offpolicy): partial rollouts' segments (None unless
-  # offpolicy.partial is on) and the empty batch they start from.
-  cont: Any = None  # offpolicy.continue_rows.
-  empty: Any = None  # offpolicy.empty_rollouts.
-  # Multi-turn episodes (config.env; None when off): `episodes.Runner`s for the training
-  # group, greedy evaluation and pass@k evaluation.
-  episodes: Any = None
-  episodes_greedy: Any = None
-  episodes_eval: Any = None
+  model_fn: Callable
+  optimizer: optax.GradientTransformation
+  samplers: Samplers
+  rl: RLSteps
+  warmstart: WarmStart
+  counterfactual: CounterfactualSteps | None = None
+  partial: PartialRollouts | None = None
+  episodes: EpisodeRunners | None = None
 
 
 # Loop fields the compiled functions depend on (with the model, sampler, RL and mesh).
@@ -204,11 +246,11 @@ def _sampler(
   )
 
 
-def _counterfactual_functions(setup: build.Setup, sh: _Shardings, model_fn) -> dict:
+def _counterfactual_functions(setup: build.Setup, sh: _Shardings, model_fn):
   """IBPO's counterfactual rows: plan the slots, decode them, merge them into the batch."""
   cf, scfg = setup.counterfactual, setup.sampler_cfg
   if not cf.enabled:
-    return {}
+    return None
   B, G = setup.loop.prompts_per_step, scfg.group_size
   N, M, rep = B * G, B * cf.per_group, sh.rep
   plan = functools.partial(counterfactuals.plan, cfg=cf, group_size=G, splitter=setup.steps)
@@ -222,23 +264,23 @@ def _counterfactual_functions(setup: build.Setup, sh: _Shardings, model_fn) -> d
   )
   generate = sampling.viewed(generate, view)
   merge = functools.partial(counterfactuals.merge, group_size=G, kind=cf.kind)
-  return dict(
-    cf_plan=sharding.Jitted(
+  return CounterfactualSteps(
+    plan=sharding.Jitted(
       sh.layout, plan, in_shardings=(rep, sh.rollouts(N), sh.rows(N)), out_shardings=rep
     ),
-    cf_generate=sharding.Jitted(
+    generate=sharding.Jitted(
       sh.layout,
       generate,
       in_shardings=(sh.params, sh.rollouts(N), rep, sh.rows(M), rep, rep),
       out_shardings=(sh.rollouts(M), sh.rows(M)),
     ),
-    cf_merge=sharding.Jitted(
+    merge=sharding.Jitted(
       sh.layout,
       merge,
       in_shardings=(sh.rollouts(N), sh.rollouts(M), sh.rows(M), rep),
       out_shardings=(sh.rollouts(setup.rollout_rows), sh.rows(setup.rollout_rows)),
     ),
-    cf_samples=sharding.Jitted(
+    samples=sharding.Jitted(
       sh.layout,
       functools.partial(counterfactuals.sample_rows, group_size=G, per_group=cf.per_group),
       in_shardings=(sh.rows(setup.rollout_rows),),
@@ -249,12 +291,12 @@ def _counterfactual_functions(setup: build.Setup, sh: _Shardings, model_fn) -> d
   )
 
 
-def _rl_functions(setup: build.Setup, sh: _Shardings, model_fn, optimizer) -> dict:
+def _rl_functions(setup: build.Setup, sh: _Shardings, model_fn, optimizer) -> RLSteps:
   """The RL half: log-prob forwards, prepare, and the update phase."""
   rl_cfg, N, U = setup.rl_cfg, setup.rollout_rows, setup.update_rows
   rows, rep = sh.rows(N), sh.rep
   plan_fn = learner.make_plan_fn(rl_cfg, batch_size=U, group_size=setup.update_group)
-  return dict(
+  return RLSteps(
     logprobs=sharding.Jitted(
       sh.layout,
       functools.partial(preparation.rollout_logprobs, cfg=rl_cfg, model_fn=model_fn),
@@ -302,11 +344,11 @@ def _layouts(setup: build.Setup) -> tuple[sharding.Layout, sharding.Layout]:
   )
 
 
-def _offpolicy_functions(setup: build.Setup, sh: _Shardings, model_fn) -> dict:
+def _offpolicy_functions(setup: build.Setup, sh: _Shardings, model_fn):
   """Partial rollouts' segment decode and empty start batch, on the sampler's devices."""
   op, scfg = setup.offpolicy, setup.sampler_cfg
   if not (op.enabled and op.partial != "off"):
-    return {}
+    return None
   B, G = setup.loop.prompts_per_step, scfg.group_size
   N, rep = B * G, sh.rep
   mcfg, model_fn, view = _sampler_model(setup, model_fn, sh.layout)
@@ -320,7 +362,7 @@ def _offpolicy_functions(setup: build.Setup, sh: _Shardings, model_fn) -> dict:
   empty = functools.partial(
     offpolicy.empty_rollouts, group_size=G, max_new_tokens=scfg.max_new_tokens, pad_id=scfg.pad_id
   )
-  return dict(
+  return PartialRollouts(
     cont=sharding.Jitted(
       sh.layout,
       cont,
@@ -333,13 +375,13 @@ def _offpolicy_functions(setup: build.Setup, sh: _Shardings, model_fn) -> dict:
   )
 
 
-def _episode_runners(setup: build.Setup, model_fn, layout: sharding.Layout) -> dict:
+def _episode_runners(setup: build.Setup, model_fn, layout: sharding.Layout):
   """Multi-turn episode runners (config.env): the training group, greedy evaluation and
   pass@k evaluation (`episodes.Runner`; its jitted pieces follow the params' shardings),
   in sampler.dtype when it is set."""
   cfg, loop, tok = setup.episodes, setup.loop, setup.tokenizer
   if cfg is None:
-    return {}
+    return None
   env_cls = envs.get(cfg.name)
   mcfg, model_fn, view = _sampler_model(setup, model_fn, layout)
   make = functools.partial(
@@ -353,10 +395,10 @@ def _episode_runners(setup: build.Setup, model_fn, layout: sharding.Layout) -> d
     env_cls=env_cls,
   )
   runner = lambda g: make(sampler_cfg=dataclasses.replace(setup.sampler_cfg, group_size=g))  # noqa: E731
-  return dict(
-    episodes=runner(setup.sampler_cfg.group_size),
-    episodes_greedy=runner(1),
-    episodes_eval=runner(loop.eval_samples) if loop.eval_samples else None,
+  return EpisodeRunners(
+    train=runner(setup.sampler_cfg.group_size),
+    greedy=runner(1),
+    eval=runner(loop.eval_samples) if loop.eval_samples else None,
   )
 
 
@@ -375,32 +417,34 @@ def _build(setup: build.Setup) -> Functions:
     layout=layout,
     param_shardings=sharding.param_shardings(layout, setup.model_cfg),  # What loads fill.
     state_shardings=sh.state,
-    sft_state_shardings=sh.sft_state,
     model_fn=model_fn,
     optimizer=optimizer,
-    sft_optimizer=sft_optimizer,
-    sample=train_sampler(
-      group=scfg.group_size, prompts=loop.prompts_per_step, slots=scfg.refill_slots
-    ),
-    sample_greedy=sampler(group=1, prompts=loop.eval_size),
-    sample_eval=sampler(group=loop.eval_samples, prompts=loop.eval_size)
-    if loop.eval_samples
-    else None,
-    sft_step=sharding.Jitted(
-      layout,
-      functools.partial(
-        warmstart.sft_step,
-        model_fn=model_fn,
-        optimizer=sft_optimizer,
-        part=warmstart.part(setup.model_cfg),
-        dropout_seed=loop.seed,
+    samplers=Samplers(
+      train=train_sampler(
+        group=scfg.group_size, prompts=loop.prompts_per_step, slots=scfg.refill_slots
       ),
-      in_shardings=(sh.sft_state, *(sh.rows(loop.warmstart_batch),) * 3),
-      out_shardings=(sh.sft_state, sh.rep),
-      donate_argnums=(0,),
+      greedy=sampler(group=1, prompts=loop.eval_size),
+      eval=sampler(group=loop.eval_samples, prompts=loop.eval_size) if loop.eval_samples else None,
     ),
-    **_rl_functions(setup, sh, model_fn, optimizer),
-    **_counterfactual_functions(setup, sh, model_fn),
-    **_offpolicy_functions(setup, sampler_sh, model_fn),
-    **_episode_runners(setup, model_fn, layout),
+    rl=_rl_functions(setup, sh, model_fn, optimizer),
+    warmstart=WarmStart(
+      optimizer=sft_optimizer,
+      state_shardings=sh.sft_state,
+      step=sharding.Jitted(
+        layout,
+        functools.partial(
+          warmstart.sft_step,
+          model_fn=model_fn,
+          optimizer=sft_optimizer,
+          part=warmstart.part(setup.model_cfg),
+          dropout_seed=loop.seed,
+        ),
+        in_shardings=(sh.sft_state, *(sh.rows(loop.warmstart_batch),) * 3),
+        out_shardings=(sh.sft_state, sh.rep),
+        donate_argnums=(0,),
+      ),
+    ),
+    counterfactual=_counterfactual_functions(setup, sh, model_fn),
+    partial=_offpolicy_functions(setup, sampler_sh, model_fn),
+    episodes=_episode_runners(setup, model_fn, layout),
   )

@@ -644,7 +644,7 @@ class _Loop:
       group_size=self.setup.train_group,
     )
     s = got.scores
-    batch, _, stats = self.fns.finish(
+    batch, _, stats = self.fns.rl.finish(
       got.logprobs,
       got.rollouts,
       s.correct_N,
@@ -654,14 +654,15 @@ class _Loop:
       got.valid_N,
       got.provenance,
     )
-    if self.fns.cf_samples is not None:  # Counterfactuals that only informed φ leave.
-      batch = self.fns.cf_samples(batch)
+    cf = self.fns.counterfactual
+    if cf is not None and cf.samples is not None:  # Counterfactuals that only informed φ leave.
+      batch = cf.samples(batch)
     return batch, stats
 
   def _update(self, st: RunState, batch: spec.RolloutBatch, key, stats) -> dict:
     """The update phase (one jitted scan); the controller's move; the next prompts drawn
     while the device works. Returns the per-step metrics as host arrays [E·M]."""
-    st.train, _, history = self.fns.update(st.train, batch, key, self.step_hyper)
+    st.train, _, history = self.fns.rl.update(st.train, batch, key, self.step_hyper)
     # The controller moves the advantage hyperparameters (arrays: no recompile).
     adv_hyper, st.controller = self.controller(st.prep_hyper.adv, st.controller, stats)
     st.prep_hyper = st.prep_hyper.replace(adv=adv_hyper)

@@ -67,7 +67,7 @@ def _abstract_state(setup: build.Setup, fns):
   shapes = jax.eval_shape(
     lambda k: spec.init_state(
       stored(model.init(setup.model_cfg, k), setup.model_cfg, part(setup.model_cfg)),
-      fns.sft_optimizer,
+      fns.warmstart.optimizer,
       part=part(setup.model_cfg),
     ),
     jax.random.key(0),
@@ -75,13 +75,13 @@ def _abstract_state(setup: build.Setup, fns):
   return jax.tree.map(
     lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
     shapes,
-    fns.sft_state_shardings,
+    fns.warmstart.state_shardings,
   )
 
 
 def _resume(setup: build.Setup, fns, workdir, params, *, log) -> tuple[spec.TrainState, int]:
   """(state, steps done): the SIGTERM checkpoint's, else a fresh state at step 0."""
-  state = spec.init_state(params, fns.sft_optimizer, part=part(setup.model_cfg))
+  state = spec.init_state(params, fns.warmstart.optimizer, part=part(setup.model_cfg))
   if workdir is None or not (pathlib.Path(workdir) / DIRECTORY).exists():
     return state, 0
   ckpt = _checkpointer(workdir)
@@ -231,7 +231,7 @@ def run(setup: build.Setup, fns, params, *, log, preempted, workdir=None, wall_s
           wall_seconds=seconds,
         )
       examples = [next(stream) for _ in range(loop.warmstart_batch)]
-      state, metrics = fns.sft_step(state, *batch(setup, fns, examples))
+      state, metrics = fns.warmstart.step(state, *batch(setup, fns, examples))
       history.append(metrics)
       progress.update(step + 1, _lagged_loss(history, step + 1 - done))
   finally:

@@ -86,7 +86,7 @@ def main(out, meshes, *, base):
     prompts = sampling.prepare_prompts(
       [setup.tokenizer.encode(e.prompt, add_bos=True) for e in examples], cfg=setup.sampler_cfg
     )
-    greedy = fns.sample_greedy(
+    greedy = fns.samplers.greedy(
       params, prompts, jax.random.key(0), sampling.sampling_params(greedy=True)
     )
     flat = {}

@@ -82,7 +82,7 @@ def _iteration(c, *, key=1):
     got = rollout.collect(setup, fns, pool, params, None, index=0, key=jax.random.key(key))
   hyper = setup.rl_cfg.prepare_hyper(max_new_tokens=setup.sampler_cfg.max_new_tokens)
   s = got.scores
-  batch, _, stats = fns.finish(
+  batch, _, stats = fns.rl.finish(
     got.logprobs, got.rollouts, s.correct_N, s.format_N, hyper, s.scorable_N, None, got.provenance
   )
   return setup, got, batch, stats, params

@@ -181,12 +181,12 @@ def test_partial_rollout_logprobs_are_those_of_the_params_of_each_segment(pieces
   from grpo_jax import rollout
 
   drawn = rollout.draw(setup, fns, 0)
-  rows = fns.empty(drawn.prompts)
+  rows = fns.partial.empty(drawn.prompts)
   hyper = setup.sampling_hyper
   live = lambda r: ~offpolicy.finished(r)  # noqa: E731
-  rows_a = fns.cont(a, rows, live(rows), jnp.int32(3), jax.random.key(5), hyper)
+  rows_a = fns.partial.cont(a, rows, live(rows), jnp.int32(3), jax.random.key(5), hyper)
   first_NT = np.asarray(rows_a.mask_NT)
-  rows_ab = fns.cont(b, rows_a, live(rows_a), jnp.int32(8), jax.random.key(6), hyper)
+  rows_ab = fns.partial.cont(b, rows_a, live(rows_a), jnp.int32(8), jax.random.key(6), hyper)
   mask_NT = np.asarray(rows_ab.mask_NT)
   second_NT = mask_NT & ~first_NT
   assert first_NT.sum() > 0 and second_NT.sum() > 0
@@ -216,8 +216,8 @@ def test_restart_empties_rows_unfinished_at_a_params_change(pieces):
   setup, fns, a, _ = pieces
   from grpo_jax import rollout
 
-  rows = fns.empty(rollout.draw(setup, fns, 0).prompts)
-  rows = fns.cont(
+  rows = fns.partial.empty(rollout.draw(setup, fns, 0).prompts)
+  rows = fns.partial.cont(
     a, rows, ~offpolicy.finished(rows), jnp.int32(2), jax.random.key(5), setup.sampling_hyper
   )
   reset_N = ~offpolicy.finished(rows)

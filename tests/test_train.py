@@ -156,12 +156,12 @@ def test_nonfinite_steps_are_skipped_counted_and_stop_the_run(monkeypatch, tmp_p
       if seen["it"] >= 2:
         batch = batch.replace(adv_NT=batch.adv_NT * np.nan)
         seen.setdefault("params_before", jax.tree.map(np.asarray, state.params))
-      new_state, idx, history = fns.update(state, batch, key, hyper)
+      new_state, idx, history = fns.rl.update(state, batch, key, hyper)
       if seen["it"] == 2:
         seen["params_after"] = jax.tree.map(np.asarray, new_state.params)
       return new_state, idx, history
 
-    return dataclasses.replace(fns, update=update)
+    return dataclasses.replace(fns, rl=dataclasses.replace(fns.rl, update=update))
 
   monkeypatch.setattr(steps, "functions", poisoned_functions)
   c = _tiny(max_nonfinite_steps=3, checkpoint_every=1)  # Two train steps per iteration.
@@ -211,8 +211,8 @@ def test_dynamic_sampling_keeps_shapes_static_and_counts_what_it_drops(tmp_path)
     # The zero-variance groups in the trained batch are exactly the masked fill groups.
     assert x["zero_var_groups"] * B == pytest.approx(fill)
   fns = steps.functions(build.build(c))
-  assert fns.update._cache_size() == 1  # One compile: the batch shape never changed.
-  assert fns.logprobs._cache_size() == 1 and fns.finish._cache_size() == 1
+  assert fns.rl.update._cache_size() == 1  # One compile: the batch shape never changed.
+  assert fns.rl.logprobs._cache_size() == 1 and fns.rl.finish._cache_size() == 1
 
 
 class _OrderPool:
@@ -236,12 +236,12 @@ def test_log_prob_forwards_are_dispatched_before_rewards_are_scored(dynamic):
 
   def logprobs(*args):
     calls.append("logprobs")
-    return fns.logprobs(*args)
+    return fns.rl.logprobs(*args)
 
   params = model.init(setup.model_cfg, jax.random.key(0))
   got = rollout.collect(
     setup,
-    dataclasses.replace(fns, logprobs=logprobs),
+    dataclasses.replace(fns, rl=dataclasses.replace(fns.rl, logprobs=logprobs)),
     _OrderPool(setup.task, calls),
     params,
     params,
