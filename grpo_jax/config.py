@@ -51,6 +51,7 @@ from grpo_jax.rl import (
   advantages,
   aggregation,
   counterfactuals,
+  losses,
   offpolicy,
   presets,
   spec,
@@ -338,6 +339,9 @@ def default_config() -> ml_collections.ConfigDict:
   # --config.rl.advantage_hyper.NAME=VALUE overrides one.
   declared = advantages.declared_hyper().items()
   c.rl.advantage_hyper = ml_collections.ConfigDict({k: h.default for k, h in declared})
+  # The same for the policy losses' (`losses.Traits.hyper`): --config.rl.loss_hyper.NAME=V.
+  declared = losses.declared_hyper().items()
+  c.rl.loss_hyper = ml_collections.ConfigDict({k: h.default for k, h in declared})
   mesh = sharding.MeshConfig()
   c.mesh = ml_collections.ConfigDict(
     dict(data=mesh.data, fsdp=mesh.fsdp, tensor=mesh.tensor, rules=_section(dict(mesh.rules)))

@@ -423,10 +423,14 @@ HOUSEKEEPING_SECTIONS = ("collapse.", "logging.", "eval.")  # Every key under th
 
 
 def config_changes(before: dict, after: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:
-  """(dotted key, old value, new value) for every leaf that differs between two configs."""
+  """(dotted key, old value, new value) for every leaf that differs between two configs.
+  An empty section on one side and none on the other (a section a later release added,
+  with nothing in it) is no change."""
   out = []
   for k in sorted(set(before) | set(after)):
     a, b = before.get(k, "<absent>"), after.get(k, "<absent>")
+    if {repr(a), repr(b)} == {"'<absent>'", "{}"}:
+      continue
     if isinstance(a, dict) and isinstance(b, dict):
       out += config_changes(a, b, f"{prefix}{k}.")
     elif a != b:

@@ -1,14 +1,18 @@
-"""A newcomer's estimator in one file: `python tests/toy_estimator.py` registers it with
-one new array hyperparameter, then trains with it end to end (test_extending.py runs it).
+"""A newcomer's estimator and policy loss, each in this one file: `python
+tests/toy_estimator.py` registers them, each with one new array hyperparameter, then
+trains with them end to end (test_extending.py runs it).
 
-The estimator is GRPO's advantage times a declared hyperparameter, adv_scale:
+The estimator is GRPO's advantage times a declared hyperparameter, adv_scale, and the loss
+PPO's clipped surrogate times another, loss_scale:
 
-    A_{i,t} = s · (r_i − r̄_g) / (σ_g + eps),   s = config.rl.advantage_hyper.adv_scale.
+    A_{i,t} = s · (r_i − r̄_g) / (σ_g + eps),   s = config.rl.advantage_hyper.adv_scale,
+    ℓ_tok = c · ℓ^ppo_clip_tok,                 c = config.rl.loss_hyper.loss_scale.
 
-Nothing else in the package is edited: the declaration beside the function is what puts
-adv_scale in the config (its default), validates it, and hands it to the function as an
-array (`hyper.extra["adv_scale"]`). The script runs one RL iteration at s = 1, one at
-s = 3 set on the command line, and one with s out of range, and prints one JSON line.
+Nothing else in the package is edited: the declaration beside each function is what puts
+its hyperparameter in the config (its default), validates it, and hands it to the
+function as an array (`hyper.extra[...]`). The script runs one RL iteration at s = c = 1,
+one at s = 3 and one at c = 3 (set on the command line), and two with a value out of its
+range, and prints one JSON line.
 """
 
 import json
@@ -18,7 +22,7 @@ import tempfile
 
 from grpo_jax import cli, train
 from grpo_jax.infra import config_lib
-from grpo_jax.rl import advantages
+from grpo_jax.rl import advantages, losses
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -31,9 +35,20 @@ def scaled_grpo(inputs, hyper):
   return hyper.extra["adv_scale"] * advantages.grpo(inputs, hyper)
 
 
+@losses.REGISTRY.register(
+  "scaled_ppo_clip", hyper={"loss_scale": losses.Hyper(1.0, low=0.0, doc="the loss's scale")}
+)
+def scaled_ppo_clip(logp_BT, old_logp_BT, adv_BT, mask_BT, hyper):
+  """ℓ_tok = c · PPO's ℓ_tok (c: the declared hyperparameter loss_scale)."""
+  loss_BT, aux = losses.ppo_clip(logp_BT, old_logp_BT, adv_BT, mask_BT, hyper)
+  return hyper.extra["loss_scale"] * loss_BT, aux
+
+
 def _run(overrides: list[str], workdir: pathlib.Path) -> dict:
   spec = str(ROOT / "configs" / "arithmetic.py") + ":quick"
-  c = cli.parse("train", spec, ["--config.rl.advantage=scaled_grpo", *overrides]).config
+  toy = ["--config.rl.advantage=scaled_grpo", "--config.rl.policy_loss=scaled_ppo_clip"]
+  one_step = ["--config.rl.num_minibatches=1", "--config.rl.ppo_epochs=1"]  # pg_loss at θ_old.
+  c = cli.parse("train", spec, [*toy, *one_step, *overrides]).config
   c.task.kwargs.max_digits = 1  # runs.small_arithmetic's: it learns in ~100 warm-start steps,
   # so a group's rewards differ and the advantages are not all 0.
   c.update(iterations=1, warmstart_steps=100, warmstart_batch=16, prompts_per_step=8)
@@ -50,12 +65,16 @@ def main():
   with tempfile.TemporaryDirectory() as tmp:
     one = _run([], pathlib.Path(tmp) / "one")
     three = _run(["--config.rl.advantage_hyper.adv_scale=3.0"], pathlib.Path(tmp) / "three")
-    out["adv_max"] = [one["adv_max"], three["adv_max"]]
-    out["adv_min"] = [one["adv_min"], three["adv_min"]]
-    try:
-      _run(["--config.rl.advantage_hyper.adv_scale=-1.0"], pathlib.Path(tmp) / "bad")
-    except config_lib.ConfigError as e:
-      out["error"] = str(e)
+    loss3 = _run(["--config.rl.loss_hyper.loss_scale=3.0"], pathlib.Path(tmp) / "loss3")
+    out["adv_max"] = [one["adv_max"], three["adv_max"], loss3["adv_max"]]
+    out["adv_min"] = [one["adv_min"], three["adv_min"], loss3["adv_min"]]
+    out["pg_loss"] = [one["pg_loss"], three["pg_loss"], loss3["pg_loss"]]
+    out["errors"] = []
+    for bad in ("advantage_hyper.adv_scale=-1.0", "loss_hyper.loss_scale=-2.0"):
+      try:
+        _run([f"--config.rl.{bad}"], pathlib.Path(tmp) / "bad")
+      except config_lib.ConfigError as e:
+        out["errors"].append(str(e))
   print(json.dumps(out))
 
 

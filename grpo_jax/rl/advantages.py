@@ -29,30 +29,13 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.infra import registry
-from grpo_jax.rl import groups, ibpo
+from grpo_jax.rl import declared, groups, ibpo
 
-
-@dataclasses.dataclass(frozen=True)
-class Hyper:
-  """An array hyperparameter an estimator declares where it is registered
-  (`@REGISTRY.register(name, hyper={"tau": Hyper(1.0, low=0.0)})`): set by
-  config.rl.advantage_hyper.<name>, validated against [low, high], and handed to the
-  estimator as `hyper.extra[<name>]` (float32). An array, so a controller or a schedule
-  can move it without recompiling. One declaration is all a new one needs: no other file
-  changes (`declared_hyper`, `RLConfig.prepare_hyper`)."""
-
-  default: float
-  low: float = -float("inf")
-  high: float = float("inf")
-  doc: str = ""
-
-  def check(self, name: str, value) -> float:
-    if not isinstance(value, int | float) or not self.low <= value <= self.high:
-      raise ValueError(
-        f"config.rl.advantage_hyper.{name}={value!r}: must be a number in "
-        f"[{self.low:g}, {self.high:g}] ({self.doc or 'declared by its estimator'})."
-      )
-    return float(value)
+# An array hyperparameter an estimator declares where it is registered
+# (`@REGISTRY.register(name, hyper={"tau": Hyper(1.0, low=0.0)})`): set by
+# config.rl.advantage_hyper.<name>, checked against [low, high], and handed to the estimator
+# as `hyper.extra[<name>]` (float32). One declaration is all a new one needs (`declared`).
+Hyper = declared.Hyper
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -225,30 +208,14 @@ def advantage_hyper(
 
 def declared_hyper() -> dict[str, Hyper]:
   """Every registered estimator's declared hyperparameters, by name (config.rl's
-  advantage_hyper section lists them with their defaults). A name means one thing:
-  two estimators may share it only with the same declaration."""
-  out: dict[str, Hyper] = {}
-  for name in REGISTRY.names():
-    for key, h in REGISTRY.traits(name).hyper.items():
-      if key in out and out[key] != h:
-        raise ValueError(f"Advantage hyperparameter {key!r} is declared twice, differently.")
-      out[key] = h
-  return out
+  advantage_hyper section lists them with their defaults)."""
+  return declared.collect(REGISTRY)
 
 
 def declared_values(name: str, given: dict) -> dict[str, float]:
   """The values of estimator `name`'s declared hyperparameters: config.rl.advantage_hyper's
-  (checked against each declaration), else the default. A given key no estimator declares
-  is an error that lists the declared ones."""
-  known = declared_hyper()
-  unknown = sorted(set(given) - set(known))
-  if unknown:
-    raise ValueError(
-      f"config.rl.advantage_hyper: {unknown} are declared by no estimator; declared: "
-      f"{sorted(known) or 'none'}."
-    )
-  own = REGISTRY.traits(name).hyper
-  return {k: h.check(k, given.get(k, h.default)) for k, h in own.items()}
+  (checked against each declaration), else the default."""
+  return declared.values(REGISTRY, name, given, section="config.rl.advantage_hyper")
 
 
 def _to_tokens(a_B, mask_BT):

@@ -4,7 +4,7 @@ Notation (RESEARCH.md §6): ``logp_BT`` is ℓ_{i,t} = log π_θ(o_{i,t} | q, o_
 current parameters, ``old_logp_BT`` is ℓ under the sampling policy π_old, ``adv_BT`` is the
 token advantage A_{i,t} and ``mask_BT`` marks completion tokens.
 
-A policy loss is picked by name (``policy_loss("ppo_clip")``) and has the signature
+A policy loss is picked by name (``REGISTRY.make("ppo_clip")``) and has the signature
 
   fn(logp_BT, old_logp_BT, adv_BT, mask_BT, hyper: LossHyper) -> (loss_BT, aux)
 
@@ -19,13 +19,15 @@ aggregated here: the train step forms Σ w·ℓ_tok with its own weights (loss_a
 
 Every flag is False where the mask is False or where it does not apply to the loss.
 
-A KL estimator is picked by name (``kl_estimator("k3")``), ``fn(logp_BT, ref_logp_BT) ->
+A KL estimator is picked by name (``KL_REGISTRY.make("k3")``), ``fn(logp_BT, ref_logp_BT) ->
 kl_BT``, unmasked (the caller masks). Hyperparameters that may change during a run live in
-``LossHyper`` as arrays, so changing them does not recompile.
+``LossHyper`` as arrays, so changing them does not recompile; a loss may declare its own
+where it is registered (`Traits.hyper`, read as ``hyper.extra[name]``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import flax
@@ -33,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.infra import registry
+from grpo_jax.rl import declared
 
 # |log ρ| is clamped to this before exp (verl `compute_policy_loss_vanilla`).
 LOG_RATIO_CLAMP = 20.0
@@ -47,7 +50,22 @@ AUX_KEYS = ("ratio", "clip_high", "clip_low", "dual_clip")
 PolicyLoss = Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
 KlEstimator = Callable[[jax.Array, jax.Array], jax.Array]
 
-REGISTRY: registry.Registry[PolicyLoss] = registry.Registry("policy loss")
+# An array hyperparameter a policy loss declares where it is registered
+# (`@REGISTRY.register(name, hyper={"cap": Hyper(2.0, low=1.0)})`): set by
+# config.rl.loss_hyper.<name> and handed to the loss as `hyper.extra[<name>]` (`declared`).
+Hyper = declared.Hyper
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Traits:
+  """What a policy loss declares where it is registered (`REGISTRY.traits(name)`).
+
+  hyper: {name: Hyper}, the array hyperparameters it reads (`LossHyper.extra[name]`)."""
+
+  hyper: dict = dataclasses.field(default_factory=dict)
+
+
+REGISTRY: registry.Registry[PolicyLoss] = registry.Registry("policy loss", traits=Traits)
 KL_REGISTRY: registry.Registry[KlEstimator] = registry.Registry("KL estimator")
 
 
@@ -68,12 +86,19 @@ class LossHyper:
   eps_low: jax.Array
   eps_high: jax.Array
   dual_clip_c: jax.Array
+  # The chosen loss's declared hyperparameters (`Traits.hyper`): {name: float32}.
+  extra: dict = flax.struct.field(default_factory=dict)
 
 
 def loss_hyper(
-  *, eps_low: float = 0.2, eps_high: float = 0.2, dual_clip_c: float = 0.0
+  *,
+  eps_low: float = 0.2,
+  eps_high: float = 0.2,
+  dual_clip_c: float = 0.0,
+  extra: dict | None = None,
 ) -> LossHyper:
-  """Validated ``LossHyper`` (host side): ε_low, ε_high >= 0; dual_clip_c == 0 or > 1."""
+  """Validated ``LossHyper`` (host side): ε_low, ε_high >= 0; dual_clip_c == 0 or > 1;
+  `extra`: values of declared hyperparameters, already checked (`declared_values`)."""
   if not eps_low >= 0:
     raise ValueError(f"eps_low must be >= 0, got {eps_low}.")
   if not eps_high >= 0:
@@ -87,7 +112,20 @@ def loss_hyper(
     eps_low=jnp.asarray(eps_low, jnp.float32),
     eps_high=jnp.asarray(eps_high, jnp.float32),
     dual_clip_c=jnp.asarray(dual_clip_c, jnp.float32),
+    extra={k: jnp.asarray(v, jnp.float32) for k, v in (extra or {}).items()},
   )
+
+
+def declared_hyper() -> dict[str, Hyper]:
+  """Every registered policy loss's declared hyperparameters, by name (config.rl's
+  loss_hyper section lists them with their defaults)."""
+  return declared.collect(REGISTRY)
+
+
+def declared_values(name: str, given: dict) -> dict[str, float]:
+  """The values of loss `name`'s declared hyperparameters: config.rl.loss_hyper's
+  (checked against each declaration), else the default."""
+  return declared.values(REGISTRY, name, given, section="config.rl.loss_hyper")
 
 
 # ----------------------------------------------------------------------------

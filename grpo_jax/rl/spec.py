@@ -72,6 +72,8 @@ class RLConfig:
   overlong_factor: float = 0.0
   # Policy loss (losses.REGISTRY).
   policy_loss: str = "ppo_clip"
+  # Values of the policy losses' declared hyperparameters (`losses.Traits.hyper`), by name.
+  loss_hyper: dict = dataclasses.field(default_factory=dict)
   eps_low: float = 0.2
   eps_high: float = 0.2
   dual_clip_c: float = 0.0
@@ -120,6 +122,7 @@ class RLConfig:
           f"valid names: {', '.join(registry_.names())}."
         )
     advantages.declared_values(self.advantage, config_lib.to_dict(self.advantage_hyper))
+    losses.declared_values(self.policy_loss, config_lib.to_dict(self.loss_hyper))
     for name in self.token_masks:
       masks.REGISTRY.get(name)
     for name in self.mask_options:
@@ -247,7 +250,10 @@ class RLConfig:
   def step_hyper(self) -> StepHyper:
     return StepHyper(
       loss=losses.loss_hyper(
-        eps_low=self.eps_low, eps_high=self.eps_high, dual_clip_c=self.dual_clip_c
+        eps_low=self.eps_low,
+        eps_high=self.eps_high,
+        dual_clip_c=self.dual_clip_c,
+        extra=losses.declared_values(self.policy_loss, config_lib.to_dict(self.loss_hyper)),
       ),
       kl_coef=jnp.asarray(self.kl_coef if self.kl_in == "loss" else 0.0, jnp.float32),
       entropy_coef=jnp.asarray(self.entropy_coef, jnp.float32),
