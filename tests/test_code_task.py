@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from grpo_jax import tasks
+from grpo_jax.infra import jsonl
 from grpo_jax.tasks import base, code
 from grpo_jax.verifiers import reward_pool, sandbox, verdicts
 
@@ -376,7 +377,7 @@ def test_bad_json_line_is_named(tmp_path):
   path = tmp_path / "x.jsonl"
   path.write_text('{"id": 1}\n{not json\n')
   with pytest.raises(ValueError, match=r"x.jsonl:2: not valid JSON"):
-    base.read_jsonl(str(path))
+    jsonl.read(str(path))
 
 
 def test_explicit_split_files():

@@ -36,6 +36,8 @@ from tensorboardX import event_file_writer
 from tensorboardX import summary as tb_summary
 from tensorboardX.proto import event_pb2, summary_pb2
 
+from grpo_jax.infra import jsonl
+
 LIBRARY_LOG = "grpo_jax.log"
 SAMPLES = "samples.jsonl"  # Held-out prompts, completions, rewards, verdicts per evaluation.
 
@@ -50,21 +52,9 @@ def _clean(v):
 
 
 def read_jsonl(path: pathlib.Path) -> list[dict]:
-  """The records of a metrics.jsonl ([] if absent). A partial last line, left by a process
-  killed mid-write, is dropped; a bad line elsewhere is an error naming the line."""
-  path = pathlib.Path(path)
-  if not path.exists():
-    return []
-  lines = [x for x in path.read_text().splitlines() if x.strip()]
-  out = []
-  for i, line in enumerate(lines):
-    try:
-      out.append(json.loads(line))
-    except json.JSONDecodeError as e:
-      if i == len(lines) - 1:
-        break
-      raise ValueError(f"{path}: line {i + 1} is not JSON ({e}).") from None
-  return out
+  """The records of a log this package writes (metrics.jsonl, samples, spectra): `jsonl.read`
+  with a missing file read as [] and a last line cut by a killed writer dropped."""
+  return jsonl.read(path, missing_ok=True, torn_tail=True)
 
 
 def _cut_back(path: pathlib.Path, resume_from: int | None) -> None:

@@ -41,7 +41,7 @@ import numpy as np
 import optax
 
 from grpo_jax import tasks
-from grpo_jax.infra import checkpoint
+from grpo_jax.infra import checkpoint, jsonl
 from grpo_jax.models import hf, model, sampling
 from grpo_jax.tasks import base as task_base
 
@@ -115,7 +115,7 @@ def read_pairs(path) -> list[Pair]:
   if not path.is_file():
     raise PairsError(f"{path}: no such preference file (JSONL of {list(PAIR_KEYS)}).")
   try:
-    rows = task_base.read_jsonl(str(path))
+    rows = jsonl.read(str(path))
   except ValueError as e:
     raise PairsError(str(e)) from None
   pairs = []

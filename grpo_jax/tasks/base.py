@@ -5,7 +5,6 @@ from __future__ import annotations
 import abc
 import dataclasses
 import hashlib
-import json
 from collections.abc import Iterator
 
 import numpy as np
@@ -197,20 +196,3 @@ class Task(abc.ABC):
 
   def tokenizer(self) -> tokenizers.CharTokenizer:
     return tokenizers.CharTokenizer(TOY_ALPHABET)
-
-
-def read_jsonl(path: str) -> list[dict]:
-  """The objects of a JSONL file; ValueError naming the line that is not a JSON object."""
-  records = []
-  with open(path, encoding="utf-8") as f:
-    for number, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{number}: not valid JSON ({e}).") from None
-      if not isinstance(record, dict):
-        raise ValueError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}.")
-      records.append(record)
-  return records

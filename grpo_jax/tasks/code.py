@@ -97,6 +97,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from grpo_jax.infra import jsonl
 from grpo_jax.models import tokenizers
 from grpo_jax.tasks import base
 from grpo_jax.verifiers import sandbox, verdicts
@@ -378,9 +379,9 @@ def load_problems(
   if path == "builtin":
     resource = importlib.resources.files("grpo_jax").joinpath("data", "code_problems.jsonl")
     with importlib.resources.as_file(resource) as file:
-      records = base.read_jsonl(str(file))
+      records = jsonl.read(str(file))
   else:
-    records = base.read_jsonl(path)
+    records = jsonl.read(path)
   if not records:
     raise ValueError(f"{path}: no problems.")
   fmt = detect_format(records[0]) if problem_format == "auto" else problem_format

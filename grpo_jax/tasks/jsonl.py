@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import pathlib
 
+from grpo_jax.infra import jsonl as jsonl_file
 from grpo_jax.tasks import base
 from grpo_jax.verifiers import math_verify
 
@@ -68,11 +69,11 @@ class JsonlProblems(base.Task):
 
 
 def _read(path: pathlib.Path) -> list[dict]:
-  """The file's records (`base.read_jsonl`); a missing file, a line that is not a JSON
+  """The file's records (`infra.jsonl.read`); a missing file, a line that is not a JSON
   object with string "prompt" and "answer", or an empty file is one ValueError naming it."""
   if not path.is_file():
     raise ValueError(f"jsonl benchmark {str(path)!r}: no such file.")
-  records = base.read_jsonl(str(path))
+  records = jsonl_file.read(str(path))
   for i, r in enumerate(records):
     if not all(isinstance(r.get(k), str) for k in ("prompt", "answer")):
       raise ValueError(f'{path}: record {i + 1} must be {{"prompt": str, "answer": str}}.')
