@@ -4,7 +4,7 @@
   python experiments/lora_sampling.py              # SmolLM2-135M, ~6 minutes on 2 cores
   python experiments/lora_sampling.py --quick      # the tiny GGUF fixture (a smoke run)
 
-The trainer's own sampler (`steps.functions(setup).sample`: configs/smollm2.py:cpu, 8
+The trainer's own sampler (`steps.functions(setup).samplers.train`: configs/smollm2.py:cpu, 8
 prompts x G 8, 32 new tokens, bfloat16 compute, temperature 0.4) on its first training
 batch, with LoRA rank 16 whose B is drawn at random (a trained adapter's size: the
 policy differs from the base), for five models:

@@ -312,3 +312,15 @@ def test_no_trait_is_decided_by_a_variant_name():
   }
   assert not bad, bad
   assert _name_checks(ast.parse('if cfg.advantage == "fade": pass'))  # It can fail.
+
+
+def test_child_processes_get_the_tests_import_path():
+  """A test's child python (tests/subproc.py) imports helpers, experiments and config
+  modules by name as the test itself does (pytest's `pythonpath`)."""
+  import subproc  # noqa: PLC0415
+  import tomllib  # noqa: PLC0415
+
+  toml = tomllib.loads((ROOT / "pyproject.toml").read_text())
+  assert tuple(toml["tool"]["pytest"]["ini_options"]["pythonpath"]) == subproc.PYTHONPATH
+  paths = subproc.child_env()["PYTHONPATH"].split(os.pathsep)
+  assert paths[: len(subproc.PYTHONPATH)] == [str(ROOT / d) for d in subproc.PYTHONPATH]

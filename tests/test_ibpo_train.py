@@ -211,7 +211,7 @@ def ibpo_batch():
   n = got.rollouts.tokens_NT.shape[0]
   correct = (np.arange(n) % 3 == 0).astype(np.float32)
   hyper = setup.rl_cfg.prepare_hyper(max_new_tokens=26)
-  batch, _, stats = steps.functions(setup).finish(
+  batch, _, stats = steps.functions(setup).rl.finish(
     got.logprobs, got.rollouts, correct, 0 * correct, hyper, None, None, got.provenance
   )
   assert float(jnp.max(jnp.abs(batch.adv_NT))) > 0 and float(stats["ibpo/comparison_abs_mean"]) > 0
