@@ -108,6 +108,21 @@ class RLConfig:
   max_gen_batches: int = 1
 
   def __post_init__(self):
+    """Every value checked once, here, before anything compiles; an error names the key,
+    its value and what is allowed."""
+    self._check_names()
+    self._check_numbers()
+    # Build every variant once, so bad options fail here, before anything compiles.
+    advantages.REGISTRY.make(self.advantage, **self.advantage_options)
+    self._check_old_logp_readers()
+    controllers.REGISTRY.make(self.controller, **config_lib.to_dict(self.controller_options))
+    importance.check_bounds(lower=self.is_lower, upper=self.is_upper)
+    self.mask_fns()
+    self.prepare_hyper(max_new_tokens=max(self.overlong_buffer, 1))
+    self.step_hyper()
+
+  def _check_names(self) -> None:
+    """Registered variant names, declared hyperparameters and the named policies."""
     for attr, registry_ in (
       ("advantage", advantages.REGISTRY),
       ("policy_loss", losses.REGISTRY),
@@ -128,14 +143,16 @@ class RLConfig:
     for name in self.mask_options:
       if name not in self.token_masks:
         raise ValueError(f"rl.mask_options names {name!r}, which is not in rl.token_masks.")
-    if self.truncation not in reward_transforms.TRUNCATION_POLICIES:
-      raise ValueError(
-        f"rl.truncation={self.truncation!r}; allowed: {reward_transforms.TRUNCATION_POLICIES}."
-      )
-    if self.kl_in not in KL_PLACEMENTS:
-      raise ValueError(f"rl.kl_in={self.kl_in!r}; allowed: {KL_PLACEMENTS}.")
-    if self.unscorable not in UNSCORABLE_POLICIES:
-      raise ValueError(f"rl.unscorable={self.unscorable!r}; allowed: {UNSCORABLE_POLICIES}.")
+    for attr, allowed in (
+      ("truncation", reward_transforms.TRUNCATION_POLICIES),
+      ("kl_in", KL_PLACEMENTS),
+      ("unscorable", UNSCORABLE_POLICIES),
+    ):
+      if getattr(self, attr) not in allowed:
+        raise ValueError(f"rl.{attr}={getattr(self, attr)!r}; allowed: {allowed}.")
+
+  def _check_numbers(self) -> None:
+    """Finite floats, counts >= 1 and magnitudes >= 0."""
     for f in dataclasses.fields(self):
       v = getattr(self, f.name)
       if isinstance(v, float) and not math.isfinite(v):
@@ -152,48 +169,43 @@ class RLConfig:
     for attr in ("kl_coef", "entropy_coef", "max_len", "overlong_buffer", "logit_chunk"):
       if getattr(self, attr) < 0:
         raise ValueError(f"rl.{attr} must be >= 0, got {getattr(self, attr)}.")
-    # Build every variant once, so bad options fail here, before anything compiles.
-    advantages.REGISTRY.make(self.advantage, **self.advantage_options)
-    if not self.recompute_old_logp:
-      criteria = config_lib.to_dict(self.mask_options.get("negative_token_filter", {}))
-      needs = [
-        what
-        for what, used in (
-          (
-            f"advantage={self.advantage!r}",
-            advantages.REGISTRY.traits(self.advantage).needs_old_logp,
-          ),
-          (
-            "the 'entropy' negative_token_filter criterion",
-            "entropy" in criteria.get("criteria", ()),
-          ),
-          (
-            "the 'rank' negative_token_filter criterion",
-            "rank" in criteria.get("criteria", ()),
-          ),
-          (
-            f"controller={self.controller!r}",
-            controllers.REGISTRY.traits(self.controller).reads_old_logp,
-          ),
-        )
-        if used
-      ]
-      if needs:
-        raise ValueError(
-          f"rl.recompute_old_logp=False gives no π_old distribution, which {', '.join(needs)} "
-          "needs; set recompute_old_logp=True."
-        )
-    importance.check_bounds(lower=self.is_lower, upper=self.is_upper)
-    if importance.REGISTRY.traits(self.is_correction).corrects and not self.recompute_old_logp:
+
+  def _check_old_logp_readers(self) -> None:
+    """With recompute_old_logp=False, π_old is the sampler's log-probs and no distribution:
+    refused for every variant that reads one (by its traits) or corrects against it."""
+    if self.recompute_old_logp:
+      return
+    criteria = config_lib.to_dict(self.mask_options.get("negative_token_filter", {}))
+    needs = [
+      what
+      for what, used in (
+        (
+          f"advantage={self.advantage!r}",
+          advantages.REGISTRY.traits(self.advantage).needs_old_logp,
+        ),
+        (
+          "the 'entropy' negative_token_filter criterion",
+          "entropy" in criteria.get("criteria", ()),
+        ),
+        ("the 'rank' negative_token_filter criterion", "rank" in criteria.get("criteria", ())),
+        (
+          f"controller={self.controller!r}",
+          controllers.REGISTRY.traits(self.controller).reads_old_logp,
+        ),
+      )
+      if used
+    ]
+    if needs:
+      raise ValueError(
+        f"rl.recompute_old_logp=False gives no π_old distribution, which {', '.join(needs)} "
+        "needs; set recompute_old_logp=True."
+      )
+    if importance.REGISTRY.traits(self.is_correction).corrects:
       raise ValueError(
         f"rl.is_correction={self.is_correction!r} corrects π_old against the sampler's "
         "log-probs, but rl.recompute_old_logp=False makes π_old the sampler's own log-probs "
         "(nothing to correct); set recompute_old_logp=True or is_correction='none'."
       )
-    controllers.REGISTRY.make(self.controller, **config_lib.to_dict(self.controller_options))
-    self.mask_fns()
-    self.prepare_hyper(max_new_tokens=max(self.overlong_buffer, 1))
-    self.step_hyper()
 
   @classmethod
   def from_dict(cls, d, *, where: str = "rl") -> RLConfig:
