@@ -44,7 +44,7 @@ import ml_collections
 
 from grpo_jax.diagnostics import grads
 from grpo_jax.envs import episodes
-from grpo_jax.infra import collapse, config_lib, trackers
+from grpo_jax.infra import collapse, config_lib, moved, trackers
 from grpo_jax.models import model, sampling, sharding
 from grpo_jax.rewards import reward_model
 from grpo_jax.rl import (
@@ -440,3 +440,11 @@ def from_recorded(recorded: dict) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict(out)
   c.lock()
   return c
+
+
+def __getattr__(name: str):
+  """`config.build(c)` and the rest of 0.1's Setup builders (now `grpo_jax.build`), with a
+  DeprecationWarning; kept for one release."""
+  return moved.resolve(
+    "grpo_jax.config", name, moved.CONFIG_NAMES, attribute=True, namespace=globals()
+  )

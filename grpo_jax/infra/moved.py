@@ -149,6 +149,13 @@ REWARDS_NAMES = {
 }
 
 
+# Names of the old `grpo_jax.config` module that build the Setup -> grpo_jax.build.
+CONFIG_NAMES = dict.fromkeys(
+  ("Setup", "build", "plan_setup", "as_dict", "task_and_tokenizer", "model_config_of"),
+  "grpo_jax.build",
+)
+
+
 def resolve(package: str, name: str, table: dict[str, str], *, attribute: bool, namespace: dict):
   """The object an old spelling `package.name` meant, with a DeprecationWarning that
   names its new home (once: the object is then kept in the package's `namespace`);
