@@ -115,7 +115,7 @@ class LoopConfig:
   reward_workers: int = 2  # Reward processes; 0 scores inline (no timeout).
   reward_timeout_s: float = 10.0  # Per call; a timeout scores 0 and counts as an error.
   # A batch whose share of failed rewards (raised, timed out, non-finite) exceeds this
-  # stops the run (`rewards.RewardFailure`); below it, failed rows follow rl.unscorable.
+  # stops the run (`verdicts.RewardFailure`); below it, failed rows follow rl.unscorable.
   max_unscorable_frac: float = 0.9
   peak_flops: float = 0.0  # Device peak FLOP/s for MFU; 0 measures a float32 matmul.
   # Per-device memory the plan must fit (`memory`), GiB; 0: the device's own limit where

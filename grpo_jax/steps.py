@@ -1,8 +1,8 @@
 """The run's compiled functions: every `jax.jit` of the trainer, with its shardings.
 
     fns = steps.functions(setup)          # built once per config (cached), nothing compiles yet
-    rollouts = fns.sample(params, prompts, key, sampling_hyper)
-    state, idx_EMb, metrics_S = fns.update(state, batch, key, step_hyper)
+    rollouts = fns.samplers.train(params, prompts, key, sampling_hyper)
+    state, idx_EMb, metrics_S = fns.rl.update(state, batch, key, step_hyper)
 
 This is the third of the three places where sharding is declared (logical names in
 `model`, the rules table in `config.mesh`, and here, the in/out shardings of each jit):

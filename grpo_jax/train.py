@@ -429,7 +429,7 @@ def config_changes(before: dict, after: dict, prefix: str = "") -> list[tuple[st
   out = []
   for k in sorted(set(before) | set(after)):
     a, b = before.get(k, "<absent>"), after.get(k, "<absent>")
-    if {repr(a), repr(b)} == {"'<absent>'", "{}"}:
+    if (a, b) in (("<absent>", {}), ({}, "<absent>")):
       continue
     if isinstance(a, dict) and isinstance(b, dict):
       out += config_changes(a, b, f"{prefix}{k}.")

@@ -141,7 +141,7 @@ def test_the_old_flat_paths_still_import_with_a_deprecation_warning():
     "    assert new in str(w), w\n"
     "  else:\n"
     "    raise AssertionError(old)\n"
-    "for pkg, table in ((rl, moved.RL_NAMES), (rewards, moved.REWARDS_NAMES), (0, moved.CONFIG_NAMES)):\n"
+    "for table in (moved.RL_NAMES, moved.REWARDS_NAMES, moved.CONFIG_NAMES):\n"
     "  for name, new in table.items():\n"
     "    assert hasattr(importlib.import_module(new), name), (name, new)\n"
     "warnings.simplefilter('ignore')\n"

@@ -5,7 +5,7 @@
 What runs, and when (iteration k of `train.run`):
 
 * Probe capture, once. The first RL iteration of the run keeps the first `probe_prompts`
-  groups of its prepared batch (`rl.RolloutBatch`) on the host: the *fixed probe*, written
+  groups of its prepared batch (`spec.RolloutBatch`) on the host: the *fixed probe*, written
   to workdir/diagnostics/probe.npz and read back on resume, so a resumed run measures the
   same contexts (a run that switches diagnostics on at a resume captures it then).
 * Initial policy, once. KL-to-init needs π_0, the policy at iteration 0 (after the warm

@@ -39,7 +39,7 @@ class Probe:
 
   @classmethod
   def from_batch(cls, batch) -> Probe:
-    """From an `rl.RolloutBatch` (its N rows are the probe's B rows)."""
+    """From an `spec.RolloutBatch` (its N rows are the probe's B rows)."""
     return cls(
       prompt_tokens_BP=batch.prompt_tokens_NP,
       prompt_mask_BP=batch.prompt_mask_NP,

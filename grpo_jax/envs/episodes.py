@@ -17,7 +17,7 @@ environment's observations in order, [a_1 ; o_1 ; a_2 ; o_2 ; ... ; a_K], right-
 T = sampler.max_new_tokens (the episode's token budget). `mask_NT` marks every token in the
 context (actions and observations: position ids and attention see both, as a single-turn
 sampler would on the concatenated text) and `action_mask_NT` the model's own tokens: only
-those are trained or counted (`rl.action_view`). Group sampling, advantages and planners
+those are trained or counted (`preparation.action_view`). Group sampling, advantages and planners
 see one row per episode with a sequence reward R_i = Σ_k r_{i,k}, the sum of its steps'
 rewards.
 

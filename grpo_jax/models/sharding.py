@@ -318,7 +318,7 @@ class Jitted:
 
   def place(self, args):
     # Trailing arguments left out are None: the wrapped functions' optional inputs
-    # (e.g. rl.finish_prepare's scorable_N, keep_N, prov).
+    # (e.g. preparation.finish_prepare's scorable_N, keep_N, prov).
     args = tuple(args) + (None,) * (len(self.in_shardings) - len(args))
     return tuple(
       jax.tree.map(_place, a, jax.tree.broadcast(s, a))

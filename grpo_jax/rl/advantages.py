@@ -14,7 +14,7 @@ RLOO, positive-only and the group optimal baseline give it advantage 0 (r_i - rÌ
 verl instead gives a singleton (r - 0)/1 = r; use a batch-level estimator for G = 1
 (`batch_level_names()`: its `Traits.batch_level`).
 
-Excluded rows: rows with valid_B = False (e.g. unscorable rewards, `rl.RLConfig.unscorable`)
+Excluded rows: rows with valid_B = False (e.g. unscorable rewards, `spec.RLConfig.unscorable`)
 take part in no statistic (group or batch means, stds, pass rates, whitening) and get
 A = 0; every estimator then equals itself on the batch without those rows (tested).
 """

@@ -38,7 +38,7 @@ the trainer sees groups of G + C rows (`build.Setup.train_group`). `Provenance` 
 next to the rollouts: kind (KINDS), the parent row, own_NT (the tokens the row generated
 itself: a branch's prefix is its parent's and is never trained twice) and active_N.
 
-In `rl.finish_prepare` (`row_weights`, `rewrite_filter`): counterfactuals at normalised
+In `preparation.finish_prepare` (`row_weights`, `rewrite_filter`): counterfactuals at normalised
 edit distance > τ (token or step level) from their parent are full rewrites and are
 dropped; perturbed rows get their truncated importance weights (or weight 1, or are
 dropped: config.counterfactual.weighting); the kept rows inform the ibpo estimator's

@@ -34,7 +34,7 @@ correction verl applies as "rollout importance sampling"). A correction is picke
                     geometric mean: a length-independent sequence test)
 
 U = `rl.is_upper`, L = `rl.is_lower` (arrays in `ISHyper`: no recompile). The weight is a
-constant of the update (no gradient flows through it). `rl.finish_prepare` folds it into
+constant of the update (no gradient flows through it). `preparation.finish_prepare` folds it into
 the token advantage, A_t ← w_t·A_t: every policy loss here is positively homogeneous in A
 per token (PPO clip, dual clip, GSPO's token form, CISPO, REINFORCE), so this equals
 multiplying each token's loss by w_t, for every loss; the KL and entropy terms are not

@@ -2,7 +2,7 @@
 
     config.rl = presets.get("dapo")          # then override fields as usual
     presets.apply(config.rl, "dapo")         # or set its fields on a config's rl block
-    rl_cfg = rl.RLConfig.from_dict(config.rl)
+    rl_cfg = spec.RLConfig.from_dict(config.rl)
 
 On the command line: `--config.rl.preset=dapo` (`cli`), applied before the other overrides.
 

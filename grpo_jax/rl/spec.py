@@ -32,7 +32,7 @@ from grpo_jax.rl import (
 )
 
 KL_PLACEMENTS = ("loss", "reward")
-# What happens to rows whose reward could not be computed (`rewards.Scores.error_N`: the
+# What happens to rows whose reward could not be computed (`verdicts.Scores.error_N`: the
 # verifier raised, timed out or returned a non-finite value); see `trained_rows`.
 UNSCORABLE_POLICIES = ("mask", "zero", "drop_group")
 

@@ -88,7 +88,7 @@ class Task(abc.ABC):
   perturbations: tuple[str, ...] = ()
   # A repair prompt shows at most this many characters of the failed attempt (its head).
   max_attempt_chars: int = 64
-  # The outcome labels `reward` may carry (`rewards.Labeled`), logged per batch as
+  # The outcome labels `reward` may carry (`verdicts.Labeled`), logged per batch as
   # reward/outcome/<label>; () when the task labels nothing.
   outcomes: tuple[str, ...] = ()
   # The most seconds one reward call takes by design (e.g. a sandbox's timeout plus the

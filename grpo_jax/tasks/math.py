@@ -21,7 +21,7 @@ and `format_reward` is `math_verify.format_reward` with `think_tags`. `verifier_
 picks the verifier: "math_verify" (default, Hugging Face's Math-Verify) or "builtin" (the
 hand-written one); `math_verify`'s docstring compares them. Both calls run in the trainer's
 reward worker processes under its hard timeout; an item the verifier cannot decide
-(`rewards.Unscorable`, "unscorable") or that times out counts in `reward_errors` (and
+(`verdicts.Unscorable`, "unscorable") or that times out counts in `reward_errors` (and
 `reward_timeouts`), apart from wrong answers.
 
 Perturbed prompts (`perturb`, kinds "hint" and "repair"; no safe "paraphrase" of free

@@ -1,8 +1,8 @@
 """Host-side reward scoring in a pool of worker processes with a per-item timeout.
 
-    pool = rewards.RewardPool(task, workers=2, timeout_s=5.0)
+    pool = reward_pool.RewardPool(task, workers=2, timeout_s=5.0)
     scores = pool.score(prompts, completions)   # Scores(correct_N, format_N, error_N, timeout_N)
-    pool.close()                                # or: with rewards.RewardPool(...) as pool:
+    pool.close()                                # or: with reward_pool.RewardPool(...) as pool:
 
 For item i, with p_i its prompt and y_i its completion,
 
