@@ -92,10 +92,10 @@ def test_bfloat16_logits_and_logprobs_are_float32_and_close(tiny_cfg, tiny_param
   assert np.median(err) < 0.05 and err.max() < 0.5, (np.median(err), err.max())
 
 
-def test_bfloat16_dense_contractions_match_the_plain_contraction_and_its_gradient():
-  """model._dot_general_f32_acc (bfloat16 operands, float32 accumulation, float32 weight
-  gradient) computes the same contraction as lax.dot_general, for one and two contracted
-  axes, and falls back to it for anything else."""
+def test_dense_contractions_match_the_plain_contraction_and_its_gradient():
+  """model._dot_general_rows (rows flattened; bfloat16 operands: float32 accumulation,
+  float32 weight gradient) computes the same contraction as lax.dot_general, for one and
+  two contracted axes, in both dtypes, and falls back to it for anything else."""
   k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
   x = jax.random.normal(k1, (3, 5, 4, 6), jnp.float32)
   w = jax.random.normal(k2, (4, 6, 7), jnp.float32) * 0.3
@@ -109,16 +109,23 @@ def test_bfloat16_dense_contractions_match_the_plain_contraction_and_its_gradien
   plain = lambda a, b, d: jax.lax.dot_general(a, b, d, preferred_element_type=jnp.float32)
   want, want_grads = jax.value_and_grad(functools.partial(f, plain), argnums=(0, 1))(x, w)
   got, got_grads = jax.value_and_grad(
-    functools.partial(f, model._dot_general_f32_acc), argnums=(0, 1)
+    functools.partial(f, model._dot_general_rows), argnums=(0, 1)
   )(x, w)
   np.testing.assert_allclose(got, want, rtol=2e-2)
   for a, b in zip(got_grads, want_grads, strict=True):
     assert a.dtype == jnp.float32
     np.testing.assert_allclose(a, b, rtol=3e-2, atol=3e-2 * float(jnp.abs(b).max()))
-  # Batch dims, other contractions and float32 operands take lax.dot_general unchanged.
+  # float32 operands: the same values and gradients as the unflattened contraction.
+  f32 = lambda dot, x, w: jnp.sum(dot(x, w, dims) * g)  # noqa: E731
+  want, want_grads = jax.value_and_grad(functools.partial(f32, jax.lax.dot_general), (0, 1))(x, w)
+  got, got_grads = jax.value_and_grad(functools.partial(f32, model._dot_general_rows), (0, 1))(x, w)
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  for a, b in zip(got_grads, want_grads, strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+  # Batch dims and other contractions take lax.dot_general unchanged.
   y = jax.random.normal(k1, (2, 4, 6), jnp.float32)
   batch = (((2,), (1,)), ((0,), (0,)))
   np.testing.assert_array_equal(
-    model._dot_general_f32_acc(y, jnp.swapaxes(y, 1, 2), batch),
+    model._dot_general_rows(y, jnp.swapaxes(y, 1, 2), batch),
     jax.lax.dot_general(y, jnp.swapaxes(y, 1, 2), batch),
   )

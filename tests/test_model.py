@@ -1,4 +1,5 @@
 import dataclasses
+import re
 
 import flax.linen as nn
 import jax
@@ -276,3 +277,31 @@ def test_pv_multiply_reduce_is_chosen_for_small_decode_shapes_only():
   assert not model_lib._pv_by_reduce(256, 4, 4, 191, 64)  # Q > 3.
   assert not model_lib._pv_by_reduce(1024, 4, 2, 191, 64)  # Past 2^25 product elements.
   assert not model_lib._pv_by_reduce(2, 4, 64, 64, 64)  # A prefill or training forward.
+
+
+def _transposed_row_arrays(cfg, params, *, B=4, T=12) -> list[str]:
+  """Arrays [features, B·T] in the optimized HLO of the model's float32 gradient: the
+  transposed copies of activation gradients that XLA:CPU makes for a weight gradient
+  contracted over two row axes (model_lib._dot_general_rows)."""
+  fn = model_lib.make_model_fn(cfg)
+  tokens_BT = jnp.ones((B, T), jnp.int32)
+  positions_BT = jnp.broadcast_to(jnp.arange(T), (B, T))
+
+  def loss(p):
+    logits_BTV, _ = fn(p, tokens_BT, positions_BT, None)
+    return jnp.sum(jax.nn.log_softmax(logits_BTV)[..., 3])
+
+  hlo = jax.jit(jax.grad(loss)).lower(params).compile().as_text()
+  rows = B * T
+  return re.findall(rf"= f32\[\d+,{rows}\]\{{1,0\}} (?:fusion|copy|transpose)\b", hlo)
+
+
+def test_weight_gradients_make_no_transposed_copy_of_an_activation_gradient(monkeypatch):
+  """Every Dense and the tied head contract their rows flattened, so the compiled float32
+  gradient holds no [features, rows] array. The same layers on nn.DenseGeneral's own
+  contraction over [B, T, K] make at least one per layer: the detector bites."""
+  cfg = model.tiny_config(64)
+  params = model.init(cfg, jax.random.key(0))
+  assert _transposed_row_arrays(cfg, params) == []
+  monkeypatch.setattr(model_lib, "_dot_general_rows", jax.lax.dot_general)
+  assert len(_transposed_row_arrays(cfg, params)) >= cfg.n_layers

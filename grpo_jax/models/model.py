@@ -432,19 +432,25 @@ def _matmul_bwd(res, g_MF):
 _matmul_f32_acc.defvjp(_matmul_fwd, _matmul_bwd)
 
 
-def _dot_general_f32_acc(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
-  """nn.DenseGeneral's dot_general for bfloat16 compute: the contraction of lhs's trailing
-  axes with rhs's leading axes (every Dense of the model) as one `_matmul_f32_acc`; any
-  other contraction, or other dtypes, is plain `lax.dot_general`."""
+def _dot_general_rows(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
+  """nn.DenseGeneral's dot_general: the contraction of lhs's trailing axes with rhs's
+  leading axes (every Dense of the model) as one [rows, K] x [K, F] GEMM over lhs's leading
+  axes flattened into rows; any other contraction is plain `lax.dot_general`.
+
+  Flattening is for the weight gradient, Σ_rows x_rk·g_rf. Over a [B, T, K] input, autodiff
+  contracts two row axes, and XLA:CPU's dot canonicalisation then makes a transposed
+  [F, B·T] copy of the activation gradient, fused into its producer (silu's backward, the
+  norms') and written at a fraction of memory bandwidth: 85 ms a copy for the anchor's
+  [3072, 1536] MLP gradient, 22% of a float32 update (jax 0.10.2, 2-core Xeon). Over one
+  row axis no copy is made; a two-layer SwiGLU stack's forward and backward runs 1.7x
+  faster (0.41 against 0.70 s at 3072 rows, d 512, f 1536, float32).
+
+  Operands both bfloat16 take `_matmul_f32_acc` (float32 accumulation, the weight gradient
+  on XLA:CPU's fast path)."""
   (lc, rc), (lb, rb) = dimension_numbers
   n = len(lc)
   plain = (
-    lb
-    or rb
-    or lhs.dtype != jnp.bfloat16
-    or rhs.dtype != jnp.bfloat16
-    or tuple(lc) != tuple(range(lhs.ndim - n, lhs.ndim))
-    or tuple(rc) != tuple(range(n))
+    lb or rb or tuple(lc) != tuple(range(lhs.ndim - n, lhs.ndim)) or tuple(rc) != tuple(range(n))
   )
   if plain:
     return jax.lax.dot_general(
@@ -455,8 +461,18 @@ def _dot_general_f32_acc(lhs, rhs, dimension_numbers, precision=None, preferred_
       preferred_element_type=preferred_element_type,
     )
   K = int(np.prod(lhs.shape[lhs.ndim - n :]))
-  out = _matmul_f32_acc(lhs.reshape(-1, K), rhs.reshape(K, -1))
-  return out.reshape(*lhs.shape[: lhs.ndim - n], *rhs.shape[n:])
+  lhs_MK, rhs_KF = lhs.reshape(-1, K), rhs.reshape(K, -1)
+  if lhs.dtype == jnp.bfloat16 and rhs.dtype == jnp.bfloat16:
+    out_MF = _matmul_f32_acc(lhs_MK, rhs_KF)
+  else:
+    out_MF = jax.lax.dot_general(
+      lhs_MK,
+      rhs_KF,
+      (((1,), (0,)), ((), ())),
+      precision=precision,
+      preferred_element_type=preferred_element_type,
+    )
+  return out_MF.reshape(*lhs.shape[: lhs.ndim - n], *rhs.shape[n:])
 
 
 def _dense(cfg: ModelConfig, features, names, *, axis=-1, use_bias=False, name=None):
@@ -474,7 +490,7 @@ def _dense(cfg: ModelConfig, features, names, *, axis=-1, use_bias=False, name=N
     use_bias=use_bias,
     dtype=cfg.compute_dtype,
     param_dtype=cfg.weight_dtype,
-    dot_general=_dot_general_f32_acc if cfg.dtype == "bfloat16" else None,
+    dot_general=_dot_general_rows,
     kernel_init=_param_init(nn.initializers.lecun_normal(), names),
     bias_init=_param_init(nn.initializers.zeros_init(), names[-n_out:]),
     name=name,
@@ -725,9 +741,17 @@ class Decoder(nn.Module):
 
 
 def _tied_logits(cfg: ModelConfig, x_BTD, table_VD):
-  return jnp.einsum(
-    "btd,vd->btv", x_BTD, table_VD.astype(cfg.compute_dtype), preferred_element_type=jnp.float32
+  """x·tableᵀ in float32, over the rows B·T flattened (`_dot_general_rows` says why: here
+  it saves the transposed [V, B·T] copy of the logits gradient that the table's gradient
+  would otherwise take, 105 ms of a float32 micro-batch of the anchor)."""
+  B, T, D = x_BTD.shape
+  logits_NV = jnp.einsum(
+    "nd,vd->nv",
+    x_BTD.reshape(B * T, D),
+    table_VD.astype(cfg.compute_dtype),
+    preferred_element_type=jnp.float32,
   )
+  return logits_NV.reshape(B, T, -1)
 
 
 def _finish_logits(cfg: ModelConfig, logits_BTV):
