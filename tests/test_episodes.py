@@ -517,7 +517,13 @@ def test_the_config_builds_episodes_and_refuses_what_does_not_combine():
 
 # Measured (eval every 10): 33.6% -> 43.0% (20), 43.8% (30), 48.4% (40), 50.8% (80); the
 # flipped arm is at 5.5% after 5 iterations and 0.0% from 10 on (5 are enough: CI time).
-LEARN_ITERATIONS = 30
+# At 30 iterations the gain is within the 128-problem eval's noise (about 4 points a
+# reading): after a change that only reordered float32 sums (Dense rows flattened) the same
+# seed read 39.8% -> 43.0% (10), 43.0% (20), 40.6% (30), 42.2% (40), 44.5% (50), 46.9% (60),
+# 48.4% (80), and seed 1 read +4.7 points at 30 (+7.8 at 60), with the code before that
+# change -1.6 at 30 (+3.1 at 60). Hence 60 iterations: a single-seed smoke check of
+# learning, not a measurement of its size.
+LEARN_ITERATIONS = 60
 FLIPPED_ITERATIONS = 5
 
 
@@ -562,7 +568,7 @@ def test_the_calculator_config_learns_with_its_tool(calculator_runs):
   assert grpo["warmstart_accuracy"] == flipped["warmstart_accuracy"]  # One warm start.
   gain = grpo["final_accuracy"] - grpo["warmstart_accuracy"]
   flipped_gain = flipped["final_accuracy"] - flipped["warmstart_accuracy"]
-  assert gain >= 0.05, (gain, grpo)  # Measured: +10.2 points at 30 iterations (see above).
+  assert gain >= 0.05, (gain, grpo)  # Measured: +7.0 points at 60 iterations (see above).
   # The flipped arm (5 iterations on −A) collapses (33.6% -> 5.5%): a margin no noise
   # could fake.
   assert gain - flipped_gain >= 0.15, (gain, flipped_gain)
