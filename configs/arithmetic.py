@@ -19,7 +19,8 @@ goes from 40.6% after the warm start to 66.4% after GRPO (+25.8 points; 46.1% at
 50, 62.5% at 150), pass@8 71% -> 81% (89% at 200), in 88 s wall on a 2-core AMD EPYC.
 Float rounding differs between CPU models, and so do the trajectories: 2-core Intel
 machines measured 51.6% -> 75.0% (132 s) and 52.3% -> 74.2% (97 s; seed 1: 69.5% ->
-92.2%). With
+92.2%); the first 50.8% -> 76.6% since the Dense layers contract their rows flattened
+(float32 sums in another order). With
 `--config.task.kwargs.ops=+-` (addition and subtraction) the gain is smaller and varies
 with the seed: +9 to +22 points in 300 iterations. summary.json holds
 warmstart_accuracy, final_accuracy, wall_seconds; curves.svg plots training reward and
