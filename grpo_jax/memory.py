@@ -70,10 +70,10 @@ XLA; `tests/test_memory.py`, `grpo-jax plan --compile` prints both):
   rows flattened (`model._dot_general_rows`), XLA keeps no transposed copies of the
   activation gradients and holds less than before: scale.py tiny unrolled without remat
   1.12 on 1 device and 1.11 on (2,2,2); scanned with remat 1.12 on (1,4,2), and within
-  10% on 1 device. Over-estimates err on the safe side
-  of the fit check. An int8 LoRA base (model.lora.base_dtype): resident bytes 1.00
-  on (1,4,2); with scanned layers its temporaries equal the float32 base's (+0.06%),
-  with unrolled layers XLA:CPU keeps a float32 copy of every kernel (not modelled).
+  10% on 1 device. Over-estimates err on the safe side of the fit check. An int8 LoRA
+  base (model.lora.base_dtype): resident bytes 1.00 on (1,4,2); with scanned layers its
+  temporaries equal the float32 base's (+0.06%), with unrolled layers XLA:CPU keeps a
+  float32 copy of every kernel (not modelled).
 - sampler temporaries: 0.98-1.06 on 1 and 8 devices, unrolled or scanned layers, 1,
   2 or 4 kv heads per device, T 32-256, P up to 128, vocabularies up to 8192 (scale.py
   tiny: 1 device scanned 0.99, unrolled 1.00; (2,2,2) unrolled 1.00; (1,4,2) scanned
@@ -257,19 +257,19 @@ def residual_bytes(cfg: model.ModelConfig, rl_cfg: spec.RLConfig, *, rows: int, 
   return total
 
 
+# Primitives that only relabel their operand's elements: XLA makes them bitcasts.
+_RESHAPES = ("reshape", "squeeze", "expand_dims")
+
+
 def _reshaped_from(v, produced: dict):
   """The variable that `v` is a reshape of (through any chain of reshapes), else v: a
   residual saved both as [B, T, K] and as the [B·T, K] a Dense contracts
   (`model._dot_general_rows`) is one buffer, the reshape a bitcast."""
   while (eqn := produced.get(v)) is not None and eqn.primitive.name in _RESHAPES:
-    src = eqn.invars[0]
-    if isinstance(src, jex.core.Literal) or src.aval.size != v.aval.size:
+    if isinstance(eqn.invars[0], jex.core.Literal):
       break
-    v = src
+    v = eqn.invars[0]
   return v
-
-
-_RESHAPES = ("reshape", "squeeze", "expand_dims")
 
 
 def plan(
