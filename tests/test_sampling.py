@@ -140,6 +140,80 @@ def test_prefill_then_decode_as_two_jits_equals_sample(
   assert int(two.num_steps) == int(one.num_steps) > 1
 
 
+@pytest.mark.parametrize("segments", [3, 10])
+def test_decode_in_segments_gives_the_single_loop_rollouts(
+  tiny_sampler, tiny_params, tiny_cfg, sampler_cfg, tokenizer, segments
+):
+  """Segment j attends over a cache grown to its last step's slots: the same tokens and
+  log-probs as one loop over the whole cache (empty slots are masked), with and without
+  per-row limits, and one segment per step (10)."""
+  cfg = dataclasses.replace(sampler_cfg, decode_segments=segments)
+  prompts, key = _prompts(sampler_cfg, tokenizer), jax.random.key(7)
+  hyper = sampling.sampling_params(temperature=1.3)
+  kw = dict(model_fn=model.make_model_fn(tiny_cfg), init_cache=functools.partial(model.init_cache, tiny_cfg))  # fmt: skip
+  state = jax.jit(functools.partial(sampling.prefill, **kw, cfg=cfg))(tiny_params, prompts, key)
+  P = prompts.tokens_BP.shape[1]  # 8: a 7-slot prefix, then T = 10 steps.
+  expected = {3: (11, 14, 17), 10: tuple(range(8, 18))}[segments]  # 7 + ceil(j·10/n).
+  assert state.segment_slots == expected and state.cache.length == expected[0]
+  assert P - 1 + sampler_cfg.max_new_tokens == expected[-1]
+  limit_N = jnp.asarray([10, 0, 3, 7] * 3, jnp.int32)
+  for limit in (None, limit_N):
+    one = jax.jit(functools.partial(sampling.sample, **kw, cfg=sampler_cfg))(
+      tiny_params, prompts, key, hyper, limit
+    )
+    seg = jax.jit(functools.partial(sampling.sample, **kw, cfg=cfg))(
+      tiny_params, prompts, key, hyper, limit
+    )
+    np.testing.assert_array_equal(seg.tokens_NT, one.tokens_NT)
+    np.testing.assert_array_equal(seg.mask_NT, one.mask_NT)
+    np.testing.assert_allclose(seg.logp_NT, one.logp_NT, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(seg.policy_logp_NT, one.policy_logp_NT, rtol=1e-5, atol=1e-5)
+    assert int(seg.num_steps) == int(one.num_steps)
+  assert int(one.mask_NT.sum()) > 20  # Enough tokens for the comparison to bite.
+
+
+def test_segment_count_is_automatic_on_cpu_and_capped_by_the_steps():
+  make = lambda T, n=0: sampling.SamplerConfig(max_new_tokens=T, eos_ids=(2,), pad_id=0, decode_segments=n)  # fmt: skip
+  assert jax.default_backend() == "cpu"
+  assert [sampling.segment_count(make(T)) for T in (1, 40, 64, 128, 1024)] == [1, 1, 2, 4, 4]
+  assert sampling.segment_count(make(10, 200)) == 10  # At most one per step.
+  assert sampling.segment_slots(63, make(128)) == (95, 127, 159, 191)
+  assert sampling.segment_slots(5, make(7, 3)) == (8, 10, 12)  # 5 + ceil(7j/3).
+
+
+def test_kv_cache_grows_with_empty_slots(tiny_cfg):
+  for cfg in (tiny_cfg, dataclasses.replace(tiny_cfg, scan_layers=True)):
+    cache = model.init_cache(cfg, 2, 3)
+    cache = cache.replace(
+      k=tuple(k + 1.0 for k in cache.k), v=tuple(v + 2.0 for v in cache.v),
+      pos_BS=jnp.asarray([[0, 1, -1], [5, 6, 7]]), index=jnp.asarray(2),
+    )  # fmt: skip
+    grown = cache.grow(5)
+    assert grown.length == 5 and grown.index == 2 and grown.stacked == cfg.scan_layers
+    np.testing.assert_array_equal(grown.pos_BS, [[0, 1, -1, -1, -1], [5, 6, 7, -1, -1]])
+    for old, new, axis in [(o, n, -1) for o, n in zip(cache.k, grown.k)] + [
+      (o, n, -2) for o, n in zip(cache.v, grown.v)
+    ]:
+      assert new.shape[axis] == 5 and new.shape[: axis % new.ndim] == old.shape[: axis % old.ndim]
+      np.testing.assert_array_equal(jax.lax.slice_in_dim(new, 0, 3, axis=axis % new.ndim), old)
+      assert not jnp.any(jax.lax.slice_in_dim(new, 3, 5, axis=axis % new.ndim))
+    assert cache.grow(3) is cache
+    with pytest.raises(ValueError, match="already has 3 slots"):
+      cache.grow(2)
+
+
+def test_a_cache_without_grow_decodes_in_one_segment_or_says_why():
+  fn, cfg = _fake_sampler(max_new_tokens=64)  # Automatic: 2 segments, but FakeCache can't grow.
+  assert sampling.segment_count(cfg) == 2
+  r = fn(
+    {}, sampling.prepare_prompts([[6]], cfg=cfg), jax.random.key(0), sampling.sampling_params()
+  )
+  np.testing.assert_array_equal(r.tokens_NT[0, :4], [7, 8, 9, 0])
+  explicit = dataclasses.replace(cfg, decode_segments=2)
+  with pytest.raises(ValueError, match="needs a cache with a grow"):
+    sampling.prefill({}, sampling.prepare_prompts([[6]], cfg=explicit), jax.random.key(0), model_fn=fake_model_fn, init_cache=fake_init_cache, cfg=explicit)  # fmt: skip
+
+
 def _prompts(sampler_cfg, tokenizer):
   texts = ["Q:12+7\n", "Q:3-45\n", "Q:9+9\n"]
   return sampling.prepare_prompts(
@@ -368,6 +442,7 @@ def test_prompt_longer_than_max_is_an_error_or_left_truncated():
     (lambda: sampling.SamplerConfig(max_new_tokens=1, eos_ids=(2,), pad_id=0, truncate_prompts="right"), "allowed: \\('error', 'left'\\)"),
     (lambda: sampling.SamplerConfig(max_new_tokens=0, eos_ids=(2,), pad_id=0), "max_new_tokens must be >= 1"),
     (lambda: sampling.SamplerConfig(max_new_tokens=1, eos_ids=(2,), pad_id=0, prompt_buckets=(1, 8)), "increasing ints >= 2"),
+    (lambda: sampling.SamplerConfig(max_new_tokens=1, eos_ids=(2,), pad_id=0, decode_segments=-1), "decode_segments must be >= 0"),
     (lambda: sampling.sampling_params(temperature=0.0), "use greedy=True"),
     (lambda: sampling.sampling_params(top_p=0.0), "top_p must be in \\(0, 1\\]"),
     (lambda: sampling.sampling_params(top_k=-1), "top_k must be >= 0"),

@@ -834,6 +834,29 @@ class KVCache:
       pos_BS=jnp.repeat(self.pos_BS, n, axis=0),
     ).constrain()
 
+  @property
+  def length(self) -> int:
+    """The number of slots S (static)."""
+    return self.pos_BS.shape[-1]
+
+  def grow(self, length: int) -> KVCache:
+    """The same cache with `length` slots: slots [S, length) appended empty (position -1,
+    zero keys and values). A copy of the buffers, at their new size: the sampler's decode
+    segments (`sampling.decode`) attend over a short cache while few slots are filled."""
+    extra = length - self.length
+    if extra < 0:
+      raise ValueError(f"KVCache.grow({length}): the cache already has {self.length} slots.")
+    if extra == 0:
+      return self
+    pad = lambda x, axis: jnp.pad(
+      x, [(0, extra if a == x.ndim + axis else 0) for a in range(x.ndim)]
+    )
+    return self.replace(
+      k=tuple(pad(k, -1) for k in self.k),  # [..., E, S]
+      v=tuple(pad(v, -2) for v in self.v),  # [..., S, E]
+      pos_BS=jnp.pad(self.pos_BS, ((0, 0), (0, extra)), constant_values=-1),
+    ).constrain()
+
   def constrain(self) -> KVCache:
     """Sharding constraints from the logical names CACHE_K / CACHE_V (rows over the
     batch axes, kv heads over `tensor` by the default rules); no-op without rules."""
