@@ -30,6 +30,30 @@ def test_token_stats_values_and_custom_gradient_match_autodiff_of_log_softmax():
   )
 
 
+def test_token_stats_gradient_of_each_subset_of_statistics():
+  """A statistic the loss leaves out reaches the backward as a symbolic zero and its term
+  is skipped; every subset still gets autodiff's gradient (the target-id scatter too,
+  with a token repeated across positions)."""
+  z_NTV = jax.random.normal(jax.random.key(6), (2, 4, 7)) * 2.0
+  y_NT = jnp.asarray([[3, 3, 0, 6], [1, 3, 3, 2]])
+  w = jax.random.normal(jax.random.key(7), (3, 2, 4))
+
+  def reference(z):
+    logp_NTV = jax.nn.log_softmax(z, axis=-1)
+    p_NTV = jnp.exp(logp_NTV)
+    lp = jnp.take_along_axis(logp_NTV, y_NT[..., None], axis=-1)[..., 0]
+    return lp, -jnp.sum(p_NTV * logp_NTV, axis=-1), jnp.sum(p_NTV * p_NTV, axis=-1)
+
+  for subset in ([0], [1], [2], [0, 2], [1, 2], []):
+    loss = lambda f, s=subset: lambda z: sum(jnp.sum(w[i] * f(z)[i]) for i in s) + 0.0 * z[0, 0, 0]
+    got = jax.jit(jax.grad(loss(lambda z: logprobs.token_stats(z, y_NT))))(z_NTV)
+    np.testing.assert_allclose(got, jax.grad(loss(reference))(z_NTV), rtol=1e-4, atol=1e-6)
+  # By hand, one position, log π(y) alone: ∂/∂z = 1[v = y] − π.
+  z = jnp.log(jnp.asarray([[[0.5, 0.25, 0.25]]]))
+  g = jax.grad(lambda z: logprobs.token_stats(z, jnp.asarray([[1]]))[0].sum())(z)
+  np.testing.assert_allclose(g, [[[-0.5, 0.75, -0.25]]], atol=1e-6)
+
+
 def test_rank_counts_the_ids_ranked_strictly_above_the_token():
   # logits for N = 1, T = 3, V = 4; the model is a stand-in that returns them.
   z_NTV = jnp.asarray([[[0.0, 2.0, 1.0, 2.0], [5.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]]])

@@ -92,6 +92,34 @@ def test_bfloat16_logits_and_logprobs_are_float32_and_close(tiny_cfg, tiny_param
   assert np.median(err) < 0.05 and err.max() < 0.5, (np.median(err), err.max())
 
 
+def test_bfloat16_tied_head_matches_autodiff_and_rounds_only_its_gradient():
+  """model._tied_logits of a bfloat16 model (`_logits_bf16`): float32 logits equal to
+  the plain contraction's, and gradients within bfloat16 rounding of autodiff's (its
+  backward rounds the logits gradient to bfloat16), compiled (the table's gradient is a
+  transposed [D, V] product behind a barrier, which XLA:CPU must accept)."""
+  cfg = model.tiny_config(vocab_size=40, dtype="bfloat16")
+  k1, k2, k3 = jax.random.split(jax.random.key(1), 3)
+  x = jax.random.normal(k1, (2, 3, cfg.d_model), jnp.float32).astype(jnp.bfloat16)
+  table = jax.random.normal(k2, (40, cfg.d_model), jnp.float32) * 0.2
+  g = jax.random.normal(k3, (2, 3, 40), jnp.float32)
+
+  def loss(head, x, table):
+    return jnp.sum(head(x, table) * g)
+
+  plain = lambda x, t: jnp.einsum(
+    "btd,vd->btv", x, t.astype(jnp.bfloat16), preferred_element_type=jnp.float32
+  )  # noqa: E731
+  ours = functools.partial(model._tied_logits, cfg)
+  np.testing.assert_array_equal(jax.jit(ours)(x, table), jax.jit(plain)(x, table))
+  want = jax.jit(jax.grad(functools.partial(loss, plain), argnums=(0, 1)))(x, table)
+  got = jax.jit(jax.grad(functools.partial(loss, ours), argnums=(0, 1)))(x, table)
+  for a, b in zip(got, want, strict=True):
+    assert a.dtype == b.dtype and a.shape == b.shape
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    np.testing.assert_allclose(a, b, rtol=2e-2, atol=2e-2 * np.abs(b).max())
+  assert not np.array_equal(got[1], want[1])  # The gradient was rounded: not autodiff's.
+
+
 def test_dense_contractions_match_the_plain_contraction_and_its_gradient():
   """model._dot_general_rows (rows flattened; bfloat16 operands: float32 accumulation,
   float32 weight gradient) computes the same contraction as lax.dot_general, for one and

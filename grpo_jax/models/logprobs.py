@@ -32,11 +32,15 @@ def token_stats(logits_NTV, tokens_NT):
 
   The backward is written out (a custom VJP), so no [N, T, V] log-softmax is stored:
     ∂/∂z_v = g_lp·(1[v = y] − π_v) − g_H·π_v·(log π_v + H) + 2·g_sq·π_v·(π_v − Σ π²).
+  A statistic the loss does not use has a symbolic zero cotangent, and its term is left
+  out; g_lp·1[v = y] is added at the N·T target ids alone (a scatter), not through an
+  [N, T, V] one-hot. On the anchor's float32 update the one-hot and the unused terms
+  took about 40 ms of a 3.4 s micro-batch.
   """
-  return _token_stats_fwd(logits_NTV, tokens_NT)[0]
+  return _stats(logits_NTV, tokens_NT)[0]
 
 
-def _token_stats_fwd(z_NTV, y_NT):
+def _stats(z_NTV, y_NT):
   z_NTV = z_NTV.astype(jnp.float32)
   m_NT1 = jax.lax.stop_gradient(jnp.max(z_NTV, axis=-1, keepdims=True))
   e_NTV = jnp.exp(z_NTV - m_NT1)
@@ -49,21 +53,33 @@ def _token_stats_fwd(z_NTV, y_NT):
   return (logp_NT, ent_NT, sq_NT), (z_NTV, y_NT, lse_NT1, ent_NT, sq_NT)
 
 
+def _token_stats_fwd(z, y):  # CustomVJPPrimal arguments (symbolic_zeros=True).
+  return _stats(z.value, y.value)
+
+
 def _token_stats_bwd(res, g):
   z_NTV, y_NT, lse_NT1, ent_NT, sq_NT = res
-  g_lp, g_ent, g_sq = (x[..., None] for x in g)
+  used = [not isinstance(x, jax.custom_derivatives.SymbolicZero) for x in g]
+  if not any(used):
+    return jnp.zeros_like(z_NTV), None
+  g_lp, g_ent, g_sq = (x[..., None] if u else None for x, u in zip(g, used))
   logp_NTV = z_NTV - lse_NT1
   p_NTV = jnp.exp(logp_NTV)
-  onehot_NTV = jax.nn.one_hot(y_NT, z_NTV.shape[-1], dtype=jnp.float32)
-  dz_NTV = (
-    g_lp * (onehot_NTV - p_NTV)
-    - g_ent * p_NTV * (logp_NTV + ent_NT[..., None])
-    + 2.0 * g_sq * p_NTV * (p_NTV - sq_NT[..., None])
-  )
+  terms = []
+  if g_lp is not None:
+    terms.append(-g_lp * p_NTV)
+  if g_ent is not None:
+    terms.append(-g_ent * p_NTV * (logp_NTV + ent_NT[..., None]))
+  if g_sq is not None:
+    terms.append(2.0 * g_sq * p_NTV * (p_NTV - sq_NT[..., None]))
+  dz_NTV = sum(terms[1:], terms[0])
+  if g_lp is not None:  # + g_lp at v = y.
+    N, T = y_NT.shape
+    dz_NTV = dz_NTV.at[jnp.arange(N)[:, None], jnp.arange(T)[None, :], y_NT].add(g_lp[..., 0])
   return dz_NTV, None
 
 
-token_stats.defvjp(_token_stats_fwd, _token_stats_bwd)
+token_stats.defvjp(_token_stats_fwd, _token_stats_bwd, symbolic_zeros=True)
 
 
 def completion_logits(

@@ -745,13 +745,51 @@ def _tied_logits(cfg: ModelConfig, x_BTD, table_VD):
   it saves the transposed [V, B·T] copy of the logits gradient that the table's gradient
   would otherwise take, 105 ms of a float32 micro-batch of the anchor)."""
   B, T, D = x_BTD.shape
-  logits_NV = jnp.einsum(
-    "nd,vd->nv",
-    x_BTD.reshape(B * T, D),
-    table_VD.astype(cfg.compute_dtype),
-    preferred_element_type=jnp.float32,
-  )
+  x_ND, table_VD = x_BTD.reshape(B * T, D), table_VD.astype(cfg.compute_dtype)
+  if x_ND.dtype == jnp.bfloat16:
+    return _logits_bf16(x_ND, table_VD).reshape(B, T, -1)
+  logits_NV = jnp.einsum("nd,vd->nv", x_ND, table_VD, preferred_element_type=jnp.float32)
   return logits_NV.reshape(B, T, -1)
+
+
+@jax.custom_vjp
+def _logits_bf16(x_ND, table_VD):
+  """x·tableᵀ of bfloat16 operands, in float32 (the logits).
+
+  The backward rounds the float32 logits gradient to bfloat16, as every bfloat16 Dense's
+  backward does (`_matmul_f32_acc`), so that both of its products are bfloat16 GEMMs with
+  float32 accumulation: dx = g·table, and the table's gradient gᵀ·x over the rows as a
+  unit-batch contraction (XLA:CPU's fast path). Left to autodiff, the float32 gradient
+  makes both float32 GEMMs, the largest two of a bfloat16 update: one sitting on a 2-core
+  Xeon (AMX), the anchor's bfloat16 update went from 18.8 / 18.6 s to 17.1 / 16.2 s."""
+  return jax.lax.dot_general(
+    x_ND, table_VD, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+  )
+
+
+def _logits_bf16_fwd(x_ND, table_VD):
+  return _logits_bf16(x_ND, table_VD), (x_ND, table_VD)
+
+
+def _logits_bf16_bwd(res, g_NV):
+  x_ND, table_VD = res
+  g_NV = g_NV.astype(jnp.bfloat16)
+  dx_ND = jax.lax.dot_general(
+    g_NV, table_VD, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+  )
+  # The table's gradient as [D, V] (x on the left, as a Dense's weight gradient), then
+  # transposed: as gᵀ·x, XLA:CPU first wrote a transposed bfloat16 copy of the [N, V]
+  # gradient (264 ms of a 2.3 s micro-batch of the anchor). The barrier keeps layout
+  # assignment from moving the transpose into the dot, which XLA:CPU's DotThunk then
+  # refuses ("Unsupported element type ... BF16 x BF16 = F32").
+  dt_DV = jax.lax.dot_general(
+    x_ND[None], g_NV[None], (((0, 1), (0, 1)), ((), ())), preferred_element_type=jnp.float32
+  )
+  dt_DV = jax.lax.optimization_barrier(dt_DV)
+  return dx_ND.astype(x_ND.dtype), dt_DV.T.astype(table_VD.dtype)
+
+
+_logits_bf16.defvjp(_logits_bf16_fwd, _logits_bf16_bwd)
 
 
 def _finish_logits(cfg: ModelConfig, logits_BTV):
