@@ -1,5 +1,7 @@
 """Teacher-forced log-probs: `token_stats` values and its hand-written backward."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,17 +9,20 @@ import numpy as np
 from grpo_jax.models import logprobs
 
 
+def _reference(z, *, y_NT):
+  """(log π(y), H, Σ π²) by autodiff-able log-softmax."""
+  logp_NTV = jax.nn.log_softmax(z, axis=-1)
+  p_NTV = jnp.exp(logp_NTV)
+  lp = jnp.take_along_axis(logp_NTV, y_NT[..., None], axis=-1)[..., 0]
+  return lp, -jnp.sum(p_NTV * logp_NTV, axis=-1), jnp.sum(p_NTV * p_NTV, axis=-1)
+
+
 def test_token_stats_values_and_custom_gradient_match_autodiff_of_log_softmax():
   z_NTV = jax.random.normal(jax.random.key(3), (3, 5, 11)) * 3.0
   y_NT = jax.random.randint(jax.random.key(4), (3, 5), 0, 11)
   w = jax.random.normal(jax.random.key(5), (3, 3, 5))
 
-  def reference(z):
-    logp_NTV = jax.nn.log_softmax(z, axis=-1)
-    p_NTV = jnp.exp(logp_NTV)
-    lp = jnp.take_along_axis(logp_NTV, y_NT[..., None], axis=-1)[..., 0]
-    return lp, -jnp.sum(p_NTV * logp_NTV, axis=-1), jnp.sum(p_NTV * p_NTV, axis=-1)
-
+  reference = functools.partial(_reference, y_NT=y_NT)
   got, want = logprobs.token_stats(z_NTV, y_NT), reference(z_NTV)
   for a, b in zip(got, want):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -38,12 +43,7 @@ def test_token_stats_gradient_of_each_subset_of_statistics():
   y_NT = jnp.asarray([[3, 3, 0, 6], [1, 3, 3, 2]])
   w = jax.random.normal(jax.random.key(7), (3, 2, 4))
 
-  def reference(z):
-    logp_NTV = jax.nn.log_softmax(z, axis=-1)
-    p_NTV = jnp.exp(logp_NTV)
-    lp = jnp.take_along_axis(logp_NTV, y_NT[..., None], axis=-1)[..., 0]
-    return lp, -jnp.sum(p_NTV * logp_NTV, axis=-1), jnp.sum(p_NTV * p_NTV, axis=-1)
-
+  reference = functools.partial(_reference, y_NT=y_NT)
   for subset in ([0], [1], [2], [0, 2], [1, 2], []):
     loss = lambda f, s=subset: lambda z: sum(jnp.sum(w[i] * f(z)[i]) for i in s) + 0.0 * z[0, 0, 0]
     got = jax.jit(jax.grad(loss(lambda z: logprobs.token_stats(z, y_NT))))(z_NTV)
