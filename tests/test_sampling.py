@@ -142,7 +142,7 @@ def test_prefill_then_decode_as_two_jits_equals_sample(
 
 @pytest.mark.parametrize("segments", [3, 10])
 def test_decode_in_segments_gives_the_single_loop_rollouts(
-  tiny_sampler, tiny_params, tiny_cfg, sampler_cfg, tokenizer, segments
+  tiny_params, tiny_cfg, sampler_cfg, tokenizer, segments
 ):
   """Segment j attends over a cache grown to its last step's slots: the same tokens and
   log-probs as one loop over the whole cache (empty slots are masked), with and without

@@ -34,8 +34,8 @@ def token_stats(logits_NTV, tokens_NT):
     ∂/∂z_v = g_lp·(1[v = y] − π_v) − g_H·π_v·(log π_v + H) + 2·g_sq·π_v·(π_v − Σ π²).
   A statistic the loss does not use has a symbolic zero cotangent, and its term is left
   out; g_lp·1[v = y] is added at the N·T target ids alone (a scatter), not through an
-  [N, T, V] one-hot. On the anchor's float32 update the one-hot and the unused terms
-  took about 40 ms of a 3.4 s micro-batch.
+  [N, T, V] one-hot. In profiles of the anchor's float32 update, the head's elementwise
+  passes went from about 160 to 66 ms of a ~3.4 s micro-batch.
   """
   return _stats(logits_NTV, tokens_NT)[0]
 

@@ -481,13 +481,12 @@ def decode(
       policy_logp_NT=put(s.policy_logp_NT, jnp.where(live_N, policy_logp_N, 0.0)),
     )
 
-  slots = state.segment_slots
-  if len(slots) <= 1:
-    return jax.lax.while_loop(functools.partial(cond, end=T), body, state)
-  for length in slots:
-    if length > state.cache.length:
+  slots = state.segment_slots or (None,)  # `prefill` made the cache slots[0] long.
+  for j, length in enumerate(slots):
+    if j:
       state = state.replace(cache=state.cache.grow(length))
-    state = jax.lax.while_loop(functools.partial(cond, end=length - slots[-1] + T), body, state)
+    end = T if length is None else length - slots[-1] + T
+    state = jax.lax.while_loop(functools.partial(cond, end=end), body, state)
   return state
 
 
