@@ -3,6 +3,7 @@ update's MFU against the measured bfloat16 peak, and Hugging Face `generate` sid
 
   python experiments/bench_gpu.py --out experiments/results/gpu/2026-11-28_h200.jsonl
   python experiments/bench_gpu.py --quick --no-hf     # CPU smoke run: tiny shapes
+  python experiments/bench_gpu.py --sizes 0.5b --no-hf --decode_segments 4 --shared_prefix 0
 
 Workload (issue 35): the Qwen2.5-0.5B and Qwen2.5-1.5B architectures of configs/scale.py
 (random weights), bfloat16 compute with float32 params and Adam, 32 prompts x 512 random
@@ -31,8 +32,12 @@ Figures (one JSON line each: {"figure", "value", "unit", "part", "size", "target
                                                 P + T/2); decode_of_roofline is the ratio
                                                 (target >= 0.5)
   decode_slots_read_ratio                       KV bytes the sampler's attention reads
-                                                (all P + T slots, every step) over the
-                                                filled ones: what a slot-blind kernel pays
+                                                over the filled ones (P + T/2 a row), at the
+                                                mean step: every slot of the step's segment
+                                                (`sampling.segment_slots`: all P + T with
+                                                one), the prompt's once per group with a
+                                                shared prompt cache: what a slot-blind
+                                                kernel pays
   update_tokens_per_s, mfu_update               N (P + T) positions / update_s; the update's
                                                 model FLOPs (3 forwards, `grpo_jax.infra.flops`)
                                                 / update_s / the bfloat16 peak (target >= 0.45)
@@ -43,8 +48,11 @@ Figures (one JSON line each: {"figure", "value", "unit", "part", "size", "target
   speedup_vs_hf                                 sample_tokens_per_s / hf_tokens_per_s
                                                 (target >= 3)
 A "context" line per part records the device, versions, the chosen remat / logit chunk and
-the flags (XLA_FLAGS, matmul precision, determinism). --budget_s skips the parts that would
-start after it (a "skipped" line says so): the whole script fits a short GPU lease.
+the flags (XLA_FLAGS, matmul precision, determinism) and the sampler's settings
+(--decode_segments: 0 automatic, one on a GPU; --shared_prefix 1 / 0: the G rows of a group
+share one copy of their prompt's cache, or each has its own). --budget_s skips the parts
+that would start after it (a "skipped" line says so): the whole script fits a short GPU
+lease.
 """
 
 from __future__ import annotations
@@ -73,7 +81,9 @@ def workload(*, quick: bool) -> dict:
   return dict(B=4, P=16, T=16, G=8) if quick else dict(B=32, P=512, T=1024, G=8)
 
 
-def make_config(size: str, *, quick: bool, micro_batches: int):
+def make_config(
+  size: str, *, quick: bool, micro_batches: int, decode_segments: int = 0, shared_prefix: int = 1
+):
   """configs/scale.py:SIZE's model with the issue-35 workload (module docstring)."""
   from grpo_jax.infra import config_lib  # noqa: PLC0415
 
@@ -83,7 +93,12 @@ def make_config(size: str, *, quick: bool, micro_batches: int):
     c.model.update(QUICK_MODEL)
   c.model.update(dtype="bfloat16", param_dtype="float32", remat="auto")
   c.sampler.update(
-    max_new_tokens=w["T"], group_size=w["G"], max_prompt_len=w["P"], prompt_buckets=(w["P"],)
+    max_new_tokens=w["T"],
+    group_size=w["G"],
+    max_prompt_len=w["P"],
+    prompt_buckets=(w["P"],),
+    decode_segments=decode_segments,
+    shared_prefix=bool(shared_prefix),
   )
   c.update(prompts_per_step=w["B"], reward_workers=0, progress=False, tensorboard=False)
   c.update(learning_rate=1e-6, warmup_steps=0, weight_decay=0.0, grad_clip=0.0, eval_size=8)
@@ -148,15 +163,34 @@ def kv_bytes(cfg, *, rows: int, slots: float) -> float:
   return rows * cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * slots * width
 
 
-def part_jax(size: str, *, quick: bool, iterations: int, micro_batches: int, peaks: dict):
+def slots_read_ratio(scfg, *, P: int) -> float:
+  """KV slots a decode step's attention reads per row at the mean step, over the filled
+  ones (P + T/2, the prompt's P − 1 and the last token's included): segment j's slots L_j
+  for its steps e_j − e_{j−1} (`sampling.segment_slots`), the prompt's P − 1 counted once
+  per group (1/G a row) with a shared prompt cache."""
+  from grpo_jax.models import sampling  # noqa: PLC0415
+
+  T, G = scfg.max_new_tokens, scfg.group_size
+  slots = sampling.segment_slots(P - 1, scfg)
+  ends = [L - slots[-1] + T for L in slots]
+  read = sum((e - b) * L for b, e, L in zip([0, *ends[:-1]], ends, slots, strict=True)) / T
+  if scfg.shared_prefix and G > 1:
+    read -= (P - 1) * (1 - 1 / G)
+  return read / (P + T / 2)
+
+
+def part_jax(
+  size: str, *, quick: bool, iterations: int, micro_batches: int, peaks: dict, **sampler
+):
   import bench_rl_iteration  # noqa: PLC0415
   import jax  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
 
   from grpo_jax import build, steps, train  # noqa: PLC0415
+  from grpo_jax.models import sampling  # noqa: PLC0415
   from grpo_jax.rl import spec  # noqa: PLC0415
 
-  setup = build.build(make_config(size, quick=quick, micro_batches=micro_batches))
+  setup = build.build(make_config(size, quick=quick, micro_batches=micro_batches, **sampler))
   cfg, w = setup.model_cfg, workload(quick=quick)
   ctx = dict(part=f"jax:{size}", size=size)
   context = dict(
@@ -165,6 +199,8 @@ def part_jax(size: str, *, quick: bool, iterations: int, micro_batches: int, pea
     scan_layers=cfg.scan_layers,
     logit_chunk=setup.rl_cfg.logit_chunk,
     micro_batches=setup.rl_cfg.micro_batches,
+    decode_segments=sampling.segment_count(setup.sampler_cfg),
+    shared_prefix=setup.sampler_cfg.shared_prefix,
     workload=w,
     model=dict(
       d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
@@ -202,7 +238,7 @@ def part_jax(size: str, *, quick: bool, iterations: int, micro_batches: int, pea
     line("decode_step_ms", 1e3 * med["sample_s"] / max(steps_run, 1), "ms", **ctx),
     line("decode_roofline_tokens_per_s", roofline, "tok/s", **ctx),
     line("decode_of_roofline", tokens_per_s / roofline, "", **ctx),
-    line("decode_slots_read_ratio", (P + T) / (P + T / 2), "", **ctx),
+    line("decode_slots_read_ratio", slots_read_ratio(setup.sampler_cfg, P=P), "", **ctx),
     line("update_tokens_per_s", N * (P + T) / med["update_s"], "tok/s", **ctx),
     line("mfu_sample", fl["sample"] / med["sample_s"] / bf16, "", **ctx),
     line("mfu_update", fl["update"] / med["update_s"] / bf16, "", **ctx),
@@ -273,6 +309,8 @@ def run_part(part: str, args, *, peaks: dict, timeout: float) -> list[dict]:
   """The part in a process of its own; its JSON lines (or one "failed" line)."""
   cmd = [sys.executable, __file__, "--part", part, "--iterations", str(args.iterations)]
   cmd += ["--micro_batches", str(args.micro_batches), "--peaks", json.dumps(peaks)]
+  cmd += ["--decode_segments", str(args.decode_segments)]
+  cmd += ["--shared_prefix", str(args.shared_prefix)]
   cmd += ["--quick"] if args.quick else []
   size = part.partition(":")[2]
   try:
@@ -346,6 +384,8 @@ def main(argv=None) -> list[dict]:
   parser.add_argument("--out", default="", help="append the JSON lines to this file")
   parser.add_argument("--no-hf", dest="no_hf", action="store_true")
   parser.add_argument("--quick", action="store_true")
+  parser.add_argument("--decode_segments", type=int, default=0, help="0: automatic")
+  parser.add_argument("--shared_prefix", type=int, default=1, choices=(0, 1))
   parser.add_argument("--part", default="", help=argparse.SUPPRESS)
   parser.add_argument("--peaks", default="{}", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
@@ -361,6 +401,8 @@ def main(argv=None) -> list[dict]:
       iterations=args.iterations,
       micro_batches=args.micro_batches,
       peaks=json.loads(args.peaks),
+      decode_segments=args.decode_segments,
+      shared_prefix=args.shared_prefix,
     )
   else:
     records = part_hf(size, quick=args.quick)

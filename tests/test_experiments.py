@@ -9,7 +9,10 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 import bench_overlap  # noqa: E402
 import bench_sampler  # noqa: E402
+import bench_shared_prefix  # noqa: E402
 import subproc  # noqa: E402
+
+from grpo_jax.models import sampling  # noqa: E402
 
 
 def test_bench_overlap_reports_every_figure(monkeypatch):
@@ -35,6 +38,14 @@ def test_bench_sampler_reports_its_figures():
     assert g[k] > 0, k
   rows = r["workload"]["prompts"] * 2
   assert g["matmul_floor_tokens_per_s"] == pytest.approx(rows / g["matmul_floor_ms"] * 1e3)
+
+
+def test_bench_shared_prefix_reports_both_samplers():
+  r = bench_shared_prefix.main(["--quick", "--rounds", "1"])
+  assert r["rows"] == 16 and r["same_tokens_last_round"]  # A 2-layer model: no divergence.
+  for k in ("temp_MB", "first_call_s", "median_s"):
+    assert r[k]["copied"] > 0 and r[k]["shared"] > 0, k
+  assert r["temp_MB"]["shared"] < r["temp_MB"]["copied"]  # The prompt's slots held once.
 
 
 def test_bench_sharding_reports_every_mesh():
@@ -113,9 +124,27 @@ def test_bench_gpu_writes_one_line_per_figure(tmp_path):
     assert by[("jax:0.5b", figure)]["target"] == bench_gpu.TARGETS[figure]
   context = by[("jax:0.5b", "context")]["value"]
   assert context["workload"] == dict(B=4, P=16, T=16, G=8) and context["remat"] in ("none", "full")
+  assert context["shared_prefix"] and context["decode_segments"] == 1  # T = 16 < 2 × 32.
+  # Shared prompt cache, one segment: (15 / 8 + 16) slots read a row over 16 + 8 filled.
+  assert by[("jax:0.5b", "decode_slots_read_ratio")]["value"] == pytest.approx((15 / 8 + 16) / 24)
   assert by[("peaks", "matmul_peak_bfloat16")]["unit"] == "FLOP/s"
   spent = bench_gpu.main(["--quick", "--sizes", "0.5b", "--no-hf", "--budget_s", "0"])
   assert [r["figure"] for r in spent] == ["skipped", "skipped"]
+
+
+def test_bench_gpu_counts_the_kv_slots_its_sampler_reads():
+  import bench_gpu  # noqa: PLC0415
+
+  make = lambda n, shared: sampling.SamplerConfig(
+    max_new_tokens=1024, eos_ids=(1,), pad_id=0, group_size=8, decode_segments=n,
+    shared_prefix=shared,
+  )  # fmt: skip
+  # P = 512: 511 prompt slots, T = 1024; filled slots at the mean step: 512 + 512 = 1024.
+  assert bench_gpu.slots_read_ratio(make(1, False), P=512) == 1535 / 1024
+  assert bench_gpu.slots_read_ratio(make(1, True), P=512) == (511 / 8 + 1024) / 1024
+  # Four segments of 256 steps over 511 + 256, 512, 768 and 1024 slots: a mean of 1151.
+  assert bench_gpu.slots_read_ratio(make(4, False), P=512) == 1151 / 1024
+  assert bench_gpu.slots_read_ratio(make(4, True), P=512) == (511 / 8 + 640) / 1024
 
 
 def test_mismatch_reports_the_sampler_trainer_gap_per_sampler_dtype():

@@ -82,6 +82,17 @@ def test_params_optimizer_and_kv_cache_by_hand():
     rows=8, prompt_rows=2, P=8, T=8,
   )  # fmt: skip
   assert sampler_bytes == 8 * 15 * 4 + 2 * 2 * 2 * buf + 3 * buf + layer
+  # A shared prompt cache (`model.KVCache.share`): each of the 8 rows owns its 8 new
+  # slots, [8, 2, 8, 16] floats a layer's keys (or values), and the 2 prompts' 7 slots,
+  # [2, 2, 7, 16], are held once, with their int32 positions [8, 8] and [2, 7]; the decode
+  # phase adds the 5 float32 [8, 32] sampling buffers.
+  unrolled = jax.eval_shape(functools.partial(model.init_boxed, cfg), jax.random.key(0))
+  shared = memory._sampler_bytes(
+    cfg, unrolled, rules=sharding.MeshConfig().rules, sizes=dict(data=1, fsdp=1, tensor=1),
+    rows=8, prompt_rows=2, P=8, T=8, shared=True,
+  )  # fmt: skip
+  own, prefix = 8 * 2 * 8 * 16 * 4, 2 * 2 * 7 * 16 * 4
+  assert shared == 2 * 2 * (own + prefix) + (8 * 8 + 2 * 7) * 4 + 5 * 8 * 32 * 4 == 45368
 
 
 def test_remat_and_rows_move_activations_as_they_should():

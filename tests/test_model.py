@@ -271,6 +271,46 @@ def test_decode_pv_multiply_reduce_equals_the_matmul(monkeypatch, dtype):
   assert np.all(out_m[2] == 0) and np.abs(out_m[:2]).max() > 0.1
 
 
+@pytest.mark.parametrize("by_reduce", [True, False])
+def test_shared_prefix_attention_equals_attention_over_the_concatenated_cache(
+  monkeypatch, by_reduce
+):
+  """Rows b·G .. b·G+G−1 attend to prefix b, then to their own slots: the output of
+  `_attend` over [prefix b | own slots], with padding and empty slots in both parts, a
+  query that sees no own slot, and a padding query (output 0)."""
+  monkeypatch.setattr(model_lib, "_pv_by_reduce", lambda *shape: by_reduce)
+  A, G, K, Q, E, P, S = 2, 3, 2, 2, 8, 4, 3
+  N = A * G
+  ks = jax.random.split(jax.random.key(1), 5)
+  q = jax.random.normal(ks[0], (N, K, Q, E))
+  keys, values = jax.random.normal(ks[1], (N, K, E, S)), jax.random.normal(ks[2], (N, K, S, E))
+  pk, pv = jax.random.normal(ks[3], (A, K, E, P)), jax.random.normal(ks[4], (A, K, P, E))
+  prefix_pos = jnp.array([[-1, 0, 1, 2], [0, 1, 2, 3]])  # Prompt a is left-padded by one.
+  own_pos = jnp.array(
+    [[3, 4, -1], [3, -1, -1], [-1, -1, -1], [4, 5, 6], [4, 5, -1], [4, -1, -1]]
+  )  # Row 2 has no own slot yet; row 3's slot 6 is in its future.
+  q_pos = jnp.array([[4, 4], [3, 3], [2, 2], [5, 5], [5, 5], [-1, -1]])  # Row 5: padding.
+  shared = model_lib._attend_shared(
+    q, q_pos, keys, values, own_pos, (pk, pv), prefix_pos, dtype=jnp.float32
+  )
+  rep = lambda x: jnp.repeat(x, G, axis=0)
+  full = model_lib._attend(
+    q,
+    q_pos,
+    jnp.concatenate([rep(pk), keys], axis=-1),
+    jnp.concatenate([rep(pv), values], axis=-2),
+    jnp.concatenate([rep(prefix_pos), own_pos], axis=-1),
+    dtype=jnp.float32,
+  )
+  np.testing.assert_allclose(shared, full, rtol=1e-6, atol=1e-6)
+  assert np.all(np.asarray(shared[5]) == 0) and np.abs(np.asarray(shared[:5])).min() > 0
+  # Row 2 sees prefix slots 0..2 of prompt 0 only: softmax over those three by hand.
+  s = np.einsum("kqe,kes->kqs", q[2], pk[0])[..., 1:]
+  p = np.exp(s - s.max(-1, keepdims=True))
+  by_hand = np.einsum("kqs,kse->kqe", p / p.sum(-1, keepdims=True), pv[0][:, 1:])
+  np.testing.assert_allclose(shared[2], by_hand, rtol=1e-5, atol=1e-6)
+
+
 def test_pv_multiply_reduce_is_chosen_for_small_decode_shapes_only():
   on_cpu = jax.default_backend() == "cpu"
   assert model_lib._pv_by_reduce(256, 4, 2, 191, 64) == on_cpu  # The G = 8 benchmark.

@@ -202,6 +202,72 @@ def test_kv_cache_grows_with_empty_slots(tiny_cfg):
       cache.grow(2)
 
 
+@pytest.mark.parametrize("segments", [1, 3])
+def test_a_shared_prompt_cache_gives_the_copied_cache_rollouts(
+  tiny_params, tiny_cfg, sampler_cfg, tokenizer, segments
+):
+  """The group rows attending to one shared copy of their prompt's slots
+  (`KVCache.share`) sample what rows with their own copies (`KVCache.repeat`) sample:
+  the same tokens and log-probs, in one loop or in segments, with per-row limits, and
+  with scanned layers."""
+  prompts, key = _prompts(sampler_cfg, tokenizer), jax.random.key(7)
+  hyper = sampling.sampling_params(temperature=1.3)
+  limit_N = jnp.asarray([10, 0, 3, 7] * 3, jnp.int32)
+  scanned = dataclasses.replace(tiny_cfg, scan_layers=True)
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *(tiny_params[f"layer_{i}"] for i in range(tiny_cfg.n_layers)))  # fmt: skip
+  scanned_params = {k: v for k, v in tiny_params.items() if not k.startswith("layer_")}
+  scanned_params["layers"] = stacked
+  for mcfg, params in ((tiny_cfg, tiny_params), (scanned, scanned_params)):
+    kw = dict(model_fn=model.make_model_fn(mcfg), init_cache=functools.partial(model.init_cache, mcfg))  # fmt: skip
+    out = {}
+    for shared in (False, True):
+      cfg = dataclasses.replace(sampler_cfg, decode_segments=segments, shared_prefix=shared)
+      state = jax.jit(functools.partial(sampling.prefill, **kw, cfg=cfg))(params, prompts, key)
+      assert (state.cache.prefix_pos_AS is not None) == shared
+      assert state.cache.pos_BS.shape[1] == state.segment_slots[0] - (7 if shared else 0)
+      for limit in (None, limit_N):
+        out[shared, limit is None] = jax.jit(functools.partial(sampling.sample, **kw, cfg=cfg))(
+          params, prompts, key, hyper, limit
+        )
+    for free in (True, False):
+      copied, shared = out[False, free], out[True, free]
+      np.testing.assert_array_equal(shared.tokens_NT, copied.tokens_NT)
+      np.testing.assert_array_equal(shared.mask_NT, copied.mask_NT)
+      np.testing.assert_allclose(shared.logp_NT, copied.logp_NT, rtol=1e-5, atol=1e-5)
+      np.testing.assert_allclose(shared.policy_logp_NT, copied.policy_logp_NT, atol=1e-5)
+    assert int(out[True, True].mask_NT.sum()) > 20  # Enough tokens for the comparison to bite.
+
+
+def test_kv_cache_share_holds_the_prefix_once_and_empty_own_slots(tiny_cfg):
+  for cfg in (tiny_cfg, dataclasses.replace(tiny_cfg, scan_layers=True)):
+    cache = model.init_cache(cfg, 2, 3)
+    cache = cache.replace(
+      k=tuple(k + 1.0 for k in cache.k), v=tuple(v + 2.0 for v in cache.v),
+      pos_BS=jnp.asarray([[-1, 0, 1], [0, 1, 2]]), index=jnp.asarray(3),
+    )  # fmt: skip
+    shared = cache.share(4, 7)  # 2 prompts × G = 4 rows; 3 prefix slots + 4 own.
+    assert shared.length == 7 and int(shared.index) == 0 and shared.stacked == cfg.scan_layers
+    np.testing.assert_array_equal(shared.prefix_pos_AS, cache.pos_BS)
+    np.testing.assert_array_equal(shared.pos_BS, np.full((8, 4), -1))
+    rows = 1 if cfg.scan_layers else 0
+    for own, prefix, old in zip(
+      shared.k + shared.v, shared.prefix_k + shared.prefix_v, cache.k + cache.v
+    ):
+      assert own.shape[rows] == 8 and not jnp.any(own)  # fmt: skip
+      np.testing.assert_array_equal(prefix, old)
+    assert shared.k[0].shape[-1] == 4 and shared.v[0].shape[-2] == 4
+    grown = shared.grow(9)  # Grows the own slots only.
+    assert (
+      grown.length == 9 and grown.k[0].shape[-1] == 6 and grown.prefix_k[0] is shared.prefix_k[0]
+    )
+    with pytest.raises(ValueError, match="needs more than the prefix's 3 slots"):
+      cache.share(4, 3)
+    with pytest.raises(ValueError, match="already shared"):
+      shared.share(2, 12)
+    with pytest.raises(ValueError, match="already shared"):
+      shared.repeat(2)
+
+
 def test_a_cache_without_grow_decodes_in_one_segment_or_says_why():
   fn, cfg = _fake_sampler(max_new_tokens=64)  # Automatic: 2 segments, but FakeCache can't grow.
   assert sampling.segment_count(cfg) == 2

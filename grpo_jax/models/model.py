@@ -362,37 +362,98 @@ def _attend(q_BKQE, q_pos_BQ, keys_BKES, values_BKSE, key_pos_BS, *, dtype):
   The softmax does not depend on the shift m, so its gradient through m is exactly 0 and
   m is a stop-gradient (sg): the backward has no argmax/select over [B, K, Q, S].
   """
-  # A float32 cache of a bfloat16 model (`cache_dtype`, XLA:CPU) holds bfloat16-rounded
-  # keys and values: both dots run in float32 on the same values (products of bfloat16
-  # values are exact in float32), with the exponentials rounded to `dtype` as the
-  # bfloat16 p·V rounds them. Otherwise everything in `dtype`.
-  mm = jnp.float32 if keys_BKES.dtype == jnp.float32 else dtype
-  s_BKQS = jnp.einsum(
-    "bkqe,bkes->bkqs",
-    q_BKQE.astype(mm),
-    keys_BKES.astype(mm),
+  mm = _attention_matmul_dtype(keys_BKES, dtype)
+  s_BKQS = _scores(q_BKQE, keys_BKES, mm)
+  valid = _visible(q_pos_BQ[:, None, :, None], key_pos_BS[:, None, None, :])
+  e_BKQS = _exp_shifted(s_BKQS, valid, _masked_max(s_BKQS, valid))
+  return _normalised(
+    _weighted_values(e_BKQS, values_BKSE, dtype, mm), e_BKQS.sum(-1, keepdims=True), dtype
+  )
+
+
+def _attend_shared(
+  q_BKQE, q_pos_BQ, keys_BKES, values_BKSE, key_pos_BS, prefix_kv, prefix_pos_AS, *, dtype
+):
+  """`_attend` over each row's own slots and a prefix shared by its group (Hydragen,
+  Juravsky et al. 2024): rows b·G .. b·G+G−1 (N = A·G rows) all attend to prefix a = b.
+
+  prefix_kv = (keys [A, K, E, P], values [A, K, P, E]), positions prefix_pos_AS [A, P].
+  The prefix's scores are one batched matmul per (a, k) with the G·Q query rows of the
+  group stacked, so each prefix key and value is read once per group instead of once per
+  row. One shift m = max(m_own, m_prefix) serves both parts, so
+    out = (Σ_own e V + Σ_prefix e V) / (Σ_own e + Σ_prefix e)
+  is the softmax over the union of the slots: `_attend` on the concatenated cache, up to
+  the order of the float32 sums.
+  """
+  pk_AKEP, pv_AKPE = prefix_kv
+  A, (N, K, Q, _) = pk_AKEP.shape[0], q_BKQE.shape
+  G = N // A
+  # Rows -> groups: [N, K, Q, ...] <-> [A, K, G·Q, ...] (row-major within a group).
+  to_groups = lambda x: jnp.swapaxes(x.reshape(A, G, K, Q, -1), 1, 2).reshape(A, K, G * Q, -1)
+  to_rows = lambda x: jnp.swapaxes(x.reshape(A, K, G, Q, -1), 1, 2).reshape(N, K, Q, -1)
+  mm = _attention_matmul_dtype(keys_BKES, dtype)
+  s_BKQS = _scores(q_BKQE, keys_BKES, mm)
+  s_AKqP = _scores(to_groups(q_BKQE), pk_AKEP, mm)
+  valid = _visible(q_pos_BQ[:, None, :, None], key_pos_BS[:, None, None, :])
+  q_pos_Aq1 = q_pos_BQ.reshape(A, 1, G * Q, 1)
+  valid_pre = _visible(q_pos_Aq1, prefix_pos_AS[:, None, None, :])
+  m_BKQ1 = jnp.maximum(_masked_max(s_BKQS, valid), to_rows(_masked_max(s_AKqP, valid_pre)))
+  e_BKQS = _exp_shifted(s_BKQS, valid, m_BKQ1)
+  e_AKqP = _exp_shifted(s_AKqP, valid_pre, to_groups(m_BKQ1))
+  out_BKQE = _weighted_values(e_BKQS, values_BKSE, dtype, mm) + to_rows(
+    _weighted_values(e_AKqP, pv_AKPE, dtype, mm)
+  )
+  sum_BKQ1 = e_BKQS.sum(-1, keepdims=True) + to_rows(e_AKqP.sum(-1, keepdims=True))
+  return _normalised(out_BKQE, sum_BKQ1, dtype)
+
+
+def _attention_matmul_dtype(keys_BKES, dtype):
+  """A float32 cache of a bfloat16 model (`cache_dtype`, XLA:CPU) holds bfloat16-rounded
+  keys and values: both dots run in float32 on the same values (products of bfloat16
+  values are exact in float32), with the exponentials rounded to `dtype` as the bfloat16
+  p·V rounds them. Otherwise everything in `dtype`."""
+  return jnp.float32 if keys_BKES.dtype == jnp.float32 else dtype
+
+
+def _scores(q_BKQE, keys_BKES, mm):
+  """q·k over the slots, [B, K, Q, S], accumulated in float32."""
+  return jnp.einsum(
+    "bkqe,bkes->bkqs", q_BKQE.astype(mm), keys_BKES.astype(mm), preferred_element_type=jnp.float32
+  )
+
+
+def _visible(q_pos, key_pos):
+  """1.0 where a key slot is visible to a query (0 <= pos_key <= pos_query), else 0.0."""
+  return ((key_pos >= 0) & (key_pos <= q_pos) & (q_pos >= 0)).astype(jnp.float32)
+
+
+def _masked_max(s, valid):
+  """sg(max over visible slots) (-1e30 where none is): the softmax's shift."""
+  return jax.lax.stop_gradient(jnp.max(s * valid - (1.0 - valid) * 1e30, axis=-1, keepdims=True))
+
+
+def _exp_shifted(s, valid, m):
+  """exp(s − m) on visible slots, 0 elsewhere; (s − m)·v <= 0: no overflow."""
+  return jnp.exp((s - m) * valid) * valid
+
+
+def _weighted_values(e_BKQS, values_BKSE, dtype, mm):
+  """Σ_s e_qs V_se in float32: a multiply-reduce at decode shapes on CPU
+  (`_pv_by_reduce`), else a batched matmul; products of `dtype` values either way."""
+  if _pv_by_reduce(*e_BKQS.shape, values_BKSE.shape[-1]):
+    f32 = lambda x: x.astype(dtype).astype(jnp.float32)
+    return jnp.sum(f32(e_BKQS)[..., None] * f32(values_BKSE)[:, :, None], axis=-2)
+  return jnp.einsum(
+    "bkqs,bkse->bkqe",
+    e_BKQS.astype(dtype).astype(mm),
+    values_BKSE.astype(mm),
     preferred_element_type=jnp.float32,
   )
-  kp, qp = key_pos_BS[:, None, None, :], q_pos_BQ[:, None, :, None]
-  valid = ((kp >= 0) & (kp <= qp) & (qp >= 0)).astype(jnp.float32)
-  m_BKQ1 = jax.lax.stop_gradient(
-    jnp.max(s_BKQS * valid - (1.0 - valid) * 1e30, axis=-1, keepdims=True)
-  )
-  e_BKQS = jnp.exp((s_BKQS - m_BKQ1) * valid) * valid  # (s - m)·v <= 0: no overflow.
-  if _pv_by_reduce(*e_BKQS.shape, values_BKSE.shape[-1]):
-    # Products of `dtype` values summed in float32, as the matmul's f32 accumulation.
-    f32 = lambda x: x.astype(dtype).astype(jnp.float32)
-    out_BKQE = jnp.sum(f32(e_BKQS)[..., None] * f32(values_BKSE)[:, :, None], axis=-2)
-  else:
-    out_BKQE = jnp.einsum(
-      "bkqs,bkse->bkqe",
-      e_BKQS.astype(dtype).astype(mm),
-      values_BKSE.astype(mm),
-      preferred_element_type=jnp.float32,
-    )
-  # A padding query has Σe = 0 and out = 0; dividing by 1 there (not by a tiny floor,
-  # whose square underflows) keeps the gradient finite.
-  sum_BKQ1 = jnp.sum(e_BKQS, axis=-1, keepdims=True)
+
+
+def _normalised(out_BKQE, sum_BKQ1, dtype):
+  """out / Σe. A padding query has Σe = 0 and out = 0; dividing by 1 there (not by a tiny
+  floor, whose square underflows) keeps the gradient finite."""
   return (out_BKQE / (sum_BKQ1 + (sum_BKQ1 <= 0.0))).astype(dtype)
 
 
@@ -554,13 +615,14 @@ class Attention(nn.Module):
   Without a cache it attends within the call and returns the call's keys/values.
   With one it writes them into this layer's buffers, keys [B, K, E, S] and values
   [B, K, S, E] (in place when the buffers are loop-carried, as in the sampler), and
-  attends over the buffers alone.
+  attends over the buffers alone, or over the buffers and a prefix its group shares,
+  prefix = ((keys [A, K, E, P], values [A, K, P, E]), positions [A, P]) (`_attend_shared`).
   """
 
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD, positions_BT, cache_kv, cache_pos_BS, index):
+  def __call__(self, x_BTD, positions_BT, cache_kv, cache_pos_BS, index, prefix=None):
     cfg = self.cfg
     H, K, E = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     projections = {}
@@ -613,7 +675,10 @@ class Attention(nn.Module):
           write(cache_kv[1], v_BKTE, (0, 0, index, 0)),
         )
       keys = (*new_kv, cache_pos_BS)
-    out_BKQE = _attend(q_BKQE, q_pos_BQ, *keys, dtype=cfg.compute_dtype)
+    if prefix is None:
+      out_BKQE = _attend(q_BKQE, q_pos_BQ, *keys, dtype=cfg.compute_dtype)
+    else:  # A group-shared prefix (`KVCache.share`): ((keys, values), positions).
+      out_BKQE = _attend_shared(q_BKQE, q_pos_BQ, *keys, *prefix, dtype=cfg.compute_dtype)
     out_BTKRE = jnp.transpose(out_BKQE.reshape(B, K, T, R, E), (0, 2, 1, 3, 4))
     out_BTHE = out_BTKRE.reshape(B, T, H, E)
     out_BTD = _dense(cfg, cfg.d_model, ("q_heads", "head_dim", "embed"), axis=(-2, -1), name="o")(
@@ -651,14 +716,15 @@ class Block(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD, positions_BT, cache_kv, cache_pos_BS, index):
+  def __call__(self, x_BTD, positions_BT, cache_kv, cache_pos_BS, index, prefix_kv, prefix_pos):
     cfg = self.cfg
     norm = functools.partial(
       RMSNorm, eps=cfg.norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype
     )
     attn = Attention(cfg, name="attn")
+    prefix = None if prefix_kv is None else (prefix_kv, prefix_pos)
     attn_BTD, kv_new = attn(
-      norm(name="attn_norm")(x_BTD), positions_BT, cache_kv, cache_pos_BS, index
+      norm(name="attn_norm")(x_BTD), positions_BT, cache_kv, cache_pos_BS, index, prefix
     )
     x_BTD = x_BTD + attn_BTD
     x_BTD = x_BTD + Mlp(cfg, name="mlp")(norm(name="mlp_norm")(x_BTD))
@@ -684,8 +750,11 @@ class Decoder(nn.Module):
   head: bool = True  # False: return the final-normed hidden states (`head_logits` later).
 
   @nn.compact
-  def __call__(self, tokens_BT, positions_BT, cache_kv, cache_pos_BS, index):
-    """cache_kv None: returns this call's k/v [L,B,T,K,E]; else the updated buffers."""
+  def __call__(self, tokens_BT, positions_BT, cache_kv, cache_pos_BS, index, prefix=None):
+    """cache_kv None: returns this call's k/v [L,B,T,K,E]; else the updated buffers.
+    prefix: (k, v) buffers per layer (stacked [L, ...] with scan_layers) and positions of
+    a prefix shared by groups of rows (`KVCache.share`), or None."""
+    prefix_kv, prefix_pos = (None, None) if prefix is None else prefix
     cfg = self.cfg
     embed = _Embed(
       cfg.vocab_size,
@@ -707,17 +776,20 @@ class Decoder(nn.Module):
         block,
         variable_axes={"params": 0, "lora": 0},
         split_rngs={"params": True, "dropout": True},
-        in_axes=(nn.broadcast, 0, nn.broadcast, nn.broadcast),
+        in_axes=(nn.broadcast, 0, nn.broadcast, nn.broadcast, 0, nn.broadcast),
         length=cfg.n_layers,
         metadata_params={nn.PARTITION_NAME: "layers"},
       )
-      x_BTD, kv_new = stack(cfg, name="layers")(x_BTD, positions_BT, cache_kv, cache_pos_BS, index)
+      x_BTD, kv_new = stack(cfg, name="layers")(
+        x_BTD, positions_BT, cache_kv, cache_pos_BS, index, prefix_kv, prefix_pos
+      )
     else:
       new = []
       for i in range(cfg.n_layers):
         layer_kv = None if cache_kv is None else (cache_kv[0][i], cache_kv[1][i])
+        layer_prefix = None if prefix_kv is None else (prefix_kv[0][i], prefix_kv[1][i])
         x_BTD, kv = block(cfg, name=f"layer_{i}")(
-          x_BTD, positions_BT, layer_kv, cache_pos_BS, index
+          x_BTD, positions_BT, layer_kv, cache_pos_BS, index, layer_prefix, prefix_pos
         )
         new.append(kv)
       # Fresh k/v are stacked [L, ...]; updated per-layer buffers stay separate.
@@ -855,6 +927,11 @@ class KVCache:
   pos_BS holds each slot's position id, -1 for empty or padding slots. `empty` is
   static: a fresh cache's first call (the prefill) skips attending to the cache,
   which is all padding, instead of computing (and XLA constant-folding) it.
+
+  A shared cache (`share`) also holds a prefix of P slots per group of G consecutive
+  rows, prefix_k / prefix_v / prefix_pos_AS over A = B / G groups, which every row of
+  the group attends to before its own slots; its slots count in `length`, but `index`
+  and pos_BS are the row's own.
   """
 
   k: tuple[jax.Array, ...]
@@ -863,9 +940,14 @@ class KVCache:
   index: jax.Array  # int32 scalar: the next slot to write; or [B]: one per row (decode).
   empty: bool = flax.struct.field(pytree_node=False, default=False)
   stacked: bool = flax.struct.field(pytree_node=False, default=False)
+  prefix_k: tuple[jax.Array, ...] = ()
+  prefix_v: tuple[jax.Array, ...] = ()
+  prefix_pos_AS: jax.Array | None = None
 
   def repeat(self, n: int) -> KVCache:
     """Each row repeated n times, consecutively: row b -> rows b*n .. b*n+n-1."""
+    if self.prefix_pos_AS is not None:
+      raise ValueError("KVCache.repeat: this cache is already shared (`share`).")
     rep = functools.partial(jnp.repeat, repeats=n, axis=1 if self.stacked else 0)
     return self.replace(
       k=tuple(map(rep, self.k)),
@@ -873,10 +955,48 @@ class KVCache:
       pos_BS=jnp.repeat(self.pos_BS, n, axis=0),
     ).constrain()
 
+  def share(self, n: int, length: int) -> KVCache:
+    """A cache of n rows per row of this one, for which this cache's slots are a shared
+    prefix (rows b·n .. b·n+n−1 attend to row b's slots), followed by own empty slots up
+    to `length` in all: what `repeat(n)` then `grow(length)` hold, without n copies of
+    the prefix. Decoding reads each prefix slot once per group instead of once per row
+    (`_attend_shared`)."""
+    if self.prefix_pos_AS is not None:
+      raise ValueError("KVCache.share: this cache is already shared.")
+    own = length - self.length
+    if own < 1:
+      raise ValueError(
+        f"KVCache.share(length={length}): needs more than the prefix's {self.length} slots."
+      )
+    # The own slots' zeros are computed from the prefix's last value, min(|v|, 0) (0 for
+    # any finite value; XLA cannot fold it), so they exist only once the prefix is
+    # written: zeros from a constant are allocated before the prefill, beside its
+    # activations (a tiny sampler on a CPU: 8.3 MB of temporaries instead of 5.3 MB).
+    prefix_k, prefix_v = self.k, self.v
+    zero = jnp.minimum(jnp.abs(prefix_v[-1][(-1,) * prefix_v[-1].ndim]), 0)
+    b = 1 if self.stacked else 0  # The rows' axis.
+    empty = lambda x, slot_axis: jnp.broadcast_to(
+      zero,
+      tuple(
+        d * n if a == b else own if a == x.ndim + slot_axis else d for a, d in enumerate(x.shape)
+      ),
+    )
+    return KVCache(
+      k=tuple(empty(k, -1) for k in prefix_k),  # [..., E, S]
+      v=tuple(empty(v, -2) for v in prefix_v),  # [..., S, E]
+      pos_BS=jnp.full((self.pos_BS.shape[0] * n, own), -1, jnp.int32),
+      index=jnp.zeros((), jnp.int32),
+      stacked=self.stacked,
+      prefix_k=prefix_k,
+      prefix_v=prefix_v,
+      prefix_pos_AS=self.pos_BS,
+    ).constrain()
+
   @property
   def length(self) -> int:
-    """The number of slots S (static)."""
-    return self.pos_BS.shape[-1]
+    """The number of slots S (static), a shared prefix's included."""
+    prefix = 0 if self.prefix_pos_AS is None else self.prefix_pos_AS.shape[-1]
+    return prefix + self.pos_BS.shape[-1]
 
   def grow(self, length: int) -> KVCache:
     """The same cache with `length` slots: slots [S, length) appended empty (position -1,
@@ -901,10 +1021,14 @@ class KVCache:
     batch axes, kv heads over `tensor` by the default rules); no-op without rules."""
     lead = ("layers",) if self.stacked else ()
     c = lambda names: lambda x: nn.with_logical_constraint(x, (*lead, *names))
+    pos = lambda x: nn.with_logical_constraint(x, ("activation_batch", "activation_cache"))
     return self.replace(
       k=tuple(map(c(CACHE_K), self.k)),
       v=tuple(map(c(CACHE_V), self.v)),
-      pos_BS=nn.with_logical_constraint(self.pos_BS, ("activation_batch", "activation_cache")),
+      pos_BS=pos(self.pos_BS),
+      prefix_k=tuple(map(c(CACHE_K), self.prefix_k)),
+      prefix_v=tuple(map(c(CACHE_V), self.prefix_v)),
+      prefix_pos_AS=None if self.prefix_pos_AS is None else pos(self.prefix_pos_AS),
     )
 
 
@@ -1203,7 +1327,11 @@ def apply(
     v = write(cache.v, jnp.swapaxes(v_LBTKE, 2, 3), (0, 0, i, 0))
   else:  # Decode: every layer writes into its own buffer in place, then attends over it.
     kv = (cache.k[0], cache.v[0]) if cache.stacked else (cache.k, cache.v)
-    logits_BTV, (k, v) = decoder.apply(variables, tokens_BT, positions_BT, kv, pos_BS, i)
+    prefix = None
+    if cache.prefix_pos_AS is not None:
+      pkv = (cache.prefix_k, cache.prefix_v)
+      prefix = (tuple(x[0] for x in pkv) if cache.stacked else pkv, cache.prefix_pos_AS)
+    logits_BTV, (k, v) = decoder.apply(variables, tokens_BT, positions_BT, kv, pos_BS, i, prefix)
     k, v = ((k,), (v,)) if cache.stacked else (tuple(k), tuple(v))
   cache = cache.replace(k=k, v=v, pos_BS=pos_BS, index=i + tokens_BT.shape[1], empty=False)
   return logits_BTV, cache

@@ -8,11 +8,14 @@ Decoding only; the teacher-forced log-probs of given completions (the loss side)
 
 The model is a function ``model_fn(params, tokens_BT, positions_BT, cache) -> (logits_BTV,
 cache)`` (``model.make_model_fn``, or a fake in tests) and ``init_cache(batch, length)``
-returns a cache with a ``repeat(n)`` method. Position ids skip padding; padding is -1.
+returns a cache with a ``repeat(n)`` method (and, optionally, ``share(n, length)`` and
+``grow(length)``). Position ids skip padding; padding is -1.
 
 Algorithm (static shapes, one compile per prompt-length bucket):
   1. ``prefill``: the left-padded prompts minus their last token go into the cache, once
-     per prompt (B rows, not B*G), then ``cache.repeat(G)`` broadcasts it to the group rows.
+     per prompt (B rows, not B*G). Then ``cache.share(G, length)`` makes it a prefix the
+     G rows of the group attend to (``SamplerConfig.shared_prefix``), each row with its
+     own slots after it; or ``cache.repeat(G)`` copies it to each row.
   2. ``decode``: a ``lax.while_loop`` feeds one token per row per step (the last prompt token first),
      samples the next token and records its log-probs. It stops once every row has
      emitted an EOS id or after ``max_new_tokens`` steps. In segments
@@ -63,6 +66,10 @@ class SamplerConfig:
   # The static sampler's decode loop in this many segments of steps, each attending over
   # a cache as long as its last step needs (`decode`); 0: automatic (`segment_count`).
   decode_segments: int = 0
+  # The static sampler's group rows share their prompt's cache slots (`KVCache.share`):
+  # each decode step reads a prompt's keys and values once per group, not once per row.
+  # False: the prompt's cache is copied to each of its G rows (`KVCache.repeat`).
+  shared_prefix: bool = True
 
   def __post_init__(self):
     if self.dtype not in ("", "float32", "bfloat16"):
@@ -390,7 +397,8 @@ def prefill(
   cfg: SamplerConfig,
 ) -> DecodeState:
   """Writes each prompt minus its last token into the cache, once per prompt (B rows, not
-  B·G), then broadcasts the cache to the G rows of its group: the decode loop's start."""
+  B·G), then shares the cache with the G rows of its group (`KVCache.share`, with
+  cfg.shared_prefix and G > 1) or copies it to them (`repeat`): the decode loop's start."""
   tokens_BP = jnp.asarray(prompts.tokens_BP, jnp.int32)
   mask_BP = jnp.asarray(prompts.mask_BP, jnp.bool_)
   B, P = tokens_BP.shape
@@ -402,7 +410,8 @@ def prefill(
     )
   positions_BP = model_lib.positions_from_mask(mask_BP)
   slots = segment_slots(P - 1, cfg)
-  cache = init_cache(B, slots[0])
+  cache = init_cache(B, P - 1)
+  share = cfg.shared_prefix and G > 1 and hasattr(cache, "share")
   if len(slots) > 1 and not hasattr(cache, "grow"):
     if cfg.decode_segments > 1:
       raise ValueError(
@@ -410,11 +419,12 @@ def prefill(
         f"grow(length) method; {type(cache).__name__} has none (set decode_segments=1)."
       )
     slots = (P - 1 + T,)
+  if not share:
     cache = init_cache(B, slots[0])
   _, cache = model_fn(params, tokens_BP[:, :-1], positions_BP[:, :-1], cache)
   return DecodeState(
     step=jnp.zeros((), jnp.int32),
-    cache=cache.repeat(G),
+    cache=cache.share(G, slots[0]) if share else cache.repeat(G),
     key=key,
     tok_N=jnp.repeat(tokens_BP[:, -1], G),
     pos_N=jnp.repeat(positions_BP[:, -1], G),
