@@ -375,7 +375,7 @@ def _attend_shared(
   q_BKQE, q_pos_BQ, keys_BKES, values_BKSE, key_pos_BS, prefix_kv, prefix_pos_AS, *, dtype
 ):
   """`_attend` over each row's own slots and a prefix shared by its group (Hydragen,
-  Juravsky et al. 2024): rows b·G .. b·G+G−1 (N = A·G rows) all attend to prefix a = b.
+  Juravsky et al. 2024): rows a·G .. a·G+G−1 (N = A·G rows) all attend to prefix a.
 
   prefix_kv = (keys [A, K, E, P], values [A, K, P, E]), positions prefix_pos_AS [A, P].
   The prefix's scores are one batched matmul per (a, k) with the G·Q query rows of the
