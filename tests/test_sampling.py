@@ -202,40 +202,40 @@ def test_kv_cache_grows_with_empty_slots(tiny_cfg):
       cache.grow(2)
 
 
-@pytest.mark.parametrize("segments", [1, 3])
+@pytest.mark.parametrize("segments, scan_layers", [(1, False), (3, True)])
 def test_a_shared_prompt_cache_gives_the_copied_cache_rollouts(
-  tiny_params, tiny_cfg, sampler_cfg, tokenizer, segments
+  tiny_params, tiny_cfg, sampler_cfg, tokenizer, segments, scan_layers
 ):
   """The group rows attending to one shared copy of their prompt's slots
   (`KVCache.share`) sample what rows with their own copies (`KVCache.repeat`) sample:
-  the same tokens and log-probs, in one loop or in segments, with per-row limits, and
-  with scanned layers."""
+  the same tokens and log-probs, in one loop, and in segments with scanned layers, with
+  and without per-row limits."""
   prompts, key = _prompts(sampler_cfg, tokenizer), jax.random.key(7)
   hyper = sampling.sampling_params(temperature=1.3)
   limit_N = jnp.asarray([10, 0, 3, 7] * 3, jnp.int32)
-  scanned = dataclasses.replace(tiny_cfg, scan_layers=True)
-  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *(tiny_params[f"layer_{i}"] for i in range(tiny_cfg.n_layers)))  # fmt: skip
-  scanned_params = {k: v for k, v in tiny_params.items() if not k.startswith("layer_")}
-  scanned_params["layers"] = stacked
-  for mcfg, params in ((tiny_cfg, tiny_params), (scanned, scanned_params)):
-    kw = dict(model_fn=model.make_model_fn(mcfg), init_cache=functools.partial(model.init_cache, mcfg))  # fmt: skip
-    out = {}
-    for shared in (False, True):
-      cfg = dataclasses.replace(sampler_cfg, decode_segments=segments, shared_prefix=shared)
-      state = jax.jit(functools.partial(sampling.prefill, **kw, cfg=cfg))(params, prompts, key)
-      assert (state.cache.prefix_pos_AS is not None) == shared
-      assert state.cache.pos_BS.shape[1] == state.segment_slots[0] - (7 if shared else 0)
-      for limit in (None, limit_N):
-        out[shared, limit is None] = jax.jit(functools.partial(sampling.sample, **kw, cfg=cfg))(
-          params, prompts, key, hyper, limit
-        )
-    for free in (True, False):
-      copied, shared = out[False, free], out[True, free]
-      np.testing.assert_array_equal(shared.tokens_NT, copied.tokens_NT)
-      np.testing.assert_array_equal(shared.mask_NT, copied.mask_NT)
-      np.testing.assert_allclose(shared.logp_NT, copied.logp_NT, rtol=1e-5, atol=1e-5)
-      np.testing.assert_allclose(shared.policy_logp_NT, copied.policy_logp_NT, atol=1e-5)
-    assert int(out[True, True].mask_NT.sum()) > 20  # Enough tokens for the comparison to bite.
+  mcfg, params = tiny_cfg, tiny_params
+  if scan_layers:
+    mcfg = dataclasses.replace(tiny_cfg, scan_layers=True)
+    params = {k: v for k, v in tiny_params.items() if not k.startswith("layer_")}
+    params["layers"] = jax.tree.map(lambda *xs: jnp.stack(xs), *(tiny_params[f"layer_{i}"] for i in range(tiny_cfg.n_layers)))  # fmt: skip
+  kw = dict(model_fn=model.make_model_fn(mcfg), init_cache=functools.partial(model.init_cache, mcfg))  # fmt: skip
+  out = {}
+  for shared in (False, True):
+    cfg = dataclasses.replace(sampler_cfg, decode_segments=segments, shared_prefix=shared)
+    state = jax.jit(functools.partial(sampling.prefill, **kw, cfg=cfg))(params, prompts, key)
+    assert (state.cache.prefix_pos_AS is not None) == shared
+    assert state.cache.pos_BS.shape[1] == state.segment_slots[0] - (7 if shared else 0)
+    for limit in (None, limit_N):
+      out[shared, limit is None] = jax.jit(functools.partial(sampling.sample, **kw, cfg=cfg))(
+        params, prompts, key, hyper, limit
+      )
+  for free in (True, False):
+    copied, shared = out[False, free], out[True, free]
+    np.testing.assert_array_equal(shared.tokens_NT, copied.tokens_NT)
+    np.testing.assert_array_equal(shared.mask_NT, copied.mask_NT)
+    np.testing.assert_allclose(shared.logp_NT, copied.logp_NT, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(shared.policy_logp_NT, copied.policy_logp_NT, atol=1e-5)
+  assert int(out[True, True].mask_NT.sum()) > 20  # Enough tokens for the comparison to bite.
 
 
 def test_kv_cache_share_holds_the_prefix_once_and_empty_own_slots(tiny_cfg):
