@@ -972,8 +972,7 @@ class KVCache:
     # any finite value; XLA cannot fold it), so they exist only once the prefix is
     # written: zeros from a constant are allocated before the prefill, beside its
     # activations (a tiny sampler on a CPU: 8.3 MB of temporaries instead of 5.3 MB).
-    prefix_k, prefix_v = self.k, self.v
-    zero = jnp.minimum(jnp.abs(prefix_v[-1][(-1,) * prefix_v[-1].ndim]), 0)
+    zero = jnp.minimum(jnp.abs(self.v[-1][(-1,) * self.v[-1].ndim]), 0)
     b = 1 if self.stacked else 0  # The rows' axis.
     empty = lambda x, slot_axis: jnp.broadcast_to(
       zero,
@@ -982,13 +981,13 @@ class KVCache:
       ),
     )
     return KVCache(
-      k=tuple(empty(k, -1) for k in prefix_k),  # [..., E, S]
-      v=tuple(empty(v, -2) for v in prefix_v),  # [..., S, E]
+      k=tuple(empty(k, -1) for k in self.k),  # [..., E, S]
+      v=tuple(empty(v, -2) for v in self.v),  # [..., S, E]
       pos_BS=jnp.full((self.pos_BS.shape[0] * n, own), -1, jnp.int32),
       index=jnp.zeros((), jnp.int32),
       stacked=self.stacked,
-      prefix_k=prefix_k,
-      prefix_v=prefix_v,
+      prefix_k=self.k,
+      prefix_v=self.v,
       prefix_pos_AS=self.pos_BS,
     ).constrain()
 
