@@ -23,7 +23,8 @@ Figures are bytes per device, for the mesh of `setup.mesh_cfg` on `n_devices` de
   `activations_no_remat` with no remat.
 - backward working set: one float32 [rows, T, V] logits gradient; with remat or
   scan_layers also the recomputed activations of one layer and its float32 attention-score
-  gradient [rows, heads, S, S]; with scan_layers also the layer scan's stacked gradient
+  gradient [rows, heads, S, S] (the entries of its causal blocks, `model.causal_blocks`:
+  5/8 of S² from S = 256 on); with scan_layers also the layer scan's stacked gradient
   (params-sized) before it is added to the accumulator.
 - kv_cache: the sampler's temporary memory (`sampling.sample` compiled), the largest of
   its phases. The rollout cache: keys and values of every layer, [rows, kv heads /
@@ -326,8 +327,9 @@ def plan(
   logits_grad = mb_rows * min(T, rl_cfg.logit_chunk or T) * local.vocab_size * 4
   working = logits_grad
   if remat_on or model_cfg.scan_layers:  # The backward of one layer, its recomputed
-    S = P + T  # activations and its attention-score gradient, at the scan's pace.
-    working += one_layer + mb_rows * local.n_heads * S * S * 4
+    S = P + T  # activations and its attention-score gradient (the causal blocks' entries,
+    # `model.causal_blocks`), at the scan's pace.
+    working += one_layer + mb_rows * local.n_heads * model.causal_score_entries(S) * 4
   if model_cfg.scan_layers:  # The layer scan's stacked gradient, before it is accumulated.
     working += trainable
   # FSDP: weights are all-gathered over fsdp to compute; XLA gathers them all at once
@@ -434,10 +436,10 @@ def _sampler_bytes(
   # and into a copy the attention reads (each from a copy of the buffer).
   unit_heads = kv_heads == 1
   # The prefill forward of one layer: float32 attention scores and their exponentials
-  # [B, heads, P - 1, P - 1], and the MLP's gate, up and their product [B·(P - 1), F].
-  prefill_layer = (
-    2 * prompt_rows * heads * (P - 1) ** 2 * 4 + 3 * prompt_rows * (P - 1) * mlp * item
-  )
+  # [B, heads, P - 1, P - 1] (the causal blocks' entries, `model.causal_blocks`), and the
+  # MLP's gate, up and their product [B·(P - 1), F].
+  scores = prompt_rows * heads * model.causal_score_entries(P - 1) * 4
+  prefill_layer = 2 * scores + 3 * prompt_rows * (P - 1) * mlp * item
   # One decode step's sampling (`choose_tokens` with top-k / top-p compiled in): five
   # float32 [rows, V / tensor] buffers live at once: the logits, the temperature-scaled
   # logits, their order keys, the probabilities, the filtered logits.

@@ -311,6 +311,86 @@ def test_shared_prefix_attention_equals_attention_over_the_concatenated_cache(
   np.testing.assert_allclose(shared[2], by_hand, rtol=1e-5, atol=1e-6)
 
 
+def test_causal_blocks_are_pinned():
+  assert model_lib.causal_blocks(63) == ((0, 63),)  # Under two blocks of 64: one block.
+  assert model_lib.causal_blocks(192) == ((0, 64), (64, 128), (128, 192))
+  assert model_lib.causal_blocks(200) == ((0, 67), (67, 133), (133, 200))
+  assert model_lib.causal_blocks(1536) == ((0, 384), (384, 768), (768, 1152), (1152, 1536))
+  # 64·64 + 64·128 + 64·192 = 24576 = 2/3 of 192²; four blocks: 5/8 of T².
+  assert model_lib.causal_score_entries(192) == 24576
+  assert model_lib.causal_score_entries(1536) * 8 == 5 * 1536**2
+  assert model_lib.causal_score_entries(63) == 63**2
+
+
+def _causal_case(T=200, B=3, K=2, R=2, E=8):
+  """A teacher-forced attention call of T positions, three blocks: row 0 left-padded by
+  70 (its first block holds padding queries only), row 1 right-padded from 150, row 2 full."""
+  ks = jax.random.split(jax.random.key(2), 3)
+  q = jax.random.normal(ks[0], (B, K, T * R, E))
+  keys, values = jax.random.normal(ks[1], (B, K, E, T)), jax.random.normal(ks[2], (B, K, T, E))
+  mask = np.ones((B, T), bool)
+  mask[0, :70], mask[1, 150:] = False, False
+  pos = model.positions_from_mask(jnp.asarray(mask))
+  return q, jnp.repeat(pos, R, axis=1), keys, values, pos
+
+
+def test_causal_blocks_attention_equals_attention_over_all_keys():
+  """Each query block attends to the keys up to its end only; with positions that
+  increase along T (`positions_from_mask`) that is the softmax over all keys: the same
+  output and gradients, and 0 for padding queries."""
+  q, q_pos, keys, values, pos = _causal_case()
+  blocked = lambda q, k, v: model_lib._attend_causal(q, q_pos, k, v, pos, dtype=jnp.float32)
+  full = lambda q, k, v: model_lib._attend(q, q_pos, k, v, pos, dtype=jnp.float32)
+  np.testing.assert_allclose(blocked(q, keys, values), full(q, keys, values), atol=2e-6)
+  w = jax.random.normal(jax.random.key(3), q.shape)
+  grads = [
+    jax.grad(lambda *a, f=f: jnp.sum(f(*a) * w), argnums=(0, 1, 2))(q, keys, values)
+    for f in (blocked, full)
+  ]
+  for g_blocked, g_full in zip(*grads, strict=True):
+    np.testing.assert_allclose(g_blocked, g_full, atol=2e-5)
+  out = np.asarray(blocked(q, keys, values))
+  assert np.all(out[0, :, : 70 * 2] == 0) and np.abs(out[1:, :, :2]).min() > 0
+
+
+def test_causal_blocks_rely_on_increasing_positions():
+  """The contract is real: a key placed after its query with a smaller position is seen by
+  `_attend` and skipped by the blocks, so their outputs differ."""
+  q, q_pos, keys, values, pos = _causal_case()
+  pos = pos.at[2, 199].set(5)  # Row 2's last key claims position 5.
+  q_pos = jnp.repeat(pos, 2, axis=1)
+  blocked = model_lib._attend_causal(q, q_pos, keys, values, pos, dtype=jnp.float32)
+  full = model_lib._attend(q, q_pos, keys, values, pos, dtype=jnp.float32)
+  diff = np.abs(np.asarray(blocked - full)).max(axis=(1, 3))  # [B, T·R]
+  assert diff[:2].max() < 2e-6  # Rows 0 and 1 are untouched.
+  # Row 2: the queries of blocks one and two from position 5 on (rows 10..265) lose the
+  # key; those before it never saw it, and block three (rows 266 on) attends over it.
+  assert (diff[2, 10:266] > 0).all() and np.median(diff[2, 10:266]) > 1e-3
+  assert diff[2, :10].max() < 2e-6 and diff[2, 266:].max() < 2e-6
+
+
+@pytest.mark.parametrize("variant", ["qwen3", "llama_scan_remat"])
+def test_a_model_in_causal_blocks_equals_one_block(monkeypatch, variant):
+  """Blocks of 2 positions (the 9-token case splits into 4) give the one-block model's
+  logits and parameter gradients, with left padding."""
+  cfg, params = _setup(**VARIANTS[variant])
+  pos_BT = _positions()
+
+  def run(min_block):
+    monkeypatch.setattr(model_lib, "_CAUSAL_MIN_BLOCK", min_block)
+    f = lambda p: model_lib.apply(p, TOKENS_BT, pos_BT, cfg=cfg)[0]
+    loss = lambda p: jnp.sum(jnp.where(MASK_BT[..., None], jax.nn.log_softmax(f(p)), 0)[..., 3])
+    return jax.jit(f)(params), jax.jit(jax.grad(loss))(params)
+
+  assert len(model_lib.causal_blocks(9)) == 1
+  (logits_1, grads_1), (logits_4, grads_4) = run(64), run(2)
+  assert model_lib.causal_blocks(9) == ((0, 2), (2, 4), (4, 7), (7, 9))
+  np.testing.assert_allclose(logits_4, logits_1, rtol=1e-5, atol=1e-4)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), grads_4, grads_1
+  )
+
+
 def test_pv_multiply_reduce_is_chosen_for_small_decode_shapes_only():
   on_cpu = jax.default_backend() == "cpu"
   assert model_lib._pv_by_reduce(256, 4, 2, 191, 64) == on_cpu  # The G = 8 benchmark.

@@ -13,7 +13,9 @@ Padding convention: ``positions_BT`` are position ids that count real tokens onl
 (0, 1, 2, ... skipping padding, see ``positions_from_mask``); a padding slot has
 position ``-1``. A query at position p attends to keys at positions 0 <= q <= p,
 so left-padded prompts, right-padded completions and KV-cached decoding all share
-one masking rule and padding never changes a real token's logits.
+one masking rule and padding never changes a real token's logits. Positions increase
+along T on real tokens: a call without a cache skips the keys after each query block
+(``causal_blocks``).
 
 Shape letters: B batch rows, T tokens of this call, S KV-cache slots, D d_model,
 H query heads, K kv heads, R = H // K, E head_dim, F mlp width, V vocab, L layers.
@@ -371,6 +373,56 @@ def _attend(q_BKQE, q_pos_BQ, keys_BKES, values_BKSE, key_pos_BS, *, dtype):
   )
 
 
+# Teacher-forced attention within one call runs by query blocks that skip the keys after
+# them (`causal_blocks`): blocks of at least this many positions, and at most this many.
+_CAUSAL_MIN_BLOCK = 64
+_CAUSAL_MAX_BLOCKS = 4
+
+
+def causal_blocks(T: int) -> tuple[tuple[int, int], ...]:
+  """The query blocks [a, b) of a call of T positions; block [a, b) attends keys [0, b).
+
+  n = clip(T // 64, 1, 4) blocks of near-equal length, so the scores hold
+  sum_blocks (b − a)·b of the T² entries: 5/8 of them at n = 4, 2/3 at n = 3. Measured
+  on a 2-core Xeon (float32, [16 rows, 4 kv heads, 2 query rows per kv head, T = 192,
+  head_dim 64], forward and backward of one layer's attention): 45.5 ms in one block,
+  37.8 / 35.2 / 36.7 ms in 2 / 3 / 4 blocks, 41.2 ms in 8.
+  """
+  n = max(1, min(T // _CAUSAL_MIN_BLOCK, _CAUSAL_MAX_BLOCKS))
+  edges = [round(i * T / n) for i in range(n + 1)]
+  return tuple(zip(edges[:-1], edges[1:], strict=True))
+
+
+def causal_score_entries(T: int) -> int:
+  """Score entries per (row, query head) of a call of T positions: sum_blocks (b − a)·b."""
+  return sum((b - a) * b for a, b in causal_blocks(T))
+
+
+def _attend_causal(q_BKQE, q_pos_BQ, keys_BKET, values_BKTE, pos_BT, *, dtype):
+  """`_attend` of a call over its own T keys, one query block at a time (`causal_blocks`).
+
+  Query rows are t-major (row t·R + r), so block [a, b) is rows [a·R, b·R), and it attends
+  keys [0, b) only. Exact when positions increase along T on real tokens, as
+  `positions_from_mask` makes them (the model's padding convention): a key after a query
+  then has a larger position or −1, so it is invisible to it, and the softmax over keys
+  [0, b) is the softmax over all T (up to the order of the float32 sums).
+  """
+  T = pos_BT.shape[1]
+  R = q_BKQE.shape[2] // T
+  outs = [
+    _attend(
+      q_BKQE[:, :, a * R : b * R],
+      q_pos_BQ[:, a * R : b * R],
+      keys_BKET[..., :b],
+      values_BKTE[:, :, :b],
+      pos_BT[:, :b],
+      dtype=dtype,
+    )
+    for a, b in causal_blocks(T)
+  ]
+  return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=2)
+
+
 def _attend_shared(
   q_BKQE, q_pos_BQ, keys_BKES, values_BKSE, key_pos_BS, prefix_kv, prefix_pos_AS, *, dtype
 ):
@@ -675,7 +727,9 @@ class Attention(nn.Module):
           write(cache_kv[1], v_BKTE, (0, 0, index, 0)),
         )
       keys = (*new_kv, cache_pos_BS)
-    if prefix is None:
+    if cache_kv is None:  # Teacher forcing or a prefill: causal within the call.
+      out_BKQE = _attend_causal(q_BKQE, q_pos_BQ, *keys, dtype=cfg.compute_dtype)
+    elif prefix is None:
       out_BKQE = _attend(q_BKQE, q_pos_BQ, *keys, dtype=cfg.compute_dtype)
     else:  # A group-shared prefix (`KVCache.share`): ((keys, values), positions).
       out_BKQE = _attend_shared(q_BKQE, q_pos_BQ, *keys, *prefix, dtype=cfg.compute_dtype)
