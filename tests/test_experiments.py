@@ -217,3 +217,29 @@ def test_bench_reward_sources_writes_a_cost_per_part(tmp_path):
   by = {r["part"]: r for r in lines}
   assert 0 < by["rm_tiny"]["seconds_per_row"] < 1 and by["http_judge"]["unscorable"] == 0
   assert by["smollm2"]["skipped"] == "--skip_smollm2"
+
+
+def test_calculator_seeds_judges_its_two_claims_by_their_rules():
+  import calculator_seeds  # noqa: PLC0415
+
+  # Gains 6..10: mean 8, sd 1.58, 95% CI 8 ± 2.776·1.58/√5 = [6.04, 9.96]: both hold.
+  ok = calculator_seeds.judge([6.0, 8.0, 7.0, 9.0, 10.0])
+  np.testing.assert_allclose(ok["gain_points"]["ci"], [6.0368, 9.9632], atol=1e-4)
+  assert [c["verdict"] for c in ok["claims"].values()] == ["supports", "supports"]
+  # Mean 6, CI [0.52, 11.48]: above 0, straddles 5, so B reports the seeds to decide.
+  mixed = calculator_seeds.judge([1.0, 9.0, 4.0, 12.0, 4.0])
+  assert mixed["claims"]["A"]["verdict"] == "supports"
+  assert mixed["claims"]["B"] == dict(
+    mixed["claims"]["B"], verdict="inconclusive", seeds_to_decide=155
+  )
+  assert mixed["seeds_reaching_5_points"] == 2
+  lost = calculator_seeds.judge([-3.0, -1.0, -2.0, -4.0, -2.0])
+  assert [c["verdict"] for c in lost["claims"].values()] == ["contradicts", "contradicts"]
+  rows = [
+    dict(seed=s, warmstart_accuracy=0.4, final_accuracy=0.4 + g / 100, gain_points=g, wall_s=1.0)
+    for s, g in zip(range(5), [1.0, 9.0, 4.0, 12.0, 4.0], strict=True)
+  ]
+  md = calculator_seeds.markdown(rows, mixed)
+  assert (
+    "| 3 | 40.0% | 52.0% | +12.0 | 1 |" in md and "**inconclusive** (seeds to decide: 155)" in md
+  )
