@@ -3,6 +3,9 @@ their rules written before any of their runs.
 
   python experiments/calculator_seeds.py                      # verdict seeds 11-15
   python experiments/calculator_seeds.py --seeds 0 1 --out /tmp/calc   # other seeds
+  python experiments/calculator_seeds.py --seeds 16 17 18 19 \
+    --extend experiments/results/cpu/2026-11-28_xeon_calculator_seeds.json \
+    --out experiments/results/cpu/2026-11-28_xeon_calculator_seeds_extended
 
 `tests/test_episodes.py::test_the_calculator_config_learns_with_its_tool` is a single-seed
 smoke check (seed 0: +5 points or more after 60 GRPO iterations). Its horizon of 60 was
@@ -83,10 +86,15 @@ def judge(gains_points: list[float]) -> dict:
   return out
 
 
-def markdown(rows: list[dict], judged: dict) -> str:
-  lines = [
-    f"# configs/calculator.py:tiny over seeds {[r['seed'] for r in rows]}",
-    "",
+def markdown(rows: list[dict], judged: dict, *, sequential: bool = False) -> str:
+  lines = [f"# configs/calculator.py:tiny over seeds {[r['seed'] for r in rows]}", ""]
+  if sequential:
+    lines += [
+      "A sequential second look: the verdict seeds' runs and more seeds, judged by the same",
+      "rules. The verdict at the verdict seeds stands.",
+      "",
+    ]
+  lines += [
     "| seed | warm start | after 60 iterations | gain (points) | wall s |",
     "|---|---|---|---|---|",
   ]
@@ -114,18 +122,26 @@ def main(argv=None) -> dict:
   ap.add_argument("--seeds", type=int, nargs="+", default=list(VERDICT_SEEDS))
   ap.add_argument("--out", default="experiments/results/cpu/calculator_seeds")
   ap.add_argument("--workdir", default=None, help="where the runs go (default: a temp dir)")
+  ap.add_argument(
+    "--extend",
+    default=None,
+    help="an earlier <out>.json whose runs come first: a sequential second look, judged by "
+    "the same rules and reported beside the first verdict, which stands",
+  )
   args = ap.parse_args(argv)
   root = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="calc_seeds_"))
-  rows = []
+  rows = json.loads(pathlib.Path(args.extend).read_text())["runs"] if args.extend else []
   for seed in args.seeds:
     rows.append(run_seed(seed, root / f"seed_{seed}"))
     print(json.dumps(rows[-1]), flush=True)
   judged = judge([r["gain_points"] for r in rows])
-  result = {"iterations": ITERATIONS, "seeds": args.seeds, "runs": rows, **judged}
+  seeds = [r["seed"] for r in rows]
+  result = {"iterations": ITERATIONS, "seeds": seeds, "sequential": bool(args.extend)}
+  result.update(runs=rows, **judged)
   out = pathlib.Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
   out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-  out.with_suffix(".md").write_text(markdown(rows, judged))
+  out.with_suffix(".md").write_text(markdown(rows, judged, sequential=bool(args.extend)))
   print(out.with_suffix(".md").read_text())
   return result
 

@@ -243,3 +243,5 @@ def test_calculator_seeds_judges_its_two_claims_by_their_rules():
   assert (
     "| 3 | 40.0% | 52.0% | +12.0 | 1 |" in md and "**inconclusive** (seeds to decide: 155)" in md
   )
+  assert "second look" not in md
+  assert "A sequential second look" in calculator_seeds.markdown(rows, mixed, sequential=True)
