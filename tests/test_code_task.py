@@ -3,6 +3,7 @@
 import json
 import pathlib
 import pickle
+import time
 
 import numpy as np
 import pytest
@@ -411,3 +412,77 @@ def test_hf_tokenizer_renders_the_chat_template():
   plain = tasks.get("code", tokenizer_dir=str(QWEN2), chat=False)
   problem = plain.split_problems("test")[0]
   assert plain.example("test", 0, seed=0).prompt == code.problem_text(problem) + "\n"
+
+
+# ---------------------------------------------------------------------------------------
+# Work on a completion: linear, shared by the reward and the format reward, and counted in
+# the row's budget (round two: a long completion plus a sleep made rows unscorable).
+
+
+def _counting_parses(monkeypatch) -> list[int]:
+  """Counts the parses extraction and the syntax check make (each is O(length))."""
+  calls, real = [], code._parse
+  monkeypatch.setattr(code, "_parse", lambda text: calls.append(len(text)) or real(text))
+  for cached in (code.extract_code, code.parses):
+    getattr(cached, "cache_clear", lambda: None)()
+  return calls
+
+
+def test_unfenced_extraction_parses_a_bounded_number_of_times(monkeypatch):
+  calls = _counting_parses(monkeypatch)
+  # Every prefix fails at its first line: before, rule 2 parsed 400 endings of the whole
+  # text (about 4 s here for this completion, twice per row).
+  completion = "def add(a, b:\n" + "x = 1\n" * 20_000
+  assert code.extract_code(completion, entry_point="add") is None
+  assert len(calls) <= 4  # code._MAX_RAW_PARSES (before: 400).
+  calls.clear()
+  prose = "Sure! Here it is:\nimport math\ndef add(a, b):\n    return a + b\n"
+  tail = "This works because addition is commutative.\n" * 5_000
+  assert code.extract_code(prose + tail, entry_point="add") == (
+    "import math\ndef add(a, b):\n    return a + b"
+  )
+  assert len(calls) == 2  # The whole text, then the lines before the line it blames.
+
+
+def test_the_reward_and_the_format_reward_share_one_extraction(monkeypatch):
+  calls = _counting_parses(monkeypatch)
+  task = tasks.get("code", isolation=ISOLATION)
+  completion = fenced("def add(a, b):\n    return a + b") + "\n# pad" * 1000
+  assert task.reward(add_spec(), completion) == 1.0
+  assert task.format_reward(add_spec(), completion) == 1.0
+  assert len(calls) == 1  # One parse of the extracted code for both calls.
+
+
+def test_reading_the_completion_counts_in_the_rows_budget(monkeypatch):
+  task = tasks.get("code", isolation=ISOLATION, timeout_s=3.0)
+  real = code.extract_code
+
+  def slow(completion, *, entry_point=""):
+    time.sleep(2.2)  # A completion that takes long to read.
+    return real(completion, entry_point=entry_point)
+
+  monkeypatch.setattr(code, "extract_code", slow)
+  sleepy = fenced("def add(a, b):\n    import time\n    time.sleep(1.0)\n    return a + b")
+  start = time.monotonic()
+  got = task.outcome(add_spec(), sleepy)  # Before: "pass" after 3.2 s (budget 3 s).
+  assert (got.verdict, got.cause) == ("fail", "timeout"), got
+  assert time.monotonic() - start < 3.0 + 1.0  # Within the budget and a kill's margin.
+
+  def slower(completion, *, entry_point=""):
+    time.sleep(3.1)
+    return real(completion, entry_point=entry_point)
+
+  monkeypatch.setattr(code, "extract_code", slower)
+  got = task.outcome(add_spec(), fenced("def add(a, b):\n    return a + b"))
+  assert (got.verdict, got.cause) == ("fail", "timeout") and "reading the completion" in got.detail
+
+
+def test_a_pool_timeout_on_a_code_row_is_a_zero_not_unscorable():
+  task = tasks.get("code", isolation=ISOLATION, timeout_s=5.0)
+  completions = [fenced("import time\ntime.sleep(30)"), fenced("def add(a, b):\n    return a + b")]
+  # The pool's limit below the task's own budget: the pool kills the worker mid-row.
+  with reward_pool.RewardPool(task, workers=1, timeout_s=1.0) as pool:
+    scores = pool.score([add_spec()] * 2, completions)
+  assert scores.error_N.tolist() == [False, False]  # Before: [True, False] (unscorable).
+  assert scores.correct_N.tolist() == [0.0, 1.0]
+  assert scores.label_N.tolist() == ["timeout", "pass"]

@@ -283,7 +283,7 @@ def judge(results: str, status: str = "exit 0", *, timed_out=False, oom=False, r
     ("ready|0:memory|1:ok 0|end", "exit 0", False, "fail", "memory", "MemoryError"),
     ("ready|code:memory|end", "exit 0", False, "fail", "memory", "MemoryError"),
     ("ready|code:raised 'MemoryError: '|end", "exit 0", False, "fail", "raised", "raised"),
-    ("ready|0:ok 5|1:ok __import__('os')", "exit 0", False, "fail", "wrong", "got __import__"),
+    ("ready|0:ok 5|1:ok __import__('os')", "exit 0", False, "fail", "tampered", "__import__"),
     ("", "setup_error 'OSError: no userns'", False, "could_not_run", "sandbox", "failed to start"),
     ("", "exit 1", False, "could_not_run", "sandbox", "did not start"),
     ("", "", True, "could_not_run", "sandbox", "did not start within 1s"),
@@ -335,6 +335,138 @@ def test_a_value_longer_than_any_equal_value_is_wrong_unparsed(monkeypatch):
   assert got[:2] == ("fail", "wrong") and f"a value of {len(long)} characters" in got[2]
   assert parsed == [1]  # Only test 1's "0".
   assert judge("ready|0:ok 5.0|1:ok (-0-0j)|end")[0] == "pass"
+
+
+# Adversarial records: what the child sends can make no reader in the caller raise. Before
+# round two, a payload such as "-" * 500 + "1" (a long unary chain) or "1+1+...+1" made
+# the value parser raise RecursionError inside its own except clause (formatting the parse
+# error), so the row became an error (unscorable, masked) instead of a 0.
+_DEEP = 3000
+ADVERSARIAL_VALUES = {
+  "unary_chain": "-" * _DEEP + "1",
+  "not_chain": "not " * _DEEP + "1",
+  "invert_chain": "~" * 600 + "1",
+  "binop_chain": "+".join(["1"] * _DEEP),
+  "power_chain": "**".join(["2"] * 600),
+  "compare_chain": "<".join(["1"] * _DEEP),
+  "conditional_chain": "1 if 1 else " * 600 + "1",
+  "lambda_chain": "lambda: " * 600 + "1",
+  "subscript_chain": "a" + "[0]" * 600,
+  "call_chain": "f" + "()" * 600,
+  "nested_lists": "[" * 300 + "]" * 300,
+  "nested_dicts": "{1:" * 150 + "1" + "}" * 150,
+  "nested_calls": "set(" * 150 + ")" * 150,
+  "nested_tuples": "(" * 199 + "5" + ")" * 199,
+  "huge_int": "9" * 5000,
+  "huge_exponent": "1e" + "9" * 5000,
+  "huge_complex": "(" + "9" * 5000 + "j)",
+  "truncated": "[1, 2, (3",
+  "unbalanced": ")))",
+  "nul_byte": "5\x00",
+  "carriage_return": "5\r5",
+  "form_feed": "\x0c9",
+  "tab_indent": "\t5",
+  "leading_space": " 5",
+  "replacement_chars": "'\ufffd" * 200,
+  "unterminated_string": "'abc",
+  "triple_quote": "'" * 3 + "a",
+  "fstring": "f'{1}'",
+  "walrus": "(x := 5)",
+  "name": "__import__('os').system('true')",
+  "empty": "",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ADVERSARIAL_VALUES))
+def test_an_adversarial_value_record_is_a_verdict_never_an_error(name):
+  payload = ADVERSARIAL_VALUES[name]
+  for results in (f"ready|0:ok {payload}|1:ok 0|end", f"ready|0:ok 5|1:ok {payload}|end"):
+    verdict, cause, detail = judge(results)
+    assert (verdict, cause) in (("fail", "wrong"), ("fail", "tampered")), (name, detail)
+  how, got = values.read_reported(payload, ["a" * 400])  # A generous length bound.
+  assert how in ("wrong", "tampered") or (how == "value" and got != ["a" * 400]), name
+
+
+@pytest.mark.parametrize(
+  "raw",
+  [
+    b"n0 ready\nn0 0:ok \xff\xfe\xfd\nn0 1:ok 0\nn0 end\n",  # Invalid UTF-8.
+    b"n0 ready\nn0 0:ok " + b"\xc3" * 500 + b"\nn0 end\n",
+    b"n0 ready\nn0 0:ok 5\nn0 1:ok [1, 2",  # Cut off mid-record by the kill.
+    b"n0 ready\nn0 00:ok 5\nn0 1:ok 0\nn0 end\n",
+    b"n0 ready\nn0 -1:ok 5\nn0 end\n",
+    b"n0 ready\nn0 99999999999999999999999:ok 5\nn0 end\n",
+    b"n0 ready\nn0 0:\nn0 :ok\nn0 \nn0\n",
+    b"n0 ready\n" + b"n0 0:ok " + b"[" * 2000 + b"\n",
+    b"\n\n\nn0 ready\n\x00\x00\n",
+    b"n0 ready\nn0 0:ok 5\nn0 1:ok 0\nn0 end " + b"x" * 500 + b"\n",
+  ],
+)
+def test_adversarial_raw_records_are_a_verdict(raw):
+  verdict, cause, _ = judge("", raw=raw)
+  assert verdict in sandbox.VERDICTS and cause in sandbox.CAUSES, (raw[:60], cause)
+
+
+@pytest.mark.parametrize(
+  "status",
+  ["signal 99999999999999999999999", "signal -1", "signal x", "exit " + "9" * 5000, "exit",
+   "identity " + "9" * 5000, "setup_error", "\xff\x00"],
+)  # fmt: skip
+def test_adversarial_status_records_are_a_verdict(status):
+  verdict, cause, _ = judge("ready|0:ok 5", status)
+  assert verdict in sandbox.VERDICTS and cause in sandbox.CAUSES
+
+
+def test_random_records_never_make_the_reading_raise():
+  from hypothesis import given, settings
+  from hypothesis import strategies as st
+
+  pieces = list("-+~([{}]),:'\"0159jex n.") + ["not ", "set(", "inf", "\\"]
+  alphabet = st.sampled_from(pieces)
+
+  @settings(max_examples=300, deadline=None, derandomize=True)
+  @given(st.lists(alphabet, max_size=400).map("".join), st.binary(max_size=200))
+  def check(text, junk):
+    verdict, cause, _ = judge(f"ready|0:ok {text}|1:ok 0|end")
+    assert verdict in ("pass", "fail") and cause in sandbox.CAUSES
+    verdict, _, _ = judge("", raw=b"n0 ready\nn0 0:ok " + junk + b"\nn0 1:ok 0\nn0 end\n")
+    assert verdict in ("pass", "fail")
+
+  check()
+
+
+def test_reading_a_value_is_linear_and_shallow():
+  # A long legitimate value is read in time proportional to its length; a deep or chained
+  # one is refused after one pass over its tokens, before any recursive parser sees it.
+  expected = list(range(4000))
+  for n in (1000, 4000):
+    start = time.perf_counter()
+    assert values.read_reported(repr(list(range(n))), expected)[0] == "value"
+    assert time.perf_counter() - start < 1.0
+  assert values.max_equal_depth([[1]]) == 4  # [[1]] -> frozenset? no: [[(1+0j)]] is 3.
+  assert values.read_reported("[" * 5 + "]" * 5, [[1]])[0] == "wrong"  # Deeper: unread.
+  assert values.read_reported("[[(1+0j)]]", [[1]]) == ("value", [[1]])
+  assert values.read_reported("frozenset({(1+0j)})", {1}) == ("value", frozenset({1}))
+  assert values.read_reported("(nan+nanj)", 1)[0] == "wrong"
+  assert values.read_reported("-1", -1) == ("value", -1)
+  assert values.read_reported("--1", -1)[0] == "tampered"  # Parses, but no repr has it.
+  assert values.read_reported("---1", -1)[0] == "tampered"  # Refused by the scan.
+
+
+def test_a_forged_deep_record_through_the_code_task_is_a_zero_not_unscorable():
+  from grpo_jax.tasks import code as code_task
+
+  # The expected value's repr (16 characters) lets a value of up to 1,088 be parsed.
+  spec = code_task.Problem(
+    id="greet", description="Greet.", signature="def greet(name)",
+    solution="def greet(name):\n  return 'hello, ' + name + '!'\n", visible_tests=(),
+    hidden_tests=("assert greet('world') == 'hello, world!'",),
+  ).spec()  # fmt: skip
+  attack = "forge(n + b' 0:ok ' + b'-' * 1000 + b'1\\n')\nos._exit(0)\n"
+  completion = f"```python\n{_FORGE.strip()}\n{attack}\ndef greet(name):\n  return ''\n```"
+  task = code_task.CodeTask(isolation="namespaces" if NAMESPACES else "none")
+  value = task.reward(spec, completion)  # Before: verdicts.Unscorable (RecursionError).
+  assert float(value) == 0.0 and value.label == "tampered", value
 
 
 def _equal_variants(value):
@@ -1147,7 +1279,7 @@ def test_a_cgroup_v1_run_is_joined_by_the_harness_itself(tmp_path, monkeypatch):
   monkeypatch.setattr(cgroup, "_write", lambda path, text: pathlib.Path(path).write_text(text))
   cgroup.available.cache_clear()
   try:
-    parents = [root / c / "job" / "grpo_jax_sandbox" for c in ("memory", "pids")]
+    parents = [root / c / "grpo_jax_sandbox" for c in ("memory", "pids")]  # Beside /job.
     assert cgroup.available() == tuple(cgroup.Hierarchy(1, str(p)) for p in parents)
     with pytest.warns(RuntimeWarning, match="isolation='none'"):
       result = run(ADD, isolation="none", memory_mb=256, processes=8)

@@ -94,6 +94,10 @@ class Task(abc.ABC):
   # The most seconds one reward call takes by design (e.g. a sandbox's timeout plus the
   # interpreter's start); the trainer's reward_timeout_s must exceed it. None: unbounded.
   reward_budget_s: float | None = None
+  # The outcome label of a row the reward pool timed out (reward_timeout_s), when the
+  # task's every step is bounded by its own budget so that only the completion can cause
+  # one: such a row scores 0 with this label instead of being unscorable. "": unscorable.
+  timeout_outcome: str = ""
 
   @abc.abstractmethod
   def _draw(self, rng: np.random.Generator) -> tuple[str, Example]:

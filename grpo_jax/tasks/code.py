@@ -50,9 +50,20 @@ Extracting the code (``extract_code``) from a completion:
      fence (rule 2 applied to it). The last candidate that defines ``def <entry point>(``
      wins; if none does, the last fenced candidate; if there is none, rule 2.
   2. Unfenced text: from the first line that starts with def, async def, class, import,
-     from or @, as many lines as parse as Python (dropping trailing prose), if they
-     define a function or class at the top level.
+     from or @, the lines up to the end; where they do not parse, the lines before the
+     line Python's parser names in its error (dropping trailing prose), at most
+     ``_MAX_RAW_PARSES`` times; kept if they define a function or class at the top level.
   3. Otherwise there is no code: verdict "no_code", reward 0.
+
+Extraction is linear in the completion's length (each rule is one pass, rule 2 at most
+``_MAX_RAW_PARSES`` parses; before round two it tried up to 400 endings, each a parse of
+the whole text, twice per row), and ``reward`` and ``format_reward`` share one extraction
+and one parse per completion (a small cache). It counts in the row's budget: the sandbox
+gets what is left of ``timeout_s`` after it (``sandbox.run(spent_s=...)``), and a row whose
+extraction alone used the budget is "fail" (timeout). A pool timeout on a code row
+(``timeout_outcome``) is scored the same way, a 0 labelled "timeout", not an error: every
+step of the reward is bounded by the row's budget, so only the completion can push it
+past the pool's limit, and a policy must not escape its 0 by being slow to read.
 
 Reward. ``reward_input(example)`` is ``example.answer``: a JSON string with the problem
 id, entry point, tests (assert sources), prelude and setup; the tests travel to the
@@ -93,6 +104,7 @@ import functools
 import importlib.resources
 import json
 import re
+import time
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -112,7 +124,7 @@ _PYTHON_TAGS = ("", "python", "py", "python3", "py3")
 _FENCE = re.compile(r"^[ \t]*```+[ \t]*([\w+-]*)")
 _CODE_START = re.compile(r"^(def|async\s+def|class|import|from|@)\b")
 _SIGNATURE = re.compile(r"^def\s+([A-Za-z_]\w*)\s*\(")
-_MAX_RAW_LINES = 400  # Rule 2 tries at most this many endings.
+_MAX_RAW_PARSES = 4  # Rule 2 parses at most this many prefixes (each cut at the error).
 _BUILTIN_NAMES = frozenset(dir(builtins))
 
 
@@ -429,15 +441,20 @@ def fenced_blocks(text: str) -> list[tuple[str, str]]:
   return blocks
 
 
-def _parse(code: str) -> ast.Module | None:
+def _parse(code: str) -> tuple[ast.Module | None, int]:
+  """(the module, 0), or (None, the line Python's parser blames: 0 when it names none)."""
   try:
-    return ast.parse(code)
-  except (SyntaxError, ValueError, MemoryError, RecursionError):
-    return None
+    return ast.parse(code), 0
+  except SyntaxError as e:
+    return None, e.lineno or 0
+  except (ValueError, MemoryError, RecursionError):
+    return None, 0
 
 
+@functools.lru_cache(maxsize=64)
 def parses(code: str) -> bool:
-  return _parse(code) is not None
+  """Whether `code` parses (cached: the reward and the format reward ask of the same code)."""
+  return _parse(code)[0] is not None
 
 
 def code_in_text(text: str) -> str | None:
@@ -446,14 +463,16 @@ def code_in_text(text: str) -> str | None:
   start = next((i for i, line in enumerate(lines) if _CODE_START.match(line)), None)
   if start is None:
     return None
-  stop = max(start, len(lines) - _MAX_RAW_LINES)
-  for end in range(len(lines), stop, -1):
+  end = len(lines)
+  for _ in range(_MAX_RAW_PARSES):
     code = "\n".join(lines[start:end]).strip("\n")
-    tree = _parse(code)
-    if tree is not None and any(
-      isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for n in tree.body
-    ):
-      return code
+    tree, bad_line = _parse(code)
+    if tree is not None:
+      defines = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+      return code if any(isinstance(n, defines) for n in tree.body) else None
+    if bad_line <= 1:  # Nothing before the error, or no line named.
+      return None
+    end = min(end, start + bad_line - 1)
   return None
 
 
@@ -463,8 +482,10 @@ def _defines(code: str, name: str) -> bool:
   )
 
 
+@functools.lru_cache(maxsize=64)
 def extract_code(completion: str, *, entry_point: str = "") -> str | None:
-  """The code in a completion (the module docstring's rules), or None."""
+  """The code in a completion (the module docstring's rules), or None. Cached: the reward
+  and the format reward of a row read the same completion."""
   lines = completion.split("\n")
   fenced = [body for tag, body in fenced_blocks(completion) if tag in _PYTHON_TAGS]
   if entry_point:
@@ -553,6 +574,7 @@ class CodeTask(base.Task):
   uses_hf_tokenizer = True  # The trainer passes config.hf_dir as tokenizer_dir.
   step_end_text = ("\n",)
   outcomes = OUTCOMES
+  timeout_outcome = "timeout"  # A pool timeout is the completion's: a 0, not an error.
 
   def __init__(
     self,
@@ -681,7 +703,9 @@ class CodeTask(base.Task):
     return example.answer
 
   def outcome(self, reward_input: str, completion: str) -> Outcome:
-    """The verdict, its cause and why, for a completion of the problem in `reward_input`."""
+    """The verdict, its cause and why, for a completion of the problem in `reward_input`.
+    Reading the completion counts in the row's budget (`sandbox.run`'s spent_s)."""
+    start = time.monotonic()
     spec = _spec(reward_input)
     code = extract_code(completion, entry_point=spec.entry_point)
     if code is None:
@@ -695,6 +719,7 @@ class CodeTask(base.Task):
       setup=spec.setup,
       limits=self.limits,
       isolation=self.isolation,
+      spent_s=time.monotonic() - start,
     )
     return Outcome(result.verdict, result.cause, result.detail)
 

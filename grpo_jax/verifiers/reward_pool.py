@@ -20,8 +20,9 @@ Timeouts. Threads cannot be stopped, so each worker is a process. Before each it
 worker writes the item's index and start time (``time.monotonic``, one system-wide clock)
 to a shared array; the parent reads it while it waits. An item running longer than
 ``timeout_s`` gets its worker killed (SIGKILL) and replaced by a fresh one; the item
-scores as a failure, and the other items of that worker's chunk are scored again by the
-next free worker (results travel once per chunk, so the killed worker's finished items
+scores as a failure (or, for a task that declares ``timeout_outcome``, as a 0 with that
+label: `tasks.base.Task.timeout_outcome`), and the other items of that worker's chunk are
+scored again by the next free worker (results travel once per chunk, so the killed worker's finished items
 are lost; rewards are pure, so rescoring them is safe). Each hang costs one worker
 ``timeout_s``, so k hanging items cost about k·timeout_s / workers of wall time.
 
@@ -457,8 +458,12 @@ class RewardPool:
     if math.isinf(started):  # Died between items: no item to blame, so fail the chunk.
       out.error_N[job_J] = True
       return
-    out.error_N[job_J[index]] = True
-    out.timeout_N[job_J[index]] = timed_out
+    label = getattr(self.task, "timeout_outcome", "") if timed_out else ""
+    if label:  # The task's every step is bounded: only the completion can time it out.
+      out.label_N[job_J[index]] = label
+    else:
+      out.error_N[job_J[index]] = True
+      out.timeout_N[job_J[index]] = timed_out
     rest_J = np.delete(job_J, index)
     if rest_J.size:
       jobs.append(rest_J)

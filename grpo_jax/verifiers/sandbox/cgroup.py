@@ -13,6 +13,17 @@ subtree); else cgroup v1's memory and pids hierarchies when writable (root on a 
 host). Otherwise there is no group and `runner` falls back to a lower default process
 count (see `runner.Limits`). `available()` probes once per process and says which.
 
+Outside the trainer's group (`_outside`). In both versions the runs' parent goes beside
+this process's own group (in that group's parent), else at the hierarchy's root. A run's
+memory is then not charged to the trainer's group: it cannot push that group to its limit,
+where the kernel's OOM killer would kill the group's largest process (the trainer, while
+the candidate stays within its own budget); each run's own limit bounds it instead. Only v1
+falls back to nesting the parent inside this process's group, where nothing outside it is
+writable (`Hierarchy.nested`, said by `describe()`); v2's rule forbids that. Either way the
+harness gives every sandbox process ``oom_score_adj`` 1000 (the trainer keeps its own), so
+an OOM kill in any group holding both (a nested run's, a common ancestor's) or on the whole
+host takes a sandbox process, never the trainer.
+
 Cost: a mkdir, four writes and an rmdir per hierarchy and run (v2: one hierarchy, v1: two),
 measured by experiments/bench_sandbox.py within the per-call overhead; the rmdir of a group
 whose killed processes are still being reaped is deferred (`_PENDING`), not waited for.
@@ -40,6 +51,7 @@ _PARENT_NAME = "grpo_jax_sandbox"
 class Hierarchy:
   version: int  # 1 or 2.
   parent: str  # The directory the runs' groups are made in.
+  nested: bool = False  # Inside this process's own group (v1, nothing outside writable).
 
 
 def _read(path: str) -> str:
@@ -75,6 +87,12 @@ def _make_parent(base: str, controllers: tuple[str, ...], *, v2: bool) -> str:
   return parent
 
 
+def _outside(mount: str, own: str) -> list[str]:
+  """Where the runs' parent may go, best first: beside this process's group `own` (in its
+  parent), else the hierarchy's root; never inside `own` (unless `own` is the root)."""
+  return list(dict.fromkeys([os.path.dirname(own) if own != mount else mount, mount]))
+
+
 def _v2() -> Hierarchy | None:
   mount = ROOT if os.path.exists(os.path.join(ROOT, "cgroup.controllers")) else ""
   mount = mount or (os.path.join(ROOT, "unified") if os.path.isdir(f"{ROOT}/unified") else "")
@@ -83,7 +101,7 @@ def _v2() -> Hierarchy | None:
   own = os.path.join(mount, _own_group(2).strip("/")).rstrip("/")
   # A group with processes cannot have controllers for its children (v2's rule): the
   # runs' parent goes beside this process's group, or at the root.
-  for base in dict.fromkeys([os.path.dirname(own) if own != mount else mount, mount]):
+  for base in _outside(mount, own):
     try:
       controllers = set(_read(os.path.join(base, "cgroup.controllers")).split())
       if not {"memory", "pids"} <= controllers:
@@ -99,13 +117,19 @@ def _v2() -> Hierarchy | None:
 def _v1() -> tuple[Hierarchy, Hierarchy] | None:
   out = []
   for controller in ("memory", "pids"):
-    # Under this process's own group: the runs stay inside its limits and accounting.
-    base = os.path.join(ROOT, controller, _own_group(1, controller).strip("/")).rstrip("/")
-    if not os.path.isdir(base):
+    mount = os.path.join(ROOT, controller)
+    own = os.path.join(mount, _own_group(1, controller).strip("/")).rstrip("/")
+    if not os.path.isdir(own):  # Where this process is cannot be told (a container's view).
       return None
-    try:
-      out.append(Hierarchy(1, _make_parent(base, (), v2=False)))
-    except OSError:
+    # Beside this process's group, so a run is not charged to it (module docstring); in
+    # it only where nothing outside is writable, the OOM score then protecting the trainer.
+    for base in [*_outside(mount, own), own]:
+      try:
+        out.append(Hierarchy(1, _make_parent(base, (), v2=False), nested=base == own != mount))
+        break
+      except OSError:
+        continue
+    else:
       return None
   return out[0], out[1]
 
@@ -175,7 +199,10 @@ def describe() -> str:
   found = available()
   if not found:
     return "no control group (the per-process rlimits only)"
-  return f"cgroup v{found[0].version} under {', '.join(h.parent for h in found)}"
+  where = f"cgroup v{found[0].version} under {', '.join(h.parent for h in found)}"
+  if any(h.nested for h in found):  # The OOM score alone keeps the trainer from the killer.
+    where += " (nested in this process's own group: nothing outside it is writable)"
+  return where
 
 
 @dataclasses.dataclass

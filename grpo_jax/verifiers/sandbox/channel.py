@@ -11,8 +11,13 @@ Bounds (the code may find the nonce and write records of its own, so nothing it 
 read past them): at most n + 3 records of at most ``max_result_chars`` + 2 KB each are
 read from the results pipe (n tests), the rest is not read and the run is "tampered";
 a value's repr is parsed only when it is no longer than any value equal to the expected
-one can be (`values.max_equal_repr`), else it is wrong unread. So the caller's work per
-run is bounded by the tests' own expected values, whatever the code sends.
+one can be (`values.max_equal_repr`), else it is wrong unread, and only after one linear
+pass over its tokens has bounded its depth (`values.read_reported`). So the caller's work
+per run is bounded by the tests' own expected values, whatever the code sends.
+
+The reading never raises (`judge`): a record it cannot read, or any exception while
+reading, makes the run "fail" with cause "tampered". A row the candidate controls never
+becomes an error (unscorable, masked from the loss) through what it writes.
 """
 
 from __future__ import annotations
@@ -123,7 +128,16 @@ def _records(lines: list[bytes], nonce: str) -> tuple[list[tuple[str, str]], boo
 def judge(
   ending: Ending, tests: Sequence[values.Test], *, nonce: str, max_result_chars: int
 ) -> tuple[str, str, str, int]:
-  """(verdict, cause, detail, tests passed): the policy in the package docstring."""
+  """(verdict, cause, detail, tests passed): the policy in the package docstring. Never
+  raises: whatever the records make the reading do, it ends in a verdict ("fail",
+  "tampered" when the reading itself failed)."""
+  try:
+    return _judge(ending, tests, nonce=nonce, max_result_chars=max_result_chars)
+  except Exception as e:  # noqa: BLE001 -- the child controls what is read: never raise.
+    return "fail", "tampered", f"reading the run's records failed ({type(e).__name__})", 0
+
+
+def _judge(ending: Ending, tests, *, nonce: str, max_result_chars: int):
   status_lines, _ = _lines(ending.data["status"], cap=STATUS_BYTES, limit=1 << 10)
   status, _ = _records(status_lines, nonce)
   cap, limit = record_cap(max_result_chars), len(tests) + 3
@@ -194,9 +208,12 @@ class _Reading:
     self.next_index += 1
     where = test.source or f"{test.call} == {test.expected!r}"
     if kind == "ok":
-      if len(payload) > values.max_equal_repr(test.expected):
-        self._wrong("wrong", f"{where}: got a value of {len(payload)} characters")
-      elif values.equal(values.reported_value(payload), test.expected):
+      how, got = values.read_reported(payload, test.expected)
+      if how == "tampered":
+        self.tampered = f"{where}: {got}"
+      elif how == "wrong":
+        self._wrong("wrong", f"{where}: {got}")
+      elif values.equal(got, test.expected):
         self.passed += 1
       else:
         self._wrong("wrong", f"{where}: got {payload[:200]}")

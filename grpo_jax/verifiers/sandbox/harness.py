@@ -12,6 +12,15 @@ the seccomp filter; runs the code). Started as another user, C unshares first an
 builds the new root inside the namespaces. Without namespaces: outer (supervisor) ->
 worker (rlimits, no_new_privs, seccomp). The supervisor (init or outer) reports how the
 worker ended on the status pipe, which the worker closes before running candidate code.
+
+The OOM killer's first choice: outer sets its own ``oom_score_adj`` to 1000 before anything
+else, and every process it starts inherits it (fork, exec, setuid and unshare keep it; the
+worker itself has no /proc to write it in once the new root is in place). Where a run's
+memory is charged to a group that also holds the trainer (a nested cgroup v1 group, a
+common ancestor's limit, the whole host), the kernel kills a sandbox process, never the
+trainer. Raising one's own score needs no privilege; written as root it is also the floor
+(oom_score_adj_min) that the code, without CAP_SYS_RESOURCE, cannot lower it below. Best
+effort: where /proc cannot be written the run goes on as before.
 """
 
 import marshal
@@ -66,7 +75,16 @@ def kill_group_on_sigterm():
   _signal.signal(15, lambda signum, frame: os.killpg(0, 9))
 
 
+def first_to_die():
+  # oom_score_adj 1000, inherited by every process of the sandbox (module docstring).
+  try:  # noqa: SIM105 -- no contextlib: the harness imports as little as it can.
+    write_file("/proc/self/oom_score_adj", "1000")
+  except OSError:
+    pass
+
+
 def main():
+  first_to_die()
   job = marshal.loads(sys.stdin.buffer.read())
   null = os.open("/dev/null", os.O_RDWR)
   os.dup2(null, 0)

@@ -211,21 +211,36 @@ def run(
   setup: str = "",
   limits: Limits | None = None,
   isolation: str = "auto",
+  spent_s: float = 0.0,
 ) -> Result:
   """Runs ``prelude``, ``code``, ``setup`` (one namespace, in that order) and then each
   test's call in a sandboxed child, and judges the values here (see the package
   docstring). ``limits`` defaults to ``Limits()``. Where namespaces do not work, "auto"
-  and "namespaces" give "could_not_run" (cause "sandbox") with ``isolation=""``."""
+  and "namespaces" give "could_not_run" (cause "sandbox") with ``isolation=""``.
+
+  ``spent_s``: seconds of the row's budget (``limits.timeout_s``) the caller already spent
+  on the completion (extracting and parsing its code): the run's wall clock ends that much
+  earlier, so the whole row stays within timeout_s. A row with no time left "fail"s with
+  cause "timeout" without starting a child."""
   _check_name(isolation)
   limits = limits or Limits()
+  if spent_s >= limits.timeout_s:
+    detail = (
+      f"timed out after {limits.timeout_s:g}s (reading the completion took {spent_s:.2f}s; "
+      f"0 of {len(tests)} tests done)"
+    )
+    return Result("fail", detail, 0, len(tests), "", spent_s, "timeout")
+  run = functools.partial(
+    _run, code, tests, prelude=prelude, setup=setup, limits=limits, spent_s=spent_s
+  )
   if isolation == "none":
     _warn_once(_NONE_WARNING)
-    return _run(code, tests, prelude=prelude, setup=setup, limits=limits, isolate=False)
+    return run(isolate=False)
   reason = namespaces_unavailable()
   if reason:
     detail = f"sandbox refused: namespace isolation does not work here ({reason})"
     return Result("could_not_run", detail, 0, len(tests), "", 0.0, "sandbox")
-  return _run(code, tests, prelude=prelude, setup=setup, limits=limits, isolate=True)
+  return run(isolate=True)
 
 
 # ---------------------------------------------------------------------------------------
@@ -262,7 +277,7 @@ def _seccomp() -> bytes:
   return seccomp.program()
 
 
-def _run(code, tests, *, prelude, setup, limits, isolate) -> Result:
+def _run(code, tests, *, prelude, setup, limits, isolate, spent_s=0.0) -> Result:
   start = time.monotonic()
   nonce = secrets.token_hex(16)
   mode = "namespaces" if isolate else "none"
@@ -281,6 +296,7 @@ def _run(code, tests, *, prelude, setup, limits, isolate) -> Result:
         workdir=workdir,
         limits=limits,
         n_tests=len(tests),
+        spent_s=spent_s,
       )
     except OSError as e:  # Fork, pipe or control group failed: the host is short of something.
       detail = f"could not start the sandbox: {e}"
@@ -303,10 +319,10 @@ def _identity(ending: channel.Ending, nonce: str) -> int:
   return -1
 
 
-def _execute(job, *, nonce: str, workdir: str | None, limits: Limits, n_tests: int):
+def _execute(job, *, nonce: str, workdir: str | None, limits: Limits, n_tests: int, spent_s=0.0):
   """Starts the harness in its control group with the job, collects its pipes (within
   their caps), kills what is left. Returns a channel.Ending."""
-  deadline = time.monotonic() + limits.timeout_s
+  deadline = time.monotonic() + limits.timeout_s - spent_s
   budget = cgroup.Budget.create(
     memory_mb=limits.memory_mb, processes=limits.processes_for(grouped=True)
   )

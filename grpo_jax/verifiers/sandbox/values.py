@@ -8,12 +8,26 @@ leaves the caller; the child only reports the repr of what each call returned, a
 
 `max_equal_repr` bounds what the caller ever parses: a reported value whose repr is
 longer than it cannot equal the expected value, so it is judged wrong unread.
+
+Reading a reported value never raises and never recurses deeply (`read_reported`). Python's
+parser and ``ast`` walk an expression recursively, so a repr of a few hundred characters
+such as ``-------...1`` or ``1+1+...+1`` made them raise RecursionError in the caller (a
+row that should have been a 0 became unscorable). Before anything is parsed, one pass over
+the payload's tokens (`scan`, the standard ``tokenize``: linear, not recursive) checks
+that it is made of what a repr of the literal types holds: numbers, strings, bytes, True,
+False, None, set and frozenset calls, brackets, ``,`` and ``:``, and at most two signs and
+two operands between separators (a complex number ``(-0-0j)`` is the most a repr has).
+Brackets may nest only as deep as a value equal to the expected one can (`max_equal_depth`),
+so the parse that follows is bounded in depth as well as in length. A record that fails
+any of this, or that the parser still refuses, was not written by the harness: "tampered".
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import io
+import tokenize
 from typing import Any
 
 # Constructors allowed around literals in expected values (and in the child's reprs).
@@ -41,7 +55,16 @@ def literal_value(node: ast.expr) -> Any:
   try:
     return _literal(node)
   except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as e:
-    raise ValueError(f"{ast.unparse(node)[:200]!r} is not a literal ({e}).") from None
+    raise ValueError(f"{_source(node)!r} is not a literal ({e}).") from None
+
+
+def _source(node: ast.expr) -> str:
+  """The first 200 characters of a node's source, for a message: unparsing is recursive,
+  so a node too deep for it is named by its type (an error path must not raise)."""
+  try:
+    return ast.unparse(node)[:200]
+  except (RecursionError, MemoryError, ValueError):
+    return f"<a {type(node).__name__} too deep to show>"
 
 
 def _literal(node: ast.expr) -> Any:
@@ -108,21 +131,107 @@ def max_equal_repr(expected: Any) -> int:
   return _REPR_FACTOR * len(repr(expected)) + _REPR_SLACK
 
 
-class _Unparsable:
-  """A reported value that does not parse (e.g. nan, inf): equal to nothing."""
-
-  def __eq__(self, other):
-    return False
-
-  __hash__ = None
+def max_equal_depth(expected: Any) -> int:
+  """An upper bound on the bracket depth of repr(v) over every literal value v ==
+  expected: v has expected's structure, so only two levels can be added, a number that is
+  complex (``(1+0j)`` for 1) and a set that is a frozenset at the top (``frozenset({1})``)."""
+  return _bracket_depth(repr(expected)) + 2
 
 
-def reported_value(payload: str) -> Any:
-  """The value of a reported repr; a value equal to nothing when it does not parse."""
+def _bracket_depth(text: str) -> int:
+  """The deepest nesting of ([{ in a repr, outside its strings (tokens, so linear)."""
+  depth = deepest = 0
+  for token in _tokens(text):
+    if token.type == tokenize.OP and token.string in _OPENERS:
+      depth += 1
+      deepest = max(deepest, depth)
+    elif token.type == tokenize.OP and token.string in _CLOSERS:
+      depth -= 1
+  return deepest
+
+
+# What a repr of the literal types is made of (`scan`).
+_OPENERS, _CLOSERS, _SEPARATORS, _SIGNS = "([{", ")]}", (",", ":"), ("+", "-")
+_CONSTANTS = frozenset({"True", "False", "None", "set", "frozenset"})
+_NONFINITE = frozenset({"inf", "nan", "infj", "nanj"})  # repr(float("inf")), (nan+nanj)...
+_OPERANDS = (tokenize.NUMBER, tokenize.STRING, tokenize.NAME)
+_IGNORED = (tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER)
+_MAX_PER_ELEMENT = 2  # Signs, and operands, between two separators: (-0-0j).
+
+
+class Unreadable(ValueError):
+  """A reported record that the harness does not write: the result channel was tampered
+  with."""
+
+
+def _tokens(text: str):
+  return tokenize.generate_tokens(io.StringIO(text).readline)
+
+
+def scan(text: str, *, max_depth: int) -> str:
+  """One linear pass over the tokens of a reported repr, before anything parses it:
+  "ok" (it may be parsed: bounded in depth), "deep" (its brackets nest deeper than
+  `max_depth`, so it equals no expected value: wrong, unread), "nonfinite" (it holds inf
+  or nan, which have no literal: it equals nothing, wrong). Raises Unreadable for a token
+  or a run of signs or operands that no repr of the literal types has."""
+  depth, signs, operands, nonfinite = 0, 0, 0, False
   try:
-    return parse_value(payload)
-  except ValueError:
-    return _Unparsable()
+    for token in _tokens(text):
+      kind, word = token.type, token.string
+      if kind == tokenize.OP and word in _OPENERS:
+        depth, signs, operands = depth + 1, 0, 0
+        if depth > max_depth:
+          return "deep"
+      elif kind == tokenize.OP and word in _CLOSERS:
+        depth -= 1
+        if depth < 0:
+          raise Unreadable(f"an unopened {word!r}")
+      elif kind == tokenize.OP and word in _SEPARATORS:
+        signs, operands = 0, 0
+      elif kind == tokenize.OP and word in _SIGNS:
+        signs += 1
+      elif kind in _OPERANDS and (kind != tokenize.NAME or word in _CONSTANTS | _NONFINITE):
+        operands += 1
+        nonfinite |= word in _NONFINITE
+      elif kind not in _IGNORED:
+        raise Unreadable(f"{tokenize.tok_name[kind]} {word[:40]!r}")
+      if signs > _MAX_PER_ELEMENT or operands > _MAX_PER_ELEMENT:
+        raise Unreadable(f"more than {_MAX_PER_ELEMENT} signs or operands in one element")
+  except (tokenize.TokenError, SyntaxError, ValueError) as e:  # IndentationError too.
+    if isinstance(e, Unreadable):
+      raise
+    raise Unreadable(f"{type(e).__name__} while tokenizing") from None
+  return "nonfinite" if nonfinite else "ok"
+
+
+def read_reported(payload: str, expected: Any) -> tuple[str, Any]:
+  """How the caller reads the repr a run reported for a test whose value is `expected`,
+  in time linear in its length and without deep recursion; it never raises:
+
+    ("value", v)       the literal value v (compare it with `equal`);
+    ("wrong", why)     a value that cannot equal `expected` (longer than `max_equal_repr`,
+                       deeper than `max_equal_depth`, or holding inf/nan), left unparsed;
+    ("tampered", why)  a record the harness does not write (a token no repr has, a
+                       parse the parser refuses).
+  """
+  if len(payload) > max_equal_repr(expected):
+    return "wrong", f"got a value of {len(payload)} characters"
+  try:
+    shape = scan(payload, max_depth=max_equal_depth(expected))
+    if shape == "deep":
+      return "wrong", "got a value nested deeper than any equal value"
+    if shape == "nonfinite":
+      return "wrong", f"got {payload[:200]}"
+    return "value", parse_value(payload)
+  except Exception as e:  # noqa: BLE001 -- whatever the record made the reader do.
+    return "tampered", f"an unreadable value ({_message(e)})"
+
+
+def _message(error: Exception) -> str:
+  try:
+    return f"{type(error).__name__}: {str(error)[:120]}"
+  except Exception:  # noqa: BLE001 -- a message that cannot be formatted names its type.
+    return type(error).__name__
 
 
 def equal(value: Any, expected: Any) -> bool:
