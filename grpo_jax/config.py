@@ -117,6 +117,10 @@ class LoopConfig:
   # A batch whose share of failed rewards (raised, timed out, non-finite) exceeds this
   # stops the run (`verdicts.RewardFailure`); below it, failed rows follow rl.unscorable.
   max_unscorable_frac: float = 0.9
+  # An iteration whose share of unscorable rows exceeds this logs a warning naming their
+  # causes and their correlation with wrong answers (`verdicts.unscorable_warning`):
+  # masked rows are where a policy can escape its zeros. 1: never warn.
+  warn_unscorable_frac: float = 0.05
   peak_flops: float = 0.0  # Device peak FLOP/s for MFU; 0 measures a float32 matmul.
   # Per-device memory the plan must fit (`memory`), GiB; 0: the device's own limit where
   # jax reports one (GPU, TPU), no check where it does not (CPU).
@@ -171,6 +175,11 @@ class LoopConfig:
     if not 0 < self.max_unscorable_frac <= 1:
       raise ValueError(
         f"config.max_unscorable_frac={self.max_unscorable_frac}: must be in (0, 1] (1: never stop)."
+      )
+    if not 0 <= self.warn_unscorable_frac <= 1:
+      raise ValueError(
+        f"config.warn_unscorable_frac={self.warn_unscorable_frac}: must be in [0, 1] "
+        "(1: never warn)."
       )
 
 

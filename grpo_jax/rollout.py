@@ -58,6 +58,8 @@ class Scores:
   outcomes: tuple[int, ...] = ()  # Rows per label of `Task.outcomes` (+ "other"), summed.
   completions: tuple[str, ...] = ()  # `score`'s decoded texts of this process's rows.
   parts: dict = dataclasses.field(default_factory=dict)  # Reward source -> SourceScores.
+  # Unscorable rows per `verdicts.unscorable_keys(Task.outcomes)` name, summed.
+  unscorable: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,9 +120,13 @@ def score(setup: build.Setup, pool, examples: dict, tokens_NT, *, group: int) ->
     scores = pool.score(inputs, completions)
   gather = lambda x: distributed.gather_rows(x, tokens_NT.sharding, n)
   counts = outcome_counts(setup.task.outcomes, scores.label_N)
-  errors, timeouts, *outcomes = distributed.sum_across(
-    np.array([scores.errors, scores.timeouts, *counts])
+  failed = verdicts.unscorable_counts(
+    setup.task.outcomes, scores.error_N, scores.timeout_N, scores.label_N
   )
+  errors, timeouts, *summed = distributed.sum_across(
+    np.array([scores.errors, scores.timeouts, *counts, *failed])
+  )
+  outcomes, unscorable = summed[: len(counts)], summed[len(counts) :]
   correct_N, error_N, parts = gather(scores.correct_N), gather(scores.error_N), {}
   if scores.parts is not None:
     parts = {
@@ -138,6 +144,7 @@ def score(setup: build.Setup, pool, examples: dict, tokens_NT, *, group: int) ->
     tuple(int(c) for c in outcomes),
     tuple(completions),
     parts,
+    tuple(int(c) for c in unscorable),
   )
 
 
@@ -168,6 +175,29 @@ def outcome_counts(vocabulary: tuple[str, ...], label_N) -> list[int]:
   labels = list(label_N) if label_N is not None else []
   counts = [labels.count(v) for v in vocabulary]
   return [*counts, sum(1 for x in labels if x and x not in vocabulary)]
+
+
+def unscorable_metrics(vocabulary: tuple[str, ...], scores: list[Scores], *, group: int) -> dict:
+  """reward/unscorable_frac (and /<name> per `verdicts.unscorable_keys`): the share of
+  the iteration's rows whose reward failed; reward/unscorable_failure_corr: across its
+  groups, the correlation of that share with the failure rate of the scorable rows
+  (`verdicts.unscorable_failure_corr`)."""
+  rows = sum(len(s.correct_N) for s in scores)
+  if not rows:
+    return {}
+  failed = sum(int((~np.asarray(s.scorable_N)).sum()) for s in scores)
+  out = {"reward/unscorable_frac": failed / rows}
+  counted = [s.unscorable for s in scores if s.unscorable]
+  if counted:
+    totals = np.sum(counted, axis=0)
+    keys = verdicts.unscorable_keys(vocabulary)
+    out.update({f"reward/unscorable_frac/{k}": float(c) / rows for k, c in zip(keys, totals)})
+  out["reward/unscorable_failure_corr"] = verdicts.unscorable_failure_corr(
+    np.concatenate([s.correct_N for s in scores]),
+    np.concatenate([s.scorable_N for s in scores]),
+    group_size=group,
+  )
+  return out
 
 
 def outcome_metrics(vocabulary: tuple[str, ...], scores: list[Scores]) -> dict:
@@ -211,6 +241,7 @@ def collect(
     "reward_errors": sum(s.errors for s in scores),
     "reward_timeouts": sum(s.timeouts for s in scores),
     **outcome_metrics(setup.task.outcomes, scores),
+    **unscorable_metrics(setup.task.outcomes, scores, group=G),
     **(source_metrics(scores) if scores[0].parts else {}),
     **source_costs(pool),
     **{k: float(np.mean([m[k] for m in played])) for k in played[0]},  # Episodes' (means).
@@ -264,13 +295,19 @@ def play(setup: build.Setup, fns, params, drawn: Drawn, key, seconds: dict):
   )
   for phase, s in got.seconds.items():
     seconds[phase] = seconds.get(phase, 0.0) + s
+  failed_N = ~got.scorable_N
+  labels = np.array(got.labels or [""] * len(failed_N), object)
+  unscorable = verdicts.unscorable_counts(
+    setup.task.outcomes, failed_N, np.zeros_like(failed_N), labels
+  )
   scores = Scores(
     got.reward_N.astype(np.float32),
     np.zeros(len(got.reward_N), np.float32),
     got.scorable_N,
-    int((~got.scorable_N).sum()),
+    int(failed_N.sum()),
     0,
     got.messages,
+    unscorable=tuple(unscorable),
   )
   return got.rollouts, scores, got.metrics()
 

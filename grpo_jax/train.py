@@ -148,6 +148,7 @@ def run(config_dict, workdir: str | pathlib.Path, *, log=print, on_iteration=Non
       writer.write_samples(it, it_loop.take_samples())
       progress.update(it, record)
       _watch_collapse(s, st, record)  # May stop the run (collapse.CollapseError).
+      _watch_unscorable(s, it, record)
       if on_iteration is not None:
         on_iteration(it, record)
       s.tick(st)
@@ -230,6 +231,7 @@ class _Session:
   log: Any
   mark: float
   samples: list = dataclasses.field(default_factory=list)  # The first evaluation's.
+  warned: dict = dataclasses.field(default_factory=dict)  # Warning kind -> last iteration.
 
   @classmethod
   def open(
@@ -756,6 +758,19 @@ def _watch_collapse(s: _Session, st: RunState, record: dict) -> None:
   s.log(f"warning: {line}")
   warnings = st.collapse_guard.get("warnings", [])
   st.collapse_guard = {**st.collapse_guard, "warnings": [*warnings, line]}
+
+
+def _watch_unscorable(s: _Session, it: int, record: dict) -> None:
+  """Logs `verdicts.unscorable_warning` when the iteration's unscorable share passes
+  config.warn_unscorable_frac: on the first such iteration, then at most every 10th."""
+  line = verdicts.unscorable_warning(record, limit=s.setup.loop.warn_unscorable_frac)
+  last = s.warned.get("unscorable")
+  if line and (last is None or it - last >= _WARN_EVERY):
+    s.log(f"warning: iteration {it}: {line}")
+    s.warned["unscorable"] = it
+
+
+_WARN_EVERY = 10  # Iterations between two warnings of the same kind.
 
 
 def _logger(workdir, setup: build.Setup, st: RunState, *, resume_from=None, log=print):

@@ -179,10 +179,19 @@ def test_reward_exceptions_and_hangs_are_counted_and_training_continues(tmp_path
   c = _tiny(iterations=1, reward_workers=2, reward_timeout_s=0.3, eval_samples=0, eval_size=4)
   c.task.name = "flaky_arithmetic"
   c.max_unscorable_frac = 1.0  # The 4 greedy eval answers can all be one failing string.
-  summary = train.run(c, tmp_path, log=lambda _: None)
+  logged = []
+  summary = train.run(c, tmp_path, log=logged.append)
   lines = runs.lines(tmp_path)
   assert [x["iteration"] for x in lines] == [0, 1]
   assert lines[1]["reward_errors"] > lines[1]["reward_timeouts"] > 0  # Raises and hangs.
+  # By cause: the pool's timeouts, and the raises (no label); they add up; a warning names them.
+  frac = lines[1]["reward/unscorable_frac"]
+  assert frac == lines[1]["reward_errors"] / 16
+  assert lines[1]["reward/unscorable_frac/timeout"] == lines[1]["reward_timeouts"] / 16
+  parts = [v for k, v in lines[1].items() if k.startswith("reward/unscorable_frac/")]
+  assert sum(parts) == pytest.approx(frac)
+  warned = [x for x in logged if "were unscorable (more than warn_unscorable_frac=0.05)" in x]
+  assert len(warned) == 1 and warned[0].startswith("warning: iteration 1: "), logged
   # Unscorable rows are left out of the loss (rl.unscorable="mask"), never trained as 0.
   assert lines[1]["unscorable_frac"] == lines[1]["reward_errors"] / 16
   assert lines[1]["excluded_frac"] >= lines[1]["unscorable_frac"] > 0

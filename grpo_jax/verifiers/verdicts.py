@@ -66,6 +66,74 @@ def check_failures(error_N, messages: Sequence[str], *, limit: float, where: str
   )
 
 
+# ---------------------------------------------------------------------------------------
+# Where unscorable rows fall. A row whose reward failed is masked from the loss, so a policy
+# that can make its *wrong* answers unscorable escapes their 0 (the sandbox's round-two red
+# team did it on 34 of 53 code problems). These measure the pattern and warn of it.
+
+UNSCORABLE_EXTRA = ("timeout", "error", "other")
+
+
+def unscorable_keys(vocabulary: Sequence[str]) -> tuple[str, ...]:
+  """The names unscorable rows are counted under: the task's outcome labels, then
+  "timeout" (the pool's limit), "error" (raised with no label), "other" (a label outside
+  the vocabulary)."""
+  return tuple(dict.fromkeys((*vocabulary, *UNSCORABLE_EXTRA)))
+
+
+def unscorable_counts(vocabulary: Sequence[str], error_N, timeout_N, label_N) -> list[int]:
+  """Unscorable rows per `unscorable_keys(vocabulary)` name."""
+  keys = unscorable_keys(vocabulary)
+  counts = dict.fromkeys(keys, 0)
+  labels = list(label_N) if label_N is not None else [""] * len(error_N)
+  for failed, timed_out, label in zip(np.asarray(error_N, bool), np.asarray(timeout_N), labels):
+    if failed:
+      key = (
+        label if label in vocabulary else "timeout" if timed_out else "other" if label else "error"
+      )
+      counts[key] += 1
+  return [counts[k] for k in keys]
+
+
+def unscorable_failure_corr(correct_N, scorable_N, *, group_size: int) -> float:
+  """Pearson's r across groups between u_g, the group's share of unscorable rows, and
+  f_g = 1 − mean_i c_i over its scorable rows (groups with no scorable row left out); nan
+  with fewer than 2 such groups or no variation. Where failures of the reward happen at
+  random, r ≈ 0; where wrong answers turn into unscorable ones at rate κ, both u_g = κ·f
+  and the scorable failure share f(1 − κ)/(1 − κf) grow with a group's true failure rate
+  f, so r > 0. A signal to read beside reward/unscorable_frac, not a proof."""
+  c_GK = np.asarray(correct_N, np.float64).reshape(-1, group_size)
+  ok_GK = np.asarray(scorable_N, bool).reshape(-1, group_size)
+  kept_G = ok_GK.any(axis=1)
+  if kept_G.sum() < 2:
+    return float("nan")
+  u_G = 1.0 - ok_GK[kept_G].mean(axis=1)
+  f_G = 1.0 - (c_GK * ok_GK)[kept_G].sum(axis=1) / ok_GK[kept_G].sum(axis=1)
+  if u_G.std() == 0 or f_G.std() == 0:
+    return float("nan")
+  return float(np.corrcoef(u_G, f_G)[0, 1])
+
+
+def unscorable_warning(metrics: dict, *, limit: float) -> str:
+  """A one-line warning when the iteration's unscorable share passes `limit` ("" when
+  not): how many, under which names, and the failure correlation."""
+  frac = metrics.get("reward/unscorable_frac", 0.0)
+  if not frac > limit:
+    return ""
+  prefix = "reward/unscorable_frac/"
+  parts = sorted(((v, k[len(prefix) :]) for k, v in metrics.items() if k.startswith(prefix)))
+  named = ", ".join(f"{name} {v:.1%}" for v, name in parts[::-1] if v > 0)
+  corr = metrics.get("reward/unscorable_failure_corr", float("nan"))
+  return (
+    f"{frac:.1%} of this iteration's rows were unscorable (more than "
+    f"warn_unscorable_frac={limit:g}): {named}. They are masked from the loss, so a policy "
+    f"that makes wrong answers unscorable escapes their 0; across groups the unscorable "
+    f"share correlates with the failure rate at r = {corr:.2f} (> 0 where unscorable rows "
+    "concentrate where answers are wrong). Fix the reward (reward_workers=0 scores inline, "
+    "with tracebacks) or score those rows."
+  )
+
+
 class RewardFn(Protocol):
   """The part of ``tasks.Task`` the pool uses."""
 
