@@ -24,7 +24,9 @@ not "every test's value equalled its expected value" is "fail", with a cause:
 * "crash": the program exited or was killed by a signal (its own, or a resource limit:
   file size) before the tests finished, or killed its supervisor;
 * "tampered": the result channel held records without the run's nonce, out of order,
-  duplicated, after the end, or more or longer records than allowed.
+  duplicated, after the end, more or longer records than allowed, or a record the
+  harness never writes (a value that is not a repr of the literal types, one that the
+  parser refuses).
 
 A definite wrong value wins over a later timeout or crash. The code task makes "fail" a
 reward of 0 and "could_not_run" unscorable (`tasks.code`), and reports the cause per row
@@ -50,8 +52,13 @@ passing record the code must know the expected value, i.e. compute the right ans
 What this process reads is bounded before the run starts (`channel`): n + 3 records of at
 most max_result_chars + 2 KB (n tests), the reading stops at the first record past them
 ("tampered"), and a repr is parsed only when it is no longer than an equal value can be
-(`values.max_equal_repr`): a run costs the caller at most what its own tests' expected
-values cost to parse, whatever the code sends. Whether the sandbox started (``ready``,
+(`values.max_equal_repr`) and only after one linear pass over its tokens has bounded its
+nesting (`values.read_reported`; Python's parser recurses, and a repr such as ``---...1``
+made it raise RecursionError in the caller): a run costs the caller at most what its own
+tests' expected values cost to parse, whatever the code sends. The reading never raises
+(`channel.judge`): any record it cannot read, and any failure while reading, is "fail"
+(tampered), never an error, so a candidate cannot make its row unscorable through what it
+writes. Whether the sandbox started (``ready``,
 written before any candidate code runs) and how the code's process ended come from
 processes that never run candidate code, over a second pipe the code's process closes
 first.
@@ -71,9 +78,15 @@ its own session (process group), with limits set before any candidate code runs
 (`Limits`): RLIMIT_CPU (cpu_s), RLIMIT_AS (memory_mb), RLIMIT_FSIZE (file_mb),
 RLIMIT_NPROC (processes), RLIMIT_NOFILE (open_files), RLIMIT_CORE=0, no_new_privs and the
 seccomp filter (`seccomp`: no inotify, fanotify, keys or message queues, no new
-namespaces or mounts, no ptrace, bpf, io_uring or perf). The wall-clock timeout
+namespaces or mounts, no ptrace, bpf, io_uring or perf; ``socket`` and ``socketpair``
+only for AF_UNIX, AF_INET and AF_INET6, the families the sandbox's namespaces contain,
+and EAFNOSUPPORT for every other, as on a kernel built without it: AF_VSOCK, AF_NETLINK,
+AF_PACKET, AF_ALG... reach host-wide spaces no namespace covers, and two sandboxes could
+signal each other over vsock). The wall-clock timeout
 (timeout_s, from the interpreter's start to the last result) SIGKILLs the whole process
-group. The sandbox dies with its caller (PR_SET_PDEATHSIG), so a reward worker killed by
+group; a caller that spent part of the row's budget on the completion before the run
+(extracting its code: `tasks.code`) passes ``spent_s``, and the run ends that much
+earlier, so the whole row stays within timeout_s. The sandbox dies with its caller (PR_SET_PDEATHSIG), so a reward worker killed by
 the pool's timeout takes its sandbox along. The code's namespace has ``__name__ ==
 "__candidate__"``, so an ``if __name__ == "__main__":`` block does not run.
 
@@ -82,6 +95,14 @@ v1's memory and pids hierarchies: root on most hosts), each run gets one, with m
 (+64 MB for its four supervising processes) of memory and processes + 4 processes in all;
 then ``processes`` defaults to 16. Without a control group only the per-process limits
 hold, so ``processes`` defaults to 4: at most 4 × memory_mb (2 GB by default) in all.
+Each run's group is made beside the trainer's own group (in its parent, or at the
+hierarchy's root), never inside it, so a run's memory does not count against the
+trainer's group; its own limit bounds it. Every sandbox process also runs with
+``oom_score_adj`` 1000 (the trainer keeps its own score), so wherever an out-of-memory
+kill happens (a run's group that had to nest in the trainer's because nothing outside was
+writable, a shared ancestor's limit, the whole host), the kernel kills the candidate,
+never the trainer. (Before round two, v1 runs nested in the trainer's group, and at that
+group's limit the kernel killed the trainer, the largest process in it.)
 
 "namespaces" adds, with unprivileged user namespaces and mount_setattr (Linux >= 5.12),
 on x86_64/aarch64/riscv64/ppc64le/s390x:
