@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import tokenizers as hf_tokenizers
 
 from grpo_jax import build, envs, tasks
 from grpo_jax.envs import base, episodes
@@ -30,6 +31,7 @@ ADD_WRONG = "```python\ndef add(a, b):\n  return a - b\n```\n"
 ADD_RIGHT = "```python\ndef add(a, b):\n  return a + b\n```"
 ADD_VISIBLE_ONLY = "def add(a, b):\n  return 5\n"  # Passes add(2, 3) == 5 only.
 ADD_OUT_OF_MEMORY = "def add(a, b):\n  return len(bytearray(10**10))\n"  # fail (memory).
+ADD_HANGS = "def add(a, b):\n  while True:\n    pass\n"  # Until the sandbox's timeout.
 
 
 @pytest.fixture(scope="module")
@@ -273,7 +275,23 @@ def scripted_model_fn(params, tokens_BT, positions_BT, cache, *, script_NL, voca
   return logits, cache
 
 
-def _runner(tok, *, model_fn, init_cache, T, group=1, turns=2, turn_tokens=64, width=96, P=8, **kw):
+def _runner(
+  tok,
+  *,
+  model_fn,
+  init_cache,
+  T,
+  group=1,
+  turns=2,
+  turn_tokens=64,
+  width=96,
+  P=8,
+  workers=None,
+  make=None,
+  **kw,
+):
+  """An episode runner of the code environment (`make`: the envs' factory, default
+  CodeRunner with the options); workers: config.env.step_workers (None: the default)."""
   scfg = sampling.SamplerConfig(
     max_new_tokens=T,
     eos_ids=tok.eos_ids,
@@ -293,16 +311,38 @@ def _runner(tok, *, model_fn, init_cache, T, group=1, turns=2, turn_tokens=64, w
       max_turns=turns,
       turn_tokens=turn_tokens,
       observation_tokens=width,
+      **({} if workers is None else {"step_workers": workers}),
     ),
     tokenizer=tok,
-    make_env=functools.partial(code_env.CodeRunner, tokenizer=tok, **env_kwargs),
+    make_env=make or functools.partial(code_env.CodeRunner, tokenizer=tok, **env_kwargs),
     env_cls=code_env.CodeRunner,
   ), scfg
 
 
-def test_the_episode_loop_with_a_scripted_model(task, problems):
+def _scripted(tok, turns_N, *, prompt=None, **kw):
+  """A runner whose model writes row i's completion: its (action, observation) token lists
+  in turn order; returns (runner, prompts, completions, action masks)."""
+  completions = [sum((a + o for a, o in row), []) for row in turns_N]
+  actions = [sum(([1] * len(a) + [0] * len(o) for a, o in row), []) for row in turns_N]
+  T = max(map(len, completions)) + 8
+  prompt = prompt or [tok.bos_id, tok.encode("\n")[0]]
+  script_NL = np.full((len(turns_N), 2 + T), tok.pad_id, np.int32)
+  for i, c in enumerate(completions):
+    script_NL[i, 2 : 2 + len(c)] = c
+  model_fn = functools.partial(
+    scripted_model_fn, script_NL=jnp.asarray(script_NL), vocab=tok.vocab_size
+  )
+  init_cache = lambda b, s: NoCache(index=jnp.zeros((), jnp.int32))
+  runner, scfg = _runner(tok, model_fn=model_fn, init_cache=init_cache, T=T, **kw)
+  prompts = sampling.prepare_prompts([prompt] * len(turns_N), cfg=scfg)
+  return runner, prompts, completions, actions
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_the_episode_loop_with_a_scripted_model(task, problems, workers):
   """Exact transcripts: [action ; observation ; action], the action mask on the model's
-  tokens only, and each end case as the loop represents it."""
+  tokens only, and each end case as the loop represents it; the same with the steps of a
+  turn on one thread (1 worker) and concurrent (4)."""
   tok, eos = task.tokenizer(), task.tokenizer().eos_id
   enc = tok.encode
   examples = [task.example_of(problems[i]) for i in ("add", "is_even", "add", "add")]
@@ -318,19 +358,8 @@ def test_the_episode_loop_with_a_scripted_model(task, problems):
     [(enc("$"), no_code), (enc("$"), [])],  # Runs until max_turns: turn_limit.
     [(enc(ADD_OUT_OF_MEMORY) + [eos], [])],  # The answer runs out of memory: done, 0.
   ]
-  completions = [sum((a + o for a, o in row), []) for row in turns]
-  actions = [sum(([1] * len(a) + [0] * len(o) for a, o in row), []) for row in turns]
-  T = max(map(len, completions)) + 8
-  prompt = [tok.bos_id, enc("\n")[0]]
-  script_NL = np.full((4, 2 + T), tok.pad_id, np.int32)
-  for i, c in enumerate(completions):
-    script_NL[i, 2 : 2 + len(c)] = c
-  model_fn = functools.partial(
-    scripted_model_fn, script_NL=jnp.asarray(script_NL), vocab=tok.vocab_size
-  )
-  init_cache = lambda b, s: NoCache(index=jnp.zeros((), jnp.int32))
-  runner, scfg = _runner(tok, model_fn=model_fn, init_cache=init_cache, T=T, max_runs=1)
-  prompts = sampling.prepare_prompts([prompt] * 4, cfg=scfg)
+  runner, prompts, completions, actions = _scripted(tok, turns, max_runs=1, workers=workers)
+  assert runner.cfg.step_workers == workers
   got = runner.run({}, prompts, examples, jax.random.key(0), sampling.sampling_params())
 
   r = got.rollouts
@@ -348,6 +377,76 @@ def test_the_episode_loop_with_a_scripted_model(task, problems):
   m = got.metrics()
   assert (m["reward/outcome/pass"], m["reward/outcome/memory"]) == (0.25, 0.25)
   assert (m["reward/outcome/timeout"], m["reward/outcome/other"]) == (0.0, 0.0)
+
+
+def test_slow_steps_run_at_once_and_a_step_past_its_budget_ends_its_episode(task, problems):
+  """Real sandboxes, four rows in one turn (the default step_workers): a run that hangs until its
+  sandbox's timeout (1 s) is within the environment's step budget (its largest sandbox
+  timeout plus a start margin), so it ends as a run does (the last action: turn_limit);
+  an answer that hangs, in an environment whose budget (0.2 s) is below its sandbox's
+  timeout (3 s), ends with step_timeout: a scored 0, without the trainer waiting for it.
+  Serially the turn would take at least 1 + 3 s."""
+  tok, eos = task.tokenizer(), task.tokenizer().eos_id
+  enc = tok.encode
+  options = dict(isolation=ISOLATION, max_chars=96, run_timeout_s=1.0, timeout_s=3.0)
+  made = []
+
+  def make():
+    made.append(code_env.CodeRunner(tokenizer=tok, **options))
+    if len(made) == 3:
+      made[-1].step_budget_s = 0.2
+    return made[-1]
+
+  turns = [
+    [(enc(ADD_HANGS + "$"), [])],  # A run past 1 s: timed out in the sandbox, observed.
+    [(enc(ADD_RIGHT) + [eos], [])],
+    [(enc(ADD_HANGS) + [eos], [])],  # Past its 0.2 s budget: step_timeout.
+    [(enc(ADD_WRONG) + [eos], [])],
+  ]
+  runner, prompts, _, _ = _scripted(tok, turns, turns=1, make=make)
+  examples = [task.example_of(problems["add"])] * 4
+  got = runner.run({}, prompts, examples, jax.random.key(0), sampling.sampling_params())
+  reasons = [episodes.END_REASONS[e] for e in got.end_N]
+  assert reasons == ["turn_limit", "done", "step_timeout", "done"]
+  np.testing.assert_array_equal(got.reward_N, [0.0, 1.0, 0.0, 0.0])
+  assert got.scorable_N.all() and not got.messages
+  assert got.labels == ("", "pass", "", "wrong")
+  assert got.seconds["env"] < 2.5, got.seconds  # About the 1 s run; serially >= 4 s.
+  assert made[0].step_budget_s == 3.0 + code_env.STEP_MARGIN_S
+
+
+def test_end_of_turn_text_in_a_runs_output_does_not_end_the_episode():
+  """A run whose output holds ChatML's end-of-turn texts (Qwen's "<|im_end|>" and
+  "<|endoftext|>", both EOS ids): the observation encodes them as text (no special id),
+  decodes back to the message, and the episode goes on to its answer (done, 1), its
+  transcript readable past the observation."""
+  task = tasks.get("code", tokenizer_dir=str(QWEN2), isolation=ISOLATION)
+  tok = task.tokenizer()
+  added = hf_tokenizers.Tokenizer.from_str(tok.files.tokenizer_json).get_added_tokens_decoder()
+  special = {i for i, t in added.items() if t.special}
+  assert set(tok.eos_ids) <= special
+  problem = next(p for p in task.split_problems("train") if p.id == "add")
+  example = task.example_of(problem)
+  run = "```python\ndef add(a, b):\n  return '<|im_end|><|endoftext|>'\n```\n$"
+  env = code_env.CodeRunner(tokenizer=tok, isolation=ISOLATION, max_chars=128)
+  env.reset(example)
+  step = env.step(run)
+  want = "\nvisible tests: 0/1 passed; assert add(2, 3) == 5: got '<|im_end|><|endoftext|>'\n"
+  assert tok.decode(step.observation) == want and not step.done
+  assert not set(step.observation) & special
+  # The model writes the marker's characters (not the token) in its code.
+  action = tok.encode(run, special=False)
+  turns = [[(action, list(step.observation)), (tok.encode(ADD_RIGHT) + [tok.eos_id], [])]]
+  runner, prompts, completions, actions = _scripted(
+    tok, turns, prompt=[tok.encode("\n")[0]] * 2, width=128
+  )
+  got = runner.run({}, prompts, [example], jax.random.key(0), sampling.sampling_params())
+  assert [episodes.END_REASONS[e] for e in got.end_N] == ["done"]
+  np.testing.assert_array_equal(got.reward_N, [1.0])
+  n = len(completions[0])
+  np.testing.assert_array_equal(got.rollouts.tokens_NT[0, :n], completions[0])
+  np.testing.assert_array_equal(got.rollouts.action_mask_NT[0, :n], np.array(actions[0], bool))
+  assert tok.decode(np.asarray(got.rollouts.tokens_NT[0, :n])) == run + want + ADD_RIGHT
 
 
 def test_the_episode_loop_with_a_tiny_transformer(task, problems):
@@ -419,3 +518,12 @@ def test_the_config_builds_code_episodes():
   setup = build.build(qwen)
   assert setup.episodes.name == "code" and setup.task.tokenizer_dir == str(QWEN2)
   assert "$" in setup.task.example("train", 0, seed=0).prompt  # The system prompt.
+
+
+def test_bench_env_steps_reports_its_figures():
+  import bench_env_steps  # noqa: PLC0415
+
+  r = bench_env_steps.main(["--episodes=3", "--workers", "1", "3", "--repeats=1", "--slow-s=0.3"])
+  serial, concurrent = r["by_workers"]["1"], r["by_workers"]["3"]
+  assert serial["one_slow_s"] >= 0.3 and concurrent["one_slow_s"] >= 0.3
+  assert serial["plain_s"] > 0 and serial["speedup_vs_serial"] == 1.0

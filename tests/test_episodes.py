@@ -8,6 +8,8 @@ import contextlib
 import functools
 import re
 import shutil
+import threading
+import time
 
 import flax
 import jax
@@ -59,27 +61,35 @@ class Digits:
 
 
 class Script(base.Environment):
-  """Step k returns observation obs[k] with reward rewards[k] while k < len(obs), then
-  done with reward rewards[len(obs)]; raises at step `raise_at`. The actions are kept."""
+  """Step k sleeps sleep[k] seconds, then returns observation obs[k] with reward
+  rewards[k] while k < len(obs), then done with reward rewards[len(obs)]; raises `error`
+  at step `raise_at`. `budget` is its step_budget_s. The actions are kept, and `finished`
+  is set when a step returns (late ones too)."""
 
   stop_text = (str(STOP),)
 
   def reset(self, example):
     self.script, self.k, self.actions = example, 0, []
+    self.step_budget_s, self.finished = example.get("budget"), threading.Event()
     return example.get("first", ())
 
   def step(self, action):
     self.actions.append(action)
     k, self.k = self.k, self.k + 1
+    time.sleep(self.script.get("sleep", [0.0] * 9)[k])
+    self.label = f"step {k}"  # What a late step would write, after its row ended.
+    self.finished.set()
     if self.script.get("raise_at") == k:
-      raise RuntimeError("tool crashed")
+      raise RuntimeError(self.script.get("error", "tool crashed"))
     obs, rewards = self.script["obs"], self.script.get("rewards", [0.0] * 9)
     if k < len(obs):
       return base.Step(observation=tuple(obs[k]), reward=rewards[k])
     return base.Step(reward=rewards[k], done=True)
 
 
-def _fake_runner(*, T=10, group=1, max_turns=4, turn_tokens=6, obs_tokens=3, widths=None):
+def _fake_runner(
+  *, T=10, group=1, max_turns=4, turn_tokens=6, obs_tokens=3, widths=None, workers=None
+):
   scfg = sampling.SamplerConfig(
     max_new_tokens=T, eos_ids=(EOS,), pad_id=PAD, group_size=group, prompt_buckets=(4,)
   )
@@ -95,7 +105,11 @@ def _fake_runner(*, T=10, group=1, max_turns=4, turn_tokens=6, obs_tokens=3, wid
     init_cache=lambda b, s: FakeCache(index=jnp.zeros((), jnp.int32)),
     sampler_cfg=scfg,
     cfg=episodes.EpisodeConfig(
-      name="script", max_turns=max_turns, turn_tokens=turn_tokens, observation_tokens=obs_tokens
+      name="script",
+      max_turns=max_turns,
+      turn_tokens=turn_tokens,
+      observation_tokens=obs_tokens,
+      **({} if workers is None else {"step_workers": workers}),
     ),
     tokenizer=tok,
     make_env=make_env,
@@ -195,6 +209,101 @@ def test_a_stop_text_of_several_tokens_is_refused(tokenizer):
 
   with pytest.raises(ValueError, match="exactly one token"):
     base.stop_ids(Bad, tokenizer)
+
+
+# ----------------------------------------------------------------------------
+# The steps of a turn: concurrent, each within its environment's budget.
+# ----------------------------------------------------------------------------
+
+SLEEP_S = 0.3  # One slow step; long enough to stand out of 2 loaded cores' jitter.
+
+
+def test_the_steps_of_a_turn_run_concurrently_by_default():
+  """Four steps of SLEEP_S each: the default config waits about one step, not four."""
+  runner, scfg, _ = _fake_runner()
+  scripts = [{"obs": [], "rewards": [float(i)], "sleep": [SLEEP_S]} for i in range(4)]
+  got = _play(runner, scfg, scripts)
+  assert [episodes.END_REASONS[e] for e in got.end_N] == ["done"] * 4
+  np.testing.assert_array_equal(got.reward_N, [0.0, 1.0, 2.0, 3.0])
+  assert got.seconds["env"] < 0.5 * 4 * SLEEP_S, got.seconds  # Serial: >= 1.2 s.
+  assert runner.cfg.step_workers >= 4
+
+
+@pytest.mark.parametrize("workers", [None, 1])
+def test_a_step_past_its_budget_ends_its_episode_with_a_scored_zero(workers):
+  """Row 0's second step sleeps 1.2 s against a budget of 0.3 s: step_timeout, scorable,
+  with the reward received before it (0.5), never the late step's; the other rows finish
+  normally. Concurrent (the default), the trainer stops waiting at the budget; serial (1
+  worker), it waits, and the same rule gives the same episodes. The late step's thread,
+  when it finally returns, changes nothing of the result."""
+  runner, scfg, made = _fake_runner(workers=workers)
+  late = {"obs": [[1]], "rewards": [0.5, 1.0], "sleep": [0.0, 1.2], "budget": 0.3}
+  fine = {"obs": [[1]], "rewards": [0.25, 1.0], "budget": 0.3}
+  got = _play(runner, scfg, [late, fine, {"obs": [[4], [4]], "rewards": [0.0, 0.0, 2.0]}])
+  assert [episodes.END_REASONS[e] for e in got.end_N] == ["step_timeout", "done", "done"]
+  np.testing.assert_array_equal(got.reward_N, [0.5, 1.25, 2.0])
+  assert got.scorable_N.all() and not got.messages
+  np.testing.assert_array_equal(got.turns_N, [2, 2, 3])
+  assert not bool(got.rollouts.eos_N[0])  # Not ended by the environment: truncated.
+  if workers is None:
+    assert got.seconds["env"] < 0.3 + 0.6, got.seconds  # Not the late step's 1.2 s.
+  snapshot = (got.reward_N.copy(), got.end_N.copy(), got.turns_N.copy(), got.labels)
+  assert made[0].finished.wait(5.0)  # The late step returned, after the run.
+  time.sleep(0.05)
+  np.testing.assert_array_equal(got.reward_N, snapshot[0])
+  np.testing.assert_array_equal(got.end_N, snapshot[1])
+  np.testing.assert_array_equal(got.turns_N, snapshot[2])
+  assert got.labels == snapshot[3] == ("", "step 1", "step 2")  # The dropped env's: none.
+  metrics = got.metrics()
+  assert metrics["episode/end/step_timeout"] == pytest.approx(1 / 3)
+
+
+def _variety():
+  """Scripts with every end reason; later rows sleep less, so concurrent steps finish in
+  the reverse of row order."""
+  scripts = [
+    {"obs": [[1, 2]], "rewards": [0.25, 1.0]},
+    {"obs": [[7]], "rewards": [0.5, 0.0]},
+    {"obs": [[2, 2, 2, 2]]},  # Over O = 3: token_limit.
+    {"obs": [[1]], "rewards": [1.0, 1.0], "raise_at": 1, "error": "crash in row 3"},
+    {"obs": [], "rewards": [float("nan")]},  # A NaN reward: env_error.
+    {"obs": [[1]], "raise_at": 0, "error": "crash in row 5"},
+    {"obs": [[4]] * 5},  # max_turns: turn_limit.
+    {"first": [6, 6], "obs": [], "rewards": [3.0]},
+  ]
+  for i, s in enumerate(scripts):
+    s["sleep"] = [0.01 * (len(scripts) - i)] * 9
+  return scripts
+
+
+def test_concurrent_and_serial_steps_give_identical_episodes():
+  got = {}
+  for workers in (1, 3, 8):
+    runner, scfg, made = _fake_runner(workers=workers)
+    got[workers] = (_play(runner, scfg, _variety()), [e.actions for e in made])
+  (serial, actions), reasons = got[1], set()
+  for workers in (3, 8):
+    other, other_actions = got[workers]
+    assert other_actions == actions
+    for field in ("reward_N", "end_N", "turns_N"):
+      np.testing.assert_array_equal(getattr(other, field), getattr(serial, field))
+    assert (other.messages, other.labels) == (serial.messages, serial.labels)
+    for field in ("tokens_NT", "mask_NT", "action_mask_NT", "eos_N", "length_N"):
+      np.testing.assert_array_equal(
+        getattr(other.rollouts, field), getattr(serial.rollouts, field), err_msg=field
+      )
+    reasons |= {episodes.END_REASONS[e] for e in other.end_N}
+  assert reasons == {"done", "token_limit", "env_error", "turn_limit"}
+  assert serial.messages == (
+    "ValueError: the environment's step returned reward nan",
+    "RuntimeError: crash in row 5",
+    "RuntimeError: crash in row 3",
+  )
+
+
+def test_step_workers_must_be_positive():
+  with pytest.raises(ValueError, match="config.env.step_workers must be >= 1"):
+    episodes.EpisodeConfig(name="script", step_workers=0)
 
 
 # ----------------------------------------------------------------------------

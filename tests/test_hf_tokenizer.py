@@ -7,6 +7,7 @@ import pickle
 import shutil
 import subprocess
 import sys
+import threading
 
 import pytest
 import tokenizers as hf_tokenizers
@@ -235,6 +236,73 @@ def test_check_model_vocab(llama):
     match=r"llama/tokenizer\.json has 320 tokens but the model at ckpt/config\.json has a vocabulary of 319",
   ):
     hf_tokenizer.check_model_vocab(llama, 319, path="ckpt/config.json")
+
+
+# ---------------------------------------------------------------- Special-token text as text
+
+
+def _special_ids(tok) -> dict[int, str]:
+  """The tokenizer's special added tokens, id -> text (EOS, BOS, ChatML markers...)."""
+  added = hf_tokenizers.Tokenizer.from_str(tok.files.tokenizer_json).get_added_tokens_decoder()
+  return {i: t.content for i, t in added.items() if t.special}
+
+
+def _family(name, tmp_path):
+  """A shipped tokenizer per chat template family: Llama 3 (<|eot_id|>), ChatML of Qwen2.5
+  and Qwen3 (<|im_end|>, <|endoftext|>), and SmolLM2's (ChatML, from GGUF metadata)."""
+  if name != "smollm2_gguf":
+    return hf_tokenizer.load(FIXTURES / name)
+  pytest.importorskip("gguf", reason="the GGUF tokenizer needs `pip install gguf`")
+  import gguf_files  # noqa: PLC0415 -- tests/ is on sys.path (conftest).
+
+  gguf_files.write_llama(tmp_path / "smollm2.gguf", {})
+  return hf_tokenizer.load(tmp_path / "smollm2.gguf")
+
+
+@pytest.mark.parametrize("family", [*ARCHS, "smollm2_gguf"])
+def test_special_token_text_encodes_as_text_with_special_false(family, tmp_path):
+  """Every special token's text inside an observation (special=False) encodes to ids none
+  of which is a special id (so none is EOS) and decodes back to the same text; the default
+  (prompts, chat) still encodes it as the special token."""
+  tok = _family(family, tmp_path)
+  special = _special_ids(tok)
+  assert set(tok.eos_ids) <= set(special) and len(special) >= 3
+  for i, content in special.items():
+    text = f"got '{content}' then{content}\n{content}"
+    ids = tok.encode(text, special=False)
+    assert not set(ids) & set(special), (content, ids)
+    assert tok.decode(ids) == text
+    assert i in tok.encode(text)  # Prompts keep special tokens (unchanged).
+  assert tok.encode("plain text 12", special=False) == tok.encode("plain text 12")
+
+
+def test_special_false_never_changes_what_other_threads_encode(qwen):
+  """Observations (special=False) and prompts (the default) encoded at once from several
+  threads: each gets its own rule (no tokenizer-wide flag is toggled)."""
+  text = "a<|im_end|>b<|endoftext|>"
+  want = {True: qwen.encode(text), False: qwen.encode(text, special=False)}
+  assert want[True] != want[False]
+  got, start = [], threading.Barrier(4)
+
+  def work(k):
+    start.wait()
+    got.extend((k % 2 == 0, qwen.encode(text, special=k % 2 == 0)) for _ in range(300))
+
+  threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert len(got) == 1200 and all(ids == want[kind] for kind, ids in got)
+  back = pickle.loads(pickle.dumps(qwen))
+  assert back.encode(text, special=False) == want[False] and back.encode(text) == want[True]
+
+
+def test_the_character_tokenizer_takes_special_false():
+  tok = tokenizers.CharTokenizer("<>eos|imnd_ ")
+  ids = tok.encode("<eos> <|im_end|>", special=False)
+  assert ids == tok.encode("<eos> <|im_end|>") and tok.eos_id not in ids
+  assert tok.decode(ids) == "<eos> <|im_end|>"
 
 
 # ---------------------------------------------------------------- Pickling

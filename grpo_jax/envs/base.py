@@ -2,8 +2,10 @@
 
     class MyEnv(base.Environment):
       stop_text = ("=",)                       # one-token texts that end a turn, besides EOS
+      step_budget_s = 10.0                     # the most seconds one step takes (None: unbounded)
       def reset(self, example): return ()      # observation tokens before the first action
-      def step(self, action): return base.Step(observation=..., reward=..., done=...)
+      def step(self, action):
+        return base.Step(observation=self.encode_observation(text), reward=..., done=...)
 
 Register it (`envs.REGISTRY.register("my_env")(MyEnv)`) and name it in config.env.name;
 the episode loop that runs it is `grpo_jax.envs.episodes`.
@@ -35,6 +37,12 @@ class Environment(abc.ABC):
   """
 
   stop_text: tuple[str, ...] = ()
+  # The most seconds one `step` takes by design (e.g. its sandbox's timeout plus the
+  # interpreter's start); a step past it ends its episode with "step_timeout" (`episodes`),
+  # and with config.env.step_workers > 1 the trainer stops waiting for it there. A class or
+  # instance attribute, read at each step. None: unbounded (a step that computes in this
+  # process, like the calculator's).
+  step_budget_s: float | None = None
   # The outcome labels `label` may take (e.g. the code environment's sandbox causes),
   # logged per batch as reward/outcome/<label>; () when the environment labels nothing.
   outcomes: tuple[str, ...] = ()
@@ -50,7 +58,15 @@ class Environment(abc.ABC):
 
   @abc.abstractmethod
   def step(self, action: str) -> Step:
-    """One action (the text of the model's turn, its turn-end token included, EOS not)."""
+    """One action (the text of the model's turn, its turn-end token included, EOS not).
+    Steps of different episodes may run at once on worker threads (`episodes`): a step
+    touches its own instance only (shared objects, like the tokenizer, read-only)."""
+
+  def encode_observation(self, text: str) -> tuple[int, ...]:
+    """Observation tokens of `text`, with special-token text encoded as ordinary text: a
+    tool's output that holds "<|im_end|>" or "<|eot_id|>" must not put an end-of-turn id
+    in the model's context (it would end the turn, or cut the transcript there)."""
+    return tuple(self.tokenizer.encode(text, special=False))
 
 
 def stop_ids(env_cls: type[Environment], tokenizer) -> tuple[int, ...]:

@@ -44,7 +44,7 @@ class Calculator(base.Environment):
   def step(self, action: str) -> base.Step:
     call = _CALL.match(action)
     if call:
-      return base.Step(observation=tuple(self.tokenizer.encode(self.calculate(call.group(1)))))
+      return base.Step(observation=self.encode_observation(self.calculate(call.group(1))))
     answer = _ANSWER.match(action)
     return base.Step(
       reward=float(answer is not None and int(answer.group(1)) == self.answer), done=True

@@ -60,7 +60,15 @@ Limits (config.env.kwargs):
                  here, not from the task's own options.
 
 Cost: each run turn and each answer is one sandbox run (about 30 ms for a tiny function,
-see `sandbox`), one after another on the host in the episode loop's environment phase.
+see `sandbox`; up to its timeout for slow code). The episode loop runs the steps of a turn
+on worker threads (config.env.step_workers), so one slow episode costs the turn about its
+own run, not the sum of all runs; `step_budget_s`, the largest sandbox timeout plus
+STEP_MARGIN_S, is the most the loop waits for one step (past it: "step_timeout", a scored
+zero). A step touches its own instance only; `sandbox.run` may run on several threads.
+
+Observations are encoded with special-token text as text (`encode_observation`): a run
+whose output holds "<|im_end|>" shows those characters to the model, never the
+end-of-turn token.
 """
 
 from __future__ import annotations
@@ -68,6 +76,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import time
 
 from grpo_jax.envs import base
 from grpo_jax.tasks import code as code_task
@@ -75,6 +84,10 @@ from grpo_jax.verifiers import sandbox, verdicts
 
 RUN_TEXT = "$"
 NO_RUNS_LEFT = "no runs left; give your final answer"
+# What a step adds to its sandbox's timeout at most: the interpreter's start, the control
+# group's setup and removal, and the kill of what is left (the sandbox waits up to 5 s for
+# a killed child), on a loaded host. Generous: past it a step is a zero, not a slow answer.
+STEP_MARGIN_S = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +174,8 @@ class CodeRunner(base.Environment):
     except ValueError as e:
       raise ValueError(f"code environment: {e}") from None
     self.max_runs, self.max_chars, self.isolation = max_runs, max_chars, isolation
+    # One step is one sandbox run at most (a run turn's or the answer's).
+    self.step_budget_s = max(run_timeout_s, timeout_s) + STEP_MARGIN_S
     self.problem: Problem | None = None
     self.runs, self.last_run, self.outcome, self.cause = 0, "", "", ""
 
@@ -183,7 +198,7 @@ class CodeRunner(base.Environment):
     self.runs += 1
     if self.runs > self.max_runs:
       return NO_RUNS_LEFT
-    p = self.problem
+    p, start = self.problem, time.monotonic()
     code = code_task.extract_code(text, entry_point=p.entry_point)
     if code is None:
       return "no code found"
@@ -198,6 +213,7 @@ class CodeRunner(base.Environment):
       setup=p.setup,
       limits=self.run_limits,
       isolation=self.isolation,
+      spent_s=time.monotonic() - start,  # Reading the action counts in the run's budget.
     )
     return run_message(result)
 
@@ -218,9 +234,10 @@ class CodeRunner(base.Environment):
 
   def observe(self, message: str) -> tuple[int, ...]:
     """The observation tokens of a message: on its own lines, clipped to max_chars, in
-    the tokenizer's alphabet (characters it lacks become "?")."""
+    the tokenizer's alphabet (characters it lacks become "?"), special-token text as text
+    (the code's output is the candidate's: it may print an end-of-turn marker)."""
     text = f"\n{clip(message, self.max_chars - 2)}\n"
     alphabet = getattr(self.tokenizer, "alphabet", None)
     if alphabet is not None:
       text = code_task.to_alphabet(text, alphabet)
-    return tuple(self.tokenizer.encode(text))
+    return self.encode_observation(text)

@@ -30,7 +30,10 @@ The loop (`Runner.run`), all rows in lockstep turns:
      or the budget T is spent. Rows not live this turn feed nothing (position −1: their
      cache and write column stay put).
   3. On the host: each row's new action tokens are decoded (decode only: the sampled ids
-     stay in the token buffer, never re-encoded) and passed to its environment's `step`.
+     stay in the token buffer, never re-encoded) and passed to its environment's `step`;
+     the steps of a turn run at once on `step_workers` threads (`stepping`: a step is
+     often a wait on a child process, like the code environment's sandbox), each within
+     its environment's `step_budget_s`, and come back in row order.
   4. `append` (jitted): the observation tokens are written into each row's cache at its own
      write column, one padded block of `observation_tokens` columns for all rows (pad
      columns have position −1: invisible, and the write column advances by the row's own
@@ -44,8 +47,23 @@ Why an episode ended (`END_REASONS`, per row in `end_N`):
   token_limit  the budget T ran out: an action was cut at T, or an observation did not fit
                the budget or `observation_tokens`;
   env_error    reset or step raised (or returned a non-finite reward); the row is
-               unscorable (`rl.unscorable` decides).
+               unscorable (`rl.unscorable` decides);
+  step_timeout a step ran past its environment's `step_budget_s`: its result (reward,
+               observation, done, or what it raised) is discarded, and the episode ends
+               scored, like a turn or token limit.
 The reward is the sum of the rewards received until then (0 for env_error).
+
+Why step_timeout is a scored end, not env_error. The late step's reward is unknown and
+counts 0, so for an environment that rewards only its final answer (the code
+environment) a late answer is a zero. Unscorable would drop the row from training
+(`rl.unscorable`), so a policy that learned to be slow on problems it would fail (code
+that hangs the sandbox past its own timeout) would opt out of its zeros; scored, being
+slow never beats failing. The budget is the environment's own worst case plus a margin
+(the code environment's: its largest sandbox timeout + `envs.code.STEP_MARGIN_S`), so a
+step past it is pathological; a host too loaded to meet it shows as
+episode/end/step_timeout. The late step's thread may still run: the loop drops its row's
+environment (never read again: its outcome label is "") and keeps nothing the step
+returns.
 
 Shape letters: B prompts, G group size, N = B·G episodes, P prompt tokens, T the episode
 token budget, O = observation_tokens, V vocab.
@@ -66,12 +84,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax.envs import base
+from grpo_jax.envs import base, stepping
 from grpo_jax.models import model as model_lib
 from grpo_jax.models import sampling
 
-END_REASONS = ("done", "turn_limit", "token_limit", "env_error")
-DONE, TURN_LIMIT, TOKEN_LIMIT, ENV_ERROR = range(len(END_REASONS))
+END_REASONS = ("done", "turn_limit", "token_limit", "env_error", "step_timeout")
+DONE, TURN_LIMIT, TOKEN_LIMIT, ENV_ERROR, STEP_TIMEOUT = range(len(END_REASONS))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -83,11 +101,15 @@ class EpisodeConfig:
   max_turns: int = 4  # Actions per episode.
   turn_tokens: int = 16  # Tokens per action.
   observation_tokens: int = 8  # Tokens per observation (O, the append's static width).
+  # Threads that run the environment steps of a turn at once (`stepping`); 1: one by one on
+  # the trainer's thread. Each code environment step is a sandbox process: keep it at most
+  # the cores the sandboxes may use, since a run's timeout is wall-clock time.
+  step_workers: int = 8
 
   def __post_init__(self):
     if not self.name:
       raise ValueError("config.env.name must name an environment (or leave config.env off).")
-    for attr in ("max_turns", "turn_tokens", "observation_tokens"):
+    for attr in ("max_turns", "turn_tokens", "observation_tokens", "step_workers"):
       if getattr(self, attr) < 1:
         raise ValueError(f"config.env.{attr} must be >= 1, got {getattr(self, attr)}.")
 
@@ -298,7 +320,7 @@ class Episodes:
 class _Rows:
   """Host bookkeeping of the N episodes in flight."""
 
-  envs: list
+  envs: list  # None where a late step's environment was dropped.
   reward_N: np.ndarray
   end_N: np.ndarray  # -1 while running.
   turns_N: np.ndarray
@@ -314,6 +336,10 @@ class _Rows:
   @property
   def running_N(self) -> np.ndarray:
     return self.end_N < 0
+
+  @property
+  def labels(self) -> tuple[str, ...]:
+    return tuple("" if env is None else env.label for env in self.envs)
 
   def fail(self, i: int, err: Exception) -> None:
     self.end_N[i], self.reward_N[i] = ENV_ERROR, 0.0
@@ -341,6 +367,7 @@ class Runner:
     self.cfg, self.sampler_cfg, self.tokenizer = cfg, sampler_cfg, tokenizer
     self._view = jax.jit(view) if view is not None else None
     self.make_env, self.stop_ids = make_env, base.stop_ids(env_cls, tokenizer)
+    self._steps = stepping.Steps(workers=cfg.step_workers)
     pad, width = sampler_cfg.pad_id, cfg.observation_tokens
     self._start = jax.jit(
       functools.partial(
@@ -372,6 +399,7 @@ class Runner:
         params = self._view(params)
     with clock("env"):
       rows, first = self._reset([examples[n // G] for n in range(len(examples) * G)])
+      outcomes = type(rows.envs[0]).outcomes if rows.envs else ()
     with clock("sample"):
       state = self._start(params, prompts, key)
       state = self._observe(params, state, first, rows)
@@ -395,8 +423,8 @@ class Runner:
       rows.turns_N,
       seconds,
       tuple(rows.messages),
-      labels=tuple(env.label for env in rows.envs),
-      outcomes=type(rows.envs[0]).outcomes if rows.envs else (),
+      labels=rows.labels,
+      outcomes=outcomes,
     )
 
   def _reset(self, examples_N) -> tuple[_Rows, list]:
@@ -412,10 +440,12 @@ class Runner:
     return rows, first
 
   def _act(self, rows: _Rows, tokens_NT, *, last_turn: bool) -> list:
-    """Each running row's new action (decoded, never re-encoded) to its environment;
-    returns the observations to append (empty for rows that ended)."""
+    """Each running row's new action (decoded, never re-encoded) to its environment, the
+    steps at once (`stepping`); returns the observations to append (empty for rows that
+    ended). Outcomes are taken in row order, as one thread stepping row by row would."""
     T = tokens_NT.shape[1]
     obs = [()] * len(rows.t_N)
+    acting, failed = [], {}
     for i in np.flatnonzero(rows.running_N):
       action_ids = tokens_NT[i, rows.action_start_N[i] : rows.t_N[i]]
       rows.turns_N[i] += 1
@@ -424,12 +454,14 @@ class Runner:
         rows.end_N[i] = TOKEN_LIMIT
         continue
       try:
-        step = rows.envs[i].step(self.tokenizer.decode(action_ids))
-        if not math.isfinite(float(step.reward)):
-          raise ValueError(f"the environment's step returned reward {step.reward}")
-        rows.reward_N[i] += float(step.reward)
+        acting.append((i, self.tokenizer.decode(action_ids)))
       except Exception as err:  # noqa: BLE001 -- any environment failure ends the episode.
-        rows.fail(i, err)
+        failed[i] = stepping.Outcome(error=err)
+    got = self._steps.run([(rows.envs[i], action) for i, action in acting])
+    outcomes = {**failed, **{i: o for (i, _), o in zip(acting, got)}}
+    for i in sorted(outcomes):
+      step = self._take(rows, i, outcomes[i])
+      if step is None:
         continue
       if step.done:
         rows.end_N[i] = DONE
@@ -438,6 +470,24 @@ class Runner:
       else:
         obs[i] = tuple(int(t) for t in step.observation)
     return obs
+
+  def _take(self, rows: _Rows, i: int, outcome: stepping.Outcome) -> base.Step | None:
+    """Row i's step with its reward added, or None when the step ended the episode: late
+    (step_timeout, the environment dropped) or failed (env_error)."""
+    if outcome.late:
+      rows.end_N[i], rows.envs[i] = STEP_TIMEOUT, None
+      return None
+    try:
+      if outcome.error is not None:
+        raise outcome.error  # Not an Exception (KeyboardInterrupt...): out of the loop.
+      step = outcome.step
+      if not math.isfinite(float(step.reward)):
+        raise ValueError(f"the environment's step returned reward {step.reward}")
+      rows.reward_N[i] += float(step.reward)
+    except Exception as err:  # noqa: BLE001 -- any environment failure ends the episode.
+      rows.fail(i, err)
+      return None
+    return step
 
   def _observe(self, params, state: EpisodeState, obs: list, rows: _Rows) -> EpisodeState:
     """Appends the observations of running rows; one that exceeds O or leaves no column

@@ -142,7 +142,9 @@ DEFINITIONS = {
   "episode/end/<reason>": "Fraction of episodes that ended for the reason (episodes.END_REASONS): "
   "done (the environment's step returned done), turn_limit (config.env.max_turns actions), "
   "token_limit (sampler.max_new_tokens or config.env.observation_tokens ran out), env_error "
-  "(reset or step raised; the episode is unscorable).",
+  "(reset or step raised; the episode is unscorable), step_timeout (a step ran past its "
+  "environment's step_budget_s; its result is discarded and the episode is scored with the "
+  "rewards received before it, the late step counting 0).",
   "pad/sample_frac": "Share of the sampler's row-steps this iteration spent on rows that had already "
   "ended or on idle slots (1 − Σ completion tokens / (decoding rows × decode steps run); decoding "
   "rows = sampler.refill_slots when the refill sampler runs, else every row).",

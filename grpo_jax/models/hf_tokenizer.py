@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import itertools
 import json
 import os
@@ -147,7 +148,15 @@ class HFTokenizer:
   - `encode` never adds the tokenizer's own post-processor specials
     (`add_special_tokens=False`); `add_bos` prepends `bos_id` when the model has a BOS and
     the text does not already start with it (no double BOS); `add_eos` appends `eos_id`.
-    Special-token text in `text` (`<|im_start|>`) becomes that token's id.
+    Special-token text in `text` (`<|im_start|>`) becomes that token's id, as a prompt or
+    a rendered chat needs; with `special=False` it is ordinary text (e.g. "<", "|", "im",
+    ...), as an environment's observation needs: a tool that prints "<|im_end|>" must not
+    put an end-of-turn (EOS) id in the model's context. `add_special_tokens=False` alone
+    does not do that (it only stops the post-processor's additions); `special=False`
+    encodes with a second `tokenizers.Tokenizer` whose `encode_special_tokens` is set once
+    when it is made, since that flag belongs to the whole object: toggling it on the
+    shared one would race with threads encoding prompts. Added tokens that are not
+    special (Qwen3's "<think>") still match their text either way; none ends a turn.
   - `decode` drops leading pad/BOS ids (left padding, even when pad is an EOS id), stops at
     the first EOS id, drops pad/BOS ids and skips special tokens.
   - `decode` and `decode_all` drop ids at or past `vocab_size` (the padding rows of a model
@@ -236,11 +245,24 @@ class HFTokenizer:
 
   # ---------------------------------------------------------------- Text <-> ids
 
-  def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
-    ids = self._tok.encode(text, add_special_tokens=False).ids
+  def encode(
+    self, text: str, *, add_bos: bool = False, add_eos: bool = False, special: bool = True
+  ) -> list[int]:
+    """`text`'s ids (class docstring); special=False: special-token text is plain text."""
+    tok = self._tok if special else self._text_tok
+    ids = tok.encode(text, add_special_tokens=False).ids
     if add_bos and self.has_bos and ids[:1] != [self.bos_id]:
       ids = [self.bos_id, *ids]
     return ids + [self.eos_id] * add_eos
+
+  @functools.cached_property
+  def _text_tok(self) -> tokenizers.Tokenizer:
+    """The tokenizer of `encode(special=False)`: special-token text encodes as text. Made on
+    first use (most processes never encode an observation), configured before anyone sees
+    it, never toggled."""
+    tok = _parse_tokenizer(self.files.tokenizer_json, path=self.path)
+    tok.encode_special_tokens = True
+    return tok
 
   def decode(self, ids: Sequence[int]) -> str:
     ids = self._known_ids(ids)

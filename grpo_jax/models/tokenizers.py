@@ -28,7 +28,13 @@ class Tokenizer(Protocol):
   @property
   def vocab_size(self) -> int: ...
 
-  def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]: ...
+  def encode(
+    self, text: str, *, add_bos: bool = False, add_eos: bool = False, special: bool = True
+  ) -> list[int]:
+    """`text`'s ids. special=True (prompts, chat templates): special-token text such as
+    "<|im_end|>" may become that special token's id; special=False (an environment's
+    observations, text a tool produced): it is ordinary text, never a special id."""
+    ...
 
   def decode(self, ids: Sequence[int]) -> str: ...
 
@@ -37,7 +43,8 @@ class CharTokenizer:
   """One token per character of a fixed alphabet, after <pad>=0, <bos>=1, <eos>=2.
 
   decode() drops <pad>/<bos> and stops at the first <eos>. A character outside the
-  alphabet is an error that names it.
+  alphabet is an error that names it. Text never becomes a special id (the text "<eos>"
+  is five characters), so encode's `special` changes nothing here.
   """
 
   SPECIALS = ("<pad>", "<bos>", "<eos>")
@@ -61,7 +68,10 @@ class CharTokenizer:
   def vocab_size(self) -> int:
     return len(self.SPECIALS) + len(self.alphabet)
 
-  def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+  def encode(
+    self, text: str, *, add_bos: bool = False, add_eos: bool = False, special: bool = True
+  ) -> list[int]:
+    del special  # Only the specials' ids are special (class docstring).
     ids = []
     for pos, c in enumerate(text):
       if c not in self._ids:

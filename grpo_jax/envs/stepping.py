@@ -1,0 +1,200 @@
+"""The environment steps of one turn: at once on worker threads, each within its budget.
+
+    steps = stepping.Steps(workers=8)              # config.env.step_workers; 1: serial
+    got = steps.run([(env, action), ...])          # one Outcome per step, in that order
+    got[k].step, got[k].error, got[k].late
+
+Why threads. The code environment's step is a sandboxed child process (`sandbox.run`): its
+thread spends the step waiting on the child's pipes and exit (select, read, waitpid), which
+release the GIL, so a few threads wait on a few children at once and the trainer's thread
+waits for the slowest, not for the sum. Not processes: a step reads and writes its
+environment (the run count, the last run's code, the outcome label) and encodes with the
+trainer's tokenizer, so a process pool would pickle each environment there and back at
+every step, start interpreters that import the environment's modules, and still have the
+child's work to wait for: the work that leaves the GIL is already in the child. A step that
+computes in Python (the calculator's) gains nothing from threads (the GIL), and pays a
+queue hand-off per step.
+
+Budget (`base.Environment.step_budget_s`, read from each environment when its step is
+given out; None: unbounded). A step that runs longer than its budget is *late*: its
+result, or what it raised, is discarded, and the episode loop ends its episode. The clock
+starts when a worker starts the step (a step waiting for a free worker is not running
+late). With workers > 1 the trainer's thread stops waiting at the budget: the late step's
+thread is left to finish alone (a thread cannot be stopped; the code environment's run
+ends at its sandbox's timeout), leaves the pool when it does, and a new thread takes its
+place, so the trainer never waits for a free worker behind a late step either. With
+workers = 1 the steps run one by one on the calling thread, which waits for each, and a
+step found late when it returns is late by the same rule: the worker count changes the
+trainer's wait, never an episode's outcome.
+
+Determinism. Outcomes come back in the order given, whatever order the threads finish
+in, and each step touches its own environment only, so the same actions give the same
+steps as the serial loop (an environment whose outcome depends on wall time, like a
+sandbox's timeout, may differ under a different load, as it would serially).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import queue
+import threading
+import time
+from collections.abc import Sequence
+
+from grpo_jax.envs import base
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+  """One step's outcome: what `env.step` returned or raised, or late (past its budget:
+  both unknown)."""
+
+  step: base.Step | None = None
+  error: BaseException | None = None
+  late: bool = False
+  seconds: float = 0.0  # The step's wall time, until it returned (late: the budget).
+
+
+def budget_s(env: base.Environment) -> float | None:
+  """The environment's step budget in seconds (None: unbounded); an error when it is not
+  a positive number."""
+  budget = getattr(env, "step_budget_s", None)
+  if budget is None:
+    return None
+  ok = isinstance(budget, (int, float)) and not isinstance(budget, bool)
+  if not (ok and math.isfinite(budget) and budget > 0):
+    raise ValueError(
+      f"{type(env).__name__}.step_budget_s must be None or a positive number of seconds, "
+      f"got {budget!r}."
+    )
+  return float(budget)
+
+
+def _timed_step(env: base.Environment, action: str, *, catch: type[BaseException]) -> Outcome:
+  t0 = time.monotonic()
+  try:
+    step, error = env.step(action), None
+  except catch as err:  # noqa: BLE001 -- the episode loop decides what an error means.
+    step, error = None, err
+  return Outcome(step, error, seconds=time.monotonic() - t0)
+
+
+def _judged(outcome: Outcome, budget: float | None) -> Outcome:
+  """The outcome, or late when the step took longer than its budget."""
+  if budget is not None and outcome.seconds > budget:
+    return Outcome(late=True, seconds=budget)
+  return outcome
+
+
+class _Job:
+  """One step given to the workers. Under a lock, `__call__` and `abandon` decide which
+  came first: a step abandoned while queued never runs, one abandoned while running never
+  reports, so nothing it returns can reach the caller."""
+
+  def __init__(self, k: int, env: base.Environment, action: str, events: queue.SimpleQueue):
+    self.k, self.env, self.action, self.events = k, env, action, events
+    self._lock = threading.Lock()
+    self.running = self._finished = self._abandoned = False
+
+  def __call__(self) -> bool:
+    """Runs the step (on a worker); False when it was abandoned while it ran (its worker
+    then leaves the pool: a new one replaced it)."""
+    with self._lock:
+      if self._abandoned:
+        return True
+      self.running = True
+    self.events.put(("start", self.k, time.monotonic()))
+    # Any BaseException is reported: the caller re-raises what is not an Exception.
+    outcome = _timed_step(self.env, self.action, catch=BaseException)
+    with self._lock:
+      if self._abandoned:
+        return False
+      self._finished = True
+    self.events.put(("done", self.k, outcome))
+    return True
+
+  def abandon(self) -> bool:
+    """Abandons the step unless it finished first; True when it did abandon it."""
+    with self._lock:
+      self._abandoned = not self._finished
+      return self._abandoned
+
+
+class Steps:
+  """Runs the steps of a turn on `workers` threads (daemons, made on first use and kept
+  for later turns), or serially on the calling thread when workers == 1 (module
+  docstring)."""
+
+  def __init__(self, *, workers: int):
+    if workers < 1:
+      raise ValueError(f"Steps needs workers >= 1, got {workers}.")
+    self.workers = workers
+    self._jobs: queue.SimpleQueue | None = None
+
+  def run(self, jobs: Sequence[tuple[base.Environment, str]]) -> list[Outcome]:
+    """One Outcome per (environment, action), in order; a step that raised has its error
+    (Exception or not: the caller decides), a step past its budget is late."""
+    budgets = [budget_s(env) for env, _ in jobs]  # Checked before any step runs.
+    if self.workers == 1:
+      return [
+        _judged(_timed_step(env, action, catch=Exception), budget)
+        for (env, action), budget in zip(jobs, budgets)
+      ]
+    return self._concurrent(jobs, budgets)
+
+  def _concurrent(self, jobs, budgets) -> list[Outcome]:
+    if self._jobs is None:
+      self._jobs = queue.SimpleQueue()
+      for _ in range(self.workers):
+        self._spawn()
+    events = queue.SimpleQueue()  # This call's own: reports that come after it are lost.
+    given = [_Job(k, env, action, events) for k, (env, action) in enumerate(jobs)]
+    for job in given:
+      self._jobs.put(job)
+    out: list[Outcome | None] = [None] * len(jobs)
+    deadlines: dict[int, float] = {}
+    try:
+      while any(o is None for o in out):
+        self._wait(events, out, deadlines, budgets)
+        now = time.monotonic()
+        for k in [k for k, deadline in deadlines.items() if deadline <= now]:
+          del deadlines[k]
+          if self._abandon(given[k]):  # Else it finished just now: its report is coming.
+            out[k] = Outcome(late=True, seconds=budgets[k])
+    finally:  # Interrupted (an error while waiting): no step of this call runs on.
+      for k in (k for k, o in enumerate(out) if o is None):
+        self._abandon(given[k])
+    return out
+
+  def _wait(self, events, out, deadlines, budgets) -> None:
+    """Takes one report, or none by the nearest deadline: a start sets the step's deadline,
+    a finished step its outcome."""
+    nearest = min(deadlines.values(), default=None)
+    try:
+      kind, k, value = events.get(
+        timeout=None if nearest is None else max(0.0, nearest - time.monotonic())
+      )
+    except queue.Empty:
+      return
+    if kind == "start" and budgets[k] is not None:
+      deadlines[k] = value + budgets[k]
+    elif kind == "done":
+      deadlines.pop(k, None)
+      out[k] = _judged(value, budgets[k])
+
+  def _abandon(self, job: _Job) -> bool:
+    """Abandons a step (True unless it finished first); a running one's worker is replaced,
+    as it leaves the pool when its step returns."""
+    abandoned = job.abandon()
+    if abandoned and job.running:
+      self._spawn()
+    return abandoned
+
+  def _spawn(self) -> None:
+    threading.Thread(target=self._serve, name="env-step", daemon=True).start()
+
+  def _serve(self) -> None:
+    """A worker: runs steps until one of them is abandoned (late), then leaves."""
+    while self._jobs.get()():
+      pass
