@@ -38,7 +38,7 @@ PROG = "grpo-jax"
 COMMANDS = {
   "train": "train (the default command; rerunning with the same --workdir resumes)",
   "config": "print the resolved config, every key with its value, and validate it",
-  "plan": "the per-device memory plan and whether it fits a device",
+  "plan": "the per-device memory plan and whether it fits a device (or a TPU topology)",
   "eval": "score a checkpoint (or config.hf_dir) on benchmarks: greedy, avg@k, pass@k, maj@k",
   "hf-check": "import a Hugging Face / GGUF checkpoint and compare its logits with transformers",
   "rm-train": "train a Bradley-Terry reward model on JSONL preference pairs (config.reward_model)",
@@ -464,7 +464,7 @@ def help_text(configs_dir: pathlib.Path | None = None) -> str:
     f"  {PROG} config --config=FILE.py[:VARIANT] [--config.KEY=VALUE ...]",
     f"      {COMMANDS['config']}",
     f"  {PROG} plan --config=FILE.py[:VARIANT] [--devices=N] [--device=NAME|GiB] [--compile]",
-    f"      [--model=config.json|SHAPE]   {COMMANDS['plan']}",
+    f"      [--model=config.json|SHAPE] [--topology=v5e:2x4 [--num_slices=N]]   {COMMANDS['plan']}",
     f"  {PROG} eval --config=FILE.py[:VARIANT] --workdir=DIR [--config.eval.benchmarks=a,b,jsonl:F]",
     f"      [--config.eval.k=8] [--config.eval.size=N] [--config.eval.step=S]   {COMMANDS['eval']}",
     f"  {PROG} hf-check --hf_dir=DIR|FILE.gguf [--tolerance=1e-4] [--dtype=float32] [--nocompare]",

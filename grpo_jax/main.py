@@ -52,7 +52,7 @@ import jax
 from absl import app, flags, logging
 
 from grpo_jax import build, cli, evaluate, memory, rm_train, steps, train
-from grpo_jax.infra import checkpoint, collapse, config_lib, distributed, logs
+from grpo_jax.infra import checkpoint, collapse, config_lib, distributed, logs, tpu
 from grpo_jax.models import gguf_import, hf, shapes
 from grpo_jax.rewards import reward_model
 from grpo_jax.rl import guards
@@ -85,6 +85,13 @@ _DEVICE = flags.DEFINE_string(
 _COMPILE = flags.DEFINE_bool(
   "compile", False, "plan: also compile on this host's devices and print XLA's figures."
 )
+_TOPOLOGY = flags.DEFINE_string(
+  "topology",
+  None,
+  "plan: compile the run's functions for a TPU topology from this host (e.g. v5e:2x4, "
+  "v6e:2x4, v5p:2x2x1, v5e:4x8; needs libtpu: pip install -e '.[tpu]').",
+)
+_NUM_SLICES = flags.DEFINE_integer("num_slices", 1, "plan --topology: TPU slices (multi-slice).")
 _MODEL = flags.DEFINE_string(
   "model",
   None,
@@ -95,7 +102,10 @@ _MODEL = flags.DEFINE_string(
 
 def plan(config_dict) -> dict:
   """`grpo-jax plan`: prints the memory plan, each line explained, and when it does not
-  fit, the changes that lower its peak most first; returns its figures."""
+  fit, the changes that lower its peak most first; returns its figures. With --topology:
+  the run's functions compiled for that TPU topology (`aot`)."""
+  if _TOPOLOGY.value:
+    return plan_topology(config_dict)
   device = _device_bytes(_DEVICE.value)
   setup = build.plan_setup(config_dict, n_devices=_DEVICES.value, model_source=_MODEL.value or "")
   p = memory.plan_for(setup, n_devices=_DEVICES.value)
@@ -118,6 +128,48 @@ def plan(config_dict) -> dict:
     out["xla"] = measured
   print(json.dumps(out))
   return out
+
+
+def plan_topology(config_dict) -> dict:
+  """`grpo-jax plan --topology=NAME`: per function and device, XLA's memory against the
+  chip's HBM, FLOPs, bytes, collectives; the iteration's roofline; one JSON line."""
+  from grpo_jax import aot  # libtpu's topology loading stays out of every other command.
+
+  try:
+    got = aot.plan(
+      config_dict,
+      topology=_TOPOLOGY.value,
+      num_slices=_NUM_SLICES.value,
+      model_source=_MODEL.value or "",
+    )
+  except (tpu.TpuUnavailable, ValueError) as e:
+    raise cli.UsageError(f"--topology={_TOPOLOGY.value}: {e}") from None
+  run = got["run"]
+  print(
+    f"{run['topology']} x {run['num_slices']} slice(s): {run['devices']} {run['chip']} devices "
+    f"on {run['hosts']} host(s), mesh {run['mesh']}"
+  )
+  for note in got["notes"]:
+    print(f"note: {note}")
+  print(got["table"])
+  verdict = "fits" if run["fits"] else "does NOT fit"
+  print(
+    f"{verdict}: peak {run['peak_bytes'] / 2**30:.2f} GiB per device (XLA; the memory plan "
+    f"says {run['plan_peak_bytes'] / 2**30:.2f} GiB); model-FLOPs roofline "
+    f"{run['roofline_iteration_s']:.3g} s per iteration ("
+    + ", ".join(f"{k} {v:.3g} s" for k, v in run["roofline_s"].items())
+    + ")"
+  )
+  for problem in got["problems"]:
+    print(f"problem: {problem}")
+  out = {"run": run, "functions": [_plain_row(r) for r in got["rows"]], "problems": got["problems"]}
+  print(json.dumps(out))
+  return out
+
+
+def _plain_row(row: dict) -> dict:
+  """A report row as JSON values (collectives as their summary)."""
+  return {k: v for k, v in row.items() if isinstance(v, (int, float, str, bool, dict, list))}
 
 
 def _device_bytes(device: str | None) -> float | None:

@@ -327,15 +327,16 @@ def _rl_functions(setup: build.Setup, sh: _Shardings, model_fn, optimizer) -> RL
   )
 
 
-def _layouts(setup: build.Setup) -> tuple[sharding.Layout, sharding.Layout]:
+def _layouts(setup: build.Setup, devices=None) -> tuple[sharding.Layout, sharding.Layout]:
   """(trainer layout, training sampler's layout): the same mesh over every device, or with
   offpolicy placement "split" the sampler's first `sampler_devices` devices (data-parallel
-  over them) and the trainer's mesh over the rest."""
+  over them) and the trainer's mesh over the rest. `devices`: this host's by default, or
+  a TPU topology's abstract devices (`aot`: compiled, never run)."""
   op = setup.offpolicy
+  devices = list(jax.devices() if devices is None else devices)
   if not (op.enabled and op.placement == "split"):
-    layout = sharding.Layout.create(setup.mesh_cfg)
+    layout = sharding.Layout.create(setup.mesh_cfg, devices)
     return layout, layout
-  devices = jax.devices()
   k = op.sampler_devices
   sampler_mesh = sharding.MeshConfig(data=k, fsdp=1, tensor=1, rules=setup.mesh_cfg.rules)
   return (
@@ -402,9 +403,15 @@ def _episode_runners(setup: build.Setup, model_fn, layout: sharding.Layout):
   )
 
 
-def _build(setup: build.Setup) -> Functions:
+def functions_on(setup: build.Setup, devices) -> Functions:
+  """The jitted pieces of a run over other devices than this host's (a TPU topology's
+  abstract devices: `aot` lowers and compiles them, nothing runs); not cached."""
+  return _build(setup, devices)
+
+
+def _build(setup: build.Setup, devices=None) -> Functions:
   loop, scfg = setup.loop, setup.sampler_cfg
-  layout, sampler_layout = _layouts(setup)
+  layout, sampler_layout = _layouts(setup, devices)
   model_fn = model.make_model_fn(setup.model_cfg)
   optimizer, sft_optimizer = optimizers(loop)
   sh = _shardings(setup, layout, optimizer, sft_optimizer)

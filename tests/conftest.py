@@ -4,8 +4,13 @@ import fcntl
 import functools
 import os
 
-import hypothesis
-import jax
+# libtpu is installed (the test extra) for the ahead-of-time TPU tests, which load a
+# topology themselves (`infra.tpu`); everything runs on CPU, so jax must not try to start
+# a TPU backend (libtpu's probe prints errors on a host without one).
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import hypothesis  # noqa: E402
+import jax  # noqa: E402
 import pytest
 import subproc  # noqa: E402 -- tests/ is on sys.path (pytest rootdir conftest).
 

@@ -147,15 +147,38 @@ def _norm_axes(v, name):
 
 
 def make_mesh(cfg: MeshConfig, devices: Sequence[Any] | None = None) -> jax.sharding.Mesh:
-  """A (data, fsdp, tensor) mesh over `devices` (default: all, of every process)."""
+  """A (data, fsdp, tensor) mesh over `devices` (default: all, of every process). Devices
+  of several TPU slices (multi-slice) get a hybrid mesh: `data` spans the slices (over
+  the data-centre network), fsdp and tensor stay within each slice (over ICI)."""
   devices = list(jax.devices() if devices is None else devices)
   shape = cfg.shape(len(devices))
+  auto = (jax.sharding.AxisType.Auto,) * len(AXES)
+  n_slices = slices_of(devices)
+  if n_slices > 1:
+    return jax.sharding.Mesh(_hybrid_grid(shape, devices, n_slices), AXES, axis_types=auto)
   try:  # Physical topology where jax knows it (TPU slices): ICI-friendly order.
     grid = jax.experimental.mesh_utils.create_device_mesh(shape, devices=devices)
   except Exception:  # noqa: BLE001 -- CPU and uncommon topologies: the listed order.
     grid = np.asarray(devices, dtype=object).reshape(shape)
-  auto = (jax.sharding.AxisType.Auto,) * len(AXES)
   return jax.sharding.Mesh(grid, AXES, axis_types=auto)
+
+
+def slices_of(devices: Sequence[Any]) -> int:
+  """How many TPU slices `devices` span (1 for CPU, GPU and one slice)."""
+  return len({getattr(d, "slice_index", 0) for d in devices})
+
+
+def _hybrid_grid(shape: tuple[int, int, int], devices, n_slices: int) -> np.ndarray:
+  data, fsdp, tensor = shape
+  if data % n_slices:
+    raise ValueError(
+      f"mesh (data, fsdp, tensor) = {shape} over {n_slices} slices: data must be a multiple "
+      f"of the slices ({n_slices}), since only data parallelism crosses slices (fsdp and "
+      "tensor collectives stay on ICI). Set config.mesh.data to a multiple of the slices."
+    )
+  return jax.experimental.mesh_utils.create_hybrid_device_mesh(
+    (data // n_slices, fsdp, tensor), (n_slices, 1, 1), devices=devices
+  )
 
 
 def spec(names, rules, *, shape=None, mesh: jax.sharding.Mesh | None = None, where: str = "") -> P:

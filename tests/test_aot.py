@@ -1,0 +1,160 @@
+"""A run compiled ahead of time for TPU topologies on this CPU host (`aot`): the tiny
+config's functions compile for v5e:2x2 and for two slices, fit, keep the train state
+sharded like the parameters, alias the donated state, call no host, and communicate over
+the mesh axes they should; each check fails when its property is broken."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import jax
+import pytest
+import subproc
+
+from grpo_jax import aot, steps
+from grpo_jax.infra import config_lib, tpu
+from grpo_jax.models import sharding
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TINY = str(ROOT / "configs" / "arithmetic.py") + ":tiny"
+QUICK = str(ROOT / "configs" / "arithmetic.py") + ":quick"
+
+
+@pytest.fixture(scope="module")
+def one_slice():
+  return aot.plan(config_lib.load(TINY), topology="v5e:2x2")
+
+
+@pytest.fixture(scope="module")
+def two_slices():
+  return aot.plan(config_lib.load(TINY), topology="v5e:2x2", num_slices=2)
+
+
+def _row(got, name):
+  return next(r for r in got["rows"] if r["name"] == name)
+
+
+def test_the_tiny_iteration_compiles_for_v5e_2x2_and_fits(one_slice):
+  run = one_slice["run"]
+  assert [r["name"] for r in one_slice["rows"]] == list(aot.FUNCTIONS)
+  assert (run["chip"], run["devices"], run["hosts"]) == ("v5e", 4, 1)
+  assert run["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
+  assert run["fits"] and one_slice["problems"] == []
+  for row in one_slice["rows"]:
+    assert 0 < row["peak_bytes"] < row["hbm_bytes"] == 16 * 2**30
+    assert row["peak_bytes"] == row["total_bytes"] + row["resident_bytes"]
+  # The plan's peak and XLA's are the same order of magnitude for this config.
+  assert 0.1 < run["plan_peak_bytes"] / run["peak_bytes"] < 10
+  assert run["roofline_iteration_s"] == pytest.approx(sum(run["roofline_s"].values()))
+  assert "update" in one_slice["table"] and "\n" in one_slice["table"]
+
+
+def test_fsdp_gradients_reduce_scatter_and_parameters_gather_over_fsdp(one_slice):
+  kinds = {(c["kind"], tuple(c["axes"])) for c in _row(one_slice, "update")["collectives"]}
+  assert ("all-gather", ("fsdp",)) in kinds  # Parameters gathered for the forward.
+  assert ("reduce-scatter", ("fsdp",)) in kinds  # Gradients reduced to their shards.
+
+
+def test_two_slices_put_data_across_slices_and_fsdp_within(two_slices):
+  run = two_slices["run"]
+  assert (run["devices"], run["num_slices"]) == (8, 2)
+  assert run["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1}
+  assert two_slices["notes"] == ["mesh.data 1 -> 2 (data parallelism across slices)"]
+  assert run["fits"] and two_slices["problems"] == []
+  collectives = _row(two_slices, "update")["collectives"]
+  assert any("data" in c["axes"] and c["dcn"] for c in collectives)  # Across slices.
+  assert all(not c["dcn"] for c in collectives if tuple(c["axes"]) == ("fsdp",))  # ICI.
+
+
+# ---------------------------------------------------------------------------------------
+# Each property check fails when its property is broken (the quick model: faster compiles).
+
+
+@pytest.fixture(scope="module")
+def quick():
+  target = aot.Target.load("v5e:2x2")
+  setup, _ = aot.setup_for(config_lib.load(QUICK), target)
+  fns = steps.functions_on(setup, target.devices)
+  return fns, aot.abstract_arguments(setup, fns)["update"]
+
+
+def _variant(fns, args, *, out_state=None, donate=True, wrap=None):
+  jitted = fns.rl.update
+  fn = jitted.jitted.__wrapped__
+  if wrap is not None:
+    fn = wrap(fn)
+  state_out = out_state if out_state is not None else jitted.in_shardings[0]
+  rep = fns.layout.replicated
+  broken = sharding.Jitted(
+    fns.layout,
+    fn,
+    in_shardings=jitted.in_shardings,
+    out_shardings=(state_out, rep, rep),
+    donate_argnums=(0,) if donate else (),
+  )
+  return aot.check_update(aot.compile_function(broken, args[1]), broken, args[1][0])
+
+
+def test_the_update_checks_pass_on_the_real_update(quick):
+  fns, args = quick
+  assert _variant(fns, args) == []
+
+
+def test_a_state_left_replicated_is_found(quick):
+  fns, args = quick
+  problems = _variant(fns, args, out_state=fns.layout.replicated)
+  # A replicated output cannot take the sharded donated buffers either: both are found.
+  assert "come out sharded otherwise than they go in" in problems[0], problems
+  assert "out P()" in problems[0] and "not aliased" in problems[1], problems
+
+
+def test_a_state_not_donated_is_found(quick):
+  fns, args = quick
+  problems = _variant(fns, args, donate=False)
+  assert any("not aliased" in p for p in problems), problems
+
+
+def test_a_host_callback_in_the_step_is_found(quick):
+  fns, args = quick
+
+  def wrap(fn):
+    def with_print(state, batch, key, hyper):
+      jax.debug.print("step {}", key)
+      return fn(state, batch, key, hyper)
+
+    return with_print
+
+  problems = _variant(fns, args, wrap=wrap)
+  assert any("host callbacks" in p for p in problems), problems
+
+
+# ---------------------------------------------------------------------------------------
+# The command.
+
+
+def test_plan_topology_prints_a_table_and_one_json_line():
+  cmd = [sys.executable, "-m", "grpo_jax.main", "plan", f"--config={QUICK}", "--topology=v5e:2x2"]
+  got = subprocess.run(cmd, capture_output=True, text=True, env=subproc.child_env(), timeout=600)
+  assert got.returncode == 0, got.stderr[-2000:]
+  lines = got.stdout.strip().splitlines()
+  assert lines[0].startswith("v5e:2x2 x 1 slice(s): 4 v5e devices on 1 host(s)")
+  out = json.loads(lines[-1])
+  assert out["run"]["fits"] and [f["name"] for f in out["functions"]] == list(aot.FUNCTIONS)
+
+
+def test_a_bad_topology_is_one_line(monkeypatch):
+  cmd = [sys.executable, "-m", "grpo_jax.main", "plan", f"--config={QUICK}", "--topology=v9x:2"]
+  got = subprocess.run(cmd, capture_output=True, text=True, env=subproc.child_env(), timeout=300)
+  assert got.returncode == 2
+  errors = [line for line in got.stderr.splitlines() if line.startswith("grpo-jax: error:")]
+  assert len(errors) == 1 and "--topology=v9x:2" in errors[0], got.stderr[-2000:]
+
+
+def test_without_libtpu_the_plan_says_what_to_install(monkeypatch):
+  def missing(name, *, num_slices=1):
+    raise tpu.TpuUnavailable("no libtpu here: pip install -e '.[tpu]'")
+
+  monkeypatch.setattr(tpu, "load_topology", missing)
+  with pytest.raises(tpu.TpuUnavailable, match=r"pip install -e '\.\[tpu\]'"):
+    aot.plan(config_lib.load(QUICK), topology="v5e:2x2")
