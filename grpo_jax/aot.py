@@ -42,8 +42,7 @@ import ml_collections
 
 from grpo_jax import build, memory, steps
 from grpo_jax.infra import config_lib, flops, tpu
-from grpo_jax.models import model, sampling, sharding
-from grpo_jax.rl import spec
+from grpo_jax.models import model, sharding
 
 FUNCTIONS = ("sample", "logprobs", "update")
 
@@ -83,18 +82,8 @@ def setup_for(config_dict, target: Target, *, model_source: str = ""):
 def abstract_arguments(setup, fns) -> dict[str, tuple]:
   """Each function's arguments as shapes and dtypes (the shardings are the functions'
   own in_shardings): what `memory.measure` lowers, plus the log-prob forwards."""
-  scfg, rl_cfg = setup.sampler_cfg, setup.rl_cfg
-  N, P, T = setup.update_rows, max(scfg.prompt_buckets), scfg.max_new_tokens
-  sd = jax.ShapeDtypeStruct
-  state = jax.eval_shape(
-    lambda k: spec.init_state(
-      model.cast_base(model.init(setup.model_cfg, k), setup.model_cfg), fns.optimizer
-    ),
-    jax.random.key(0),
-  )
-  key = jax.eval_shape(lambda: jax.random.key(0))
-  B = setup.loop.prompts_per_step
-  prompts = sampling.Prompts(tokens_BP=sd((B, P), jnp.int32), mask_BP=sd((B, P), jnp.bool_))
+  rl_cfg = setup.rl_cfg
+  state, batch, key, prompts = memory.abstract_inputs(setup, fns)
   hyper = setup.sampling_hyper
   with fns.layout.context():
     rollouts = jax.eval_shape(fns.samplers.train.jitted, state.params, prompts, key, hyper)
@@ -104,7 +93,7 @@ def abstract_arguments(setup, fns) -> dict[str, tuple]:
     "logprobs": (fns.rl.logprobs, (state.params, ref, rollouts)),
     "update": (
       fns.rl.update,
-      (state, memory.abstract_minibatch(N, P, T), key, jax.eval_shape(rl_cfg.step_hyper)),
+      (state, batch, key, jax.eval_shape(rl_cfg.step_hyper)),
     ),
   }
 

@@ -706,12 +706,10 @@ def describe(
   return "\n".join(lines)
 
 
-def measure(setup, fns) -> dict:
-  """XLA's own figures for the trainer's compiled update (the scan of train steps over one
-  rollout batch) and sampler on this host's devices (`compiled.memory_analysis()`, bytes per
-  device): compiles, allocates nothing. "train_step_arguments" counts the update's
-  arguments without the rollout batch (the plan's resident params and optimizer state)."""
-  loop, scfg, rl_cfg = setup.loop, setup.sampler_cfg, setup.rl_cfg
+def abstract_inputs(setup, fns) -> tuple:
+  """(train state, rollout batch, key, prompt batch) of a run as shapes and dtypes: what
+  its update and sampler are lowered on (`measure`, `aot`), nothing allocated."""
+  scfg = setup.sampler_cfg
   N, P, T = setup.update_rows, max(scfg.prompt_buckets), scfg.max_new_tokens
   sd = jax.ShapeDtypeStruct
   state = jax.eval_shape(
@@ -720,10 +718,19 @@ def measure(setup, fns) -> dict:
     ),
     jax.random.key(0),
   )
-  batch = abstract_minibatch(N, P, T)
   key = jax.eval_shape(lambda: jax.random.key(0))
-  B = loop.prompts_per_step
+  B = setup.loop.prompts_per_step
   prompts = sampling.Prompts(tokens_BP=sd((B, P), jnp.int32), mask_BP=sd((B, P), jnp.bool_))
+  return state, abstract_minibatch(N, P, T), key, prompts
+
+
+def measure(setup, fns) -> dict:
+  """XLA's own figures for the trainer's compiled update (the scan of train steps over one
+  rollout batch) and sampler on this host's devices (`compiled.memory_analysis()`, bytes per
+  device): compiles, allocates nothing. "train_step_arguments" counts the update's
+  arguments without the rollout batch (the plan's resident params and optimizer state)."""
+  rl_cfg = setup.rl_cfg
+  state, batch, key, prompts = abstract_inputs(setup, fns)
   with fns.layout.context():
     update = fns.rl.update.jitted.lower(state, batch, key, jax.eval_shape(rl_cfg.step_hyper))
     sample = fns.samplers.train.jitted.lower(state.params, prompts, key, setup.sampling_hyper)
