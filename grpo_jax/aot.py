@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from grpo_jax import build, memory, steps
-from grpo_jax.infra import config_lib, flops, tpu
+from grpo_jax.infra import config_lib, flops, hlo, tpu
 from grpo_jax.models import model, sharding
 
 FUNCTIONS = ("sample", "logprobs", "update")
@@ -190,13 +190,13 @@ def check_update(compiled, jitted: sharding.Jitted, state) -> list[str]:
       f"{len(moved)} of {len(shapes)} train state arrays come out sharded otherwise than "
       f"they go in (e.g. {x.shape}: in {a.spec}, out {b.spec})"
     )
-  hlo = compiled.as_text()
-  aliased = tpu.aliased_parameters(hlo)
+  text = compiled.as_text()
+  aliased = hlo.aliased_parameters(text)
   n_state = len(shapes)
   missing = [i for i in range(n_state) if i not in aliased and math.prod(shapes[i].shape) > 1]
   if missing:
     problems.append(f"{len(missing)} of {n_state} donated state arrays are not aliased")
-  calls = tpu.host_callbacks(hlo)
+  calls = hlo.host_callbacks(text)
   if calls:
     problems.append(f"host callbacks inside the step: {calls[:3]}")
   return problems

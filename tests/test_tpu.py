@@ -15,7 +15,7 @@ from jax.experimental import mesh_utils, topologies
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from grpo_jax.infra import tpu
+from grpo_jax.infra import hlo, tpu
 
 GiB = 2**30
 
@@ -217,8 +217,8 @@ ENTRY %main (p0: f32[8,16], p1: bf16[1024,4096], p2: f32[16,16]) -> f32[8,16] {
 
 def test_collectives_read_every_printed_form_by_hand(v5e_2x2):
   mesh = Mesh(np.array(v5e_2x2).reshape(2, 2), ("data", "fsdp"))
-  C = tpu.Collective
-  assert tpu.collectives(HLO, mesh) == [
+  C = hlo.Collective
+  assert hlo.collectives(HLO, mesh) == [
     # Channels 5 (mesh form: bf16[1024,4096] + f32[4] = 8388608 + 16 bytes), 6 (mesh form with
     # transposed device_ids [[0,2],[1,3]], grouped along its rows) and 9 (the major half of a
     # flat axis of 4: sub-axis (1)2).
@@ -233,12 +233,12 @@ def test_collectives_read_every_printed_form_by_hand(v5e_2x2):
     C("all-gather", ("fsdp",), 2, 2048, 1024, 2048, 2, False),
     C("collective-permute", ("data",), 1, 512, 512, 512, 2, False),
   ]
-  assert tpu.while_loops(HLO) == [3]
-  assert tpu.matmul_flops(HLO) == 3 * 2 * 8 * 16 * 16  # the loop's dot, 3 times
-  assert tpu.aliased_parameters(HLO) == {0, 2}
-  assert tpu.host_callbacks(HLO) == []
-  assert tpu.collectives(HLO, mesh)[2].summary() == "reduce-scatter×1 data"
-  by_kind = tpu.collectives_by_kind(tpu.collectives(HLO, mesh))
+  assert hlo.while_loops(HLO) == [3]
+  assert hlo.matmul_flops(HLO) == 3 * 2 * 8 * 16 * 16  # the loop's dot, 3 times
+  assert hlo.aliased_parameters(HLO) == {0, 2}
+  assert hlo.host_callbacks(HLO) == []
+  assert hlo.collectives(HLO, mesh)[2].summary() == "reduce-scatter×1 data"
+  by_kind = hlo.collectives_by_kind(hlo.collectives(HLO, mesh))
   assert by_kind["all-reduce"] == {
     "count": 7,
     "bytes": 8391696,
@@ -251,8 +251,8 @@ def test_a_loop_without_a_constant_bound_counts_once():
   unbounded = HLO.replace(
     "ROOT %lt = pred[] compare(%i.1, %limit), direction=LT", "ROOT %lt = pred[] and(%i.1, %limit)"
   )
-  assert tpu.while_loops(unbounded) == [None]
-  assert tpu.matmul_flops(unbounded) == 2 * 8 * 16 * 16
+  assert hlo.while_loops(unbounded) == [None]
+  assert hlo.matmul_flops(unbounded) == 2 * 8 * 16 * 16
 
 
 MEGASCALE = """\
@@ -273,14 +273,14 @@ ENTRY %main (p: f32[8,128]) -> f32[16,128] {
 
 def test_cross_slice_transfers_are_dcn_collectives_by_hand(v5e_2x2_two_slices):
   mesh = Mesh(np.array(v5e_2x2_two_slices).reshape(2, 4), ("data", "fsdp"))
-  assert tpu.collectives(MEGASCALE, mesh) == [
+  assert hlo.collectives(MEGASCALE, mesh) == [
     # Pairs (10000j, 20000j): the same fsdp position in slices 0 and 1. Sent f32[8,128] (4096
     # bytes), received f32[16,128].
-    tpu.Collective("all-gather", ("data",), 1, 8192, 4096, 8192, 2, True),
+    hlo.Collective("all-gather", ("data",), 1, 8192, 4096, 8192, 2, True),
     # 100001 is (data 0, fsdp 1), 200000 is (data 1, fsdp 0).
-    tpu.Collective("collective-permute", ("data", "fsdp"), 1, 4096, 4096, 4096, 2, True),
+    hlo.Collective("collective-permute", ("data", "fsdp"), 1, 4096, 4096, 4096, 2, True),
   ]
-  assert tpu.host_callbacks(MEGASCALE) == []  # DCN transfers are not callbacks
+  assert hlo.host_callbacks(MEGASCALE) == []  # DCN transfers are not callbacks
 
 
 # --- compiled for TPU ----------------------------------------------------------------
@@ -296,8 +296,8 @@ def test_a_psum_over_one_axis_maps_to_that_axis_on_a_permuted_mesh(v5e_2x2, axis
   )
   compiled = jax.jit(psum).lower(_sds(mesh, (8, 256), P("data", "fsdp"))).compile()
   # Each device holds f32[4,128] (2048 bytes); a pair of devices sums it.
-  assert tpu.collectives(compiled.as_text(), mesh) == [
-    tpu.Collective("all-reduce", (axis,), 1, 2048, 2048, 2048, 2, False)
+  assert hlo.collectives(compiled.as_text(), mesh) == [
+    hlo.Collective("all-reduce", (axis,), 1, 2048, 2048, 2048, 2, False)
   ]
 
 
@@ -316,11 +316,11 @@ def test_an_fsdp_gradient_is_an_all_gather_and_a_reduce_scatter_over_fsdp(v5e_2x
   # XLA TPU prints the reduce-scatter as an all-reduce + dynamic-slice inside a kCustom
   # fusion of a computation named all-reduce-scatter; there is no reduce-scatter op.
   assert " reduce-scatter(" not in text and "kind=kCustom, calls=%all-reduce-scatter" in text
-  assert tpu.collectives(text, mesh) == [
+  assert hlo.collectives(text, mesh) == [
     # The f32 gradient [1024,512] (2 MiB) summed over 4 devices, each keeping [256,512].
-    tpu.Collective("reduce-scatter", ("fsdp",), 1, 2 * 2**20, 2 * 2**20, 2**19, 4, False),
+    hlo.Collective("reduce-scatter", ("fsdp",), 1, 2 * 2**20, 2 * 2**20, 2**19, 4, False),
     # w's rows gathered as bf16 (XLA converts first: the matmul runs at bf16 precision).
-    tpu.Collective("all-gather", ("fsdp",), 1, 2**20, 2**18, 2**20, 4, False),
+    hlo.Collective("all-gather", ("fsdp",), 1, 2**20, 2**18, 2**20, 4, False),
   ]
 
 
@@ -329,11 +329,11 @@ def test_across_two_slices_the_data_axis_is_dcn_and_fsdp_is_ici(v5e_2x2_two_slic
   compiled = _fsdp_gradient(mesh)
   text = compiled.as_text()
   assert "num_partitions=4" in text  # one program per slice
-  assert tpu.collectives(text, mesh) == [
-    tpu.Collective("reduce-scatter", ("fsdp",), 1, 2 * 2**20, 2 * 2**20, 2**19, 4, False),
-    tpu.Collective("all-gather", ("fsdp",), 1, 2**20, 2**18, 2**20, 4, False),
+  assert hlo.collectives(text, mesh) == [
+    hlo.Collective("reduce-scatter", ("fsdp",), 1, 2 * 2**20, 2 * 2**20, 2**19, 4, False),
+    hlo.Collective("all-gather", ("fsdp",), 1, 2**20, 2**18, 2**20, 4, False),
     # Then each device's [256,512] f32 shard is summed with its twin in the other slice.
-    tpu.Collective("all-reduce", ("data",), 1, 2**19, 2**19, 2**19, 2, True),
+    hlo.Collective("all-reduce", ("data",), 1, 2**19, 2**19, 2**19, 2, True),
   ]
   row = tpu.report(compiled, chip=tpu.CHIPS["v5e"], mesh=mesh)
   assert row["host_callbacks"] == []  # the DCN send/recv are not host callbacks
@@ -435,17 +435,17 @@ def test_host_callbacks_are_found_in_tpu_programs(v5e_2x2, matmul):
     return x * 2
 
   compiled = jax.jit(printing).lower(_sds(mesh, (64, 128), P("fsdp"))).compile()
-  assert tpu.host_callbacks(compiled.as_text()) == ["jit(printing)/debug_print"]
-  assert tpu.host_callbacks(matmul[1].as_text()) == []
+  assert hlo.host_callbacks(compiled.as_text()) == ["jit(printing)/debug_print"]
+  assert hlo.host_callbacks(matmul[1].as_text()) == []
 
 
 def test_aliased_parameters_show_whether_a_donation_was_taken(v5e_2x2):
   mesh = Mesh(np.array(v5e_2x2), ("fsdp",))
   x = _sds(mesh, (64, 128), P("fsdp"))
   donated = jax.jit(lambda x: x * 2, donate_argnums=(0,)).lower(x).compile()
-  assert tpu.aliased_parameters(donated.as_text()) == {0}
+  assert hlo.aliased_parameters(donated.as_text()) == {0}
   kept = jax.jit(lambda x: x * 2).lower(x).compile()
-  assert tpu.aliased_parameters(kept.as_text()) == set()
+  assert hlo.aliased_parameters(kept.as_text()) == set()
 
 
 def test_format_table_by_hand():
