@@ -181,13 +181,8 @@ class Source:
     logprobs = self.fns.rl.logprobs(st.train.params, st.reference(), b.rollouts)
     sc = b.scores
     metrics = {
-      "accuracy": float(np.mean(sc.correct_N)),
-      "reward_errors": sc.errors,
-      "reward_timeouts": sc.timeouts,
-      **rollout.outcome_metrics(self.setup.task.outcomes, [sc]),
-      # config.rewards' sources (a batch restored from a checkpoint keeps its total alone).
-      **(rollout.source_metrics([sc]) if sc.parts else {}),
-      **rollout.source_costs(self.pool),
+      # config.rewards' sources: a batch restored from a checkpoint keeps its total alone.
+      **rollout.score_metrics(self.setup, self.pool, [sc]),
       "offpolicy/staleness_mean": float(stale_N.mean()),
       "offpolicy/staleness_max": int(stale_N.max()),
       "offpolicy/stale_frac": float(np.mean(stale_N > s)),

@@ -178,10 +178,12 @@ def outcome_counts(vocabulary: tuple[str, ...], label_N) -> list[int]:
 
 
 def unscorable_metrics(vocabulary: tuple[str, ...], scores: list[Scores], *, group: int) -> dict:
-  """reward/unscorable_frac (and /<name> per `verdicts.unscorable_keys`): the share of
-  the iteration's rows whose reward failed; reward/unscorable_failure_corr: across its
-  groups, the correlation of that share with the failure rate of the scorable rows
-  (`verdicts.unscorable_failure_corr`)."""
+  """reward/unscorable_frac: the share of the iteration's rows whose reward failed, and
+  reward/unscorable/<name> per `verdicts.unscorable_keys` (not under unscorable_frac/:
+  MLflow stores a metric as a file, so a name cannot also be a folder of others);
+  reward/unscorable_failure_corr: across its groups, the correlation of that share with
+  the failure rate of the scorable rows (`verdicts.unscorable_failure_corr`), where it is
+  defined."""
   rows = sum(len(s.correct_N) for s in scores)
   if not rows:
     return {}
@@ -191,12 +193,14 @@ def unscorable_metrics(vocabulary: tuple[str, ...], scores: list[Scores], *, gro
   if counted:
     totals = np.sum(counted, axis=0)
     keys = verdicts.unscorable_keys(vocabulary)
-    out.update({f"reward/unscorable_frac/{k}": float(c) / rows for k, c in zip(keys, totals)})
-  out["reward/unscorable_failure_corr"] = verdicts.unscorable_failure_corr(
+    out.update({f"reward/unscorable/{k}": float(c) / rows for k, c in zip(keys, totals)})
+  corr = verdicts.unscorable_failure_corr(
     np.concatenate([s.correct_N for s in scores]),
     np.concatenate([s.scorable_N for s in scores]),
     group_size=group,
   )
+  if np.isfinite(corr):  # Undefined (no unscorable row, < 2 groups): not logged.
+    out["reward/unscorable_failure_corr"] = corr
   return out
 
 
@@ -208,6 +212,21 @@ def outcome_metrics(vocabulary: tuple[str, ...], scores: list[Scores]) -> dict:
     return {}
   totals, names = np.sum(counted, axis=0), [*vocabulary, "other"]
   return {f"reward/outcome/{k}": float(c) / rows for k, c in zip(names, totals)}
+
+
+def score_metrics(setup: build.Setup, pool, scores: list[Scores]) -> dict:
+  """The iteration's reward metrics over its scored generation batches: accuracy,
+  reward_errors, reward_timeouts, reward/outcome/*, reward/unscorable*, and config.rewards'
+  sources (`collect`, and the off-policy pipeline's batches)."""
+  return {
+    "accuracy": float(np.concatenate([s.correct_N for s in scores]).mean()),
+    "reward_errors": sum(s.errors for s in scores),
+    "reward_timeouts": sum(s.timeouts for s in scores),
+    **outcome_metrics(setup.task.outcomes, scores),
+    **unscorable_metrics(setup.task.outcomes, scores, group=setup.sampler_cfg.group_size),
+    **(source_metrics(scores) if scores[0].parts else {}),
+    **source_costs(pool),
+  }
 
 
 def collect(
@@ -237,13 +256,7 @@ def collect(
     if n_varying >= setup.loop.prompts_per_step:
       break
   metrics = {
-    "accuracy": float(np.concatenate([s.correct_N for s in scores]).mean()),
-    "reward_errors": sum(s.errors for s in scores),
-    "reward_timeouts": sum(s.timeouts for s in scores),
-    **outcome_metrics(setup.task.outcomes, scores),
-    **unscorable_metrics(setup.task.outcomes, scores, group=G),
-    **(source_metrics(scores) if scores[0].parts else {}),
-    **source_costs(pool),
+    **score_metrics(setup, pool, scores),
     **{k: float(np.mean([m[k] for m in played])) for k in played[0]},  # Episodes' (means).
   }
   valid_N = np.ones(setup.rollout_rows, bool)

@@ -187,8 +187,8 @@ def test_reward_exceptions_and_hangs_are_counted_and_training_continues(tmp_path
   # By cause: the pool's timeouts, and the raises (no label); they add up; a warning names them.
   frac = lines[1]["reward/unscorable_frac"]
   assert frac == lines[1]["reward_errors"] / 16
-  assert lines[1]["reward/unscorable_frac/timeout"] == lines[1]["reward_timeouts"] / 16
-  parts = [v for k, v in lines[1].items() if k.startswith("reward/unscorable_frac/")]
+  assert lines[1]["reward/unscorable/timeout"] == lines[1]["reward_timeouts"] / 16
+  parts = [v for k, v in lines[1].items() if k.startswith("reward/unscorable/")]
   assert sum(parts) == pytest.approx(frac)
   warned = [x for x in logged if "were unscorable (more than warn_unscorable_frac=0.05)" in x]
   assert len(warned) == 1 and warned[0].startswith("warning: iteration 1: "), logged

@@ -80,20 +80,20 @@ def test_unscorable_metrics_of_an_iteration():
   b = _scores([1, 1, 0, 0], [1, 1, 1, 1], unscorable=(0, 0, 0, 0, 0))
   got = rollout.unscorable_metrics(vocab, [a, b], group=2)
   assert got["reward/unscorable_frac"] == 2 / 8
-  assert got["reward/unscorable_frac/sandbox"] == got["reward/unscorable_frac/timeout"] == 1 / 8
-  assert got["reward/unscorable_frac/pass"] == got["reward/unscorable_frac/other"] == 0.0
+  assert got["reward/unscorable/sandbox"] == got["reward/unscorable/timeout"] == 1 / 8
+  assert got["reward/unscorable/pass"] == got["reward/unscorable/other"] == 0.0
   # Groups (1, 0) u 0 f 1/2; (0, 0) left out; (1, 1) u 0 f 0; (0, 0) u 0 f 1: no u variation.
-  assert np.isnan(got["reward/unscorable_failure_corr"])
-  parts = [v for k, v in got.items() if k.startswith("reward/unscorable_frac/")]
+  assert "reward/unscorable_failure_corr" not in got  # Undefined: not logged (never nan).
+  parts = [v for k, v in got.items() if k.startswith("reward/unscorable/")]
   assert sum(parts) == got["reward/unscorable_frac"]
 
 
 def test_the_warning_names_causes_and_the_correlation_only_past_its_limit():
   metrics = {
     "reward/unscorable_frac": 0.25,
-    "reward/unscorable_frac/sandbox": 0.05,
-    "reward/unscorable_frac/timeout": 0.20,
-    "reward/unscorable_frac/error": 0.0,
+    "reward/unscorable/sandbox": 0.05,
+    "reward/unscorable/timeout": 0.20,
+    "reward/unscorable/error": 0.0,
     "reward/unscorable_failure_corr": 0.61,
   }
   line = verdicts.unscorable_warning(metrics, limit=0.05)
@@ -101,4 +101,6 @@ def test_the_warning_names_causes_and_the_correlation_only_past_its_limit():
   assert "timeout 20.0%, sandbox 5.0%" in line and "r = 0.61" in line and "error" not in line
   assert "\n" not in line
   assert verdicts.unscorable_warning(metrics, limit=0.25) == ""
+  del metrics["reward/unscorable_failure_corr"]
+  assert "undefined this iteration" in verdicts.unscorable_warning(metrics, limit=0.05)
   assert verdicts.unscorable_warning({}, limit=0.0) == ""

@@ -92,13 +92,13 @@ DEFINITIONS = {
   "reward/unscorable_frac": "Share of the iteration's sampled rows (every generation batch) whose "
   "reward failed (raised, timed out, non-finite; episodes: env_error): masked from the loss. "
   "Above config.warn_unscorable_frac the trainer logs a warning.",
-  "reward/unscorable_frac/<name>": "Share of the iteration's rows that were unscorable under "
+  "reward/unscorable/<name>": "Share of the iteration's rows that were unscorable under "
   "this name: an outcome label of the task the failure carried (e.g. the code task's "
   "'sandbox'), 'timeout' (the reward pool's limit), 'error' (raised without a label), "
   "'other' (a label outside the task's outcomes). They sum to reward/unscorable_frac.",
   "reward/unscorable_failure_corr": "Across the iteration's groups, Pearson's r between a "
   "group's share of unscorable rows and the failure rate 1 − mean c_i of its scorable rows "
-  "(nan with < 2 groups or no variation). Near 0 when rewards fail at random; > 0 when "
+  "(not logged where undefined: fewer than 2 groups, or no variation). Near 0 when rewards fail at random; > 0 when "
   "unscorable rows concentrate where answers are wrong (a policy escaping its zeros).",
   "reward/outcome/<label>": "Share of the iteration's scored rows whose reward carried this "
   "outcome label (the task's `outcomes`, e.g. the code task's pass, wrong, raised, timeout, "

@@ -120,17 +120,21 @@ def unscorable_warning(metrics: dict, *, limit: float) -> str:
   frac = metrics.get("reward/unscorable_frac", 0.0)
   if not frac > limit:
     return ""
-  prefix = "reward/unscorable_frac/"
+  prefix = "reward/unscorable/"
   parts = sorted(((v, k[len(prefix) :]) for k, v in metrics.items() if k.startswith(prefix)))
   named = ", ".join(f"{name} {v:.1%}" for v, name in parts[::-1] if v > 0)
-  corr = metrics.get("reward/unscorable_failure_corr", float("nan"))
+  corr = metrics.get("reward/unscorable_failure_corr")
+  across = (
+    f"across groups the unscorable share correlates with the failure rate at r = {corr:.2f} "
+    "(> 0 where unscorable rows concentrate where answers are wrong)"
+    if corr is not None
+    else "their correlation with the failure rate is undefined this iteration"
+  )
   return (
     f"{frac:.1%} of this iteration's rows were unscorable (more than "
     f"warn_unscorable_frac={limit:g}): {named}. They are masked from the loss, so a policy "
-    f"that makes wrong answers unscorable escapes their 0; across groups the unscorable "
-    f"share correlates with the failure rate at r = {corr:.2f} (> 0 where unscorable rows "
-    "concentrate where answers are wrong). Fix the reward (reward_workers=0 scores inline, "
-    "with tracebacks) or score those rows."
+    f"that makes wrong answers unscorable escapes their 0; {across}. Fix the reward "
+    "(reward_workers=0 scores inline, with tracebacks) or score those rows."
   )
 
 
