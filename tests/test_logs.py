@@ -334,6 +334,22 @@ def test_progress_off_a_terminal_is_a_line_every_interval_and_at_the_end():
   assert lines[-1].endswith("; 2.00 s/it, 0s left")
 
 
+def test_only_a_running_kernel_makes_progress_a_notebook_widget(monkeypatch):
+  # A process that started a notebook (nbclient imports ipykernel for its kernelspec) is
+  # no kernel itself: its progress stays lines (a CI run failed on this test order).
+  import types  # noqa: PLC0415
+
+  monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+  fake = types.ModuleType("IPython")
+  fake.get_ipython = lambda: None
+  monkeypatch.setitem(sys.modules, "IPython", fake)
+  assert not logs._in_notebook()
+  fake.get_ipython = lambda: types.SimpleNamespace(kernel=object())  # A Jupyter kernel.
+  assert logs._in_notebook()
+  fake.get_ipython = lambda: types.SimpleNamespace()  # A terminal IPython.
+  assert not logs._in_notebook()
+
+
 def test_the_warm_starts_progress_shows_its_loss_a_few_steps_late():
   from grpo_jax import warmstart  # noqa: PLC0415
 

@@ -264,8 +264,15 @@ class Progress:
 
 
 def _in_notebook() -> bool:
-  """Whether this process is a Jupyter / Colab kernel (its stderr is not a terminal)."""
-  return "ipykernel" in sys.modules or "google.colab" in sys.modules
+  """Whether this process is a Jupyter / Colab kernel (its stderr is not a terminal): an
+  IPython shell with a kernel is running. Not merely ipykernel imported: jupyter_client
+  imports it to find its kernelspec when a process starts a notebook (a test, a script
+  running one), and that process's own progress must stay lines."""
+  if "google.colab" in sys.modules:
+    return True
+  ipython = sys.modules.get("IPython")
+  shell = ipython.get_ipython() if ipython is not None else None
+  return getattr(shell, "kernel", None) is not None
 
 
 def _duration(seconds: float) -> str:
