@@ -252,8 +252,7 @@ def _family(name, tmp_path):
   and Qwen3 (<|im_end|>, <|endoftext|>), and SmolLM2's (ChatML, from GGUF metadata)."""
   if name != "smollm2_gguf":
     return hf_tokenizer.load(FIXTURES / name)
-  pytest.importorskip("gguf", reason="the GGUF tokenizer needs `pip install gguf`")
-  import gguf_files  # noqa: PLC0415 -- tests/ is on sys.path (conftest).
+  import gguf_files  # noqa: PLC0415 -- tests/ is on sys.path; gguf is in the test extra.
 
   gguf_files.write_llama(tmp_path / "smollm2.gguf", {})
   return hf_tokenizer.load(tmp_path / "smollm2.gguf")
