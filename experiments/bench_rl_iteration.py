@@ -4,6 +4,7 @@
   python experiments/bench_rl_iteration.py --dtypes float32 --iterations 4
   python experiments/bench_rl_iteration.py --quick              # a small smoke run
   python experiments/bench_rl_iteration.py --dtypes bfloat16 --sampler_dtype float32
+  python experiments/bench_rl_iteration.py --recompute experiments/results/cpu/2026-11-28_xeon_iteration.jsonl
 
 The anchor workload of issue 20 (the Tunix comparison): the Qwen3-shaped model of
 experiments/bench_sampler.py (8 layers, d_model 512, 8 heads / 4 KV, head_dim 64, SwiGLU
@@ -29,10 +30,29 @@ iterations after the first (which compiles) of:
                                                  accelerator's figure: on a CPU the x + 1
                                                  pass runs on one thread and understates
                                                  the bandwidth, so the ratio can pass 1)
-  mfu_sample, mfu_update, mfu_iteration          model FLOPs (`grpo_jax.infra.flops`: sampling at
-                                                 its decode contexts, the update's forward
-                                                 and backward as 3 forwards) / seconds / the
+  mfu_sample, mfu_update, mfu_iteration          model FLOPs (`model_flops`) / seconds / the
                                                  measured matmul peak of the same dtype
+  model_flops                                    per phase, `flops.phase_flops`: the work the
+                                                 algorithm needs, the LM head only at the
+                                                 positions whose logits are used (once per
+                                                 row per decode step, none at prefill; the
+                                                 T completion slots of the update's P + T,
+                                                 not the P prompt slots), sampling at its
+                                                 decode contexts, the update's forward and
+                                                 backward as 3 forwards. Every MFU uses it.
+  xla_flops                                      per phase, XLA's own count of the compiled
+                                                 program, for comparison only (no MFU uses
+                                                 it): "cost_analysis" (`compiled.
+                                                 cost_analysis()["flops"]`, every op, each
+                                                 while-loop body counted once: one decode
+                                                 step, one micro-batch of the update's scan),
+                                                 "dots" (`infra.hlo.matmul_flops`: dots only,
+                                                 a loop body times its trip count where that
+                                                 is a constant, so the update's scan counts
+                                                 every micro-batch; the decode loop, which
+                                                 stops early at EOS, still counts once) and
+                                                 "while_trips" (each loop's constant trip
+                                                 count; null: data-dependent)
   sample_pad_frac                                share of decoded row-steps spent on rows
                                                  that had already ended
   update_pad_frac                                share of the update's [N, P + T] positions
@@ -108,18 +128,51 @@ def random_prompts(setup, *, seed: int):
 
 
 def iteration_flops(setup, *, P: int, T: int, N: int) -> dict:
+  """Model FLOPs of one iteration (`flops.phase_flops`, the LM head only where logits are
+  used): "sample", "logprobs" (none here: π_old is the sampler's, β = 0) and "update"."""
   from grpo_jax.infra import flops  # noqa: PLC0415
 
-  cfg = setup.model_cfg
-  sample = flops.sampling_flops(
-    cfg,
+  rl_cfg = setup.rl_cfg
+  return flops.phase_flops(
+    setup.model_cfg,
     prompts=setup.loop.prompts_per_step,
     group_size=setup.sampler_cfg.group_size,
     prompt_len=P,
     new_tokens=T,
+    rollout_rows=N,
+    update_rows=setup.update_rows,
+    forwards=(1 if rl_cfg.recompute_old_logp else 0) + (1 if rl_cfg.use_ref else 0),
+    epochs=rl_cfg.ppo_epochs,
   )
-  update = 3 * N * flops.sequence_forward_flops(cfg, length=P + T)
-  return {"sample": sample, "update": update}
+
+
+def xla_flops(fns, setup, state, prompts, rollouts, key) -> dict:
+  """XLA's own FLOP count of each phase's compiled program (module docstring,
+  `xla_flops`): compiled again here, after the timed iterations, on the arguments of the
+  last one."""
+  from grpo_jax.infra import hlo  # noqa: PLC0415
+
+  correct = np.zeros(setup.rollout_rows, np.float32)
+  prep_hyper = setup.rl_cfg.prepare_hyper(max_new_tokens=setup.sampler_cfg.max_new_tokens)
+  lp = fns.rl.logprobs(state.params, None, rollouts)
+  batch = fns.rl.finish(lp, rollouts, correct, correct, prep_hyper)[0]
+  lowered = {
+    "sample": fns.samplers.train.lower(state.params, prompts, key, setup.sampling_hyper),
+    "logprobs": fns.rl.logprobs.lower(state.params, None, rollouts),
+    "update": fns.rl.update.lower(state, batch, key, setup.rl_cfg.step_hyper()),
+  }
+  out = {}
+  for name, low in lowered.items():
+    compiled = low.compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list | tuple) else cost
+    text = compiled.as_text()
+    out[name] = {
+      "cost_analysis": float(cost.get("flops", 0.0)),
+      "dots": float(hlo.matmul_flops(text)),
+      "while_trips": hlo.while_loops(text),
+    }
+  return out
 
 
 def timed_iteration(fns, setup, state, prompts, key, it: int) -> tuple:
@@ -186,17 +239,18 @@ def run_dtype(
   bandwidth = flops.memory_bandwidth(2**25 if quick else 0)
   step_bytes = decode_step_bytes(setup, state.params, P=P, T=T, N=N)
   med.update(
+    model_flops=fl,
+    xla_flops=xla_flops(fns, setup, state, prompts, rollouts, key),
+    mfu_flops="model_flops",
     sample_tokens_per_s=med["generated_tokens"] / med["sample_s"],
     update_tokens_per_s=N * (P + T) / med["update_s"],
-    mfu_sample=fl["sample"] / med["sample_s"] / peak,
-    mfu_update=fl["update"] / med["update_s"] / peak,
-    mfu_iteration=(fl["sample"] + fl["update"]) / med["iteration_s"] / peak,
     matmul_peak_flops=peak,
     memory_bandwidth_bytes_per_s=bandwidth,
     decode_roofline_tokens_per_s=N * bandwidth / step_bytes,
     iterations=[round(r["iteration_s"], 3) for r in rows],
   )
   med["decode_of_roofline"] = med["sample_tokens_per_s"] / med["decode_roofline_tokens_per_s"]
+  med.update(mfu_of(med, fl))
   return med
 
 
@@ -210,6 +264,47 @@ def decode_step_bytes(setup, params, *, P: int, T: int, N: int) -> float:
   return weights + kv
 
 
+def mfu_of(timed: dict, fl: dict) -> dict:
+  """MFU per phase of one dtype's timed figures (seconds, matmul_peak_flops) under the
+  per-phase FLOPs `fl`: the iteration counts every phase's FLOPs."""
+  peak = timed["matmul_peak_flops"]
+  return {
+    "mfu_sample": fl["sample"] / timed["sample_s"] / peak,
+    "mfu_update": fl["update"] / timed["update_s"] / peak,
+    "mfu_iteration": sum(fl.values()) / timed["iteration_s"] / peak,
+  }
+
+
+def recompute(path: str) -> list[dict]:
+  """The MFU of each committed anchor sitting in `path` (JSON lines, as in
+  experiments/results/cpu/) from its own seconds and peaks under today's model FLOPs
+  (`iteration_flops`): no new timing. One row per sitting and dtype, with the figures it
+  recorded beside."""
+  from grpo_jax import build  # noqa: PLC0415
+
+  setup = build.build(make_config("float32", quick=False))
+  P, T = setup.sampler_cfg.max_prompt_len, setup.sampler_cfg.max_new_tokens
+  fl = iteration_flops(setup, P=P, T=T, N=setup.rollout_rows)
+  rows = []
+  for line in pathlib.Path(path).read_text().splitlines():
+    record = json.loads(line)
+    if not str(record["what"]).startswith("grpo_jax bench_rl_iteration.py"):
+      continue
+    for dtype in ("float32", "bfloat16"):
+      timed = record["result"][dtype]
+      recorded = {k: timed[k] for k in ("mfu_sample", "mfu_update", "mfu_iteration")}
+      rows.append(
+        {
+          "sitting": record["sitting"],
+          "commit": record["commit"],
+          "dtype": dtype,
+          "recorded": recorded,
+          "recomputed": mfu_of(timed, fl),
+        }
+      )
+  return rows
+
+
 def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--dtypes", default="float32,bfloat16")
@@ -218,7 +313,16 @@ def main(argv=None) -> dict:
   parser.add_argument(
     "--sampler_dtype", default="", help="the sampler's compute dtype ('': the trainer's)"
   )
+  parser.add_argument(
+    "--recompute",
+    default="",
+    help="a results file (JSON lines): print its sittings' MFU under today's FLOPs, no timing",
+  )
   args = parser.parse_args(argv)
+  if args.recompute:
+    rows = recompute(args.recompute)
+    print("\n".join(json.dumps(r) for r in rows))
+    return {"recomputed": rows}
   out = {
     "device": jax.devices()[0].device_kind,
     "machine": f"{platform.machine()}, {os.cpu_count()} cores",
@@ -232,7 +336,8 @@ def main(argv=None) -> dict:
     r = out[dtype]
     print(
       f"{dtype}: iteration {r['iteration_s']:.2f} s (sample {r['sample_s']:.2f}, prepare "
-      f"{r['prepare_s']:.2f}, update {r['update_s']:.2f}); MFU update {r['mfu_update']:.1%}",
+      f"{r['prepare_s']:.2f}, update {r['update_s']:.2f}); MFU (model FLOPs, the head "
+      f"where logits are used) update {r['mfu_update']:.1%}, iteration {r['mfu_iteration']:.1%}",
       file=sys.stderr,
     )
   print(json.dumps(out))

@@ -17,8 +17,10 @@ and workload run through `Qwen3ForCausalLM.generate` (num_return_sequences=G, wh
 prefills each prompt G times) and the ratio is printed.
 
 Fraction of peak = model FLOPs per generated token x tokens/s / measured matmul peak,
-where FLOPs per token = 2 x (matmul params incl. the LM head) + 4 x L x H x E x context,
-with the mean decode context P + T/2; the peak is the best of several float32 GEMMs.
+where FLOPs per token = 2 x (matmul params incl. the LM head: every decode step's logits
+are used) + 4 x L x H x E x context, with the mean decode context P + (T - 1)/2 (step k
+attends P + k positions, as `flops.sampling_flops` counts); the prefill is not counted.
+The peak is the best of several float32 GEMMs.
 
 Matmul floor: one decode step's weight matmuls alone (every layer's q, k, v, o, gate, up,
 down and the LM head, on B*G rows, jitted; `matmul_floor_seconds`). No sampler can step
@@ -242,7 +244,7 @@ def main(argv=None):
   params = jax.jit(functools.partial(model.init, cfg))(jax.random.key(0))
   prompts_BP = np.asarray(jax.random.randint(jax.random.key(1), (B, P), 3, cfg.vocab_size))
   peak = flops.matmul_peak(512 if args.quick else 2048)
-  fpt = flops.forward_flops_per_token(cfg, context=P + T / 2)
+  fpt = flops.forward_flops_per_token(cfg, context=P + (T - 1) / 2)
   result = dict(
     backend=jax.default_backend(),
     device=str(jax.devices()[0].device_kind),

@@ -431,22 +431,21 @@ def padding(rollouts, *, tokens: float, slots: int = 0) -> dict:
 
 
 def phase_flops(setup: build.Setup, rollouts: Any, *, gen_batches: int) -> dict:
-  """Model FLOPs of one iteration's phases (`flops`): "sample" (every generation batch),
-  "prepare" (the π_old and reference forwards) and "update" (3 forwards per epoch)."""
+  """Model FLOPs of one iteration's phases (`flops.phase_flops`: the LM head only where
+  logits are used): "sample" (every generation batch, the steps the sampler ran),
+  "logprobs" (the π_old and reference forwards) and "update" (3 forwards per epoch)."""
   cfg, scfg, rl_cfg = setup.model_cfg, setup.sampler_cfg, setup.rl_cfg
   N, P = rollouts.prompt_tokens_NP.shape
-  T = scfg.max_new_tokens
-  sample = gen_batches * flops.sampling_flops(
+  fl = flops.phase_flops(
     cfg,
     prompts=setup.loop.prompts_per_step,
     group_size=scfg.group_size,
     prompt_len=P,
-    new_tokens=float(rollouts.num_steps),
+    new_tokens=scfg.max_new_tokens,
+    rollout_rows=N,
+    update_rows=setup.update_rows,
+    forwards=(1 if rl_cfg.recompute_old_logp else 0) + (1 if rl_cfg.use_ref else 0),
+    epochs=rl_cfg.ppo_epochs,
+    decode_steps=float(rollouts.num_steps),
   )
-  seq = flops.sequence_forward_flops(cfg, length=P + T)
-  forwards = (1 if rl_cfg.recompute_old_logp else 0) + (1 if rl_cfg.use_ref else 0)
-  return {
-    "sample": sample,
-    "prepare": forwards * N * seq,
-    "update": 3 * rl_cfg.ppo_epochs * setup.update_rows * seq,
-  }
+  return {**fl, "sample": gen_batches * fl["sample"]}

@@ -105,6 +105,18 @@ def test_bench_rl_iteration_reports_every_phase_per_dtype():
     assert d["decode_of_roofline"] == pytest.approx(
       d["sample_tokens_per_s"] / d["decode_roofline_tokens_per_s"]
     )
+    # Every MFU is of the model FLOPs (the head where logits are used); XLA's own counts
+    # are beside them, each phase with its loops' trip counts (the decode loop's: null).
+    fl, peak = d["model_flops"], d["matmul_peak_flops"]
+    assert d["mfu_flops"] == "model_flops" and set(fl) == {"sample", "logprobs", "update"}
+    assert d["mfu_update"] == pytest.approx(fl["update"] / d["update_s"] / peak)
+    assert d["mfu_iteration"] == pytest.approx(sum(fl.values()) / d["iteration_s"] / peak)
+    xla = d["xla_flops"]
+    assert None in xla["sample"]["while_trips"]
+    # The update's dots: the model's count plus the scores its causal block computes past
+    # the diagonal; the sampler's raw count holds one decode step, far below the model's.
+    assert fl["update"] < xla["update"]["dots"] < 1.1 * fl["update"]
+    assert 0 < xla["sample"]["cost_analysis"] < fl["sample"]
 
 
 def test_bench_gpu_writes_one_line_per_figure(tmp_path):
@@ -245,3 +257,21 @@ def test_calculator_seeds_judges_its_two_claims_by_their_rules():
   )
   assert "second look" not in md
   assert "A sequential second look" in calculator_seeds.markdown(rows, mixed, sequential=True)
+
+
+def test_bench_rl_iteration_recomputes_committed_sittings_from_their_own_seconds():
+  import bench_rl_iteration  # noqa: PLC0415
+
+  path = ROOT / "experiments" / "results" / "cpu" / "2026-11-28_xeon_iteration.jsonl"
+  rows = bench_rl_iteration.main(["--recompute", str(path)])["recomputed"]
+  assert [(r["sitting"], r["dtype"]) for r in rows][-2:] == [(5, "float32"), (5, "bfloat16")]
+  # The anchor's update per row, P + T = 64 + 128 (×3 for the backward on both sides): the
+  # recorded figures counted the head at all 192 positions, today's at the 128 that
+  # predict completion tokens. P_body = 8·(2·512·512 + 2·512·256 + 3·512·1536), D·V =
+  # 512·32768, attention 2·L·H·E·n(n+1) = 2·8·8·64·192·193.
+  body, head, attention = 25_165_824, 16_777_216, 303_562_752
+  ratio = (2 * body * 192 + 2 * head * 128 + attention) / (2 * (body + head) * 192 + attention)
+  assert ratio == pytest.approx(0.8691, abs=1e-4)
+  for r in rows:
+    assert r["recomputed"]["mfu_update"] == pytest.approx(r["recorded"]["mfu_update"] * ratio)
+    assert r["recomputed"]["mfu_iteration"] < r["recorded"]["mfu_iteration"]

@@ -5,9 +5,29 @@ Kaplan et al. 2020 §2.1): only matmuls count, a multiply-add is 2 FLOPs, and a 
 pass costs twice the forward. Per token of a decoder with L layers, model width D,
 H query heads and K KV heads of size E, MLP width F and vocabulary V:
 
-    matmul params  P_mm = L·(2·D·H·E + 2·D·K·E + 3·D·F) + D·V      (q,o; k,v; SwiGLU; LM head)
-    forward        f(c) = 2·P_mm + 4·L·H·E·c                        (c = attended context)
+    body params    P_body = L·(2·D·H·E + 2·D·K·E + 3·D·F)           (q,o; k,v; SwiGLU)
+    head params    P_head = D·V                                     (LM head)
+    forward        f(c) = 2·(P_body + P_head) + 4·L·H·E·c            (c = attended context)
     train (fwd+bwd) 3·f(c)
+
+One difference from pre-training MFU: the LM head counts only at the positions whose
+logits the algorithm uses (`sequence_forward_flops(head_positions=...)`). Pre-training
+uses every position's logits, so its convention puts the head at all of them
+(head_positions = length). A GRPO iteration uses fewer:
+  - sampling: the prefill's logits are never used (the last prompt token is fed as the
+    first decode step), so the head runs once per row per decode step and never at
+    prefill (`sampling_flops`);
+  - the log-prob forwards and the update: the head runs at the T slots P-1 .. P+T-2 that
+    predict completion tokens (`logprobs.completion_logits`, `logits_slice`), never at
+    the prompt's (`phase_flops`).
+The layer stack counts at every position a forward runs over, even where a position's
+last-layer output feeds nothing: the final completion token in the update, and the last
+layer's q, o, attention and MLP at prefill. XLA drops the prefill's, so there the count
+runs about (P−1)·2·(2·D·H·E + 3·D·F) a prompt above what XLA computes: 0.4% of the anchor's
+sampling.
+A chunked head (rl.logit_chunk) recomputes its logits in the backward, and remat
+recomputes the body. Neither recomputation is counted: these are model FLOPs, not
+hardware FLOPs.
 
 Embedding lookups, norms, RoPE and softmax are not counted (they are not matmuls).
 MFU = counted FLOPs / wall time / peak, where the peak is the best float32 GEMM rate the
@@ -22,46 +42,106 @@ import jax
 import jax.numpy as jnp
 
 
-def matmul_params(cfg) -> int:
-  """P_mm: parameters that take part in a matmul per token (LM head included)."""
-  D, H, K, E, F, V, L = (
+def body_matmul_params(cfg) -> int:
+  """P_body = L·(2·D·H·E + 2·D·K·E + 3·D·F): matmul parameters of the layer stack."""
+  D, H, K, E, F, L = (
     cfg.d_model,
     cfg.n_heads,
     cfg.n_kv_heads,
     cfg.head_dim,
     cfg.mlp_dim,
-    cfg.vocab_size,
     cfg.n_layers,
   )
-  return L * (2 * D * H * E + 2 * D * K * E + 3 * D * F) + D * V
+  return L * (2 * D * H * E + 2 * D * K * E + 3 * D * F)
+
+
+def head_matmul_params(cfg) -> int:
+  """P_head = D·V: the LM head's matmul parameters (tied or not)."""
+  return cfg.d_model * cfg.vocab_size
+
+
+def matmul_params(cfg) -> int:
+  """P_mm = P_body + P_head: parameters that take part in a matmul per token whose
+  logits are computed."""
+  return body_matmul_params(cfg) + head_matmul_params(cfg)
 
 
 def forward_flops_per_token(cfg, *, context: float) -> float:
-  """f(c) = 2·P_mm + 4·L·H·E·c: one token's forward with c attended positions."""
+  """f(c) = 2·P_mm + 4·L·H·E·c: one token's forward with c attended positions, LM head
+  included (a decode step)."""
   return 2.0 * matmul_params(cfg) + 4.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim * context
 
 
-def sequence_forward_flops(cfg, *, length: int) -> float:
-  """A causal forward over `length` tokens: Σ_t f(t+1) = 2·P_mm·n + 2·L·H·E·n·(n+1)."""
+def sequence_forward_flops(cfg, *, length: int, head_positions: int) -> float:
+  """A causal forward over n = `length` tokens with the LM head at h = `head_positions`:
+
+    2·P_body·n + 2·P_head·h + 2·L·H·E·n·(n+1)      (Σ_t 4·L·H·E·(t+1) for the attention)
+
+  h = n is the pre-training convention (every position's logits); a teacher-forced
+  forward over [prompt ; completion] uses h = T (`logprobs.completion_logits`)."""
   n = float(length)
-  return 2.0 * matmul_params(cfg) * n + 2.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim * n * (
-    n + 1
+  attention = 2.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim * n * (n + 1)
+  return (
+    2.0 * body_matmul_params(cfg) * n + 2.0 * head_matmul_params(cfg) * head_positions + attention
   )
 
 
 def sampling_flops(
   cfg, *, prompts: int, group_size: int, prompt_len: int, new_tokens: float
 ) -> float:
-  """One prefill per prompt, then `new_tokens` decode steps per row (mean, over all rows)
-  attending to the prompt plus the tokens so far (mean context P + T/2)."""
-  prefill = prompts * sequence_forward_flops(cfg, length=prompt_len)
-  decode = (
-    prompts
-    * group_size
-    * new_tokens
-    * forward_flops_per_token(cfg, context=prompt_len + new_tokens / 2)
-  )
+  """The sampler's (`sampling.prefill`, `sampling.decode`): B = `prompts`, N = B·G rows,
+  P = `prompt_len`, n = `new_tokens` decode steps per row (every row runs every step):
+
+    prefill  B · sequence_forward_flops(length=P−1, head_positions=0)
+    decode   N · Σ_{k=0}^{n−1} f(P + k) = N·n·(2·P_mm + 4·L·H·E·(P + (n−1)/2))
+
+  The prefill writes each prompt minus its last token into the cache, once per prompt,
+  and its logits are never used (XLA drops that head). Decode step k feeds slot P−1+k
+  and attends to P + k positions; its head gives the next token's distribution (step 0:
+  the last prompt token's)."""
+  P, n = prompt_len, float(new_tokens)
+  prefill = prompts * sequence_forward_flops(cfg, length=P - 1, head_positions=0)
+  decode = prompts * group_size * n * forward_flops_per_token(cfg, context=P + (n - 1) / 2)
   return prefill + decode
+
+
+def phase_flops(
+  cfg,
+  *,
+  prompts: int,
+  group_size: int,
+  prompt_len: int,
+  new_tokens: int,
+  rollout_rows: int,
+  update_rows: int,
+  forwards: int,
+  epochs: int,
+  decode_steps: float | None = None,
+) -> dict:
+  """Model FLOPs of one GRPO iteration's phases, the LM head only where logits are used:
+
+    "sample"    sampling_flops(prompts, group_size, P, decode_steps)
+    "logprobs"  forwards · rollout_rows · s        (π_old and reference forwards)
+    "update"    3 · epochs · update_rows · s       (forward + backward)
+    s = sequence_forward_flops(length=P+T, head_positions=T)
+
+  P = `prompt_len`, T = `new_tokens` (the completion slots the teacher-forced forwards
+  run over); `decode_steps` (default T): the decode steps the sampler ran. `forwards`:
+  the log-prob forwards before the update (recomputed π_old, the reference)."""
+  P, T = prompt_len, new_tokens
+  seq = sequence_forward_flops(cfg, length=P + T, head_positions=T)
+  sample = sampling_flops(
+    cfg,
+    prompts=prompts,
+    group_size=group_size,
+    prompt_len=P,
+    new_tokens=T if decode_steps is None else decode_steps,
+  )
+  return {
+    "sample": sample,
+    "logprobs": forwards * rollout_rows * seq,
+    "update": 3 * epochs * update_rows * seq,
+  }
 
 
 def memory_bandwidth(n_bytes: int = 0, repeats: int = 10) -> float:

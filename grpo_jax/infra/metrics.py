@@ -180,12 +180,13 @@ DEFINITIONS = {
   "the params snapshot before the update and the measurements after it.",
   "tokens_per_s": "The policy's own completion tokens of the training batch (episodes: "
   "actions, not observations) / time/sample.",
-  "perf/mfu": "Model FLOPs of the iteration (grpo_jax.infra.flops: sampling, prepare forwards, "
-  "3x forward per update epoch, over the computed padded shapes) / time/iteration / peak FLOP/s.",
-  "perf/mfu_sample": "Model FLOPs of sampling (every generation batch: prefill and decode at "
-  "the decoded contexts) / time/sample / peak FLOP/s.",
-  "perf/mfu_update": "Model FLOPs of the update (3x forward per epoch over the update rows) / "
-  "time/update / peak FLOP/s.",
+  "perf/mfu": "Model FLOPs of the iteration (grpo_jax.infra.flops.phase_flops: sampling, the "
+  "log-prob forwards, 3x forward per update epoch, over the computed padded shapes; the LM head "
+  "only at the positions whose logits are used) / time/iteration / peak FLOP/s.",
+  "perf/mfu_sample": "Model FLOPs of sampling (every generation batch: the prefill without a "
+  "head, then one head per decode step at the decoded contexts) / time/sample / peak FLOP/s.",
+  "perf/mfu_update": "Model FLOPs of the update (3x forward per epoch over the update rows, the "
+  "LM head at the T completion positions only) / time/update / peak FLOP/s.",
   "eval/greedy_accuracy": "Held-out accuracy of greedy completions (first eval_size test problems).",
   "eval/format_rate": "Held-out fraction of greedy completions that follow the answer template "
   "(episodes, config.env: the fraction the environment ended, episode/end/done).",
