@@ -75,7 +75,7 @@ SECTIONS = (
   "reward_model",
 )
 # What config.model may set when the architecture comes from a HF checkpoint.
-HF_RUNTIME_KEYS = ("param_dtype", "dtype", "scan_layers", "remat", "lora")
+HF_RUNTIME_KEYS = ("param_dtype", "dtype", "scan_layers", "remat", "attention_impl", "lora")
 
 
 def _check_fields(obj, where: str, *, at_least: dict[str, float], above: dict[str, float] = ()):
@@ -390,7 +390,8 @@ def hf_math_config(
   Otherwise Qwen2.5-<variant>-Instruct under ~/models: float32 params and Adam, bfloat16
   compute, scanned + rematerialised layers (configs/scale.py gives the reasons), 64
   prompts × G = 8, lr 1e-6 with 10 warmup steps, 200 iterations, the mesh (data, fsdp,
-  tensor) and 4 mini-batches of `micro_batches` micro-batches.
+  tensor) and 4 mini-batches of `micro_batches` micro-batches (the log-prob forwards in
+  as many slices: rl.logprob_batches).
   """
   c = default_config()
   c.task.name = "math"
@@ -416,7 +417,9 @@ def hf_math_config(
   c.update(prompts_per_step=64, iterations=200, learning_rate=1e-6, warmup_steps=10)
   c.update(eval_every=20, eval_size=eval_size, eval_samples=0, checkpoint_every=20)
   c.update(reward_workers=8, reward_timeout_s=10.0)
-  c.rl.update(num_minibatches=4, micro_batches=micro_batches)
+  # The π_old and reference forwards at the update's micro-batch rows (all 512 rows at
+  # once would need a float32 [rows, T, vocab] logits buffer over any chip's HBM).
+  c.rl.update(num_minibatches=4, micro_batches=micro_batches, logprob_batches=4 * micro_batches)
   c.mesh.update(dict(zip(("data", "fsdp", "tensor"), mesh, strict=True)))
   return c
 

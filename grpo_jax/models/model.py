@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax.infra import config_lib
-from grpo_jax.models import quant
+from grpo_jax.models import kernels, quant
 
 Params = Any
 
@@ -163,6 +163,10 @@ class ModelConfig:
   scan_layers: bool = False  # nn.scan over layers: compile time flat in depth.
   remat: str = "none"  # One of _REMAT_POLICIES, or "auto" (build.build resolves it).
   init_std: float = 0.02
+  # Attention of the calls without a KV cache (training, log-probs, prefill): "xla" (every
+  # backend), "splash" (a Pallas flash-attention kernel, TPU only) or "splash_interpret"
+  # (that kernel interpreted, any backend: tests). Decoding is XLA always (`kernels`).
+  attention_impl: str = "xla"
   lora: LoraConfig = LoraConfig()  # Low-rank adapters (`lora`); rank 0: full fine-tuning.
 
   def __post_init__(self):
@@ -198,6 +202,7 @@ class ModelConfig:
     for name in ("param_dtype", "dtype"):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r}; allowed: {sorted(_DTYPES)}.")
+    kernels.check_impl(self.attention_impl)
     if self.remat not in (*_REMAT_POLICIES, "auto"):
       raise ValueError(
         f"ModelConfig.remat={self.remat!r}; allowed: {sorted(_REMAT_POLICIES)} or 'auto' "
@@ -727,7 +732,10 @@ class Attention(nn.Module):
           write(cache_kv[1], v_BKTE, (0, 0, index, 0)),
         )
       keys = (*new_kv, cache_pos_BS)
-    if cache_kv is None:  # Teacher forcing or a prefill: causal within the call.
+    # A Pallas kernel (`kernels`); init's dummy forward runs XLA (the params are the same).
+    if cache_kv is None and cfg.attention_impl != "xla" and not self.is_initializing():
+      out_BKQE = kernels.causal(q_BKQE, *keys, impl=cfg.attention_impl, dtype=cfg.compute_dtype)
+    elif cache_kv is None:  # Teacher forcing or a prefill: causal within the call.
       out_BKQE = _attend_causal(q_BKQE, q_pos_BQ, *keys, dtype=cfg.compute_dtype)
     elif prefix is None:
       out_BKQE = _attend(q_BKQE, q_pos_BQ, *keys, dtype=cfg.compute_dtype)
@@ -785,15 +793,34 @@ class Block(nn.Module):
     return nn.with_logical_constraint(x_BTD, ACT_BTD), kv_new
 
 
+def _mesh_axes(name: str) -> tuple[str, ...]:
+  """The mesh axes the logical rules in scope map `name` to (() outside them)."""
+  axes = nn.logical_to_mesh_axes((name,))[0]
+  return () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
+
+
 class _Embed(nn.Embed):
-  """nn.Embed whose lookup reads the table gathered over fsdp, as every FSDP weight is
-  when used: gathering rows from a table split on `embed` and then re-splitting the rows
-  over the batch axes makes XLA replicate the whole output first (its "involuntary full
-  rematerialization")."""
+  """nn.Embed whose lookup reads the table where it lies: every device looks up every
+  token of the batch in its own fsdp slice of the width D (the ids, a few KB, are
+  gathered; the rows stay split over the batch axes fsdp does not use), and the output,
+  cast to the compute dtype, is re-split by rows ([B, T, D]: an all-to-all). The
+  lookup's gradient is then a scatter-add into each device's own slice, with nothing to
+  reduce over fsdp. Read gathered over fsdp instead, the table (float32 [V, D]: 545 MB
+  for Qwen2.5's 151,936 x 896) was all-gathered each train step and its gradient
+  all-reduced each micro-batch (the update of configs/scale.py:0.5b on v5e:2x4:
+  all-reduces of 8.7 GB an update, `tests/test_tpu_collectives.py`). The ids and the
+  output carry explicit shardings, so XLA's partitioner never has to re-split a gather
+  split on D by itself (its "involuntary full rematerialization")."""
 
   def __call__(self, inputs):
-    table_VD = nn.with_logical_constraint(self.embedding, ("vocab", None))
-    return jnp.take(table_VD, inputs, axis=0).astype(self.dtype)
+    if not nn.get_logical_axis_rules():  # No mesh rules: a plain lookup.
+      return jnp.take(self.embedding, inputs, axis=0).astype(self.dtype)
+    width = _mesh_axes("embed")
+    rows = tuple(a for a in _mesh_axes("activation_batch") if a not in width)
+    rules = (("rows", rows or None), ("width", width or None))
+    ids = nn.with_logical_constraint(inputs, ("rows", *(None,) * (inputs.ndim - 1)), rules=rules)
+    x = jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
+    return nn.with_logical_constraint(x, ("rows", *(None,) * (x.ndim - 2), "width"), rules=rules)
 
 
 class Decoder(nn.Module):
