@@ -255,6 +255,18 @@ def test_a_loop_without_a_constant_bound_counts_once():
   assert hlo.matmul_flops(unbounded) == 2 * 8 * 16 * 16
 
 
+def test_a_loop_whose_counter_steps_by_two_runs_half_its_bound():
+  """TPU's windowed einsums (collective matmuls) count 0, 2 < 4: two iterations, not four."""
+  stepped = HLO.replace(
+    "  ROOT %next = (s32[], f32[8,16]{1,0}, f32[16,16]{1,0}) tuple(%i, %ar.loop, %w)",
+    "  %two = s32[] constant(2)\n  %i.next = s32[] add(%i, %two)\n"
+    "  ROOT %next = (s32[], f32[8,16]{1,0}, f32[16,16]{1,0}) tuple(%i.next, %ar.loop, %w)",
+  ).replace("%limit = s32[]{:T(128)} constant(3)", "%limit = s32[]{:T(128)} constant(4)")
+  assert stepped != HLO
+  assert hlo.while_loops(stepped) == [2]
+  assert hlo.matmul_flops(stepped) == 2 * 2 * 8 * 16 * 16
+
+
 MEGASCALE = """\
 HloModule jit_f, is_scheduled=true, num_partitions=4
 
@@ -486,3 +498,12 @@ def test_format_table_by_hand():
     "rollout     NO    20.00 / 16     12.00     3.0      500.000  0.000 +DCN 4.000  "
     "all-reduce×1 data DCN"
   )
+
+
+def test_an_8_chip_v5e_or_v6e_slice_is_one_host_and_v5e_32_is_eight():
+  """As Google sells them: v5litepod-8 and v6e-8 are one VM of 8 chips; larger v5e slices
+  hosts of 4 chips (libtpu's default would make 2x4 two hosts)."""
+  for name in ("v5e:2x4", "v6e:2x4"):
+    devices = tpu.load_topology(name)
+    assert (len(devices), tpu.hosts(devices)) == (8, 1), name
+  assert tpu.hosts(tpu.load_topology("v5e:4x4")) == 4

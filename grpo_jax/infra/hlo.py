@@ -131,7 +131,7 @@ _CALLS = re.compile(
 _CALL_LISTS = re.compile(r"\b(?:branch_computations|called_computations)=\{([^}]*)\}")
 
 
-def _trip_count(cond: _Computation | None, instr: _Instr) -> int | None:
+def _trip_count(cond: _Computation | None, body: _Computation | None, instr: _Instr) -> int | None:
   known = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', instr.rest)
   if known:
     return int(known.group(1))
@@ -147,8 +147,30 @@ def _trip_count(cond: _Computation | None, instr: _Instr) -> int | None:
     if i.opcode == "constant" and (c := re.match(r"(-?\d+)\)", i.rest))
   }
   if len(operands) == 2 and operands[1] in constants:
-    return constants[operands[1]]
+    return -(-constants[operands[1]] // _counter_step(cond, body, operands[0]))
   return None
+
+
+def _counter_step(cond: _Computation, body: _Computation | None, counter: str) -> int:
+  """What the loop body adds to the counter its condition compares (1 when not a constant):
+  TPU's windowed einsums count 0, 2 < 4, so run twice, not four times."""
+  gte = next((i for i in cond.instrs if i.name == counter), None)
+  index = re.search(r"index=(\d+)", gte.rest) if gte and gte.opcode == "get-tuple-element" else None
+  if body is None or index is None or not body.instrs or body.instrs[-1].opcode != "tuple":
+    return 1
+  by_name = {i.name: i for i in body.instrs}
+  elements = re.findall(r"%([\w.\-]+)", body.instrs[-1].rest)
+  update = (
+    by_name.get(elements[int(index.group(1))]) if int(index.group(1)) < len(elements) else None
+  )
+  if update is None or update.opcode != "add":
+    return 1
+  for name in re.findall(r"%([\w.\-]+)", update.rest.split(")")[0]):
+    c = by_name.get(name)
+    step = re.match(r"(\d+)\)", c.rest) if c is not None and c.opcode == "constant" else None
+    if step and int(step.group(1)) > 0:
+      return int(step.group(1))
+  return 1
 
 
 def _multipliers(comps: dict[str, _Computation]) -> tuple[dict[str, int], list[int | None]]:
@@ -161,7 +183,12 @@ def _multipliers(comps: dict[str, _Computation]) -> tuple[dict[str, int], list[i
       factor = 1
       if instr.opcode == "while":
         cond = re.search(r"condition=%?([\w.\-]+)", instr.rest)
-        trip = _trip_count(comps.get(cond.group(1)) if cond else None, instr)
+        body = re.search(r"body=%?([\w.\-]+)", instr.rest)
+        trip = _trip_count(
+          comps.get(cond.group(1)) if cond else None,
+          comps.get(body.group(1)) if body else None,
+          instr,
+        )
         trips.append(trip)
         factor = 1 if trip is None else trip
       for kind, callee in _CALLS.findall(instr.rest):

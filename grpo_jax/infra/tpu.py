@@ -37,7 +37,8 @@ Reading a compiled program (`infra.hlo`; what XLA TPU emits, found by compiling;
 - Loops: TPU `cost_analysis` counts a while loop's body once (a scan over 8 layers reports
   the flops of one), so `report` also counts dot/convolution flops itself with each
   loop's trip count (`hlo.matmul_flops`) and uses the larger count. A trip count is read from
-  the loop condition `i < N` (jax lowers scan/fori_loop from 0 in steps of 1); loops whose
+  the loop condition `i < N` and the step the body adds to i (jax lowers scan/fori_loop
+  from 0 in steps of 1; TPU's windowed einsums, its collective matmuls, step by 2); loops whose
   bound is not a constant (a decode loop until EOS) count once and are listed as None.
   Collective counts are per call of the program, loops included.
 - Host callbacks (`hlo.host_callbacks`): jax.debug.print and pure_callback are send/recv host
@@ -137,6 +138,10 @@ EXAMPLES = ("v5e:2x2", "v5e:4x8", "v6e:2x4", "v5p:2x2x1", "v4:2x2x1")
 # libtpu's compile-only topology gives v4 two devices per chip unless asked for megacore,
 # and jax's mesh utilities refuse those ("requires one device per chip").
 _CHIP_CONFIG = {"v4": "megacore", "v5p": "megacore"}
+# 8-chip v5e and v6e slices are one host of 8 chips (v5litepod-8: ct5lp-hightpu-8t;
+# v6e-8: ct6e-standard-8t, cloud.google.com/tpu/docs/v5e and /v6e); larger slices have
+# hosts of 4 chips, as libtpu describes them by default.
+_ONE_HOST_8 = ("v5e", "v6e")
 
 
 def per_device(chip: Chip) -> Chip:
@@ -189,6 +194,9 @@ def load_topology(name: str, *, num_slices: int = 1) -> list:
   options = {"num_slices": num_slices} if num_slices > 1 else {}
   if chip.name in _CHIP_CONFIG:
     options["chip_config_name"] = _CHIP_CONFIG[chip.name]
+  dims = [int(x) for x in name.split(":")[1].split("x")]
+  if chip.name in _ONE_HOST_8 and sorted(dims) == [2, 4]:  # libtpu's default: 2 hosts of 4.
+    options["chips_per_host_bounds"] = [*dims, 1]
   try:
     from jax.experimental import topologies
 
@@ -251,14 +259,21 @@ COMPILE_PAST_OOM = {"xla_tpu_no_crash_on_oom": True}
 _OOM = re.compile(
   r"required for HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds available HBM \(([\d.]+)([KMGT]?)\)"
 )
+# One buffer larger than the whole HBM: refused even with COMPILE_PAST_OOM.
+_OOM_BUFFER = re.compile(r"Allocation \(size=(\d+)\) would exceed memory \(size=(\d+)\)")
 
 
 def out_of_memory(error: BaseException) -> dict | None:
   """{"required_bytes", "available_bytes"} from XLA TPU's compile-time out-of-memory error
-  ("Ran out of memory on HBM, ... (20.00G) exceeds available HBM (15.75G)"), else None."""
+  ("Ran out of memory on HBM, ... (20.00G) exceeds available HBM (15.75G)", or one buffer
+  over the whole HBM: "Allocation (size=39829110784) would exceed memory (size=17179869184)",
+  a lower bound of the need), else None."""
   m = _OOM.search(str(error))
   if m is None:
-    return None
+    b = _OOM_BUFFER.search(str(error))
+    if b is None:
+      return None
+    return {"required_bytes": int(b.group(1)), "available_bytes": int(b.group(2))}
   scale = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
   return {
     "required_bytes": round(float(m.group(1)) * scale[m.group(2)]),
@@ -344,6 +359,43 @@ def report(compiled, *, chip: Chip, mesh) -> dict:
     "collectives_by_kind": hlo.collectives_by_kind(found),
     "host_callbacks": hlo.host_callbacks(text),
     "aliased_parameters": sorted(hlo.aliased_parameters(text)),
+  }
+
+
+def refused(error: BaseException, *, chip: Chip, mesh) -> dict | None:
+  """A `report`-shaped row for a program XLA refused to compile for lack of memory (even
+  past COMPILE_PAST_OOM: one buffer over the whole HBM): its need as total and temporary
+  bytes (a lower bound), no cost, `refused` the error's first line; None when `error` is
+  not an out-of-memory error."""
+  oom = out_of_memory(error)
+  if oom is None:
+    return None
+  hbm = per_device(chip).hbm_bytes
+  need = oom["required_bytes"]
+  zero = ("argument_bytes", "output_bytes", "alias_bytes", "code_bytes", "flops", "matmul_flops")
+  return {
+    "chip": chip.name,
+    "mesh": {name: int(size) for name, size in mesh.shape.items()},
+    "devices": int(mesh.devices.size),
+    **dict.fromkeys(zero, 0),
+    "temp_bytes": need,
+    "total_bytes": need,
+    "hbm_bytes": hbm,
+    "headroom_bytes": hbm - need,
+    "fits": False,
+    "bytes_accessed": 0.0,
+    "compute_s": 0.0,
+    "memory_s": 0.0,
+    "roofline_s": 0.0,
+    "xla_optimal_s": 0.0,
+    "loops": [],
+    "ici_s": 0.0,
+    "dcn_s": 0.0,
+    "collectives": [],
+    "collectives_by_kind": {},
+    "host_callbacks": [],
+    "aliased_parameters": [],
+    "refused": str(error).strip().splitlines()[0][:300],
   }
 
 
