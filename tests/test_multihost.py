@@ -62,11 +62,11 @@ class _Sharding:
 
 def test_row_ranges_per_process_and_non_contiguous_blocks_are_refused():
   s = _Sharding([(0, 0, 4), (0, 4, 8), (1, 8, 12), (1, 12, 16)])
-  assert distributed._row_ranges(s, 16) == {0: (0, 8), 1: (8, 16)}
+  assert distributed.row_ranges(s, 16) == {0: (0, 8), 1: (8, 16)}
   replicated = _Sharding([(0, 0, 16), (1, 0, 16)])
-  assert distributed._row_ranges(replicated, 16) == {0: (0, 16), 1: (0, 16)}
+  assert distributed.row_ranges(replicated, 16) == {0: (0, 16), 1: (0, 16)}
   with pytest.raises(ValueError, match="not one contiguous block"):
-    distributed._row_ranges(_Sharding([(0, 0, 4), (1, 4, 8), (0, 8, 12), (1, 12, 16)]), 16)
+    distributed.row_ranges(_Sharding([(0, 0, 4), (1, 4, 8), (0, 8, 12), (1, 12, 16)]), 16)
 
 
 def test_one_process_helpers_are_identities():

@@ -123,7 +123,7 @@ def is_primary() -> bool:
   return jax.process_index() == 0
 
 
-def _row_ranges(sharding, n: int) -> dict[int, tuple[int, int]]:
+def row_ranges(sharding, n: int) -> dict[int, tuple[int, int]]:
   """process index -> (start, stop) of the rows of an n-row array its devices hold.
 
   A replicated array: every process holds (0, n). Rows split over devices: a process's
@@ -155,7 +155,7 @@ def local_rows(sharding, n: int) -> slice:
   process's devices hold; all n with one process or a replicated sharding."""
   if jax.process_count() == 1:
     return slice(0, n)
-  start, stop = _row_ranges(sharding, n)[jax.process_index()]
+  start, stop = row_ranges(sharding, n)[jax.process_index()]
   return slice(start, stop)
 
 
@@ -192,7 +192,7 @@ def gather_rows(local: np.ndarray, sharding, n: int) -> np.ndarray:
   local = np.asarray(local)
   if jax.process_count() == 1:
     return local
-  ranges = _row_ranges(sharding, n)
+  ranges = row_ranges(sharding, n)
   if all(r == (0, n) for r in ranges.values()):
     return local
   stacked = multihost_utils.process_allgather(local, tiled=False)  # [processes, rows, ...]
