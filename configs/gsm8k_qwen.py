@@ -38,6 +38,14 @@ from grpo_jax import config
 FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 _MESHES = {"0.5b": (1, -1, 1), "1.5b": (1, -1, 1)}  # (data, fsdp, tensor), as scale.py.
 
+# The TPU topology each accelerator variant is sized for (the docstring's), compiled for
+# it by `python experiments/tpu_aot.py --configs` (experiments/results/tpu_aot/configs/).
+TOPOLOGIES = {"0.5b": "v5e:2x4", "1.5b": "v5e:2x4"}
+SHAPES = {
+  "0.5b": "qwen2.5-0.5b",
+  "1.5b": "qwen2.5-1.5b",
+}  # The checkpoints' shapes (`models.shapes`), to plan without them.
+
 
 def get_config(arg: str = "0.5b"):
   if arg not in (*_MESHES, "tiny"):

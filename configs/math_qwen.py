@@ -35,6 +35,14 @@ from grpo_jax import config
 FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 _MESHES = {"1.5b": (1, -1, 1), "7b": (1, -1, 4)}  # (data, fsdp, tensor), as scale.py.
 
+# The TPU topology each accelerator variant is sized for (the docstring's), compiled for
+# it by `python experiments/tpu_aot.py --configs` (experiments/results/tpu_aot/configs/).
+TOPOLOGIES = {"1.5b": "v5e:2x4", "7b": "v5e:4x4"}
+SHAPES = {
+  "1.5b": "qwen2.5-1.5b",
+  "7b": "qwen2.5-7b",
+}  # The checkpoints' shapes (`models.shapes`), to plan without them.
+
 
 def get_config(arg: str = "1.5b"):
   if arg not in (*_MESHES, "tiny"):

@@ -61,6 +61,10 @@ _QWEN25 = {
 # (data, fsdp, tensor): see the module docstring for each choice.
 MESHES = {"0.5b": (1, -1, 1), "1.5b": (1, -1, 1), "7b": (1, -1, 4)}
 
+# The TPU topology each accelerator variant is sized for (the docstring's), compiled for
+# it by `python experiments/tpu_aot.py --configs` (experiments/results/tpu_aot/configs/).
+TOPOLOGIES = {"0.5b": "v5e:2x4", "1.5b": "v5e:2x4", "7b": "v5e:4x4"}
+
 
 def get_config(arg: str = "0.5b"):
   if arg not in (*_QWEN25, "tiny"):
@@ -83,5 +87,8 @@ def get_config(arg: str = "0.5b"):
   c.rl.update(num_minibatches=4, micro_batches=4, kl_coef=0.001)
   if arg == "7b":  # 1 row a device per micro-batch: fits 16 GiB chips.
     c.rl.micro_batches = 32
+  # π_old's and the reference's forwards at the update's micro-batch rows (`aot` found it:
+  # all 64 rows a device at once need a 39.8 GB float32 logits buffer on a v5e).
+  c.rl.logprob_batches = c.rl.num_minibatches * c.rl.micro_batches
   c.mesh.update(dict(zip(("data", "fsdp", "tensor"), MESHES[arg], strict=True)))
   return c

@@ -16,7 +16,9 @@ known before anyone books one.
 The functions compiled (`FUNCTIONS`): "sample" (the training sampler: prefill and decode,
 `samplers.train`), "logprobs" (π_old and the reference's teacher-forced log-probs of the
 rollouts, `rl.logprobs`) and "update" (the scan of train steps over one rollout batch,
-`rl.update`). Each is compiled on its own; a run holds its train state (params and
+`rl.update`); with IBPO's counterfactual rows (config.counterfactual) also
+"counterfactual" (their decode, `counterfactuals.generate`). Not yet compiled: the
+multi-turn episode runner's steps (config.env) and a reward model's scorer. Each is compiled on its own; a run holds its train state (params and
 optimizer state) and the reference throughout, so a function's peak per device is XLA's
 figure for it plus the resident arrays it does not take as arguments (`resident`).
 
@@ -41,10 +43,12 @@ import jax.numpy as jnp
 import ml_collections
 
 from grpo_jax import build, memory, steps
-from grpo_jax.infra import config_lib, flops, hlo, tpu
-from grpo_jax.models import model, sharding
+from grpo_jax.infra import config_lib, distributed, flops, hlo, tpu
+from grpo_jax.models import model, sampling, sharding
 
 FUNCTIONS = ("sample", "logprobs", "update")
+LOGIT_CHUNK = 256  # `ladder`'s rl.logit_chunk (memory.AUTO_CANDIDATES' too).
+PLAN_SLACK = 1.2  # `advise` compiles a rung whose memory plan is under 1.2 x HBM.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +92,7 @@ def abstract_arguments(setup, fns) -> dict[str, tuple]:
   with fns.layout.context():
     rollouts = jax.eval_shape(fns.samplers.train.jitted, state.params, prompts, key, hyper)
   ref = model.reference_part(state.params) if rl_cfg.use_ref else None
-  return {
+  out = {
     "sample": (fns.samplers.train, (state.params, prompts, key, hyper)),
     "logprobs": (fns.rl.logprobs, (state.params, ref, rollouts)),
     "update": (
@@ -96,6 +100,28 @@ def abstract_arguments(setup, fns) -> dict[str, tuple]:
       (state, batch, key, jax.eval_shape(rl_cfg.step_hyper)),
     ),
   }
+  if fns.counterfactual is not None:
+    out["counterfactual"] = _counterfactual_arguments(setup, fns, state, rollouts, key)
+  return out
+
+
+def _counterfactual_arguments(setup, fns, state, rollouts, key) -> tuple:
+  """IBPO's counterfactual decode (`counterfactuals.generate`: branch from the rollouts'
+  cuts, or decode perturbed prompts) over its planned slots."""
+  cf, N = setup.counterfactual, rollouts.tokens_NT.shape[0]
+  M = setup.loop.prompts_per_step * cf.per_group
+  correct_N = jax.ShapeDtypeStruct((N,), jnp.float32)
+  with fns.layout.context():
+    cf_plan = jax.eval_shape(fns.counterfactual.plan.jitted, key, rollouts, correct_N)
+  prompts = None
+  if cf.perturbed:
+    P = max(setup.sampler_cfg.prompt_buckets)
+    prompts = sampling.Prompts(
+      tokens_BP=jax.ShapeDtypeStruct((M, P), jnp.int32),
+      mask_BP=jax.ShapeDtypeStruct((M, P), jnp.bool_),
+    )
+  hyper = setup.sampling_hyper
+  return fns.counterfactual.generate, (state.params, rollouts, cf_plan, prompts, key, hyper)
 
 
 def compile_function(jitted: sharding.Jitted, args: tuple):
@@ -145,12 +171,14 @@ def resident(setup, fns, args: dict) -> dict[str, int]:
     "sample": state_b - params_b + ref_b,
     "logprobs": state_b - params_b,
     "update": ref_b,
+    "counterfactual": state_b - params_b + ref_b,  # Decodes, as the sampler does.
   }
 
 
 def model_roofline(setup, target: Target, *, params_bytes: int, kv_bytes: int) -> dict:
-  """Seconds per phase of one iteration at the chip's peak: model FLOPs (`infra.flops`,
-  every row decoding all T tokens) over every device's bf16 peak, or, for decoding, the
+  """Seconds per phase of one iteration at the chip's peak: model FLOPs (`flops.phase_flops`:
+  the LM head only where logits are used, every row decoding all T tokens) over every
+  device's bf16 peak, or, for decoding, the
   bytes each step reads (the whole params, as a decode step reads every weight after
   fsdp's gather, plus the device's KV cache) over its HBM bandwidth, whichever is longer.
   XLA's own cost_analysis counts a while loop's body once (decode steps, the update's
@@ -159,16 +187,27 @@ def model_roofline(setup, target: Target, *, params_bytes: int, kv_bytes: int) -
   P, T, n = max(scfg.prompt_buckets), scfg.max_new_tokens, len(target.devices)
   peak = n * tpu.per_device(target.chip).peak_bf16_flops
   bandwidth = tpu.per_device(target.chip).hbm_bytes_per_s
-  sample = flops.sampling_flops(
-    cfg, prompts=loop.prompts_per_step, group_size=scfg.group_size, prompt_len=P, new_tokens=T
+  work = flops.phase_flops(
+    cfg,
+    prompts=loop.prompts_per_step,
+    group_size=scfg.group_size,
+    prompt_len=P,
+    new_tokens=T,
+    rollout_rows=setup.rollout_rows,
+    update_rows=setup.update_rows,
+    forwards=(1 if rl_cfg.recompute_old_logp else 0) + (1 if rl_cfg.use_ref else 0),
+    epochs=rl_cfg.ppo_epochs,
   )
-  seq = flops.sequence_forward_flops(cfg, length=P + T)
-  forwards = (1 if rl_cfg.recompute_old_logp else 0) + (1 if rl_cfg.use_ref else 0)
-  return {
-    "sample": max(sample / peak, T * (params_bytes + kv_bytes) / bandwidth),
-    "logprobs": forwards * setup.rollout_rows * seq / peak,
-    "update": 3 * rl_cfg.ppo_epochs * setup.update_rows * seq / peak,
+  out = {
+    "sample": max(work["sample"] / peak, T * (params_bytes + kv_bytes) / bandwidth),
+    "logprobs": work["logprobs"] / peak,
+    "update": work["update"] / peak,
   }
+  if setup.counterfactual.enabled:  # M rows decode from their cuts: at most T steps each.
+    M = loop.prompts_per_step * setup.counterfactual.per_group
+    rows = loop.prompts_per_step * scfg.group_size
+    out["counterfactual"] = out["sample"] * M / rows
+  return out
 
 
 def check_update(compiled, jitted: sharding.Jitted, state) -> list[str]:
@@ -202,28 +241,181 @@ def check_update(compiled, jitted: sharding.Jitted, state) -> list[str]:
   return problems
 
 
-def plan(config_dict, *, topology: str, num_slices: int = 1, model_source: str = "") -> dict:
-  """Compiles the run's functions for the topology: {"rows": reports per function,
-  "table": the terminal table, "run": the iteration's figures, "problems": check_update's,
-  "notes": [...]}."""
-  target = Target.load(topology, num_slices=num_slices)
-  setup, note = setup_for(config_dict, target, model_source=model_source)
+def limit_bytes(setup, target: Target) -> int:
+  """Bytes per device the run may use: the chip's HBM, or config.memory_limit_gib when it
+  is set and smaller (room kept for something else, or a what-if)."""
+  hbm = tpu.per_device(target.chip).hbm_bytes
+  limit = setup.loop.memory_limit_gib * tpu.GiB
+  return int(min(hbm, limit)) if limit else hbm
+
+
+def compile_all(setup, target: Target) -> dict:
+  """The run's functions compiled for the target: {"rows": a report per function (XLA's
+  bytes plus the resident arrays: "peak_bytes", "fits"; a function XLA refuses to compile
+  for one buffer over the whole HBM gets `tpu.refused`'s row, its need a lower bound),
+  "problems": check_update's, "fns", "args"}."""
   fns = steps.functions_on(setup, target.devices)
   args = abstract_arguments(setup, fns)
   extra = resident(setup, fns, args)
-  mesh = fns.layout.mesh
+  limit = limit_bytes(setup, target)
   rows, problems = [], []
-  for name in FUNCTIONS:
+  for name in args:
     jitted, a = args[name]
-    compiled = compile_function(jitted, a)
-    report = tpu.report(compiled, chip=target.chip, mesh=mesh)
+    try:
+      compiled = compile_function(jitted, a)
+    except jax.errors.JaxRuntimeError as e:  # One buffer over the whole HBM.
+      report = tpu.refused(e, chip=target.chip, mesh=fns.layout.mesh)
+      if report is None:
+        raise
+      rows.append({**report, "name": name, "resident_bytes": extra[name], "limit_bytes": limit,
+                   "peak_bytes": report["total_bytes"] + extra[name]})  # fmt: skip
+      continue
+    report = tpu.report(compiled, chip=target.chip, mesh=fns.layout.mesh)
     peak = report["total_bytes"] + extra[name]
     rows.append(
       {**report, "name": name, "resident_bytes": extra[name], "peak_bytes": peak,
-       "fits": peak <= report["hbm_bytes"]}
+       "limit_bytes": limit, "fits": peak <= limit}
     )  # fmt: skip
     if name == "update":
       problems = check_update(compiled, jitted, a[0])
+  return {"rows": rows, "problems": problems, "fns": fns, "args": args}
+
+
+def process_rows(fns, setup) -> tuple[dict, list[str]]:
+  """How a multi-host launch feeds the compiled functions (`infra.distributed`): each
+  process draws the prompts and scores the rollout rows its own devices hold, which must be
+  one contiguous block per process (`distributed.local_rows`, else
+  `make_array_from_process_local_data` cannot build the global batch). Returns ({"prompts":
+  {process: [start, stop)}, "rollouts": ...}, problems)."""
+  first = lambda sh: jax.tree.leaves(sh)[0]  # noqa: E731  (one sharding for every row array)
+  batches = {
+    "prompts": (first(fns.samplers.train.in_shardings[1]), setup.loop.prompts_per_step),
+    "rollouts": (first(fns.rl.update.in_shardings[1]), setup.update_rows),
+  }
+  out, problems = {}, []
+  for what, (sh, n) in batches.items():
+    try:
+      out[what] = {int(p): list(r) for p, r in sorted(distributed.row_ranges(sh, n).items())}
+    except ValueError as e:
+      problems.append(f"{what}: {e}")
+  return out, problems
+
+
+def with_overrides(config_dict, overrides: dict):
+  """A copy of the config with dotted keys set ({"rl.micro_batches": 8, ...})."""
+  c = ml_collections.ConfigDict(config_lib.to_dict(config_dict))
+  for dotted, value in overrides.items():
+    *path, last = dotted.split(".")
+    node = c
+    for part in path:
+      node = node[part]
+    node[last] = value
+  return c
+
+
+def ladder(setup, target: Target) -> list[tuple[dict, str]]:
+  """The changes tried when a config does not fit, each rung adding one to the rungs
+  before it (cumulative), cheapest in speed first:
+    1. model.remat="full" with scan_layers (the backward keeps one input a layer),
+    2. rl.logprob_batches = num_minibatches × micro_batches (the π_old and reference
+       forwards at the update's micro-batch rows),
+    3. rl.logit_chunk=256 (the [rows, T, vocab] logits and their gradient never exist at
+       once; the head is recomputed in the backward),
+    4. rl.micro_batches doubled until one row per device per micro-batch (and the
+       log-prob slices with them),
+    5. mesh.data=1, mesh.fsdp=-1 (state sharded, not replicated over data),
+    6. mesh.tensor=2, 4, 8 within a slice (heads, MLP and vocabulary split; needs the query
+       and KV heads divisible), fsdp over the rest.
+  Changes of the algorithm or its numerics (kl_coef, bfloat16 params, fewer rows or
+  tokens) are not tried: they are the user's choice (`memory.advice` names them)."""
+  cfg, rl_cfg, mesh = setup.model_cfg, setup.rl_cfg, setup.mesh_cfg
+  rungs, now = [], {}
+
+  def add(change: dict, text: str):
+    now.update(change)
+    rungs.append((dict(now), text))
+
+  if cfg.remat != "full" or not cfg.scan_layers:
+    add({"model.remat": "full", "model.scan_layers": True}, "full remat over scanned layers")
+  per_slice = len(target.devices) // target.num_slices
+  data = setup.mesh_cfg.data if setup.mesh_cfg.data > 0 else 1
+  split = max(1, len(target.devices) // max(1, mesh.tensor))  # Rows split over data × fsdp.
+  rows = setup.update_rows // rl_cfg.num_minibatches
+  mb, lp = rl_cfg.micro_batches, rl_cfg.logprob_batches
+  if rl_cfg.num_minibatches * mb > lp:  # The forwards at the update's micro-batch rows.
+    lp = rl_cfg.num_minibatches * mb
+    add({"rl.logprob_batches": lp}, f"the log-prob forwards in {lp} slices")
+  T = setup.sampler_cfg.max_new_tokens
+  if T > LOGIT_CHUNK and not 0 < rl_cfg.logit_chunk <= LOGIT_CHUNK:
+    add({"rl.logit_chunk": LOGIT_CHUNK}, f"the LM head {LOGIT_CHUNK} positions at a time")
+  while rows % (2 * mb) == 0 and (rows // (2 * mb)) % split == 0:
+    mb *= 2
+    lp = max(lp, rl_cfg.num_minibatches * mb)
+    add({"rl.micro_batches": mb, "rl.logprob_batches": lp}, f"{mb} micro-batches")
+  if data > target.num_slices:
+    add({"mesh.data": target.num_slices, "mesh.fsdp": -1}, "fsdp instead of data parallelism")
+  for t in (2, 4, 8):
+    if t > mesh.tensor and not (cfg.n_kv_heads % t or cfg.n_heads % t or per_slice % t):
+      add({"mesh.tensor": t, "mesh.fsdp": -1}, f"tensor parallelism {t}")
+  return rungs
+
+
+def advise(config_dict, target: Target, *, model_source: str = "", max_compiles: int = 3):
+  """The first rung of `ladder` that fits, checked by compiling it: {"overrides", "line"
+  (the advice, as flags), "peak_bytes", "compiled": rungs compiled, "plan": the fitting
+  rung's `figures`}, or "overrides" None when no rung fits. The memory plan (`memory.plan_for`, instant) skips rungs it says
+  cannot fit; at most `max_compiles` rungs are compiled (a 7B compile takes minutes)."""
+  setup, _ = setup_for(config_dict, target, model_source=model_source)
+  hbm = limit_bytes(setup, target)
+  compiled = 0
+  for overrides, text in ladder(setup, target):
+    s, _ = setup_for(with_overrides(config_dict, overrides), target, model_source=model_source)
+    if memory.plan_for(s, n_devices=len(target.devices)).peak > PLAN_SLACK * hbm:
+      continue  # The plan's figure is a guide (within ~20% of XLA's: experiments/results/tpu_aot).
+    got = compile_all(s, target)
+    compiled += 1
+    peak = max(r["peak_bytes"] for r in got["rows"])
+    if all(r["fits"] for r in got["rows"]):
+      flags = " ".join(f"--config.{k}={v}" for k, v in overrides.items())
+      line = (
+        f"fits with {text} and the rungs before it: {flags} (compiled: peak "
+        f"{peak / tpu.GiB:.2f} of {hbm / tpu.GiB:.2f} GiB per device)"
+      )
+      return {"overrides": overrides, "line": line, "peak_bytes": peak, "compiled": compiled,
+              "plan": figures(s, target, got)}  # fmt: skip
+    if compiled >= max_compiles:
+      break
+  line = (
+    f"no remat, micro-batch or mesh change fits {target.topology} x {target.num_slices} "
+    f"({compiled} compiled): more chips, fewer rows or tokens, rl.kl_coef=0 or "
+    "model.param_dtype='bfloat16' (`grpo-jax plan` without --topology prices each)"
+  )
+  return {"overrides": None, "line": line, "peak_bytes": None, "compiled": compiled, "plan": None}
+
+
+def plan(
+  config_dict, *, topology: str, num_slices: int = 1, model_source: str = "", advice: bool = True
+) -> dict:
+  """Compiles the run's functions for the topology: {"rows": reports per function,
+  "table": the terminal table, "run": the iteration's figures, "problems": check_update's
+  and process_rows', "notes": [...], "advice": `advise`'s when it does not fit (and
+  `advice`), else None}."""
+  target = Target.load(topology, num_slices=num_slices)
+  setup, note = setup_for(config_dict, target, model_source=model_source)
+  got = figures(setup, target, compile_all(setup, target))
+  got["notes"] = [note] if note else []
+  got["advice"] = None
+  if advice and not got["run"]["fits"]:
+    got["advice"] = advise(config_dict, target, model_source=model_source)
+  return got
+
+
+def figures(setup, target: Target, got: dict) -> dict:
+  """`compile_all`'s rows with the run's figures: the model-FLOPs roofline per function,
+  the memory plan's peak beside XLA's, the processes' rows, the terminal table."""
+  rows, problems, args = got["rows"], got["problems"], got["args"]
+  mesh = got["fns"].layout.mesh
+  local, bad = process_rows(got["fns"], setup)
   p = memory.plan_for(setup, n_devices=len(target.devices))
   state = args["update"][1][0]
   itemsize = jnp.dtype(setup.sampler_cfg.dtype or setup.model_cfg.dtype).itemsize
@@ -232,18 +424,19 @@ def plan(config_dict, *, topology: str, num_slices: int = 1, model_source: str =
   for r in rows:
     r["model_roofline_s"] = roofline[r["name"]]
   run = {
-    "topology": topology,
-    "num_slices": num_slices,
+    "topology": target.topology,
+    "num_slices": target.num_slices,
     "chip": target.chip.name,
     "devices": len(target.devices),
     "hosts": tpu.hosts(target.devices),
+    "process_rows": local,
     "mesh": dict(mesh.shape),
     "fits": all(r["fits"] for r in rows),
     "peak_bytes": max(r["peak_bytes"] for r in rows),
+    "limit_bytes": limit_bytes(setup, target),
     "plan_peak_bytes": p.peak,
     "roofline_s": roofline,
     "roofline_iteration_s": sum(roofline.values()),
   }
-  notes = [note] if note else []
-  return {"rows": rows, "table": tpu.format_table(rows), "run": run, "problems": problems,
-          "notes": notes}  # fmt: skip
+  return {"rows": rows, "table": tpu.format_table(rows), "run": run,
+          "problems": problems + bad}  # fmt: skip

@@ -499,12 +499,20 @@ def _check_batch_shapes(
     "a mini-batch (rollout batch / rl.num_minibatches)": n // M,
     "a micro-batch (mini-batch / rl.micro_batches)": n // M // K,
   }
+  L = rl_cfg.logprob_batches
+  if n % L:
+    raise ValueError(
+      f"config.rl.logprob_batches={L} does not divide the rollout batch of {n} rows "
+      f"(prompts_per_step {loop.prompts_per_step} × group_size {group_size})."
+    )
+  rows["a log-prob slice (rollout batch / rl.logprob_batches)"] = n // L
   for what, r in rows.items():
     if r % data_parallel:
       raise ValueError(
         f"config.mesh: {what} has {r} rows, not divisible by the data-parallel size "
         f"data × fsdp = {data_parallel}. Change prompts_per_step, group_size, "
-        "rl.num_minibatches or rl.micro_batches, or the mesh (e.g. put devices on `tensor`)."
+        "rl.num_minibatches, rl.micro_batches or rl.logprob_batches, or the mesh (e.g. put "
+        "devices on `tensor`)."
       )
   try:
     learner.make_plan_fn(rl_cfg, batch_size=n, group_size=group_size)

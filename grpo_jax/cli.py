@@ -464,7 +464,7 @@ def help_text(configs_dir: pathlib.Path | None = None) -> str:
     f"  {PROG} config --config=FILE.py[:VARIANT] [--config.KEY=VALUE ...]",
     f"      {COMMANDS['config']}",
     f"  {PROG} plan --config=FILE.py[:VARIANT] [--devices=N] [--device=NAME|GiB] [--compile]",
-    f"      [--model=config.json|SHAPE] [--topology=v5e:2x4 [--num_slices=N]]   {COMMANDS['plan']}",
+    f"      [--model=config.json|SHAPE] [--topology=v5e:2x4 [--num_slices=N] [--json=F] [--noadvice]]   {COMMANDS['plan']}",
     f"  {PROG} eval --config=FILE.py[:VARIANT] --workdir=DIR [--config.eval.benchmarks=a,b,jsonl:F]",
     f"      [--config.eval.k=8] [--config.eval.size=N] [--config.eval.step=S]   {COMMANDS['eval']}",
     f"  {PROG} hf-check --hf_dir=DIR|FILE.gguf [--tolerance=1e-4] [--dtype=float32] [--nocompare]",

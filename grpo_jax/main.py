@@ -92,6 +92,15 @@ _TOPOLOGY = flags.DEFINE_string(
   "v6e:2x4, v5p:2x2x1, v5e:4x8; needs libtpu: pip install -e '.[tpu]').",
 )
 _NUM_SLICES = flags.DEFINE_integer("num_slices", 1, "plan --topology: TPU slices (multi-slice).")
+_JSON = flags.DEFINE_string(
+  "json", None, "plan --topology: also write the result to this JSON file."
+)
+_ADVICE = flags.DEFINE_bool(
+  "advice",
+  True,
+  "plan --topology: when the config does not fit, find and compile the change that fits "
+  "(--noadvice: report only).",
+)
 _MODEL = flags.DEFINE_string(
   "model",
   None,
@@ -141,6 +150,7 @@ def plan_topology(config_dict) -> dict:
       topology=_TOPOLOGY.value,
       num_slices=_NUM_SLICES.value,
       model_source=_MODEL.value or "",
+      advice=_ADVICE.value,
     )
   except (tpu.TpuUnavailable, ValueError) as e:
     raise cli.UsageError(f"--topology={_TOPOLOGY.value}: {e}") from None
@@ -162,8 +172,24 @@ def plan_topology(config_dict) -> dict:
   )
   for problem in got["problems"]:
     print(f"problem: {problem}")
-  out = {"run": run, "functions": [_plain_row(r) for r in got["rows"]], "problems": got["problems"]}
+  tip = got["advice"]
+  if tip:
+    print(f"advice: {tip['line']}")
+    fitted = tip.pop("plan")
+    if fitted:  # The advised config's own figures, as compiled.
+      tip.update(run=fitted["run"], functions=[_plain_row(r) for r in fitted["rows"]])
+  out = {
+    "run": run,
+    "functions": [_plain_row(r) for r in got["rows"]],
+    "problems": got["problems"],
+    "notes": got["notes"],
+    "advice": tip,
+  }
   print(json.dumps(out))
+  if _JSON.value:
+    with open(_JSON.value, "w") as f:
+      json.dump(out, f, indent=1)
+    print(f"wrote {_JSON.value}")
   return out
 
 

@@ -67,8 +67,16 @@ Figures are bytes per device, for the mesh of `setup.mesh_cfg` on `n_devices` de
   fsdp to compute with them; XLA gathers the whole model at once, or one layer at a
   time when the layers are scanned.
 
+- logprob_forward: the π_old and reference forwards (no backward) over one slice of the
+  rollout rows (rl.logprob_batches slices, one after another): three float32 [rows,
+  positions, V / tensor] buffers of the head (logits, their exponentials, the
+  probabilities; positions min(T, rl.logit_chunk)) and two float32 [rows, S, D] hidden
+  states, plus the weights gathered over fsdp as in the train step. XLA TPU refused a
+  Qwen2.5-0.5B forward of 64 rows a device at once (one f32 [64, 1024, 151936] logits
+  buffer of 39.8 GB), which this term, then missing from the plan, did not foresee.
+
 Peak = resident (params + ref_params + opt_state) + max(train step: grads + activations +
-backward working set, sampling: kv_cache).
+backward working set, sampling: kv_cache, log-prob forwards: logprob_forward).
 
 Agreement with XLA's own buffer assignment on CPU (`compiled.memory_analysis()`, plan /
 XLA; `tests/test_memory.py`, `grpo-jax plan --compile` prints both):
@@ -160,6 +168,7 @@ class Plan:
   kv_cache: int
   micro_batch_rows: int  # Rows of one micro-batch on one device.
   rollout_rows: int  # Rollout rows on one device.
+  logprob_forward: int = 0  # The π_old / reference forwards' working set.
 
   @property
   def resident(self) -> int:
@@ -172,7 +181,7 @@ class Plan:
 
   @property
   def peak(self) -> int:
-    return self.resident + max(self.train_step, self.kv_cache)
+    return self.resident + max(self.train_step, self.kv_cache, self.logprob_forward)
 
 
 def _leaf_bytes(shape, dtype, names, *, rules, mesh_sizes) -> int:
@@ -329,7 +338,9 @@ def plan(
   if remat_on or model_cfg.scan_layers:  # The backward of one layer, its recomputed
     S = P + T  # activations and its attention-score gradient (the causal blocks' entries,
     # `model.causal_blocks`), at the scan's pace.
-    working += one_layer + mb_rows * local.n_heads * model.causal_score_entries(S) * 4
+    working += one_layer
+    if model_cfg.attention_impl == "xla":  # A kernel keeps its score blocks in VMEM.
+      working += mb_rows * local.n_heads * model.causal_score_entries(S) * 4
   if model_cfg.scan_layers:  # The layer scan's stacked gradient, before it is accumulated.
     working += trainable
   # FSDP: weights are all-gathered over fsdp to compute; XLA gathers them all at once
@@ -337,6 +348,12 @@ def plan(
   gathered = params * (fsdp - 1) // (model_cfg.n_layers if model_cfg.scan_layers else 1)
   working += gathered
   rollout_rows = N // dp if N % dp == 0 else N
+  lp_rows = -(-rollout_rows // rl_cfg.logprob_batches)
+  logprob_forward = (
+    3 * lp_rows * min(T, rl_cfg.logit_chunk or T) * local.vocab_size * 4
+    + 2 * lp_rows * (P + T) * local.d_model * 4
+    + gathered
+  )
   sampler_cfg, view = model.sampler_view(model_cfg, fsdp=fsdp)
   sampled, merged = _sampled_tree(boxed, sampler_cfg, view), 0
   if sampled is not boxed:  # Merged adapters or unstacked layers: a copy of the weights.
@@ -367,6 +384,7 @@ def plan(
     kv_cache=kv,
     micro_batch_rows=mb_rows,
     rollout_rows=rollout_rows,
+    logprob_forward=logprob_forward,
   )
 
 
@@ -588,6 +606,13 @@ def changes(
       f"rl.micro_batches={2 * rl_cfg.micro_batches} (now {rl_cfg.micro_batches}; or more "
       f"rl.num_minibatches): {rows} -> {rows // 2} rows per device in a forward and backward",
     ))  # fmt: skip
+  if p.logprob_forward > max(p.train_step, p.kv_cache) and p.rollout_rows > 1:
+    n = 2 * rl_cfg.logprob_batches
+    out.append((
+      dataclasses.replace(p, logprob_forward=p.logprob_forward // 2),
+      f"rl.logprob_batches={n} (now {rl_cfg.logprob_batches}): the π_old and reference "
+      f"forwards take {p.rollout_rows} / {n} rows per device at a time",
+    ))  # fmt: skip
   out.append((
     scaled(["kv_cache"], lambda n: n // 2),
     "halve prompts_per_step, sampler.group_size or sampler.max_new_tokens: the sampler holds "
@@ -670,8 +695,11 @@ def explain(p: Plan, model_cfg: model.ModelConfig, rl_cfg: spec.RLConfig) -> dic
     "backward working set": working,
     "sampler (KV cache, decode)": f"the KV cache and decode buffers of {p.rollout_rows} "
     "rollout rows per device",
-    "peak": "resident (params, reference, Adam) + the larger of train step and sampler (they "
-    "never run at once)",
+    "log-prob forwards": f"π_old / reference logits and hidden states of "
+    f"{-(-p.rollout_rows // rl_cfg.logprob_batches)} rows per device at once "
+    f"(rl.logprob_batches = {rl_cfg.logprob_batches})",
+    "peak": "resident (params, reference, Adam) + the largest of train step, sampler and "
+    "log-prob forwards (they never run at once)",
   }
 
 
@@ -690,6 +718,7 @@ def describe(
     ("  with remat (scanned layers)", p.activations_remat),
     ("backward working set", p.backward_working),
     ("sampler (KV cache, decode)", p.kv_cache),
+    ("log-prob forwards", p.logprob_forward),
     ("peak", p.peak),
   ]
   unit = _unit(p)
@@ -760,6 +789,7 @@ def check(p: Plan, device_memory: float, model_cfg, rl_cfg) -> None:
     "activations": p.activations,
     "backward working set": p.backward_working,
     "sampler": p.kv_cache,
+    "log-prob forwards": p.logprob_forward,
   }
   biggest = sorted(terms.items(), key=lambda kv: -kv[1])[:3]
   tips = advice(p, model_cfg, rl_cfg, device_memory=device_memory)[:2]

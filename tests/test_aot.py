@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 import subproc
 
@@ -133,14 +134,19 @@ def test_a_host_callback_in_the_step_is_found(quick):
 # The command.
 
 
-def test_plan_topology_prints_a_table_and_one_json_line():
+def test_plan_topology_prints_a_table_and_one_json_line_and_writes_the_json_file(tmp_path):
+  path = tmp_path / "plan.json"
   cmd = [sys.executable, "-m", "grpo_jax.main", "plan", f"--config={QUICK}", "--topology=v5e:2x2"]
+  cmd += [f"--json={path}"]
   got = subprocess.run(cmd, capture_output=True, text=True, env=subproc.child_env(), timeout=600)
   assert got.returncode == 0, got.stderr[-2000:]
   lines = got.stdout.strip().splitlines()
   assert lines[0].startswith("v5e:2x2 x 1 slice(s): 4 v5e devices on 1 host(s)")
-  out = json.loads(lines[-1])
+  assert lines[-1] == f"wrote {path}"
+  out = json.loads(lines[-2])
   assert out["run"]["fits"] and [f["name"] for f in out["functions"]] == list(aot.FUNCTIONS)
+  assert out["advice"] is None and list(out["run"]["process_rows"]["prompts"]) == ["0"]
+  assert json.loads(path.read_text()) == out
 
 
 def test_a_bad_topology_is_one_line(monkeypatch):
@@ -158,3 +164,97 @@ def test_without_libtpu_the_plan_says_what_to_install(monkeypatch):
   monkeypatch.setattr(tpu, "load_topology", missing)
   with pytest.raises(tpu.TpuUnavailable, match=r"pip install -e '\.\[tpu\]'"):
     aot.plan(config_lib.load(QUICK), topology="v5e:2x2")
+
+
+# ---------------------------------------------------------------------------------------
+# Advice when a config does not fit: the ladder of changes, each checked by compiling.
+
+
+def _setup(overrides=None, topology="v5e:2x2"):
+  target = aot.Target.load(topology)
+  config = aot.with_overrides(config_lib.load(TINY), overrides or {})
+  return aot.setup_for(config, target)[0], target
+
+
+def test_the_ladder_adds_one_change_a_rung_cheapest_first():
+  setup, target = _setup({"model.remat": "none", "model.scan_layers": False})
+  rungs = aot.ladder(setup, target)
+  texts = [t for _, t in rungs]
+  assert texts[0] == "full remat over scanned layers"
+  assert rungs[0][0] == {"model.remat": "full", "model.scan_layers": True}
+  # Cumulative: each rung keeps every change before it.
+  for (a, _), (b, _) in zip(rungs, rungs[1:]):
+    assert set(a) < set(b) or (set(a) == set(b) and a != b)
+  rl = setup.rl_cfg
+  rows = setup.update_rows // rl.num_minibatches  # 4 devices split the rows.
+  mbs = [o["rl.micro_batches"] for o, t in rungs if t.endswith("micro-batches")]
+  assert mbs and mbs[-1] == rows // 4 and all(b == 2 * a for a, b in zip(mbs, mbs[1:]))
+  # The tiny model has 2 KV heads: tensor parallelism 2 only.
+  assert [o["mesh.tensor"] for o, t in rungs if t.startswith("tensor")] == [2]
+
+
+def test_advice_compiles_rungs_until_one_fits(monkeypatch):
+  setup, target = _setup({"model.remat": "none", "model.scan_layers": False})
+  compiled = []
+
+  def fake_compile_all(s, t):  # Fits from the third micro-batch rung on.
+    compiled.append(s.rl_cfg.micro_batches)
+    peak = 10 * 2**30 if s.rl_cfg.micro_batches < 4 else 2**30
+    return {"rows": [{"peak_bytes": peak, "fits": peak < 2**32}], "problems": []}
+
+  monkeypatch.setattr(aot, "compile_all", fake_compile_all)
+  monkeypatch.setattr(aot, "figures", lambda s, t, got: {"run": {"fits": True}})
+  got = aot.advise(config_lib.load(TINY), target, max_compiles=5)
+  assert got["overrides"]["rl.micro_batches"] == 4 and got["compiled"] == len(compiled)
+  assert (
+    "--config.rl.micro_batches=4" in got["line"] and "compiled: peak 1.00 of 16.00" in got["line"]
+  )
+  compiled.clear()
+  got = aot.advise(config_lib.load(TINY), target, max_compiles=1)
+  assert got["overrides"] is None and len(compiled) == 1
+  assert got["line"].startswith("no remat, micro-batch or mesh change fits v5e:2x2")
+
+
+def test_a_buffer_over_the_whole_hbm_is_a_row_that_does_not_fit():
+  mesh = jax.sharding.Mesh(np.array(tpu.load_topology("v5e:2x2")), ("fsdp",))
+  error = RuntimeError(
+    "RESOURCE_EXHAUSTED: Allocation (size=39829110784) would exceed memory (size=17179869184) "
+    ":: %s5 = inlined_call_operand.hbm [shape: f32[64,1024,151936,1]]"
+  )
+  row = tpu.refused(error, chip=tpu.chip_for("v5e:2x2"), mesh=mesh)
+  assert row["total_bytes"] == 39829110784 and not row["fits"]
+  assert row["refused"].startswith("RESOURCE_EXHAUSTED: Allocation")
+  assert (
+    tpu.refused(RuntimeError("something else"), chip=tpu.chip_for("v5e:2x2"), mesh=mesh) is None
+  )
+  assert tpu.format_table([{**row, "name": "logprobs"}]).splitlines()[1].startswith("logprobs  NO")
+
+
+def test_counterfactual_rows_decode_compiles_for_tpu_when_the_config_enables_them():
+  config = config_lib.load(str(ROOT / "configs" / "ibpo.py") + ":tiny")
+  target = aot.Target.load("v5e:2x2")
+  setup, _ = aot.setup_for(config, target)
+  fns = steps.functions_on(setup, target.devices)
+  args = aot.abstract_arguments(setup, fns)
+  assert list(args) == [*aot.FUNCTIONS, "counterfactual"]
+  jitted, a = args["counterfactual"]
+  compiled = aot.compile_function(jitted, a)
+  report = tpu.report(compiled, chip=target.chip, mesh=fns.layout.mesh)
+  assert report["fits"] and report["host_callbacks"] == []
+  M = setup.loop.prompts_per_step * setup.counterfactual.per_group
+  assert jax.tree.leaves(compiled.out_info)[0].shape[0] == M  # The M counterfactual rows.
+
+
+def test_a_multi_host_slice_feeds_each_process_one_contiguous_block_of_rows():
+  """v5e:4x8 is 32 chips on 8 hosts: the launch builds each global batch from the rows each
+  process's devices hold (`distributed.to_global`), which must be one block per process."""
+  target = aot.Target.load("v5e:4x8")
+  assert tpu.hosts(target.devices) == 8
+  setup, _ = aot.setup_for(config_lib.load(TINY), target)
+  fns = steps.functions_on(setup, target.devices)
+  rows, problems = aot.process_rows(fns, setup)
+  assert problems == []
+  for what, n in (("prompts", setup.loop.prompts_per_step), ("rollouts", setup.update_rows)):
+    blocks = sorted(rows[what].values())
+    assert len(blocks) == 8 and blocks[0][0] == 0 and blocks[-1][1] == n
+    assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))  # Contiguous, tiling n.

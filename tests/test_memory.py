@@ -184,3 +184,25 @@ def test_trainer_refuses_a_config_that_cannot_fit_before_compiling():
     steps.functions(setup)
   c.memory_limit_gib = 1.0
   steps.check_memory(build.build(c))  # Fits: no error.
+
+
+def test_the_log_prob_forwards_are_priced_and_sliced():
+  """The π_old / reference forwards: three float32 [rows, T, V] head buffers and two
+  float32 [rows, S, D] hidden states a slice, plus the fsdp-gathered weights; slicing the
+  rows (rl.logprob_batches) divides the row terms, and the advice names it when the
+  forwards set the peak (XLA TPU refused configs/scale.py:0.5b's forward over 64 rows a
+  chip at once: a 39.8 GB logits buffer)."""
+  c = scale.get_config("0.5b")
+  c.rl.logprob_batches = 1
+  setup = build.plan_setup(c, n_devices=8)
+  whole = memory.plan_for(setup, n_devices=8)
+  rows, T, S = 64, 1024, 1280  # 512 rollout rows over fsdp 8; 256 prompt + 1024 new tokens.
+  V, D = setup.model_cfg.vocab_size, setup.model_cfg.d_model
+  gathered = whole.logprob_forward - (3 * rows * T * V * 4 + 2 * rows * S * D * 4)
+  assert 0 < gathered < whole.params * 8  # The weights gathered over fsdp, under the model.
+  assert whole.peak == whole.resident + whole.logprob_forward  # It sets the peak here.
+  c.rl.logprob_batches = 16
+  sliced = memory.plan_for(build.plan_setup(c, n_devices=8), n_devices=8)
+  assert sliced.logprob_forward == (whole.logprob_forward - gathered) // 16 + gathered
+  tips = memory.advice(whole, setup.model_cfg, setup.rl_cfg, device_memory=16 * 2**30)
+  assert tips[0].startswith("rl.logprob_batches=2 (now 1)"), tips

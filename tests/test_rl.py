@@ -460,3 +460,22 @@ def test_fade_in_the_trainer_counts_a_formatted_wrong_answer_as_a_failure(
   seq = np.asarray(advantages.sequence_advantage(batch.adv_NT, batch.mask_NT))[:4]
   f = (3 / 16 + 1e-6) ** -0.5  # p = 1/4 from the verdicts (the shaped rewards say 1/2).
   np.testing.assert_allclose(seq, [0.75 * f, -0.25 * f, -0.25 * f, -0.25 * f], rtol=1e-5)
+
+
+def test_log_prob_slices_give_the_forwards_of_all_rows_at_once(
+  rollouts, tiny_model_fn, tiny_params
+):
+  """rl.logprob_batches = 4: π_old, entropy, score norms and the reference's log-probs of
+  every row, in order, as one forward over all rows gives them; a count that does not
+  divide the rows is refused by name."""
+  ref = jax.tree.map(lambda x: x * 0.9, tiny_params)
+  cfg = spec.RLConfig(advantage="grpo", kl_coef=0.1)
+  run = lambda c: preparation.rollout_logprobs(  # noqa: E731
+    tiny_params, ref, rollouts, cfg=c, model_fn=tiny_model_fn
+  )
+  want, got = run(cfg), run(dataclasses.replace(cfg, logprob_batches=4))
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+  assert float(np.abs(np.asarray(want.old_logp_NT)).max()) > 0  # Not vacuous.
+  with pytest.raises(ValueError, match=r"rl.logprob_batches=3 does not divide the 16 rollout"):
+    run(dataclasses.replace(cfg, logprob_batches=3))

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 import flax
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
@@ -83,6 +84,24 @@ def action_view(rollouts):
   )
 
 
+def in_slices(fn, rows, *, slices: int):
+  """fn(rows) computed over `slices` slices of the rows one after another (`lax.map`), so
+  that one slice's activations and logits exist at a time; the same rows, in order, as
+  fn(rows). Slice j holds rows j, j + slices, j + 2·slices, ... (strided: every slice keeps
+  the rows' split over the data-parallel devices, so no row moves between devices)."""
+  if slices == 1:
+    return fn(rows)
+  N = rows[0].shape[0]
+  if N % slices:
+    raise ValueError(f"rl.logprob_batches={slices} does not divide the {N} rollout rows.")
+  split = lambda x: x.reshape(N // slices, slices, *x.shape[1:]).swapaxes(0, 1)  # noqa: E731
+  rows_constraint = lambda x: nn.with_logical_constraint(  # noqa: E731
+    x, ("activation_batch",) + (None,) * (x.ndim - 1)
+  )
+  out = jax.lax.map(lambda r: fn(jax.tree.map(rows_constraint, r)), jax.tree.map(split, rows))
+  return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(N, *x.shape[2:]), out)
+
+
 def rollout_logprobs(params, ref_params, rollouts, *, cfg: spec.RLConfig, model_fn):
   """Old and reference log-probs, entropy and score norms of a rollout batch.
 
@@ -92,14 +111,13 @@ def rollout_logprobs(params, ref_params, rollouts, *, cfg: spec.RLConfig, model_
   the model produced (`action_view`).
   """
   mask_NT = action_view(rollouts).mask_NT
-  logp = functools.partial(
-    logprobs.completion_logprobs,
-    prompt_tokens_NP=rollouts.prompt_tokens_NP,
-    prompt_mask_NP=rollouts.prompt_mask_NP,
-    tokens_NT=rollouts.tokens_NT,
-    mask_NT=rollouts.mask_NT,
-    model_fn=model_fn,
-    chunk=cfg.logit_chunk,
+  rows = (rollouts.prompt_tokens_NP, rollouts.prompt_mask_NP, rollouts.tokens_NT, rollouts.mask_NT)
+  logp = lambda params, **kw: in_slices(  # noqa: E731
+    lambda r: logprobs.completion_logprobs(
+      params, *r, model_fn=model_fn, chunk=cfg.logit_chunk, **kw
+    ),
+    rows,
+    slices=cfg.logprob_batches,
   )
   if cfg.recompute_old_logp:
     old_logp_NT, old_stats = logp(params, with_stats=True, with_rank=cfg.needs_rank)

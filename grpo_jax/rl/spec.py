@@ -98,6 +98,10 @@ class RLConfig:
   # update (`logprobs.chunked_stats`; 0: all T). Saves the [rows, T, V] logits and their
   # gradient for [rows, chunk, V], for a second LM-head matmul in the backward.
   logit_chunk: int = 0
+  # The log-prob forwards (π_old, reference) over the rollout rows in this many slices, one
+  # after another (`preparation.rollout_logprobs`): a forward holds rows / logprob_batches
+  # rows' activations and logits. 1: all rows at once.
+  logprob_batches: int = 1
   recompute_old_logp: bool = True
   # The behaviour-policy correction (`importance`): π_old / μ per token, μ the sampler.
   is_correction: str = "none"
@@ -163,6 +167,7 @@ class RLConfig:
       "micro_batches",
       "max_gen_batches",
       "length_buckets",
+      "logprob_batches",
     ):
       if getattr(self, attr) < 1:
         raise ValueError(f"rl.{attr} must be >= 1, got {getattr(self, attr)}.")

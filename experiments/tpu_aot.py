@@ -1,0 +1,210 @@
+"""GRPO iterations of 0.5–8B models compiled for TPU topologies on this CPU host (`aot`).
+
+    python experiments/tpu_aot.py                          # every cell not yet in the results
+    python experiments/tpu_aot.py --shapes=qwen2.5-0.5b --topologies=v5e-8 --modes=full
+    python experiments/tpu_aot.py --table                  # the results as a Markdown table
+
+The workload (the same for every cell): GRPO (`rl.preset=grpo`, KL to a reference 0.001),
+32 prompts × G = 8 = 256 rollout rows, 512 prompt + 1,024 new tokens, one update of 4
+mini-batches, bfloat16 compute, float32 params and Adam (full) or LoRA rank 16 on every
+projection over a bfloat16 base (lora), random weights of the model's published shape
+(`models.shapes`). Cells: 4 shapes × 5 topologies × 2 modes.
+
+Each cell starts from the setting a user would try first (full remat over scanned layers,
+fsdp over every chip of a slice, data across slices, 1 micro-batch, the log-prob forwards
+one mini-batch at a time: rl.logprob_batches=4) and, when XLA says it
+does not fit, takes the first rung of `aot.ladder` that fits, checked by compiling it
+(`aot.advise`): the smallest change of remat, micro-batches, log-prob slices and mesh that
+fits. Recorded per cell: the setting, XLA's peak bytes per chip of each function (with the
+resident arrays it does not take as arguments), the memory plan's figure, and the
+model-FLOPs roofline seconds per phase (`aot.model_roofline`: peak bf16 FLOPs and HBM
+bandwidth of the chip, `infra.tpu.CHIPS`, no communication, no overlap).
+
+Results: experiments/results/tpu_aot/<shape>__<topology>__<mode>.json (one per cell, so a
+run that stops resumes where it stopped) and README.md there (`--table`). Compiling is
+deterministic: the figures do not depend on this machine's load; the compile seconds do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+
+from grpo_jax import aot  # noqa: E402
+from grpo_jax.infra import config_lib  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+OUT = ROOT / "experiments" / "results" / "tpu_aot"
+SHAPES = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "llama-3.1-8b")
+# Name -> (topology, slices). v5p-8 is 4 chips (8 TensorCores, one megacore device each).
+TOPOLOGIES = {
+  "v5e-8": ("v5e:2x4", 1),
+  "v6e-8": ("v6e:2x4", 1),
+  "v5p-8": ("v5p:2x2x1", 1),
+  "v5e-32": ("v5e:4x8", 1),
+  "2xv5e-16": ("v5e:4x4", 2),
+}
+MODES = ("full", "lora")
+
+
+def workload(mode: str):
+  """The cell's config before any advice (see the module docstring)."""
+  c = config_lib.load(str(ROOT / "configs" / "scale.py") + ":0.5b")
+  c.sampler.update(max_new_tokens=1024, max_prompt_len=512, prompt_buckets=(512,), group_size=8)
+  c.update(prompts_per_step=32, eval_size=32)
+  c.rl.update(num_minibatches=4, micro_batches=1, logprob_batches=4, kl_coef=0.001)
+  c.mesh.update(data=1, fsdp=-1, tensor=1)
+  if mode == "lora":
+    c.model.lora.update(rank=16, alpha=32.0, base_dtype="bfloat16")
+  return c
+
+
+def cell(shape: str, topology: str, mode: str) -> dict:
+  """One cell compiled (with advice when it does not fit): the JSON record."""
+  name, slices = TOPOLOGIES[topology]
+  config = workload(mode)
+  t0 = time.perf_counter()
+  got = aot.plan(config, topology=name, num_slices=slices, model_source=shape)
+  tip = got["advice"]
+  final = tip["plan"] if tip and tip["plan"] else got  # The advised setting, as compiled.
+  keep = ("name", "fits", "peak_bytes", "total_bytes", "temp_bytes", "resident_bytes",
+          "flops", "matmul_flops", "bytes_accessed", "model_roofline_s", "ici_s", "dcn_s",
+          "collectives_by_kind", "refused")  # fmt: skip
+  rows = lambda g: [{k: r[k] for k in keep if k in r} for r in g["rows"]]  # noqa: E731
+  return {
+    "shape": shape,
+    "topology": topology,
+    "mode": mode,
+    "first": {"run": got["run"], "rows": rows(got), "problems": got["problems"]},
+    "advice": tip and {k: v for k, v in tip.items() if k != "plan"},
+    "final": {"run": final["run"], "rows": rows(final), "problems": final["problems"]},
+    "notes": got["notes"],
+    "compile_s": round(time.perf_counter() - t0, 1),
+    "date": datetime.date.today().isoformat(),
+    "host": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+    "jax": jax.__version__,
+  }
+
+
+CONFIG_FILES = ("scale.py", "gsm8k_qwen.py", "math_qwen.py")  # Those with TOPOLOGIES.
+
+
+def shipped() -> list[tuple[str, str, str, str]]:
+  """(config file, variant, topology, model shape or "") of every shipped accelerator
+  variant: each config module's TOPOLOGIES (and SHAPES for checkpoint configs)."""
+  out = []
+  for name in CONFIG_FILES:
+    module = config_lib.module(str(ROOT / "configs" / name))
+    for variant, topology in module.TOPOLOGIES.items():
+      out.append((name, variant, topology, getattr(module, "SHAPES", {}).get(variant, "")))
+  return out
+
+
+def config_cell(name: str, variant: str, topology: str, shape: str) -> dict:
+  """A shipped config compiled for the topology its docstring names, as it ships (advice
+  only reported)."""
+  t0 = time.perf_counter()
+  got = aot.plan(
+    config_lib.load(str(ROOT / "configs" / name) + f":{variant}"),
+    topology=topology,
+    model_source=shape,
+    advice=False,
+  )
+  keep = ("name", "fits", "peak_bytes", "total_bytes", "temp_bytes", "resident_bytes",
+          "model_roofline_s", "collectives_by_kind", "refused")  # fmt: skip
+  return {
+    "config": f"configs/{name}:{variant}",
+    "topology": topology,
+    "model": shape or "config.model",
+    "run": got["run"],
+    "rows": [{k: r[k] for k in keep if k in r} for r in got["rows"]],
+    "problems": got["problems"],
+    "compile_s": round(time.perf_counter() - t0, 1),
+    "date": datetime.date.today().isoformat(),
+    "jax": jax.__version__,
+  }
+
+
+def _gib(n) -> str:
+  return "-" if n is None else f"{n / 2**30:.1f}"
+
+
+def table() -> str:
+  """The committed cells as one Markdown table."""
+  lines = [
+    "| shape | topology | mode | fits as first tried | setting that fits | peak GiB/chip "
+    "(sample, logprobs, update) | plan GiB | roofline s/iter (sample, logprobs, update) |",
+    "|---|---|---|---|---|---|---|---|",
+  ]
+  for path in sorted(OUT.glob("*.json")):
+    r = json.loads(path.read_text())
+    fin, tip = r["final"], r["advice"]
+    setting = "as first tried" if tip is None else (
+      " ".join(f"{k}={v}" for k, v in tip["overrides"].items()) if tip["overrides"] else "none fits"
+    )  # fmt: skip
+    peaks = ", ".join(_gib(x["peak_bytes"]) for x in fin["rows"])
+    roof = fin["run"]["roofline_s"]
+    lines.append(
+      f"| {r['shape']} | {r['topology']} | {r['mode']} | {'yes' if r['first']['run']['fits'] else 'no'} "
+      f"| {setting} | {peaks} | {_gib(fin['run']['plan_peak_bytes'])} | "
+      f"{sum(roof.values()):.2f} ({', '.join(f'{v:.2f}' for v in roof.values())}) |"
+    )
+  return "\n".join(lines)
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--shapes", default=",".join(SHAPES))
+  ap.add_argument("--topologies", default=",".join(TOPOLOGIES))
+  ap.add_argument("--modes", default=",".join(MODES))
+  ap.add_argument("--redo", action="store_true", help="recompile cells already recorded")
+  ap.add_argument("--table", action="store_true", help="print the recorded cells and exit")
+  ap.add_argument(
+    "--configs", action="store_true", help="compile the shipped accelerator configs instead"
+  )
+  args = ap.parse_args()
+  if args.table:
+    print(table())
+    return
+  if args.configs:
+    (OUT / "configs").mkdir(parents=True, exist_ok=True)
+    for name, variant, topology, shape in shipped():
+      path = OUT / "configs" / f"{name.removesuffix('.py')}__{variant}.json"
+      if path.exists() and not args.redo:
+        continue
+      print(f"configs/{name}:{variant} on {topology} ...", flush=True)
+      r = config_cell(name, variant, topology, shape)
+      path.write_text(json.dumps(r, indent=1, default=str) + "\n")
+      print(f"  fits: {r['run']['fits']}; peak {_gib(r['run']['peak_bytes'])} GiB; "
+            f"problems {r['problems']}; {r['compile_s']} s", flush=True)  # fmt: skip
+    return
+  OUT.mkdir(parents=True, exist_ok=True)
+  for shape in args.shapes.split(","):
+    for topology in args.topologies.split(","):
+      for mode in args.modes.split(","):
+        path = OUT / f"{shape}__{topology}__{mode}.json"
+        if path.exists() and not args.redo:
+          continue
+        print(f"{shape} {topology} {mode} ...", flush=True)
+        r = cell(shape, topology, mode)
+        path.write_text(json.dumps(r, indent=1, default=str) + "\n")
+        fin = r["final"]["run"]
+        print(
+          f"  fits first: {r['first']['run']['fits']}; advice: "
+          f"{(r['advice'] or {}).get('line', '-')}; final peak {_gib(fin['peak_bytes'])} GiB; "
+          f"{r['compile_s']} s",
+          flush=True,
+        )
+
+
+if __name__ == "__main__":
+  main()
