@@ -33,6 +33,7 @@ import json
 import os
 import pathlib
 import platform
+import subprocess
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -92,6 +93,7 @@ def cell(shape: str, topology: str, mode: str) -> dict:
     "date": datetime.date.today().isoformat(),
     "host": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
     "jax": jax.__version__,
+    "code": code_version(),
   }
 
 
@@ -131,7 +133,15 @@ def config_cell(name: str, variant: str, topology: str, shape: str) -> dict:
     "compile_s": round(time.perf_counter() - t0, 1),
     "date": datetime.date.today().isoformat(),
     "jax": jax.__version__,
+    "code": code_version(),
   }
+
+
+def code_version() -> str:
+  """The commit the figures come from, "+dirty" when the tree differs from it."""
+  run = lambda *a: subprocess.run(a, cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
+  dirty = run("git", "status", "--porcelain", "--untracked-files=no")
+  return run("git", "rev-parse", "--short", "HEAD") + ("+dirty" if dirty else "")
 
 
 def _gib(n) -> str:
