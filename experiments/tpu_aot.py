@@ -93,7 +93,7 @@ def cell(shape: str, topology: str, mode: str) -> dict:
     "date": datetime.date.today().isoformat(),
     "host": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
     "jax": jax.__version__,
-    "code": code_version(),
+    "code": CODE,
   }
 
 
@@ -115,8 +115,9 @@ def config_cell(name: str, variant: str, topology: str, shape: str) -> dict:
   """A shipped config compiled for the topology its docstring names, as it ships (advice
   only reported)."""
   t0 = time.perf_counter()
+  config = config_lib.load(str(ROOT / "configs" / name) + f":{variant}")
   got = aot.plan(
-    config_lib.load(str(ROOT / "configs" / name) + f":{variant}"),
+    config,
     topology=topology,
     model_source=shape,
     advice=False,
@@ -125,6 +126,7 @@ def config_cell(name: str, variant: str, topology: str, shape: str) -> dict:
           "model_roofline_s", "collectives_by_kind", "refused")  # fmt: skip
   return {
     "config": f"configs/{name}:{variant}",
+    "fingerprint": aot.fingerprint(config),
     "topology": topology,
     "model": shape or "config.model",
     "run": got["run"],
@@ -133,7 +135,7 @@ def config_cell(name: str, variant: str, topology: str, shape: str) -> dict:
     "compile_s": round(time.perf_counter() - t0, 1),
     "date": datetime.date.today().isoformat(),
     "jax": jax.__version__,
-    "code": code_version(),
+    "code": CODE,
   }
 
 
@@ -144,8 +146,32 @@ def code_version() -> str:
   return run("git", "rev-parse", "--short", "HEAD") + ("+dirty" if dirty else "")
 
 
+CODE = code_version()  # At start: the code this process compiles with.
+
+
 def _gib(n) -> str:
   return "-" if n is None else f"{n / 2**30:.1f}"
+
+
+def configs_table() -> str:
+  """The committed shipped-config records as one Markdown table."""
+  lines = [
+    "| config | topology | mesh | fits | peak GiB/chip (sample, logprobs, update) | plan GiB "
+    "| roofline s/iter (sample, logprobs, update) | code |",
+    "|---|---|---|---|---|---|---|---|",
+  ]
+  for path in sorted((OUT / "configs").glob("*.json")):
+    r = json.loads(path.read_text())
+    run = r["run"]
+    mesh = "x".join(str(run["mesh"][a]) for a in ("data", "fsdp", "tensor"))
+    roof = run["roofline_s"]
+    lines.append(
+      f"| {r['config']} | {r['topology']} | {mesh} | {'yes' if run['fits'] else 'NO'} | "
+      f"{', '.join(_gib(x['peak_bytes']) for x in r['rows'])} | {_gib(run['plan_peak_bytes'])} "
+      f"| {sum(roof.values()):.2f} ({', '.join(f'{v:.2f}' for v in roof.values())}) | "
+      f"{r.get('code', '-')} |"
+    )
+  return "\n".join(lines)
 
 
 def table() -> str:
@@ -183,7 +209,7 @@ def main():
   )
   args = ap.parse_args()
   if args.table:
-    print(table())
+    print(configs_table() + "\n\n" + table())
     return
   if args.configs:
     (OUT / "configs").mkdir(parents=True, exist_ok=True)

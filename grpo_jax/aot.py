@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
+import json
 import math
 
 import jax
@@ -299,6 +301,13 @@ def process_rows(fns, setup) -> tuple[dict, list[str]]:
     except ValueError as e:
       problems.append(f"{what}: {e}")
   return out, problems
+
+
+def fingerprint(config_dict) -> str:
+  """A short hash of a config's every key and value: a compile record names the config it
+  compiled, so a config changed since is found (tests/test_aot.py)."""
+  text = json.dumps(config_lib.to_dict(config_dict), sort_keys=True, default=str)
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def with_overrides(config_dict, overrides: dict):

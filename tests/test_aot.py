@@ -258,3 +258,34 @@ def test_a_multi_host_slice_feeds_each_process_one_contiguous_block_of_rows():
     blocks = sorted(rows[what].values())
     assert len(blocks) == 8 and blocks[0][0] == 0 and blocks[-1][1] == n
     assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))  # Contiguous, tiling n.
+
+
+# ---------------------------------------------------------------------------------------
+# Every shipped accelerator config fits the topology its docstring names.
+
+
+def _shipped():
+  for name in ("scale.py", "gsm8k_qwen.py", "math_qwen.py"):
+    module = config_lib.module(str(ROOT / "configs" / name))
+    for variant, topology in module.TOPOLOGIES.items():
+      yield name, variant, topology, getattr(module, "SHAPES", {}).get(variant, "")
+
+
+@pytest.mark.parametrize("name,variant,topology,shape", list(_shipped()))
+def test_every_shipped_accelerator_config_fits_the_topology_it_names(
+  name, variant, topology, shape
+):
+  """Its docstring names the chip, and XLA's TPU compile of every step, committed by
+  `python experiments/tpu_aot.py --configs` (minutes a config: not in CI; each record
+  names its commit), fits that topology with no problem found, at the config as it ships
+  (its mesh, micro-batches and log-prob slices)."""
+  module = config_lib.module(str(ROOT / "configs" / name))
+  assert f"{tpu.chip_for(topology).name}-" in module.__doc__
+  config = config_lib.load(str(ROOT / "configs" / name) + f":{variant}")
+  record = ROOT / "experiments" / "results" / "tpu_aot" / "configs" / f"{name[:-3]}__{variant}.json"
+  got = json.loads(record.read_text())
+  assert (got["config"], got["topology"]) == (f"configs/{name}:{variant}", topology)
+  assert got["fingerprint"] == aot.fingerprint(config), "changed since compiled: rerun it"
+  assert got["run"]["fits"] and got["problems"] == [], got["rows"]
+  assert got["run"]["mesh"]["tensor"] == max(1, config.mesh.tensor)
+  assert got["run"]["chip"] == tpu.chip_for(topology).name
