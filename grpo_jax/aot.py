@@ -178,28 +178,18 @@ def resident(setup, fns, args: dict) -> dict[str, int]:
 
 
 def model_roofline(setup, target: Target, *, params_bytes: int, kv_bytes: int) -> dict:
-  """Seconds per phase of one iteration at the chip's peak: model FLOPs (`flops.phase_flops`:
-  the LM head only where logits are used, every row decoding all T tokens) over every
-  device's bf16 peak, or, for decoding, the
-  bytes each step reads (the whole params, as a decode step reads every weight after
-  fsdp's gather, plus the device's KV cache) over its HBM bandwidth, whichever is longer.
-  XLA's own cost_analysis counts a while loop's body once (decode steps, the update's
-  scan), so its figures are reported beside these, not used for time."""
-  cfg, scfg, rl_cfg, loop = setup.model_cfg, setup.sampler_cfg, setup.rl_cfg, setup.loop
-  P, T, n = max(scfg.prompt_buckets), scfg.max_new_tokens, len(target.devices)
+  """Seconds per phase of one iteration at the chip's peak: model FLOPs
+  (`flops.run_phase_flops`: the LM head only where logits are used, every row decoding all
+  T tokens) over every device's bf16 peak, or, for decoding, the bytes each step reads
+  (the whole params, as a decode step reads every weight after fsdp's gather, plus the
+  device's KV cache) over its HBM bandwidth, whichever is longer. XLA's own cost_analysis
+  counts a while loop's body once (decode steps, the update's scan), so its figures are
+  reported beside these, not used for time."""
+  scfg, loop = setup.sampler_cfg, setup.loop
+  T, n = scfg.max_new_tokens, len(target.devices)
   peak = n * tpu.per_device(target.chip).peak_bf16_flops
   bandwidth = tpu.per_device(target.chip).hbm_bytes_per_s
-  work = flops.phase_flops(
-    cfg,
-    prompts=loop.prompts_per_step,
-    group_size=scfg.group_size,
-    prompt_len=P,
-    new_tokens=T,
-    rollout_rows=setup.rollout_rows,
-    update_rows=setup.update_rows,
-    forwards=(1 if rl_cfg.recompute_old_logp else 0) + (1 if rl_cfg.use_ref else 0),
-    epochs=rl_cfg.ppo_epochs,
-  )
+  work = flops.run_phase_flops(setup, prompt_len=max(scfg.prompt_buckets))
   out = {
     "sample": max(work["sample"] / peak, T * (params_bytes + kv_bytes) / bandwidth),
     "logprobs": work["logprobs"] / peak,

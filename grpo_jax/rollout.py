@@ -434,18 +434,8 @@ def phase_flops(setup: build.Setup, rollouts: Any, *, gen_batches: int) -> dict:
   """Model FLOPs of one iteration's phases (`flops.phase_flops`: the LM head only where
   logits are used): "sample" (every generation batch, the steps the sampler ran),
   "logprobs" (the π_old and reference forwards) and "update" (3 forwards per epoch)."""
-  cfg, scfg, rl_cfg = setup.model_cfg, setup.sampler_cfg, setup.rl_cfg
   N, P = rollouts.prompt_tokens_NP.shape
-  fl = flops.phase_flops(
-    cfg,
-    prompts=setup.loop.prompts_per_step,
-    group_size=scfg.group_size,
-    prompt_len=P,
-    new_tokens=scfg.max_new_tokens,
-    rollout_rows=N,
-    update_rows=setup.update_rows,
-    forwards=(1 if rl_cfg.recompute_old_logp else 0) + (1 if rl_cfg.use_ref else 0),
-    epochs=rl_cfg.ppo_epochs,
-    decode_steps=float(rollouts.num_steps),
+  fl = flops.run_phase_flops(
+    setup, prompt_len=P, rollout_rows=N, decode_steps=float(rollouts.num_steps)
   )
   return {**fl, "sample": gen_batches * fl["sample"]}

@@ -286,6 +286,6 @@ def test_every_shipped_accelerator_config_fits_the_topology_it_names(
   got = json.loads(record.read_text())
   assert (got["config"], got["topology"]) == (f"configs/{name}:{variant}", topology)
   assert got["fingerprint"] == aot.fingerprint(config), "changed since compiled: rerun it"
-  assert got["run"]["fits"] and got["problems"] == [], got["rows"]
+  assert got["run"]["fits"] and got["problems"] == [] and got["verdict"] == "supports", got["rows"]
   assert got["run"]["mesh"]["tensor"] == max(1, config.mesh.tensor)
   assert got["run"]["chip"] == tpu.chip_for(topology).name

@@ -58,6 +58,26 @@ def test_phase_flops_by_hand():
   assert fewer == {"sample": 1200 + 6 * (312 + 328.0), "logprobs": 0.0, "update": 3 * 6 * 1864.0}
 
 
+def test_run_phase_flops_reads_the_setup():
+  """A run's phases: 1 forward for a recomputed π_old, 1 for a reference, G, T, epochs and
+  the update rows from its Setup; rollout rows and decode steps as the run had them."""
+  ns = types.SimpleNamespace
+  setup = ns(
+    model_cfg=TINY,
+    loop=ns(prompts_per_step=2),
+    sampler_cfg=ns(group_size=3, max_new_tokens=3),
+    rl_cfg=ns(recompute_old_logp=True, use_ref=True, ppo_epochs=2),
+    rollout_rows=6,
+    update_rows=6,
+  )
+  got = flops.run_phase_flops(setup, prompt_len=4)
+  assert got == {"sample": 7104.0, "logprobs": 2 * 6 * 1864.0, "update": 3 * 2 * 6 * 1864.0}
+  setup.rl_cfg = ns(recompute_old_logp=True, use_ref=False, ppo_epochs=1)
+  got = flops.run_phase_flops(setup, prompt_len=4, rollout_rows=3, decode_steps=2)
+  want = {"sample": 1200 + 6 * (312 + 328.0), "logprobs": 3 * 1864.0, "update": 3 * 6 * 1864.0}
+  assert got == want
+
+
 CFG = model.ModelConfig(
   vocab_size=256, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8, mlp_dim=32
 )

@@ -144,6 +144,27 @@ def phase_flops(
   }
 
 
+def run_phase_flops(
+  setup, *, prompt_len: int, rollout_rows: int | None = None, decode_steps: float | None = None
+) -> dict:
+  """`phase_flops` of a run (a `build.Setup`): its model, prompts, G, T, update rows, PPO
+  epochs, and one log-prob forward each for a recomputed π_old and a reference.
+  `rollout_rows` (default the Setup's) and `decode_steps` (default T): as the run had them."""
+  scfg, rl_cfg = setup.sampler_cfg, setup.rl_cfg
+  return phase_flops(
+    setup.model_cfg,
+    prompts=setup.loop.prompts_per_step,
+    group_size=scfg.group_size,
+    prompt_len=prompt_len,
+    new_tokens=scfg.max_new_tokens,
+    rollout_rows=setup.rollout_rows if rollout_rows is None else rollout_rows,
+    update_rows=setup.update_rows,
+    forwards=int(rl_cfg.recompute_old_logp) + int(rl_cfg.use_ref),
+    epochs=rl_cfg.ppo_epochs,
+    decode_steps=decode_steps,
+  )
+
+
 def memory_bandwidth(n_bytes: int = 0, repeats: int = 10) -> float:
   """Best memory bandwidth (bytes/s) over `repeats` jitted `x + 1` passes over a float32
   array of n_bytes (read once, written once; default 1 GiB on an accelerator, 256 MiB on
