@@ -17,10 +17,14 @@ The functions compiled (`FUNCTIONS`): "sample" (the training sampler: prefill an
 `samplers.train`), "logprobs" (π_old and the reference's teacher-forced log-probs of the
 rollouts, `rl.logprobs`) and "update" (the scan of train steps over one rollout batch,
 `rl.update`); with IBPO's counterfactual rows (config.counterfactual) also
-"counterfactual" (their decode, `counterfactuals.generate`). Not yet compiled: the
-multi-turn episode runner's steps (config.env) and a reward model's scorer. Each is compiled on its own; a run holds its train state (params and
-optimizer state) and the reference throughout, so a function's peak per device is XLA's
-figure for it plus the resident arrays it does not take as arguments (`resident`).
+"counterfactual" (their decode, `counterfactuals.generate`); with multi-turn episodes
+(config.env) the episode runner's pieces in place of "sample" (`compile_episodes`:
+"episode_start", "episode_turn", "episode_append", chained as a run chains them); with a
+reward model among config.rewards, its scorer ("reward_model:<name>",
+`compile_reward_models`: its params stay in HBM the whole run). Each is compiled on its
+own; a run holds its train state (params and optimizer state) and the reference
+throughout, so a function's peak per device is XLA's figure for it plus the resident arrays
+it does not take as arguments (`resident`).
 
 Several slices (`num_slices` > 1): the mesh is hybrid (`sharding.make_mesh`): data spans
 the slices (DCN), fsdp and tensor stay within a slice (ICI); a config whose mesh.data is
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -94,8 +99,14 @@ def abstract_arguments(setup, fns) -> dict[str, tuple]:
   with fns.layout.context():
     rollouts = jax.eval_shape(fns.samplers.train.jitted, state.params, prompts, key, hyper)
   ref = model.reference_part(state.params) if rl_cfg.use_ref else None
-  out = {
-    "sample": (fns.samplers.train, (state.params, prompts, key, hyper)),
+  out = (
+    {}
+    if fns.episodes is not None
+    else {  # Episodes sample with their own pieces.
+      "sample": (fns.samplers.train, (state.params, prompts, key, hyper))
+    }
+  )
+  out |= {
     "logprobs": (fns.rl.logprobs, (state.params, ref, rollouts)),
     "update": (
       fns.rl.update,
@@ -126,13 +137,135 @@ def _counterfactual_arguments(setup, fns, state, rollouts, key) -> tuple:
   return fns.counterfactual.generate, (state.params, rollouts, cf_plan, prompts, key, hyper)
 
 
-def compile_function(jitted: sharding.Jitted, args: tuple):
-  """XLA's executable of one of the run's functions for the arguments' target. It compiles
-  past an out-of-memory (`tpu.COMPILE_PAST_OOM`: XLA would refuse, and the report says by
-  how much it does not fit), and never into JAX's persistent cache (a compile-only client
-  cannot load TPU executables back)."""
-  with jitted.layout.context(), _no_persistent_cache():
-    return jitted.jitted.lower(*args).compile(compiler_options=tpu.COMPILE_PAST_OOM)
+def compile_reward_models(setup, target: Target) -> tuple[dict, dict, list[str]]:
+  """Each reward model among config.rewards (kind "reward_model") as its source opens it
+  (`reward_sources`): params fsdp over one process's devices (the first host's here) by
+  the run's rules, `reward_model.score` over batch_size rows (rounded up to the devices)
+  of max_len tokens, its architecture read from the path's record or config.json (no
+  weights). Returns {"compiled": {"reward_model:<name>": compiled, or the error XLA
+  raised}, "params_bytes": {name: bytes per device of its params, resident the whole
+  run}, "problems": sources not compiled, "mesh": the reward models' mesh}."""
+  from grpo_jax.rewards import reward_model  # noqa: PLC0415 -- when used.
+
+  out, params_b, problems = {}, {}, []
+  rules = {"rules": setup.mesh_cfg.rules} if setup.mesh_cfg.rules else {}
+  local = [d for d in target.devices if d.process_index == 0]
+  layout = sharding.Layout.create(sharding.MeshConfig(data=1, fsdp=-1, tensor=1, **rules), local)
+  for spec in _reward_model_specs(setup):
+    o = spec.options
+    cfg, max_len = _reward_model_architecture(spec)
+    if cfg is None:
+      problems.append(f"reward model {spec.name!r} not compiled: {max_len}")
+      continue
+    shardings = reward_model.param_shardings(layout, cfg)
+    like = jax.eval_shape(functools.partial(reward_model.init, cfg), jax.random.key(0))
+    n = -(-o.batch_size // layout.batch_size_divisor) * layout.batch_size_divisor
+    rows = layout.rows(n)
+    tokens = jax.ShapeDtypeStruct((n, max_len), jnp.int32, sharding=rows)
+    mask = jax.ShapeDtypeStruct((n, max_len), jnp.bool_, sharding=rows)
+    params_b[spec.name] = per_device_bytes(like, shardings)
+    fn = jax.jit(
+      functools.partial(reward_model.score, cfg=cfg), in_shardings=(shardings, rows, rows)
+    )
+    try:
+      out[f"reward_model:{spec.name}"] = compile_function(fn, (like, tokens, mask), layout=layout)
+    except jax.errors.JaxRuntimeError as e:
+      out[f"reward_model:{spec.name}"] = e
+  return {"compiled": out, "params_bytes": params_b, "problems": problems, "mesh": layout.mesh}
+
+
+def _reward_model_specs(setup) -> list:
+  """config.rewards' sources of kind "reward_model" (`reward_sources.SourceSpec`)."""
+  from grpo_jax.rewards import reward_sources  # noqa: PLC0415 -- when used.
+
+  specs = reward_sources.specs_from_dict(setup.spec.get("rewards") or {})
+  return [s for s in specs if s.kind == "reward_model"]
+
+
+def _reward_model_architecture(spec) -> tuple:
+  """(ModelConfig, max_len) of a reward model source (`reward_model.architecture`), or
+  (None, why) when its path cannot be read on this host."""
+  from grpo_jax.rewards import reward_model  # noqa: PLC0415 -- when used.
+
+  try:
+    return reward_model.architecture(spec.options.path, max_len=spec.options.max_len)
+  except OSError as e:  # FileNotFoundError included: the path is on the TPU VM, not here.
+    return None, f"{e} (plan on a host that has it)"
+
+
+def compile_function(jitted, args: tuple, *, layout: sharding.Layout | None = None):
+  """XLA's executable of one of the run's functions (a `sharding.Jitted`, or a plain
+  jax.jit traced in `layout`'s context) for the arguments' target. It compiles past an
+  out-of-memory (`tpu.COMPILE_PAST_OOM`: XLA would refuse, and the report says by how much
+  it does not fit), and never into JAX's persistent cache (a compile-only client cannot
+  load TPU executables back)."""
+  if isinstance(jitted, sharding.Jitted):
+    layout, jitted = jitted.layout, jitted.jitted
+  with layout.context(), _no_persistent_cache():
+    return jitted.lower(*args).compile(compiler_options=tpu.COMPILE_PAST_OOM)
+
+
+def _placed(tree, shardings):
+  """Shapes and dtypes of `tree` with `shardings` (a matching tree, or one for all)."""
+  sd = lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh)  # noqa: E731
+  return jax.tree.map(sd, tree, jax.tree.broadcast(shardings, tree))
+
+
+def _outputs(compiled):
+  """A compiled function's outputs as abstract arguments of the next, sharded as XLA
+  chose."""
+  return jax.tree.map(
+    lambda o: jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=o.sharding), compiled.out_info
+  )
+
+
+def compile_episodes(setup, fns, params, prompts, key) -> tuple[dict, int, list[str]]:
+  """config.env's turn loop (the training group's `episodes.Runner`) compiled piece by
+  piece, each on what the one before returns (the pieces are jitted without explicit
+  shardings, so the shardings are the ones XLA chose, as in a run): the params' sampler
+  view when adapters are merged for sampling (not a row: its output stays in HBM through
+  the loop), "episode_start" (the prompts' prefill, the cache repeated to G rows),
+  "episode_turn" (one action: up to turn_tokens decode steps) and "episode_append" (one
+  block of observation_tokens per row). Returns ({name: compiled, or the error XLA
+  raised}, bytes per device of the view, problems: pieces not compiled)."""
+  runner, layout = fns.episodes.train, fns.layout
+  rep, cfg = layout.replicated, runner.cfg
+  params = _placed(params, fns.state_shardings.params)
+  view_b = 0
+  if "view" in runner.pieces:
+    view = compile_function(runner.pieces["view"], (params,), layout=layout)
+    params = _outputs(view)
+    view_b = per_device_bytes(params, view.output_shardings)
+  B = prompts.tokens_BP.shape[0]
+  N = B * runner.sampler_cfg.group_size
+  sd = jax.ShapeDtypeStruct
+  out, problems = {}, []
+  try:
+    out["episode_start"] = compile_function(
+      runner.pieces["start"],
+      (params, _placed(prompts, layout.rows(B)), _placed(key, rep)),
+      layout=layout,
+    )
+  except jax.errors.JaxRuntimeError as e:
+    return {"episode_start": e}, view_b, ["episode_turn and episode_append: not compiled "
+                                         "(they take the state episode_start returns)"]  # fmt: skip
+  state_e = _outputs(out["episode_start"])
+  hyper = _placed(setup.sampling_hyper, rep)
+  steps = {
+    "episode_turn": (params, state_e, hyper, sd((N,), jnp.bool_, sharding=rep)),
+    "episode_append": (
+      params, state_e, sd((N, cfg.observation_tokens), jnp.int32, sharding=rep),
+      sd((N,), jnp.int32, sharding=rep),
+    ),
+  }  # fmt: skip
+  for name, args in steps.items():
+    try:
+      out[name] = compile_function(
+        runner.pieces[name.removeprefix("episode_")], args, layout=layout
+      )
+    except jax.errors.JaxRuntimeError as e:
+      out[name] = e
+  return out, view_b, problems
 
 
 @contextlib.contextmanager
@@ -170,6 +303,7 @@ def resident(setup, fns, args: dict) -> dict[str, int]:
   if ref is not None and model.is_adapted(state.params):
     ref_b = 0  # The reference is the train state's own base (`model.reference_part`).
   return {
+    "params": params_b,
     "sample": state_b - params_b + ref_b,
     "logprobs": state_b - params_b,
     "update": ref_b,
@@ -199,7 +333,38 @@ def model_roofline(setup, target: Target, *, params_bytes: int, kv_bytes: int) -
     M = loop.prompts_per_step * setup.counterfactual.per_group
     rows = loop.prompts_per_step * scfg.group_size
     out["counterfactual"] = out["sample"] * M / rows
+  if setup.episodes is not None:
+    out |= _episode_roofline(setup, peak=peak, bandwidth=bandwidth, params_bytes=params_bytes,
+                             kv_bytes=kv_bytes)  # fmt: skip
+  for spec in _reward_model_specs(setup):  # Every rollout row's max_len forward, no head.
+    cfg, max_len = _reward_model_architecture(spec)
+    if cfg is not None:
+      work = setup.rollout_rows * flops.sequence_forward_flops(
+        cfg, length=max_len, head_positions=0
+      )
+      out[f"reward_model:{spec.name}"] = work / peak
   return out
+
+
+def _episode_roofline(setup, *, peak: float, bandwidth: float, params_bytes: int, kv_bytes: int):
+  """config.env's pieces over one iteration at the chip's peak (`model_roofline`): the
+  prefill of the B prompts; every turn's decode steps (max_turns × turn_tokens, at most T,
+  every row), each reading the params and the cache; and max_turns appends of O tokens per
+  row, each reading the params once."""
+  cfg, scfg, ep = setup.model_cfg, setup.sampler_cfg, setup.episodes
+  B, P, T = setup.loop.prompts_per_step, max(scfg.prompt_buckets), scfg.max_new_tokens
+  N, steps = B * scfg.group_size, min(ep.max_turns * ep.turn_tokens, T)
+  per_token = flops.forward_flops_per_token(cfg, context=P + T / 2)
+  body = per_token - 2 * flops.head_matmul_params(cfg)  # An append's logits are not used.
+  prefill = B * flops.sequence_forward_flops(cfg, length=P - 1, head_positions=0)
+  return {
+    "episode_start": prefill / peak,
+    "episode_turn": max(
+      N * steps * per_token / peak, steps * (params_bytes + kv_bytes) / bandwidth
+    ),
+    "episode_append": ep.max_turns
+    * max(N * ep.observation_tokens * body / peak, params_bytes / bandwidth),
+  }
 
 
 def check_update(compiled, jitted: sharding.Jitted, state) -> list[str]:
@@ -245,32 +410,53 @@ def compile_all(setup, target: Target) -> dict:
   """The run's functions compiled for the target: {"rows": a report per function (XLA's
   bytes plus the resident arrays: "peak_bytes", "fits"; a function XLA refuses to compile
   for one buffer over the whole HBM gets `tpu.refused`'s row, its need a lower bound),
-  "problems": check_update's, "fns", "args"}."""
+  "problems": check_update's and the pieces not compiled, "fns", "args"}."""
   fns = steps.functions_on(setup, target.devices)
   args = abstract_arguments(setup, fns)
-  extra = resident(setup, fns, args)
-  limit = limit_bytes(setup, target)
-  rows, problems = [], []
-  for name in args:
-    jitted, a = args[name]
+  got, problems = {}, []
+  for name, (jitted, a) in args.items():
     try:
-      compiled = compile_function(jitted, a)
-    except jax.errors.JaxRuntimeError as e:  # One buffer over the whole HBM.
-      report = tpu.refused(e, chip=target.chip, mesh=fns.layout.mesh)
-      if report is None:
-        raise
-      rows.append({**report, "name": name, "resident_bytes": extra[name], "limit_bytes": limit,
-                   "peak_bytes": report["total_bytes"] + extra[name]})  # fmt: skip
-      continue
-    report = tpu.report(compiled, chip=target.chip, mesh=fns.layout.mesh)
-    peak = report["total_bytes"] + extra[name]
-    rows.append(
-      {**report, "name": name, "resident_bytes": extra[name], "peak_bytes": peak,
-       "limit_bytes": limit, "fits": peak <= limit}
-    )  # fmt: skip
-    if name == "update":
-      problems = check_update(compiled, jitted, a[0])
+      got[name] = compile_function(jitted, a)
+    except jax.errors.JaxRuntimeError as e:  # One buffer over the whole HBM: a row below.
+      got[name] = e
+    if name == "update" and not isinstance(got[name], Exception):
+      problems += check_update(got[name], jitted, a[0])
+  meshes = dict.fromkeys(got, fns.layout.mesh)
+  extra = resident(setup, fns, args)
+  if fns.episodes is not None:
+    state, _, key, prompts = memory.abstract_inputs(setup, fns)
+    pieces, view_b, bad = compile_episodes(setup, fns, state.params, prompts, key)
+    got |= pieces
+    meshes |= dict.fromkeys(pieces, fns.layout.mesh)
+    base = extra["sample"] + (extra["params"] if view_b else 0)  # The view: an argument.
+    extra |= dict.fromkeys(pieces, base)
+    problems += bad
+  rms = compile_reward_models(setup, target)
+  got |= rms["compiled"]
+  meshes |= dict.fromkeys(rms["compiled"], rms["mesh"])
+  problems += rms["problems"]
+  held = sum(rms["params_bytes"].values())  # Every reward model's params, the whole run.
+  extra = {name: extra.get(name, 0) + held for name in got}
+  limit = limit_bytes(setup, target)
+  rows = [_row(name, c, target=target, mesh=meshes[name], held=extra[name], limit=limit)
+          for name, c in got.items()]  # fmt: skip
   return {"rows": rows, "problems": problems, "fns": fns, "args": args}
+
+
+def _row(name: str, got, *, target: Target, mesh, held: int, limit: int) -> dict:
+  """One function's report (`tpu.report`), or `tpu.refused`'s when XLA raised for one
+  buffer over the whole HBM (any other error is raised again), with `held` resident bytes
+  added to its peak."""
+  if isinstance(got, Exception):
+    report = tpu.refused(got, chip=target.chip, mesh=mesh)
+    if report is None:
+      raise got
+    return {**report, "name": name, "resident_bytes": held, "limit_bytes": limit,
+            "peak_bytes": report["total_bytes"] + held}  # fmt: skip
+  report = tpu.report(got, chip=target.chip, mesh=mesh)
+  peak = report["total_bytes"] + held
+  return {**report, "name": name, "resident_bytes": held, "peak_bytes": peak,
+          "limit_bytes": limit, "fits": peak <= limit}  # fmt: skip
 
 
 def process_rows(fns, setup) -> tuple[dict, list[str]]:
@@ -419,7 +605,8 @@ def figures(setup, target: Target, got: dict) -> dict:
   state = args["update"][1][0]
   itemsize = jnp.dtype(setup.sampler_cfg.dtype or setup.model_cfg.dtype).itemsize
   full_params = sum(math.prod(x.shape) * itemsize for x in jax.tree.leaves(state.params))
-  roofline = model_roofline(setup, target, params_bytes=full_params, kv_bytes=p.kv_cache)
+  every = model_roofline(setup, target, params_bytes=full_params, kv_bytes=p.kv_cache)
+  roofline = {r["name"]: every[r["name"]] for r in rows}  # The phases this run has.
   for r in rows:
     r["model_roofline_s"] = roofline[r["name"]]
   run = {

@@ -140,6 +140,10 @@ def plan_setup(c, *, n_devices: int | None = None, model_source: str = "") -> Se
     sampling_hyper=sampling.sampling_params(**d["sampling"]), rl_cfg=rl_cfg,
     mesh_cfg=mesh_cfg, spec=d, counterfactual=cf,
   )  # fmt: skip
+  try:
+    setup = dataclasses.replace(setup, episodes=_episode_config(setup))
+  except ValueError as e:
+    raise config_lib.ConfigError(str(e)) from e
   return _resolve_remat(setup, n_devices=n_devices)
 
 
@@ -283,8 +287,9 @@ def _check_learning_rates(loop: config.LoopConfig, model_cfg: model.ModelConfig)
 def _episode_config(setup: Setup) -> episodes.EpisodeConfig | None:
   """config.env (from setup.spec), or None when its name is "" (single-turn sampling). The
   environment must be registered, build with its kwargs, and end turns with one-token
-  texts. Episodes run their own turn loop on the host, so the features that sample rows
-  another way are refused."""
+  texts (the last two need the tokenizer: not checked for a Setup without one,
+  `plan_setup`). Episodes run their own turn loop on the host, so the features that
+  sample rows another way are refused."""
   env_d, tok = setup.spec.get("env", {}), setup.tokenizer
   if not env_d.get("name"):
     return None
@@ -299,11 +304,12 @@ def _episode_config(setup: Setup) -> episodes.EpisodeConfig | None:
     env_cls = envs.get(cfg.name)
   except ValueError as e:
     raise ValueError(f"config.env.name: {e}") from None
-  try:
-    env_cls(tokenizer=tok, **cfg.kwargs)
-  except TypeError as e:
-    raise ValueError(f"config.env.kwargs for environment {cfg.name!r}: {e}") from None
-  base.stop_ids(env_cls, tok)
+  if tok is not None:
+    try:
+      env_cls(tokenizer=tok, **cfg.kwargs)
+    except TypeError as e:
+      raise ValueError(f"config.env.kwargs for environment {cfg.name!r}: {e}") from None
+    base.stop_ids(env_cls, tok)
   for what, on in conflicts.items():
     if on:
       raise ValueError(

@@ -378,8 +378,9 @@ def _offpolicy_functions(setup: build.Setup, sh: _Shardings, model_fn):
 
 def _episode_runners(setup: build.Setup, model_fn, layout: sharding.Layout):
   """Multi-turn episode runners (config.env): the training group, greedy evaluation and
-  pass@k evaluation (`episodes.Runner`; its jitted pieces follow the params' shardings),
-  in sampler.dtype when it is set."""
+  pass@k evaluation (`episodes.Runner`: its jitted pieces are traced and run in the
+  layout's context, the prompts on its rows), in sampler.dtype when it is set. A Setup
+  without a tokenizer (`build.plan_setup`) gets runners that compile but cannot run."""
   cfg, loop, tok = setup.episodes, setup.loop, setup.tokenizer
   if cfg is None:
     return None
@@ -394,6 +395,7 @@ def _episode_runners(setup: build.Setup, model_fn, layout: sharding.Layout):
     tokenizer=tok,
     make_env=functools.partial(env_cls, tokenizer=tok, **cfg.kwargs),
     env_cls=env_cls,
+    layout=layout,
   )
   runner = lambda g: make(sampler_cfg=dataclasses.replace(setup.sampler_cfg, group_size=g))  # noqa: E731
   return EpisodeRunners(

@@ -3,6 +3,8 @@ config's functions compile for v5e:2x2 and for two slices, fit, keep the train s
 sharded like the parameters, alias the donated state, call no host, and communicate over
 the mesh axes they should; each check fails when its property is broken."""
 
+import copy
+import dataclasses
 import json
 import pathlib
 import subprocess
@@ -13,9 +15,10 @@ import numpy as np
 import pytest
 import subproc
 
-from grpo_jax import aot, steps
+from grpo_jax import aot, memory, steps
 from grpo_jax.infra import config_lib, tpu
-from grpo_jax.models import sharding
+from grpo_jax.models import model, sharding
+from grpo_jax.rewards import reward_model
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "configs" / "arithmetic.py") + ":tiny"
@@ -243,6 +246,84 @@ def test_counterfactual_rows_decode_compiles_for_tpu_when_the_config_enables_the
   assert report["fits"] and report["host_callbacks"] == []
   M = setup.loop.prompts_per_step * setup.counterfactual.per_group
   assert jax.tree.leaves(compiled.out_info)[0].shape[0] == M  # The M counterfactual rows.
+
+
+@pytest.fixture(scope="module")
+def episodes_v5e():
+  """The calculator's tiny multi-turn config, compiled for v5e:2x2 (`aot.compile_all`)."""
+  config = config_lib.load(str(ROOT / "configs" / "calculator.py") + ":tiny")
+  target = aot.Target.load("v5e:2x2")
+  setup, _ = aot.setup_for(config, target)
+  return setup, target, aot.compile_all(setup, target)
+
+
+def test_episode_pieces_compile_for_tpu_in_place_of_the_sampler(episodes_v5e):
+  setup, _, got = episodes_v5e
+  names = [r["name"] for r in got["rows"]]
+  assert names == ["logprobs", "update", "episode_start", "episode_turn", "episode_append"]
+  assert got["problems"] == []
+  rows = {r["name"]: r for r in got["rows"]}
+  for name in ("episode_start", "episode_turn", "episode_append"):
+    assert rows[name]["fits"] and rows[name]["host_callbacks"] == []
+    # The sampler's resident arrays: the optimizer state (no reference: kl_coef 0 here).
+    assert rows[name]["resident_bytes"] == rows["logprobs"]["resident_bytes"] > 0
+  # The turn and the append take the state and donate it: the cache is not held twice.
+  for name in ("episode_turn", "episode_append"):
+    assert rows[name]["alias_bytes"] > 0.9 * rows[name]["output_bytes"]
+
+
+def _cache_specs(compiled):
+  state = compiled.out_info
+  return {x.sharding.spec for x in jax.tree.leaves((state.cache.k, state.cache.v))}
+
+
+def test_the_episode_cache_is_split_over_rows_and_a_turn_without_donation_holds_it_twice(
+  episodes_v5e,
+):
+  """The cache comes out of the prefill split over fsdp (each chip holds its rows), and the
+  turn aliases it; the same turn jitted without donating its state aliases nothing."""
+  setup, target, got = episodes_v5e
+  fns = got["fns"]
+  state, _, key, prompts = memory.abstract_inputs(setup, fns)
+  compiled, _, _ = aot.compile_episodes(setup, fns, state.params, prompts, key)
+  assert _cache_specs(compiled["episode_start"]) == {sharding.P("fsdp")}
+  runner = copy.copy(fns.episodes.train)
+  runner.pieces = {**runner.pieces, "turn": jax.jit(runner.pieces["turn"].__wrapped__)}
+  broken = dataclasses.replace(fns, episodes=dataclasses.replace(fns.episodes, train=runner))
+  undonated, _, _ = aot.compile_episodes(setup, broken, state.params, prompts, key)
+  report = lambda c: tpu.report(c, chip=target.chip, mesh=fns.layout.mesh)  # noqa: E731
+  assert report(compiled["episode_turn"])["alias_bytes"] > 0
+  assert report(undonated["episode_turn"])["alias_bytes"] == 0
+
+
+def test_a_reward_model_source_compiles_its_scorer_and_stays_resident(tmp_path, one_slice):
+  """A config.rewards source of kind reward_model: its scorer is a row, its params (fsdp
+  over the host's 4 chips) are added to every row's resident bytes; a path this host
+  does not have is a problem, not a row."""
+  rm_cfg = model.ModelConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                             head_dim=16, mlp_dim=128)  # fmt: skip
+  rm_cfg_d = {"model": dataclasses.asdict(rm_cfg), "max_len": 48, "optimizer": {}}
+  (tmp_path / reward_model.RECORD).write_text(json.dumps(rm_cfg_d))
+  config = config_lib.load(TINY)
+  config.rewards = {
+    "correct": {"kind": "verifier", "weight": 1.0},
+    "rm": {"kind": "reward_model", "weight": 0.5, "path": str(tmp_path), "batch_size": 6},
+    "gone": {"kind": "reward_model", "weight": 0.5, "path": str(tmp_path / "nothing")},
+  }
+  target = aot.Target.load("v5e:2x2")
+  setup, _ = aot.setup_for(config, target)
+  got = aot.figures(setup, target, aot.compile_all(setup, target))
+  rows = {r["name"]: r for r in got["rows"]}
+  assert list(rows) == [*aot.FUNCTIONS, "reward_model:rm"]
+  scorer = rows["reward_model:rm"]
+  assert scorer["fits"] and scorer["model_roofline_s"] > 0
+  params = jax.eval_shape(lambda: reward_model.init(rm_cfg, jax.random.key(0)))
+  held = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params["model"])) // 4
+  held += sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params["head"]))
+  before = {r["name"]: r["resident_bytes"] for r in one_slice["rows"]}
+  for name in aot.FUNCTIONS:
+    assert rows[name]["resident_bytes"] - before[name] == pytest.approx(held, rel=0.05)
+  assert len(got["problems"]) == 1 and "'gone' not compiled" in got["problems"][0]
 
 
 def test_a_multi_host_slice_feeds_each_process_one_contiguous_block_of_rows():

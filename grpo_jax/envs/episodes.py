@@ -361,53 +361,86 @@ class Runner:
     make_env: Callable[[], base.Environment],
     env_cls: type[base.Environment],
     view: Callable | None = None,
+    layout=None,
   ):
     """`view`: the policy's params -> what model_fn reads (`model.sampler_view`: adapters
-    merged), applied once per `run`; None: the params as given."""
+    merged), applied once per `run`; None: the params as given. `layout`
+    (`sharding.Layout`): the run's mesh and rules; the pieces are traced and run in its
+    context, so the model's and the cache's activation constraints apply (the cache's rows
+    over the batch axes, as in the sampler), and the prompts go on its rows; None: the
+    pieces follow the params' shardings. `tokenizer` None (a shapes-only Setup,
+    `build.plan_setup`): the turn ends at the sampler's EOS ids only; the pieces compile
+    (`aot`), `run` refuses.
+
+    The turn and the append donate the state they take (`pieces`): the loop never reads
+    the old one, so a device holds one KV cache, not two, while it decodes."""
     self.cfg, self.sampler_cfg, self.tokenizer = cfg, sampler_cfg, tokenizer
-    self._view = jax.jit(view) if view is not None else None
-    self.make_env, self.stop_ids = make_env, base.stop_ids(env_cls, tokenizer)
+    self.layout = layout
+    self.make_env = make_env
+    self.stop_ids = (
+      base.stop_ids(env_cls, tokenizer) if tokenizer is not None else tuple(sampler_cfg.eos_ids)
+    )
     self._steps = stepping.Steps(workers=cfg.step_workers)
     pad, width = sampler_cfg.pad_id, cfg.observation_tokens
-    self._start = jax.jit(
-      functools.partial(
-        start, model_fn=model_fn, init_cache=init_cache, cfg=sampler_cfg, observation_tokens=width
-      )
-    )
-    self._turn = jax.jit(
-      functools.partial(
-        decode_turn,
-        model_fn=model_fn,
-        stop_ids=self.stop_ids,
-        turn_tokens=cfg.turn_tokens,
-        pad_id=pad,
-      )
-    )
-    self._append = jax.jit(functools.partial(append, model_fn=model_fn, pad_id=pad))
-    self._finish = jax.jit(functools.partial(to_rollouts, group_size=sampler_cfg.group_size))
+    # The jitted pieces, by name: what `run` calls, and what `aot` compiles for a TPU.
+    self.pieces = {
+      "start": jax.jit(
+        functools.partial(
+          start, model_fn=model_fn, init_cache=init_cache, cfg=sampler_cfg, observation_tokens=width
+        )
+      ),
+      "turn": jax.jit(
+        functools.partial(
+          decode_turn,
+          model_fn=model_fn,
+          stop_ids=self.stop_ids,
+          turn_tokens=cfg.turn_tokens,
+          pad_id=pad,
+        ),
+        donate_argnums=(1,),
+      ),
+      "append": jax.jit(
+        functools.partial(append, model_fn=model_fn, pad_id=pad), donate_argnums=(1,)
+      ),
+      "finish": jax.jit(functools.partial(to_rollouts, group_size=sampler_cfg.group_size)),
+    }
+    if view is not None:
+      self.pieces["view"] = jax.jit(view)
+
+  def context(self):
+    """The layout's mesh and rules in scope (nothing without a layout)."""
+    return self.layout.context() if self.layout is not None else contextlib.nullcontext()
 
   def run(self, params, prompts: sampling.Prompts, examples: Sequence, key, hyper) -> Episodes:
     """Plays G episodes of each of the B examples (`examples[b]` is prompt b's); `hyper`
     the sampling parameters of every action."""
     if jax.process_count() > 1:
       raise NotImplementedError("Environment episodes run in one process only.")
+    if self.tokenizer is None:
+      raise ValueError("Runner.run needs a tokenizer (this runner only compiles: `aot`).")
+    with self.context():
+      return self._run(params, prompts, examples, key, hyper)
+
+  def _run(self, params, prompts: sampling.Prompts, examples: Sequence, key, hyper) -> Episodes:
     G = self.sampler_cfg.group_size
     seconds = {"sample": 0.0, "env": 0.0}
     clock = functools.partial(_timed, seconds)
-    if self._view is not None:
+    if "view" in self.pieces:
       with clock("sample"):
-        params = self._view(params)
+        params = self.pieces["view"](params)
     with clock("env"):
       rows, first = self._reset([examples[n // G] for n in range(len(examples) * G)])
       outcomes = type(rows.envs[0]).outcomes if rows.envs else ()
     with clock("sample"):
-      state = self._start(params, prompts, key)
+      if self.layout is not None:
+        prompts = jax.device_put(prompts, self.layout.rows(prompts.tokens_BP.shape[0]))
+      state = self.pieces["start"](params, prompts, key)
       state = self._observe(params, state, first, rows)
     for turn in range(self.cfg.max_turns):
       if not rows.running_N.any():
         break
       with clock("sample"):
-        state = self._turn(params, state, hyper, rows.running_N)
+        state = self.pieces["turn"](params, state, hyper, rows.running_N)
         tokens_NT, t_N = jax.device_get((state.tokens_NT, state.t_N))
       with clock("env"):
         rows.t_N = np.array(t_N, np.int32)
@@ -415,7 +448,7 @@ class Runner:
       with clock("sample"):
         state = self._observe(params, state, obs, rows)
     with clock("sample"):
-      rollouts = jax.block_until_ready(self._finish(prompts, state, rows.end_N == DONE))
+      rollouts = jax.block_until_ready(self.pieces["finish"](prompts, state, rows.end_N == DONE))
     return Episodes(
       rollouts,
       rows.reward_N,
@@ -505,7 +538,7 @@ class Runner:
     obs_NO = np.full((len(obs), width), self.sampler_cfg.pad_id, np.int32)
     for i in np.flatnonzero(n_N):
       obs_NO[i, : n_N[i]] = obs[i]
-    return self._append(params, state, obs_NO, n_N)
+    return self.pieces["append"](params, state, obs_NO, n_N)
 
 
 @contextlib.contextmanager

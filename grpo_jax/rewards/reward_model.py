@@ -292,14 +292,9 @@ class Scorer:
     if layout is None:
       self.params, self._score, self._rows = params, jax.jit(fn), None
     else:
-      from grpo_jax.models import sharding  # noqa: PLC0415 -- sharding imports model, not this.
-
       d = layout.batch_size_divisor
       self.batch_size = -(-batch_size // d) * d
-      shardings = {
-        "model": sharding.param_shardings(layout, cfg),
-        "head": jax.tree.map(lambda _: layout.replicated, params["head"]),
-      }
+      shardings = param_shardings(layout, cfg)
       self.params = jax.device_put(params, shardings)
       self._rows = layout.rows(self.batch_size)
       self._score = jax.jit(fn, in_shardings=(shardings, self._rows, self._rows))
@@ -342,6 +337,36 @@ class Loaded:
   step: int  # The checkpoint's step (-1: a HF checkpoint).
 
 
+HF_MAX_LEN = 1024  # A HF reward model's tokens kept when max_len is 0.
+
+
+def param_shardings(layout, cfg: model.ModelConfig) -> dict:
+  """Where `Scorer` puts a reward model's params on a `sharding.Layout`: the decoder's by
+  their logical names under the layout's rules, the head (d_model + 1 floats) replicated."""
+  from grpo_jax.models import sharding  # noqa: PLC0415 -- sharding imports model, not this.
+
+  head = jax.eval_shape(functools.partial(zero_head, cfg))
+  return {
+    "model": sharding.param_shardings(layout, cfg),
+    "head": jax.tree.map(lambda _: layout.replicated, head),
+  }
+
+
+def architecture(path, *, max_len: int = 0) -> tuple[model.ModelConfig, int]:
+  """(ModelConfig, max_len) of the reward model `load` would read from `path`, from its
+  record or config.json alone (no weights: what `aot` compiles the scorer from)."""
+  path = pathlib.Path(path)
+  if (path / "config.json").is_file() and not (path / RECORD).is_file():  # HF.
+    return hf_reward_config(path)[0], max_len or HF_MAX_LEN
+  if not (path / RECORD).is_file():
+    raise FileNotFoundError(
+      f"{path}: no {RECORD} or config.json; a reward model is an rm-train workdir (grpo-jax "
+      "rm-train --workdir=DIR) or a Hugging Face sequence-classification checkpoint directory."
+    )
+  rec = json.loads((path / RECORD).read_text())
+  return model.ModelConfig.from_dict(rec["model"]), max_len or rec["max_len"]
+
+
 def load(path, *, step: int = -1, max_len: int = 0, layout=None) -> Loaded:
   """The reward model of an rm-train workdir (its newest checkpoint, or `step`), or of a
   HF checkpoint directory (a config.json with a sequence-classification architecture and
@@ -356,14 +381,9 @@ def load(path, *, step: int = -1, max_len: int = 0, layout=None) -> Loaded:
     from grpo_jax.models import hf_tokenizer  # noqa: PLC0415 -- only HF reward models read one.
 
     cfg, params = from_hf(path, layout=layout)
-    return Loaded(cfg, params, hf_tokenizer.load(path), max_len or 1024, -1)
-  if not (path / RECORD).is_file():
-    raise FileNotFoundError(
-      f"{path}: no {RECORD} or config.json; a reward model is an rm-train workdir (grpo-jax "
-      "rm-train --workdir=DIR) or a Hugging Face sequence-classification checkpoint directory."
-    )
+    return Loaded(cfg, params, hf_tokenizer.load(path), max_len or HF_MAX_LEN, -1)
+  cfg, max_len = architecture(path, max_len=max_len)
   rec = json.loads((path / RECORD).read_text())
-  cfg = model.ModelConfig.from_dict(rec["model"])
   like = jax.eval_shape(lambda: initial_state(init(cfg, jax.random.key(0)), rec["optimizer"]))
   ckpt = checkpoint.Checkpointer(path / "checkpoints", keep_best=False, async_save=False)
   try:
@@ -377,7 +397,7 @@ def load(path, *, step: int = -1, max_len: int = 0, layout=None) -> Loaded:
   finally:
     ckpt.close()
   tok = tokenizer_of(rec["tokenizer"])
-  return Loaded(cfg, tree["params"], tok, max_len or rec["max_len"], chosen)
+  return Loaded(cfg, tree["params"], tok, max_len, chosen)
 
 
 def record(
