@@ -3,12 +3,14 @@
     python experiments/tpu_aot.py                          # every cell not yet in the results
     python experiments/tpu_aot.py --shapes=qwen2.5-0.5b --topologies=v5e-8 --modes=full
     python experiments/tpu_aot.py --table                  # the results as a Markdown table
+    python experiments/tpu_aot.py --new_tokens=4096 --shapes=qwen2.5-1.5b --topologies=v5e-8
 
 The workload (the same for every cell): GRPO (`rl.preset=grpo`, KL to a reference 0.001),
 32 prompts × G = 8 = 256 rollout rows, 512 prompt + 1,024 new tokens, one update of 4
 mini-batches, bfloat16 compute, float32 params and Adam (full) or LoRA rank 16 on every
 projection over a bfloat16 base (lora), random weights of the model's published shape
-(`models.shapes`). Cells: 4 shapes × 5 topologies × 2 modes.
+(`models.shapes`). Cells: 4 shapes × 5 topologies × 2 modes; `--new_tokens=4096` the
+long-rollout variant of a cell (512 + 4,096 tokens, the rest the same).
 
 Each cell starts from the setting a user would try first (full remat over scanned layers,
 fsdp over every chip of a slice, data across slices, 1 micro-batch, the log-prob forwards
@@ -20,7 +22,8 @@ resident arrays it does not take as arguments), the memory plan's figure, and th
 model-FLOPs roofline seconds per phase (`aot.model_roofline`: peak bf16 FLOPs and HBM
 bandwidth of the chip, `infra.tpu.CHIPS`, no communication, no overlap).
 
-Results: experiments/results/tpu_aot/<shape>__<topology>__<mode>.json (one per cell, so a
+Results: experiments/results/tpu_aot/<shape>__<topology>__<mode>[__<new tokens>].json
+(one per cell, the suffix when new tokens is not 1,024, so a
 run that stops resumes where it stopped) and README.md there (`--table`). Compiling is
 deterministic: the figures do not depend on this machine's load; the compile seconds do.
 """
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import pathlib
@@ -57,10 +61,15 @@ TOPOLOGIES = {
 MODES = ("full", "lora")
 
 
-def workload(mode: str):
+NEW_TOKENS = 1024  # The sweep's completion budget; --new_tokens for the long variant.
+
+
+def workload(mode: str, new_tokens: int = NEW_TOKENS):
   """The cell's config before any advice (see the module docstring)."""
   c = config_lib.load(str(ROOT / "configs" / "scale.py") + ":0.5b")
-  c.sampler.update(max_new_tokens=1024, max_prompt_len=512, prompt_buckets=(512,), group_size=8)
+  c.sampler.update(
+    max_new_tokens=new_tokens, max_prompt_len=512, prompt_buckets=(512,), group_size=8
+  )
   c.update(prompts_per_step=32, eval_size=32)
   c.rl.update(num_minibatches=4, micro_batches=1, logprob_batches=4, kl_coef=0.001)
   c.mesh.update(data=1, fsdp=-1, tensor=1)
@@ -69,10 +78,10 @@ def workload(mode: str):
   return c
 
 
-def cell(shape: str, topology: str, mode: str) -> dict:
+def cell(shape: str, topology: str, mode: str, new_tokens: int = NEW_TOKENS) -> dict:
   """One cell compiled (with advice when it does not fit): the JSON record."""
   name, slices = TOPOLOGIES[topology]
-  config = workload(mode)
+  config = workload(mode, new_tokens)
   t0 = time.perf_counter()
   got = aot.plan(config, topology=name, num_slices=slices, model_source=shape)
   tip = got["advice"]
@@ -85,6 +94,7 @@ def cell(shape: str, topology: str, mode: str) -> dict:
     "shape": shape,
     "topology": topology,
     "mode": mode,
+    "new_tokens": new_tokens,
     "claim": "the workload fits the topology's HBM as first tried (else: the advice's setting)",
     "verdict": "supports" if got["run"]["fits"] else "contradicts",
     "seeds": "none: a compile is deterministic (random weights are never drawn)",
@@ -180,14 +190,21 @@ def configs_table() -> str:
   return "\n".join(lines)
 
 
-def table() -> str:
-  """The committed cells as one Markdown table."""
+def cell_path(shape: str, topology: str, mode: str, new_tokens: int = NEW_TOKENS):
+  suffix = "" if new_tokens == NEW_TOKENS else f"__{new_tokens}"
+  return OUT / f"{shape}__{topology}__{mode}{suffix}.json"
+
+
+def table(new_tokens: int = NEW_TOKENS) -> str:
+  """The committed cells of one completion budget as a Markdown table, in the order of
+  SHAPES, TOPOLOGIES and MODES."""
   lines = [
     "| shape | topology | mode | fits as first tried | setting that fits | peak GiB/chip "
     "(sample, logprobs, update) | plan GiB | roofline s/iter (sample, logprobs, update) |",
     "|---|---|---|---|---|---|---|---|",
   ]
-  for path in sorted(OUT.glob("*.json")):
+  cells = [cell_path(*c, new_tokens) for c in itertools.product(SHAPES, TOPOLOGIES, MODES)]
+  for path in filter(pathlib.Path.exists, cells):
     r = json.loads(path.read_text())
     fin, tip = r["final"], r["advice"]
     setting = "as first tried" if tip is None else (
@@ -208,6 +225,7 @@ def main():
   ap.add_argument("--shapes", default=",".join(SHAPES))
   ap.add_argument("--topologies", default=",".join(TOPOLOGIES))
   ap.add_argument("--modes", default=",".join(MODES))
+  ap.add_argument("--new_tokens", type=int, default=NEW_TOKENS, help="tokens each row decodes")
   ap.add_argument("--redo", action="store_true", help="recompile cells already recorded")
   ap.add_argument("--table", action="store_true", help="print the recorded cells and exit")
   ap.add_argument(
@@ -215,7 +233,8 @@ def main():
   )
   args = ap.parse_args()
   if args.table:
-    print(configs_table() + "\n\n" + table())
+    long = table(4096)
+    print(configs_table() + "\n\n" + table() + ("\n\n" + long if long.count("\n") > 1 else ""))
     return
   if args.configs:
     (OUT / "configs").mkdir(parents=True, exist_ok=True)
@@ -233,11 +252,11 @@ def main():
   for shape in args.shapes.split(","):
     for topology in args.topologies.split(","):
       for mode in args.modes.split(","):
-        path = OUT / f"{shape}__{topology}__{mode}.json"
+        path = cell_path(shape, topology, mode, args.new_tokens)
         if path.exists() and not args.redo:
           continue
-        print(f"{shape} {topology} {mode} ...", flush=True)
-        r = cell(shape, topology, mode)
+        print(f"{shape} {topology} {mode} {args.new_tokens} ...", flush=True)
+        r = cell(shape, topology, mode, args.new_tokens)
         path.write_text(json.dumps(r, indent=1, default=str) + "\n")
         fin = r["final"]["run"]
         print(
