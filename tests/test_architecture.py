@@ -326,3 +326,55 @@ def test_child_processes_get_the_tests_import_path():
   assert tuple(toml["tool"]["pytest"]["ini_options"]["pythonpath"]) == subproc.PYTHONPATH
   paths = subproc.child_env()["PYTHONPATH"].split(os.pathsep)
   assert paths[: len(subproc.PYTHONPATH)] == [str(ROOT / d) for d in subproc.PYTHONPATH]
+
+
+# Mappings keyed by names that are not families though spelled alike: llama.cpp's
+# pre-tokenizer names (GGUF tokenizer.ggml.pre, e.g. "qwen2": Qwen2's split regex).
+NOT_FAMILIES = ("PRE_TOKENIZERS",)
+
+
+# Every family's names (`models/families.py`): model_type and the HF classes.
+def _family_names() -> set[str]:
+  from grpo_jax.models import families  # noqa: PLC0415
+
+  return {n for f in families.FAMILIES.values() for n in (f.name, f.hf_class, f.seq_cls_class)}
+
+
+def _family_checks(tree: ast.AST, names: set[str]) -> list[str]:
+  """Comparisons against a family's name and dict literals keyed by one: a feature decided
+  by name (`arch == "qwen3"`, `arch in ("llama", "qwen3")`, `{"llama": ...}`)."""
+
+  def named(node) -> bool:
+    elts = node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set) else [node]
+    return any(isinstance(e, ast.Constant) and e.value in names for e in elts)
+
+  exempt = {
+    id(node.value)
+    for node in ast.walk(tree)
+    if isinstance(node, ast.Assign)
+    and any(isinstance(t, ast.Name) and t.id in NOT_FAMILIES for t in node.targets)
+  }
+  found = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Compare) and any(map(named, [node.left, *node.comparators])):
+      found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    elif (
+      isinstance(node, ast.Dict)
+      and id(node) not in exempt
+      and any(k is not None and named(k) for k in node.keys)
+    ):
+      found.append(f"line {node.lineno}: a mapping keyed by a family name")
+  return found
+
+
+def test_no_model_family_is_decided_by_its_name_outside_the_family_records():
+  names = _family_names()
+  bad = {
+    str(path.relative_to(ROOT)): got
+    for path in sorted(PACKAGE.rglob("*.py"))
+    if path.name != "families.py" and (got := _family_checks(ast.parse(path.read_text()), names))
+  }
+  assert not bad, bad
+  # It can fail: the checks this module's records replaced.
+  assert _family_checks(ast.parse('if arch in ("llama", "qwen3"): pass'), names)
+  assert _family_checks(ast.parse('X = {"LlamaForCausalLM": "llama"}'), names)

@@ -47,13 +47,10 @@ import re
 
 import numpy as np
 
+from grpo_jax.models import families
+
 SUFFIX = ".gguf"
 PKG_PREFIX = "pkg:"
-ARCHITECTURES = {
-  "llama": "LlamaForCausalLM",
-  "qwen2": "Qwen2ForCausalLM",
-  "qwen3": "Qwen3ForCausalLM",
-}
 # GGML tensor types read_tensor dequantizes (all by `gguf.quants.dequantize`).
 TENSOR_TYPES = (
   "F32",
@@ -201,11 +198,10 @@ def metadata(src, *, arrays: tuple[str, ...] = ()) -> dict:
 
 def _arch(meta: dict, *, where) -> str:
   arch = meta.get("general.architecture")
-  if arch not in ARCHITECTURES:
-    raise GGUFError(
-      f"{where}: unsupported architecture {arch!r}; supported: {sorted(ARCHITECTURES)}."
-    )
-  return arch
+  try:
+    return families.get(arch).name
+  except families.UnknownFamily as e:
+    raise GGUFError(f"{where}: {e}") from None
 
 
 def _rope_scaling(meta: dict, arch: str, *, where) -> dict | None:
@@ -248,7 +244,7 @@ def hf_config(src) -> dict:
     if f"tokenizer.ggml.{g}_token_id" in meta
   }
   return dict(
-    architectures=[ARCHITECTURES[arch]],
+    architectures=[families.get(arch).hf_class],
     model_type=arch,
     vocab_size=int(vocab),
     hidden_size=d_model,
@@ -309,7 +305,7 @@ def tensor_index(src) -> dict[str, Entry]:
   outside TENSOR_TYPES, naming the tensor and the supported types."""
   path = resolve(src)
   config = hf_config(path)
-  arch = config["model_type"]
+  permuted = families.get(config["model_type"]).gguf_rope_permuted
   heads = {"attn_q.weight": config["num_attention_heads"]}
   heads["attn_k.weight"] = config["num_key_value_heads"]
   out = {}
@@ -320,7 +316,7 @@ def tensor_index(src) -> dict[str, Entry]:
         f"{path}: tensor {t.name} has type {kind}; supported: {', '.join(TENSOR_TYPES)}."
       )
     m = _LAYER.match(t.name)
-    rope_heads = heads.get(m.group(2), 0) if m and arch == "llama" else 0
+    rope_heads = heads.get(m.group(2), 0) if m and permuted else 0
     shape = tuple(int(n) for n in reversed(t.shape))
     out[hf_name(t.name)] = Entry(path, t.name, kind, shape, rope_heads)
   return out

@@ -4,10 +4,9 @@
     params = hf.load_params(hf_dir, cfg, shardings=shardings)   # streamed, already sharded
     hf.export(params, cfg, out_dir, arch=hf.arch_of(hf.read_config(hf_dir)))
 
-Architectures (the `architectures[0]` / `model_type` of `config.json`): Llama 3.x
-(`LlamaForCausalLM`, Llama 3.1 "llama3" rope scaling), Qwen2 / Qwen2.5
-(`Qwen2ForCausalLM`, biases on q/k/v) and Qwen3 (`Qwen3ForCausalLM`, q/k RMSNorm); dense,
-tied or untied embeddings.
+Architectures (the `architectures[0]` / `model_type` of `config.json`): the families of
+`families` (Llama 3.x with Llama 3.1 "llama3" rope scaling, Qwen2 / Qwen2.5, Qwen3); dense,
+tied or untied embeddings. What differs by family is read from its record.
 
 Streaming. Safetensors files are read tensor by tensor from their headers (our own
 reader: numpy's safetensors backend has no bfloat16): each tensor's bytes are read into
@@ -47,14 +46,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from grpo_jax.infra import distributed
-from grpo_jax.models import gguf_import, model
+from grpo_jax.models import families, gguf_import, model
 
-ARCHITECTURES = {
-  "LlamaForCausalLM": "llama",
-  "Qwen2ForCausalLM": "qwen2",
-  "Qwen3ForCausalLM": "qwen3",
-}
-_HF_CLASS = {v: k for k, v in ARCHITECTURES.items()}
 _DTYPES = {
   "F64": np.float64,
   "F32": np.float32,
@@ -94,17 +87,15 @@ def read_config(hf_dir) -> dict:
 
 
 def arch_of(hf_config: dict, *, where: str = "config.json") -> str:
-  """'llama', 'qwen2' or 'qwen3', from `architectures` (else `model_type`)."""
-  archs = hf_config.get("architectures") or []
-  for a in archs:
-    if a in ARCHITECTURES:
-      return ARCHITECTURES[a]
-  if not archs and hf_config.get("model_type") in _HF_CLASS:
-    return hf_config["model_type"]
-  found = archs or hf_config.get("model_type")
-  raise CheckpointError(
-    f"{where}: unsupported architecture {found!r}; supported: {sorted(ARCHITECTURES)}."
-  )
+  """The family's name (`families`), from `architectures` (else `model_type`)."""
+  return _family(hf_config, where=where).name
+
+
+def _family(hf_config: dict, *, where: str) -> families.Family:
+  try:
+    return families.of_config(hf_config)
+  except families.UnknownFamily as e:
+    raise CheckpointError(f"{where}: {e}") from None
 
 
 def _rope(hf_config: dict, *, where: str) -> dict:
@@ -138,7 +129,7 @@ def model_config(hf_config: dict, *, where: str = "config.json", **overrides) ->
   Refuses what the model cannot represent (an o_proj bias, an MLP bias, a non-SiLU
   activation, sliding-window attention) rather than importing it wrongly.
   """
-  arch = arch_of(hf_config, where=where)
+  family = _family(hf_config, where=where)
   c = hf_config
   act = c.get("hidden_act", "silu")
   if act not in ("silu", "swish"):
@@ -147,10 +138,10 @@ def model_config(hf_config: dict, *, where: str = "config.json", **overrides) ->
     )
   if c.get("mlp_bias"):
     raise CheckpointError(f"{where}: mlp_bias=true is not supported (the MLP has no biases).")
-  if arch in ("llama", "qwen3") and c.get("attention_bias"):
+  if c.get("attention_bias") and not family.attention_bias:
     raise CheckpointError(
-      f"{where}: {arch} attention_bias=true (biases on q, k, v and o) is not supported; the "
-      "model has q/k/v biases only (Qwen2)."
+      f"{where}: {family.name} attention_bias=true (biases on q, k, v and o) is not "
+      "supported; the model has q/k/v biases only (Qwen2)."
     )
   if c.get("use_sliding_window"):
     raise CheckpointError(
@@ -166,8 +157,8 @@ def model_config(hf_config: dict, *, where: str = "config.json", **overrides) ->
     head_dim=c.get("head_dim") or c["hidden_size"] // n_heads,
     mlp_dim=c["intermediate_size"],
     norm_eps=float(c.get("rms_norm_eps", 1e-6)),
-    qk_norm=arch == "qwen3",
-    attn_bias=arch == "qwen2",
+    qk_norm=family.qk_norm,
+    attn_bias=family.attn_bias,
     tie_embeddings=bool(c.get("tie_word_embeddings", False)),
     **_rope(c, where=where),
   )
@@ -178,15 +169,10 @@ def model_config(hf_config: dict, *, where: str = "config.json", **overrides) ->
 
 
 def arch_for(cfg: model.ModelConfig) -> str:
-  """The HF architecture that represents a ModelConfig: q/k norm -> qwen3, q/k/v biases
-  -> qwen2, else llama. Both at once has no HF counterpart (Qwen3's attention_bias also
+  """The family that represents a ModelConfig (`families.of_model`: the one with its q/k
+  norm and q/k/v biases). Both at once has no HF counterpart (Qwen3's attention_bias also
   puts a bias on o_proj)."""
-  if cfg.qk_norm and cfg.attn_bias:
-    raise ValueError(
-      "A model with both q/k norm and q/k/v biases has no Hugging Face architecture "
-      f"(supported: {sorted(ARCHITECTURES)}); it cannot be exported."
-    )
-  return "qwen3" if cfg.qk_norm else "qwen2" if cfg.attn_bias else "llama"
+  return families.of_model(cfg).name
 
 
 def hf_config_dict(
@@ -194,8 +180,8 @@ def hf_config_dict(
 ) -> dict:
   """config.json for our ModelConfig (transformers 4 keys, which transformers 5 also reads);
   `base` (the imported config) keeps fields we do not model (token ids, max positions)."""
-  if arch not in _HF_CLASS:
-    raise ValueError(f"Unknown arch {arch!r}; allowed: {sorted(_HF_CLASS)}.")
+  if arch not in families.FAMILIES:
+    raise ValueError(f"Unknown arch {arch!r}; allowed: {sorted(families.FAMILIES)}.")
   expected = arch_for(cfg)
   if expected != arch:
     raise ValueError(
@@ -204,7 +190,7 @@ def hf_config_dict(
     )
   out = {k: v for k, v in (base or {}).items() if k not in ("rope_parameters", "torch_dtype")}
   out.update(
-    architectures=[_HF_CLASS[arch]],
+    architectures=[families.get(arch).hf_class],
     model_type=arch,
     vocab_size=cfg.vocab_size,
     hidden_size=cfg.d_model,
@@ -220,10 +206,7 @@ def hf_config_dict(
     dtype=dtype,
     torch_dtype=dtype,  # The transformers 4 name, which older transformers and vLLM read.
   )
-  if arch == "llama":
-    out.update(attention_bias=False, mlp_bias=False)
-  if arch == "qwen3":
-    out.update(attention_bias=False)
+  out.update(families.get(arch).export_keys)
   scaling = None
   if cfg.rope_scaling == "linear":
     scaling = dict(rope_type="linear", factor=cfg.rope_factor)

@@ -42,17 +42,11 @@ import optax
 
 from grpo_jax import tasks
 from grpo_jax.infra import checkpoint, jsonl
-from grpo_jax.models import hf, model, sampling
+from grpo_jax.models import families, hf, model, sampling
 from grpo_jax.tasks import base as task_base
 
 PAIR_KEYS = ("prompt", "chosen", "rejected")
 INITS = ("random", "hf")
-# Transformers' sequence-classification classes of the causal families `hf` imports.
-SEQ_CLS_ARCHITECTURES = {
-  "LlamaForSequenceClassification": "LlamaForCausalLM",
-  "Qwen2ForSequenceClassification": "Qwen2ForCausalLM",
-  "Qwen3ForSequenceClassification": "Qwen3ForCausalLM",
-}
 HEAD_TENSOR = "score.weight"  # transformers' [num_labels, hidden] head (no bias).
 RECORD = "reward_model.json"  # What `load` rebuilds the model from (`record`).
 
@@ -219,10 +213,10 @@ def hf_reward_config(hf_dir, **overrides) -> tuple[model.ModelConfig, bool]:
   archs = hf_config.get("architectures") or []
   seq_cls = [a for a in archs if a.endswith("ForSequenceClassification")]
   where = hf.config_where(hf_dir)
-  if seq_cls and seq_cls[0] not in SEQ_CLS_ARCHITECTURES:
+  if seq_cls and seq_cls[0] not in families.BY_SEQ_CLS_CLASS:
     raise hf.CheckpointError(
       f"{where}: {seq_cls[0]} is not supported; sequence-classification checkpoints of "
-      f"{sorted(SEQ_CLS_ARCHITECTURES)} are."
+      f"{sorted(families.BY_SEQ_CLS_CLASS)} are."
     )
   if seq_cls:
     labels = hf_config.get("num_labels", len(hf_config.get("id2label") or {0: 0}))
@@ -230,7 +224,7 @@ def hf_reward_config(hf_dir, **overrides) -> tuple[model.ModelConfig, bool]:
       raise hf.CheckpointError(
         f"{where}: num_labels={labels}; a reward model has one output (num_labels 1)."
       )
-    hf_config = {**hf_config, "architectures": [SEQ_CLS_ARCHITECTURES[seq_cls[0]]]}
+    hf_config = {**hf_config, "architectures": [families.BY_SEQ_CLS_CLASS[seq_cls[0]].hf_class]}
     hf_config["tie_word_embeddings"] = True  # No LM head in the file; the RM never uses one.
   return hf.model_config(hf_config, where=where, **overrides), bool(seq_cls)
 
