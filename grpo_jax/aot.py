@@ -98,6 +98,10 @@ def abstract_arguments(setup, fns) -> dict[str, tuple]:
   hyper = setup.sampling_hyper
   with fns.layout.context():
     rollouts = jax.eval_shape(fns.samplers.train.jitted, state.params, prompts, key, hyper)
+  if fns.episodes is not None:  # Episodes train the model's own tokens only (action mask).
+    actions = lambda x: jax.ShapeDtypeStruct(x.mask_NT.shape, jnp.bool_)  # noqa: E731
+    rollouts = rollouts.replace(action_mask_NT=actions(rollouts))
+    batch = batch.replace(action_mask_NT=actions(batch))
   ref = model.reference_part(state.params) if rl_cfg.use_ref else None
   out = (
     {}
@@ -137,7 +141,7 @@ def _counterfactual_arguments(setup, fns, state, rollouts, key) -> tuple:
   return fns.counterfactual.generate, (state.params, rollouts, cf_plan, prompts, key, hyper)
 
 
-def compile_reward_models(setup, target: Target) -> tuple[dict, dict, list[str]]:
+def compile_reward_models(setup, target: Target) -> dict:
   """Each reward model among config.rewards (kind "reward_model") as its source opens it
   (`reward_sources`): params fsdp over one process's devices (the first host's here) by
   the run's rules, `reward_model.score` over batch_size rows (rounded up to the devices)
@@ -191,6 +195,8 @@ def _reward_model_architecture(spec) -> tuple:
     return reward_model.architecture(spec.options.path, max_len=spec.options.max_len)
   except OSError as e:  # FileNotFoundError included: the path is on the TPU VM, not here.
     return None, f"{e} (plan on a host that has it)"
+  except (ValueError, KeyError) as e:  # A record or config.json the loader cannot read.
+    return None, f"{spec.options.path}: {type(e).__name__}: {e}"
 
 
 def compile_function(jitted, args: tuple, *, layout: sharding.Layout | None = None):
@@ -201,6 +207,8 @@ def compile_function(jitted, args: tuple, *, layout: sharding.Layout | None = No
   load TPU executables back)."""
   if isinstance(jitted, sharding.Jitted):
     layout, jitted = jitted.layout, jitted.jitted
+  if layout is None:
+    raise TypeError("compile_function: a plain jax.jit needs layout= (its mesh and rules).")
   with layout.context(), _no_persistent_cache():
     return jitted.lower(*args).compile(compiler_options=tpu.COMPILE_PAST_OOM)
 
@@ -221,51 +229,46 @@ def _outputs(compiled):
 
 def compile_episodes(setup, fns, params, prompts, key) -> tuple[dict, int, list[str]]:
   """config.env's turn loop (the training group's `episodes.Runner`) compiled piece by
-  piece, each on what the one before returns (the pieces are jitted without explicit
-  shardings, so the shardings are the ones XLA chose, as in a run): the params' sampler
-  view when adapters are merged for sampling (not a row: its output stays in HBM through
-  the loop), "episode_start" (the prompts' prefill, the cache repeated to G rows),
-  "episode_turn" (one action: up to turn_tokens decode steps) and "episode_append" (one
-  block of observation_tokens per row). Returns ({name: compiled, or the error XLA
-  raised}, bytes per device of the view, problems: pieces not compiled)."""
+  piece, each on the state the one before returns, as a run chains them (its per-row
+  arrays and cache split over the batch axes by the pieces' own constraints): the params'
+  sampler view when the Runner has one (`model.sampler_view`: adapters merged, or scanned
+  layers unrolled; not a row: its output stays in HBM through the loop), "episode_start"
+  (the prompts' prefill, the cache repeated to G rows), "episode_turn" (one action: up to
+  turn_tokens decode steps) and "episode_append" (one block of observation_tokens per row,
+  after a turn). Returns ({name: compiled, or the error XLA raised}, bytes per device of
+  the view, problems: pieces not compiled)."""
   runner, layout = fns.episodes.train, fns.layout
-  rep, cfg = layout.replicated, runner.cfg
+  rep, O = layout.replicated, runner.cfg.observation_tokens  # noqa: E741
   params = _placed(params, fns.state_shardings.params)
-  view_b = 0
-  if "view" in runner.pieces:
-    view = compile_function(runner.pieces["view"], (params,), layout=layout)
-    params = _outputs(view)
-    view_b = per_device_bytes(params, view.output_shardings)
+  view_b, out = 0, {}
+  try:
+    if "view" in runner.pieces:
+      view = compile_function(runner.pieces["view"], (params,), layout=layout)
+      params = _outputs(view)
+      view_b = per_device_bytes(params, view.output_shardings)
+  except jax.errors.JaxRuntimeError as e:  # Reported as the prefill's: it needs the view.
+    return {"episode_start": e}, 0, ["episode_turn, episode_append: not compiled (the "
+                                     "sampler view of the params is not)"]  # fmt: skip
   B = prompts.tokens_BP.shape[0]
   N = B * runner.sampler_cfg.group_size
-  sd = jax.ShapeDtypeStruct
-  out, problems = {}, []
-  try:
-    out["episode_start"] = compile_function(
-      runner.pieces["start"],
-      (params, _placed(prompts, layout.rows(B)), _placed(key, rep)),
-      layout=layout,
-    )
-  except jax.errors.JaxRuntimeError as e:
-    return {"episode_start": e}, view_b, ["episode_turn and episode_append: not compiled "
-                                         "(they take the state episode_start returns)"]  # fmt: skip
-  state_e = _outputs(out["episode_start"])
+  host = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=rep)  # noqa: E731
   hyper = _placed(setup.sampling_hyper, rep)
-  steps = {
-    "episode_turn": (params, state_e, hyper, sd((N,), jnp.bool_, sharding=rep)),
-    "episode_append": (
-      params, state_e, sd((N, cfg.observation_tokens), jnp.int32, sharding=rep),
-      sd((N,), jnp.int32, sharding=rep),
-    ),
-  }  # fmt: skip
-  for name, args in steps.items():
+  arguments = {  # Each piece's arguments given the state the one before returned.
+    "start": lambda _: (params, _placed(prompts, layout.rows(B)), _placed(key, rep)),
+    "turn": lambda state: (params, state, hyper, host((N,), jnp.bool_)),
+    "append": lambda state: (params, state, host((N, O), jnp.int32), host((N,), jnp.int32)),
+  }
+  state, pieces = None, list(arguments)
+  for k, piece in enumerate(pieces):
+    name = f"episode_{piece}"
     try:
-      out[name] = compile_function(
-        runner.pieces[name.removeprefix("episode_")], args, layout=layout
-      )
+      out[name] = compile_function(runner.pieces[piece], arguments[piece](state), layout=layout)
     except jax.errors.JaxRuntimeError as e:
       out[name] = e
-  return out, view_b, problems
+      later = [f"episode_{p}" for p in pieces[k + 1 :]]
+      return out, view_b, [f"{', '.join(later)}: not compiled ({name} is not)"] if later else []
+    state = _outputs(out[name])
+  return out, view_b, []
 
 
 @contextlib.contextmanager
@@ -294,7 +297,8 @@ def per_device_bytes(tree, shardings) -> int:
 
 def resident(setup, fns, args: dict) -> dict[str, int]:
   """Per function: bytes per device the run holds during it that are not its arguments
-  (the train state's optimizer part while sampling, the reference while updating...)."""
+  (the train state's optimizer part while sampling, the reference while updating...);
+  also "params" and "ref", the policy's params and the reference alone."""
   state, _, _, _ = args["update"][1]
   ref = args["logprobs"][1][1]
   state_b = per_device_bytes(state, fns.state_shardings)
@@ -304,6 +308,7 @@ def resident(setup, fns, args: dict) -> dict[str, int]:
     ref_b = 0  # The reference is the train state's own base (`model.reference_part`).
   return {
     "params": params_b,
+    "ref": ref_b,
     "sample": state_b - params_b + ref_b,
     "logprobs": state_b - params_b,
     "update": ref_b,
@@ -316,9 +321,11 @@ def model_roofline(setup, target: Target, *, params_bytes: int, kv_bytes: int) -
   (`flops.run_phase_flops`: the LM head only where logits are used, every row decoding all
   T tokens) over every device's bf16 peak, or, for decoding, the bytes each step reads
   (the whole params, as a decode step reads every weight after fsdp's gather, plus the
-  device's KV cache) over its HBM bandwidth, whichever is longer. XLA's own cost_analysis
-  counts a while loop's body once (decode steps, the update's scan), so its figures are
-  reported beside these, not used for time."""
+  device's KV cache) over its HBM bandwidth, whichever is longer; with config.env the
+  episode pieces' (`_episode_roofline`) in place of "sample", and each reward model's
+  forward over the rollout rows. XLA's own cost_analysis counts a while loop's body once
+  (decode steps, the update's scan), so its figures are reported beside these, not used
+  for time."""
   scfg, loop = setup.sampler_cfg, setup.loop
   T, n = scfg.max_new_tokens, len(target.devices)
   peak = n * tpu.per_device(target.chip).peak_bf16_flops
@@ -347,10 +354,11 @@ def model_roofline(setup, target: Target, *, params_bytes: int, kv_bytes: int) -
 
 
 def _episode_roofline(setup, *, peak: float, bandwidth: float, params_bytes: int, kv_bytes: int):
-  """config.env's pieces over one iteration at the chip's peak (`model_roofline`): the
-  prefill of the B prompts; every turn's decode steps (max_turns × turn_tokens, at most T,
-  every row), each reading the params and the cache; and max_turns appends of O tokens per
-  row, each reading the params once."""
+  """config.env's pieces over one iteration at the chip's peak (`model_roofline`), each the
+  total of its calls (a memory row is one call): the prefill of the B prompts; every
+  turn's decode steps (max_turns × turn_tokens, at most T, every row), each reading the
+  params and the cache; and max_turns appends of O tokens per row, each reading them
+  once."""
   cfg, scfg, ep = setup.model_cfg, setup.sampler_cfg, setup.episodes
   B, P, T = setup.loop.prompts_per_step, max(scfg.prompt_buckets), scfg.max_new_tokens
   N, steps = B * scfg.group_size, min(ep.max_turns * ep.turn_tokens, T)
@@ -363,7 +371,7 @@ def _episode_roofline(setup, *, peak: float, bandwidth: float, params_bytes: int
       N * steps * per_token / peak, steps * (params_bytes + kv_bytes) / bandwidth
     ),
     "episode_append": ep.max_turns
-    * max(N * ep.observation_tokens * body / peak, params_bytes / bandwidth),
+    * max(N * ep.observation_tokens * body / peak, (params_bytes + kv_bytes) / bandwidth),
   }
 
 
@@ -431,16 +439,31 @@ def compile_all(setup, target: Target) -> dict:
     base = extra["sample"] + (extra["params"] if view_b else 0)  # The view: an argument.
     extra |= dict.fromkeys(pieces, base)
     problems += bad
+    problems += episode_problems(fns, target)
   rms = compile_reward_models(setup, target)
   got |= rms["compiled"]
   meshes |= dict.fromkeys(rms["compiled"], rms["mesh"])
   problems += rms["problems"]
   held = sum(rms["params_bytes"].values())  # Every reward model's params, the whole run.
+  for name, own in rms["params_bytes"].items():  # Scoring: the train state and reference
+    extra[f"reward_model:{name}"] = extra["logprobs"] + extra["params"] + extra["ref"] - own
   extra = {name: extra.get(name, 0) + held for name in got}
   limit = limit_bytes(setup, target)
   rows = [_row(name, c, target=target, mesh=meshes[name], held=extra[name], limit=limit)
           for name, c in got.items()]  # fmt: skip
   return {"rows": rows, "problems": problems, "fns": fns, "args": args}
+
+
+def episode_problems(fns, target: Target) -> list[str]:
+  """What keeps config.env's episodes from running on the target: `episodes.Runner` plays
+  them in one process, so a topology of several hosts cannot run them (yet)."""
+  hosts = tpu.hosts(target.devices)
+  if fns.episodes is None or hosts == 1:
+    return []
+  return [
+    f"config.env: episodes run in one process only (`episodes.Runner`); {target.topology} "
+    f"x {target.num_slices} slice(s) is {hosts} hosts"
+  ]
 
 
 def _row(name: str, got, *, target: Target, mesh, held: int, limit: int) -> dict:

@@ -23,7 +23,7 @@ Figures are bytes per device, for the mesh of `setup.mesh_cfg` on `n_devices` de
   `activations_no_remat` with no remat.
 - backward working set: one float32 [rows, T, V] logits gradient; with remat or
   scan_layers also the recomputed activations of one layer and its float32 attention-score
-  gradient [rows, heads, S, S] (the entries of its causal blocks, `model.causal_blocks`:
+  gradient [rows, heads, S, S] (the entries of its causal blocks, `attention.causal_blocks`:
   5/8 of S² from S = 256 on); with scan_layers also the layer scan's stacked gradient
   (params-sized) before it is added to the accumulator.
 - kv_cache: the sampler's temporary memory (`sampling.sample` compiled), the largest of
@@ -37,7 +37,7 @@ Figures are bytes per device, for the mesh of `setup.mesh_cfg` on `n_devices` de
     reads with the unit head dimension bitcast away) and copies the buffers for that:
     2.5 buffers per layer buffer in its assignment (1 device with 1 kv head, (2,2,2)
     with 2; 2, 4 and 8 layers, T 32-256) -- for the keys only when p·V is a CPU
-    multiply-reduce (`model._pv_by_reduce`, decided by this host's backend: a plan for
+    multiply-reduce (`attention._pv_by_reduce`, decided by this host's backend: a plan for
     an accelerator made on a CPU host counts the values' copies out in that case, up to
     1.5 × layers × one layer's values too little). With fsdp > 1, the whole model gathered over
     fsdp, hoisted out of the loop (and the embedding table again for a tied LM head); with
@@ -85,7 +85,7 @@ XLA; `tests/test_memory.py`, `grpo-jax plan --compile` prints both):
   (1,8,1), scanned + remat or not; outliers: pure data parallelism with activations no
   bigger than the gradients (8,1,1) 1.23 (XLA frees residuals while it writes
   gradients), scanned layers without remat 1.08-1.16. Since every Dense contracts its
-  rows flattened (`model._dot_general_rows`), XLA keeps no transposed copies of the
+  rows flattened (`layers._dot_general_rows`), XLA keeps no transposed copies of the
   activation gradients and holds less than before: scale.py tiny unrolled without remat
   1.12 on 1 device and 1.11 on (2,2,2); scanned with remat 1.12 on (1,4,2), and within
   10% on 1 device. Over-estimates err on the safe side of the fit check. An int8 LoRA
@@ -118,7 +118,7 @@ import jax
 import jax.extend as jex
 import jax.numpy as jnp
 
-from grpo_jax.models import model, sampling, sharding
+from grpo_jax.models import attention, model, sampling, sharding
 from grpo_jax.rl import learner, spec
 
 GIB = 2**30
@@ -283,7 +283,7 @@ _RESHAPES = ("reshape", "squeeze", "expand_dims")
 def _reshaped_from(v, produced: dict):
   """The variable that `v` is a reshape of (through any chain of reshapes), else v: a
   residual saved both as [B, T, K] and as the [B·T, K] a Dense contracts
-  (`model._dot_general_rows`) is one buffer, the reshape a bitcast."""
+  (`layers._dot_general_rows`) is one buffer, the reshape a bitcast."""
   while (eqn := produced.get(v)) is not None and eqn.primitive.name in _RESHAPES:
     if isinstance(eqn.invars[0], jex.core.Literal):
       break
@@ -337,10 +337,10 @@ def plan(
   working = logits_grad
   if remat_on or model_cfg.scan_layers:  # The backward of one layer, its recomputed
     S = P + T  # activations and its attention-score gradient (the causal blocks' entries,
-    # `model.causal_blocks`), at the scan's pace.
+    # `attention.causal_blocks`), at the scan's pace.
     working += one_layer
     if model_cfg.attention_impl == "xla":  # A kernel keeps its score blocks in VMEM.
-      working += mb_rows * local.n_heads * model.causal_score_entries(S) * 4
+      working += mb_rows * local.n_heads * attention.causal_score_entries(S) * 4
   if model_cfg.scan_layers:  # The layer scan's stacked gradient, before it is accumulated.
     working += trainable
   # FSDP: weights are all-gathered over fsdp to compute; XLA gathers them all at once
@@ -454,9 +454,9 @@ def _sampler_bytes(
   # and into a copy the attention reads (each from a copy of the buffer).
   unit_heads = kv_heads == 1
   # The prefill forward of one layer: float32 attention scores and their exponentials
-  # [B, heads, P - 1, P - 1] (the causal blocks' entries, `model.causal_blocks`), and the
+  # [B, heads, P - 1, P - 1] (the causal blocks' entries, `attention.causal_blocks`), and the
   # MLP's gate, up and their product [B·(P - 1), F].
-  scores = prompt_rows * heads * model.causal_score_entries(P - 1) * 4
+  scores = prompt_rows * heads * attention.causal_score_entries(P - 1) * 4
   prefill_layer = 2 * scores + 3 * prompt_rows * (P - 1) * mlp * item
   # One decode step's sampling (`choose_tokens` with top-k / top-p compiled in): five
   # float32 [rows, V / tensor] buffers live at once: the logits, the temperature-scaled
@@ -479,15 +479,15 @@ def _sampler_bytes(
   else:
     # The carried cache, with one kv head per device 2.5 buffers per layer buffer in
     # XLA's assignment (the carried one, and the copies for the second write) -- keys
-    # only when p·V is a multiply-reduce (`model._pv_by_reduce`), which reads the values
+    # only when p·V is a multiply-reduce (`attention._pv_by_reduce`), which reads the values
     # where they are; with fsdp the whole model gathered once for the loop, hoisted.
     hoisted = w_model - w_tables + tables if fsdp > 1 else 0
     if segments > 1:  # Each segment's loop hoists its own gather; XLA keeps two live.
       hoisted *= 2
     # The model decides on the global shapes it sees under jit (all rows, all kv heads).
     R = cfg.n_heads // cfg.n_kv_heads
-    global_rows = rows * sizes["data"] * fsdp  # The own slots' p·V (`model._attend_shared`).
-    copied = 1 if model._pv_by_reduce(global_rows, cfg.n_kv_heads, R, S, E) else 2
+    global_rows = rows * sizes["data"] * fsdp  # The own slots' p·V (`attention.attend_shared`).
+    copied = 1 if attention._pv_by_reduce(global_rows, cfg.n_kv_heads, R, S, E) else 2
     decode = cache + (1.5 * copied * L * buf if unit_heads else 0) + hoisted + step_sampling
     prefill_weights = w_model if fsdp > 1 else 0  # Gathered all at once, as in training.
   prefill = hoisted + prefill_weights + prefill_layer + 2 * prompt_kv

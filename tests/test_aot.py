@@ -287,6 +287,12 @@ def test_the_episode_cache_is_split_over_rows_and_a_turn_without_donation_holds_
   state, _, key, prompts = memory.abstract_inputs(setup, fns)
   compiled, _, _ = aot.compile_episodes(setup, fns, state.params, prompts, key)
   assert _cache_specs(compiled["episode_start"]) == {sharding.P("fsdp")}
+  # The turn returns the state sharded as it took it (so a run compiles it once), and the
+  # append is compiled on the turn's state, as a run chains them.
+  turn = compiled["episode_turn"]
+  pairs = zip(jax.tree.leaves(turn.input_shardings[0][1]), jax.tree.leaves(turn.output_shardings))
+  assert all(a.is_equivalent_to(b, 2) for a, b in pairs)
+  assert compiled["episode_append"].input_shardings[0][1] == turn.output_shardings
   runner = copy.copy(fns.episodes.train)
   runner.pieces = {**runner.pieces, "turn": jax.jit(runner.pieces["turn"].__wrapped__)}
   broken = dataclasses.replace(fns, episodes=dataclasses.replace(fns.episodes, train=runner))
@@ -312,7 +318,8 @@ def test_a_reward_model_source_compiles_its_scorer_and_stays_resident(tmp_path, 
   }
   target = aot.Target.load("v5e:2x2")
   setup, _ = aot.setup_for(config, target)
-  got = aot.figures(setup, target, aot.compile_all(setup, target))
+  compiled = aot.compile_all(setup, target)
+  got = aot.figures(setup, target, compiled)
   rows = {r["name"]: r for r in got["rows"]}
   assert list(rows) == [*aot.FUNCTIONS, "reward_model:rm"]
   scorer = rows["reward_model:rm"]
@@ -324,6 +331,21 @@ def test_a_reward_model_source_compiles_its_scorer_and_stays_resident(tmp_path, 
   for name in aot.FUNCTIONS:
     assert rows[name]["resident_bytes"] - before[name] == pytest.approx(held, rel=0.05)
   assert len(got["problems"]) == 1 and "'gone' not compiled" in got["problems"][0]
+  # While it scores, the policy's train state (params and Adam) and the reference are held
+  # beside it; its own params are its arguments, not resident.
+  res = aot.resident(setup, compiled["fns"], compiled["args"])
+  assert scorer["resident_bytes"] == res["logprobs"] + res["params"] + res["ref"] > held
+  assert scorer["peak_bytes"] == scorer["total_bytes"] + scorer["resident_bytes"]
+
+
+def test_episodes_on_several_hosts_are_a_problem():
+  config = config_lib.load(str(ROOT / "configs" / "calculator.py") + ":tiny")
+  for topology, hosts in (("v5e:2x2", 1), ("v5e:4x8", 8)):
+    target = aot.Target.load(topology)
+    setup, _ = aot.setup_for(config, target)
+    problems = aot.episode_problems(steps.functions_on(setup, target.devices), target)
+    assert problems == ([] if hosts == 1 else [problems[0]])
+  assert "one process only" in problems[0] and "8 hosts" in problems[0]
 
 
 def test_a_multi_host_slice_feeds_each_process_one_contiguous_block_of_rows():

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.infra import flops, hlo
-from grpo_jax.models import logprobs, model, sampling
+from grpo_jax.models import attention, logprobs, model, sampling
 
 TINY = types.SimpleNamespace(
   d_model=4, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=2, mlp_dim=3, vocab_size=10
@@ -86,15 +86,15 @@ CFG = model.ModelConfig(
 def test_the_teacher_forced_forward_has_the_dots_the_count_says():
   # XLA's dots of `completion_logprobs` (N = 2 rows, P = 3, T = 4): the body over P + T,
   # the head at T. Its attention computes every score of its one causal block
-  # (`model.causal_score_entries`: S² at S < 64) where the count takes the causal half.
+  # (`attention.causal_score_entries`: S² at S < 64) where the count takes the causal half.
   N, P, T = 2, 3, 4
   S = P + T
   params = model.init(CFG, jax.random.key(0))
   fn = functools.partial(logprobs.completion_logprobs, model_fn=model.make_model_fn(CFG))
   ones = lambda n: jnp.ones((N, n), jnp.int32)  # noqa: E731
   compiled = jax.jit(fn).lower(params, ones(P), ones(P) > 0, ones(T), ones(T) > 0).compile()
-  attention = 4 * CFG.n_layers * CFG.n_heads * CFG.head_dim
-  blocks = attention * (model.causal_score_entries(S) - S * (S + 1) / 2)
+  per_entry = 4 * CFG.n_layers * CFG.n_heads * CFG.head_dim
+  blocks = per_entry * (attention.causal_score_entries(S) - S * (S + 1) / 2)
   want = N * (flops.sequence_forward_flops(CFG, length=S, head_positions=T) + blocks)
   assert hlo.matmul_flops(compiled.as_text()) == want
   # The pre-training convention (the head at all S) is off by exactly the prompt's heads.

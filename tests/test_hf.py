@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from grpo_jax.models import hf, model
+from grpo_jax.models import attention, hf, model
 from tests import subproc
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
@@ -81,7 +81,7 @@ def test_llama3_rope_scaling_matters_and_matches_by_hand():
   wavelen = 2 * np.pi / inv
   s0 = (16 / wavelen[0] - 1) / 3
   expected = np.array([(1 - s0) * inv[0] / 8 + s0 * inv[0], *(inv[1:] / 8)])
-  np.testing.assert_allclose(model.rope_inv_freq(cfg), expected, rtol=1e-12)
+  np.testing.assert_allclose(attention.rope_inv_freq(cfg), expected, rtol=1e-12)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -13,7 +13,7 @@ import pytest
 import subproc
 
 from grpo_jax.infra import hlo, tpu
-from grpo_jax.models import kernels, model, sharding
+from grpo_jax.models import attention, kernels, model, sharding
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -65,7 +65,7 @@ def test_splash_attention_equals_xla_attention_with_padding():
   q, keys, values, pos = _attention_case()
   R = q.shape[2] // pos.shape[1]
   q_pos = jnp.repeat(pos, R, axis=1)
-  xla = lambda q, k, v: model._attend_causal(q, q_pos, k, v, pos, dtype=jnp.float32)
+  xla = lambda q, k, v: attention.attend_causal(q, q_pos, k, v, pos, dtype=jnp.float32)
   splash = lambda q, k, v: kernels.causal(q, k, v, pos, impl="splash_interpret", dtype=jnp.float32)
   assert _uses_pallas(splash, q, keys, values) and not _uses_pallas(xla, q, keys, values)
   out = np.asarray(jax.jit(splash)(q, keys, values))
@@ -83,11 +83,11 @@ def test_splash_attention_equals_xla_attention_with_padding():
 
 def test_splash_relies_on_increasing_positions_as_the_causal_blocks_do():
   """The kernel masks by index (causal) and padding, not by position: a key placed after
-  its queries with a smaller position is seen by `model._attend` and not by the kernel."""
+  its queries with a smaller position is seen by `attention.attend` and not by the kernel."""
   q, keys, values, pos = _attention_case()
   pos = pos.at[2, 299].set(5)  # Row 2's last key claims position 5.
   q_pos = jnp.repeat(pos, 2, axis=1)
-  full = model._attend(q, q_pos, keys, values, pos, dtype=jnp.float32)
+  full = attention.attend(q, q_pos, keys, values, pos, dtype=jnp.float32)
   splash = kernels.causal(q, keys, values, pos, impl="splash_interpret", dtype=jnp.float32)
   diff = np.abs(np.asarray(splash - full)).max(axis=(1, 3))  # [B, T·R]
   assert diff[:2].max() < 2e-6  # Rows 0 and 1 are untouched.

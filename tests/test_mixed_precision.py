@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax.models import logprobs, model, sampling
+from grpo_jax.models import layers, logprobs, model, sampling
 from grpo_jax.rl import learner, spec
 
 # Tolerances of a bfloat16 step against the float32 step on the same params and batch
@@ -93,7 +93,7 @@ def test_bfloat16_logits_and_logprobs_are_float32_and_close(tiny_cfg, tiny_param
 
 
 def test_bfloat16_tied_head_matches_autodiff_and_rounds_only_its_gradient():
-  """model._tied_logits of a bfloat16 model (`_logits_bf16`): float32 logits equal to
+  """layers._tied_logits of a bfloat16 model (`_logits_bf16`): float32 logits equal to
   the plain contraction's, and gradients within bfloat16 rounding of autodiff's (its
   backward rounds the logits gradient to bfloat16), compiled (the table's gradient is a
   transposed [D, V] product behind a barrier, which XLA:CPU must accept)."""
@@ -109,7 +109,7 @@ def test_bfloat16_tied_head_matches_autodiff_and_rounds_only_its_gradient():
   plain = lambda x, t: jnp.einsum(
     "btd,vd->btv", x, t.astype(jnp.bfloat16), preferred_element_type=jnp.float32
   )  # noqa: E731
-  ours = functools.partial(model._tied_logits, cfg)
+  ours = functools.partial(layers._tied_logits, cfg)
   np.testing.assert_array_equal(jax.jit(ours)(x, table), jax.jit(plain)(x, table))
   want = jax.jit(jax.grad(functools.partial(loss, plain), argnums=(0, 1)))(x, table)
   got = jax.jit(jax.grad(functools.partial(loss, ours), argnums=(0, 1)))(x, table)
@@ -121,7 +121,7 @@ def test_bfloat16_tied_head_matches_autodiff_and_rounds_only_its_gradient():
 
 
 def test_dense_contractions_match_the_plain_contraction_and_its_gradient():
-  """model._dot_general_rows (rows flattened; bfloat16 operands: float32 accumulation,
+  """layers._dot_general_rows (rows flattened; bfloat16 operands: float32 accumulation,
   float32 weight gradient) computes the same contraction as lax.dot_general, for one and
   two contracted axes, in both dtypes, and falls back to it for anything else."""
   k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
@@ -137,7 +137,7 @@ def test_dense_contractions_match_the_plain_contraction_and_its_gradient():
   plain = lambda a, b, d: jax.lax.dot_general(a, b, d, preferred_element_type=jnp.float32)
   want, want_grads = jax.value_and_grad(functools.partial(f, plain), argnums=(0, 1))(x, w)
   got, got_grads = jax.value_and_grad(
-    functools.partial(f, model._dot_general_rows), argnums=(0, 1)
+    functools.partial(f, layers._dot_general_rows), argnums=(0, 1)
   )(x, w)
   np.testing.assert_allclose(got, want, rtol=2e-2)
   for a, b in zip(got_grads, want_grads, strict=True):
@@ -146,7 +146,9 @@ def test_dense_contractions_match_the_plain_contraction_and_its_gradient():
   # float32 operands: the same values and gradients as the unflattened contraction.
   f32 = lambda dot, x, w: jnp.sum(dot(x, w, dims) * g)  # noqa: E731
   want, want_grads = jax.value_and_grad(functools.partial(f32, jax.lax.dot_general), (0, 1))(x, w)
-  got, got_grads = jax.value_and_grad(functools.partial(f32, model._dot_general_rows), (0, 1))(x, w)
+  got, got_grads = jax.value_and_grad(functools.partial(f32, layers._dot_general_rows), (0, 1))(
+    x, w
+  )
   np.testing.assert_allclose(got, want, rtol=1e-5)
   for a, b in zip(got_grads, want_grads, strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
@@ -154,6 +156,6 @@ def test_dense_contractions_match_the_plain_contraction_and_its_gradient():
   y = jax.random.normal(k1, (2, 4, 6), jnp.float32)
   batch = (((2,), (1,)), ((0,), (0,)))
   np.testing.assert_array_equal(
-    model._dot_general_rows(y, jnp.swapaxes(y, 1, 2), batch),
+    layers._dot_general_rows(y, jnp.swapaxes(y, 1, 2), batch),
     jax.lax.dot_general(y, jnp.swapaxes(y, 1, 2), batch),
   )

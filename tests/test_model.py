@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from grpo_jax.models import attention, layers
 from grpo_jax.models import model as model_lib
 
 
@@ -124,12 +125,12 @@ def test_parameter_gradient_is_finite_with_padding():
 def test_scan_matches_unrolled_layers():
   cfg, params = _setup(qk_norm=True)
   scan_cfg = model.tiny_config(VOCAB, qk_norm=True, scan_layers=True)
-  layers = [params.pop(f"layer_{i}") for i in range(cfg.n_layers)]
-  scan_params = {**params, "layers": jax.tree.map(lambda *xs: jnp.stack(xs), *layers)}
+  per_layer = [params.pop(f"layer_{i}") for i in range(cfg.n_layers)]
+  scan_params = {**params, "layers": jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer)}
   assert jax.tree.structure(scan_params) == jax.tree.structure(
     model.init(scan_cfg, jax.random.key(0))
   )
-  params.update({f"layer_{i}": layer for i, layer in enumerate(layers)})
+  params.update({f"layer_{i}": layer for i, layer in enumerate(per_layer)})
   a, _ = model.apply(params, TOKENS_BT, _positions(), cfg=cfg)
   b, _ = model.apply(scan_params, TOKENS_BT, _positions(), cfg=scan_cfg)
   np.testing.assert_allclose(a, b, atol=1e-5)
@@ -258,8 +259,8 @@ def test_decode_pv_multiply_reduce_equals_the_matmul(monkeypatch, dtype):
   q_pos = jnp.array([[3, 3], [5, 5], [-1, -1]])  # The last row is a padding query.
 
   def run(by_reduce):
-    monkeypatch.setattr(model_lib, "_pv_by_reduce", lambda *shape: by_reduce)
-    f = lambda v: model_lib._attend(q, q_pos, keys, v, key_pos, dtype=dtype)
+    monkeypatch.setattr(attention, "_pv_by_reduce", lambda *shape: by_reduce)
+    f = lambda v: attention.attend(q, q_pos, keys, v, key_pos, dtype=dtype)
     out = f(values)
     grad = jax.grad(lambda v: jnp.sum(f(v).astype(jnp.float32) ** 2))(values)
     return np.asarray(out, np.float32), np.asarray(grad, np.float32)
@@ -278,7 +279,7 @@ def test_shared_prefix_attention_equals_attention_over_the_concatenated_cache(
   """Rows b·G .. b·G+G−1 attend to prefix b, then to their own slots: the output of
   `_attend` over [prefix b | own slots], with padding and empty slots in both parts, a
   query that sees no own slot, and a padding query (output 0)."""
-  monkeypatch.setattr(model_lib, "_pv_by_reduce", lambda *shape: by_reduce)
+  monkeypatch.setattr(attention, "_pv_by_reduce", lambda *shape: by_reduce)
   A, G, K, Q, E, P, S = 2, 3, 2, 2, 8, 4, 3
   N = A * G
   ks = jax.random.split(jax.random.key(1), 5)
@@ -290,11 +291,11 @@ def test_shared_prefix_attention_equals_attention_over_the_concatenated_cache(
     [[3, 4, -1], [3, -1, -1], [-1, -1, -1], [4, 5, 6], [4, 5, -1], [4, -1, -1]]
   )  # Row 2 has no own slot yet; row 3's slot 6 is in its future.
   q_pos = jnp.array([[4, 4], [3, 3], [2, 2], [5, 5], [5, 5], [-1, -1]])  # Row 5: padding.
-  shared = model_lib._attend_shared(
+  shared = attention.attend_shared(
     q, q_pos, keys, values, own_pos, (pk, pv), prefix_pos, dtype=jnp.float32
   )
   rep = lambda x: jnp.repeat(x, G, axis=0)
-  full = model_lib._attend(
+  full = attention.attend(
     q,
     q_pos,
     jnp.concatenate([rep(pk), keys], axis=-1),
@@ -312,14 +313,14 @@ def test_shared_prefix_attention_equals_attention_over_the_concatenated_cache(
 
 
 def test_causal_blocks_are_pinned():
-  assert model_lib.causal_blocks(63) == ((0, 63),)  # Under two blocks of 64: one block.
-  assert model_lib.causal_blocks(192) == ((0, 64), (64, 128), (128, 192))
-  assert model_lib.causal_blocks(200) == ((0, 67), (67, 133), (133, 200))
-  assert model_lib.causal_blocks(1536) == ((0, 384), (384, 768), (768, 1152), (1152, 1536))
+  assert attention.causal_blocks(63) == ((0, 63),)  # Under two blocks of 64: one block.
+  assert attention.causal_blocks(192) == ((0, 64), (64, 128), (128, 192))
+  assert attention.causal_blocks(200) == ((0, 67), (67, 133), (133, 200))
+  assert attention.causal_blocks(1536) == ((0, 384), (384, 768), (768, 1152), (1152, 1536))
   # 64·64 + 64·128 + 64·192 = 24576 = 2/3 of 192²; four blocks: 5/8 of T².
-  assert model_lib.causal_score_entries(192) == 24576
-  assert model_lib.causal_score_entries(1536) * 8 == 5 * 1536**2
-  assert model_lib.causal_score_entries(63) == 63**2
+  assert attention.causal_score_entries(192) == 24576
+  assert attention.causal_score_entries(1536) * 8 == 5 * 1536**2
+  assert attention.causal_score_entries(63) == 63**2
 
 
 def _causal_case(T=200, B=3, K=2, R=2, E=8):
@@ -339,8 +340,8 @@ def test_causal_blocks_attention_equals_attention_over_all_keys():
   increase along T (`positions_from_mask`) that is the softmax over all keys: the same
   output and gradients, and 0 for padding queries."""
   q, q_pos, keys, values, pos = _causal_case()
-  blocked = lambda q, k, v: model_lib._attend_causal(q, q_pos, k, v, pos, dtype=jnp.float32)
-  full = lambda q, k, v: model_lib._attend(q, q_pos, k, v, pos, dtype=jnp.float32)
+  blocked = lambda q, k, v: attention.attend_causal(q, q_pos, k, v, pos, dtype=jnp.float32)
+  full = lambda q, k, v: attention.attend(q, q_pos, k, v, pos, dtype=jnp.float32)
   np.testing.assert_allclose(blocked(q, keys, values), full(q, keys, values), atol=2e-6)
   w = jax.random.normal(jax.random.key(3), q.shape)
   grads = [
@@ -359,8 +360,8 @@ def test_causal_blocks_rely_on_increasing_positions():
   q, q_pos, keys, values, pos = _causal_case()
   pos = pos.at[2, 199].set(5)  # Row 2's last key claims position 5.
   q_pos = jnp.repeat(pos, 2, axis=1)
-  blocked = model_lib._attend_causal(q, q_pos, keys, values, pos, dtype=jnp.float32)
-  full = model_lib._attend(q, q_pos, keys, values, pos, dtype=jnp.float32)
+  blocked = attention.attend_causal(q, q_pos, keys, values, pos, dtype=jnp.float32)
+  full = attention.attend(q, q_pos, keys, values, pos, dtype=jnp.float32)
   diff = np.abs(np.asarray(blocked - full)).max(axis=(1, 3))  # [B, T·R]
   assert diff[:2].max() < 2e-6  # Rows 0 and 1 are untouched.
   # Row 2: the queries of blocks one and two from position 5 on (rows 10..265) lose the
@@ -377,14 +378,14 @@ def test_a_model_in_causal_blocks_equals_one_block(monkeypatch, variant):
   pos_BT = _positions()
 
   def run(min_block):
-    monkeypatch.setattr(model_lib, "_CAUSAL_MIN_BLOCK", min_block)
+    monkeypatch.setattr(attention, "_CAUSAL_MIN_BLOCK", min_block)
     f = lambda p: model_lib.apply(p, TOKENS_BT, pos_BT, cfg=cfg)[0]
     loss = lambda p: jnp.sum(jnp.where(MASK_BT[..., None], jax.nn.log_softmax(f(p)), 0)[..., 3])
     return jax.jit(f)(params), jax.jit(jax.grad(loss))(params)
 
-  assert len(model_lib.causal_blocks(9)) == 1
+  assert len(attention.causal_blocks(9)) == 1
   (logits_1, grads_1), (logits_4, grads_4) = run(64), run(2)
-  assert model_lib.causal_blocks(9) == ((0, 2), (2, 4), (4, 7), (7, 9))
+  assert attention.causal_blocks(9) == ((0, 2), (2, 4), (4, 7), (7, 9))
   np.testing.assert_allclose(logits_4, logits_1, rtol=1e-5, atol=1e-4)
   jax.tree.map(
     lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), grads_4, grads_1
@@ -393,16 +394,16 @@ def test_a_model_in_causal_blocks_equals_one_block(monkeypatch, variant):
 
 def test_pv_multiply_reduce_is_chosen_for_small_decode_shapes_only():
   on_cpu = jax.default_backend() == "cpu"
-  assert model_lib._pv_by_reduce(256, 4, 2, 191, 64) == on_cpu  # The G = 8 benchmark.
-  assert not model_lib._pv_by_reduce(256, 4, 4, 191, 64)  # Q > 3.
-  assert not model_lib._pv_by_reduce(1024, 4, 2, 191, 64)  # Past 2^25 product elements.
-  assert not model_lib._pv_by_reduce(2, 4, 64, 64, 64)  # A prefill or training forward.
+  assert attention._pv_by_reduce(256, 4, 2, 191, 64) == on_cpu  # The G = 8 benchmark.
+  assert not attention._pv_by_reduce(256, 4, 4, 191, 64)  # Q > 3.
+  assert not attention._pv_by_reduce(1024, 4, 2, 191, 64)  # Past 2^25 product elements.
+  assert not attention._pv_by_reduce(2, 4, 64, 64, 64)  # A prefill or training forward.
 
 
 def _transposed_row_arrays(cfg, params, *, B=4, T=12) -> list[str]:
   """Arrays [features, B·T] in the optimized HLO of the model's float32 gradient: the
   transposed copies of activation gradients that XLA:CPU makes for a weight gradient
-  contracted over two row axes (model_lib._dot_general_rows)."""
+  contracted over two row axes (layers._dot_general_rows)."""
   fn = model_lib.make_model_fn(cfg)
   tokens_BT = jnp.ones((B, T), jnp.int32)
   positions_BT = jnp.broadcast_to(jnp.arange(T), (B, T))
@@ -423,5 +424,5 @@ def test_weight_gradients_make_no_transposed_copy_of_an_activation_gradient(monk
   cfg = model.tiny_config(64)
   params = model.init(cfg, jax.random.key(0))
   assert _transposed_row_arrays(cfg, params) == []
-  monkeypatch.setattr(model_lib, "_dot_general_rows", jax.lax.dot_general)
+  monkeypatch.setattr(layers, "_dot_general_rows", jax.lax.dot_general)
   assert len(_transposed_row_arrays(cfg, params)) >= cfg.n_layers

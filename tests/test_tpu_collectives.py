@@ -118,7 +118,7 @@ def test_each_weight_gradient_is_reduce_scattered_once_a_micro_batch(update):
   in float32: the reduce-scatters' results come to exactly S x (one device's float32
   shard of every weight) an update (S micro-batches). Less: some gradient was all-reduced
   or left whole; more: one was reduced twice. Before the embedding lookup read the table
-  where it lies (`model._Embed`), the tied table's gradient was reduced twice a
+  where it lies (`layers._Embed`), the tied table's gradient was reduced twice a
   micro-batch, once for the lookup and once for the LM head: 9,961,472 bytes here
   against 5,767,168."""
   setup, weights, text, mesh = update

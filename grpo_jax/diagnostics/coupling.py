@@ -23,7 +23,7 @@ same formula, with the input path held fixed. The autodiff gradient of the whole
 embedding adds the input-lookup term, so it does not equal this block; with an untied
 head (tie_embeddings=False) the block is the `lm_head` kernel and the two agree exactly.
 
-h comes from the model itself: `lm_head_features` runs `model.Decoder` with flax
+h comes from the model itself: `lm_head_features` runs `layers.Decoder` with flax
 `capture_intermediates` on the `final_norm` module, so the features are the ones the
 logits were computed from (no re-implementation of the decoder).
 """
@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from grpo_jax.models import layers
 from grpo_jax.models import model as model_lib
 
 HI = jax.lax.Precision.HIGHEST
@@ -67,7 +68,7 @@ def lm_head_features(
   Same arguments as `model.apply` without a cache; with `logits_slice=(start, stop)` only
   positions [start, stop) (T = stop − start). h is cast to float32. Jittable.
   """
-  decoder = model_lib.Decoder(cfg, logits_slice=logits_slice)
+  decoder = layers.Decoder(cfg, logits_slice=logits_slice)
   (logits_BTV, _), state = decoder.apply(
     {"params": params},
     tokens_BS,

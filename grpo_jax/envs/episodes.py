@@ -80,13 +80,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import flax
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax.envs import base, stepping
 from grpo_jax.models import model as model_lib
-from grpo_jax.models import sampling
+from grpo_jax.models import sampling, sharding
 
 END_REASONS = ("done", "turn_limit", "token_limit", "env_error", "step_timeout")
 DONE, TURN_LIMIT, TOKEN_LIMIT, ENV_ERROR, STEP_TIMEOUT = range(len(END_REASONS))
@@ -140,6 +141,24 @@ class EpisodeState:
   step: jax.Array
 
 
+def _rows_constrained(state: EpisodeState) -> EpisodeState:
+  """The state's per-row arrays ([N] and [N, T]) split over the batch axes (in a layout's
+  context: `Runner.context`; a no-op outside one), so every piece takes and returns the
+  state sharded alike (the KV cache is constrained by `KVCache.constrain`)."""
+  rows = lambda x: nn.with_logical_constraint(x, ("activation_batch",) + (None,) * (x.ndim - 1))  # noqa: E731
+  cache = state.cache
+  if cache.index.ndim == 1:
+    cache = cache.replace(index=rows(cache.index))
+  return state.replace(
+    cache=cache,
+    **{
+      f: rows(getattr(state, f))
+      for f in ("tok_N", "pos_N", "t_N", "tokens_NT", "mask_NT", "action_mask_NT", "logp_NT",
+                "policy_logp_NT")
+    },
+  )  # fmt: skip
+
+
 def start(
   params,
   prompts: sampling.Prompts,
@@ -164,18 +183,20 @@ def start(
   _, cache = model_fn(params, tokens_BP[:, :-1], positions_BP[:, :-1], cache)
   cache = cache.repeat(G).replace(index=jnp.full((N,), P - 1, jnp.int32))
   zeros = lambda dtype: jnp.zeros((N, T), dtype)
-  return EpisodeState(
-    cache=cache,
-    key=key,
-    tok_N=jnp.repeat(tokens_BP[:, -1], G),
-    pos_N=jnp.repeat(positions_BP[:, -1], G),
-    t_N=jnp.zeros((N,), jnp.int32),
-    tokens_NT=jnp.full((N, T), cfg.pad_id, jnp.int32),
-    mask_NT=zeros(jnp.bool_),
-    action_mask_NT=zeros(jnp.bool_),
-    logp_NT=zeros(jnp.float32),
-    policy_logp_NT=zeros(jnp.float32),
-    step=jnp.zeros((), jnp.int32),
+  return _rows_constrained(
+    EpisodeState(
+      cache=cache,
+      key=key,
+      tok_N=jnp.repeat(tokens_BP[:, -1], G),
+      pos_N=jnp.repeat(positions_BP[:, -1], G),
+      t_N=jnp.zeros((N,), jnp.int32),
+      tokens_NT=jnp.full((N, T), cfg.pad_id, jnp.int32),
+      mask_NT=zeros(jnp.bool_),
+      action_mask_NT=zeros(jnp.bool_),
+      logp_NT=zeros(jnp.float32),
+      policy_logp_NT=zeros(jnp.float32),
+      step=jnp.zeros((), jnp.int32),
+    )
   )
 
 
@@ -232,7 +253,8 @@ def decode_turn(
     return s, live_N & ~jnp.isin(tok_N, stop) & (s.t_N < T), k + 1
 
   live_N = jnp.asarray(active_N, jnp.bool_) & (state.t_N < T)
-  return jax.lax.while_loop(cond, body, (state, live_N, jnp.zeros((), jnp.int32)))[0]
+  out = jax.lax.while_loop(cond, body, (state, live_N, jnp.zeros((), jnp.int32)))[0]
+  return _rows_constrained(out)
 
 
 def append(params, state: EpisodeState, obs_NO, n_N, *, model_fn: Callable, pad_id: int):
@@ -256,14 +278,16 @@ def append(params, state: EpisodeState, obs_NO, n_N, *, model_fn: Callable, pad_
   rows_NO = jnp.where(has_NO, jnp.arange(N)[:, None], N)
   cols_NO = jnp.minimum(state.t_N[:, None] + j_O[None, :], T)  # T: out of range, dropped.
   put = lambda buf, x: buf.at[rows_NO, cols_NO].set(x, mode="drop")
-  return state.replace(
-    cache=cache,
-    tok_N=jnp.where(n_N > 0, last_N, state.tok_N),
-    pos_N=state.pos_N + n_N,
-    t_N=state.t_N + n_N,
-    tokens_NT=put(state.tokens_NT, obs_NO),
-    mask_NT=put(state.mask_NT, True),
-    step=state.step + width,
+  return _rows_constrained(
+    state.replace(
+      cache=cache,
+      tok_N=jnp.where(n_N > 0, last_N, state.tok_N),
+      pos_N=state.pos_N + n_N,
+      t_N=state.t_N + n_N,
+      tokens_NT=put(state.tokens_NT, obs_NO),
+      mask_NT=put(state.mask_NT, True),
+      step=state.step + width,
+    )
   )
 
 
@@ -361,7 +385,7 @@ class Runner:
     make_env: Callable[[], base.Environment],
     env_cls: type[base.Environment],
     view: Callable | None = None,
-    layout=None,
+    layout: sharding.Layout | None = None,
   ):
     """`view`: the policy's params -> what model_fn reads (`model.sampler_view`: adapters
     merged), applied once per `run`; None: the params as given. `layout`

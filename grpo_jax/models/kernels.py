@@ -1,6 +1,6 @@
 """Attention through a Pallas TPU kernel (`model.attention_impl`).
 
-- "xla" (the default, every backend): `model._attend_causal` and `model._attend`, plain
+- "xla" (the default, every backend): `attention.attend_causal` and `attention.attend`, plain
   XLA ops.
 - "splash": the teacher-forced calls (the update's and the log-prob forwards, the
   reference's, a sampler's prefill: every call without a KV cache) run JAX's splash
@@ -25,10 +25,10 @@ Mapping onto the kernel (`_splash_rows`, per device):
 - Masking: the model's rule (key s visible to query t iff 0 <= pos_s <= pos_t) is
   splash's causal mask (s <= t) and segment ids (1 on real tokens, 0 on padding), given
   the model's contract that positions increase along T on real tokens (as
-  `model._attend_causal` assumes; `model.positions_from_mask` makes them so): a real key
+  `attention.attend_causal` assumes; `model.positions_from_mask` makes them so): a real key
   before a real query then has a smaller position and one after it a larger one. A
   padding query sees only padding keys (itself at least, so no row is empty) and its
-  output is set to 0, as `model._attend` gives it; that also zeroes its gradient.
+  output is set to 0, as `attention.attend` gives it; that also zeroes its gradient.
 - Length: T is padded to a multiple of 128 (the kernel's key block is a multiple of the
   TPU's 128 lanes) with padding tokens, cut off after. Blocks of 512, 256 or 128
   positions, the largest that divides the padded T.
@@ -38,8 +38,8 @@ Mapping onto the kernel (`_splash_rows`, per device):
   dimension those mesh axes do not divide stays whole). The kernel itself is
   single-device: the partitioner cannot split a Pallas call.
 
-What stays XLA, and why: decoding (calls with a KV cache, `model._attend` and
-`model._attend_shared`). JAX's TPU decode kernels (`paged_attention`,
+What stays XLA, and why: decoding (calls with a KV cache, `attention.attend` and
+`attention.attend_shared`). JAX's TPU decode kernels (`paged_attention`,
 `ragged_paged_attention`) mask a sequence by one length, slots [0, length) of a paged
 cache [K, pages, page_size, E]; our cache masks slot by slot by position, and has holes a
 length cannot say: a left-padded prompt's padding slots come first, the refill sampler
@@ -78,7 +78,7 @@ def check_impl(impl: str) -> None:
 
 
 def causal(q_BKQE, keys_BKET, values_BKTE, pos_BT, *, impl: str, dtype):
-  """`model._attend_causal`'s result through the kernel `impl` names ("splash" or
+  """`attention.attend_causal`'s result through the kernel `impl` names ("splash" or
   "splash_interpret"): softmax(q kᵀ) v over the call's own keys, key t' visible to query
   t iff 0 <= pos_t' <= pos_t, 0 for a padding query. q is already scaled by E^-1/2."""
   interpret = impl == "splash_interpret"

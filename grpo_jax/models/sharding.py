@@ -6,9 +6,10 @@
     step = sharding.Jitted(layout, fn, in_shardings=..., out_shardings=...)
 
 Sharding is declared in three places only: logical axis names on every parameter (and on a
-few activations) in `model.py`; one rules table, `MeshConfig.rules`, that maps each logical
-name to mesh axes; and the in/out shardings where `jax.jit` is called. The partitioner
-(GSPMD/Shardy) does the rest; there is no hand-written communication.
+few activations) in the model (`layers`, `kv_cache`); one rules table, `MeshConfig.rules`,
+that maps each logical name to mesh axes; and the in/out shardings where `jax.jit` is
+called. The partitioner (GSPMD/Shardy) does the rest; there is no hand-written
+communication.
 
 Mesh axes:
 - ``data``: pure data parallelism; params replicated along it, the batch split.
@@ -49,7 +50,7 @@ BATCH_AXES = ("data", "fsdp")
 P = jax.sharding.PartitionSpec
 
 # Logical axis name -> mesh axes. Params: the model's names (`model.logical_axes`).
-# Activations: the "activation_*" names of `model.py`'s constraints.
+# Activations: the "activation_*" names of the model's constraints (`model_config`).
 DEFAULT_RULES = (
   ("vocab", "tensor"),
   ("embed", "fsdp"),

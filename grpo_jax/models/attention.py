@@ -1,0 +1,239 @@
+"""Attention math of the policy: rotary embeddings and masked attention over a cache, a
+causal block schedule, or a prefix shared by a group of rows (pure functions; the layer is
+`layers.Attention`).
+
+Masking rule (`model`): a query at position p sees keys at positions 0 <= q <= p;
+padding has position -1. Shape letters as in `model`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax.models import model_config
+
+Params = Any
+
+
+def rope_inv_freq(cfg: model_config.ModelConfig) -> np.ndarray:
+  """Rotary inverse frequencies ω_i, i < E/2 (float64, static).
+
+  ω_i = theta^(-2i/E), then by `rope_scaling`:
+  - "linear": ω_i / factor.
+  - "llama3" (Llama 3.1, as transformers' `_compute_llama3_parameters`): with wavelength
+    λ_i = 2π/ω_i, N the original context, l / h the low / high frequency factors:
+    ω_i / factor where λ_i > N/l; ω_i where λ_i < N/h; in between
+    (1 - s)·ω_i/factor + s·ω_i with s = (N/λ_i - l) / (h - l).
+  """
+  E = cfg.head_dim
+  inv = cfg.rope_theta ** (-np.arange(0, E, 2, dtype=np.float64) / E)
+  if cfg.rope_scaling == "linear":
+    return inv / cfg.rope_factor
+  if cfg.rope_scaling == "llama3":
+    n, lo, hi = cfg.rope_original_max_len, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+    wavelen = 2 * np.pi / inv
+    smooth = (n / wavelen - lo) / (hi - lo)
+    mixed = (1 - smooth) * inv / cfg.rope_factor + smooth * inv
+    return np.where(wavelen > n / lo, inv / cfg.rope_factor, np.where(wavelen < n / hi, inv, mixed))
+  return inv
+
+
+def rope(x_BTNE, positions_BT, *, inv_freq):
+  """Rotary embedding, half-split ("rotate_half") layout as in HF Llama/Qwen.
+
+  For pair (x_i, x_{i+E/2}) at position p: angle p·ω_i (``rope_inv_freq``), in float32.
+  """
+  inv_freq = jnp.asarray(inv_freq, jnp.float32)
+  angle_BTh = positions_BT.astype(jnp.float32)[..., None] * inv_freq[None, None, :]
+  sin, cos = jnp.sin(angle_BTh)[:, :, None, :], jnp.cos(angle_BTh)[:, :, None, :]
+  x1, x2 = jnp.split(x_BTNE.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x_BTNE.dtype)
+
+
+# Decode-shaped attention on XLA:CPU: p·V as a multiply-reduce instead of a batched matmul
+# when a (b, k) pair has at most this many query rows and the product [B, K, Q, S, E] has
+# at most this many elements (``_pv_by_reduce``).
+_PV_REDUCE_MAX_Q = 3
+_PV_REDUCE_MAX_ELEMENTS = 2**25
+
+
+def _pv_by_reduce(B, K, Q, S, E) -> bool:
+  """Whether `attend` computes p·V as sum_s(p_qs V_se) (a fused loop) on this backend.
+
+  Measured on a 2-core Xeon (XLA:CPU with YNNPACK), 8 layers of decode attention:
+  [256 rows, 4 kv heads, Q = 2, S = 191, E = 64] takes 38 ms as a multiply-reduce and
+  53 ms as a batched matmul (1024 matmuls of [2, 191] x [191, 64]); Q = 3: 44 vs 58 ms.
+  Past ~2^25 product elements the fused loop falls off a cliff (Q = 4 with 256 rows:
+  157 vs 52 ms; 1024 rows with Q = 2: 376 vs 158 ms), hence the size bound. Both forms
+  compute the same sum in float32; GPUs and TPUs always take the matmul.
+  """
+  return (
+    jax.default_backend() == "cpu"
+    and Q <= _PV_REDUCE_MAX_Q
+    and B * K * Q * S * E <= _PV_REDUCE_MAX_ELEMENTS
+  )
+
+
+def attend(q_BKQE, q_pos_BQ, keys_BKES, values_BKSE, key_pos_BS, *, dtype):
+  """softmax(q k^T) v where key slot s is visible to query q iff 0 <= pos_s <= pos_q.
+
+  Keys come transposed, [B, K, E, S], so that q k^T is a plain (NN) batched matmul: at
+  decode shapes that is ~3x faster on XLA:CPU than contracting a [B, K, S, E] cache.
+  At decode shapes on CPU, p·V is a multiply-reduce (``_pv_by_reduce``).
+
+  A padding query (pos -1) sees nothing and gets 0. The mask is arithmetic because on
+  XLA:CPU a select on a batched matmul's output is fused into it and loses the fast
+  matmul path (5x slower):
+    m = sg(max_s (s_qs v_qs - (1 - v_qs) BIG)),  e_qs = exp((s_qs - m) v_qs) v_qs,
+    out = sum_s e_qs V_s / sum_s e_qs   (or 0 when nothing is visible).
+  The softmax does not depend on the shift m, so its gradient through m is exactly 0 and
+  m is a stop-gradient (sg): the backward has no argmax/select over [B, K, Q, S].
+  """
+  mm = _attention_matmul_dtype(keys_BKES, dtype)
+  s_BKQS = _scores(q_BKQE, keys_BKES, mm)
+  valid = _visible(q_pos_BQ[:, None, :, None], key_pos_BS[:, None, None, :])
+  e_BKQS = _exp_shifted(s_BKQS, valid, _masked_max(s_BKQS, valid))
+  return _normalised(
+    _weighted_values(e_BKQS, values_BKSE, dtype, mm), e_BKQS.sum(-1, keepdims=True), dtype
+  )
+
+
+# Teacher-forced attention within one call runs by query blocks that skip the keys after
+# them (`causal_blocks`): blocks of at least this many positions, and at most this many.
+_CAUSAL_MIN_BLOCK = 64
+_CAUSAL_MAX_BLOCKS = 4
+
+
+def causal_blocks(T: int) -> tuple[tuple[int, int], ...]:
+  """The query blocks [a, b) of a call of T positions; block [a, b) attends keys [0, b).
+
+  n = clip(T // 64, 1, 4) blocks of near-equal length, so the scores hold
+  sum_blocks (b − a)·b of the T² entries: 5/8 of them at n = 4, 2/3 at n = 3. Measured
+  on a 2-core Xeon (float32, [16 rows, 4 kv heads, 2 query rows per kv head, T = 192,
+  head_dim 64], forward and backward of one layer's attention): 45.5 ms in one block,
+  37.8 / 35.2 / 36.7 ms in 2 / 3 / 4 blocks, 41.2 ms in 8.
+  """
+  n = max(1, min(T // _CAUSAL_MIN_BLOCK, _CAUSAL_MAX_BLOCKS))
+  edges = [round(i * T / n) for i in range(n + 1)]
+  return tuple(zip(edges[:-1], edges[1:], strict=True))
+
+
+def causal_score_entries(T: int) -> int:
+  """Score entries per (row, query head) of a call of T positions: sum_blocks (b − a)·b."""
+  return sum((b - a) * b for a, b in causal_blocks(T))
+
+
+def attend_causal(q_BKQE, q_pos_BQ, keys_BKET, values_BKTE, pos_BT, *, dtype):
+  """`attend` of a call over its own T keys, one query block at a time (`causal_blocks`).
+
+  Query rows are t-major (row t·R + r), so block [a, b) is rows [a·R, b·R), and it attends
+  keys [0, b) only. Exact when positions increase along T on real tokens, as
+  `positions_from_mask` makes them (the model's padding convention): a key after a query
+  then has a larger position or −1, so it is invisible to it, and the softmax over keys
+  [0, b) is the softmax over all T (up to the order of the float32 sums).
+  """
+  T = pos_BT.shape[1]
+  R = q_BKQE.shape[2] // T
+  outs = [
+    attend(
+      q_BKQE[:, :, a * R : b * R],
+      q_pos_BQ[:, a * R : b * R],
+      keys_BKET[..., :b],
+      values_BKTE[:, :, :b],
+      pos_BT[:, :b],
+      dtype=dtype,
+    )
+    for a, b in causal_blocks(T)
+  ]
+  return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=2)
+
+
+def attend_shared(
+  q_BKQE, q_pos_BQ, keys_BKES, values_BKSE, key_pos_BS, prefix_kv, prefix_pos_AS, *, dtype
+):
+  """`attend` over each row's own slots and a prefix shared by its group (Hydragen,
+  Juravsky et al. 2024): rows a·G .. a·G+G−1 (N = A·G rows) all attend to prefix a.
+
+  prefix_kv = (keys [A, K, E, P], values [A, K, P, E]), positions prefix_pos_AS [A, P].
+  The prefix's scores are one batched matmul per (a, k) with the G·Q query rows of the
+  group stacked, so each prefix key and value is read once per group instead of once per
+  row. One shift m = max(m_own, m_prefix) serves both parts, so
+    out = (Σ_own e V + Σ_prefix e V) / (Σ_own e + Σ_prefix e)
+  is the softmax over the union of the slots: `attend` on the concatenated cache, up to
+  the order of the float32 sums.
+  """
+  pk_AKEP, pv_AKPE = prefix_kv
+  A, (N, K, Q, _) = pk_AKEP.shape[0], q_BKQE.shape
+  G = N // A
+  # Rows -> groups: [N, K, Q, ...] <-> [A, K, G·Q, ...] (row-major within a group).
+  to_groups = lambda x: jnp.swapaxes(x.reshape(A, G, K, Q, -1), 1, 2).reshape(A, K, G * Q, -1)
+  to_rows = lambda x: jnp.swapaxes(x.reshape(A, K, G, Q, -1), 1, 2).reshape(N, K, Q, -1)
+  mm = _attention_matmul_dtype(keys_BKES, dtype)
+  s_BKQS = _scores(q_BKQE, keys_BKES, mm)
+  s_AKqP = _scores(to_groups(q_BKQE), pk_AKEP, mm)
+  valid = _visible(q_pos_BQ[:, None, :, None], key_pos_BS[:, None, None, :])
+  q_pos_Aq1 = q_pos_BQ.reshape(A, 1, G * Q, 1)
+  valid_pre = _visible(q_pos_Aq1, prefix_pos_AS[:, None, None, :])
+  m_BKQ1 = jnp.maximum(_masked_max(s_BKQS, valid), to_rows(_masked_max(s_AKqP, valid_pre)))
+  e_BKQS = _exp_shifted(s_BKQS, valid, m_BKQ1)
+  e_AKqP = _exp_shifted(s_AKqP, valid_pre, to_groups(m_BKQ1))
+  out_BKQE = _weighted_values(e_BKQS, values_BKSE, dtype, mm) + to_rows(
+    _weighted_values(e_AKqP, pv_AKPE, dtype, mm)
+  )
+  sum_BKQ1 = e_BKQS.sum(-1, keepdims=True) + to_rows(e_AKqP.sum(-1, keepdims=True))
+  return _normalised(out_BKQE, sum_BKQ1, dtype)
+
+
+def _attention_matmul_dtype(keys_BKES, dtype):
+  """A float32 cache of a bfloat16 model (`cache_dtype`, XLA:CPU) holds bfloat16-rounded
+  keys and values: both dots run in float32 on the same values (products of bfloat16
+  values are exact in float32), with the exponentials rounded to `dtype` as the bfloat16
+  p·V rounds them. Otherwise everything in `dtype`."""
+  return jnp.float32 if keys_BKES.dtype == jnp.float32 else dtype
+
+
+def _scores(q_BKQE, keys_BKES, mm):
+  """q·k over the slots, [B, K, Q, S], accumulated in float32."""
+  return jnp.einsum(
+    "bkqe,bkes->bkqs", q_BKQE.astype(mm), keys_BKES.astype(mm), preferred_element_type=jnp.float32
+  )
+
+
+def _visible(q_pos, key_pos):
+  """1.0 where a key slot is visible to a query (0 <= pos_key <= pos_query), else 0.0."""
+  return ((key_pos >= 0) & (key_pos <= q_pos) & (q_pos >= 0)).astype(jnp.float32)
+
+
+def _masked_max(s, valid):
+  """sg(max over visible slots) (-1e30 where none is): the softmax's shift."""
+  return jax.lax.stop_gradient(jnp.max(s * valid - (1.0 - valid) * 1e30, axis=-1, keepdims=True))
+
+
+def _exp_shifted(s, valid, m):
+  """exp(s − m) on visible slots, 0 elsewhere; (s − m)·v <= 0: no overflow."""
+  return jnp.exp((s - m) * valid) * valid
+
+
+def _weighted_values(e_BKQS, values_BKSE, dtype, mm):
+  """Σ_s e_qs V_se in float32: a multiply-reduce at decode shapes on CPU
+  (`_pv_by_reduce`), else a batched matmul; products of `dtype` values either way."""
+  if _pv_by_reduce(*e_BKQS.shape, values_BKSE.shape[-1]):
+    f32 = lambda x: x.astype(dtype).astype(jnp.float32)
+    return jnp.sum(f32(e_BKQS)[..., None] * f32(values_BKSE)[:, :, None], axis=-2)
+  return jnp.einsum(
+    "bkqs,bkse->bkqe",
+    e_BKQS.astype(dtype).astype(mm),
+    values_BKSE.astype(mm),
+    preferred_element_type=jnp.float32,
+  )
+
+
+def _normalised(out_BKQE, sum_BKQ1, dtype):
+  """out / Σe. A padding query has Σe = 0 and out = 0; dividing by 1 there (not by a tiny
+  floor, whose square underflows) keeps the gradient finite."""
+  return (out_BKQE / (sum_BKQ1 + (sum_BKQ1 <= 0.0))).astype(dtype)

@@ -1,0 +1,165 @@
+"""The sampler's KV cache: per-layer keys and values with each slot's position, repeated
+or shared across a group's rows (`KVCache`), and an empty one (`init_cache`)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.models import model_config
+
+Params = Any
+
+
+@flax.struct.dataclass
+class KVCache:
+  """Keys/values (post-RoPE) of slots [0, index); slots are time-ordered.
+
+  k holds one [B, K, E, S] array per layer (keys transposed, for a fast q k^T), v one
+  [B, K, S, E] array per layer, so each layer's attention reads its own buffers
+  (slicing a stacked [L, ...] array makes XLA copy the slice every step); with
+  scan_layers each holds one stacked [L, ...] array, as lax.scan needs.
+  pos_BS holds each slot's position id, -1 for empty or padding slots. `empty` is
+  static: a fresh cache's first call (the prefill) skips attending to the cache,
+  which is all padding, instead of computing (and XLA constant-folding) it.
+
+  A shared cache (`share`) also holds a prefix of P slots per group of G consecutive
+  rows, prefix_k / prefix_v / prefix_pos_AS over A = B / G groups, which every row of
+  the group attends to before its own slots; its slots count in `length`, but `index`
+  and pos_BS are the row's own.
+  """
+
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
+  pos_BS: jax.Array
+  index: jax.Array  # int32 scalar: the next slot to write; or [B]: one per row (decode).
+  empty: bool = flax.struct.field(pytree_node=False, default=False)
+  stacked: bool = flax.struct.field(pytree_node=False, default=False)
+  prefix_k: tuple[jax.Array, ...] = ()
+  prefix_v: tuple[jax.Array, ...] = ()
+  prefix_pos_AS: jax.Array | None = None
+
+  def repeat(self, n: int) -> KVCache:
+    """Each row repeated n times, consecutively: row b -> rows b*n .. b*n+n-1."""
+    if self.prefix_pos_AS is not None:
+      raise ValueError("KVCache.repeat: this cache is already shared (`share`).")
+    rep = functools.partial(jnp.repeat, repeats=n, axis=1 if self.stacked else 0)
+    return self.replace(
+      k=tuple(map(rep, self.k)),
+      v=tuple(map(rep, self.v)),
+      pos_BS=jnp.repeat(self.pos_BS, n, axis=0),
+    ).constrain()
+
+  def share(self, n: int, length: int) -> KVCache:
+    """A cache of n rows per row of this one, for which this cache's slots are a shared
+    prefix (rows b·n .. b·n+n−1 attend to row b's slots), followed by own empty slots up
+    to `length` in all: what `repeat(n)` then `grow(length)` hold, without n copies of
+    the prefix. Decoding reads each prefix slot once per group instead of once per row
+    (`_attend_shared`)."""
+    if self.prefix_pos_AS is not None:
+      raise ValueError("KVCache.share: this cache is already shared.")
+    own = length - self.length
+    if own < 1:
+      raise ValueError(
+        f"KVCache.share(length={length}): needs more than the prefix's {self.length} slots."
+      )
+    # The own slots' zeros are computed from the prefix's last value, min(|v|, 0) (0 for
+    # any finite value; XLA cannot fold it), so they exist only once the prefix is
+    # written: zeros from a constant are allocated before the prefill, beside its
+    # activations (a tiny sampler on a CPU: 8.3 MB of temporaries instead of 5.3 MB).
+    zero = jnp.minimum(jnp.abs(self.v[-1][(-1,) * self.v[-1].ndim]), 0)
+    b = 1 if self.stacked else 0  # The rows' axis.
+    empty = lambda x, slot_axis: jnp.broadcast_to(
+      zero,
+      tuple(
+        d * n if a == b else own if a == x.ndim + slot_axis else d for a, d in enumerate(x.shape)
+      ),
+    )
+    return KVCache(
+      k=tuple(empty(k, -1) for k in self.k),  # [..., E, S]
+      v=tuple(empty(v, -2) for v in self.v),  # [..., S, E]
+      pos_BS=jnp.full((self.pos_BS.shape[0] * n, own), -1, jnp.int32),
+      index=jnp.zeros((), jnp.int32),
+      stacked=self.stacked,
+      prefix_k=self.k,
+      prefix_v=self.v,
+      prefix_pos_AS=self.pos_BS,
+    ).constrain()
+
+  @property
+  def length(self) -> int:
+    """The number of slots S (static), a shared prefix's included."""
+    prefix = 0 if self.prefix_pos_AS is None else self.prefix_pos_AS.shape[-1]
+    return prefix + self.pos_BS.shape[-1]
+
+  def grow(self, length: int) -> KVCache:
+    """The same cache with `length` slots: slots [S, length) appended empty (position -1,
+    zero keys and values). A copy of the buffers, at their new size: the sampler's decode
+    segments (`sampling.decode`) attend over a short cache while few slots are filled."""
+    extra = length - self.length
+    if extra < 0:
+      raise ValueError(f"KVCache.grow({length}): the cache already has {self.length} slots.")
+    if extra == 0:
+      return self
+    pad = lambda x, axis: jnp.pad(
+      x, [(0, extra if a == x.ndim + axis else 0) for a in range(x.ndim)]
+    )
+    return self.replace(
+      k=tuple(pad(k, -1) for k in self.k),  # [..., E, S]
+      v=tuple(pad(v, -2) for v in self.v),  # [..., S, E]
+      pos_BS=jnp.pad(self.pos_BS, ((0, 0), (0, extra)), constant_values=-1),
+    ).constrain()
+
+  def constrain(self) -> KVCache:
+    """Sharding constraints from the logical names model_config.CACHE_K / model_config.CACHE_V (rows over the
+    batch axes, kv heads over `tensor` by the default rules); no-op without rules."""
+    lead = ("layers",) if self.stacked else ()
+    c = lambda names: lambda x: nn.with_logical_constraint(x, (*lead, *names))
+    pos = lambda x: nn.with_logical_constraint(x, ("activation_batch", "activation_cache"))
+    return self.replace(
+      k=tuple(map(c(model_config.CACHE_K), self.k)),
+      v=tuple(map(c(model_config.CACHE_V), self.v)),
+      pos_BS=pos(self.pos_BS),
+      prefix_k=tuple(map(c(model_config.CACHE_K), self.prefix_k)),
+      prefix_v=tuple(map(c(model_config.CACHE_V), self.prefix_v)),
+      prefix_pos_AS=None if self.prefix_pos_AS is None else pos(self.prefix_pos_AS),
+    )
+
+
+def cache_dtype(cfg: model_config.ModelConfig):
+  """The KV cache's dtype: the compute dtype, except a bfloat16 model on XLA:CPU, whose
+  cache holds the same bfloat16-rounded keys and values in float32 (`_attend`). XLA:CPU
+  runs a bfloat16 batched matmul on float32 copies of its operands, so a bfloat16 cache
+  was converted at every decode step: the anchor model's sampler (8 layers, 128 rows,
+  64 + 128 tokens; one sitting on a 2-core Intel Xeon with AMX) took 14.0 s a call in
+  bfloat16 against 10.5 s in float32, and 7.4 s with the float32 cache. Decided by this
+  host's backend, as `_pv_by_reduce` is (the memory plan, made for an accelerator, does
+  not count it)."""
+  if cfg.compute_dtype == jnp.bfloat16 and jax.default_backend() == "cpu":
+    return jnp.float32
+  return cfg.compute_dtype
+
+
+def init_cache(cfg: model_config.ModelConfig, batch_size: int, max_len: int) -> KVCache:
+  """An empty cache of max_len slots: keys [B, K, E, S], values [B, K, S, E] per layer,
+  in `cache_dtype`."""
+  k_shape = (batch_size, cfg.n_kv_heads, cfg.head_dim, max_len)
+  v_shape = (batch_size, cfg.n_kv_heads, max_len, cfg.head_dim)
+  dtype = cache_dtype(cfg)
+  if cfg.scan_layers:
+    zeros = lambda shape: (jnp.zeros((cfg.n_layers, *shape), dtype),)
+  else:
+    zeros = lambda shape: tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers))
+  return KVCache(
+    k=zeros(k_shape),
+    v=zeros(v_shape),
+    pos_BS=jnp.full((batch_size, max_len), -1, jnp.int32),
+    index=jnp.zeros((), jnp.int32),
+    empty=True,
+    stacked=cfg.scan_layers,
+  ).constrain()

@@ -1,0 +1,563 @@
+"""The policy's Flax layers: RMSNorm, dense projections with logical names (and int8 or
+adapted kernels), attention, the SwiGLU MLP, the block, the embedding, the decoder stack
+and the LM head. The params live outside (`model`); shape letters as in `model`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax.models import attention, kernels, model_config, quant
+
+Params = Any
+
+
+class _Named(nn.LogicallyPartitioned):
+  """A param's logical axis names. Flax's DenseGeneral first creates its kernel flattened
+  to 2-D and reshapes it after; the names constrain only the full-rank value (a rank-2
+  constraint with 3 names would fail under a mesh)."""
+
+  def unbox(self, apply_constraint=True):
+    return super().unbox(apply_constraint and len(self.names) == self.value.ndim)
+
+
+def _param_init(init, names):
+  return lambda *args, **kwargs: _Named(init(*args, **kwargs), names)
+
+
+class RMSNorm(nn.Module):
+  """y = x / sqrt(mean(x^2) + eps) * w, normalised in float32 (as HF Llama/Qwen)."""
+
+  eps: float
+  dtype: Any
+  param_dtype: Any
+  axis_name: str = "embed"
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param(
+      "scale",
+      _param_init(nn.initializers.ones, (self.axis_name,)),
+      (x.shape[-1],),
+      self.param_dtype,
+    )
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return y.astype(self.dtype) * scale.astype(self.dtype).reshape((1,) * (x.ndim - 1) + (-1,))
+
+
+@jax.custom_vjp
+def _matmul_f32_acc(x_MK, w_KF):
+  """x·w of bfloat16 operands accumulated in float32, rounded to x's dtype. XLA:CPU runs
+  bfloat16 GEMMs at about twice the float32 rate only when they accumulate and return
+  float32 (measured: 985 vs 501 GFLOP/s at [4096, 512] x [512, 1536]; bfloat16 output:
+  456), so the forward and the input gradient take that path. The weight gradient
+  contracts the rows: as a plain [M, K]^T [M, F] dot XLA:CPU runs it in bfloat16 no faster
+  than in float32 (258 against 265 GFLOP/s at M 3072, K 512, F 1536 on a 2-core Xeon with
+  AMX; 266 against 433 on an AMD EPYC), but the same contraction over a leading unit batch
+  axis too, [1, M, K] x [1, M, F] contracted over both, takes its fast path: 918 GFLOP/s
+  there (830-940 over the model's shapes and M 2999-12288). The sum is the same products
+  (bfloat16 products are exact in float32) in float32, in another order."""
+  return jax.lax.dot(x_MK, w_KF, preferred_element_type=jnp.float32).astype(x_MK.dtype)
+
+
+def _matmul_fwd(x_MK, w_KF):
+  return _matmul_f32_acc(x_MK, w_KF), (x_MK, w_KF)
+
+
+def _matmul_bwd(res, g_MF):
+  x_MK, w_KF = res
+  dx = jax.lax.dot_general(
+    g_MF.astype(x_MK.dtype), w_KF, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+  )
+  dw = jax.lax.dot_general(
+    x_MK[None],
+    g_MF.astype(x_MK.dtype)[None],
+    (((0, 1), (0, 1)), ((), ())),
+    preferred_element_type=jnp.float32,
+  )
+  return dx.astype(x_MK.dtype), dw.astype(w_KF.dtype)
+
+
+_matmul_f32_acc.defvjp(_matmul_fwd, _matmul_bwd)
+
+
+def _dot_general_rows(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
+  """nn.DenseGeneral's dot_general: the contraction of lhs's trailing axes with rhs's
+  leading axes (every Dense of the model) as one [rows, K] x [K, F] GEMM over lhs's leading
+  axes flattened into rows; any other contraction is plain `lax.dot_general`.
+
+  Flattening is for the weight gradient, Σ_rows x_rk·g_rf. Over a [B, T, K] input, autodiff
+  contracts two row axes, and XLA:CPU's dot canonicalisation then makes a transposed
+  [F, B·T] copy of the activation gradient, fused into its producer (silu's backward, the
+  norms') and written at a fraction of memory bandwidth: 85 ms a copy for the anchor's
+  [3072, 1536] MLP gradient, 22% of a float32 update (jax 0.10.2, 2-core Xeon). Over one
+  row axis no copy is made; a two-layer SwiGLU stack's forward and backward runs 1.7x
+  faster (0.41 against 0.70 s at 3072 rows, d 512, f 1536, float32).
+
+  Operands both bfloat16 take `_matmul_f32_acc` (float32 accumulation, the weight gradient
+  on XLA:CPU's fast path)."""
+  (lc, rc), (lb, rb) = dimension_numbers
+  n = len(lc)
+  plain = (
+    lb or rb or tuple(lc) != tuple(range(lhs.ndim - n, lhs.ndim)) or tuple(rc) != tuple(range(n))
+  )
+  if plain:
+    return jax.lax.dot_general(
+      lhs,
+      rhs,
+      dimension_numbers,
+      precision=precision,
+      preferred_element_type=preferred_element_type,
+    )
+  K = int(np.prod(lhs.shape[lhs.ndim - n :]))
+  lhs_MK, rhs_KF = lhs.reshape(-1, K), rhs.reshape(K, -1)
+  if lhs.dtype == jnp.bfloat16 and rhs.dtype == jnp.bfloat16:
+    out_MF = _matmul_f32_acc(lhs_MK, rhs_KF)
+  else:
+    out_MF = jax.lax.dot_general(
+      lhs_MK,
+      rhs_KF,
+      (((1,), (0,)), ((), ())),
+      precision=precision,
+      preferred_element_type=preferred_element_type,
+    )
+  return out_MF.reshape(*lhs.shape[: lhs.ndim - n], *rhs.shape[n:])
+
+
+def _dense(cfg: model_config.ModelConfig, features, names, *, axis=-1, use_bias=False, name=None):
+  """nn.DenseGeneral with logical names; over an int8 base (model.lora.base_dtype) its
+  kernel is dequantized as the layer runs (`quant.dequantized`)."""
+  n_out = 1 if isinstance(features, int) else len(features)
+  dense = nn.DenseGeneral
+  if cfg.lora.enabled and cfg.lora.base_dtype in quant.QUANTIZED:
+    dense = nn.map_variables(
+      dense, "params", trans_in_fn=quant.dequantized, mutable=False, init=True
+    )
+  return dense(
+    features=features,
+    axis=axis,
+    use_bias=use_bias,
+    dtype=cfg.compute_dtype,
+    param_dtype=cfg.weight_dtype,
+    dot_general=_dot_general_rows,
+    kernel_init=_param_init(nn.initializers.lecun_normal(), names),
+    bias_init=_param_init(nn.initializers.zeros_init(), names[-n_out:]),
+    name=name,
+  )
+
+
+class _Adapter(nn.Module):
+  """The low-rank path of one projection, scale·(x·A)·B, its A [*in, r] and B [r, *out] in
+  the "lora" collection (float32, trained; logical names: the base kernel's, with
+  "lora_rank" between). Returns None where that collection has no adapter: the reference
+  policy is the same call without it, the base weights alone. With model.lora.dropout = p
+  and a "dropout" rng (a training forward), x is inverted-dropped first: each element kept
+  with probability 1 − p and scaled by 1/(1 − p), so E[path] is the undropped path."""
+
+  cfg: model_config.ModelConfig
+  in_names: tuple[str, ...]
+  out_shape: tuple[int, ...]
+  out_names: tuple[str, ...]
+
+  @nn.compact
+  def __call__(self, x):
+    if not (self.is_initializing() or self.has_variable("lora", "a")):
+      return None
+    r, n = self.cfg.lora.rank, len(self.in_names)
+    in_shape = x.shape[x.ndim - n :]
+    fan_in = int(np.prod(in_shape))
+
+    def a_init():
+      a = jax.random.normal(self.make_rng("params"), (*in_shape, r), jnp.float32)
+      return _Named(a * fan_in**-0.5, (*self.in_names, "lora_rank"))
+
+    def b_init():
+      return _Named(jnp.zeros((r, *self.out_shape), jnp.float32), ("lora_rank", *self.out_names))
+
+    a = self.variable("lora", "a", a_init).value
+    b = self.variable("lora", "b", b_init).value
+    dt = self.cfg.compute_dtype
+    p = self.cfg.lora.dropout
+    if p > 0 and self.has_rng("dropout"):
+      keep = jax.random.bernoulli(self.make_rng("dropout"), 1.0 - p, x.shape)
+      x = jnp.where(keep, x / (1.0 - p), 0.0).astype(x.dtype)
+    xa = jnp.tensordot(
+      x.astype(dt), a.astype(dt), axes=(tuple(range(x.ndim - n, x.ndim)), tuple(range(n)))
+    )
+    return (jnp.tensordot(xa, b.astype(dt), axes=1) * self.cfg.lora.scale).astype(dt)
+
+
+def _adapted(cfg: model_config.ModelConfig, name: str, x, y, *, in_names, out_names):
+  """y, plus the adapter of projection `name` on its input x when model.lora targets it."""
+  if not (cfg.lora.enabled and name in cfg.lora.targets):
+    return y
+  delta = _Adapter(
+    cfg, in_names, y.shape[y.ndim - len(out_names) :], out_names, name=f"{name}_lora"
+  )(x)
+  return y if delta is None else y + delta
+
+
+class Attention(nn.Module):
+  """Grouped-query attention.
+
+  Without a cache it attends within the call and returns the call's keys/values.
+  With one it writes them into this layer's buffers, keys [B, K, E, S] and values
+  [B, K, S, E] (in place when the buffers are loop-carried, as in the sampler), and
+  attends over the buffers alone, or over the buffers and a prefix its group shares,
+  prefix = ((keys [A, K, E, P], values [A, K, P, E]), positions [A, P]) (`_attend_shared`).
+  """
+
+  cfg: model_config.ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BTD, positions_BT, cache_kv, cache_pos_BS, index, prefix=None):
+    cfg = self.cfg
+    H, K, E = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    projections = {}
+    for name, heads, names in (("q", H, "q_heads"), ("k", K, "kv_heads"), ("v", K, "kv_heads")):
+      y = _dense(cfg, (heads, E), ("embed", names, "head_dim"), use_bias=cfg.attn_bias, name=name)(
+        x_BTD
+      )
+      projections[name] = _adapted(
+        cfg, name, x_BTD, y, in_names=("embed",), out_names=(names, "head_dim")
+      )
+    q_BTHE, k_BTKE, v_BTKE = projections["q"], projections["k"], projections["v"]
+    if cfg.qk_norm:
+      norm = functools.partial(
+        RMSNorm,
+        eps=cfg.norm_eps,
+        dtype=cfg.compute_dtype,
+        param_dtype=cfg.weight_dtype,
+        axis_name="head_dim",
+      )
+      q_BTHE = norm(name="q_norm")(q_BTHE)
+      k_BTKE = norm(name="k_norm")(k_BTKE)
+    inv_freq = attention.rope_inv_freq(cfg)
+    q_BTHE = attention.rope(q_BTHE, positions_BT, inv_freq=inv_freq)
+    k_BTKE = attention.rope(k_BTKE, positions_BT, inv_freq=inv_freq)
+
+    B, T = positions_BT.shape
+    R = H // K
+    # Query rows grouped per kv head: [B, K, Q = T*R, E], so every matmul below is a
+    # canonical batched matmul over (b, k) with no transposes of the cache.
+    q_BKQE = jnp.transpose((q_BTHE * E**-0.5).reshape(B, T, K, R, E), (0, 2, 1, 3, 4)).reshape(
+      B, K, T * R, E
+    )
+    q_pos_BQ = jnp.repeat(positions_BT, R, axis=1)
+    k_BKET, v_BKTE = jnp.transpose(k_BTKE, (0, 2, 3, 1)), jnp.swapaxes(v_BTKE, 1, 2)
+    if cache_kv is None:
+      keys = (k_BKET, v_BKTE, positions_BT)
+      new_kv = (k_BTKE, v_BTKE)
+    else:
+      # Write this call's keys/values into the layer's buffers (in place), then attend
+      # over the buffers alone: cache_pos_BS already holds this call's positions.
+      write = lambda buf, new, at: jax.lax.dynamic_update_slice(buf, new.astype(buf.dtype), at)
+      if jnp.ndim(index) == 1:  # One slot per row (the refill sampler's rows).
+        new_kv = (
+          jax.vmap(lambda b, n, i: write(b, n, (0, 0, i)))(cache_kv[0], k_BKET, index),
+          jax.vmap(lambda b, n, i: write(b, n, (0, i, 0)))(cache_kv[1], v_BKTE, index),
+        )
+      else:
+        new_kv = (
+          write(cache_kv[0], k_BKET, (0, 0, 0, index)),
+          write(cache_kv[1], v_BKTE, (0, 0, index, 0)),
+        )
+      keys = (*new_kv, cache_pos_BS)
+    # A Pallas kernel (`kernels`); init's dummy forward runs XLA (the params are the same).
+    if cache_kv is None and cfg.attention_impl != "xla" and not self.is_initializing():
+      out_BKQE = kernels.causal(q_BKQE, *keys, impl=cfg.attention_impl, dtype=cfg.compute_dtype)
+    elif cache_kv is None:  # Teacher forcing or a prefill: causal within the call.
+      out_BKQE = attention.attend_causal(q_BKQE, q_pos_BQ, *keys, dtype=cfg.compute_dtype)
+    elif prefix is None:
+      out_BKQE = attention.attend(q_BKQE, q_pos_BQ, *keys, dtype=cfg.compute_dtype)
+    else:  # A group-shared prefix (`KVCache.share`): ((keys, values), positions).
+      out_BKQE = attention.attend_shared(q_BKQE, q_pos_BQ, *keys, *prefix, dtype=cfg.compute_dtype)
+    out_BTKRE = jnp.transpose(out_BKQE.reshape(B, K, T, R, E), (0, 2, 1, 3, 4))
+    out_BTHE = out_BTKRE.reshape(B, T, H, E)
+    out_BTD = _dense(cfg, cfg.d_model, ("q_heads", "head_dim", "embed"), axis=(-2, -1), name="o")(
+      out_BTHE
+    )
+    out_BTD = _adapted(
+      cfg, "o", out_BTHE, out_BTD, in_names=("q_heads", "head_dim"), out_names=("embed",)
+    )
+    return out_BTD, new_kv
+
+
+class Mlp(nn.Module):
+  """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+  cfg: model_config.ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BTD):
+    cfg = self.cfg
+    proj = {}
+    for name in ("gate", "up"):
+      y = _dense(cfg, cfg.mlp_dim, ("embed", "mlp"), name=name)(x_BTD)
+      proj[name] = _adapted(cfg, name, x_BTD, y, in_names=("embed",), out_names=("mlp",))
+    h_BTF = nn.with_logical_constraint(
+      nn.silu(proj["gate"]) * proj["up"],
+      ("activation_batch", "activation_length", "activation_mlp"),
+    )
+    down_BTD = _dense(cfg, cfg.d_model, ("mlp", "embed"), name="down")(h_BTF)
+    return _adapted(cfg, "down", h_BTF, down_BTD, in_names=("mlp",), out_names=("embed",))
+
+
+class Block(nn.Module):
+  """Pre-norm decoder block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+  cfg: model_config.ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BTD, positions_BT, cache_kv, cache_pos_BS, index, prefix_kv, prefix_pos):
+    cfg = self.cfg
+    norm = functools.partial(
+      RMSNorm, eps=cfg.norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype
+    )
+    attn = Attention(cfg, name="attn")
+    prefix = None if prefix_kv is None else (prefix_kv, prefix_pos)
+    attn_BTD, kv_new = attn(
+      norm(name="attn_norm")(x_BTD), positions_BT, cache_kv, cache_pos_BS, index, prefix
+    )
+    x_BTD = x_BTD + attn_BTD
+    x_BTD = x_BTD + Mlp(cfg, name="mlp")(norm(name="mlp_norm")(x_BTD))
+    return nn.with_logical_constraint(x_BTD, model_config.ACT_BTD), kv_new
+
+
+def _mesh_axes(name: str) -> tuple[str, ...]:
+  """The mesh axes the logical rules in scope map `name` to (() outside them)."""
+  axes = nn.logical_to_mesh_axes((name,))[0]
+  return () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
+
+
+class _Embed(nn.Embed):
+  """nn.Embed whose lookup reads the table where it lies: every device looks up every
+  token of the batch in its own fsdp slice of the width D (the ids, a few KB, are
+  gathered; the rows stay split over the batch axes fsdp does not use), and the output,
+  cast to the compute dtype, is re-split by rows ([B, T, D]: an all-to-all). The
+  lookup's gradient is then a scatter-add into each device's own slice, with nothing to
+  reduce over fsdp. Read gathered over fsdp instead, the table (float32 [V, D]: 545 MB
+  for Qwen2.5's 151,936 x 896) was all-gathered each train step and its gradient
+  all-reduced each micro-batch (the update of configs/scale.py:0.5b on v5e:2x4:
+  all-reduces of 8.7 GB an update, `tests/test_tpu_collectives.py`). The ids and the
+  output carry explicit shardings, so XLA's partitioner never has to re-split a gather
+  split on D by itself (its "involuntary full rematerialization")."""
+
+  def __call__(self, inputs):
+    if not nn.get_logical_axis_rules():  # No mesh rules: a plain lookup.
+      return jnp.take(self.embedding, inputs, axis=0).astype(self.dtype)
+    width = _mesh_axes("embed")
+    rows = tuple(a for a in _mesh_axes("activation_batch") if a not in width)
+    rules = (("rows", rows or None), ("width", width or None))
+    ids = nn.with_logical_constraint(inputs, ("rows", *(None,) * (inputs.ndim - 1)), rules=rules)
+    x = jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
+    return nn.with_logical_constraint(x, ("rows", *(None,) * (x.ndim - 2), "width"), rules=rules)
+
+
+class Decoder(nn.Module):
+  """Embeddings, the layer stack and the LM head. Returns float32 logits."""
+
+  cfg: model_config.ModelConfig
+  logits_slice: tuple[int, int] | None = None  # LM head only at positions [start, stop).
+  head: bool = True  # False: return the final-normed hidden states (`head_logits` later).
+
+  @nn.compact
+  def __call__(self, tokens_BT, positions_BT, cache_kv, cache_pos_BS, index, prefix=None):
+    """cache_kv None: returns this call's k/v [L,B,T,K,E]; else the updated buffers.
+    prefix: (k, v) buffers per layer (stacked [L, ...] with scan_layers) and positions of
+    a prefix shared by groups of rows (`KVCache.share`), or None."""
+    prefix_kv, prefix_pos = (None, None) if prefix is None else prefix
+    cfg = self.cfg
+    embed = _Embed(
+      cfg.vocab_size,
+      cfg.d_model,
+      dtype=cfg.compute_dtype,
+      param_dtype=cfg.weight_dtype,
+      embedding_init=_param_init(nn.initializers.normal(cfg.init_std), ("vocab", "embed")),
+      name="embed",
+    )
+    x_BTD = nn.with_logical_constraint(embed(tokens_BT), model_config.ACT_BTD)
+
+    block = Block
+    if cfg.remat == "auto":
+      raise ValueError("model.remat='auto' is resolved by build.build (memory.resolve_auto).")
+    if cfg.remat != "none":
+      block = nn.remat(
+        block, prevent_cse=not cfg.scan_layers, policy=model_config.REMAT_POLICIES[cfg.remat]
+      )
+    if cfg.scan_layers:
+      stack = nn.scan(
+        block,
+        variable_axes={"params": 0, "lora": 0},
+        split_rngs={"params": True, "dropout": True},
+        in_axes=(nn.broadcast, 0, nn.broadcast, nn.broadcast, 0, nn.broadcast),
+        length=cfg.n_layers,
+        metadata_params={nn.PARTITION_NAME: "layers"},
+      )
+      x_BTD, kv_new = stack(cfg, name="layers")(
+        x_BTD, positions_BT, cache_kv, cache_pos_BS, index, prefix_kv, prefix_pos
+      )
+    else:
+      new = []
+      for i in range(cfg.n_layers):
+        layer_kv = None if cache_kv is None else (cache_kv[0][i], cache_kv[1][i])
+        layer_prefix = None if prefix_kv is None else (prefix_kv[0][i], prefix_kv[1][i])
+        x_BTD, kv = block(cfg, name=f"layer_{i}")(
+          x_BTD, positions_BT, layer_kv, cache_pos_BS, index, layer_prefix, prefix_pos
+        )
+        new.append(kv)
+      # Fresh k/v are stacked [L, ...]; updated per-layer buffers stay separate.
+      kv_new = (
+        jax.tree.map(lambda *xs: jnp.stack(xs), *new) if cache_kv is None else tuple(zip(*new))
+      )
+
+    if self.logits_slice is not None:
+      x_BTD = x_BTD[:, self.logits_slice[0] : self.logits_slice[1]]
+    x_BTD = RMSNorm(cfg.norm_eps, cfg.compute_dtype, cfg.weight_dtype, name="final_norm")(x_BTD)
+    if not self.head:
+      return x_BTD, kv_new
+    if cfg.tie_embeddings:
+      logits_BTV = _tied_logits(cfg, x_BTD, embed.embedding)
+    else:
+      logits_BTV = _dense(cfg, cfg.vocab_size, ("embed", "vocab"), name="lm_head")(x_BTD)
+      logits_BTV = _adapted(
+        cfg, "lm_head", x_BTD, logits_BTV, in_names=("embed",), out_names=("vocab",)
+      )
+    return _finish_logits(cfg, logits_BTV), kv_new
+
+
+def _tied_logits(cfg: model_config.ModelConfig, x_BTD, table_VD):
+  """x·tableᵀ in float32, over the rows B·T flattened (`_dot_general_rows` says why: here
+  it saves the transposed [V, B·T] copy of the logits gradient that the table's gradient
+  would otherwise take, 105 ms of a float32 micro-batch of the anchor)."""
+  B, T, D = x_BTD.shape
+  x_ND, table_VD = x_BTD.reshape(B * T, D), table_VD.astype(cfg.compute_dtype)
+  if x_ND.dtype == jnp.bfloat16:
+    return _logits_bf16(x_ND, table_VD).reshape(B, T, -1)
+  logits_NV = jnp.einsum("nd,vd->nv", x_ND, table_VD, preferred_element_type=jnp.float32)
+  return logits_NV.reshape(B, T, -1)
+
+
+@jax.custom_vjp
+def _logits_bf16(x_ND, table_VD):
+  """x·tableᵀ of bfloat16 operands, in float32 (the logits).
+
+  The backward rounds the float32 logits gradient to bfloat16, as every bfloat16 Dense's
+  backward does (`_matmul_f32_acc`), so that both of its products are bfloat16 GEMMs with
+  float32 accumulation: dx = g·table, and the table's gradient gᵀ·x over the rows as a
+  unit-batch contraction (XLA:CPU's fast path). Left to autodiff, the float32 gradient
+  makes both float32 GEMMs, the largest two of a bfloat16 update. With this head (and
+  `logprobs.token_stats`'s leaner backward) the anchor's bfloat16 update went from 22.0 to
+  18.4 s (`bench_rl_iteration.py`, one sitting on a 2-core Xeon with AMX)."""
+  return jax.lax.dot_general(
+    x_ND, table_VD, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+  )
+
+
+def _logits_bf16_fwd(x_ND, table_VD):
+  return _logits_bf16(x_ND, table_VD), (x_ND, table_VD)
+
+
+def _logits_bf16_bwd(res, g_NV):
+  x_ND, table_VD = res
+  g_NV = g_NV.astype(jnp.bfloat16)
+  dx_ND = jax.lax.dot_general(
+    g_NV, table_VD, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+  )
+  # The table's gradient as [D, V] (x on the left, as a Dense's weight gradient), then
+  # transposed: as gᵀ·x, XLA:CPU first wrote a transposed bfloat16 copy of the [N, V]
+  # gradient (264 ms of a 2.3 s micro-batch of the anchor). The barrier keeps layout
+  # assignment from moving the transpose into the dot, which XLA:CPU's DotThunk then
+  # refuses ("Unsupported element type ... BF16 x BF16 = F32").
+  dt_DV = jax.lax.dot_general(
+    x_ND[None], g_NV[None], (((0, 1), (0, 1)), ((), ())), preferred_element_type=jnp.float32
+  )
+  dt_DV = jax.lax.optimization_barrier(dt_DV)
+  return dx_ND.astype(x_ND.dtype), dt_DV.T.astype(table_VD.dtype)
+
+
+_logits_bf16.defvjp(_logits_bf16_fwd, _logits_bf16_bwd)
+
+
+def _finish_logits(cfg: model_config.ModelConfig, logits_BTV):
+  """float32 logits, ids at or past vocab_limit pushed to -1e9."""
+  logits_BTV = logits_BTV.astype(jnp.float32)
+  if 0 < cfg.vocab_limit < cfg.vocab_size:
+    live_V = jnp.arange(cfg.vocab_size) < cfg.vocab_limit
+    logits_BTV = jnp.where(live_V, logits_BTV, -1e9)
+  return nn.with_logical_constraint(logits_BTV, model_config.ACT_BTV)
+
+
+def head_logits(params: Params, x_BTD, *, cfg: model_config.ModelConfig, dropout_key=None):
+  """The LM head alone: float32 logits [B, T, V] of final-normed hidden states (those of
+  `apply(..., hidden_only=True)`), equal to what `apply` returns at those positions.
+  Callers that never need all T positions' logits at once (`logprobs`, in chunks) use it.
+  dropout_key: as `apply`'s (the head's adapter, when targeted)."""
+  variables = variables_of(params, cfg)
+  base = variables["params"]
+  if cfg.tie_embeddings:
+    return _finish_logits(cfg, _tied_logits(cfg, x_BTD, base["embed"]["embedding"]))
+  head = _Head(cfg)
+  head_vars = {"params": {"lm_head": base["lm_head"]}}
+  if "lm_head_lora" in variables.get("lora", {}):
+    head_vars["lora"] = {"lm_head_lora": variables["lora"]["lm_head_lora"]}
+  return _finish_logits(cfg, head.apply(head_vars, x_BTD, rngs=_rngs(cfg, dropout_key)))
+
+
+def _rngs(cfg: model_config.ModelConfig, dropout_key) -> dict:
+  """Flax rngs of a forward: {"dropout": key} when it is a training forward (a key given)
+  of a model whose adapters drop (model.lora.dropout > 0); else none, and the forward is
+  deterministic (a key given to a model without adapter dropout changes nothing)."""
+  if dropout_key is None or not (cfg.lora.enabled and cfg.lora.dropout > 0):
+    return {}
+  return {"dropout": dropout_key}
+
+
+class _Head(nn.Module):
+  """The untied LM head with its adapter (`head_logits`'s parameter paths: Decoder's)."""
+
+  cfg: model_config.ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BTD):
+    cfg = self.cfg
+    logits_BTV = _dense(cfg, cfg.vocab_size, ("embed", "vocab"), name="lm_head")(x_BTD)
+    return _adapted(cfg, "lm_head", x_BTD, logits_BTV, in_names=("embed",), out_names=("vocab",))
+
+
+def variables_of(params: Params, cfg: model_config.ModelConfig) -> dict:
+  """Flax variables of a params tree: {"params": ...}, plus {"lora": ...} when the tree
+  holds adapters ({"base": ..., "lora": ...}). {"base": ...} alone is the reference: the
+  base model, adapters off."""
+  if not cfg.lora.enabled:
+    return {"params": params}
+  variables = {"params": params["base"]}
+  if params.get("lora") is not None:
+    variables["lora"] = params["lora"]
+  return variables
+
+
+def _dummy_inputs():
+  return jnp.zeros((1, 1), jnp.int32), jnp.zeros((1, 1), jnp.int32)
+
+
+def init_boxed(cfg: model_config.ModelConfig, key: jax.Array) -> Params:
+  """Params boxed in nn.LogicallyPartitioned (for sharded init from shapes). With
+  model.lora: {"base": the model's weights, "lora": the adapters} (`lora`)."""
+  variables = Decoder(cfg).init(key, *_dummy_inputs(), None, None, None)
+  if cfg.lora.enabled:
+    return {"base": variables["params"], "lora": variables["lora"]}
+  return variables["params"]
+
+
+def logical_axes(cfg: model_config.ModelConfig) -> Params:
+  """Pytree (like params) of PartitionSpecs of logical axis names."""
+  boxed = jax.eval_shape(functools.partial(init_boxed, cfg), jax.random.key(0))
+  return nn.get_partition_spec(boxed)
