@@ -571,8 +571,11 @@ def ladder(setup, target: Target) -> list[tuple[dict, str]]:
 def advise(config_dict, target: Target, *, model_source: str = "", max_compiles: int = 3):
   """The first rung of `ladder` that fits, checked by compiling it: {"overrides", "line"
   (the advice, as flags), "peak_bytes", "compiled": rungs compiled, "plan": the fitting
-  rung's `figures`}, or "overrides" None when no rung fits. The memory plan (`memory.plan_for`, instant) skips rungs it says
-  cannot fit; at most `max_compiles` rungs are compiled (a 7B compile takes minutes)."""
+  rung's `figures`}, or "overrides" None when no rung fits. The memory plan
+  (`memory.plan_for`, instant) skips rungs it says cannot fit, and a rung whose mesh jax
+  cannot lay on the topology's torus (`mesh_utils.create_device_mesh` raises
+  NotImplementedError) is skipped; at most `max_compiles` rungs are compiled (a 7B
+  compile takes minutes)."""
   setup, _ = setup_for(config_dict, target, model_source=model_source)
   hbm = limit_bytes(setup, target)
   compiled = 0
@@ -580,7 +583,10 @@ def advise(config_dict, target: Target, *, model_source: str = "", max_compiles:
     s, _ = setup_for(with_overrides(config_dict, overrides), target, model_source=model_source)
     if memory.plan_for(s, n_devices=len(target.devices)).peak > PLAN_SLACK * hbm:
       continue  # The plan's figure is a guide (within ~20% of XLA's: experiments/results/tpu_aot).
-    got = compile_all(s, target)
+    try:
+      got = compile_all(s, target)
+    except NotImplementedError:  # jax lays no device mesh of this shape on the torus.
+      continue
     compiled += 1
     peak = max(r["peak_bytes"] for r in got["rows"])
     if all(r["fits"] for r in got["rows"]):

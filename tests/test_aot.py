@@ -201,6 +201,8 @@ def test_advice_compiles_rungs_until_one_fits(monkeypatch):
   compiled = []
 
   def fake_compile_all(s, t):  # Fits from the third micro-batch rung on.
+    if s.rl_cfg.micro_batches == 2:  # A mesh jax cannot lay on the torus: skipped.
+      raise NotImplementedError("Failed to find assignment for logical_axis_index 2")
     compiled.append(s.rl_cfg.micro_batches)
     peak = 10 * 2**30 if s.rl_cfg.micro_batches < 4 else 2**30
     return {"rows": [{"peak_bytes": peak, "fits": peak < 2**32}], "problems": []}
