@@ -346,7 +346,7 @@ def test_episodes_on_several_hosts_are_a_problem():
     target = aot.Target.load(topology)
     setup, _ = aot.setup_for(config, target)
     problems = aot.episode_problems(steps.functions_on(setup, target.devices), target)
-    assert problems == ([] if hosts == 1 else [problems[0]])
+    assert len(problems) == (hosts > 1)
   assert "one process only" in problems[0] and "8 hosts" in problems[0]
 
 
