@@ -1,7 +1,8 @@
 """Hugging Face checkpoint import/export against the committed fixtures (no torch needed).
 
-The fixtures (tests/fixtures/make_hf_fixtures.py) hold tiny random Llama 3.1, Qwen2 and
-Qwen3 checkpoints with reference logits from transformers' torch forward.
+The fixtures (tests/fixtures/make_hf_fixtures.py) hold tiny random Llama 3.1, Qwen2, Qwen3,
+Mistral, Gemma 2 and Gemma 3 checkpoints with reference logits from transformers' torch
+forward (eager attention, float32).
 """
 
 import dataclasses
@@ -20,7 +21,8 @@ from grpo_jax.models import attention, hf, model
 from tests import subproc
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
-ARCHS = ("llama", "qwen2", "qwen3")
+ARCHS = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3")
+MODEL_TYPE = {"gemma3": "gemma3_text"}  # Fixture directory -> its family's name.
 TOL = 1e-4  # Max abs logit difference, float32 (the issue's bar).
 
 
@@ -58,6 +60,78 @@ def test_config_mapping():
   assert (qwen3.qk_norm, qwen3.attn_bias, qwen3.head_dim, qwen3.d_model) == (True, False, 16, 32)
 
 
+def test_config_mapping_of_windowed_and_gemma_families():
+  mistral = hf.model_config(hf.read_config(FIXTURES / "mistral"))
+  assert (mistral.sliding_window, mistral.layer_types, mistral.sliding_layers) == (
+    5,
+    (),
+    (True,) * 2,
+  )
+  assert (mistral.n_heads, mistral.n_kv_heads, mistral.head_dim, mistral.tie_embeddings) == (
+    8, 2, 16, False,
+  )  # fmt: skip
+  assert (mistral.activation, mistral.norm_offset, mistral.post_norms) == ("silu", 0.0, False)
+  g2 = hf.model_config(hf.read_config(FIXTURES / "gemma2"))
+  assert (g2.activation, g2.norm_offset, g2.post_norms, g2.embed_scale) == (
+    "gelu_tanh",
+    1.0,
+    True,
+    True,
+  )
+  assert (g2.query_pre_attn_scalar, g2.attn_softcap, g2.final_softcap) == (24.0, 2.0, 5.0)
+  assert (g2.sliding_window, g2.sliding_layers, g2.qk_norm) == (4, (True, False) * 2, False)
+  g3 = hf.model_config(hf.read_config(FIXTURES / "gemma3"))
+  assert g3.sliding_layers == (True,) * 5 + (False,) and g3.sliding_window == 3
+  assert (g3.qk_norm, g3.attn_softcap, g3.final_softcap, g3.n_kv_heads) == (True, 0.0, 0.0, 1)
+  assert (g3.rope_theta, g3.rope_scaling, g3.rope_factor, g3.rope_local_theta) == (
+    1e6, "linear", 8.0, 1e4,
+  )  # fmt: skip
+  assert [hf.arch_for(c) for c in (mistral, g2, g3)] == ["mistral", "gemma2", "gemma3_text"]
+  assert hf.arch_for(dataclasses.replace(mistral, sliding_window=0)) == "llama"
+
+
+def test_gemma_configs_written_by_transformers4_read_the_same():
+  """Hub configs of Gemma 3 carry rope_local_base_freq, rope_scaling and
+  sliding_window_pattern (no layer_types); Gemma 2's carry no pattern at all (every
+  second layer full)."""
+  c = hf.read_config(FIXTURES / "gemma3")
+  c.pop("rope_parameters"), c.pop("layer_types")
+  c.update(
+    rope_theta=1e6,
+    rope_local_base_freq=1e4,
+    rope_scaling={"rope_type": "linear", "factor": 8.0},
+    sliding_window_pattern=6,
+  )
+  assert hf.model_config(c) == hf.model_config(hf.read_config(FIXTURES / "gemma3"))
+  c = hf.read_config(FIXTURES / "gemma2")
+  c.pop("layer_types")
+  assert hf.model_config(c) == hf.model_config(hf.read_config(FIXTURES / "gemma2"))
+
+
+@pytest.mark.parametrize(
+  ("arch", "change"),
+  [
+    ("mistral", dict(sliding_window=0)),
+    ("gemma2", dict(sliding_window=0, layer_types=())),
+    ("gemma2", dict(attn_softcap=0.0)),
+    ("gemma2", dict(final_softcap=0.0)),
+    ("gemma2", dict(query_pre_attn_scalar=0.0)),
+    ("gemma2", dict(embed_scale=False)),
+    ("gemma2", dict(activation="silu")),
+    ("gemma2", dict(norm_offset=0.0)),
+    ("gemma3", dict(rope_local_theta=0.0)),
+    ("gemma3", dict(layer_types=("sliding_attention",) * 6)),
+  ],
+)
+def test_each_family_feature_moves_the_logits_past_the_tolerance(arch, change):
+  """Every feature a record switches on is exercised by its fixture: without it the
+  logits leave transformers' by far more than the tolerance."""
+  d = FIXTURES / arch
+  cfg = hf.model_config(hf.read_config(d))
+  ours, ref = _logits(hf.load_params(d, cfg), dataclasses.replace(cfg, **change), d)
+  assert np.abs(ours - ref).max() > 100 * TOL
+
+
 def test_transformers4_rope_keys_read_the_same():
   """Hub configs written by transformers 4 carry rope_theta + rope_scaling at top level."""
   c = hf.read_config(FIXTURES / "llama")
@@ -91,7 +165,13 @@ def test_round_trip_identical(arch, tmp_path):
   cfg = hf.model_config(base)
   params = hf.load_params(d, cfg)
   out = hf.export(
-    params, cfg, tmp_path / "out", arch=arch, dtype="float32", base_config=base, tokenizer_dir=d
+    params,
+    cfg,
+    tmp_path / "out",
+    arch=MODEL_TYPE.get(arch, arch),
+    dtype="float32",
+    base_config=base,
+    tokenizer_dir=d,
   )
   cfg2 = hf.model_config(hf.read_config(out))
   assert cfg2 == cfg

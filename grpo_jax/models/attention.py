@@ -2,8 +2,9 @@
 causal block schedule, or a prefix shared by a group of rows (pure functions; the layer is
 `layers.Attention`).
 
-Masking rule (`model`): a query at position p sees keys at positions 0 <= q <= p;
-padding has position -1. Shape letters as in `model`.
+Masking rule (`model`): a query at position p sees keys at positions 0 <= q <= p, and
+on a sliding-window layer only p − window < q (`layer_windows`); padding has position -1.
+Scores may be soft-capped, c·tanh(s / c), before the mask (Gemma 2). Shape letters as in `model`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,29 @@ import numpy as np
 from grpo_jax.models import model_config
 
 Params = Any
+
+
+def layer_windows(cfg: model_config.ModelConfig) -> np.ndarray | None:
+  """Each layer's window [L] (int32; `FULL_WINDOW` on full-attention layers), or None when
+  no layer slides (the mask then has no window term at all)."""
+  sliding = cfg.sliding_layers
+  if not any(sliding):
+    return None
+  return np.array(
+    [cfg.sliding_window if s else model_config.FULL_WINDOW for s in sliding], np.int32
+  )
+
+
+def layer_inv_freq(cfg: model_config.ModelConfig) -> np.ndarray | None:
+  """Each layer's rotary inverse frequencies [L, E/2] (float32) when sliding layers have a
+  rope of their own (`rope_local_theta`, Gemma 3: plain theta^(-2i/E), no scaling), else
+  None: every layer uses `rope_inv_freq(cfg)`."""
+  if not cfg.rope_local_theta or not any(cfg.sliding_layers):
+    return None
+  E = cfg.head_dim
+  local = cfg.rope_local_theta ** (-np.arange(0, E, 2, dtype=np.float64) / E)
+  full = rope_inv_freq(cfg)
+  return np.stack([local if s else full for s in cfg.sliding_layers]).astype(np.float32)
 
 
 def rope_inv_freq(cfg: model_config.ModelConfig) -> np.ndarray:
@@ -79,8 +103,12 @@ def _pv_by_reduce(B, K, Q, S, E) -> bool:
   )
 
 
-def attend(q_BKQE, q_pos_BQ, keys_BKES, values_BKSE, key_pos_BS, *, dtype):
-  """softmax(q k^T) v where key slot s is visible to query q iff 0 <= pos_s <= pos_q.
+def attend(
+  q_BKQE, q_pos_BQ, keys_BKES, values_BKSE, key_pos_BS, *, dtype, window=None, softcap=0.0
+):
+  """softmax(q k^T) v where key slot s is visible to query q iff 0 <= pos_s <= pos_q
+  (and pos_q − pos_s < window, with a window: `_visible`). softcap c > 0: the scores are
+  c·tanh(s / c) before the mask (Gemma 2's attention-logit soft-capping).
 
   Keys come transposed, [B, K, E, S], so that q k^T is a plain (NN) batched matmul: at
   decode shapes that is ~3x faster on XLA:CPU than contracting a [B, K, S, E] cache.
@@ -95,8 +123,8 @@ def attend(q_BKQE, q_pos_BQ, keys_BKES, values_BKSE, key_pos_BS, *, dtype):
   m is a stop-gradient (sg): the backward has no argmax/select over [B, K, Q, S].
   """
   mm = _attention_matmul_dtype(keys_BKES, dtype)
-  s_BKQS = _scores(q_BKQE, keys_BKES, mm)
-  valid = _visible(q_pos_BQ[:, None, :, None], key_pos_BS[:, None, None, :])
+  s_BKQS = _capped(_scores(q_BKQE, keys_BKES, mm), softcap)
+  valid = _visible(q_pos_BQ[:, None, :, None], key_pos_BS[:, None, None, :], window)
   e_BKQS = _exp_shifted(s_BKQS, valid, _masked_max(s_BKQS, valid))
   return _normalised(
     _weighted_values(e_BKQS, values_BKSE, dtype, mm), e_BKQS.sum(-1, keepdims=True), dtype
@@ -128,7 +156,9 @@ def causal_score_entries(T: int) -> int:
   return sum((b - a) * b for a, b in causal_blocks(T))
 
 
-def attend_causal(q_BKQE, q_pos_BQ, keys_BKET, values_BKTE, pos_BT, *, dtype):
+def attend_causal(
+  q_BKQE, q_pos_BQ, keys_BKET, values_BKTE, pos_BT, *, dtype, window=None, softcap=0.0
+):
   """`attend` of a call over its own T keys, one query block at a time (`causal_blocks`).
 
   Query rows are t-major (row t·R + r), so block [a, b) is rows [a·R, b·R), and it attends
@@ -147,6 +177,8 @@ def attend_causal(q_BKQE, q_pos_BQ, keys_BKET, values_BKTE, pos_BT, *, dtype):
       values_BKTE[:, :, :b],
       pos_BT[:, :b],
       dtype=dtype,
+      window=window,
+      softcap=softcap,
     )
     for a, b in causal_blocks(T)
   ]
@@ -154,7 +186,17 @@ def attend_causal(q_BKQE, q_pos_BQ, keys_BKET, values_BKTE, pos_BT, *, dtype):
 
 
 def attend_shared(
-  q_BKQE, q_pos_BQ, keys_BKES, values_BKSE, key_pos_BS, prefix_kv, prefix_pos_AS, *, dtype
+  q_BKQE,
+  q_pos_BQ,
+  keys_BKES,
+  values_BKSE,
+  key_pos_BS,
+  prefix_kv,
+  prefix_pos_AS,
+  *,
+  dtype,
+  window=None,
+  softcap=0.0,
 ):
   """`attend` over each row's own slots and a prefix shared by its group (Hydragen,
   Juravsky et al. 2024): rows a·G .. a·G+G−1 (N = A·G rows) all attend to prefix a.
@@ -174,11 +216,11 @@ def attend_shared(
   to_groups = lambda x: jnp.swapaxes(x.reshape(A, G, K, Q, -1), 1, 2).reshape(A, K, G * Q, -1)
   to_rows = lambda x: jnp.swapaxes(x.reshape(A, K, G, Q, -1), 1, 2).reshape(N, K, Q, -1)
   mm = _attention_matmul_dtype(keys_BKES, dtype)
-  s_BKQS = _scores(q_BKQE, keys_BKES, mm)
-  s_AKqP = _scores(to_groups(q_BKQE), pk_AKEP, mm)
-  valid = _visible(q_pos_BQ[:, None, :, None], key_pos_BS[:, None, None, :])
+  s_BKQS = _capped(_scores(q_BKQE, keys_BKES, mm), softcap)
+  s_AKqP = _capped(_scores(to_groups(q_BKQE), pk_AKEP, mm), softcap)
+  valid = _visible(q_pos_BQ[:, None, :, None], key_pos_BS[:, None, None, :], window)
   q_pos_Aq1 = q_pos_BQ.reshape(A, 1, G * Q, 1)
-  valid_pre = _visible(q_pos_Aq1, prefix_pos_AS[:, None, None, :])
+  valid_pre = _visible(q_pos_Aq1, prefix_pos_AS[:, None, None, :], window)
   m_BKQ1 = jnp.maximum(_masked_max(s_BKQS, valid), to_rows(_masked_max(s_AKqP, valid_pre)))
   e_BKQS = _exp_shifted(s_BKQS, valid, m_BKQ1)
   e_AKqP = _exp_shifted(s_AKqP, valid_pre, to_groups(m_BKQ1))
@@ -204,9 +246,19 @@ def _scores(q_BKQE, keys_BKES, mm):
   )
 
 
-def _visible(q_pos, key_pos):
-  """1.0 where a key slot is visible to a query (0 <= pos_key <= pos_query), else 0.0."""
-  return ((key_pos >= 0) & (key_pos <= q_pos) & (q_pos >= 0)).astype(jnp.float32)
+def _visible(q_pos, key_pos, window=None):
+  """1.0 where a key slot is visible to a query (0 <= pos_key <= pos_query, and
+  pos_query − pos_key < window when there is one: the query and the window − 1 keys
+  before it, transformers' sliding-window mask), else 0.0."""
+  visible = (key_pos >= 0) & (key_pos <= q_pos) & (q_pos >= 0)
+  if window is not None:
+    visible = visible & (q_pos - key_pos < window)
+  return visible.astype(jnp.float32)
+
+
+def _capped(s, softcap):
+  """c·tanh(s / c) for a cap c > 0 (soft-capping), else s."""
+  return s if not softcap else softcap * jnp.tanh(s / softcap)
 
 
 def _masked_max(s, valid):

@@ -1,4 +1,5 @@
-"""Model families as records: what tells Llama 3, Qwen2/2.5 and Qwen3 apart.
+"""Model families as records: what tells Llama 3, Qwen2/2.5, Qwen3, Mistral, Gemma 2 and
+Gemma 3 apart.
 
     family = families.of_config(hf.read_config(hf_dir))      # from config.json
     family = families.of_model(cfg)                          # the one a ModelConfig is
@@ -17,11 +18,35 @@ Families (transformers' configuration classes are the reference):
   qwen2   Qwen2ForCausalLM   Qwen2 / Qwen2.5: biases on q, k and v (attention_bias is
                              implied, not a config key).
   qwen3   Qwen3ForCausalLM   Qwen3: RMSNorm over head_dim on q and k, no biases.
+  mistral MistralForCausalLM Mistral: a Llama body whose every layer attends within
+                             `sliding_window` (none when config.json says null).
+  gemma2  Gemma2ForCausalLM  Gemma 2: GeGLU, RMSNorm y·(1 + w), norms before and after
+                             attention and the MLP, embeddings × √d, queries scaled by
+                             query_pre_attn_scalar^-1/2, attention and final logits
+                             soft-capped, sliding and full layers alternating.
+  gemma3_text Gemma3ForCausalLM  Gemma 3 (text): Gemma 2's body with q/k norm, 5 sliding
+                             layers to 1 full, and the sliding layers' own rope base.
+
+Matching a ModelConfig to its family (`of_model`, for an export) compares the features a
+record fixes; features a family cannot carry (soft-capping on a Llama body) match none.
 """
 
 from __future__ import annotations
 
 import dataclasses
+
+# Our block's norms -> their names inside a HF layer: pre-norm blocks (Llama, Qwen,
+# Mistral), and Gemma's, with a norm after attention and after the MLP too.
+PRE_NORMS = (("attn_norm", "input_layernorm"), ("mlp_norm", "post_attention_layernorm"))
+SANDWICH_NORMS = (
+  ("attn_norm", "input_layernorm"),
+  ("attn_post_norm", "post_attention_layernorm"),
+  ("mlp_norm", "pre_feedforward_layernorm"),
+  ("mlp_post_norm", "post_feedforward_layernorm"),
+)
+# transformers' activation names <-> ModelConfig.activation.
+HF_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+ACTIVATION_NAMES = {"silu": "silu", "gelu_tanh": "gelu_pytorch_tanh"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -33,15 +58,51 @@ class Family:
   seq_cls_class: str  # transformers' sequence-classification class (a reward model).
   qk_norm: bool  # RMSNorm over head_dim on q and k.
   attn_bias: bool  # Biases on the q, k and v projections.
+  norm_offset: float = 0.0  # RMSNorm y·(offset + w): 1 for Gemma.
+  post_norms: bool = False  # Norms after attention and after the MLP (SANDWICH_NORMS).
+  embed_scale: bool = False  # Embeddings × √d_model.
+  activation_key: str = "hidden_act"  # config.json's key for the MLP activation.
+  # Which layers slide: "none", "all" (Mistral: every layer, config.json's
+  # `sliding_window`), "pattern" (Gemma: `layer_types`, else every n-th layer full with n
+  # = `sliding_window_pattern` or `window_pattern`).
+  windows: str = "none"
+  window_pattern: int = 0
+  gemma_attention: bool = False  # query_pre_attn_scalar and the two soft-caps are read.
+  rope_local: bool = False  # Sliding layers have their own rope base (Gemma 3).
   # Whether a config.json with attention_bias=true imports (it would put biases on o too
   # in Llama and Qwen3, which the model does not have; Qwen2's own are q/k/v only).
   attention_bias: bool = False
   export_keys: tuple[tuple[str, object], ...] = ()  # config.json keys an export writes.
   gguf_rope_permuted: bool = False  # llama.cpp permuted the q/k rows (`LlamaModel.permute`).
+  # Whether GGUF files of this family import (`gguf_import`; general.architecture is the
+  # family's name). Gemma's GGUF tensors (norms stored as 1 + w, its own tensor names and
+  # soft-cap keys) are not mapped yet.
+  gguf: bool = True
 
   @property
   def doc(self) -> str:
     return f"{self.hf_class} (model_type {self.name!r})"
+
+  @property
+  def block_norms(self) -> tuple[tuple[str, str], ...]:
+    return SANDWICH_NORMS if self.post_norms else PRE_NORMS
+
+  def represents(self, cfg) -> bool:
+    """Whether a ModelConfig is a model of this family (every feature it fixes agrees,
+    and the config uses no feature the family cannot carry)."""
+    fixed = ("qk_norm", "attn_bias", "norm_offset", "post_norms", "embed_scale")
+    if any(getattr(cfg, f) != getattr(self, f) for f in fixed):
+      return False
+    gemma = (cfg.query_pre_attn_scalar, cfg.attn_softcap, cfg.final_softcap)
+    if any(gemma) and not self.gemma_attention:
+      return False
+    if cfg.rope_local_theta and not self.rope_local:
+      return False
+    if self.windows == "none":
+      return not cfg.sliding_window and cfg.activation == "silu"
+    if self.windows == "all":
+      return not any(t == "full_attention" for t in cfg.layer_types) and cfg.activation == "silu"
+    return True
 
 
 LLAMA = Family(
@@ -69,7 +130,44 @@ QWEN3 = Family(
   attn_bias=False,
   export_keys=(("attention_bias", False),),
 )
-FAMILIES: dict[str, Family] = {f.name: f for f in (LLAMA, QWEN2, QWEN3)}
+MISTRAL = Family(
+  name="mistral",
+  hf_class="MistralForCausalLM",
+  seq_cls_class="MistralForSequenceClassification",
+  qk_norm=False,
+  attn_bias=False,
+  windows="all",
+  gguf=False,  # llama.cpp writes Mistral's GGUF files as "llama".
+)
+_GEMMA = dict(
+  attn_bias=False,
+  norm_offset=1.0,
+  post_norms=True,
+  embed_scale=True,
+  activation_key="hidden_activation",
+  windows="pattern",
+  gemma_attention=True,
+  export_keys=(("attention_bias", False),),
+  gguf=False,
+)
+GEMMA2 = Family(
+  name="gemma2",
+  hf_class="Gemma2ForCausalLM",
+  seq_cls_class="Gemma2ForSequenceClassification",
+  qk_norm=False,
+  window_pattern=2,
+  **_GEMMA,
+)
+GEMMA3 = Family(
+  name="gemma3_text",
+  hf_class="Gemma3ForCausalLM",
+  seq_cls_class="Gemma3TextForSequenceClassification",
+  qk_norm=True,
+  window_pattern=6,
+  rope_local=True,
+  **_GEMMA,
+)
+FAMILIES: dict[str, Family] = {f.name: f for f in (LLAMA, QWEN2, QWEN3, MISTRAL, GEMMA2, GEMMA3)}
 BY_HF_CLASS: dict[str, Family] = {f.hf_class: f for f in FAMILIES.values()}
 BY_SEQ_CLS_CLASS: dict[str, Family] = {f.seq_cls_class: f for f in FAMILIES.values()}
 
@@ -82,6 +180,14 @@ def get(name: str) -> Family:
   """The family named `name` (model_type / GGUF architecture)."""
   if name not in FAMILIES:
     raise UnknownFamily(f"unsupported architecture {name!r}; supported: {sorted(FAMILIES)}.")
+  return FAMILIES[name]
+
+
+def of_gguf(name: str) -> Family:
+  """The family of a GGUF file's general.architecture (one whose GGUF import is mapped)."""
+  known = sorted(n for n, f in FAMILIES.items() if f.gguf)
+  if name not in known:
+    raise UnknownFamily(f"unsupported architecture {name!r}; supported: {known}.")
   return FAMILIES[name]
 
 
@@ -99,12 +205,31 @@ def of_config(hf_config: dict) -> Family:
 
 
 def of_model(cfg) -> Family:
-  """The one family whose features a ModelConfig has (its q/k norm and q/k/v biases); a
-  combination no family has cannot be exported."""
-  got = [f for f in FAMILIES.values() if (f.qk_norm, f.attn_bias) == (cfg.qk_norm, cfg.attn_bias)]
+  """The family a ModelConfig is (`Family.represents`): a Llama body with a window is
+  Mistral's, without one Llama's. A combination no family has cannot be exported."""
+  got = [f for f in FAMILIES.values() if f.represents(cfg)]
+  if len(got) > 1:  # Only Llama and Mistral overlap (a Mistral without a window).
+    got = [f for f in got if (f.windows != "none") == bool(cfg.sliding_window)]
   if len(got) != 1:
     raise ValueError(
-      f"A model with qk_norm={cfg.qk_norm}, attn_bias={cfg.attn_bias} has no Hugging Face "
-      f"architecture (supported: {sorted(BY_HF_CLASS)}); it cannot be exported."
+      f"A model with qk_norm={cfg.qk_norm}, attn_bias={cfg.attn_bias}, "
+      f"norm_offset={cfg.norm_offset}, post_norms={cfg.post_norms}, "
+      f"sliding_window={cfg.sliding_window}, attn_softcap={cfg.attn_softcap} has no Hugging "
+      f"Face architecture (supported: {sorted(BY_HF_CLASS)}); it cannot be exported."
     )
   return got[0]
+
+
+def layer_types(family: Family, hf_config: dict, n_layers: int) -> tuple[str, ...]:
+  """config.json's per-layer attention types for a family with a window pattern:
+  `layer_types` when given, else every n-th layer full (n = sliding_window_pattern, or the
+  family's), as transformers derives them. () for the other families."""
+  if family.windows != "pattern":
+    return ()
+  given = hf_config.get("layer_types")
+  if given:
+    return tuple(given)
+  n = int(hf_config.get("sliding_window_pattern") or family.window_pattern)
+  return tuple(
+    "full_attention" if (i + 1) % n == 0 else "sliding_attention" for i in range(n_layers)
+  )

@@ -199,7 +199,7 @@ def metadata(src, *, arrays: tuple[str, ...] = ()) -> dict:
 def _arch(meta: dict, *, where) -> str:
   arch = meta.get("general.architecture")
   try:
-    return families.get(arch).name
+    return families.of_gguf(arch).name
   except families.UnknownFamily as e:
     raise GGUFError(f"{where}: {e}") from None
 

@@ -5,8 +5,9 @@
     hf.export(params, cfg, out_dir, arch=hf.arch_of(hf.read_config(hf_dir)))
 
 Architectures (the `architectures[0]` / `model_type` of `config.json`): the families of
-`families` (Llama 3.x with Llama 3.1 "llama3" rope scaling, Qwen2 / Qwen2.5, Qwen3); dense,
-tied or untied embeddings. What differs by family is read from its record.
+`families` (Llama 3.x with Llama 3.1 "llama3" rope scaling, Qwen2 / Qwen2.5, Qwen3, Mistral,
+Gemma 2, Gemma 3 text); dense, tied or untied embeddings. What differs by family is read
+from its record.
 
 Streaming. Safetensors files are read tensor by tensor from their headers (our own
 reader: numpy's safetensors backend has no bfloat16): each tensor's bytes are read into
@@ -21,6 +22,8 @@ Layout (HF `nn.Linear` weights are [out, in]; ours are DenseGeneral kernels [in,
   o_proj [D, H·E]                -> attn/o/kernel [H, E, D]
   gate_proj, up_proj [F, D]      -> mlp/gate, mlp/up kernel [D, F];  down_proj [D, F] -> [F, D]
   input_layernorm / post_attention_layernorm / q_norm / k_norm / norm -> the RMSNorm scales
+  (Gemma: input / post_attention / pre_feedforward / post_feedforward_layernorm -> attn_norm,
+  attn_post_norm, mlp_norm, mlp_post_norm; its w is stored as is, the model adds the 1)
   lm_head [V, D] (untied)        -> lm_head/kernel [D, V]
 RoPE needs no permutation: HF Llama/Qwen checkpoints use the same half-split layout.
 
@@ -98,11 +101,29 @@ def _family(hf_config: dict, *, where: str) -> families.Family:
     raise CheckpointError(f"{where}: {e}") from None
 
 
-def _rope(hf_config: dict, *, where: str) -> dict:
+def _rope(hf_config: dict, *, where: str, family: families.Family) -> dict:
   """Rope fields of ModelConfig from `rope_theta` + `rope_scaling` (transformers 4) or
-  `rope_parameters` (transformers 5)."""
+  `rope_parameters` (transformers 5). Gemma 3: the full layers' rope, and the sliding
+  layers' base (`rope_local_base_freq`, or rope_parameters["sliding_attention"])."""
   params = dict(hf_config.get("rope_parameters") or hf_config.get("rope_scaling") or {})
+  out = {}
+  if "full_attention" in params:  # transformers 5, one rope per layer type.
+    local = params.get("sliding_attention") or {}
+    if local.get("rope_type", "default") != "default":
+      raise CheckpointError(
+        f"{where}: sliding layers' rope {local!r}: only 'default' is supported."
+      )
+    if family.rope_local and local:
+      out["rope_local_theta"] = float(local["rope_theta"])
+    params = dict(params["full_attention"])
+  elif family.rope_local and hf_config.get("rope_local_base_freq"):
+    out["rope_local_theta"] = float(hf_config["rope_local_base_freq"])
   theta = params.get("rope_theta", hf_config.get("rope_theta", 10_000.0))
+  return dict(out, **_rope_scaling(params, theta, where=where))
+
+
+def _rope_scaling(params: dict, theta, *, where: str) -> dict:
+  """ModelConfig's rope_theta and scaling fields of one rope parameters dict."""
   kind = params.get("rope_type", params.get("type", "default"))
   out = dict(rope_theta=float(theta))
   if kind == "default":
@@ -126,16 +147,20 @@ def _rope(hf_config: dict, *, where: str) -> dict:
 def model_config(hf_config: dict, *, where: str = "config.json", **overrides) -> model.ModelConfig:
   """Our ModelConfig for a HF config dict; `overrides` set dtypes, scan_layers, remat...
 
-  Refuses what the model cannot represent (an o_proj bias, an MLP bias, a non-SiLU
-  activation, sliding-window attention) rather than importing it wrongly.
+  Refuses what the model cannot represent (an o_proj bias, an MLP bias, an activation
+  other than silu and tanh-gelu, Qwen2's sliding window, bidirectional attention) rather
+  than importing it wrongly.
   """
   family = _family(hf_config, where=where)
   c = hf_config
-  act = c.get("hidden_act", "silu")
-  if act not in ("silu", "swish"):
+  act = c.get(family.activation_key) or c.get("hidden_act") or "silu"
+  if act not in families.HF_ACTIVATIONS:
     raise CheckpointError(
-      f"{where}: hidden_act {act!r} is not supported; the MLP is SwiGLU (silu)."
+      f"{where}: {family.activation_key} {act!r} is not supported; allowed: "
+      f"{sorted(families.HF_ACTIVATIONS)} (a gated MLP)."
     )
+  if c.get("use_bidirectional_attention"):
+    raise CheckpointError(f"{where}: use_bidirectional_attention=true is not supported.")
   if c.get("mlp_bias"):
     raise CheckpointError(f"{where}: mlp_bias=true is not supported (the MLP has no biases).")
   if c.get("attention_bias") and not family.attention_bias:
@@ -145,7 +170,8 @@ def model_config(hf_config: dict, *, where: str = "config.json", **overrides) ->
     )
   if c.get("use_sliding_window"):
     raise CheckpointError(
-      f"{where}: use_sliding_window=true is not supported (full attention only)."
+      f"{where}: use_sliding_window=true is not supported (Qwen2's window, on the layers "
+      "past max_window_layers)."
     )
   n_heads = c["num_attention_heads"]
   fields = dict(
@@ -160,12 +186,33 @@ def model_config(hf_config: dict, *, where: str = "config.json", **overrides) ->
     qk_norm=family.qk_norm,
     attn_bias=family.attn_bias,
     tie_embeddings=bool(c.get("tie_word_embeddings", False)),
-    **_rope(c, where=where),
+    activation=families.HF_ACTIVATIONS[act],
+    norm_offset=family.norm_offset,
+    post_norms=family.post_norms,
+    embed_scale=family.embed_scale,
+    **_windows(c, family),
+    **_rope(c, where=where, family=family),
   )
+  if family.gemma_attention:
+    fields.update(
+      query_pre_attn_scalar=float(c.get("query_pre_attn_scalar") or 0.0),
+      attn_softcap=float(c.get("attn_logit_softcapping") or 0.0),
+      final_softcap=float(c.get("final_logit_softcapping") or 0.0),
+    )
   try:
     return model.ModelConfig(**{**fields, **overrides})
   except (TypeError, ValueError) as e:
     raise CheckpointError(f"{where}: {e}") from None
+
+
+def _windows(c: dict, family: families.Family) -> dict:
+  """sliding_window and layer_types of a family whose layers may slide (others: none)."""
+  if family.windows == "none" or not c.get("sliding_window"):
+    return {}
+  return dict(
+    sliding_window=int(c["sliding_window"]),
+    layer_types=families.layer_types(family, c, c["num_hidden_layers"]),
+  )
 
 
 def arch_for(cfg: model.ModelConfig) -> str:
@@ -182,11 +229,10 @@ def hf_config_dict(
   `base` (the imported config) keeps fields we do not model (token ids, max positions)."""
   if arch not in families.FAMILIES:
     raise ValueError(f"Unknown arch {arch!r}; allowed: {sorted(families.FAMILIES)}.")
-  expected = arch_for(cfg)
-  if expected != arch:
+  if not families.get(arch).represents(cfg):
     raise ValueError(
-      f"A model with qk_norm={cfg.qk_norm}, attn_bias={cfg.attn_bias} is a {expected!r} "
-      f"checkpoint, not {arch!r}."
+      f"A model with qk_norm={cfg.qk_norm}, attn_bias={cfg.attn_bias} is a "
+      f"{arch_for(cfg)!r} checkpoint, not {arch!r}."
     )
   out = {k: v for k, v in (base or {}).items() if k not in ("rope_parameters", "torch_dtype")}
   out.update(
@@ -200,13 +246,15 @@ def hf_config_dict(
     head_dim=cfg.head_dim,
     intermediate_size=cfg.mlp_dim,
     rms_norm_eps=cfg.norm_eps,
-    hidden_act="silu",
     tie_word_embeddings=cfg.tie_embeddings,
     rope_theta=cfg.rope_theta,
     dtype=dtype,
     torch_dtype=dtype,  # The transformers 4 name, which older transformers and vLLM read.
   )
-  out.update(families.get(arch).export_keys)
+  family = families.get(arch)
+  out[family.activation_key] = families.ACTIVATION_NAMES[cfg.activation]
+  out.update(family.export_keys)
+  out.update(_export_attention(cfg, family))
   scaling = None
   if cfg.rope_scaling == "linear":
     scaling = dict(rope_type="linear", factor=cfg.rope_factor)
@@ -219,6 +267,31 @@ def hf_config_dict(
       original_max_position_embeddings=cfg.rope_original_max_len,
     )
   out["rope_scaling"] = scaling
+  return out
+
+
+def _int_if_whole(x):
+  return int(x) if float(x).is_integer() else x
+
+
+def _export_attention(cfg: model.ModelConfig, family: families.Family) -> dict:
+  """config.json's window, Gemma attention and local-rope keys of a family that has them."""
+  out = {}
+  if family.windows != "none":
+    out["sliding_window"] = cfg.sliding_window or None
+  if family.windows == "pattern":
+    out["layer_types"] = [
+      "sliding_attention" if s else "full_attention" for s in cfg.sliding_layers
+    ]
+  if family.gemma_attention:
+    out.update(
+      # An int in transformers' config class (strictly typed).
+      query_pre_attn_scalar=_int_if_whole(cfg.query_pre_attn_scalar or cfg.head_dim),
+      attn_logit_softcapping=cfg.attn_softcap or None,
+      final_logit_softcapping=cfg.final_softcap or None,
+    )
+  if family.rope_local:
+    out["rope_local_base_freq"] = cfg.rope_local_theta or cfg.rope_theta
   return out
 
 
@@ -370,9 +443,10 @@ def _block_map(
     ("mlp", "gate", "kernel"): ("mlp.gate_proj.weight", (F, D), *_linear((F,))),
     ("mlp", "up", "kernel"): ("mlp.up_proj.weight", (F, D), *_linear((F,))),
     ("mlp", "down", "kernel"): ("mlp.down_proj.weight", (D, F), *_linear((D,))),
-    ("attn_norm", "scale"): ("input_layernorm.weight", (D,), *same),
-    ("mlp_norm", "scale"): ("post_attention_layernorm.weight", (D,), *same),
   }
+  norms = families.SANDWICH_NORMS if cfg.post_norms else families.PRE_NORMS
+  for ours, theirs in norms:
+    m[(ours, "scale")] = (f"{theirs}.weight", (D,), *same)
   if cfg.attn_bias:
     m[("attn", "q", "bias")] = ("self_attn.q_proj.bias", (H * E,), *flat_bias(H))
     m[("attn", "k", "bias")] = ("self_attn.k_proj.bias", (K * E,), *flat_bias(K))
@@ -658,7 +732,10 @@ def transformers_model(hf_dir, *, dtype):
   if gguf_import.is_source(hf_dir):
     path = gguf_import.resolve(hf_dir)
     hf_dir, kwargs = path.parent, dict(gguf_file=path.name)
-  m = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype, **kwargs)
+  # Eager attention: transformers' SDPA path has no attention soft-capping (Gemma 2).
+  m = transformers.AutoModelForCausalLM.from_pretrained(
+    hf_dir, dtype=dtype, attn_implementation="eager", **kwargs
+  )
   m.eval()
   return m
 

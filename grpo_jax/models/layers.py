@@ -1,5 +1,5 @@
 """The policy's Flax layers: RMSNorm, dense projections with logical names (and int8 or
-adapted kernels), attention, the SwiGLU MLP, the block, the embedding, the decoder stack
+adapted kernels), attention, the gated MLP (SwiGLU, GeGLU), the block, the embedding, the decoder stack
 and the LM head. The params live outside (`model`); shape letters as in `model`.
 """
 
@@ -32,24 +32,42 @@ def _param_init(init, names):
 
 
 class RMSNorm(nn.Module):
-  """y = x / sqrt(mean(x^2) + eps) * w, normalised in float32 (as HF Llama/Qwen)."""
+  """y = x / sqrt(mean(x^2) + eps) · w, normalised in float32 and rounded to the dtype
+  before the scale (HF Llama/Qwen). offset 1 (Gemma): y · (1 + w) all in float32, then
+  rounded (HF Gemma's order), w initialised 0."""
 
   eps: float
   dtype: Any
   param_dtype: Any
   axis_name: str = "embed"
+  offset: float = 0.0
 
   @nn.compact
   def __call__(self, x):
     scale = self.param(
       "scale",
-      _param_init(nn.initializers.ones, (self.axis_name,)),
+      _param_init(nn.initializers.constant(1.0 - self.offset), (self.axis_name,)),
       (x.shape[-1],),
       self.param_dtype,
     )
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    return y.astype(self.dtype) * scale.astype(self.dtype).reshape((1,) * (x.ndim - 1) + (-1,))
+    shape = (1,) * (x.ndim - 1) + (-1,)
+    if self.offset:
+      return (y * (self.offset + scale.astype(jnp.float32).reshape(shape))).astype(self.dtype)
+    return y.astype(self.dtype) * scale.astype(self.dtype).reshape(shape)
+
+
+def _norm(cfg: model_config.ModelConfig, **kwargs):
+  """The model's RMSNorm (`norm_offset`, eps and dtypes from the config)."""
+  return functools.partial(
+    RMSNorm,
+    eps=cfg.norm_eps,
+    dtype=cfg.compute_dtype,
+    param_dtype=cfg.weight_dtype,
+    offset=cfg.norm_offset,
+    **kwargs,
+  )
 
 
 @jax.custom_vjp
@@ -212,13 +230,18 @@ class Attention(nn.Module):
   [B, K, S, E] (in place when the buffers are loop-carried, as in the sampler), and
   attends over the buffers alone, or over the buffers and a prefix its group shares,
   prefix = ((keys [A, K, E, P], values [A, K, P, E]), positions [A, P]) (`_attend_shared`).
+
+  layer = (window, inv_freq): this layer's window (a scalar, or None: no window term) and
+  rotary inverse frequencies (None: `attention.rope_inv_freq(cfg)`), per layer
+  (`attention.layer_windows`, `attention.layer_inv_freq`).
   """
 
   cfg: model_config.ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD, positions_BT, cache_kv, cache_pos_BS, index, prefix=None):
+  def __call__(self, x_BTD, positions_BT, cache_kv, cache_pos_BS, index, prefix=None, layer=None):
     cfg = self.cfg
+    window, inv_freq = (None, None) if layer is None else layer
     H, K, E = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     projections = {}
     for name, heads, names in (("q", H, "q_heads"), ("k", K, "kv_heads"), ("v", K, "kv_heads")):
@@ -230,16 +253,11 @@ class Attention(nn.Module):
       )
     q_BTHE, k_BTKE, v_BTKE = projections["q"], projections["k"], projections["v"]
     if cfg.qk_norm:
-      norm = functools.partial(
-        RMSNorm,
-        eps=cfg.norm_eps,
-        dtype=cfg.compute_dtype,
-        param_dtype=cfg.weight_dtype,
-        axis_name="head_dim",
-      )
+      norm = _norm(cfg, axis_name="head_dim")
       q_BTHE = norm(name="q_norm")(q_BTHE)
       k_BTKE = norm(name="k_norm")(k_BTKE)
-    inv_freq = attention.rope_inv_freq(cfg)
+    if inv_freq is None:
+      inv_freq = attention.rope_inv_freq(cfg)
     q_BTHE = attention.rope(q_BTHE, positions_BT, inv_freq=inv_freq)
     k_BTKE = attention.rope(k_BTKE, positions_BT, inv_freq=inv_freq)
 
@@ -247,7 +265,8 @@ class Attention(nn.Module):
     R = H // K
     # Query rows grouped per kv head: [B, K, Q = T*R, E], so every matmul below is a
     # canonical batched matmul over (b, k) with no transposes of the cache.
-    q_BKQE = jnp.transpose((q_BTHE * E**-0.5).reshape(B, T, K, R, E), (0, 2, 1, 3, 4)).reshape(
+    scale = (cfg.query_pre_attn_scalar or E) ** -0.5
+    q_BKQE = jnp.transpose((q_BTHE * scale).reshape(B, T, K, R, E), (0, 2, 1, 3, 4)).reshape(
       B, K, T * R, E
     )
     q_pos_BQ = jnp.repeat(positions_BT, R, axis=1)
@@ -271,14 +290,15 @@ class Attention(nn.Module):
         )
       keys = (*new_kv, cache_pos_BS)
     # A Pallas kernel (`kernels`); init's dummy forward runs XLA (the params are the same).
+    mask = dict(dtype=cfg.compute_dtype, window=window, softcap=cfg.attn_softcap)
     if cache_kv is None and cfg.attention_impl != "xla" and not self.is_initializing():
       out_BKQE = kernels.causal(q_BKQE, *keys, impl=cfg.attention_impl, dtype=cfg.compute_dtype)
     elif cache_kv is None:  # Teacher forcing or a prefill: causal within the call.
-      out_BKQE = attention.attend_causal(q_BKQE, q_pos_BQ, *keys, dtype=cfg.compute_dtype)
+      out_BKQE = attention.attend_causal(q_BKQE, q_pos_BQ, *keys, **mask)
     elif prefix is None:
-      out_BKQE = attention.attend(q_BKQE, q_pos_BQ, *keys, dtype=cfg.compute_dtype)
+      out_BKQE = attention.attend(q_BKQE, q_pos_BQ, *keys, **mask)
     else:  # A group-shared prefix (`KVCache.share`): ((keys, values), positions).
-      out_BKQE = attention.attend_shared(q_BKQE, q_pos_BQ, *keys, *prefix, dtype=cfg.compute_dtype)
+      out_BKQE = attention.attend_shared(q_BKQE, q_pos_BQ, *keys, *prefix, **mask)
     out_BTKRE = jnp.transpose(out_BKQE.reshape(B, K, T, R, E), (0, 2, 1, 3, 4))
     out_BTHE = out_BTKRE.reshape(B, T, H, E)
     out_BTD = _dense(cfg, cfg.d_model, ("q_heads", "head_dim", "embed"), axis=(-2, -1), name="o")(
@@ -290,8 +310,12 @@ class Attention(nn.Module):
     return out_BTD, new_kv
 
 
+_ACTIVATIONS = {"silu": nn.silu, "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True)}
+
+
 class Mlp(nn.Module):
-  """SwiGLU: down(silu(gate(x)) * up(x))."""
+  """Gated MLP: down(act(gate(x)) * up(x)); act silu (SwiGLU) or tanh-approximated gelu
+  (GeGLU, Gemma's gelu_pytorch_tanh), `model.activation`."""
 
   cfg: model_config.ModelConfig
 
@@ -303,7 +327,7 @@ class Mlp(nn.Module):
       y = _dense(cfg, cfg.mlp_dim, ("embed", "mlp"), name=name)(x_BTD)
       proj[name] = _adapted(cfg, name, x_BTD, y, in_names=("embed",), out_names=("mlp",))
     h_BTF = nn.with_logical_constraint(
-      nn.silu(proj["gate"]) * proj["up"],
+      _ACTIVATIONS[cfg.activation](proj["gate"]) * proj["up"],
       ("activation_batch", "activation_length", "activation_mlp"),
     )
     down_BTD = _dense(cfg, cfg.d_model, ("mlp", "embed"), name="down")(h_BTF)
@@ -311,23 +335,26 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
-  """Pre-norm decoder block: x + attn(norm(x)), then x + mlp(norm(x))."""
+  """Pre-norm decoder block: x + attn(norm(x)), then x + mlp(norm(x)); with
+  model.post_norms (Gemma 2/3) x + norm(attn(norm(x))), then x + norm(mlp(norm(x))).
+  layer: this layer's (window, inv_freq), as `Attention` takes it."""
 
   cfg: model_config.ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD, positions_BT, cache_kv, cache_pos_BS, index, prefix_kv, prefix_pos):
+  def __call__(
+    self, x_BTD, positions_BT, cache_kv, cache_pos_BS, index, prefix_kv, prefix_pos, layer
+  ):
     cfg = self.cfg
-    norm = functools.partial(
-      RMSNorm, eps=cfg.norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype
-    )
+    norm = _norm(cfg)
+    post = (lambda name, y: norm(name=name)(y)) if cfg.post_norms else (lambda name, y: y)
     attn = Attention(cfg, name="attn")
     prefix = None if prefix_kv is None else (prefix_kv, prefix_pos)
     attn_BTD, kv_new = attn(
-      norm(name="attn_norm")(x_BTD), positions_BT, cache_kv, cache_pos_BS, index, prefix
+      norm(name="attn_norm")(x_BTD), positions_BT, cache_kv, cache_pos_BS, index, prefix, layer
     )
-    x_BTD = x_BTD + attn_BTD
-    x_BTD = x_BTD + Mlp(cfg, name="mlp")(norm(name="mlp_norm")(x_BTD))
+    x_BTD = x_BTD + post("attn_post_norm", attn_BTD)
+    x_BTD = x_BTD + post("mlp_post_norm", Mlp(cfg, name="mlp")(norm(name="mlp_norm")(x_BTD)))
     return nn.with_logical_constraint(x_BTD, model_config.ACT_BTD), kv_new
 
 
@@ -383,7 +410,11 @@ class Decoder(nn.Module):
       embedding_init=_param_init(nn.initializers.normal(cfg.init_std), ("vocab", "embed")),
       name="embed",
     )
-    x_BTD = nn.with_logical_constraint(embed(tokens_BT), model_config.ACT_BTD)
+    x_BTD = embed(tokens_BT)
+    if cfg.embed_scale:  # Gemma: √d rounded to the compute dtype, as transformers does.
+      x_BTD = x_BTD * jnp.asarray(cfg.d_model**0.5, cfg.compute_dtype)
+    x_BTD = nn.with_logical_constraint(x_BTD, model_config.ACT_BTD)
+    windows_L, inv_freq_LH = attention.layer_windows(cfg), attention.layer_inv_freq(cfg)
 
     block = Block
     if cfg.remat == "auto":
@@ -397,20 +428,22 @@ class Decoder(nn.Module):
         block,
         variable_axes={"params": 0, "lora": 0},
         split_rngs={"params": True, "dropout": True},
-        in_axes=(nn.broadcast, 0, nn.broadcast, nn.broadcast, 0, nn.broadcast),
+        in_axes=(nn.broadcast, 0, nn.broadcast, nn.broadcast, 0, nn.broadcast, 0),
         length=cfg.n_layers,
         metadata_params={nn.PARTITION_NAME: "layers"},
       )
+      layer = (_const(windows_L), _const(inv_freq_LH))
       x_BTD, kv_new = stack(cfg, name="layers")(
-        x_BTD, positions_BT, cache_kv, cache_pos_BS, index, prefix_kv, prefix_pos
+        x_BTD, positions_BT, cache_kv, cache_pos_BS, index, prefix_kv, prefix_pos, layer
       )
     else:
       new = []
       for i in range(cfg.n_layers):
         layer_kv = None if cache_kv is None else (cache_kv[0][i], cache_kv[1][i])
         layer_prefix = None if prefix_kv is None else (prefix_kv[0][i], prefix_kv[1][i])
+        layer = tuple(None if a is None else a[i] for a in (windows_L, inv_freq_LH))
         x_BTD, kv = block(cfg, name=f"layer_{i}")(
-          x_BTD, positions_BT, layer_kv, cache_pos_BS, index, layer_prefix, prefix_pos
+          x_BTD, positions_BT, layer_kv, cache_pos_BS, index, layer_prefix, prefix_pos, layer
         )
         new.append(kv)
       # Fresh k/v are stacked [L, ...]; updated per-layer buffers stay separate.
@@ -420,7 +453,7 @@ class Decoder(nn.Module):
 
     if self.logits_slice is not None:
       x_BTD = x_BTD[:, self.logits_slice[0] : self.logits_slice[1]]
-    x_BTD = RMSNorm(cfg.norm_eps, cfg.compute_dtype, cfg.weight_dtype, name="final_norm")(x_BTD)
+    x_BTD = _norm(cfg)(name="final_norm")(x_BTD)
     if not self.head:
       return x_BTD, kv_new
     if cfg.tie_embeddings:
@@ -431,6 +464,11 @@ class Decoder(nn.Module):
         cfg, "lm_head", x_BTD, logits_BTV, in_names=("embed",), out_names=("vocab",)
       )
     return _finish_logits(cfg, logits_BTV), kv_new
+
+
+def _const(a):
+  """A per-layer numpy constant as a jax array (nn.scan slices its leading axis), or None."""
+  return None if a is None else jnp.asarray(a)
 
 
 def _tied_logits(cfg: model_config.ModelConfig, x_BTD, table_VD):
@@ -487,8 +525,11 @@ _logits_bf16.defvjp(_logits_bf16_fwd, _logits_bf16_bwd)
 
 
 def _finish_logits(cfg: model_config.ModelConfig, logits_BTV):
-  """float32 logits, ids at or past vocab_limit pushed to -1e9."""
+  """float32 logits, soft-capped c·tanh(z / c) with model.final_softcap c > 0 (Gemma 2),
+  ids at or past vocab_limit pushed to -1e9."""
   logits_BTV = logits_BTV.astype(jnp.float32)
+  if cfg.final_softcap:
+    logits_BTV = cfg.final_softcap * jnp.tanh(logits_BTV / cfg.final_softcap)
   if 0 < cfg.vocab_limit < cfg.vocab_size:
     live_V = jnp.arange(cfg.vocab_size) < cfg.vocab_limit
     logits_BTV = jnp.where(live_V, logits_BTV, -1e9)

@@ -18,6 +18,11 @@ Params = Any
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 ROPE_SCALINGS = ("none", "linear", "llama3")
+ACTIVATIONS = ("silu", "gelu_tanh")  # The gated MLP's act(gate(x)) * up(x).
+LAYER_TYPES = ("full_attention", "sliding_attention")  # transformers' names.
+# A full-attention layer's window in a stack that also has sliding ones (per-layer windows
+# are an array under nn.scan): larger than any sequence.
+FULL_WINDOW = 2**30
 REMAT_POLICIES = {
   "none": None,
   "full": jax.checkpoint_policies.nothing_saveable,
@@ -144,6 +149,25 @@ class ModelConfig:
   # backend), "splash" (a Pallas flash-attention kernel, TPU only) or "splash_interpret"
   # (that kernel interpreted, any backend: tests). Decoding is XLA always (`kernels`).
   attention_impl: str = "xla"
+  # Gemma-style features (`families` says which family has which; the defaults are Llama's).
+  activation: str = "silu"  # MLP gate activation: "silu" (SwiGLU), "gelu_tanh" (GeGLU).
+  # RMSNorm y = x / rms(x) · (norm_offset + w), in float32 when the offset is 1 (Gemma,
+  # whose scales are stored as w around 0 and initialised 0).
+  norm_offset: float = 0.0
+  post_norms: bool = False  # Gemma 2/3: also RMSNorm on attention's and the MLP's outputs.
+  embed_scale: bool = False  # Gemma: embeddings times √d_model (rounded to the dtype).
+  # Queries scaled by query_pre_attn_scalar^-1/2 (Gemma's); 0: head_dim^-1/2.
+  query_pre_attn_scalar: float = 0.0
+  attn_softcap: float = 0.0  # Scores c·tanh(s / c) before the mask (Gemma 2); 0: off.
+  final_softcap: float = 0.0  # Logits c·tanh(z / c) (Gemma 2); 0: off.
+  # Sliding-window attention: a query at position p sees keys at p − window < q <= p on
+  # the layers `layer_types` marks "sliding_attention" (every layer when layer_types is
+  # empty: Mistral). 0: no window anywhere.
+  sliding_window: int = 0
+  layer_types: tuple[str, ...] = ()  # One of LAYER_TYPES per layer, or () (see above).
+  # Rope base of the sliding layers (Gemma 3: 10,000 while full layers use rope_theta and
+  # rope_scaling); 0: every layer uses rope_theta and rope_scaling.
+  rope_local_theta: float = 0.0
   lora: LoraConfig = LoraConfig()  # Low-rank adapters (`lora`); rank 0: full fine-tuning.
 
   def __post_init__(self):
@@ -180,6 +204,7 @@ class ModelConfig:
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r}; allowed: {sorted(_DTYPES)}.")
     kernels.check_impl(self.attention_impl)
+    self._check_gemma_features()
     if self.remat not in (*REMAT_POLICIES, "auto"):
       raise ValueError(
         f"ModelConfig.remat={self.remat!r}; allowed: {sorted(REMAT_POLICIES)} or 'auto' "
@@ -208,6 +233,45 @@ class ModelConfig:
         "ModelConfig llama3 rope scaling needs 0 < rope_low_freq_factor < rope_high_freq_factor, "
         f"got {self.rope_low_freq_factor} and {self.rope_high_freq_factor}."
       )
+
+  def _check_gemma_features(self) -> None:
+    if self.activation not in ACTIVATIONS:
+      raise ValueError(f"ModelConfig.activation={self.activation!r}; allowed: {list(ACTIVATIONS)}.")
+    if self.norm_offset not in (0.0, 1.0):
+      raise ValueError(
+        f"ModelConfig.norm_offset={self.norm_offset!r}; allowed: 0 (y·w, Llama, Qwen) or 1 "
+        "(y·(1 + w), Gemma)."
+      )
+    for name in ("query_pre_attn_scalar", "attn_softcap", "final_softcap", "rope_local_theta"):
+      if getattr(self, name) < 0:
+        raise ValueError(f"ModelConfig.{name}={getattr(self, name)} must be >= 0 (0: off).")
+    if not isinstance(self.sliding_window, int) or self.sliding_window < 0:
+      raise ValueError(
+        f"ModelConfig.sliding_window={self.sliding_window!r} must be an int >= 0 (0: none)."
+      )
+    types = tuple(self.layer_types)
+    object.__setattr__(self, "layer_types", types)
+    if types and (len(types) != self.n_layers or set(types) - set(LAYER_TYPES)):
+      raise ValueError(
+        f"ModelConfig.layer_types={list(types)}: needs one of {list(LAYER_TYPES)} per layer "
+        f"({self.n_layers}), or () (every layer sliding when sliding_window > 0)."
+      )
+    if "sliding_attention" in types and not self.sliding_window:
+      raise ValueError("ModelConfig.layer_types has sliding layers but sliding_window is 0.")
+    if self.attention_impl != "xla" and (self.sliding_window or self.attn_softcap):
+      raise ValueError(
+        f"ModelConfig.attention_impl={self.attention_impl!r} does not take sliding_window or "
+        "attn_softcap yet; use 'xla'."
+      )
+
+  @property
+  def sliding_layers(self) -> tuple[bool, ...]:
+    """Whether each layer attends within `sliding_window` (False everywhere without one)."""
+    if not self.sliding_window:
+      return (False,) * self.n_layers
+    if not self.layer_types:
+      return (True,) * self.n_layers
+    return tuple(t == "sliding_attention" for t in self.layer_types)
 
   @classmethod
   def from_dict(cls, d) -> ModelConfig:

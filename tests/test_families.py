@@ -1,0 +1,160 @@
+"""Model families beyond Llama and Qwen in the model itself: sliding windows, soft-caps,
+Gemma's norms and rope per layer type, in the attention math (pinned by hand), in every
+sampler (equal to the teacher-forced forward token for token), and in the records
+(`models/families.py`). The logits against transformers are tests/test_hf.py's."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax.models import attention, families, logprobs, model, refill, sampling
+
+
+def test_window_mask_pinned_by_hand():
+  """A query at position 3 with a window of 2 sees keys at 2 and 3 only; padding (−1) and
+  keys after it never; no window: keys 0..3."""
+  q_pos = jnp.asarray([[[[3]]]])
+  key_pos = jnp.asarray([[[[0, 1, 2, 3, 4, -1]]]])
+  np.testing.assert_array_equal(attention._visible(q_pos, key_pos, 2)[0, 0, 0], [0, 0, 1, 1, 0, 0])
+  np.testing.assert_array_equal(attention._visible(q_pos, key_pos)[0, 0, 0], [1, 1, 1, 1, 0, 0])
+
+
+def test_softcapped_attention_pinned_by_hand():
+  """One query, scores 4 and 0, cap 2: weights softmax(2·tanh(2), 0) = (0.87303, 0.12697)
+  on values (1, 0) and (0, 1); without the cap softmax(4, 0) = (0.98201, 0.01799)."""
+  q = jnp.asarray([1.0, 0.0]).reshape(1, 1, 1, 2)
+  keys = jnp.asarray([[4.0, 0.0], [0.0, 0.0]]).T.reshape(1, 1, 2, 2)  # [B, K, E, S]
+  values = jnp.eye(2).reshape(1, 1, 2, 2)  # [B, K, S, E]
+  pos_q, pos_k = jnp.asarray([[1]]), jnp.asarray([[0, 1]])
+  kw = dict(dtype=jnp.float32)
+  capped = attention.attend(q, pos_q, keys, values, pos_k, softcap=2.0, **kw)
+  np.testing.assert_allclose(capped.reshape(2), [0.87303, 0.12697], atol=1e-5)
+  plain = attention.attend(q, pos_q, keys, values, pos_k, **kw)
+  np.testing.assert_allclose(plain.reshape(2), [0.98201, 0.01799], atol=1e-5)
+  # A window of 1 leaves the query its own key (position 1): all weight on value (0, 1).
+  own = attention.attend(q, pos_q, keys, values, pos_k, window=1, softcap=2.0, **kw)
+  np.testing.assert_allclose(own.reshape(2), [0.0, 1.0], atol=1e-6)
+
+
+def test_gemma_norm_and_final_softcap_pinned_by_hand():
+  """RMSNorm with offset 1: x / rms(x) · (1 + w); logits 5·tanh(z / 5)."""
+  x = jnp.asarray([[3.0, 4.0]])
+  norm = model.layers.RMSNorm(eps=0.0, dtype=jnp.float32, param_dtype=jnp.float32, offset=1.0)
+  y = norm.apply({"params": {"scale": jnp.asarray([0.5, -1.0])}}, x)
+  rms = np.sqrt((9 + 16) / 2)
+  np.testing.assert_allclose(y[0], [3 / rms * 1.5, 0.0], rtol=1e-6)
+  cfg = model.tiny_config(8, final_softcap=5.0)
+  z = jnp.asarray([[[10.0, -1.0, 0.0, 2.0, 0.5, 100.0, -100.0, 4.0]]])
+  np.testing.assert_allclose(
+    model.layers._finish_logits(cfg, z), 5.0 * np.tanh(np.asarray(z) / 5.0), rtol=1e-6
+  )
+
+
+# Tiny shapes of each windowed family, on the arithmetic tokenizer: windows of 3 tokens
+# against prompts of up to 8 and 10 new tokens, so every window bites.
+_GEMMA = dict(
+  activation="gelu_tanh", norm_offset=1.0, post_norms=True, embed_scale=True, qk_norm=False,
+  query_pre_attn_scalar=24.0, sliding_window=3,
+)  # fmt: skip
+SHAPES = {
+  "gemma2": dict(
+    _GEMMA, attn_softcap=3.0, final_softcap=8.0, layer_types=("sliding_attention", "full_attention")
+  ),
+  "gemma3": dict(
+    _GEMMA, qk_norm=True, n_layers=3, rope_local_theta=50.0,
+    layer_types=("sliding_attention", "sliding_attention", "full_attention"),
+  ),
+  "mistral": dict(qk_norm=False, sliding_window=3, n_heads=8, n_kv_heads=2),
+}  # fmt: skip
+
+
+def _policy(tokenizer, shape: str, **overrides):
+  cfg = model.tiny_config(tokenizer.vocab_size, **{**SHAPES[shape], **overrides})
+  params = model.init(cfg, jax.random.key(1))
+  # Peaked, input-dependent logits so that equality tests bite (Gemma's √d is 8 already).
+  if not cfg.embed_scale:
+    params["embed"]["embedding"] = params["embed"]["embedding"] * 8.0
+  return cfg, params
+
+
+def _rollouts(cfg, params, sampler_cfg, tokenizer, *, refill_slots=0):
+  texts = ["Q:12+7\n", "Q:3-45\n", "Q:9+9\n"]
+  prompts = sampling.prepare_prompts(
+    [tokenizer.encode(t, add_bos=True) for t in texts], cfg=sampler_cfg
+  )
+  if refill_slots:
+    fn = refill.make_policy_sampler(cfg, sampler_cfg, slots=refill_slots)
+  else:
+    fn = sampling.make_policy_sampler(cfg, sampler_cfg)
+  return fn(params, prompts, jax.random.key(0), sampling.sampling_params(temperature=1.2))
+
+
+@pytest.mark.parametrize(
+  ("shape", "scan", "shared", "refill_slots"),
+  [
+    ("gemma2", False, False, 0),
+    ("gemma2", True, True, 0),
+    ("gemma3", False, True, 0),
+    ("gemma3", True, False, 5),
+    ("mistral", False, True, 0),
+    ("mistral", False, False, 5),
+  ],
+)
+def test_windowed_samplers_equal_the_teacher_forced_forward(
+  tokenizer, sampler_cfg, shape, scan, shared, refill_slots
+):
+  """Each sampler's policy log-probs (prefill, decode over the cache, a group-shared
+  prompt, the refill sampler's per-row slots; scanned and unrolled layers) are the
+  teacher-forced forward's, which a window changes: the windows bite."""
+  cfg, params = _policy(tokenizer, shape, scan_layers=scan)
+  scfg = dataclasses.replace(sampler_cfg, shared_prefix=shared, decode_segments=2)
+  r = _rollouts(cfg, params, scfg, tokenizer, refill_slots=refill_slots)
+  fn = model.make_model_fn(cfg)
+  tf_NT = logprobs.teacher_forced_logprobs(params, r, model_fn=fn)
+  assert int(r.mask_NT.sum()) > 40
+  assert float(jnp.max(jnp.abs(jnp.where(r.mask_NT, tf_NT - r.policy_logp_NT, 0.0)))) <= 2e-5
+  wide = model.make_model_fn(dataclasses.replace(cfg, sliding_window=0, layer_types=()))
+  tf_wide = logprobs.teacher_forced_logprobs(params, r, model_fn=wide)
+  assert float(jnp.max(jnp.abs(jnp.where(r.mask_NT, tf_wide - tf_NT, 0.0)))) > 1e-2
+
+
+def test_records_name_their_families_and_match_configs():
+  c = lambda **kw: model.tiny_config(32, **kw)
+  assert families.of_model(c()).name == "qwen3"
+  assert families.of_model(c(qk_norm=False)).name == "llama"
+  assert families.of_model(c(qk_norm=False, sliding_window=4)).name == "mistral"
+  gemma = dict(norm_offset=1.0, post_norms=True, embed_scale=True, activation="gelu_tanh")
+  assert families.of_model(c(qk_norm=False, **gemma)).name == "gemma2"
+  assert families.of_model(c(**gemma, rope_local_theta=1e4, sliding_window=2)).name == "gemma3_text"
+  for bad in (dict(qk_norm=False, attn_softcap=5.0), dict(activation="gelu_tanh")):
+    with pytest.raises(ValueError, match="no Hugging Face architecture"):
+      families.of_model(c(**bad))
+  assert families.layer_types(families.GEMMA3, {}, 7) == ("sliding_attention",) * 5 + (
+    "full_attention",
+    "sliding_attention",
+  )
+  assert families.layer_types(families.GEMMA2, {"sliding_window_pattern": 3}, 3)[-1] == (
+    "full_attention"
+  )
+  assert families.layer_types(families.MISTRAL, {}, 3) == ()
+  assert families.of_config({"architectures": ["Gemma2ForCausalLM"]}) is families.GEMMA2
+
+
+@pytest.mark.parametrize(
+  ("change", "message"),
+  [
+    (dict(activation="relu"), "model.activation|activation='relu'"),
+    (dict(norm_offset=0.5), "norm_offset=0.5"),
+    (dict(sliding_window=-1), "sliding_window=-1"),
+    (dict(layer_types=("full_attention",)), "one of .* per layer"),
+    (dict(layer_types=("sliding_attention", "full_attention")), "sliding_window is 0"),
+    (dict(sliding_window=4, attention_impl="splash"), "does not take sliding_window"),
+    (dict(attn_softcap=-1.0), "attn_softcap=-1.0 must be >= 0"),
+  ],
+)
+def test_bad_family_features_are_clear_errors(change, message):
+  with pytest.raises(ValueError, match=message):
+    model.tiny_config(32, **change)
