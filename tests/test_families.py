@@ -158,3 +158,49 @@ def test_records_name_their_families_and_match_configs():
 def test_bad_family_features_are_clear_errors(change, message):
   with pytest.raises(ValueError, match=message):
     model.tiny_config(32, **change)
+
+
+def test_a_gemma3_shaped_policy_compiles_for_tpu_with_its_update_checks_passing():
+  """The quick config with Gemma 3's features (per-layer windows and rope under nn.scan,
+  soft-caps, sandwich norms) compiles for v5e:2x2: its update keeps the train state
+  sharded like the parameters and aliased, with no host callback (`aot.check_update`),
+  and its sampler compiles too."""
+  from grpo_jax import aot, steps  # noqa: PLC0415 (libtpu is loaded only here)
+  from grpo_jax.infra import config_lib  # noqa: PLC0415
+
+  c = config_lib.load("configs/arithmetic.py:quick")
+  c.model.update(
+    dict(
+      SHAPES["gemma3"], n_layers=2, attn_softcap=20.0, final_softcap=15.0, scan_layers=True,
+      layer_types=("sliding_attention", "full_attention"),
+    )
+  )  # fmt: skip
+  target = aot.Target.load("v5e:2x2")
+  setup, _ = aot.setup_for(c, target)
+  fns = steps.functions_on(setup, target.devices)
+  args = aot.abstract_arguments(setup, fns)
+  update, update_args = args["update"]
+  assert aot.check_update(aot.compile_function(update, update_args), update, update_args[0]) == []
+  sample, sample_args = args["sample"]
+  assert aot.compile_function(sample, sample_args).memory_analysis().temp_size_in_bytes > 0
+
+
+@pytest.mark.parametrize(
+  ("name", "family", "billions"),
+  [
+    ("mistral-7b", "mistral", 7.2417),
+    ("gemma-2-2b", "gemma2", 2.6143),
+    ("gemma-2-9b", "gemma2", 9.2417),
+    ("gemma-3-1b", "gemma3_text", 0.99989),
+    ("gemma-3-4b", "gemma3_text", 3.8803),
+  ],
+)
+def test_built_in_shapes_of_the_new_families_have_their_published_sizes(name, family, billions):
+  """Parameter counts of the published checkpoints (Mistral-7B-v0.1 7.24B; Gemma 2 2.61B
+  and 9.24B; Gemma 3 1B 1.00B; Gemma 3 4B's text model 3.88B of its 4.3B)."""
+  from grpo_jax.models import shapes  # noqa: PLC0415
+
+  cfg = shapes.model_config(name)
+  params = jax.eval_shape(lambda: model.init(cfg, jax.random.key(0)))
+  assert families.of_model(cfg).name == family
+  assert sum(x.size for x in jax.tree.leaves(params)) / 1e9 == pytest.approx(billions, rel=1e-4)

@@ -17,6 +17,23 @@ from grpo_jax.models import hf, model
 
 _QWEN2 = dict(architectures=["Qwen2ForCausalLM"], rope_theta=1e6, rms_norm_eps=1e-6)
 _LLAMA3 = dict(architectures=["LlamaForCausalLM"], rope_theta=5e5, rms_norm_eps=1e-5)
+_MISTRAL = dict(architectures=["MistralForCausalLM"], rope_theta=1e4, rms_norm_eps=1e-5)
+_GEMMA = dict(rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh", head_dim=256)
+_GEMMA2 = dict(
+  _GEMMA,
+  architectures=["Gemma2ForCausalLM"],
+  rope_theta=1e4,
+  sliding_window=4096,
+  attn_logit_softcapping=50.0,
+  final_logit_softcapping=30.0,
+)
+_GEMMA3 = dict(
+  _GEMMA,
+  architectures=["Gemma3ForCausalLM"],
+  rope_theta=1e6,
+  rope_local_base_freq=1e4,
+  sliding_window_pattern=6,
+)
 
 
 def _llama3_rope(factor: float) -> dict:
@@ -58,6 +75,16 @@ CONFIGS = {
   ),
   "llama-3.1-8b": _shape(
     _LLAMA3, 4096, 32, 32, 8, 14336, 128256, False, rope_scaling=_llama3_rope(8.0)
+  ),
+  "mistral-7b": _shape(_MISTRAL, 4096, 32, 32, 8, 14336, 32000, False, sliding_window=4096),
+  "gemma-2-2b": _shape(_GEMMA2, 2304, 26, 8, 4, 9216, 256000, True, query_pre_attn_scalar=256),
+  "gemma-2-9b": _shape(_GEMMA2, 3584, 42, 16, 8, 14336, 256000, True, query_pre_attn_scalar=256),
+  "gemma-3-1b": _shape(
+    _GEMMA3, 1152, 26, 4, 1, 6912, 262144, True, sliding_window=512, query_pre_attn_scalar=256
+  ),
+  "gemma-3-4b": _shape(
+    _GEMMA3, 2560, 34, 8, 4, 10240, 262208, True, sliding_window=1024,
+    query_pre_attn_scalar=256, rope_scaling=dict(rope_type="linear", factor=8.0),
   ),
 }  # fmt: skip
 
