@@ -1,7 +1,7 @@
 """Hugging Face checkpoint import/export against the committed fixtures (no torch needed).
 
 The fixtures (tests/fixtures/make_hf_fixtures.py) hold tiny random Llama 3.1, Qwen2, Qwen3,
-Mistral, Gemma 2 and Gemma 3 checkpoints with reference logits from transformers' torch
+Mistral, Gemma 2, Gemma 3 and Qwen3-MoE checkpoints with reference logits from transformers' torch
 forward (eager attention, float32).
 """
 
@@ -21,7 +21,7 @@ from grpo_jax.models import attention, hf, model
 from tests import subproc
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
-ARCHS = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3")
+ARCHS = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "qwen3_moe")
 MODEL_TYPE = {"gemma3": "gemma3_text"}  # Fixture directory -> its family's name.
 TOL = 1e-4  # Max abs logit difference, float32 (the issue's bar).
 
@@ -88,6 +88,21 @@ def test_config_mapping_of_windowed_and_gemma_families():
   )  # fmt: skip
   assert [hf.arch_for(c) for c in (mistral, g2, g3)] == ["mistral", "gemma2", "gemma3_text"]
   assert hf.arch_for(dataclasses.replace(mistral, sliding_window=0)) == "llama"
+
+
+def test_config_mapping_of_a_mixture_of_experts():
+  c = hf.read_config(FIXTURES / "qwen3_moe")
+  moe = hf.model_config(c)
+  assert (moe.n_experts, moe.experts_per_token, moe.expert_mlp_dim) == (8, 2, 24)
+  assert moe.expert_weights_normalized and moe.qk_norm and hf.arch_for(moe) == "qwen3_moe"
+  # The hub's configs (transformers 4) say num_experts.
+  t4 = {k: v for k, v in c.items() if k != "num_local_experts"} | {"num_experts": 8}
+  assert hf.model_config(t4) == moe
+  with pytest.raises(hf.CheckpointError, match="only every layer sparse"):
+    hf.model_config(dict(c, mlp_only_layers=[1]))
+  with pytest.raises(ValueError, match="experts take no adapters"):
+    hf.model_config(c, lora=dict(rank=4))
+  assert hf.model_config(c, lora=dict(rank=4, targets=("q", "v"))).lora.enabled
 
 
 def test_gemma_configs_written_by_transformers4_read_the_same():

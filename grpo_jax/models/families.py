@@ -26,6 +26,8 @@ Families (transformers' configuration classes are the reference):
                              soft-capped, sliding and full layers alternating.
   gemma3_text Gemma3ForCausalLM  Gemma 3 (text): Gemma 2's body with q/k norm, 5 sliding
                              layers to 1 full, and the sliding layers' own rope base.
+  qwen3_moe Qwen3MoeForCausalLM  Qwen3-MoE: Qwen3's attention, every MLP a mixture of
+                             experts (top-k of softmax routing, norm_topk_prob).
 
 Matching a ModelConfig to its family (`of_model`, for an export) compares the features a
 record fixes; features a family cannot carry (soft-capping on a Llama body) match none.
@@ -69,6 +71,7 @@ class Family:
   window_pattern: int = 0
   gemma_attention: bool = False  # query_pre_attn_scalar and the two soft-caps are read.
   rope_local: bool = False  # Sliding layers have their own rope base (Gemma 3).
+  moe: bool = False  # Every layer's MLP a mixture of experts (Qwen3-MoE's config keys).
   # Whether a config.json with attention_bias=true imports (it would put biases on o too
   # in Llama and Qwen3, which the model does not have; Qwen2's own are q/k/v only).
   attention_bias: bool = False
@@ -92,6 +95,8 @@ class Family:
     and the config uses no feature the family cannot carry)."""
     fixed = ("qk_norm", "attn_bias", "norm_offset", "post_norms", "embed_scale")
     if any(getattr(cfg, f) != getattr(self, f) for f in fixed):
+      return False
+    if bool(cfg.n_experts) != self.moe:
       return False
     gemma = (cfg.query_pre_attn_scalar, cfg.attn_softcap, cfg.final_softcap)
     if any(gemma) and not self.gemma_attention:
@@ -130,6 +135,16 @@ QWEN3 = Family(
   attn_bias=False,
   export_keys=(("attention_bias", False),),
 )
+QWEN3_MOE = Family(
+  name="qwen3_moe",
+  hf_class="Qwen3MoeForCausalLM",
+  seq_cls_class="Qwen3MoeForSequenceClassification",
+  qk_norm=True,
+  attn_bias=False,
+  moe=True,
+  export_keys=(("attention_bias", False), ("decoder_sparse_step", 1), ("mlp_only_layers", [])),
+  gguf=False,
+)
 MISTRAL = Family(
   name="mistral",
   hf_class="MistralForCausalLM",
@@ -167,7 +182,9 @@ GEMMA3 = Family(
   rope_local=True,
   **_GEMMA,
 )
-FAMILIES: dict[str, Family] = {f.name: f for f in (LLAMA, QWEN2, QWEN3, MISTRAL, GEMMA2, GEMMA3)}
+FAMILIES: dict[str, Family] = {
+  f.name: f for f in (LLAMA, QWEN2, QWEN3, QWEN3_MOE, MISTRAL, GEMMA2, GEMMA3)
+}
 BY_HF_CLASS: dict[str, Family] = {f.hf_class: f for f in FAMILIES.values()}
 BY_SEQ_CLS_CLASS: dict[str, Family] = {f.seq_cls_class: f for f in FAMILIES.values()}
 

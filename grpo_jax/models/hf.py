@@ -193,6 +193,8 @@ def model_config(hf_config: dict, *, where: str = "config.json", **overrides) ->
     **_windows(c, family),
     **_rope(c, where=where, family=family),
   )
+  if family.moe:
+    fields.update(_experts(c, where=where))
   if family.gemma_attention:
     fields.update(
       query_pre_attn_scalar=float(c.get("query_pre_attn_scalar") or 0.0),
@@ -203,6 +205,23 @@ def model_config(hf_config: dict, *, where: str = "config.json", **overrides) ->
     return model.ModelConfig(**{**fields, **overrides})
   except (TypeError, ValueError) as e:
     raise CheckpointError(f"{where}: {e}") from None
+
+
+def _experts(c: dict, *, where: str) -> dict:
+  """The mixture-of-experts fields of a Qwen3-MoE config.json (every layer sparse)."""
+  if int(c.get("decoder_sparse_step", 1)) != 1 or c.get("mlp_only_layers"):
+    raise CheckpointError(
+      f"{where}: decoder_sparse_step={c.get('decoder_sparse_step')}, mlp_only_layers="
+      f"{c.get('mlp_only_layers')}: only every layer sparse is supported (step 1, no dense "
+      "layers)."
+    )
+  return dict(
+    # transformers 4 (the hub's configs) says num_experts, transformers 5 num_local_experts.
+    n_experts=int(c.get("num_experts") or c["num_local_experts"]),
+    experts_per_token=int(c["num_experts_per_tok"]),
+    expert_mlp_dim=int(c["moe_intermediate_size"]),
+    expert_weights_normalized=bool(c.get("norm_topk_prob", False)),
+  )
 
 
 def _windows(c: dict, family: families.Family) -> dict:
@@ -292,6 +311,13 @@ def _export_attention(cfg: model.ModelConfig, family: families.Family) -> dict:
     )
   if family.rope_local:
     out["rope_local_base_freq"] = cfg.rope_local_theta or cfg.rope_theta
+  if family.moe:
+    out.update(
+      num_experts=cfg.n_experts,
+      num_experts_per_tok=cfg.experts_per_token,
+      moe_intermediate_size=cfg.expert_mlp_dim,
+      norm_topk_prob=cfg.expert_weights_normalized,
+    )
   return out
 
 
@@ -405,10 +431,12 @@ def write_safetensors(
 
 @dataclasses.dataclass(frozen=True)
 class _Map:
-  hf_names: tuple[str, ...]  # One per layer when stacked, else one.
+  hf_names: tuple[str, ...]  # One per layer (and expert) when stacked, else one.
   hf_shape: tuple[int, ...]
   to_ours: Callable[[np.ndarray], np.ndarray]
   to_hf: Callable[[np.ndarray], np.ndarray]
+  # The leading axes the names stack into, row-major: (L,), (X,) experts, (L, X); () one.
+  stack: tuple[int, ...] = ()
 
 
 def _linear(out_shape):
@@ -454,6 +482,15 @@ def _block_map(
   if cfg.qk_norm:
     m[("attn", "q_norm", "scale")] = ("self_attn.q_norm.weight", (E,), *same)
     m[("attn", "k_norm", "scale")] = ("self_attn.k_norm.weight", (E,), *same)
+  if cfg.n_experts:  # Qwen3-MoE: a router and one gate/up/down per expert, stacked [X, ...].
+    X, Fe = cfg.n_experts, cfg.expert_mlp_dim
+    for ours in ("gate", "up", "down"):
+      del m[("mlp", ours, "kernel")]
+    experts = lambda proj: tuple(f"mlp.experts.{e}.{proj}.weight" for e in range(X))
+    m[("mlp", "router", "kernel")] = ("mlp.gate.weight", (X, D), *_linear((X,)))
+    m[("mlp", "gate")] = (experts("gate_proj"), (Fe, D), *_linear((Fe,)))
+    m[("mlp", "up")] = (experts("up_proj"), (Fe, D), *_linear((Fe,)))
+    m[("mlp", "down")] = (experts("down_proj"), (D, Fe), *_linear((D,)))
   return m
 
 
@@ -467,13 +504,16 @@ def param_map(cfg: model.ModelConfig) -> dict[tuple[str, ...], _Map]:
   }
   if not cfg.tie_embeddings:
     out[("lm_head", "kernel")] = _Map(("lm_head.weight",), (V, D), *_linear((V,)))
-  for path, (name, shape, to_ours, to_hf) in _block_map(cfg).items():
+  for path, (names, shape, to_ours, to_hf) in _block_map(cfg).items():
+    names = (names,) if isinstance(names, str) else names  # Several: one per expert.
+    inner = (len(names),) if len(names) > 1 else ()
+    layer = lambda i: tuple(f"model.layers.{i}.{n}" for n in names)  # noqa: B023
     if cfg.scan_layers:
-      names = tuple(f"model.layers.{i}.{name}" for i in range(cfg.n_layers))
-      out[("layers", *path)] = _Map(names, shape, to_ours, to_hf)
+      every = tuple(n for i in range(cfg.n_layers) for n in layer(i))
+      out[("layers", *path)] = _Map(every, shape, to_ours, to_hf, (cfg.n_layers, *inner))
     else:
       for i in range(cfg.n_layers):
-        out[(f"layer_{i}", *path)] = _Map((f"model.layers.{i}.{name}",), shape, to_ours, to_hf)
+        out[(f"layer_{i}", *path)] = _Map(layer(i), shape, to_ours, to_hf, inner)
   return out
 
 
@@ -526,8 +566,8 @@ def check_tensors(
 
 
 def _host_value(entries: list[TensorEntry], m: _Map, dtype) -> np.ndarray:
-  """Our layout of one parameter (stacked over layers when it has several entries),
-  filled one layer at a time: the stack plus one layer's tensor in memory."""
+  """Our layout of one parameter (stacked over layers and experts, `_Map.stack`, when it
+  has several entries), filled one tensor at a time: the stack plus one tensor in memory."""
   first = m.to_ours(read_tensor(entries[0])).astype(dtype, copy=False)
   if len(entries) == 1:
     return first
@@ -536,7 +576,7 @@ def _host_value(entries: list[TensorEntry], m: _Map, dtype) -> np.ndarray:
   del first
   for i, e in enumerate(entries[1:], start=1):
     out[i] = m.to_ours(read_tensor(e))
-  return out
+  return out.reshape(*m.stack, *out.shape[1:])
 
 
 def load_params(hf_dir, cfg: model.ModelConfig, *, shardings=None, ignore: tuple[str, ...] = ()):
@@ -652,7 +692,9 @@ def export(
     out_dir.mkdir(parents=True, exist_ok=True)
 
   def value(path, layer):  # One HF tensor: a stacked parameter is sliced on device.
-    x = leaves[path] if layer is None else leaves[path][layer]
+    x = (
+      leaves[path] if layer is None else leaves[path][np.unravel_index(layer, mapping[path].stack)]
+    )
     return mapping[path].to_hf(np.asarray(distributed.host_value(x), np.float32)).astype(np_dtype)
 
   weight_map, total = {}, 0

@@ -334,6 +334,50 @@ class Mlp(nn.Module):
     return _adapted(cfg, "down", h_BTF, down_BTD, in_names=("mlp",), out_names=("embed",))
 
 
+class MoeMlp(nn.Module):
+  """A mixture of gated MLPs (Qwen3-MoE's sparse block), every token through its top-k.
+
+    p = softmax(x·W_r) (float32, over X experts);  (w, e) = top_k(p, k);
+    w ← w / Σw when model.expert_weights_normalized;
+    y = Σ_j w_j · down_e_j(act(gate_e_j(x)) * up_e_j(x)).
+
+  The N·k (token, expert) pairs are sorted by expert and each expert's matmuls run over
+  its own rows only (`jax.lax.ragged_dot`, a grouped matmul: the work of k experts per
+  token, not X). Expert weights [X, D, F] / [X, F, D] carry the logical name "expert"
+  (split over a mesh axis by the rules table: expert parallelism)."""
+
+  cfg: model_config.ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BTD):
+    cfg = self.cfg
+    X, k, F, D = cfg.n_experts, cfg.experts_per_token, cfg.expert_mlp_dim, cfg.d_model
+    router = _dense(cfg, X, ("embed", "expert_router"), name="router")
+    init = nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))
+    weight = lambda name, shape, names: self.param(
+      name, _param_init(init, names), shape, cfg.weight_dtype
+    ).astype(cfg.compute_dtype)
+    gate = weight("gate", (X, D, F), ("expert", "embed", "expert_mlp"))
+    up = weight("up", (X, D, F), ("expert", "embed", "expert_mlp"))
+    down = weight("down", (X, F, D), ("expert", "expert_mlp", "embed"))
+    B, T, _ = x_BTD.shape
+    x_ND = x_BTD.reshape(B * T, D)
+    probs_NX = jax.nn.softmax(router(x_ND).astype(jnp.float32), axis=-1)
+    w_NK, e_NK = jax.lax.top_k(probs_NX, k)
+    if cfg.expert_weights_normalized:
+      w_NK = w_NK / w_NK.sum(-1, keepdims=True)
+    e_M = e_NK.reshape(-1)  # Pair m = n·k + j: token n's j-th expert.
+    order_M = jnp.argsort(e_M, stable=True)
+    sizes_X = jnp.bincount(e_M, length=X).astype(jnp.int32)
+    xs_MD = x_ND[order_M // k]
+    group = functools.partial(jax.lax.ragged_dot, group_sizes=sizes_X)
+    h_MF = _ACTIVATIONS[cfg.activation](group(xs_MD, gate)) * group(xs_MD, up)
+    ys_MD = group(h_MF.astype(cfg.compute_dtype), down)
+    y_NKD = ys_MD[jnp.argsort(order_M)].reshape(B * T, k, D)
+    y_ND = jnp.einsum("nkd,nk->nd", y_NKD, w_NK.astype(y_NKD.dtype))
+    return y_ND.reshape(B, T, D).astype(cfg.compute_dtype)
+
+
 class Block(nn.Module):
   """Pre-norm decoder block: x + attn(norm(x)), then x + mlp(norm(x)); with
   model.post_norms (Gemma 2/3) x + norm(attn(norm(x))), then x + norm(mlp(norm(x))).
@@ -354,7 +398,8 @@ class Block(nn.Module):
       norm(name="attn_norm")(x_BTD), positions_BT, cache_kv, cache_pos_BS, index, prefix, layer
     )
     x_BTD = x_BTD + post("attn_post_norm", attn_BTD)
-    x_BTD = x_BTD + post("mlp_post_norm", Mlp(cfg, name="mlp")(norm(name="mlp_norm")(x_BTD)))
+    mlp = MoeMlp(cfg, name="mlp") if cfg.n_experts else Mlp(cfg, name="mlp")
+    x_BTD = x_BTD + post("mlp_post_norm", mlp(norm(name="mlp_norm")(x_BTD)))
     return nn.with_logical_constraint(x_BTD, model_config.ACT_BTD), kv_new
 
 

@@ -168,6 +168,14 @@ class ModelConfig:
   # Rope base of the sliding layers (Gemma 3: 10,000 while full layers use rope_theta and
   # rope_scaling); 0: every layer uses rope_theta and rope_scaling.
   rope_local_theta: float = 0.0
+  # A mixture of experts in place of every layer's MLP (Qwen3-MoE; `layers.MoeMlp`):
+  # n_experts gated MLPs of width expert_mlp_dim, each token routed to experts_per_token
+  # of them by softmax(x·W_router), their weights renormalised to sum 1 when
+  # expert_weights_normalized (norm_topk_prob). 0 experts: the dense MLP of mlp_dim.
+  n_experts: int = 0
+  experts_per_token: int = 0
+  expert_mlp_dim: int = 0
+  expert_weights_normalized: bool = False
   lora: LoraConfig = LoraConfig()  # Low-rank adapters (`lora`); rank 0: full fine-tuning.
 
   def __post_init__(self):
@@ -205,6 +213,7 @@ class ModelConfig:
         raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r}; allowed: {sorted(_DTYPES)}.")
     kernels.check_impl(self.attention_impl)
     self._check_gemma_features()
+    self._check_experts()
     if self.remat not in (*REMAT_POLICIES, "auto"):
       raise ValueError(
         f"ModelConfig.remat={self.remat!r}; allowed: {sorted(REMAT_POLICIES)} or 'auto' "
@@ -262,6 +271,25 @@ class ModelConfig:
       raise ValueError(
         f"ModelConfig.attention_impl={self.attention_impl!r} does not take sliding_window or "
         "attn_softcap yet; use 'xla'."
+      )
+
+  def _check_experts(self) -> None:
+    for name in ("n_experts", "experts_per_token", "expert_mlp_dim"):
+      if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+        raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} must be an int >= 0.")
+    if not self.n_experts:
+      return
+    if not (1 <= self.experts_per_token <= self.n_experts and self.expert_mlp_dim > 0):
+      raise ValueError(
+        f"ModelConfig with n_experts={self.n_experts} needs 1 <= experts_per_token "
+        f"({self.experts_per_token}) <= n_experts and expert_mlp_dim > 0 "
+        f"({self.expert_mlp_dim})."
+      )
+    adapted = sorted(set(self.lora.targets) & {"gate", "up", "down"}) if self.lora.enabled else []
+    if adapted:
+      raise ValueError(
+        f"model.lora.targets has {adapted}, but the MLP is a mixture of experts "
+        "(n_experts > 0), whose experts take no adapters yet; target q, k, v, o (lm_head)."
       )
 
   @property

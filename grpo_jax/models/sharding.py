@@ -58,6 +58,11 @@ DEFAULT_RULES = (
   ("kv_heads", "tensor"),
   ("head_dim", None),
   ("mlp", "tensor"),
+  # Mixtures of experts (`layers.MoeMlp`): the experts split over `tensor` (expert
+  # parallelism on the tensor axis), each expert's width whole, the router's outputs whole.
+  ("expert", "tensor"),
+  ("expert_mlp", None),
+  ("expert_router", None),
   ("layers", None),
   ("lora_rank", None),  # Adapters (`lora`): the rank is small, never split.
   ("activation_batch", BATCH_AXES),

@@ -1,0 +1,66 @@
+"""A tiny mixture-of-experts policy's forward and gradient on one device and with its
+experts split over 4 devices (mesh tensor=4, the rules table's "expert" row); used by
+test_families.py.
+
+  XLA_FLAGS=--xla_force_host_platform_device_count=4 python tests/moe_mesh_run.py
+
+Prints one JSON line: the largest differences of the logits and of every gradient leaf
+between the two, and the per-device shape of the experts' gate weights on the mesh.
+"""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax.models import model, sharding
+
+
+def main():
+  cfg = model.tiny_config(
+    64, n_experts=8, experts_per_token=2, expert_mlp_dim=24, expert_weights_normalized=True
+  )
+  params = model.init(cfg, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (4, 12), 0, 64)
+  positions = jnp.broadcast_to(jnp.arange(12), (4, 12))
+
+  def loss(p, t, pos):
+    logits, _ = model.apply(p, t, pos, cfg=cfg)
+    return jnp.mean(jax.nn.logsumexp(logits, -1) - logits[..., 0]), logits
+
+  one = jax.jit(jax.value_and_grad(loss, has_aux=True))
+  (_, logits1), grads1 = one(params, tokens, positions)
+  # Expert parallelism alone on the tensor axis: heads, MLP and vocabulary whole.
+  whole = {"vocab", "q_heads", "kv_heads", "mlp", "activation_mlp", "activation_vocab"}
+  rules = tuple((k, None if k in whole or k == "activation_kv_heads" else v)
+                for k, v in sharding.DEFAULT_RULES)  # fmt: skip
+  layout = sharding.Layout.create(sharding.MeshConfig(data=1, fsdp=1, tensor=4, rules=rules))
+  shardings = sharding.param_shardings(layout, cfg)
+  placed = jax.tree.map(jax.device_put, params, shardings)
+  with layout.context():
+    (_, logits4), grads4 = jax.jit(jax.value_and_grad(loss, has_aux=True))(
+      placed, tokens, positions
+    )
+  with layout.context():
+    text = jax.jit(loss).lower(placed, tokens, positions).compile().as_text()
+  # Float all-gathers would mean the experts' weights were gathered (not split): none.
+  float_gathers = [ln for ln in text.splitlines() if " all-gather(" in ln and "= f" in ln]
+  gate = placed["layer_0"]["mlp"]["gate"]
+  diff = lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max())
+  print(
+    json.dumps(
+      dict(
+        devices=len(jax.devices()),
+        logits=diff(logits1, logits4),
+        grads=max(jax.tree.leaves(jax.tree.map(diff, grads1, grads4))),
+        gate_shard=list(gate.addressable_shards[0].data.shape),
+        grad_gate_absmax=float(jnp.abs(grads1["layer_0"]["mlp"]["gate"]).max()),
+        float_all_gathers=len(float_gathers),
+      )
+    )
+  )
+
+
+if __name__ == "__main__":
+  main()
