@@ -125,3 +125,21 @@ def test_the_prefill_runs_no_head():
 
   small, large = prefill_dots(CFG), prefill_dots(dataclasses.replace(CFG, vocab_size=512))
   assert small == large > 0
+
+
+def test_experts_and_windows_count_the_work_a_token_needs_by_hand():
+  """A mixture of experts counts the k experts a token goes through and the router (D 64,
+  top 2 of 4 experts of width 32: 2·3·64·32 + 64·4 = 12,544 a layer, beside attention's
+  2·64·4·16 + 2·64·2·16 = 12,288); a 3-token window attends Σ_{t<5} min(t+1, 3) = 12
+  positions over 5 tokens where a full layer attends 15."""
+  moe = model.tiny_config(32, n_experts=4, experts_per_token=2, expert_mlp_dim=32)
+  assert flops.body_matmul_params(moe) == 2 * (12_288 + 12_544)
+  window = model.tiny_config(
+    32, sliding_window=3, layer_types=("sliding_attention", "full_attention")
+  )
+  attention = flops.sequence_forward_flops(window, length=5, head_positions=0) - 2.0 * 5 * (
+    flops.body_matmul_params(window)
+  )
+  assert attention == 4.0 * 4 * 16 * (12 + 15)
+  per_token = flops.forward_flops_per_token(window, context=10) - 2 * flops.matmul_params(window)
+  assert per_token == 4.0 * 4 * 16 * (3 + 10)

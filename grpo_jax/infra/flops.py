@@ -8,6 +8,8 @@ H query heads and K KV heads of size E, MLP width F and vocabulary V:
     body params    P_body = L·(2·D·H·E + 2·D·K·E + 3·D·F)           (q,o; k,v; SwiGLU)
     head params    P_head = D·V                                     (LM head)
     forward        f(c) = 2·(P_body + P_head) + 4·L·H·E·c            (c = attended context)
+    (a mixture of experts counts the k experts a token goes through, `body_matmul_params`;
+    a sliding-window layer attends min(c, W) positions, `_attended`)
     train (fwd+bwd) 3·f(c)
 
 One difference from pre-training MFU: the LM head counts only at the positions whose
@@ -43,7 +45,9 @@ import jax.numpy as jnp
 
 
 def body_matmul_params(cfg) -> int:
-  """P_body = L·(2·D·H·E + 2·D·K·E + 3·D·F): matmul parameters of the layer stack."""
+  """P_body = L·(2·D·H·E + 2·D·K·E + 3·D·F): matmul parameters of the layer stack that a
+  token goes through. A mixture of experts (model.n_experts X, top k of width F_e): the
+  MLP term is k·3·D·F_e + D·X (its k experts and the router), not the X experts held."""
   D, H, K, E, F, L = (
     cfg.d_model,
     cfg.n_heads,
@@ -52,7 +56,27 @@ def body_matmul_params(cfg) -> int:
     cfg.mlp_dim,
     cfg.n_layers,
   )
-  return L * (2 * D * H * E + 2 * D * K * E + 3 * D * F)
+  mlp = 3 * D * F
+  if getattr(cfg, "n_experts", 0):
+    mlp = cfg.experts_per_token * 3 * D * cfg.expert_mlp_dim + D * cfg.n_experts
+  return L * (2 * D * H * E + 2 * D * K * E + mlp)
+
+
+def _attended(cfg, context: float) -> float:
+  """Σ over layers of the positions a query attends at context c: c on a full layer,
+  min(c, W) on a sliding-window one (model.sliding_window W)."""
+  sliding = getattr(cfg, "sliding_layers", (False,) * cfg.n_layers)
+  return sum(min(context, cfg.sliding_window) if s else context for s in sliding)
+
+
+def _attended_sequence(cfg, n: float) -> float:
+  """Σ over layers of Σ_{t<n} (positions query t attends): n(n+1)/2 on a full layer;
+  with a window W < n, W(W+1)/2 + (n − W)·W."""
+  full = n * (n + 1) / 2
+  sliding = getattr(cfg, "sliding_layers", (False,) * cfg.n_layers)
+  W = getattr(cfg, "sliding_window", 0)
+  windowed = full if not W or n <= W else W * (W + 1) / 2 + (n - W) * W
+  return sum(windowed if s else full for s in sliding)
 
 
 def head_matmul_params(cfg) -> int:
@@ -69,7 +93,7 @@ def matmul_params(cfg) -> int:
 def forward_flops_per_token(cfg, *, context: float) -> float:
   """f(c) = 2·P_mm + 4·L·H·E·c: one token's forward with c attended positions, LM head
   included (a decode step)."""
-  return 2.0 * matmul_params(cfg) + 4.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim * context
+  return 2.0 * matmul_params(cfg) + 4.0 * cfg.n_heads * cfg.head_dim * _attended(cfg, context)
 
 
 def sequence_forward_flops(cfg, *, length: int, head_positions: int) -> float:
@@ -80,7 +104,7 @@ def sequence_forward_flops(cfg, *, length: int, head_positions: int) -> float:
   h = n is the pre-training convention (every position's logits); a teacher-forced
   forward over [prompt ; completion] uses h = T (`logprobs.completion_logits`)."""
   n = float(length)
-  attention = 2.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim * n * (n + 1)
+  attention = 4.0 * cfg.n_heads * cfg.head_dim * _attended_sequence(cfg, n)
   return (
     2.0 * body_matmul_params(cfg) * n + 2.0 * head_matmul_params(cfg) * head_positions + attention
   )
