@@ -259,3 +259,37 @@ def test_expert_parallel_on_4_devices_equals_one_device():
   assert out["devices"] == 4 and out["gate_shard"] == [2, 64, 24]
   assert out["logits"] <= 1e-5 and out["grads"] <= 1e-6 < out["grad_gate_absmax"]
   assert out["float_all_gathers"] == 0
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_mixture_of_experts_trains_under_grpo_with_its_balance_loss(tmp_path, lora):
+  """Two GRPO iterations of the quick config with a Qwen3-MoE-shaped policy (4 experts,
+  top 2) and rl.moe_balance_coef, fully fine-tuned and with LoRA on q, k, v, o: each
+  iteration logs the balance loss, between its floor k = 2 and X = 4."""
+  import runs  # noqa: PLC0415
+
+  from grpo_jax import train  # noqa: PLC0415
+
+  c = runs.small_arithmetic()
+  c.model.update(SHAPES["qwen3_moe"])
+  if lora:
+    c.model.lora.update(rank=4, alpha=8.0, targets=("q", "k", "v", "o"))
+  c.update(prompts_per_step=4, iterations=2, warmstart_steps=2, warmstart_batch=8)
+  c.update(eval_every=2, eval_size=8, eval_samples=0, checkpoint_every=2, reward_workers=0)
+  c.update(progress=False, tensorboard=False)
+  c.rl.moe_balance_coef = 0.01
+  train.run(c, tmp_path, log=lambda _: None)
+  steps = [r for r in runs.lines(tmp_path) if "moe_balance" in r]
+  assert len(steps) == 2
+  assert all(2.0 <= r["moe_balance"] <= 4.0 for r in steps), steps
+
+
+def test_a_balance_loss_on_a_dense_model_is_a_clear_error():
+  import runs  # noqa: PLC0415
+
+  from grpo_jax import build  # noqa: PLC0415
+
+  c = runs.small_arithmetic()
+  c.rl.moe_balance_coef = 0.01
+  with pytest.raises(ValueError, match="needs a mixture-of-experts model"):
+    build.build(c)

@@ -391,3 +391,23 @@ def test_export_copies_the_tokenizer_files_and_both_dtype_keys(tmp_path):
   assert (out / "chat_template.jinja").read_text() == "{{ messages[0]['content'] }}"
   config = json.loads((out / "config.json").read_text())
   assert config["dtype"] == config["torch_dtype"] == "bfloat16"
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_moe_balance_loss_equals_transformers(scan):
+  """The load-balancing loss of the fixture batch's real tokens (the left padding
+  excluded) is transformers' `aux_loss` (output_router_logits=True), unrolled and
+  scanned."""
+  d = FIXTURES / "qwen3_moe"
+  cfg = hf.model_config(hf.read_config(d), scan_layers=scan)
+  ref = np.load(d / "expected.npz")
+  mask = jnp.asarray(ref["attention_mask"])
+  _, router = model.apply(
+    hf.load_params(d, cfg),
+    jnp.asarray(ref["input_ids"]),
+    model.positions_from_mask(mask),
+    cfg=cfg,
+    router_stats=True,
+  )
+  np.testing.assert_allclose(router["moe_balance"], ref["aux_loss"], rtol=1e-5)
+  assert float(ref["aux_loss"]) > cfg.experts_per_token  # Above the floor k: it bites.

@@ -29,6 +29,8 @@ DEFINITIONS = {
   "entropy": "Mean over loss tokens of the current policy's entropy H = −Σ_v π_θ log π_θ.",
   "ratio_mean": "Mean over loss tokens of the policy loss's ratio ρ (GSPO: the sequence ratio).",
   "loss_tokens": "Number of loss tokens (Σ m) in the mini-batch.",
+  "moe_balance": "The routers' load-balancing loss X·Σ f_jx·P_x (k when perfectly balanced), "
+  "mean over micro-batches (rl.moe_balance_coef > 0).",
   "grad_norm": "Global L2 norm of the accumulated gradient, before any clipping.",
   "nonfinite": "1 if the step's loss or gradient was not finite (the update was skipped), else 0.",
   # --- prepare, per rollout batch ----------------------------------------------------

@@ -349,7 +349,7 @@ class MoeMlp(nn.Module):
   cfg: model_config.ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD):
+  def __call__(self, x_BTD, valid_BT=None):
     cfg = self.cfg
     X, k, F, D = cfg.n_experts, cfg.experts_per_token, cfg.expert_mlp_dim, cfg.d_model
     router = _dense(cfg, X, ("embed", "expert_router"), name="router")
@@ -366,6 +366,12 @@ class MoeMlp(nn.Module):
     w_NK, e_NK = jax.lax.top_k(probs_NX, k)
     if cfg.expert_weights_normalized:
       w_NK = w_NK / w_NK.sum(-1, keepdims=True)
+    if valid_BT is not None and self.is_mutable_collection("intermediates"):
+      v_N = valid_BT.reshape(-1).astype(jnp.float32)  # Router statistics of real tokens.
+      chosen_NKX = jax.nn.one_hot(e_NK, X, dtype=jnp.float32)
+      self.sow("intermediates", "routed_KX", jnp.einsum("n,nkx->kx", v_N, chosen_NKX))
+      self.sow("intermediates", "probs_X", jnp.einsum("n,nx->x", v_N, probs_NX))
+      self.sow("intermediates", "tokens", jnp.sum(v_N))
     e_M = e_NK.reshape(-1)  # Pair m = n·k + j: token n's j-th expert.
     order_M = jnp.argsort(e_M, stable=True)
     sizes_X = jnp.bincount(e_M, length=X).astype(jnp.int32)
@@ -398,7 +404,10 @@ class Block(nn.Module):
       norm(name="attn_norm")(x_BTD), positions_BT, cache_kv, cache_pos_BS, index, prefix, layer
     )
     x_BTD = x_BTD + post("attn_post_norm", attn_BTD)
-    mlp = MoeMlp(cfg, name="mlp") if cfg.n_experts else Mlp(cfg, name="mlp")
+    if cfg.n_experts:
+      mlp = functools.partial(MoeMlp(cfg, name="mlp"), valid_BT=positions_BT >= 0)
+    else:
+      mlp = Mlp(cfg, name="mlp")
     x_BTD = x_BTD + post("mlp_post_norm", mlp(norm(name="mlp_norm")(x_BTD)))
     return nn.with_logical_constraint(x_BTD, model_config.ACT_BTD), kv_new
 
@@ -471,7 +480,7 @@ class Decoder(nn.Module):
     if cfg.scan_layers:
       stack = nn.scan(
         block,
-        variable_axes={"params": 0, "lora": 0},
+        variable_axes={"params": 0, "lora": 0, "intermediates": 0},
         split_rngs={"params": True, "dropout": True},
         in_axes=(nn.broadcast, 0, nn.broadcast, nn.broadcast, 0, nn.broadcast, 0),
         length=cfg.n_layers,
@@ -509,6 +518,33 @@ class Decoder(nn.Module):
         cfg, "lm_head", x_BTD, logits_BTV, in_names=("embed",), out_names=("vocab",)
       )
     return _finish_logits(cfg, logits_BTV), kv_new
+
+
+def balance_loss(intermediates, cfg: model_config.ModelConfig):
+  """The load-balancing loss of a forward's routers (Switch Transformer, Fedus et al.
+  2021, eq. 4; transformers' `load_balancing_loss_func`, over every layer's routing of
+  the real tokens at once):
+
+    X · Σ_{j<k, x} f_jx · P_x,   f_jx = #(tokens whose j-th choice is x) / (L·n),
+                                 P_x = Σ_tokens p_x / (L·n),
+
+  n real tokens, L layers, X experts: k at its minimum (every expert equally loaded and
+  equally probable), larger as routing concentrates. `intermediates`: what `MoeMlp` sows
+  (per layer, stacked under nn.scan)."""
+  sums = {"routed_KX": 0.0, "probs_X": 0.0, "tokens": 0.0}
+
+  def visit(tree):
+    for key, value in tree.items():
+      if key in sums:
+        # Under nn.scan each sown value is stacked over the layers: summed over them too.
+        sums[key] = sums[key] + sum(v.sum(0) if cfg.scan_layers else v for v in value)
+      elif isinstance(value, dict):
+        visit(value)
+
+  visit(intermediates)
+  n = jnp.maximum(sums["tokens"], 1.0)  # L·n: every layer routes every real token.
+  f_KX, p_X = sums["routed_KX"] / n, sums["probs_X"] / n
+  return cfg.n_experts * jnp.sum(f_KX * p_X[None])
 
 
 def _const(a):

@@ -92,12 +92,14 @@ def completion_logits(
   model_fn,
   hidden_only=False,
   dropout_key=None,
+  router_stats=False,
 ):
   """Logits [N, T, V] at the T slots that predict the completion tokens (the sequence
   [left-padded prompt ; right-padded completion], position ids skipping both paddings;
   `model_fn` must take `logits_slice`). hidden_only: the final-normed hidden states
   [N, T, D] there instead (the model's `hidden_only`), for an LM head run in chunks.
-  dropout_key (a training forward, `model.apply`'s) is passed on only when given."""
+  dropout_key (a training forward, `model.apply`'s) is passed on only when given.
+  router_stats: returns (logits, the forward's router statistics) (`model.apply`)."""
   P = prompt_tokens_NP.shape[1]
   tokens_NS = jnp.concatenate([prompt_tokens_NP, tokens_NT], axis=1)
   mask_NS = jnp.concatenate([prompt_mask_NP, mask_NT], axis=1)
@@ -106,7 +108,9 @@ def completion_logits(
   extra = {"hidden_only": True} if hidden_only else {}
   if dropout_key is not None:
     extra["dropout_key"] = dropout_key
-  logits_NTV, _ = model_fn(
+  if router_stats:
+    extra["router_stats"] = True
+  logits_NTV, router = model_fn(
     params,
     tokens_NS,
     model_lib.positions_from_mask(mask_NS),
@@ -114,7 +118,7 @@ def completion_logits(
     logits_slice=(P - 1, S - 1),
     **extra,
   )
-  return logits_NTV
+  return (logits_NTV, router) if router_stats else logits_NTV
 
 
 def _stats_of_logits(logits_NTV, tokens_NT, *, with_rank):
@@ -166,6 +170,7 @@ def completion_logprobs(
   with_rank=False,
   chunk: int = 0,
   dropout_key=None,
+  router_stats=False,
 ):
   """log π(o_t | q, o_<t) of each completion token in one full forward: [N, T] (0 off mask).
 
@@ -181,12 +186,16 @@ def completion_logprobs(
   With `chunk` = c (0 < c < T) it runs there c positions at a time (`chunked_stats`): the
   [N, T, V] logits never exist at once, in the forward or the backward (rl.logit_chunk).
   `dropout_key` makes it a training forward (adapter dropout, `model.apply`).
+  `router_stats` (a mixture-of-experts model, with_stats): stats also hold "moe_balance",
+  the forward's load-balancing loss (`model.apply(router_stats=True)`).
   """
   args = (params, prompt_tokens_NP, prompt_mask_NP, tokens_NT, mask_NT)
+  routers = {"router_stats": True} if router_stats else {}
   if 0 < chunk < tokens_NT.shape[1]:
     hidden_NTD = completion_logits(
-      *args, model_fn=model_fn, hidden_only=True, dropout_key=dropout_key
+      *args, model_fn=model_fn, hidden_only=True, dropout_key=dropout_key, **routers
     )
+    hidden_NTD, router = hidden_NTD if router_stats else (hidden_NTD, None)
     out = chunked_stats(
       params,
       hidden_NTD,
@@ -198,7 +207,8 @@ def completion_logprobs(
       dropout_key=None if dropout_key is None else jax.random.fold_in(dropout_key, 1 << 20),
     )
   else:
-    logits_NTV = completion_logits(*args, model_fn=model_fn, dropout_key=dropout_key)
+    logits_NTV = completion_logits(*args, model_fn=model_fn, dropout_key=dropout_key, **routers)
+    logits_NTV, router = logits_NTV if router_stats else (logits_NTV, None)
     out = _stats_of_logits(logits_NTV, tokens_NT, with_rank=with_rank)
   logp_NT, ent_NT, sq_NT, rank_NT = out
   logp_NT = jnp.where(mask_NT, logp_NT, 0.0)
@@ -210,6 +220,8 @@ def completion_logprobs(
   }
   if with_rank:
     stats["rank"] = jnp.where(mask_NT, rank_NT, 0)
+  if router is not None:
+    stats["moe_balance"] = router["moe_balance"]
   return logp_NT, stats
 
 

@@ -90,6 +90,7 @@ def apply(
   hidden_only: bool = False,
   head_only: bool = False,
   dropout_key: jax.Array | None = None,
+  router_stats: bool = False,
 ):
   """Forward pass. Returns (float32 logits [B,T,V], cache with this call's tokens appended).
 
@@ -102,6 +103,9 @@ def apply(
   their logits (`head_logits`): the two halves of a forward whose LM head runs in chunks.
   `dropout_key` makes it a training forward: with model.lora.dropout > 0 each adapter's
   input is dropped (`_Adapter`); without a key (sampling, π_old, the reference) it is not.
+  `router_stats=True` (a teacher-forced forward of a mixture of experts) returns
+  (logits, {"moe_balance": the load-balancing loss of this call's real tokens}) in place
+  of (logits, None) (`layers.balance_loss`).
   """
   if head_only:
     return layers.head_logits(params, tokens_BT, cfg=cfg, dropout_key=dropout_key), None
@@ -110,6 +114,13 @@ def apply(
     raise ValueError("model.apply(hidden_only=True) is a teacher-forced forward: no cache.")
   variables = layers.variables_of(params, cfg)
   rngs = layers._rngs(cfg, dropout_key)
+  if cache is None and router_stats:
+    (logits_BTV, _), state = decoder.apply(
+      variables, tokens_BT, positions_BT, None, None, None, rngs=rngs, mutable=["intermediates"]
+    )
+    return logits_BTV, {"moe_balance": layers.balance_loss(state["intermediates"], cfg)}
+  if router_stats:
+    raise ValueError("model.apply(router_stats=True) is a teacher-forced forward: no cache.")
   if cache is None:
     logits_BTV, _ = decoder.apply(variables, tokens_BT, positions_BT, None, None, None, rngs=rngs)
     return logits_BTV, None

@@ -43,6 +43,7 @@ def token_terms(
     with_stats=True,
     chunk=cfg.logit_chunk,
     dropout_key=dropout_key,
+    router_stats=cfg.moe_balance_coef > 0,
   )
   ent_NT = stats["entropy"]
   m_NT = mb.loss_mask_NT
@@ -56,6 +57,8 @@ def token_terms(
     total_NT = total_NT + hyper.kl_coef * kl_NT
   total_NT = jnp.where(m_NT, total_NT, 0.0)
   terms = dict(aux, pg_loss=pg_NT, kl=kl_NT, entropy=ent_NT, logp=logp_NT, loss=total_NT)
+  if "moe_balance" in stats:  # A scalar of the (micro-)batch, beside the per-token terms.
+    terms["moe_balance"] = stats["moe_balance"]
   return total_NT, terms
 
 
@@ -96,6 +99,8 @@ def _metrics_from_sums(s, *, cfg: spec.RLConfig):
   }
   if cfg.use_ref:
     out[f"kl_ref/{cfg.kl_estimator}"] = d("kl_ref", "n_tok")
+  if "moe_balance" in s:
+    out["moe_balance"] = s["moe_balance"]
   return out
 
 
@@ -177,7 +182,12 @@ def accumulate_gradients(
     total_NT, terms = token_terms(
       join(trainable), mbk, hyper, cfg=cfg, model_fn=model_fn, dropout_key=key
     )
-    return jnp.sum(wk * total_NT), (terms, _sums(terms, mbk, wk))
+    loss = jnp.sum(wk * total_NT)
+    sums = _sums(terms, mbk, wk)
+    if cfg.moe_balance_coef > 0:  # Each micro-batch's balance loss, weighted 1/K.
+      loss = loss + cfg.moe_balance_coef * terms["moe_balance"] / K
+      sums["moe_balance"] = terms["moe_balance"] / K
+    return loss, (terms, sums)
 
   grad_fn = jax.grad(micro_loss, has_aux=True)
   keep = ("loss", "ratio", "clip_high", "clip_low", "dual_clip") if token_outputs else ()

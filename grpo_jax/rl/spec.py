@@ -82,6 +82,10 @@ class RLConfig:
   kl_coef: float = 0.0
   kl_in: str = "loss"
   entropy_coef: float = 0.0
+  # A mixture-of-experts policy's load-balancing loss (Switch Transformer's, as
+  # transformers' Qwen3-MoE computes it: `layers.balance_loss`), times this coefficient,
+  # added to each micro-batch's loss. 0: off (not computed).
+  moe_balance_coef: float = 0.0
   # Aggregation (aggregation.REGISTRY); max_len is L_max of constant_norm (0 = padded T).
   aggregation: str = "token_mean"
   max_len: int = 0
@@ -171,7 +175,14 @@ class RLConfig:
     ):
       if getattr(self, attr) < 1:
         raise ValueError(f"rl.{attr} must be >= 1, got {getattr(self, attr)}.")
-    for attr in ("kl_coef", "entropy_coef", "max_len", "overlong_buffer", "logit_chunk"):
+    for attr in (
+      "kl_coef",
+      "entropy_coef",
+      "moe_balance_coef",
+      "max_len",
+      "overlong_buffer",
+      "logit_chunk",
+    ):
       if getattr(self, attr) < 0:
         raise ValueError(f"rl.{attr} must be >= 0, got {getattr(self, attr)}.")
 
