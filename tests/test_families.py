@@ -168,21 +168,31 @@ def test_bad_family_features_are_clear_errors(change, message):
     model.tiny_config(32, **change)
 
 
-def test_a_gemma3_shaped_policy_compiles_for_tpu_with_its_update_checks_passing():
+TPU_SHAPES = {
+  "gemma3": dict(
+    SHAPES["gemma3"], n_layers=2, attn_softcap=20.0, final_softcap=15.0, scan_layers=True,
+    layer_types=("sliding_attention", "full_attention"),
+  ),
+  "qwen3_moe_megablox": dict(
+    SHAPES["qwen3_moe"], n_layers=2, scan_layers=True, moe_impl="megablox"
+  ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", list(TPU_SHAPES))
+def test_new_families_compile_for_tpu_with_their_update_checks_passing(shape):
   """The quick config with Gemma 3's features (per-layer windows and rope under nn.scan,
-  soft-caps, sandwich norms) compiles for v5e:2x2: its update keeps the train state
-  sharded like the parameters and aliased, with no host callback (`aot.check_update`),
-  and its sampler compiles too."""
+  soft-caps, sandwich norms), or a Qwen3-MoE-shaped policy on the megablox kernel (per
+  device in a shard_map) with its balance loss, compiles for v5e:2x2: its update keeps
+  the train state sharded like the parameters and aliased, with no host callback
+  (`aot.check_update`), and its sampler compiles too."""
   from grpo_jax import aot, steps  # noqa: PLC0415 (libtpu is loaded only here)
   from grpo_jax.infra import config_lib  # noqa: PLC0415
 
   c = config_lib.load("configs/arithmetic.py:quick")
-  c.model.update(
-    dict(
-      SHAPES["gemma3"], n_layers=2, attn_softcap=20.0, final_softcap=15.0, scan_layers=True,
-      layer_types=("sliding_attention", "full_attention"),
-    )
-  )  # fmt: skip
+  c.model.update(TPU_SHAPES[shape])
+  if shape.startswith("qwen3_moe"):
+    c.rl.moe_balance_coef = 0.01
   target = aot.Target.load("v5e:2x2")
   setup, _ = aot.setup_for(c, target)
   fns = steps.functions_on(setup, target.devices)
@@ -293,3 +303,25 @@ def test_a_balance_loss_on_a_dense_model_is_a_clear_error():
   c.rl.moe_balance_coef = 0.01
   with pytest.raises(ValueError, match="needs a mixture-of-experts model"):
     build.build(c)
+
+
+def test_the_megablox_grouped_matmul_equals_ragged_dot_forward_and_backward():
+  """model.moe_impl="megablox_interpret" (the Pallas TPU kernel, interpreted on CPU) gives
+  the "xla" path's (jax.lax.ragged_dot) outputs and gradients, rows not a multiple of
+  its tile included."""
+  base = dict(SHAPES["qwen3_moe"], n_layers=1)
+  xla_cfg = model.tiny_config(32, **base)
+  mb_cfg = model.tiny_config(32, **base, moe_impl="megablox_interpret")
+  params = model.init(xla_cfg, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (3, 7), 0, 32)
+  positions = jnp.broadcast_to(jnp.arange(7), (3, 7))
+
+  def loss(p, cfg):
+    logits, _ = model.apply(p, tokens, positions, cfg=cfg)
+    return jnp.sum(jax.nn.log_softmax(logits)[..., 1]), logits
+
+  (_, want), g_want = jax.value_and_grad(loss, has_aux=True)(params, xla_cfg)
+  (_, got), g_got = jax.value_and_grad(loss, has_aux=True)(params, mb_cfg)
+  np.testing.assert_allclose(got, want, atol=2e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5), g_got, g_want)
+  assert float(jnp.abs(g_want["layer_0"]["mlp"]["gate"]).max()) > 1e-3

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax.models import attention, kernels, model_config, quant
+from grpo_jax.models import attention, kernels, model_config, moe, quant
 
 Params = Any
 
@@ -335,16 +335,13 @@ class Mlp(nn.Module):
 
 
 class MoeMlp(nn.Module):
-  """A mixture of gated MLPs (Qwen3-MoE's sparse block), every token through its top-k.
-
-    p = softmax(x·W_r) (float32, over X experts);  (w, e) = top_k(p, k);
-    w ← w / Σw when model.expert_weights_normalized;
-    y = Σ_j w_j · down_e_j(act(gate_e_j(x)) * up_e_j(x)).
-
-  The N·k (token, expert) pairs are sorted by expert and each expert's matmuls run over
-  its own rows only (`jax.lax.ragged_dot`, a grouped matmul: the work of k experts per
-  token, not X). Expert weights [X, D, F] / [X, F, D] carry the logical name "expert"
-  (split over a mesh axis by the rules table: expert parallelism)."""
+  """A mixture of gated MLPs (Qwen3-MoE's sparse block), every token through its top-k
+  (`moe`): p = softmax(x·W_r); (w, e) = top_k(p, k), renormalised when
+  model.expert_weights_normalized; y = Σ_j w_j · down_e_j(act(gate_e_j(x)) * up_e_j(x)),
+  the experts' matmuls over the rows routed to each (`moe.experts`, model.moe_impl).
+  Expert weights [X, D, F] / [X, F, D] carry the logical name "expert" (split over a mesh
+  axis by the rules table: expert parallelism). With the "intermediates" collection
+  mutable it sows its real tokens' routing (valid_BT) for `moe.balance_loss`."""
 
   cfg: model_config.ModelConfig
 
@@ -362,26 +359,20 @@ class MoeMlp(nn.Module):
     down = weight("down", (X, F, D), ("expert", "expert_mlp", "embed"))
     B, T, _ = x_BTD.shape
     x_ND = x_BTD.reshape(B * T, D)
-    probs_NX = jax.nn.softmax(router(x_ND).astype(jnp.float32), axis=-1)
-    w_NK, e_NK = jax.lax.top_k(probs_NX, k)
-    if cfg.expert_weights_normalized:
-      w_NK = w_NK / w_NK.sum(-1, keepdims=True)
+    probs_NX, w_NK, e_NK = moe.route(router(x_ND), k=k, normalized=cfg.expert_weights_normalized)
     if valid_BT is not None and self.is_mutable_collection("intermediates"):
       v_N = valid_BT.reshape(-1).astype(jnp.float32)  # Router statistics of real tokens.
       chosen_NKX = jax.nn.one_hot(e_NK, X, dtype=jnp.float32)
       self.sow("intermediates", "routed_KX", jnp.einsum("n,nkx->kx", v_N, chosen_NKX))
       self.sow("intermediates", "probs_X", jnp.einsum("n,nx->x", v_N, probs_NX))
       self.sow("intermediates", "tokens", jnp.sum(v_N))
-    e_M = e_NK.reshape(-1)  # Pair m = n·k + j: token n's j-th expert.
-    order_M = jnp.argsort(e_M, stable=True)
-    sizes_X = jnp.bincount(e_M, length=X).astype(jnp.int32)
-    xs_MD = x_ND[order_M // k]
-    group = functools.partial(jax.lax.ragged_dot, group_sizes=sizes_X)
-    h_MF = _ACTIVATIONS[cfg.activation](group(xs_MD, gate)) * group(xs_MD, up)
-    ys_MD = group(h_MF.astype(cfg.compute_dtype), down)
-    y_NKD = ys_MD[jnp.argsort(order_M)].reshape(B * T, k, D)
-    y_ND = jnp.einsum("nkd,nk->nd", y_NKD, w_NK.astype(y_NKD.dtype))
-    return y_ND.reshape(B, T, D).astype(cfg.compute_dtype)
+    # The init's dummy forward runs XLA (the params are the same).
+    impl = "xla" if self.is_initializing() else cfg.moe_impl
+    y_ND = moe.experts(
+      x_ND, w_NK, e_NK, gate, up, down, act=_ACTIVATIONS[cfg.activation], impl=impl,
+      dtype=cfg.compute_dtype,
+    )  # fmt: skip
+    return y_ND.reshape(B, T, D)
 
 
 class Block(nn.Module):
@@ -518,33 +509,6 @@ class Decoder(nn.Module):
         cfg, "lm_head", x_BTD, logits_BTV, in_names=("embed",), out_names=("vocab",)
       )
     return _finish_logits(cfg, logits_BTV), kv_new
-
-
-def balance_loss(intermediates, cfg: model_config.ModelConfig):
-  """The load-balancing loss of a forward's routers (Switch Transformer, Fedus et al.
-  2021, eq. 4; transformers' `load_balancing_loss_func`, over every layer's routing of
-  the real tokens at once):
-
-    X · Σ_{j<k, x} f_jx · P_x,   f_jx = #(tokens whose j-th choice is x) / (L·n),
-                                 P_x = Σ_tokens p_x / (L·n),
-
-  n real tokens, L layers, X experts: k at its minimum (every expert equally loaded and
-  equally probable), larger as routing concentrates. `intermediates`: what `MoeMlp` sows
-  (per layer, stacked under nn.scan)."""
-  sums = {"routed_KX": 0.0, "probs_X": 0.0, "tokens": 0.0}
-
-  def visit(tree):
-    for key, value in tree.items():
-      if key in sums:
-        # Under nn.scan each sown value is stacked over the layers: summed over them too.
-        sums[key] = sums[key] + sum(v.sum(0) if cfg.scan_layers else v for v in value)
-      elif isinstance(value, dict):
-        visit(value)
-
-  visit(intermediates)
-  n = jnp.maximum(sums["tokens"], 1.0)  # L·n: every layer routes every real token.
-  f_KX, p_X = sums["routed_KX"] / n, sums["probs_X"] / n
-  return cfg.n_experts * jnp.sum(f_KX * p_X[None])
 
 
 def _const(a):

@@ -38,7 +38,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from grpo_jax.models import adapters, kv_cache, layers, model_config
+from grpo_jax.models import adapters, kv_cache, layers, model_config, moe
 
 Params = Any
 
@@ -105,7 +105,7 @@ def apply(
   input is dropped (`_Adapter`); without a key (sampling, π_old, the reference) it is not.
   `router_stats=True` (a teacher-forced forward of a mixture of experts) returns
   (logits, {"moe_balance": the load-balancing loss of this call's real tokens}) in place
-  of (logits, None) (`layers.balance_loss`).
+  of (logits, None) (`moe.balance_loss`).
   """
   if head_only:
     return layers.head_logits(params, tokens_BT, cfg=cfg, dropout_key=dropout_key), None
@@ -118,7 +118,10 @@ def apply(
     (logits_BTV, _), state = decoder.apply(
       variables, tokens_BT, positions_BT, None, None, None, rngs=rngs, mutable=["intermediates"]
     )
-    return logits_BTV, {"moe_balance": layers.balance_loss(state["intermediates"], cfg)}
+    balance = moe.balance_loss(
+      state["intermediates"], n_experts=cfg.n_experts, stacked=cfg.scan_layers
+    )
+    return logits_BTV, {"moe_balance": balance}
   if router_stats:
     raise ValueError("model.apply(router_stats=True) is a teacher-forced forward: no cache.")
   if cache is None:

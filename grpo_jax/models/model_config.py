@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax.infra import config_lib
-from grpo_jax.models import kernels, quant
+from grpo_jax.models import kernels, moe, quant
 
 Params = Any
 
@@ -176,6 +176,10 @@ class ModelConfig:
   experts_per_token: int = 0
   expert_mlp_dim: int = 0
   expert_weights_normalized: bool = False
+  # The experts' grouped matmuls (`moe`): "xla" (jax.lax.ragged_dot, every backend),
+  # "megablox" (a Pallas TPU kernel whose backward does not grow with n_experts, TPU only)
+  # or "megablox_interpret" (that kernel interpreted, any backend: tests).
+  moe_impl: str = "xla"
   lora: LoraConfig = LoraConfig()  # Low-rank adapters (`lora`); rank 0: full fine-tuning.
 
   def __post_init__(self):
@@ -212,6 +216,7 @@ class ModelConfig:
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r}; allowed: {sorted(_DTYPES)}.")
     kernels.check_impl(self.attention_impl)
+    moe.check_impl(self.moe_impl)
     self._check_gemma_features()
     self._check_experts()
     if self.remat not in (*REMAT_POLICIES, "auto"):

@@ -1,0 +1,157 @@
+"""A mixture of experts' math (`layers.MoeMlp` holds the weights): top-k routing, the
+experts over the rows routed to each (grouped matmuls), and the load-balancing loss.
+
+Grouped matmuls, by `model.moe_impl`:
+- "xla" (the default, every backend): `jax.lax.ragged_dot`.
+- "megablox": JAX's Pallas TPU grouped matmul (`jax.experimental.pallas.ops.tpu.megablox`,
+  MaxText's MoE kernel), forward and custom VJP. TPU only. Why: compiled for TPU (v5e,
+  libtpu 0.0.42.1), XLA lowers ragged_dot's weight gradient as a masked dense matmul per
+  expert, so its work grows with the expert count X: for [4096, 512] bfloat16 rows into
+  width 256 (forward 1.07 GFLOP), XLA counts 9.7 GFLOP for the gradient at X = 8, 70 at
+  X = 64 and 139 at X = 128 (Qwen3-30B-A3B's count); megablox's kernels declare 2.15 at
+  every X (their Pallas cost estimate: XLA cannot see inside a kernel), twice the
+  forward as a dense layer's (`experiments/moe_tpu_cost.py`). On the quick config's
+  update (v5e:2x2, 4 experts) the temporaries are 56 MB against 132.
+  Under a mesh it runs per device in a `jax.shard_map` over the batch axes: each device
+  routes and sorts its own tokens, with every expert's weights gathered to it (as FSDP
+  gathers a dense layer's); expert parallelism with it (each device its own experts'
+  groups, `group_offset`) is not built yet: "xla" splits the experts over the rules
+  table's "expert" axis.
+- "megablox_interpret": that kernel in Pallas's interpreter, any backend (slow: tests).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+IMPLS = ("xla", "megablox", "megablox_interpret")
+_TILE = 128  # megablox's row, contraction and output tiles (at most).
+
+
+def check_impl(impl: str) -> None:
+  """ValueError naming what was given and what is allowed, unless impl is in IMPLS."""
+  if impl not in IMPLS:
+    raise ValueError(
+      f"model.moe_impl={impl!r}; allowed: 'xla' (jax.lax.ragged_dot, every backend, the "
+      "default), 'megablox' (a Pallas grouped matmul, TPU only), 'megablox_interpret' "
+      "(that kernel interpreted, any backend: slow, for tests)."
+    )
+
+
+def route(logits_NX, *, k: int, normalized: bool):
+  """(probs p [N, X] float32, top-k weights w [N, k], experts e [N, k]):
+  p = softmax(logits), (w, e) = top_k(p, k), w / Σw when `normalized`."""
+  probs_NX = jax.nn.softmax(logits_NX.astype(jnp.float32), axis=-1)
+  w_NK, e_NK = jax.lax.top_k(probs_NX, k)
+  if normalized:
+    w_NK = w_NK / w_NK.sum(-1, keepdims=True)
+  return probs_NX, w_NK, e_NK
+
+
+def experts(x_ND, w_NK, e_NK, gate_XDF, up_XDF, down_XFD, *, act, impl: str, dtype):
+  """y_n = Σ_j w_nj · down_e(act(gate_e(x_n)) * up_e(x_n)), e = e_nj, over the N·k
+  (token, expert) pairs sorted by expert, each expert's matmuls over its rows only."""
+  args = (x_ND, w_NK, e_NK, gate_XDF, up_XDF, down_XFD)
+  body = functools.partial(_pairs, act=act, impl=impl, dtype=dtype)
+  if impl == "xla":
+    return body(*args)
+  mesh = jax.sharding.get_abstract_mesh()
+  _check_platform(mesh, interpret=impl == "megablox_interpret")
+  if mesh.empty:
+    return body(*args)
+  rows = nn.logical_to_mesh_axes(("activation_batch",))[0]
+  axes = () if rows is None else (rows,) if isinstance(rows, str) else tuple(rows)
+  if x_ND.shape[0] % math.prod(mesh.shape[a] for a in axes):
+    rows = None  # Rows the batch axes do not divide: every device takes them all.
+  P = jax.sharding.PartitionSpec
+  tokens, whole = P(rows), P()
+  return jax.shard_map(
+    body,
+    mesh=mesh,
+    in_specs=(tokens, tokens, tokens, whole, whole, whole),
+    out_specs=tokens,
+    check_vma=False,
+  )(*args)
+
+
+def _pairs(x_ND, w_NK, e_NK, gate_XDF, up_XDF, down_XFD, *, act, impl: str, dtype):
+  N, k = e_NK.shape
+  X = gate_XDF.shape[0]
+  e_M = e_NK.reshape(-1)  # Pair m = n·k + j: token n's j-th expert.
+  order_M = jnp.argsort(e_M, stable=True)
+  sizes_X = jnp.bincount(e_M, length=X).astype(jnp.int32)
+  xs_MD = x_ND[order_M // k]
+  group = functools.partial(_grouped, sizes_X=sizes_X, impl=impl, dtype=dtype)
+  h_MF = act(group(xs_MD, gate_XDF)) * group(xs_MD, up_XDF)
+  ys_MD = group(h_MF.astype(dtype), down_XFD)
+  y_NKD = ys_MD[jnp.argsort(order_M)].reshape(N, k, -1)
+  return jnp.einsum("nkd,nk->nd", y_NKD, w_NK.astype(y_NKD.dtype)).astype(dtype)
+
+
+def _grouped(lhs_MK, rhs_XKF, *, sizes_X, impl: str, dtype):
+  """Rows [M, K] times their group's [K, F] (rows sorted by group, sizes_X per group)."""
+  if impl == "xla":
+    return jax.lax.ragged_dot(lhs_MK, rhs_XKF, sizes_X)
+  from jax.experimental.pallas.ops.tpu.megablox import ops  # Only when used.
+
+  M, K = lhs_MK.shape
+  F = rhs_XKF.shape[-1]
+  tm = min(_TILE, -(-M // 8) * 8)
+  Mp = -(-M // tm) * tm  # Rows past Σ sizes belong to no group: computed as nothing.
+  lhs = jnp.pad(lhs_MK, ((0, Mp - M), (0, 0)))
+  out = ops.gmm(
+    lhs,
+    rhs_XKF,
+    sizes_X,
+    jnp.float32,
+    (tm, min(_TILE, K), min(_TILE, F)),
+    None,
+    None,
+    False,
+    impl == "megablox_interpret",
+  )
+  return out[:M].astype(dtype)
+
+
+def _check_platform(mesh, *, interpret: bool) -> None:
+  """ValueError when the program is for another platform than TPU, as far as tracing can
+  tell (the context mesh's devices; `kernels._check_platform` says why)."""
+  device = None if mesh.empty else mesh.abstract_device
+  if interpret or device is None or device.platform == "tpu":
+    return
+  raise ValueError(
+    f"model.moe_impl='megablox' runs a Pallas TPU kernel, but this program is for "
+    f"{device.platform!r} devices. Use 'xla' there (the default), or 'megablox_interpret' "
+    "(slow: tests)."
+  )
+
+
+def balance_loss(intermediates, *, n_experts: int, stacked: bool):
+  """The load-balancing loss of a forward's routers (Switch Transformer, Fedus et al.
+  2021, eq. 4; transformers' `load_balancing_loss_func`, over every layer's routing of
+  the real tokens at once):
+
+    X · Σ_{j<k, x} f_jx · P_x,   f_jx = #(tokens whose j-th choice is x) / (L·n),
+                                 P_x = Σ_tokens p_x / (L·n),
+
+  n real tokens, L layers, X experts: k at its minimum (every expert equally loaded and
+  equally probable), larger as routing concentrates. `intermediates`: what `MoeMlp` sows
+  per layer (each value stacked over the layers under nn.scan: `stacked`)."""
+  sums = {"routed_KX": 0.0, "probs_X": 0.0, "tokens": 0.0}
+
+  def visit(tree):
+    for key, value in tree.items():
+      if key in sums:
+        sums[key] = sums[key] + sum(v.sum(0) if stacked else v for v in value)
+      elif isinstance(value, dict):
+        visit(value)
+
+  visit(intermediates)
+  n = jnp.maximum(sums["tokens"], 1.0)  # L·n: every layer routes every real token.
+  f_KX, p_X = sums["routed_KX"] / n, sums["probs_X"] / n
+  return n_experts * jnp.sum(f_KX * p_X[None])
