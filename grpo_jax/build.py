@@ -123,8 +123,7 @@ def plan_setup(c, *, n_devices: int | None = None, model_source: str = "") -> Se
     sampler_cfg = config_lib.from_dict(
       sampling.SamplerConfig, {**d["sampler"], "eos_ids": (0,), "pad_id": 0}, where="config.sampler"
     )
-    rl_cfg = spec.RLConfig.from_dict(_with_mask_vocab(d["rl"], model_cfg), where="config.rl")
-    _check_experts(rl_cfg, model_cfg)
+    rl_cfg = _rl_config(d["rl"], model_cfg)
     cf_d = d.get("counterfactual", {})
     cf = config_lib.from_dict(
       counterfactuals.CounterfactualConfig, cf_d, where="config.counterfactual"
@@ -172,8 +171,7 @@ def _build(c, *, n_devices: int | None) -> Setup:
     {**d["sampler"], "eos_ids": tok.eos_ids, "pad_id": tok.pad_id},
     where="config.sampler",
   )
-  rl_cfg = spec.RLConfig.from_dict(_with_mask_vocab(d["rl"], model_cfg), where="config.rl")
-  _check_experts(rl_cfg, model_cfg)
+  rl_cfg = _rl_config(d["rl"], model_cfg)
   _check_rl_lengths(rl_cfg, sampler_cfg)
   mesh_cfg = sharding.MeshConfig.from_dict(d.get("mesh", {}))
   cf = config_lib.from_dict(
@@ -250,13 +248,16 @@ def _reward_sources(d: dict, rl_cfg: spec.RLConfig, cf) -> tuple:
   return specs
 
 
-def _check_experts(rl_cfg: spec.RLConfig, model_cfg: model.ModelConfig) -> None:
-  """A load-balancing loss needs routers: refused on a dense model."""
+def _rl_config(rl: dict, model_cfg: model.ModelConfig) -> spec.RLConfig:
+  """config.rl as RLConfig, checked against the model: a load-balancing loss needs
+  routers (refused on a dense model)."""
+  rl_cfg = spec.RLConfig.from_dict(_with_mask_vocab(rl, model_cfg), where="config.rl")
   if rl_cfg.moe_balance_coef > 0 and not model_cfg.n_experts:
     raise ValueError(
       f"config.rl.moe_balance_coef={rl_cfg.moe_balance_coef} needs a mixture-of-experts "
       "model (config.model.n_experts > 0); this model is dense. Set it to 0."
     )
+  return rl_cfg
 
 
 def _check_rl_lengths(rl_cfg: spec.RLConfig, sampler_cfg: sampling.SamplerConfig) -> None:
