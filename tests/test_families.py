@@ -211,17 +211,23 @@ def test_new_families_compile_for_tpu_with_their_update_checks_passing(shape):
     ("gemma-2-9b", "gemma2", 9.2417),
     ("gemma-3-1b", "gemma3_text", 0.99989),
     ("gemma-3-4b", "gemma3_text", 3.8803),
+    ("qwen3-30b-a3b", "qwen3_moe", 30.532),
   ],
 )
 def test_built_in_shapes_of_the_new_families_have_their_published_sizes(name, family, billions):
   """Parameter counts of the published checkpoints (Mistral-7B-v0.1 7.24B; Gemma 2 2.61B
-  and 9.24B; Gemma 3 1B 1.00B; Gemma 3 4B's text model 3.88B of its 4.3B)."""
+  and 9.24B; Gemma 3 1B 1.00B; Gemma 3 4B's text model 3.88B of its 4.3B; Qwen3-30B-A3B
+  30.5B, of which a token goes through 3.04B matmul parameters: its "A3B")."""
   from grpo_jax.models import shapes  # noqa: PLC0415
 
   cfg = shapes.model_config(name)
   params = jax.eval_shape(lambda: model.init(cfg, jax.random.key(0)))
   assert families.of_model(cfg).name == family
   assert sum(x.size for x in jax.tree.leaves(params)) / 1e9 == pytest.approx(billions, rel=1e-4)
+  if cfg.n_experts:
+    from grpo_jax.infra import flops  # noqa: PLC0415
+
+    assert flops.matmul_params(cfg) / 1e9 == pytest.approx(3.0417, rel=1e-4)
 
 
 def _moe_reference(x_ND, router_DX, gate_XDF, up_XDF, down_XFD, *, k, normalized):

@@ -76,6 +76,11 @@ CONFIGS = {
   "llama-3.1-8b": _shape(
     _LLAMA3, 4096, 32, 32, 8, 14336, 128256, False, rope_scaling=_llama3_rope(8.0)
   ),
+  "qwen3-30b-a3b": _shape(
+    dict(_QWEN2, architectures=["Qwen3MoeForCausalLM"]), 2048, 48, 32, 4, 6144, 151936, False,
+    head_dim=128, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+    norm_topk_prob=True,
+  ),
   "mistral-7b": _shape(_MISTRAL, 4096, 32, 32, 8, 14336, 32000, False, sliding_window=4096),
   "gemma-2-2b": _shape(_GEMMA2, 2304, 26, 8, 4, 9216, 256000, True, query_pre_attn_scalar=256),
   "gemma-2-9b": _shape(_GEMMA2, 3584, 42, 16, 8, 14336, 256000, True, query_pre_attn_scalar=256),
