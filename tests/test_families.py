@@ -159,7 +159,6 @@ def test_records_name_their_families_and_match_configs():
     (dict(sliding_window=-1), "sliding_window=-1"),
     (dict(layer_types=("full_attention",)), "one of .* per layer"),
     (dict(layer_types=("sliding_attention", "full_attention")), "sliding_window is 0"),
-    (dict(sliding_window=4, attention_impl="splash"), "does not take sliding_window"),
     (dict(attn_softcap=-1.0), "attn_softcap=-1.0 must be >= 0"),
   ],
 )

@@ -38,6 +38,9 @@ Mapping onto the kernel (`_splash_rows`, per device):
   dimension those mesh axes do not divide stays whole). The kernel itself is
   single-device: the partitioner cannot split a Pallas call.
 
+Sliding windows and soft-caps (Gemma, Mistral): splash's LocalMask and its
+attn_logits_soft_cap (`causal`).
+
 What stays XLA, and why: decoding (calls with a KV cache, `attention.attend` and
 `attention.attend_shared`). JAX's TPU decode kernels (`paged_attention`,
 `ragged_paged_attention`) mask a sequence by one length, slots [0, length) of a paged
@@ -77,16 +80,35 @@ def check_impl(impl: str) -> None:
     )
 
 
-def causal(q_BKQE, keys_BKET, values_BKTE, pos_BT, *, impl: str, dtype):
+def causal(
+  q_BKQE,
+  keys_BKET,
+  values_BKTE,
+  pos_BT,
+  *,
+  impl: str,
+  dtype,
+  sliding=None,
+  sliding_window: int = 0,
+  softcap: float = 0.0,
+):
   """`attention.attend_causal`'s result through the kernel `impl` names ("splash" or
   "splash_interpret"): softmax(q kᵀ) v over the call's own keys, key t' visible to query
-  t iff 0 <= pos_t' <= pos_t, 0 for a padding query. q is already scaled by E^-1/2."""
+  t iff 0 <= pos_t' <= pos_t, 0 for a padding query. q is already scaled.
+
+  A sliding-window layer (`sliding`: a layer's bool, traced under nn.scan; None: no layer
+  slides) also needs t − t' < sliding_window: splash's LocalMask over the call's columns, which is the positions' rule on real tokens (positions increase one a column
+  there; padding is masked by segment ids). Both kernels are built and `lax.cond` picks
+  the layer's. softcap c > 0: scores c·tanh(s / c) (splash's attn_logits_soft_cap)."""
   interpret = impl == "splash_interpret"
   mesh = jax.sharding.get_abstract_mesh()
   _check_platform(mesh, interpret=interpret)
   cast = lambda x: x.astype(dtype)
   args = (cast(q_BKQE), cast(keys_BKET), cast(values_BKTE), pos_BT)
-  body = functools.partial(_splash_rows, interpret=interpret)
+  body = functools.partial(_splash_rows, interpret=interpret, softcap=softcap)
+  if sliding is not None:
+    full, local = body, functools.partial(body, local=sliding_window)
+    body = lambda *a: jax.lax.cond(sliding, local, full, *a)  # noqa: E731
   if mesh.empty:
     return body(*args)
   heads = _local_spec(("activation_batch", "activation_kv_heads", None, None), q_BKQE.shape, mesh)
@@ -125,7 +147,9 @@ def _local_spec(names, shape, mesh) -> jax.sharding.PartitionSpec:
   return jax.sharding.PartitionSpec(*out)
 
 
-def _splash_rows(q_BKQE, keys_BKET, values_BKTE, pos_BT, *, interpret: bool):
+def _splash_rows(
+  q_BKQE, keys_BKET, values_BKTE, pos_BT, *, interpret: bool, softcap: float = 0.0, local: int = 0
+):
   """The kernel over B rows on one device; see the module docstring for the mapping."""
   from jax.experimental.pallas.ops.tpu import splash_attention  # 0.17 s: only when used.
 
@@ -135,7 +159,7 @@ def _splash_rows(q_BKQE, keys_BKET, values_BKTE, pos_BT, *, interpret: bool):
   q_BHTE = jnp.swapaxes(q_BKQE.reshape(B, K, T, R, E), 2, 3).reshape(B, K * R, T, E)
   pad = lambda x_BNTE: jnp.pad(x_BNTE, ((0, 0), (0, 0), (0, Tp - T), (0, 0)))
   seg_BT = (jnp.pad(pos_BT, ((0, 0), (0, Tp - T)), constant_values=-1) >= 0).astype(jnp.int32)
-  kernel = _kernel(K * R, Tp, interpret)
+  kernel = _kernel(K * R, Tp, interpret, softcap=softcap, local=local)
 
   def one_row(q_HTE, k_KTE, v_KTE, seg_T):
     return kernel(q_HTE, k_KTE, v_KTE, segment_ids=splash_attention.SegmentIds(seg_T, seg_T))
@@ -147,8 +171,10 @@ def _splash_rows(q_BKQE, keys_BKET, values_BKTE, pos_BT, *, interpret: bool):
   return jnp.swapaxes(out_BHTE.reshape(B, K, R, T, E), 2, 3).reshape(B, K, Q, E)
 
 
-def _kernel(H: int, T: int, interpret: bool):
-  """Splash attention for H query heads over T positions (T a multiple of 128), causal.
+def _kernel(H: int, T: int, interpret: bool, *, softcap: float = 0.0, local: int = 0):
+  """Splash attention for H query heads over T positions (T a multiple of 128), causal,
+  within `local` columns when local > 0 (the query and local − 1 keys before it),
+  soft-capped when softcap > 0.
   Built in the trace that uses it: its mask arrays are that program's constants (the
   numpy work behind them is cached by splash: `_process_mask`, an lru_cache)."""
   from jax.experimental.pallas.ops.tpu import splash_attention
@@ -159,7 +185,16 @@ def _kernel(H: int, T: int, interpret: bool):
     block_q_dkv=b, block_kv_dkv=b, block_kv_dkv_compute=b,
     block_q_dq=b, block_kv_dq=b,
   )  # fmt: skip
-  mask = splash_attention.MultiHeadMask([splash_attention.CausalMask((T, T))] * H)
+  if local:
+    one = splash_attention.LocalMask((T, T), window_size=(local - 1, 0), offset=0)
+  else:
+    one = splash_attention.CausalMask((T, T))
+  mask = splash_attention.MultiHeadMask([one] * H)
   return splash_attention.make_splash_mha(
-    mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret
+    mask,
+    block_sizes=sizes,
+    head_shards=1,
+    q_seq_shards=1,
+    interpret=interpret,
+    attn_logits_soft_cap=softcap or None,
   )

@@ -292,7 +292,11 @@ class Attention(nn.Module):
     # A Pallas kernel (`kernels`); init's dummy forward runs XLA (the params are the same).
     mask = dict(dtype=cfg.compute_dtype, window=window, softcap=cfg.attn_softcap)
     if cache_kv is None and cfg.attention_impl != "xla" and not self.is_initializing():
-      out_BKQE = kernels.causal(q_BKQE, *keys, impl=cfg.attention_impl, dtype=cfg.compute_dtype)
+      out_BKQE = kernels.causal(
+        q_BKQE, *keys, impl=cfg.attention_impl, dtype=cfg.compute_dtype,
+        sliding=None if window is None else jnp.asarray(window) < model_config.FULL_WINDOW,
+        sliding_window=cfg.sliding_window, softcap=cfg.attn_softcap,
+      )  # fmt: skip
     elif cache_kv is None:  # Teacher forcing or a prefill: causal within the call.
       out_BKQE = attention.attend_causal(q_BKQE, q_pos_BQ, *keys, **mask)
     elif prefix is None:

@@ -272,11 +272,6 @@ class ModelConfig:
       )
     if "sliding_attention" in types and not self.sliding_window:
       raise ValueError("ModelConfig.layer_types has sliding layers but sliding_window is 0.")
-    if self.attention_impl != "xla" and (self.sliding_window or self.attn_softcap):
-      raise ValueError(
-        f"ModelConfig.attention_impl={self.attention_impl!r} does not take sliding_window or "
-        "attn_softcap yet; use 'xla'."
-      )
 
   def _check_experts(self) -> None:
     for name in ("n_experts", "experts_per_token", "expert_mlp_dim"):
