@@ -330,3 +330,19 @@ def test_the_megablox_grouped_matmul_equals_ragged_dot_forward_and_backward():
   np.testing.assert_allclose(got, want, atol=2e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5), g_got, g_want)
   assert float(jnp.abs(g_want["layer_0"]["mlp"]["gate"]).max()) > 1e-3
+
+
+def test_megablox_under_a_cpu_mesh_is_an_error_naming_the_way_out():
+  """The shared Pallas platform check (`kernels.check_platform`) names the MoE setting."""
+  from grpo_jax.models import sharding  # noqa: PLC0415
+
+  cfg = model.tiny_config(32, **SHAPES["qwen3_moe"], moe_impl="megablox")
+  params = model.init(cfg, jax.random.key(0))  # Init's dummy forward runs XLA.
+  layout = sharding.Layout.create(sharding.MeshConfig(), devices=jax.devices()[:1])
+  tokens = jnp.zeros((1, 4), jnp.int32)
+  with (
+    layout.context(),
+    pytest.raises(ValueError, match="moe_impl='megablox' runs a Pallas TPU kernel.*'cpu'.*"
+                  "'megablox_interpret'"),
+  ):  # fmt: skip
+    jax.jit(lambda p: model.apply(p, tokens, tokens, cfg=cfg)[0])(params)

@@ -8,7 +8,7 @@
   flash attention MaxText runs on TPU), its forward and its backward (dq and dk/dv
   kernels). Scores never exist as a [rows, heads, T, T] array in HBM, and the key blocks
   after each query block are skipped (a causal block mask). TPU only: under a mesh of
-  other devices it is an error when the program is traced (`_check_platform`).
+  other devices it is an error when the program is traced (`check_platform`).
 - "splash_interpret": the same kernel run by Pallas's interpreter on any backend (slow:
   for tests of the kernel path on a CPU).
 
@@ -102,7 +102,7 @@ def causal(
   the layer's. softcap c > 0: scores c·tanh(s / c) (splash's attn_logits_soft_cap)."""
   interpret = impl == "splash_interpret"
   mesh = jax.sharding.get_abstract_mesh()
-  _check_platform(mesh, interpret=interpret)
+  check_platform(mesh, interpret=interpret)
   cast = lambda x: x.astype(dtype)
   args = (cast(q_BKQE), cast(keys_BKET), cast(values_BKTE), pos_BT)
   body = functools.partial(_splash_rows, interpret=interpret, softcap=softcap)
@@ -111,15 +111,16 @@ def causal(
     body = lambda *a: jax.lax.cond(sliding, local, full, *a)  # noqa: E731
   if mesh.empty:
     return body(*args)
-  heads = _local_spec(("activation_batch", "activation_kv_heads", None, None), q_BKQE.shape, mesh)
-  rows = _local_spec(("activation_batch", None), pos_BT.shape, mesh)
+  heads = local_spec(("activation_batch", "activation_kv_heads", None, None), q_BKQE.shape, mesh)
+  rows = local_spec(("activation_batch", None), pos_BT.shape, mesh)
   return jax.shard_map(
     body, mesh=mesh, in_specs=(heads, heads, heads, rows), out_specs=heads, check_vma=False
   )(*args)
 
 
-def _check_platform(mesh, *, interpret: bool) -> None:
-  """ValueError when the program is for another platform than TPU, as far as tracing can
+def check_platform(mesh, *, interpret: bool, setting: str = "attention_impl", impl: str = "splash"):
+  """ValueError when a Pallas TPU kernel (model.<setting>=<impl>; `moe` uses it for
+  megablox) is in a program for another platform than TPU, as far as tracing can
   tell: the platform of the context mesh's devices (the trainer's programs, and an
   ahead-of-time compile for a TPU topology on a CPU host, are traced under one,
   `sharding.Layout.context`). Without a mesh the target is unknown while tracing (an
@@ -129,13 +130,13 @@ def _check_platform(mesh, *, interpret: bool) -> None:
   if interpret or device is None or device.platform == "tpu":
     return
   raise ValueError(
-    f"model.attention_impl='splash' runs a Pallas TPU kernel, but this program is for "
-    f"{device.platform!r} devices. Use 'xla' there (the default), or 'splash_interpret' "
+    f"model.{setting}={impl!r} runs a Pallas TPU kernel, but this program is for "
+    f"{device.platform!r} devices. Use 'xla' there (the default), or '{impl}_interpret' "
     "to run the kernel in Pallas's interpreter (slow: tests)."
   )
 
 
-def _local_spec(names, shape, mesh) -> jax.sharding.PartitionSpec:
+def local_spec(names, shape, mesh) -> jax.sharding.PartitionSpec:
   """The mesh axes of logical `names` (the rules in scope), None where their size does not
   divide the dimension (e.g. a held-out batch the mesh does not divide: replicated)."""
   spec = nn.logical_to_mesh_axes(names)

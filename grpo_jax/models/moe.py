@@ -23,11 +23,11 @@ Grouped matmuls, by `model.moe_impl`:
 from __future__ import annotations
 
 import functools
-import math
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from grpo_jax.models import kernels
 
 IMPLS = ("xla", "megablox", "megablox_interpret")
 _TILE = 128  # megablox's row, contraction and output tiles (at most).
@@ -61,15 +61,13 @@ def experts(x_ND, w_NK, e_NK, gate_XDF, up_XDF, down_XFD, *, act, impl: str, dty
   if impl == "xla":
     return body(*args)
   mesh = jax.sharding.get_abstract_mesh()
-  _check_platform(mesh, interpret=impl == "megablox_interpret")
+  interpret = impl == "megablox_interpret"
+  kernels.check_platform(mesh, interpret=interpret, setting="moe_impl", impl="megablox")
   if mesh.empty:
     return body(*args)
-  rows = nn.logical_to_mesh_axes(("activation_batch",))[0]
-  axes = () if rows is None else (rows,) if isinstance(rows, str) else tuple(rows)
-  if x_ND.shape[0] % math.prod(mesh.shape[a] for a in axes):
-    rows = None  # Rows the batch axes do not divide: every device takes them all.
   P = jax.sharding.PartitionSpec
-  tokens, whole = P(rows), P()
+  # Each device its own tokens (all of them where the batch axes do not divide N).
+  tokens, whole = kernels.local_spec(("activation_batch",), x_ND.shape[:1], mesh), P()
   return jax.shard_map(
     body,
     mesh=mesh,
@@ -116,19 +114,6 @@ def _grouped(lhs_MK, rhs_XKF, *, sizes_X, impl: str, dtype):
     impl == "megablox_interpret",
   )
   return out[:M].astype(dtype)
-
-
-def _check_platform(mesh, *, interpret: bool) -> None:
-  """ValueError when the program is for another platform than TPU, as far as tracing can
-  tell (the context mesh's devices; `kernels._check_platform` says why)."""
-  device = None if mesh.empty else mesh.abstract_device
-  if interpret or device is None or device.platform == "tpu":
-    return
-  raise ValueError(
-    f"model.moe_impl='megablox' runs a Pallas TPU kernel, but this program is for "
-    f"{device.platform!r} devices. Use 'xla' there (the default), or 'megablox_interpret' "
-    "(slow: tests)."
-  )
 
 
 def balance_loss(intermediates, *, n_experts: int, stacked: bool):
