@@ -120,10 +120,8 @@ def plan_setup(c, *, n_devices: int | None = None, model_source: str = "") -> Se
     loop = config_lib.from_dict(
       config.LoopConfig, {k: v for k, v in d.items() if k not in config.SECTIONS}, where="config"
     )
-    sampler_cfg = config_lib.from_dict(
-      sampling.SamplerConfig, {**d["sampler"], "eos_ids": (0,), "pad_id": 0}, where="config.sampler"
-    )
     rl_cfg = _rl_config(d["rl"], model_cfg)
+    sampler_cfg = _sampler_config(d, rl_cfg, eos_ids=(0,), pad_id=0)
     cf_d = d.get("counterfactual", {})
     cf = config_lib.from_dict(
       counterfactuals.CounterfactualConfig, cf_d, where="config.counterfactual"
@@ -166,12 +164,8 @@ def _build(c, *, n_devices: int | None) -> Setup:
   task, tok = task_and_tokenizer(d["task"], hf_dir=loop.hf_dir)
   model_cfg = model_config_of(d["model"], tok, hf_dir=loop.hf_dir)
   _check_learning_rates(loop, model_cfg)
-  sampler_cfg = config_lib.from_dict(
-    sampling.SamplerConfig,
-    {**d["sampler"], "eos_ids": tok.eos_ids, "pad_id": tok.pad_id},
-    where="config.sampler",
-  )
   rl_cfg = _rl_config(d["rl"], model_cfg)
+  sampler_cfg = _sampler_config(d, rl_cfg, eos_ids=tok.eos_ids, pad_id=tok.pad_id)
   _check_rl_lengths(rl_cfg, sampler_cfg)
   mesh_cfg = sharding.MeshConfig.from_dict(d.get("mesh", {}))
   cf = config_lib.from_dict(
@@ -249,15 +243,53 @@ def _reward_sources(d: dict, rl_cfg: spec.RLConfig, cf) -> tuple:
 
 
 def _rl_config(rl: dict, model_cfg: model.ModelConfig) -> spec.RLConfig:
-  """config.rl as RLConfig, checked against the model: a load-balancing loss needs
-  routers (refused on a dense model)."""
+  """config.rl as RLConfig, checked against the model: a load-balancing loss and routing
+  replay need routers (refused on a dense model)."""
   rl_cfg = spec.RLConfig.from_dict(_with_mask_vocab(rl, model_cfg), where="config.rl")
-  if rl_cfg.moe_balance_coef > 0 and not model_cfg.n_experts:
-    raise ValueError(
-      f"config.rl.moe_balance_coef={rl_cfg.moe_balance_coef} needs a mixture-of-experts "
-      "model (config.model.n_experts > 0); this model is dense. Set it to 0."
-    )
+  for name, value, off in (
+    ("moe_balance_coef", rl_cfg.moe_balance_coef, 0),
+    ("routing_replay", rl_cfg.routing_replay, False),
+  ):
+    if value != off and not model_cfg.n_experts:
+      raise ValueError(
+        f"config.rl.{name}={value} needs a mixture-of-experts model (config.model."
+        f"n_experts > 0); this model is dense. Set it to {off}."
+      )
   return rl_cfg
+
+
+def _sampler_config(d: dict, rl_cfg: spec.RLConfig, *, eos_ids, pad_id) -> sampling.SamplerConfig:
+  """config.sampler as SamplerConfig (the ids from the tokenizer), recording routes with
+  rl.routing_replay: only the static sampler records them, so the samplers that decode
+  otherwise (the refill sampler, episodes, partial rollouts, counterfactual rows) are
+  refused with it."""
+  cfg = config_lib.from_dict(
+    sampling.SamplerConfig,
+    {**d["sampler"], "eos_ids": eos_ids, "pad_id": pad_id, "record_routes": rl_cfg.routing_replay},
+    where="config.sampler",
+  )
+  if not rl_cfg.routing_replay:
+    return cfg
+  op, cf = d.get("offpolicy", {}), d.get("counterfactual", {})
+  clash = [
+    why
+    for why, on in (
+      (f"config.sampler.refill_slots={cfg.refill_slots} (0: off)", cfg.refill_slots > 0),
+      ("config.env (episodes)", bool(d.get("env", {}).get("name"))),
+      (
+        f"config.offpolicy.partial={op.get('partial')!r} (off: 'off')",
+        op.get("enabled") and op.get("partial", "off") != "off",
+      ),
+      ("config.counterfactual.train=True", bool(cf.get("train"))),
+    )
+    if on
+  ]
+  if clash:
+    raise ValueError(
+      "config.rl.routing_replay=True records routes in the static sampler, which these "
+      f"settings replace: {'; '.join(clash)}. Turn them off, or routing_replay off."
+    )
+  return cfg
 
 
 def _check_rl_lengths(rl_cfg: spec.RLConfig, sampler_cfg: sampling.SamplerConfig) -> None:

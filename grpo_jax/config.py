@@ -338,7 +338,7 @@ def default_config() -> ml_collections.ConfigDict:
   sampler = {
     f.name: f.default
     for f in dataclasses.fields(sampling.SamplerConfig)
-    if f.name not in ("eos_ids", "pad_id")
+    if f.name not in ("eos_ids", "pad_id", "record_routes")  # record_routes: rl.routing_replay.
   }
   sampler["max_new_tokens"] = 16
   c.sampler = ml_collections.ConfigDict(sampler)
@@ -436,7 +436,9 @@ def from_recorded(recorded: dict) -> ml_collections.ConfigDict:
   rec = {**d.pop("loop", {}), **{k: v for k, v in d.items() if k in SECTIONS and k != "eval"}}
   rec["task"] = {k: v for k, v in rec.get("task", {}).items() if k != "class"}
   rec["sampler"] = {
-    k: v for k, v in rec.get("sampler", {}).items() if k not in ("eos_ids", "pad_id")
+    k: v
+    for k, v in rec.get("sampler", {}).items()
+    if k not in ("eos_ids", "pad_id", "record_routes")
   }
   if rec.get("hf_dir"):
     rec["model"] = {k: v for k, v in rec.get("model", {}).items() if k in HF_RUNTIME_KEYS}

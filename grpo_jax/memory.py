@@ -118,7 +118,7 @@ import jax
 import jax.extend as jex
 import jax.numpy as jnp
 
-from grpo_jax.models import attention, model, sampling, sharding
+from grpo_jax.models import attention, model, moe, sampling, sharding
 from grpo_jax.rl import learner, spec
 
 GIB = 2**30
@@ -230,9 +230,16 @@ def _local_model(cfg: model.ModelConfig, tensor: int) -> model.ModelConfig:
   )
 
 
-def abstract_minibatch(rows: int, P: int, T: int) -> spec.RolloutBatch:
-  """Shapes and dtypes of a mini-batch of `rows` rows of P prompt + T completion tokens."""
+def abstract_minibatch(rows: int, P: int, T: int, *, replay=None) -> spec.RolloutBatch:
+  """Shapes and dtypes of a mini-batch of `rows` rows of P prompt + T completion tokens;
+  with replay = the model config, the routes it replays (rl.routing_replay)."""
   sd = jax.ShapeDtypeStruct
+  routes = {}
+  if replay is not None:
+    L, k, dtype = replay.n_layers, replay.experts_per_token, moe.route_dtype(replay.n_experts)
+    routes = dict(
+      prompt_routes_NPLK=sd((rows, P, L, k), dtype), routes_NTLK=sd((rows, T, L, k), dtype)
+    )
   token = lambda *shape: sd(shape, jnp.int32)
   flag = lambda *shape: sd(shape, jnp.bool_)
   real = lambda *shape: sd(shape, jnp.float32)
@@ -246,6 +253,7 @@ def abstract_minibatch(rows: int, P: int, T: int) -> spec.RolloutBatch:
     old_logp_NT=real(rows, T),
     ref_logp_NT=real(rows, T),
     group_ids_N=token(rows),
+    **routes,
   )
 
 
@@ -750,7 +758,8 @@ def abstract_inputs(setup, fns) -> tuple:
   key = jax.eval_shape(lambda: jax.random.key(0))
   B = setup.loop.prompts_per_step
   prompts = sampling.Prompts(tokens_BP=sd((B, P), jnp.int32), mask_BP=sd((B, P), jnp.bool_))
-  return state, abstract_minibatch(N, P, T), key, prompts
+  replay = setup.model_cfg if setup.rl_cfg.routing_replay else None
+  return state, abstract_minibatch(N, P, T, replay=replay), key, prompts
 
 
 def measure(setup, fns) -> dict:

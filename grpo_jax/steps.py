@@ -223,15 +223,24 @@ def _sampler_model(setup: build.Setup, model_fn, layout: sharding.Layout):
 
 
 def _sampler(
-  setup: build.Setup, sh: _Shardings, model_fn, *, group: int, prompts: int, slots: int = 0
+  setup: build.Setup,
+  sh: _Shardings,
+  model_fn,
+  *,
+  group: int,
+  prompts: int,
+  slots: int = 0,
+  train: bool = False,
 ):
   """`sampling.sample` for `prompts` prompts × `group` rows each; with `slots`, the
-  slot-refill sampler (`refill.sample`); in sampler.dtype when it is set."""
+  slot-refill sampler (`refill.sample`); in sampler.dtype when it is set. Only the
+  `train` sampler records routes (rl.routing_replay)."""
   mcfg, model_fn, view = _sampler_model(setup, model_fn, sh.layout)
+  scfg = setup.sampler_cfg
   kw = dict(
     model_fn=model_fn,
     init_cache=functools.partial(model.init_cache, mcfg),
-    cfg=dataclasses.replace(setup.sampler_cfg, group_size=group),
+    cfg=dataclasses.replace(scfg, group_size=group, record_routes=scfg.record_routes and train),
   )
   fn = (
     functools.partial(refill.sample, slots=slots, **kw)
@@ -430,7 +439,7 @@ def _build(setup: build.Setup, devices=None) -> Functions:
     optimizer=optimizer,
     samplers=Samplers(
       train=train_sampler(
-        group=scfg.group_size, prompts=loop.prompts_per_step, slots=scfg.refill_slots
+        group=scfg.group_size, prompts=loop.prompts_per_step, slots=scfg.refill_slots, train=True
       ),
       greedy=sampler(group=1, prompts=loop.eval_size),
       eval=sampler(group=loop.eval_samples, prompts=loop.eval_size) if loop.eval_samples else None,

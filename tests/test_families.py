@@ -280,7 +280,8 @@ def test_expert_parallel_on_4_devices_equals_one_device():
 def test_a_mixture_of_experts_trains_under_grpo_with_its_balance_loss(tmp_path, lora):
   """Two GRPO iterations of the quick config with a Qwen3-MoE-shaped policy (4 experts,
   top 2) and rl.moe_balance_coef, fully fine-tuned and with LoRA on q, k, v, o: each
-  iteration logs the balance loss, between its floor k = 2 and X = 4."""
+  iteration logs the balance loss, between its floor k = 2 and X = 4. The LoRA run also
+  replays the routes of a bfloat16 sampler (rl.routing_replay) and logs its mismatch."""
   import runs  # noqa: PLC0415
 
   from grpo_jax import train  # noqa: PLC0415
@@ -293,10 +294,13 @@ def test_a_mixture_of_experts_trains_under_grpo_with_its_balance_loss(tmp_path, 
   c.update(eval_every=2, eval_size=8, eval_samples=0, checkpoint_every=2, reward_workers=0)
   c.update(progress=False, tensorboard=False)
   c.rl.moe_balance_coef = 0.01
+  if lora:
+    c.rl.routing_replay, c.sampler.dtype = True, "bfloat16"
   train.run(c, tmp_path, log=lambda _: None)
   steps = [r for r in runs.lines(tmp_path) if "moe_balance" in r]
   assert len(steps) == 2
   assert all(2.0 <= r["moe_balance"] <= 4.0 for r in steps), steps
+  assert all(0.0 <= r["offpolicy/mismatch_k3"] < 0.05 for r in steps), steps
 
 
 def test_a_balance_loss_on_a_dense_model_is_a_clear_error():

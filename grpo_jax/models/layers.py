@@ -345,12 +345,16 @@ class MoeMlp(nn.Module):
   the experts' matmuls over the rows routed to each (`moe.experts`, model.moe_impl).
   Expert weights [X, D, F] / [X, F, D] carry the logical name "expert" (split over a mesh
   axis by the rules table: expert parallelism). With the "intermediates" collection
-  mutable it sows its real tokens' routing (valid_BT) for `moe.balance_loss`."""
+  mutable it sows its real tokens' routing (valid_BT) for `moe.balance_loss`.
+
+  Routing replay: routes_BTK (int, -1: the token routes itself) are experts recorded by
+  another forward, used in place of this router's top-k (`moe.route`); with the "routes"
+  collection mutable it sows its own choices e [B, T, k] ("experts", `moe.route_dtype`)."""
 
   cfg: model_config.ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD, valid_BT=None):
+  def __call__(self, x_BTD, valid_BT=None, routes_BTK=None):
     cfg = self.cfg
     X, k, F, D = cfg.n_experts, cfg.experts_per_token, cfg.expert_mlp_dim, cfg.d_model
     router = _dense(cfg, X, ("embed", "expert_router"), name="router")
@@ -363,7 +367,12 @@ class MoeMlp(nn.Module):
     down = weight("down", (X, F, D), ("expert", "expert_mlp", "embed"))
     B, T, _ = x_BTD.shape
     x_ND = x_BTD.reshape(B * T, D)
-    probs_NX, w_NK, e_NK = moe.route(router(x_ND), k=k, normalized=cfg.expert_weights_normalized)
+    replay_NK = None if routes_BTK is None else routes_BTK.reshape(B * T, k)
+    probs_NX, w_NK, e_NK = moe.route(
+      router(x_ND), k=k, normalized=cfg.expert_weights_normalized, replay_NK=replay_NK
+    )
+    if self.is_mutable_collection("routes"):
+      self.sow("routes", "experts", e_NK.reshape(B, T, k).astype(moe.route_dtype(X)))
     if valid_BT is not None and self.is_mutable_collection("intermediates"):
       v_N = valid_BT.reshape(-1).astype(jnp.float32)  # Router statistics of real tokens.
       chosen_NKX = jax.nn.one_hot(e_NK, X, dtype=jnp.float32)
@@ -382,7 +391,8 @@ class MoeMlp(nn.Module):
 class Block(nn.Module):
   """Pre-norm decoder block: x + attn(norm(x)), then x + mlp(norm(x)); with
   model.post_norms (Gemma 2/3) x + norm(attn(norm(x))), then x + norm(mlp(norm(x))).
-  layer: this layer's (window, inv_freq), as `Attention` takes it."""
+  layer: this layer's (window, inv_freq), as `Attention` takes it, and its replayed
+  routes [B, T, k] or None (`MoeMlp`)."""
 
   cfg: model_config.ModelConfig
 
@@ -395,12 +405,16 @@ class Block(nn.Module):
     post = (lambda name, y: norm(name=name)(y)) if cfg.post_norms else (lambda name, y: y)
     attn = Attention(cfg, name="attn")
     prefix = None if prefix_kv is None else (prefix_kv, prefix_pos)
+    window, inv_freq, routes_BTK = (None, None, None) if layer is None else layer
     attn_BTD, kv_new = attn(
-      norm(name="attn_norm")(x_BTD), positions_BT, cache_kv, cache_pos_BS, index, prefix, layer
-    )
+      norm(name="attn_norm")(x_BTD),
+      positions_BT, cache_kv, cache_pos_BS, index, prefix, (window, inv_freq),
+    )  # fmt: skip
     x_BTD = x_BTD + post("attn_post_norm", attn_BTD)
     if cfg.n_experts:
-      mlp = functools.partial(MoeMlp(cfg, name="mlp"), valid_BT=positions_BT >= 0)
+      mlp = functools.partial(
+        MoeMlp(cfg, name="mlp"), valid_BT=positions_BT >= 0, routes_BTK=routes_BTK
+      )
     else:
       mlp = Mlp(cfg, name="mlp")
     x_BTD = x_BTD + post("mlp_post_norm", mlp(norm(name="mlp_norm")(x_BTD)))
@@ -445,10 +459,13 @@ class Decoder(nn.Module):
   head: bool = True  # False: return the final-normed hidden states (`head_logits` later).
 
   @nn.compact
-  def __call__(self, tokens_BT, positions_BT, cache_kv, cache_pos_BS, index, prefix=None):
+  def __call__(
+    self, tokens_BT, positions_BT, cache_kv, cache_pos_BS, index, prefix=None, routes=None
+  ):
     """cache_kv None: returns this call's k/v [L,B,T,K,E]; else the updated buffers.
     prefix: (k, v) buffers per layer (stacked [L, ...] with scan_layers) and positions of
-    a prefix shared by groups of rows (`KVCache.share`), or None."""
+    a prefix shared by groups of rows (`KVCache.share`), or None. routes: replayed experts
+    [L, B, T, k] of a mixture of experts (`MoeMlp`), or None."""
     prefix_kv, prefix_pos = (None, None) if prefix is None else prefix
     cfg = self.cfg
     embed = _Embed(
@@ -475,13 +492,13 @@ class Decoder(nn.Module):
     if cfg.scan_layers:
       stack = nn.scan(
         block,
-        variable_axes={"params": 0, "lora": 0, "intermediates": 0},
+        variable_axes={"params": 0, "lora": 0, "intermediates": 0, "routes": 0},
         split_rngs={"params": True, "dropout": True},
         in_axes=(nn.broadcast, 0, nn.broadcast, nn.broadcast, 0, nn.broadcast, 0),
         length=cfg.n_layers,
         metadata_params={nn.PARTITION_NAME: "layers"},
       )
-      layer = (_const(windows_L), _const(inv_freq_LH))
+      layer = (_const(windows_L), _const(inv_freq_LH), routes)
       x_BTD, kv_new = stack(cfg, name="layers")(
         x_BTD, positions_BT, cache_kv, cache_pos_BS, index, prefix_kv, prefix_pos, layer
       )
@@ -490,7 +507,7 @@ class Decoder(nn.Module):
       for i in range(cfg.n_layers):
         layer_kv = None if cache_kv is None else (cache_kv[0][i], cache_kv[1][i])
         layer_prefix = None if prefix_kv is None else (prefix_kv[0][i], prefix_kv[1][i])
-        layer = tuple(None if a is None else a[i] for a in (windows_L, inv_freq_LH))
+        layer = tuple(None if a is None else a[i] for a in (windows_L, inv_freq_LH, routes))
         x_BTD, kv = block(cfg, name=f"layer_{i}")(
           x_BTD, positions_BT, layer_kv, cache_pos_BS, index, layer_prefix, prefix_pos, layer
         )

@@ -93,13 +93,16 @@ def completion_logits(
   hidden_only=False,
   dropout_key=None,
   router_stats=False,
+  routes=None,
 ):
   """Logits [N, T, V] at the T slots that predict the completion tokens (the sequence
   [left-padded prompt ; right-padded completion], position ids skipping both paddings;
   `model_fn` must take `logits_slice`). hidden_only: the final-normed hidden states
   [N, T, D] there instead (the model's `hidden_only`), for an LM head run in chunks.
   dropout_key (a training forward, `model.apply`'s) is passed on only when given.
-  router_stats: returns (logits, the forward's router statistics) (`model.apply`)."""
+  router_stats: returns (logits, the forward's router statistics) (`model.apply`).
+  routes: (prompt [N, P, L, k], completion [N, T, L, k]) experts to replay (a mixture of
+  experts, `model.apply(routes=...)`), or None: the model routes itself."""
   P = prompt_tokens_NP.shape[1]
   tokens_NS = jnp.concatenate([prompt_tokens_NP, tokens_NT], axis=1)
   mask_NS = jnp.concatenate([prompt_mask_NP, mask_NT], axis=1)
@@ -110,6 +113,8 @@ def completion_logits(
     extra["dropout_key"] = dropout_key
   if router_stats:
     extra["router_stats"] = True
+  if routes is not None:
+    extra["routes"] = jnp.concatenate(routes, axis=1)
   logits_NTV, router = model_fn(
     params,
     tokens_NS,
@@ -171,6 +176,7 @@ def completion_logprobs(
   chunk: int = 0,
   dropout_key=None,
   router_stats=False,
+  routes=None,
 ):
   """log π(o_t | q, o_<t) of each completion token in one full forward: [N, T] (0 off mask).
 
@@ -188,9 +194,13 @@ def completion_logprobs(
   `dropout_key` makes it a training forward (adapter dropout, `model.apply`).
   `router_stats` (a mixture-of-experts model, with_stats): stats also hold "moe_balance",
   the forward's load-balancing loss (`model.apply(router_stats=True)`).
+  `routes` (routing replay): (prompt, completion) experts the forward replays
+  (`completion_logits`); None: it routes itself.
   """
   args = (params, prompt_tokens_NP, prompt_mask_NP, tokens_NT, mask_NT)
   routers = {"router_stats": True} if router_stats else {}
+  if routes is not None:
+    routers["routes"] = routes
   if 0 < chunk < tokens_NT.shape[1]:
     hidden_NTD = completion_logits(
       *args, model_fn=model_fn, hidden_only=True, dropout_key=dropout_key, **routers
@@ -223,6 +233,14 @@ def completion_logprobs(
   if router is not None:
     stats["moe_balance"] = router["moe_balance"]
   return logp_NT, stats
+
+
+def replayed(rows):
+  """(prompt routes, completion routes) a forward of these rows (`sampling.Rollouts` or
+  a batch with the same fields) replays (rl.routing_replay), or None: none recorded."""
+  if getattr(rows, "routes_NTLK", None) is None:
+    return None
+  return rows.prompt_routes_NPLK, rows.routes_NTLK
 
 
 def teacher_forced_logprobs(params, rollouts, *, model_fn: Callable):

@@ -91,6 +91,8 @@ def apply(
   head_only: bool = False,
   dropout_key: jax.Array | None = None,
   router_stats: bool = False,
+  routes=None,
+  record_routes: bool = False,
 ):
   """Forward pass. Returns (float32 logits [B,T,V], cache with this call's tokens appended).
 
@@ -106,7 +108,31 @@ def apply(
   `router_stats=True` (a teacher-forced forward of a mixture of experts) returns
   (logits, {"moe_balance": the load-balancing loss of this call's real tokens}) in place
   of (logits, None) (`moe.balance_loss`).
+
+  Routing replay (a mixture of experts): `routes` [B, T, L, k] (int, -1: the token routes
+  itself) are the experts each token took in another forward (the sampler's), used in
+  place of this forward's top-k (`moe.route`). `record_routes=True` returns a third
+  value, the experts this forward chose [B, T, L, k] (`moe.route_dtype`).
   """
+  if record_routes or routes is not None:
+    _check_routes(cfg, tokens_BT, routes, record=record_routes, router_stats=router_stats,
+                  head_only=head_only)  # fmt: skip
+  sown = {} if record_routes else None
+  out = _apply(params, tokens_BT, positions_BT, cache, cfg=cfg, logits_slice=logits_slice,
+               hidden_only=hidden_only, head_only=head_only, dropout_key=dropout_key,
+               router_stats=router_stats, routes=routes, sown=sown)  # fmt: skip
+  if not record_routes:
+    return out
+  tree = sown["routes"]  # Stacked [L, ...] by nn.scan, or one per layer module.
+  if cfg.scan_layers:
+    (routes_LBTK,) = jax.tree.leaves(tree)
+  else:
+    routes_LBTK = jnp.stack([tree[f"layer_{i}"]["mlp"]["experts"][0] for i in range(cfg.n_layers)])
+  return (*out, jnp.moveaxis(routes_LBTK, 0, 2))
+
+
+def _apply(params, tokens_BT, positions_BT, cache, *, cfg, logits_slice, hidden_only,
+           head_only, dropout_key, router_stats, routes, sown):  # fmt: skip
   if head_only:
     return layers.head_logits(params, tokens_BT, cfg=cfg, dropout_key=dropout_key), None
   decoder = layers.Decoder(cfg, logits_slice=logits_slice, head=not hidden_only)
@@ -114,8 +140,11 @@ def apply(
     raise ValueError("model.apply(hidden_only=True) is a teacher-forced forward: no cache.")
   variables = layers.variables_of(params, cfg)
   rngs = layers._rngs(cfg, dropout_key)
+  decoder = functools.partial(_decode, decoder, sown=sown)
+  if routes is not None:  # [B, T, L, k] -> [L, B, T, k], scanned over the layers.
+    decoder = functools.partial(decoder, routes=jnp.moveaxis(routes, 2, 0))
   if cache is None and router_stats:
-    (logits_BTV, _), state = decoder.apply(
+    (logits_BTV, _), state = decoder(
       variables, tokens_BT, positions_BT, None, None, None, rngs=rngs, mutable=["intermediates"]
     )
     balance = moe.balance_loss(
@@ -125,7 +154,7 @@ def apply(
   if router_stats:
     raise ValueError("model.apply(router_stats=True) is a teacher-forced forward: no cache.")
   if cache is None:
-    logits_BTV, _ = decoder.apply(variables, tokens_BT, positions_BT, None, None, None, rngs=rngs)
+    logits_BTV, _ = decoder(variables, tokens_BT, positions_BT, None, None, None, rngs=rngs)
     return logits_BTV, None
   if rngs:
     raise ValueError("model.apply(dropout_key=...) is a training forward: no cache.")
@@ -137,9 +166,7 @@ def apply(
   else:
     pos_BS = jax.lax.dynamic_update_slice(cache.pos_BS, positions_BT.astype(jnp.int32), (0, i))
   if cache.empty:  # Prefill: attend within the call, then write its k/v [L,B,T,K,E] once.
-    logits_BTV, (k_LBTKE, v_LBTKE) = decoder.apply(
-      variables, tokens_BT, positions_BT, None, None, None
-    )
+    logits_BTV, (k_LBTKE, v_LBTKE) = decoder(variables, tokens_BT, positions_BT, None, None, None)
 
     def write(bufs, new_L, at):
       if cache.stacked:
@@ -156,10 +183,39 @@ def apply(
     if cache.prefix_pos_AS is not None:
       pkv = (cache.prefix_k, cache.prefix_v)
       prefix = (tuple(x[0] for x in pkv) if cache.stacked else pkv, cache.prefix_pos_AS)
-    logits_BTV, (k, v) = decoder.apply(variables, tokens_BT, positions_BT, kv, pos_BS, i, prefix)
+    logits_BTV, (k, v) = decoder(variables, tokens_BT, positions_BT, kv, pos_BS, i, prefix)
     k, v = ((k,), (v,)) if cache.stacked else (tuple(k), tuple(v))
   cache = cache.replace(k=k, v=v, pos_BS=pos_BS, index=i + tokens_BT.shape[1], empty=False)
   return logits_BTV, cache
+
+
+def _decode(module, variables, *args, sown=None, **kwargs):
+  """module.apply(variables, *args, **kwargs); with `sown` (a dict), the "routes"
+  collection is also mutable and what the MoE layers sow lands in sown["routes"]."""
+  if sown is None:
+    return module.apply(variables, *args, **kwargs)
+  kwargs["mutable"] = [*kwargs.get("mutable", []), "routes"]
+  out, state = module.apply(variables, *args, **kwargs)
+  sown["routes"] = state.pop("routes")
+  return (out, state) if state else out
+
+
+def _check_routes(cfg: model_config.ModelConfig, tokens_BT, routes, *, record, router_stats,
+                  head_only):  # fmt: skip
+  """ValueError unless routes can be replayed or recorded in this forward."""
+  if not cfg.n_experts:
+    raise ValueError(
+      "model.apply(routes=..., record_routes=True) replays or records a mixture of experts' "
+      "routing; this model is dense (model.n_experts=0)."
+    )
+  if head_only or (record and router_stats):
+    raise ValueError(
+      "model.apply: routes are neither replayed nor recorded by head_only, nor recorded "
+      "with router_stats."
+    )
+  want = (*tokens_BT.shape[:2], cfg.n_layers, cfg.experts_per_token)
+  if routes is not None and tuple(routes.shape) != want:
+    raise ValueError(f"model.apply(routes=...) must be [B, T, L, k] = {want}, got {routes.shape}.")
 
 
 def make_model_fn(cfg: model_config.ModelConfig):

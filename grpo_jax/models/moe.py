@@ -43,14 +43,30 @@ def check_impl(impl: str) -> None:
     )
 
 
-def route(logits_NX, *, k: int, normalized: bool):
+def route(logits_NX, *, k: int, normalized: bool, replay_NK=None):
   """(probs p [N, X] float32, top-k weights w [N, k], experts e [N, k]):
-  p = softmax(logits), (w, e) = top_k(p, k), w / Σw when `normalized`."""
+  p = softmax(logits), (w, e) = top_k(p, k), w / Σw when `normalized`.
+
+  Routing replay (`replay_NK`, int, -1 where a token routes itself): a token with
+  recorded experts r uses e = r and w = p_r (/ Σ_j p_rj when `normalized`): the experts
+  the sampler chose, weighted by this forward's router, so the router still gets its
+  gradient (R3, "Stabilizing MoE Reinforcement Learning by Aligning Training and
+  Inference Routers", Ma et al. 2025). A token replays all k of its experts or none."""
   probs_NX = jax.nn.softmax(logits_NX.astype(jnp.float32), axis=-1)
   w_NK, e_NK = jax.lax.top_k(probs_NX, k)
+  if replay_NK is not None:
+    replayed_N1 = replay_NK[:, :1] >= 0
+    e_NK = jnp.where(replayed_N1, replay_NK.astype(e_NK.dtype), e_NK)
+    w_NK = jnp.take_along_axis(probs_NX, e_NK, axis=-1)
   if normalized:
     w_NK = w_NK / w_NK.sum(-1, keepdims=True)
   return probs_NX, w_NK, e_NK
+
+
+def route_dtype(n_experts: int):
+  """The smallest signed integer type holding expert ids and -1: recorded routes are
+  [rows, tokens, layers, k] (int8 up to 127 experts: 8 bytes a token a layer at k = 8)."""
+  return jnp.int8 if n_experts <= 127 else jnp.int16 if n_experts <= 32767 else jnp.int32
 
 
 def experts(x_ND, w_NK, e_NK, gate_XDF, up_XDF, down_XFD, *, act, impl: str, dtype):

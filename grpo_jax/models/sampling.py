@@ -70,6 +70,10 @@ class SamplerConfig:
   # each decode step reads a prompt's keys and values once per group, not once per row.
   # False: the prompt's cache is copied to each of its G rows (`KVCache.repeat`).
   shared_prefix: bool = True
+  # Routing replay (a mixture of experts, rl.routing_replay, set by the build): the
+  # static sampler records the experts every prompt and completion token took, per layer
+  # (`Rollouts.routes_NTLK`), for the trainer's forwards to replay.
+  record_routes: bool = False
 
   def __post_init__(self):
     if self.dtype not in ("", "float32", "bfloat16"):
@@ -170,6 +174,12 @@ class Rollouts:
   # holds the environment's observations (in the context, never trained). None: every
   # token of mask_NT is the model's (single-turn sampling).
   action_mask_NT: jax.Array | None = None
+  # Routing replay (SamplerConfig.record_routes): the experts each prompt and completion
+  # token took in the sampler's forward, [rows, tokens, L layers, k] (`moe.route_dtype`;
+  # -1: none recorded, the trainer's router decides: padding, and the last completion
+  # token, which is never fed). None: not recorded.
+  prompt_routes_NPLK: jax.Array | None = None
+  routes_NTLK: jax.Array | None = None
 
 
 # ----------------------------------------------------------------------------
@@ -350,6 +360,11 @@ class DecodeState:
   mask_NT: jax.Array
   logp_NT: jax.Array
   policy_logp_NT: jax.Array
+  # Routing replay (SamplerConfig.record_routes): the prompts' recorded experts (all but
+  # the last prompt token, [B, P - 1, L, k]) and those of the token fed at each step
+  # (column t: the last prompt token at t = 0, completion token t - 1 after), or None.
+  prompt_routes_BPLK: jax.Array | None = None
+  routes_NTLK: jax.Array | None = None
   # The cache's length in each decode segment (static; the last is P - 1 + T, the cache's
   # full length); one entry: a single loop over the full cache.
   segment_slots: tuple[int, ...] = flax.struct.field(pytree_node=False, default=())
@@ -421,7 +436,15 @@ def prefill(
     slots = (P - 1 + T,)
   if not share:
     cache = init_cache(B, slots[0])
-  _, cache = model_fn(params, tokens_BP[:, :-1], positions_BP[:, :-1], cache)
+  routes = {}
+  if cfg.record_routes:
+    _, cache, r_BPLK = model_fn(
+      params, tokens_BP[:, :-1], positions_BP[:, :-1], cache, record_routes=True
+    )
+    routes["prompt_routes_BPLK"] = jnp.where(mask_BP[:, :-1, None, None], r_BPLK, -1)
+    routes["routes_NTLK"] = jnp.full((N, T, *r_BPLK.shape[2:]), -1, r_BPLK.dtype)
+  else:
+    _, cache = model_fn(params, tokens_BP[:, :-1], positions_BP[:, :-1], cache)
   return DecodeState(
     step=jnp.zeros((), jnp.int32),
     cache=cache.share(G, slots[0]) if share else cache.repeat(G),
@@ -434,6 +457,7 @@ def prefill(
     logp_NT=jnp.zeros((N, T), jnp.float32),
     policy_logp_NT=jnp.zeros((N, T), jnp.float32),
     segment_slots=slots,
+    **routes,
   )
 
 
@@ -467,7 +491,15 @@ def decode(
     return (s.step < end) & ~jnp.all(s.done_N)
 
   def body(s: DecodeState):
-    logits_N1V, cache = model_fn(params, s.tok_N[:, None], s.pos_N[:, None], s.cache)
+    routes = {}
+    if s.routes_NTLK is None:
+      logits_N1V, cache = model_fn(params, s.tok_N[:, None], s.pos_N[:, None], s.cache)
+    else:  # The fed token's experts, per layer, into column `step` (-1 once a row ended).
+      logits_N1V, cache, r_N1LK = model_fn(
+        params, s.tok_N[:, None], s.pos_N[:, None], s.cache, record_routes=True
+      )
+      r_N1LK = jnp.where(s.done_N[:, None, None, None], -1, r_N1LK)
+      routes["routes_NTLK"] = jax.lax.dynamic_update_slice(s.routes_NTLK, r_N1LK, (0, s.step, 0, 0))
     key, step_key = jax.random.split(s.key)
     tok_N, logp_N, policy_logp_N = choose_tokens(logits_N1V[:, -1], step_key, hyper)
     live_N = ~s.done_N
@@ -489,6 +521,7 @@ def decode(
       mask_NT=put(s.mask_NT, live_N),
       logp_NT=put(s.logp_NT, jnp.where(live_N, logp_N, 0.0)),
       policy_logp_NT=put(s.policy_logp_NT, jnp.where(live_N, policy_logp_N, 0.0)),
+      **routes,
     )
 
   slots = state.segment_slots or (None,)  # `prefill` made the cache slots[0] long.
@@ -513,6 +546,9 @@ def to_rollouts(prompts: Prompts, state, *, group_size: int, eos_N=None) -> Roll
   tokens_BP = jnp.asarray(prompts.tokens_BP, jnp.int32)
   B, G = tokens_BP.shape[0], group_size
   eos_N = state.done_N if eos_N is None else eos_N
+  routes = {}
+  if getattr(state, "routes_NTLK", None) is not None:
+    routes = replay_routes(state.prompt_routes_BPLK, state.routes_NTLK, group_size=G)
   return Rollouts(
     prompt_tokens_NP=jnp.repeat(tokens_BP, G, axis=0),
     prompt_mask_NP=jnp.repeat(jnp.asarray(prompts.mask_BP, jnp.bool_), G, axis=0),
@@ -525,7 +561,23 @@ def to_rollouts(prompts: Prompts, state, *, group_size: int, eos_N=None) -> Roll
     length_N=jnp.sum(state.mask_NT, axis=-1, dtype=jnp.int32),
     group_ids_N=jnp.repeat(jnp.arange(B, dtype=jnp.int32), G),
     num_steps=state.step,
+    **routes,
   )
+
+
+def replay_routes(prompt_routes_BPLK, routes_NTLK, *, group_size: int) -> dict:
+  """The decode state's recorded experts laid out as the trainer's forward reads its
+  tokens ([left-padded prompt ; completion], `logprobs.completion_logits`): the prompt's
+  P - 1 prefilled tokens (per prompt, repeated for its G rows) then the last prompt token
+  (decode step 0), and completion token t from step t + 1 (-1 for the last one, never
+  fed: its routing changes no completion log-prob)."""
+  prompt_NPLK = jnp.concatenate(
+    [jnp.repeat(prompt_routes_BPLK, group_size, axis=0), routes_NTLK[:, :1]], axis=1
+  )
+  completion_NTLK = jnp.concatenate(
+    [routes_NTLK[:, 1:], jnp.full_like(routes_NTLK[:, :1], -1)], axis=1
+  )
+  return {"prompt_routes_NPLK": prompt_NPLK, "routes_NTLK": completion_NTLK}
 
 
 def sample(

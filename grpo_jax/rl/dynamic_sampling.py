@@ -81,8 +81,11 @@ def select(varying_parts: list[np.ndarray], *, num_groups: int) -> Selection:
 
 
 def _left_pad(x_NP, width: int, value):
-  pad = width - x_NP.shape[1]
-  return x_NP if pad == 0 else jnp.pad(x_NP, ((0, 0), (pad, 0)), constant_values=value)
+  """x [N, P, ...] left-padded to P = width with `value` (None stays None)."""
+  if x_NP is None or width == x_NP.shape[1]:
+    return x_NP
+  pad = ((0, 0), (width - x_NP.shape[1], 0)) + ((0, 0),) * (x_NP.ndim - 2)
+  return jnp.pad(x_NP, pad, constant_values=value)
 
 
 def assemble(
@@ -100,6 +103,7 @@ def assemble(
     r.replace(
       prompt_tokens_NP=_left_pad(r.prompt_tokens_NP, P, pad_id),
       prompt_mask_NP=_left_pad(r.prompt_mask_NP, P, False),
+      prompt_routes_NPLK=_left_pad(r.prompt_routes_NPLK, P, -1),  # Routing replay.
     )
     for r in parts
   ]

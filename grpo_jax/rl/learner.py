@@ -44,6 +44,7 @@ def token_terms(
     chunk=cfg.logit_chunk,
     dropout_key=dropout_key,
     router_stats=cfg.moe_balance_coef > 0,
+    routes=logprobs.replayed(mb),
   )
   ent_NT = stats["entropy"]
   m_NT = mb.loss_mask_NT
@@ -144,8 +145,9 @@ def _cut(micro, Tb: int):
   """A micro-batch (spec.RolloutBatch, w) with its completion columns cut to the first Tb."""
   mbk, wk = micro
   cut = {f: getattr(mbk, f)[:, :Tb] for f in _COMPLETION_FIELDS}
-  if mbk.action_mask_NT is not None:  # Episodes.
-    cut["action_mask_NT"] = mbk.action_mask_NT[:, :Tb]
+  for f in ("action_mask_NT", "routes_NTLK"):  # Episodes; routing replay.
+    if getattr(mbk, f) is not None:
+      cut[f] = getattr(mbk, f)[:, :Tb]
   return mbk.replace(**cut), wk[:, :Tb]
 
 

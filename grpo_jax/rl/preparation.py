@@ -112,15 +112,16 @@ def rollout_logprobs(params, ref_params, rollouts, *, cfg: spec.RLConfig, model_
   """
   mask_NT = action_view(rollouts).mask_NT
   rows = (rollouts.prompt_tokens_NP, rollouts.prompt_mask_NP, rollouts.tokens_NT, rollouts.mask_NT)
-  logp = lambda params, **kw: in_slices(  # noqa: E731
+  routes = logprobs.replayed(rollouts)
+  logp = lambda params, routes=None, **kw: in_slices(  # noqa: E731
     lambda r: logprobs.completion_logprobs(
-      params, *r, model_fn=model_fn, chunk=cfg.logit_chunk, **kw
+      params, *r[0], model_fn=model_fn, chunk=cfg.logit_chunk, routes=r[1], **kw
     ),
-    rows,
+    (rows, routes),
     slices=cfg.logprob_batches,
   )
-  if cfg.recompute_old_logp:
-    old_logp_NT, old_stats = logp(params, with_stats=True, with_rank=cfg.needs_rank)
+  if cfg.recompute_old_logp:  # π_old replays the sampler's routes (rl.routing_replay).
+    old_logp_NT, old_stats = logp(params, routes, with_stats=True, with_rank=cfg.needs_rank)
     entropy_NT = old_stats["entropy"]
     rank_NT = old_stats.get("rank")
     score_sq_NT = (1.0 - 2.0 * jnp.exp(old_logp_NT) + old_stats["sum_sq"]) * mask_NT
@@ -357,6 +358,8 @@ def finish_prepare(
     ref_logp_NT=lp.ref_logp_NT,
     group_ids_N=rollouts.group_ids_N,
     action_mask_NT=rollouts.action_mask_NT,
+    prompt_routes_NPLK=rollouts.prompt_routes_NPLK,
+    routes_NTLK=rollouts.routes_NTLK,
   )
   metrics = prepare_metrics(lp, rollouts, adv_NT, rewards_N, correct_N, cfg=cfg)
   metrics |= estimator_metrics(lp, rollouts, rewards_N, valid_N, hyper, success_N, cfg=cfg, **ctx)

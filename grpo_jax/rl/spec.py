@@ -86,6 +86,12 @@ class RLConfig:
   # transformers' Qwen3-MoE computes it: `layers.balance_loss`), times this coefficient,
   # added to each micro-batch's loss. 0: off (not computed).
   moe_balance_coef: float = 0.0
+  # Routing replay (a mixture-of-experts policy): the sampler records the experts each
+  # token took and the trainer's forwards of π_old and π replay them (`moe.route`), so
+  # both see the sampler's experts (the reference policy routes itself). Off: each
+  # forward routes itself, and a token whose routing flips between sampler and trainer
+  # adds to the sampler/trainer mismatch.
+  routing_replay: bool = False
   # Aggregation (aggregation.REGISTRY); max_len is L_max of constant_norm (0 = padded T).
   aggregation: str = "token_mean"
   max_len: int = 0
@@ -319,6 +325,10 @@ class RolloutBatch:
   # Episodes (`episodes`): the model's own tokens among mask_NT, which then also holds
   # observations (in the forward's context, never trained); None: all of mask_NT.
   action_mask_NT: jax.Array | None = None
+  # Routing replay (rl.routing_replay): the sampler's experts per prompt and completion
+  # token (`sampling.Rollouts`), replayed by the update's forward; None: off.
+  prompt_routes_NPLK: jax.Array | None = None
+  routes_NTLK: jax.Array | None = None
 
 
 @flax.struct.dataclass

@@ -1,0 +1,165 @@
+"""Routing replay for a mixture-of-experts policy: the sampler records each token's experts
+and the trainer's forwards of π_old and π replay them (rl.routing_replay, `moe.route`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax.models import logprobs, model, moe, sampling
+from grpo_jax.rl import dynamic_sampling
+
+MOE = dict(n_experts=4, experts_per_token=2, expert_mlp_dim=16, n_layers=2)
+
+
+def test_replayed_routes_pinned_by_hand():
+  """p = softmax([0, ln 2, ln 3, ln 4]) = [0.1, 0.2, 0.3, 0.4]; top 2 = experts (3, 2) at
+  (0.4, 0.3). Replaying experts (0, 1) weights them by this router: (0.1, 0.2), or
+  (1/3, 2/3) normalised; a row of -1 routes itself."""
+  logits_NX = jnp.log(jnp.asarray([[1.0, 2.0, 3.0, 4.0]] * 2))
+  replay_NK = jnp.asarray([[0, 1], [-1, -1]], jnp.int8)
+  _, w_NK, e_NK = moe.route(logits_NX, k=2, normalized=False, replay_NK=replay_NK)
+  np.testing.assert_array_equal(e_NK, [[0, 1], [3, 2]])
+  np.testing.assert_allclose(w_NK, [[0.1, 0.2], [0.4, 0.3]], rtol=1e-6)
+  _, w_NK, _ = moe.route(logits_NX, k=2, normalized=True, replay_NK=replay_NK)
+  np.testing.assert_allclose(w_NK, [[1 / 3, 2 / 3], [4 / 7, 3 / 7]], rtol=1e-6)
+  assert moe.route_dtype(128) == jnp.int16 and moe.route_dtype(127) == jnp.int8
+
+
+def _moe(scan: bool, **kw):
+  cfg = model.tiny_config(vocab_size=64, **{**MOE, "scan_layers": scan, **kw})
+  params = model.init(cfg, jax.random.key(0))
+  params["embed"]["embedding"] = params["embed"]["embedding"] * 8.0  # Input-dependent routing.
+  return cfg, params
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_a_forward_replaying_its_own_routes_is_itself_and_other_routes_change_it(scan):
+  """Recording changes nothing; replaying the recorded experts gives the same logits
+  exactly; replaying other experts changes them, and the router still gets a gradient."""
+  cfg, params = _moe(scan)
+  tokens_BT = jax.random.randint(jax.random.key(1), (2, 7), 0, 64)
+  pos_BT = model.positions_from_mask(jnp.ones((2, 7)).at[0, :2].set(0))
+  plain, _ = model.apply(params, tokens_BT, pos_BT, cfg=cfg)
+  logits, _, routes_BTLK = model.apply(params, tokens_BT, pos_BT, cfg=cfg, record_routes=True)
+  assert routes_BTLK.shape == (2, 7, 2, 2) and routes_BTLK.dtype == jnp.int8
+  np.testing.assert_array_equal(logits, plain)
+  same, _ = model.apply(params, tokens_BT, pos_BT, cfg=cfg, routes=routes_BTLK)
+  np.testing.assert_array_equal(same, plain)
+  other = (routes_BTLK + 1) % 4  # Still two distinct experts a token.
+  moved, _ = model.apply(params, tokens_BT, pos_BT, cfg=cfg, routes=other)
+  assert float(jnp.max(jnp.abs(moved - plain))) > 1e-2
+
+  def loss(p):
+    return jnp.sum(model.apply(p, tokens_BT, pos_BT, cfg=cfg, routes=other)[0][:, -1, 0])
+
+  grads = jax.grad(loss)(params)
+  router = [v for k, v in jax.tree_util.tree_leaves_with_path(grads) if "router" in str(k)]
+  assert router and all(float(jnp.max(jnp.abs(g))) > 0 for g in router)
+
+
+@pytest.mark.parametrize(("scan", "shared", "segments"), [(False, True, 2), (True, False, 1)])
+def test_the_sampler_records_the_routes_its_forward_took(scan, shared, segments):
+  """A float32 sampler's recorded experts are the teacher-forced forward's own on every
+  real prompt and completion token that a later token reads (the last completion token
+  and padding: -1), and the teacher-forced log-probs replaying them are the sampler's."""
+  cfg, params = _moe(scan)
+  scfg = sampling.SamplerConfig(
+    max_new_tokens=6, eos_ids=(1,), pad_id=0, group_size=2, record_routes=True,
+    prompt_buckets=(8,), shared_prefix=shared, decode_segments=segments,
+  )  # fmt: skip
+  prompts = sampling.prepare_prompts([[5, 6, 7], [9, 10, 11, 12, 13]], cfg=scfg)
+  fn = sampling.make_policy_sampler(cfg, scfg)
+  r = fn(params, prompts, jax.random.key(3), sampling.sampling_params(temperature=1.5))
+  assert r.prompt_routes_NPLK.shape == (4, 8, 2, 2) and r.routes_NTLK.shape == (4, 6, 2, 2)
+  tokens_NS = jnp.concatenate([r.prompt_tokens_NP, r.tokens_NT], 1)
+  mask_NS = jnp.concatenate([r.prompt_mask_NP, r.mask_NT], 1)
+  _, _, own = model.apply(
+    params, tokens_NS, model.positions_from_mask(mask_NS), cfg=cfg, record_routes=True
+  )
+  recorded = jnp.concatenate([r.prompt_routes_NPLK, r.routes_NTLK], 1)
+  last_NS = jnp.zeros_like(mask_NS).at[jnp.arange(4), 8 + r.length_N - 1].set(True)
+  read_NS = mask_NS & ~last_NS  # Real tokens a later token reads.
+  np.testing.assert_array_equal(recorded[..., 0] >= 0, read_NS[:, :, None].repeat(2, 2))
+  np.testing.assert_array_equal(jnp.where(read_NS[..., None, None], own, -1), recorded)
+  replayed = logprobs.completion_logprobs(
+    params, r.prompt_tokens_NP, r.prompt_mask_NP, r.tokens_NT, r.mask_NT,
+    model_fn=model.make_model_fn(cfg), routes=logprobs.replayed(r),
+  )[0]  # fmt: skip
+  assert float(jnp.max(jnp.abs(replayed - r.policy_logp_NT))) <= 2e-5
+
+
+def test_routing_replay_makes_the_bfloat16_samplers_experts_the_trainers():
+  """With a bfloat16 sampler some tokens' experts differ from a float32 forward's own;
+  replaying them brings the float32 log-probs closer to the sampler's on every row
+  (the property `experiments/moe_replay.py` measures at scale)."""
+  cfg, params = _moe(False, n_experts=8, experts_per_token=2)
+  scfg = sampling.SamplerConfig(
+    max_new_tokens=12, eos_ids=(1,), pad_id=0, group_size=4, record_routes=True,
+    prompt_buckets=(8,), dtype="bfloat16",
+  )  # fmt: skip
+  prompts = sampling.prepare_prompts([[5, 6, 7], [9, 10, 11, 12, 13]], cfg=scfg)
+  fn = sampling.make_policy_sampler(dataclasses.replace(cfg, dtype="bfloat16"), scfg)
+  r = fn(params, prompts, jax.random.key(3), sampling.sampling_params())
+  lp = functools.partial(
+    logprobs.completion_logprobs, params, r.prompt_tokens_NP, r.prompt_mask_NP, r.tokens_NT,
+    r.mask_NT, model_fn=model.make_model_fn(cfg),
+  )  # fmt: skip
+  err = lambda x_NT: float(jnp.sum(jnp.abs(x_NT - r.policy_logp_NT)))  # noqa: E731
+  assert err(lp(routes=logprobs.replayed(r))[0]) < err(lp()[0])
+
+
+def test_assembled_groups_left_pad_their_prompt_routes():
+  """Groups from prompt buckets of different lengths are joined with their prompts
+  left-padded: the prompt routes too, with -1 (the model routes padding itself)."""
+
+  def part(P, value):
+    n = 2
+    return sampling.Rollouts(
+      prompt_tokens_NP=jnp.ones((n, P), jnp.int32), prompt_mask_NP=jnp.ones((n, P), bool),
+      tokens_NT=jnp.ones((n, 3), jnp.int32), mask_NT=jnp.ones((n, 3), bool),
+      logp_NT=jnp.zeros((n, 3)), policy_logp_NT=jnp.zeros((n, 3)),
+      eos_N=jnp.ones(n, bool), truncated_N=jnp.zeros(n, bool), length_N=jnp.full(n, 3),
+      group_ids_N=jnp.zeros(n, jnp.int32), num_steps=jnp.asarray(3),
+      prompt_routes_NPLK=jnp.full((n, P, 1, 2), value, jnp.int8),
+      routes_NTLK=jnp.full((n, 3, 1, 2), value, jnp.int8),
+    )  # fmt: skip
+
+  sel = dynamic_sampling.Selection(
+    part_B=np.asarray([0, 1]),
+    group_B=np.asarray([0, 0]),
+    valid_B=np.ones(2, bool),
+    dropped=0,
+    fill=0,
+    surplus=0,
+  )
+  out = dynamic_sampling.assemble([part(2, 1), part(4, 2)], sel, group_size=2, pad_id=0)
+  assert out.prompt_routes_NPLK.shape == (4, 4, 1, 2)
+  np.testing.assert_array_equal(out.prompt_routes_NPLK[:2, :, 0, 0], [[-1, -1, 1, 1]] * 2)
+  np.testing.assert_array_equal(out.routes_NTLK[:, 0, 0, 0], [1, 1, 2, 2])
+
+
+@pytest.mark.parametrize(
+  ("change", "message"),
+  [
+    (dict(dense=True), "routing_replay=True needs a mixture-of-experts model"),
+    (dict(refill_slots=4), "refill_slots=4"),
+  ],
+)
+def test_routing_replay_where_it_cannot_record_is_a_clear_error(change, message):
+  import runs  # noqa: PLC0415
+
+  from grpo_jax import build  # noqa: PLC0415
+
+  c = runs.small_arithmetic()
+  if not change.get("dense"):
+    c.model.update(n_experts=4, experts_per_token=2, expert_mlp_dim=32)
+  c.sampler.refill_slots = change.get("refill_slots", 0)
+  c.rl.routing_replay = True
+  with pytest.raises(ValueError, match=message):
+    build.build(c)
