@@ -163,3 +163,23 @@ def test_routing_replay_where_it_cannot_record_is_a_clear_error(change, message)
   c.rl.routing_replay = True
   with pytest.raises(ValueError, match=message):
     build.build(c)
+
+
+def test_the_committed_replay_record_carries_its_claim_and_a_verdict_from_its_rows():
+  """experiments/results/moe/replay.json: the pre-registered claim, the 5 verdict seeds,
+  and the verdict its own rows give under the script's rule."""
+  import json  # noqa: PLC0415
+  import pathlib  # noqa: PLC0415
+
+  import moe_replay  # noqa: PLC0415
+
+  root = pathlib.Path(__file__).resolve().parent.parent
+  got = json.loads((root / "experiments/results/moe/replay.json").read_text())
+  assert got["seeds"] == list(moe_replay.VERDICT_SEEDS) and got["verdict_seeds"]
+  assert "pre-registered" in got["claim"] and got["shape"] == moe_replay.SHAPE
+  assert {k: got[k] for k in ("ratios", "verdict")} == {
+    k: v for k, v in moe_replay.verdict(got["rows"]).items() if k in ("ratios", "verdict")
+  }
+  assert got["verdict"] == "supports"
+  for row in got["rows"]:  # The float32 sampler is the trainer: nothing to replay.
+    assert row["float32"]["route_flip_frac"] == 0.0 and row["bfloat16"]["route_flip_frac"] > 0
