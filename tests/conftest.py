@@ -34,6 +34,18 @@ hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 from grpo_jax import tasks  # noqa: E402
 from grpo_jax.models import model, sampling  # noqa: E402
 
+# The modules whose module fixtures train for minutes (learning tests, several processes),
+# most expensive first (`--durations`, 2-core CPU): collected first, so that they start at
+# once and the last minutes of a two-worker run are short tests, not one of these alone.
+HEAVY_MODULES = ("test_episodes", "test_multihost", "test_lora_learning", "test_learning")
+
+
+def pytest_collection_modifyitems(config, items):
+  """Every test of HEAVY_MODULES first (whole modules, so no module fixture is set up
+  twice), in that order; the rest keep theirs."""
+  rank = {name: i for i, name in enumerate(HEAVY_MODULES)}
+  items.sort(key=lambda item: rank.get(item.module.__name__.rsplit(".", 1)[-1], len(rank)))
+
 
 @pytest.fixture(scope="session")
 def tokenizer():

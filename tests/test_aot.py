@@ -27,19 +27,19 @@ QUICK = str(ROOT / "configs" / "arithmetic.py") + ":quick"
 
 @pytest.fixture(scope="module")
 def one_slice():
-  return aot.plan(config_lib.load(TINY), topology="v5e:2x2")
+  return aot.plan(config_lib.load(QUICK), topology="v5e:2x2")
 
 
 @pytest.fixture(scope="module")
 def two_slices():
-  return aot.plan(config_lib.load(TINY), topology="v5e:2x2", num_slices=2)
+  return aot.plan(config_lib.load(QUICK), topology="v5e:2x2", num_slices=2)
 
 
 def _row(got, name):
   return next(r for r in got["rows"] if r["name"] == name)
 
 
-def test_the_tiny_iteration_compiles_for_v5e_2x2_and_fits(one_slice):
+def test_the_quick_iteration_compiles_for_v5e_2x2_and_fits(one_slice):
   run = one_slice["run"]
   assert [r["name"] for r in one_slice["rows"]] == list(aot.FUNCTIONS)
   assert (run["chip"], run["devices"], run["hosts"]) == ("v5e", 4, 1)
@@ -252,8 +252,9 @@ def test_counterfactual_rows_decode_compiles_for_tpu_when_the_config_enables_the
 
 @pytest.fixture(scope="module")
 def episodes_v5e():
-  """The calculator's tiny multi-turn config, compiled for v5e:2x2 (`aot.compile_all`)."""
-  config = config_lib.load(str(ROOT / "configs" / "calculator.py") + ":tiny")
+  """The calculator's multi-turn config (its 1-layer quick model), compiled for v5e:2x2
+  (`aot.compile_all`)."""
+  config = config_lib.load(str(ROOT / "configs" / "calculator.py") + ":quick")
   target = aot.Target.load("v5e:2x2")
   setup, _ = aot.setup_for(config, target)
   return setup, target, aot.compile_all(setup, target)
@@ -312,7 +313,7 @@ def test_a_reward_model_source_compiles_its_scorer_and_stays_resident(tmp_path, 
                              head_dim=16, mlp_dim=128)  # fmt: skip
   rm_cfg_d = {"model": dataclasses.asdict(rm_cfg), "max_len": 48, "optimizer": {}}
   (tmp_path / reward_model.RECORD).write_text(json.dumps(rm_cfg_d))
-  config = config_lib.load(TINY)
+  config = config_lib.load(QUICK)
   config.rewards = {
     "correct": {"kind": "verifier", "weight": 1.0},
     "rm": {"kind": "reward_model", "weight": 0.5, "path": str(tmp_path), "batch_size": 6},
@@ -336,7 +337,8 @@ def test_a_reward_model_source_compiles_its_scorer_and_stays_resident(tmp_path, 
   # While it scores, the policy's train state (params and Adam) and the reference are held
   # beside it; its own params are its arguments, not resident.
   res = aot.resident(setup, compiled["fns"], compiled["args"])
-  assert scorer["resident_bytes"] == res["logprobs"] + res["params"] + res["ref"] > held
+  assert scorer["resident_bytes"] == res["logprobs"] + res["params"] + res["ref"]
+  assert res["logprobs"] > 0 and res["params"] > 0
   assert scorer["peak_bytes"] == scorer["total_bytes"] + scorer["resident_bytes"]
 
 

@@ -182,7 +182,8 @@ TPU_SHAPES = {
 def test_new_families_compile_for_tpu_with_their_update_checks_passing(shape):
   """The quick config with Gemma 3's features (per-layer windows and rope under nn.scan,
   soft-caps, sandwich norms), or a Qwen3-MoE-shaped policy on the megablox kernel (per
-  device in a shard_map) with its balance loss, compiles for v5e:2x2: its update keeps
+  device in a shard_map) with its balance loss and routing replay (the sampler records
+  routes, the update replays them), compiles for v5e:2x2: its update keeps
   the train state sharded like the parameters and aliased, with no host callback
   (`aot.check_update`), and its sampler compiles too."""
   from grpo_jax import aot, steps  # noqa: PLC0415 (libtpu is loaded only here)
@@ -190,8 +191,8 @@ def test_new_families_compile_for_tpu_with_their_update_checks_passing(shape):
 
   c = config_lib.load("configs/arithmetic.py:quick")
   c.model.update(TPU_SHAPES[shape])
-  if shape.startswith("qwen3_moe"):
-    c.rl.moe_balance_coef = 0.01
+  if shape.startswith("qwen3_moe"):  # With routing replay: the routes in the batch.
+    c.rl.moe_balance_coef, c.rl.routing_replay = 0.01, True
   target = aot.Target.load("v5e:2x2")
   setup, _ = aot.setup_for(c, target)
   fns = steps.functions_on(setup, target.devices)
@@ -199,7 +200,12 @@ def test_new_families_compile_for_tpu_with_their_update_checks_passing(shape):
   update, update_args = args["update"]
   assert aot.check_update(aot.compile_function(update, update_args), update, update_args[0]) == []
   sample, sample_args = args["sample"]
-  assert aot.compile_function(sample, sample_args).memory_analysis().temp_size_in_bytes > 0
+  compiled = aot.compile_function(sample, sample_args)
+  assert compiled.memory_analysis().temp_size_in_bytes > 0
+  if setup.rl_cfg.routing_replay:
+    routes = compiled.out_info.routes_NTLK
+    assert routes.shape[2:] == (2, 2) and routes.dtype == jnp.int8
+    assert update_args[1].routes_NTLK.shape == routes.shape
 
 
 @pytest.mark.parametrize(
@@ -294,8 +300,8 @@ def test_a_mixture_of_experts_trains_under_grpo_with_its_balance_loss(tmp_path, 
   c.update(eval_every=2, eval_size=8, eval_samples=0, checkpoint_every=2, reward_workers=0)
   c.update(progress=False, tensorboard=False)
   c.rl.moe_balance_coef = 0.01
-  if lora:
-    c.rl.routing_replay, c.sampler.dtype = True, "bfloat16"
+  if lora:  # π_old's forward in two slices: the routes are sliced with the rows.
+    c.rl.routing_replay, c.sampler.dtype, c.rl.logprob_batches = True, "bfloat16", 2
   train.run(c, tmp_path, log=lambda _: None)
   steps = [r for r in runs.lines(tmp_path) if "moe_balance" in r]
   assert len(steps) == 2

@@ -91,7 +91,7 @@ def in_slices(fn, rows, *, slices: int):
   the rows' split over the data-parallel devices, so no row moves between devices)."""
   if slices == 1:
     return fn(rows)
-  N = rows[0].shape[0]
+  N = jax.tree.leaves(rows)[0].shape[0]
   if N % slices:
     raise ValueError(f"rl.logprob_batches={slices} does not divide the {N} rollout rows.")
   split = lambda x: x.reshape(N // slices, slices, *x.shape[1:]).swapaxes(0, 1)  # noqa: E731
