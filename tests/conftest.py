@@ -37,7 +37,9 @@ from grpo_jax.models import model, sampling  # noqa: E402
 # The modules whose module fixtures train for minutes (learning tests, several processes),
 # most expensive first (`--durations`, 2-core CPU): collected first, so that they start at
 # once and the last minutes of a two-worker run are short tests, not one of these alone.
-HEAVY_MODULES = ("test_episodes", "test_multihost", "test_lora_learning", "test_learning")
+HEAVY_MODULES = (
+  "test_episodes", "test_moe_learning", "test_multihost", "test_lora_learning", "test_learning"
+)  # fmt: skip
 
 
 def pytest_collection_modifyitems(config, items):

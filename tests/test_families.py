@@ -282,26 +282,24 @@ def test_expert_parallel_on_4_devices_equals_one_device():
   assert out["float_all_gathers"] == 0
 
 
-@pytest.mark.parametrize("lora", [False, True])
-def test_a_mixture_of_experts_trains_under_grpo_with_its_balance_loss(tmp_path, lora):
+def test_a_mixture_of_experts_trains_under_grpo_with_lora_replaying_its_routes(tmp_path):
   """Two GRPO iterations of the quick config with a Qwen3-MoE-shaped policy (4 experts,
-  top 2) and rl.moe_balance_coef, fully fine-tuned and with LoRA on q, k, v, o: each
-  iteration logs the balance loss, between its floor k = 2 and X = 4. The LoRA run also
-  replays the routes of a bfloat16 sampler (rl.routing_replay) and logs its mismatch."""
+  top 2), LoRA on q, k, v, o, rl.moe_balance_coef, and the routes of a bfloat16 sampler
+  replayed (rl.routing_replay, π_old's forward in two slices): each iteration logs the
+  balance loss, between its floor k = 2 and X = 4, and the sampler/trainer mismatch. (Full
+  fine-tuning of a mixture of experts learns in test_moe_learning.py.)"""
   import runs  # noqa: PLC0415
 
   from grpo_jax import train  # noqa: PLC0415
 
   c = runs.small_arithmetic()
   c.model.update(SHAPES["qwen3_moe"])
-  if lora:
-    c.model.lora.update(rank=4, alpha=8.0, targets=("q", "k", "v", "o"))
+  c.model.lora.update(rank=4, alpha=8.0, targets=("q", "k", "v", "o"))
   c.update(prompts_per_step=4, iterations=2, warmstart_steps=2, warmstart_batch=8)
   c.update(eval_every=2, eval_size=8, eval_samples=0, checkpoint_every=2, reward_workers=0)
   c.update(progress=False, tensorboard=False)
   c.rl.moe_balance_coef = 0.01
-  if lora:  # π_old's forward in two slices: the routes are sliced with the rows.
-    c.rl.routing_replay, c.sampler.dtype, c.rl.logprob_batches = True, "bfloat16", 2
+  c.rl.routing_replay, c.sampler.dtype, c.rl.logprob_batches = True, "bfloat16", 2
   train.run(c, tmp_path, log=lambda _: None)
   steps = [r for r in runs.lines(tmp_path) if "moe_balance" in r]
   assert len(steps) == 2

@@ -1,0 +1,71 @@
+"""GRPO learns with a mixture-of-experts policy: the tiny arithmetic config with a
+Qwen3-MoE-shaped MLP (4 experts of width 96, top 2 of softmax, weights renormalised), its
+load-balancing loss and routing replay (the sampler's experts replayed by π_old and π)
+raises held-out accuracy by a margin that the same run with the gradient's sign flipped
+cannot reach (same seed, same warm start). The dense policy's learning test is
+test_learning.py; the Gemma-2-shaped one, with adapters, test_lora_learning.py."""
+
+import contextlib
+import shutil
+
+import pytest
+
+from grpo_jax import steps, train
+from grpo_jax.infra import config_lib
+from grpo_jax.rl import preparation
+
+# Measured (seed 0, float32; AMD EPYC, 2 cores): 39.8% after the 400-step warm start, 43.8%
+# at 10, 52.3% at 20, 50.8% at 30; the flipped arm falls to 20.3% in 10 iterations. (With
+# a 200-step warm start the margin was too thin for a test: 20.3% -> 24.2% at 20.)
+ITERATIONS = 20
+FLIPPED_ITERATIONS = 10
+MOE = dict(n_experts=4, experts_per_token=2, expert_mlp_dim=96, expert_weights_normalized=True)
+
+
+def _config(iterations=ITERATIONS):
+  c = config_lib.load("configs/arithmetic.py:tiny")
+  c.model.update(MOE)
+  c.rl.update(routing_replay=True, moe_balance_coef=0.01)
+  c.update(iterations=iterations, eval_every=iterations, eval_size=128, eval_samples=0)
+  c.update(checkpoint_every=ITERATIONS, reward_workers=0, progress=False, tensorboard=False)
+  return c
+
+
+class _Stop(Exception):
+  pass
+
+
+@pytest.fixture(scope="module")
+def moe_arms(tmp_path_factory):
+  """{"grpo": summary, "flipped": summary}: both resume from one warm start (checkpoint 0);
+  the flipped arm trains on −A."""
+  base = tmp_path_factory.mktemp("moe_warm")
+
+  def stop(it, record):
+    raise _Stop
+
+  with contextlib.suppress(_Stop):
+    train.run(_config(), base, log=lambda _: None, on_iteration=stop)
+  arms = {name: tmp_path_factory.mktemp(name) / "run" for name in ("grpo", "flipped")}
+  for workdir in arms.values():
+    shutil.copytree(base, workdir)
+  out = {"grpo": train.run(_config(), arms["grpo"], log=lambda _: None)}
+  real = preparation.compute_advantages
+  flipped = _config(FLIPPED_ITERATIONS)
+  flipped.collapse.action = "warn"
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(preparation, "compute_advantages", lambda *a, **k: -real(*a, **k))
+    mp.setattr(steps, "_FUNCTIONS", {})  # Compile the flipped arm afresh (and forget it).
+    out["flipped"] = train.run(flipped, arms["flipped"], log=lambda _: None)
+  return out
+
+
+def test_a_mixture_of_experts_raises_held_out_accuracy_and_the_flipped_sign_does_not(moe_arms):
+  grpo, flipped = moe_arms["grpo"], moe_arms["flipped"]
+  assert grpo["warmstart_accuracy"] == flipped["warmstart_accuracy"]  # One warm start.
+  gain = grpo["final_accuracy"] - grpo["warmstart_accuracy"]
+  flipped_gain = flipped["final_accuracy"] - flipped["warmstart_accuracy"]
+  assert gain >= 0.05, (gain, grpo)  # Measured: +12.5 points at 20 (see above).
+  # The flipped arm collapses (−19.5 points in 10): a margin no noise could fake.
+  assert gain - flipped_gain >= 0.15, (gain, flipped_gain)
+  assert grpo["collapse_warnings"] == []
