@@ -148,15 +148,20 @@ def test_assembled_groups_left_pad_their_prompt_routes():
   ("change", "message"),
   [
     (dict(dense=True), "routing_replay=True needs a mixture-of-experts model"),
-    (dict(refill_slots=4), "refill_slots=4"),
+    (dict(refill_slots=4), r"replace: config.sampler.refill_slots=4 \(0: off\)\."),
+    (dict(env=True), r"replace: config.env \(episodes\)\. Turn them off"),
   ],
 )
 def test_routing_replay_where_it_cannot_record_is_a_clear_error(change, message):
+  """Refused on a dense model, and where another sampler than the static one decodes."""
   import runs  # noqa: PLC0415
 
   from grpo_jax import build  # noqa: PLC0415
+  from grpo_jax.infra import config_lib  # noqa: PLC0415
 
-  c = runs.small_arithmetic()
+  c = (
+    config_lib.load("configs/calculator.py:quick") if change.get("env") else runs.small_arithmetic()
+  )
   if not change.get("dense"):
     c.model.update(n_experts=4, experts_per_token=2, expert_mlp_dim=32)
   c.sampler.refill_slots = change.get("refill_slots", 0)
