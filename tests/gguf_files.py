@@ -9,6 +9,16 @@ tensor in the GGML type `types` gives it. `random_weights` makes a small random 
 (norm scales away from 1, peaked logits). The vocabulary is byte-level BPE (GPT-2's byte
 alphabet) with ChatML specials and a handful of merges, and SmolLM2's chat template.
 
+`write_gemma(path, hf_config, weights)` writes a Gemma 2 or Gemma 3 text checkpoint (HF
+config.json and HF-named weights) as llama.cpp's `convert_hf_to_gguf.py` (Gemma2Model,
+Gemma3Model) does: every `*norm.weight` stored as 1 + w, Gemma's tensor names
+(post_attention_norm, ffn_norm for pre_feedforward_layernorm, post_ffw_norm), no
+output.weight, the metadata keys those classes write and no others (no query_pre_attn_scalar,
+no layer pattern, no local rope base; Gemma 2 no rope.freq_base), and a SentencePiece
+vocabulary (`sentencepiece_vocabulary`: specials, a user-defined run of two spaces stored as
+spaces, the 256 <0xNN> byte tokens, ▁-prefixed pieces with scores) with
+add_space_prefix false.
+
 The numpy dequantizers `dequantize_q8_0` and `dequantize_q4_1` are written from the block
 layouts in ggml (`ggml-common.h`: block_q8_0 = {f16 d; int8 qs[32]}, x = d·q; block_q4_1 =
 {f16 d; f16 m; uint8 qs[16]}, x[j] = d·(qs[j] & 15) + m, x[j + 16] = d·(qs[j] >> 4) + m),
@@ -216,6 +226,166 @@ def write_llama(
     expected[name] = as_written(value, kind)  # Rows are quantized alone: unpermuted = same.
   for name, value in (extra_tensors or {}).items():
     w.add_tensor(name, value)
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  return expected
+
+
+# ----------------------------------------------------------------------------
+# Gemma 2 / Gemma 3 text, as convert_hf_to_gguf.py writes them.
+# ----------------------------------------------------------------------------
+
+# (token, llama.cpp type): Gemma's own first ids, <unk> UNKNOWN (2), the rest CONTROL (3).
+SPM_SPECIALS = (
+  ("<pad>", 3),
+  ("<eos>", 3),
+  ("<bos>", 3),
+  ("<unk>", 2),
+  ("<start_of_turn>", 3),
+  ("<end_of_turn>", 3),
+)
+# Gemma's added "▁▁": llama.cpp's converter writes a user-defined token's ▁ as spaces.
+SPM_USER_DEFINED = ("  ",)
+# Normal pieces, best first (score -k for the k-th): merged pieces, then single characters
+# (SentencePiece ranks those last). "ing" outranks "▁in", so " ing" is ▁ + ing.
+SPM_PIECES = (
+  *("▁t", "he", "▁the", "in", "▁a", "er", "ing", "▁s", "on", "an", "▁w", "or", "▁in"),
+  *("re", "▁an", "nd", "▁and", "at", "is", "▁is", "el", "ll", "lo", "▁h", "▁he", "▁hel"),
+  *("▁hell", "▁hello", "ld", "▁wor", "▁world", "12"),
+  *("▁", "t", "h", "e", "a", "i", "n", "g", "s", "o", "r", "w", "d", "l", "c", "m", "u"),
+  *("y", "1", "2", "3", ".", ",", "!", "?"),
+)
+# The committed HF Gemma fixtures' chat template (tests/fixtures/hf/gemma2).
+GEMMA_CHAT_TEMPLATE = (
+  "{{- bos_token }}{%- for message in messages %}{%- set role = 'model' if message['role'] == "
+  "'assistant' else message['role'] %}{{- '<start_of_turn>' + role + '\\n' + "
+  "message['content'] | trim + '<end_of_turn>\\n' }}{%- endfor %}{%- if add_generation_prompt "
+  "%}{{- '<start_of_turn>model\\n' }}{%- endif %}"
+)
+_GEMMA_NAMES = {
+  "input_layernorm.weight": "attn_norm.weight",
+  "post_attention_layernorm.weight": "post_attention_norm.weight",
+  "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+  "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+  "self_attn.q_norm.weight": "attn_q_norm.weight",
+  "self_attn.k_norm.weight": "attn_k_norm.weight",
+}
+
+
+def sentencepiece_vocabulary(
+  scores: dict[str, float] | None = None,
+) -> tuple[list[str], list[float], list[int]]:
+  """(tokens, scores, llama.cpp types) of 320 tokens, as `_create_vocab_sentencepiece`
+  writes them: specials (score 0), user-defined (-1000), bytes <0x00>..<0xFF> (type 6,
+  score 0), SPM_PIECES (type 1, score -k). `scores` overrides pieces' scores."""
+  tokens = [t for t, _ in SPM_SPECIALS] + list(SPM_USER_DEFINED)
+  types = [ty for _, ty in SPM_SPECIALS] + [4] * len(SPM_USER_DEFINED)
+  score = [0.0] * len(SPM_SPECIALS) + [-1000.0] * len(SPM_USER_DEFINED)
+  tokens += [f"<0x{b:02X}>" for b in range(256)]
+  types += [6] * 256
+  score += [0.0] * 256
+  tokens += list(SPM_PIECES)
+  types += [1] * len(SPM_PIECES)
+  score += [-float(k) for k in range(len(SPM_PIECES))]
+  score = [(scores or {}).get(t, s) for t, s in zip(tokens, score)]
+  assert len(tokens) == 320 and len(set(tokens)) == 320
+  return tokens, score, types
+
+
+def _gemma_metadata(w: gguf.GGUFWriter, c: dict) -> None:
+  """The keys Gemma2Model / Gemma3Model.set_gguf_parameters write."""
+  w.add_context_length(c["max_position_embeddings"])
+  w.add_embedding_length(c["hidden_size"])
+  w.add_block_count(c["num_hidden_layers"])
+  w.add_feed_forward_length(c["intermediate_size"])
+  w.add_head_count(c["num_attention_heads"])
+  w.add_head_count_kv(c["num_key_value_heads"])
+  w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+  w.add_key_length(c["head_dim"])
+  w.add_value_length(c["head_dim"])
+  if c["model_type"] == "gemma2":
+    w.add_attn_logit_softcapping(c["attn_logit_softcapping"])
+    w.add_final_logit_softcapping(c["final_logit_softcapping"])
+    w.add_sliding_window(c["sliding_window"])
+    return
+  rope = c.get("rope_parameters") or {}
+  full = rope.get("full_attention", rope)
+  w.add_rope_freq_base(full.get("rope_theta", c.get("rope_theta", 1_000_000.0)))
+  scaling = full if full.get("rope_type") == "linear" else (c.get("rope_scaling") or {})
+  if scaling.get("rope_type", scaling.get("type")) == "linear":
+    w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+    w.add_rope_scaling_factor(scaling["factor"])
+  if c.get("final_logit_softcapping"):
+    w.add_final_logit_softcapping(c["final_logit_softcapping"])
+  if c.get("sliding_window_pattern") != 1:
+    w.add_sliding_window(c["sliding_window"])
+
+
+def _sentencepiece_metadata(w: gguf.GGUFWriter, scores: dict | None, space_prefix: bool) -> None:
+  tokens, score, types = sentencepiece_vocabulary(scores)
+  w.add_tokenizer_model("llama")
+  w.add_tokenizer_pre("default")
+  w.add_token_list(tokens)
+  w.add_token_scores(score)
+  w.add_token_types(types)
+  w.add_bos_token_id(2)
+  w.add_eos_token_id(1)
+  w.add_unk_token_id(3)
+  w.add_pad_token_id(0)
+  w.add_add_bos_token(True)
+  w.add_add_eos_token(False)
+  w.add_add_space_prefix(space_prefix)
+  w.add_chat_template(GEMMA_CHAT_TEMPLATE)
+
+
+def gemma_gguf_name(hf_name: str) -> str:
+  if hf_name in _GLOBAL:
+    return _GLOBAL[hf_name]
+  _, _, i, rest = hf_name.split(".", 3)
+  return f"blk.{i}.{_GEMMA_NAMES.get(rest) or _GGUF_NAMES[rest]}"
+
+
+def write_gemma(
+  path,
+  hf_config: dict,
+  weights: dict[str, np.ndarray],
+  *,
+  types: dict | None = None,
+  scores: dict[str, float] | None = None,
+  space_prefix: bool = False,
+  drop_keys: tuple[str, ...] = (),
+  extra: dict | None = None,
+) -> dict[str, np.ndarray]:
+  """Writes a Gemma 2 / Gemma 3 text checkpoint as llama.cpp's converter would; returns the
+  HF-layout weights a reader should get back (norms: float32(w + 1) - 1). `types`: GGML
+  type per kind as in `write_llama` (default all F32); `scores`: piece scores to change;
+  `space_prefix`: tokenizer.ggml.add_space_prefix (Gemma: false). `drop_keys` and `extra`
+  ({key: int, float or list}): metadata keys (without the arch prefix) to leave out or add,
+  as an older or newer converter might."""
+  arch = "gemma2" if hf_config["model_type"] == "gemma2" else "gemma3"
+  w = gguf.GGUFWriter(str(path), arch)
+  _gemma_metadata(w, hf_config)
+  for key in drop_keys:  # The writer's pending key-values (one file: one dict).
+    w.kv_data[0].pop(f"{arch}.{key}")
+  for key, value in (extra or {}).items():
+    add = {int: w.add_uint32, float: w.add_float32, list: w.add_array}[type(value)]
+    add(f"{arch}.{key}", value)
+  _sentencepiece_metadata(w, scores, space_prefix)
+  expected = {}
+  for name, value in weights.items():
+    if name == "lm_head.weight":  # Tied: filter_tensors drops it.
+      continue
+    value = np.asarray(value, np.float32)
+    kind = (
+      "F32" if value.ndim == 1 else (types or {}).get(gemma_gguf_name(name).split(".")[-2], "F32")
+    )
+    stored = value + np.float32(1) if name.endswith("norm.weight") else value
+    data, qtype = encode(stored, kind)
+    w.add_tensor(gemma_gguf_name(name), data, raw_dtype=qtype)
+    back = as_written(stored, kind)
+    expected[name] = back - np.float32(1) if name.endswith("norm.weight") else back
   w.write_header_to_file()
   w.write_kv_data_to_file()
   w.write_tensors_to_file()

@@ -8,10 +8,12 @@ Gemma 3 apart.
 A record carries a family's names (config.json's `model_type` and `architectures[0]`,
 its sequence-classification class for reward models, GGUF's `general.architecture`), the
 features the model reads from it (`qk_norm`, `attn_bias`), what an import may accept
-(`attention_bias`) and what an export writes (`export_keys`), and how llama.cpp stored
-its tensors (`gguf_rope_permuted`). `hf`, `gguf_import` and `reward_model` read these
-fields; no module decides a family by its name anywhere else (tests/test_architecture.py
-checks that no comparison or mapping outside this module names a family).
+(`attention_bias`) and what an export writes (`export_keys`), and how llama.cpp stores
+it (`gguf_*`: whether its GGUF files import, the q/k row permutation, the norm shift, the
+config.json keys llama.cpp assumes rather than reads). `hf`, `gguf_import` and
+`reward_model` read these fields; no module decides a family by its name anywhere else
+(tests/test_architecture.py checks that no comparison or mapping outside this module names
+a family).
 
 Families (transformers' configuration classes are the reference):
   llama   LlamaForCausalLM   Llama 3.x: SwiGLU, RMSNorm, no biases; rope scaling "llama3".
@@ -24,8 +26,11 @@ Families (transformers' configuration classes are the reference):
                              attention and the MLP, embeddings × √d, queries scaled by
                              query_pre_attn_scalar^-1/2, attention and final logits
                              soft-capped, sliding and full layers alternating.
+                             GGUF "gemma2" (norms stored 1 + w; query_pre_attn_scalar
+                             as llama.cpp implies it, `gguf_wide_query_layers`).
   gemma3_text Gemma3ForCausalLM  Gemma 3 (text): Gemma 2's body with q/k norm, 5 sliding
                              layers to 1 full, and the sliding layers' own rope base.
+                             GGUF "gemma3" (as Gemma 2; local rope base 10000).
   qwen3_moe Qwen3MoeForCausalLM  Qwen3-MoE: Qwen3's attention, every MLP a mixture of
                              experts (top-k of softmax routing, norm_topk_prob).
 
@@ -77,14 +82,32 @@ class Family:
   attention_bias: bool = False
   export_keys: tuple[tuple[str, object], ...] = ()  # config.json keys an export writes.
   gguf_rope_permuted: bool = False  # llama.cpp permuted the q/k rows (`LlamaModel.permute`).
-  # Whether GGUF files of this family import (`gguf_import`; general.architecture is the
-  # family's name). Gemma's GGUF tensors (norms stored as 1 + w, its own tensor names and
-  # soft-cap keys) are not mapped yet.
+  # Whether GGUF files of this family import (`gguf_import`).
   gguf: bool = True
+  # GGUF's general.architecture (and its metadata keys' prefix) when it is not `name`.
+  gguf_arch: str = ""
+  # What llama.cpp's converter added to every `*norm.weight` (Gemma: 1, so the file holds
+  # the multiplier 1 + w); the import subtracts it.
+  gguf_norm_shift: float = 0.0
+  # config.json keys llama.cpp fixes or defaults for the family instead of reading them
+  # from the file (the file's own keys, where it has them, win).
+  gguf_config: tuple[tuple[str, object], ...] = ()
+  # Block counts at which llama.cpp scales queries by (d_model / n_heads)^-1/2 rather than
+  # head_dim^-1/2 (its "27B" types); GGUF has no query_pre_attn_scalar key.
+  gguf_wide_query_layers: tuple[int, ...] = ()
+  # Control tokens that end a turn as the EOS does, by their text (llama.cpp's vocabulary
+  # loader recognises them so; its Gemma files name no EOT id): added to the EOS ids of
+  # the generation config, as transformers' Gemma checkpoints list <end_of_turn>.
+  gguf_end_of_turn: tuple[str, ...] = ()
 
   @property
   def doc(self) -> str:
     return f"{self.hf_class} (model_type {self.name!r})"
+
+  @property
+  def gguf_name(self) -> str:
+    """GGUF's general.architecture for this family."""
+    return self.gguf_arch or self.name
 
   @property
   def block_norms(self) -> tuple[tuple[str, str], ...]:
@@ -163,14 +186,24 @@ _GEMMA = dict(
   windows="pattern",
   gemma_attention=True,
   export_keys=(("attention_bias", False),),
-  gguf=False,
+  gguf_norm_shift=1.0,  # convert_hf_to_gguf.py Gemma2Model/Gemma3Model.modify_tensors.
+  gguf_end_of_turn=("<end_of_turn>",),
 )
+_GEMMA_ACTIVATION = ("hidden_activation", "gelu_pytorch_tanh")  # llama.cpp: LLM_FFN_GELU.
 GEMMA2 = Family(
   name="gemma2",
   hf_class="Gemma2ForCausalLM",
   seq_cls_class="Gemma2ForSequenceClassification",
   qk_norm=False,
   window_pattern=2,
+  # llama.cpp's gemma2 hparams: a 4096 window and soft-caps 50 / 30 unless the file says.
+  gguf_config=(
+    _GEMMA_ACTIVATION,
+    ("sliding_window", 4096),
+    ("attn_logit_softcapping", 50.0),
+    ("final_logit_softcapping", 30.0),
+  ),
+  gguf_wide_query_layers=(46,),  # Gemma 2 27B.
   **_GEMMA,
 )
 GEMMA3 = Family(
@@ -180,6 +213,11 @@ GEMMA3 = Family(
   qk_norm=True,
   window_pattern=6,
   rope_local=True,
+  gguf_arch="gemma3",
+  # llama.cpp's gemma3 hparams: sliding layers' rope base 10000 (rope_freq_base_train_swa),
+  # no attention soft-cap, a window only when the file names one.
+  gguf_config=(_GEMMA_ACTIVATION, ("rope_local_base_freq", 10_000.0)),
+  gguf_wide_query_layers=(62,),  # Gemma 3 27B.
   **_GEMMA,
 )
 FAMILIES: dict[str, Family] = {
@@ -202,10 +240,10 @@ def get(name: str) -> Family:
 
 def of_gguf(name: str) -> Family:
   """The family of a GGUF file's general.architecture (one whose GGUF import is mapped)."""
-  known = sorted(n for n, f in FAMILIES.items() if f.gguf)
+  known = {f.gguf_name: f for f in FAMILIES.values() if f.gguf}
   if name not in known:
-    raise UnknownFamily(f"unsupported architecture {name!r}; supported: {known}.")
-  return FAMILIES[name]
+    raise UnknownFamily(f"unsupported architecture {name!r}; supported: {sorted(known)}.")
+  return known[name]
 
 
 def of_config(hf_config: dict) -> Family:
