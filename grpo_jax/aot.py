@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from grpo_jax import build, memory, steps
+from grpo_jax import abstract, build, memory, steps
 from grpo_jax.infra import config_lib, distributed, flops, hlo, tpu
 from grpo_jax.models import model, sampling, sharding
 
@@ -94,7 +94,7 @@ def abstract_arguments(setup, fns) -> dict[str, tuple]:
   """Each function's arguments as shapes and dtypes (the shardings are the functions'
   own in_shardings): what `memory.measure` lowers, plus the log-prob forwards."""
   rl_cfg = setup.rl_cfg
-  state, batch, key, prompts = memory.abstract_inputs(setup, fns)
+  state, batch, key, prompts = abstract.inputs(setup, fns)
   hyper = setup.sampling_hyper
   with fns.layout.context():
     rollouts = jax.eval_shape(fns.samplers.train.jitted, state.params, prompts, key, hyper)
@@ -432,7 +432,7 @@ def compile_all(setup, target: Target) -> dict:
   meshes = dict.fromkeys(got, fns.layout.mesh)
   extra = resident(setup, fns, args)
   if fns.episodes is not None:
-    state, _, key, prompts = memory.abstract_inputs(setup, fns)
+    state, _, key, prompts = abstract.inputs(setup, fns)
     pieces, view_b, bad = compile_episodes(setup, fns, state.params, prompts, key)
     got |= pieces
     meshes |= dict.fromkeys(pieces, fns.layout.mesh)

@@ -118,7 +118,8 @@ import jax
 import jax.extend as jex
 import jax.numpy as jnp
 
-from grpo_jax.models import attention, model, moe, sampling, sharding
+from grpo_jax import abstract
+from grpo_jax.models import attention, model, sampling, sharding
 from grpo_jax.rl import learner, spec
 
 GIB = 2**30
@@ -230,39 +231,12 @@ def _local_model(cfg: model.ModelConfig, tensor: int) -> model.ModelConfig:
   )
 
 
-def abstract_minibatch(rows: int, P: int, T: int, *, replay=None) -> spec.RolloutBatch:
-  """Shapes and dtypes of a mini-batch of `rows` rows of P prompt + T completion tokens;
-  with replay = the model config, the routes it replays (rl.routing_replay)."""
-  sd = jax.ShapeDtypeStruct
-  routes = {}
-  if replay is not None:
-    L, k, dtype = replay.n_layers, replay.experts_per_token, moe.route_dtype(replay.n_experts)
-    routes = dict(
-      prompt_routes_NPLK=sd((rows, P, L, k), dtype), routes_NTLK=sd((rows, T, L, k), dtype)
-    )
-  token = lambda *shape: sd(shape, jnp.int32)
-  flag = lambda *shape: sd(shape, jnp.bool_)
-  real = lambda *shape: sd(shape, jnp.float32)
-  return spec.RolloutBatch(
-    prompt_tokens_NP=token(rows, P),
-    prompt_mask_NP=flag(rows, P),
-    tokens_NT=token(rows, T),
-    mask_NT=flag(rows, T),
-    loss_mask_NT=flag(rows, T),
-    adv_NT=real(rows, T),
-    old_logp_NT=real(rows, T),
-    ref_logp_NT=real(rows, T),
-    group_ids_N=token(rows),
-    **routes,
-  )
-
-
 def residual_bytes(cfg: model.ModelConfig, rl_cfg: spec.RLConfig, *, rows: int, P: int, T: int):
   """Bytes autodiff saves in the forward of the train loss for the backward, for `rows`
   rows of P prompt + T completion tokens: the outputs of the vjp's forward that are not
   its inputs (traced with make_jaxpr; nothing runs or compiles)."""
   params = jax.eval_shape(functools.partial(model.init, cfg), jax.random.key(0))
-  mb = abstract_minibatch(rows, P, T)
+  mb = abstract.minibatch(rows, P, T)
   hyper = jax.eval_shape(rl_cfg.step_hyper)
   model_fn = model.make_model_fn(cfg)
 
@@ -743,32 +717,13 @@ def describe(
   return "\n".join(lines)
 
 
-def abstract_inputs(setup, fns) -> tuple:
-  """(train state, rollout batch, key, prompt batch) of a run as shapes and dtypes: what
-  its update and sampler are lowered on (`measure`, `aot`), nothing allocated."""
-  scfg = setup.sampler_cfg
-  N, P, T = setup.update_rows, max(scfg.prompt_buckets), scfg.max_new_tokens
-  sd = jax.ShapeDtypeStruct
-  state = jax.eval_shape(
-    lambda k: spec.init_state(
-      model.cast_base(model.init(setup.model_cfg, k), setup.model_cfg), fns.optimizer
-    ),
-    jax.random.key(0),
-  )
-  key = jax.eval_shape(lambda: jax.random.key(0))
-  B = setup.loop.prompts_per_step
-  prompts = sampling.Prompts(tokens_BP=sd((B, P), jnp.int32), mask_BP=sd((B, P), jnp.bool_))
-  replay = setup.model_cfg if setup.rl_cfg.routing_replay else None
-  return state, abstract_minibatch(N, P, T, replay=replay), key, prompts
-
-
 def measure(setup, fns) -> dict:
   """XLA's own figures for the trainer's compiled update (the scan of train steps over one
   rollout batch) and sampler on this host's devices (`compiled.memory_analysis()`, bytes per
   device): compiles, allocates nothing. "train_step_arguments" counts the update's
   arguments without the rollout batch (the plan's resident params and optimizer state)."""
   rl_cfg = setup.rl_cfg
-  state, batch, key, prompts = abstract_inputs(setup, fns)
+  state, batch, key, prompts = abstract.inputs(setup, fns)
   with fns.layout.context():
     update = fns.rl.update.jitted.lower(state, batch, key, jax.eval_shape(rl_cfg.step_hyper))
     sample = fns.samplers.train.jitted.lower(state.params, prompts, key, setup.sampling_hyper)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import subproc
 
-from grpo_jax import aot, memory, steps
+from grpo_jax import abstract, aot, steps
 from grpo_jax.infra import config_lib, tpu
 from grpo_jax.models import model, sharding
 from grpo_jax.rewards import reward_model
@@ -287,7 +287,7 @@ def test_the_episode_cache_is_split_over_rows_and_a_turn_without_donation_holds_
   turn aliases it; the same turn jitted without donating its state aliases nothing."""
   setup, target, got = episodes_v5e
   fns = got["fns"]
-  state, _, key, prompts = memory.abstract_inputs(setup, fns)
+  state, _, key, prompts = abstract.inputs(setup, fns)
   compiled, _, _ = aot.compile_episodes(setup, fns, state.params, prompts, key)
   assert _cache_specs(compiled["episode_start"]) == {sharding.P("fsdp")}
   # The turn returns the state sharded as it took it (so a run compiles it once), and the
