@@ -30,3 +30,41 @@ def lines(workdir) -> list[dict]:
 def untimed(record: dict) -> dict:
   """The record without its timing keys."""
   return {k: v for k, v in record.items() if not k.startswith(TIMING)}
+
+
+class _Stop(Exception):
+  pass
+
+
+def warm_started_arms(tmp_path_factory, arms: dict, *, flipped=None) -> dict:
+  """{name: run summary} of learning arms that all resume from one warm start (checkpoint 0,
+  made with the first arm's config): `arms` maps names to configs; `flipped`, a config,
+  adds the arm "flipped", the same run trained on −A (compiled afresh, its collapse guard
+  warning instead of stopping). The learning tests' fixture: same seed, same warm start."""
+  import contextlib  # noqa: PLC0415
+  import shutil  # noqa: PLC0415
+
+  import pytest  # noqa: PLC0415
+
+  from grpo_jax import steps, train  # noqa: PLC0415
+  from grpo_jax.rl import preparation  # noqa: PLC0415
+
+  def stop(it, record):
+    raise _Stop
+
+  base = tmp_path_factory.mktemp("warm")
+  with contextlib.suppress(_Stop):  # The warm start, saved as checkpoint 0.
+    train.run(next(iter(arms.values())), base, log=lambda _: None, on_iteration=stop)
+  names = [*arms, *(["flipped"] if flipped is not None else [])]
+  workdirs = {name: tmp_path_factory.mktemp(name) / "run" for name in names}
+  for workdir in workdirs.values():
+    shutil.copytree(base, workdir)
+  out = {name: train.run(c, workdirs[name], log=lambda _: None) for name, c in arms.items()}
+  if flipped is not None:
+    real = preparation.compute_advantages
+    flipped.collapse.action = "warn"  # If it collapses, the guard says so and lets it go on.
+    with pytest.MonkeyPatch.context() as mp:
+      mp.setattr(preparation, "compute_advantages", lambda *a, **k: -real(*a, **k))
+      mp.setattr(steps, "_FUNCTIONS", {})  # Compile the flipped arm afresh (and forget it).
+      out["flipped"] = train.run(flipped, workdirs["flipped"], log=lambda _: None)
+  return out

@@ -6,14 +6,10 @@ that the same run with the gradient's sign flipped cannot reach (same seed, same
 start). The default (Qwen3-shaped) policy's learning test is test_learning.py; adapters
 work alike on every family, so this one test covers both LoRA and the Gemma body."""
 
-import contextlib
-import shutil
-
 import pytest
+import runs
 
-from grpo_jax import steps, train
 from grpo_jax.infra import config_lib
-from grpo_jax.rl import preparation
 
 # Measured (seed 0, rank 8, lr 1e-3; AMD EPYC, float32): 68.0% after the warm start, 74.2%
 # at 30; the flipped arm falls to 18.8% in 10 iterations.
@@ -36,33 +32,13 @@ def _config(iterations=ITERATIONS):
   return c
 
 
-class _Stop(Exception):
-  pass
-
-
 @pytest.fixture(scope="module")
 def lora_arms(tmp_path_factory):
   """{"grpo": summary, "flipped": summary}: both resume from one warm start (checkpoint 0,
   the base trained with the adapters at B = 0); the flipped arm trains on −A."""
-  base = tmp_path_factory.mktemp("lora_warm")
-
-  def stop(it, record):
-    raise _Stop
-
-  with contextlib.suppress(_Stop):
-    train.run(_config(), base, log=lambda _: None, on_iteration=stop)
-  arms = {name: tmp_path_factory.mktemp(name) / "run" for name in ("grpo", "flipped")}
-  for workdir in arms.values():
-    shutil.copytree(base, workdir)
-  out = {"grpo": train.run(_config(), arms["grpo"], log=lambda _: None)}
-  real = preparation.compute_advantages
-  flipped = _config(FLIPPED_ITERATIONS)
-  flipped.collapse.action = "warn"
-  with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(preparation, "compute_advantages", lambda *a, **k: -real(*a, **k))
-    mp.setattr(steps, "_FUNCTIONS", {})  # Compile the flipped arm afresh (and forget it).
-    out["flipped"] = train.run(flipped, arms["flipped"], log=lambda _: None)
-  return out
+  return runs.warm_started_arms(
+    tmp_path_factory, {"grpo": _config()}, flipped=_config(FLIPPED_ITERATIONS)
+  )
 
 
 def test_adapters_alone_raise_held_out_accuracy_and_the_flipped_sign_does_not(lora_arms):

@@ -6,14 +6,10 @@ raises held-out accuracy by a margin that the same run with the gradient's sign 
 cannot reach (same seed, same warm start). The dense policy's learning test is
 test_learning.py; the Gemma-2-shaped one, with adapters, test_lora_learning.py."""
 
-import contextlib
-import shutil
-
 import pytest
+import runs
 
-from grpo_jax import steps, train
 from grpo_jax.infra import config_lib
-from grpo_jax.rl import preparation
 
 # Measured (seed 0, float32 trainer, bfloat16 sampler; AMD EPYC, 2 cores): 39.8% after the
 # 400-step warm start, 44.5% at 10, 52.3% at 20; the flipped arm falls to 19.5% in 10
@@ -37,33 +33,13 @@ def _config(iterations=ITERATIONS):
   return c
 
 
-class _Stop(Exception):
-  pass
-
-
 @pytest.fixture(scope="module")
 def moe_arms(tmp_path_factory):
   """{"grpo": summary, "flipped": summary}: both resume from one warm start (checkpoint 0);
   the flipped arm trains on −A."""
-  base = tmp_path_factory.mktemp("moe_warm")
-
-  def stop(it, record):
-    raise _Stop
-
-  with contextlib.suppress(_Stop):
-    train.run(_config(), base, log=lambda _: None, on_iteration=stop)
-  arms = {name: tmp_path_factory.mktemp(name) / "run" for name in ("grpo", "flipped")}
-  for workdir in arms.values():
-    shutil.copytree(base, workdir)
-  out = {"grpo": train.run(_config(), arms["grpo"], log=lambda _: None)}
-  real = preparation.compute_advantages
-  flipped = _config(FLIPPED_ITERATIONS)
-  flipped.collapse.action = "warn"
-  with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(preparation, "compute_advantages", lambda *a, **k: -real(*a, **k))
-    mp.setattr(steps, "_FUNCTIONS", {})  # Compile the flipped arm afresh (and forget it).
-    out["flipped"] = train.run(flipped, arms["flipped"], log=lambda _: None)
-  return out
+  return runs.warm_started_arms(
+    tmp_path_factory, {"grpo": _config()}, flipped=_config(FLIPPED_ITERATIONS)
+  )
 
 
 def test_a_mixture_of_experts_raises_held_out_accuracy_and_the_flipped_sign_does_not(moe_arms):
