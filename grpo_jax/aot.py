@@ -50,6 +50,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from grpo_jax import abstract, build, memory, steps
+from grpo_jax import config as grpo_config
 from grpo_jax.infra import config_lib, distributed, flops, hlo, tpu
 from grpo_jax.models import model, sampling, sharding
 
@@ -503,10 +504,31 @@ def process_rows(fns, setup) -> tuple[dict, list[str]]:
 
 
 def fingerprint(config_dict) -> str:
-  """A short hash of a config's every key and value: a compile record names the config it
-  compiled, so a config changed since is found (tests/test_aot.py)."""
-  text = json.dumps(config_lib.to_dict(config_dict), sort_keys=True, default=str)
+  """A short hash of the keys of a config that differ from `config.default_config()`, with
+  their values: a compile record names the config it compiled, so a config changed since
+  is found (tests/test_aot.py). A key the defaults gain later, at a default that changes
+  nothing, leaves every record's fingerprint as it was (the whole config was hashed until
+  2026-12-03, and every new field meant recompiling every shipped config, 40 minutes here);
+  a changed default is a code change, which the record's commit names."""
+  got, base = (
+    _flat(config_lib.to_dict(config_dict)),
+    _flat(config_lib.to_dict(grpo_config.default_config())),
+  )
+  changed = {k: v for k, v in got.items() if k not in base or base[k] != v}
+  text = json.dumps(changed, sort_keys=True, default=str)
   return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+  """{"rl.micro_batches": 4, ...}: a nested dict's leaves by dotted key (an empty dict is
+  a leaf, so an empty `task.kwargs` differs from a filled one)."""
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, dict) and v:
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
 
 
 def with_overrides(config_dict, overrides: dict):

@@ -396,3 +396,21 @@ def test_every_shipped_accelerator_config_fits_the_topology_it_names(
   assert got["run"]["fits"] and got["problems"] == [] and got["verdict"] == "supports", got["rows"]
   assert got["run"]["mesh"]["tensor"] == max(1, config.mesh.tensor)
   assert got["run"]["chip"] == tpu.chip_for(topology).name
+
+
+def test_a_fingerprint_names_the_keys_set_away_from_their_defaults():
+  """A key at its default (the way a key added to the defaults later reads in every
+  shipped config) leaves the fingerprint as it was; any key moved from its default, or
+  a task kwarg, changes it."""
+  base = config_lib.load(str(ROOT / "configs" / "scale.py") + ":0.5b")
+  same = aot.with_overrides(
+    base, {"sampler.decode_segments": 0, "rl.micro_batches": base.rl.micro_batches}
+  )
+  assert aot.fingerprint(same) == aot.fingerprint(base)
+  prints = {aot.fingerprint(base)}
+  for dotted, value in (("sampler.decode_segments", 3), ("rl.micro_batches", 7), ("seed", 1)):
+    prints.add(aot.fingerprint(aot.with_overrides(base, {dotted: value})))
+  kwargs = aot.with_overrides(base, {})
+  kwargs.task.kwargs.extra = 1
+  prints.add(aot.fingerprint(kwargs))
+  assert len(prints) == 5
