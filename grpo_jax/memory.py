@@ -437,7 +437,11 @@ def _sampler_bytes(
   unit_heads = kv_heads == 1
   # The prefill forward of one layer: float32 attention scores and their exponentials
   # [B, heads, P - 1, P - 1] (the causal blocks' entries, `attention.causal_blocks`), and the
-  # MLP's gate, up and their product [B·(P - 1), F].
+  # MLP's gate, up and their product [B·(P - 1), F]. A chunked prefill
+  # (`SamplerConfig.prefill_chunk`) is priced as one call: its last call's [B, heads, C, P - 1]
+  # scores (2 buffers, as here) are what it saves, but XLA keeps more than that live
+  # (experiments/long_prefill.py: 0.4-0.6x of XLA's figure on CPU and on a TPU v5e), so
+  # the plan does not credit it until that is explained: the fit check stays safe.
   scores = prompt_rows * heads * attention.causal_score_entries(P - 1) * 4
   prefill_layer = 2 * scores + 3 * prompt_rows * (P - 1) * mlp * item
   # One decode step's sampling (`choose_tokens` with top-k / top-p compiled in): five

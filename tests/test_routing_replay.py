@@ -63,15 +63,18 @@ def test_a_forward_replaying_its_own_routes_is_itself_and_other_routes_change_it
   assert router and all(float(jnp.max(jnp.abs(g))) > 0 for g in router)
 
 
-@pytest.mark.parametrize(("scan", "shared", "segments"), [(False, True, 2), (True, False, 1)])
-def test_the_sampler_records_the_routes_its_forward_took(scan, shared, segments):
+@pytest.mark.parametrize(
+  ("scan", "shared", "segments", "chunk"), [(False, True, 2, 0), (True, False, 1, 3)]
+)
+def test_the_sampler_records_the_routes_its_forward_took(scan, shared, segments, chunk):
   """A float32 sampler's recorded experts are the teacher-forced forward's own on every
   real prompt and completion token that a later token reads (the last completion token
-  and padding: -1), and the teacher-forced log-probs replaying them are the sampler's."""
+  and padding: -1), and the teacher-forced log-probs replaying them are the sampler's;
+  also with the prompt prefilled 3 tokens a call (`prefill_chunk`)."""
   cfg, params = _moe(scan)
   scfg = sampling.SamplerConfig(
     max_new_tokens=6, eos_ids=(1,), pad_id=0, group_size=2, record_routes=True,
-    prompt_buckets=(8,), shared_prefix=shared, decode_segments=segments,
+    prompt_buckets=(8,), shared_prefix=shared, decode_segments=segments, prefill_chunk=chunk,
   )  # fmt: skip
   prompts = sampling.prepare_prompts([[5, 6, 7], [9, 10, 11, 12, 13]], cfg=scfg)
   fn = sampling.make_policy_sampler(cfg, scfg)

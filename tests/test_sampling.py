@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax.models import logprobs, model, sampling
+from grpo_jax.models import logprobs, model, refill, sampling
 
 # ----------------------------------------------------------------------------
 # A fake deterministic model: the next token is (token + 1) % V, with a margin of
@@ -236,6 +236,81 @@ def test_a_shared_prompt_cache_gives_the_copied_cache_rollouts(
     np.testing.assert_allclose(shared.logp_NT, copied.logp_NT, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(shared.policy_logp_NT, copied.policy_logp_NT, atol=1e-5)
   assert int(out[True, True].mask_NT.sum()) > 20  # Enough tokens for the comparison to bite.
+
+
+def _scanned(tiny_cfg, tiny_params):
+  """The tiny model with its layers scanned, on the same weights."""
+  params = {k: v for k, v in tiny_params.items() if not k.startswith("layer_")}
+  layers = (tiny_params[f"layer_{i}"] for i in range(tiny_cfg.n_layers))
+  params["layers"] = jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
+  return dataclasses.replace(tiny_cfg, scan_layers=True), params
+
+
+def test_prefill_chunks_cover_the_prompt_in_order():
+  assert sampling.prefill_chunks(7, 3) == ((0, 3), (3, 6), (6, 7))
+  assert sampling.prefill_chunks(8, 4) == ((0, 4), (4, 8))
+  assert sampling.prefill_chunks(7, 0) == sampling.prefill_chunks(7, 7) == ((0, 7),)
+  assert sampling.prefill_chunks(7, 99) == ((0, 7),)
+
+
+def _long_prompts(sampler_cfg, tokenizer, *, padding: int):
+  """Three prompts in the 16-token bucket, the longest after `padding` pad slots."""
+  texts = ["Q:12+7+1+2\n", "Q:3-45\n", "Q:9+9*2-1\n"]
+  prompts = sampling.prepare_prompts(
+    [tokenizer.encode(t, add_bos=True) for t in texts], cfg=sampler_cfg
+  )
+  assert prompts.tokens_BP.shape[1] == 16 and not prompts.mask_BP[:, :padding].any()
+  return prompts
+
+
+def test_a_chunked_prefill_gives_the_one_call_rollouts(
+  tiny_params, tiny_cfg, sampler_cfg, tokenizer
+):
+  """Prefilling a 15-token prompt prefix 3 tokens a call (the first call left padding
+  only, the later ones attending over slots not yet written), the static sampler and the
+  refill sampler draw the tokens the one-call prefill draws, with the same log-probs
+  (float32, same keys)."""
+  prompts = _long_prompts(sampler_cfg, tokenizer, padding=3)
+  kw = dict(model_fn=model.make_model_fn(tiny_cfg), init_cache=functools.partial(model.init_cache, tiny_cfg))  # fmt: skip
+  args = (tiny_params, prompts, jax.random.key(3), sampling.sampling_params(temperature=1.3))
+  run = lambda fn, slots=(), **c: jax.jit(functools.partial(fn, **kw, **dict(slots), cfg=dataclasses.replace(sampler_cfg, **c)))(*args)  # fmt: skip
+  one = run(sampling.sample)
+  pairs = [
+    (one, run(sampling.sample, prefill_chunk=3)),
+    (
+      run(refill.sample, slots={"slots": 6}),
+      run(refill.sample, slots={"slots": 6}, prefill_chunk=3),
+    ),
+  ]
+  for want, got in pairs:
+    np.testing.assert_array_equal(got.tokens_NT, want.tokens_NT)
+    np.testing.assert_array_equal(got.mask_NT, want.mask_NT)
+    np.testing.assert_allclose(got.logp_NT, want.logp_NT, atol=2e-5)
+    np.testing.assert_allclose(got.policy_logp_NT, want.policy_logp_NT, atol=2e-5)
+  assert int(one.mask_NT.sum()) > 40  # Enough tokens for the comparison to bite.
+
+
+def test_a_chunked_prefill_of_scanned_layers_writes_the_one_call_cache(
+  tiny_params, tiny_cfg, sampler_cfg, tokenizer
+):
+  """Scanned layers (one stacked cache), 4 tokens a call: the shared prompt slots hold
+  the keys, values and positions one call writes."""
+  prompts = _long_prompts(sampler_cfg, tokenizer, padding=4)
+  mcfg, params = _scanned(tiny_cfg, tiny_params)
+  kw = dict(model_fn=model.make_model_fn(mcfg), init_cache=functools.partial(model.init_cache, mcfg))  # fmt: skip
+  caches = [
+    jax.jit(
+      functools.partial(
+        sampling.prefill, **kw, cfg=dataclasses.replace(sampler_cfg, prefill_chunk=c)
+      )
+    )(params, prompts, jax.random.key(0)).cache  # fmt: skip
+    for c in (0, 4)
+  ]
+  one, chunked = caches
+  np.testing.assert_array_equal(chunked.prefix_pos_AS, one.prefix_pos_AS)
+  assert int((one.prefix_pos_AS >= 0).sum()) == 11 + 7 + 10  # Each prompt's tokens but its last.
+  for got, want in zip(jax.tree.leaves((chunked.prefix_k, chunked.prefix_v)), jax.tree.leaves((one.prefix_k, one.prefix_v)), strict=True):  # fmt: skip
+    np.testing.assert_allclose(got, want, atol=2e-5)
 
 
 def test_kv_cache_share_holds_the_prefix_once_and_empty_own_slots(tiny_cfg):
@@ -509,6 +584,7 @@ def test_prompt_longer_than_max_is_an_error_or_left_truncated():
     (lambda: sampling.SamplerConfig(max_new_tokens=0, eos_ids=(2,), pad_id=0), "max_new_tokens must be >= 1"),
     (lambda: sampling.SamplerConfig(max_new_tokens=1, eos_ids=(2,), pad_id=0, prompt_buckets=(1, 8)), "increasing ints >= 2"),
     (lambda: sampling.SamplerConfig(max_new_tokens=1, eos_ids=(2,), pad_id=0, decode_segments=-1), "decode_segments must be >= 0"),
+    (lambda: sampling.SamplerConfig(max_new_tokens=1, eos_ids=(2,), pad_id=0, prefill_chunk=-1), "prefill_chunk must be >= 0"),
     (lambda: sampling.sampling_params(temperature=0.0), "use greedy=True"),
     (lambda: sampling.sampling_params(top_p=0.0), "top_p must be in \\(0, 1\\]"),
     (lambda: sampling.sampling_params(top_k=-1), "top_k must be >= 0"),

@@ -179,8 +179,10 @@ def start(
   if P < 2:
     raise ValueError(f"Prompt batches need >= 2 slots, got shape {(B, P)}.")
   positions_BP = model_lib.positions_from_mask(mask_BP)
-  cache = init_cache(B, P - 1 + T + observation_tokens)
-  _, cache = model_fn(params, tokens_BP[:, :-1], positions_BP[:, :-1], cache)
+  cache = sampling.prefill_cache(
+    params, tokens_BP[:, :-1], positions_BP[:, :-1], init_cache=init_cache,
+    length=P - 1 + T + observation_tokens, model_fn=model_fn, chunk=cfg.prefill_chunk,
+  )  # fmt: skip
   cache = cache.repeat(G).replace(index=jnp.full((N,), P - 1, jnp.int32))
   zeros = lambda dtype: jnp.zeros((N, T), dtype)
   return _rows_constrained(

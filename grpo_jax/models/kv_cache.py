@@ -40,6 +40,9 @@ class KVCache:
   index: jax.Array  # int32 scalar: the next slot to write; or [B]: one per row (decode).
   empty: bool = flax.struct.field(pytree_node=False, default=False)
   stacked: bool = flax.struct.field(pytree_node=False, default=False)
+  # A call attends over slots [0, visible) only (0: all of them), static: the calls of a
+  # chunked prefill (`sampling.prefill_cache`), whose slots after their own are empty.
+  visible: int = flax.struct.field(pytree_node=False, default=0)
   prefix_k: tuple[jax.Array, ...] = ()
   prefix_v: tuple[jax.Array, ...] = ()
   prefix_pos_AS: jax.Array | None = None

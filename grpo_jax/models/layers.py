@@ -228,7 +228,8 @@ class Attention(nn.Module):
   Without a cache it attends within the call and returns the call's keys/values.
   With one it writes them into this layer's buffers, keys [B, K, E, S] and values
   [B, K, S, E] (in place when the buffers are loop-carried, as in the sampler), and
-  attends over the buffers alone, or over the buffers and a prefix its group shares,
+  attends over the buffers' first cache_pos_BS.shape[1] slots (all of them but in a
+  chunked prefill's calls), or over the buffers and a prefix its group shares,
   prefix = ((keys [A, K, E, P], values [A, K, P, E]), positions [A, P]) (`_attend_shared`).
 
   layer = (window, inv_freq): this layer's window (a scalar, or None: no window term) and
@@ -288,7 +289,10 @@ class Attention(nn.Module):
           write(cache_kv[0], k_BKET, (0, 0, 0, index)),
           write(cache_kv[1], v_BKTE, (0, 0, index, 0)),
         )
-      keys = (*new_kv, cache_pos_BS)
+      # Given fewer positions than the buffers hold slots, it attends over those first
+      # slots only (`KVCache.visible`: a chunked prefill's call, whose later slots are empty).
+      n = cache_pos_BS.shape[1]
+      keys = (new_kv[0][..., :n], new_kv[1][:, :, :n], cache_pos_BS)
     # A Pallas kernel (`kernels`); init's dummy forward runs XLA (the params are the same).
     mask = dict(dtype=cfg.compute_dtype, window=window, softcap=cfg.attn_softcap)
     if cache_kv is None and cfg.attention_impl != "xla" and not self.is_initializing():

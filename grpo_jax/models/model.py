@@ -183,7 +183,8 @@ def _apply(params, tokens_BT, positions_BT, cache, *, cfg, logits_slice, hidden_
     if cache.prefix_pos_AS is not None:
       pkv = (cache.prefix_k, cache.prefix_v)
       prefix = (tuple(x[0] for x in pkv) if cache.stacked else pkv, cache.prefix_pos_AS)
-    logits_BTV, (k, v) = decoder(variables, tokens_BT, positions_BT, kv, pos_BS, i, prefix)
+    seen_BS = pos_BS[:, : cache.visible] if cache.visible else pos_BS  # `KVCache.visible`.
+    logits_BTV, (k, v) = decoder(variables, tokens_BT, positions_BT, kv, seen_BS, i, prefix)
     k, v = ((k,), (v,)) if cache.stacked else (tuple(k), tuple(v))
   cache = cache.replace(k=k, v=v, pos_BS=pos_BS, index=i + tokens_BT.shape[1], empty=False)
   return logits_BTV, cache

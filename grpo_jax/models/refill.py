@@ -113,8 +113,10 @@ def sample(
     raise ValueError(f"Prompt batches need >= 2 slots, got shape {(B, P)}.")
   limit_N = jnp.full((N,), T, jnp.int32) if limit_N is None else jnp.clip(limit_N, 1, T)
   positions_BP = model_lib.positions_from_mask(mask_BP)
-  prefix = init_cache(B, P - 1)
-  _, prefix = model_fn(params, tokens_BP[:, :-1], positions_BP[:, :-1], prefix)
+  prefix = sampling.prefill_cache(
+    params, tokens_BP[:, :-1], positions_BP[:, :-1], init_cache=init_cache, length=P - 1,
+    model_fn=model_fn, chunk=cfg.prefill_chunk,
+  )  # fmt: skip
   cache = init_cache(S, P - 1 + T)
   cache = cache.replace(index=jnp.zeros((S,), jnp.int32), empty=False)
   req_S = jnp.arange(S, dtype=jnp.int32)

@@ -74,6 +74,10 @@ class SamplerConfig:
   # static sampler records the experts every prompt and completion token took, per layer
   # (`Rollouts.routes_NTLK`), for the trainer's forwards to replay.
   record_routes: bool = False
+  # Chunked prefill: the prompt goes into the cache this many tokens a call, each call
+  # attending to the cache written before it (`prefill_cache`), so a prompt of P tokens
+  # needs [chunk, P] attention scores instead of the causal [P, P] ones; 0: one call.
+  prefill_chunk: int = 0
 
   def __post_init__(self):
     if self.dtype not in ("", "float32", "bfloat16"):
@@ -97,6 +101,11 @@ class SamplerConfig:
     if self.decode_segments < 0:
       raise ValueError(
         f"SamplerConfig.decode_segments must be >= 0 (0: automatic), got {self.decode_segments}."
+      )
+    if self.prefill_chunk < 0:
+      raise ValueError(
+        f"SamplerConfig.prefill_chunk must be >= 0 (0: the whole prompt in one call), "
+        f"got {self.prefill_chunk}."
       )
     if self.max_prompt_len < 1:
       raise ValueError(f"SamplerConfig.max_prompt_len must be >= 1, got {self.max_prompt_len}.")
@@ -402,6 +411,50 @@ def segment_slots(prefix_slots: int, cfg: SamplerConfig) -> tuple[int, ...]:
   return tuple(prefix_slots + -(-j * T // n) for j in range(1, n + 1))
 
 
+def prefill_chunks(length: int, chunk: int) -> tuple[tuple[int, int], ...]:
+  """The calls [a, b) that write `length` prompt tokens into a cache, `chunk` tokens a
+  call (the last call takes the rest; chunk 0, or chunk >= length: one call)."""
+  if chunk <= 0 or chunk >= length:
+    return ((0, length),)
+  return tuple((a, min(a + chunk, length)) for a in range(0, length, chunk))
+
+
+def prefill_cache(
+  params, tokens_BT, positions_BT, *, init_cache: Callable, length: int, model_fn: Callable,
+  chunk: int = 0, record_routes: bool = False,
+):  # fmt: skip
+  """A cache of `length` slots holding tokens_BT's keys and values in its first T slots,
+  written `chunk` tokens a call (`prefill_chunks`; 0: one call).
+
+  The first call attends within itself (causal blocks, or the TPU's flash kernel) and
+  writes its keys and values. Each later call [a, b) writes its own, then attends over
+  the cache's first b slots (`KVCache.visible`): [B, K, C·R, b] scores, a peak of [C, T]
+  for the last call where one call's largest causal block is [T/4, T]
+  (`attention.causal_blocks`). The same softmax as one call, up to the order of the
+  float32 sums. Returns the cache, and with record_routes the experts every token took,
+  [B, T, L, k]."""
+  B, T = tokens_BT.shape
+  calls = prefill_chunks(T, chunk)
+  kw = dict(record_routes=True) if record_routes else {}
+  cache, routes = init_cache(B, length), []
+  if len(calls) > 1 and not hasattr(cache, "visible"):
+    raise ValueError(
+      f"SamplerConfig.prefill_chunk={chunk} needs a cache with a `visible` field (a "
+      f"call's slots, `KVCache`); {type(cache).__name__} has none (set prefill_chunk=0)."
+    )
+  for a, b in calls:
+    if len(calls) > 1:
+      cache = cache.replace(visible=b)
+    out = model_fn(params, tokens_BT[:, a:b], positions_BT[:, a:b], cache, **kw)
+    cache = out[1]
+    routes.extend(out[2:])
+  if len(calls) > 1:
+    cache = cache.replace(visible=0)
+  if not record_routes:
+    return cache
+  return cache, routes[0] if len(routes) == 1 else jnp.concatenate(routes, axis=1)
+
+
 def prefill(
   params,
   prompts: Prompts,
@@ -425,26 +478,26 @@ def prefill(
     )
   positions_BP = model_lib.positions_from_mask(mask_BP)
   slots = segment_slots(P - 1, cfg)
-  cache = init_cache(B, P - 1)
-  share = cfg.shared_prefix and G > 1 and hasattr(cache, "share")
-  if len(slots) > 1 and not hasattr(cache, "grow"):
+  probe = jax.eval_shape(lambda: init_cache(B, P - 1))  # Its methods, allocating nothing.
+  share = cfg.shared_prefix and G > 1 and hasattr(probe, "share")
+  if len(slots) > 1 and not hasattr(probe, "grow"):
     if cfg.decode_segments > 1:
       raise ValueError(
         f"SamplerConfig.decode_segments={cfg.decode_segments} needs a cache with a "
-        f"grow(length) method; {type(cache).__name__} has none (set decode_segments=1)."
+        f"grow(length) method; {type(probe).__name__} has none (set decode_segments=1)."
       )
     slots = (P - 1 + T,)
-  if not share:
-    cache = init_cache(B, slots[0])
   routes = {}
+  prefill = functools.partial(
+    prefill_cache, params, tokens_BP[:, :-1], positions_BP[:, :-1], init_cache=init_cache,
+    length=P - 1 if share else slots[0], model_fn=model_fn, chunk=cfg.prefill_chunk,
+  )  # fmt: skip
   if cfg.record_routes:
-    _, cache, r_BPLK = model_fn(
-      params, tokens_BP[:, :-1], positions_BP[:, :-1], cache, record_routes=True
-    )
+    cache, r_BPLK = prefill(record_routes=True)
     routes["prompt_routes_BPLK"] = jnp.where(mask_BP[:, :-1, None, None], r_BPLK, -1)
     routes["routes_NTLK"] = jnp.full((N, T, *r_BPLK.shape[2:]), -1, r_BPLK.dtype)
   else:
-    _, cache = model_fn(params, tokens_BP[:, :-1], positions_BP[:, :-1], cache)
+    cache = prefill()
   return DecodeState(
     step=jnp.zeros((), jnp.int32),
     cache=cache.share(G, slots[0]) if share else cache.repeat(G),

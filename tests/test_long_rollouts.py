@@ -1,0 +1,29 @@
+"""Long rollouts: the chunked prefill's memory (experiments/long_prefill.py)."""
+
+import json
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "experiments"))
+
+import long_prefill  # noqa: E402
+
+
+def test_a_chunked_prefill_compiles_with_fewer_temporaries_than_one_call():
+  """XLA:CPU, the tiny model, two 1,024-token prompts: 16 calls of 64 tokens need well
+  under half the one call's temporary bytes (its causal blocks' scores are [256, 1023]
+  per head, the chunks' at most [64, 1023]); the plan prices both as one call."""
+  record = long_prefill.main(["--quick"])
+  one, chunked = record["cpu"]["rows"]
+  assert (one["calls"], chunked["calls"]) == (1, 16)
+  assert chunked["xla_temp_bytes"] < 0.5 * one["xla_temp_bytes"], record["cpu"]
+  assert chunked["plan_bytes"] == one["plan_bytes"] >= one["xla_temp_bytes"]
+  assert record["verdict"] == "supports"
+
+
+def test_the_committed_prefill_record_carries_its_rule_and_its_verdict_from_its_rows():
+  record = json.loads((ROOT / "experiments/results/long_rollouts/prefill.json").read_text())
+  assert record["rule"] == long_prefill.RULE
+  assert record["verdict"] == long_prefill.verdict(record)
+  assert {"cpu", "tpu"} <= set(record) and record["tpu"]["rows"][0]["prompt_tokens"] == 16384
