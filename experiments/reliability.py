@@ -2,7 +2,7 @@
 
   python experiments/reliability.py                 # 10 cycles of configs/arithmetic.py:tiny, reduced
   python experiments/reliability.py --cycles 30 --signal term
-  python experiments/reliability.py --quick         # 2 cycles of a smaller run (CI smoke test)
+  python experiments/reliability.py --quick         # 1 cycle of a smaller run (CI smoke test)
 
 One uninterrupted run of the command line gives the reference metrics.jsonl (after a
 first, untimed run, so that both are timed with JAX's compilation cache warm). Each cycle
@@ -137,8 +137,8 @@ def main(argv=None) -> dict:
   parser.add_argument("--quick", action="store_true")
   args = parser.parse_args(argv)
   flags = QUICK if args.quick else REDUCED
-  if args.quick:
-    args.cycles, args.kills = min(args.cycles, 2), 1
+  if args.quick:  # One kill and rerun (the kill/resume cases one by one: tests/test_faults.py).
+    args.cycles, args.kills = min(args.cycles, 1), 1
   sig = signal.SIGKILL if args.signal == "kill" else signal.SIGTERM
   rng = random.Random(args.seed)
   root = pathlib.Path(tempfile.mkdtemp(prefix="grpo_jax_reliability_"))

@@ -29,7 +29,9 @@ SMALL = [
   "--config.eval_samples=0", "--config.reward_workers=0", "--config.peak_flops=1e11",
   "--config.checkpoint_every=2", "--config.rl.num_minibatches=2", "--config.progress=False",
 ]  # fmt: skip
-ITERATIONS = 6
+# Checkpoints 0, 2, 4, 6 and 8: one valid (0) under one of each kind of damage (DAMAGES).
+ITERATIONS = 8
+KEEP_ALL = [f"--config.keep_checkpoints={ITERATIONS // 2 + 1}"]
 
 
 def cli(workdir, *flags, fault="none", iterations=ITERATIONS, preexec_fn=None, timeout=300):
@@ -57,12 +59,19 @@ def error_lines(r) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> list[dict]:
-  """The metrics of an uninterrupted run."""
+def reference_workdir(tmp_path_factory) -> pathlib.Path:
+  """The workdir of an uninterrupted run, every checkpoint kept (0, 2, ..., ITERATIONS; the
+  other runs keep the default 3 latest and the best)."""
   workdir = tmp_path_factory.mktemp("reference")
-  r = cli(workdir)
+  r = cli(workdir, *KEEP_ALL)
   assert r.returncode == 0, r.stderr[-3000:]
-  lines = metrics(workdir)
+  return workdir
+
+
+@pytest.fixture(scope="module")
+def reference(reference_workdir) -> list[dict]:
+  """The metrics of an uninterrupted run."""
+  lines = metrics(reference_workdir)
   assert [x["iteration"] for x in lines] == list(range(ITERATIONS + 1))
   return lines
 
@@ -72,12 +81,14 @@ def reference(tmp_path_factory) -> list[dict]:
 # ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-  "fault", ["kill_in_warmstart:2", "kill_after_iteration:3", "kill_mid_save:4"]
-)
-def test_a_killed_run_reruns_to_the_uninterrupted_metrics(reference, tmp_path, fault):
-  r = cli(tmp_path, fault=fault)
-  assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+def test_a_killed_run_reruns_to_the_uninterrupted_metrics(reference, tmp_path):
+  """Killed in the warm start, after an iteration's metrics line (before its checkpoint) and
+  right after a checkpoint's background save started: each rerun resumes the workdir the
+  kill left, and the last one ends with the uninterrupted metrics (one workdir, killed three
+  times: each kill's leftovers are what the next session starts from)."""
+  for fault in ("kill_in_warmstart:2", "kill_after_iteration:3", "kill_mid_save:4"):
+    r = cli(tmp_path, fault=fault)
+    assert r.returncode == -signal.SIGKILL, (fault, r.stderr[-2000:])
   r = cli(tmp_path)
   assert r.returncode == 0, r.stderr[-3000:]
   assert metrics(tmp_path) == reference
@@ -87,7 +98,10 @@ def _summary(workdir) -> dict:
   return json.loads((pathlib.Path(workdir) / "summary.json").read_text())
 
 
-def test_sigterm_in_the_warm_start_saves_it_and_exits_143(reference, tmp_path):
+def test_sigterm_saves_and_exits_143_in_the_warm_start_and_in_training(reference, tmp_path):
+  """A preemption in the warm start keeps its state (workdir/warmstart); the rerun continues
+  it, and a second preemption, after iteration 3, saves checkpoint 3 (not a checkpoint_every
+  multiple); the third session ends with the uninterrupted metrics."""
   from grpo_jax.infra import checkpoint  # noqa: PLC0415
 
   r = cli(tmp_path, fault="term_in_warmstart:2")
@@ -98,22 +112,17 @@ def test_sigterm_in_the_warm_start_saves_it_and_exits_143(reference, tmp_path):
   first = _summary(tmp_path)["wall_seconds"]
   with contextlib.closing(checkpoint.Checkpointer(tmp_path / "warmstart")) as ckpt:
     assert ckpt.read_meta(3) == {"warmstart_step": 3, "wall_seconds": first} and first > 0
+  r = cli(tmp_path, fault="term_after_iteration:3")
+  assert r.returncode == 143, r.stderr[-3000:]
+  assert "continuing from step 3" in r.stdout + r.stderr
+  assert not (tmp_path / "warmstart").exists()  # Superseded by checkpoint 0.
+  assert (tmp_path / "checkpoints" / "3").is_dir()  # Not a checkpoint_every multiple.
   r = cli(tmp_path)
   assert r.returncode == 0, r.stderr[-3000:]
-  assert "continuing from step 3" in r.stdout + r.stderr
   assert metrics(tmp_path) == reference
-  assert not (tmp_path / "warmstart").exists()  # Superseded by checkpoint 0.
   raw = (tmp_path / "metrics.jsonl").read_text().splitlines()
   rl_seconds = sum(json.loads(x)["time/iteration"] for x in raw[1:])
   assert _summary(tmp_path)["wall_seconds"] >= first + rl_seconds
-
-
-def test_sigterm_in_training_saves_and_exits_143(reference, tmp_path):
-  r = cli(tmp_path, fault="term_after_iteration:3")
-  assert r.returncode == 143, r.stderr[-3000:]
-  assert (tmp_path / "checkpoints" / "3").is_dir()  # Not a checkpoint_every multiple.
-  assert cli(tmp_path).returncode == 0
-  assert metrics(tmp_path) == reference
 
 
 # ----------------------------------------------------------------------------
@@ -149,30 +158,29 @@ def _overwrite(step_dir: pathlib.Path):
   f.write_bytes(bytes(data))
 
 
-@pytest.fixture(scope="module")
-def four_iterations(tmp_path_factory) -> pathlib.Path:
-  """A workdir whose run stopped at iteration 4 (checkpoints 2 and 4), made once."""
-  workdir = tmp_path_factory.mktemp("four") / "run"
-  r = cli(workdir, iterations=4)
-  assert r.returncode == 0, r.stderr[-3000:]
-  return workdir
+DAMAGES = (_truncate, _empty, _no_metadata, _overwrite)
 
 
-@pytest.mark.parametrize(
-  "damage", [_truncate, _empty, _no_metadata, _overwrite], ids=lambda f: f.__name__
-)
-def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(
-  reference, four_iterations, tmp_path, damage
+def test_damaged_checkpoints_are_set_aside_and_the_newest_valid_one_is_used(
+  reference_workdir, reference, tmp_path
 ):
+  """The uninterrupted run's workdir (checkpoints 0, 2, ..., ITERATIONS) with every checkpoint
+  after 0 damaged, each in its own way: the rerun names each one in a line of its own, newest
+  first, moves it aside and resumes from step 0, to the uninterrupted metrics."""
+  shutil.copytree(reference_workdir, tmp_path / "run")
   tmp_path = tmp_path / "run"
-  shutil.copytree(four_iterations, tmp_path)
-  damage(tmp_path / "checkpoints" / "4")
-  r = cli(tmp_path)
+  damaged = {ITERATIONS - 2 * i: damage for i, damage in enumerate(DAMAGES)}
+  for step, damage in damaged.items():
+    damage(tmp_path / "checkpoints" / str(step))
+  r = cli(tmp_path, *KEEP_ALL)
   assert r.returncode == 0, r.stderr[-3000:]
   said = [x for x in (r.stdout + r.stderr).splitlines() if "is unreadable" in x]
-  assert len(said) == 1 and "resuming from step 2" in said[0], said
-  assert r.stderr == ""  # The line is the run's own output; no library traceback.
-  assert (tmp_path / "checkpoints.bad" / "4").exists()  # Set aside, not deleted.
+  assert len(said) == len(DAMAGES), said
+  for line, step in zip(said, damaged):
+    assert f"checkpoints/{step} is unreadable" in line and "resuming from step 0" in line, line
+  assert r.stderr == ""  # The lines are the run's own output; no library traceback.
+  for step in damaged:
+    assert (tmp_path / "checkpoints.bad" / str(step)).exists()  # Set aside, not deleted.
   assert metrics(tmp_path) == reference
 
 

@@ -1,4 +1,5 @@
-"""colabs/quickstart.ipynb runs headless (nbclient) on a ~20 s config."""
+"""colabs/quickstart.ipynb runs headless (nbclient) on a ~30 s config (GRPO_JAX_QUICK: the
+1-layer `quick` arithmetic model, a few steps)."""
 
 import json
 import pathlib
