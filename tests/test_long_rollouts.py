@@ -27,3 +27,16 @@ def test_the_committed_prefill_record_carries_its_rule_and_its_verdict_from_its_
   assert record["rule"] == long_prefill.RULE
   assert record["verdict"] == long_prefill.verdict(record)
   assert {"cpu", "tpu"} <= set(record) and record["tpu"]["rows"][0]["prompt_tokens"] == 16384
+
+
+def test_the_committed_long_iteration_ran_every_row_to_the_limit_and_its_ratios_are_its_bytes():
+  """experiments/long_iteration.py at 8,192 new tokens (14 minutes here: not in CI)."""
+  import long_iteration  # noqa: PLC0415
+
+  r = json.loads((ROOT / "experiments/results/long_rollouts/iteration_8192.json").read_text())
+  assert r["new_tokens"] == 8192 and r["finished"] and r["pad_frac"]["pad/sample_frac"] == 0.0
+  plan, xla = r["plan_bytes"], r["xla_bytes"]
+  assert r["plan_over_xla"]["train_step"] == round(plan["train_step"] / xla["train_step_temp"], 3)
+  assert r["plan_over_xla"]["sampler"] == round(plan["kv_cache"] / xla["sample_temp"], 3)
+  c = long_iteration.config(8192)
+  assert (c.sampler.max_new_tokens, c.model.remat, c.rl.micro_batches) == (8192, "full", 8)
