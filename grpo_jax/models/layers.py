@@ -292,7 +292,10 @@ class Attention(nn.Module):
       # Given fewer positions than the buffers hold slots, it attends over those first
       # slots only (`KVCache.visible`: a chunked prefill's call, whose later slots are empty).
       n = cache_pos_BS.shape[1]
-      keys = (new_kv[0][..., :n], new_kv[1][:, :, :n], cache_pos_BS)
+      if n < new_kv[0].shape[-1]:  # Only then: the decode loop's HLO stays as it was.
+        keys = (new_kv[0][..., :n], new_kv[1][:, :, :n], cache_pos_BS)
+      else:
+        keys = (*new_kv, cache_pos_BS)
     # A Pallas kernel (`kernels`); init's dummy forward runs XLA (the params are the same).
     mask = dict(dtype=cfg.compute_dtype, window=window, softcap=cfg.attn_softcap)
     if cache_kv is None and cfg.attention_impl != "xla" and not self.is_initializing():
