@@ -38,5 +38,7 @@ def test_the_committed_long_iteration_ran_every_row_to_the_limit_and_its_ratios_
   plan, xla = r["plan_bytes"], r["xla_bytes"]
   assert r["plan_over_xla"]["train_step"] == round(plan["train_step"] / xla["train_step_temp"], 3)
   assert r["plan_over_xla"]["sampler"] == round(plan["kv_cache"] / xla["sample_temp"], 3)
+  assert r["claim"] == long_iteration.CLAIM and r["seeds"] == long_iteration.SEEDS
+  assert r["verdict"] == long_iteration.verdict(r) == "contradicts"  # 0.73: the plan is short.
   c = long_iteration.config(8192)
   assert (c.sampler.max_new_tokens, c.model.remat, c.rl.micro_batches) == (8192, "full", 8)

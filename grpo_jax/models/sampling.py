@@ -488,16 +488,16 @@ def prefill(
       )
     slots = (P - 1 + T,)
   routes = {}
-  prefill = functools.partial(
+  write_prompt = functools.partial(
     prefill_cache, params, tokens_BP[:, :-1], positions_BP[:, :-1], init_cache=init_cache,
     length=P - 1 if share else slots[0], model_fn=model_fn, chunk=cfg.prefill_chunk,
   )  # fmt: skip
   if cfg.record_routes:
-    cache, r_BPLK = prefill(record_routes=True)
+    cache, r_BPLK = write_prompt(record_routes=True)
     routes["prompt_routes_BPLK"] = jnp.where(mask_BP[:, :-1, None, None], r_BPLK, -1)
     routes["routes_NTLK"] = jnp.full((N, T, *r_BPLK.shape[2:]), -1, r_BPLK.dtype)
   else:
-    cache = prefill()
+    cache = write_prompt()
   return DecodeState(
     step=jnp.zeros((), jnp.int32),
     cache=cache.share(G, slots[0]) if share else cache.repeat(G),
