@@ -268,10 +268,26 @@ def _sampler_config(d: dict, rl_cfg: spec.RLConfig, *, eos_ids, pad_id) -> sampl
     {**d["sampler"], "eos_ids": eos_ids, "pad_id": pad_id, "record_routes": rl_cfg.routing_replay},
     where="config.sampler",
   )
-  if not rl_cfg.routing_replay:
-    return cfg
+  clash = _static_sampler_replaced(d, cfg)
+  if rl_cfg.routing_replay and clash:
+    raise ValueError(
+      "config.rl.routing_replay=True records routes in the static sampler, which these "
+      f"settings replace: {'; '.join(clash)}. Turn them off, or routing_replay off."
+    )
+  if cfg.kv_layout == "paged" and clash:
+    raise ValueError(
+      "config.sampler.kv_layout='paged' pages the static sampler's cache; these settings "
+      f"decode with samplers whose cache is dense: {'; '.join(clash)}. Turn them off, or "
+      "use kv_layout='dense'."
+    )
+  return cfg
+
+
+def _static_sampler_replaced(d: dict, cfg: sampling.SamplerConfig) -> list[str]:
+  """The settings under which other samplers decode training rows in place of the static
+  one (the refill sampler, episodes, partial rollouts, counterfactual rows)."""
   op, cf = d.get("offpolicy", {}), d.get("counterfactual", {})
-  clash = [
+  return [
     why
     for why, on in (
       (f"config.sampler.refill_slots={cfg.refill_slots} (0: off)", cfg.refill_slots > 0),
@@ -284,12 +300,6 @@ def _sampler_config(d: dict, rl_cfg: spec.RLConfig, *, eos_ids, pad_id) -> sampl
     )
     if on
   ]
-  if clash:
-    raise ValueError(
-      "config.rl.routing_replay=True records routes in the static sampler, which these "
-      f"settings replace: {'; '.join(clash)}. Turn them off, or routing_replay off."
-    )
-  return cfg
 
 
 def _check_rl_lengths(rl_cfg: spec.RLConfig, sampler_cfg: sampling.SamplerConfig) -> None:

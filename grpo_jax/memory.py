@@ -119,7 +119,7 @@ import jax.extend as jex
 import jax.numpy as jnp
 
 from grpo_jax import abstract
-from grpo_jax.models import attention, model, sampling, sharding
+from grpo_jax.models import attention, kv_cache, model, paged, sampling, sharding
 from grpo_jax.rl import learner, spec
 
 GIB = 2**30
@@ -286,10 +286,12 @@ def plan(
   optimizer,
   decode_segments: int = 1,
   shared_prefix: bool = False,
+  pages: tuple[int, int] | None = None,
 ) -> Plan:
   """The per-device memory plan (see the module docstring); decode_segments: the
   sampler's (`sampling.segment_count`); shared_prefix: whether its group rows share the
-  prompt's cache slots (`model.KVCache.share`)."""
+  prompt's cache slots (`model.KVCache.share`); pages: (pool pages, Z) of a paged
+  sampler (`_pool_pages`), None: dense."""
   data, fsdp, tensor = mesh_cfg.shape(n_devices)
   sizes = dict(zip(sharding.AXES, (data, fsdp, tensor), strict=True))
   dp = data * fsdp
@@ -351,6 +353,7 @@ def plan(
     T=T,
     segments=decode_segments,
     shared=shared_prefix,
+    pages=pages,
   )
   return Plan(
     mesh=(data, fsdp, tensor),
@@ -403,11 +406,16 @@ def _sampler_bytes(
   T,
   segments=1,
   shared=False,
+  pages=None,
 ) -> int:
   """Temporary memory of the compiled sampler (`sampling.sample`) on one device: the
   largest of its three phases (module docstring, "sampler"). `rows` rollout rows and
   `prompt_rows` prompts on a device; P prompt slots, T new tokens; `shared`: the rows
-  share their prompt's P - 1 slots (`model.KVCache.share`) and own T slots each."""
+  share their prompt's P - 1 slots (`model.KVCache.share`) and own T slots each.
+  pages: (pool pages, page size Z) of a paged cache (`paged`), or None: dense."""
+  if pages is not None:
+    return _paged_sampler_bytes(cfg, boxed, rules=rules, sizes=sizes, rows=rows,
+                                prompt_rows=prompt_rows, P=P, T=T, pages=pages)  # fmt: skip
   fsdp, L, E = sizes["fsdp"], cfg.n_layers, cfg.head_dim
   item = jnp.dtype(cfg.compute_dtype).itemsize
   kv_heads = _local_size(cfg.n_kv_heads, "activation_kv_heads", rules, sizes)
@@ -483,6 +491,35 @@ def _sampler_bytes(
   return int(max(decode, prefill, write))
 
 
+def _paged_sampler_bytes(cfg, boxed, *, rules, sizes, rows, prompt_rows, P, T, pages) -> int:
+  """`_sampler_bytes` of the paged sampler (`paged.sample`), the larger of two phases.
+  - decode: the pools, 2·L·[pages + 1, K, E, Z] and the int32 positions [pages + 1, Z],
+    written in place; the page table [rows, M] int32; one layer's attention block at a
+    time, its gathered keys and values [rows, K, E, b·Z] and float32 scores and
+    exponentials [rows, heads, b·Z] (b·Z = paged._BLOCK_SLOTS); and the step's sampling
+    as the dense sampler's, plus the full-row logits the compacted rows scatter into.
+  - prefill: the dense prompt cache (`_sampler_bytes` with T = 1: its forward and
+    write), then cut into pages beside the pools it becomes.
+  The pools are one array each, not split over the batch axes: with rows over several
+  devices, every device holds the whole pool (`paged`, module docstring)."""
+  n_pages, Z = pages
+  L, E = cfg.n_layers, cfg.head_dim
+  item = jnp.dtype(kv_cache.cache_dtype(cfg)).itemsize
+  kv_heads = _local_size(cfg.n_kv_heads, "activation_kv_heads", rules, sizes)
+  heads = _local_size(cfg.n_heads, "q_heads", rules, sizes)
+  vocab = _local_size(cfg.vocab_size, "activation_vocab", rules, sizes)
+  pools = 2 * L * (n_pages + 1) * kv_heads * E * Z * item + (n_pages + 1) * Z * 4
+  M = -(-(P - 1) // Z) + -(-T // Z)
+  block = min(paged._BLOCK_SLOTS, M * Z)
+  attend = 2 * rows * kv_heads * E * block * item + 2 * rows * heads * block * 4
+  decode = pools + rows * M * 4 + attend + 6 * rows * vocab * 4
+  prompt_cache = _sampler_bytes(
+    cfg, boxed, rules=rules, sizes=sizes, rows=prompt_rows, prompt_rows=prompt_rows,
+    P=-(-(P - 1) // Z) * Z + 1, T=1,
+  )  # fmt: skip
+  return int(max(decode, prompt_cache + pools))
+
+
 def plan_for(setup, *, n_devices: int | None = None, optimizer=None) -> Plan:
   """The plan of a `build.Setup` on n_devices (default: this host's), with the run's
   optimizer (`spec.make_optimizer`) unless another is given."""
@@ -506,7 +543,20 @@ def plan_for(setup, *, n_devices: int | None = None, optimizer=None) -> Plan:
     decode_segments=sampling.segment_count(scfg),
     # The static sampler's (the refill sampler copies each prompt's slots into its rows).
     shared_prefix=scfg.shared_prefix and scfg.group_size > 1 and not scfg.refill_slots,
+    pages=_pool_pages(scfg, prompts=loop.prompts_per_step),
   )
+
+
+def _pool_pages(scfg: sampling.SamplerConfig, *, prompts: int) -> tuple[int, int] | None:
+  """(pages, Z) of the train sampler's pool (sampler.kv_layout="paged"), else None: the
+  prompts' pages (each row's own copy without sampler.shared_prefix) and the completion
+  pages (`paged.completion_pages`), for all the step's rows (a pool is not split)."""
+  if scfg.kv_layout != "paged":
+    return None
+  rows, Z = prompts * scfg.group_size, scfg.page_size
+  owners = prompts if scfg.shared_prefix and scfg.group_size > 1 else rows
+  prompt_pages = owners * -(-(max(scfg.prompt_buckets) - 1) // Z)
+  return prompt_pages + paged.completion_pages(scfg, rows), Z
 
 
 def limit_bytes(memory_limit_gib: float = 0.0) -> float | None:

@@ -24,7 +24,7 @@ import optax
 
 from grpo_jax import build, config, envs, memory, warmstart
 from grpo_jax.envs import episodes
-from grpo_jax.models import model, refill, sampling, sharding
+from grpo_jax.models import model, paged, refill, sampling, sharding
 from grpo_jax.rl import counterfactuals, learner, offpolicy, preparation, spec
 
 
@@ -222,6 +222,10 @@ def _sampler_model(setup: build.Setup, model_fn, layout: sharding.Layout):
   return mcfg, model_fn, view
 
 
+# The static sampler of each sampler.kv_layout (`sampling.KV_LAYOUTS`).
+_STATIC_SAMPLERS = {"dense": sampling.sample, "paged": paged.sample}
+
+
 def _sampler(
   setup: build.Setup,
   sh: _Shardings,
@@ -232,8 +236,8 @@ def _sampler(
   slots: int = 0,
   train: bool = False,
 ):
-  """`sampling.sample` for `prompts` prompts × `group` rows each; with `slots`, the
-  slot-refill sampler (`refill.sample`); in sampler.dtype when it is set. Only the
+  """`sampling.sample` (or `paged.sample`, sampler.kv_layout) for `prompts` prompts ×
+  `group` rows each; with `slots`, the slot-refill sampler (`refill.sample`); in sampler.dtype when it is set. Only the
   `train` sampler records routes (rl.routing_replay)."""
   mcfg, model_fn, view = _sampler_model(setup, model_fn, sh.layout)
   scfg = setup.sampler_cfg
@@ -245,7 +249,7 @@ def _sampler(
   fn = (
     functools.partial(refill.sample, slots=slots, **kw)
     if slots
-    else functools.partial(sampling.sample, **kw)
+    else functools.partial(_STATIC_SAMPLERS[scfg.kv_layout], **kw)
   )
   return sharding.Jitted(
     sh.layout,

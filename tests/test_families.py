@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import subproc
 
-from grpo_jax.models import attention, families, logprobs, model, refill, sampling
+from grpo_jax.models import attention, families, logprobs, model, paged, refill, sampling
 
 
 def test_window_mask_pinned_by_hand():
@@ -91,6 +91,8 @@ def _rollouts(cfg, params, sampler_cfg, tokenizer, *, refill_slots=0):
   )
   if refill_slots:
     fn = refill.make_policy_sampler(cfg, sampler_cfg, slots=refill_slots)
+  elif sampler_cfg.kv_layout == "paged":
+    fn = paged.make_policy_sampler(cfg, sampler_cfg)
   else:
     fn = sampling.make_policy_sampler(cfg, sampler_cfg)
   return fn(params, prompts, jax.random.key(0), sampling.sampling_params(temperature=1.2))
@@ -107,16 +109,21 @@ def _rollouts(cfg, params, sampler_cfg, tokenizer, *, refill_slots=0):
     ("mistral", False, False, 5),
     ("qwen3_moe", False, True, 0),
     ("qwen3_moe", True, False, 5),
+    ("gemma2", True, True, "paged"),
+    ("qwen3_moe", False, True, "paged"),
   ],
 )
 def test_windowed_samplers_equal_the_teacher_forced_forward(
   tokenizer, sampler_cfg, shape, scan, shared, refill_slots
 ):
   """Each sampler's policy log-probs (prefill, decode over the cache, a group-shared
-  prompt, the refill sampler's per-row slots; scanned and unrolled layers) are the
-  teacher-forced forward's, which a window changes: the windows bite."""
+  prompt, the refill sampler's per-row slots, the paged cache's pages of 2 slots;
+  scanned and unrolled layers) are the teacher-forced forward's, which a window changes:
+  the windows bite."""
   cfg, params = _policy(tokenizer, shape, scan_layers=scan)
   scfg = dataclasses.replace(sampler_cfg, shared_prefix=shared, decode_segments=2)
+  if refill_slots == "paged":
+    scfg, refill_slots = dataclasses.replace(scfg, kv_layout="paged", page_size=2), 0
   r = _rollouts(cfg, params, scfg, tokenizer, refill_slots=refill_slots)
   fn = model.make_model_fn(cfg)
   tf_NT = logprobs.teacher_forced_logprobs(params, r, model_fn=fn)

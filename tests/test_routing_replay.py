@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax.models import logprobs, model, moe, sampling
+from grpo_jax.models import logprobs, model, moe, paged, sampling
 from grpo_jax.rl import dynamic_sampling
 
 MOE = dict(n_experts=4, experts_per_token=2, expert_mlp_dim=16, n_layers=2)
@@ -64,20 +64,24 @@ def test_a_forward_replaying_its_own_routes_is_itself_and_other_routes_change_it
 
 
 @pytest.mark.parametrize(
-  ("scan", "shared", "segments", "chunk"), [(False, True, 2, 0), (True, False, 1, 3)]
+  ("scan", "shared", "segments", "chunk", "layout"),
+  [(False, True, 2, 0, "dense"), (True, False, 1, 3, "dense"), (True, True, 1, 0, "paged")],
 )
-def test_the_sampler_records_the_routes_its_forward_took(scan, shared, segments, chunk):
+def test_the_sampler_records_the_routes_its_forward_took(scan, shared, segments, chunk, layout):
   """A float32 sampler's recorded experts are the teacher-forced forward's own on every
   real prompt and completion token that a later token reads (the last completion token
   and padding: -1), and the teacher-forced log-probs replaying them are the sampler's;
-  also with the prompt prefilled 3 tokens a call (`prefill_chunk`)."""
+  also with the prompt prefilled 3 tokens a call (`prefill_chunk`), and on a paged cache
+  (pages of 2 slots, rows compacted as they end)."""
   cfg, params = _moe(scan)
   scfg = sampling.SamplerConfig(
     max_new_tokens=6, eos_ids=(1,), pad_id=0, group_size=2, record_routes=True,
     prompt_buckets=(8,), shared_prefix=shared, decode_segments=segments, prefill_chunk=chunk,
+    kv_layout=layout, page_size=2,
   )  # fmt: skip
   prompts = sampling.prepare_prompts([[5, 6, 7], [9, 10, 11, 12, 13]], cfg=scfg)
-  fn = sampling.make_policy_sampler(cfg, scfg)
+  make = paged.make_policy_sampler if layout == "paged" else sampling.make_policy_sampler
+  fn = make(cfg, scfg)
   r = fn(params, prompts, jax.random.key(3), sampling.sampling_params(temperature=1.5))
   assert r.prompt_routes_NPLK.shape == (4, 8, 2, 2) and r.routes_NTLK.shape == (4, 6, 2, 2)
   tokens_NS = jnp.concatenate([r.prompt_tokens_NP, r.tokens_NT], 1)

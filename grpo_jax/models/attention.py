@@ -231,6 +231,71 @@ def attend_shared(
   return _normalised(out_BKQE, sum_BKQ1, dtype)
 
 
+def attend_paged(
+  q_BKQE, q_pos_BQ, k_pool, v_pool, pos_PZ, table_NM, live, k_BKE, v_BKE, *, block, dtype,
+  window=None, softcap=0.0,
+):  # fmt: skip
+  """`attend` over each row's pages of a paged cache (`kv_cache.PagedKVCache`) and its own
+  new key k_BKE / value v_BKE (not yet in the pool; visible to the row's real queries),
+  block by block with an online softmax (flash-decoding; Dao et al. 2023, vLLM's paged
+  attention).
+
+  Pools: keys [P, K, E, Z], values [P, K, Z, E], positions pos_PZ [P, Z]; row n's logical
+  slot s is in page table_NM[n, s // Z]. The running shift m, sum l and output o start
+  from the new key (m = s_new, l = 1, o = V_new), and block j gathers pages
+  table[:, jb : (j+1)b] ([N, K, E, b·Z] keys: one layer's block, never the row's whole
+  cache) and folds them in:
+    m' = max(m, max_s s_qs),  l' = l·e^(m − m') + Σ_s e^(s_qs − m'),
+    o' = o·e^(m − m') + Σ_s e^(s_qs − m') V_s,   out = o / l
+  — the softmax over the row's slots and its new one, up to the order of the float32
+  sums. Only the blocks up to the one holding slot live − 1 run (a dynamic trip count:
+  early decode steps read few pages).
+  """
+  N, K, Q, E = q_BKQE.shape
+  Z = pos_PZ.shape[-1]
+  M = table_NM.shape[1]
+  block = min(block, M)
+  n_blocks = -(-M // block)
+  table_NM = jnp.pad(
+    table_NM, ((0, 0), (0, n_blocks * block - M)), constant_values=_null_page(pos_PZ)
+  )
+  mm = _attention_matmul_dtype(k_pool, dtype)
+  q_pos = q_pos_BQ[:, None, :, None]
+
+  def fold(j, carry):
+    m_BKQ1, l_BKQ1, o_BKQE = carry
+    pages_Nb = jax.lax.dynamic_slice_in_dim(table_NM, j * block, block, axis=1)
+    keys_BKES = jnp.transpose(k_pool[pages_Nb], (0, 2, 3, 1, 4)).reshape(N, K, E, block * Z)
+    values_BKSE = jnp.transpose(v_pool[pages_Nb], (0, 2, 1, 3, 4)).reshape(N, K, block * Z, E)
+    key_pos = pos_PZ[pages_Nb].reshape(N, 1, 1, block * Z)
+    s_BKQS = _capped(_scores(q_BKQE, keys_BKES, mm), softcap)
+    valid = _visible(q_pos, key_pos, window)
+    m_new = jnp.maximum(m_BKQ1, _masked_max(s_BKQS, valid))
+    rescale = jnp.exp(m_BKQ1 - m_new)
+    e_BKQS = _exp_shifted(s_BKQS, valid, m_new)
+    o_new = o_BKQE * rescale + _weighted_values(e_BKQS, values_BKSE, dtype, mm)
+    return m_new, l_BKQ1 * rescale + e_BKQS.sum(-1, keepdims=True), o_new
+
+  # The new key: its score, and weight exp(s − s) = 1 on real queries (a padding query
+  # sees nothing, as in `attend`).
+  k_new, v_new = k_BKE.astype(k_pool.dtype)[..., None], v_BKE.astype(v_pool.dtype)[:, :, None]
+  s_new = _capped(_scores(q_BKQE, k_new, mm), softcap)  # [N, K, Q, 1]
+  valid_new = jnp.broadcast_to((q_pos_BQ >= 0).astype(jnp.float32)[:, None, :, None], (N, K, Q, 1))
+  init = (
+    jax.lax.stop_gradient(s_new * valid_new - (1.0 - valid_new) * 1e30),
+    valid_new,
+    _weighted_values(valid_new, v_new, dtype, mm),
+  )
+  trips = jnp.clip(-(-live // (block * Z)), 1, n_blocks)
+  _, l_BKQ1, o_BKQE = jax.lax.fori_loop(0, trips, fold, init)
+  return _normalised(o_BKQE, l_BKQ1, dtype)
+
+
+def _null_page(pos_PZ) -> int:
+  """The null page of a pool (its last: never written, all positions -1)."""
+  return pos_PZ.shape[0] - 1
+
+
 def _attention_matmul_dtype(keys_BKES, dtype):
   """A float32 cache of a bfloat16 model (`cache_dtype`, XLA:CPU) holds bfloat16-rounded
   keys and values: both dots run in float32 on the same values (products of bfloat16

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax.models import attention, kernels, model_config, moe, quant
+from grpo_jax.models import attention, kernels, kv_cache, model_config, moe, quant
 
 Params = Any
 
@@ -231,6 +231,9 @@ class Attention(nn.Module):
   attends over the buffers' first cache_pos_BS.shape[1] slots (all of them but in a
   chunked prefill's calls), or over the buffers and a prefix its group shares,
   prefix = ((keys [A, K, E, P], values [A, K, P, E]), positions [A, P]) (`_attend_shared`).
+  A paged cache (index a `kv_cache.PageView`, cache_kv this layer's pools): it attends
+  over the row's pages and its own new key (`attention.attend_paged`), and returns the
+  new keys and values [B, K, E] for the sampler to commit (`PagedKVCache.commit`).
 
   layer = (window, inv_freq): this layer's window (a scalar, or None: no window term) and
   rotary inverse frequencies (None: `attention.rope_inv_freq(cfg)`), per layer
@@ -279,7 +282,9 @@ class Attention(nn.Module):
       # Write this call's keys/values into the layer's buffers (in place), then attend
       # over the buffers alone: cache_pos_BS already holds this call's positions.
       write = lambda buf, new, at: jax.lax.dynamic_update_slice(buf, new.astype(buf.dtype), at)
-      if jnp.ndim(index) == 1:  # One slot per row (the refill sampler's rows).
+      if isinstance(index, kv_cache.PageView):  # A paged cache: read, not written.
+        new_kv = (k_BKET[..., 0], v_BKTE[:, :, 0])  # [B, K, E]: `PagedKVCache.fresh`.
+      elif jnp.ndim(index) == 1:  # One slot per row (the refill sampler's rows).
         new_kv = (
           jax.vmap(lambda b, n, i: write(b, n, (0, 0, i)))(cache_kv[0], k_BKET, index),
           jax.vmap(lambda b, n, i: write(b, n, (0, i, 0)))(cache_kv[1], v_BKTE, index),
@@ -291,8 +296,10 @@ class Attention(nn.Module):
         )
       # Given fewer positions than the buffers hold slots, it attends over those first
       # slots only (`KVCache.visible`: a chunked prefill's call, whose later slots are empty).
-      n = cache_pos_BS.shape[1]
-      if n < new_kv[0].shape[-1]:  # Only then: the decode loop's HLO stays as it was.
+      n = 0 if cache_pos_BS is None else cache_pos_BS.shape[1]
+      if isinstance(index, kv_cache.PageView):
+        keys = None
+      elif n < new_kv[0].shape[-1]:  # Only then: the decode loop's HLO stays as it was.
         keys = (new_kv[0][..., :n], new_kv[1][:, :, :n], cache_pos_BS)
       else:
         keys = (*new_kv, cache_pos_BS)
@@ -306,6 +313,11 @@ class Attention(nn.Module):
       )  # fmt: skip
     elif cache_kv is None:  # Teacher forcing or a prefill: causal within the call.
       out_BKQE = attention.attend_causal(q_BKQE, q_pos_BQ, *keys, **mask)
+    elif keys is None:  # A paged cache (`kv_cache.PageView`).
+      out_BKQE = attention.attend_paged(
+        q_BKQE, q_pos_BQ, *cache_kv, index.pos_PZ, index.table_NM, index.live, *new_kv,
+        block=index.block, **mask,
+      )  # fmt: skip
     elif prefix is None:
       out_BKQE = attention.attend(q_BKQE, q_pos_BQ, *keys, **mask)
     else:  # A group-shared prefix (`KVCache.share`): ((keys, values), positions).

@@ -47,6 +47,7 @@ ModelConfig = model_config.ModelConfig
 LoraConfig = model_config.LoraConfig
 tiny_config = model_config.tiny_config
 KVCache = kv_cache.KVCache
+PagedKVCache = kv_cache.PagedKVCache
 init_cache = kv_cache.init_cache
 cache_dtype = kv_cache.cache_dtype
 init_boxed = layers.init_boxed
@@ -158,6 +159,8 @@ def _apply(params, tokens_BT, positions_BT, cache, *, cfg, logits_slice, hidden_
     return logits_BTV, None
   if rngs:
     raise ValueError("model.apply(dropout_key=...) is a training forward: no cache.")
+  if isinstance(cache, kv_cache.PagedKVCache):
+    return _apply_paged(decoder, variables, tokens_BT, positions_BT, cache)
   i = cache.index
   if jnp.ndim(i) == 1:  # A write slot per row (decode only).
     pos_BS = jax.vmap(lambda p, n, j: jax.lax.dynamic_update_slice(p, n, (j,)))(
@@ -188,6 +191,21 @@ def _apply(params, tokens_BT, positions_BT, cache, *, cfg, logits_slice, hidden_
     k, v = ((k,), (v,)) if cache.stacked else (tuple(k), tuple(v))
   cache = cache.replace(k=k, v=v, pos_BS=pos_BS, index=i + tokens_BT.shape[1], empty=False)
   return logits_BTV, cache
+
+
+def _apply_paged(decoder, variables, tokens_BT, positions_BT, cache: kv_cache.PagedKVCache):
+  """A decode call on a paged cache: every layer attends over the rows' pages and their
+  own new keys; the pools are read, not written, and the new keys and values come back
+  in `fresh` for `PagedKVCache.commit`."""
+  if tokens_BT.shape[1] != 1:
+    raise ValueError(
+      f"A paged KV cache takes one token per row a call (decode), got {tokens_BT.shape[1]}; "
+      "prompts are prefilled into a dense cache and then paged (`paged.sample`)."
+    )
+  view = kv_cache.PageView(cache.table_NM, cache.pos_PZ, cache.live, block=cache.block)
+  kv = (cache.k[0], cache.v[0]) if cache.stacked else (cache.k, cache.v)
+  logits_BTV, fresh = decoder(variables, tokens_BT, positions_BT, kv, None, view, None)
+  return logits_BTV, cache.replace(fresh=fresh)
 
 
 def _decode(module, variables, *args, sown=None, **kwargs):

@@ -1,0 +1,334 @@
+"""The paged sampler (`sampler.kv_layout="paged"`): the static sampler's rollouts with a KV
+cache whose memory follows the pages rows hold, not rows × the longest possible row.
+
+  rollouts = paged.sample(params, prompts, key, hyper, model_fn=..., init_cache=..., cfg=...)
+
+Layout (`kv_cache.PagedKVCache`): one pool of Z-slot pages per layer (Z =
+`sampler.page_size`), a page table per row, and a free-page stack. Algorithm (static
+shapes, one compile per prompt-length bucket):
+  1. Prefill: each prompt minus its last token goes into a dense cache of ceil((P−1)/Z)·Z
+     slots, once per prompt (`sampling.prefill_cache`, chunked with sampler.prefill_chunk),
+     which is cut into pages at the front of the pool. The G rows of a group point at
+     their prompt's pages (sampler.shared_prefix; else each row gets its own copy).
+  2. Decode (`lax.while_loop`, one token per row a step, as `sampling.decode`): a row
+     whose next slot starts a page takes one from the stack (all rows of the static
+     sampler cross a page edge on the same step); a row that ends (EOS, its limit)
+     returns its completion pages at once, for the rows still running. A row that finds
+     the stack empty ends there, truncated: the pool (sampler.kv_pool_fraction of the
+     N·ceil(T/Z) pages every row at T would take; 1: never short) bounds the memory, and
+     rows that end early make room for the long ones.
+  3. Compaction: each step runs the model on the live rows only, gathered into the
+     smallest of N, N/2, N/4, N/8 rows that holds them (`lax.switch`); their pages stay
+     where they are, only the table rows move. The long tail of a skewed batch (a few rows
+     running to T after most have ended) costs its own rows, not N.
+  Attention reads a row's pages in blocks up to the last live slot, and the row's new
+  key (`attention.attend_paged`); the step's keys and values are written once, after the
+  branches (`PagedKVCache.commit`), so the pools are updated in place. Tokens are drawn over all N rows from the same keys as the
+  dense sampler, so the rollouts are `sampling.sample`'s, up to the order of float32 sums.
+
+Hand-written: JAX has no paged KV cache (vLLM's and SGLang's are outside JAX; vLLM-TPU's
+ragged paged attention is a TPU kernel, not a sampler). Not here yet: the refill
+sampler and multi-turn episodes on pages, and pools split over data-parallel devices
+(a pool is one array: with rows over several devices it is replicated on each).
+
+Shape letters as in `sampling`; Z page size, M pages per row's table, F completion pages.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.models import kv_cache, model, sampling
+
+# Decode steps run on the live rows gathered into the smallest of N, N/2, ..., N/2^k.
+_COMPACT_LEVELS = 4
+# Attention reads this many slots of a row's pages per block (`attention.attend_paged`).
+_BLOCK_SLOTS = 512
+
+
+@flax.struct.dataclass
+class State:
+  """The paged decode loop's carry: `sampling.DecodeState`'s buffers, the cache over all N
+  rows, and the free-page stack free_F[:top]."""
+
+  step: jax.Array
+  cache: kv_cache.PagedKVCache
+  free_F: jax.Array
+  top: jax.Array
+  key: jax.Array
+  tok_N: jax.Array
+  pos_N: jax.Array
+  done_N: jax.Array
+  starved_N: jax.Array  # ended because the pool had no page for it (truncated)
+  tokens_NT: jax.Array
+  mask_NT: jax.Array
+  logp_NT: jax.Array
+  policy_logp_NT: jax.Array
+  prompt_routes_BPLK: jax.Array | None = None
+  routes_NTLK: jax.Array | None = None
+  prompt_pages: int = flax.struct.field(pytree_node=False, default=0)  # per row's table
+
+
+def completion_pages(cfg: sampling.SamplerConfig, rows: int) -> int:
+  """F: the pool's completion pages, ceil(sampler.kv_pool_fraction · rows · ceil(T / Z))."""
+  worst = rows * -(-cfg.max_new_tokens // cfg.page_size)
+  return max(1, math.ceil(cfg.kv_pool_fraction * worst))
+
+
+def _to_pages(x, *, slot_axis: int, page_size: int, stacked: bool):
+  """A dense cache buffer [(L,) B, ..., S, ...] as pages [(L,) B·S/Z, ..., Z, ...]: the slot
+  axis split into (pages, Z), the pages moved next to the rows and merged with them."""
+  lead = 1 if stacked else 0
+  slot_axis %= x.ndim
+  shape = x.shape
+  x = x.reshape(
+    *shape[:slot_axis], shape[slot_axis] // page_size, page_size, *shape[slot_axis + 1 :]
+  )
+  x = jnp.moveaxis(x, slot_axis, lead + 1)
+  return x.reshape(*shape[:lead], -1, *x.shape[lead + 2 :])
+
+
+def _pool(prompt_pages, free_pages: int):
+  """The prompt's pages followed by free_pages + 1 zero pages (the last is the null page)."""
+  lead = prompt_pages.ndim - 4  # 1 with stacked layers.
+  pad = [(0, 0)] * prompt_pages.ndim
+  pad[lead] = (0, free_pages + 1)
+  return jnp.pad(prompt_pages, pad)
+
+
+def prefill(params, prompts: sampling.Prompts, key, *, model_fn: Callable,
+            init_cache: Callable, cfg: sampling.SamplerConfig) -> State:  # fmt: skip
+  """The prompts into pages at the front of the pool, and the decode loop's start."""
+  tokens_BP = jnp.asarray(prompts.tokens_BP, jnp.int32)
+  mask_BP = jnp.asarray(prompts.mask_BP, jnp.bool_)
+  B, P = tokens_BP.shape
+  G, T, Z = cfg.group_size, cfg.max_new_tokens, cfg.page_size
+  N = B * G
+  if P < 2:
+    raise ValueError(
+      f"Prompt batches need >= 2 slots (left-pad a 1-token prompt), got shape {(B, P)}."
+    )
+  positions_BP = model.positions_from_mask(mask_BP)
+  n_prompt = -(-(P - 1) // Z)  # Pages per prompt.
+  out = sampling.prefill_cache(
+    params, tokens_BP[:, :-1], positions_BP[:, :-1], init_cache=init_cache, length=n_prompt * Z,
+    model_fn=model_fn, chunk=cfg.prefill_chunk, record_routes=cfg.record_routes,
+  )  # fmt: skip
+  dense, routes = (out, {}) if not cfg.record_routes else (out[0], {})
+  if cfg.record_routes:
+    routes["prompt_routes_BPLK"] = jnp.where(mask_BP[:, :-1, None, None], out[1], -1)
+    routes["routes_NTLK"] = jnp.full((N, T, *out[1].shape[2:]), -1, out[1].dtype)
+  shared = cfg.shared_prefix and G > 1
+  if not shared:
+    dense = dense.repeat(G)
+  owners = B if shared else N  # Rows of prompt pages.
+  F = completion_pages(cfg, N)
+  pages = functools.partial(_to_pages, page_size=Z, stacked=dense.stacked)
+  k = tuple(_pool(pages(x, slot_axis=-1), F) for x in dense.k)
+  v = tuple(_pool(pages(x, slot_axis=-2), F) for x in dense.v)
+  pos_PZ = jnp.pad(
+    dense.pos_BS.reshape(owners * n_prompt, Z), ((0, F + 1), (0, 0)), constant_values=-1
+  )
+  null = owners * n_prompt + F
+  M = n_prompt + -(-T // Z)
+  owner_N = jnp.arange(N) // G if shared else jnp.arange(N)
+  table_NM = jnp.full((N, M), null, jnp.int32)
+  table_NM = table_NM.at[:, :n_prompt].set(
+    owner_N[:, None] * n_prompt + jnp.arange(n_prompt)[None, :]
+  )
+  cache = kv_cache.PagedKVCache(
+    k=k, v=v, pos_PZ=pos_PZ, table_NM=table_NM, slot_N=jnp.full((N,), -1, jnp.int32),
+    live=jnp.zeros((), jnp.int32), stacked=dense.stacked, block=max(1, _BLOCK_SLOTS // Z),
+  )  # fmt: skip
+  return State(
+    step=jnp.zeros((), jnp.int32),
+    cache=cache,
+    free_F=(owners * n_prompt + jnp.arange(F, dtype=jnp.int32))[::-1],
+    top=jnp.asarray(F, jnp.int32),
+    key=key,
+    tok_N=jnp.repeat(tokens_BP[:, -1], G),
+    pos_N=jnp.repeat(positions_BP[:, -1], G),
+    done_N=jnp.zeros((N,), jnp.bool_),
+    starved_N=jnp.zeros((N,), jnp.bool_),
+    tokens_NT=jnp.full((N, T), cfg.pad_id, jnp.int32),
+    mask_NT=jnp.zeros((N, T), jnp.bool_),
+    logp_NT=jnp.zeros((N, T), jnp.float32),
+    policy_logp_NT=jnp.zeros((N, T), jnp.float32),
+    prompt_pages=n_prompt,
+    **routes,
+  )
+
+
+def _take_pages(s: State, Z: int) -> State:
+  """Live rows whose next slot starts a page pop one from the stack (in row order); a row
+  that finds it empty is starved: it ends, truncated. A taken page's positions are reset
+  (its last holder's slots would be visible)."""
+  c = s.cache
+  need_N = ~s.done_N & (s.step % Z == 0)
+  rank_N = jnp.cumsum(need_N) - 1
+  got_N = need_N & (rank_N < s.top)
+  page_N = s.free_F[jnp.clip(s.top - 1 - rank_N, 0, s.free_F.shape[0] - 1)]
+  col = s.prompt_pages + s.step // Z
+  column_N = jax.lax.dynamic_index_in_dim(c.table_NM, col, axis=1, keepdims=False)
+  table_NM = jax.lax.dynamic_update_index_in_dim(
+    c.table_NM, jnp.where(got_N, page_N, column_N), col, axis=1
+  )
+  drop = c.pos_PZ.shape[0]
+  pos_PZ = c.pos_PZ.at[jnp.where(got_N, page_N, drop)].set(-1, mode="drop")
+  starved_N = need_N & ~got_N
+  return s.replace(
+    cache=c.replace(table_NM=table_NM, pos_PZ=pos_PZ),
+    top=s.top - jnp.sum(got_N, dtype=jnp.int32),
+    done_N=s.done_N | starved_N,
+    starved_N=s.starved_N | starved_N,
+  )
+
+
+def _return_pages(s: State, ended_N) -> State:
+  """Ended rows push their completion pages back on the stack; their table rows then
+  point at the null page (prompt pages stay: the group's other rows read them)."""
+  c = s.cache
+  null = c.null_page
+  own_NM = c.table_NM[:, s.prompt_pages :]
+  back_NM = ended_N[:, None] & (own_NM != null)
+  at = s.top + jnp.cumsum(back_NM.reshape(-1)).reshape(back_NM.shape) - 1
+  free_F = s.free_F.at[jnp.where(back_NM, at, s.free_F.shape[0])].set(own_NM, mode="drop")
+  table_NM = jnp.where(ended_N[:, None], null, c.table_NM)
+  return s.replace(
+    cache=c.replace(table_NM=table_NM),
+    free_F=free_F,
+    top=s.top + jnp.sum(back_NM, dtype=jnp.int32),
+  )
+
+
+def _buckets(N: int) -> tuple[int, ...]:
+  """The compaction sizes N, ceil(N/2), ..., ceil(N/2^(levels−1)), distinct, decreasing."""
+  return tuple(sorted({-(-N // 2**j) for j in range(_COMPACT_LEVELS)}, reverse=True))
+
+
+def _forward(params, s: State, *, rows: int, model_fn: Callable, record: bool):
+  """The model on the first `rows` live rows (all N when rows == N), reading the pools:
+  full-N logits [N, V] and new keys and values (zeros on rows not run), and the recorded
+  routes [N, 1, L, k]."""
+  c = s.cache
+  N = s.done_N.shape[0]
+  slot = s.prompt_pages * c.page_size + s.step  # Every live row's next slot.
+  idx = jnp.arange(N) if rows == N else jnp.argsort(s.done_N, stable=True)[:rows]
+  view = c.replace(table_NM=c.table_NM[idx], live=slot)
+  kw = dict(record_routes=True) if record else {}
+  out = model_fn(params, s.tok_N[idx, None], s.pos_N[idx, None], view, **kw)
+  full = (
+    lambda x, axis=0: (
+      x
+      if rows == N
+      else jnp.zeros(  # noqa: E731
+        (*x.shape[:axis], N, *x.shape[axis + 1 :]), x.dtype
+      )
+      .at[(slice(None),) * axis + (idx,)]
+      .set(x)
+    )
+  )
+  row_axis = 1 if c.stacked else 0  # Fresh keys are [L, rows, K, E] when stacked.
+  fresh = jax.tree.map(functools.partial(full, axis=row_axis), out[1].fresh)
+  routes = None
+  if record:
+    routes = full(jnp.where(~s.done_N[idx][:, None, None, None], out[2], -1))
+    routes = jnp.where(s.done_N[:, None, None, None], -1, routes)
+  return full(out[0][:, -1]), fresh, routes
+
+
+def decode(params, state: State, hyper: sampling.SamplingParams, *, model_fn: Callable,
+           cfg: sampling.SamplerConfig, limit_N: jax.Array | None = None) -> State:  # fmt: skip
+  """`sampling.decode` on pages: one token per live row a step until every row has ended
+  or T columns are filled (limit_N as there)."""
+  T = state.tokens_NT.shape[1]
+  N = state.done_N.shape[0]
+  eos_ids = jnp.asarray(cfg.eos_ids, jnp.int32)
+  if limit_N is not None:
+    state = state.replace(done_N=state.done_N | (limit_N <= 0))
+  record = state.routes_NTLK is not None
+  sizes = _buckets(N)
+
+  def body(s: State) -> State:
+    s = _take_pages(s, cfg.page_size)
+    n_live = jnp.sum(~s.done_N)
+    branch = sum((n_live <= size).astype(jnp.int32) for size in sizes[1:])
+    run = [
+      functools.partial(_forward, params, rows=size, model_fn=model_fn, record=record)
+      for size in sizes
+    ]
+    logits_NV, fresh, r_N1LK = jax.lax.switch(branch, run, s)
+    slot_N = jnp.where(s.done_N, -1, s.prompt_pages * cfg.page_size + s.step)
+    cache = s.cache.replace(fresh=fresh, slot_N=slot_N).commit(s.pos_N)
+    key, step_key = jax.random.split(s.key)
+    tok_N, logp_N, policy_logp_N = sampling.choose_tokens(logits_NV, step_key, hyper)
+    live_N = ~s.done_N
+    tok_N = jnp.where(live_N, tok_N, cfg.pad_id)
+    ended_N = live_N & (
+      jnp.isin(tok_N, eos_ids) | (False if limit_N is None else s.step + 1 >= limit_N)
+    )
+
+    def put(buf_NT, col_N):
+      return jax.lax.dynamic_update_slice(buf_NT, col_N[:, None].astype(buf_NT.dtype), (0, s.step))
+
+    routes = {}
+    if record:
+      routes["routes_NTLK"] = jax.lax.dynamic_update_slice(s.routes_NTLK, r_N1LK, (0, s.step, 0, 0))
+    s = s.replace(
+      step=s.step + 1,
+      cache=cache,
+      key=key,
+      tok_N=tok_N,
+      pos_N=s.pos_N + 1,
+      done_N=s.done_N | ended_N,
+      tokens_NT=put(s.tokens_NT, tok_N),
+      mask_NT=put(s.mask_NT, live_N),
+      logp_NT=put(s.logp_NT, jnp.where(live_N, logp_N, 0.0)),
+      policy_logp_NT=put(s.policy_logp_NT, jnp.where(live_N, policy_logp_N, 0.0)),
+      **routes,
+    )
+    return _return_pages(s, ended_N)
+
+  def cond(s: State):
+    return (s.step < T) & ~jnp.all(s.done_N)
+
+  return jax.lax.while_loop(cond, body, state)
+
+
+def sample(
+  params,
+  prompts: sampling.Prompts,
+  key: jax.Array,
+  hyper: sampling.SamplingParams,
+  limit_N: jax.Array | None = None,
+  *,
+  model_fn: Callable,
+  init_cache: Callable[[int, int], Any],
+  cfg: sampling.SamplerConfig,
+) -> sampling.Rollouts:
+  """`sampling.sample` with a paged cache: `prefill`, then `decode` (see the module
+  docstring). A row the pool starved is truncated (eos_N False)."""
+  state = prefill(params, prompts, key, model_fn=model_fn, init_cache=init_cache, cfg=cfg)
+  state = decode(params, state, hyper, model_fn=model_fn, cfg=cfg, limit_N=limit_N)
+  eos_N = sampling.ended_with_eos(state.tokens_NT, state.mask_NT, cfg.eos_ids)
+  return sampling.to_rollouts(prompts, state, group_size=cfg.group_size, eos_N=eos_N)
+
+
+def make_policy_sampler(model_cfg: model.ModelConfig, cfg: sampling.SamplerConfig):
+  """jit(sample) for a grpo_jax transformer policy: fn(params, prompts, key, hyper,
+  limit_N=None) (adapters merged for sampling when the config says so: `model.sampler_view`)."""
+  mcfg, view = model.sampler_view(model_cfg)
+  fn = functools.partial(
+    sample,
+    model_fn=model.make_model_fn(mcfg),
+    init_cache=functools.partial(model.init_cache, mcfg),
+    cfg=cfg,
+  )
+  return jax.jit(sampling.viewed(fn, view))

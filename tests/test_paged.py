@@ -1,0 +1,255 @@
+"""The paged KV cache (`paged`, `kv_cache.PagedKVCache`, `attention.attend_paged`): the
+dense sampler's rollouts from pages, the page allocator by hand, and the config's errors."""
+
+import dataclasses
+import functools
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax import memory
+from grpo_jax.models import attention, kv_cache, model, paged, sampling
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "experiments"))
+import paged_sampler  # noqa: E402
+
+
+def _prompts(sampler_cfg, tokenizer):
+  texts = ["Q:12+7+1+2\n", "Q:3-45\n", "Q:9+9*2-1\n"]
+  return sampling.prepare_prompts(
+    [tokenizer.encode(t, add_bos=True) for t in texts], cfg=sampler_cfg
+  )
+
+
+def _scanned(tiny_cfg, tiny_params):
+  params = {k: v for k, v in tiny_params.items() if not k.startswith("layer_")}
+  layers = (tiny_params[f"layer_{i}"] for i in range(tiny_cfg.n_layers))
+  params["layers"] = jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
+  return dataclasses.replace(tiny_cfg, scan_layers=True), params
+
+
+def _assert_same(got, want, *, atol=1e-5):
+  np.testing.assert_array_equal(got.tokens_NT, want.tokens_NT)
+  np.testing.assert_array_equal(got.mask_NT, want.mask_NT)
+  np.testing.assert_array_equal(got.eos_N, want.eos_N)
+  np.testing.assert_allclose(got.logp_NT, want.logp_NT, atol=atol)
+  np.testing.assert_allclose(got.policy_logp_NT, want.policy_logp_NT, atol=atol)
+
+
+@pytest.mark.parametrize(
+  "scan_layers, shared, chunk, limits",
+  [(False, True, 0, False), (False, False, 3, True), (True, True, 0, True)],
+)
+def test_paged_rollouts_equal_the_dense_samplers(
+  tiny_params, tiny_cfg, sampler_cfg, tokenizer, scan_layers, shared, chunk, limits
+):
+  """Pages of 3 slots (a 15-token prompt prefix on 5 pages, completions across 4), with the
+  group's prompt pages shared or copied, a chunked prefill, per-row limits and scanned
+  layers: the same tokens as the dense sampler and log-probs within 1e-5 (float32, same
+  keys)."""
+  mcfg, params = (tiny_cfg, tiny_params)
+  if scan_layers:
+    mcfg, params = _scanned(tiny_cfg, tiny_params)
+  kw = dict(model_fn=model.make_model_fn(mcfg), init_cache=functools.partial(model.init_cache, mcfg))  # fmt: skip
+  cfg = dataclasses.replace(sampler_cfg, shared_prefix=shared, prefill_chunk=chunk)
+  limit_N = jnp.asarray([10, 0, 3, 7] * 3, jnp.int32) if limits else None
+  args = (params, _prompts(sampler_cfg, tokenizer), jax.random.key(5), sampling.sampling_params(temperature=1.3), limit_N)  # fmt: skip
+  dense = jax.jit(functools.partial(sampling.sample, **kw, cfg=cfg))(*args)
+  paged_cfg = dataclasses.replace(cfg, kv_layout="paged", page_size=3)
+  got = jax.jit(functools.partial(paged.sample, **kw, cfg=paged_cfg))(*args)
+  _assert_same(got, dense)
+  assert int(dense.mask_NT.sum()) > 30  # Enough tokens for the comparison to bite.
+
+
+def test_paged_attention_over_blocks_equals_attention_over_the_gathered_slots():
+  """attend_paged in blocks of 2 pages (an online softmax over up to 3 blocks, cut short
+  by the live bound) equals `attend` over each row's slots laid out densely with its new
+  key after them, with and without a window and soft-capping; rows share their first
+  page, a null page pads the short rows, and a padding query gets 0."""
+  N, K, Q, E, Z, pages = 4, 2, 2, 8, 4, 9
+  rng = np.random.RandomState(0)
+  k_pool = jnp.asarray(rng.randn(pages + 1, K, E, Z), jnp.float32).at[-1].set(0.0)
+  v_pool = jnp.asarray(rng.randn(pages + 1, K, Z, E), jnp.float32).at[-1].set(0.0)
+  table_NM = jnp.asarray(
+    [[0, 1, 2, 3, 4], [0, 5, 6, 7, 9], [0, 8, 9, 9, 9], [0, 9, 9, 9, 9]], jnp.int32
+  )
+  # Row n's slots hold positions 0 .. used − 1; the null page (9) and unwritten slots -1.
+  used = (19, 15, 6, 0)
+  pos_PZ = np.full((pages + 1, Z), -1, np.int32)
+  for row, n in enumerate(used[:3]):
+    for s in range(n):
+      pos_PZ[table_NM[row, s // Z], s % Z] = s
+  pos_PZ = jnp.asarray(pos_PZ)
+  q_BKQE = jnp.asarray(rng.randn(N, K, Q, E), jnp.float32)
+  q_pos_BQ = jnp.asarray([[n, n] for n in used[:3]] + [[-1, -1]], jnp.int32)
+  k_BKE = jnp.asarray(rng.randn(N, K, E), jnp.float32)
+  v_BKE = jnp.asarray(rng.randn(N, K, E), jnp.float32)
+  keys = jnp.transpose(k_pool[table_NM], (0, 2, 3, 1, 4)).reshape(N, K, E, -1)
+  values = jnp.transpose(v_pool[table_NM], (0, 2, 1, 3, 4)).reshape(N, K, -1, E)
+  keys = jnp.concatenate([keys, k_BKE[..., None]], axis=-1)
+  values = jnp.concatenate([values, v_BKE[:, :, None]], axis=2)
+  key_pos = jnp.concatenate([pos_PZ[table_NM].reshape(N, -1), q_pos_BQ[:, :1]], axis=1)
+  for window, softcap in ((None, 0.0), (6, 2.0)):
+    got = attention.attend_paged(
+      q_BKQE, q_pos_BQ, k_pool, v_pool, pos_PZ, table_NM, jnp.asarray(19), k_BKE, v_BKE,
+      block=2, dtype=jnp.float32, window=window, softcap=softcap,
+    )  # fmt: skip
+    want = attention.attend(
+      q_BKQE, q_pos_BQ, keys, values, key_pos, dtype=jnp.float32, window=window,
+      softcap=softcap,
+    )  # fmt: skip
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    np.testing.assert_array_equal(got[3], 0.0)
+
+
+def _state(*, N=4, F=3, Z=2, prompt_pages=1):
+  """A paged State with N rows, F free pages (ids 1..F after the shared prompt page 0)."""
+  null = 1 + F
+  table_NM = jnp.full((N, prompt_pages + 2), null, jnp.int32).at[:, 0].set(0)
+  cache = kv_cache.PagedKVCache(
+    k=(), v=(), pos_PZ=jnp.zeros((null + 1, Z), jnp.int32), table_NM=table_NM,
+    slot_N=jnp.zeros((N,), jnp.int32), live=jnp.zeros((), jnp.int32),
+  )  # fmt: skip
+  zeros = jnp.zeros((N, 1))
+  return paged.State(
+    step=jnp.zeros((), jnp.int32), cache=cache, free_F=jnp.arange(1, F + 1)[::-1],
+    top=jnp.asarray(F), key=jax.random.key(0), tok_N=jnp.zeros((N,), jnp.int32),
+    pos_N=jnp.zeros((N,), jnp.int32), done_N=jnp.zeros((N,), bool),
+    starved_N=jnp.zeros((N,), bool), tokens_NT=zeros, mask_NT=zeros, logp_NT=zeros,
+    policy_logp_NT=zeros, prompt_pages=prompt_pages,
+  )  # fmt: skip
+
+
+def test_the_page_stack_by_hand():
+  """4 rows, 3 free pages (stack [3, 2, 1], top 3), pages of 2 slots. Step 0: rows 0-2
+  pop pages 1, 2, 3 in row order and reset their positions; row 3 finds the stack empty
+  and is starved. Row 1 ends: its page 2 goes back (top 1) and its table row is nulled.
+  Step 1 is inside a page: nobody takes one. Step 2: row 0 takes page 2 back, row 2
+  starves (one page for two rows)."""
+  s = paged._take_pages(_state(), 2)
+  np.testing.assert_array_equal(s.cache.table_NM[:, 1], [1, 2, 3, 4])
+  np.testing.assert_array_equal(s.starved_N, [False, False, False, True])
+  np.testing.assert_array_equal(s.done_N, [False, False, False, True])
+  assert int(s.top) == 0
+  np.testing.assert_array_equal(s.cache.pos_PZ[1:4], -1)
+  np.testing.assert_array_equal(s.cache.pos_PZ[0], 0)  # The prompt page is untouched.
+  s = paged._return_pages(s, jnp.asarray([False, True, False, False]))
+  assert int(s.top) == 1 and int(s.free_F[0]) == 2
+  np.testing.assert_array_equal(s.cache.table_NM[1], [4, 4, 4])
+  s = paged._take_pages(s.replace(step=jnp.asarray(1)), 2)
+  assert int(s.top) == 1
+  s = s.replace(done_N=s.done_N.at[1].set(True))
+  s = paged._take_pages(s.replace(step=jnp.asarray(2)), 2)
+  np.testing.assert_array_equal(s.cache.table_NM[:, 2], [2, 4, 4, 4])
+  np.testing.assert_array_equal(s.starved_N, [False, False, True, True])
+
+
+def test_a_short_pool_truncates_late_rows_and_keeps_every_token_before_the_cut(
+  tiny_params, tiny_cfg, sampler_cfg, tokenizer
+):
+  """A pool of a quarter of the worst case's pages: rows that find no page end there, not
+  at an EOS (eos_N False), and every token they drew is the dense sampler's; rows that
+  got their pages are the dense rollouts whole."""
+  kw = dict(model_fn=model.make_model_fn(tiny_cfg), init_cache=functools.partial(model.init_cache, tiny_cfg))  # fmt: skip
+  args = (tiny_params, _prompts(sampler_cfg, tokenizer), jax.random.key(5), sampling.sampling_params(temperature=1.3))  # fmt: skip
+  dense = jax.jit(functools.partial(sampling.sample, **kw, cfg=sampler_cfg))(*args)
+  cfg = dataclasses.replace(sampler_cfg, kv_layout="paged", page_size=2, kv_pool_fraction=0.25)
+  assert paged.completion_pages(cfg, 12) == 15  # 12 rows × 5 pages × 0.25.
+  got = jax.jit(functools.partial(paged.sample, **kw, cfg=cfg))(*args)
+  mask = np.asarray(got.mask_NT)
+  np.testing.assert_array_equal(np.asarray(got.tokens_NT)[mask], np.asarray(dense.tokens_NT)[mask])
+  np.testing.assert_allclose(np.asarray(got.logp_NT)[mask], np.asarray(dense.logp_NT)[mask], atol=1e-5)  # fmt: skip
+  cut = np.asarray(got.length_N) < np.asarray(dense.length_N)
+  assert cut.any() and not np.asarray(got.eos_N)[cut].any()
+  np.testing.assert_array_equal(np.asarray(got.tokens_NT)[~cut], np.asarray(dense.tokens_NT)[~cut])
+
+
+def test_compaction_sizes():
+  assert paged._buckets(40) == (40, 20, 10, 5)
+  assert paged._buckets(12) == (12, 6, 3, 2)
+  assert paged._buckets(3) == (3, 2, 1)
+  assert paged._buckets(1) == (1,)
+
+
+def test_a_paged_cache_takes_one_token_per_row_a_call(tiny_params, tiny_cfg):
+  cache = kv_cache.PagedKVCache(
+    k=(), v=(), pos_PZ=jnp.zeros((2, 4), jnp.int32), table_NM=jnp.zeros((1, 1), jnp.int32),
+    slot_N=jnp.zeros((1,), jnp.int32), live=jnp.zeros((), jnp.int32),
+  )  # fmt: skip
+  with pytest.raises(ValueError, match="one token per row a call"):
+    model.apply(tiny_params, jnp.zeros((1, 2), jnp.int32), jnp.zeros((1, 2), jnp.int32), cache, cfg=tiny_cfg)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+  "change, message",
+  [
+    (dict(kv_layout="ragged"), r"kv_layout='ragged'; allowed: \('dense', 'paged'\)"),
+    (dict(kv_layout="paged", refill_slots=4), "refill sampler, whose cache is dense"),
+    (dict(kv_layout="paged", kv_pool_fraction=0.0), r"kv_pool_fraction in \(0, 1\]"),
+    (dict(kv_layout="paged", page_size=0), "page_size must be >= 1"),
+  ],
+)
+def test_bad_paged_settings_say_what_is_allowed(sampler_cfg, change, message):
+  with pytest.raises(ValueError, match=message):
+    dataclasses.replace(sampler_cfg, **change)
+
+
+def test_the_skewed_length_experiment_runs_and_applies_its_rule():
+  """experiments/paged_sampler.py --quick: 16 rows to 256 tokens, the same rollouts from
+  both caches and no starved row (its memory and speed rule is for the full shape)."""
+  record = paged_sampler.main(["--quick"])
+  r = record["result"]
+  assert r["tokens_equal"] and r["max_abs_dlogp"] <= 1e-5 and r["starved_rows"] == 0
+  assert r["dense"]["tokens"] == r["paged"]["tokens"] > 16 * 8
+  assert record["rule"] == paged_sampler.RULE and record["verdict"] == paged_sampler.verdict(record)
+
+
+def test_the_memory_plan_prices_the_paged_sampler_within_its_band_of_xla():
+  """40 rows, 64-token prompts, 2,048 new tokens, pages of 64, a pool of 0.15 of the worst
+  case (XLA:CPU, compiled, not run): the plan's sampler figure (the pools, one attention
+  block, the sampling buffers) within 10% of XLA's temporaries, as the dense plan's is
+  (`test_memory.test_plan_agrees_with_xla`); and under a third of the dense sampler's."""
+  cfg = model.tiny_config(vocab_size=64)
+  params = jax.eval_shape(functools.partial(model.init, cfg), jax.random.key(0))
+  B, G, P, T = 10, 4, 64, 2048
+  dense = sampling.SamplerConfig(
+    max_new_tokens=T, eos_ids=(1,), pad_id=0, group_size=G, prompt_buckets=(P,),
+    max_prompt_len=P,
+  )  # fmt: skip
+  cfg_paged = dataclasses.replace(dense, kv_layout="paged", page_size=64, kv_pool_fraction=0.15)
+  prompts = sampling.Prompts(
+    jax.ShapeDtypeStruct((B, P), jnp.int32), jax.ShapeDtypeStruct((B, P), jnp.bool_)
+  )
+  kw = dict(model_fn=model.make_model_fn(cfg), init_cache=functools.partial(model.init_cache, cfg))  # fmt: skip
+  args = (params, prompts, jax.random.key(0), sampling.sampling_params(temperature=1.0))
+  temp = lambda fn: jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes  # noqa: E731
+  xla = temp(functools.partial(paged.sample, cfg=cfg_paged, **kw))
+  plan = paged_sampler._plan(cfg, dense, B=B, P=P, T=T, pages=memory._pool_pages(cfg_paged, prompts=B))  # fmt: skip
+  assert 0.9 <= plan / xla <= 1.1
+  assert xla < temp(functools.partial(sampling.sample, cfg=dense, **kw)) / 3
+
+
+def test_the_trainer_runs_on_the_paged_sampler_and_refuses_the_samplers_it_does_not_page(tmp_path):
+  """Two iterations of the arithmetic quick config on pages of 4 slots (the train, greedy
+  and eval samplers); episodes, whose sampler keeps a dense cache, are refused."""
+  import arithmetic  # noqa: PLC0415
+
+  from grpo_jax import build, train  # noqa: PLC0415
+  from grpo_jax.infra import config_lib, logs  # noqa: PLC0415
+
+  c = arithmetic.get_config("quick")
+  c.sampler.update(group_size=4, kv_layout="paged", page_size=4, kv_pool_fraction=0.5)
+  c.update(prompts_per_step=4, iterations=2, warmstart_steps=2, warmstart_batch=8, eval_size=8)
+  c.update(eval_every=2, checkpoint_every=2, reward_workers=0, progress=False)
+  train.run(c, tmp_path, log=lambda _: None)
+  lines = logs.read_jsonl(tmp_path / "metrics.jsonl")
+  assert [x["iteration"] for x in lines] == [0, 1, 2]
+  assert all(np.isfinite(x["loss"]) for x in lines[1:])
+  c = config_lib.load("configs/calculator.py:quick")
+  c.sampler.kv_layout = "paged"
+  with pytest.raises(ValueError, match=r"kv_layout='paged' pages .* config.env \(episodes\)"):
+    build.build(c)
