@@ -557,7 +557,7 @@ def ladder(setup, target: Target) -> list[tuple[dict, str]]:
     6. mesh.tensor=2, 4, 8 within a slice (heads, MLP and vocabulary split; needs the query
        and KV heads divisible), fsdp over the rest.
   Changes of the algorithm or its numerics (kl_coef, bfloat16 params, fewer rows or
-  tokens) are not tried: they are the user's choice (`memory.advice` names them)."""
+  tokens) are not tried: they are the user's choice (`memory_advice.advice` names them)."""
   cfg, rl_cfg, mesh = setup.model_cfg, setup.rl_cfg, setup.mesh_cfg
   rungs, now = [], {}
 

@@ -268,35 +268,39 @@ def _sampler_config(d: dict, rl_cfg: spec.RLConfig, *, eos_ids, pad_id) -> sampl
     {**d["sampler"], "eos_ids": eos_ids, "pad_id": pad_id, "record_routes": rl_cfg.routing_replay},
     where="config.sampler",
   )
-  clash = _static_sampler_replaced(d, cfg)
+  replaced = _static_sampler_replaced(d, cfg)
+  clash = [why for why, _ in replaced]
   if rl_cfg.routing_replay and clash:
     raise ValueError(
       "config.rl.routing_replay=True records routes in the static sampler, which these "
       f"settings replace: {'; '.join(clash)}. Turn them off, or routing_replay off."
     )
-  if cfg.kv_layout == "paged" and clash:
+  dense_only = [why for why, pages in replaced if not pages]
+  if cfg.kv_layout == "paged" and dense_only:
     raise ValueError(
-      "config.sampler.kv_layout='paged' pages the static sampler's cache; these settings "
-      f"decode with samplers whose cache is dense: {'; '.join(clash)}. Turn them off, or "
-      "use kv_layout='dense'."
+      "config.sampler.kv_layout='paged' pages the static and refill samplers' caches; these "
+      f"settings decode with samplers whose cache is dense: {'; '.join(dense_only)}. Turn "
+      "them off, or use kv_layout='dense'."
     )
   return cfg
 
 
-def _static_sampler_replaced(d: dict, cfg: sampling.SamplerConfig) -> list[str]:
+def _static_sampler_replaced(d: dict, cfg: sampling.SamplerConfig) -> list[tuple[str, bool]]:
   """The settings under which other samplers decode training rows in place of the static
-  one (the refill sampler, episodes, partial rollouts, counterfactual rows)."""
+  one (the refill sampler, episodes, partial rollouts, counterfactual rows), each with
+  whether that sampler can page its cache (sampler.kv_layout)."""
   op, cf = d.get("offpolicy", {}), d.get("counterfactual", {})
   return [
-    why
-    for why, on in (
-      (f"config.sampler.refill_slots={cfg.refill_slots} (0: off)", cfg.refill_slots > 0),
-      ("config.env (episodes)", bool(d.get("env", {}).get("name"))),
+    (why, pages)
+    for why, on, pages in (
+      (f"config.sampler.refill_slots={cfg.refill_slots} (0: off)", cfg.refill_slots > 0, True),
+      ("config.env (episodes)", bool(d.get("env", {}).get("name")), False),
       (
         f"config.offpolicy.partial={op.get('partial')!r} (off: 'off')",
         op.get("enabled") and op.get("partial", "off") != "off",
+        False,
       ),
-      ("config.counterfactual.train=True", bool(cf.get("train"))),
+      ("config.counterfactual.train=True", bool(cf.get("train")), False),
     )
     if on
   ]

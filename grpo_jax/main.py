@@ -51,7 +51,7 @@ import pathlib
 import jax
 from absl import app, flags, logging
 
-from grpo_jax import build, cli, evaluate, memory, rm_train, steps, train
+from grpo_jax import build, cli, evaluate, memory, memory_advice, rm_train, steps, train
 from grpo_jax.infra import checkpoint, collapse, config_lib, distributed, logs, tpu
 from grpo_jax.models import gguf_import, hf, shapes
 from grpo_jax.rewards import reward_model
@@ -118,14 +118,16 @@ def plan(config_dict) -> dict:
   device = _device_bytes(_DEVICE.value)
   setup = build.plan_setup(config_dict, n_devices=_DEVICES.value, model_source=_MODEL.value or "")
   p = memory.plan_for(setup, n_devices=_DEVICES.value)
-  why = memory.explain(p, setup.model_cfg, setup.rl_cfg)
-  print(memory.describe(p, device_memory=device, name=_DEVICE.value or "", why=why))
+  why = memory_advice.explain(p, setup.model_cfg, setup.rl_cfg)
+  print(memory_advice.describe(p, device_memory=device, name=_DEVICE.value or "", why=why))
   out = memory.as_dict(p)
   if device:
     out.update(device_memory=device, fits=memory.fits(p, device))
   if device and not out["fits"]:
     more = _plan_on_more_devices(setup, n_devices=_DEVICES.value or jax.device_count())
-    tips = memory.advice(p, setup.model_cfg, setup.rl_cfg, device_memory=device, more_devices=more)
+    tips = memory_advice.advice(
+      p, setup.model_cfg, setup.rl_cfg, device_memory=device, more_devices=more
+    )
     print("Change: (the change that lowers the peak most first)\n  - " + "\n  - ".join(tips))
   if _COMPILE.value:
     measured = memory.measure(setup, steps.functions(setup))
@@ -336,7 +338,7 @@ USER_ERRORS = {
   gguf_import.GGUFError: 2,
   train.WorkdirError: 2,
   checkpoint.CheckpointMismatchError: 2,
-  memory.OutOfMemoryPlan: 2,
+  memory_advice.OutOfMemoryPlan: 2,
   evaluate.EvalError: 2,
   reward_model.PairsError: 2,
   checkpoint.CheckpointDamagedError: 1,

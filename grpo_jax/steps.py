@@ -9,7 +9,7 @@ This is the third of the three places where sharding is declared (logical names 
 params and optimizer state follow the rules table, batches (prompts, rollouts,
 mini-batches) are split over data × fsdp, hyperparameters and metrics are replicated.
 Before anything is built, a config whose memory plan does not fit the device is refused
-(`memory.check`).
+(`memory_advice.check`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import optax
 
-from grpo_jax import build, config, envs, memory, warmstart
+from grpo_jax import build, config, envs, memory, memory_advice, warmstart
 from grpo_jax.envs import episodes
 from grpo_jax.models import model, paged, refill, sampling, sharding
 from grpo_jax.rl import counterfactuals, learner, offpolicy, preparation, spec
@@ -150,11 +150,11 @@ def memory_limit(loop: config.LoopConfig) -> float | None:
 
 def check_memory(setup: build.Setup) -> None:
   """Refuses, before compiling, a config whose memory plan exceeds the device memory
-  (`memory.OutOfMemoryPlan`, with the plan and what to change)."""
+  (`memory_advice.OutOfMemoryPlan`, with the plan and what to change)."""
   limit = memory_limit(setup.loop)
   if limit:
     plan = memory.plan_for(setup)
-    memory.check(plan, limit, setup.model_cfg, setup.rl_cfg)
+    memory_advice.check(plan, limit, setup.model_cfg, setup.rl_cfg)
 
 
 def optimizers(loop: config.LoopConfig):

@@ -11,7 +11,7 @@ import re
 import pytest
 from absl import flags
 
-from grpo_jax import build, cli, config, main, memory, tasks
+from grpo_jax import build, cli, config, main, memory, memory_advice, tasks
 from grpo_jax.infra import config_lib, registry
 from grpo_jax.models import hf, model, shapes
 from grpo_jax.rl import spec
@@ -221,7 +221,7 @@ def test_plan_advice_is_ranked_by_the_peak_each_change_gives():
   model_cfg = model.ModelConfig.from_dict({**m.model.to_dict(), "vocab_size": 8})
   rl_cfg = spec.RLConfig(kl_coef=0.04, micro_batches=2)
   assert p.peak == 27 * memory.GIB
-  tips = memory.advice(p, model_cfg, rl_cfg, device_memory=16 * memory.GIB)
+  tips = memory_advice.advice(p, model_cfg, rl_cfg, device_memory=16 * memory.GIB)
   assert [t.split()[0] for t in tips] == [
     "model.param_dtype='bfloat16'",
     "rl.kl_coef=0",
@@ -229,22 +229,24 @@ def test_plan_advice_is_ranked_by_the_peak_each_change_gives():
   ]
   assert tips[0].endswith("-> peak 15.00 GiB, still over")  # 8 + max(4 + 1 + 2, 3)
   more = _plan(params=1, ref_params=1, opt_state=2, grads=2)  # As a plan on 2x devices.
-  first = memory.advice(p, model_cfg, rl_cfg, device_memory=16 * memory.GIB, more_devices=more)
+  first = memory_advice.advice(
+    p, model_cfg, rl_cfg, device_memory=16 * memory.GIB, more_devices=more
+  )
   assert first[0] == "8 devices (mesh (1, 8, 1)): each holds less -> peak 9.00 GiB, fits"
-  why = memory.explain(p, model_cfg, rl_cfg)
+  why = memory_advice.explain(p, model_cfg, rl_cfg)
   assert why["gradients"].endswith("(rl.micro_batches = 2): 2 x params")
-  one = memory.explain(p, model_cfg, spec.RLConfig(micro_batches=1))
+  one = memory_advice.explain(p, model_cfg, spec.RLConfig(micro_batches=1))
   assert "no accumulator" in one["gradients"]
 
 
 def test_a_small_plan_shows_mib_and_an_unfit_one_is_one_line():
   small = memory.Plan((1, 1, 1), 2**20, 0, 2**21, 2**20, 5 * 2**20, 5 * 2**20, 2**20, 0, 0, 4, 8)
-  text = memory.describe(small)
+  text = memory_advice.describe(small)
   assert "MiB per device" in text and "  peak                                9.00" in text
   m = config.default_config()
   model_cfg = model.ModelConfig.from_dict({**m.model.to_dict(), "vocab_size": 8})
-  with pytest.raises(memory.OutOfMemoryPlan) as e:
-    memory.check(_plan(), 16 * memory.GIB, model_cfg, spec.RLConfig(kl_coef=0.04))
+  with pytest.raises(memory_advice.OutOfMemoryPlan) as e:
+    memory_advice.check(_plan(), 16 * memory.GIB, model_cfg, spec.RLConfig(kl_coef=0.04))
   assert "\n" not in str(e.value) and "biggest terms: Adam state 8.00, gradients 8.00" in str(
     e.value
   )

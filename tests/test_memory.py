@@ -8,7 +8,7 @@ import pathlib
 import jax
 import pytest
 
-from grpo_jax import build, memory, steps
+from grpo_jax import build, memory, memory_advice, steps
 from grpo_jax.models import model, sharding
 from grpo_jax.rl import spec
 
@@ -180,7 +180,9 @@ def test_trainer_refuses_a_config_that_cannot_fit_before_compiling():
   c = scale.get_config("tiny")
   c.memory_limit_gib = 0.01  # 10 MiB: the tiny plan needs ~45.
   setup = build.build(c)
-  with pytest.raises(memory.OutOfMemoryPlan, match=r"(?s)needs 0\.0\d GiB per device.*Change:"):
+  with pytest.raises(
+    memory_advice.OutOfMemoryPlan, match=r"(?s)needs 0\.0\d GiB per device.*Change:"
+  ):
     steps.functions(setup)
   c.memory_limit_gib = 1.0
   steps.check_memory(build.build(c))  # Fits: no error.
@@ -204,5 +206,5 @@ def test_the_log_prob_forwards_are_priced_and_sliced():
   c.rl.logprob_batches = 16
   sliced = memory.plan_for(build.plan_setup(c, n_devices=8), n_devices=8)
   assert sliced.logprob_forward == (whole.logprob_forward - gathered) // 16 + gathered
-  tips = memory.advice(whole, setup.model_cfg, setup.rl_cfg, device_memory=16 * 2**30)
+  tips = memory_advice.advice(whole, setup.model_cfg, setup.rl_cfg, device_memory=16 * 2**30)
   assert tips[0].startswith("rl.logprob_batches=2 (now 1)"), tips

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from grpo_jax import memory
-from grpo_jax.models import attention, kv_cache, model, paged, sampling
+from grpo_jax.models import attention, kv_cache, model, paged, refill, sampling
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "experiments"))
 import paged_sampler  # noqa: E402
@@ -65,6 +65,34 @@ def test_paged_rollouts_equal_the_dense_samplers(
   assert int(dense.mask_NT.sum()) > 30  # Enough tokens for the comparison to bite.
 
 
+@pytest.mark.parametrize("scan_layers, slots, chunk", [(False, 5, 0), (True, 8, 3)])
+def test_the_refill_sampler_on_pages_equals_the_refill_sampler(
+  tiny_params, tiny_cfg, sampler_cfg, tokenizer, scan_layers, slots, chunk
+):
+  """Continuous batching on pages (`refill` with kv_layout="paged": a refilled slot points
+  at its prompt's pages, nothing copied; pages of 3 slots taken and returned per slot;
+  the tail compacted) draws the dense refill sampler's tokens with its log-probs (float32,
+  same keys), with per-request limits; a pool a quarter of the worst case's truncates
+  requests at page edges."""
+  mcfg, params = (tiny_cfg, tiny_params)
+  if scan_layers:
+    mcfg, params = _scanned(tiny_cfg, tiny_params)
+  kw = dict(model_fn=model.make_model_fn(mcfg), init_cache=functools.partial(model.init_cache, mcfg), slots=slots)  # fmt: skip
+  cfg = dataclasses.replace(sampler_cfg, prefill_chunk=chunk)
+  limit_N = jnp.asarray([10, 1, 3, 7] * 3, jnp.int32)
+  args = (params, _prompts(sampler_cfg, tokenizer), jax.random.key(5), sampling.sampling_params(temperature=1.3), limit_N)  # fmt: skip
+  run = lambda c: jax.jit(functools.partial(refill.sample, **kw, cfg=c))(*args)  # noqa: E731
+  dense = run(cfg)
+  _assert_same(run(dataclasses.replace(cfg, kv_layout="paged", page_size=3)), dense)
+  assert int(dense.mask_NT.sum()) > 30
+  # A quarter of the pool: a request that finds no page at a page edge ends there, so a
+  # cut request holds a whole number of pages' tokens, short of its limit, and no EOS.
+  short = run(dataclasses.replace(cfg, kv_layout="paged", page_size=3, kv_pool_fraction=0.25))
+  length_N, eos_N = np.asarray(short.length_N), np.asarray(short.eos_N)
+  cut = ~eos_N & (length_N < np.asarray(limit_N))
+  assert cut.any() and (length_N[cut] % 3 == 0).all()
+
+
 def test_paged_attention_over_blocks_equals_attention_over_the_gathered_slots():
   """attend_paged in blocks of 2 pages (an online softmax over up to 3 blocks, cut short
   by the live bound) equals `attend` over each row's slots laid out densely with its new
@@ -106,46 +134,40 @@ def test_paged_attention_over_blocks_equals_attention_over_the_gathered_slots():
     np.testing.assert_array_equal(got[3], 0.0)
 
 
-def _state(*, N=4, F=3, Z=2, prompt_pages=1):
-  """A paged State with N rows, F free pages (ids 1..F after the shared prompt page 0)."""
+def _pages(*, N=4, F=3, Z=2):
+  """Pages of N rows with one prompt page (0, shared) and F free pages 1..F (stack
+  [F, ..., 1]), the null page F + 1, and tables of 3 columns."""
   null = 1 + F
-  table_NM = jnp.full((N, prompt_pages + 2), null, jnp.int32).at[:, 0].set(0)
   cache = kv_cache.PagedKVCache(
-    k=(), v=(), pos_PZ=jnp.zeros((null + 1, Z), jnp.int32), table_NM=table_NM,
+    k=(), v=(), pos_PZ=jnp.zeros((null + 1, Z), jnp.int32),
+    table_NM=jnp.full((N, 3), null, jnp.int32).at[:, 0].set(0),
     slot_N=jnp.zeros((N,), jnp.int32), live=jnp.zeros((), jnp.int32),
   )  # fmt: skip
-  zeros = jnp.zeros((N, 1))
-  return paged.State(
-    step=jnp.zeros((), jnp.int32), cache=cache, free_F=jnp.arange(1, F + 1)[::-1],
-    top=jnp.asarray(F), key=jax.random.key(0), tok_N=jnp.zeros((N,), jnp.int32),
-    pos_N=jnp.zeros((N,), jnp.int32), done_N=jnp.zeros((N,), bool),
-    starved_N=jnp.zeros((N,), bool), tokens_NT=zeros, mask_NT=zeros, logp_NT=zeros,
-    policy_logp_NT=zeros, prompt_pages=prompt_pages,
-  )  # fmt: skip
+  return paged.Pages(cache=cache, free_F=jnp.arange(1, F + 1)[::-1], top=jnp.asarray(F), prompt_pages=1)  # fmt: skip
 
 
 def test_the_page_stack_by_hand():
-  """4 rows, 3 free pages (stack [3, 2, 1], top 3), pages of 2 slots. Step 0: rows 0-2
-  pop pages 1, 2, 3 in row order and reset their positions; row 3 finds the stack empty
-  and is starved. Row 1 ends: its page 2 goes back (top 1) and its table row is nulled.
-  Step 1 is inside a page: nobody takes one. Step 2: row 0 takes page 2 back, row 2
-  starves (one page for two rows)."""
-  s = paged._take_pages(_state(), 2)
-  np.testing.assert_array_equal(s.cache.table_NM[:, 1], [1, 2, 3, 4])
-  np.testing.assert_array_equal(s.starved_N, [False, False, False, True])
-  np.testing.assert_array_equal(s.done_N, [False, False, False, True])
-  assert int(s.top) == 0
-  np.testing.assert_array_equal(s.cache.pos_PZ[1:4], -1)
-  np.testing.assert_array_equal(s.cache.pos_PZ[0], 0)  # The prompt page is untouched.
-  s = paged._return_pages(s, jnp.asarray([False, True, False, False]))
-  assert int(s.top) == 1 and int(s.free_F[0]) == 2
-  np.testing.assert_array_equal(s.cache.table_NM[1], [4, 4, 4])
-  s = paged._take_pages(s.replace(step=jnp.asarray(1)), 2)
-  assert int(s.top) == 1
-  s = s.replace(done_N=s.done_N.at[1].set(True))
-  s = paged._take_pages(s.replace(step=jnp.asarray(2)), 2)
-  np.testing.assert_array_equal(s.cache.table_NM[:, 2], [2, 4, 4, 4])
-  np.testing.assert_array_equal(s.starved_N, [False, False, True, True])
+  """4 rows, 3 free pages (stack [3, 2, 1], top 3), pages of 2 slots. Token 0: rows 0-2
+  pop pages 1, 2, 3 in row order (column 1) and reset their positions; row 3 finds the
+  stack empty and is starved. Row 1 ends: its page 2 goes back (top 1) and its table row
+  is nulled. Row 0 at token 2 takes page 2 (column 2), row 2 starves (one page, two
+  rows). A refill slot loading prompt 0 points at its page and nothing else; compaction
+  moves table rows only."""
+  p, starved = paged.take(_pages(), jnp.asarray([True] * 4), jnp.zeros(4, jnp.int32))
+  np.testing.assert_array_equal(p.cache.table_NM[:, 1], [1, 2, 3, 4])
+  np.testing.assert_array_equal(starved, [False, False, False, True])
+  assert int(p.top) == 0
+  np.testing.assert_array_equal(p.cache.pos_PZ[1:4], -1)
+  np.testing.assert_array_equal(p.cache.pos_PZ[0], 0)  # The prompt page is untouched.
+  p = paged.give_back(p, jnp.asarray([False, True, False, False]))
+  assert int(p.top) == 1 and int(p.free_F[0]) == 2
+  np.testing.assert_array_equal(p.cache.table_NM[1], [4, 4, 4])
+  p, starved = paged.take(p, jnp.asarray([True, False, True, False]), jnp.asarray([2, 0, 2, 0]))
+  np.testing.assert_array_equal(p.cache.table_NM[:, 2], [2, 4, 4, 4])
+  np.testing.assert_array_equal(starved, [False, False, True, False])
+  p = paged.load(p, jnp.asarray([1, 9]), jnp.asarray([0, 0]))  # Slot 9: none (dropped).
+  np.testing.assert_array_equal(p.cache.table_NM[1], [0, 4, 4])
+  np.testing.assert_array_equal(paged.compact(p, jnp.asarray([2, 0])).cache.table_NM, [[0, 3, 4], [0, 1, 2]])  # fmt: skip
 
 
 def test_a_short_pool_truncates_late_rows_and_keeps_every_token_before_the_cut(
@@ -188,7 +210,6 @@ def test_a_paged_cache_takes_one_token_per_row_a_call(tiny_params, tiny_cfg):
   "change, message",
   [
     (dict(kv_layout="ragged"), r"kv_layout='ragged'; allowed: \('dense', 'paged'\)"),
-    (dict(kv_layout="paged", refill_slots=4), "refill sampler, whose cache is dense"),
     (dict(kv_layout="paged", kv_pool_fraction=0.0), r"kv_pool_fraction in \(0, 1\]"),
     (dict(kv_layout="paged", page_size=0), "page_size must be >= 1"),
   ],
@@ -251,5 +272,22 @@ def test_the_trainer_runs_on_the_paged_sampler_and_refuses_the_samplers_it_does_
   assert all(np.isfinite(x["loss"]) for x in lines[1:])
   c = config_lib.load("configs/calculator.py:quick")
   c.sampler.kv_layout = "paged"
-  with pytest.raises(ValueError, match=r"kv_layout='paged' pages .* config.env \(episodes\)"):
+  with pytest.raises(
+    ValueError, match=r"kv_layout='paged' pages .* dense: config.env \(episodes\)"
+  ):
     build.build(c)
+
+
+def test_the_committed_paged_record_carries_its_claim_and_the_verdict_of_its_rule():
+  """experiments/results/long_rollouts/paged_sampler.json (15 minutes here: not in CI)."""
+  import json  # noqa: PLC0415
+
+  root = pathlib.Path(__file__).resolve().parent.parent
+  r = json.loads((root / "experiments/results/long_rollouts/paged_sampler.json").read_text())
+  assert r["claim"] == paged_sampler.CLAIM and r["rule"] == paged_sampler.RULE
+  assert r["seeds"] == paged_sampler.SEEDS
+  assert r["verdict"] == paged_sampler.verdict(r) == "supports"
+  res = r["result"]
+  assert res["shape"]["max_new_tokens"] == 8192 and res["shape"]["long_rows"] == 4
+  assert res["paged"]["tokens"] == res["dense"]["tokens"]
+  assert res["temp_ratio"] == round(res["paged"]["xla_temp_bytes"] / res["dense"]["xla_temp_bytes"], 3)  # fmt: skip

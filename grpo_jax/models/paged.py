@@ -1,35 +1,42 @@
-"""The paged sampler (`sampler.kv_layout="paged"`): the static sampler's rollouts with a KV
-cache whose memory follows the pages rows hold, not rows × the longest possible row.
+"""The paged samplers (`sampler.kv_layout="paged"`): the static and refill samplers'
+rollouts with a KV cache whose memory follows the pages rows hold, not rows × the longest
+possible row.
 
   rollouts = paged.sample(params, prompts, key, hyper, model_fn=..., init_cache=..., cfg=...)
+  rollouts = refill.sample(..., cfg=dataclasses.replace(cfg, kv_layout="paged"), slots=S)
 
-Layout (`kv_cache.PagedKVCache`): one pool of Z-slot pages per layer (Z =
-`sampler.page_size`), a page table per row, and a free-page stack. Algorithm (static
+Layout (`kv_cache.PagedKVCache`, carried with its free-page stack as `Pages`): one pool of
+Z-slot pages per layer (Z = `sampler.page_size`), a page table per row. Algorithm (static
 shapes, one compile per prompt-length bucket):
   1. Prefill: each prompt minus its last token goes into a dense cache of ceil((P−1)/Z)·Z
      slots, once per prompt (`sampling.prefill_cache`, chunked with sampler.prefill_chunk),
-     which is cut into pages at the front of the pool. The G rows of a group point at
-     their prompt's pages (sampler.shared_prefix; else each row gets its own copy).
+     which is cut into pages at the front of the pool (`pool`). The G rows of a group
+     point at their prompt's pages (sampler.shared_prefix; else each row gets its own
+     copy); a refill slot taking a request points at its prompt's pages (`load`).
   2. Decode (`lax.while_loop`, one token per row a step, as `sampling.decode`): a row
-     whose next slot starts a page takes one from the stack (all rows of the static
-     sampler cross a page edge on the same step); a row that ends (EOS, its limit)
-     returns its completion pages at once, for the rows still running. A row that finds
-     the stack empty ends there, truncated: the pool (sampler.kv_pool_fraction of the
-     N·ceil(T/Z) pages every row at T would take; 1: never short) bounds the memory, and
-     rows that end early make room for the long ones.
-  3. Compaction: each step runs the model on the live rows only, gathered into the
-     smallest of N, N/2, N/4, N/8 rows that holds them (`lax.switch`); their pages stay
-     where they are, only the table rows move. The long tail of a skewed batch (a few rows
-     running to T after most have ended) costs its own rows, not N.
+     whose next slot starts a page takes one from the stack (`take`); a row that ends
+     (EOS, its limit) returns its completion pages at once (`give_back`), for the rows
+     still running. A row that finds the stack empty ends there, truncated: the pool
+     (sampler.kv_pool_fraction of the pages every row, or refill slot, at T would take;
+     1: never short) bounds the memory, and rows that end early make room for long ones.
+  3. Compaction (the static sampler): each step runs the model on the live rows only,
+     gathered into the smallest of N, N/2, N/4, N/8 rows that holds them (`lax.switch`);
+     their pages stay where they are, only the table rows move. The long tail of a skewed
+     batch (a few rows running to T after most have ended) costs its own rows, not N.
+     (The refill sampler keeps its slots full instead, and compacts its own tail.)
   Attention reads a row's pages in blocks up to the last live slot, and the row's new
   key (`attention.attend_paged`); the step's keys and values are written once, after the
-  branches (`PagedKVCache.commit`), so the pools are updated in place. Tokens are drawn over all N rows from the same keys as the
-  dense sampler, so the rollouts are `sampling.sample`'s, up to the order of float32 sums.
+  branches (`PagedKVCache.commit`), so the pools are updated in place. Tokens are drawn
+  over all N rows from the same keys as the dense sampler, so the rollouts are
+  `sampling.sample`'s (and `refill.sample`'s on dense slots), up to the order of float32
+  sums, until the pool runs short.
 
 Hand-written: JAX has no paged KV cache (vLLM's and SGLang's are outside JAX; vLLM-TPU's
-ragged paged attention is a TPU kernel, not a sampler). Not here yet: the refill
-sampler and multi-turn episodes on pages, and pools split over data-parallel devices
-(a pool is one array: with rows over several devices it is replicated on each).
+ragged paged attention is a TPU kernel, not a sampler). Not here yet: multi-turn episodes,
+partial rollouts and counterfactual rows on pages (refused with kv_layout="paged"), a TPU
+paged-attention kernel (the XLA gather path runs everywhere), and pools split over
+data-parallel devices (a pool is one array: with rows over several devices, each device
+holds all of it).
 
 Shape letters as in `sampling`; Z page size, M pages per row's table, F completion pages.
 """
@@ -54,14 +61,27 @@ _BLOCK_SLOTS = 512
 
 
 @flax.struct.dataclass
-class State:
-  """The paged decode loop's carry: `sampling.DecodeState`'s buffers, the cache over all N
-  rows, and the free-page stack free_F[:top]."""
+class Pages:
+  """A paged cache and its free-page stack free_F[:top], as a sampler carries it: rows'
+  tables start with prompt_pages pages of their prompt, then their own pages."""
 
-  step: jax.Array
   cache: kv_cache.PagedKVCache
   free_F: jax.Array
   top: jax.Array
+  prompt_pages: int = flax.struct.field(pytree_node=False, default=0)
+
+  def slot(self, t_N):
+    """The logical slot of each row's completion token t (after the prompt's pages)."""
+    return self.prompt_pages * self.cache.page_size + t_N
+
+
+@flax.struct.dataclass
+class State:
+  """The paged decode loop's carry: `sampling.DecodeState`'s buffers and the pages of all
+  N rows."""
+
+  step: jax.Array
+  pages: Pages
   key: jax.Array
   tok_N: jax.Array
   pos_N: jax.Array
@@ -73,7 +93,6 @@ class State:
   policy_logp_NT: jax.Array
   prompt_routes_BPLK: jax.Array | None = None
   routes_NTLK: jax.Array | None = None
-  prompt_pages: int = flax.struct.field(pytree_node=False, default=0)  # per row's table
 
 
 def completion_pages(cfg: sampling.SamplerConfig, rows: int) -> int:
@@ -103,55 +122,56 @@ def _pool(prompt_pages, free_pages: int):
   return jnp.pad(prompt_pages, pad)
 
 
+def pool(dense: kv_cache.KVCache, *, rows: int, owner_N, cfg: sampling.SamplerConfig) -> Pages:
+  """Pages for `rows` rows from a dense prompt cache (`owners` rows of ceil(S/Z)·Z slots):
+  its slots cut into pages at the front of the pool, then the completion pages
+  (`completion_pages` for `rows`) and the null page. Row n's table starts with prompt
+  owner_N[n]'s pages (owner_N None: rows start with no prompt, `load` gives them one)."""
+  Z, T = cfg.page_size, cfg.max_new_tokens
+  owners, S = dense.pos_BS.shape
+  n_prompt = S // Z
+  F = completion_pages(cfg, rows)
+  pages = functools.partial(_to_pages, page_size=Z, stacked=dense.stacked)
+  k = tuple(_pool(pages(x, slot_axis=-1), F) for x in dense.k)
+  v = tuple(_pool(pages(x, slot_axis=-2), F) for x in dense.v)
+  pos_PZ = jnp.pad(dense.pos_BS.reshape(owners * n_prompt, Z), ((0, F + 1), (0, 0)), constant_values=-1)  # fmt: skip
+  null = owners * n_prompt + F
+  table_NM = jnp.full((rows, n_prompt + -(-T // Z)), null, jnp.int32)
+  if owner_N is not None:
+    prompt_NM = owner_N[:, None] * n_prompt + jnp.arange(n_prompt)[None, :]
+    table_NM = table_NM.at[:, :n_prompt].set(prompt_NM)
+  cache = kv_cache.PagedKVCache(
+    k=k, v=v, pos_PZ=pos_PZ, table_NM=table_NM, slot_N=jnp.full((rows,), -1, jnp.int32),
+    live=jnp.zeros((), jnp.int32), stacked=dense.stacked, block=max(1, _BLOCK_SLOTS // Z),
+  )  # fmt: skip
+  free_F = (owners * n_prompt + jnp.arange(F, dtype=jnp.int32))[::-1]
+  return Pages(cache=cache, free_F=free_F, top=jnp.asarray(F, jnp.int32), prompt_pages=n_prompt)
+
+
 def prefill(params, prompts: sampling.Prompts, key, *, model_fn: Callable,
             init_cache: Callable, cfg: sampling.SamplerConfig) -> State:  # fmt: skip
   """The prompts into pages at the front of the pool, and the decode loop's start."""
   tokens_BP = jnp.asarray(prompts.tokens_BP, jnp.int32)
   mask_BP = jnp.asarray(prompts.mask_BP, jnp.bool_)
   B, P = tokens_BP.shape
-  G, T, Z = cfg.group_size, cfg.max_new_tokens, cfg.page_size
+  G, T = cfg.group_size, cfg.max_new_tokens
   N = B * G
-  if P < 2:
-    raise ValueError(
-      f"Prompt batches need >= 2 slots (left-pad a 1-token prompt), got shape {(B, P)}."
-    )
   positions_BP = model.positions_from_mask(mask_BP)
-  n_prompt = -(-(P - 1) // Z)  # Pages per prompt.
-  out = sampling.prefill_cache(
-    params, tokens_BP[:, :-1], positions_BP[:, :-1], init_cache=init_cache, length=n_prompt * Z,
-    model_fn=model_fn, chunk=cfg.prefill_chunk, record_routes=cfg.record_routes,
-  )  # fmt: skip
-  dense, routes = (out, {}) if not cfg.record_routes else (out[0], {})
+  dense, routes = prefill_prompts(
+    params, tokens_BP, positions_BP, init_cache=init_cache, model_fn=model_fn, cfg=cfg
+  )
   if cfg.record_routes:
-    routes["prompt_routes_BPLK"] = jnp.where(mask_BP[:, :-1, None, None], out[1], -1)
-    routes["routes_NTLK"] = jnp.full((N, T, *out[1].shape[2:]), -1, out[1].dtype)
+    routes = {
+      "prompt_routes_BPLK": jnp.where(mask_BP[:, :-1, None, None], routes, -1),
+      "routes_NTLK": jnp.full((N, T, *routes.shape[2:]), -1, routes.dtype),
+    }
   shared = cfg.shared_prefix and G > 1
   if not shared:
     dense = dense.repeat(G)
-  owners = B if shared else N  # Rows of prompt pages.
-  F = completion_pages(cfg, N)
-  pages = functools.partial(_to_pages, page_size=Z, stacked=dense.stacked)
-  k = tuple(_pool(pages(x, slot_axis=-1), F) for x in dense.k)
-  v = tuple(_pool(pages(x, slot_axis=-2), F) for x in dense.v)
-  pos_PZ = jnp.pad(
-    dense.pos_BS.reshape(owners * n_prompt, Z), ((0, F + 1), (0, 0)), constant_values=-1
-  )
-  null = owners * n_prompt + F
-  M = n_prompt + -(-T // Z)
   owner_N = jnp.arange(N) // G if shared else jnp.arange(N)
-  table_NM = jnp.full((N, M), null, jnp.int32)
-  table_NM = table_NM.at[:, :n_prompt].set(
-    owner_N[:, None] * n_prompt + jnp.arange(n_prompt)[None, :]
-  )
-  cache = kv_cache.PagedKVCache(
-    k=k, v=v, pos_PZ=pos_PZ, table_NM=table_NM, slot_N=jnp.full((N,), -1, jnp.int32),
-    live=jnp.zeros((), jnp.int32), stacked=dense.stacked, block=max(1, _BLOCK_SLOTS // Z),
-  )  # fmt: skip
   return State(
     step=jnp.zeros((), jnp.int32),
-    cache=cache,
-    free_F=(owners * n_prompt + jnp.arange(F, dtype=jnp.int32))[::-1],
-    top=jnp.asarray(F, jnp.int32),
+    pages=pool(dense, rows=N, owner_N=owner_N, cfg=cfg),
     key=key,
     tok_N=jnp.repeat(tokens_BP[:, -1], G),
     pos_N=jnp.repeat(positions_BP[:, -1], G),
@@ -161,51 +181,99 @@ def prefill(params, prompts: sampling.Prompts, key, *, model_fn: Callable,
     mask_NT=jnp.zeros((N, T), jnp.bool_),
     logp_NT=jnp.zeros((N, T), jnp.float32),
     policy_logp_NT=jnp.zeros((N, T), jnp.float32),
-    prompt_pages=n_prompt,
-    **routes,
+    **(routes if cfg.record_routes else {}),
   )
+
+
+def prefill_prompts(params, tokens_BP, positions_BP, *, init_cache: Callable, model_fn: Callable,
+                    cfg: sampling.SamplerConfig):  # fmt: skip
+  """Each prompt minus its last token in a dense cache of ceil((P − 1)/Z)·Z slots
+  (`sampling.prefill_cache`, chunked by sampler.prefill_chunk), ready to be cut into
+  pages; and the experts its tokens took ([B, P − 1, L, k]) with sampler.record_routes,
+  else None."""
+  P = tokens_BP.shape[1]
+  if P < 2:
+    raise ValueError(
+      f"Prompt batches need >= 2 slots (left-pad a 1-token prompt), got shape {tokens_BP.shape}."
+    )
+  Z = cfg.page_size
+  out = sampling.prefill_cache(
+    params, tokens_BP[:, :-1], positions_BP[:, :-1], init_cache=init_cache,
+    length=-(-(P - 1) // Z) * Z, model_fn=model_fn, chunk=cfg.prefill_chunk,
+    record_routes=cfg.record_routes,
+  )  # fmt: skip
+  return (out[0], out[1]) if cfg.record_routes else (out, None)
+
+
+def take(p: Pages, need_N, t_N) -> tuple[Pages, jax.Array]:
+  """Rows in need_N (their completion token t_N starts a page) pop a page each from the
+  stack, in row order, into table column prompt_pages + t_N // Z; a row that finds the
+  stack empty is starved (returned: it ends there, truncated). A taken page's positions
+  are reset (its last holder's slots would be visible)."""
+  c = p.cache
+  rank_N = jnp.cumsum(need_N) - 1
+  got_N = need_N & (rank_N < p.top)
+  page_N = p.free_F[jnp.clip(p.top - 1 - rank_N, 0, p.free_F.shape[0] - 1)]
+  col_N = jnp.minimum(p.prompt_pages + t_N // c.page_size, c.table_NM.shape[1] - 1)
+  rows = jnp.arange(c.table_NM.shape[0])
+  table_NM = c.table_NM.at[rows, col_N].set(jnp.where(got_N, page_N, c.table_NM[rows, col_N]))
+  pos_PZ = c.pos_PZ.at[jnp.where(got_N, page_N, c.pos_PZ.shape[0])].set(-1, mode="drop")
+  return p.replace(
+    cache=c.replace(table_NM=table_NM, pos_PZ=pos_PZ),
+    top=p.top - jnp.sum(got_N, dtype=jnp.int32),
+  ), need_N & ~got_N
+
+
+def give_back(p: Pages, ended_N) -> Pages:
+  """Ended rows push their completion pages back on the stack; their table rows then
+  point at the null page (prompt pages stay: other rows of the group read them)."""
+  c = p.cache
+  null = c.null_page
+  own_NM = c.table_NM[:, p.prompt_pages :]
+  back_NM = ended_N[:, None] & (own_NM != null)
+  at = p.top + jnp.cumsum(back_NM.reshape(-1)).reshape(back_NM.shape) - 1
+  free_F = p.free_F.at[jnp.where(back_NM, at, p.free_F.shape[0])].set(own_NM, mode="drop")
+  return p.replace(
+    cache=c.replace(table_NM=jnp.where(ended_N[:, None], null, c.table_NM)),
+    free_F=free_F,
+    top=p.top + jnp.sum(back_NM, dtype=jnp.int32),
+  )
+
+
+def load(p: Pages, slot_R, b_R) -> Pages:
+  """Rows slot_R (out of range: none) start prompt b_R: their tables point at its pages,
+  and at the null page after them (a refill slot taking a request; nothing is copied)."""
+  c = p.cache
+  n = p.prompt_pages
+  row_RM = jnp.full((slot_R.shape[0], c.table_NM.shape[1]), c.null_page, jnp.int32)
+  row_RM = row_RM.at[:, :n].set(b_R[:, None] * n + jnp.arange(n)[None, :])
+  return p.replace(cache=c.replace(table_NM=c.table_NM.at[slot_R].set(row_RM, mode="drop")))
+
+
+def compact(p: Pages, idx_R) -> Pages:
+  """The pages of rows idx_R only, in that order (their tables move, the pool stays)."""
+  c = p.cache
+  return p.replace(cache=c.replace(table_NM=c.table_NM[idx_R], slot_N=c.slot_N[idx_R]))
+
+
+def forward(params, p: Pages, tok_N, pos_N, t_N, live_N, *, model_fn: Callable):
+  """One decode call on every row: live rows attend over their pages and write their token
+  at slot t_N (`PagedKVCache.commit`, in place). Returns (logits [N, 1, V], pages)."""
+  slot_N = jnp.where(live_N, p.slot(t_N), -1)
+  view = p.cache.replace(slot_N=slot_N, live=jnp.max(slot_N))
+  logits_N1V, cache = model_fn(params, tok_N[:, None], pos_N[:, None], view)
+  return logits_N1V, p.replace(cache=cache.commit(pos_N))
 
 
 def _take_pages(s: State, Z: int) -> State:
-  """Live rows whose next slot starts a page pop one from the stack (in row order); a row
-  that finds it empty is starved: it ends, truncated. A taken page's positions are reset
-  (its last holder's slots would be visible)."""
-  c = s.cache
+  """`take` for the static sampler: live rows at a page edge (all rows step together)."""
   need_N = ~s.done_N & (s.step % Z == 0)
-  rank_N = jnp.cumsum(need_N) - 1
-  got_N = need_N & (rank_N < s.top)
-  page_N = s.free_F[jnp.clip(s.top - 1 - rank_N, 0, s.free_F.shape[0] - 1)]
-  col = s.prompt_pages + s.step // Z
-  column_N = jax.lax.dynamic_index_in_dim(c.table_NM, col, axis=1, keepdims=False)
-  table_NM = jax.lax.dynamic_update_index_in_dim(
-    c.table_NM, jnp.where(got_N, page_N, column_N), col, axis=1
-  )
-  drop = c.pos_PZ.shape[0]
-  pos_PZ = c.pos_PZ.at[jnp.where(got_N, page_N, drop)].set(-1, mode="drop")
-  starved_N = need_N & ~got_N
-  return s.replace(
-    cache=c.replace(table_NM=table_NM, pos_PZ=pos_PZ),
-    top=s.top - jnp.sum(got_N, dtype=jnp.int32),
-    done_N=s.done_N | starved_N,
-    starved_N=s.starved_N | starved_N,
-  )
+  pages, starved_N = take(s.pages, need_N, jnp.broadcast_to(s.step, need_N.shape))
+  return s.replace(pages=pages, done_N=s.done_N | starved_N, starved_N=s.starved_N | starved_N)
 
 
 def _return_pages(s: State, ended_N) -> State:
-  """Ended rows push their completion pages back on the stack; their table rows then
-  point at the null page (prompt pages stay: the group's other rows read them)."""
-  c = s.cache
-  null = c.null_page
-  own_NM = c.table_NM[:, s.prompt_pages :]
-  back_NM = ended_N[:, None] & (own_NM != null)
-  at = s.top + jnp.cumsum(back_NM.reshape(-1)).reshape(back_NM.shape) - 1
-  free_F = s.free_F.at[jnp.where(back_NM, at, s.free_F.shape[0])].set(own_NM, mode="drop")
-  table_NM = jnp.where(ended_N[:, None], null, c.table_NM)
-  return s.replace(
-    cache=c.replace(table_NM=table_NM),
-    free_F=free_F,
-    top=s.top + jnp.sum(back_NM, dtype=jnp.int32),
-  )
+  return s.replace(pages=give_back(s.pages, ended_N))
 
 
 def _buckets(N: int) -> tuple[int, ...]:
@@ -213,28 +281,24 @@ def _buckets(N: int) -> tuple[int, ...]:
   return tuple(sorted({-(-N // 2**j) for j in range(_COMPACT_LEVELS)}, reverse=True))
 
 
+def _full_rows(x, axis: int = 0, *, idx, N: int):
+  """x's rows (along `axis`) placed at rows idx of an N-row array of zeros."""
+  shape = (*x.shape[:axis], N, *x.shape[axis + 1 :])
+  return jnp.zeros(shape, x.dtype).at[(slice(None),) * axis + (idx,)].set(x)
+
+
 def _forward(params, s: State, *, rows: int, model_fn: Callable, record: bool):
   """The model on the first `rows` live rows (all N when rows == N), reading the pools:
   full-N logits [N, V] and new keys and values (zeros on rows not run), and the recorded
   routes [N, 1, L, k]."""
-  c = s.cache
+  c = s.pages.cache
   N = s.done_N.shape[0]
-  slot = s.prompt_pages * c.page_size + s.step  # Every live row's next slot.
+  slot = s.pages.slot(s.step)  # Every live row's next slot.
   idx = jnp.arange(N) if rows == N else jnp.argsort(s.done_N, stable=True)[:rows]
   view = c.replace(table_NM=c.table_NM[idx], live=slot)
   kw = dict(record_routes=True) if record else {}
   out = model_fn(params, s.tok_N[idx, None], s.pos_N[idx, None], view, **kw)
-  full = (
-    lambda x, axis=0: (
-      x
-      if rows == N
-      else jnp.zeros(  # noqa: E731
-        (*x.shape[:axis], N, *x.shape[axis + 1 :]), x.dtype
-      )
-      .at[(slice(None),) * axis + (idx,)]
-      .set(x)
-    )
-  )
+  full = functools.partial(_full_rows, idx=idx, N=N) if rows < N else (lambda x, axis=0: x)
   row_axis = 1 if c.stacked else 0  # Fresh keys are [L, rows, K, E] when stacked.
   fresh = jax.tree.map(functools.partial(full, axis=row_axis), out[1].fresh)
   routes = None
@@ -265,8 +329,8 @@ def decode(params, state: State, hyper: sampling.SamplingParams, *, model_fn: Ca
       for size in sizes
     ]
     logits_NV, fresh, r_N1LK = jax.lax.switch(branch, run, s)
-    slot_N = jnp.where(s.done_N, -1, s.prompt_pages * cfg.page_size + s.step)
-    cache = s.cache.replace(fresh=fresh, slot_N=slot_N).commit(s.pos_N)
+    slot_N = jnp.where(s.done_N, -1, s.pages.slot(s.step))
+    cache = s.pages.cache.replace(fresh=fresh, slot_N=slot_N).commit(s.pos_N)
     key, step_key = jax.random.split(s.key)
     tok_N, logp_N, policy_logp_N = sampling.choose_tokens(logits_NV, step_key, hyper)
     live_N = ~s.done_N
@@ -283,7 +347,7 @@ def decode(params, state: State, hyper: sampling.SamplingParams, *, model_fn: Ca
       routes["routes_NTLK"] = jax.lax.dynamic_update_slice(s.routes_NTLK, r_N1LK, (0, s.step, 0, 0))
     s = s.replace(
       step=s.step + 1,
-      cache=cache,
+      pages=s.pages.replace(cache=cache),
       key=key,
       tok_N=tok_N,
       pos_N=s.pos_N + 1,

@@ -21,6 +21,11 @@ that already emitted EOS (`pad/sample_frac`). Here (static shapes, one `lax.whil
      gathered into S/4 slots and decoded there to the end: a long request issued late no
      longer keeps the full batch of slots stepping.
 
+The slots' cache follows sampler.kv_layout (`_SLOT_CACHES`): dense, as above, or paged
+(`paged`): a slot taking a request points its page table at the prompt's pages instead
+of copying them, takes pages as the request grows and returns them when it ends, so the
+pool holds what the live requests hold.
+
 Sampling draws one key per step for all slots, so a request's tokens depend on the slot
 schedule: the rows are samples of the same distribution as the static sampler's, not the
 same samples. Its log-probs are those of the tokens it drew (the teacher-forced forward of
@@ -31,6 +36,7 @@ around their own engines).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -40,7 +46,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.models import model as model_lib
-from grpo_jax.models import sampling
+from grpo_jax.models import paged, sampling
 
 
 @flax.struct.dataclass
@@ -86,6 +92,79 @@ def _load(cache, prefix, slot_R, b_R, *, P: int):
   return cache.replace(k=k, v=v, pos_BS=pos, index=index)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Slots:
+  """How the slots' cache is kept (sampler.kv_layout): `load` starts prompts b_R in slots
+  slot_R, `forward` runs one decode call on every slot (returning the logits, the cache,
+  and the slots starved of a page), `release` frees the slots whose request ended,
+  `compact` keeps slots idx_R only."""
+
+  load: Callable
+  forward: Callable
+  release: Callable
+  compact: Callable
+
+
+def _dense_slots(params, tokens_BP, positions_BP, req_S, *, G, init_cache, model_fn, cfg, T):
+  """Dense slots: each holds P − 1 + T columns, its prompt's prefix copied in (`_load`)."""
+  P, S = tokens_BP.shape[1], req_S.shape[0]
+  prefix = sampling.prefill_cache(
+    params, tokens_BP[:, :-1], positions_BP[:, :-1], init_cache=init_cache, length=P - 1,
+    model_fn=model_fn, chunk=cfg.prefill_chunk,
+  )  # fmt: skip
+  cache = init_cache(S, P - 1 + T)
+  cache = cache.replace(index=jnp.zeros((S,), jnp.int32), empty=False)
+
+  def forward(cache, tok_S, pos_S, t_S, live_S):
+    del t_S
+    logits_S1V, cache = model_fn(params, tok_S[:, None], pos_S[:, None], cache)
+    return logits_S1V, cache, jnp.zeros_like(live_S)
+
+  def compact(cache, idx_R):
+    if cache.stacked:
+      k, v = (cache.k[0][:, idx_R],), (cache.v[0][:, idx_R],)
+    else:
+      k, v = tuple(b[idx_R] for b in cache.k), tuple(b[idx_R] for b in cache.v)
+    return cache.replace(k=k, v=v, pos_BS=cache.pos_BS[idx_R], index=cache.index[idx_R])
+
+  slots = _Slots(
+    load=functools.partial(_load, prefix=prefix, P=P),
+    forward=forward,
+    release=lambda cache, ended_S: cache,
+    compact=compact,
+  )
+  return slots.load(cache, slot_R=req_S, b_R=req_S // G), slots
+
+
+def _paged_slots(params, tokens_BP, positions_BP, req_S, *, G, init_cache, model_fn, cfg, T):
+  """Paged slots (`paged`): a slot starting a request points its table at the prompt's
+  pages (nothing copied), takes pages as the request grows, and returns them when it
+  ends; the pool holds sampler.kv_pool_fraction of what S slots at T would take."""
+  del T
+  dense, _ = paged.prefill_prompts(
+    params, tokens_BP, positions_BP, init_cache=init_cache, model_fn=model_fn, cfg=cfg
+  )
+
+  def forward(pages, tok_S, pos_S, t_S, live_S):
+    pages, starved_S = paged.take(pages, live_S & (t_S % cfg.page_size == 0), t_S)
+    logits_S1V, pages = paged.forward(
+      params, pages, tok_S, pos_S, t_S, live_S & ~starved_S, model_fn=model_fn
+    )
+    return logits_S1V, pages, starved_S
+
+  slots = _Slots(
+    load=lambda pages, slot_R, b_R: paged.load(pages, slot_R, b_R),
+    forward=forward,
+    release=paged.give_back,
+    compact=paged.compact,
+  )
+  return paged.pool(dense, rows=req_S.shape[0], owner_N=req_S // G, cfg=cfg), slots
+
+
+# The slots' cache of each sampler.kv_layout (`sampling.KV_LAYOUTS`).
+_SLOT_CACHES = {"dense": _dense_slots, "paged": _paged_slots}
+
+
 def sample(
   params,
   prompts: sampling.Prompts,
@@ -113,14 +192,11 @@ def sample(
     raise ValueError(f"Prompt batches need >= 2 slots, got shape {(B, P)}.")
   limit_N = jnp.full((N,), T, jnp.int32) if limit_N is None else jnp.clip(limit_N, 1, T)
   positions_BP = model_lib.positions_from_mask(mask_BP)
-  prefix = sampling.prefill_cache(
-    params, tokens_BP[:, :-1], positions_BP[:, :-1], init_cache=init_cache, length=P - 1,
-    model_fn=model_fn, chunk=cfg.prefill_chunk,
-  )  # fmt: skip
-  cache = init_cache(S, P - 1 + T)
-  cache = cache.replace(index=jnp.zeros((S,), jnp.int32), empty=False)
   req_S = jnp.arange(S, dtype=jnp.int32)
-  cache = _load(cache, prefix, req_S, req_S // G, P=P)
+  cache, slots = _SLOT_CACHES[cfg.kv_layout](
+    params, tokens_BP, positions_BP, req_S, G=G, init_cache=init_cache, model_fn=model_fn,
+    cfg=cfg, T=T,
+  )  # fmt: skip
   eos_ids = jnp.asarray(cfg.eos_ids, jnp.int32)
   state = _State(
     step=jnp.zeros((), jnp.int32),
@@ -146,10 +222,10 @@ def sample(
     return ((s.next_req < N) | (live > (tail if tail < S else 0))) & (s.step < limit_steps)
 
   def step(s: _State):
-    logits_S1V, cache = model_fn(params, s.tok_S[:, None], s.pos_S[:, None], s.cache)
+    logits_S1V, cache, starved_S = slots.forward(s.cache, s.tok_S, s.pos_S, s.t_S, s.req_S < N)
     key, step_key = jax.random.split(s.key)
     tok_S, logp_S, policy_S = sampling.choose_tokens(logits_S1V[:, -1], step_key, hyper)
-    live_S = s.req_S < N
+    live_S = (s.req_S < N) & ~starved_S  # A starved request ends, truncated, emitting nothing.
     at = (jnp.where(live_S, s.req_S, N), s.t_S)
 
     def put(buf, x):
@@ -169,12 +245,12 @@ def sample(
       pos_S=s.pos_S + 1,
       t_S=s.t_S + 1,
     )
-    ended = live_S & (eos_S | (s.t_S >= limit_N[jnp.minimum(s.req_S, N - 1)]))
-    return s, ended
+    ended = starved_S | live_S & (eos_S | (s.t_S >= limit_N[jnp.minimum(s.req_S, N - 1)]))
+    return s.replace(cache=slots.release(s.cache, ended)), ended
 
   def body(s: _State):
     s, ended = step(s)
-    return _retire(s, ended, prefix, tokens_BP, positions_BP, limit_N, G=G, P=P)
+    return _retire(s, ended, slots.load, tokens_BP, positions_BP, limit_N, G=G)
 
   def tail_body(s: _State):  # No request is pending: ended slots just go idle.
     s, ended = step(s)
@@ -183,26 +259,23 @@ def sample(
   state = jax.lax.while_loop(cond, body, state)
   if tail < S:  # The schedule's tail: the last live rows, decoded in `tail` slots.
     state = jax.lax.while_loop(
-      lambda s: jnp.any(s.req_S < N) & (s.step < limit_steps), tail_body, _compact(state, tail)
+      lambda s: jnp.any(s.req_S < N) & (s.step < limit_steps),
+      tail_body,
+      _compact(state, tail, slots.compact),
     )
   return sampling.to_rollouts(prompts, state, group_size=G, eos_N=state.eos_N)
 
 
-def _compact(s: _State, tail: int) -> _State:
+def _compact(s: _State, tail: int, compact: Callable) -> _State:
   """The state with its live slots (at most `tail` of them) gathered into `tail` slots:
-  their caches, write columns and decode state; the rest of the tail's slots idle."""
+  their caches (`_Slots.compact`), write columns and decode state; the rest of the tail's
+  slots idle."""
   N = s.eos_N.shape[0]
   live_S = s.req_S < N
   idx_R = jnp.nonzero(live_S, size=tail, fill_value=0)[0]
   used_R = jnp.arange(tail) < jnp.sum(live_S)
-  cache = s.cache
-  if cache.stacked:
-    k, v = (cache.k[0][:, idx_R],), (cache.v[0][:, idx_R],)
-  else:
-    k, v = tuple(b[idx_R] for b in cache.k), tuple(b[idx_R] for b in cache.v)
-  cache = cache.replace(k=k, v=v, pos_BS=cache.pos_BS[idx_R], index=cache.index[idx_R])
   return s.replace(
-    cache=cache,
+    cache=compact(s.cache, idx_R),
     req_S=jnp.where(used_R, s.req_S[idx_R], N).astype(jnp.int32),
     t_S=s.t_S[idx_R],
     tok_S=s.tok_S[idx_R],
@@ -216,7 +289,7 @@ def _compact(s: _State, tail: int) -> _State:
 TAIL_FRACTION = 4
 
 
-def _retire(s: _State, ended_S, prefix, tokens_BP, positions_BP, limit_N, *, G: int, P: int):
+def _retire(s: _State, ended_S, load: Callable, tokens_BP, positions_BP, limit_N, *, G: int):
   """Idle slots and slots whose request just ended take the next pending requests in
   order, at most R = max(1, S // 16) per step (a slot left over waits a step: refilling
   costs a scatter of R rows each step, not a copy of every slot's cache)."""
@@ -231,7 +304,7 @@ def _retire(s: _State, ended_S, prefix, tokens_BP, positions_BP, limit_N, *, G: 
   b_R = jnp.minimum(req_S[jnp.minimum(slot_R, S - 1)], N - 1) // G
   b_S = jnp.minimum(req_S, N - 1) // G
   return s.replace(
-    cache=_load(s.cache, prefix, slot_R, b_R, P=P),
+    cache=load(s.cache, slot_R=slot_R, b_R=b_R),
     req_S=req_S,
     next_req=(s.next_req + jnp.sum(take_S)).astype(jnp.int32),
     tok_S=jnp.where(take_S, tokens_BP[b_S, -1], s.tok_S),

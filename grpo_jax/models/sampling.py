@@ -79,7 +79,7 @@ class SamplerConfig:
   # attending to the cache written before it (`prefill_cache`), so a prompt of P tokens
   # needs [chunk, P] attention scores instead of the causal [P, P] ones; 0: one call.
   prefill_chunk: int = 0
-  # The static sampler's KV cache: "dense" ([rows, ..., P − 1 + T] per layer) or "paged"
+  # The static and refill samplers' KV cache: "dense" ([rows, ..., P − 1 + T] per layer) or "paged"
   # (`paged`: pages of page_size slots from one pool, taken as rows grow and returned when
   # they end). kv_pool_fraction: the pool's completion pages as a fraction of the worst
   # case, every row at max_new_tokens (1: no row can run short of pages).
@@ -122,11 +122,6 @@ class SamplerConfig:
         f"SamplerConfig.page_size must be >= 1 and kv_pool_fraction in (0, 1] (1: every "
         f"row can reach max_new_tokens), got page_size={self.page_size}, "
         f"kv_pool_fraction={self.kv_pool_fraction}."
-      )
-    if self.kv_layout == "paged" and self.refill_slots:
-      raise ValueError(
-        f"SamplerConfig.kv_layout='paged' runs the static sampler; refill_slots="
-        f"{self.refill_slots} asks for the refill sampler, whose cache is dense (set one)."
       )
     if self.max_prompt_len < 1:
       raise ValueError(f"SamplerConfig.max_prompt_len must be >= 1, got {self.max_prompt_len}.")
