@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow_datasets as tfds
 
-from grpo_jax.tasks import datasets
+from grpo_jax.tasks import data_order, datasets, problem_records
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "data"
 USER_FIELDS = datasets.Fields(question="prompt", answer="target", id="uid", solution="rationale")
@@ -67,7 +67,7 @@ def _user_config(name, files, fields=USER_FIELDS):
   ],
 )
 def test_gsm8k_answer(solution, answer):
-  assert datasets.gsm8k_answer(solution) == answer
+  assert problem_records.gsm8k_answer(solution) == answer
 
 
 def test_parse_gsm8k_skips_each_kind_of_malformed_line():
@@ -78,24 +78,23 @@ def test_parse_gsm8k_skips_each_kind_of_malformed_line():
     '{"question": "q", "answer": 4}',
     "nope",
   ]
-  assert list(datasets.parse_gsm8k(lines, file_name="f.jsonl")) == [
-    datasets.Problem("f.jsonl:1", "q", "4", solution="s\n#### 4", source="gsm8k"),
-    datasets.Skip("f.jsonl:3", "not a JSON object"),
-    datasets.Skip("f.jsonl:4", "fields ['answer'] are not strings"),
-    datasets.Skip("f.jsonl:5", "not JSON (Expecting value)"),
+  assert list(problem_records.parse_gsm8k(lines, file_name="f.jsonl")) == [
+    problem_records.Problem("f.jsonl:1", "q", "4", solution="s\n#### 4", source="gsm8k"),
+    problem_records.Skip("f.jsonl:3", "not a JSON object"),
+    problem_records.Skip("f.jsonl:4", "fields ['answer'] are not strings"),
+    problem_records.Skip("f.jsonl:5", "not JSON (Expecting value)"),
   ]
 
 
 def test_user_problem_skips_empty_values():
-  fields = datasets.Fields(question="q", answer="a")
-  row = {"q": "  ", "a": 3}
-  assert datasets.user_problem(row, key="k", fields=fields, source="s") == datasets.Skip(
-    "k", "empty question or answer"
-  )
-  row = {"q": "2 + 1?", "a": 3}
-  assert datasets.user_problem(row, key="k", fields=fields, source="s") == datasets.Problem(
-    "k", "2 + 1?", "3", source="s"
-  )
+  fields = problem_records.Fields(question="q", answer="a")
+
+  def problem(row):
+    return problem_records.user_problem(row, key="k", fields=fields, source="s")
+
+  empty = problem_records.Skip("k", "empty question or answer")
+  assert problem({"q": "  ", "a": 3}) == empty
+  assert problem({"q": "2 + 1?", "a": 3}) == problem_records.Problem("k", "2 + 1?", "3", source="s")
 
 
 # ----------------------------------------------------------------------------
@@ -362,9 +361,9 @@ def _splitmix64_ref(x):
 
 
 def test_splitmix64_matches_the_reference():
-  assert int(datasets.splitmix64(0)[0]) == 0xE220A8397B1DCDAF
+  assert int(data_order.splitmix64(0)[0]) == 0xE220A8397B1DCDAF
   xs = [0, 1, 12345, 2**63, M64]
-  assert [int(v) for v in datasets.splitmix64(np.array(xs, np.uint64))] == [
+  assert [int(v) for v in data_order.splitmix64(np.array(xs, np.uint64))] == [
     _splitmix64_ref(x) for x in xs
   ]
 
@@ -374,11 +373,11 @@ def test_permutation_matches_a_scalar_reference():
   stream = _splitmix64_ref(_splitmix64_ref(seed) ^ epoch)
   keys = [_splitmix64_ref(stream ^ j) for j in range(n)]
   expected = sorted(range(n), key=keys.__getitem__)
-  assert datasets.permutation(n, seed=seed, epoch=epoch).tolist() == expected
+  assert data_order.permutation(n, seed=seed, epoch=epoch).tolist() == expected
 
 
 def _stream(n, *, seed, count, h=0, p=1, start=0):
-  gen = datasets.positions(n, seed=seed, process_index=h, process_count=p, start=start)
+  gen = data_order.positions(n, seed=seed, process_index=h, process_count=p, start=start)
   return [next(gen) for _ in range(count)]
 
 
@@ -393,7 +392,7 @@ def test_each_epoch_is_a_permutation_that_depends_on_seed_and_epoch():
 
 
 def test_unshuffled_stream_is_the_record_order():
-  gen = datasets.positions(3, seed=0, process_index=0, process_count=1, shuffle=False)
+  gen = data_order.positions(3, seed=0, process_index=0, process_count=1, shuffle=False)
   assert [next(gen)[1] for _ in range(7)] == [0, 1, 2, 0, 1, 2, 0]
 
 
@@ -413,32 +412,32 @@ def test_resume_from_a_global_index_is_exact(start, h, p):
   full = _stream(n, seed=5, count=60)
   mine = [x for x in full if x[0] >= start and x[0] % p == h]
   assert _stream(n, seed=5, count=len(mine) - 2, h=h, p=p, start=start) == mine[:-2]
-  assert [datasets.record_index(i, n=n, seed=5) for i, _ in mine] == [j for _, j in mine]
+  assert [data_order.record_index(i, n=n, seed=5) for i, _ in mine] == [j for _, j in mine]
 
 
 def test_num_epochs_ends_the_stream():
-  gen = datasets.positions(4, seed=0, process_index=1, process_count=3, num_epochs=2)
+  gen = data_order.positions(4, seed=0, process_index=1, process_count=3, num_epochs=2)
   assert [i for i, _ in gen] == [1, 4, 7]
 
 
 def test_iterate_yields_problems_of_the_source(gsm8k):
   source = datasets.problems(gsm8k, "train")
-  got = list(datasets.iterate(source, seed=1, process_index=0, process_count=1, num_epochs=2))
+  got = list(data_order.iterate(source, seed=1, process_index=0, process_count=1, num_epochs=2))
   assert all(isinstance(p, datasets.Problem) for p in got)
   assert (
     sorted(p.id for p in got[:3]) == sorted(p.id for p in got[3:]) == sorted(p.id for p in source)
   )
-  order = [datasets.record_index(i, n=3, seed=1) for i in range(6)]
+  order = [data_order.record_index(i, n=3, seed=1) for i in range(6)]
   assert got == [source[j] for j in order]
 
 
 def test_iteration_rejects_bad_arguments():
   with pytest.raises(ValueError, match="empty source"):
-    next(datasets.positions(0, seed=0, process_index=0, process_count=1))
+    next(data_order.positions(0, seed=0, process_index=0, process_count=1))
   with pytest.raises(ValueError, match="process_index=2, process_count=2"):
-    next(datasets.positions(3, seed=0, process_index=2, process_count=2))
+    next(data_order.positions(3, seed=0, process_index=2, process_count=2))
   with pytest.raises(ValueError, match="seed=-1"):
-    datasets.permutation(3, seed=-1, epoch=0)
+    data_order.permutation(3, seed=-1, epoch=0)
 
 
 def test_splits_keep_file_order(tmp_path):

@@ -1,7 +1,8 @@
 """Math verification: both backends, extraction, normalisation, equivalence, format, timeouts.
 
-The big table pins the builtin backend's rules (module docstring); the math_verify
-(default) backend has its own hand-picked cases, its unscorable verdicts and timeouts.
+The big table pins the builtin backend's rules (the docstrings of math_extract,
+math_normalize, math_parse and math_equiv); the math_verify (default) backend has its own
+hand-picked cases, its unscorable verdicts and timeouts.
 """
 
 import importlib.util

@@ -8,7 +8,7 @@ naming the file and the line (`path:line: ...`), except, with `torn_tail`, the l
 a process killed mid-write leaves it cut short, and it is dropped. With `missing_ok` a
 file that does not exist reads as [] (a run's log before its first record).
 
-Two readers stay their own, each for a reason: the TFDS builder's (`tasks.datasets`)
+Two readers stay their own, each for a reason: the problem files' (`tasks.problem_records`)
 turns a bad record into a counted Skip instead of an error, and the judge cache's
 (`rewards.judges`) truncates a torn last line away so that appends start clean.
 """

@@ -18,9 +18,9 @@ Builders (``tfds.core.GeneratorBasedBuilder`` subclasses, all ``file_format="arr
 
 The official files are read from the manual directory when it holds them, else downloaded
 from the official URLs; their data_dir defaults to TFDS's. Records that cannot be parsed
-(bad JSON, invalid UTF-8, missing fields) are skipped, counted and reported:
-``skipped(builder)`` (saved in the dataset's ``metadata.json``) and a warning log.
-``prepare`` logs which directory it used and whether it built or reused the data.
+(bad JSON, invalid UTF-8, missing fields; the parsers are ``problem_records``) are skipped,
+counted and reported: ``skipped(builder)`` (saved in the dataset's ``metadata.json``) and a
+warning log. ``prepare`` logs which directory it used and whether it built or reused the data.
 
 TensorFlow is not needed: building uses ``download_and_prepare`` with the array_record
 writer, downloads use ``dl_manager.download`` (requests), the MATH tarball is read with
@@ -28,10 +28,10 @@ writer, downloads use ``dl_manager.download`` (requests), the MATH tarball is re
 uses ``builder.as_data_source(split)`` (array_record random access and numpy decoding),
 never ``as_dataset``/``tfds.load`` (which build a ``tf.data`` pipeline).
 
-Iteration (``iterate``) is a pure function of (seed, global index): global index i is
-record ``permutation(n, seed, epoch=i // n)[i % n]``, and host h of P takes the global
-indices h, h + P, h + 2P, ... so the hosts' streams interleave into the single-host stream
-whatever P is, and resuming at a global index is exact.
+Reading: ``problems(builder, split)`` is a split as a Sequence of ``Problem``; the order it
+is drawn in (seeded, shuffled per epoch, split across hosts, resumable) is ``data_order``.
+The record types (``Problem``, ``Skip``, ``SkipReport``, ``Fields``) live in
+``problem_records`` and are importable from here too, as the types of this module's API.
 """
 
 from __future__ import annotations
@@ -48,14 +48,14 @@ import tarfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-import jax
 import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging
 from etils import epath
 
 from grpo_jax.infra import registry
-from grpo_jax.verifiers import math_verify
+from grpo_jax.tasks import problem_records
+from grpo_jax.tasks.problem_records import Fields, Problem, Skip, SkipReport
 
 GSM8K_URLS = {
   "train": "https://raw.githubusercontent.com/openai/grade-school-math/master/grade_school_math/data/train.jsonl",
@@ -80,272 +80,14 @@ _HASH_CHUNK = 1 << 20  # Files are hashed in 1 MiB reads, never loaded whole.
 
 
 # ----------------------------------------------------------------------------
-# Records
+# Builders
 # ----------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Problem:
-  """One problem, as the iterator yields it; ``answer`` is the reference final answer."""
-
-  id: str
-  question: str
-  answer: str
-  solution: str = ""
-  source: str = ""  # Dataset name: "gsm8k", "math", "math500" or the user config's name.
-  subject: str = ""  # MATH's "type" / MATH-500's "subject"; "" elsewhere.
-  level: int = 0  # MATH difficulty 1-5; 0 when unknown.
-
-  @classmethod
-  def from_example(cls, example: Mapping[str, Any]) -> Problem:
-    """Decodes a TFDS numpy example (text features come back as bytes)."""
-    text = {k: _text(example[k]) for k in ("id", "question", "answer", "solution", "source")}
-    return cls(**text, subject=_text(example["subject"]), level=int(example["level"]))
-
-
-@dataclasses.dataclass(frozen=True)
-class Skip:
-  """A malformed record: its key (file and line, or file path) and why it was skipped."""
-
-  key: str
-  reason: str
-
-
-@dataclasses.dataclass(frozen=True)
-class SkipReport:
-  """One split's skipped records: the exact count and the first keys with reasons."""
-
-  count: int
-  skips: tuple[Skip, ...]  # The first MAX_REPORTED_SKIPS of them.
-
-
-def _text(value) -> str:
-  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
 def _features() -> tfds.features.FeaturesDict:
   text = tfds.features.Text
   names = ("id", "question", "answer", "solution", "source", "subject")
   return tfds.features.FeaturesDict({**{k: text() for k in names}, "level": np.int32})
-
-
-# ----------------------------------------------------------------------------
-# Answer extraction and parsing (pure)
-# ----------------------------------------------------------------------------
-
-
-def gsm8k_answer(solution: str) -> str | None:
-  """The text after the last ``####`` with commas removed ("#### 1,200" -> "1200"), or None."""
-  if "####" not in solution:
-    return None
-  answer = solution.rsplit("####", 1)[1].strip().replace(",", "")
-  return answer or None
-
-
-def _decode(data: str | bytes, *, key: str) -> str | Skip:
-  """UTF-8 text, or a Skip saying where the first undecodable byte is."""
-  if isinstance(data, str):
-    return data
-  try:
-    return data.decode("utf-8")
-  except UnicodeDecodeError as err:
-    return Skip(key, f"invalid UTF-8 (byte 0x{data[err.start]:02x} at offset {err.start})")
-
-
-def _json_objects(
-  lines: Iterable[str | bytes], *, file_name: str
-) -> Iterator[tuple[str, dict | Skip]]:
-  """(key, object or Skip) per non-blank line; the key is ``file:line`` (1-based).
-
-  Lines may be bytes (as ``_read_lines`` gives them): one that is not UTF-8 is a Skip.
-  """
-  for line_no, line in enumerate(lines, start=1):
-    key = f"{file_name}:{line_no}"
-    if isinstance(line := _decode(line, key=key), Skip):
-      yield key, line
-      continue
-    if not line.strip():
-      continue
-    try:
-      obj = json.loads(line)
-    except json.JSONDecodeError as err:
-      yield key, Skip(key, f"not JSON ({err.msg})")
-      continue
-    yield key, obj if isinstance(obj, dict) else Skip(key, "not a JSON object")
-
-
-def _missing(obj: Mapping[str, Any], fields: Sequence[str]) -> list[str]:
-  return [f for f in fields if f not in obj or obj[f] is None]
-
-
-def _bad_text(obj: Mapping[str, Any], fields: Sequence[str]) -> str | None:
-  """Why the official-format text fields of obj are unusable (missing or not strings), or None."""
-  if missing := _missing(obj, fields):
-    return f"missing fields {missing}"
-  if not_text := [f for f in fields if not isinstance(obj[f], str)]:
-    return f"fields {not_text} are not strings"
-  return None
-
-
-def parse_gsm8k(lines: Iterable[str | bytes], *, file_name: str) -> Iterator[Problem | Skip]:
-  """Official GSM8K JSONL lines -> Problems (ids ``file:line``), or Skips."""
-  for key, obj in _json_objects(lines, file_name=file_name):
-    if isinstance(obj, Skip):
-      yield obj
-    elif bad := _bad_text(obj, ("question", "answer")):
-      yield Skip(key, bad)
-    elif (answer := gsm8k_answer(obj["answer"])) is None:
-      yield Skip(key, "no '#### <answer>' line")
-    else:
-      yield Problem(key, obj["question"], answer, solution=obj["answer"], source="gsm8k")
-
-
-def _math_level(level) -> int:
-  """MATH's "Level 3" (or MATH-500's 3) -> 3; "Level ?" and the like -> 0."""
-  found = re.fullmatch(r"(?:Level\s*)?(\d+)", str(level).strip())
-  return int(found.group(1)) if found else 0
-
-
-def parse_math_file(text: str | bytes, *, key: str) -> Problem | Skip:
-  """One official MATH json file (``{problem, level, type, solution}``) -> Problem or Skip."""
-  if isinstance(text := _decode(text, key=key), Skip):
-    return text
-  try:
-    obj = json.loads(text)
-  except json.JSONDecodeError as err:
-    return Skip(key, f"not JSON ({err.msg})")
-  if not isinstance(obj, dict):
-    return Skip(key, "not a JSON object")
-  if bad := _bad_text(obj, ("problem", "solution")):
-    return Skip(key, bad)
-  if (answer := math_verify.last_boxed(obj["solution"])) is None:
-    return Skip(key, "no \\boxed{...} answer in the solution")
-  return Problem(
-    key,
-    obj["problem"],
-    answer.strip(),
-    solution=obj["solution"],
-    source="math",
-    subject=str(obj.get("type", "")),
-    level=_math_level(obj.get("level", "")),
-  )
-
-
-def parse_math500(lines: Iterable[str | bytes], *, file_name: str) -> Iterator[Problem | Skip]:
-  """PRM800K ``math_splits/test.jsonl`` lines -> Problems (id = ``unique_id``), or Skips."""
-  for key, obj in _json_objects(lines, file_name=file_name):
-    if isinstance(obj, Skip):
-      yield obj
-    elif bad := _bad_text(obj, ("problem", "solution", "answer", "unique_id")):
-      yield Skip(key, bad)
-    elif not obj["answer"].strip():
-      yield Skip(key, "empty answer")
-    else:
-      yield Problem(
-        obj["unique_id"],
-        obj["problem"],
-        obj["answer"].strip(),
-        solution=obj["solution"],
-        source="math500",
-        subject=str(obj.get("subject", "")),
-        level=_math_level(obj.get("level", "")),
-      )
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Fields:
-  """Which fields of a user's records hold the question, answer, and optionally id/solution."""
-
-  question: str
-  answer: str
-  id: str | None = None
-  solution: str | None = None
-
-  def required(self) -> list[str]:
-    return [f for f in (self.question, self.answer, self.id, self.solution) if f is not None]
-
-
-def user_problem(
-  row: Mapping[str, Any], *, key: str, fields: Fields, source: str
-) -> Problem | Skip:
-  """One user record -> Problem; a null/empty question or answer, or a missing field -> Skip."""
-  if missing := _missing(row, fields.required()):
-    return Skip(key, f"missing fields {missing}")
-  question, answer = str(row[fields.question]).strip(), str(row[fields.answer]).strip()
-  if not question or not answer:
-    return Skip(key, "empty question or answer")
-  return Problem(
-    str(row[fields.id]) if fields.id else key,
-    question,
-    answer,
-    solution=str(row[fields.solution]) if fields.solution else "",
-    source=source,
-  )
-
-
-def _check_fields(present: Sequence[str], *, fields: Fields, path: str, where: str) -> None:
-  for name in fields.required():
-    if name not in present:
-      raise ValueError(
-        f"{path}: field {name!r} not found in {where}; fields present: {sorted(present)}. "
-        "Set the question/answer/id/solution fields of the ProblemFilesConfig to existing ones."
-      )
-
-
-def parse_jsonl(
-  lines: Iterable[str | bytes], *, path: str, fields: Fields, source: str
-) -> Iterator[Problem | Skip]:
-  """A user's JSONL -> Problems; ids from ``fields.id`` or else ``file:line``.
-
-  The first JSON object must have every configured field (else ValueError naming the file,
-  the field and the fields present); later records without one are skipped.
-  """
-  checked = False
-  for key, obj in _json_objects(lines, file_name=epath.Path(path).name):
-    if isinstance(obj, Skip):
-      yield obj
-      continue
-    if not checked:
-      _check_fields(list(obj), fields=fields, path=path, where=f"its first record ({key})")
-      checked = True
-    yield user_problem(obj, key=key, fields=fields, source=source)
-
-
-def parse_parquet(path: str, *, fields: Fields, source: str) -> Iterator[Problem | Skip]:
-  """A user's Parquet file -> Problems; ids from ``fields.id`` or else ``file:row`` (0-based)."""
-  import pyarrow.parquet as pq  # Only Parquet users pay for the import.
-
-  with epath.Path(path).open("rb") as f:
-    parquet = pq.ParquetFile(f)
-    _check_fields(parquet.schema_arrow.names, fields=fields, path=path, where="its columns")
-    row = 0
-    for batch in parquet.iter_batches(columns=fields.required()):
-      for record in _parquet_rows(batch):
-        key = f"{epath.Path(path).name}:{row}"
-        if record is None:
-          yield Skip(key, "invalid UTF-8 in a string column")
-        else:
-          yield user_problem(record, key=key, fields=fields, source=source)
-        row += 1
-
-
-def _parquet_rows(batch) -> list[dict | None]:
-  """The batch's rows as dicts; None for a row whose strings are not valid UTF-8."""
-  try:
-    return batch.to_pylist()
-  except UnicodeDecodeError:  # Arrow does not validate strings it reads; one row at a time.
-    rows = []
-    for i in range(batch.num_rows):
-      try:
-        rows.append(batch.slice(i, 1).to_pylist()[0])
-      except UnicodeDecodeError:
-        rows.append(None)
-    return rows
-
-
-# ----------------------------------------------------------------------------
-# Builders
-# ----------------------------------------------------------------------------
 
 
 class _ProblemBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
@@ -471,16 +213,6 @@ def _changed_manual_files(builder: tfds.core.DatasetBuilder, manual_dir) -> list
   )
 
 
-def _read_lines(path) -> Iterator[bytes]:
-  """The file's lines as bytes, split at b"\\n" only (JSON Lines), streamed.
-
-  Decoding is per line (``_json_objects``), so one bad byte skips one record, and a
-  U+2028 inside a JSON string does not split its line as ``str.splitlines`` would.
-  """
-  with epath.Path(path).open("rb") as f:
-    yield from f
-
-
 class Gsm8k(_ProblemBuilder):
   """GSM8K (Cobbe et al. 2021): grade-school math word problems with numeric answers."""
 
@@ -495,12 +227,12 @@ class Gsm8k(_ProblemBuilder):
     names = {split: f"{split}.jsonl" for split in GSM8K_URLS}
     files = _official_files(dl_manager, GSM8K_URLS, names=names)
     _record_manual_files(self, dl_manager, files.values())
-    return {
-      split: self._generate_examples(
-        parse_gsm8k(_read_lines(files[split]), file_name=names[split]), split
-      )
-      for split in GSM8K_URLS
-    }
+    generators = {}
+    for split in GSM8K_URLS:
+      lines = problem_records.read_lines(files[split])
+      parsed = problem_records.parse_gsm8k(lines, file_name=names[split])
+      generators[split] = self._generate_examples(parsed, split)
+    return generators
 
 
 def _math_tree_files(root: epath.Path, split: str) -> Iterator[tuple[str, bytes]]:
@@ -555,14 +287,16 @@ class HendrycksMath(_ProblemBuilder):
     files = _official_files(
       dl_manager, {"math500": MATH500_URL}, names={"math500": "math_splits/test.jsonl"}
     )
-    parsed = parse_math500(_read_lines(files["math500"]), file_name="math_splits/test.jsonl")
+    parsed = problem_records.parse_math500(
+      problem_records.read_lines(files["math500"]), file_name="math_splits/test.jsonl"
+    )
     generators = {"math500": self._generate_examples(parsed, "math500")}
     read = [files["math500"]]
     if self.builder_config.name == "all":
       reader, tar = _math_reader(dl_manager)
       read += [tar] if tar else []  # A MATH/ tree (12,500 files) is not hashed.
       for split in ("train", "test"):
-        items = (parse_math_file(t, key=k) for k, t in reader(split))
+        items = (problem_records.parse_math_file(t, key=k) for k, t in reader(split))
         generators[split] = self._generate_examples(items, split)
     _record_manual_files(self, dl_manager, read)
     return generators
@@ -674,16 +408,6 @@ def _keyed_config(config, data_dir: epath.PathLike):
   return dataclasses.replace(config, name=latest, content_key=latest.rsplit("-", 1)[1])
 
 
-def _parse_user_file(path: str, *, fields: Fields, source: str) -> Iterator[Problem | Skip]:
-  if not epath.Path(path).exists():
-    raise FileNotFoundError(f"Dataset file {path} does not exist.")
-  if path.endswith(".parquet"):
-    return parse_parquet(path, fields=fields, source=source)
-  if path.endswith((".jsonl", ".json")):
-    return parse_jsonl(_read_lines(path), path=path, fields=fields, source=source)
-  raise ValueError(f"{path}: expected a .jsonl, .json (JSON lines) or .parquet file.")
-
-
 class ProblemFiles(_ProblemBuilder):
   """A user's problems from JSONL or Parquet files, described by a ``ProblemFilesConfig``.
 
@@ -708,7 +432,9 @@ class ProblemFiles(_ProblemBuilder):
       items = (
         item
         for path in paths
-        for item in _parse_user_file(path, fields=config.fields, source=config.source)
+        for item in problem_records.parse_user_file(
+          path, fields=config.fields, source=config.source
+        )
       )
       generators[split] = self._generate_examples(items, split)
     return generators
@@ -785,7 +511,7 @@ def prepare(
 
 
 # ----------------------------------------------------------------------------
-# Reading and iteration
+# Reading (the order records are drawn in is `data_order`)
 # ----------------------------------------------------------------------------
 
 
@@ -815,101 +541,3 @@ def problems(builder: tfds.core.DatasetBuilder, split: str) -> ProblemSource:
       f"splits: {sorted(builder.info.splits)} (was it prepared?)."
     )
   return ProblemSource(builder.as_data_source(split))
-
-
-_GAMMA = np.uint64(0x9E3779B97F4A7C15)
-
-
-def splitmix64(x) -> np.ndarray:
-  """SplitMix64's output for state x, elementwise on uint64 (Steele et al. 2014).
-
-  A fixed bijective mix written out here, so the data order cannot change with a numpy
-  or jax version. ``splitmix64(0) == 0xE220A8397B1DCDAF`` (Vigna's splitmix64.c).
-  """
-  z = np.atleast_1d(np.asarray(x, dtype=np.uint64)) + _GAMMA
-  z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-  z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-  return z ^ (z >> np.uint64(31))
-
-
-def permutation(n: int, *, seed: int, epoch: int) -> np.ndarray:
-  """The record order of one epoch: indices 0..n-1 sorted by splitmix64 keys of (seed, epoch).
-
-  key_j = splitmix64(splitmix64(splitmix64(seed) ^ epoch) ^ j); splitmix64 is a bijection,
-  so keys are distinct and the order is a pure function of (n, seed, epoch).
-  """
-  if not 0 <= seed < 2**64 or epoch < 0:
-    raise ValueError(f"Expected 0 <= seed < 2**64 and epoch >= 0, got {seed=}, {epoch=}.")
-  stream = splitmix64(splitmix64(seed) ^ np.uint64(epoch))
-  keys = splitmix64(stream ^ np.arange(n, dtype=np.uint64))
-  return np.argsort(keys, kind="stable")
-
-
-def record_index(index: int, *, n: int, seed: int, shuffle: bool = True) -> int:
-  """The record at global stream position ``index``: ``perm(seed, index // n)[index % n]``."""
-  if n <= 0 or index < 0:
-    raise ValueError(f"Expected n > 0 and index >= 0, got {n=}, {index=}.")
-  epoch, position = divmod(index, n)
-  return int(permutation(n, seed=seed, epoch=epoch)[position]) if shuffle else position
-
-
-def positions(
-  n: int,
-  *,
-  seed: int,
-  process_index: int,
-  process_count: int,
-  start: int = 0,
-  num_epochs: int | None = None,
-  shuffle: bool = True,
-) -> Iterator[tuple[int, int]]:
-  """(global index, record index) for this host: global indices i >= start, i % P == h.
-
-  Endless unless ``num_epochs`` is set (then it stops before global index num_epochs * n).
-  Equal to ``record_index`` at every position, computing one permutation per epoch.
-  """
-  if n <= 0:
-    raise ValueError(f"Cannot iterate over an empty source (n={n}).")
-  if not 0 <= process_index < process_count or start < 0:
-    raise ValueError(
-      f"Expected 0 <= process_index < process_count and start >= 0, got "
-      f"{process_index=}, {process_count=}, {start=}."
-    )
-  i = start + (process_index - start) % process_count
-  perm, perm_epoch = np.arange(n), None
-  while num_epochs is None or i < num_epochs * n:
-    epoch, position = divmod(i, n)
-    if shuffle and epoch != perm_epoch:
-      perm, perm_epoch = permutation(n, seed=seed, epoch=epoch), epoch
-    yield i, int(perm[position])
-    i += process_count
-
-
-def iterate(
-  source: Sequence[Problem],
-  *,
-  seed: int,
-  start: int = 0,
-  process_index: int | None = None,
-  process_count: int | None = None,
-  num_epochs: int | None = None,
-  shuffle: bool = True,
-) -> Iterator[Problem]:
-  """This host's share of the seeded, epoch-shuffled stream of ``source``, from ``start``.
-
-  ``start`` is a global index (records consumed by all hosts together), so resuming a run
-  that has drawn k records in total is ``iterate(..., start=k)``. Hosts default to
-  ``jax.process_index()`` of ``jax.process_count()``.
-  """
-  process_index = jax.process_index() if process_index is None else process_index
-  process_count = jax.process_count() if process_count is None else process_count
-  for _, j in positions(
-    len(source),
-    seed=seed,
-    process_index=process_index,
-    process_count=process_count,
-    start=start,
-    num_epochs=num_epochs,
-    shuffle=shuffle,
-  ):
-    yield source[j]

@@ -10,7 +10,7 @@ the template's special tokens as text; the HF tokenizer maps them to their ids o
 the trainer encodes the prompt (token in, token out: completions are never re-encoded).
 
 Stream. `example(split, i, seed=s)` is the problem at global index i of the split's
-seeded permutation, epoch after epoch (`datasets.record_index`): a pure function of
+seeded permutation, epoch after epoch (`data_order.record_index`): a pure function of
 (split, i, seed), so resuming is exact and every host count reads the same stream. The
 test split is read in file order (no shuffle), so `eval_size` = N means "the first N".
 
@@ -43,7 +43,7 @@ import re
 
 import numpy as np
 
-from grpo_jax.tasks import base
+from grpo_jax.tasks import base, data_order
 from grpo_jax.verifiers import math_verify
 
 DEFAULT_TEMPLATE = (
@@ -198,10 +198,8 @@ class MathTask(base.Task):
     return self.render(f"{question}\n\nA previous attempt was wrong:\n{attempt}\nSolve it again.")
 
   def example(self, split: str, index: int, *, seed: int) -> base.Example:
-    from grpo_jax.tasks import datasets
-
     src = self.source(split)
-    i = datasets.record_index(index, n=len(src), seed=seed, shuffle=split == "train")
+    i = data_order.record_index(index, n=len(src), seed=seed, shuffle=split == "train")
     problem = src[i]
     reference = reference_solution(problem.solution, problem.answer)
     return base.Example(
