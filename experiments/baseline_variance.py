@@ -84,14 +84,14 @@ def group_gradients(params, rollouts, adv_NT, *, model_fn, group_size: int):
 
 def measure(seed: int, *, prompts: int = 8, groups: int = 8, quick: bool = False) -> dict:
   """{baseline: {"variance", "signal"}} for one seed (see the module docstring)."""
-  from grpo_jax import build, rollout, steps, train, warmstart  # noqa: PLC0415
+  from grpo_jax import build, rollout, run_state, steps, warmstart  # noqa: PLC0415
   from grpo_jax.rl import advantages  # noqa: PLC0415
   from grpo_jax.verifiers import reward_pool
 
   setup = build.build(make_config(seed, prompts=prompts, groups=groups, quick=quick))
   fns = steps.functions(setup)
   key = jax.random.key(seed)
-  params = train.initial_params(setup, fns, jax.random.fold_in(key, 0))
+  params = run_state.initial_params(setup, fns, jax.random.fold_in(key, 0))
   params = warmstart.run(setup, fns, params, log=lambda *_: None, preempted={"set": False})
   G, n = setup.sampler_cfg.group_size, prompts * groups
   # Prompt p fills rows p·K .. p·K + K − 1: K independent groups of the same prompt.

@@ -34,16 +34,16 @@ import jax.numpy as jnp
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-from grpo_jax import build, steps, train  # noqa: E402
+from grpo_jax import build, run_state, steps  # noqa: E402
 from grpo_jax.infra import checkpoint, config_lib  # noqa: E402
 
 
 def tiny_tree():
-  """The tree a configs/arithmetic.py:tiny run checkpoints (`train.initial_tree`)."""
+  """The tree a configs/arithmetic.py:tiny run checkpoints (`run_state.initial_tree`)."""
   setup = build.build(config_lib.load(str(ROOT / "configs" / "arithmetic.py") + ":tiny"))
   fns = steps.functions(setup)
-  params = train.initial_params(setup, fns, jax.random.key(0))
-  return train.initial_tree(setup, fns, params)
+  params = run_state.initial_params(setup, fns, jax.random.key(0))
+  return run_state.initial_tree(setup, fns, params)
 
 
 def synthetic_tree(mib: int):

@@ -28,7 +28,7 @@ import time
 import jax
 import numpy as np
 
-from grpo_jax import build, rollout, steps, train, warmstart
+from grpo_jax import build, rollout, run_state, steps, warmstart
 from grpo_jax.infra import config_lib
 
 CONFIG = pathlib.Path(__file__).resolve().parent.parent / "configs" / "calculator.py"
@@ -39,7 +39,7 @@ def _setup(args):
   c.prompts_per_step, c.sampler.group_size = args.prompts, args.group
   setup = build.build(c)
   fns = steps.functions(setup)
-  params = train.initial_params(setup, fns, jax.random.key(0))
+  params = run_state.initial_params(setup, fns, jax.random.key(0))
   if args.warmstart:
     params = warmstart.run(setup, fns, params, log=lambda _: None, preempted={"set": False})
   return setup, fns, params

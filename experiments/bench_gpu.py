@@ -186,7 +186,7 @@ def part_jax(
   import jax  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
 
-  from grpo_jax import build, steps, train  # noqa: PLC0415
+  from grpo_jax import build, run_state, steps  # noqa: PLC0415
   from grpo_jax.models import sampling  # noqa: PLC0415
   from grpo_jax.rl import spec  # noqa: PLC0415
 
@@ -211,7 +211,7 @@ def part_jax(
   fns = steps.functions(setup)
   key = jax.random.key(0)
   state = spec.init_state(
-    train.initial_params(setup, fns, jax.random.fold_in(key, 0)), fns.optimizer
+    run_state.initial_params(setup, fns, jax.random.fold_in(key, 0)), fns.optimizer
   )
   prompts = bench_rl_iteration.random_prompts(setup, seed=0)
   runs = []

@@ -204,14 +204,14 @@ def timed_iteration(fns, setup, state, prompts, key, it: int) -> tuple:
 def run_dtype(
   dtype: str, *, iterations: int, quick: bool, seed: int = 0, sampler_dtype: str = ""
 ) -> dict:
-  from grpo_jax import build, steps, train  # noqa: PLC0415
+  from grpo_jax import build, run_state, steps  # noqa: PLC0415
   from grpo_jax.infra import flops  # noqa: PLC0415
   from grpo_jax.rl import spec
 
   setup = build.build(make_config(dtype, quick=quick, sampler_dtype=sampler_dtype))
   fns = steps.functions(setup)
   key = jax.random.key(seed)
-  params = train.initial_params(setup, fns, jax.random.fold_in(key, 0))
+  params = run_state.initial_params(setup, fns, jax.random.fold_in(key, 0))
   state = spec.init_state(params, fns.optimizer)
   prompts = random_prompts(setup, seed=seed)
   N, P = setup.rollout_rows, setup.sampler_cfg.max_prompt_len

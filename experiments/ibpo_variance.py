@@ -161,7 +161,7 @@ def _arms(seed, specs: dict, *, prompts: int, groups: int, quick: bool) -> dict:
   An arm samples once (the same key for every arm: the trie arm sees GRPO G = 10's
   rollouts, the branch arm GRPO G = 8's); each κ builds its own prepare, λ and τ only change
   its hyper."""
-  from grpo_jax import build, steps, train, warmstart  # noqa: PLC0415
+  from grpo_jax import build, run_state, steps, warmstart  # noqa: PLC0415
 
   key = jax.random.key(seed)
   out, params = {}, None
@@ -175,7 +175,7 @@ def _arms(seed, specs: dict, *, prompts: int, groups: int, quick: bool) -> dict:
       setup = build.build(c)
       fns = steps.functions(setup)
       if params is None:  # One warm start per seed, shared by the arms.
-        params = train.initial_params(setup, fns, jax.random.fold_in(key, 0))
+        params = run_state.initial_params(setup, fns, jax.random.fold_in(key, 0))
         params = warmstart.run(setup, fns, params, log=lambda *_: None, preempted={"set": False})
       if got is None:
         # Prompt p fills rows p·K .. p·K + K − 1: K independent groups of the same prompt.

@@ -33,7 +33,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 import bench_rl_iteration  # noqa: E402
 
-from grpo_jax import build, steps, train  # noqa: E402
+from grpo_jax import build, run_state, steps  # noqa: E402
 from grpo_jax.rl import importance  # noqa: E402
 
 
@@ -43,7 +43,7 @@ def measure(sampler_dtype: str, *, quick: bool) -> dict:
   c.sampler.dtype = sampler_dtype
   setup = build.build(c)
   fns = steps.functions(setup)
-  params = train.initial_params(setup, fns, jax.random.key(0))
+  params = run_state.initial_params(setup, fns, jax.random.key(0))
   # A peaked policy, as after training (random init is near uniform over 32K ids).
   params["embed"]["embedding"] = params["embed"]["embedding"] * 4.0
   prompts = bench_rl_iteration.random_prompts(setup, seed=0)

@@ -4,7 +4,7 @@
     --config.eval.benchmarks=arithmetic,long_addition,jsonl:bench.jsonl:exact --config.eval.k=8
 
 Source: the workdir's checkpoint (config.eval.step; -1: the newest), read without touching
-the workdir (`train.read_checkpoint`); a workdir without checkpoints scores config.hf_dir's
+the workdir (`run_state.read_checkpoint`); a workdir without checkpoints scores config.hf_dir's
 weights (a Hugging Face directory or a GGUF file); neither is an error.
 
 Benchmarks (config.eval.benchmarks, `benchmark_task`): the config's own task (with its
@@ -44,7 +44,7 @@ import re
 import jax
 import numpy as np
 
-from grpo_jax import benchmarks, build, rollout, steps, tasks, train
+from grpo_jax import benchmarks, build, rollout, run_state, steps, tasks
 from grpo_jax.envs import episodes
 from grpo_jax.infra import logs
 from grpo_jax.models import sampling
@@ -85,7 +85,7 @@ def source(setup: build.Setup, fns, workdir) -> tuple[dict, jax.Array, dict]:
   """(params, the first batch's key, what was scored) from the workdir's checkpoint, else
   config.hf_dir's weights."""
   step = None if setup.eval.step < 0 else setup.eval.step
-  st = train.read_checkpoint(setup, fns, workdir, step=step)
+  st = run_state.read_checkpoint(setup, fns, workdir, step=step)
   if st is not None:
     it = st.iteration
     key = (
@@ -102,7 +102,7 @@ def source(setup: build.Setup, fns, workdir) -> tuple[dict, jax.Array, dict]:
       "(train there first, or name a Hugging Face directory or GGUF file in config.hf_dir)."
     )
   run_key = jax.random.key(setup.loop.seed)
-  params = train.initial_params(setup, fns, jax.random.fold_in(run_key, 0))
+  params = run_state.initial_params(setup, fns, jax.random.fold_in(run_key, 0))
   key = jax.random.fold_in(run_key, _WARM_START_EVAL)
   return params, key, {"hf_dir": setup.loop.hf_dir, "step": "hf"}
 

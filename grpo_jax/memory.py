@@ -13,7 +13,7 @@ Figures are bytes per device, for the mesh of `setup.mesh_cfg` on `n_devices` de
   when there are several micro-batches.
 - With adapters (model.lora): params are the base plus the adapters; grads and opt_state
   are the adapters' only (`model.split_trainable`), and ref_params is 0 (the reference is
-  the base itself, `train.RunState.reference`).
+  the base itself, `run_state.RunState.reference`).
 - activations: what reverse-mode autodiff saves from the forward of one micro-batch for
   the backward (the residuals of `jax.vjp` of the train loss, traced with
   `jax.make_jaxpr`, never compiled), on per-device shapes: rows / (data × fsdp), and

@@ -6,9 +6,10 @@
 
   Set up      `build.build` validates the ConfigDict (before anything compiles);
               `steps.functions` builds the jitted functions with their shardings.
-  Restore     the latest checkpoint (`checkpoint`), or a fresh start: params (random, or
-              streamed from config.hf_dir by `hf`), the supervised warm start
-              (`warmstart`) and the first evaluation (`evaluation`), saved as step 0.
+  Restore     the latest checkpoint (`checkpoint`, read as a `run_state.RunState`), or a
+              fresh start: params (random, or streamed from config.hf_dir by `hf`), the
+              supervised warm start (`warmstart`) and the first evaluation
+              (`evaluation`), saved as step 0.
   Iterate     each RL iteration: draw B prompts and sample G rollouts each, dispatch the
               old/ref log-prob forwards and score rewards on the host meanwhile
               (`rollout.collect`, with DAPO dynamic sampling when on) -> advantages and
@@ -20,18 +21,18 @@
               checkpoint every `checkpoint_every`.
   Finish      wait for the last checkpoint, plot, summary.json (and `hf.export`).
 
-What the loop carries between iterations is one `RunState`; a checkpoint holds all of it
-(device arrays as the orbax "state" item, host counters as "meta"), so rerunning with the
-same workdir resumes from the latest one and writes the metrics an uninterrupted run would
-have (same machine and config). SIGTERM (a TPU VM preemption notice) finishes the
+What the loop carries between iterations is one `run_state.RunState`; a checkpoint holds all
+of it (device arrays as the orbax "state" item, host counters as "meta"), so rerunning with
+the same workdir resumes from the latest one and writes the metrics an uninterrupted run
+would have (same machine and config). SIGTERM (a TPU VM preemption notice) finishes the
 iteration, saves a checkpoint and returns with summary["preempted"] (the CLI exits 143).
 
 A train step whose loss or gradient is not finite is skipped (`learner.apply_if_finite`); after
 `max_nonfinite_steps` consecutive ones the run stops with `guards.NonFiniteError`; a state that
-is not finite is never checkpointed, and a restored one is refused (`checkpoint`). A
-policy that visibly collapsed stops the run with `collapse.CollapseError`, or is logged
-once (config.collapse). summary["wall_seconds"] counts every session of the run, a
-preempted warm start's too.
+is not finite is never checkpointed (`run_state.save`), and a restored one is refused
+(`checkpoint`). A policy that visibly collapsed stops the run with `collapse.CollapseError`,
+or is logged once (config.collapse). summary["wall_seconds"] counts every session of the
+run, a preempted warm start's too.
 """
 
 from __future__ import annotations
@@ -51,64 +52,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import build, config, evaluation, pipeline, rollout, steps, warmstart
+from grpo_jax import build, config, evaluation, pipeline, rollout, run_state, steps, warmstart
 from grpo_jax.diagnostics import hook as diagnostics_hook
 from grpo_jax.infra import checkpoint, collapse, config_lib, distributed, flops, logs, trackers
-from grpo_jax.models import frozen_base, hf, model, sharding
+from grpo_jax.models import frozen_base, hf, model
 from grpo_jax.rewards import reward_sources
-from grpo_jax.rl import controllers, guards, learner, preparation, spec
+from grpo_jax.rl import controllers, guards, preparation, spec
 from grpo_jax.verifiers import reward_pool, verdicts
-
-
-@dataclasses.dataclass
-class RunState:
-  """What the loop carries from one iteration to the next; a checkpoint holds all of it."""
-
-  # On device: the checkpoint's "state" item.
-  train: spec.TrainState
-  ref_params: Any  # The reference policy (None without a KL term, or with adapters).
-  prep_hyper: spec.PrepareHyper  # Arrays a controller may move between iterations.
-  controller: dict
-  key: jax.Array  # The run's PRNG key; iteration k uses fold_in(key, k).
-  # On the host: the checkpoint's "meta" item.
-  warmstart: dict  # Evaluation after the warm start (iteration 0).
-  last_eval: dict
-  best_accuracy: float
-  iteration: int = 0
-  data_index: int = 0  # Position in the task's train stream.
-  best_iteration: int = 0
-  nonfinite_total: int = 0
-  nonfinite_run: int = 0  # Consecutive skipped steps so far.
-  wall_seconds: float = 0.0  # Of every session of this run, up to the last tick.
-  collapse_guard: dict = dataclasses.field(default_factory=dict)  # `collapse.observe`'s.
-  config: dict | None = None  # `build.as_dict` of the session that wrote the checkpoint.
-  # With adapters: where the frozen base comes from and its fingerprint (`frozen_base`);
-  # checkpoints hold the adapters only.
-  base_identity: dict | None = None
-
-  _DEVICE = ("train", "ref_params", "prep_hyper", "controller", "key")
-
-  def reference(self):
-    """The reference policy's params: with adapters, the current base with adapters off
-    (`model.reference_part`: the train state's own arrays, never stored apart: the update
-    donates them), else `ref_params`."""
-    if model.is_adapted(self.train.params):
-      return model.reference_part(self.train.params)
-    return self.ref_params
-
-  def tree(self) -> dict:
-    """What a checkpoint's "state" item holds: with adapters, not the frozen base."""
-    out = {k: getattr(self, k) for k in self._DEVICE}
-    return frozen_base.stored({**out, "key": jax.random.key_data(self.key)})
-
-  def meta(self) -> dict:
-    return {
-      f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in self._DEVICE
-    }
-
-  @classmethod
-  def restore(cls, tree: dict, meta: dict) -> RunState:
-    return cls(**{**tree, "key": jax.random.wrap_key_data(tree["key"])}, **meta)
 
 
 def run(config_dict, workdir: str | pathlib.Path, *, log=print, on_iteration=None) -> dict:
@@ -154,7 +104,9 @@ def run(config_dict, workdir: str | pathlib.Path, *, log=print, on_iteration=Non
       s.tick(st)
       preempted = distributed.any_across(s.preempted["set"])  # Every process, or none.
       if preempted or it % setup.loop.checkpoint_every == 0 or it == setup.loop.iterations:
-        _save(s.ckpt, st, accuracy=record.get("eval/greedy_accuracy"), buffer=it_loop.buffer(st))
+        run_state.save(
+          s.ckpt, st, accuracy=record.get("eval/greedy_accuracy"), buffer=it_loop.buffer(st)
+        )
         saved = it
       if preempted:
         s.ckpt.wait()
@@ -169,7 +121,7 @@ def run(config_dict, workdir: str | pathlib.Path, *, log=print, on_iteration=Non
     return _finish(setup, st, workdir, s.ckpt, preempted=preempted)
 
 
-def _open_logs(s: _Session, st: RunState, *, resumed_from: int | None):
+def _open_logs(s: _Session, st: run_state.RunState, *, resumed_from: int | None):
   """The metrics writer (cut back to the checkpoint on a resume). A fresh run writes the
   warm-start evaluation line and checkpoint 0, after which the warm start's own SIGTERM
   checkpoint is obsolete."""
@@ -180,7 +132,7 @@ def _open_logs(s: _Session, st: RunState, *, resumed_from: int | None):
     s.tick(st)
     op = s.setup.offpolicy
     buffer = pipeline.empty_buffer(0, data_index=st.data_index) if op.enabled else None
-    _save(s.ckpt, st, accuracy=st.warmstart["eval/greedy_accuracy"], buffer=buffer)
+    run_state.save(s.ckpt, st, accuracy=st.warmstart["eval/greedy_accuracy"], buffer=buffer)
     s.ckpt.wait()
     warmstart.discard(s.workdir)  # Superseded by checkpoint 0, now on disk.
   start = "warm-start" if s.setup.loop.warmstart_steps else "initial (no warm start)"
@@ -256,33 +208,11 @@ class _Session:
     """Seconds of this session not yet added to the run's state."""
     return time.perf_counter() - self.mark
 
-  def tick(self, st: RunState) -> None:
+  def tick(self, st: run_state.RunState) -> None:
     """Adds this session's seconds since the last tick to st.wall_seconds."""
     now = time.perf_counter()
     st.wall_seconds += now - self.mark
     self.mark = now
-
-
-_finite = jax.jit(learner.all_finite)
-
-
-def _save(ckpt: checkpoint.Checkpointer, st: RunState, *, accuracy=None, buffer=None) -> None:
-  """Checkpoint st.iteration (with the off-policy pipeline's in-flight `buffer`, in the same
-  step: committed, hashed and pruned with it); a state with a non-finite array is never
-  written."""
-  tree = st.tree()
-  if not bool(_finite(tree)):
-    bad = [
-      jax.tree_util.keystr(path)
-      for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]
-      if jnp.issubdtype(x.dtype, jnp.inexact) and not bool(jnp.all(jnp.isfinite(x)))
-    ]
-    raise guards.NonFiniteError(
-      f"Refusing to checkpoint iteration {st.iteration}: non-finite values in {bad[:5]} (the "
-      f"last checkpoint, {ckpt.latest_step()}, is kept). The train step's guard skips "
-      "non-finite updates, so look at what else moves the state (an advantage controller)."
-    )
-  ckpt.save(st.iteration, tree, st.meta(), accuracy=accuracy, buffer=buffer)
 
 
 # ----------------------------------------------------------------------------
@@ -290,15 +220,15 @@ def _save(ckpt: checkpoint.Checkpointer, st: RunState, *, accuracy=None, buffer=
 # ----------------------------------------------------------------------------
 
 
-def _restore_or_start(s: _Session) -> tuple[RunState, int | None, dict | None]:
+def _restore_or_start(s: _Session) -> tuple[run_state.RunState, int | None, dict | None]:
   """(state, the checkpoint step it was restored from or None for a fresh start, that
   checkpoint's off-policy in-flight buffer or None). Under config.offpolicy a checkpoint
   whose buffer is missing or not its own is refused like a damaged one
   (`pipeline.buffer_problem`): the newest one whose buffer is whole is used."""
-  abstract = abstract_tree(s.setup, s.fns)
+  abstract = run_state.abstract_tree(s.setup, s.fns)
   got = s.ckpt.restore_latest(
     like=frozen_base.stored(abstract),
-    defaults=fillable_defaults(s.setup),
+    defaults=run_state.fillable_defaults(s.setup),
     log=s.log,
     check=functools.partial(pipeline.buffer_problem, enabled=s.setup.offpolicy.enabled),
   )
@@ -307,59 +237,18 @@ def _restore_or_start(s: _Session) -> tuple[RunState, int | None, dict | None]:
   meta = dict(got.meta)
   if filled := meta.pop("filled", None):
     s.log(f"checkpoint {got.step} predates {filled}: taken from this config.")
-  st = _with_base(s.setup, s.fns, s.workdir, got.tree, meta, abstract)
+  st = run_state.restored(s.setup, s.fns, s.workdir, got.tree, meta, abstract)
   s.log(f"resumed from {s.ckpt.directory / str(got.step)} (iteration {st.iteration})")
   return st, got.step, got.buffer
 
 
-def _with_base(setup, fns, workdir, tree, meta: dict, abstract) -> RunState:
-  """The RunState of a restored checkpoint; with adapters, its base read and checked
-  against the identity the checkpoint recorded (`frozen_base`)."""
-  if identity := meta.get("base_identity"):
-    like = abstract["train"].params["base"]
-    base = frozen_base.load(
-      setup, like, identity, workdir=workdir, load_shardings=fns.param_shardings["base"]
-    )
-    tree = frozen_base.joined(tree, base)
-  return RunState.restore(tree, meta)
-
-
-def read_checkpoint(setup, fns, workdir, *, step: int | None = None) -> RunState | None:
-  """The RunState of checkpoint `step` (None: the newest) under workdir/checkpoints,
-  read-only: a damaged checkpoint raises (`checkpoint.Checkpointer.restore_step`) instead
-  of being set aside as a resume does. None when the directory holds no checkpoint; a
-  missing step raises with the ones there are. For `grpo-jax eval`."""
-  directory = pathlib.Path(workdir) / "checkpoints"
-  if not directory.is_dir():
-    return None
-  ckpt = checkpoint.Checkpointer(directory, keep=10**9, async_save=False)
-  try:
-    steps_there = ckpt.all_steps()
-    if not steps_there:
-      return None
-    step = max(steps_there) if step is None else step
-    if step not in steps_there:
-      raise checkpoint.CheckpointMismatchError(
-        f"{ckpt.directory} has no checkpoint {step}; it has {sorted(steps_there)}."
-      )
-    abstract = abstract_tree(setup, fns)
-    got = ckpt.restore_step(
-      step, like=frozen_base.stored(abstract), defaults=fillable_defaults(setup)
-    )
-    meta = dict(got.meta)
-    meta.pop("filled", None)
-    return _with_base(setup, fns, workdir, got.tree, meta, abstract)
-  finally:
-    ckpt.close()
-
-
-def _start(s: _Session) -> RunState:
+def _start(s: _Session) -> run_state.RunState:
   """Initial params (random, or from config.hf_dir), the warm start (continued from its
   SIGTERM checkpoint when there is one, whose seconds the run's start with), and the
   evaluation of the warm-started policy."""
   setup, fns = s.setup, s.fns
   key = jax.random.key(setup.loop.seed)
-  params = initial_params(setup, fns, jax.random.fold_in(key, 0))
+  params = run_state.initial_params(setup, fns, jax.random.fold_in(key, 0))
   if setup.model_cfg.lora.warm_start != "base":  # The warm start adapts the stored base.
     params = model.cast_base(params, setup.model_cfg)
   before = warmstart.seconds_before(s.workdir) if setup.loop.warmstart_steps else 0.0
@@ -374,9 +263,8 @@ def _start(s: _Session) -> RunState:
       wall_seconds=lambda: before + s.seconds(),
     )
   params = model.cast_base(params, setup.model_cfg)  # A base the warm start trained.
-  tree = jax.device_put(
-    initial_tree(setup, fns, params), jax.tree.map(lambda x: x.sharding, abstract_tree(setup, fns))
-  )
+  shardings = jax.tree.map(lambda x: x.sharding, run_state.abstract_tree(setup, fns))
+  tree = jax.device_put(run_state.initial_tree(setup, fns, params), shardings)
   eval_key = jax.random.fold_in(key, 2**31 - 1)  # No iteration's key.
   warm, s.samples = evaluation.run(setup, fns, s.verifier, params, key=eval_key)
   meta = dict(warmstart=warm, last_eval=warm, best_accuracy=warm["eval/greedy_accuracy"])
@@ -385,7 +273,7 @@ def _start(s: _Session) -> RunState:
     meta["base_identity"] = frozen_base.record(
       setup, params["base"], workdir=s.workdir, trained=trained
     )
-  return RunState.restore(tree, {**meta, "wall_seconds": before})
+  return run_state.RunState.restore(tree, {**meta, "wall_seconds": before})
 
 
 def _preempted_in_warm_start(s: _Session, stop: warmstart.Preempted) -> dict:
@@ -397,10 +285,6 @@ def _preempted_in_warm_start(s: _Session, stop: warmstart.Preempted) -> dict:
     (s.workdir / "summary.json").write_text(json.dumps(summary, indent=2))
   return summary
 
-
-# The timed phases of an iteration, disjoint in time: time/host is time/iteration less
-# their sum (the host glue between them; metrics.DEFINITIONS).
-PHASES = ("sample", "reward", "counterfactuals", "env", "prepare", "update")
 
 # Loop keys that may change on resume without changing what is trained (the extent of the
 # run, logging, resources): `on_config_change = "refuse"` does not refuse these, nor any
@@ -441,7 +325,7 @@ def config_changes(before: dict, after: dict, prefix: str = "") -> list[tuple[st
 
 
 def _record_config(
-  setup: build.Setup, workdir: pathlib.Path, st: RunState, *, resumed_from, log
+  setup: build.Setup, workdir: pathlib.Path, st: run_state.RunState, *, resumed_from, log
 ) -> None:
   """config.json is this session's config and config_history.jsonl keeps every session's
   (the iteration it resumed from, and the config); st.config, saved in each checkpoint,
@@ -473,71 +357,14 @@ def _record_config(
       f.write(json.dumps({"from_iteration": resumed_from or 0, "config": now}) + "\n")
 
 
-def initial_params(setup: build.Setup, fns: steps.Functions, key):
-  """The checkpoint's weights streamed onto their shardings (config.hf_dir), else a
-  random init created in its shards. With model.lora, a checkpoint is the base and the
-  adapters start fresh (B = 0: the policy is the checkpoint's)."""
-  if not setup.loop.hf_dir:
-    return sharding.init_params(fns.layout, setup.model_cfg, key)
-  shardings = fns.param_shardings
-  lora = setup.model_cfg.lora.enabled
-  base = hf.load_params(
-    setup.loop.hf_dir, setup.model_cfg, shardings=shardings["base"] if lora else shardings
-  )
-  if not lora:
-    return base
-  return {"base": base, "lora": sharding.init_adapters(fns.layout, setup.model_cfg, key)}
-
-
-def initial_tree(setup: build.Setup, fns: steps.Functions, params) -> dict:
-  """The checkpointed pytree of a fresh run (`RunState.tree`): train state, reference
-  params, the hyperparameters controllers move, controller state and the RNG key."""
-  rl_cfg = setup.rl_cfg
-  return {
-    "train": spec.init_state(params, fns.optimizer),
-    # A copy: the update donates the policy's buffers, the reference must outlive them.
-    # With adapters the reference is the base itself (`RunState.reference`).
-    "ref_params": model.reference(params)
-    if rl_cfg.use_ref and not model.is_adapted(params)
-    else None,
-    "prep_hyper": rl_cfg.prepare_hyper(max_new_tokens=setup.sampler_cfg.max_new_tokens),
-    "controller": controllers.init_state(),
-    "key": jax.random.key_data(jax.random.key(setup.loop.seed)),
-  }
-
-
-def fillable_defaults(setup: build.Setup) -> dict:
-  """The checkpointed hyperparameters as this config sets them: a checkpoint written
-  before one of them existed (an older grpo_jax) resumes with the config's value."""
-  return {"prep_hyper": setup.rl_cfg.prepare_hyper(max_new_tokens=setup.sampler_cfg.max_new_tokens)}
-
-
-def _stores_ref(setup: build.Setup) -> bool:
-  return setup.rl_cfg.use_ref and not setup.model_cfg.lora.enabled
-
-
-def abstract_tree(setup: build.Setup, fns: steps.Functions):
-  """Shapes, dtypes and shardings of the checkpointed pytree, without computing it: the
-  train state and reference params on their shardings, the rest replicated."""
-  tree = jax.eval_shape(
-    lambda k: initial_tree(
-      setup, fns, model.cast_base(model.init(setup.model_cfg, k), setup.model_cfg)
-    ),
-    jax.random.key(0),
-  )
-  shardings = {
-    **jax.tree.map(lambda _: fns.layout.replicated, tree),
-    "train": fns.state_shardings,
-    "ref_params": fns.param_shardings if _stores_ref(setup) else None,
-  }
-  return jax.tree.map(
-    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
-  )
-
-
 # ----------------------------------------------------------------------------
 # Iterate: one RL iteration.
 # ----------------------------------------------------------------------------
+
+
+# The timed phases of an iteration, disjoint in time: time/host is time/iteration less
+# their sum (the host glue between them; metrics.DEFINITIONS).
+PHASES = ("sample", "reward", "counterfactuals", "env", "prepare", "update")
 
 
 @dataclasses.dataclass
@@ -557,7 +384,9 @@ class _Loop:
   samples: list = dataclasses.field(default_factory=list)  # The last evaluation's.
 
   @classmethod
-  def create(cls, setup, fns, s: _Session, st: RunState, *, resumed_from, buffer, log) -> _Loop:
+  def create(
+    cls, setup, fns, s: _Session, st: run_state.RunState, *, resumed_from, buffer, log
+  ) -> _Loop:
     rl_cfg = setup.rl_cfg
     return cls(
       setup=setup,
@@ -582,14 +411,14 @@ class _Loop:
       else None,
     )
 
-  def buffer(self, st: RunState) -> dict | None:
+  def buffer(self, st: run_state.RunState) -> dict | None:
     """The off-policy pipeline's in-flight buffer for checkpoint st.iteration (None without
     the pipeline)."""
     if self.source is None:
       return None
     return self.source.buffer(st.iteration, data_index=st.data_index)
 
-  def iteration(self, st: RunState, it: int) -> dict:
+  def iteration(self, st: run_state.RunState, it: int) -> dict:
     """Collect, prepare, update and (every eval_every) evaluate; updates `st` in place and
     returns the iteration's metrics record."""
     t0 = time.perf_counter()
@@ -620,7 +449,7 @@ class _Loop:
     st.iteration = it
     return record
 
-  def _collect(self, st: RunState, it: int, it_key) -> rollout.Collected:
+  def _collect(self, st: run_state.RunState, it: int, it_key) -> rollout.Collected:
     """The iteration's scored batch: sampled now by the current params, or taken from the
     off-policy pipeline (sampled by older params while earlier updates ran)."""
     if self.source is not None:
@@ -636,7 +465,7 @@ class _Loop:
       prefetched=self.prefetched,
     )
 
-  def _prepare(self, st: RunState, got: rollout.Collected):
+  def _prepare(self, st: run_state.RunState, got: rollout.Collected):
     """Advantages, token masks and prepare metrics, once the rewards are in."""
     verdicts.check_failures(
       ~got.scores.scorable_N,
@@ -665,7 +494,7 @@ class _Loop:
       batch = cf.samples(batch)
     return batch, stats
 
-  def _update(self, st: RunState, batch: spec.RolloutBatch, key, stats) -> dict:
+  def _update(self, st: run_state.RunState, batch: spec.RolloutBatch, key, stats) -> dict:
     """The update phase (one jitted scan); the controller's move; the next prompts drawn
     while the device works. Returns the per-step metrics as host arrays [E·M]."""
     st.train, _, history = self.fns.rl.update(st.train, batch, key, self.step_hyper)
@@ -678,7 +507,7 @@ class _Loop:
       self.prefetched = rollout.draw(self.setup, self.fns, st.data_index)
     return jax.device_get(history)  # Blocks until the update is done.
 
-  def _count_nonfinite(self, st: RunState, flags, *, iteration: int) -> int:
+  def _count_nonfinite(self, st: run_state.RunState, flags, *, iteration: int) -> int:
     """Skipped steps of this iteration; raises guards.NonFiniteError at max_nonfinite_steps."""
     skipped, st.nonfinite_run = guards.count_nonfinite(
       list(np.asarray(flags)),
@@ -689,7 +518,7 @@ class _Loop:
     st.nonfinite_total += skipped
     return skipped
 
-  def _record(self, it, got, stats, history, skipped, st: RunState, seconds) -> dict:
+  def _record(self, it, got, stats, history, skipped, st: run_state.RunState, seconds) -> dict:
     """The iteration's metrics line (definitions: `metrics.DEFINITIONS`)."""
     gen_batches = got.metrics.get("dynamic/gen_batches", 1)
     fl = rollout.phase_flops(self.setup, got.rollouts, gen_batches=gen_batches)
@@ -718,7 +547,7 @@ class _Loop:
     out, self.samples = self.samples, []
     return out
 
-  def _evaluate(self, st: RunState, it: int, key) -> dict:
+  def _evaluate(self, st: run_state.RunState, it: int, key) -> dict:
     t0 = time.perf_counter()
     st.last_eval, self.samples = evaluation.run(
       self.setup, self.fns, self.verifier, st.train.params, key=key
@@ -734,7 +563,7 @@ class _Loop:
 # ----------------------------------------------------------------------------
 
 
-def _watch_collapse(s: _Session, st: RunState, record: dict) -> None:
+def _watch_collapse(s: _Session, st: run_state.RunState, record: dict) -> None:
   """`collapse.observe` on the iteration's record. A signal raises collapse.CollapseError
   (action "stop") or is logged once and kept for the summary (action "warn"); its line
   names the newest checkpoint on disk from before the collapse began."""
@@ -773,7 +602,7 @@ def _watch_unscorable(s: _Session, it: int, record: dict) -> None:
 _WARN_EVERY = 10  # Iterations between two warnings of the same kind.
 
 
-def _logger(workdir, setup: build.Setup, st: RunState, *, resume_from=None, log=print):
+def _logger(workdir, setup: build.Setup, st: run_state.RunState, *, resume_from=None, log=print):
   """metrics.jsonl, TensorBoard and the trackers of config.logging (W&B, MLflow, which log
   the run's config once) on the primary process; a no-op writer elsewhere."""
   if not distributed.is_primary():
@@ -790,7 +619,7 @@ def _logger(workdir, setup: build.Setup, st: RunState, *, resume_from=None, log=
   )
 
 
-def _progress(loop: config.LoopConfig, st: RunState, *, log) -> logs.Progress:
+def _progress(loop: config.LoopConfig, st: run_state.RunState, *, log) -> logs.Progress:
   """A bar on a terminal or in a notebook; elsewhere a line every 30 s through `log`."""
   return logs.Progress(
     total=loop.iterations,
@@ -821,7 +650,7 @@ def _sigterm_flag():
     signal.signal(signal.SIGTERM, previous)
 
 
-def _finish(setup: build.Setup, st: RunState, workdir, ckpt, *, preempted: bool) -> dict:
+def _finish(setup: build.Setup, st: run_state.RunState, workdir, ckpt, *, preempted: bool) -> dict:
   """The plot, summary.json (and the HF export); returns the summary."""
   plot = workdir / "curves.svg"
   if distributed.is_primary():

@@ -27,7 +27,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 import runs  # noqa: E402
 
-from grpo_jax import build, steps, train  # noqa: E402
+from grpo_jax import build, run_state, steps, train  # noqa: E402
 from grpo_jax.infra import checkpoint, config_lib, logs  # noqa: E402
 from grpo_jax.models import sampling  # noqa: E402
 
@@ -76,7 +76,7 @@ def main(out, meshes, *, base):
       setup = build.build(c)
       fns = steps.functions(setup)
       ckpt = checkpoint.Checkpointer(pathlib.Path(workdir) / "checkpoints")
-      tree, _ = ckpt.restore(ckpt.latest_step(), like=train.abstract_tree(setup, fns))
+      tree, _ = ckpt.restore(ckpt.latest_step(), like=run_state.abstract_tree(setup, fns))
       ckpt.close()
       record = [
         r for r in logs.read_jsonl(pathlib.Path(workdir) / "metrics.jsonl") if r["phase"] == "rl"

@@ -25,7 +25,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 import mesh_run  # noqa: E402
 import runs  # noqa: E402
 
-from grpo_jax import build, steps, train  # noqa: E402
+from grpo_jax import build, run_state, steps, train  # noqa: E402
 from grpo_jax.infra import checkpoint, distributed, logs  # noqa: E402
 
 
@@ -60,7 +60,7 @@ def main(argv=None):
   setup = build.build(c)
   fns = steps.functions(setup)
   ckpt = checkpoint.Checkpointer(pathlib.Path(args.workdir) / "checkpoints")
-  tree, _ = ckpt.restore(ckpt.latest_step(), like=train.abstract_tree(setup, fns))
+  tree, _ = ckpt.restore(ckpt.latest_step(), like=run_state.abstract_tree(setup, fns))
   ckpt.close()
   params = multihost_utils.process_allgather(tree["train"].params, tiled=True)
   flat = {

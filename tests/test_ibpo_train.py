@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import runs
 
-from grpo_jax import build, rollout, steps, train
+from grpo_jax import build, rollout, run_state, steps, train
 from grpo_jax.infra import config_lib, metrics
 from grpo_jax.rl import advantages, aggregation, counterfactuals, learner, losses, spec
 from grpo_jax.verifiers import reward_pool
@@ -77,7 +77,7 @@ def _iteration(c, *, key=1):
   collected, RolloutBatch, stats, params)."""
   setup = build.build(c)
   fns = steps.functions(setup)
-  params = train.initial_params(setup, fns, jax.random.key(0))
+  params = run_state.initial_params(setup, fns, jax.random.key(0))
   with reward_pool.RewardPool(setup.task, workers=0, timeout_s=10.0) as pool:
     got = rollout.collect(setup, fns, pool, params, None, index=0, key=jax.random.key(key))
   hyper = setup.rl_cfg.prepare_hyper(max_new_tokens=setup.sampler_cfg.max_new_tokens)

@@ -491,7 +491,7 @@ def test_peft_loads_the_exported_adapters_onto_the_base(tmp_path):
 def test_a_checkpoint_base_loads_with_fresh_adapters_and_the_policy_is_the_checkpoints():
   """config.hf_dir with model.lora: the base is the checkpoint's weights (as without
   adapters), the adapters start at B = 0, and the reference is that base."""
-  from grpo_jax import steps, train  # noqa: PLC0415
+  from grpo_jax import run_state, steps  # noqa: PLC0415
   from grpo_jax.models import hf  # noqa: PLC0415
 
   c = config_lib.load("configs/gsm8k_qwen.py:tiny")
@@ -499,7 +499,7 @@ def test_a_checkpoint_base_loads_with_fresh_adapters_and_the_policy_is_the_check
   setup = build.build(c)
   assert setup.model_cfg.lora.warm_start == "adapters"  # A checkpoint: the base stays.
   fns = steps.functions(setup)
-  params = train.initial_params(setup, fns, jax.random.key(0))
+  params = run_state.initial_params(setup, fns, jax.random.key(0))
   assert model.is_adapted(params)
   want = hf.load_params(setup.loop.hf_dir, model.base_config(setup.model_cfg), shardings=None)
   for a, b in zip(jax.tree.leaves(params["base"]), jax.tree.leaves(want), strict=True):
