@@ -2,6 +2,7 @@
 
   python experiments/paged_sampler.py            # 40 rows, 10% to 8,192 tokens (minutes)
   python experiments/paged_sampler.py --quick    # 16 rows to 256 tokens (the test)
+  python experiments/paged_sampler.py --tpu      # compiled for a TPU v5e chip (libtpu)
 
 Reasoning rollouts are skewed: most end early, a few run to the limit. The dense sampler
 (`sampling.sample`) holds a [rows, ..., P − 1 + T] cache per layer and decodes every row
@@ -20,7 +21,10 @@ limits in one sitting on a quiet machine:
   - equality: the same tokens, and log-probs within 1e-5 (float32);
   - the memory plan's sampler figure beside XLA's, for each (`memory._sampler_bytes`).
 
-Writes experiments/results/long_rollouts/paged_sampler.json.
+Writes experiments/results/long_rollouts/paged_sampler.json. With --tpu: the dense and
+paged samplers of a Qwen2.5-1.5B shape compiled for one TPU v5e chip by libtpu on this
+host (XLA's temporary bytes; nothing runs), experiments/results/long_rollouts/
+paged_sampler_tpu.json.
 """
 
 from __future__ import annotations
@@ -56,6 +60,19 @@ RULE = (
   "real tokens, and no row starved; contradicts otherwise (written before any run)"
 )
 SEEDS = {"params": 0, "prompts": 1, "limits": 2, "sampling": 3}
+TPU_OUT = ROOT / "experiments" / "results" / "long_rollouts" / "paged_sampler_tpu.json"
+TPU_CLAIM = (
+  "on one TPU v5e chip (compiled here by libtpu, not run), a Qwen2.5-1.5B-shaped sampler "
+  "(bfloat16, 16 rows = 4 prompts x 4, 256-token prompts, 8,192 new tokens) with a paged "
+  "cache of pages of 128 slots and a pool of 0.25 of the worst case compiles with at most "
+  "0.5x the dense sampler's XLA temporary bytes"
+)
+TPU_RULE = (
+  "supports if the paged sampler (page_size 128) compiles and its temporary bytes are "
+  "<= 0.5x the dense sampler's; contradicts otherwise. Written after seeing the paged "
+  "figure at page_size 64 (2.45 GB: the keys' [E, Z] pages padded to TPU tiles of 128 "
+  "lanes, hence 128 here) and before any dense figure"
+)
 EOS = 1
 
 
@@ -160,6 +177,57 @@ def run(*, B: int, G: int, P: int, T: int, short: tuple[int, int], page_size: in
   }  # fmt: skip
 
 
+def tpu_rows() -> dict:
+  """XLA's TPU memory figures (`memory_analysis`) of the dense and paged samplers of
+  TPU_CLAIM's shape, compiled for one v5e chip of an abstract topology (`infra.tpu`)."""
+  from grpo_jax.infra import tpu  # noqa: PLC0415 -- libtpu's topology, only for --tpu.
+  from grpo_jax.models import shapes  # noqa: PLC0415
+
+  device = tpu.load_topology("v5e:2x2")[0]
+  mesh = jax.sharding.Mesh(np.array([device]), ("data",))
+  one = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one)  # noqa: E731
+  cfg = shapes.model_config("qwen2.5-1.5b", param_dtype="bfloat16", scan_layers=False)
+  cfg = dataclasses.replace(cfg, dtype="bfloat16")
+  params = jax.tree.map(spec, jax.eval_shape(functools.partial(model.init, cfg), jax.random.key(0)))
+  B, G, P, T = 4, 4, 256, 8192
+  prompts = sampling.Prompts(jnp.zeros((B, P), jnp.int32), jnp.ones((B, P), jnp.bool_))
+  hyper = sampling.sampling_params(temperature=1.0)
+  args = jax.tree.map(spec, (prompts, jax.random.key(0), hyper))
+  dense = sampling.SamplerConfig(
+    max_new_tokens=T, eos_ids=(EOS,), pad_id=0, group_size=G, prompt_buckets=(P,),
+    max_prompt_len=P,
+  )  # fmt: skip
+  kw = dict(model_fn=model.make_model_fn(cfg), init_cache=functools.partial(model.init_cache, cfg))
+  out = {"model": "qwen2.5-1.5b (bfloat16)", "topology": "v5e:2x2 (one chip of it)",
+         "shape": {"prompts": B, "group": G, "prompt_tokens": P, "max_new_tokens": T}}  # fmt: skip
+  for name, fn in (
+    ("dense", functools.partial(sampling.sample, cfg=dense, **kw)),
+    *(
+      (
+        f"paged_{Z}",
+        functools.partial(
+          paged.sample,
+          cfg=dataclasses.replace(dense, kv_layout="paged", page_size=Z, kv_pool_fraction=0.25),
+          **kw,
+        ),
+      )  # fmt: skip
+      for Z in (64, 128)
+    ),
+  ):
+    t0 = time.perf_counter()
+    m = jax.jit(fn).lower(params, *args).compile().memory_analysis()
+    out[name] = {"xla_temp_bytes": int(m.temp_size_in_bytes),
+                 "compile_s": round(time.perf_counter() - t0, 1)}  # fmt: skip
+  out["temp_ratio"] = round(out["paged_128"]["xla_temp_bytes"] / out["dense"]["xla_temp_bytes"], 3)
+  return out
+
+
+def tpu_verdict(record: dict) -> str:
+  """TPU_RULE applied to a record."""
+  return "supports" if record["result"]["temp_ratio"] <= 0.5 else "contradicts"
+
+
 def verdict(record: dict) -> str:
   """RULE applied to a record."""
   r = record["result"]
@@ -176,8 +244,11 @@ def verdict(record: dict) -> str:
 def main(argv=None) -> dict:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   ap.add_argument("--quick", action="store_true", help="16 rows to 256 tokens (the test)")
+  ap.add_argument("--tpu", action="store_true", help="TPU_CLAIM: compile for a v5e chip")
   ap.add_argument("--out", default="")
   args = ap.parse_args(argv)
+  if args.tpu:
+    return _tpu_main(args)
   if args.quick:
     shape = dict(B=4, G=4, P=16, T=256, short=(8, 32), page_size=16, pool_fraction=0.25)
   else:
@@ -198,6 +269,23 @@ def main(argv=None) -> dict:
   out = pathlib.Path(args.out) if args.out else (None if args.quick else OUT)
   if out:
     out.write_text(json.dumps(record, indent=1) + "\n")
+  print(json.dumps(record["result"]))
+  return record
+
+
+def _tpu_main(args) -> dict:
+  record = {
+    "claim": TPU_CLAIM,
+    "rule": TPU_RULE,
+    "date": datetime.date.today().isoformat(),
+    "commit": subprocess.run(
+      ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip(),  # fmt: skip
+    "host": f"{platform.processor() or platform.machine()} (compiling for TPU with libtpu)",
+    "result": tpu_rows(),
+  }
+  record["verdict"] = tpu_verdict(record)
+  pathlib.Path(args.out or TPU_OUT).write_text(json.dumps(record, indent=1) + "\n")
   print(json.dumps(record["result"]))
   return record
 
