@@ -86,13 +86,13 @@ def advice(
   more_devices: memory.Plan | None = None,
 ) -> list[str]:
   """What to change, the change that lowers the peak most first (`changes`), each with the
-  peak it would give and, given the device's memory, whether that memory.fits."""
+  peak it would give and, given the device's memory, whether that fits."""
   unit = _unit(p)
   out = []
   for q, text in sorted(changes(p, model_cfg, rl_cfg, more_devices=more_devices), key=_peak):
     verdict = ""
     if device_memory:
-      verdict = ", memory.fits" if memory.fits(q, device_memory) else ", still over"
+      verdict = ", fits" if memory.fits(q, device_memory) else ", still over"
     out.append(f"{text} -> peak {_in(q.peak, unit)} {unit}{verdict}")
   return out
 
@@ -156,7 +156,7 @@ def describe(
   p: memory.Plan, *, device_memory: float | None = None, name: str = "", why: dict | None = None
 ) -> str:
   """The plan as a table per device (GiB, or MiB under 1 GiB), each line with what it
-  counts when `why` (`explain`) is given, and whether it memory.fits `device_memory` bytes."""
+  counts when `why` (`explain`) is given, and whether it fits `device_memory` bytes."""
   rows = [
     ("params", p.params),
     ("reference params", p.ref_params),
@@ -176,7 +176,7 @@ def describe(
   lines += [f"  {k:<30} {_in(v, unit):>9}" + (f"  {why[k]}" if k in why else "") for k, v in rows]
   if device_memory:
     usable = memory.USABLE_FRACTION * device_memory
-    verdict = "memory.fits" if memory.fits(p, device_memory) else "does NOT fit"
+    verdict = "fits" if memory.fits(p, device_memory) else "does NOT fit"
     lines.append(
       f"{verdict} {name or ''} ({_gib(device_memory)} GiB, {_gib(usable)} usable): "
       f"{100 * p.peak / usable:.0f}% of usable"
