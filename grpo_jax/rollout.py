@@ -416,7 +416,7 @@ def _select(setup: build.Setup, pool, parts: list, scores: list[Scores]):
 
 def padding(rollouts, *, tokens: float, slots: int = 0) -> dict:
   """The share of each phase's computed slots that held no token (`metrics.DEFINITIONS`,
-  "pad/..."): `tokens` completion tokens; decode row-steps of rows that had already ended (or of idle refill slots:
+  "pad/...", and "sampler/starved_frac" where the sampler reports starved rows): `tokens` completion tokens; decode row-steps of rows that had already ended (or of idle refill slots:
   `slots` decode rows when the refill sampler ran), and the padded positions of the
   [N, P + T] sequences the log-prob forwards and the update compute."""
   N, T = rollouts.mask_NT.shape
@@ -424,10 +424,13 @@ def padding(rollouts, *, tokens: float, slots: int = 0) -> dict:
   # A sum of the global array (a replicated scalar): every process can read it.
   prompt = float(jnp.sum(rollouts.prompt_mask_NP))
   steps = max(int(rollouts.num_steps), 1) * (slots or N) / N
-  return {
+  out = {
     "pad/sample_frac": 1.0 - tokens / (N * steps),
     "pad/update_frac": 1.0 - (prompt + tokens) / (N * (P + T)),
   }
+  if rollouts.starved_N is not None:  # A paged sampler (static or refill).
+    out["sampler/starved_frac"] = float(jnp.mean(rollouts.starved_N.astype(jnp.float32)))
+  return out
 
 
 def phase_flops(setup: build.Setup, rollouts: Any, *, gen_batches: int) -> dict:

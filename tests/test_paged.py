@@ -91,6 +91,8 @@ def test_the_refill_sampler_on_pages_equals_the_refill_sampler(
   length_N, eos_N = np.asarray(short.length_N), np.asarray(short.eos_N)
   cut = ~eos_N & (length_N < np.asarray(limit_N))
   assert cut.any() and (length_N[cut] % 3 == 0).all()
+  np.testing.assert_array_equal(short.starved_N, cut)
+  assert dense.starved_N is None
 
 
 def test_paged_attention_over_blocks_equals_attention_over_the_gathered_slots():
@@ -187,6 +189,8 @@ def test_a_short_pool_truncates_late_rows_and_keeps_every_token_before_the_cut(
   np.testing.assert_allclose(np.asarray(got.logp_NT)[mask], np.asarray(dense.logp_NT)[mask], atol=1e-5)  # fmt: skip
   cut = np.asarray(got.length_N) < np.asarray(dense.length_N)
   assert cut.any() and not np.asarray(got.eos_N)[cut].any()
+  np.testing.assert_array_equal(got.starved_N, cut)  # The rows the pool starved, reported.
+  assert dense.starved_N is None
   np.testing.assert_array_equal(np.asarray(got.tokens_NT)[~cut], np.asarray(dense.tokens_NT)[~cut])
 
 
@@ -270,6 +274,7 @@ def test_the_trainer_runs_on_the_paged_sampler_and_refuses_the_samplers_it_does_
   lines = logs.read_jsonl(tmp_path / "metrics.jsonl")
   assert [x["iteration"] for x in lines] == [0, 1, 2]
   assert all(np.isfinite(x["loss"]) for x in lines[1:])
+  assert all(0.0 <= x["sampler/starved_frac"] <= 1.0 for x in lines[1:])
   c = config_lib.load("configs/calculator.py:quick")
   c.sampler.kv_layout = "paged"
   with pytest.raises(

@@ -150,6 +150,9 @@ DEFINITIONS = {
   "pad/sample_frac": "Share of the sampler's row-steps this iteration spent on rows that had already "
   "ended or on idle slots (1 − Σ completion tokens / (decoding rows × decode steps run); decoding "
   "rows = sampler.refill_slots when the refill sampler runs, else every row).",
+  "sampler/starved_frac": "Share of the iteration's rows that the sampler's page pool had no page "
+  "for (sampler.kv_layout='paged', pool sampler.kv_pool_fraction): they ended there, truncated "
+  "(no EOS). Logged with a paged cache only; above 0, raise sampler.kv_pool_fraction.",
   "pad/update_frac": "Share of the [rows, P + T] positions of the batch's log-prob forwards and update "
   "that are padding (1 − (Σ prompt tokens + Σ completion tokens) / (rows × (P + T))).",
   # --- off-policy: behaviour-policy mismatch and staleness (grpo_jax.rl.importance, offpolicy)

@@ -382,7 +382,8 @@ def sample(
   state = prefill(params, prompts, key, model_fn=model_fn, init_cache=init_cache, cfg=cfg)
   state = decode(params, state, hyper, model_fn=model_fn, cfg=cfg, limit_N=limit_N)
   eos_N = sampling.ended_with_eos(state.tokens_NT, state.mask_NT, cfg.eos_ids)
-  return sampling.to_rollouts(prompts, state, group_size=cfg.group_size, eos_N=eos_N)
+  rollouts = sampling.to_rollouts(prompts, state, group_size=cfg.group_size, eos_N=eos_N)
+  return rollouts.replace(starved_N=state.starved_N)
 
 
 def make_policy_sampler(model_cfg: model.ModelConfig, cfg: sampling.SamplerConfig):

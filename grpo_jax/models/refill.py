@@ -64,6 +64,7 @@ class _State:
   logp_NT: jax.Array
   policy_logp_NT: jax.Array
   eos_N: jax.Array
+  starved_N: jax.Array  # Requests a paged pool had no page for (`_paged_slots`).
 
 
 def _load(cache, prefix, slot_R, b_R, *, P: int):
@@ -103,6 +104,7 @@ class _Slots:
   forward: Callable
   release: Callable
   compact: Callable
+  starves: bool = False  # A pool can run short: the rollouts report `starved_N`.
 
 
 def _dense_slots(params, tokens_BP, positions_BP, req_S, *, G, init_cache, model_fn, cfg, T):
@@ -157,6 +159,7 @@ def _paged_slots(params, tokens_BP, positions_BP, req_S, *, G, init_cache, model
     forward=forward,
     release=paged.give_back,
     compact=paged.compact,
+    starves=True,
   )
   return paged.pool(dense, rows=req_S.shape[0], owner_N=req_S // G, cfg=cfg), slots
 
@@ -212,6 +215,7 @@ def sample(
     logp_NT=jnp.zeros((N, T), jnp.float32),
     policy_logp_NT=jnp.zeros((N, T), jnp.float32),
     eos_N=jnp.zeros((N,), bool),
+    starved_N=jnp.zeros((N,), bool),
   )
 
   tail = max(1, S // TAIL_FRACTION)
@@ -241,6 +245,7 @@ def sample(
       logp_NT=put(s.logp_NT, logp_S),
       policy_logp_NT=put(s.policy_logp_NT, policy_S),
       eos_N=s.eos_N.at[jnp.where(live_S & eos_S, s.req_S, N)].set(True, mode="drop"),
+      starved_N=s.starved_N.at[jnp.where(starved_S, s.req_S, N)].set(True, mode="drop"),
       tok_S=tok_S,
       pos_S=s.pos_S + 1,
       t_S=s.t_S + 1,
@@ -263,7 +268,8 @@ def sample(
       tail_body,
       _compact(state, tail, slots.compact),
     )
-  return sampling.to_rollouts(prompts, state, group_size=G, eos_N=state.eos_N)
+  rollouts = sampling.to_rollouts(prompts, state, group_size=G, eos_N=state.eos_N)
+  return rollouts.replace(starved_N=state.starved_N if slots.starves else None)
 
 
 def _compact(s: _State, tail: int, compact: Callable) -> _State:

@@ -205,6 +205,9 @@ class Rollouts:
   # token, which is never fed). None: not recorded.
   prompt_routes_NPLK: jax.Array | None = None
   routes_NTLK: jax.Array | None = None
+  # A paged cache (`paged`, sampler.kv_layout="paged"): the rows its pool had no page for,
+  # ended there, truncated. None: a dense cache (no row is ever short of one).
+  starved_N: jax.Array | None = None
 
 
 # ----------------------------------------------------------------------------
