@@ -253,18 +253,8 @@ def main(argv=None) -> dict:
     shape = dict(B=4, G=4, P=16, T=256, short=(8, 32), page_size=16, pool_fraction=0.25)
   else:
     shape = dict(B=10, G=4, P=64, T=8192, short=(64, 512), page_size=64, pool_fraction=0.15)
-  record = {
-    "claim": CLAIM,
-    "rule": RULE,
-    "seeds": SEEDS,
-    "date": datetime.date.today().isoformat(),
-    "commit": subprocess.run(
-      ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip(),  # fmt: skip
-    "host": f"{platform.processor() or platform.machine()}, {jax.devices('cpu')[0].device_kind}, "
-    f"{jax.device_count()} device(s), float32",
-    "result": run(**shape),
-  }
+  host = f"{jax.devices('cpu')[0].device_kind}, {jax.device_count()} device(s), float32"
+  record = _record(CLAIM, RULE, SEEDS, host, run(**shape))
   record["verdict"] = verdict(record)
   out = pathlib.Path(args.out) if args.out else (None if args.quick else OUT)
   if out:
@@ -273,17 +263,24 @@ def main(argv=None) -> dict:
   return record
 
 
+def _record(claim: str, rule: str, seeds, host: str, result: dict) -> dict:
+  """A record's header (claim, rule, seeds, date, commit, host) and its result."""
+  commit = subprocess.run(
+    ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+  ).stdout.strip()
+  return {
+    "claim": claim, "rule": rule, "seeds": seeds, "date": datetime.date.today().isoformat(),
+    "commit": commit, "host": f"{platform.processor() or platform.machine()}, {host}",
+    "result": result,
+  }  # fmt: skip
+
+
+# The TPU record compiles abstract arrays: nothing is drawn, so no seed decides a figure.
+TPU_SEEDS = "none: compiles of abstract arrays (no values are drawn)"
+
+
 def _tpu_main(args) -> dict:
-  record = {
-    "claim": TPU_CLAIM,
-    "rule": TPU_RULE,
-    "date": datetime.date.today().isoformat(),
-    "commit": subprocess.run(
-      ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip(),  # fmt: skip
-    "host": f"{platform.processor() or platform.machine()} (compiling for TPU with libtpu)",
-    "result": tpu_rows(),
-  }
+  record = _record(TPU_CLAIM, TPU_RULE, TPU_SEEDS, "compiling for TPU with libtpu", tpu_rows())
   record["verdict"] = tpu_verdict(record)
   pathlib.Path(args.out or TPU_OUT).write_text(json.dumps(record, indent=1) + "\n")
   print(json.dumps(record["result"]))

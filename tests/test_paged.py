@@ -306,6 +306,7 @@ def test_the_committed_tpu_record_carries_its_claim_and_the_verdict_of_its_rule(
   root = pathlib.Path(__file__).resolve().parent.parent
   r = json.loads((root / "experiments/results/long_rollouts/paged_sampler_tpu.json").read_text())
   assert r["claim"] == paged_sampler.TPU_CLAIM and r["rule"] == paged_sampler.TPU_RULE
+  assert r["seeds"] == paged_sampler.TPU_SEEDS
   assert r["verdict"] == paged_sampler.tpu_verdict(r) == "contradicts"  # 0.547 of dense.
   res = r["result"]
   assert res["temp_ratio"] == round(res["paged_128"]["xla_temp_bytes"] / res["dense"]["xla_temp_bytes"], 3)  # fmt: skip

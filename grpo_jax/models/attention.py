@@ -256,9 +256,8 @@ def attend_paged(
   M = table_NM.shape[1]
   block = min(block, M)
   n_blocks = -(-M // block)
-  table_NM = jnp.pad(
-    table_NM, ((0, 0), (0, n_blocks * block - M)), constant_values=_null_page(pos_PZ)
-  )
+  null = pos_PZ.shape[0] - 1  # The pool's last page: never written, all positions -1.
+  table_NM = jnp.pad(table_NM, ((0, 0), (0, n_blocks * block - M)), constant_values=null)
   mm = _attention_matmul_dtype(k_pool, dtype)
   q_pos = q_pos_BQ[:, None, :, None]
 
@@ -289,11 +288,6 @@ def attend_paged(
   trips = jnp.clip(-(-live // (block * Z)), 1, n_blocks)
   _, l_BKQ1, o_BKQE = jax.lax.fori_loop(0, trips, fold, init)
   return _normalised(o_BKQE, l_BKQ1, dtype)
-
-
-def _null_page(pos_PZ) -> int:
-  """The null page of a pool (its last: never written, all positions -1)."""
-  return pos_PZ.shape[0] - 1
 
 
 def _attention_matmul_dtype(keys_BKES, dtype):

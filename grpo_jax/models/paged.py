@@ -122,11 +122,17 @@ def _pool(prompt_pages, free_pages: int):
   return jnp.pad(prompt_pages, pad)
 
 
+def _prompt_table(owner_R, n_prompt: int):
+  """The first n_prompt table entries of rows reading prompt owner_R: its pages, which
+  `pool` lays out at owner · n_prompt + [0, n_prompt)."""
+  return owner_R[:, None] * n_prompt + jnp.arange(n_prompt)[None, :]
+
+
 def pool(dense: kv_cache.KVCache, *, rows: int, owner_N, cfg: sampling.SamplerConfig) -> Pages:
   """Pages for `rows` rows from a dense prompt cache (`owners` rows of ceil(S/Z)·Z slots):
   its slots cut into pages at the front of the pool, then the completion pages
   (`completion_pages` for `rows`) and the null page. Row n's table starts with prompt
-  owner_N[n]'s pages (owner_N None: rows start with no prompt, `load` gives them one)."""
+  owner_N[n]'s pages."""
   Z, T = cfg.page_size, cfg.max_new_tokens
   owners, S = dense.pos_BS.shape
   n_prompt = S // Z
@@ -137,9 +143,7 @@ def pool(dense: kv_cache.KVCache, *, rows: int, owner_N, cfg: sampling.SamplerCo
   pos_PZ = jnp.pad(dense.pos_BS.reshape(owners * n_prompt, Z), ((0, F + 1), (0, 0)), constant_values=-1)  # fmt: skip
   null = owners * n_prompt + F
   table_NM = jnp.full((rows, n_prompt + -(-T // Z)), null, jnp.int32)
-  if owner_N is not None:
-    prompt_NM = owner_N[:, None] * n_prompt + jnp.arange(n_prompt)[None, :]
-    table_NM = table_NM.at[:, :n_prompt].set(prompt_NM)
+  table_NM = table_NM.at[:, :n_prompt].set(_prompt_table(owner_N, n_prompt))
   cache = kv_cache.PagedKVCache(
     k=k, v=v, pos_PZ=pos_PZ, table_NM=table_NM, slot_N=jnp.full((rows,), -1, jnp.int32),
     live=jnp.zeros((), jnp.int32), stacked=dense.stacked, block=max(1, _BLOCK_SLOTS // Z),
@@ -246,7 +250,7 @@ def load(p: Pages, slot_R, b_R) -> Pages:
   c = p.cache
   n = p.prompt_pages
   row_RM = jnp.full((slot_R.shape[0], c.table_NM.shape[1]), c.null_page, jnp.int32)
-  row_RM = row_RM.at[:, :n].set(b_R[:, None] * n + jnp.arange(n)[None, :])
+  row_RM = row_RM.at[:, :n].set(_prompt_table(b_R, n))
   return p.replace(cache=c.replace(table_NM=c.table_NM.at[slot_R].set(row_RM, mode="drop")))
 
 
@@ -270,10 +274,6 @@ def _take_pages(s: State, Z: int) -> State:
   need_N = ~s.done_N & (s.step % Z == 0)
   pages, starved_N = take(s.pages, need_N, jnp.broadcast_to(s.step, need_N.shape))
   return s.replace(pages=pages, done_N=s.done_N | starved_N, starved_N=s.starved_N | starved_N)
-
-
-def _return_pages(s: State, ended_N) -> State:
-  return s.replace(pages=give_back(s.pages, ended_N))
 
 
 def _buckets(N: int) -> tuple[int, ...]:
@@ -358,7 +358,7 @@ def decode(params, state: State, hyper: sampling.SamplingParams, *, model_fn: Ca
       policy_logp_NT=put(s.policy_logp_NT, jnp.where(live_N, policy_logp_N, 0.0)),
       **routes,
     )
-    return _return_pages(s, ended_N)
+    return s.replace(pages=give_back(s.pages, ended_N))
 
   def cond(s: State):
     return (s.step < T) & ~jnp.all(s.done_N)

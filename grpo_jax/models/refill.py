@@ -107,14 +107,14 @@ class _Slots:
   starves: bool = False  # A pool can run short: the rollouts report `starved_N`.
 
 
-def _dense_slots(params, tokens_BP, positions_BP, req_S, *, G, init_cache, model_fn, cfg, T):
+def _dense_slots(params, tokens_BP, positions_BP, req_S, *, G, init_cache, model_fn, cfg):
   """Dense slots: each holds P − 1 + T columns, its prompt's prefix copied in (`_load`)."""
   P, S = tokens_BP.shape[1], req_S.shape[0]
   prefix = sampling.prefill_cache(
     params, tokens_BP[:, :-1], positions_BP[:, :-1], init_cache=init_cache, length=P - 1,
     model_fn=model_fn, chunk=cfg.prefill_chunk,
   )  # fmt: skip
-  cache = init_cache(S, P - 1 + T)
+  cache = init_cache(S, P - 1 + cfg.max_new_tokens)
   cache = cache.replace(index=jnp.zeros((S,), jnp.int32), empty=False)
 
   def forward(cache, tok_S, pos_S, t_S, live_S):
@@ -138,11 +138,10 @@ def _dense_slots(params, tokens_BP, positions_BP, req_S, *, G, init_cache, model
   return slots.load(cache, slot_R=req_S, b_R=req_S // G), slots
 
 
-def _paged_slots(params, tokens_BP, positions_BP, req_S, *, G, init_cache, model_fn, cfg, T):
+def _paged_slots(params, tokens_BP, positions_BP, req_S, *, G, init_cache, model_fn, cfg):
   """Paged slots (`paged`): a slot starting a request points its table at the prompt's
   pages (nothing copied), takes pages as the request grows, and returns them when it
   ends; the pool holds sampler.kv_pool_fraction of what S slots at T would take."""
-  del T
   dense, _ = paged.prefill_prompts(
     params, tokens_BP, positions_BP, init_cache=init_cache, model_fn=model_fn, cfg=cfg
   )
@@ -198,7 +197,7 @@ def sample(
   req_S = jnp.arange(S, dtype=jnp.int32)
   cache, slots = _SLOT_CACHES[cfg.kv_layout](
     params, tokens_BP, positions_BP, req_S, G=G, init_cache=init_cache, model_fn=model_fn,
-    cfg=cfg, T=T,
+    cfg=cfg,
   )  # fmt: skip
   eos_ids = jnp.asarray(cfg.eos_ids, jnp.int32)
   state = _State(
