@@ -552,7 +552,8 @@ def ladder(setup, target: Target) -> list[tuple[dict, str]]:
     3. rl.logit_chunk=256 (the [rows, T, vocab] logits and their gradient never exist at
        once; the head is recomputed in the backward),
     4. rl.micro_batches doubled until one row per device per micro-batch (and the
-       log-prob slices with them),
+       log-prob slices with them); with rl.micro_batch_tokens, the budget halved while it
+       holds a full-length row per device,
     5. mesh.data=1, mesh.fsdp=-1 (state sharded, not replicated over data),
     6. mesh.tensor=2, 4, 8 within a slice (heads, MLP and vocabulary split; needs the query
        and KV heads divisible), fsdp over the rest.
@@ -575,10 +576,15 @@ def ladder(setup, target: Target) -> list[tuple[dict, str]]:
   if rl_cfg.num_minibatches * mb > lp:  # The forwards at the update's micro-batch rows.
     lp = rl_cfg.num_minibatches * mb
     add({"rl.logprob_batches": lp}, f"the log-prob forwards in {lp} slices")
-  T = setup.sampler_cfg.max_new_tokens
+  scfg = setup.sampler_cfg
+  T = scfg.max_new_tokens
   if T > LOGIT_CHUNK and not 0 < rl_cfg.logit_chunk <= LOGIT_CHUNK:
     add({"rl.logit_chunk": LOGIT_CHUNK}, f"the LM head {LOGIT_CHUNK} positions at a time")
-  while rows % (2 * mb) == 0 and (rows // (2 * mb)) % split == 0:
+  budget, row_tokens = rl_cfg.micro_batch_tokens, max(scfg.prompt_buckets) + T
+  while budget and budget // 2 >= row_tokens * split:  # Token-budget micro-batches.
+    budget //= 2
+    add({"rl.micro_batch_tokens": budget}, f"micro-batches of {budget} tokens")
+  while not budget and rows % (2 * mb) == 0 and (rows // (2 * mb)) % split == 0:
     mb *= 2
     lp = max(lp, rl_cfg.num_minibatches * mb)
     add({"rl.micro_batches": mb, "rl.logprob_batches": lp}, f"{mb} micro-batches")

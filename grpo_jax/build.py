@@ -131,6 +131,7 @@ def plan_setup(c, *, n_devices: int | None = None, model_source: str = "") -> Se
     group = sampler_cfg.group_size + (cf.per_group if cf.train else 0)
     data_parallel = math.prod(mesh_cfg.shape(n_devices)[:2])
     _check_batch_shapes(loop, rl_cfg, group, data_parallel=data_parallel)
+    _check_token_budget(loop, rl_cfg, sampler_cfg, group, data_parallel=data_parallel)
   except ValueError as e:
     raise config_lib.ConfigError(str(e)) from e
   setup = Setup(
@@ -177,6 +178,7 @@ def _build(c, *, n_devices: int | None) -> Setup:
   _check_counterfactuals(cf, rl_cfg, task, steps, diagnostics=d.get("diagnostics", {}))
   update_group = sampler_cfg.group_size + (cf.per_group if cf.train else 0)
   _check_batch_shapes(loop, rl_cfg, update_group, data_parallel=data_parallel)
+  _check_token_budget(loop, rl_cfg, sampler_cfg, update_group, data_parallel=data_parallel)
   _check_group_estimator(rl_cfg, sampler_cfg.group_size)
   _check_prompt_lengths(task, tok, sampler_cfg, loop)
   _check_reward_budget(task, loop)
@@ -582,6 +584,26 @@ def _check_batch_shapes(
     learner.make_plan_fn(rl_cfg, batch_size=n, group_size=group_size)
   except ValueError as e:
     raise ValueError(f"config.rl.planner={rl_cfg.planner!r}: {e}") from None
+
+
+def _check_token_budget(
+  loop: config.LoopConfig,
+  rl_cfg: spec.RLConfig,
+  sampler_cfg: sampling.SamplerConfig,
+  group_size: int,
+  *,
+  data_parallel: int,
+) -> None:
+  """Token-budget micro-batches (rl.micro_batch_tokens) must hold a full-length row (the
+  longest prompt bucket plus max_new_tokens) on every data-parallel device."""
+  if rl_cfg.micro_batch_tokens:
+    learner.token_budget_rows(
+      rl_cfg,
+      P=max(sampler_cfg.prompt_buckets),
+      T=sampler_cfg.max_new_tokens,
+      N=loop.prompts_per_step * group_size // rl_cfg.num_minibatches,
+      row_multiple=data_parallel,
+    )
 
 
 def _check_reward_budget(task, loop: config.LoopConfig) -> None:

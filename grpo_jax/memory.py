@@ -306,8 +306,13 @@ def plan(
   state = jax.eval_shape(lambda b: spec.init_state(b, optimizer), boxed)
   opt_state = _tree_bytes(state.opt_state, rules=rules, mesh_sizes=sizes)
   N = prompts * group_size
-  mb_rows = max(N // rl_cfg.num_minibatches // rl_cfg.micro_batches // dp, 1)
   P, T = prompt_len, max_new_tokens
+  mb_rows = max(N // rl_cfg.num_minibatches // rl_cfg.micro_batches // dp, 1)
+  if rl_cfg.micro_batch_tokens:  # The full-length bucket's rows: the most activations.
+    _, budget_rows = learner.token_budget_rows(
+      rl_cfg, P=P, T=T, N=N // rl_cfg.num_minibatches, row_multiple=dp
+    )
+    mb_rows = max(budget_rows[-1] // dp, 1)
   local = _local_model(model_cfg, tensor)
   act = functools.partial(residual_bytes, rl_cfg=rl_cfg, rows=mb_rows, P=P, T=T)
   no_remat = dataclasses.replace(local, remat="none", scan_layers=False)
@@ -361,7 +366,7 @@ def plan(
     ref_params=params if rl_cfg.use_ref and not adapted else 0,
     opt_state=opt_state,
     # The micro-batch gradient, plus the accumulator when there are several micro-batches.
-    grads=trainable * (2 if rl_cfg.micro_batches > 1 else 1),
+    grads=trainable * (2 if rl_cfg.micro_batches > 1 or rl_cfg.micro_batch_tokens else 1),
     activations=a_remat if remat_on else a_none,
     activations_no_remat=a_none,
     activations_remat=a_remat,

@@ -48,7 +48,14 @@ def changes(
       dataclasses.replace(p, activations=p.activations_remat),
       "model.remat='full' with model.scan_layers=True: the backward keeps one input a layer",
     ))  # fmt: skip
-  if p.micro_batch_rows > 1:
+  if p.micro_batch_rows > 1 and rl_cfg.micro_batch_tokens:
+    rows, budget = p.micro_batch_rows, rl_cfg.micro_batch_tokens
+    out.append((
+      dataclasses.replace(p, activations=p.activations // 2),
+      f"rl.micro_batch_tokens={budget // 2} (now {budget}): {rows} -> {rows // 2} "
+      "full-length rows per device in a forward and backward",
+    ))  # fmt: skip
+  elif p.micro_batch_rows > 1:
     rows = p.micro_batch_rows
     out.append((
       dataclasses.replace(p, activations=p.activations // 2, grads=max(p.grads, 2 * p.params)),
@@ -122,6 +129,9 @@ def explain(p: memory.Plan, model_cfg: model.ModelConfig, rl_cfg: spec.RLConfig)
     f"the micro-batch's gradient + the accumulator it is summed into (rl.micro_batches = "
     f"{rl_cfg.micro_batches}): 2 x params"
     if rl_cfg.micro_batches > 1
+    else "the micro-batch's gradient + the accumulator it is summed into (rl.micro_batch_tokens"
+    f" = {rl_cfg.micro_batch_tokens}): 2 x params"
+    if rl_cfg.micro_batch_tokens
     else "one gradient, params-sized (rl.micro_batches = 1: no accumulator)"
   )
   working = "the float32 logits gradient [rows, T, vocab / tensor]"

@@ -331,7 +331,12 @@ def _rl_functions(setup: build.Setup, sh: _Shardings, model_fn, optimizer) -> RL
     update=sharding.Jitted(
       sh.layout,
       functools.partial(
-        learner.update, cfg=rl_cfg, model_fn=model_fn, optimizer=optimizer, plan_fn=plan_fn
+        learner.update,
+        cfg=rl_cfg,
+        model_fn=model_fn,
+        optimizer=optimizer,
+        plan_fn=plan_fn,
+        row_multiple=sh.layout.batch_size_divisor,
       ),
       in_shardings=(sh.state, sh.rows(U), rep, rep),
       out_shardings=(sh.state, rep, rep),

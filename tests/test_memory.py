@@ -208,3 +208,26 @@ def test_the_log_prob_forwards_are_priced_and_sliced():
   assert sliced.logprob_forward == (whole.logprob_forward - gathered) // 16 + gathered
   tips = memory_advice.advice(whole, setup.model_cfg, setup.rl_cfg, device_memory=16 * 2**30)
   assert tips[0].startswith("rl.logprob_batches=2 (now 1)"), tips
+
+
+def test_token_budget_micro_batches_are_planned_by_their_full_length_rows():
+  """configs/scale.py:0.5b on 8 chips: mini-batches of 128 rows of 256 + 1,024 tokens.
+  4 micro-batches of 32 rows (4 a chip) and a budget of 32 · 1,280 = 40,960 tokens (rows
+  at full length ⌊40,960 / (1,280 · 8)⌋ · 8 = 32) plan the same activations and the same
+  accumulator; the advice then halves the budget, not the row count."""
+  c = scale.get_config("0.5b")
+  rows = memory.plan_for(build.plan_setup(c, n_devices=8), n_devices=8)
+  c.rl.update(micro_batches=1, micro_batch_tokens=40960)
+  setup = build.plan_setup(c, n_devices=8)
+  tokens = memory.plan_for(setup, n_devices=8)
+  assert (tokens.micro_batch_rows, rows.micro_batch_rows) == (4, 4)
+  assert tokens.activations == rows.activations and tokens.grads == rows.grads
+  c.rl.logprob_batches = 64  # One row a chip: the update sets the peak.
+  setup = build.plan_setup(c, n_devices=8)
+  tips = memory_advice.advice(
+    memory.plan_for(setup, n_devices=8), setup.model_cfg, setup.rl_cfg, device_memory=2**30
+  )
+  assert tips[0].startswith("rl.micro_batch_tokens=20480 (now 40960): 4 -> 2 full-length"), tips
+  c.rl.micro_batch_tokens = 8 * 1280 - 1  # Not a full-length row on each of the 8 chips.
+  with pytest.raises(ValueError, match=r"micro_batch_tokens=10239 holds no full-length row"):
+    build.plan_setup(c, n_devices=8)

@@ -68,7 +68,10 @@ def test_cached_decode_equals_full_forward(variant):
   assert int(cache.index) == 9
   cached_BTV = jnp.concatenate(chunks, axis=1)
   real = MASK_BT[..., None]
-  assert float(jnp.max(jnp.abs(jnp.where(real, cached_BTV - full_BTV, 0.0)))) <= 1e-5
+  # float32: 1e-5 absolute, or 1e-7 of the logit's own size on these peaked logits (a
+  # 2-core AMD EPYC host's XLA:CPU left 1.14e-5 on qwen3).
+  diff_BTV = jnp.abs(jnp.where(real, cached_BTV - full_BTV, 0.0))
+  assert float(jnp.max(diff_BTV - 1e-7 * jnp.abs(full_BTV))) <= 1e-5
   # The logits are far from constant, so the comparison means something.
   assert float(jnp.std(full_BTV[1])) > 0.1
 

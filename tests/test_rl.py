@@ -268,22 +268,30 @@ def test_nonfinite_step_is_skipped_and_counted(where, rollouts, tiny_model_fn, t
 def test_micro_batching_does_not_change_the_update(
   aggregation, rollouts, tiny_model_fn, tiny_params
 ):
-  """Four micro-batches give the same SGD update as one (weights are mini-batch wide)."""
+  """Four micro-batches, or micro-batches of at most 3 full-length rows' tokens (two
+  length buckets), give the same SGD update as one (weights are mini-batch wide)."""
   base = spec.RLConfig(aggregation=aggregation, eps_low=0.01, eps_high=0.01, entropy_coef=0.01)
   batch, _, _ = _prepare(base, tiny_params, rollouts, tiny_model_fn)
   moved, _ = _sgd_step(base, tiny_model_fn)(
     spec.init_state(tiny_params, optax.sgd(1.0)), batch, base.step_hyper()
   )
+  row_tokens = batch.prompt_tokens_NP.shape[1] + batch.tokens_NT.shape[1]
   out = {}
-  for k in (1, 4):
-    cfg = dataclasses.replace(base, micro_batches=k)
+  for k, changes in (
+    (1, {}),
+    (4, {"micro_batches": 4}),
+    ("tokens", {"micro_batch_tokens": 3 * row_tokens, "length_buckets": 2}),
+  ):
+    cfg = dataclasses.replace(base, **changes)
     new, m = _sgd_step(cfg, tiny_model_fn)(moved, batch, cfg.step_hyper())
     out[k] = (new.params, m)
   assert float(out[1][1]["pg_clipfrac"]) > 0.05  # Clipping is active.
-  for a, b in zip(jax.tree.leaves(out[1][0]), jax.tree.leaves(out[4][0])):
-    np.testing.assert_allclose(a, b, atol=1e-6)
-  for name in ("loss", "entropy", "pg_clipfrac", "pg_clipfrac_high", "ppo_kl", "grad_norm"):
-    assert float(out[1][1][name]) == pytest.approx(float(out[4][1][name]), rel=1e-5, abs=1e-7)
+  assert float(out["tokens"][1]["micro_batches"]) >= 2
+  for k in (4, "tokens"):
+    for a, b in zip(jax.tree.leaves(out[1][0]), jax.tree.leaves(out[k][0])):
+      np.testing.assert_allclose(a, b, atol=1e-6)
+    for name in ("loss", "entropy", "pg_clipfrac", "pg_clipfrac_high", "ppo_kl", "grad_norm"):
+      assert float(out[1][1][name]) == pytest.approx(float(out[k][1][name]), rel=1e-5, abs=1e-7)
 
 
 def test_micro_batches_are_strided_and_token_outputs_come_back_in_row_order(

@@ -60,7 +60,10 @@ def test_trainer_refuses_a_mesh_for_other_devices_and_indivisible_batches(monkey
   c.rl.num_minibatches, c.rl.micro_batches = 1, 8  # Micro-batches of 4 rows on 8 devices.
   with pytest.raises(ValueError, match=r"a micro-batch .* has 4 rows, not divisible .* = 8"):
     build.build(c)
-  c.rl.micro_batches, c.mesh.data = 1, 1
+  c.rl.micro_batches, c.rl.micro_batch_tokens = 1, 8  # Not a full-length row a device.
+  with pytest.raises(ValueError, match=r"micro_batch_tokens=8 holds no full-length row.* 8 data"):
+    build.build(c)
+  c.rl.micro_batch_tokens, c.mesh.data = 0, 1
   c.mesh.fsdp = 32
   with pytest.raises(ValueError, match="mesh .* has 32 devices but there are 8"):
     build.build(c)

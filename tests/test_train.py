@@ -32,6 +32,8 @@ def _tiny(**loop):
   c.update(reward_workers=0, progress=False)
   c.update(**loop)
   c.rl.num_minibatches = 2
+  # Token-budget micro-batches of 100 tokens: 5 rows at 16 + 4 columns, 4 at 16 + 8.
+  c.rl.update(micro_batch_tokens=100, length_buckets=2)
   c.rl.controller = "fade_entropy"
   c.rl.advantage = "fade"
   return c
@@ -69,6 +71,9 @@ def test_run_writes_metrics_tensorboard_checkpoints_and_summary(reference_run):
   assert lines[4]["eval/pass@1"] <= lines[4]["eval/pass@2"] <= lines[4]["eval/pass@4"]
   assert lines[4]["eval/pass@1"] == pytest.approx(lines[4]["eval/mean@4"])
   assert 0 < lines[1]["perf/mfu"] < 1
+  # 8-row mini-batches in micro-batches of 4 rows (a row over 4 tokens leads) or 5 (none
+  # does): 2 per step, every row holding at least its EOS or first token.
+  assert all(x["micro_batches"] == 2 for x in lines[1:]), [x["micro_batches"] for x in lines]
   # The iteration's phases: disjoint, so the host glue (time/host) is what they leave.
   for line in lines[1:]:
     phases = [line[f"time/{k}"] for k in ("sample", "reward", "prepare", "update")]

@@ -30,7 +30,10 @@ DEFINITIONS = {
   "ratio_mean": "Mean over loss tokens of the policy loss's ratio ρ (GSPO: the sequence ratio).",
   "loss_tokens": "Number of loss tokens (Σ m) in the mini-batch.",
   "moe_balance": "The routers' load-balancing loss X·Σ f_jx·P_x (k when perfectly balanced), "
-  "mean over micro-batches (rl.moe_balance_coef > 0).",
+  "mean over micro-batches weighted by their share of rows (rl.moe_balance_coef > 0).",
+  "micro_batches": "Micro-batches the mini-batch ran as (rl.micro_batch_tokens > 0): rows "
+  "longest first, each micro-batch as many as fit the token budget at its bucket length; "
+  "rows without a completion token are not run.",
   "grad_norm": "Global L2 norm of the accumulated gradient, before any clipping.",
   "nonfinite": "1 if the step's loss or gradient was not finite (the update was skipped), else 0.",
   # --- prepare, per rollout batch ----------------------------------------------------

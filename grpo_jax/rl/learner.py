@@ -98,6 +98,8 @@ def _metrics_from_sums(s, *, cfg: spec.RLConfig):
     "ratio_mean": d("ratio", "n_tok"),
     "loss_tokens": s["n_tok"],
   }
+  if "micro_batches" in s:  # Token-budget micro-batches: how many ran.
+    out["micro_batches"] = s["micro_batches"]
   if cfg.use_ref:
     out[f"kl_ref/{cfg.kl_estimator}"] = d("kl_ref", "n_tok")
   if "moe_balance" in s:
@@ -151,6 +153,29 @@ def _cut(micro, Tb: int):
   return mbk.replace(**cut), wk[:, :Tb]
 
 
+def token_budget_rows(
+  cfg: spec.RLConfig, *, P: int, T: int, N: int, row_multiple: int = 1
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+  """(bucket lengths T_j, rows r_j) of the token-budget micro-batches (rl.micro_batch_tokens
+  = B > 0): a micro-batch whose longest row fits T_j completion columns holds
+
+      r_j = min(⌊B / ((P + T_j)·q)⌋·q, N)
+
+  rows of P prompt + T_j completion columns, q = row_multiple (the data-parallel size, so
+  every device gets whole rows), N the mini-batch's rows. T_j: `length_buckets`, or T
+  alone with rl.length_buckets = 1. Every micro-batch then holds at most B tokens, and its
+  activations (linear in tokens) are at most the full-length bucket's."""
+  buckets = length_buckets(cfg, T) or (T,)
+  B, q = cfg.micro_batch_tokens, row_multiple
+  rows = tuple(min(B // ((P + t) * q) * q, N) for t in buckets)
+  if rows[-1] < 1:
+    raise ValueError(
+      f"rl.micro_batch_tokens={B} holds no full-length row: one takes P + T = {P} + {T} "
+      f"tokens on each of {q} data-parallel device(s); raise it to at least {(P + T) * q}."
+    )
+  return buckets, rows
+
+
 def accumulate_gradients(
   params,
   mb: spec.RolloutBatch,
@@ -161,50 +186,69 @@ def accumulate_gradients(
   model_fn,
   token_outputs,
   dropout_key=None,
+  row_multiple: int = 1,
 ):
-  """(Σ_k ∇ Σ_{(i,t)∈micro-batch k} w·ℓ, additive metric sums, per-token outputs) over
-  `cfg.micro_batches` slices of the mini-batch, in a `lax.scan`. The weights w are the
-  whole mini-batch's, so the sum equals the unsplit gradient.
+  """(Σ_k ∇ Σ_{(i,t)∈micro-batch k} w·ℓ, additive metric sums, per-token outputs) over the
+  micro-batches of the mini-batch. The weights w are the whole mini-batch's, so the sum
+  equals the unsplit gradient, for every aggregation mode.
 
-  Slices are strided (rows j, j + k, ...) by default. With rl.length_buckets = k > 1 the
-  rows are sorted by length and sliced contiguously, and each micro-batch runs at the
-  smallest bucket length (`length_buckets`) that holds its longest row (a `lax.switch`
-  over one compiled branch per bucket): the padding past it is never computed, and since
-  w = 0 there the sum is unchanged.
+  Micro-batches:
+  - by rows (default): `cfg.micro_batches` slices in a `lax.scan`, strided (rows j, j + k,
+    ...). With rl.length_buckets = k > 1 the rows are sorted by length and sliced
+    contiguously, and each micro-batch runs at the smallest bucket length
+    (`length_buckets`) that holds its longest row (a `lax.switch` over one compiled branch
+    per bucket): the padding past it is never computed, and since w = 0 there the sum is
+    unchanged.
+  - by tokens (rl.micro_batch_tokens > 0, `_by_tokens`): rows longest first, each
+    micro-batch the next r_j rows (`token_budget_rows`), in a `lax.while_loop` that ends
+    at the last row with a token; row_multiple: the data-parallel size.
 
   With a dropout_key (adapter dropout), micro-batch k's forward gets fold_in(key, k): the
   masks, so the gradient, then depend on how the rows are split (the expectation does not)."""
-  K, T = cfg.micro_batches, mb.tokens_NT.shape[1]
-  buckets = length_buckets(cfg, T)
+  T = mb.tokens_NT.shape[1]
   trainable, join = model.split_trainable(params)  # Gradients of the trainable part only.
 
   def micro_loss(trainable, micro):
-    mbk, wk, k = micro
+    mbk, wk, k, share = micro
     key = None if dropout_key is None else jax.random.fold_in(dropout_key, k)
     total_NT, terms = token_terms(
       join(trainable), mbk, hyper, cfg=cfg, model_fn=model_fn, dropout_key=key
     )
     loss = jnp.sum(wk * total_NT)
     sums = _sums(terms, mbk, wk)
-    if cfg.moe_balance_coef > 0:  # Each micro-batch's balance loss, weighted 1/K.
-      loss = loss + cfg.moe_balance_coef * terms["moe_balance"] / K
-      sums["moe_balance"] = terms["moe_balance"] / K
+    if cfg.moe_balance_coef > 0:  # Each micro-batch's balance loss, weighted by its share.
+      loss = loss + cfg.moe_balance_coef * terms["moe_balance"] * share
+      sums["moe_balance"] = terms["moe_balance"] * share
     return loss, (terms, sums)
 
   grad_fn = jax.grad(micro_loss, has_aux=True)
   keep = ("loss", "ratio", "clip_high", "clip_low", "dual_clip") if token_outputs else ()
 
   def at_length(Tb):
+    """(grads, sums, kept per-token terms padded back to T) of one micro-batch at Tb."""
+
     def run(micro):
-      cut = (*_cut(micro[:2], Tb), micro[2]) if Tb < T else micro
+      micro = (*_rows_constraint(micro[:2]), *micro[2:])
+      cut = (*_cut(micro[:2], Tb), *micro[2:]) if Tb < T else micro
       grads, (terms, sums) = grad_fn(trainable, cut)
       pad = lambda x: jnp.pad(x, ((0, 0), (0, T - Tb))) if Tb < T else x
       return grads, sums, {k: pad(terms[k]) for k in keep}
 
     return run
 
+  if cfg.micro_batch_tokens:
+    P, N = mb.prompt_tokens_NP.shape[1], mb.tokens_NT.shape[0]
+    plan = token_budget_rows(cfg, P=P, T=T, N=N, row_multiple=row_multiple)
+    return _by_tokens(mb, w_NT, at_length=at_length, plan=plan)
+  return _by_rows(mb, w_NT, at_length=at_length, cfg=cfg)
+
+
+def _by_rows(mb: spec.RolloutBatch, w_NT, *, at_length, cfg: spec.RLConfig):
+  """`accumulate_gradients` over cfg.micro_batches equal slices of rows (a `lax.scan`)."""
+  K, T = cfg.micro_batches, mb.tokens_NT.shape[1]
+  buckets = length_buckets(cfg, T)
+
   def body(acc, micro):
-    micro = (*_rows_constraint(micro[:2]), micro[2])
     if buckets:
       longest = jnp.max(jnp.sum(micro[0].mask_NT, axis=1))
       branch = jnp.searchsorted(jnp.asarray(buckets), longest)
@@ -220,17 +264,58 @@ def accumulate_gradients(
     split = lambda x: x.reshape(K, x.shape[0] // K, *x.shape[1:])
   else:
     split = functools.partial(_split, k=K)
-  micro = (*jax.tree.map(split, (mb, w_NT)), jnp.arange(K))
+  micro = (*jax.tree.map(split, (mb, w_NT)), jnp.arange(K), jnp.full((K,), 1.0 / K))
   # The accumulator starts at zeros shaped like one micro-batch's (grads, sums).
-  grads_shape, (_, sums_shape) = jax.eval_shape(
-    grad_fn, trainable, jax.tree.map(lambda x: x[0], micro)
-  )
+  grads_shape, sums_shape, _ = jax.eval_shape(at_length(T), jax.tree.map(lambda x: x[0], micro))
   zeros = jax.tree.map(jnp.zeros_like, (grads_shape, sums_shape))
   (grads, sums), tok = jax.lax.scan(body, zeros, micro)
   if order is None:
     return grads, sums, jax.tree.map(_unsplit, tok)
   inverse = jnp.argsort(order)
   return grads, sums, jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:])[inverse], tok)
+
+
+def _by_tokens(mb: spec.RolloutBatch, w_NT, *, at_length, plan):
+  """`accumulate_gradients` over token-budget micro-batches: the rows sorted longest first
+  (stable) and padded with max r_j rows of w = 0; from start = 0, while row `start` has a
+  token, the micro-batch is rows [start, start + r_j) at bucket T_j, the smallest that
+  holds row `start` (the longest left), then start += r_j. Rows without a token (w = 0
+  there) are never computed. sums["micro_batches"] counts the micro-batches run."""
+  buckets, rows = plan
+  N, T = mb.tokens_NT.shape
+  lengths_N = jnp.sum(mb.mask_NT, axis=1, dtype=jnp.int32)
+  order = jnp.argsort(-lengths_N, stable=True)
+  pad = lambda x: jnp.pad(x[order], [(0, max(rows))] + [(0, 0)] * (x.ndim - 1))
+  smb, sw, slen = jax.tree.map(pad, (mb, w_NT, lengths_N))
+  live = jnp.sum(lengths_N > 0)
+
+  def branch(j):
+    def run(start, k, tok):
+      take = lambda x: jax.lax.dynamic_slice_in_dim(x, start, rows[j], axis=0)
+      share = (jnp.minimum(start + rows[j], live) - start) / jnp.maximum(live, 1)
+      grads, sums, out = at_length(buckets[j])((*jax.tree.map(take, (smb, sw)), k, share))
+      put = lambda buf, x: jax.lax.dynamic_update_slice_in_dim(buf, x.astype(buf.dtype), start, 0)
+      return grads, sums, jax.tree.map(put, tok, out)
+
+    return run
+
+  first = (*jax.tree.map(lambda x: x[: rows[-1]], (smb, sw)), 0, 1.0)
+  grads_shape, sums_shape, tok_shape = jax.eval_shape(at_length(T), first)
+  acc = jax.tree.map(jnp.zeros_like, (grads_shape, sums_shape))
+  tok = jax.tree.map(lambda x: jnp.zeros((N + max(rows), T), x.dtype), tok_shape)
+
+  def body(carry):
+    start, k, acc, tok = carry
+    j = jnp.searchsorted(jnp.asarray(buckets), slen[start])
+    grads, sums, tok = jax.lax.switch(j, [branch(i) for i in range(len(buckets))], start, k, tok)
+    acc = jax.tree.map(jnp.add, acc, (grads, sums))
+    return start + jnp.asarray(rows)[j], k + 1, acc, tok
+
+  init = (jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), acc, tok)
+  _, k, (grads, sums), tok = jax.lax.while_loop(lambda c: c[0] < live, body, init)
+  sums = {**sums, "micro_batches": k.astype(jnp.float32)}
+  inverse = jnp.argsort(order)
+  return grads, sums, jax.tree.map(lambda x: x[:N][inverse], tok)
 
 
 def all_finite(tree) -> jax.Array:
@@ -268,6 +353,7 @@ def train_step(
   optimizer: optax.GradientTransformation,
   token_outputs: bool = False,
   dropout_key: jax.Array | None = None,
+  row_multiple: int = 1,
 ):
   """One optimizer step on one mini-batch: (state, metrics).
 
@@ -281,7 +367,8 @@ def train_step(
   in a row.
 
   dropout_key: the step's adapter-dropout key (model.lora.dropout; `update` passes one per
-  step); None: a deterministic forward.
+  step); None: a deterministic forward. row_multiple: the data-parallel size, which
+  token-budget micro-batches keep whole (`token_budget_rows`).
   """
   w_NT = aggregation.REGISTRY.make(cfg.aggregation)(
     mb.loss_mask_NT, mb.group_ids_N, mb.adv_NT, max_len=cfg.max_len or None
@@ -295,6 +382,7 @@ def train_step(
     model_fn=model_fn,
     token_outputs=token_outputs,
     dropout_key=dropout_key,
+    row_multiple=row_multiple,
   )
   metrics = _metrics_from_sums(sums, cfg=cfg)
   metrics["grad_norm"] = optax.tree.norm(grads)
@@ -313,10 +401,16 @@ def make_train_step(
   *,
   token_outputs: bool = False,
   donate: bool = True,
+  row_multiple: int = 1,
 ):
   """jit(train_step) with everything static bound: fn(state, minibatch, hyper)."""
   fn = functools.partial(
-    train_step, cfg=cfg, model_fn=model_fn, optimizer=optimizer, token_outputs=token_outputs
+    train_step,
+    cfg=cfg,
+    model_fn=model_fn,
+    optimizer=optimizer,
+    token_outputs=token_outputs,
+    row_multiple=row_multiple,
   )
   return jax.jit(fn, donate_argnums=(0,) if donate else ())
 
@@ -354,6 +448,7 @@ def update(
   model_fn: Callable,
   optimizer: optax.GradientTransformation,
   plan_fn: Callable,
+  row_multiple: int = 1,
 ):
   """ppo_epochs × num_minibatches train steps over one rollout batch, as one `lax.scan`.
 
@@ -361,6 +456,7 @@ def update(
   e·M + m trains on rows idx[e, m]. Pure and jittable. Returns (state, idx_EMb, metrics)
   where every metric is stacked over the E·M steps ([E·M] arrays, step order). Step s's
   adapter-dropout key is split from fold_in(key, 1) (the plan's key is `key` itself).
+  row_multiple: the data-parallel size (`token_budget_rows`).
   """
   acted_NT = batch.mask_NT if batch.action_mask_NT is None else batch.action_mask_NT
   adv_N = advantages.sequence_advantage(batch.adv_NT, acted_NT)
@@ -372,7 +468,14 @@ def update(
     idx_b, dropout_key = xs
     mb = _rows_constraint(gather(batch, idx_b))
     return train_step(
-      state, mb, hyper, cfg=cfg, model_fn=model_fn, optimizer=optimizer, dropout_key=dropout_key
+      state,
+      mb,
+      hyper,
+      cfg=cfg,
+      model_fn=model_fn,
+      optimizer=optimizer,
+      dropout_key=dropout_key,
+      row_multiple=row_multiple,
     )
 
   keys_S = jax.random.split(jax.random.fold_in(key, 1), E * M)

@@ -104,6 +104,11 @@ class RLConfig:
   # Micro-batches cut to the smallest of k length buckets that holds their rows (sorted
   # by length first; `length_buckets`): no compute on completion padding. 1: off.
   length_buckets: int = 1
+  # Micro-batches by token count instead of row count (`learner.token_budget_rows`): the
+  # mini-batch's rows, longest first, each micro-batch as many of them as fit this many
+  # tokens (prompt + completion columns) at the bucket length of its longest row, so
+  # short rows share a micro-batch and long ones get fewer. 0: off (rl.micro_batches).
+  micro_batch_tokens: int = 0
   # Completion positions whose logits exist at once in the log-prob forwards and the
   # update (`logprobs.chunked_stats`; 0: all T). Saves the [rows, T, V] logits and their
   # gradient for [rows, chunk, V], for a second LM-head matmul in the backward.
@@ -188,9 +193,15 @@ class RLConfig:
       "max_len",
       "overlong_buffer",
       "logit_chunk",
+      "micro_batch_tokens",
     ):
       if getattr(self, attr) < 0:
         raise ValueError(f"rl.{attr} must be >= 0, got {getattr(self, attr)}.")
+    if self.micro_batch_tokens and self.micro_batches != 1:
+      raise ValueError(
+        f"rl.micro_batch_tokens={self.micro_batch_tokens} cuts the micro-batches by token "
+        f"count, so rl.micro_batches must stay 1 (got {self.micro_batches}); set one of them."
+      )
 
   def _check_old_logp_readers(self) -> None:
     """With recompute_old_logp=False, π_old is the sampler's log-probs and no distribution:
