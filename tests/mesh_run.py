@@ -44,6 +44,9 @@ def make_config(mesh):
   c.update(eval_every=1, eval_size=8, eval_samples=0, checkpoint_every=1, peak_flops=1e11)
   c.update(reward_workers=0, progress=False, tensorboard=False)
   c.rl.num_minibatches = 2
+  # Token-budget micro-batches of 192 tokens (16 prompt + 4 or 8 completion columns): on
+  # 8 data-parallel devices 8 rows each, whole rows a device; on one, 9 or 8 rows.
+  c.rl.update(micro_batch_tokens=192, length_buckets=2)
   c.rl.kl_coef = 0.01  # A reference policy too (sharded like the params).
   c.mesh.update(data=mesh[0], fsdp=mesh[1], tensor=mesh[2])
   return c

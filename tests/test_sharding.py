@@ -48,6 +48,7 @@ def test_spec_needs_a_rule_for_every_name_and_divisible_dimensions():
 
 def test_trainer_refuses_a_mesh_for_other_devices_and_indivisible_batches(monkeypatch):
   c = mesh_run.make_config((1, 1, 1))
+  c.rl.micro_batch_tokens = 0  # Micro-batches by rows until the budget's own check below.
   c.mesh.update(data=2, fsdp=1, tensor=1)
   with pytest.raises(ValueError, match="mesh .* has 2 devices but there are 1"):
     build.build(c)
@@ -121,6 +122,7 @@ def test_one_rl_iteration_matches_the_single_device_run_on_every_mesh(mesh_resul
   base_metrics = json.loads(str(base["metrics"]))
   assert base_metrics["loss"] != 0 and base_metrics["grad_norm"] > 0.1
   assert 0 < base_metrics["accuracy"] < 1  # Rewards vary: a real policy gradient.
+  assert base_metrics["micro_batches"] == 2  # Token budgets (mesh_run.make_config).
   for m in MESHES:
     got = mesh_results[m]
     assert int(got["devices"]) == 8
