@@ -840,7 +840,10 @@ def test_a_lora_iteration_on_a_mesh_equals_the_one_device_run(tmp_path):
     workdir = tmp_path / name
     args = ["-m", "grpo_jax.main", "--config=configs/arithmetic.py:tiny", f"--workdir={workdir}"]
     args += [f"--config.model.{x}" for x in small] + ["--config.model.lora.rank=4"]
-    args += ["--config.rl.kl_coef=0.05", "--config.iterations=1", "--config.warmstart_steps=0"]
+    # An entropy term: a random policy's groups may all score 0 (no advantage), and the
+    # loss and gradient must still be real for the comparison to mean something.
+    args += ["--config.rl.kl_coef=0.05", "--config.rl.entropy_coef=0.01"]
+    args += ["--config.iterations=1", "--config.warmstart_steps=0"]
     args += ["--config.eval_every=100", "--config.eval_size=4", "--config.prompts_per_step=4"]
     args += ["--config.sampler.group_size=4", "--config.progress=False", *mesh]
     subproc.run(args, devices=devices)

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import token_budget
 
 from grpo_jax.models import model, sampling
 from grpo_jax.rl import aggregation, learner, spec
@@ -190,3 +191,15 @@ def test_token_budget_skips_rows_without_tokens(tiny_cfg, tiny_params, skewed_ba
   want, _, budget = _all(cfg, tiny_cfg, tiny_params, b, w_NT)
   _assert_same(budget, want, b.loss_mask_NT)
   assert budget[1]["micro_batches"] == 2
+
+
+def test_the_token_budget_experiment_runs_quick():
+  """experiments/token_budget.py --quick: 16 rows, one of them at T = 64 and 15 at 2-8
+  tokens, in 4 row micro-batches or 2 token-budget ones (4 rows at bucket 64 with the
+  long row, then 12 at bucket 16), with the same gradient; the verdict follows its rule."""
+  record = token_budget.main(["--quick"])
+  r = record["result"]
+  assert r["micro_batches"] == {"rows": 4, "tokens": 2}
+  assert r["budget_rows"] == (12, 7, 5, 4)
+  assert r["grad_tolerance_used"] <= 1
+  assert record["rule"] == token_budget.RULE and record["verdict"] == token_budget.verdict(record)
