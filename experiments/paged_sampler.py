@@ -95,7 +95,7 @@ def _limits(N: int, T: int, short: tuple[int, int]) -> np.ndarray:
   return limit_N.astype(np.int32)
 
 
-def _measure(fn, args, n_calls: int = 3):
+def measure(fn, args, n_calls: int = 3):
   """(compiled temp bytes, seconds of calls 2..n, the last call's rollouts)."""
   compiled = jax.jit(fn).lower(*args).compile()
   temp = compiled.memory_analysis().temp_size_in_bytes
@@ -149,7 +149,7 @@ def run(*, B: int, G: int, P: int, T: int, short: tuple[int, int], page_size: in
     ("dense", functools.partial(sampling.sample, cfg=dense_cfg, **kw)),
     ("paged", functools.partial(paged.sample, cfg=paged_cfg, **kw)),
   ):
-    temp, times, out = _measure(fn, args)
+    temp, times, out = measure(fn, args)
     tokens = int(np.asarray(out.length_N).sum())
     rows[name] = {
       "xla_temp_bytes": int(temp),
@@ -254,7 +254,7 @@ def main(argv=None) -> dict:
   else:
     shape = dict(B=10, G=4, P=64, T=8192, short=(64, 512), page_size=64, pool_fraction=0.15)
   host = f"{jax.devices('cpu')[0].device_kind}, {jax.device_count()} device(s), float32"
-  record = _record(CLAIM, RULE, SEEDS, host, run(**shape))
+  record = record_header(CLAIM, RULE, SEEDS, host, run(**shape))
   record["verdict"] = verdict(record)
   out = pathlib.Path(args.out) if args.out else (None if args.quick else OUT)
   if out:
@@ -263,7 +263,7 @@ def main(argv=None) -> dict:
   return record
 
 
-def _record(claim: str, rule: str, seeds, host: str, result: dict) -> dict:
+def record_header(claim: str, rule: str, seeds, host: str, result: dict) -> dict:
   """A record's header (claim, rule, seeds, date, commit, host) and its result."""
   commit = subprocess.run(
     ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
@@ -280,7 +280,9 @@ TPU_SEEDS = "none: compiles of abstract arrays (no values are drawn)"
 
 
 def _tpu_main(args) -> dict:
-  record = _record(TPU_CLAIM, TPU_RULE, TPU_SEEDS, "compiling for TPU with libtpu", tpu_rows())
+  record = record_header(
+    TPU_CLAIM, TPU_RULE, TPU_SEEDS, "compiling for TPU with libtpu", tpu_rows()
+  )
   record["verdict"] = tpu_verdict(record)
   pathlib.Path(args.out or TPU_OUT).write_text(json.dumps(record, indent=1) + "\n")
   print(json.dumps(record["result"]))

@@ -28,17 +28,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import functools
 import json
 import pathlib
-import platform
-import subprocess
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import paged_sampler
 
 from grpo_jax.models import model
 from grpo_jax.rl import aggregation, learner, spec
@@ -84,8 +81,9 @@ def _batch(cfg, *, N: int, P: int, T: int, G: int = 4):
   )  # fmt: skip
 
 
-def _measure(cfg, rl_cfg, params, batch, n_calls: int = 4):
-  """(temp bytes, seconds of calls 2..n, the last call's (grads, sums))."""
+def _arm(cfg, rl_cfg, params, batch):
+  """(temp bytes, seconds of calls 2..4, (grads, sums)) of one arm's jitted
+  `learner.accumulate_gradients` (`paged_sampler.measure`)."""
   w_NT = aggregation.REGISTRY.make(rl_cfg.aggregation)(
     batch.loss_mask_NT, batch.group_ids_N, batch.adv_NT
   )
@@ -95,15 +93,9 @@ def _measure(cfg, rl_cfg, params, batch, n_calls: int = 4):
     model_fn=model.make_model_fn(cfg),
     token_outputs=False,
   )
-  args = (params, batch, w_NT, rl_cfg.step_hyper())
-  compiled = jax.jit(fn).lower(*args).compile()
-  temp = compiled.memory_analysis().temp_size_in_bytes
-  out = jax.block_until_ready(compiled(*args))
-  times = []
-  for _ in range(n_calls - 1):
-    t0 = time.perf_counter()
-    out = jax.block_until_ready(compiled(*args))
-    times.append(time.perf_counter() - t0)
+  temp, times, out = paged_sampler.measure(
+    fn, (params, batch, w_NT, rl_cfg.step_hyper()), n_calls=4
+  )
   return temp, times, out[:2]
 
 
@@ -118,7 +110,7 @@ def run(*, N: int, P: int, T: int, K: int, d_model: int) -> dict:
   budget = N // K * (P + T)
   tokens_cfg = dataclasses.replace(rows_cfg, micro_batches=1, micro_batch_tokens=budget)
   (t_rows, s_rows, (g_rows, sums_rows)), (t_tok, s_tok, (g_tok, sums_tok)) = (
-    _measure(cfg, c, params, batch) for c in (rows_cfg, tokens_cfg)
+    _arm(cfg, c, params, batch) for c in (rows_cfg, tokens_cfg)
   )
   worst = 0.0
   for a, b in zip(jax.tree.leaves(g_tok), jax.tree.leaves(g_rows), strict=True):
@@ -156,15 +148,8 @@ def main(argv=None) -> dict:
     shape = dict(N=16, P=8, T=64, K=4, d_model=32)
   else:
     shape = dict(N=32, P=64, T=1024, K=8, d_model=128)
-  commit = subprocess.run(
-    ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-  ).stdout.strip()
-  record = {
-    "claim": CLAIM, "rule": RULE, "seeds": SEEDS, "date": datetime.date.today().isoformat(),
-    "commit": commit, "host": f"{platform.processor() or platform.machine()}, "
-    f"{jax.devices('cpu')[0].device_kind}, {jax.device_count()} device(s), float32",
-    "result": run(**shape),
-  }  # fmt: skip
+  host = f"{jax.devices('cpu')[0].device_kind}, {jax.device_count()} device(s), float32"
+  record = paged_sampler.record_header(CLAIM, RULE, SEEDS, host, run(**shape))
   record["verdict"] = verdict(record)
   out = pathlib.Path(args.out) if args.out else (None if args.quick else OUT)
   if out:
