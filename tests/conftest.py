@@ -9,15 +9,10 @@ import os
 # a TPU backend (libtpu's probe prints errors on a host without one).
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import subproc  # noqa: E402 -- tests/ is on sys.path (pytest rootdir conftest).
-
-# LLVM's optimisation off for every test process, before jax reads XLA_FLAGS (why:
-# `subproc.TEST_XLA_FLAGS`); a flag set by the caller is kept after it.
-os.environ["XLA_FLAGS"] = f"{subproc.TEST_XLA_FLAGS} {os.environ.get('XLA_FLAGS', '')}".strip()
-
 import hypothesis  # noqa: E402
 import jax  # noqa: E402
 import pytest
+import subproc  # noqa: E402 -- tests/ is on sys.path (pytest rootdir conftest).
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 # The test processes (and the subprocesses tests start, `subproc.child_env`) share JAX's
