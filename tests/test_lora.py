@@ -573,12 +573,15 @@ def test_a_lora_checkpoint_holds_the_adapters_resumes_exactly_and_checks_its_bas
   class Stop(Exception):
     pass
 
-  def stop(it, record):
-    if it == 3:
-      raise Stop
+  def stop_after(n):
+    def stop(it, record):
+      if it == n:
+        raise Stop
+
+    return stop
 
   with pytest.raises(Stop):
-    train.run(run_config(), cut, log=lambda _: None, on_iteration=stop)
+    train.run(run_config(), cut, log=lambda _: None, on_iteration=stop_after(3))
   resume_log = []
   train.run(run_config(), cut, log=resume_log.append)
 
@@ -605,12 +608,16 @@ def test_a_lora_checkpoint_holds_the_adapters_resumes_exactly_and_checks_its_bas
   assert all(r["dynamic/dropped_groups"] > 0 for r in lines if r["phase"] == "rl"), lines
   assert any("resumed from" in line for line in resume_log)
 
-  # Another base in its place (a run with another seed) or none: refused in one line.
+  # Another base in its place (a run with another seed, stopped once its base is stored:
+  # the same compiled functions, the config differing only in seed and extent) or none:
+  # refused in one line.
   c = run_config(iterations=6)
   other = tmp_path / "other"
-  c_other = _lora_run_config(iterations=1)
-  c_other.update(seed=7, warmstart_steps=10, checkpoint_every=1)
-  train.run(c_other, other, log=lambda _: None)
+  c_other = run_config(iterations=1)
+  c_other.update(seed=7, warmstart_steps=10)
+  with pytest.raises(Stop):
+    train.run(c_other, other, log=lambda _: None, on_iteration=stop_after(1))
+  assert (other / frozen_base.BASE_DIR / "0").is_dir()
   shutil.rmtree(cut / frozen_base.BASE_DIR)
   shutil.copytree(other / frozen_base.BASE_DIR, cut / frozen_base.BASE_DIR)
   with pytest.raises(checkpoint.CheckpointMismatchError, match="not the one this run's adapters"):
@@ -846,6 +853,9 @@ def test_a_lora_iteration_on_a_mesh_equals_the_one_device_run(tmp_path):
     args += ["--config.iterations=1", "--config.warmstart_steps=0"]
     args += ["--config.eval_every=100", "--config.eval_size=4", "--config.prompts_per_step=4"]
     args += ["--config.sampler.group_size=4", "--config.progress=False", *mesh]
+    # Rewards scored inline (no reward processes to start) and no event files: neither
+    # changes a metric compared here.
+    args += ["--config.reward_workers=0", "--config.tensorboard=False"]
     subproc.run(args, devices=devices)
     (record,) = [r for r in logs.read_jsonl(workdir / "metrics.jsonl") if r["phase"] == "rl"]
     return record
@@ -872,26 +882,31 @@ def test_the_update_drops_adapter_inputs_and_prepare_does_not(lora_rollouts):
   prep_hyper = rl_cfg.prepare_hyper(max_new_tokens=rollouts.tokens_NT.shape[1])
   optimizer = spec.make_optimizer(lr=1e-2)
 
-  def run(c):
+  def compiled(c):
     model_fn = model.make_model_fn(c)
-    batch, _, _ = preparation.make_prepare(rl_cfg, model_fn)(
-      params, model.reference(params), rollouts, correct_N, jnp.zeros(16), prep_hyper
-    )
     update = learner.make_update(
       rl_cfg, model_fn, optimizer, batch_size=16, group_size=4, donate=False
+    )
+    return preparation.make_prepare(rl_cfg, model_fn), update
+
+  def run(fns):
+    prepare, update = fns
+    batch, _, _ = prepare(
+      params, model.reference(params), rollouts, correct_N, jnp.zeros(16), prep_hyper
     )
     state, _, history = update(
       spec.init_state(params, optimizer), batch, jax.random.key(0), rl_cfg.step_hyper()
     )
     return batch, state.params["lora"], np.asarray(history["ppo_kl"])
 
-  plain_batch, plain_lora, plain_kl = run(cfg)
-  batch, lora, kl = run(drop)
+  dropping = compiled(drop)  # Compiled once; the repeat runs the same program again.
+  plain_batch, plain_lora, plain_kl = run(compiled(cfg))
+  batch, lora, kl = run(dropping)
   np.testing.assert_array_equal(batch.old_logp_NT, plain_batch.old_logp_NT)
   np.testing.assert_array_equal(batch.ref_logp_NT, plain_batch.ref_logp_NT)
   # Measured: first-step ppo_kl 1.5e-8 without dropout, -7.6e-3 with it.
   assert abs(plain_kl[0]) < 1e-5 and abs(kl[0]) > 1e-3, (plain_kl, kl)
-  jax.tree.map(np.testing.assert_array_equal, run(drop)[1], lora)
+  jax.tree.map(np.testing.assert_array_equal, run(dropping)[1], lora)
   moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), lora, plain_lora)
   assert max(jax.tree.leaves(moved)) > 1e-4
 
