@@ -70,7 +70,8 @@ def _config(args, offpolicy: dict):
   c.task.name = "bench_slow_long_addition"
   d = args.d_model
   c.model.update(d_model=d, n_heads=4, n_kv_heads=2, head_dim=d // 4, mlp_dim=3 * d)
-  c.update(iterations=args.iterations, warmstart_steps=20, eval_every=10_000, eval_size=8)
+  c.update(iterations=args.iterations, warmstart_steps=args.warmstart_steps)
+  c.update(eval_every=10_000, eval_size=8)
   c.update(checkpoint_every=10_000, reward_workers=0, progress=False, peak_flops=1e11)
   c.update(prompts_per_step=args.prompts)
   for k, v in offpolicy.items():
@@ -106,6 +107,9 @@ def main(argv=None):
   p.add_argument("--iterations", type=int, default=10)
   p.add_argument("--prompts", type=int, default=16)
   p.add_argument("--d_model", type=int, default=128)
+  p.add_argument(
+    "--warmstart_steps", type=int, default=20, help="supervised steps before each run (0: none)"
+  )
   p.add_argument("--verifier_ms", type=float, default=0.0)
   p.add_argument("--modes", default=",".join(MODES))
   args = p.parse_args(argv)

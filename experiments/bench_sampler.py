@@ -306,7 +306,8 @@ def main(argv=None):
       prompts_BP,
       group_size=args.skewed_group,
       new_tokens=T,
-      slot_fractions=(0.125, 0.25, 0.5),
+      # --quick: one refill sampler (a smoke test of the path, one compile, not three).
+      slot_fractions=(0.25,) if args.quick else (0.125, 0.25, 0.5),
       repeats=max(args.repeats // 2, 1),
     )
     print(

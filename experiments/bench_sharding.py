@@ -238,7 +238,7 @@ def main(argv=None) -> dict:
   p.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   if args.quick:
-    args.d_model, args.layers, args.prompts, args.group, args.steps = 32, 2, 4, 4, 1
+    args.d_model, args.layers, args.prompts, args.group, args.steps = 32, 1, 4, 4, 1
     args.meshes = f"{SINGLE},2x2x2"
   names = args.meshes.split(",")
   meshes = {}

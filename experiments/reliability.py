@@ -47,7 +47,7 @@ REDUCED = [
 QUICK = [
   "--config.model.d_model=32", "--config.model.n_layers=1", "--config.model.n_heads=2",
   "--config.model.n_kv_heads=1", "--config.model.head_dim=16", "--config.model.mlp_dim=64",
-  "--config.iterations=6", "--config.warmstart_steps=4", "--config.warmstart_batch=8",
+  "--config.iterations=4", "--config.warmstart_steps=4", "--config.warmstart_batch=8",
   "--config.prompts_per_step=4", "--config.sampler.group_size=4", "--config.eval_every=2",
   "--config.eval_size=8", "--config.eval_samples=0", "--config.checkpoint_every=2",
   "--config.reward_workers=0", "--config.peak_flops=1e11", "--config.progress=False",

@@ -17,7 +17,8 @@ from tests import subproc
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # A config file in the test's tmp dir: the tiny GSM8K recipe (committed HF fixture model)
-# with the math task reading the user's problem file, one RL iteration, no export.
+# with the math task reading the user's problem file, one RL iteration, no export, the
+# rewards scored in the run's own process (no worker process to start).
 CONFIG = """
 from grpo_jax.infra import config_lib
 
@@ -31,7 +32,7 @@ def get_config():
     fields=dict(question="q", answer="a", id="id"),
   )
   c.update(iterations=1, eval_every=100, eval_size=2, checkpoint_every=100, export_hf=False)
-  c.update(progress=False, tensorboard=False)
+  c.update(progress=False, tensorboard=False, reward_workers=0)
   return c
 """
 
@@ -55,8 +56,8 @@ def test_an_edited_problems_file_is_used_by_the_next_run(tmp_path, monkeypatch):
   cache = tmp_path / "cache"
   monkeypatch.setenv("GRPO_JAX_CACHE", str(cache))
   monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "tfds_global"))  # Never the home's.
-  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "xla"))
-  monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  # JAX's compilation cache: the test session's shared one (`subproc.child_env`), so a
+  # program the first run (or another test) compiled is loaded, not compiled again.
   problems = tmp_path / "problems.jsonl"
   _write(problems, [("p1", "What is 2 + 3?", "5"), ("p2", "What is 4 + 4?", "8")])
   config = tmp_path / "config.py"

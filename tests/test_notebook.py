@@ -9,6 +9,8 @@ import pytest
 nbclient = pytest.importorskip("nbclient")
 nbformat = pytest.importorskip("nbformat")
 
+from tests import subproc  # noqa: E402
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -28,6 +30,12 @@ def test_quickstart_notebook_runs_and_plots(tmp_path, monkeypatch):
   monkeypatch.setenv("GRPO_JAX_QUICK", "1")
   monkeypatch.setenv("GRPO_JAX_WORKDIR", str(tmp_path / "run"))
   monkeypatch.delenv("MPLBACKEND", raising=False)  # The kernel's inline backend draws PNGs.
+  # The kernel uses the test session's persistent compilation cache, as the tests' other
+  # child processes do (`subproc.child_env`): a program already compiled there (by another
+  # test, or earlier in the kernel by a function built anew) is loaded, not compiled again.
+  env = subproc.child_env()
+  for k in [k for k in env if k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))]:
+    monkeypatch.setenv(k, env[k])
   outputs, text = _execute("quickstart.ipynb", timeout=600)
   assert "held-out greedy accuracy" in text  # train.describe ran.
   assert any("image/png" in o.get("data", {}) for o in outputs)  # The plot cell drew.
