@@ -10,6 +10,8 @@ import pathlib
 import subprocess
 import sys
 
+import cheap_plans
+import cheap_tpu
 import jax
 import numpy as np
 import pytest
@@ -23,6 +25,14 @@ from grpo_jax.rewards import reward_model
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "configs" / "arithmetic.py") + ":tiny"
 QUICK = str(ROOT / "configs" / "arithmetic.py") + ":quick"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compiled_once():
+  """The module's TPU compiles, each distinct program once (`cheap_tpu.memo`): the command
+  compiles one_slice's programs again, as other tests do where their programs are the same."""
+  with cheap_tpu.memo() as counts:
+    yield counts
 
 
 @pytest.fixture(scope="module")
@@ -138,12 +148,11 @@ def test_a_host_callback_in_the_step_is_found(quick):
 
 
 def test_plan_topology_prints_a_table_and_one_json_line_and_writes_the_json_file(tmp_path):
+  """In this process (`cheap_plans`; test_a_bad_topology_is_one_line runs the command's
+  own process)."""
   path = tmp_path / "plan.json"
-  cmd = [sys.executable, "-m", "grpo_jax.main", "plan", f"--config={QUICK}", "--topology=v5e:2x2"]
-  cmd += [f"--json={path}"]
-  got = subprocess.run(cmd, capture_output=True, text=True, env=subproc.child_env(), timeout=600)
-  assert got.returncode == 0, got.stderr[-2000:]
-  lines = got.stdout.strip().splitlines()
+  stdout = cheap_plans.run([f"--config={QUICK}", "--topology=v5e:2x2", f"--json={path}"])
+  lines = stdout.strip().splitlines()
   assert lines[0].startswith("v5e:2x2 x 1 slice(s): 4 v5e devices on 1 host(s)")
   assert lines[-1] == f"wrote {path}"
   out = json.loads(lines[-2])

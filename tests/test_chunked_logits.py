@@ -2,8 +2,10 @@
 the whole-T head, less memory; and model.remat = "auto" chosen by the memory plan."""
 
 import dataclasses
+import functools
 
 import arithmetic
+import cheap_compile
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,7 +40,7 @@ def test_chunked_head_gives_the_same_logprobs_stats_ranks_and_gradients(tie):
     )
     return jnp.sum(lp) + 0.3 * jnp.sum(st["entropy"]) + jnp.sum(st["sum_sq"]), (lp, st)
 
-  grad = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
+  grad = cheap_compile.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
   (want, (lp0, st0)), g0 = grad(params, 0)
   for chunk in (2, 3, T - 1):  # 3 does not divide T = 7: padded, cut off.
     (got, (lp, st)), g = grad(params, chunk)
@@ -55,10 +57,16 @@ def test_head_only_and_hidden_only_compose_to_the_full_forward():
   params = model.init(cfg, jax.random.key(0))
   tokens = jax.random.randint(jax.random.key(2), (2, 6), 1, V)
   pos = jnp.broadcast_to(jnp.arange(6), (2, 6))
-  logits, _ = model.apply(params, tokens, pos, cfg=cfg, logits_slice=(2, 6))
-  hidden, _ = model.apply(params, tokens, pos, cfg=cfg, logits_slice=(2, 6), hidden_only=True)
+
+  @functools.partial(cheap_compile.jit, static_argnums=1)
+  def apply(p, hidden_only):
+    return model.apply(p, tokens, pos, cfg=cfg, logits_slice=(2, 6), hidden_only=hidden_only)
+
+  logits, _ = apply(params, False)
+  hidden, _ = apply(params, True)
   assert hidden.shape == (2, 4, cfg.d_model)
-  np.testing.assert_allclose(model.head_logits(params, hidden, cfg=cfg), logits, atol=1e-5)
+  head = cheap_compile.jit(lambda p, h: model.head_logits(p, h, cfg=cfg))
+  np.testing.assert_allclose(head(params, hidden), logits, atol=1e-5)
 
 
 def _loss_grad_temp_bytes(chunk):
@@ -113,7 +121,7 @@ def test_train_step_terms_equal_with_and_without_chunks():
         p, mb, rl_cfg.step_hyper(), cfg=rl_cfg, model_fn=model.make_model_fn(cfg)
       )[0]
     )
-    out[chunk] = jax.value_and_grad(fn)(params)
+    out[chunk] = cheap_compile.jit(jax.value_and_grad(fn))(params)
   assert float(out[2][0]) == pytest.approx(float(out[0][0]), rel=1e-6)
   for a, b in zip(jax.tree.leaves(out[2][1]), jax.tree.leaves(out[0][1]), strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
@@ -124,6 +132,7 @@ def test_negative_chunk_is_refused():
     spec.RLConfig(logit_chunk=-1)
 
 
+@functools.cache  # The setups are only read (test_the_plan_counts_... replaces, not edits).
 def _auto(limit_gib):
   c = arithmetic.get_config("tiny")
   c.sampler.max_new_tokens = 64

@@ -4,8 +4,10 @@ sampler (equal to the teacher-forced forward token for token), and in the record
 (`models/families.py`). The logits against transformers are tests/test_hf.py's."""
 
 import dataclasses
+import functools
 import json
 
+import cheap_compile
 import flax
 import jax
 import jax.numpy as jnp
@@ -98,6 +100,11 @@ def _rollouts(cfg, params, sampler_cfg, tokenizer, *, refill_slots=0):
   return fn(params, prompts, jax.random.key(0), sampling.sampling_params(temperature=1.2))
 
 
+def _teacher_forced(params, rollouts, cfg):
+  tf = functools.partial(logprobs.teacher_forced_logprobs, model_fn=model.make_model_fn(cfg))
+  return cheap_compile.jit(tf)(params, rollouts)
+
+
 @pytest.mark.parametrize(
   ("shape", "scan", "shared", "refill_slots"),
   [
@@ -125,14 +132,12 @@ def test_windowed_samplers_equal_the_teacher_forced_forward(
   if refill_slots == "paged":
     scfg, refill_slots = dataclasses.replace(scfg, kv_layout="paged", page_size=2), 0
   r = _rollouts(cfg, params, scfg, tokenizer, refill_slots=refill_slots)
-  fn = model.make_model_fn(cfg)
-  tf_NT = logprobs.teacher_forced_logprobs(params, r, model_fn=fn)
+  tf_NT = _teacher_forced(params, r, cfg)
   assert int(r.mask_NT.sum()) > 40
   assert float(jnp.max(jnp.abs(jnp.where(r.mask_NT, tf_NT - r.policy_logp_NT, 0.0)))) <= 2e-5
   if cfg.n_experts:  # Routing changes with the rows a call holds; the sampler still equals.
     return
-  wide = model.make_model_fn(dataclasses.replace(cfg, sliding_window=0, layer_types=()))
-  tf_wide = logprobs.teacher_forced_logprobs(params, r, model_fn=wide)
+  tf_wide = _teacher_forced(params, r, dataclasses.replace(cfg, sliding_window=0, layer_types=()))
   assert float(jnp.max(jnp.abs(jnp.where(r.mask_NT, tf_wide - tf_NT, 0.0)))) > 1e-2
 
 
@@ -340,8 +345,9 @@ def test_the_megablox_grouped_matmul_equals_ragged_dot_forward_and_backward():
     logits, _ = model.apply(p, tokens, positions, cfg=cfg)
     return jnp.sum(jax.nn.log_softmax(logits)[..., 1]), logits
 
-  (_, want), g_want = jax.value_and_grad(loss, has_aux=True)(params, xla_cfg)
-  (_, got), g_got = jax.value_and_grad(loss, has_aux=True)(params, mb_cfg)
+  grad = cheap_compile.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
+  (_, want), g_want = grad(params, xla_cfg)
+  (_, got), g_got = grad(params, mb_cfg)
   np.testing.assert_allclose(got, want, atol=2e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5), g_got, g_want)
   assert float(jnp.abs(g_want["layer_0"]["mlp"]["gate"]).max()) > 1e-3

@@ -13,6 +13,7 @@ from grpo_jax.models import model, sharding
 from grpo_jax.rl import spec
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+import cheap_plans  # noqa: E402
 import scale  # noqa: E402
 import subproc  # noqa: E402
 
@@ -112,12 +113,35 @@ def test_device_names_and_numbers():
     memory.device_bytes("tpu-v9")
 
 
-def _cli(*args, devices=1):
-  r = subproc.run(["-m", "grpo_jax.main", "plan", *args], devices=devices)
-  return r.stdout, json.loads(r.stdout.strip().splitlines()[-1])
+def _parsed(stdout):
+  return stdout, json.loads(stdout.strip().splitlines()[-1])
 
 
 _BASE = ["--config.model.scan_layers=False", "--config.model.remat=none"]
+_TINY = "--config=configs/scale.py:tiny"
+_LORA = ["--config.model.lora.rank=16", "--config.mesh.fsdp=4", "--config.mesh.tensor=2"]
+_INT8 = [_TINY, "--compile", *_LORA, "--config.model.lora.base_dtype=int8",
+         "--config.model.lora.merge_for_sampling=True"]  # fmt: skip
+_F32 = [_TINY, *_LORA]
+_MESHES = {
+  "2x2x2": ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2", *_BASE],
+  "fsdp4_tensor2": ["--config.mesh.fsdp=4", "--config.mesh.tensor=2"],  # One kv head a device.
+}
+# Every 8-device plan of this module, in one child process with 8 forced host devices.
+_EIGHT = [[_TINY, "--compile", *flags] for flags in _MESHES.values()] + [_INT8, _F32]
+
+
+@pytest.fixture(scope="module")
+def on_8_devices():
+  """{arguments: (stdout, its JSON line)} of each plan in _EIGHT (`cheap_plans`)."""
+  r = subproc.run(["tests/cheap_plans.py", json.dumps(_EIGHT)], devices=8)
+  outs = json.loads(r.stdout.strip().splitlines()[-1])
+  return {tuple(args): _parsed(out) for args, out in zip(_EIGHT, outs, strict=True)}
+
+
+def _cli(*args):
+  """A plan on this process's one CPU device."""
+  return _parsed(cheap_plans.run(args))
 
 
 @pytest.mark.parametrize(
@@ -125,16 +149,20 @@ _BASE = ["--config.model.scan_layers=False", "--config.model.remat=none"]
   [
     (1, []),  # scale.py:tiny -- scanned layers, remat, 2 micro-batches.
     (1, _BASE),
-    (8, ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2", *_BASE]),
-    (8, ["--config.mesh.fsdp=4", "--config.mesh.tensor=2"]),  # One kv head per device.
+    (8, _MESHES["2x2x2"]),
+    (8, _MESHES["fsdp4_tensor2"]),  # One kv head per device.
   ],
 )
-def test_plan_agrees_with_xla(devices, flags):
+def test_plan_agrees_with_xla(devices, flags, request):
   """Resident state to 1%, sampler temporaries to 10%, train-step temporaries from 10%
   under to 15% over (an over-estimate is the safe side of the fit check; measured 1.11 to
   1.12 with unrolled layers since the weight gradients stopped making transposed copies),
   on 1 and 8 devices."""
-  out, d = _cli("--config=configs/scale.py:tiny", "--compile", *flags, devices=devices)
+  args = (_TINY, "--compile", *flags)
+  if devices == 1:
+    out, d = _cli(*args)
+  else:
+    out, d = request.getfixturevalue("on_8_devices")[args]
   x = d["xla"]
   assert "XLA (compiled here)" in out
   # The train step's arguments: params + Adam state (+ a small mini-batch).
@@ -143,22 +171,14 @@ def test_plan_agrees_with_xla(devices, flags):
   assert 0.9 <= d["kv_cache"] / x["sample_temp"] <= 1.1
 
 
-def test_an_int8_lora_base_is_planned_and_compiled_on_a_mesh():
+def test_an_int8_lora_base_is_planned_and_compiled_on_a_mesh(on_8_devices):
   """LoRA over an int8 base (model.lora.base_dtype) on (1, 4, 2): the (Q, s) pairs are
   sharded like their kernels (s unsharded on the axis it reduces); the plan's resident
   bytes equal the compiled update's arguments, and the base holds under a third of its
   float32 bytes. With the adapters merged for sampling, the sampler's temporaries (which
   hold the merged float32 weights) agree with XLA's as the plain model's do."""
-  lora = ["--config.model.lora.rank=16", "--config.mesh.fsdp=4", "--config.mesh.tensor=2"]
-  _, d = _cli(
-    "--config=configs/scale.py:tiny",
-    "--compile",
-    *lora,
-    "--config.model.lora.base_dtype=int8",
-    "--config.model.lora.merge_for_sampling=True",
-    devices=8,
-  )
-  _, f32 = _cli("--config=configs/scale.py:tiny", *lora, devices=8)
+  _, d = on_8_devices[tuple(_INT8)]
+  _, f32 = on_8_devices[tuple(_F32)]
   x = d["xla"]
   assert d["params"] + d["opt_state"] == pytest.approx(x["train_step_arguments"], rel=0.01)
   assert d["opt_state"] == f32["opt_state"]  # Adapters only, in float32 either way.
