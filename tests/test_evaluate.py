@@ -89,7 +89,7 @@ def test_a_killed_eval_resumes_after_its_last_whole_batch(trained, tmp_path, mon
   2 and 3 only, and its report equals an uninterrupted eval's."""
   workdir, _ = trained
   whole = evaluate.run(
-    _config(k=2, size=48, out=str(tmp_path / "whole")), workdir, log=lambda _: None
+    _config(k=4, size=48, out=str(tmp_path / "whole")), workdir, log=lambda _: None
   )
   real, calls = evaluate.batch_rows, []
 
@@ -100,7 +100,7 @@ def test_a_killed_eval_resumes_after_its_last_whole_batch(trained, tmp_path, mon
     return real(*args, **kwargs)
 
   monkeypatch.setattr(evaluate, "batch_rows", dying)
-  c = _config(k=2, size=48, out=str(tmp_path / "cut"))
+  c = _config(k=4, size=48, out=str(tmp_path / "cut"))
   with pytest.raises(KeyboardInterrupt):
     evaluate.run(c, workdir, log=lambda _: None)
   calls.clear()
@@ -191,6 +191,10 @@ def test_a_workdir_without_checkpoints_scores_config_hf_dir(spec, benchmarks, hf
   assert "<|im_start|>" in bench["problems"][0]["prompt"] or spec.startswith("configs/smollm2")
 
 
+class _WarmStartDone(Exception):
+  pass
+
+
 def test_episodes_are_scored_as_the_trainer_scores_them(tmp_path):
   """configs/calculator.py (multi-turn episodes with a calculator tool), 1-layer model, 40
   warm-start steps: the eval of checkpoint 0 (k = eval_samples = 2) gives the warm-start
@@ -201,7 +205,15 @@ def test_episodes_are_scored_as_the_trainer_scores_them(tmp_path):
   c.update(eval_size=8, eval_samples=2)
   c.update(eval_every=1, checkpoint_every=1, reward_workers=0, progress=False)
   c.tensorboard = False
-  train.run(c, tmp_path, log=lambda _: None)
+
+  def stop_after_checkpoint_0(message):
+    # Logged once the warm-start evaluation's line, samples and checkpoint 0 are on disk:
+    # all this test reads, so the RL iteration's programs are never compiled.
+    if message.startswith("warm-start accuracy"):
+      raise _WarmStartDone
+
+  with pytest.raises(_WarmStartDone):
+    train.run(c, tmp_path, log=stop_after_checkpoint_0)
   first = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
   c.eval.update(k=2, step=0)
   got = evaluate.run(c, tmp_path, log=lambda _: None)["figures"]["calculator"]

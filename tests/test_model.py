@@ -131,7 +131,7 @@ def test_scan_matches_unrolled_layers():
   per_layer = [params.pop(f"layer_{i}") for i in range(cfg.n_layers)]
   scan_params = {**params, "layers": jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer)}
   assert jax.tree.structure(scan_params) == jax.tree.structure(
-    model.init(scan_cfg, jax.random.key(0))
+    jax.eval_shape(lambda: model.init(scan_cfg, jax.random.key(0)))
   )
   params.update({f"layer_{i}": layer for i, layer in enumerate(per_layer)})
   a, _ = model.apply(params, TOKENS_BT, _positions(), cfg=cfg)
@@ -425,7 +425,7 @@ def test_weight_gradients_make_no_transposed_copy_of_an_activation_gradient(monk
   gradient holds no [features, rows] array. The same layers on nn.DenseGeneral's own
   contraction over [B, T, K] make at least one per layer: the detector bites."""
   cfg = model.tiny_config(64)
-  params = model.init(cfg, jax.random.key(0))
+  params = jax.eval_shape(lambda: model.init(cfg, jax.random.key(0)))  # Compiled, never run.
   assert _transposed_row_arrays(cfg, params) == []
   monkeypatch.setattr(layers, "_dot_general_rows", jax.lax.dot_general)
   assert len(_transposed_row_arrays(cfg, params)) >= cfg.n_layers

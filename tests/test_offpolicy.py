@@ -3,6 +3,7 @@ rows s updates stale, stale rows never trained uncorrected, partial rollouts' pe
 log-probs, async resume (and a damaged, foreign or missing in-flight buffer never
 resumed), sampler/trainer device split, and bad configs."""
 
+import functools
 import shutil
 
 import arithmetic
@@ -89,7 +90,7 @@ def test_a_row_staler_than_the_bound_is_dropped_or_trained_corrected(tmp_path):
   updates stale. 'drop' trains none of their tokens; 'correct' trains them with TIS."""
   base = dict(offpolicy__enabled=True, rl__is_correction="tis_token")
   _run(_tiny(iterations=2, offpolicy__max_staleness=2, **base), tmp_path / "drop")
-  _run(_tiny(iterations=2, offpolicy__max_staleness=2, **base), tmp_path / "correct")
+  shutil.copytree(tmp_path / "drop", tmp_path / "correct")  # The same run: same seed, config.
   assert (tmp_path / "drop" / "checkpoints" / "2" / "buffer").is_dir()
   dropped = _run(_tiny(iterations=3, **base), tmp_path / "drop")[3]
   assert dropped["offpolicy/staleness_max"] == 2 and dropped["offpolicy/stale_frac"] == 1.0
@@ -126,13 +127,7 @@ def test_async_resume_after_a_crash_reproduces_the_uninterrupted_run(tmp_path):
   Then the in-flight buffer of checkpoint 4 is damaged (a changed byte), replaced by
   checkpoint 2's, or removed: each time the run names it in one line, falls back to
   checkpoint 2 and its own buffer, and writes the uninterrupted run's metrics again."""
-  cfg = lambda: _tiny(  # noqa: E731
-    offpolicy__enabled=True,
-    offpolicy__max_staleness=2,
-    offpolicy__partial="continue",
-    offpolicy__segment_tokens=3,
-    rl__is_correction="tis_token",
-  )
+  cfg = _partial_config
   ref = _run(cfg(), tmp_path / "ref")
 
   def crash(it, record):
@@ -164,12 +159,22 @@ def test_async_resume_after_a_crash_reproduces_the_uninterrupted_run(tmp_path):
   ]
 
 
+def _partial_config():
+  """Staleness 2 with partial rollouts of 3-token segments, corrected by TIS."""
+  return _tiny(
+    offpolicy__enabled=True,
+    offpolicy__max_staleness=2,
+    offpolicy__partial="continue",
+    offpolicy__segment_tokens=3,
+    rl__is_correction="tis_token",
+  )
+
+
 @pytest.fixture(scope="module")
 def pieces():
-  """The functions of a partial-rollout config and two different params."""
-  setup = build.build(
-    _tiny(offpolicy__enabled=True, offpolicy__max_staleness=2, offpolicy__partial="continue")
-  )
+  """The functions of a partial-rollout config (the resume test's: compiled once) and two
+  different params."""
+  setup = build.build(_partial_config())
   fns = steps.functions(setup)
   a = model.init(setup.model_cfg, jax.random.key(1))
   b = model.init(setup.model_cfg, jax.random.key(2))
@@ -194,15 +199,12 @@ def test_partial_rollout_logprobs_are_those_of_the_params_of_each_segment(pieces
   # Row tokens are contiguous: the continuation starts where the first segment ended.
   np.testing.assert_array_equal(mask_NT, np.arange(mask_NT.shape[1]) < mask_NT.sum(1)[:, None])
 
+  teacher_forced = jax.jit(functools.partial(logprobs.completion_logprobs, model_fn=fns.model_fn))
+
   def forced(params):
     return np.asarray(
-      logprobs.completion_logprobs(
-        params,
-        rows_ab.prompt_tokens_NP,
-        rows_ab.prompt_mask_NP,
-        rows_ab.tokens_NT,
-        rows_ab.mask_NT,
-        model_fn=fns.model_fn,
+      teacher_forced(
+        params, rows_ab.prompt_tokens_NP, rows_ab.prompt_mask_NP, rows_ab.tokens_NT, rows_ab.mask_NT
       )[0]
     )
 

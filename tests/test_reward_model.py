@@ -2,6 +2,7 @@
 reward mixture (config.rewards) inside RL: an RM reward, a judge over a real local HTTP
 server with faults, and a verifier + judge mix."""
 
+import functools
 import json
 
 import jax
@@ -54,6 +55,7 @@ def trained_rm(tmp_path_factory):
 # -- The model and its loss, by hand.
 
 
+@functools.cache  # One (eager) init for the module; no test changes the params.
 def _tiny_rm():
   cfg = model.tiny_config(
     TASK.tokenizer().vocab_size,

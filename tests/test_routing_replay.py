@@ -15,6 +15,16 @@ from grpo_jax.models import logprobs, model, moe, paged, sampling
 from grpo_jax.rl import dynamic_sampling
 
 MOE = dict(n_experts=4, experts_per_token=2, expert_mlp_dim=16, n_layers=2)
+# Jitted (eager Flax is slow: each forward dispatches its ops one by one), as the sampler
+# and the trainer run them.
+_apply = jax.jit(model.apply, static_argnames=("cfg", "record_routes"))
+
+
+def _logprobs(params, rows, cfg, routes=None):
+  """The teacher-forced log-probs of `rows`' completions (jitted), replaying `routes`."""
+  fn = jax.jit(functools.partial(logprobs.completion_logprobs, model_fn=model.make_model_fn(cfg)))
+  args = (rows.prompt_tokens_NP, rows.prompt_mask_NP, rows.tokens_NT, rows.mask_NT)
+  return fn(params, *args, routes=routes)[0]
 
 
 def test_replayed_routes_pinned_by_hand():
@@ -31,6 +41,7 @@ def test_replayed_routes_pinned_by_hand():
   assert moe.route_dtype(128) == jnp.int16 and moe.route_dtype(127) == jnp.int8
 
 
+@functools.cache  # One (eager) init per config for the module; no test changes the params.
 def _moe(scan: bool, **kw):
   cfg = model.tiny_config(vocab_size=64, **{**MOE, "scan_layers": scan, **kw})
   params = model.init(cfg, jax.random.key(0))
@@ -45,20 +56,20 @@ def test_a_forward_replaying_its_own_routes_is_itself_and_other_routes_change_it
   cfg, params = _moe(scan)
   tokens_BT = jax.random.randint(jax.random.key(1), (2, 7), 0, 64)
   pos_BT = model.positions_from_mask(jnp.ones((2, 7)).at[0, :2].set(0))
-  plain, _ = model.apply(params, tokens_BT, pos_BT, cfg=cfg)
-  logits, _, routes_BTLK = model.apply(params, tokens_BT, pos_BT, cfg=cfg, record_routes=True)
+  plain, _ = _apply(params, tokens_BT, pos_BT, cfg=cfg)
+  logits, _, routes_BTLK = _apply(params, tokens_BT, pos_BT, cfg=cfg, record_routes=True)
   assert routes_BTLK.shape == (2, 7, 2, 2) and routes_BTLK.dtype == jnp.int8
   np.testing.assert_array_equal(logits, plain)
-  same, _ = model.apply(params, tokens_BT, pos_BT, cfg=cfg, routes=routes_BTLK)
+  same, _ = _apply(params, tokens_BT, pos_BT, cfg=cfg, routes=routes_BTLK)
   np.testing.assert_array_equal(same, plain)
   other = (routes_BTLK + 1) % 4  # Still two distinct experts a token.
-  moved, _ = model.apply(params, tokens_BT, pos_BT, cfg=cfg, routes=other)
+  moved, _ = _apply(params, tokens_BT, pos_BT, cfg=cfg, routes=other)
   assert float(jnp.max(jnp.abs(moved - plain))) > 1e-2
 
   def loss(p):
     return jnp.sum(model.apply(p, tokens_BT, pos_BT, cfg=cfg, routes=other)[0][:, -1, 0])
 
-  grads = jax.grad(loss)(params)
+  grads = jax.jit(jax.grad(loss))(params)
   router = [v for k, v in jax.tree_util.tree_leaves_with_path(grads) if "router" in str(k)]
   assert router and all(float(jnp.max(jnp.abs(g))) > 0 for g in router)
 
@@ -86,7 +97,7 @@ def test_the_sampler_records_the_routes_its_forward_took(scan, shared, segments,
   assert r.prompt_routes_NPLK.shape == (4, 8, 2, 2) and r.routes_NTLK.shape == (4, 6, 2, 2)
   tokens_NS = jnp.concatenate([r.prompt_tokens_NP, r.tokens_NT], 1)
   mask_NS = jnp.concatenate([r.prompt_mask_NP, r.mask_NT], 1)
-  _, _, own = model.apply(
+  _, _, own = _apply(
     params, tokens_NS, model.positions_from_mask(mask_NS), cfg=cfg, record_routes=True
   )
   recorded = jnp.concatenate([r.prompt_routes_NPLK, r.routes_NTLK], 1)
@@ -94,10 +105,7 @@ def test_the_sampler_records_the_routes_its_forward_took(scan, shared, segments,
   read_NS = mask_NS & ~last_NS  # Real tokens a later token reads.
   np.testing.assert_array_equal(recorded[..., 0] >= 0, read_NS[:, :, None].repeat(2, 2))
   np.testing.assert_array_equal(jnp.where(read_NS[..., None, None], own, -1), recorded)
-  replayed = logprobs.completion_logprobs(
-    params, r.prompt_tokens_NP, r.prompt_mask_NP, r.tokens_NT, r.mask_NT,
-    model_fn=model.make_model_fn(cfg), routes=logprobs.replayed(r),
-  )[0]  # fmt: skip
+  replayed = _logprobs(params, r, cfg, routes=logprobs.replayed(r))
   assert float(jnp.max(jnp.abs(replayed - r.policy_logp_NT))) <= 2e-5
 
 
@@ -113,12 +121,10 @@ def test_routing_replay_makes_the_bfloat16_samplers_experts_the_trainers():
   prompts = sampling.prepare_prompts([[5, 6, 7], [9, 10, 11, 12, 13]], cfg=scfg)
   fn = sampling.make_policy_sampler(dataclasses.replace(cfg, dtype="bfloat16"), scfg)
   r = fn(params, prompts, jax.random.key(3), sampling.sampling_params())
-  lp = functools.partial(
-    logprobs.completion_logprobs, params, r.prompt_tokens_NP, r.prompt_mask_NP, r.tokens_NT,
-    r.mask_NT, model_fn=model.make_model_fn(cfg),
-  )  # fmt: skip
   err = lambda x_NT: float(jnp.sum(jnp.abs(x_NT - r.policy_logp_NT)))  # noqa: E731
-  assert err(lp(routes=logprobs.replayed(r))[0]) < err(lp()[0])
+  assert err(_logprobs(params, r, cfg, routes=logprobs.replayed(r))) < err(
+    _logprobs(params, r, cfg)
+  )
 
 
 def test_assembled_groups_left_pad_their_prompt_routes():
