@@ -337,8 +337,8 @@ def apply_if_finite(
   updates, opt_state = optimizer.update(grads, state.opt_state, trainable)
   new = optax.apply_updates(trainable, updates)
   applied = finite & all_finite((new, opt_state))
-  new, opt_state = jax.tree.map(
-    lambda a, b: jnp.where(applied, a, b), (new, opt_state), (trainable, state.opt_state)
+  new, opt_state = jax.lax.cond(
+    applied, lambda: (new, opt_state), lambda: (trainable, state.opt_state)
   )
   return spec.TrainState(step=state.step + 1, params=join(new), opt_state=opt_state), applied
 
