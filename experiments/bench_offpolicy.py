@@ -28,7 +28,10 @@ dispatch); on an accelerator host the sampler and the trainer have their own chi
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = " ".join(
+    [os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=2"]
+  ).strip()
 
 import argparse  # noqa: E402
 import json  # noqa: E402

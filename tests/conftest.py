@@ -9,10 +9,15 @@ import os
 # a TPU backend (libtpu's probe prints errors on a host without one).
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import subproc  # noqa: E402 -- tests/ is on sys.path (pytest rootdir conftest).
+
+# Compile fast (subproc.FAST_COMPILE; its docstring has the measurements), set before jax
+# starts its CPU backend, which reads XLA_FLAGS once.
+os.environ["XLA_FLAGS"] = subproc.xla_flags()
+
 import hypothesis  # noqa: E402
 import jax  # noqa: E402
 import pytest
-import subproc  # noqa: E402 -- tests/ is on sys.path (pytest rootdir conftest).
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 # The test processes (and the subprocesses tests start, `subproc.child_env`) share JAX's

@@ -1,11 +1,15 @@
 """Runs a script of this repository in a fresh Python process on CPU (tests that need a
 forced host device count, or several processes, run their work this way).
 
-Tests and their children run at XLA:CPU's default optimisation level. LLVM at level 0
-(--xla_backend_optimization_level=0) compiles the tiny programs faster but runs them slower:
-same sitting, cold cache, 2 workers, this 2-core AMD EPYC host, the four learning tests
-took 1,175 s at level 0 against 760 s at the default, and CI's whole run went from 1,546 s
-to 2,471 s with it."""
+Tests and their children compile at LLVM's optimisation level 0 (`FAST_COMPILE`): most
+tests compile a program to run it a few times, and compiling is then their cost. Same
+sitting, quiet 2-core AMD EPYC host, cold cache, one worker: test_rl + test_mixed_precision
+took 133 s at the default level (108 s of it XLA compiling) against 85 s at level 0. The
+learning tests run their programs thousands of times, where level 0's code is slower (the
+four took 1,175 s at level 0 against 760 s at the default): they run in a child at the
+default level (`child_env(optimized=True)`, runs.warm_started_arms). XLA's other fast-compile
+switches gained nothing here (`--xla_cpu_opt_preset=FAST_COMPILE`: 133 s,
+`--xla_llvm_disable_expensive_passes`: 136 s)."""
 
 import os
 import pathlib
@@ -18,13 +22,27 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PYTHONPATH = ("tests", "experiments", "configs")
 
 
-def child_env(**extra) -> dict:
-  """The environment of a child python: this one without XLA_FLAGS, on CPU, with JAX's
-  persistent compilation cache (tests run the same small programs in many processes: a
-  compile is then paid once per test session, not once per process). Its import path holds
-  what pytest's `pythonpath` (pyproject.toml) gives the tests: tests/, experiments/ and
-  configs/, so a child imports the same helpers by name."""
-  out = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+# XLA_FLAGS of the test processes and their children (see the module docstring).
+FAST_COMPILE = "--xla_backend_optimization_level=0"
+
+
+def xla_flags(*, devices: int | None = None, optimized: bool = False) -> str:
+  """XLA_FLAGS for a test process: `FAST_COMPILE` unless `optimized` (XLA's default level),
+  and with `devices`, that many forced host devices."""
+  flags = [] if optimized else [FAST_COMPILE]
+  if devices:
+    flags.append(f"--xla_force_host_platform_device_count={devices}")
+  return " ".join(flags)
+
+
+def child_env(*, optimized: bool = False, **extra) -> dict:
+  """The environment of a child python: this one with XLA_FLAGS = `xla_flags(optimized=)`
+  (the parent's device count is not inherited), on CPU, with JAX's persistent compilation
+  cache (tests run the same small programs in many processes: a compile is then paid once
+  per test session, not once per process). Its import path holds what pytest's
+  `pythonpath` (pyproject.toml) gives the tests: tests/, experiments/ and configs/, so a
+  child imports the same helpers by name."""
+  out = dict(os.environ, XLA_FLAGS=xla_flags(optimized=optimized))
   out["JAX_PLATFORMS"] = "cpu"
   paths = [str(ROOT / d) for d in PYTHONPATH] + [p for p in [os.environ.get("PYTHONPATH")] if p]
   out["PYTHONPATH"] = os.pathsep.join(paths)
@@ -40,14 +58,16 @@ COMPILATION_CACHE = pathlib.Path(tempfile.gettempdir()) / f"grpo_jax_test_xla_ca
 
 
 def run(
-  args, *, devices: int | None = None, timeout: int = 600, check: bool = True
+  args,
+  *,
+  devices: int | None = None,
+  optimized: bool = False,
+  timeout: int = 600,
+  check: bool = True,
 ) -> subprocess.CompletedProcess:
-  """`python *args` from the repo root with JAX_PLATFORMS=cpu and, with `devices`, that
-  many forced host devices (else XLA_FLAGS is dropped); with `check`, fails the test on a
-  non-zero exit."""
-  env = child_env()
-  if devices:
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  """`python *args` from the repo root with JAX_PLATFORMS=cpu and XLA_FLAGS =
+  `xla_flags(devices=, optimized=)`; with `check`, fails the test on a non-zero exit."""
+  env = child_env(XLA_FLAGS=xla_flags(devices=devices, optimized=optimized))
   r = subprocess.run(
     [sys.executable, *map(str, args)],
     env=env,

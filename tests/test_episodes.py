@@ -4,10 +4,8 @@ episode agrees); observation tokens never trained (zero gradient, equal losses w
 without one appended, for every aggregation mode); limits and end reasons; planners on
 episodes; the calculator environment and its config."""
 
-import contextlib
 import functools
 import re
-import shutil
 import threading
 import time
 
@@ -18,7 +16,7 @@ import numpy as np
 import pytest
 import runs  # tests/ is on sys.path (conftest).
 
-from grpo_jax import build, config, steps, tasks, train
+from grpo_jax import build, config, tasks
 from grpo_jax.envs import base, calculator, episodes
 from grpo_jax.infra import config_lib, metrics
 from grpo_jax.models import logprobs, model, sampling
@@ -645,33 +643,16 @@ def _calculator_config(iterations=LEARN_ITERATIONS):
   return c
 
 
-class _Stop(Exception):
-  pass
-
-
 @pytest.fixture(scope="module")
 def calculator_runs(tmp_path_factory):
   """{"grpo": (summary, records), "flipped": ...}: both resume from one warm start
   (checkpoint 0); the flipped arm trains on −A."""
-  base = tmp_path_factory.mktemp("calc_warm")
-
-  def stop(it, record):
-    raise _Stop
-
-  with contextlib.suppress(_Stop):  # The warm start, saved as checkpoint 0.
-    train.run(_calculator_config(), base, log=lambda _: None, on_iteration=stop)
-  arms = {name: tmp_path_factory.mktemp(name) / "run" for name in ("grpo", "flipped")}
-  for workdir in arms.values():
-    shutil.copytree(base, workdir)
-  out = {"grpo": train.run(_calculator_config(), arms["grpo"], log=lambda _: None)}
-  real = preparation.compute_advantages
-  with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(preparation, "compute_advantages", lambda *a, **k: -real(*a, **k))
-    mp.setattr(steps, "_FUNCTIONS", {})  # Compile the flipped arm afresh (and forget it).
-    flipped = _calculator_config(FLIPPED_ITERATIONS)
-    flipped.collapse.action = "warn"  # If it collapses, the guard warns and goes on.
-    out["flipped"] = train.run(flipped, arms["flipped"], log=lambda _: None)
-  return {k: (v, runs.lines(arms[k])) for k, v in out.items()}
+  out = runs.warm_started_arms(
+    tmp_path_factory,
+    {"grpo": _calculator_config()},
+    flipped=_calculator_config(FLIPPED_ITERATIONS),
+  )
+  return {k: (v, runs.lines(v["workdir"])) for k, v in out.items()}
 
 
 def test_the_calculator_config_learns_with_its_tool(calculator_runs):
