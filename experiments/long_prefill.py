@@ -70,7 +70,7 @@ def _plan_prefill(cfg, *, rows: int, P: int) -> int:
   prefill as one call (`memory._sampler_bytes`)."""
   boxed = jax.eval_shape(functools.partial(model.init_boxed, cfg), jax.random.key(0))
   return memory._sampler_bytes(
-    cfg, boxed, rules=sharding.MeshConfig().rules, sizes=dict(data=1, fsdp=1, tensor=1),
+    cfg, boxed, rules=sharding.MeshConfig().rules, sizes=dict(data=1, fsdp=1, sequence=1, tensor=1),
     rows=4 * rows, prompt_rows=rows, P=P, T=16, shared=True,
   )  # fmt: skip
 

@@ -112,7 +112,7 @@ def _plan(cfg, scfg, *, B: int, P: int, T: int, pages) -> int:
   """The memory plan's sampler figure (`memory._sampler_bytes`) on one device."""
   boxed = jax.eval_shape(functools.partial(model.init_boxed, cfg), jax.random.key(0))
   return memory._sampler_bytes(
-    cfg, boxed, rules=sharding.MeshConfig().rules, sizes=dict(data=1, fsdp=1, tensor=1),
+    cfg, boxed, rules=sharding.MeshConfig().rules, sizes=dict(data=1, fsdp=1, sequence=1, tensor=1),
     rows=B * scfg.group_size, prompt_rows=B, P=P, T=T, segments=sampling.segment_count(scfg),
     shared=scfg.shared_prefix and scfg.group_size > 1, pages=pages,
   )  # fmt: skip

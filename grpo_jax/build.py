@@ -132,6 +132,7 @@ def plan_setup(c, *, n_devices: int | None = None, model_source: str = "") -> Se
     data_parallel = math.prod(mesh_cfg.shape(n_devices)[:2])
     _check_batch_shapes(loop, rl_cfg, group, data_parallel=data_parallel)
     _check_token_budget(loop, rl_cfg, sampler_cfg, group, data_parallel=data_parallel)
+    _check_sequence_split(mesh_cfg, rl_cfg, sampler_cfg, n_devices=n_devices)
   except ValueError as e:
     raise config_lib.ConfigError(str(e)) from e
   setup = Setup(
@@ -179,6 +180,7 @@ def _build(c, *, n_devices: int | None) -> Setup:
   update_group = sampler_cfg.group_size + (cf.per_group if cf.train else 0)
   _check_batch_shapes(loop, rl_cfg, update_group, data_parallel=data_parallel)
   _check_token_budget(loop, rl_cfg, sampler_cfg, update_group, data_parallel=data_parallel)
+  _check_sequence_split(mesh_cfg, rl_cfg, sampler_cfg, n_devices=n_devices)
   _check_group_estimator(rl_cfg, sampler_cfg.group_size)
   _check_prompt_lengths(task, tok, sampler_cfg, loop)
   _check_reward_budget(task, loop)
@@ -584,6 +586,29 @@ def _check_batch_shapes(
     learner.make_plan_fn(rl_cfg, batch_size=n, group_size=group_size)
   except ValueError as e:
     raise ValueError(f"config.rl.planner={rl_cfg.planner!r}: {e}") from None
+
+
+def _check_sequence_split(mesh_cfg, rl_cfg, sampler_cfg, *, n_devices: int) -> None:
+  """Context parallelism (mesh.sequence = c > 1) splits each row's S = prompt bucket + T
+  tokens over c devices (`layers.length_shards`), so c must divide every S the update
+  and the log-prob forwards see: each prompt bucket with max_new_tokens and with each
+  length bucket's T (`learner.length_buckets`)."""
+  c = mesh_cfg.shape(n_devices)[2]
+  if c == 1:
+    return
+  T = sampler_cfg.max_new_tokens
+  lengths = sorted(
+    {p + t for p in sampler_cfg.prompt_buckets for t in (T, *learner.length_buckets(rl_cfg, T))}
+  )
+  bad = [S for S in lengths if S % c]
+  if bad:
+    raise ValueError(
+      f"config.mesh.sequence={c} splits each row's tokens over {c} devices, but rows of "
+      f"{bad} tokens (prompt buckets {list(sampler_cfg.prompt_buckets)} + completion "
+      f"lengths {sorted({T, *learner.length_buckets(rl_cfg, T)})}) do not divide by {c}. "
+      f"Use prompt buckets, sampler.max_new_tokens and rl.length_buckets whose sums are "
+      f"multiples of {c}, or mesh.sequence=1."
+    )
 
 
 def _check_token_budget(

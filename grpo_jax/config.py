@@ -12,7 +12,7 @@ Sections of the ConfigDict and the dataclass each becomes:
   sampler      sampling.SamplerConfig (eos_ids / pad_id come from the tokenizer)
   sampling     sampling.SamplingParams (arrays: temperature, top_k, top_p, greedy)
   rl           spec.RLConfig           the algorithm, by registry names
-  mesh         sharding.MeshConfig   (data, fsdp, tensor) sizes and the logical->mesh rules
+  mesh         sharding.MeshConfig   (data, fsdp, sequence, tensor) sizes and the rules
   diagnostics  DiagnosticsConfig     token-credit diagnostics (every = 0: off)
   counterfactual counterfactuals.CounterfactualConfig  IBPO's counterfactual rows (per_group
                = 0: off); prepare's groups are then G + C rows (Setup.train_group), the
@@ -324,7 +324,7 @@ def default_config() -> ml_collections.ConfigDict:
   Top level: the LoopConfig fields. Sections: task (name, kwargs), model (ModelConfig
   with vocab_size 0: the task's tokenizer's size; the defaults are `model.tiny_config`'s),
   sampler (SamplerConfig without eos_ids/pad_id), sampling (temperature, top_k, top_p,
-  greedy), rl (every RLConfig field), mesh (data, fsdp, tensor sizes and the
+  greedy), rl (every RLConfig field), mesh (data, fsdp, sequence, tensor sizes and the
   logical->mesh rules table, `sharding.MeshConfig`) and diagnostics (DiagnosticsConfig;
   every = 0: off), and logging (`trackers.TrackingConfig`: jsonl, TensorBoard, W&B,
   MLflow). Because every key exists, command-line overrides such as
@@ -353,7 +353,13 @@ def default_config() -> ml_collections.ConfigDict:
   c.rl.loss_hyper = ml_collections.ConfigDict({k: h.default for k, h in declared})
   mesh = sharding.MeshConfig()
   c.mesh = ml_collections.ConfigDict(
-    dict(data=mesh.data, fsdp=mesh.fsdp, tensor=mesh.tensor, rules=_section(dict(mesh.rules)))
+    dict(
+      data=mesh.data,
+      fsdp=mesh.fsdp,
+      sequence=mesh.sequence,
+      tensor=mesh.tensor,
+      rules=_section(dict(mesh.rules)),
+    )
   )
   c.diagnostics = _section(_defaults(DiagnosticsConfig))
   c.counterfactual = _section(_defaults(counterfactuals.CounterfactualConfig))

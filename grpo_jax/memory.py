@@ -102,6 +102,12 @@ XLA; `tests/test_memory.py`, `grpo-jax plan --compile` prints both):
   dots in float32, with float32 copies of the cache and of the weights that a TPU or GPU
   does not make, and keeps a bfloat16 model's KV cache in float32 (`model.cache_dtype`)
   (neither modelled: a plan is for the accelerator it names, wherever it is made).
+- context parallelism (mesh.sequence, `residual_bytes(sequence=)`), scale.py tiny:
+  train-step temporaries 1.12 on (data, fsdp, sequence, tensor) = (1, 2, 4, 1) and 1.07
+  on (1, 4, 2, 1), scanned with remat; 0.94 on (1, 2, 4, 1) unrolled without remat; 1.16
+  on (2, 1, 4, 1). The sampler does not split its rows' tokens, but XLA splits the
+  prompt's over sequence in the prefill: 1.04 and 0.96 scanned, 1.58 unrolled without
+  remat (an over-estimate; not modelled).
 XLA on CPU does not realise the saving of remat without scan_layers (measured: 6% less
 temporary memory, not the 60% the residuals predict), so the plan counts remat as
 effective only with `model.scan_layers`.
@@ -157,7 +163,7 @@ def device_bytes(device: str | float) -> float:
 class Plan:
   """Bytes per device; see the module docstring for each term."""
 
-  mesh: tuple[int, int, int]
+  mesh: tuple[int, int, int, int]  # (data, fsdp, sequence, tensor).
   params: int
   ref_params: int
   opt_state: int
@@ -231,10 +237,22 @@ def _local_model(cfg: model.ModelConfig, tensor: int) -> model.ModelConfig:
   )
 
 
-def residual_bytes(cfg: model.ModelConfig, rl_cfg: spec.RLConfig, *, rows: int, P: int, T: int):
+def residual_bytes(
+  cfg: model.ModelConfig, rl_cfg: spec.RLConfig, *, rows: int, P: int, T: int, sequence: int = 1
+):
   """Bytes autodiff saves in the forward of the train loss for the backward, for `rows`
   rows of P prompt + T completion tokens: the outputs of the vjp's forward that are not
-  its inputs (traced with make_jaxpr; nothing runs or compiles)."""
+  its inputs (traced with make_jaxpr; nothing runs or compiles). sequence > 1: per device
+  of a context-parallel forward (`layers.length_shards`), traced as that forward runs
+  (under an abstract mesh of `sequence` devices and the default rules: each query block's
+  scores over all keys, the gathered keys and values) and divided by `sequence`."""
+  if sequence > 1:
+    mesh = jax.sharding.AbstractMesh((sequence,), ("sequence",))
+    rules = (("activation_length", "sequence"),)
+    names = {n for n, _ in sharding.DEFAULT_RULES} - {"activation_length"}
+    rules += tuple((n, None) for n in sorted(names))
+    with jax.sharding.use_abstract_mesh(mesh), nn.logical_axis_rules(rules):
+      return residual_bytes(cfg, rl_cfg, rows=rows, P=P, T=T) // sequence
   params = jax.eval_shape(functools.partial(model.init, cfg), jax.random.key(0))
   mb = abstract.minibatch(rows, P, T)
   hyper = jax.eval_shape(rl_cfg.step_hyper)
@@ -292,9 +310,12 @@ def plan(
   sampler's (`sampling.segment_count`); shared_prefix: whether its group rows share the
   prompt's cache slots (`model.KVCache.share`); pages: (pool pages, Z) of a paged
   sampler (`_pool_pages`), None: dense."""
-  data, fsdp, tensor = mesh_cfg.shape(n_devices)
-  sizes = dict(zip(sharding.AXES, (data, fsdp, tensor), strict=True))
+  data, fsdp, cp, tensor = mesh_cfg.shape(n_devices)
+  sizes = dict(zip(sharding.AXES, (data, fsdp, cp, tensor), strict=True))
   dp = data * fsdp
+  # Context parallelism splits the teacher-forced forwards' tokens over `sequence` when it
+  # divides them (`layers.length_shards`); the sampler's calls are not split.
+  cp = cp if cp > 1 and (prompt_len + max_new_tokens) % cp == 0 else 1
   rules = mesh_cfg.rules
   boxed = jax.eval_shape(functools.partial(model.init_boxed, model_cfg), jax.random.key(0))
   boxed = model.cast_base(boxed, model_cfg)  # model.lora.base_dtype.
@@ -317,19 +338,23 @@ def plan(
   act = functools.partial(residual_bytes, rl_cfg=rl_cfg, rows=mb_rows, P=P, T=T)
   no_remat = dataclasses.replace(local, remat="none", scan_layers=False)
   with_remat = dataclasses.replace(local, remat="full", scan_layers=True)
-  one_layer = act(dataclasses.replace(no_remat, n_layers=2)) - act(
-    dataclasses.replace(no_remat, n_layers=1)
-  )
-  a_none, a_remat = act(no_remat), act(with_remat)
+  stack = lambda n: act(dataclasses.replace(no_remat, n_layers=n), sequence=cp)  # noqa: E731
+  one_layer = stack(2) - stack(1)
+  # With context parallelism each device keeps 1/cp of the residuals of the forward that
+  # splits the tokens (its queries' scores over all S keys: S²/cp a head, not the causal
+  # blocks' share), `residual_bytes(sequence=)`.
+  a_none, a_remat = act(no_remat, sequence=cp), act(with_remat, sequence=cp)
   remat_on = model_cfg.remat != "none" and model_cfg.scan_layers
-  logits_grad = mb_rows * min(T, rl_cfg.logit_chunk or T) * local.vocab_size * 4
+  T_local = T // cp
+  logits_grad = mb_rows * min(T_local, rl_cfg.logit_chunk or T_local) * local.vocab_size * 4
   working = logits_grad
   if remat_on or model_cfg.scan_layers:  # The backward of one layer, its recomputed
     S = P + T  # activations and its attention-score gradient (the causal blocks' entries,
-    # `attention.causal_blocks`), at the scan's pace.
+    # `attention.causal_blocks`; S²/cp under context parallelism), at the scan's pace.
     working += one_layer
     if model_cfg.attention_impl == "xla":  # A kernel keeps its score blocks in VMEM.
-      working += mb_rows * local.n_heads * attention.causal_score_entries(S) * 4
+      entries = attention.causal_score_entries(S) if cp == 1 else S * S // cp
+      working += mb_rows * local.n_heads * entries * 4
   if model_cfg.scan_layers:  # The layer scan's stacked gradient, before it is accumulated.
     working += trainable
   # FSDP: weights are all-gathered over fsdp to compute; XLA gathers them all at once
@@ -339,8 +364,8 @@ def plan(
   rollout_rows = N // dp if N % dp == 0 else N
   lp_rows = -(-rollout_rows // rl_cfg.logprob_batches)
   logprob_forward = (
-    3 * lp_rows * min(T, rl_cfg.logit_chunk or T) * local.vocab_size * 4
-    + 2 * lp_rows * (P + T) * local.d_model * 4
+    3 * lp_rows * min(T_local, rl_cfg.logit_chunk or T_local) * local.vocab_size * 4
+    + 2 * lp_rows * (P + T) // cp * local.d_model * 4
     + gathered
   )
   sampler_cfg, view = model.sampler_view(model_cfg, fsdp=fsdp)
@@ -361,7 +386,7 @@ def plan(
     pages=pages,
   )
   return Plan(
-    mesh=(data, fsdp, tensor),
+    mesh=(data, fsdp, mesh_cfg.shape(n_devices)[2], tensor),
     params=params,
     ref_params=params if rl_cfg.use_ref and not adapted else 0,
     opt_state=opt_state,

@@ -74,7 +74,7 @@ def changes(
     "halve prompts_per_step, sampler.group_size or sampler.max_new_tokens: the sampler holds "
     f"{p.rollout_rows} rows per device",
   ))  # fmt: skip
-  data, fsdp, _ = p.mesh
+  data, fsdp, _, _ = p.mesh
   if data > 1:
     out.append((
       scaled(resident, lambda n: n // data),
@@ -123,7 +123,7 @@ def _gib(n: float) -> str:
 
 def explain(p: memory.Plan, model_cfg: model.ModelConfig, rl_cfg: spec.RLConfig) -> dict[str, str]:
   """What each line of `describe` counts, for this config."""
-  data, fsdp, tensor = p.mesh
+  data, fsdp, cp, tensor = p.mesh
   remat_on = model_cfg.remat != "none" and model_cfg.scan_layers
   grads = (
     f"the micro-batch's gradient + the accumulator it is summed into (rl.micro_batches = "
@@ -135,6 +135,8 @@ def explain(p: memory.Plan, model_cfg: model.ModelConfig, rl_cfg: spec.RLConfig)
     else "one gradient, params-sized (rl.micro_batches = 1: no accumulator)"
   )
   working = "the float32 logits gradient [rows, T, vocab / tensor]"
+  if cp > 1:
+    working = f"the float32 logits gradient [rows, T / {cp}, vocab / tensor]"
   if model_cfg.scan_layers:
     working += ", one layer recomputed, the layer scan's stacked gradient"
   if fsdp > 1:
@@ -148,7 +150,8 @@ def explain(p: memory.Plan, model_cfg: model.ModelConfig, rl_cfg: spec.RLConfig)
     "optimizer state": "Adam's first and second moments: 2 x params",
     "gradients": grads,
     "activations (this config)": f"what the backward keeps of one micro-batch's forward "
-    f"({p.micro_batch_rows} rows per device{', remat' if remat_on else ''})",
+    f"({p.micro_batch_rows} rows per device{', remat' if remat_on else ''}"
+    f"{f', each row split over sequence = {cp}' if cp > 1 else ''})",
     "  without remat": "model.remat='none'",
     "  with remat (scanned layers)": "model.remat='full', model.scan_layers=True",
     "backward working set": working,
@@ -182,7 +185,7 @@ def describe(
   ]
   unit = _unit(p)
   why = why or {}
-  lines = [f"mesh (data, fsdp, tensor) = {p.mesh}; {unit} per device"]
+  lines = [f"mesh (data, fsdp, sequence, tensor) = {p.mesh}; {unit} per device"]
   lines += [f"  {k:<30} {_in(v, unit):>9}" + (f"  {why[k]}" if k in why else "") for k, v in rows]
   if device_memory:
     usable = memory.USABLE_FRACTION * device_memory

@@ -8,7 +8,7 @@ in BASE. Every mesh then resumes from a copy of BASE (restored onto that mesh's
 shardings) and runs one RL iteration: all meshes start from bit-identical params, so they
 sample from the same distribution and differ only by float reduction order. (Separate
 100-step warm starts at lr 1e-2 would amplify that order into different rollouts.)
-For each mesh (data,fsdp,tensor) it restores the final train state, samples greedily from
+For each mesh (data,fsdp,tensor, or data,fsdp,sequence,tensor) it restores the final train state, samples greedily from
 it, and saves to OUT/<mesh>.npz: every param (flattened path -> array), the greedy
 tokens, the RL iteration's metrics (non-timing), and each param's partition spec and
 per-device shard shape.
@@ -48,7 +48,8 @@ def make_config(mesh):
   # 8 data-parallel devices 8 rows each, whole rows a device; on one, 9 or 8 rows.
   c.rl.update(micro_batch_tokens=192, length_buckets=2)
   c.rl.kl_coef = 0.01  # A reference policy too (sharded like the params).
-  c.mesh.update(data=mesh[0], fsdp=mesh[1], tensor=mesh[2])
+  axes = ("data", "fsdp", "tensor") if len(mesh) == 3 else ("data", "fsdp", "sequence", "tensor")
+  c.mesh.update(dict(zip(axes, mesh, strict=True)))
   return c
 
 

@@ -1,5 +1,7 @@
 """Meshes, rules and sharded training: errors before compiling, and one RL iteration on
-8 forced CPU devices giving the single-device result on meshes (8,1,1), (2,2,2), (1,4,2)."""
+8 forced CPU devices giving the single-device result on meshes (8,1,1), (2,2,2), (1,4,2)
+and (data, fsdp, sequence, tensor) = (1,2,2,2): context parallelism, each row's tokens
+split over 2 devices in the update and the π_old and reference forwards."""
 
 import json
 import pathlib
@@ -15,12 +17,13 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 import mesh_run  # noqa: E402
 import subproc  # noqa: E402
 
-MESHES = ("8x1x1", "2x2x2", "1x4x2")
+MESHES = ("8x1x1", "2x2x2", "1x4x2", "1x2x2x2")
 
 
 def test_mesh_shape_resolves_minus_one_and_refuses_bad_sizes():
-  assert sharding.MeshConfig(data=2, fsdp=-1, tensor=2).shape(8) == (2, 2, 2)
-  assert sharding.MeshConfig().shape(8) == (1, 8, 1)
+  assert sharding.MeshConfig(data=2, fsdp=-1, tensor=2).shape(8) == (2, 2, 1, 2)
+  assert sharding.MeshConfig().shape(8) == (1, 8, 1, 1)
+  assert sharding.MeshConfig(sequence=4).shape(8) == (1, 2, 4, 1)
   with pytest.raises(ValueError, match="multiply to the device count"):
     sharding.MeshConfig(data=2, fsdp=2, tensor=1).shape(8)
   with pytest.raises(ValueError, match="does not divide the 8 devices"):
@@ -31,6 +34,8 @@ def test_mesh_shape_resolves_minus_one_and_refuses_bad_sizes():
     sharding.MeshConfig(rules=(("embed", "model"),))
   with pytest.raises(ValueError, match="allowed: a positive int"):
     sharding.MeshConfig(tensor=0)
+  with pytest.raises(ValueError, match=r"mesh.sequence=0; allowed: a positive int"):
+    sharding.MeshConfig(sequence=0)
 
 
 def test_spec_needs_a_rule_for_every_name_and_divisible_dimensions():
@@ -71,6 +76,30 @@ def test_trainer_refuses_a_mesh_for_other_devices_and_indivisible_batches(monkey
   c.mesh.update(data=-1, fsdp=1)
   c.prompts_per_step = 1  # 4 rollout rows on 8 data-parallel devices.
   with pytest.raises(ValueError, match=r"the rollout batch .* has 4 rows, not divisible"):
+    build.build(c)
+
+
+def test_context_parallelism_needs_a_sequence_size_dividing_every_row_length(monkeypatch):
+  """mesh.sequence splits each row's prompt bucket + completion tokens: 16 + 8 and the
+  length bucket's 16 + 4 divide by 2 and 4; 16 + 4 not by 3, and with 5 new tokens
+  (length buckets 3 and 5) neither 19 nor 21 by 2."""
+  monkeypatch.setattr(config.jax, "device_count", lambda: 8)
+  c = mesh_run.make_config((1, 2, 2, 2))  # Prompt bucket 16, T 8, length buckets (4, 8).
+  assert build.build(c).mesh_cfg.shape(8) == (1, 2, 2, 2)
+  c.mesh.update(fsdp=2, sequence=4, tensor=1)
+  build.build(c)
+  c.mesh.update(fsdp=1, sequence=3, tensor=1)
+  with pytest.raises(ValueError, match="has 3 devices but there are 8"):
+    build.build(c)
+  monkeypatch.setattr(config.jax, "device_count", lambda: 6)
+  c.rl.update(micro_batch_tokens=0, num_minibatches=2)
+  c.mesh.update(data=2, fsdp=1)
+  with pytest.raises(ValueError, match=r"mesh.sequence=3 .* rows of \[20\] tokens"):
+    build.build(c)
+  monkeypatch.setattr(config.jax, "device_count", lambda: 8)
+  c.mesh.update(data=1, fsdp=4, sequence=2)
+  c.sampler.max_new_tokens = 5
+  with pytest.raises(ValueError, match=r"rows of \[19, 21\] tokens"):
     build.build(c)
 
 
@@ -153,6 +182,7 @@ def test_greedy_sampling_is_identical_on_every_mesh(mesh_results):
     ("8x1x1", [32, 64], [64, 4, 16], [64, 128]),  # Pure data parallel: replicated params.
     ("2x2x2", [16, 32], [32, 2, 16], [32, 64]),  # vocab/heads/mlp over tensor 2, embed over fsdp 2.
     ("1x4x2", [16, 16], [16, 2, 16], [16, 64]),  # embed over fsdp 4.
+    ("1x2x2x2", [16, 32], [32, 2, 16], [32, 64]),  # As 2x2x2: nothing is split over sequence.
   ],
 )
 def test_params_are_really_sharded(mesh_results, mesh, embed, q, gate):

@@ -6,6 +6,7 @@ and the LM head. The params live outside (`model`); shape letters as in `model`.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -120,12 +121,20 @@ def _dot_general_rows(lhs, rhs, dimension_numbers, precision=None, preferred_ele
   faster (0.41 against 0.70 s at 3072 rows, d 512, f 1536, float32).
 
   Operands both bfloat16 take `_matmul_f32_acc` (float32 accumulation, the weight gradient
-  on XLA:CPU's fast path)."""
+  on XLA:CPU's fast path).
+
+  Under context parallelism (`length_shards` > 1) it is a plain dot_general too: the
+  flattened rows would join the batch split (data, fsdp) and the token split (sequence)
+  in one dimension, and the partitioner then all-gathered each layer's activations and
+  their gradients over `sequence` for the weight gradient (`configs/scale.py:tiny` on
+  (data, fsdp, sequence, tensor) = (1, 2, 4, 1): 10.3 MB of update temporaries a device
+  against 7.6 MB with the plain contraction, which sums partial weight gradients)."""
   (lc, rc), (lb, rb) = dimension_numbers
   n = len(lc)
   plain = (
     lb or rb or tuple(lc) != tuple(range(lhs.ndim - n, lhs.ndim)) or tuple(rc) != tuple(range(n))
   )
+  plain = plain or length_shards() > 1
   if plain:
     return jax.lax.dot_general(
       lhs,
@@ -278,6 +287,8 @@ class Attention(nn.Module):
     if cache_kv is None:
       keys = (k_BKET, v_BKTE, positions_BT)
       new_kv = (k_BTKE, v_BTKE)
+      if length_shards() > 1 and T % length_shards() == 0:  # Context parallelism.
+        q_BKQE, q_pos_BQ, keys = _split_queries_whole_keys(q_BKQE, q_pos_BQ, keys)
     else:
       # Write this call's keys/values into the layer's buffers (in place), then attend
       # over the buffers alone: cache_pos_BS already holds this call's positions.
@@ -311,6 +322,10 @@ class Attention(nn.Module):
         sliding=None if window is None else jnp.asarray(window) < model_config.FULL_WINDOW,
         sliding_window=cfg.sliding_window, softcap=cfg.attn_softcap,
       )  # fmt: skip
+    elif cache_kv is None and length_shards() > 1 and T % length_shards() == 0:
+      # Each device's queries over the row's keys (no causal blocks: a block of queries
+      # is not a block of one device's, so slicing them would re-split the tokens).
+      out_BKQE = attention.attend(q_BKQE, q_pos_BQ, *keys, **mask)
     elif cache_kv is None:  # Teacher forcing or a prefill: causal within the call.
       out_BKQE = attention.attend_causal(q_BKQE, q_pos_BQ, *keys, **mask)
     elif keys is None:  # A paged cache (`kv_cache.PageView`).
@@ -333,6 +348,27 @@ class Attention(nn.Module):
     return out_BTD, new_kv
 
 
+def _split_queries_whole_keys(q_BKQE, q_pos_BQ, keys):
+  """Context parallelism (`sharding`'s `sequence` axis): the queries stay split by token
+  over the devices of "activation_length" (rows t-major, so a device's T/c tokens are its
+  T·R/c query rows), while the keys, values and their positions are constrained whole
+  along T, which makes the partitioner all-gather them (and reduce-scatter their
+  gradients in the backward). Masking is by position, so no device needs to know which
+  tokens it holds."""
+  q_names = ("activation_batch", "activation_kv_heads", "activation_length", "activation_head_dim")
+  k_names = ("activation_batch", "activation_kv_heads", "activation_head_dim", None)
+  v_names = ("activation_batch", "activation_kv_heads", None, "activation_head_dim")
+  k_BKET, v_BKTE, pos_BT = keys
+  q_BKQE = nn.with_logical_constraint(q_BKQE, q_names)
+  q_pos_BQ = nn.with_logical_constraint(q_pos_BQ, ("activation_batch", "activation_length"))
+  whole = (
+    nn.with_logical_constraint(k_BKET, k_names),
+    nn.with_logical_constraint(v_BKTE, v_names),
+    nn.with_logical_constraint(pos_BT, ("activation_batch", None)),
+  )
+  return q_BKQE, q_pos_BQ, whole
+
+
 _ACTIVATIONS = {"silu": nn.silu, "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True)}
 
 
@@ -349,7 +385,7 @@ class Mlp(nn.Module):
     for name in ("gate", "up"):
       y = _dense(cfg, cfg.mlp_dim, ("embed", "mlp"), name=name)(x_BTD)
       proj[name] = _adapted(cfg, name, x_BTD, y, in_names=("embed",), out_names=("mlp",))
-    h_BTF = nn.with_logical_constraint(
+    h_BTF = constrain(
       _ACTIVATIONS[cfg.activation](proj["gate"]) * proj["up"],
       ("activation_batch", "activation_length", "activation_mlp"),
     )
@@ -437,13 +473,36 @@ class Block(nn.Module):
     else:
       mlp = Mlp(cfg, name="mlp")
     x_BTD = x_BTD + post("mlp_post_norm", mlp(norm(name="mlp_norm")(x_BTD)))
-    return nn.with_logical_constraint(x_BTD, model_config.ACT_BTD), kv_new
+    return constrain(x_BTD, model_config.ACT_BTD), kv_new
 
 
 def _mesh_axes(name: str) -> tuple[str, ...]:
   """The mesh axes the logical rules in scope map `name` to (() outside them)."""
   axes = nn.logical_to_mesh_axes((name,))[0]
   return () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
+
+
+def length_shards() -> int:
+  """How many devices split a row's tokens (context parallelism, mesh axis `sequence`):
+  the size of the context mesh's axes that the rules in scope map "activation_length"
+  to; 1 outside a mesh or without such a rule."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or not nn.get_logical_axis_rules():
+    return 1
+  return math.prod(mesh.shape[a] for a in _mesh_axes("activation_length") if a in mesh.shape)
+
+
+def constrain(x, names):
+  """nn.with_logical_constraint, with "activation_length" left whole (None) where its
+  devices do not divide the dimension: a decode step's T = 1, or a call the sampler makes
+  with a cache. Context parallelism splits teacher-forced calls only (`sharding`)."""
+  shards = length_shards()
+  if shards > 1:
+    names = tuple(
+      None if n == "activation_length" and d % shards else n
+      for n, d in zip(names, x.shape, strict=True)
+    )
+  return nn.with_logical_constraint(x, names)
 
 
 class _Embed(nn.Embed):
@@ -464,10 +523,15 @@ class _Embed(nn.Embed):
       return jnp.take(self.embedding, inputs, axis=0).astype(self.dtype)
     width = _mesh_axes("embed")
     rows = tuple(a for a in _mesh_axes("activation_batch") if a not in width)
-    rules = (("rows", rows or None), ("width", width or None))
-    ids = nn.with_logical_constraint(inputs, ("rows", *(None,) * (inputs.ndim - 1)), rules=rules)
+    # Context parallelism: the tokens stay split over `sequence` throughout, so the
+    # re-split to [B, T, D] moves the fsdp split from D to B alone (an all-to-all).
+    split = inputs.ndim == 2 and inputs.shape[1] % length_shards() == 0
+    length = _mesh_axes("activation_length") if split else ()
+    rules = (("rows", rows or None), ("width", width or None), ("length", length or None))
+    names = ("rows", "length", *(None,) * (inputs.ndim - 2))
+    ids = nn.with_logical_constraint(inputs, names, rules=rules)
     x = jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
-    return nn.with_logical_constraint(x, ("rows", *(None,) * (x.ndim - 2), "width"), rules=rules)
+    return nn.with_logical_constraint(x, (*names, "width"), rules=rules)
 
 
 class Decoder(nn.Module):
@@ -498,7 +562,7 @@ class Decoder(nn.Module):
     x_BTD = embed(tokens_BT)
     if cfg.embed_scale:  # Gemma: √d rounded to the compute dtype, as transformers does.
       x_BTD = x_BTD * jnp.asarray(cfg.d_model**0.5, cfg.compute_dtype)
-    x_BTD = nn.with_logical_constraint(x_BTD, model_config.ACT_BTD)
+    x_BTD = constrain(x_BTD, model_config.ACT_BTD)
     windows_L, inv_freq_LH = attention.layer_windows(cfg), attention.layer_inv_freq(cfg)
 
     block = Block
@@ -536,8 +600,8 @@ class Decoder(nn.Module):
         jax.tree.map(lambda *xs: jnp.stack(xs), *new) if cache_kv is None else tuple(zip(*new))
       )
 
-    if self.logits_slice is not None:
-      x_BTD = x_BTD[:, self.logits_slice[0] : self.logits_slice[1]]
+    if self.logits_slice is not None:  # Re-split: the slice's tokens start at another offset.
+      x_BTD = constrain(x_BTD[:, self.logits_slice[0] : self.logits_slice[1]], model_config.ACT_BTD)
     x_BTD = _norm(cfg)(name="final_norm")(x_BTD)
     if not self.head:
       return x_BTD, kv_new
@@ -618,7 +682,7 @@ def _finish_logits(cfg: model_config.ModelConfig, logits_BTV):
   if 0 < cfg.vocab_limit < cfg.vocab_size:
     live_V = jnp.arange(cfg.vocab_size) < cfg.vocab_limit
     logits_BTV = jnp.where(live_V, logits_BTV, -1e9)
-  return nn.with_logical_constraint(logits_BTV, model_config.ACT_BTV)
+  return constrain(logits_BTV, model_config.ACT_BTV)
 
 
 def head_logits(params: Params, x_BTD, *, cfg: model_config.ModelConfig, dropout_key=None):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
@@ -104,8 +105,12 @@ def completion_logits(
   routes: (prompt [N, P, L, k], completion [N, T, L, k]) experts to replay (a mixture of
   experts, `model.apply(routes=...)`), or None: the model routes itself."""
   P = prompt_tokens_NP.shape[1]
-  tokens_NS = jnp.concatenate([prompt_tokens_NP, tokens_NT], axis=1)
-  mask_NS = jnp.concatenate([prompt_mask_NP, mask_NT], axis=1)
+  # Rows over the batch axes and, under context parallelism, tokens over `sequence`, said
+  # here: left to itself the partitioner may split the rows over both and then have to
+  # replicate the row to re-split it (an "involuntary full rematerialization").
+  row_names = ("activation_batch", "activation_length")
+  tokens_NS = model_lib.constrain(jnp.concatenate([prompt_tokens_NP, tokens_NT], axis=1), row_names)
+  mask_NS = model_lib.constrain(jnp.concatenate([prompt_mask_NP, mask_NT], axis=1), row_names)
   S = tokens_NS.shape[1]
   # Logits at slot s predict the token at slot s + 1: slots P-1 .. S-2.
   extra = {"hidden_only": True} if hidden_only else {}
@@ -145,21 +150,44 @@ def chunked_stats(
   [N, chunk, V] logits at once and the backward recomputes each block's logits from its
   hidden states instead of keeping [N, T, V] (the head's matmul runs twice: the price of
   the memory). T is padded to a multiple of the chunk; the padding is cut off. With a
-  dropout_key, block c's head forward gets fold_in(key, c) (blocks draw distinct masks)."""
+  dropout_key, block c's head forward gets fold_in(key, c) (blocks draw distinct masks).
+
+  Under context parallelism (c = `model.length_shards()` devices split the T positions,
+  c | T) the blocks are taken within each device's T/c positions: block j is every
+  device's j-th chunk, [N, c, chunk] split over the devices, so no device waits on
+  another's tokens and nothing is gathered."""
   N, T, D = hidden_NTD.shape
-  C = -(-T // chunk)
-  pad = C * chunk - T
-  h_CNcD = jnp.pad(hidden_NTD, ((0, 0), (0, pad), (0, 0))).reshape(N, C, chunk, D).swapaxes(0, 1)
-  y_CNc = jnp.pad(tokens_NT, ((0, 0), (0, pad))).reshape(N, C, chunk).swapaxes(0, 1)
+  c = model_lib.length_shards()
+  c = c if c > 1 and T % c == 0 else 1
+  local = T // c
+  C = -(-local // chunk)
+  pad = C * chunk - local
+  split = lambda x: x.reshape(N, c, local, *x.shape[2:])  # noqa: E731
+  cut = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 3))  # noqa: E731
+  # [N, c, C·chunk, ...] -> [C, N, c·chunk, ...]: block j is every device's j-th chunk.
+  blocks = (
+    lambda x: jnp.moveaxis(x.reshape(N, c, C, chunk, *x.shape[3:]), 2, 0).reshape(  # noqa: E731
+      C, N, c * chunk, *x.shape[3:]
+    )
+  )
+  h_CNcD = blocks(cut(split(hidden_NTD)))
+  y_CNc = blocks(cut(split(tokens_NT)))
+  if c > 1:
+    h_CNcD = nn.with_logical_constraint(h_CNcD, (None, *model_lib.ACT_BTD))
+    y_CNc = nn.with_logical_constraint(y_CNc, (None, "activation_batch", "activation_length"))
 
   @jax.checkpoint
-  def block(params, h_NcD, y_Nc, c):
-    extra = {} if dropout_key is None else {"dropout_key": jax.random.fold_in(dropout_key, c)}
+  def block(params, h_NcD, y_Nc, j):
+    extra = {} if dropout_key is None else {"dropout_key": jax.random.fold_in(dropout_key, j)}
     logits_NcV, _ = model_fn(params, h_NcD, None, None, head_only=True, **extra)
     return _stats_of_logits(logits_NcV, y_Nc, with_rank=with_rank)
 
   out = jax.lax.map(lambda xs: block(params, *xs), (h_CNcD, y_CNc, jnp.arange(C)))
-  unchunk = lambda x_CNc: x_CNc.swapaxes(0, 1).reshape(N, C * chunk)[:, :T]  # noqa: E731
+
+  def unchunk(x_CNc):  # The inverse of `blocks`, the padding cut off.
+    x_NcCk = jnp.moveaxis(x_CNc.reshape(C, N, c, chunk), 0, 2)
+    return x_NcCk.reshape(N, c, C * chunk)[:, :, :local].reshape(N, T)
+
   return tuple(None if x is None else unchunk(x) for x in out)
 
 

@@ -16,12 +16,23 @@ Mesh axes:
 - ``fsdp``: data parallelism with params, gradients and optimizer state split along it
   (ZeRO-3 / FSDP): the ``embed`` dimension of every weight is sharded over ``fsdp``,
   gathered layer by layer when used.
+- ``sequence``: context parallelism: the tokens of each row of a teacher-forced forward
+  and backward (the update, π_old and the reference) are split over it
+  (``activation_length``); each device attends its own queries over the row's keys and
+  values, which the partitioner all-gathers (`layers.Attention`). An all-gather and not a
+  ring (Liu et al. 2023): with grouped-query attention the keys and values are H/K times
+  smaller than the queries (Qwen2.5-1.5B: 12 query heads, 2 kv heads, 1 KB of bfloat16
+  K/V a token a layer, so a 32k-token row gathers 32 MB a layer), one all-gather needs no
+  hand-written schedule or custom backward, and the mask stays the positions' rule (any
+  padding, window or packing). Llama 3's context parallelism made the same choice for
+  the same reasons (Dubey et al. 2024, section 3.3.2). The sampler's calls with a cache
+  do not split their length; their rows are split over data × fsdp as always.
 - ``tensor``: tensor (Megatron) parallelism: heads, the MLP width and the vocabulary are
   split; activations are reduced across it after the o and down projections.
 
 The batch (prompts, rollouts, mini-batches) is split over ``data`` × ``fsdp``. A mesh size
 of -1 takes the devices the others leave, so the default ``MeshConfig()`` (data 1, fsdp -1,
-tensor 1) is FSDP over every device, and on one device it is that device.
+sequence 1, tensor 1) is FSDP over every device, and on one device it is that device.
 
 A rule maps a logical name to one mesh axis, a tuple of mesh axes, or None (replicated).
 `spec` refuses a logical name without a rule, and a dimension its mesh axes do not divide,
@@ -45,7 +56,7 @@ import numpy as np
 from grpo_jax.infra import config_lib
 from grpo_jax.models import model
 
-AXES = ("data", "fsdp", "tensor")
+AXES = ("data", "fsdp", "sequence", "tensor")
 BATCH_AXES = ("data", "fsdp")
 P = jax.sharding.PartitionSpec
 
@@ -66,7 +77,8 @@ DEFAULT_RULES = (
   ("layers", None),
   ("lora_rank", None),  # Adapters (`lora`): the rank is small, never split.
   ("activation_batch", BATCH_AXES),
-  ("activation_length", None),
+  # Context parallelism: a row's tokens over `sequence` (size 1 unless mesh.sequence > 1).
+  ("activation_length", "sequence"),
   ("activation_embed", None),
   ("activation_mlp", "tensor"),
   ("activation_vocab", "tensor"),
@@ -82,6 +94,7 @@ class MeshConfig:
 
   data: int = 1
   fsdp: int = -1
+  sequence: int = 1
   tensor: int = 1
   rules: tuple = DEFAULT_RULES
 
@@ -101,8 +114,8 @@ class MeshConfig:
   def from_dict(cls, d) -> MeshConfig:
     return config_lib.from_dict(cls, d, where="mesh")
 
-  def shape(self, n_devices: int) -> tuple[int, int, int]:
-    """(data, fsdp, tensor) for n_devices, -1 resolved; errors say what would fit."""
+  def shape(self, n_devices: int) -> tuple[int, int, int, int]:
+    """(data, fsdp, sequence, tensor) for n_devices, -1 resolved; errors say what would fit."""
     sizes = [getattr(self, a) for a in AXES]
     known = math.prod(n for n in sizes if n != -1)
     if -1 in sizes:
@@ -153,9 +166,10 @@ def _norm_axes(v, name):
 
 
 def make_mesh(cfg: MeshConfig, devices: Sequence[Any] | None = None) -> jax.sharding.Mesh:
-  """A (data, fsdp, tensor) mesh over `devices` (default: all, of every process). Devices
-  of several TPU slices (multi-slice) get a hybrid mesh: `data` spans the slices (over
-  the data-centre network), fsdp and tensor stay within each slice (over ICI)."""
+  """A (data, fsdp, sequence, tensor) mesh over `devices` (default: all, of every process).
+  Devices of several TPU slices (multi-slice) get a hybrid mesh: `data` spans the slices
+  (over the data-centre network), fsdp, sequence and tensor stay within each slice (over
+  ICI)."""
   devices = list(jax.devices() if devices is None else devices)
   shape = cfg.shape(len(devices))
   auto = (jax.sharding.AxisType.Auto,) * len(AXES)
@@ -190,16 +204,17 @@ def slices_of(devices: Sequence[Any]) -> int:
   return len({getattr(d, "slice_index", 0) for d in devices})
 
 
-def _hybrid_grid(shape: tuple[int, int, int], devices, n_slices: int) -> np.ndarray:
-  data, fsdp, tensor = shape
+def _hybrid_grid(shape: tuple[int, ...], devices, n_slices: int) -> np.ndarray:
+  data, *within = shape
   if data % n_slices:
     raise ValueError(
-      f"mesh (data, fsdp, tensor) = {shape} over {n_slices} slices: data must be a multiple "
-      f"of the slices ({n_slices}), since only data parallelism crosses slices (fsdp and "
-      "tensor collectives stay on ICI). Set config.mesh.data to a multiple of the slices."
+      f"mesh (data, fsdp, sequence, tensor) = {shape} over {n_slices} slices: data must be a "
+      f"multiple of the slices ({n_slices}), since only data parallelism crosses slices "
+      "(fsdp, sequence and tensor collectives stay on ICI). Set config.mesh.data to a "
+      "multiple of the slices."
     )
   return jax.experimental.mesh_utils.create_hybrid_device_mesh(
-    (data // n_slices, fsdp, tensor), (n_slices, 1, 1), devices=devices
+    (data // n_slices, *within), (n_slices, *(1,) * len(within)), devices=devices
   )
 
 
