@@ -18,9 +18,11 @@ of one call of each (a CPU runs the 4 devices on its own cores: the time is for
 completeness, not a claim).
 
 Model: the tiny Qwen3-shaped model (float32; 4 query heads over 2 kv heads, q/k norm),
-scanned layers with full remat (as a long-row run would be), two rows: the first with 5
-left-padded prompt slots, the second's completion 100 tokens short of the row, so padding
-on both sides is covered. The verdict follows `RULE`, written before the first run.
+scanned layers with full remat (as a long-row run would be); one row (two in --quick),
+the first with 5 left-padded prompt slots and its completion 100 tokens short of the
+row, so padding on both sides is covered. Each device attends 512 of its queries at a
+time (`model.context_query_block`; 64 in --quick, so its 128 and 256 tokens a device
+take the blocked path too). The verdict follows `RULE`, written before the first run.
 Writes experiments/results/long_rollouts/context_parallel.json.
 """
 
@@ -52,6 +54,7 @@ OUT = ROOT / "experiments" / "results" / "long_rollouts" / "context_parallel.jso
 SHARDS = 4
 PROMPT = 64
 LOGIT_CHUNK = 512
+QUERY_BLOCK = 512  # model.context_query_block's default.
 RULE = (
   "supports if, at every length, every token's log-prob and entropy is within 1e-5 of the "
   "unsharded program's, every parameter's gradient is within 1e-5 of it relative to that "
@@ -62,18 +65,19 @@ RULE = (
 )
 
 
-def _inputs(S: int, *, vocab: int):
-  """Two rows of S tokens: P = PROMPT prompt slots (row 0 with 5 left-padded), T = S - P
-  completion slots (row 1's last 100 are padding)."""
+def _inputs(S: int, *, vocab: int, rows: int):
+  """`rows` rows of S tokens: P = PROMPT prompt slots (5 of row 0's left-padded), T = S - P
+  completion slots (row 0's last 100 are padding)."""
   P = min(PROMPT, S // 8)
   T = S - P
   rng = np.random.default_rng(0)
-  prompt_NP = rng.integers(2, vocab, (2, P)).astype(np.int32)
-  prompt_mask_NP = np.ones((2, P), bool)
+  prompt_NP = rng.integers(2, vocab, (rows, P)).astype(np.int32)
+  prompt_mask_NP = np.ones((rows, P), bool)
   prompt_mask_NP[0, :5] = False
-  tokens_NT = rng.integers(2, vocab, (2, T)).astype(np.int32)
-  mask_NT = np.arange(T)[None, :] < np.array([[T], [T - 100]])
-  weight_NT = rng.standard_normal((2, T)).astype(np.float32)
+  tokens_NT = rng.integers(2, vocab, (rows, T)).astype(np.int32)
+  mask_NT = np.ones((rows, T), bool)
+  mask_NT[0, T - 100 :] = False
+  weight_NT = rng.standard_normal((rows, T)).astype(np.float32)
   return tuple(map(jnp.asarray, (prompt_NP, prompt_mask_NP, tokens_NT, mask_NT, weight_NT)))
 
 
@@ -105,10 +109,10 @@ def _run(fn, args, layout=None):
   return out, compiled.memory_analysis().temp_size_in_bytes, time.perf_counter() - start
 
 
-def measure(cfg, S: int) -> dict:
+def measure(cfg, S: int, *, rows: int) -> dict:
   """One length: the one-device and the sequence=4 programs, their differences and bytes."""
   params = model.init(cfg, jax.random.key(0))
-  args = (params, *_inputs(S, vocab=cfg.vocab_size))
+  args = (params, *_inputs(S, vocab=cfg.vocab_size, rows=rows))
   fn = _program(cfg)
   ((_, (lp0, ent0)), g0), temp0, t0 = _run(fn, args)
   layout = sharding.Layout.create(
@@ -121,6 +125,7 @@ def measure(cfg, S: int) -> dict:
   ]
   return {
     "tokens": S,
+    "rows": rows,
     "max_abs_logp_diff": float(jnp.max(jnp.abs(lp0 - lp1))),
     "max_abs_entropy_diff": float(jnp.max(jnp.abs(ent0 - ent1))),
     "max_rel_grad_diff": max(rel),
@@ -152,9 +157,10 @@ def main(argv=None) -> dict:
       f"{len(jax.devices())} devices; this needs {SHARDS} (XLA_FLAGS="
       f"--xla_force_host_platform_device_count={SHARDS} on CPU)."
     )
-  cfg = model.tiny_config(64, scan_layers=True, remat="full")
-  lengths = (512, 1024) if args.quick else (4096, 8192, 16384)
-  rows = [measure(cfg, S) for S in lengths]
+  block = 64 if args.quick else QUERY_BLOCK
+  cfg = model.tiny_config(64, scan_layers=True, remat="full", context_query_block=block)
+  lengths, n = ((512, 1024), 2) if args.quick else ((4096, 8192, 16384), 1)
+  rows = [measure(cfg, S, rows=n) for S in lengths]
   record = {
     "claim": "context parallelism (mesh.sequence) gives the unsharded log-probs and "
     "gradients of long rows, with less memory per device",
@@ -165,8 +171,8 @@ def main(argv=None) -> dict:
     ).stdout.strip(),  # fmt: skip
     "host": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
     f"{len(jax.devices())} host devices",
-    "model": "tiny (float32, scanned layers, full remat), 2 rows, LM head in chunks of "
-    f"{LOGIT_CHUNK}",
+    "model": f"tiny (float32, scanned layers, full remat), {n} row(s), LM head in chunks of "
+    f"{LOGIT_CHUNK}, {block} query tokens a device at a time (model.context_query_block)",
     "rows": rows,
   }
   record["verdict"] = verdict(rows)

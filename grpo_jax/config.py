@@ -75,7 +75,9 @@ SECTIONS = (
   "reward_model",
 )
 # What config.model may set when the architecture comes from a HF checkpoint.
-HF_RUNTIME_KEYS = ("param_dtype", "dtype", "scan_layers", "remat", "attention_impl", "lora")
+HF_RUNTIME_KEYS = (
+  "param_dtype", "dtype", "scan_layers", "remat", "attention_impl", "context_query_block", "lora",
+)  # fmt: skip
 
 
 def _check_fields(obj, where: str, *, at_least: dict[str, float], above: dict[str, float] = ()):

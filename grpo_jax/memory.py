@@ -350,10 +350,13 @@ def plan(
   working = logits_grad
   if remat_on or model_cfg.scan_layers:  # The backward of one layer, its recomputed
     S = P + T  # activations and its attention-score gradient (the causal blocks' entries,
-    # `attention.causal_blocks`; S²/cp under context parallelism), at the scan's pace.
+    # `attention.causal_blocks`; a query block's under context parallelism), at the
+    # scan's pace.
     working += one_layer
     if model_cfg.attention_impl == "xla":  # A kernel keeps its score blocks in VMEM.
-      entries = attention.causal_score_entries(S) if cp == 1 else S * S // cp
+      entries = attention.causal_score_entries(S)
+      if cp > 1:  # Each device's query blocks over all S keys (`attend_query_blocks`).
+        entries = min(S // cp, model_cfg.context_query_block or S) * S
       working += mb_rows * local.n_heads * entries * 4
   if model_cfg.scan_layers:  # The layer scan's stacked gradient, before it is accumulated.
     working += trainable

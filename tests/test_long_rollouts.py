@@ -48,9 +48,11 @@ def test_context_parallel_log_probs_and_gradients_equal_the_unsharded_ones(tmp_p
   """experiments/context_parallel.py --quick in a child with 4 host devices: rows of 512
   and 1,024 tokens (left-padded prompt, right-padded completion, LM head in chunks)
   split over mesh.sequence=4 give the one-device log-probs, entropies and gradients
-  within 1e-5 (float32), with under half the temporary bytes a device at 1,024 tokens
-  (the one device's causal blocks hold 5/8 of the 1,024² scores per head, each of the 4
-  devices its 256 queries' scores over all 1,024 keys: 1/4)."""
+  within 1e-5 (float32). Each device attends 64 of its queries at a time
+  (model.context_query_block: 4 blocks of its 256 tokens at 1,024), so at 1,024 tokens a
+  device holds a block's 64 x 1,024 scores per head against the one device's causal
+  blocks, up to 256 x 1,024 and 5/8 of 1,024² in all: under a quarter of the temporary
+  bytes (measured 0.12)."""
   import subproc  # noqa: PLC0415
 
   out = tmp_path / "context_parallel.json"
@@ -61,5 +63,5 @@ def test_context_parallel_log_probs_and_gradients_equal_the_unsharded_ones(tmp_p
   for row in record["rows"]:
     assert row["max_abs_logp_diff"] <= 1e-5 and row["max_abs_entropy_diff"] <= 1e-5, row
     assert row["max_rel_grad_diff"] <= 1e-5, row
-  assert record["rows"][-1]["temp_ratio"] < 0.5, record["rows"]
+  assert record["rows"][-1]["temp_ratio"] < 0.25, record["rows"]
   assert record["verdict"] == "supports"

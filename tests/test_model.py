@@ -357,6 +357,27 @@ def test_causal_blocks_attention_equals_attention_over_all_keys():
   assert np.all(out[0, :, : 70 * 2] == 0) and np.abs(out[1:, :, :2]).min() > 0
 
 
+@pytest.mark.parametrize("parts,block", [(1, 64), (2, 48), (4, 26)])
+def test_query_blocks_equal_attention_over_all_keys(parts, block):
+  """`attend_query_blocks` (context parallelism's attention, here without a mesh): the
+  400 query rows in `parts` parts of 400 / parts, `block` rows of each at a time, the
+  last block of a part padded (48 and 26 do not divide 200 and 100), give `attend`'s
+  output and gradients, padding queries included."""
+  q, q_pos, keys, values, pos = _causal_case()
+  full = lambda q, k, v: attention.attend(q, q_pos, k, v, pos, dtype=jnp.float32)
+  blocked = lambda q, k, v: attention.attend_query_blocks(
+    q, q_pos, k, v, pos, parts=parts, block=block, dtype=jnp.float32
+  )
+  np.testing.assert_allclose(blocked(q, keys, values), full(q, keys, values), atol=2e-6)
+  w = jax.random.normal(jax.random.key(3), q.shape)
+  grads = [
+    jax.jit(jax.grad(lambda *a, f=f: jnp.sum(f(*a) * w), argnums=(0, 1, 2)))(q, keys, values)
+    for f in (blocked, full)
+  ]
+  for g_blocked, g_full in zip(*grads, strict=True):
+    np.testing.assert_allclose(g_blocked, g_full, atol=2e-5)
+
+
 def test_causal_blocks_rely_on_increasing_positions():
   """The contract is real: a key placed after its query with a smaller position is seen by
   `_attend` and skipped by the blocks, so their outputs differ."""

@@ -185,6 +185,46 @@ def attend_causal(
   return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=2)
 
 
+def attend_query_blocks(
+  q_BKQE, q_pos_BQ, keys_BKES, values_BKSE, key_pos_BS, *, parts, block, dtype, window=None,
+  softcap=0.0, split=lambda x: x,
+):  # fmt: skip
+  """`attend` of Q query rows held in `parts` contiguous parts (the devices of context
+  parallelism, rows t-major), `block` rows of every part at a time: a `lax.map` over
+  n = ⌈Q / (parts · block)⌉ steps, step j taking each part's j-th block, under
+  `jax.checkpoint`. The scores live one step at a time, [B, K, parts · block, S] (block × S
+  on each device), in the forward and in the backward, which recomputes a step's scores
+  instead of keeping them: memory-efficient attention in the query dimension (Rabe and
+  Staats 2021); every block sees all S keys, so it is `attend` row for row. A part's rows
+  are padded to n · block with position −1 (queries that see nothing), then cut off.
+  `split` constrains a step's [B, K, parts · block, ...] arrays to the parts' devices."""
+  B, K, Q, E = q_BKQE.shape
+  local = Q // parts
+  n = -(-local // block)
+  pad = n * block - local
+
+  def steps(x, axis, fill):  # Q at `axis` -> [n, ..., parts · block, ...]: step j's rows.
+    lead, rest = x.shape[:axis], x.shape[axis + 1 :]
+    x = x.reshape(*lead, parts, local, *rest)
+    widths = [(0, 0)] * x.ndim
+    widths[axis + 1] = (0, pad)
+    x = jnp.pad(x, widths, constant_values=fill).reshape(*lead, parts, n, block, *rest)
+    return jnp.moveaxis(x, axis + 1, 0).reshape(n, *lead, parts * block, *rest)
+
+  @jax.checkpoint
+  def one(q_step, pos_step):
+    out = attend(
+      split(q_step), split(pos_step), keys_BKES, values_BKSE, key_pos_BS, dtype=dtype,
+      window=window, softcap=softcap,
+    )  # fmt: skip
+    return split(out)
+
+  out_nBKqE = jax.lax.map(lambda xs: one(*xs), (steps(q_BKQE, 2, 0), steps(q_pos_BQ, 1, -1)))
+  out = out_nBKqE.reshape(n, B, K, parts, block, E)
+  out = jnp.moveaxis(out, 0, 3).reshape(B, K, parts, n * block, E)[:, :, :, :local]
+  return out.reshape(B, K, Q, E)
+
+
 def attend_shared(
   q_BKQE,
   q_pos_BQ,

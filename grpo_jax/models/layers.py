@@ -324,8 +324,15 @@ class Attention(nn.Module):
       )  # fmt: skip
     elif cache_kv is None and length_shards() > 1 and T % length_shards() == 0:
       # Each device's queries over the row's keys (no causal blocks: a block of queries
-      # is not a block of one device's, so slicing them would re-split the tokens).
-      out_BKQE = attention.attend(q_BKQE, q_pos_BQ, *keys, **mask)
+      # is not a block of one device's, so slicing them would re-split the tokens), in
+      # blocks of model.context_query_block tokens a device.
+      parts, block = length_shards(), cfg.context_query_block * R
+      if 0 < block < q_BKQE.shape[2] // parts:
+        out_BKQE = attention.attend_query_blocks(
+          q_BKQE, q_pos_BQ, *keys, parts=parts, block=block, split=_split_rows, **mask
+        )
+      else:
+        out_BKQE = attention.attend(q_BKQE, q_pos_BQ, *keys, **mask)
     elif cache_kv is None:  # Teacher forcing or a prefill: causal within the call.
       out_BKQE = attention.attend_causal(q_BKQE, q_pos_BQ, *keys, **mask)
     elif keys is None:  # A paged cache (`kv_cache.PageView`).
@@ -346,6 +353,15 @@ class Attention(nn.Module):
       cfg, "o", out_BTHE, out_BTD, in_names=("q_heads", "head_dim"), out_names=("embed",)
     )
     return out_BTD, new_kv
+
+
+def _split_rows(x):
+  """A block step's queries [B, K, Q, E] or their positions [B, Q], split by token over
+  the devices of "activation_length" (`attention.attend_query_blocks`)."""
+  if x.ndim == 2:
+    return nn.with_logical_constraint(x, ("activation_batch", "activation_length"))
+  names = ("activation_batch", "activation_kv_heads", "activation_length", "activation_head_dim")
+  return nn.with_logical_constraint(x, names)
 
 
 def _split_queries_whole_keys(q_BKQE, q_pos_BQ, keys):

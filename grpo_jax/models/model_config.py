@@ -149,6 +149,10 @@ class ModelConfig:
   # backend), "splash" (a Pallas flash-attention kernel, TPU only) or "splash_interpret"
   # (that kernel interpreted, any backend: tests). Decoding is XLA always (`kernels`).
   attention_impl: str = "xla"
+  # Context parallelism (mesh.sequence > 1, XLA path): each device attends this many of its
+  # tokens' queries at a time, recomputed in the backward (`attention.attend_query_blocks`):
+  # scores [block, S] a head instead of [S / sequence, S]. 0: all of them at once.
+  context_query_block: int = 512
   # Gemma-style features (`families` says which family has which; the defaults are Llama's).
   activation: str = "silu"  # MLP gate activation: "silu" (SwiGLU), "gelu_tanh" (GeGLU).
   # RMSNorm y = x / rms(x) · (norm_offset + w), in float32 when the offset is 1 (Gemma,
@@ -216,6 +220,11 @@ class ModelConfig:
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r}; allowed: {sorted(_DTYPES)}.")
     kernels.check_impl(self.attention_impl)
+    if not isinstance(self.context_query_block, int) or self.context_query_block < 0:
+      raise ValueError(
+        f"ModelConfig.context_query_block={self.context_query_block!r}; allowed: an int >= 0 "
+        "(query tokens a device attends at once under context parallelism; 0: all)."
+      )
     moe.check_impl(self.moe_impl)
     self._check_gemma_features()
     self._check_experts()
