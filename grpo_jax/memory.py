@@ -389,7 +389,7 @@ def plan(
     pages=pages,
   )
   return Plan(
-    mesh=(data, fsdp, mesh_cfg.shape(n_devices)[2], tensor),
+    mesh=(data, fsdp, cp, tensor),
     params=params,
     ref_params=params if rl_cfg.use_ref and not adapted else 0,
     opt_state=opt_state,
