@@ -97,8 +97,11 @@ def abstract_arguments(setup, fns) -> dict[str, tuple]:
   rl_cfg = setup.rl_cfg
   state, batch, key, prompts = abstract.inputs(setup, fns)
   hyper = setup.sampling_hyper
-  with fns.layout.context():
-    rollouts = jax.eval_shape(fns.samplers.train.jitted, state.params, prompts, key, hyper)
+  sampler = fns.samplers.train  # Traced in its own layout's context, as `Jitted` runs it.
+  with sampler.layout.context():
+    rollouts = jax.eval_shape(
+      sampler.jitted, *sampler.place((state.params, prompts, key, hyper), abstract=True)
+    )
   if fns.episodes is not None:  # Episodes train the model's own tokens only (action mask).
     actions = lambda x: jax.ShapeDtypeStruct(x.mask_NT.shape, jnp.bool_)  # noqa: E731
     rollouts = rollouts.replace(action_mask_NT=actions(rollouts))
@@ -129,8 +132,9 @@ def _counterfactual_arguments(setup, fns, state, rollouts, key) -> tuple:
   cf, N = setup.counterfactual, rollouts.tokens_NT.shape[0]
   M = setup.loop.prompts_per_step * cf.per_group
   correct_N = jax.ShapeDtypeStruct((N,), jnp.float32)
-  with fns.layout.context():
-    cf_plan = jax.eval_shape(fns.counterfactual.plan.jitted, key, rollouts, correct_N)
+  plan = fns.counterfactual.plan
+  with plan.layout.context():
+    cf_plan = jax.eval_shape(plan.jitted, *plan.place((key, rollouts, correct_N), abstract=True))
   prompts = None
   if cf.perturbed:
     P = max(setup.sampler_cfg.prompt_buckets)
@@ -206,8 +210,8 @@ def compile_function(jitted, args: tuple, *, layout: sharding.Layout | None = No
   out-of-memory (`tpu.COMPILE_PAST_OOM`: XLA would refuse, and the report says by how much
   it does not fit), and never into JAX's persistent cache (a compile-only client cannot
   load TPU executables back)."""
-  if isinstance(jitted, sharding.Jitted):
-    layout, jitted = jitted.layout, jitted.jitted
+  if isinstance(jitted, sharding.Jitted):  # Its arguments on its in_shardings, as it runs.
+    layout, args, jitted = jitted.layout, jitted.place(args, abstract=True), jitted.jitted
   if layout is None:
     raise TypeError("compile_function: a plain jax.jit needs layout= (its mesh and rules).")
   with layout.context(), _no_persistent_cache():

@@ -105,9 +105,9 @@ XLA; `tests/test_memory.py`, `grpo-jax plan --compile` prints both):
 - context parallelism (mesh.sequence, `residual_bytes(sequence=)`), scale.py tiny:
   train-step temporaries 1.12 on (data, fsdp, sequence, tensor) = (1, 2, 4, 1) and 1.07
   on (1, 4, 2, 1), scanned with remat; 0.94 on (1, 2, 4, 1) unrolled without remat; 1.16
-  on (2, 1, 4, 1). The sampler does not split its rows' tokens, but XLA splits the
-  prompt's over sequence in the prefill: 1.04 and 0.96 scanned, 1.58 unrolled without
-  remat (an over-estimate; not modelled).
+  on (2, 1, 4, 1). The sampler splits its rows over sequence too
+  (`sharding.Layout.sampling`): 0.91 on (1, 2, 4, 1), one prompt a device (XLA 2.43 MB
+  a device; 6.08 MB when the sequence devices repeated the rows).
 XLA on CPU does not realise the saving of remat without scan_layers (measured: 6% less
 temporary memory, not the 60% the residuals predict), so the plan counts remat as
 effective only with `model.scan_layers`.
@@ -176,6 +176,7 @@ class Plan:
   micro_batch_rows: int  # Rows of one micro-batch on one device.
   rollout_rows: int  # Rollout rows on one device.
   logprob_forward: int = 0  # The π_old / reference forwards' working set.
+  sampler_rows: int = 0  # The sampler's rows on one device (0: rollout_rows).
 
   @property
   def resident(self) -> int:
@@ -310,12 +311,14 @@ def plan(
   sampler's (`sampling.segment_count`); shared_prefix: whether its group rows share the
   prompt's cache slots (`model.KVCache.share`); pages: (pool pages, Z) of a paged
   sampler (`_pool_pages`), None: dense."""
-  data, fsdp, cp, tensor = mesh_cfg.shape(n_devices)
-  sizes = dict(zip(sharding.AXES, (data, fsdp, cp, tensor), strict=True))
+  data, fsdp, seq, tensor = mesh_cfg.shape(n_devices)
+  sizes = dict(zip(sharding.AXES, (data, fsdp, seq, tensor), strict=True))
   dp = data * fsdp
   # Context parallelism splits the teacher-forced forwards' tokens over `sequence` when it
-  # divides them (`layers.length_shards`); the sampler's calls are not split.
-  cp = cp if cp > 1 and (prompt_len + max_new_tokens) % cp == 0 else 1
+  # divides them (`layers.length_shards`); a sampler splits its rows over it instead, when
+  # data · fsdp · sequence divides the prompts (`sharding.Layout.sampling`).
+  cp = seq if seq > 1 and (prompt_len + max_new_tokens) % seq == 0 else 1
+  sampler_dp = dp * seq if prompts % (dp * seq) == 0 else dp
   rules = mesh_cfg.rules
   boxed = jax.eval_shape(functools.partial(model.init_boxed, model_cfg), jax.random.key(0))
   boxed = model.cast_base(boxed, model_cfg)  # model.lora.base_dtype.
@@ -371,6 +374,7 @@ def plan(
     + 2 * lp_rows * (P + T) // cp * local.d_model * 4
     + gathered
   )
+  sampler_rows = N // sampler_dp if N % sampler_dp == 0 else N
   sampler_cfg, view = model.sampler_view(model_cfg, fsdp=fsdp)
   sampled, merged = _sampled_tree(boxed, sampler_cfg, view), 0
   if sampled is not boxed:  # Merged adapters or unstacked layers: a copy of the weights.
@@ -380,8 +384,9 @@ def plan(
     sampled,
     rules=rules,
     sizes=sizes,
-    rows=rollout_rows,
-    prompt_rows=prompts // dp if prompts % dp == 0 else prompts,
+    rows=sampler_rows,
+    prompt_rows=prompts // sampler_dp if prompts % sampler_dp == 0 else prompts,
+    row_devices=sampler_dp,
     P=P,
     T=T,
     segments=decode_segments,
@@ -389,7 +394,7 @@ def plan(
     pages=pages,
   )
   return Plan(
-    mesh=(data, fsdp, cp, tensor),
+    mesh=(data, fsdp, seq, tensor),
     params=params,
     ref_params=params if rl_cfg.use_ref and not adapted else 0,
     opt_state=opt_state,
@@ -403,6 +408,7 @@ def plan(
     micro_batch_rows=mb_rows,
     rollout_rows=rollout_rows,
     logprob_forward=logprob_forward,
+    sampler_rows=sampler_rows,
   )
 
 
@@ -440,12 +446,14 @@ def _sampler_bytes(
   segments=1,
   shared=False,
   pages=None,
+  row_devices=None,
 ) -> int:
   """Temporary memory of the compiled sampler (`sampling.sample`) on one device: the
   largest of its three phases (module docstring, "sampler"). `rows` rollout rows and
   `prompt_rows` prompts on a device; P prompt slots, T new tokens; `shared`: the rows
   share their prompt's P - 1 slots (`model.KVCache.share`) and own T slots each.
-  pages: (pool pages, page size Z) of a paged cache (`paged`), or None: dense."""
+  pages: (pool pages, page size Z) of a paged cache (`paged`), or None: dense.
+  row_devices: the devices the rows are split over (None: data × fsdp)."""
   if pages is not None:
     return _paged_sampler_bytes(cfg, boxed, rules=rules, sizes=sizes, rows=rows,
                                 prompt_rows=prompt_rows, P=P, T=T, pages=pages)  # fmt: skip
@@ -513,7 +521,8 @@ def _sampler_bytes(
       hoisted *= 2
     # The model decides on the global shapes it sees under jit (all rows, all kv heads).
     R = cfg.n_heads // cfg.n_kv_heads
-    global_rows = rows * sizes["data"] * fsdp  # The own slots' p·V (`attention.attend_shared`).
+    # The own slots' p·V (`attention.attend_shared`).
+    global_rows = rows * (row_devices or sizes["data"] * fsdp)
     copied = 1 if attention._pv_by_reduce(global_rows, cfg.n_kv_heads, R, S, E) else 2
     decode = cache + (1.5 * copied * L * buf if unit_heads else 0) + hoisted + step_sampling
     prefill_weights = w_model if fsdp > 1 else 0  # Gathered all at once, as in training.
@@ -650,9 +659,10 @@ def measure(setup, fns) -> dict:
   arguments without the rollout batch (the plan's resident params and optimizer state)."""
   rl_cfg = setup.rl_cfg
   state, batch, key, prompts = abstract.inputs(setup, fns)
-  with fns.layout.context():
-    update = fns.rl.update.jitted.lower(state, batch, key, jax.eval_shape(rl_cfg.step_hyper))
-    sample = fns.samplers.train.jitted.lower(state.params, prompts, key, setup.sampling_hyper)
+  # Each lowered in its own layout's context (a sampler's rules differ under context
+  # parallelism, `sharding.Layout.sampling`), its arguments on its in_shardings.
+  update = fns.rl.update.lower(state, batch, key, jax.eval_shape(rl_cfg.step_hyper))
+  sample = fns.samplers.train.lower(state.params, prompts, key, setup.sampling_hyper)
   a, b = update.compile().memory_analysis(), sample.compile().memory_analysis()
   batch_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(batch))
   return {

@@ -72,7 +72,7 @@ def changes(
   out.append((
     scaled(["kv_cache"], lambda n: n // 2),
     "halve prompts_per_step, sampler.group_size or sampler.max_new_tokens: the sampler holds "
-    f"{p.rollout_rows} rows per device",
+    f"{p.sampler_rows or p.rollout_rows} rows per device",
   ))  # fmt: skip
   data, fsdp, _, _ = p.mesh
   if data > 1:
@@ -155,8 +155,9 @@ def explain(p: memory.Plan, model_cfg: model.ModelConfig, rl_cfg: spec.RLConfig)
     "  without remat": "model.remat='none'",
     "  with remat (scanned layers)": "model.remat='full', model.scan_layers=True",
     "backward working set": working,
-    "sampler (KV cache, decode)": f"the KV cache and decode buffers of {p.rollout_rows} "
-    "rollout rows per device",
+    "sampler (KV cache, decode)": f"the KV cache and decode buffers of "
+    f"{p.sampler_rows or p.rollout_rows} rollout rows per device"
+    + (" (split over sequence too)" if 0 < p.sampler_rows < p.rollout_rows else ""),
     "log-prob forwards": f"π_old / reference logits and hidden states of "
     f"{-(-p.rollout_rows // rl_cfg.logprob_batches)} rows per device at once "
     f"(rl.logprob_batches = {rl_cfg.logprob_batches})",

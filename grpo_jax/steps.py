@@ -7,7 +7,8 @@
 This is the third of the three places where sharding is declared (logical names in
 `model`, the rules table in `config.mesh`, and here, the in/out shardings of each jit):
 params and optimizer state follow the rules table, batches (prompts, rollouts,
-mini-batches) are split over data × fsdp, hyperparameters and metrics are replicated.
+mini-batches) are split over data × fsdp (a sampler's rows over `sequence` too,
+`sharding.Layout.sampling`), hyperparameters and metrics are replicated.
 Before anything is built, a config whose memory plan does not fit the device is refused
 (`memory_advice.check`).
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -209,6 +211,14 @@ def _shardings(setup: build.Setup, layout: sharding.Layout, optimizer, sft_optim
   return _Shardings(layout=layout, params=params, state=state, sft_state=sft_state, ref=ref)
 
 
+def _on_sampling_layout(sh: _Shardings, prompts: int) -> _Shardings:
+  """`sh` on the layout of a sampler of `prompts` prompts (`sharding.Layout.sampling`:
+  with context parallelism its rows split over data × fsdp × sequence as well); the
+  params' and state's shardings are the same (the rules differ in activations only)."""
+  layout = sh.layout.sampling(prompts)
+  return sh if layout is sh.layout else dataclasses.replace(sh, layout=layout)
+
+
 def _sampler_model(setup: build.Setup, model_fn, layout: sharding.Layout):
   """(model config, model_fn, view) the samplers run: the model's, in sampler.dtype when
   set; with adapters merged for sampling, the base model on `view(params)`
@@ -239,6 +249,7 @@ def _sampler(
   """`sampling.sample` (or `paged.sample`, sampler.kv_layout) for `prompts` prompts ×
   `group` rows each; with `slots`, the slot-refill sampler (`refill.sample`); in sampler.dtype when it is set. Only the
   `train` sampler records routes (rl.routing_replay)."""
+  sh = _on_sampling_layout(sh, math.gcd(prompts, slots) if slots else prompts)
   mcfg, model_fn, view = _sampler_model(setup, model_fn, sh.layout)
   scfg = setup.sampler_cfg
   kw = dict(
@@ -277,15 +288,16 @@ def _counterfactual_functions(setup: build.Setup, sh: _Shardings, model_fn):
   )
   generate = sampling.viewed(generate, view)
   merge = functools.partial(counterfactuals.merge, group_size=G, kind=cf.kind)
+  gen = _on_sampling_layout(sh, B)  # The decode's rows: over `sequence` too.
   return CounterfactualSteps(
     plan=sharding.Jitted(
       sh.layout, plan, in_shardings=(rep, sh.rollouts(N), sh.rows(N)), out_shardings=rep
     ),
     generate=sharding.Jitted(
-      sh.layout,
+      gen.layout,
       generate,
-      in_shardings=(sh.params, sh.rollouts(N), rep, sh.rows(M), rep, rep),
-      out_shardings=(sh.rollouts(M), sh.rows(M)),
+      in_shardings=(gen.params, gen.rollouts(N), rep, gen.rows(M), rep, rep),
+      out_shardings=(gen.rollouts(M), gen.rows(M)),
     ),
     merge=sharding.Jitted(
       sh.layout,
@@ -369,6 +381,7 @@ def _offpolicy_functions(setup: build.Setup, sh: _Shardings, model_fn):
   if not (op.enabled and op.partial != "off"):
     return None
   B, G = setup.loop.prompts_per_step, scfg.group_size
+  sh = _on_sampling_layout(sh, B)
   N, rep = B * G, sh.rep
   mcfg, model_fn, view = _sampler_model(setup, model_fn, sh.layout)
   cont = functools.partial(

@@ -23,8 +23,9 @@ def memo():
     lay, fn = (jitted.layout, jitted.jitted) if isinstance(jitted, sharding.Jitted) else (layout, jitted)  # fmt: skip
     if lay is None:
       return real(jitted, args, layout=layout)  # Its own error.
+    placed = jitted.place(args, abstract=True) if isinstance(jitted, sharding.Jitted) else args
     with lay.context():
-      text = fn.lower(*args).as_text()
+      text = fn.lower(*placed).as_text()
     key = (text, tuple((d.device_kind, str(d)) for d in lay.mesh.devices.flat))
     if key in seen:
       counts["reused"] += 1

@@ -10,8 +10,8 @@ sample from the same distribution and differ only by float reduction order. (Sep
 100-step warm starts at lr 1e-2 would amplify that order into different rollouts.)
 For each mesh (data,fsdp,tensor, or data,fsdp,sequence,tensor) it restores the final train state, samples greedily from
 it, and saves to OUT/<mesh>.npz: every param (flattened path -> array), the greedy
-tokens, the RL iteration's metrics (non-timing), and each param's partition spec and
-per-device shard shape.
+tokens, the RL iteration's metrics (non-timing), each param's partition spec and
+per-device shard shape, and the mesh axes the samplers split their rows over.
 """
 
 import argparse
@@ -100,11 +100,17 @@ def main(out, meshes, *, base):
       flat["param" + name] = np.asarray(x)
       specs[name] = [str(x.sharding.spec), list(x.sharding.shard_shape(x.shape))]
     metrics = runs.untimed(record)
+    rows = {  # The mesh axes the samplers split rows over (their prompts' and outputs').
+      "train": fns.samplers.train.in_shardings[1].spec,
+      "greedy": fns.samplers.greedy.in_shardings[1].spec,
+      "greedy_out": greedy.tokens_NT.sharding.spec,
+    }
     np.savez(
       out / f"{'x'.join(map(str, mesh))}.npz",
       greedy=np.asarray(greedy.tokens_NT),
       metrics=json.dumps(metrics),
       specs=json.dumps(specs),
+      sampler_rows=json.dumps({k: list(v) for k, v in rows.items()}),
       devices=len(jax.devices()),
       **flat,
     )

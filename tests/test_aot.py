@@ -70,6 +70,21 @@ def test_fsdp_gradients_reduce_scatter_and_parameters_gather_over_fsdp(one_slice
   assert ("reduce-scatter", ("fsdp",)) in kinds  # Gradients reduced to their shards.
 
 
+def test_context_parallelism_compiles_for_tpu_and_its_sampler_splits_rows(one_slice):
+  """The quick config on (fsdp, sequence) = (2, 2): every function compiles and fits; the
+  sampler splits rows over fsdp × sequence, not tokens (`sharding.Layout.sampling`), so
+  its matmul FLOPs a chip equal fsdp = 4's (one_slice: before, the 2 sequence chips of a
+  row group repeated its rows, 2.2x the FLOPs on scale.py:tiny); the update's collectives
+  run over sequence too (each row's tokens split)."""
+  c = config_lib.load(QUICK)
+  c.mesh.update(fsdp=2, sequence=2)
+  got = aot.plan(c, topology="v5e:2x2")
+  assert got["run"]["fits"] and got["problems"] == []
+  assert got["run"]["mesh"] == {"data": 1, "fsdp": 2, "sequence": 2, "tensor": 1}
+  assert _row(got, "sample")["matmul_flops"] == _row(one_slice, "sample")["matmul_flops"]
+  assert ("sequence",) in {tuple(c["axes"]) for c in _row(got, "update")["collectives"]}
+
+
 def test_two_slices_put_data_across_slices_and_fsdp_within(two_slices):
   run = two_slices["run"]
   assert (run["devices"], run["num_slices"]) == (8, 2)

@@ -153,7 +153,7 @@ def _cli(*args):
     (1, _BASE),
     (8, _MESHES["2x2x2"]),
     (8, _MESHES["fsdp4_tensor2"]),  # One kv head per device.
-    (8, _MESHES["fsdp2_sequence4"]),  # Measured: train step 1.12, sampler 1.04.
+    (8, _MESHES["fsdp2_sequence4"]),  # Measured: train step 1.12, sampler 0.91.
   ],
 )
 def test_plan_agrees_with_xla(devices, flags, request):

@@ -176,6 +176,45 @@ def test_greedy_sampling_is_identical_on_every_mesh(mesh_results):
     np.testing.assert_array_equal(mesh_results[m]["greedy"], base, err_msg=m)
 
 
+def test_samplers_split_rows_over_sequence_and_trainers_tokens(mesh_results):
+  """Context parallelism splits tokens in the teacher-forced forwards only: the samplers'
+  8 prompts (32 rows) go over data × fsdp × sequence on (1,2,2,2), 2 prompts a device
+  (`Layout.sampling`), and over data × fsdp elsewhere; the greedy rollouts come back split
+  the same way (and equal the one-device ones: the test above)."""
+  for m in MESHES:
+    rows = json.loads(str(mesh_results[m]["sampler_rows"]))
+    want = ["data", "fsdp", "sequence"] if m == "1x2x2x2" else ["data", "fsdp"]
+    assert rows == {"train": [want], "greedy": [want], "greedy_out": [want]}, m
+
+
+class _FakeMesh:
+  def __init__(self, **sizes):
+    self.shape = {a: sizes.get(a, 1) for a in sharding.AXES}
+
+
+def test_sampling_layout_moves_the_sequence_axis_from_tokens_to_rows():
+  """`Layout.sampling`: with mesh.sequence = 2 and data × fsdp = 4, a sampler of 8 prompts
+  splits rows over the 8 devices and no activation over `sequence` (a rule a user pointed
+  at it too loses it); 4 or 6 prompts (not a multiple of 8), or sequence = 1, keep the
+  trainer's layout. Idempotent."""
+  rules = (*sharding.DEFAULT_RULES[:-1], ("activation_cache", ("sequence", "tensor")))
+  cp = sharding.Layout(mesh=_FakeMesh(data=2, fsdp=2, sequence=2), rules=rules)
+  assert cp.batch_size_divisor == 4
+  s = cp.sampling(8)
+  assert s.batch_axes == ("data", "fsdp", "sequence") and s.batch_size_divisor == 8
+  table = dict(s.rules)
+  assert table["activation_batch"] == ("data", "fsdp", "sequence")
+  assert table["activation_length"] is None
+  assert table["activation_cache"] == "tensor"
+  assert {k: v for k, v in s.rules if k not in ("activation_batch", "activation_length",
+    "activation_cache")} == {k: v for k, v in rules if k not in ("activation_batch",
+    "activation_length", "activation_cache")}  # fmt: skip
+  assert s.sampling(8) is s
+  assert cp.sampling(4) is cp and cp.sampling(6) is cp
+  flat = sharding.Layout(mesh=_FakeMesh(data=2, fsdp=4), rules=sharding.DEFAULT_RULES)
+  assert flat.sampling(8) is flat
+
+
 @pytest.mark.parametrize(
   "mesh,embed,q,gate",
   [

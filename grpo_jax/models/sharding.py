@@ -25,12 +25,13 @@ Mesh axes:
   K/V a token a layer, so a 32k-token row gathers 32 MB a layer), one all-gather needs no
   hand-written schedule or custom backward, and the mask stays the positions' rule (any
   padding, window or packing). Llama 3's context parallelism made the same choice for
-  the same reasons (Dubey et al. 2024, section 3.3.2). The sampler's calls with a cache
-  do not split their length; their rows are split over data × fsdp as always.
+  the same reasons (Dubey et al. 2024, section 3.3.2). The samplers split rows instead
+  (`Layout.sampling`): their rows over data × fsdp × sequence, no token split.
 - ``tensor``: tensor (Megatron) parallelism: heads, the MLP width and the vocabulary are
   split; activations are reduced across it after the o and down projections.
 
-The batch (prompts, rollouts, mini-batches) is split over ``data`` × ``fsdp``. A mesh size
+The batch (prompts, rollouts, mini-batches) is split over ``data`` × ``fsdp`` (a sampler's
+rows also over ``sequence``, `Layout.sampling`). A mesh size
 of -1 takes the devices the others leave, so the default ``MeshConfig()`` (data 1, fsdp -1,
 sequence 1, tensor 1) is FSDP over every device, and on one device it is that device.
 
@@ -254,6 +255,7 @@ class Layout:
 
   mesh: jax.sharding.Mesh
   rules: tuple
+  batch_axes: tuple[str, ...] = BATCH_AXES  # The mesh axes a batch's rows are split over.
 
   @classmethod
   def create(cls, cfg: MeshConfig, devices=None) -> Layout:
@@ -262,12 +264,34 @@ class Layout:
   @property
   def batch_size_divisor(self) -> int:
     """Rows of any batch must be a multiple of this (the data × fsdp size)."""
-    return math.prod(self.mesh.shape[a] for a in BATCH_AXES)
+    return math.prod(self.mesh.shape[a] for a in self.batch_axes)
 
   def rows(self, n: int) -> jax.sharding.NamedSharding:
     """An n-row batch: rows split over data × fsdp, or replicated when n is not a
     multiple of that size (e.g. a held-out set whose size the mesh does not divide)."""
-    return self.named(P(BATCH_AXES)) if n % self.batch_size_divisor == 0 else self.replicated
+    return self.named(P(self.batch_axes)) if n % self.batch_size_divisor == 0 else self.replicated
+
+  def sampling(self, prompts: int) -> Layout:
+    """The layout of a sampler of `prompts` prompts. With context parallelism (mesh axis
+    `sequence` of size c > 1) a sampler splits rows, not tokens: its rows over data ×
+    fsdp × sequence ("activation_batch") and no activation over `sequence` (a decode step
+    has one token a row; a prefill's rows are split instead), so the c devices of a row
+    group decode c different rows rather than repeating one row's work. This layout
+    itself when c = 1 or when data·fsdp·c does not divide `prompts` (the sequence devices
+    then repeat their group's rows)."""
+    c = self.mesh.shape["sequence"]
+    if c == 1 or "sequence" in self.batch_axes or prompts % (self.batch_size_divisor * c):
+      return self
+    axes = (*self.batch_axes, "sequence")
+
+    def rule(name, v):
+      if name == "activation_batch":
+        return axes
+      kept = tuple(a for a in ((v,) if isinstance(v, str) else v or ()) if a != "sequence")
+      return kept[0] if len(kept) == 1 else kept or None
+
+    rules = tuple((k, rule(k, v)) for k, v in self.rules)
+    return dataclasses.replace(self, rules=rules, batch_axes=axes)
 
   @contextlib.contextmanager
   def context(self):
@@ -342,17 +366,33 @@ def tree_shardings(layout: Layout, build_boxed, *args, where: str = "state"):
   return layout.logical(nn.get_partition_spec(boxed), abstract, where=where)
 
 
+def _place_abstract(x, s: jax.sharding.Sharding):
+  """An abstract leaf takes `s`, as an array would be moved onto it (e.g. a sampler's
+  rollouts, split over `sequence` too, `Layout.sampling`, lowered as the arguments of a
+  trainer's function); concrete leaves are left as they are (lowering reads their shapes
+  only, and a compile-only target such as a TPU topology cannot hold them)."""
+  if isinstance(x, jax.ShapeDtypeStruct):
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s, weak_type=x.weak_type)
+  return x
+
+
 def _place(x, s: jax.sharding.Sharding):
+  """`_place_array`, or an abstract leaf on `s` (`_place_abstract`)."""
+  return _place_abstract(x, s) if isinstance(x, jax.ShapeDtypeStruct) else _place_array(x, s)
+
+
+def _place_array(x, s: jax.sharding.Sharding):
   """device_put of one leaf. Several processes: a host value (numpy, or an array on this
   process's devices, e.g. a key or hyperparameters made eagerly) is taken to be the same on
   every process and becomes the global array (each process puts its own shards). An
   array already on `s` is returned as is: device_put would return it too, but at about
-  40 µs a leaf (a train state of 110 leaves: ~5 ms a step) against 0.3 µs for the check."""
+  40 µs a leaf (a train state of 110 leaves: ~5 ms a step) against 0.3 µs for the check.
+  """
   if isinstance(x, jax.Array) and x.sharding == s:
     return x
   if isinstance(x, jax.Array) and x.is_fully_addressable and not s.is_fully_addressable:
     if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-      data = _place(jax.random.key_data(x), s)
+      data = _place_array(jax.random.key_data(x), s)
       return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
     x = np.asarray(x)
   return jax.device_put(x, s)
@@ -376,12 +416,15 @@ class Jitted:
       donate_argnums=donate_argnums,
     )
 
-  def place(self, args):
+  def place(self, args, *, abstract: bool = False):
+    """The arguments on the in_shardings (abstract ones too); abstract=True: only those
+    (`_place_abstract`: for a compile-only target)."""
     # Trailing arguments left out are None: the wrapped functions' optional inputs
     # (e.g. preparation.finish_prepare's scorable_N, keep_N, prov).
     args = tuple(args) + (None,) * (len(self.in_shardings) - len(args))
+    one = _place_abstract if abstract else _place
     return tuple(
-      jax.tree.map(_place, a, jax.tree.broadcast(s, a))
+      jax.tree.map(one, a, jax.tree.broadcast(s, a))
       for a, s in zip(args, self.in_shardings, strict=True)
     )
 
