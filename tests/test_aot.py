@@ -74,7 +74,7 @@ def test_context_parallelism_compiles_for_tpu_and_its_sampler_splits_rows(one_sl
   """The quick config on (fsdp, sequence) = (2, 2): every function compiles and fits; the
   sampler splits rows over fsdp × sequence, not tokens (`sharding.Layout.sampling`), so
   its matmul FLOPs a chip equal fsdp = 4's (one_slice: before, the 2 sequence chips of a
-  row group repeated its rows, 2.2x the FLOPs on scale.py:tiny); the update's collectives
+  row group repeated its rows, 1.93x the FLOPs on scale.py:tiny); the update's collectives
   run over sequence too (each row's tokens split)."""
   c = config_lib.load(QUICK)
   c.mesh.update(fsdp=2, sequence=2)

@@ -378,6 +378,27 @@ def test_a_scanned_program_counts_its_loop(v5e_2x2):
   json.dumps(row)  # a report is plain data
 
 
+def test_dots_tpu_writes_as_convolutions_count_their_real_taps(v5e_2x2):
+  """TPU writes attention's batched dot as a convolution whose window spans the batch with
+  lhs_dilate (size=16x2 lhs_dilate=16x2: one real tap an output position) and a
+  multi-head projection as one over the heads (size=1x4): both count 2·M·N·K by hand, as
+  XLA's own cost analysis does (each window tap counted, the first read 32x that)."""
+  mesh = Mesh(np.array(v5e_2x2), ("fsdp",))
+  B, K, Q, S, E = 64, 2, 128, 128, 32
+  scores = jax.jit(lambda q, k: jnp.einsum("bkqe,bkse->bkqs", q, k)).lower(
+    _sds(mesh, (B, K, Q, E), P("fsdp")), _sds(mesh, (B, K, S, E), P("fsdp"))
+  )
+  text = scores.compile().as_text()
+  assert "lhs_dilate=16x2" in text
+  assert hlo.matmul_flops(text) == 2 * (B // 4) * K * Q * S * E
+  heads = jax.jit(lambda x, w: jnp.einsum("btkh,khd->btd", x, w)).lower(
+    _sds(mesh, (64, 64, 4, 32), P("fsdp")), _sds(mesh, (4, 32, 128), P())
+  )
+  text = heads.compile().as_text()
+  assert "window={size=1x4}" in text
+  assert hlo.matmul_flops(text) == 2 * 16 * 64 * (4 * 32) * 128
+
+
 # --- report ---------------------------------------------------------------------------
 
 

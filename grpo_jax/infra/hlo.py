@@ -234,11 +234,45 @@ def matmul_flops(hlo_text: str) -> int:
         contracted = [lhs[int(d)] for d in dims.group(1).split(",") if d] if dims else []
         macs = math.prod(out[0][1]) * math.prod(contracted)
       else:
-        labels = re.search(r"dim_labels=\w*_(\w+)->", instr.rest)
-        o = labels.group(1).index("o") if labels else len(rhs) - 1
-        macs = math.prod(out[0][1]) * math.prod(rhs) // max(rhs[o], 1)
+        macs = _convolution_macs(instr.rest, lhs, rhs, out[0][1])
       total += 2 * macs * runs[comp.name]
   return total
+
+
+def _convolution_macs(rest: str, lhs, rhs, out) -> int:
+  """Multiply-adds of a convolution: batch × output features × input features (a group's)
+  × the window taps that land on a real input element, summed over output positions
+  (each spatial dimension on its own). TPU writes a batched dot as a convolution whose
+  window spans the batch with lhs_dilate (`size=16x2 lhs_dilate=16x2`): one real tap an
+  output position, where counting every tap of the window over-counted 16 x 2 times."""
+  labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", rest)
+  if labels is None:
+    return math.prod(out) * math.prod(rhs) // max(rhs[-1], 1)
+  lhs_l, rhs_l, out_l = labels.groups()
+  window = re.search(r"window=\{([^}]*)\}", rest)
+  fields = dict(re.findall(r"(\w+)=(\S+)", window.group(1))) if window else {}
+
+  def per_dim(name, default):
+    v = fields.get(name)
+    return [default(x) for x in v.split("x")] if v else None
+
+  size = per_dim("size", int) or []
+  stride = per_dim("stride", int) or [1] * len(size)
+  pad = per_dim("pad", lambda x: tuple(int(n) for n in x.split("_"))) or [(0, 0)] * len(size)
+  lhs_dilate = per_dim("lhs_dilate", int) or [1] * len(size)
+  rhs_dilate = per_dim("rhs_dilate", int) or [1] * len(size)
+  taps = 1
+  for d in range(len(size)):
+    c = str(d)
+    n, o = lhs[lhs_l.index(c)], out[out_l.index(c)]
+    lo, span = pad[d][0], (n - 1) * lhs_dilate[d] + 1  # Real elements: lo + j·lhs_dilate.
+    taps *= sum(
+      1
+      for p in range(o)
+      for k in range(size[d])
+      if 0 <= (x := p * stride[d] + k * rhs_dilate[d] - lo) < span and x % lhs_dilate[d] == 0
+    )
+  return out[out_l.index("b")] * out[out_l.index("f")] * rhs[rhs_l.index("i")] * taps
 
 
 # --- replica groups ------------------------------------------------------------------

@@ -40,7 +40,11 @@ Reading a compiled program (`infra.hlo`; what XLA TPU emits, found by compiling;
   the loop condition `i < N` and the step the body adds to i (jax lowers scan/fori_loop
   from 0 in steps of 1; TPU's windowed einsums, its collective matmuls, step by 2); loops whose
   bound is not a constant (a decode loop until EOS) count once and are listed as None.
-  Collective counts are per call of the program, loops included.
+  Collective counts are per call of the program, loops included. TPU writes a batched dot
+  (attention's scores) as a convolution whose window spans the batch with lhs_dilate, and
+  a multi-head projection as one whose window spans the heads: a convolution counts the
+  window taps that land on real input elements (`hlo._convolution_macs`; every tap of the
+  window counted the scores of 16 rows a chip 32 times).
 - Host callbacks (`hlo.host_callbacks`): jax.debug.print and pure_callback are send/recv host
   transfers (handler "pjrt_rendezvous"), not custom-calls, on TPU.
 - Out of memory: XLA refuses to compile a program that needs more than the device's HBM
