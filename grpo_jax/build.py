@@ -282,7 +282,8 @@ def _sampler_config(d: dict, rl_cfg: spec.RLConfig, *, eos_ids, pad_id) -> sampl
   dense_only = [why for why, pages in replaced if not pages]
   if cfg.kv_layout == "paged" and dense_only:
     raise ValueError(
-      "config.sampler.kv_layout='paged' pages the static and refill samplers' caches; these "
+      "config.sampler.kv_layout='paged' pages the static, refill, partial-rollout and "
+      "counterfactual samplers' caches; these "
       f"settings decode with samplers whose cache is dense: {'; '.join(dense_only)}. Turn "
       "them off, or use kv_layout='dense'."
     )
@@ -302,9 +303,9 @@ def _static_sampler_replaced(d: dict, cfg: sampling.SamplerConfig) -> list[tuple
       (
         f"config.offpolicy.partial={op.get('partial')!r} (off: 'off')",
         op.get("enabled") and op.get("partial", "off") != "off",
-        False,
+        True,
       ),
-      ("config.counterfactual.train=True", bool(cf.get("train")), False),
+      ("config.counterfactual.train=True", bool(cf.get("train")), True),
     )
     if on
   ]

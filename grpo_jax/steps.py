@@ -410,8 +410,10 @@ def _offpolicy_functions(setup: build.Setup, sh: _Shardings, model_fn):
 def _episode_runners(setup: build.Setup, model_fn, layout: sharding.Layout):
   """Multi-turn episode runners (config.env): the training group, greedy evaluation and
   pass@k evaluation (`episodes.Runner`: its jitted pieces are traced and run in the
-  layout's context, the prompts on its rows), in sampler.dtype when it is set. A Setup
-  without a tokenizer (`build.plan_setup`) gets runners that compile but cannot run."""
+  layout's context, the prompts on its rows), in sampler.dtype when it is set. Each runs
+  on the sampling layout of its prompts (`Layout.sampling`: under context parallelism
+  its rows split over `sequence` too, as the samplers'). A Setup without a tokenizer
+  (`build.plan_setup`) gets runners that compile but cannot run."""
   cfg, loop, tok = setup.episodes, setup.loop, setup.tokenizer
   if cfg is None:
     return None
@@ -426,13 +428,16 @@ def _episode_runners(setup: build.Setup, model_fn, layout: sharding.Layout):
     tokenizer=tok,
     make_env=functools.partial(env_cls, tokenizer=tok, **cfg.kwargs),
     env_cls=env_cls,
-    layout=layout,
   )
-  runner = lambda g: make(sampler_cfg=dataclasses.replace(setup.sampler_cfg, group_size=g))  # noqa: E731
+
+  def runner(group: int, prompts: int) -> episodes.Runner:
+    scfg = dataclasses.replace(setup.sampler_cfg, group_size=group)
+    return make(sampler_cfg=scfg, layout=layout.sampling(prompts))
+
   return EpisodeRunners(
-    train=runner(setup.sampler_cfg.group_size),
-    greedy=runner(1),
-    eval=runner(loop.eval_samples) if loop.eval_samples else None,
+    train=runner(setup.sampler_cfg.group_size, loop.prompts_per_step),
+    greedy=runner(1, loop.eval_size),
+    eval=runner(loop.eval_samples, loop.eval_size) if loop.eval_samples else None,
   )
 
 

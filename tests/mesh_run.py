@@ -11,7 +11,8 @@ sample from the same distribution and differ only by float reduction order. (Sep
 For each mesh (data,fsdp,tensor, or data,fsdp,sequence,tensor) it restores the final train state, samples greedily from
 it, and saves to OUT/<mesh>.npz: every param (flattened path -> array), the greedy
 tokens, the RL iteration's metrics (non-timing), each param's partition spec and
-per-device shard shape, and the mesh axes the samplers split their rows over.
+per-device shard shape, and the mesh axes the samplers split their rows over; on
+EPISODE_MESHES also a group of calculator episodes (`episodes`).
 """
 
 import argparse
@@ -69,6 +70,57 @@ def warm_start(base, mesh=(1, 1, 1)):
   assert checkpoint.Checkpointer(pathlib.Path(base) / "checkpoints").all_steps() == [0]
 
 
+# The meshes that also play a group of calculator episodes (`episodes`): data parallel, and
+# context parallel, where the runner splits its rows over `sequence` too.
+EPISODE_MESHES = ((8, 1, 1), (1, 2, 2, 2))
+
+
+_CALCULATOR_PARAMS = {}  # The warm-started params, made on the first mesh, on the host.
+
+
+def _calculator_params(c, setup, fns):
+  """configs/calculator.py's supervised warm start (checkpoint 0) on c's mesh, once."""
+  if not _CALCULATOR_PARAMS:
+
+    def stop(it, record):
+      raise _Stop
+
+    with tempfile.TemporaryDirectory() as tmp:
+      with contextlib.suppress(_Stop):
+        train.run(c, tmp, log=lambda _: None, on_iteration=stop)
+      ckpt = checkpoint.Checkpointer(pathlib.Path(tmp) / "checkpoints")
+      tree, _ = ckpt.restore(0, like=run_state.abstract_tree(setup, fns))
+      ckpt.close()
+    _CALCULATOR_PARAMS["params"] = jax.device_get(tree["train"].params)
+  return _CALCULATOR_PARAMS["params"]
+
+
+def episodes(mesh) -> dict:
+  """One training group of calculator episodes (configs/calculator.py:quick on make_config's
+  model after a 30-step warm start made once, 8 prompts × 4, same key) on `mesh`: its
+  tokens, mask and turns, and the mesh axes the train runner splits its rows over."""
+  c = config_lib.load(str(ROOT / "configs" / "calculator.py") + ":quick")
+  c.model.update(make_config(mesh).model)
+  c.sampler.group_size = 4
+  c.update(prompts_per_step=8, eval_size=8, eval_samples=0, reward_workers=0, progress=False)
+  c.update(warmstart_steps=30, warmstart_batch=32, tensorboard=False)
+  c.mesh.update(make_config(mesh).mesh)
+  setup = build.build(c)
+  fns = steps.functions(setup)
+  params = jax.device_put(_calculator_params(c, setup, fns), fns.param_shardings)
+  examples = [setup.task.example("train", i, seed=0) for i in range(8)]
+  prompts = sampling.prepare_prompts(
+    [setup.tokenizer.encode(e.prompt, add_bos=True) for e in examples], cfg=setup.sampler_cfg
+  )
+  played = fns.episodes.train.run(params, prompts, examples, jax.random.key(4), setup.sampling_hyper)  # fmt: skip
+  return {
+    "episode_tokens": np.asarray(played.rollouts.tokens_NT),
+    "episode_mask": np.asarray(played.rollouts.mask_NT),
+    "episode_turns": played.turns_N,
+    "episode_rows": json.dumps(list(fns.episodes.train.layout.batch_axes)),
+  }
+
+
 def main(out, meshes, *, base):
   out = pathlib.Path(out)
   for mesh in meshes:
@@ -113,6 +165,7 @@ def main(out, meshes, *, base):
       sampler_rows=json.dumps({k: list(v) for k, v in rows.items()}),
       devices=len(jax.devices()),
       **flat,
+      **(episodes(mesh) if mesh in EPISODE_MESHES else {}),
     )
 
 

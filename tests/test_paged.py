@@ -95,6 +95,58 @@ def test_the_refill_sampler_on_pages_equals_the_refill_sampler(
   assert dense.starved_N is None
 
 
+def test_partial_rollouts_and_counterfactual_branches_on_pages_equal_the_dense_ones(
+  tiny_params, tiny_cfg, sampler_cfg, tokenizer
+):
+  """The two samplers that decode from a row's own prefix (`counterfactuals.sample_limited`):
+  partial rollouts continued over two segments (3 then 4 tokens, prefixes of P + T slots
+  on pages of 3) and IBPO branches cut at 1–5 tokens of their parents (one slot
+  inactive) draw the dense cache's tokens with its log-probs (float32, same keys)."""
+  from grpo_jax.rl import counterfactuals, offpolicy  # noqa: PLC0415
+
+  kw = dict(model_fn=model.make_model_fn(tiny_cfg), init_cache=functools.partial(model.init_cache, tiny_cfg))  # fmt: skip
+  hyper = sampling.sampling_params(temperature=1.3)
+  prompts = _prompts(sampler_cfg, tokenizer)
+  paged_cfg = dataclasses.replace(sampler_cfg, kv_layout="paged", page_size=3)
+  T = sampler_cfg.max_new_tokens
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def segments(cfg):
+    rows = offpolicy.empty_rollouts(prompts, group_size=cfg.group_size, max_new_tokens=T, pad_id=cfg.pad_id)  # fmt: skip
+    for steps, seed in ((3, 1), (4, 2)):
+      live_N = ~offpolicy.finished(rows)
+      rows = offpolicy.continue_rows(tiny_params, rows, live_N, steps, jax.random.key(seed), hyper, **kw, cfg=cfg)  # fmt: skip
+    return rows
+
+  dense = segments(sampler_cfg)
+  _assert_same(segments(paged_cfg), dense)
+  np.testing.assert_array_equal(segments(paged_cfg).length_N, dense.length_N)
+  assert int(dense.mask_NT.sum()) > 30 and int(dense.length_N.max()) == 7  # Two segments.
+
+  parents = sampling.sample(tiny_params, prompts, jax.random.key(3), hyper, **kw, cfg=sampler_cfg)
+  assert (np.asarray(parents.length_N)[:11] == T).all()  # Every cut below is inside its parent.
+  cf_plan = counterfactuals.Plan(
+    parent_M=jnp.asarray([0, 2, 5, 7, 9, 10], jnp.int32),
+    cut_M=jnp.asarray([1, 2, 3, 5, 1, 4], jnp.int32),
+    active_M=jnp.asarray([True, True, True, True, False, True]),
+  )
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def branches(cfg):
+    return counterfactuals.branch(tiny_params, parents, cf_plan, jax.random.key(4), hyper, **kw, cfg=cfg)  # fmt: skip
+
+  (want, own_want), (got, own_got) = branches(sampler_cfg), branches(paged_cfg)
+  _assert_same(got, want)
+  np.testing.assert_array_equal(own_got, own_want)
+  assert int(own_want.sum()) > 15 and not bool(own_want[4].any())  # The inactive slot: none.
+  # On a pool of a fifth of the worst case, branches that find no page end at a page edge
+  # of their own tokens, without EOS: the branches did decode on pages.
+  short, own_short = branches(dataclasses.replace(paged_cfg, kv_pool_fraction=0.2))
+  n_short, n_want = np.asarray(own_short.sum(1)), np.asarray(own_want.sum(1))
+  cut = n_short < n_want
+  assert cut.any() and (n_short[cut] % 3 == 0).all() and not np.asarray(short.eos_N)[cut].any()
+
+
 def test_paged_attention_over_blocks_equals_attention_over_the_gathered_slots():
   """attend_paged in blocks of 2 pages (an online softmax over up to 3 blocks, cut short
   by the live bound) equals `attend` over each row's slots laid out densely with its new
@@ -260,7 +312,9 @@ def test_the_memory_plan_prices_the_paged_sampler_within_its_band_of_xla():
 
 def test_the_trainer_runs_on_the_paged_sampler_and_refuses_the_samplers_it_does_not_page(tmp_path):
   """Two iterations of the arithmetic quick config on pages of 4 slots (the train, greedy
-  and eval samplers); episodes, whose sampler keeps a dense cache, are refused."""
+  and eval samplers), then two of the off-policy pipeline's partial rollouts on pages;
+  IBPO's trained counterfactual rows build on pages; episodes, whose sampler keeps a dense
+  cache, are refused."""
   import arithmetic  # noqa: PLC0415
 
   from grpo_jax import build, train  # noqa: PLC0415
@@ -275,6 +329,16 @@ def test_the_trainer_runs_on_the_paged_sampler_and_refuses_the_samplers_it_does_
   assert [x["iteration"] for x in lines] == [0, 1, 2]
   assert all(np.isfinite(x["loss"]) for x in lines[1:])
   assert all(0.0 <= x["sampler/starved_frac"] <= 1.0 for x in lines[1:])
+  c.offpolicy.update(enabled=True, max_staleness=1, partial="continue", segment_tokens=5)
+  c.rl.is_correction = "tis_token"
+  train.run(c, tmp_path / "partial", log=lambda _: None)
+  lines = logs.read_jsonl(tmp_path / "partial" / "metrics.jsonl")
+  assert [x["iteration"] for x in lines] == [0, 1, 2]
+  assert all(np.isfinite(x["loss"]) and x["offpolicy/segments"] >= 1 for x in lines[1:])
+  cf = config_lib.load("configs/ibpo.py:tiny")
+  cf.sampler.update(kv_layout="paged", page_size=4)
+  cf.counterfactual.train = True
+  assert build.build(cf).sampler_cfg.kv_layout == "paged"
   c = config_lib.load("configs/calculator.py:quick")
   c.sampler.kv_layout = "paged"
   with pytest.raises(

@@ -187,6 +187,19 @@ def test_samplers_split_rows_over_sequence_and_trainers_tokens(mesh_results):
     assert rows == {"train": [want], "greedy": [want], "greedy_out": [want]}, m
 
 
+def test_episodes_split_rows_over_sequence_and_play_as_on_a_data_parallel_mesh(mesh_results):
+  """A group of calculator episodes (8 prompts × 4 after a short warm start, same key;
+  `mesh_run.episodes`) under context parallelism (1,2,2,2): the runner's rows go over data
+  × fsdp × sequence, and the episodes (actions, tool observations, turns) are those of
+  8-way data parallelism."""
+  dp, cp = mesh_results["8x1x1"], mesh_results["1x2x2x2"]
+  assert json.loads(str(dp["episode_rows"])) == ["data", "fsdp"]
+  assert json.loads(str(cp["episode_rows"])) == ["data", "fsdp", "sequence"]
+  for k in ("episode_tokens", "episode_mask", "episode_turns"):
+    np.testing.assert_array_equal(cp[k], dp[k], err_msg=k)
+  assert dp["episode_mask"].sum() > 400 and dp["episode_turns"].max() >= 3  # Tool calls.
+
+
 class _FakeMesh:
   def __init__(self, **sizes):
     self.shape = {a: sizes.get(a, 1) for a in sharding.AXES}

@@ -31,12 +31,15 @@ shapes, one compile per prompt-length bucket):
   `sampling.sample`'s (and `refill.sample`'s on dense slots), up to the order of float32
   sums, until the pool runs short.
 
+Partial rollouts (`offpolicy.continue_rows`) and IBPO's counterfactual rows
+(`counterfactuals.sample_limited`) decode on pages too: `prefill` with G = 1 (each row's
+[prompt ; tokens so far] gets its own prompt pages), then `decode` with per-row limits.
+
 Hand-written: JAX has no paged KV cache (vLLM's and SGLang's are outside JAX; vLLM-TPU's
-ragged paged attention is a TPU kernel, not a sampler). Not here yet: multi-turn episodes,
-partial rollouts and counterfactual rows on pages (refused with kv_layout="paged"), a TPU
-paged-attention kernel (the XLA gather path runs everywhere), and pools split over
-data-parallel devices (a pool is one array: with rows over several devices, each device
-holds all of it).
+ragged paged attention is a TPU kernel, not a sampler). Not here yet: multi-turn episodes
+on pages (refused with kv_layout="paged"), a TPU paged-attention kernel (the XLA gather
+path runs everywhere), and pools split over data-parallel devices (a pool is one array:
+with rows over several devices, each device holds all of it).
 
 Shape letters as in `sampling`; Z page size, M pages per row's table, F completion pages.
 """

@@ -60,7 +60,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax.models import sampling
+from grpo_jax.models import paged, sampling
 from grpo_jax.rl import alignment, ibpo
 
 KINDS = ("sampled", "branch", "hint", "paraphrase", "repair")  # Provenance codes 0..4.
@@ -257,10 +257,19 @@ def sample_limited(
   cfg: sampling.SamplerConfig,
 ):
   """One completion per prompt row, row m stopping after limit_M[m] tokens (0: none):
-  the decode state (`sampling.decode` with limit_N)."""
+  the decode state (`sampling.decode` with limit_N), on the cache of cfg.kv_layout
+  (`_LIMITED`). On pages (`paged.decode`) each row's prefix gets its own prompt pages
+  and its continuation takes pages as it grows; a row the pool starves ends there
+  without EOS (a partial rollout continues it in its next segment; a branch is
+  truncated, as a training row is). The same keys draw the same tokens on both."""
   cfg = dataclasses.replace(cfg, group_size=1)
-  state = sampling.prefill(params, prompts, key, model_fn=model_fn, init_cache=init_cache, cfg=cfg)
-  return sampling.decode(params, state, hyper, model_fn=model_fn, cfg=cfg, limit_N=limit_M)
+  prefill, decode = _LIMITED[cfg.kv_layout]
+  state = prefill(params, prompts, key, model_fn=model_fn, init_cache=init_cache, cfg=cfg)
+  return decode(params, state, hyper, model_fn=model_fn, cfg=cfg, limit_N=limit_M)
+
+
+# The prefill and decode of each sampler.kv_layout (`sampling.KV_LAYOUTS`).
+_LIMITED = {"dense": (sampling.prefill, sampling.decode), "paged": (paged.prefill, paged.decode)}
 
 
 def _rows(rollouts: sampling.Rollouts, parent_M, tokens_MT, mask_MT, logp_MT, policy_MT, eos_ids):
