@@ -44,9 +44,12 @@ Figures are bytes per device, for the mesh of `setup.mesh_cfg` on `n_devices` de
     several decode segments (`sampling.segment_count`) each segment's loop hoists its
     own gather, and XLA keeps two live (fsdp 8 and (2, 2, 2) on a CPU: +3.4 and +1.5 MB
     over one segment, 1.06 and 1.09 of XLA's figure with the second counted). Growing
-    the cache between segments costs no more than the loop: XLA's figure for the anchor
-    sampler (8 layers, 128 rows, 63 + 128 slots) is 485.1 MB with one segment and 488.6 MB
-    with four.
+    the cache between segments (`KVCache.grow`) holds the full cache while the last
+    layer buffer of the previous segment's size is copied: the grow phase. It shows where
+    the rows' own slots are mostly new tokens (a shared prompt, T >> P: 40 rows, 64 + 512
+    to 8,192 slots, 4 segments, XLA 1.30x the decode phase, the plan 0.91 of XLA with the
+    grow counted, 0.77 without), and hardly in the anchor sampler (8 layers, 128 rows,
+    63 + 128 slots: 485.1 MB with one segment, 488.6 MB with four).
     Plus the step's sampling: five float32 [rows, V / tensor] buffers (logits, scaled
     logits, their order keys, probabilities, filtered logits).
   - decode, scanned layers sharded over fsdp (without fsdp the samplers decode scanned
@@ -530,7 +533,12 @@ def _sampler_bytes(
   # The prefill's end: the rollout cache written (prompt rows repeated G times) while
   # one of the prompt batch's k/v stacks is still being read.
   write = cache + prompt_kv + hoisted
-  return int(max(decode, prefill, write))
+  # The last grow between decode segments (`KVCache.grow`, unrolled layers): the cache at
+  # its full size while the last layer buffer of the previous segment's size is copied.
+  grow = 0
+  if segments > 1 and not cfg.scan_layers:
+    grow = cache + buf * (S - T + -(-(segments - 1) * T // segments)) // S + hoisted
+  return int(max(decode, prefill, write, grow))
 
 
 def _paged_sampler_bytes(cfg, boxed, *, rules, sizes, rows, prompt_rows, P, T, pages) -> int:

@@ -94,6 +94,14 @@ def test_params_optimizer_and_kv_cache_by_hand():
   )  # fmt: skip
   own, prefix = 8 * 2 * 8 * 16 * 4, 2 * 2 * 7 * 16 * 4
   assert shared == 2 * 2 * (own + prefix) + (8 * 8 + 2 * 7) * 4 + 5 * 8 * 32 * 4 == 45368
+  # Four decode segments (own slots 2, 4, 6, 8): the last grow holds the full cache while
+  # one layer's keys (or values) of the third segment's 6 own slots are copied, which
+  # is more than the decode phase's sampling buffers here.
+  grown = memory._sampler_bytes(
+    cfg, unrolled, rules=sharding.MeshConfig().rules, sizes=dict(data=1, fsdp=1, tensor=1),
+    rows=8, prompt_rows=2, P=8, T=8, shared=True, segments=4,
+  )  # fmt: skip
+  assert grown == 2 * 2 * (own + prefix) + (8 * 8 + 2 * 7) * 4 + own * 6 // 8 == 46392
 
 
 def test_remat_and_rows_move_activations_as_they_should():
