@@ -8,14 +8,14 @@ The script gives itself 4 host CPU devices (it adds
 --xla_force_host_platform_device_count=4 to XLA_FLAGS unless a count is set). For each
 length S it builds one program, the gradient of a loss of the teacher-forced statistics
 (`logprobs.completion_logprobs` with the LM head in chunks: Σ_t w_t log π + 0.1·Σ_t H_t),
-and compiles it twice: on one device with no mesh, and on a (data, fsdp, sequence,
-tensor) = (1, 1, 4, 1) mesh under the default rules table, where "activation_length" goes
-to `sequence`: each device holds S/4 of the row's tokens and all-gathers the keys and
-values (`layers.Attention`). It records the largest difference of the log-probs, of the
-entropies and of each parameter's gradient (relative to that gradient's largest entry),
-XLA's temporary bytes per device of each compile (`memory_analysis`), and the wall time
-of one call of each (a CPU runs the 4 devices on its own cores: the time is for
-completeness, not a claim).
+and compiles it twice: on one device with no mesh (its causal blocks attended whole), and
+on a (data, fsdp, sequence, tensor) = (1, 1, 4, 1) mesh under the default rules table,
+where "activation_length" goes to `sequence`: each device holds S/4 of the row's tokens
+and all-gathers the keys and values (`layers.Attention`). It records the largest
+difference of the log-probs, of the entropies and of each parameter's gradient (relative
+to that gradient's largest entry), XLA's temporary bytes per device of each compile
+(`memory_analysis`), and the wall time of one call of each (a CPU runs the 4 devices on
+its own cores: the time is for completeness, not a claim).
 
 Model: the tiny Qwen3-shaped model (float32; 4 query heads over 2 kv heads, q/k norm),
 scanned layers with full remat (as a long-row run would be); one row (two in --quick),
@@ -36,6 +36,7 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
   ).strip()
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
 import pathlib  # noqa: E402
@@ -114,7 +115,10 @@ def measure(cfg, S: int, *, rows: int) -> dict:
   params = model.init(cfg, jax.random.key(0))
   args = (params, *_inputs(S, vocab=cfg.vocab_size, rows=rows))
   fn = _program(cfg)
-  ((_, (lp0, ent0)), g0), temp0, t0 = _run(fn, args)
+  # The one-device program attends its causal blocks whole (as when the record was made,
+  # before one device could step through long blocks: `attention.attend_causal`).
+  whole = _program(dataclasses.replace(cfg, context_query_block=0))
+  ((_, (lp0, ent0)), g0), temp0, t0 = _run(whole, args)
   layout = sharding.Layout.create(
     sharding.MeshConfig(data=1, fsdp=1, sequence=SHARDS, tensor=1), jax.devices()[:SHARDS]
   )

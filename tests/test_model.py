@@ -357,6 +357,35 @@ def test_causal_blocks_attention_equals_attention_over_all_keys():
   assert np.all(out[0, :, : 70 * 2] == 0) and np.abs(out[1:, :, :2]).min() > 0
 
 
+@pytest.mark.parametrize("query_block,softcap", [(20, 0.0), (30, 5.0)])
+def test_causal_blocks_in_query_steps_equal_attention_over_all_keys(query_block, softcap):
+  """Long causal blocks in steps (`attend_causal` with query_block): the 3 blocks of 67, 66
+  and 67 tokens go in 4 steps of 17 (query_block 20) or 3 of 23, 22, 23 (30), the last
+  step padded, and
+  give `attend`'s output and gradients, with soft-capping too; at query_block 34 (67 is
+  not above 2 · 34) the blocks stay whole."""
+  assert [attention.query_step(b - a, query_block) for a, b in attention.causal_blocks(200)] == (
+    [17, 17, 17] if query_block == 20 else [23, 22, 23]
+  )
+  assert attention.query_step(67, 34) == 67 and attention.query_step(67, 0) == 67
+  q, q_pos, keys, values, pos = _causal_case()
+  kw = dict(dtype=jnp.float32, softcap=softcap)
+  full = lambda q, k, v: attention.attend(q, q_pos, k, v, pos, **kw)
+  stepped = lambda q, k, v: attention.attend_causal(q, q_pos, k, v, pos, query_block=query_block, **kw)  # fmt: skip
+  np.testing.assert_allclose(stepped(q, keys, values), full(q, keys, values), atol=2e-6)
+  w = jax.random.normal(jax.random.key(3), q.shape)
+  grads = [
+    jax.jit(jax.grad(lambda *a, f=f: jnp.sum(f(*a) * w), argnums=(0, 1, 2)))(q, keys, values)
+    for f in (stepped, full)
+  ]
+  for g_stepped, g_full in zip(*grads, strict=True):
+    np.testing.assert_allclose(g_stepped, g_full, atol=2e-5)
+  # The memory plan's score entries (a row, a query head): whole blocks (b − a)·b summed,
+  # 67·67 + 66·133 + 67·200; in steps the largest step's, 17·200 (twice: step_buffers=2).
+  assert attention.causal_score_entries(200) == 67 * 67 + 66 * 133 + 67 * 200
+  assert attention.causal_score_entries(200, 20, step_buffers=2) == 2 * 17 * 200
+
+
 @pytest.mark.parametrize("parts,block", [(1, 64), (2, 48), (4, 26)])
 def test_query_blocks_equal_attention_over_all_keys(parts, block):
   """`attend_query_blocks` (context parallelism's attention, here without a mesh): the
@@ -397,13 +426,15 @@ def test_causal_blocks_rely_on_increasing_positions():
 @pytest.mark.parametrize("variant", ["qwen3", "llama_scan_remat"])
 def test_a_model_in_causal_blocks_equals_one_block(monkeypatch, variant):
   """Blocks of 2 positions (the 9-token case splits into 4) give the one-block model's
-  logits and parameter gradients, with left padding."""
+  logits and parameter gradients, with left padding; so does the block of 3 positions in
+  steps of 1 (model.context_query_block=1, `attention.attend_causal`)."""
   cfg, params = _setup(**VARIANTS[variant])
   pos_BT = _positions()
 
-  def run(min_block):
+  def run(min_block, query_block=cfg.context_query_block):
     monkeypatch.setattr(attention, "_CAUSAL_MIN_BLOCK", min_block)
-    f = lambda p: model_lib.apply(p, TOKENS_BT, pos_BT, cfg=cfg)[0]
+    c = dataclasses.replace(cfg, context_query_block=query_block)
+    f = lambda p: model_lib.apply(p, TOKENS_BT, pos_BT, cfg=c)[0]
     loss = lambda p: jnp.sum(jnp.where(MASK_BT[..., None], jax.nn.log_softmax(f(p)), 0)[..., 3])
     return jax.jit(f)(params), jax.jit(jax.grad(loss))(params)
 
@@ -413,6 +444,12 @@ def test_a_model_in_causal_blocks_equals_one_block(monkeypatch, variant):
   np.testing.assert_allclose(logits_4, logits_1, rtol=1e-5, atol=1e-4)
   jax.tree.map(
     lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), grads_4, grads_1
+  )
+  assert [attention.query_step(b - a, 1) for a, b in attention.causal_blocks(9)] == [2, 2, 1, 2]
+  logits_s, grads_s = run(2, query_block=1)
+  np.testing.assert_allclose(logits_s, logits_1, rtol=1e-5, atol=1e-4)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), grads_s, grads_1
   )
 
 

@@ -334,7 +334,9 @@ class Attention(nn.Module):
       else:
         out_BKQE = attention.attend(q_BKQE, q_pos_BQ, *keys, **mask)
     elif cache_kv is None:  # Teacher forcing or a prefill: causal within the call.
-      out_BKQE = attention.attend_causal(q_BKQE, q_pos_BQ, *keys, **mask)
+      out_BKQE = attention.attend_causal(
+        q_BKQE, q_pos_BQ, *keys, query_block=cfg.context_query_block, **mask
+      )
     elif keys is None:  # A paged cache (`kv_cache.PageView`).
       out_BKQE = attention.attend_paged(
         q_BKQE, q_pos_BQ, *cache_kv, index.pos_PZ, index.table_NM, index.live, *new_kv,

@@ -149,9 +149,12 @@ class ModelConfig:
   # backend), "splash" (a Pallas flash-attention kernel, TPU only) or "splash_interpret"
   # (that kernel interpreted, any backend: tests). Decoding is XLA always (`kernels`).
   attention_impl: str = "xla"
-  # Context parallelism (mesh.sequence > 1, XLA path): each device attends this many of its
-  # tokens' queries at a time, recomputed in the backward (`attention.attend_query_blocks`):
-  # scores [block, S] a head instead of [S / sequence, S]. 0: all of them at once.
+  # Teacher-forced attention (XLA path) attends at most this many query tokens at a time,
+  # recomputed in the backward (`attention.attend_query_blocks`): under context parallelism
+  # (mesh.sequence > 1) each device's tokens, scores [block, S] a head instead of
+  # [S / sequence, S]; otherwise each causal block longer than twice it (rows past 8 of
+  # it: `attention.attend_causal`), one step's scores live instead of every block's.
+  # 0: all of them at once.
   context_query_block: int = 512
   # Gemma-style features (`families` says which family has which; the defaults are Llama's).
   activation: str = "silu"  # MLP gate activation: "silu" (SwiGLU), "gelu_tanh" (GeGLU).
@@ -223,7 +226,7 @@ class ModelConfig:
     if not isinstance(self.context_query_block, int) or self.context_query_block < 0:
       raise ValueError(
         f"ModelConfig.context_query_block={self.context_query_block!r}; allowed: an int >= 0 "
-        "(query tokens a device attends at once under context parallelism; 0: all)."
+        "(query tokens teacher-forced attention attends at once; 0: all)."
       )
     moe.check_impl(self.moe_impl)
     self._check_gemma_features()
