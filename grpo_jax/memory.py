@@ -24,8 +24,10 @@ Figures are bytes per device, for the mesh of `setup.mesh_cfg` on `n_devices` de
 - backward working set: one float32 [rows, T, V] logits gradient; with remat or
   scan_layers also the recomputed activations of one layer and its float32 attention-score
   gradient [rows, heads, S, S] (the entries of its causal blocks, `attention.causal_blocks`:
-  5/8 of S² from S = 256 on); with scan_layers also the layer scan's stacked gradient
-  (params-sized) before it is added to the accumulator.
+  5/8 of S² from S = 256 on; blocks longer than 2 × model.context_query_block go in query
+  steps, `attention.attend_causal`: one step's [step, b] entries, counted twice, its
+  recomputed probabilities and their gradient); with scan_layers also the layer scan's
+  stacked gradient (params-sized) before it is added to the accumulator.
 - kv_cache: the sampler's temporary memory (`sampling.sample` compiled), the largest of
   its phases. The rollout cache: keys and values of every layer, [rows, kv heads /
   tensor, P - 1 + T slots, head_dim] (+ int32 positions [rows, slots]); with a shared
