@@ -242,7 +242,8 @@ def compile_episodes(setup, fns, params, prompts, key) -> tuple[dict, int, list[
   turn_tokens decode steps) and "episode_append" (one block of observation_tokens per row,
   after a turn). Returns ({name: compiled, or the error XLA raised}, bytes per device of
   the view, problems: pieces not compiled)."""
-  runner, layout = fns.episodes.train, fns.layout
+  runner = fns.episodes.train
+  layout = runner.layout or fns.layout  # The runner's own (`Layout.sampling` of its prompts).
   rep, O = layout.replicated, runner.cfg.observation_tokens  # noqa: E741
   params = _placed(params, fns.state_shardings.params)
   view_b, out = 0, {}

@@ -329,6 +329,27 @@ def test_the_episode_cache_is_split_over_rows_and_a_turn_without_donation_holds_
   assert report(undonated["episode_turn"])["alias_bytes"] == 0
 
 
+def test_episode_pieces_are_compiled_on_the_runner_s_own_layout(episodes_v5e, monkeypatch):
+  """`aot.compile_episodes` compiles each piece on the layout the runner runs on
+  (`Layout.sampling` of its prompts: under context parallelism its rows split over
+  `sequence` too), not the trainer's."""
+  setup, _, got = episodes_v5e
+  fns = got["fns"]
+  state, _, key, prompts = abstract.inputs(setup, fns)
+  runner = copy.copy(fns.episodes.train)
+  runner.layout = dataclasses.replace(fns.layout)  # Equal, but not the trainer's object.
+  other = dataclasses.replace(fns, episodes=dataclasses.replace(fns.episodes, train=runner))
+  seen = []
+
+  def record(fn, args, *, layout):
+    seen.append(layout)
+    raise jax.errors.JaxRuntimeError("recorded")
+
+  monkeypatch.setattr(aot, "compile_function", record)
+  aot.compile_episodes(setup, other, state.params, prompts, key)
+  assert seen and all(layout is runner.layout for layout in seen)
+
+
 def test_a_reward_model_source_compiles_its_scorer_and_stays_resident(tmp_path, one_slice):
   """A config.rewards source of kind reward_model: its scorer is a row, its params (fsdp
   over the host's 4 chips) are added to every row's resident bytes; a path this host

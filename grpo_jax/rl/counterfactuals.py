@@ -258,11 +258,13 @@ def sample_limited(
 ):
   """One completion per prompt row, row m stopping after limit_M[m] tokens (0: none):
   the decode state (`sampling.decode` with limit_N), on the cache of cfg.kv_layout
-  (`_LIMITED`). On pages (`paged.decode`) each row's prefix gets its own prompt pages
-  and its continuation takes pages as it grows; a row the pool starves ends there
-  without EOS (a partial rollout continues it in its next segment; a branch is
-  truncated, as a training row is). The same keys draw the same tokens on both."""
-  cfg = dataclasses.replace(cfg, group_size=1)
+  (`_LIMITED`). On pages (`paged.decode`) each row's prefix (left-padded to P + T slots)
+  gets its own prompt pages and its continuation takes pages as it grows, from a pool
+  that never runs short (kv_pool_fraction 1): a branch the pool cut would be scored as a
+  truncated completion, which biases IBPO's φ, and a cut partial row would be prefilled
+  again. So these rows gain little memory from pages; they compose with them. The same
+  keys draw the same tokens on both."""
+  cfg = dataclasses.replace(cfg, group_size=1, kv_pool_fraction=1.0)
   prefill, decode = _LIMITED[cfg.kv_layout]
   state = prefill(params, prompts, key, model_fn=model_fn, init_cache=init_cache, cfg=cfg)
   return decode(params, state, hyper, model_fn=model_fn, cfg=cfg, limit_N=limit_M)
