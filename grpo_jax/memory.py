@@ -362,13 +362,14 @@ def plan(
     # scan's pace.
     working += one_layer
     if model_cfg.attention_impl == "xla":  # A kernel keeps its score blocks in VMEM.
-      # Blocks attended whole: their entries once. Blocks attended in steps (long rows,
-      # model.context_query_block): one step's, twice (its recomputed probabilities and
-      # their gradient; XLA:CPU keeps the scores too when little else is live).
       qb = model_cfg.context_query_block
-      entries = attention.causal_score_entries(S, qb, step_buffers=2)
       if cp > 1:  # Each device's query blocks over all S keys (`attend_query_blocks`).
-        entries = min(S // cp, model_cfg.context_query_block or S) * S
+        entries = min(S // cp, qb or S) * S
+      else:
+        # Blocks attended whole: their entries once. Blocks attended in steps (long rows):
+        # one step's, twice (its recomputed probabilities and their gradient; XLA:CPU
+        # keeps the scores too when little else is live).
+        entries = attention.causal_score_entries(S, qb, step_buffers=2)
       working += mb_rows * local.n_heads * entries * 4
   if model_cfg.scan_layers:  # The layer scan's stacked gradient, before it is accumulated.
     working += trainable

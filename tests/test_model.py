@@ -338,6 +338,19 @@ def _causal_case(T=200, B=3, K=2, R=2, E=8):
   return q, jnp.repeat(pos, R, axis=1), keys, values, pos
 
 
+def _assert_attends_as(f, g, q, keys, values):
+  """f(q, keys, values) has g's output (to 2e-6) and gradients (to 2e-5) for a random
+  cotangent."""
+  np.testing.assert_allclose(f(q, keys, values), g(q, keys, values), atol=2e-6)
+  w = jax.random.normal(jax.random.key(3), q.shape)
+  grads = [
+    jax.jit(jax.grad(lambda *a, h=h: jnp.sum(h(*a) * w), argnums=(0, 1, 2)))(q, keys, values)
+    for h in (f, g)
+  ]
+  for g_f, g_g in zip(*grads, strict=True):
+    np.testing.assert_allclose(g_f, g_g, atol=2e-5)
+
+
 def test_causal_blocks_attention_equals_attention_over_all_keys():
   """Each query block attends to the keys up to its end only; with positions that
   increase along T (`positions_from_mask`) that is the softmax over all keys: the same
@@ -345,14 +358,7 @@ def test_causal_blocks_attention_equals_attention_over_all_keys():
   q, q_pos, keys, values, pos = _causal_case()
   blocked = lambda q, k, v: attention.attend_causal(q, q_pos, k, v, pos, dtype=jnp.float32)
   full = lambda q, k, v: attention.attend(q, q_pos, k, v, pos, dtype=jnp.float32)
-  np.testing.assert_allclose(blocked(q, keys, values), full(q, keys, values), atol=2e-6)
-  w = jax.random.normal(jax.random.key(3), q.shape)
-  grads = [
-    jax.grad(lambda *a, f=f: jnp.sum(f(*a) * w), argnums=(0, 1, 2))(q, keys, values)
-    for f in (blocked, full)
-  ]
-  for g_blocked, g_full in zip(*grads, strict=True):
-    np.testing.assert_allclose(g_blocked, g_full, atol=2e-5)
+  _assert_attends_as(blocked, full, q, keys, values)
   out = np.asarray(blocked(q, keys, values))
   assert np.all(out[0, :, : 70 * 2] == 0) and np.abs(out[1:, :, :2]).min() > 0
 
@@ -372,14 +378,7 @@ def test_causal_blocks_in_query_steps_equal_attention_over_all_keys(query_block,
   kw = dict(dtype=jnp.float32, softcap=softcap)
   full = lambda q, k, v: attention.attend(q, q_pos, k, v, pos, **kw)
   stepped = lambda q, k, v: attention.attend_causal(q, q_pos, k, v, pos, query_block=query_block, **kw)  # fmt: skip
-  np.testing.assert_allclose(stepped(q, keys, values), full(q, keys, values), atol=2e-6)
-  w = jax.random.normal(jax.random.key(3), q.shape)
-  grads = [
-    jax.jit(jax.grad(lambda *a, f=f: jnp.sum(f(*a) * w), argnums=(0, 1, 2)))(q, keys, values)
-    for f in (stepped, full)
-  ]
-  for g_stepped, g_full in zip(*grads, strict=True):
-    np.testing.assert_allclose(g_stepped, g_full, atol=2e-5)
+  _assert_attends_as(stepped, full, q, keys, values)
   # The memory plan's score entries (a row, a query head): whole blocks (b − a)·b summed,
   # 67·67 + 66·133 + 67·200; in steps the largest step's, 17·200 (twice: step_buffers=2).
   assert attention.causal_score_entries(200) == 67 * 67 + 66 * 133 + 67 * 200
@@ -397,14 +396,7 @@ def test_query_blocks_equal_attention_over_all_keys(parts, block):
   blocked = lambda q, k, v: attention.attend_query_blocks(
     q, q_pos, k, v, pos, parts=parts, block=block, dtype=jnp.float32
   )
-  np.testing.assert_allclose(blocked(q, keys, values), full(q, keys, values), atol=2e-6)
-  w = jax.random.normal(jax.random.key(3), q.shape)
-  grads = [
-    jax.jit(jax.grad(lambda *a, f=f: jnp.sum(f(*a) * w), argnums=(0, 1, 2)))(q, keys, values)
-    for f in (blocked, full)
-  ]
-  for g_blocked, g_full in zip(*grads, strict=True):
-    np.testing.assert_allclose(g_blocked, g_full, atol=2e-5)
+  _assert_attends_as(blocked, full, q, keys, values)
 
 
 def test_causal_blocks_rely_on_increasing_positions():

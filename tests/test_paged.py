@@ -129,9 +129,10 @@ def test_partial_rollouts_and_counterfactual_branches_on_pages_equal_the_dense_o
 
   dense = segments(sampler_cfg)
   assert not traced
-  _assert_same(segments(paged_cfg), dense)
+  got = segments(paged_cfg)
   assert len(traced) == 2  # Both segments, on pages.
-  np.testing.assert_array_equal(segments(paged_cfg).length_N, dense.length_N)
+  _assert_same(got, dense)
+  np.testing.assert_array_equal(got.length_N, dense.length_N)
   assert int(dense.mask_NT.sum()) > 30 and int(dense.length_N.max()) == 7  # Two segments.
 
   parents = sampling.sample(tiny_params, prompts, jax.random.key(3), hyper, **kw, cfg=sampler_cfg)
