@@ -36,12 +36,38 @@ class _Stop(Exception):
   pass
 
 
-def warm_started_arms(tmp_path_factory, arms: dict, *, flipped=None) -> dict:
-  """{name: run summary} of learning arms that all resume from one warm start (checkpoint 0,
-  made with the first arm's config): `arms` maps names to configs; `flipped`, a config,
-  adds the arm "flipped", the same run trained on −A (compiled afresh, its collapse guard
-  warning instead of stopping). Each summary's "workdir" is its run's folder. The learning
-  tests' fixture: same seed, same warm start.
+# Committed warm starts of the learning tests (`warm_started_arms`): what a run's workdir
+# holds after its warm start (checkpoint 0, the config it was made with, its metrics line
+# and, with adapters, the frozen base), one folder per fixture name. Rewrite them with
+#   GRPO_JAX_WRITE_WARM_STARTS=1 python -m pytest -n 2 -q tests/test_learning.py \
+#     tests/test_moe_learning.py tests/test_lora_learning.py tests/test_episodes.py -k learn
+# and commit tests/fixtures/warm_starts.
+WARM_STARTS = ROOT / "tests" / "fixtures" / "warm_starts"
+WRITE_WARM_STARTS = "GRPO_JAX_WRITE_WARM_STARTS"
+_WARM_START_FILES = ("checkpoints", "base", "config.json", "metrics.jsonl")
+# Greedy accuracy of a fixture re-scored by today's code may differ from the recorded one by
+# this many problems (a near-tie that another float32 summation order flips); a fixture the
+# code no longer reads as it was written is off by tens.
+STALE_PROBLEMS = 2
+
+
+class StaleWarmStart(AssertionError):
+  """A committed warm start that today's code or config no longer reproduces."""
+
+
+def warm_started_arms(tmp_path_factory, arms: dict, *, fixture: str, flipped=None) -> dict:
+  """{name: run summary} of learning arms that all resume from one warm start (checkpoint 0
+  of the first arm's config): `arms` maps names to configs; `flipped`, a config, adds the
+  arm "flipped", the same run trained on −A (compiled afresh, its collapse guard warning
+  instead of stopping). Each summary's "workdir" is its run's folder. The learning tests'
+  fixture: same seed, same warm start.
+
+  The warm start is the committed one, tests/fixtures/warm_starts/`fixture` (each took 1-2
+  minutes of CI time in every run), after two checks that fail with the command that
+  rewrites it (`WARM_STARTS`): every config value it was made with is the first arm's
+  (keys added since are allowed), and today's code scores its greedy accuracy as recorded
+  (`STALE_PROBLEMS`). With GRPO_JAX_WRITE_WARM_STARTS=1 the warm start is trained and
+  written there instead.
 
   The arms run in a child process at XLA's default optimisation level (they run their
   programs thousands of times; the tests' own level compiles faster and runs slower:
@@ -51,14 +77,14 @@ def warm_started_arms(tmp_path_factory, arms: dict, *, flipped=None) -> dict:
   import subproc  # noqa: PLC0415
 
   root = tmp_path_factory.mktemp("arms")
-  (root / "arms.pkl").write_bytes(pickle.dumps({"arms": arms, "flipped": flipped}))
+  spec = {"arms": arms, "flipped": flipped, "fixture": fixture}
+  (root / "arms.pkl").write_bytes(pickle.dumps(spec))
   subproc.run([pathlib.Path(__file__), root], optimized=True, timeout=1800)
   return pickle.loads((root / "summaries.pkl").read_bytes())
 
 
-def _arms(root: pathlib.Path, arms: dict, flipped) -> dict:
+def _arms(root: pathlib.Path, arms: dict, flipped, fixture: str) -> dict:
   """`warm_started_arms`, in this process, its runs under `root`."""
-  import contextlib  # noqa: PLC0415
   import shutil  # noqa: PLC0415
 
   import pytest  # noqa: PLC0415
@@ -66,12 +92,8 @@ def _arms(root: pathlib.Path, arms: dict, flipped) -> dict:
   from grpo_jax import steps, train  # noqa: PLC0415
   from grpo_jax.rl import preparation  # noqa: PLC0415
 
-  def stop(it, record):
-    raise _Stop
-
   base = root / "warm"
-  with contextlib.suppress(_Stop):  # The warm start, saved as checkpoint 0.
-    train.run(next(iter(arms.values())), base, log=lambda _: None, on_iteration=stop)
+  _warm_start(base, next(iter(arms.values())), fixture)
   names = [*arms, *(["flipped"] if flipped is not None else [])]
   workdirs = {name: root / name / "run" for name in names}
   for workdir in workdirs.values():
@@ -87,6 +109,85 @@ def _arms(root: pathlib.Path, arms: dict, flipped) -> dict:
   return {name: {**summary, "workdir": str(workdirs[name])} for name, summary in out.items()}
 
 
+def _warm_start(workdir: pathlib.Path, config, fixture: str) -> None:
+  """workdir as the run of `config` leaves it after its warm start: the committed fixture,
+  checked (`warm_started_arms`), or with GRPO_JAX_WRITE_WARM_STARTS=1 trained and written
+  to the fixture's folder."""
+  import contextlib  # noqa: PLC0415
+  import os  # noqa: PLC0415
+
+  from grpo_jax import train  # noqa: PLC0415
+
+  source = WARM_STARTS / fixture
+  if os.environ.get(WRITE_WARM_STARTS) == "1":
+
+    def stop(it, record):
+      raise _Stop
+
+    with contextlib.suppress(_Stop):  # The warm start, saved as checkpoint 0.
+      train.run(config, workdir, log=lambda _: None, on_iteration=stop)
+    _copy_warm_start(workdir, source, fresh=True)
+    return
+  if not (source / "checkpoints" / "0").is_dir():
+    raise StaleWarmStart(f"No committed warm start at {source}. {_REWRITE}")
+  _copy_warm_start(source, workdir, fresh=False)
+  _check_warm_start(workdir, config, fixture)
+
+
+_REWRITE = f"Rewrite it with {WRITE_WARM_STARTS}=1 (tests/runs.py, WARM_STARTS) and commit it."
+
+
+def _copy_warm_start(src: pathlib.Path, dst: pathlib.Path, *, fresh: bool) -> None:
+  import shutil  # noqa: PLC0415
+
+  if fresh:
+    shutil.rmtree(dst, ignore_errors=True)
+  dst.mkdir(parents=True, exist_ok=True)
+  for name in _WARM_START_FILES:
+    if (src / name).is_dir():
+      shutil.copytree(src / name, dst / name)
+    elif (src / name).exists():
+      shutil.copyfile(src / name, dst / name)
+
+
+def _check_warm_start(workdir: pathlib.Path, config, fixture: str) -> None:
+  """Raises StaleWarmStart when a config value the fixture was made with differs from
+  `config`'s (housekeeping keys aside: train.HOUSEKEEPING_KEYS), or when `grpo-jax eval`
+  of its checkpoint 0 (the warm start's own evaluation: same problems, same key) scores a
+  greedy accuracy more than STALE_PROBLEMS problems from the recorded one."""
+  import json  # noqa: PLC0415
+  import shutil  # noqa: PLC0415
+
+  from grpo_jax import build, evaluate, train  # noqa: PLC0415
+
+  made = json.loads((workdir / "config.json").read_text())
+  now = json.loads(json.dumps(build.as_dict(build.build(config)), default=str))
+  changed = [
+    f"{key}: {a!r} -> {b!r}"
+    for key, a, b in train.config_changes(made, now)
+    if "<absent>" not in (a, b)  # A key added (or dropped) since: checked by the score.
+    and key.split(".")[-1] not in train.HOUSEKEEPING_KEYS
+    and not key.startswith(train.HOUSEKEEPING_SECTIONS)
+  ]
+  if changed:
+    raise StaleWarmStart(
+      f"Warm start {fixture!r} was made with another config: {changed}. {_REWRITE}"
+    )
+  (recorded,) = [r for r in lines(workdir) if r.get("phase") == "warmstart"]
+  out = workdir.parent / "warm_eval"
+  shutil.rmtree(out, ignore_errors=True)  # `grpo-jax eval` would resume from what is there.
+  c = config.copy_and_resolve_references()
+  c.eval.update(step=0, k=c.eval_samples, size=0, out=str(out))
+  (figures,) = evaluate.run(c, workdir, log=lambda _: None)["figures"].values()
+  got, want = figures["greedy"]["value"], recorded["eval/greedy_accuracy"]
+  if abs(got - want) * c.eval_size > STALE_PROBLEMS:
+    raise StaleWarmStart(
+      f"Warm start {fixture!r}: today's code scores its greedy accuracy {got:.4f}, against "
+      f"{want:.4f} when it was made (more than {STALE_PROBLEMS} of {c.eval_size} problems "
+      f"apart). {_REWRITE}"
+    )
+
+
 if __name__ == "__main__":  # The child of `warm_started_arms`: python tests/runs.py ROOT.
   import pickle
   import sys
@@ -96,5 +197,5 @@ if __name__ == "__main__":  # The child of `warm_started_arms`: python tests/run
   jax.config.update("jax_numpy_rank_promotion", "raise")  # As in the tests (conftest).
   root = pathlib.Path(sys.argv[1])
   spec = pickle.loads((root / "arms.pkl").read_bytes())
-  summaries = _arms(root, spec["arms"], spec["flipped"])
+  summaries = _arms(root, spec["arms"], spec["flipped"], spec["fixture"])
   (root / "summaries.pkl").write_bytes(pickle.dumps(summaries))

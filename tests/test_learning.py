@@ -3,11 +3,16 @@ run with the gradient's sign flipped cannot reach (same seed, same warm start), 
 still learns with bfloat16 compute (float32 master weights)."""
 
 import arithmetic
+import jax
 import pytest
 import runs
 
+from grpo_jax import evaluate
+
 # Measured (eval every 10): GRPO 51.6% -> 57.8% (40), 63.3% (50), 68.0% (60); the flipped
-# arm falls to 27.3% in 20 iterations (9.4% at 60).
+# arm falls to 27.3% in 20 iterations (9.4% at 60). From the committed warm start
+# (tests/fixtures/warm_starts, made 2026-12-04 by today's code): 51.6% -> 65.6% at 50 (bf16
+# 67.2%), flipped 21.9% at 20.
 ITERATIONS = 50
 FLIPPED_ITERATIONS = 20
 
@@ -27,6 +32,7 @@ def arms(tmp_path_factory):
   return runs.warm_started_arms(
     tmp_path_factory,
     {"grpo": _config(), "bf16": _config("bfloat16")},
+    fixture="arithmetic_tiny",
     flipped=_config(iterations=FLIPPED_ITERATIONS),
   )
 
@@ -48,3 +54,28 @@ def test_grpo_raises_held_out_accuracy_in_float32_and_bfloat16_and_the_flipped_s
   assert bf16["warmstart_accuracy"] == grpo["warmstart_accuracy"]  # One warm start.
   bf16_gain = bf16["final_accuracy"] - bf16["warmstart_accuracy"]
   assert bf16_gain >= 0.04, (bf16_gain, bf16)
+
+
+def test_a_committed_warm_start_that_no_longer_reproduces_is_refused(tmp_path, monkeypatch):
+  """The arms above start from tests/fixtures/warm_starts/arithmetic_tiny. It passes its
+  check (today's code scores it as recorded: within runs.STALE_PROBLEMS problems, here at
+  the tests' own XLA level); a config value changed since it was made, or a checkpoint that
+  today's code reads differently (here: every weight array read in reverse order along its
+  first axis, as a layout change would), is refused with the command
+  that rewrites it."""
+  workdir = tmp_path / "warm"
+  runs._copy_warm_start(runs.WARM_STARTS / "arithmetic_tiny", workdir, fresh=False)
+  runs._check_warm_start(workdir, _config(), "arithmetic_tiny")
+  changed = _config()
+  changed.warmstart_steps += 1
+  with pytest.raises(runs.StaleWarmStart, match=r"another config: \['loop.warmstart_steps"):
+    runs._check_warm_start(workdir, changed, "arithmetic_tiny")
+  real = evaluate.source
+
+  def reversed_(*args, **kwargs):
+    params, key, info = real(*args, **kwargs)
+    return jax.tree.map(lambda x: x[::-1], params), key, info
+
+  monkeypatch.setattr(evaluate, "source", reversed_)
+  with pytest.raises(runs.StaleWarmStart, match=r"scores its greedy accuracy .*Rewrite it"):
+    runs._check_warm_start(workdir, _config(), "arithmetic_tiny")

@@ -15,6 +15,8 @@ from grpo_jax.infra import config_lib
 # 95.3% at 30 (89.1% at 5, 86.7% at 10, 93.0% at 20); the flipped arm falls by about 6 points
 # an iteration: 80.5% at 1, 67.2% at 3, 57.8% at 5 (31.3% at 10). Its 5 iterations fall 27
 # points, 4.5 times the 6 the margin below asks for when the gain is its least (4 points).
+# From the committed warm start (tests/fixtures/warm_starts, made 2026-12-04 by today's
+# code): 74.2% -> 92.2% at 30, flipped 50.8% at 5.
 ITERATIONS = 30
 FLIPPED_ITERATIONS = 5
 GEMMA2 = dict(
@@ -39,7 +41,10 @@ def lora_arms(tmp_path_factory):
   """{"grpo": summary, "flipped": summary}: both resume from one warm start (checkpoint 0,
   the base trained with the adapters at B = 0); the flipped arm trains on −A."""
   return runs.warm_started_arms(
-    tmp_path_factory, {"grpo": _config()}, flipped=_config(FLIPPED_ITERATIONS)
+    tmp_path_factory,
+    {"grpo": _config()},
+    fixture="arithmetic_tiny_gemma2_lora",
+    flipped=_config(FLIPPED_ITERATIONS),
   )
 
 
