@@ -266,21 +266,40 @@ def test_bad_offpolicy_configs_fail_before_compiling(sections, match):
     build.build(_tiny(**sections), n_devices=1)
 
 
-def test_split_placement_runs_the_sampler_on_its_own_device(tmp_path):
-  """Two host devices: the sampler on device 0, the trainer on device 1; the metrics are
-  those of the shared placement (the same programs on the same kind of device)."""
-  script = tmp_path / "split.py"
+# The arms of the two-device test: (offpolicy.placement, mesh.sequence, offpolicy.partial).
+_TWO_DEVICE_ARMS = {
+  "shared": ("shared", 1, "off"),  # Both devices on fsdp.
+  "split": ("split", 1, "off"),
+  "context": ("shared", 2, "off"),  # Both on sequence: tokens split in the update.
+  "shared_continue": ("shared", 1, "continue"),
+  "context_continue": ("shared", 2, "continue"),
+}
+
+
+def test_the_pipeline_gives_the_same_rows_split_over_devices_or_over_the_sequence(tmp_path):
+  """Two host devices, s = 1, the same 2 iterations in each arm (`_TWO_DEVICE_ARMS`): the
+  sampler on device 0 and the trainer on device 1 (placement "split"), or context
+  parallelism (mesh.sequence = 2: the update splits each row's tokens over both devices,
+  the sampler its rows), with whole or partial rollouts (3-token segments continued under
+  new params): the metrics are those of the same pipeline with both devices on fsdp, the
+  same programs up to the order of float32 sums. Every key is there; ints exactly, floats
+  to rel 1e-3. Measured: rewards, accuracies and token counts equal; the largest float
+  difference is 2.4e-4 relative (grad_norm)."""
+  script = tmp_path / "two_devices.py"
   script.write_text(
     f"""
 import json
 import jax, test_offpolicy as t, runs
-from grpo_jax import train
 assert jax.device_count() == 2
 out = {{}}
-for placement in ("shared", "split"):
+for name, (placement, sequence, partial) in t._TWO_DEVICE_ARMS.items():
   c = t._tiny(iterations=2, offpolicy__enabled=True, offpolicy__max_staleness=1,
-              offpolicy__placement=placement)
-  out[placement] = [runs.untimed(x) for x in t._run(c, {str(tmp_path)!r} + "/" + placement)]
+              offpolicy__placement=placement, offpolicy__partial=partial)
+  if sequence > 1:
+    c.mesh.update(fsdp=1, sequence=sequence)
+  if partial != "off":
+    c.offpolicy.segment_tokens = 3
+  out[name] = [runs.untimed(x) for x in t._run(c, {str(tmp_path)!r} + "/" + name)]
 print(json.dumps(out))
 """
   )
@@ -290,6 +309,18 @@ print(json.dumps(out))
   out = json.loads(r.stdout.strip().splitlines()[-1])
   assert out["split"][1]["offpolicy/staleness_max"] == 0
   assert out["split"][2]["offpolicy/staleness_max"] == 1
-  for a, b in zip(out["shared"], out["split"], strict=True):
-    assert abs(a.get("loss", 0) - b.get("loss", 0)) < 1e-5
-    assert a.get("accuracy") == b.get("accuracy")
+  continued = out["context_continue"][2]
+  assert continued["offpolicy/segments"] > 1 and continued["offpolicy/mixed_version_frac"] > 0
+  for base, arm in (
+    ("shared", "split"),
+    ("shared", "context"),
+    ("shared_continue", "context_continue"),
+  ):
+    assert len(out[base]) == len(out[arm]) == 3, arm  # The warm start and 2 iterations.
+    for a, b in zip(out[base], out[arm], strict=True):
+      assert a.keys() == b.keys(), arm
+      for k, v in a.items():
+        if isinstance(v, float):
+          assert b[k] == pytest.approx(v, rel=1e-3, abs=1e-5), (arm, k)
+        else:
+          assert b[k] == v, (arm, k)
