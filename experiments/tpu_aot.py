@@ -190,20 +190,33 @@ def configs_table() -> str:
   return "\n".join(lines)
 
 
-def cell_path(shape: str, topology: str, mode: str, new_tokens: int = NEW_TOKENS):
-  suffix = "" if new_tokens == NEW_TOKENS else f"__{new_tokens}"
+def cell_path(shape: str, topology: str, mode: str, new_tokens: int = NEW_TOKENS, tag: str = ""):
+  suffix = ("" if new_tokens == NEW_TOKENS else f"__{new_tokens}") + (f"__{tag}" if tag else "")
   return OUT / f"{shape}__{topology}__{mode}{suffix}.json"
 
 
-def table(new_tokens: int = NEW_TOKENS) -> str:
-  """The committed cells of one completion budget as a Markdown table, in the order of
-  SHAPES, TOPOLOGIES and MODES."""
+def tags(new_tokens: int) -> list[str]:
+  """The --tag names of the committed cells of one completion budget."""
+  budget = [] if new_tokens == NEW_TOKENS else [str(new_tokens)]
+  names = [p.stem.split("__") for p in OUT.glob("*.json")]
+  return sorted(
+    {
+      n[-1]
+      for n in names
+      if len(n) == 4 + len(budget) and n[3:-1] == budget and not n[-1].isdigit()
+    }
+  )
+
+
+def table(new_tokens: int = NEW_TOKENS, tag: str = "") -> str:
+  """The committed cells of one completion budget (and --tag) as a Markdown table, in the
+  order of SHAPES, TOPOLOGIES and MODES."""
   lines = [
     "| shape | topology | mode | fits as first tried | setting that fits | peak GiB/chip "
     "(sample, logprobs, update) | plan GiB | roofline s/iter (sample, logprobs, update) |",
     "|---|---|---|---|---|---|---|---|",
   ]
-  cells = [cell_path(*c, new_tokens) for c in itertools.product(SHAPES, TOPOLOGIES, MODES)]
+  cells = [cell_path(*c, new_tokens, tag) for c in itertools.product(SHAPES, TOPOLOGIES, MODES)]
   for path in filter(pathlib.Path.exists, cells):
     r = json.loads(path.read_text())
     fin, tip = r["final"], r["advice"]
@@ -227,14 +240,19 @@ def main():
   ap.add_argument("--modes", default=",".join(MODES))
   ap.add_argument("--new_tokens", type=int, default=NEW_TOKENS, help="tokens each row decodes")
   ap.add_argument("--redo", action="store_true", help="recompile cells already recorded")
+  ap.add_argument(
+    "--tag", default="", help="record the cells under a name of their own (a rerun that keeps "
+    "the earlier records): <cell>__<tag>.json"
+  )  # fmt: skip
   ap.add_argument("--table", action="store_true", help="print the recorded cells and exit")
   ap.add_argument(
     "--configs", action="store_true", help="compile the shipped accelerator configs instead"
   )
   args = ap.parse_args()
   if args.table:
-    long = table(4096)
-    print(configs_table() + "\n\n" + table() + ("\n\n" + long if long.count("\n") > 1 else ""))
+    tables = [configs_table(), table()]
+    tables += [t for tag in ["", *tags(4096)] if (t := table(4096, tag)).count("\n") > 1]
+    print("\n\n".join(tables))
     return
   if args.configs:
     (OUT / "configs").mkdir(parents=True, exist_ok=True)
@@ -252,7 +270,7 @@ def main():
   for shape in args.shapes.split(","):
     for topology in args.topologies.split(","):
       for mode in args.modes.split(","):
-        path = cell_path(shape, topology, mode, args.new_tokens)
+        path = cell_path(shape, topology, mode, args.new_tokens, args.tag)
         if path.exists() and not args.redo:
           continue
         print(f"{shape} {topology} {mode} {args.new_tokens} ...", flush=True)
