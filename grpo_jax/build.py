@@ -272,40 +272,30 @@ def _sampler_config(d: dict, rl_cfg: spec.RLConfig, *, eos_ids, pad_id) -> sampl
     {**d["sampler"], "eos_ids": eos_ids, "pad_id": pad_id, "record_routes": rl_cfg.routing_replay},
     where="config.sampler",
   )
-  replaced = _static_sampler_replaced(d, cfg)
-  clash = [why for why, _ in replaced]
+  clash = _static_sampler_replaced(d, cfg)
   if rl_cfg.routing_replay and clash:
     raise ValueError(
       "config.rl.routing_replay=True records routes in the static sampler, which these "
       f"settings replace: {'; '.join(clash)}. Turn them off, or routing_replay off."
     )
-  dense_only = [why for why, pages in replaced if not pages]
-  if cfg.kv_layout == "paged" and dense_only:
-    raise ValueError(
-      "config.sampler.kv_layout='paged' pages the static, refill, partial-rollout and "
-      "counterfactual samplers' caches; these "
-      f"settings decode with samplers whose cache is dense: {'; '.join(dense_only)}. Turn "
-      "them off, or use kv_layout='dense'."
-    )
   return cfg
 
 
-def _static_sampler_replaced(d: dict, cfg: sampling.SamplerConfig) -> list[tuple[str, bool]]:
+def _static_sampler_replaced(d: dict, cfg: sampling.SamplerConfig) -> list[str]:
   """The settings under which other samplers decode training rows in place of the static
-  one (the refill sampler, episodes, partial rollouts, counterfactual rows), each with
-  whether that sampler can page its cache (sampler.kv_layout)."""
+  one (the refill sampler, episodes, partial rollouts, counterfactual rows); every one of
+  them pages its cache with sampler.kv_layout='paged'."""
   op, cf = d.get("offpolicy", {}), d.get("counterfactual", {})
   return [
-    (why, pages)
-    for why, on, pages in (
-      (f"config.sampler.refill_slots={cfg.refill_slots} (0: off)", cfg.refill_slots > 0, True),
-      ("config.env (episodes)", bool(d.get("env", {}).get("name")), False),
+    why
+    for why, on in (
+      (f"config.sampler.refill_slots={cfg.refill_slots} (0: off)", cfg.refill_slots > 0),
+      ("config.env (episodes)", bool(d.get("env", {}).get("name"))),
       (
         f"config.offpolicy.partial={op.get('partial')!r} (off: 'off')",
         op.get("enabled") and op.get("partial", "off") != "off",
-        True,
       ),
-      ("config.counterfactual.train=True", bool(cf.get("train")), True),
+      ("config.counterfactual.train=True", bool(cf.get("train"))),
     )
     if on
   ]

@@ -324,14 +324,16 @@ class Chatty(base.Environment):
     return base.Step(self.tokenizer.encode(text), reward=float(self.k), done=self.k >= 3)
 
 
-def _chatty_run(cfg, params, tokenizer):
-  """Chatty episodes of 4 prompts × G = 4 sampled by the model `cfg` with `params`."""
+def _chatty_run(cfg, params, tokenizer, **sampler):
+  """Chatty episodes of 4 prompts × G = 4 sampled by the model `cfg` with `params`
+  (`sampler`: SamplerConfig fields)."""
   scfg = sampling.SamplerConfig(
     max_new_tokens=32,
     eos_ids=tokenizer.eos_ids,
     pad_id=tokenizer.pad_id,
     group_size=4,
     prompt_buckets=(8,),
+    **sampler,
   )
   runner = episodes.Runner(
     model_fn=model.make_model_fn(cfg),
@@ -377,6 +379,29 @@ def test_episode_log_probs_equal_the_teacher_forced_forward_of_the_whole_episode
   )
   np.testing.assert_allclose(r.logp_NT, r.policy_logp_NT)  # T = 1, no filter.
   assert np.all(np.asarray(r.policy_logp_NT)[~action] == 0.0)
+
+
+@pytest.mark.parametrize("page_size, shared_prefix", [(4, True), (3, False)])
+def test_episodes_on_pages_equal_the_dense_episodes(
+  tiny_cfg, tiny_params, tokenizer, chatty_episodes, page_size, shared_prefix
+):
+  """sampler.kv_layout="paged": the same keys give the same episodes (actions, tool
+  observations written a token a call across page edges, turns, rewards, ends) and the
+  same log-probs up to the order of float32 sums, with the group's prompt pages shared or
+  copied, on pages that do and do not divide the prompt."""
+  got = _chatty_run(
+    tiny_cfg, tiny_params, tokenizer, kv_layout="paged", page_size=page_size,
+    shared_prefix=shared_prefix, kv_pool_fraction=0.25,  # Ignored: episodes take a whole pool.
+  )  # fmt: skip
+  want = chatty_episodes
+  for k in ("tokens_NT", "mask_NT", "action_mask_NT", "eos_N", "length_N"):
+    np.testing.assert_array_equal(getattr(got.rollouts, k), getattr(want.rollouts, k), err_msg=k)
+  for k in ("reward_N", "end_N", "turns_N"):
+    np.testing.assert_array_equal(getattr(got, k), getattr(want, k), err_msg=k)
+  for k in ("logp_NT", "policy_logp_NT"):
+    np.testing.assert_allclose(getattr(got.rollouts, k), getattr(want.rollouts, k), atol=1e-5)
+  # The appends' calls: max n per turn on pages, O on the dense cache.
+  assert got.rollouts.num_steps < want.rollouts.num_steps
 
 
 # ----------------------------------------------------------------------------

@@ -325,11 +325,11 @@ def test_the_memory_plan_prices_the_paged_sampler_within_its_band_of_xla():
   assert 0.9 <= paged_sampler._plan(cfg, dense, B=B, P=P, T=T, pages=None) / xla_dense <= 1.1
 
 
-def test_the_trainer_runs_on_the_paged_sampler_and_refuses_the_samplers_it_does_not_page(tmp_path):
+def test_the_trainer_runs_every_sampler_on_pages(tmp_path):
   """Two iterations of the arithmetic quick config on pages of 4 slots (the train, greedy
   and eval samplers), then two of the off-policy pipeline's partial rollouts on pages;
-  IBPO's trained counterfactual rows build on pages; episodes, whose sampler keeps a dense
-  cache, are refused."""
+  IBPO's trained counterfactual rows build on pages; one iteration of the calculator's
+  episodes on pages (training, greedy and pass@k evaluation)."""
   import arithmetic  # noqa: PLC0415
 
   from grpo_jax import build, train  # noqa: PLC0415
@@ -355,11 +355,13 @@ def test_the_trainer_runs_on_the_paged_sampler_and_refuses_the_samplers_it_does_
   cf.counterfactual.train = True
   assert build.build(cf).sampler_cfg.kv_layout == "paged"
   c = config_lib.load("configs/calculator.py:quick")
-  c.sampler.kv_layout = "paged"
-  with pytest.raises(
-    ValueError, match=r"kv_layout='paged' pages .* dense: config.env \(episodes\)"
-  ):
-    build.build(c)
+  c.sampler.update(kv_layout="paged", page_size=4)
+  c.update(prompts_per_step=4, iterations=1, warmstart_steps=2, warmstart_batch=8, eval_size=8)
+  c.update(eval_every=1, eval_samples=2, checkpoint_every=1, reward_workers=0, progress=False)
+  train.run(c, tmp_path / "episodes", log=lambda _: None)
+  lines = logs.read_jsonl(tmp_path / "episodes" / "metrics.jsonl")
+  assert [x["iteration"] for x in lines] == [0, 1] and np.isfinite(lines[1]["loss"])
+  assert lines[1]["episode/turns"] >= 1 and "eval/pass@2" in lines[1]
 
 
 def test_the_committed_paged_record_carries_its_claim_and_the_verdict_of_its_rule():

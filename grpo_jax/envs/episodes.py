@@ -24,7 +24,9 @@ rewards.
 The loop (`Runner.run`), all rows in lockstep turns:
   1. `start`: the prompts minus their last token are prefilled once per prompt and the
      cache repeated to the G rows of each group (as `sampling.prefill`); the cache gets a
-     write column per row and `observation_tokens` spare columns.
+     write column per row and `observation_tokens` spare columns. With
+     sampler.kv_layout="paged" the prompts go into pages the G rows of a group read, and
+     each row takes pages as its episode grows (`paged.take`, from a whole pool).
   2. `decode_turn` (jitted `lax.while_loop`): every live row samples tokens until it emits
      a turn-end token (the environment's `stop_text`, or EOS), or `turn_tokens` tokens,
      or the budget T is spent. Rows not live this turn feed nothing (position −1: their
@@ -38,7 +40,8 @@ The loop (`Runner.run`), all rows in lockstep turns:
      write column, one padded block of `observation_tokens` columns for all rows (pad
      columns have position −1: invisible, and the write column advances by the row's own
      count), and into the token buffer with action mask False. The history is never
-     re-encoded: one forward of the new tokens per turn.
+     re-encoded: one forward of the new tokens per turn (on pages, a token a call: max n
+     decode calls a turn).
   5. Repeat until every episode ended, at most `max_turns` turns.
 
 Why an episode ended (`END_REASONS`, per row in `end_N`):
@@ -86,8 +89,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax.envs import base, stepping
+from grpo_jax.models import kv_cache, paged, sampling, sharding
 from grpo_jax.models import model as model_lib
-from grpo_jax.models import sampling, sharding
 
 END_REASONS = ("done", "turn_limit", "token_limit", "env_error", "step_timeout")
 DONE, TURN_LIMIT, TOKEN_LIMIT, ENV_ERROR, STEP_TIMEOUT = range(len(END_REASONS))
@@ -147,7 +150,7 @@ def _rows_constrained(state: EpisodeState) -> EpisodeState:
   state sharded alike (the KV cache is constrained by `KVCache.constrain`)."""
   rows = lambda x: nn.with_logical_constraint(x, ("activation_batch",) + (None,) * (x.ndim - 1))  # noqa: E731
   cache = state.cache
-  if cache.index.ndim == 1:
+  if isinstance(cache, kv_cache.KVCache) and cache.index.ndim == 1:
     cache = cache.replace(index=rows(cache.index))
   return state.replace(
     cache=cache,
@@ -169,9 +172,8 @@ def start(
   cfg: sampling.SamplerConfig,
   observation_tokens: int,
 ) -> EpisodeState:
-  """Prefills each prompt minus its last token once, repeats the cache to the G rows of its
-  group and gives it a write column per row; P − 1 + T + O columns (O spare: the padded
-  observation block of `append` never runs past the end)."""
+  """Prefills each prompt minus its last token once into the cache of cfg.kv_layout
+  (`_CACHES`) and starts the episodes."""
   tokens_BP = jnp.asarray(prompts.tokens_BP, jnp.int32)
   mask_BP = jnp.asarray(prompts.mask_BP, jnp.bool_)
   (B, P), G, T = tokens_BP.shape, cfg.group_size, cfg.max_new_tokens
@@ -179,11 +181,9 @@ def start(
   if P < 2:
     raise ValueError(f"Prompt batches need >= 2 slots, got shape {(B, P)}.")
   positions_BP = model_lib.positions_from_mask(mask_BP)
-  cache = sampling.prefill_cache(
-    params, tokens_BP[:, :-1], positions_BP[:, :-1], init_cache=init_cache,
-    length=P - 1 + T + observation_tokens, model_fn=model_fn, chunk=cfg.prefill_chunk,
-  )  # fmt: skip
-  cache = cache.repeat(G).replace(index=jnp.full((N,), P - 1, jnp.int32))
+  make = _CACHES[cfg.kv_layout]
+  cache = make(params, tokens_BP, positions_BP, model_fn=model_fn, init_cache=init_cache, cfg=cfg,
+               observation_tokens=observation_tokens)  # fmt: skip
   zeros = lambda dtype: jnp.zeros((N, T), dtype)
   return _rows_constrained(
     EpisodeState(
@@ -202,6 +202,83 @@ def start(
   )
 
 
+def _dense_cache(params, tokens_BP, positions_BP, *, model_fn, init_cache, cfg, observation_tokens):
+  """The cache repeated to the G rows of each group, with a write column per row; P − 1 +
+  T + O columns (O spare: the padded observation block of `append` never runs past the
+  end)."""
+  (B, P), G, T = tokens_BP.shape, cfg.group_size, cfg.max_new_tokens
+  cache = sampling.prefill_cache(
+    params, tokens_BP[:, :-1], positions_BP[:, :-1], init_cache=init_cache,
+    length=P - 1 + T + observation_tokens, model_fn=model_fn, chunk=cfg.prefill_chunk,
+  )  # fmt: skip
+  return cache.repeat(G).replace(index=jnp.full((B * G,), P - 1, jnp.int32))
+
+
+def _paged_cache(params, tokens_BP, positions_BP, *, model_fn, init_cache, cfg, observation_tokens):
+  """`paged.Pages`: the prompts' pages at the front of the pool, read by the G rows of each
+  group (sampler.shared_prefix; else each row gets its own copy), and completion pages for
+  every row's T tokens. The pool never runs short (kv_pool_fraction 1): an episode the pool
+  cut would be scored as a truncated one. Observations take slots as actions do (fed a
+  token a call by `_write_paged`), so no spare columns."""
+  del observation_tokens
+  B, G = tokens_BP.shape[0], cfg.group_size
+  cfg = dataclasses.replace(cfg, kv_pool_fraction=1.0)
+  dense, _ = paged.prefill_prompts(
+    params, tokens_BP, positions_BP, init_cache=init_cache, model_fn=model_fn, cfg=cfg
+  )
+  shared = cfg.shared_prefix and G > 1
+  if not shared:
+    dense = dense.repeat(G)
+  owner_N = jnp.arange(B * G) // G if shared else jnp.arange(B * G)
+  return paged.pool(dense, rows=B * G, owner_N=owner_N, cfg=cfg)
+
+
+def _feed_dense(params, cache, tok_N, pos_N, t_N, live_N, *, model_fn):
+  """(logits [N, 1, V], cache): tok_N at each live row's write column; a row not live
+  feeds position −1 (its key is invisible) and its write column stays."""
+  del t_N
+  logits_N1V, out = model_fn(params, tok_N[:, None], jnp.where(live_N, pos_N, -1)[:, None], cache)
+  return logits_N1V, out.replace(index=jnp.where(live_N, out.index, cache.index))
+
+
+def _feed_paged(params, pages, tok_N, pos_N, t_N, live_N, *, model_fn):
+  """(logits [N, 1, V], pages): tok_N at each live row's completion slot t_N, a page taken
+  first where t_N starts one (`paged.take`: the pool is whole, so none starves); a row not
+  live writes nothing."""
+  need_N = live_N & (t_N % pages.cache.page_size == 0)
+  pages, _ = paged.take(pages, need_N, t_N)
+  return paged.forward(params, pages, tok_N, pos_N, t_N, live_N, model_fn=model_fn)
+
+
+def _write_dense(params, state, feed_NO, pos_NO, n_N, *, model_fn):
+  """(cache, token columns computed): the O-token block in one forward (pad columns at
+  position −1), the write column advanced by each row's n."""
+  _, cache = model_fn(params, feed_NO, pos_NO, state.cache)
+  return cache.replace(index=state.cache.index + n_N), feed_NO.shape[1]
+
+
+def _write_paged(params, state, feed_NO, pos_NO, n_N, *, model_fn):
+  """(pages, token columns computed): the block fed a column a call (`_feed_paged`: a
+  decode call reads the row's pages and one new key), max n calls. A multi-token paged
+  write would take one call; the XLA gather path has none yet."""
+
+  def one(j, pages):
+    live_N = j < n_N
+    tok_N = jax.lax.dynamic_index_in_dim(feed_NO, j, axis=1, keepdims=False)
+    pos_N = jax.lax.dynamic_index_in_dim(pos_NO, j, axis=1, keepdims=False)
+    return _feed_paged(params, pages, tok_N, pos_N, state.t_N + j, live_N, model_fn=model_fn)[1]
+
+  calls = jnp.max(n_N)
+  return jax.lax.fori_loop(0, calls, one, state.cache), calls
+
+
+# Per sampler.kv_layout: the cache `start` makes, one token fed per row (`decode_turn`),
+# and an observation block written (`append`).
+_CACHES = {"dense": _dense_cache, "paged": _paged_cache}
+_FEEDS = {"dense": _feed_dense, "paged": _feed_paged}
+_WRITES = {"dense": _write_dense, "paged": _write_paged}
+
+
 def _put(buf_NT, rows_N, cols_N, x_N):
   """buf[rows, cols] = x; rows out of range (N: not written) are dropped."""
   return buf_NT.at[rows_N, cols_N].set(x_N.astype(buf_NT.dtype), mode="drop")
@@ -217,10 +294,12 @@ def decode_turn(
   stop_ids: tuple[int, ...],
   turn_tokens: int,
   pad_id: int,
+  kv_layout: str = "dense",
 ) -> EpisodeState:
   """One action per active row: tokens are sampled until a stop id (kept, as the action's
-  last token), `turn_tokens` tokens, or the budget T. A row not live feeds a pad at
-  position −1 (its key is invisible, and its write column does not advance)."""
+  last token), `turn_tokens` tokens, or the budget T. A row not live feeds a pad that
+  nothing sees, and its cache does not advance (`_FEEDS[kv_layout]`)."""
+  feed = functools.partial(_FEEDS[kv_layout], model_fn=model_fn)
   N, T = state.tokens_NT.shape
   stop = jnp.asarray(stop_ids, jnp.int32)
 
@@ -231,10 +310,7 @@ def decode_turn(
   def body(carry):
     s, live_N, k = carry
     feed_N = jnp.where(live_N, s.tok_N, pad_id)
-    logits_N1V, cache = model_fn(
-      params, feed_N[:, None], jnp.where(live_N, s.pos_N, -1)[:, None], s.cache
-    )
-    cache = cache.replace(index=jnp.where(live_N, cache.index, s.cache.index))
+    logits_N1V, cache = feed(params, s.cache, feed_N, s.pos_N, s.t_N, live_N)
     key, step_key = jax.random.split(s.key)
     tok_N, logp_N, policy_N = sampling.choose_tokens(logits_N1V[:, -1], step_key, hyper)
     rows_N = jnp.where(live_N, jnp.arange(N), N)
@@ -259,13 +335,17 @@ def decode_turn(
   return _rows_constrained(out)
 
 
-def append(params, state: EpisodeState, obs_NO, n_N, *, model_fn: Callable, pad_id: int):
+def append(
+  params, state: EpisodeState, obs_NO, n_N, *, model_fn: Callable, pad_id: int,
+  kv_layout: str = "dense",
+):  # fmt: skip
   """Puts n_N[i] observation tokens obs_NO[i, :n] after row i's context (n = 0: nothing).
 
-  The cache takes [tok_N, obs_0, ..., obs_{n−2}] at positions pos_N + 0..n−1 in one
-  forward (the columns past n are pads at position −1, and the row's write column advances
-  by n), and obs_{n−1} becomes the next token to feed. The token buffer takes obs at
-  columns t_N .. t_N + n − 1, in the context (mask) but not actions.
+  The cache takes [tok_N, obs_0, ..., obs_{n−2}] at positions pos_N + 0..n−1
+  (`_WRITES[kv_layout]`: dense, in one forward, the columns past n pads at position −1 and
+  the row's write column advanced by n; paged, a column a call), and obs_{n−1} becomes
+  the next token to feed. The token buffer takes obs at columns t_N .. t_N + n − 1, in the
+  context (mask) but not actions.
   """
   obs_NO, n_N = jnp.asarray(obs_NO, jnp.int32), jnp.asarray(n_N, jnp.int32)
   (N, width), T = obs_NO.shape, state.tokens_NT.shape[1]
@@ -274,8 +354,7 @@ def append(params, state: EpisodeState, obs_NO, n_N, *, model_fn: Callable, pad_
   feed_NO = jnp.concatenate([state.tok_N[:, None], obs_NO[:, :-1]], axis=1)
   feed_NO = jnp.where(has_NO, feed_NO, pad_id)
   pos_NO = jnp.where(has_NO, state.pos_N[:, None] + j_O[None, :], -1)
-  _, cache = model_fn(params, feed_NO, pos_NO, state.cache)
-  cache = cache.replace(index=state.cache.index + n_N)
+  cache, columns = _WRITES[kv_layout](params, state, feed_NO, pos_NO, n_N, model_fn=model_fn)
   last_N = jnp.take_along_axis(obs_NO, jnp.maximum(n_N - 1, 0)[:, None], axis=1)[:, 0]
   rows_NO = jnp.where(has_NO, jnp.arange(N)[:, None], N)
   cols_NO = jnp.minimum(state.t_N[:, None] + j_O[None, :], T)  # T: out of range, dropped.
@@ -288,7 +367,7 @@ def append(params, state: EpisodeState, obs_NO, n_N, *, model_fn: Callable, pad_
       t_N=state.t_N + n_N,
       tokens_NT=put(state.tokens_NT, obs_NO),
       mask_NT=put(state.mask_NT, True),
-      step=state.step + width,
+      step=state.step + columns,
     )
   )
 
@@ -422,11 +501,13 @@ class Runner:
           stop_ids=self.stop_ids,
           turn_tokens=cfg.turn_tokens,
           pad_id=pad,
+          kv_layout=sampler_cfg.kv_layout,
         ),
         donate_argnums=(1,),
       ),
       "append": jax.jit(
-        functools.partial(append, model_fn=model_fn, pad_id=pad), donate_argnums=(1,)
+        functools.partial(append, model_fn=model_fn, pad_id=pad, kv_layout=sampler_cfg.kv_layout),
+        donate_argnums=(1,),
       ),
       "finish": jax.jit(functools.partial(to_rollouts, group_size=sampler_cfg.group_size)),
     }

@@ -36,8 +36,9 @@ Partial rollouts (`offpolicy.continue_rows`) and IBPO's counterfactual rows
 [prompt ; tokens so far] gets its own prompt pages), then `decode` with per-row limits.
 
 Hand-written: JAX has no paged KV cache (vLLM's and SGLang's are outside JAX; vLLM-TPU's
-ragged paged attention is a TPU kernel, not a sampler). Not here yet: multi-turn episodes
-on pages (refused with kv_layout="paged"), a TPU paged-attention kernel (the XLA gather
+ragged paged attention is a TPU kernel, not a sampler). Multi-turn episodes page their
+cache with `take` and `forward` (`envs.episodes`: a token a call, observations too). Not
+here yet: a multi-token paged write, a TPU paged-attention kernel (the XLA gather
 path runs everywhere), and pools split over data-parallel devices (a pool is one array:
 with rows over several devices, each device holds all of it).
 
