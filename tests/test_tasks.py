@@ -1,6 +1,7 @@
 import fractions
 import itertools
 
+import numpy as np
 import pytest
 
 from grpo_jax import tasks
@@ -215,6 +216,27 @@ def test_long_addition_pads_the_shorter_operand_and_writes_the_final_carry():
     assert task.reward(ex.prompt, ex.reference) == 1.0
     assert len(ex.reference) <= task.max_completion_len()
     assert set(ex.reference) <= set(tasks.TOY_ALPHABET)
+
+
+def test_long_addition_draws_operands_past_int64_and_keeps_the_shorter_draws():
+  """Up to 64 digits (a 644-character solution): past 18 digits a digit at a time, the
+  digit count as asked and no leading zero; draws of up to 18 digits are the int64 ones
+  every committed result was made with (pinned)."""
+  from grpo_jax.tasks import base, long_addition
+
+  rng = np.random.default_rng(0)
+  assert base.random_operand(rng, min_digits=18, max_digits=18) == 673265518589308905
+  task = tasks.get("long_addition", min_digits=20, max_digits=64)
+  lengths = set()
+  for i in range(200):
+    ex = task.example("train", i, seed=1)
+    a, b = long_addition.LongAddition.operands(ex.prompt)
+    lengths |= {len(str(a)), len(str(b))}
+    assert task.reward(ex.prompt, ex.reference) == 1.0 and ex.answer == str(a + b)
+    assert len(ex.reference) <= task.max_completion_len() == 644
+  assert min(lengths) == 20 and max(lengths) == 64 and len(lengths) > 30
+  with pytest.raises(ValueError, match="max_digits <= 64, got 1, 65"):
+    tasks.get("long_addition", min_digits=1, max_digits=65)
 
 
 def _corrupt(text: str, rng) -> str:

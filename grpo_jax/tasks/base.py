@@ -49,8 +49,12 @@ def toy_prompt_line(prompt: str, tag: str, text: str) -> str:
 
 def random_operand(rng: np.random.Generator, *, min_digits: int, max_digits: int) -> int:
   """A non-negative integer with a uniform digit count in [min_digits, max_digits], uniform
-  among the numbers of that many digits (one digit: 0-9)."""
+  among the numbers of that many digits (one digit: 0-9). Past 18 digits (int64's range)
+  the digits are drawn one by one: a leading 1-9, then 0-9 each."""
   digits = int(rng.integers(min_digits, max_digits + 1))
+  if digits > 18:
+    lead, rest = int(rng.integers(1, 10)), rng.integers(0, 10, size=digits - 1)
+    return int(str(lead) + "".join(str(int(d)) for d in rest))
   low = 0 if digits == 1 else 10 ** (digits - 1)
   return int(rng.integers(low, 10**digits))
 

@@ -43,6 +43,8 @@ _STEP = re.compile(r"(\d)\+(\d)\+(\d)=(\d{1,2});")
 _FORMAT = re.compile(r"^(?:\d\+\d\+\d=\d{1,2};)+A:\d+\.$")
 _ANSWER = re.compile(r"A:(\d+)\.$")
 TEMPLATE_CHARS = frozenset("+=;A:.")  # The grammar's literal characters.
+# Operand digits: 64 digits make a 644-character worked solution (long completions).
+MAX_DIGITS = 64
 
 
 def solution(a: int, b: int) -> str:
@@ -111,9 +113,10 @@ class LongAddition(base.Task):
   perturbations = base.PERTURBATIONS
 
   def __init__(self, *, min_digits: int = 2, max_digits: int = 3, test_percent: int = 10):
-    if not 1 <= min_digits <= max_digits <= 9:
+    if not 1 <= min_digits <= max_digits <= MAX_DIGITS:
       raise ValueError(
-        f"long_addition needs 1 <= min_digits <= max_digits <= 9, got {min_digits}, {max_digits}."
+        f"long_addition needs 1 <= min_digits <= max_digits <= {MAX_DIGITS}, got {min_digits}, "
+        f"{max_digits}."
       )
     if not 0 < test_percent < 100:
       raise ValueError(f"test_percent must be in (0, 100), got {test_percent}.")
