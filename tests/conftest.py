@@ -46,8 +46,8 @@ from grpo_jax.models import model, sampling  # noqa: E402
 # (longest first, the makespan is within 4/3 of the best). Modules not named here follow.
 MODULE_ORDER = (
   "test_lora", "test_episodes", "test_experiments", "test_multihost", "test_families",
-  "test_paged", "test_memory", "test_learning", "test_moe_learning", "test_aot",
-  "test_lora_learning", "test_offpolicy", "test_model", "test_sampling", "test_faults",
+  "test_paged", "test_memory", "test_learning", "test_aot", "test_long_learning",
+  "test_moe_learning", "test_lora_learning", "test_offpolicy", "test_model", "test_sampling", "test_faults",
   "test_reward_model", "test_reproductions", "test_chunked_logits", "test_ibpo_train",
   "test_routing_replay", "test_evaluate", "test_kernels", "test_sharding", "test_rl",
   "test_packing", "test_dataset_faults", "test_readme", "test_notebook",
