@@ -249,8 +249,10 @@ def main():
     "--configs", action="store_true", help="compile the shipped accelerator configs instead"
   )
   args = ap.parse_args()
+  if args.tag.isdigit() or "__" in args.tag:
+    ap.error(f"--tag={args.tag!r}: a name with a letter and no '__' (the cell path's separator).")
   if args.table:
-    tables = [configs_table(), table()]
+    tables = [configs_table(), table(), *(table(NEW_TOKENS, tag) for tag in tags(NEW_TOKENS))]
     tables += [t for tag in ["", *tags(4096)] if (t := table(4096, tag)).count("\n") > 1]
     print("\n\n".join(tables))
     return

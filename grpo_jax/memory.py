@@ -600,8 +600,20 @@ def plan_for(setup, *, n_devices: int | None = None, optimizer=None) -> Plan:
     decode_segments=sampling.segment_count(scfg),
     # The static sampler's (the refill sampler copies each prompt's slots into its rows).
     shared_prefix=scfg.shared_prefix and scfg.group_size > 1 and not scfg.refill_slots,
-    pages=_pool_pages(scfg, prompts=loop.prompts_per_step),
+    pages=_pool_pages(_pool_sampler(setup), prompts=loop.prompts_per_step),
   )
+
+
+def _pool_sampler(setup) -> sampling.SamplerConfig:
+  """The sampler config whose pool the plan prices: with episodes, partial rollouts or
+  trained counterfactual rows the training rows decode on a whole pool whatever
+  sampler.kv_pool_fraction says (`episodes._paged_cache`, `counterfactuals.sample_limited`),
+  so the plan prices it whole."""
+  scfg, op = setup.sampler_cfg, setup.offpolicy
+  whole = (
+    setup.episodes is not None or (op.enabled and op.partial != "off") or setup.counterfactual.train
+  )
+  return dataclasses.replace(scfg, kv_pool_fraction=1.0) if whole else scfg
 
 
 def _pool_pages(scfg: sampling.SamplerConfig, *, prompts: int) -> tuple[int, int] | None:

@@ -53,7 +53,9 @@ STALE_PROBLEMS = 2
 
 
 class StaleWarmStart(AssertionError):
-  """A committed warm start that today's code or config no longer reproduces."""
+  """A committed warm start made with other config values than a test's, or that today's
+  code scores otherwise than when it was made (`_check_warm_start`; a change to the warm
+  start's training alone is not seen)."""
 
 
 def warm_started_arms(tmp_path_factory, arms: dict, *, fixture: str, flipped=None) -> dict:
@@ -177,7 +179,8 @@ def _check_warm_start(workdir: pathlib.Path, config, fixture: str) -> None:
   (recorded,) = [r for r in lines(workdir) if r.get("phase") == "warmstart"]
   out = workdir.parent / "warm_eval"
   shutil.rmtree(out, ignore_errors=True)  # `grpo-jax eval` would resume from what is there.
-  c = config.copy_and_resolve_references()
+  c = config.copy_and_resolve_references()  # Scored on the problems and samples it was.
+  c.update(eval_size=made["loop"]["eval_size"], eval_samples=made["loop"]["eval_samples"])
   c.eval.update(step=0, k=c.eval_samples, size=0, out=str(out))
   (figures,) = evaluate.run(c, workdir, log=lambda _: None)["figures"].values()
   got, want = figures["greedy"]["value"], recorded["eval/greedy_accuracy"]

@@ -388,7 +388,8 @@ def test_episodes_on_pages_equal_the_dense_episodes(
   """sampler.kv_layout="paged": the same keys give the same episodes (actions, tool
   observations written a token a call across page edges, turns, rewards, ends) and the
   same log-probs up to the order of float32 sums, with the group's prompt pages shared or
-  copied, on pages that do and do not divide the prompt."""
+  copied (pages of 4 and 3 slots: neither divides the 7 prompt slots before the last
+  token, so a prompt's last page is part padding)."""
   got = _chatty_run(
     tiny_cfg, tiny_params, tokenizer, kv_layout="paged", page_size=page_size,
     shared_prefix=shared_prefix, kv_pool_fraction=0.25,  # Ignored: episodes take a whole pool.

@@ -46,8 +46,7 @@ def _sampled(summary) -> tuple[float, float]:
 def test_grpo_learns_on_244_token_completions_and_the_flipped_sign_does_not(long_arms):
   grpo, flipped = long_arms["grpo"], long_arms["flipped"]
   assert grpo["warmstart_accuracy"] == flipped["warmstart_accuracy"]  # One warm start.
-  (before, after), (same, flipped_after) = _sampled(grpo), _sampled(flipped)
-  assert same == before  # The warm start's own evaluation, in both arms.
+  (before, after), (_, flipped_after) = _sampled(grpo), _sampled(flipped)
   gain = after - before
   assert gain >= 0.04, (gain, grpo)  # Measured: +11.3 points at 12 (see above).
   # The flipped arm collapses (-47.7 points in 4): a margin no noise could fake.

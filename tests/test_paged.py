@@ -391,3 +391,22 @@ def test_the_committed_tpu_record_carries_its_claim_and_the_verdict_of_its_rule(
   assert r["verdict"] == paged_sampler.tpu_verdict(r) == "contradicts"  # 0.547 of dense.
   res = r["result"]
   assert res["temp_ratio"] == round(res["paged_128"]["xla_temp_bytes"] / res["dense"]["xla_temp_bytes"], 3)  # fmt: skip
+
+
+def test_the_plan_prices_a_whole_pool_where_the_training_rows_take_one():
+  """Episodes (and partial or counterfactual rows) decode on a whole pool whatever
+  sampler.kv_pool_fraction says, so the memory plan prices it whole for them; the static
+  sampler's pool follows the fraction."""
+  from grpo_jax import build, memory  # noqa: PLC0415
+  from grpo_jax.infra import config_lib  # noqa: PLC0415
+
+  def kv_bytes(name, fraction, **offpolicy):
+    c = config_lib.load(f"configs/{name}.py:quick")
+    c.sampler.update(kv_layout="paged", page_size=4, kv_pool_fraction=fraction)
+    c.offpolicy.update(offpolicy)
+    return memory.plan_for(build.build(c), n_devices=1).kv_cache
+
+  assert kv_bytes("calculator", 0.25) == kv_bytes("calculator", 1.0)
+  assert kv_bytes("arithmetic", 0.25) < kv_bytes("arithmetic", 1.0)
+  partial = dict(enabled=True, max_staleness=1, partial="continue")
+  assert kv_bytes("arithmetic", 0.25, **partial) == kv_bytes("arithmetic", 1.0, **partial)

@@ -128,8 +128,9 @@ class EpisodeState:
   """The episodes' device state between turns. The cache holds the context up to, not
   including, `tok_N` (the next token to feed, at position `pos_N`); `t_N` counts the filled
   completion columns; `step` the token columns computed per row (decode steps of every
-  turn, plus O per append): Rollouts.num_steps, so `pad/sample_frac` and the sampling
-  FLOPs count the appends' padding too."""
+  turn, plus O per append, or on pages the append's calls, its largest n):
+  Rollouts.num_steps, so `pad/sample_frac` and the sampling FLOPs count the appends'
+  padding too."""
 
   cache: Any
   key: jax.Array
@@ -277,6 +278,13 @@ def _write_paged(params, state, feed_NO, pos_NO, n_N, *, model_fn):
 _CACHES = {"dense": _dense_cache, "paged": _paged_cache}
 _FEEDS = {"dense": _feed_dense, "paged": _feed_paged}
 _WRITES = {"dense": _write_dense, "paged": _write_paged}
+# Model calls of an append of O tokens, at most (what each call reads: params and cache).
+_APPEND_CALLS = {"dense": lambda width: 1, "paged": lambda width: width}
+
+
+def append_calls(kv_layout: str, width: int) -> int:
+  """Model calls an append of `width` observation tokens makes at most (`_WRITES`)."""
+  return _APPEND_CALLS[kv_layout](width)
 
 
 def _put(buf_NT, rows_N, cols_N, x_N):

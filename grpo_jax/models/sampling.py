@@ -79,7 +79,7 @@ class SamplerConfig:
   # attending to the cache written before it (`prefill_cache`), so a prompt of P tokens
   # needs [chunk, P] attention scores instead of the causal [P, P] ones; 0: one call.
   prefill_chunk: int = 0
-  # The static and refill samplers' KV cache: "dense" ([rows, ..., P − 1 + T] per layer) or "paged"
+  # Every sampler's KV cache: "dense" ([rows, ..., P − 1 + T] per layer) or "paged"
   # (`paged`: pages of page_size slots from one pool, taken as rows grow and returned when
   # they end). kv_pool_fraction: the pool's completion pages as a fraction of the worst
   # case, every row at max_new_tokens (1: no row can run short of pages).
