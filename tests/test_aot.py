@@ -443,6 +443,22 @@ def test_every_shipped_accelerator_config_fits_the_topology_it_names(
   assert got["run"]["chip"] == tpu.chip_for(topology).name
 
 
+def test_every_committed_sweep_cell_carries_the_verdict_of_its_first_compile():
+  """experiments/results/tpu_aot/<shape>__<topology>__<mode>[__<tokens>][__<tag>].json
+  (`experiments/tpu_aot.py`, not in CI): the claim (the workload fits as first tried) is
+  judged by the first compile; when it does not fit, the advice names a setting XLA
+  compiled and found fitting, and that is the final setting."""
+  cells = sorted((ROOT / "experiments" / "results" / "tpu_aot").glob("*__*__*.json"))
+  assert len(cells) >= 43  # 40 cells, three 4,096-token cells and their rerun.
+  for path in cells:
+    r = json.loads(path.read_text())
+    fits = r["first"]["run"]["fits"]
+    assert r["claim"].startswith("the workload fits the topology's HBM as first tried"), path
+    assert r["verdict"] == ("supports" if fits else "contradicts"), path
+    if not fits and r["advice"]["overrides"]:
+      assert r["final"]["run"]["fits"], path
+
+
 def test_a_fingerprint_names_the_keys_set_away_from_their_defaults():
   """A key at its default (the way a key added to the defaults later reads in every
   shipped config) leaves the fingerprint as it was; any key moved from its default, or
