@@ -113,17 +113,23 @@ def _reference(root: pathlib.Path, flags) -> tuple[list[dict], float, float]:
   _finish(root / "warm-up", flags)
   t0 = time.perf_counter()
   p = _start(root / "reference", flags)
-  first = None
+  first = last = None
+  seen = 0
   while p.poll() is None:
-    if first is None and _metrics(root / "reference"):
-      first = time.perf_counter() - t0
+    if (n := len(_metrics(root / "reference"))) > seen:
+      seen, last = n, time.perf_counter() - t0
+      first = last if first is None else first
     time.sleep(0.02)
   if p.returncode != 0:
     raise RuntimeError(f"the reference run failed ({p.returncode}):\n{_stderr(root / 'reference')}")
   wall = time.perf_counter() - t0
   lines = _metrics(root / "reference")
   first = first if first is not None else wall / 2
-  return lines, first, (wall - first) / max(len(lines) - 1, 1)
+  last = last if last is not None and len(lines) == seen else wall
+  # Seconds an iteration: from the first line to the last, not to the process's exit (its
+  # final save and teardown would stretch the iterations, and a kill meant for the last
+  # one would land after the end).
+  return lines, first, (last - first) / max(len(lines) - 1, 1)
 
 
 def main(argv=None) -> dict:
