@@ -222,16 +222,11 @@ def _paged_cache(params, tokens_BP, positions_BP, *, model_fn, init_cache, cfg, 
   cut would be scored as a truncated one. Observations take slots as actions do (fed a
   token a call by `_write_paged`), so no spare columns."""
   del observation_tokens
-  B, G = tokens_BP.shape[0], cfg.group_size
   cfg = dataclasses.replace(cfg, kv_pool_fraction=1.0)
   dense, _ = paged.prefill_prompts(
     params, tokens_BP, positions_BP, init_cache=init_cache, model_fn=model_fn, cfg=cfg
   )
-  shared = cfg.shared_prefix and G > 1
-  if not shared:
-    dense = dense.repeat(G)
-  owner_N = jnp.arange(B * G) // G if shared else jnp.arange(B * G)
-  return paged.pool(dense, rows=B * G, owner_N=owner_N, cfg=cfg)
+  return paged.group_pool(dense, cfg=cfg)
 
 
 def _feed_dense(params, cache, tok_N, pos_N, t_N, live_N, *, model_fn):

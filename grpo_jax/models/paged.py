@@ -156,6 +156,19 @@ def pool(dense: kv_cache.KVCache, *, rows: int, owner_N, cfg: sampling.SamplerCo
   return Pages(cache=cache, free_F=free_F, top=jnp.asarray(F, jnp.int32), prompt_pages=n_prompt)
 
 
+def group_pool(dense: kv_cache.KVCache, *, cfg: sampling.SamplerConfig) -> Pages:
+  """`pool` for the G = cfg.group_size rows of each prompt in a dense prompt cache: the
+  group's rows read their prompt's pages (sampler.shared_prefix), else each row gets its
+  own copy."""
+  G = cfg.group_size
+  N = dense.pos_BS.shape[0] * G
+  shared = cfg.shared_prefix and G > 1
+  if not shared:
+    dense = dense.repeat(G)
+  owner_N = jnp.arange(N) // G if shared else jnp.arange(N)
+  return pool(dense, rows=N, owner_N=owner_N, cfg=cfg)
+
+
 def prefill(params, prompts: sampling.Prompts, key, *, model_fn: Callable,
             init_cache: Callable, cfg: sampling.SamplerConfig) -> State:  # fmt: skip
   """The prompts into pages at the front of the pool, and the decode loop's start."""
@@ -173,13 +186,9 @@ def prefill(params, prompts: sampling.Prompts, key, *, model_fn: Callable,
       "prompt_routes_BPLK": jnp.where(mask_BP[:, :-1, None, None], routes, -1),
       "routes_NTLK": jnp.full((N, T, *routes.shape[2:]), -1, routes.dtype),
     }
-  shared = cfg.shared_prefix and G > 1
-  if not shared:
-    dense = dense.repeat(G)
-  owner_N = jnp.arange(N) // G if shared else jnp.arange(N)
   return State(
     step=jnp.zeros((), jnp.int32),
-    pages=pool(dense, rows=N, owner_N=owner_N, cfg=cfg),
+    pages=group_pool(dense, cfg=cfg),
     key=key,
     tok_N=jnp.repeat(tokens_BP[:, -1], G),
     pos_N=jnp.repeat(positions_BP[:, -1], G),
