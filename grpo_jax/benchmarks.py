@@ -24,9 +24,9 @@ verifier is assumed to judge an answer, not its wording; where it does not, this
 first such sample's verdict). A problem whose samples state no answer counts as wrong.
 Reported only for tasks that extract answers.
 
-Intervals: percentile bootstrap over problems, 2000 resamples from a fixed seed (0), so a
-report is reproducible; [low, high] of the resampled means at 2.5% and 97.5%. With one
-problem the interval is the point.
+Intervals: `evaluation.interval`, a percentile bootstrap over problems, 2000 resamples
+from a fixed seed (0), so a report is reproducible; [low, high] of the resampled means at
+2.5% and 97.5%. With one problem the interval is the point.
 """
 
 from __future__ import annotations
@@ -37,9 +37,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from grpo_jax import evaluation
-
-BOOTSTRAP_RESAMPLES = 2000
-BOOTSTRAP_SEED = 0
 
 
 def majority(answers: Sequence[str | None]) -> int | None:
@@ -63,22 +60,8 @@ def maj_at_k(correct_PK, answers_PK) -> np.ndarray:
   return out
 
 
-def interval(values_P, *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED):
-  """(mean, [low, high]): the mean over problems and its 95% percentile-bootstrap interval."""
-  v = np.asarray(values_P, np.float64)
-  if v.ndim != 1 or v.size == 0:
-    raise ValueError(f"values_P must be a non-empty [P] array, got shape {v.shape}.")
-  mean = float(v.mean())
-  if v.size == 1:
-    return mean, [mean, mean]
-  idx = np.random.default_rng(seed).integers(0, v.size, (resamples, v.size))
-  means = v[idx].mean(axis=1)
-  low, high = np.percentile(means, [2.5, 97.5])
-  return mean, [float(low), float(high)]
-
-
 def _figure(values_P) -> dict:
-  mean, ci = interval(values_P)
+  mean, ci = evaluation.interval(values_P)
   return {"value": mean, "ci": ci}
 
 

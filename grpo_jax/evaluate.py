@@ -44,7 +44,7 @@ import re
 import jax
 import numpy as np
 
-from grpo_jax import benchmarks, build, rollout, run_state, steps, tasks
+from grpo_jax import benchmarks, build, evaluation, rollout, run_state, steps, tasks
 from grpo_jax.envs import episodes
 from grpo_jax.infra import logs
 from grpo_jax.models import sampling
@@ -291,7 +291,7 @@ def run_benchmark(
       with path.open("a") as f:
         f.write(json.dumps({"batch": b, "rows": rows}) + "\n")
       done.append(rows)
-      progress()
+      progress(name, [r["greedy"]["reward"] for batch in done for r in batch])
   problems = [r for rows in done for r in rows]
   return _figures(task, problems, k=k), problems
 
@@ -347,12 +347,17 @@ def run(config_dict, workdir, *, log=print) -> dict:
   out.mkdir(parents=True, exist_ok=True)
   B = setup.loop.eval_size
   total = sum(-(-_size(setup, task) // B) for task in chosen.values())
-  bar = logs.Progress(total=total, enabled=setup.loop.progress, desc="eval", unit="batch", log=log)
+  bar = logs.Progress(
+    total=total, enabled=setup.loop.progress, desc="eval", unit="batch", log=log,
+    fields=lambda record: record,
+  )  # fmt: skip
   count = [0]
 
-  def tick():
+  def tick(name: str, greedy_rewards: list[float]):
+    """The eval's own figures beside the bar: the benchmark and its greedy accuracy so far."""
     count[0] += 1
-    bar.update(count[0])
+    n = len(greedy_rewards)
+    bar.update(count[0], {name: f"greedy {sum(greedy_rewards) / n:.3f} on {n} problems"})
 
   report = {"source": source_info, "k": setup.eval.k, "benchmarks": {}}
   try:
@@ -394,7 +399,7 @@ def _markdown(report: dict, figs: dict) -> str:
       "Problems per benchmark (the first of each test split): "
       + ", ".join(f"{n} {b['problems_scored']}" for n, b in report["benchmarks"].items())
       + f"; greedy and k = {report['k']} samples each. Percent, with 95% percentile-bootstrap intervals over "
-      f"problems ({benchmarks.BOOTSTRAP_RESAMPLES} resamples, seed {benchmarks.BOOTSTRAP_SEED}); "
+      f"problems ({evaluation.BOOTSTRAP_RESAMPLES} resamples, seed {evaluation.BOOTSTRAP_SEED}); "
       "pass@k is the unbiased estimator (Chen et al. 2021); maj@k votes over extracted "
       "answers, ties to the answer seen first; unscorable rows count as wrong and are "
       "reported apart. Every problem's verdicts: eval.json.",

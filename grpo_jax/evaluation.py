@@ -85,6 +85,28 @@ def mean_at_k(correct_PK) -> float:
   return float(correct_PK.mean(axis=1).mean())
 
 
+# The bootstrap of `interval`: resamples and their seed (reported with each eval table).
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 0
+
+
+def interval(values_P, *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED):
+  """(mean, [low, high]): the mean over problems and its 95% percentile-bootstrap interval
+  (`resamples` resamplings of the problems, seeded: the same values give the same
+  interval). The eval command's figures (`benchmarks`) and the trainer's
+  eval/greedy_accuracy_low/high use it."""
+  v = np.asarray(values_P, np.float64)
+  if v.ndim != 1 or v.size == 0:
+    raise ValueError(f"values_P must be a non-empty [P] array, got shape {v.shape}.")
+  mean = float(v.mean())
+  if v.size == 1:
+    return mean, [mean, mean]
+  idx = np.random.default_rng(seed).integers(0, v.size, (resamples, v.size))
+  means = v[idx].mean(axis=1)
+  low, high = np.percentile(means, [2.5, 97.5])
+  return mean, [float(low), float(high)]
+
+
 def pass_ks(n: int) -> list[int]:
   """1, 2, 4, ... up to n, and n itself: the k of the logged eval/pass@k."""
   ks = [1 << i for i in range(n.bit_length()) if (1 << i) <= n]
@@ -152,13 +174,18 @@ def _metrics(
   show,
 ):
   """(metrics, shown) of one evaluation, single-turn or episodes: stop if too many greedy
-  rows were unscorable (`verdicts.check_failures`), eval/greedy_accuracy (mean reward),
-  eval/format_rate, eval/reward_errors, the first `show` greedy rows (`sample_records`);
+  rows were unscorable (`verdicts.check_failures`), eval/greedy_accuracy (mean reward)
+  with its 95% percentile-bootstrap interval over the eval/problems problems
+  (`interval`, as `grpo-jax eval` reports it), eval/format_rate, eval/reward_errors, the first `show` greedy rows (`sample_records`);
   and with `sampled` (a callable -> (correctness [P, n], errors), called last, so the
   device keeps sampling while the greedy rows are scored) pass@k and mean@n."""
   verdicts.check_failures(~scorable_N, messages, limit=setup.loop.max_unscorable_frac, where=where)
+  accuracy, (low, high) = interval(reward_N)
   out = {
-    "eval/greedy_accuracy": float(reward_N.mean()),
+    "eval/greedy_accuracy": accuracy,
+    "eval/greedy_accuracy_low": low,
+    "eval/greedy_accuracy_high": high,
+    "eval/problems": int(np.size(reward_N)),
     "eval/format_rate": float(format_N.mean()),
     "eval/reward_errors": errors,
   }

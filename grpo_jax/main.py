@@ -269,8 +269,9 @@ def main(inv: cli.Invocation):
   if inv.preset:
     print(cli.preset_note(inv))
   if inv.command == "config":
+    built = cli.validate(inv.config)  # A refused config: its one error line, not the dump.
     print(cli.describe_config(inv))
-    print(cli.validate(inv.config))
+    print(built)
     return
   if inv.command == "plan":
     plan(inv.config)

@@ -54,8 +54,17 @@ import numpy as np
 
 from grpo_jax import build, config, evaluation, pipeline, rollout, run_state, steps, warmstart
 from grpo_jax.diagnostics import hook as diagnostics_hook
-from grpo_jax.infra import checkpoint, collapse, config_lib, distributed, flops, logs, trackers
-from grpo_jax.models import frozen_base, hf, model
+from grpo_jax.infra import (
+  checkpoint,
+  collapse,
+  config_lib,
+  devices,
+  distributed,
+  flops,
+  logs,
+  trackers,
+)
+from grpo_jax.models import adapters, frozen_base, hf, model
 from grpo_jax.rewards import reward_sources
 from grpo_jax.rl import controllers, guards, preparation, spec
 from grpo_jax.verifiers import reward_pool, verdicts
@@ -72,7 +81,7 @@ def run(config_dict, workdir: str | pathlib.Path, *, log=print, on_iteration=Non
   # --- Set up: the config (checked before anything is written), workdir, functions -----
   setup = build.build(config_dict)
   workdir = _workdir(workdir)
-  for note in setup.task.data_notes():
+  for note in [*setup.task.data_notes(), *_what_runs(setup)]:
     log(note)
   fns = steps.functions(setup)
   with contextlib.ExitStack() as stack:  # Closed in reverse order, on errors too.
@@ -119,6 +128,13 @@ def run(config_dict, workdir: str | pathlib.Path, *, log=print, on_iteration=Non
     s.ckpt.wait()
     s.tick(st)
     return _finish(setup, st, workdir, s.ckpt, preempted=preempted)
+
+
+def _what_runs(setup: build.Setup) -> list[str]:
+  """The devices (with a warning when an accelerator is visible but JAX runs on CPU) and
+  the parameters the run trains, said before anything is compiled."""
+  shapes = jax.eval_shape(lambda k: model.init(setup.model_cfg, k), jax.random.key(0))
+  return [*devices.describe(), adapters.parameter_line(shapes, setup.model_cfg)]
 
 
 def _open_logs(s: _Session, st: run_state.RunState, *, resumed_from: int | None):
@@ -660,6 +676,8 @@ def _finish(setup: build.Setup, st: run_state.RunState, workdir, ckpt, *, preemp
     "warmstart_steps": setup.loop.warmstart_steps,
     "warmstart_accuracy": st.warmstart["eval/greedy_accuracy"],
     "final_accuracy": st.last_eval["eval/greedy_accuracy"],
+    **_with_interval("warmstart", st.warmstart),
+    **_with_interval("final", st.last_eval),
     "best_accuracy": st.best_accuracy,
     "best_iteration": st.best_iteration,
     "iterations_done": ckpt.latest_step() or 0,
@@ -679,6 +697,16 @@ def _finish(setup: build.Setup, st: run_state.RunState, workdir, ckpt, *, preemp
   if distributed.is_primary():
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
   return summary
+
+
+def _with_interval(name: str, record: dict) -> dict:
+  """{name_accuracy_ci: [low, high], name_problems: n} of an evaluation record; {} for a
+  record written before evaluations carried them (a resumed older run)."""
+  keys = ("eval/greedy_accuracy_low", "eval/greedy_accuracy_high", "eval/problems")
+  if not all(k in record for k in keys):
+    return {}
+  low, high, n = (record[k] for k in keys)
+  return {f"{name}_accuracy_ci": [low, high], f"{name}_problems": n}
 
 
 def export_hf(setup: build.Setup, params, out_dir) -> pathlib.Path:
@@ -707,11 +735,14 @@ def describe(summary: dict) -> str:
   before, after = summary["warmstart_accuracy"], summary["final_accuracy"]
   state = "stopped by SIGTERM; rerun to resume" if summary["preempted"] else "done"
   start = "after warm start" if summary.get("warmstart_steps", 1) else "at the start"
+  n = summary.get("final_problems")
+  on = f" on {n} problems" if n else ""
   return "\n".join(
     [
       f"{state}: {summary['iterations_done']} iterations in {summary['wall_seconds']:.0f} s.",
       *(f"warning: {line}" for line in summary.get("collapse_warnings", [])),
-      f"held-out greedy accuracy: {100 * before:.1f}% {start} -> {100 * after:.1f}% "
+      f"held-out greedy accuracy{on}: {_percent(before, summary.get('warmstart_accuracy_ci'))} "
+      f"{start} -> {_percent(after, summary.get('final_accuracy_ci'))} "
       f"({100 * (after - before):+.1f} points; best {100 * summary['best_accuracy']:.1f}% at "
       f"iteration {summary['best_iteration']}).",
       f"plot: {summary['plot']}",
@@ -720,3 +751,9 @@ def describe(summary: dict) -> str:
       f"tensorboard: pip install tensorboard && tensorboard --logdir {summary['tensorboard']}",
     ]
   )
+
+
+def _percent(value: float, ci=None) -> str:
+  """'51.6%', or with an interval '51.6% (95% CI 43.0-60.2)'."""
+  text = f"{100 * value:.1f}%"
+  return text if ci is None else f"{text} (95% CI {100 * ci[0]:.1f}-{100 * ci[1]:.1f})"

@@ -4,7 +4,7 @@ hand on a 3-problem example, the table, and the tasks' answer extraction."""
 import numpy as np
 import pytest
 
-from grpo_jax import benchmarks, tasks
+from grpo_jax import benchmarks, evaluation, tasks
 
 
 @pytest.mark.parametrize(
@@ -33,15 +33,15 @@ def test_maj_at_k_by_hand():
 
 
 def test_the_interval_is_a_seeded_percentile_bootstrap():
-  mean, ci = benchmarks.interval([1.0] * 30 + [0.0] * 70)
+  mean, ci = evaluation.interval([1.0] * 30 + [0.0] * 70)
   # Normal approximation: 0.3 ± 1.96·√(0.3·0.7/100) = [0.210, 0.390].
   assert mean == pytest.approx(0.3)
   assert ci[0] == pytest.approx(0.21, abs=0.015) and ci[1] == pytest.approx(0.39, abs=0.015)
-  assert benchmarks.interval([1.0] * 30 + [0.0] * 70) == (mean, ci)  # Reproducible.
-  assert benchmarks.interval([0.5, 0.5, 0.5]) == (0.5, [0.5, 0.5])
-  assert benchmarks.interval([0.25]) == (0.25, [0.25, 0.25])
+  assert evaluation.interval([1.0] * 30 + [0.0] * 70) == (mean, ci)  # Reproducible.
+  assert evaluation.interval([0.5, 0.5, 0.5]) == (0.5, [0.5, 0.5])
+  assert evaluation.interval([0.25]) == (0.25, [0.25, 0.25])
   with pytest.raises(ValueError, match=r"non-empty \[P\] array"):
-    benchmarks.interval([])
+    evaluation.interval([])
 
 
 def test_every_figure_by_hand():

@@ -104,11 +104,12 @@ ERRORS = [
 
 @pytest.mark.parametrize("args, match", ERRORS, ids=[" ".join(a) for a, _ in ERRORS])
 def test_every_user_error_is_one_line_with_what_is_allowed(args, match, monkeypatch, capsys):
-  status, _, err = _run(args, monkeypatch, capsys)
+  status, out, err = _run(args, monkeypatch, capsys)
   lines = err.strip().splitlines()
   assert status == 2, err
   assert len(lines) == 1 and lines[0].startswith("grpo-jax: error: "), err
   assert re.search(match, lines[0]), lines[0]
+  assert "every key" not in out  # A refused config's error comes alone, not after its dump.
 
 
 def test_help_shows_the_commands_the_syntax_and_every_config_with_its_variants(capsys):

@@ -62,11 +62,15 @@ def test_several_benchmarks_write_every_verdict(trained, tmp_path):
     '{"prompt": "Q:2+3\\n", "answer": "A:5."}\n{"prompt": "Q:1+1\\n", "answer": "A:2."}\n'
   )
   names = ("arithmetic", "long_addition", f"jsonl:{bench}")
-  out = evaluate.run(
-    _config(k=4, benchmarks=",".join(names), out=str(tmp_path / "out")),
-    workdir,
-    log=lambda _: None,
-  )
+  c = _config(k=4, benchmarks=",".join(names), out=str(tmp_path / "out"))
+  c.progress = True  # Lines here (stderr is no terminal under pytest): the first and last.
+  said = []
+  out = evaluate.run(c, workdir, log=said.append)
+  bars = [x for x in said if x.startswith("eval ")]
+  assert len(bars) == 2 and bars[0].startswith("eval 1/3 (33%): arithmetic greedy "), said
+  greedy = out["figures"][f"jsonl:{bench}"]["greedy"]["value"]
+  assert bars[1].startswith(f"eval 3/3 (100%): jsonl:{bench} greedy {greedy:.3f} on 2 problems")
+  assert not any("tok/s" in x or "reward" in x for x in bars)  # Not the trainer's figures.
   report = json.loads((tmp_path / "out" / evaluate.REPORT).read_text())
   assert list(report["benchmarks"]) == list(names) == list(out["figures"])
   sizes = {n: b["problems_scored"] for n, b in report["benchmarks"].items()}

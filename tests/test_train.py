@@ -5,6 +5,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import signal
 import sys
 
@@ -18,7 +19,7 @@ import subproc
 import tb_events
 
 from grpo_jax import build, config, rollout, steps, train
-from grpo_jax.infra import checkpoint, metrics
+from grpo_jax.infra import checkpoint, logs, metrics
 from grpo_jax.models import model
 from grpo_jax.rl import guards, preparation
 from grpo_jax.verifiers import reward_pool, verdicts
@@ -342,9 +343,22 @@ def test_cli_runs_with_overrides_and_rejects_misspelt_keys(tmp_path):
   ]  # fmt: skip
   ok = _cli("--config=configs/arithmetic.py:tiny", f"--workdir={tmp_path}", *small, cwd=root)
   assert ok.returncode == 0, ok.stderr[-2000:]
-  assert "held-out greedy accuracy" in ok.stdout
+  # It says what it runs on and trains before compiling, and ends with the accuracies,
+  # their problem count and 95% intervals (issue 58).
+  lines = ok.stdout.splitlines()
+  assert lines[0].startswith("devices: 1 × cpu (cpu); jax ")
+  # One layer: q and o 32·32, k and v 32·16, q/k norms 2·16, two norms 2·32, MLP 3·32·64
+  # (9,312); a final norm 32; the tied embedding of the 32-id tokenizer, 32·32.
+  assert lines[1] == "parameters: 10,368 (float32), all trained"
+  assert re.search(r"held-out greedy accuracy on 8 problems: [\d.]+% \(95% CI [\d.]+-[\d.]+\)", ok.stdout)  # fmt: skip
   saved = json.loads((tmp_path / "summary.json").read_text())
-  assert saved["iterations_done"] == 2
+  assert saved["iterations_done"] == 2 and saved["final_problems"] == 8
+  evals = [r for r in logs.read_jsonl(tmp_path / "metrics.jsonl") if "eval/greedy_accuracy" in r]
+  assert len(evals) == 2 and all(r["eval/problems"] == 8 for r in evals)
+  for r in evals:
+    assert r["eval/greedy_accuracy_low"] <= r["eval/greedy_accuracy"] <= r["eval/greedy_accuracy_high"]  # fmt: skip
+  last = evals[-1]
+  assert saved["final_accuracy_ci"] == [last["eval/greedy_accuracy_low"], last["eval/greedy_accuracy_high"]]  # fmt: skip
   written = json.loads((tmp_path / "config.json").read_text())
   assert written["rl"]["advantage"] == "rloo" and written["rl"]["num_minibatches"] == 2
 
@@ -370,3 +384,19 @@ def test_resuming_under_a_changed_config_warns_keeps_every_config_or_refuses(
   assert [h["from_iteration"] for h in history] == [0, 4, 5]
   assert [h["config"]["loop"]["learning_rate"] for h in history] == [1e-4, 1e-4, 0.05]
   assert json.loads((workdir / "config.json").read_text())["loop"]["learning_rate"] == 0.05
+
+
+def test_the_summary_gives_accuracies_with_their_problems_and_intervals():
+  summary = dict(
+    warmstart_accuracy=0.515625, final_accuracy=0.65625, warmstart_accuracy_ci=[0.43, 0.6015625],
+    final_accuracy_ci=[0.5703125, 0.7421875], final_problems=128, best_accuracy=0.671875,
+    best_iteration=40, iterations_done=50, wall_seconds=61.4, preempted=False, plot="p.svg",
+    metrics="m.jsonl", tensorboard="tb",
+  )  # fmt: skip
+  text = train.describe(summary)
+  assert (
+    "held-out greedy accuracy on 128 problems: 51.6% (95% CI 43.0-60.2) after warm start -> "
+    "65.6% (95% CI 57.0-74.2) (+14.1 points; best 67.2% at iteration 40)."
+  ) in text
+  old = {k: v for k, v in summary.items() if not k.endswith(("_ci", "_problems"))}  # Resumed.
+  assert "held-out greedy accuracy: 51.6% after warm start -> 65.6% (+14.1" in train.describe(old)

@@ -196,6 +196,12 @@ DEFINITIONS = {
   "perf/mfu_update": "Model FLOPs of the update (3x forward per epoch over the update rows, the "
   "LM head at the T completion positions only) / time/update / peak FLOP/s.",
   "eval/greedy_accuracy": "Held-out accuracy of greedy completions (first eval_size test problems).",
+  "eval/greedy_accuracy_low": "Lower end of eval/greedy_accuracy's 95% percentile-bootstrap "
+  "interval over its problems (evaluation.interval: 2000 resamples, seed 0).",
+  "eval/greedy_accuracy_high": "Upper end of eval/greedy_accuracy's 95% percentile-bootstrap "
+  "interval over its problems (evaluation.interval: 2000 resamples, seed 0).",
+  "eval/problems": "Held-out problems the evaluation scored (eval_size, or fewer when the test "
+  "split is smaller).",
   "eval/format_rate": "Held-out fraction of greedy completions that follow the answer template "
   "(episodes, config.env: the fraction the environment ended, episode/end/done).",
   "eval/reward_errors": "Held-out reward calls that raised, returned non-finite or timed out.",

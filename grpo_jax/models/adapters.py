@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,27 @@ def split_trainable(params: Params, *, part: str = "adapters"):
     base = params["base"]
     return params["lora"], lambda lora: {"base": base, "lora": lora}
   return params, lambda trainable: trainable
+
+
+def parameter_line(params, cfg: model_config.ModelConfig) -> str:
+  """What a run trains, in one line: the model's parameter count and how many of them the
+  optimizer updates (with adapters: the adapters alone, their rank, alpha and targets, and
+  the base's storage dtype). `params` may hold arrays or shapes (`jax.eval_shape`)."""
+  trainable, _ = split_trainable(params)
+  n_all, n_train = _count(params), _count(trainable)
+  lora = cfg.lora
+  if not is_adapted(params):
+    return f"parameters: {n_all:,} ({cfg.param_dtype}), all trained"
+  base = lora.base_dtype or cfg.param_dtype
+  return (
+    f"parameters: {n_all:,} ({base} base); training {n_train:,} LoRA adapter parameters "
+    f"({100 * n_train / n_all:.2f}%: rank {lora.rank}, alpha {lora.alpha:g}, on "
+    f"{', '.join(lora.targets)})"
+  )
+
+
+def _count(tree) -> int:
+  return sum(int(math.prod(x.shape)) for x in jax.tree.leaves(tree))
 
 
 def is_adapted(tree) -> bool:
