@@ -468,12 +468,38 @@ def _check_counterfactuals(cf, rl_cfg: spec.RLConfig, task, steps, *, diagnostic
 
 
 def task_and_tokenizer(d: dict, *, hf_dir: str):
-  """The task and its tokenizer; a task that reads a HF tokenizer takes hf_dir's."""
+  """The task and its tokenizer; a task that reads a HF tokenizer takes hf_dir's. With
+  hf_dir, a task whose tokenizer is not hf_dir's (`check_model_tokenizer`) is refused."""
   kwargs = dict(d.get("kwargs", {}))
   if hf_dir and getattr(tasks.REGISTRY.get(d["name"]), "uses_hf_tokenizer", False):
     kwargs.setdefault("tokenizer_dir", hf_dir)
   task = tasks.get(d["name"], **kwargs)
-  return task, task.tokenizer()
+  tok = task.tokenizer()
+  if hf_dir and kwargs.get("tokenizer_dir") != hf_dir:
+    check_model_tokenizer(task, tok, hf_dir=hf_dir)
+  return task, tok
+
+
+def check_model_tokenizer(task, tok, *, hf_dir: str) -> None:
+  """Refuses a task tokenizer that is not the pretrained model's: the model would read ids
+  that mean other text (a character tokenizer's 58 ids on SmolLM2 trains, and learns
+  nothing, without a word). The same tokenizer: the same vocabulary size and the same ids
+  for the task's first training prompt."""
+  from grpo_jax.models import hf_tokenizer  # noqa: PLC0415 -- only with a checkpoint.
+
+  model_tok = hf_tokenizer.load(hf_dir)
+  prompt = task.example("train", 0, seed=0).prompt
+  if tok.vocab_size == model_tok.vocab_size and tok.encode(prompt) == model_tok.encode(prompt):
+    return
+  raise ValueError(
+    f"task {task.name!r} encodes text with its own tokenizer ({type(tok).__name__}, "
+    f"{tok.vocab_size:,} ids), not config.hf_dir's ({hf.config_where(hf_dir)}: "
+    f"{model_tok.vocab_size:,} ids): the model would read ids that mean other text. Give the "
+    "task the model's tokenizer: set `uses_hf_tokenizer = True` on its class and take a "
+    "`tokenizer_dir` argument (the trainer passes config.hf_dir; tasks/word_problems.py does "
+    "this); a task that already takes one reads hf_dir's when config.task.kwargs leaves "
+    "tokenizer_dir unset."
+  )
 
 
 def model_config_of(model_d: dict, tok, *, hf_dir: str) -> model.ModelConfig:

@@ -92,6 +92,11 @@ ERRORS = [
   (["plan", TINY, "--device=tpu-v9"], r"--device=tpu-v9: device 'tpu-v9': name one of"),
   (["config", TINY, "--config.sampler.max_prompt_len=4"], r"train prompt 0 has 9 tokens"),
   (
+    ["config", TINY, "--config.hf_dir=tests/fixtures/hf/qwen2"],
+    r"task 'arithmetic' encodes text with its own tokenizer \(CharTokenizer, 32 ids\), not "
+    r"config\.hf_dir's \(tests/fixtures/hf/qwen2/config\.json: [\d,]+ ids\)",
+  ),
+  (
     ["config", "--config=configs/countdown.py:tiny", "--config.rl.dynamic_sampling=True"],
     r"max_gen_batches=1 never samples a second batch.*--config\.rl\.preset=dapo",
   ),

@@ -115,3 +115,26 @@ def test_bad_options(kwargs, match):
     _task(**kwargs)
   with pytest.raises(ValueError, match="needs tokenizer_dir"):
     tasks.get("word_problems")
+
+
+def test_a_task_on_another_tokenizer_than_the_models_is_refused():
+  """config.hf_dir's model reads its own tokenizer's ids only: the task on the GGUF
+  fixture's tokenizer passes the check against that same source and is refused against
+  the Qwen2 fixture's (another vocabulary), in the trainer's build too. (A task with a
+  tokenizer of its own, arithmetic's characters: test_cli's one-line errors.)"""
+  import pathlib  # noqa: PLC0415
+
+  from grpo_jax import build  # noqa: PLC0415
+  from grpo_jax.infra import config_lib  # noqa: PLC0415
+
+  qwen2 = str(pathlib.Path(__file__).parent / "fixtures" / "hf" / "qwen2")
+  task = _task()
+  build.check_model_tokenizer(task, task.tokenizer(), hf_dir=SRC)
+  refused = r"task 'word_problems' encodes text with its own tokenizer \(HFTokenizer, [\d,]+ ids\), not config\.hf_dir's \(.*qwen2/config\.json"  # fmt: skip
+  with pytest.raises(ValueError, match=refused):
+    build.check_model_tokenizer(task, task.tokenizer(), hf_dir=qwen2)
+  c = config_lib.load("configs/smollm2.py:tiny")
+  c.task.kwargs = {**c.task.kwargs, "tokenizer_dir": SRC}
+  c.hf_dir = qwen2
+  with pytest.raises(ValueError, match=refused):
+    build.build(c)
