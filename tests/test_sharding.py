@@ -138,14 +138,26 @@ def test_no_involuntary_full_rematerialization(mesh_results):
   assert "Involuntary full rematerialization" not in mesh_results["log"]
 
 
+# The update's metrics (`learner`): means over its steps, the later ones after params moved.
+_AFTER_A_STEP = {
+  "loss", "pg_loss", "pg_clipfrac", "pg_clipfrac_high", "pg_clipfrac_low", "dual_clipfrac",
+  "ppo_kl", "entropy", "ratio_mean", "grad_norm",
+}  # fmt: skip
+
+
 def test_one_rl_iteration_matches_the_single_device_run_on_every_mesh(mesh_results):
   """Every mesh resumes from the same warm-start checkpoint (restored onto its shardings)
   and runs one RL iteration with real rewards (varying within groups).
 
-  Tolerance (float32): metrics to rtol 1e-4 (atol 1e-5, for ~0 ones such as ppo_kl);
-  params to |Δ| <= 3e-4 (three RL learning rates) and per-leaf ‖Δ‖/‖θ‖ <= 1e-2.
-  Gradients agree to ~1e-6 relative; Adam's normalised first steps turn that into moves
-  of up to the learning rate on coordinates whose gradient is ~0."""
+  Tolerance (float32): params to |Δ| <= 3e-4 (three RL learning rates) and per-leaf
+  ‖Δ‖/‖θ‖ <= 1e-2. Gradients agree to ~1e-6 relative; Adam's normalised first steps turn
+  that into moves of up to the learning rate on coordinates whose gradient is ~0
+  (measured: 1.5e-4 on every mesh, 8x1x1 too). Metrics of the rollout, rewards and
+  advantages (before any step) to rtol 1e-4 (atol 1e-5, for ~0 ones); the update's
+  (`_AFTER_A_STEP`: means over its 2 mini-batch steps, the second of which reads the
+  params the first moved) to rtol 1e-3 (atol 1e-4). Measured with the tests' XLA flags
+  (`subproc.FAST_COMPILE`), on the tensor-parallel meshes: entropy 2.4e-4 and grad_norm
+  1.4e-4 relative, ppo_kl 4.2e-5 absolute from the one-device run."""
   base = mesh_results["1x1x1"]
   assert int(base["devices"]) == 1
   base_metrics = json.loads(str(base["metrics"]))
@@ -159,7 +171,9 @@ def test_one_rl_iteration_matches_the_single_device_run_on_every_mesh(mesh_resul
     assert metrics.keys() == base_metrics.keys()
     for k, v in base_metrics.items():
       if isinstance(v, float):
-        assert metrics[k] == pytest.approx(v, rel=1e-4, abs=1e-5), (m, k)
+        loose = k in _AFTER_A_STEP or k.startswith("kl_ref/")
+        tol = dict(rel=1e-3, abs=1e-4) if loose else dict(rel=1e-4, abs=1e-5)
+        assert metrics[k] == pytest.approx(v, **tol), (m, k)
       else:
         assert metrics[k] == v, (m, k)
     names = [k for k in base.files if k.startswith("param")]
