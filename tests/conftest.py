@@ -45,12 +45,12 @@ from grpo_jax.models import model, sampling  # noqa: E402
 # once, the long modules start first and the last minutes are short modules on both workers
 # (longest first, the makespan is within 4/3 of the best). Modules not named here follow.
 MODULE_ORDER = (
-  "test_lora", "test_episodes", "test_experiments", "test_multihost", "test_families",
-  "test_paged", "test_memory", "test_learning", "test_aot", "test_long_learning",
-  "test_moe_learning", "test_lora_learning", "test_offpolicy", "test_model", "test_sampling", "test_faults",
-  "test_reward_model", "test_reproductions", "test_chunked_logits", "test_ibpo_train",
-  "test_routing_replay", "test_evaluate", "test_kernels", "test_sharding", "test_rl",
-  "test_packing", "test_dataset_faults", "test_readme", "test_notebook",
+  "test_episodes", "test_lora", "test_experiments", "test_learning", "test_aot", "test_faults",
+  "test_long_learning", "test_families", "test_paged", "test_memory", "test_reward_model",
+  "test_multihost", "test_sharding", "test_offpolicy", "test_sampling", "test_moe_learning",
+  "test_lora_learning", "test_kernels", "test_model", "test_packing", "test_reproductions",
+  "test_train", "test_rl", "test_ibpo_train", "test_evaluate", "test_readme", "test_hf",
+  "test_routing_replay", "test_chunked_logits", "test_dataset_faults", "test_notebook",
 )  # fmt: skip
 
 
