@@ -164,6 +164,7 @@ def _build(c, *, n_devices: int | None) -> Setup:
     config.LoopConfig, {k: v for k, v in d.items() if k not in config.SECTIONS}, where="config"
   )
   task, tok = task_and_tokenizer(d["task"], hf_dir=loop.hf_dir)
+  _check_eval_size(loop, task)
   model_cfg = model_config_of(d["model"], tok, hf_dir=loop.hf_dir)
   _check_learning_rates(loop, model_cfg)
   rl_cfg = _rl_config(d["rl"], model_cfg)
@@ -478,6 +479,18 @@ def task_and_tokenizer(d: dict, *, hf_dir: str):
   if hf_dir and kwargs.get("tokenizer_dir") != hf_dir:
     check_model_tokenizer(task, tok, hf_dir=hf_dir)
   return task, tok
+
+
+def _check_eval_size(loop: config.LoopConfig, task) -> None:
+  """A task with a finite test split (`test_size`: a JSONL file's) holds eval_size problems:
+  an evaluation past them would score some twice and count them as more problems."""
+  limit = getattr(task, "test_size", None)
+  if limit is not None and loop.eval_size > limit:
+    raise ValueError(
+      f"config.eval_size={loop.eval_size} exceeds the {limit} test problems of task "
+      f"{task.name!r}: an evaluation would score some of them twice. Use eval_size <= "
+      f"{limit}, or give the task more test problems."
+    )
 
 
 def check_model_tokenizer(task, tok, *, hf_dir: str) -> None:

@@ -121,7 +121,7 @@ def benchmark_task(name: str, setup: build.Setup) -> tasks_base.Task:
 def _benchmark_task(name: str, setup: build.Setup) -> tasks_base.Task:
   if name.startswith("jsonl:"):
     path, _, verifier = name[len("jsonl:") :].partition(":")
-    return jsonl_task.JsonlProblems(path=path, verifier=verifier or "exact")
+    return jsonl_task.JsonlProblems.benchmark(path, verifier or "exact")
   own = setup.spec.get("task", {}).get("name")
   if name == own:
     return setup.task

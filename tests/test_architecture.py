@@ -218,6 +218,7 @@ _VARIANTS = {
   "sample_demo.py": ("tiny", "full"),
   "smollm2.py": ("tiny", "cpu", "accel"),
   "reward_model.py": ("tiny", "rl"),
+  "jsonl.py": ("tiny", "model"),
 }
 
 

@@ -74,7 +74,7 @@ ERRORS = [
   ),
   (
     ["eval", TINY, "--workdir=/nonexistent/eval", "--config.eval.benchmarks=jsonl:/no.jsonl"],
-    r"'jsonl:/no\.jsonl': jsonl benchmark '/no\.jsonl': no such file",
+    r"'jsonl:/no\.jsonl': jsonl file '/no\.jsonl': no such file",
   ),
   (
     ["eval", TINY, "--workdir=/nonexistent/eval"],

@@ -130,20 +130,20 @@ def test_bad_requests_are_one_clear_error(trained, tmp_path):
   bad = tmp_path / "bad.jsonl"
   bad.write_text('{"prompt": "Q:1+1\\n", "answer": "A:2."}\n{"prompt": 3}\n')
   with pytest.raises(ValueError, match=r"bad.jsonl: record 2 must be \{\"prompt\": str"):
-    jsonl_task.JsonlProblems(path=str(bad))
+    jsonl_task.JsonlProblems.benchmark(str(bad))
   with pytest.raises(ValueError, match="jsonl verifier 'fuzzy'; allowed: exact, math"):
-    jsonl_task.JsonlProblems(path=str(bad), verifier="fuzzy")
+    jsonl_task.JsonlProblems.benchmark(str(bad), verifier="fuzzy")
 
 
 def test_the_jsonl_verifiers(tmp_path):
   path = tmp_path / "b.jsonl"
   path.write_text('{"prompt": "Q:2+3\\n", "answer": "A:5."}\n\n{"prompt": "x", "answer": "1/2"}\n')
-  task = jsonl_task.JsonlProblems(path=str(path))
+  task = jsonl_task.JsonlProblems.benchmark(str(path))
   assert task.test_size == 2 and task.example("test", 1, seed=0).answer == "1/2"
   assert task.reward("A:5.", " A:5.\n") == 1.0 and task.reward("A:5.", "A:6.") == 0.0
   assert task.extract_answer("  A:5. ") == "A:5." and task.extract_answer("  ") is None
   assert task.format_reward("x", "y") == 1.0
-  math = jsonl_task.JsonlProblems(path=str(path), verifier="math")
+  math = jsonl_task.JsonlProblems.benchmark(str(path), verifier="math")
   assert math.reward("1/2", "so \\boxed{0.5}") == 1.0 and math.reward("1/2", "\\boxed{3}") == 0.0
   assert math.extract_answer("so \\boxed{1 / 2}") == "1/2"
 

@@ -8,6 +8,8 @@ MATH-500, your own JSONL/Parquet files; verified by `math_verify`); "code" (Pyth
 with hidden unit tests, run in `sandbox`: shipped problems, MBPP or HumanEval JSONL).
 Generated problems for a pretrained chat model (its tokenizer and chat template):
 "word_problems" (English arithmetic stories, verified by `math_verify`).
+Your own data: "jsonl" ({"prompt", "answer"} lines, scored exactly, by Math-Verify or by a
+Python function of yours; the model's tokenizer, or the toy one).
 """
 
 from grpo_jax.infra import registry
@@ -16,6 +18,7 @@ from grpo_jax.tasks import (
   calculator,
   code,
   countdown,
+  jsonl,
   long_addition,
   math,
   word_problems,
@@ -26,6 +29,7 @@ REGISTRY: registry.Registry[type[Task]] = registry.Registry("task")
 REGISTRY.register("arithmetic")(arithmetic.Arithmetic)
 REGISTRY.register("calculator")(calculator.Calculator)
 REGISTRY.register("countdown")(countdown.Countdown)
+REGISTRY.register("jsonl")(jsonl.JsonlProblems)
 REGISTRY.register("long_addition")(long_addition.LongAddition)
 REGISTRY.register("math")(math.MathTask)
 REGISTRY.register("code")(code.CodeTask)
