@@ -235,8 +235,35 @@ def sample_records(
     e = examples[i]
     out.append(
       dict(
-        index=i, prompt=e.prompt, completion=tok.decode(ids), answer=e.answer, reward=r,
-        format_reward=f, verdict=verdict(r, f, ok),
+        kind="eval", index=i, prompt=e.prompt, completion=tok.decode(ids), answer=e.answer,
+        reward=r, format_reward=f, verdict=verdict(r, f, ok),
+      )
+    )  # fmt: skip
+  return out
+
+
+def training_rows(setup: build.Setup, got: rollout.Collected, batch, *, groups: int) -> list[dict]:
+  """The first `groups` groups of a training batch as rows to show ("kind": "train"):
+  prompt and completion (decoded), reward and format reward (the verifier's), advantage
+  (the mean over the row's loss tokens: a sequence-level estimator's A_i; a per-token
+  one's row mean) and `verdict`. This process's rows only (the primary holds group 0);
+  none when the batch's rows are not the scored rows (IBPO's counterfactual rows)."""
+  s, G = got.scores, setup.train_group
+  rows = distributed.local_rows(got.rollouts.tokens_NT.sharding, got.rollouts.tokens_NT.shape[0])
+  if batch.adv_NT.shape[0] != got.rollouts.tokens_NT.shape[0] or rows.start != 0:
+    return []
+  n = min(groups * G, rows.stop - rows.start, len(s.completions))
+  prompts_NP = distributed.fetch_local(got.rollouts.prompt_tokens_NP)[:n]
+  adv_NT, m_NT = (distributed.fetch_local(x)[:n] for x in (batch.adv_NT, batch.loss_mask_NT))
+  adv_N = (adv_NT * m_NT).sum(1) / np.maximum(m_NT.sum(1), 1)
+  out = []
+  for i in range(n):
+    r, f, ok = float(s.correct_N[i]), float(s.format_N[i]), bool(s.scorable_N[i])
+    out.append(
+      dict(
+        kind="train", group=i // G, prompt=setup.tokenizer.decode(prompts_NP[i]),
+        completion=s.completions[i], reward=r, format_reward=f, advantage=float(adv_N[i]),
+        verdict=verdict(r, f, ok),
       )
     )  # fmt: skip
   return out

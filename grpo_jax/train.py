@@ -105,6 +105,7 @@ def run(config_dict, workdir: str | pathlib.Path, *, log=print, on_iteration=Non
       record = it_loop.iteration(st, it)
       writer.write(record)
       writer.write_samples(it, it_loop.take_samples())
+      writer.write_samples(it, it_loop.take_rollouts())
       progress.update(it, record)
       _watch_collapse(s, st, record)  # May stop the run (collapse.CollapseError).
       _watch_unscorable(s, it, record)
@@ -398,6 +399,7 @@ class _Loop:
   prefetched: rollout.Drawn | None = None  # The next prompts, drawn during the update.
   source: pipeline.Source | None = None  # The off-policy pipeline (config.offpolicy).
   samples: list = dataclasses.field(default_factory=list)  # The last evaluation's.
+  rollout_rows: list = dataclasses.field(default_factory=list)  # The last shown training group.
 
   @classmethod
   def create(
@@ -444,6 +446,10 @@ class _Loop:
     t1 = time.perf_counter()
     batch, stats = jax.block_until_ready(self._prepare(st, got))
     t_prepared = time.perf_counter()
+    every = self.setup.tracking.rollouts_every
+    if every and it % every == 0:
+      groups = self.setup.tracking.rollouts_groups
+      self.rollout_rows = evaluation.training_rows(self.setup, got, batch, groups=groups)
     snapshot = self.diag and self.diag.before_update(
       it, st.train.params, batch, data_range=range(data_start, st.data_index)
     )
@@ -561,6 +567,12 @@ class _Loop:
   def take_samples(self) -> list[dict]:
     """The greedy samples of this iteration's evaluation ([] without one), once."""
     out, self.samples = self.samples, []
+    return out
+
+  def take_rollouts(self) -> list[dict]:
+    """This iteration's shown training rows (`evaluation.training_rows`; [] when it shows
+    none: config.logging.rollouts_every), once."""
+    out, self.rollout_rows = self.rollout_rows, []
     return out
 
   def _evaluate(self, st: run_state.RunState, it: int, key) -> dict:

@@ -400,3 +400,38 @@ def test_the_summary_gives_accuracies_with_their_problems_and_intervals():
   ) in text
   old = {k: v for k, v in summary.items() if not k.endswith(("_ci", "_problems"))}  # Resumed.
   assert "held-out greedy accuracy: 51.6% after warm start -> 65.6% (+14.1" in train.describe(old)
+
+
+def test_training_groups_are_shown_with_rewards_advantages_and_verdicts(tmp_path):
+  """config.logging.rollouts_every = 1, rollouts_groups = 2: every iteration writes its
+  batch's first 2 groups (G = 4 rows each) to samples.jsonl with "kind": "train", beside
+  the evaluation's rows, and to TensorBoard's "rollouts" text. GRPO's advantage of a row is
+  (r − mean of its group) / (std + eps), so within a group it sums to 0 and orders the
+  rows as their rewards do."""
+  from tensorboard.backend.event_processing import event_accumulator  # noqa: PLC0415
+
+  c = _tiny(iterations=2)
+  c.rl.update(advantage="grpo", controller="none")
+  c.logging.update(rollouts_every=1, rollouts_groups=2)
+  train.run(c, tmp_path, log=lambda _: None)
+  shown = logs.read_jsonl(tmp_path / logs.SAMPLES)
+  rows = [r for r in shown if r.get("kind") == "train"]
+  assert [r["iteration"] for r in rows] == [1] * 8 + [2] * 8
+  assert [r["group"] for r in rows[:8]] == [0] * 4 + [1] * 4
+  assert {r["kind"] for r in shown if r not in rows} == {"eval"}  # The evaluations' rows.
+  for r in rows:
+    assert r["prompt"].startswith("Q:") and r["verdict"] in ("correct", "partial", "wrong", "wrong format")  # fmt: skip
+  for it in (1, 2):
+    for g in (0, 1):
+      group = [r for r in rows if r["iteration"] == it and r["group"] == g]
+      total = [r["reward"] + c.rl.format_weight * r["format_reward"] for r in group]
+      assert sum(r["advantage"] for r in group) == pytest.approx(0.0, abs=1e-5)
+      for a, b in zip(group, total):
+        for a2, b2 in zip(group, total):
+          assert (b > b2) <= (a["advantage"] > a2["advantage"])
+  acc = event_accumulator.EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0})
+  acc.Reload()
+  assert {"rollouts/text_summary", "samples/text_summary"} <= set(acc.Tags()["tensors"])
+  c.logging.rollouts_groups = 0
+  with pytest.raises(ValueError, match=r"config.logging.rollouts_groups=0: must be an int >= 1"):
+    train.run(c, tmp_path / "bad", log=lambda _: None)

@@ -118,7 +118,8 @@ class RunLogger:
 
   def write_samples(self, iteration: int, samples: list[dict]) -> None:
     """One JSON line per sample (with its iteration) and a markdown table of them in
-    TensorBoard's text tab, under "samples"."""
+    TensorBoard's text tab, under "samples" (held-out evaluation rows) or "rollouts"
+    (training rows: their "kind" is "train")."""
     if not samples:
       return
     with self.samples_path.open("a") as f:
@@ -126,7 +127,8 @@ class RunLogger:
     for tracker in self.trackers:
       tracker.write_samples(iteration, samples)
     if self._tb is not None:
-      text = tb_summary.text("samples", samples_markdown(samples))
+      tag = "rollouts" if samples[0].get("kind") == "train" else "samples"
+      text = tb_summary.text(tag, samples_markdown(samples))
       self._event(step=iteration, summary=text)
 
   def _event(self, *, step: int, **fields) -> None:
@@ -144,17 +146,18 @@ class RunLogger:
       self._tb = None
 
 
+# The columns a samples table shows, in this order, where its rows have them.
+SAMPLE_COLUMNS = ("group", "prompt", "completion", "answer", "reward", "advantage", "verdict")
+
+
 def samples_markdown(samples: list[dict]) -> str:
-  """A markdown table of samples (TensorBoard's text tab renders markdown)."""
+  """A markdown table of samples (TensorBoard's text tab renders markdown): the
+  `SAMPLE_COLUMNS` its rows have."""
   cell = lambda v: json.dumps(v)[1:-1].replace("|", "\\|") if isinstance(v, str) else f"{v:g}"  # noqa: E731
-  rows = [
-    f"| {cell(s['prompt'])} | {cell(s['completion'])} | {cell(s['answer'])} | "
-    f"{cell(s['reward'])} | {s['verdict']} |"
-    for s in samples
-  ]
-  return "\n".join(
-    ["| prompt | completion | answer | reward | verdict |", "|---|---|---|---|---|", *rows]
-  )
+  columns = [c for c in SAMPLE_COLUMNS if any(c in s for s in samples)]
+  rows = ["| " + " | ".join(cell(s.get(c, "")) for c in columns) + " |" for s in samples]
+  head = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+  return "\n".join([*head, *rows])
 
 
 class NullLogger:

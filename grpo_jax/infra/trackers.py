@@ -65,6 +65,12 @@ class TrackingConfig:
   wandb_mode: str = ""  # "": W&B's own (WANDB_MODE, or online when logged in); "offline"; "online".
   mlflow_tracking_uri: str = ""  # "": MLFLOW_TRACKING_URI, else MLflow's default.
   timeout_s: float = 30.0  # Start-up (W&B) and per-request (MLflow) timeout.
+  # Training rollouts shown beside the held-out samples (samples.jsonl rows with "kind":
+  # "train", TensorBoard's "rollouts" text, the trackers): the first rollouts_groups groups
+  # of every rollouts_every-th iteration's batch, each row with its prompt, completion,
+  # reward, format reward, advantage and verdict. 0: never.
+  rollouts_every: int = 10
+  rollouts_groups: int = 1
 
   def __post_init__(self):
     trackers = tuple(self.trackers)
@@ -85,6 +91,10 @@ class TrackingConfig:
         f"config.logging.wandb_mode={self.wandb_mode!r}; allowed: '' (W&B's own), 'offline', "
         "'online'."
       )
+    for name in ("rollouts_every", "rollouts_groups"):
+      value, least = getattr(self, name), 0 if name == "rollouts_every" else 1
+      if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise ValueError(f"config.logging.{name}={value!r}: must be an int >= {least}.")
     if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
       raise ValueError(f"config.logging.timeout_s={self.timeout_s!r}: must be a number > 0.")
 
