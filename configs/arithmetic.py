@@ -20,7 +20,9 @@ goes from 40.6% after the warm start to 66.4% after GRPO (+25.8 points; 46.1% at
 Float rounding differs between CPU models, and so do the trajectories: 2-core Intel
 machines measured 51.6% -> 75.0% (132 s) and 52.3% -> 74.2% (97 s; seed 1: 69.5% ->
 92.2%); the first 50.8% -> 76.6% since the Dense layers contract their rows flattened
-(float32 sums in another order). With
+(float32 sums in another order). Over seeds 0-4 on a 2-core Intel Xeon @ 2.80GHz
+(experiments/demo_seeds.py, 2026-12-04): 51.6-83.6% -> 70.3-96.1%, +10.9 to +39.8 points,
+114-133 s each (seed 0: 51.6% -> 70.3%). With
 `--config.task.kwargs.ops=+-` (addition and subtraction) the gain is smaller and varies
 with the seed: +9 to +22 points in 300 iterations. summary.json holds
 warmstart_accuracy, final_accuracy, wall_seconds; curves.svg plots training reward and

@@ -279,3 +279,29 @@ def test_bench_rl_iteration_recomputes_committed_sittings_from_their_own_seconds
   for r in rows:
     assert r["recomputed"]["mfu_update"] == pytest.approx(r["recorded"]["mfu_update"] * ratio)
     assert r["recomputed"]["mfu_iteration"] < r["recorded"]["mfu_iteration"]
+
+
+def test_demo_seeds_summarises_by_hand_and_the_readme_quotes_its_committed_range():
+  """experiments/demo_seeds.py: the range over seeds, by hand on two made-up seeds; the
+  committed sitting's summary is its seeds' and the README's quickstart states it."""
+  import demo_seeds  # noqa: PLC0415
+
+  rows = [
+    dict(seed=0, warmstart_accuracy=0.5, final_accuracy=0.75, gain_points=25.0, wall_s=100.0),
+    dict(seed=1, warmstart_accuracy=0.625, final_accuracy=0.6875, gain_points=6.3, wall_s=90.0),
+  ]
+  s = demo_seeds.summarise(rows)
+  assert s == {
+    "warmstart_range": [0.5, 0.625], "final_range": [0.6875, 0.75],
+    "gain_range_points": [6.3, 25.0], "wall_range_s": [90.0, 100.0],
+  }  # fmt: skip
+  record = dict(config="c", date="d", cpu="x", seeds=rows, summary=s)
+  assert "Range: 50.0-62.5% after the warm start, 68.8-75.0% after GRPO, +6.3 to +25.0 points" in demo_seeds.markdown(record)  # fmt: skip
+  committed = json.loads(
+    (ROOT / "experiments/results/cpu/2026-12-04_xeon_demo_seeds.json").read_text()
+  )
+  assert committed["summary"] == demo_seeds.summarise(committed["seeds"])
+  assert [r["seed"] for r in committed["seeds"]] == list(demo_seeds.SEEDS)
+  g = committed["summary"]["gain_range_points"]
+  readme = (ROOT / "README.md").read_text()
+  assert f"{g[0]:+.1f} to {g[1]:+.1f} points over seeds 0-4" in readme
