@@ -103,6 +103,8 @@ def main(argv=None) -> dict:
       rows.append(run_seed(seed, pathlib.Path(tmp) / f"seed{seed}"))
       print(json.dumps(rows[-1]), flush=True)
   record = {
+    "claim": None,  # A description: no rule was written before the runs, so none is judged.
+    "verdict": "not judged",
     "config": CONFIG,
     "date": datetime.date.today().isoformat(),
     "cpu": cpu_model(),

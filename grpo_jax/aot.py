@@ -241,8 +241,9 @@ def compile_episodes(setup, fns, params, prompts, key) -> tuple[dict, int, list[
   layers unrolled; not a row: its output stays in HBM through the loop), "episode_start"
   (the prompts' prefill, the cache repeated to G rows, or their pages), "episode_turn"
   (one action: up to turn_tokens decode steps) and "episode_append" (one block of
-  observation_tokens per row after a turn; on pages, a token a call). Returns ({name: compiled, or the error XLA raised}, bytes per device of
-  the view, problems: pieces not compiled)."""
+  observation_tokens per row after a turn; on pages, a token a call). Returns ({name:
+  compiled, or the error XLA raised}, bytes per device of the view, problems: pieces not
+  compiled)."""
   runner = fns.episodes.train
   layout = runner.layout or fns.layout  # The runner's own (`Layout.sampling` of its prompts).
   rep, O = layout.replicated, runner.cfg.observation_tokens  # noqa: E741

@@ -176,8 +176,8 @@ def _metrics(
   """(metrics, shown) of one evaluation, single-turn or episodes: stop if too many greedy
   rows were unscorable (`verdicts.check_failures`), eval/greedy_accuracy (mean reward)
   with its 95% percentile-bootstrap interval over the eval/problems problems
-  (`interval`, as `grpo-jax eval` reports it), eval/format_rate, eval/reward_errors, the first `show` greedy rows (`sample_records`);
-  and with `sampled` (a callable -> (correctness [P, n], errors), called last, so the
+  (`interval`, as `grpo-jax eval` reports it), eval/format_rate, eval/reward_errors, the
+  first `show` greedy rows (`sample_records`); and with `sampled` (a callable -> (correctness [P, n], errors), called last, so the
   device keeps sampling while the greedy rows are scored) pass@k and mean@n."""
   verdicts.check_failures(~scorable_N, messages, limit=setup.loop.max_unscorable_frac, where=where)
   accuracy, (low, high) = interval(reward_N)
@@ -252,7 +252,7 @@ def training_rows(setup: build.Setup, got: rollout.Collected, batch, *, groups: 
   rows = distributed.local_rows(got.rollouts.tokens_NT.sharding, got.rollouts.tokens_NT.shape[0])
   if batch.adv_NT.shape[0] != got.rollouts.tokens_NT.shape[0] or rows.start != 0:
     return []
-  n = min(groups * G, rows.stop - rows.start, len(s.completions))
+  n = min(groups * G, rows.stop, len(s.completions))  # rows.start is 0.
   prompts_NP = distributed.fetch_local(got.rollouts.prompt_tokens_NP)[:n]
   adv_NT, m_NT = (distributed.fetch_local(x)[:n] for x in (batch.adv_NT, batch.loss_mask_NT))
   adv_N = (adv_NT * m_NT).sum(1) / np.maximum(m_NT.sum(1), 1)

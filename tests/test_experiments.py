@@ -301,6 +301,7 @@ def test_demo_seeds_summarises_by_hand_and_the_readme_quotes_its_committed_range
     (ROOT / "experiments/results/cpu/2026-12-04_xeon_demo_seeds.json").read_text()
   )
   assert committed["summary"] == demo_seeds.summarise(committed["seeds"])
+  assert committed["claim"] is None and committed["verdict"] == "not judged"  # No rule.
   assert [r["seed"] for r in committed["seeds"]] == list(demo_seeds.SEEDS)
   g = committed["summary"]["gain_range_points"]
   readme = (ROOT / "README.md").read_text()

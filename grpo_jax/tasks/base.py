@@ -66,6 +66,15 @@ class Example:
   answer: str  # The ground truth the reward checks against, for display.
 
 
+def chat_prompt(tokenizer, user: str, *, system: str = "") -> str:
+  """The prompt text of one user turn (after a system turn when `system` is set) in the
+  tokenizer's chat template, ending with the generation prompt: what a chat model is
+  asked (the math, code, word_problems and jsonl tasks' prompts)."""
+  messages = [{"role": "system", "content": system}] if system else []
+  messages.append({"role": "user", "content": user})
+  return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+
+
 def split_of(key: str, *, test_percent: int) -> str:
   """Train/test split by a stable hash of the problem, so splits are disjoint by construction."""
   h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")

@@ -668,9 +668,7 @@ class CodeTask(base.Task):
       return to_alphabet(text) + "\n"
     if not self.chat:
       return text + "\n"
-    messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-    messages.append({"role": "user", "content": text})
-    return self.tokenizer().apply_chat_template(messages, add_generation_prompt=True)
+    return base.chat_prompt(self.tokenizer(), text, system=self.system_prompt)
 
   def example_of(self, problem: Problem) -> base.Example:
     reference = f"```python\n{problem.solution.strip()}\n```"

@@ -123,11 +123,7 @@ class JsonlProblems(base.Task):
     return base.Example(prompt=self._render(r["prompt"]), reference=r["answer"], answer=r["answer"])
 
   def _render(self, prompt: str) -> str:
-    if not self.chat:
-      return prompt
-    messages = [{"role": "system", "content": self.system}] if self.system else []
-    messages.append({"role": "user", "content": prompt})
-    return self.tokenizer().apply_chat_template(messages, add_generation_prompt=True)
+    return base.chat_prompt(self.tokenizer(), prompt, system=self.system) if self.chat else prompt
 
   def reward_input(self, example: base.Example) -> str:
     return example.answer

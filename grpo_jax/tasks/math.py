@@ -171,9 +171,7 @@ class MathTask(base.Task):
     user = self.prompt_template.format(question=question)
     if not self.chat:
       return user
-    messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-    messages.append({"role": "user", "content": user})
-    return self.tokenizer().apply_chat_template(messages, add_generation_prompt=True)
+    return base.chat_prompt(self.tokenizer(), user, system=self.system_prompt)
 
   def question(self, prompt: str) -> str:
     """The question inside a prompt that `render` made (its inverse)."""

@@ -139,9 +139,8 @@ class WordProblems(base.Task):
 
   def render(self, question: str) -> str:
     """The prompt text of a question: the chat template with the generation prompt."""
-    messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-    messages.append({"role": "user", "content": self.prompt_template.format(question=question)})
-    return self.tokenizer().apply_chat_template(messages, add_generation_prompt=True)
+    user = self.prompt_template.format(question=question)
+    return base.chat_prompt(self.tokenizer(), user, system=self.system_prompt)
 
   def _draw(self, rng):
     key, question, answer = _story(rng, steps=self.steps, max_value=self.max_value, ops=self.ops)
