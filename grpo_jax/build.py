@@ -22,7 +22,7 @@ from typing import Any
 
 import jax
 
-from grpo_jax import config, envs, memory, tasks
+from grpo_jax import config, envs, memory, schema, tasks
 from grpo_jax.envs import base, episodes
 from grpo_jax.infra import collapse, config_lib, trackers
 from grpo_jax.models import hf, model, sampling, shapes, sharding
@@ -41,7 +41,7 @@ from grpo_jax.rl import (
 class Setup:
   """Everything built from a config, once, at the edge (before anything compiles)."""
 
-  loop: config.LoopConfig
+  loop: schema.LoopConfig
   task: Any
   tokenizer: Any
   model_cfg: model.ModelConfig
@@ -49,7 +49,7 @@ class Setup:
   sampling_hyper: sampling.SamplingParams
   rl_cfg: spec.RLConfig
   mesh_cfg: sharding.MeshConfig
-  diagnostics: config.DiagnosticsConfig = config.DiagnosticsConfig()
+  diagnostics: schema.DiagnosticsConfig = schema.DiagnosticsConfig()
   spec: dict = dataclasses.field(default_factory=dict)  # The ConfigDict, as plain data.
   counterfactual: counterfactuals.CounterfactualConfig = counterfactuals.CounterfactualConfig()
   steps: alignment.StepSplitter = alignment.StepSplitter()  # The task's step splitter.
@@ -57,7 +57,7 @@ class Setup:
   episodes: episodes.EpisodeConfig | None = None  # config.env; None: single-turn sampling.
   collapse: collapse.CollapseConfig = collapse.CollapseConfig()
   tracking: trackers.TrackingConfig = trackers.TrackingConfig()  # config.logging.
-  eval: config.EvalConfig = config.EvalConfig()  # config.eval (`grpo-jax eval`).
+  eval: schema.EvalConfig = schema.EvalConfig()  # config.eval (`grpo-jax eval`).
   rewards: tuple = ()  # config.rewards: reward_sources.SourceSpec per source; (): the verifier.
 
   @property
@@ -118,7 +118,7 @@ def plan_setup(c, *, n_devices: int | None = None, model_source: str = "") -> Se
     raise config_lib.ConfigError(f"{e}{'' if model_source else hint}") from None
   try:
     loop = config_lib.from_dict(
-      config.LoopConfig, {k: v for k, v in d.items() if k not in config.SECTIONS}, where="config"
+      schema.LoopConfig, {k: v for k, v in d.items() if k not in config.SECTIONS}, where="config"
     )
     rl_cfg = _rl_config(d["rl"], model_cfg)
     sampler_cfg = _sampler_config(d, rl_cfg, eos_ids=(0,), pad_id=0)
@@ -161,7 +161,7 @@ def _raised_here(e: BaseException) -> bool:
 def _build(c, *, n_devices: int | None) -> Setup:
   d = config_lib.to_dict(c)
   loop = config_lib.from_dict(
-    config.LoopConfig, {k: v for k, v in d.items() if k not in config.SECTIONS}, where="config"
+    schema.LoopConfig, {k: v for k, v in d.items() if k not in config.SECTIONS}, where="config"
   )
   task, tok = task_and_tokenizer(d["task"], hf_dir=loop.hf_dir)
   _check_eval_size(loop, task)
@@ -200,7 +200,7 @@ def _build(c, *, n_devices: int | None) -> Setup:
     sampling_hyper=sampling.sampling_params(**d["sampling"]),
     rl_cfg=rl_cfg,
     mesh_cfg=mesh_cfg,
-    diagnostics=config.DiagnosticsConfig.from_dict(
+    diagnostics=schema.DiagnosticsConfig.from_dict(
       d.get("diagnostics", {}), prompts_per_step=loop.prompts_per_step, model_cfg=model_cfg
     ),
     spec=d,
@@ -213,7 +213,7 @@ def _build(c, *, n_devices: int | None) -> Setup:
     tracking=config_lib.from_dict(
       trackers.TrackingConfig, d.get("logging", {}), where="config.logging"
     ),
-    eval=config_lib.from_dict(config.EvalConfig, d.get("eval", {}), where="config.eval"),
+    eval=config_lib.from_dict(schema.EvalConfig, d.get("eval", {}), where="config.eval"),
     rewards=_reward_sources(d, rl_cfg, cf),
   )
   return _resolve_remat(setup, n_devices=n_devices)
@@ -323,7 +323,7 @@ def _check_rl_lengths(rl_cfg: spec.RLConfig, sampler_cfg: sampling.SamplerConfig
     )
 
 
-def _check_learning_rates(loop: config.LoopConfig, model_cfg: model.ModelConfig) -> None:
+def _check_learning_rates(loop: schema.LoopConfig, model_cfg: model.ModelConfig) -> None:
   """A learning rate that overflows in the parameter dtype (inf once cast) turns every
   update into inf: refused here, not found after a run of skipped steps."""
   dtype = jax.numpy.dtype(model_cfg.param_dtype)
@@ -481,7 +481,7 @@ def task_and_tokenizer(d: dict, *, hf_dir: str):
   return task, tok
 
 
-def _check_eval_size(loop: config.LoopConfig, task) -> None:
+def _check_eval_size(loop: schema.LoopConfig, task) -> None:
   """A task with a finite test split (`test_size`: a JSONL file's) holds eval_size problems:
   an evaluation past them would score some twice and count them as more problems."""
   limit = getattr(task, "test_size", None)
@@ -574,7 +574,7 @@ def _with_mask_vocab(rl_d: dict, model_cfg) -> dict:
 
 
 def _check_batch_shapes(
-  loop: config.LoopConfig, rl_cfg: spec.RLConfig, group_size: int, *, data_parallel
+  loop: schema.LoopConfig, rl_cfg: spec.RLConfig, group_size: int, *, data_parallel
 ):
   """The rollout batch N = prompts_per_step × group_size splits into rl.num_minibatches
   mini-batches of b rows, each into rl.micro_batches micro-batches of b / micro_batches
@@ -642,7 +642,7 @@ def _check_sequence_split(mesh_cfg, rl_cfg, sampler_cfg, *, n_devices: int) -> N
 
 
 def _check_token_budget(
-  loop: config.LoopConfig,
+  loop: schema.LoopConfig,
   rl_cfg: spec.RLConfig,
   sampler_cfg: sampling.SamplerConfig,
   group_size: int,
@@ -661,7 +661,7 @@ def _check_token_budget(
     )
 
 
-def _check_reward_budget(task, loop: config.LoopConfig) -> None:
+def _check_reward_budget(task, loop: schema.LoopConfig) -> None:
   """A reward call that ends within its task's budget must not be killed by the pool's
   timeout first: a slow answer would turn from a judged zero into an unscorable row that
   `rl.unscorable` may drop (an opt-out of the zero)."""
@@ -687,7 +687,7 @@ def _check_group_estimator(rl_cfg: spec.RLConfig, group_size: int) -> None:
     )
 
 
-def _check_prompt_lengths(task, tok, cfg: sampling.SamplerConfig, loop: config.LoopConfig) -> None:
+def _check_prompt_lengths(task, tok, cfg: sampling.SamplerConfig, loop: schema.LoopConfig) -> None:
   """The first training batch and the held-out set fit max_prompt_len and the largest
   prompt bucket, so a too-long prompt fails here, not after compiling and warm-starting.
   (Later training prompts are checked when drawn.)"""

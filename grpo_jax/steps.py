@@ -24,7 +24,7 @@ from typing import Any
 import jax
 import optax
 
-from grpo_jax import build, config, envs, memory, memory_advice, warmstart
+from grpo_jax import build, envs, memory, memory_advice, schema, warmstart
 from grpo_jax.envs import episodes
 from grpo_jax.models import model, paged, refill, sampling, sharding
 from grpo_jax.rl import counterfactuals, learner, offpolicy, preparation, spec
@@ -144,7 +144,7 @@ def functions(setup: build.Setup) -> Functions:
   return _FUNCTIONS[key]
 
 
-def memory_limit(loop: config.LoopConfig) -> float | None:
+def memory_limit(loop: schema.LoopConfig) -> float | None:
   """Bytes per device the plan must fit: loop.memory_limit_gib, else the device's own
   limit (jax's memory_stats: GPU, TPU), else None (CPU: no check)."""
   return memory.limit_bytes(loop.memory_limit_gib)
@@ -159,7 +159,7 @@ def check_memory(setup: build.Setup) -> None:
     memory_advice.check(plan, limit, setup.model_cfg, setup.rl_cfg)
 
 
-def optimizers(loop: config.LoopConfig):
+def optimizers(loop: schema.LoopConfig):
   """(RL optimizer, warm-start optimizer): the same chain at their learning rates."""
   make = functools.partial(
     spec.make_optimizer,

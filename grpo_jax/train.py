@@ -52,7 +52,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import build, config, evaluation, pipeline, rollout, run_state, steps, warmstart
+from grpo_jax import (
+  build,
+  evaluation,
+  pipeline,
+  rollout,
+  run_state,
+  schema,
+  steps,
+  warmstart,
+)
 from grpo_jax.diagnostics import hook as diagnostics_hook
 from grpo_jax.infra import (
   checkpoint,
@@ -647,7 +656,7 @@ def _logger(workdir, setup: build.Setup, st: run_state.RunState, *, resume_from=
   )
 
 
-def _progress(loop: config.LoopConfig, st: run_state.RunState, *, log) -> logs.Progress:
+def _progress(loop: schema.LoopConfig, st: run_state.RunState, *, log) -> logs.Progress:
   """A bar on a terminal or in a notebook; elsewhere a line every 30 s through `log`."""
   return logs.Progress(
     total=loop.iterations,

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from grpo_jax import build, config, rollout
+from grpo_jax import build, rollout, schema
 from grpo_jax.infra import checkpoint, distributed, logs
 from grpo_jax.models import logprobs, model
 from grpo_jax.rl import guards, learner, spec
@@ -189,7 +189,7 @@ def _lagged_loss(history: list, steps: int) -> dict:
   return {"loss": float(history[-_LOSS_LAG]["loss"])}
 
 
-def _progress(loop: config.LoopConfig, done: int, *, log) -> logs.Progress:
+def _progress(loop: schema.LoopConfig, done: int, *, log) -> logs.Progress:
   last = {}
 
   def fields(record):

@@ -7,12 +7,14 @@ them): absl's global flags are reset after each case."""
 import json
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 from absl import flags
 
 from grpo_jax import build, cli, config, main, memory, memory_advice, tasks
-from grpo_jax.infra import config_lib, registry
+from grpo_jax.infra import config_lib, distributed, registry
 from grpo_jax.models import hf, model, shapes
 from grpo_jax.rl import spec
 
@@ -129,6 +131,52 @@ def test_help_shows_the_commands_the_syntax_and_every_config_with_its_variants(c
   assert [name for name, _, _ in shipped] == sorted(p.name for p in (ROOT / "configs").glob("*.py"))
   for name, variants, summary in shipped:
     assert f"{name:<18} {', '.join(variants)}" in text and summary in text
+
+
+# Each command line ends before the command runs: help, a misspelt key, an unknown flag,
+# a missing config file, an unknown variant, an unknown preset, a value of the wrong type.
+_EDGE_CASES = [
+  ["--help"],
+  ["config", TINY, "--config.rl.advantag=rloo"],
+  ["plan", TINY, "--devics=2"],
+  ["--config=configs/no_such.py", "--workdir=/tmp/x"],
+  ["config", "--config=configs/arithmetic.py:huge"],
+  ["config", TINY, "--config.rl.preset=dapoo"],
+  ["config", TINY, "--config.iterations=many"],
+]
+
+
+def test_help_and_command_line_mistakes_are_answered_without_importing_jax():
+  """`main` imports no JAX before the command line has parsed (the commands do, in
+  `commands`): each case exits at the edge, in a process where jax was never imported."""
+  code = (
+    "import sys\n"
+    "from grpo_jax import main\n"
+    "sys.argv = ['grpo-jax', *sys.argv[1:]]\n"
+    "try:\n"
+    "  main.run()\n"
+    "except SystemExit as e:\n"
+    "  status = e.code\n"
+    "heavy = sorted(m for m in ('jax', 'jaxlib', 'flax', 'optax', 'tensorboardX') if m in sys.modules)\n"
+    "print('STATUS', status, 'HEAVY', heavy, file=sys.stderr)\n"
+  )
+  for args in _EDGE_CASES:
+    r = subprocess.run(
+      [sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    last = r.stderr.strip().splitlines()[-1]
+    want = 0 if args == ["--help"] else 2
+    assert last == f"STATUS {want} HEAVY []", (args, r.stderr[-2000:])
+    if want:
+      assert r.stderr.count("grpo-jax: error: ") == 1, (args, r.stderr[-2000:])
+
+
+def test_the_flags_help_names_the_choices_of_their_sources():
+  """main's help choices are written out (no JAX import for --help): they are the lists
+  the commands accept."""
+  assert main.DISTRIBUTED_MODES == distributed.MODES
+  assert main.DEVICE_NAMES == tuple(sorted(memory.DEVICE_MEMORY_GIB))
+  assert main.MODEL_SHAPES == tuple(shapes.CONFIGS)
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.py")))

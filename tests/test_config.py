@@ -122,6 +122,39 @@ def test_the_unmodified_config_builds():
   assert build.build(config_lib.load(TINY)).loop.iterations == 300
 
 
+def _leaves(c, prefix=""):
+  """{dotted key: (type name, value)} of a ConfigDict, tuples and lists told apart."""
+  out = {}
+  for k, v in c.items():
+    if hasattr(v, "items"):
+      out.update(_leaves(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = (type(v).__name__, v)
+  return out
+
+
+def test_the_defaults_snapshot_is_the_schemas():
+  """config.default_config() (no JAX: config_defaults.DEFAULTS) has every key, value and
+  type that the dataclasses give (`schema.defaults`): the snapshot is not stale."""
+  from grpo_jax import schema  # noqa: PLC0415
+
+  snapshot, live = _leaves(config.default_config()), _leaves(schema.defaults())
+  diff = sorted(k for k in snapshot.keys() | live.keys() if snapshot.get(k) != live.get(k))
+  assert not diff, (
+    f"grpo_jax/config_defaults.py is stale at {diff[:8]}: run `python -m grpo_jax.schema`."
+  )
+  assert schema.snapshot_text() == schema.SNAPSHOT.read_text()
+
+
+def test_a_default_that_no_literal_writes_is_refused():
+  from grpo_jax import schema  # noqa: PLC0415
+
+  c = config.default_config()
+  c.rl.eps_high = float("inf")
+  with pytest.raises(ValueError, match=r"config.rl.eps_high=inf: a default must be finite"):
+    schema.snapshot_text(c)
+
+
 @pytest.mark.parametrize(
   "flag, match",
   [

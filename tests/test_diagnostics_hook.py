@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from grpo_jax import build, config
+from grpo_jax import build, config, schema
 from grpo_jax.infra import config_lib, metrics
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -17,7 +17,7 @@ def test_diagnostics_are_off_by_default_and_settable_like_a_flag():
   assert config.default_config().diagnostics.every == 0
   setup = build.build(config_lib.load(TINY))
   assert not setup.diagnostics.enabled
-  assert setup.diagnostics == config.DiagnosticsConfig()
+  assert setup.diagnostics == schema.DiagnosticsConfig()
   c = config_lib.load(TINY)  # Locked, as with --config.diagnostics.every=10.
   c.diagnostics.every = 10
   c.diagnostics.aggregations = ("seq_mean_token_mean", "constant_norm")
@@ -47,14 +47,14 @@ def test_diagnostics_are_off_by_default_and_settable_like_a_flag():
 )
 def test_bad_values_name_the_key(overrides, match):
   with pytest.raises(ValueError, match=match):
-    config.DiagnosticsConfig.from_dict({"every": 1, **overrides}, prompts_per_step=8)
+    schema.DiagnosticsConfig.from_dict({"every": 1, **overrides}, prompts_per_step=8)
 
 
 def test_run_dependent_checks_apply_only_when_on():
   # The probe is part of one RL batch; off, the check does not apply.
   with pytest.raises(ValueError, match="probe_prompts=9 exceeds prompts_per_step=8"):
-    config.DiagnosticsConfig.from_dict(dict(every=5, probe_prompts=9), prompts_per_step=8)
-  assert not config.DiagnosticsConfig.from_dict(dict(probe_prompts=9), prompts_per_step=8).enabled
+    schema.DiagnosticsConfig.from_dict(dict(every=5, probe_prompts=9), prompts_per_step=8)
+  assert not schema.DiagnosticsConfig.from_dict(dict(probe_prompts=9), prompts_per_step=8).enabled
   c = config_lib.load(TINY)
   c.diagnostics.update(every=5, rank=True, rank_subset="lm_head")  # Tied embeddings.
   with pytest.raises(ValueError, match="config.diagnostics.rank_subset: .*untied head"):
