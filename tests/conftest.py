@@ -9,7 +9,8 @@ import os
 # a TPU backend (libtpu's probe prints errors on a host without one).
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import subproc  # noqa: E402 -- tests/ is on sys.path (pytest rootdir conftest).
+import needs  # noqa: E402 -- tests/ is on sys.path (pytest rootdir conftest).
+import subproc  # noqa: E402
 
 # Compile fast (subproc.FAST_COMPILE; its docstring has the measurements), set before jax
 # starts its CPU backend, which reads XLA_FLAGS once.
@@ -52,6 +53,40 @@ MODULE_ORDER = (
   "test_train", "test_rl", "test_ibpo_train", "test_evaluate", "test_readme", "test_hf",
   "test_routing_replay", "test_chunked_logits", "test_dataset_faults", "test_notebook",
 )  # fmt: skip
+
+
+# GRPO_JAX_NO_SKIPS=1 (`.ci/run`): a skipped test fails the run. CI installs what every
+# test needs (torch, transformers, peft, SmolLM2's GGUF) and expects every machine feature
+# (`needs`), so a skip there means a test that checked nothing.
+NO_SKIPS = "GRPO_JAX_NO_SKIPS"
+
+
+def pytest_configure(config):
+  needs.expected_missing()  # A misspelt GRPO_JAX_EXPECT_MISSING fails before any test.
+
+
+def _skipped(config) -> list:
+  reporter = config.pluginmanager.get_plugin("terminalreporter")
+  return list(reporter.stats.get("skipped", [])) if reporter else []
+
+
+def pytest_terminal_summary(terminalreporter, config):
+  skipped = _skipped(config)
+  if os.environ.get(NO_SKIPS) == "1" and skipped:
+    terminalreporter.write_sep("=", f"{NO_SKIPS}=1 and {len(skipped)} tests skipped", red=True)
+    for report in skipped:
+      terminalreporter.write_line(f"  {report.nodeid}: {report.longrepr[-1]}")
+
+
+def pytest_sessionfinish(session):
+  if os.environ.get(NO_SKIPS) == "1" and _skipped(session.config) and session.exitstatus == 0:
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_runtest_setup(item):
+  """`pytest.mark.needs(what, missing)`: skip or fail where the machine lacks it (`needs`)."""
+  for mark in item.iter_markers("needs"):
+    needs.require(*mark.args)
 
 
 def pytest_collection_modifyitems(config, items):

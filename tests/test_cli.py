@@ -175,8 +175,8 @@ def test_the_flags_help_names_the_choices_of_their_sources():
   """main's help choices are written out (no JAX import for --help): they are the lists
   the commands accept."""
   assert main.DISTRIBUTED_MODES == distributed.MODES
-  assert main.DEVICE_NAMES == tuple(sorted(memory.DEVICE_MEMORY_GIB))
-  assert main.MODEL_SHAPES == tuple(shapes.CONFIGS)
+  assert tuple(sorted(memory.DEVICE_MEMORY_GIB)) == main.DEVICE_NAMES
+  assert tuple(shapes.CONFIGS) == main.MODEL_SHAPES
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.py")))

@@ -5,6 +5,7 @@ import pathlib
 import pickle
 import time
 
+import needs
 import numpy as np
 import pytest
 
@@ -155,8 +156,7 @@ def test_only_a_failing_sandbox_raises_unscorable(monkeypatch):
   task = tasks.get("code", isolation=ISOLATION)
   monkeypatch.setattr(runner, "namespaces_unavailable", lambda: "user namespaces are off")
   completion = fenced("def add(a, b):\n    return a + b")
-  if ISOLATION == "none":
-    pytest.skip("the fallback never refuses")
+  needs.require("namespaces", sandbox.namespaces_unavailable())  # The fallback never refuses.
   with pytest.raises(verdicts.Unscorable, match="could not run the tests: sandbox refused") as e:
     task.reward(add_spec(), completion)
   assert e.value.label == "sandbox"

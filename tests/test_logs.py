@@ -445,3 +445,24 @@ def test_library_output_goes_to_the_log_file_and_the_hooks_come_back(tmp_path, c
   assert "Exception ignored in: '<future>'" in text and "Event loop is closed" in text
   assert capsys.readouterr().err == "after the block: the terminal again\n"
   assert (threading.excepthook, sys.unraisablehook, warnings.showwarning) == hooks
+
+
+def test_the_tensorboard_writer_does_not_import_torch():
+  """tensorboardX imports torch where it is installed (1.2 s, 240 MB a process); logs
+  imports it with torch marked absent, and torch still imports afterwards. CI installs
+  torch (`.ci/run`), so the first assertion can fail there."""
+  import importlib.util  # noqa: PLC0415
+  import subprocess  # noqa: PLC0415
+
+  code = (
+    "import sys\n"
+    "from grpo_jax.infra import logs\n"
+    "assert 'torch' not in sys.modules, 'tensorboardX imported torch'\n"
+    "import torch\n"
+    "print(torch.Tensor.__name__)\n"
+  )
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+  if importlib.util.find_spec("torch") is None:
+    assert "No module named 'torch'" in r.stderr, r.stderr[-2000:]
+  else:
+    assert r.returncode == 0 and r.stdout == "Tensor\n", r.stderr[-2000:]

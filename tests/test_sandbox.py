@@ -16,6 +16,7 @@ import textwrap
 import threading
 import time
 
+import needs
 import pytest
 
 from grpo_jax.verifiers import sandbox
@@ -26,9 +27,7 @@ FAST = sandbox.Limits(timeout_s=2.0)
 ADD_TESTS = [sandbox.parse_test(t) for t in ("assert add(2, 3) == 5", "assert add(-1, 1) == 0")]
 ADD = "def add(a, b):\n  return a + b\n"
 NAMESPACES = not sandbox.namespaces_unavailable()
-needs_namespaces = pytest.mark.skipif(
-  not NAMESPACES, reason=f"namespaces unavailable: {sandbox.namespaces_unavailable()}"
-)
+needs_namespaces = pytest.mark.needs("namespaces", sandbox.namespaces_unavailable())
 
 
 def run(code, tests=ADD_TESTS, *, isolation="namespaces" if NAMESPACES else "none", **limits):
@@ -914,8 +913,8 @@ sandbox.run(code, [sandbox.Test("f()", 1)], limits=limits, isolation=isolation)
 @pytest.mark.parametrize("isolation", ["namespaces", "none"])
 def test_killing_the_caller_kills_the_sandbox(isolation):
   # What happens when the reward pool SIGKILLs a worker that is waiting on a sandbox.
-  if isolation == "namespaces" and not NAMESPACES:
-    pytest.skip("namespaces unavailable")
+  if isolation == "namespaces":
+    needs.require("namespaces", sandbox.namespaces_unavailable())
   marker = sleep_marker()
   caller = subprocess.Popen(
     [sys.executable, "-c", _CALLER],
@@ -941,8 +940,7 @@ def test_killing_the_caller_kills_the_sandbox(isolation):
 def test_root_that_may_not_change_identity_still_isolates(monkeypatch):
   # Where root may not use the dedicated uid (a container mapping one uid), the code
   # runs as root in the namespaces rather than without them.
-  if not NAMESPACES:
-    pytest.skip("namespaces unavailable")
+  needs.require("namespaces", sandbox.namespaces_unavailable())
   refuse = "def drop_identity(job, libc):\n"
   assert refuse in runner._HARNESS
   monkeypatch.setattr(
@@ -1237,8 +1235,9 @@ def test_the_whole_sandbox_has_one_memory_budget():
   assert sandbox.Limits().processes_for(grouped=False) == 4
   assert sandbox.Limits().processes_for(grouped=True) == 16
   assert sandbox.Limits(processes=7).processes_for(grouped=False) == 7
-  if not NAMESPACES or not cgroup.available():
-    pytest.skip("no control group here: the fallback is 4 processes x memory_mb")
+  needs.require("namespaces", sandbox.namespaces_unavailable())
+  # Without one, the fallback is 4 processes x memory_mb (asserted above).
+  needs.require("cgroup", "" if cgroup.available() else "cgroup.available() found none")
   # Six processes of 120 MB each: 720 MB under RLIMIT_AS per process, but the sandbox's
   # budget is 256 MB (+64 for its supervisors): at most two still hold theirs at the end.
   result = run(_HOLDERS, one("hold(6, 120)", 6), memory_mb=256, timeout_s=8.0)

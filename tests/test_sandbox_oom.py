@@ -19,6 +19,7 @@ import textwrap
 import threading
 import time
 
+import needs
 import pytest
 
 from grpo_jax.verifiers import sandbox
@@ -139,9 +140,7 @@ def test_a_candidate_within_its_budget_never_gets_the_trainer_oom_killed(tmp_pat
   """The runs' groups are beside the trainer's (v1, real kernel): the candidate's 300 MB
   are not charged to the trainer's 640 MB group, which holds 400 MB: it never reaches its
   limit, the stand-in lives, and the candidate (within its own 576 MB) passes."""
-  reason = _no_v1_memory()
-  if reason:
-    pytest.skip(f"NOT TESTED on a real kernel: {reason}")
+  needs.require("cgroup_v1_memory", _no_v1_memory())
   proc, report = _stand_in(tmp_path, nested=False)
   _survived(proc, report)
   assert (report["verdict"], report["cause"]) == ("pass", "pass"), report
@@ -154,9 +153,7 @@ def test_a_run_nested_in_the_trainers_group_loses_the_oom_kill_not_the_trainer(t
   """Where no place outside the trainer's group is writable the run's group nests in it
   (v1, real kernel): the trainer's group does reach its limit, and the kernel kills the
   candidate (oom_score_adj 1000), smaller than the stand-in though it is."""
-  reason = _no_v1_memory()
-  if reason:
-    pytest.skip(f"NOT TESTED on a real kernel: {reason}")
+  needs.require("cgroup_v1_memory", _no_v1_memory())
   proc, report = _stand_in(tmp_path, nested=True)
   _survived(proc, report)
   assert report["failcnt"] > 0, report  # It did reach its limit: the OOM killer ran.
@@ -204,8 +201,8 @@ def test_every_sandbox_process_is_the_oom_killers_first_choice(isolation, monkey
   and this one (worker, supervisor or init, C, outer) have oom_score_adj 1000, and this
   process (the trainer) keeps its own. Inside the namespaces there is no /proc to read it
   from, hence the look from outside; killing the child then lets the run finish."""
-  if isolation == "namespaces" and not _namespaces():
-    pytest.skip(f"namespaces unavailable: {sandbox.namespaces_unavailable()}")
+  if isolation == "namespaces":
+    needs.require("namespaces", sandbox.namespaces_unavailable())
   monkeypatch.setattr(runner, "_WARNED", {runner._NONE_WARNING})
   own = _oom_score_adj(os.getpid())
   marker = f"1000.{secrets.randbelow(10**9):09d}"

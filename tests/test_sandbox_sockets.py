@@ -13,7 +13,7 @@ import socket
 import warnings
 
 import pytest
-from test_sandbox import NAMESPACES, run
+from test_sandbox import needs_namespaces, run
 
 from grpo_jax.verifiers import sandbox
 from grpo_jax.verifiers.sandbox import runner, seccomp
@@ -188,7 +188,7 @@ def test_the_program_is_classic_bpf_that_jumps_forward_inside_itself(machine):
 ISOLATIONS = pytest.mark.parametrize(
   "isolation",
   [
-    pytest.param("namespaces", marks=pytest.mark.skipif(not NAMESPACES, reason="no namespaces")),
+    pytest.param("namespaces", marks=needs_namespaces),
     "none",
   ],
 )
