@@ -12,7 +12,9 @@ gain, wall seconds, the median seconds per iteration and tokens/s of the iterati
 the first (which compiles), the 1-minute load average at the start and end of the run
 (the machine may be shared: a wall-clock figure is only comparable at the same load) and
 the CPU seconds the run used (user + system, its reward workers included), which a shared
-machine does not inflate: on an idle 2-core machine the wall time is about that / 2.
+machine does not inflate: on an idle 2-core machine the wall time is about that / 2, and
+the peak resident memory of its largest process (the trainer), against the config's
+memory_limit_gib.
 
 Writes <out>.json, <out>.md and <out>.png (accuracy against iteration, one line per seed);
 default experiments/results/smollm2/<variant>_seeds.
@@ -24,7 +26,6 @@ import argparse
 import json
 import os
 import pathlib
-import resource
 import subprocess
 import time
 
@@ -66,11 +67,16 @@ def run_seed(variant: str, seed: int, workdir: pathlib.Path, extra: list[str]) -
     *extra,
   ]
   print(" ".join(cmd), flush=True)
-  before = resource.getrusage(resource.RUSAGE_CHILDREN)
-  subprocess.run(cmd, check=True, cwd=ROOT)
-  after = resource.getrusage(resource.RUSAGE_CHILDREN)
-  cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-  loads.update(load_end=_load(), cpu_seconds=round(cpu, 1))
+  proc = subprocess.Popen(cmd, cwd=ROOT)
+  _, status, usage = os.wait4(proc.pid, 0)  # This run's own usage (its reward workers too).
+  proc.returncode = os.waitstatus_to_exitcode(status)
+  if proc.returncode:
+    raise subprocess.CalledProcessError(proc.returncode, cmd)
+  loads.update(
+    load_end=_load(),
+    cpu_seconds=round(usage.ru_utime + usage.ru_stime, 1),
+    peak_rss_gib=round(usage.ru_maxrss / 2**20, 2),  # ru_maxrss: KiB, its largest process.
+  )
   (workdir / "loads.json").write_text(json.dumps(loads))
   return loads
 
@@ -107,15 +113,15 @@ def markdown(variant: str, out: dict) -> str:
     "",
     f"Machine: {out['machine']}. Command: `{out['command']}`.",
     "",
-    "| seed | before | after | gain (points) | wall s | CPU s | s/iteration | tokens/s | load "
-    "start/end |",
-    "|---|---|---|---|---|---|---|---|---|",
+    "| seed | before | after | gain (points) | wall s | CPU s | s/iteration | tokens/s | peak "
+    "RSS GiB | load start/end |",
+    "|---|---|---|---|---|---|---|---|---|---|",
   ]
   for s, r in out["seeds"].items():
     lines.append(
       f"| {s} | {100 * r['before']:.1f}% | {100 * r['after']:.1f}% | {100 * r['gain']:+.1f} | "
       f"{r['wall_seconds']:.0f} | {r.get('cpu_seconds', '?')} | {r['seconds_per_iteration']:.1f} | "
-      f"{r['tokens_per_s']:.0f} | "
+      f"{r['tokens_per_s']:.0f} | {r.get('peak_rss_gib', '?')} | "
       f"{r.get('load_start', '?')}/{r.get('load_end', '?')} |"
     )
   g = out["gain_points"]

@@ -306,3 +306,17 @@ def test_demo_seeds_summarises_by_hand_and_the_readme_quotes_its_committed_range
   g = committed["summary"]["gain_range_points"]
   readme = (ROOT / "README.md").read_text()
   assert f"{g[0]:+.1f} to {g[1]:+.1f} points over seeds 0-4" in readme
+
+
+def test_the_smollm2_cpu_configs_measured_peak_is_within_its_own_memory_limit():
+  """The committed whole-run measurement (experiments/smollm2_seeds.py, peak resident
+  memory of the trainer process) of configs/smollm2.py:cpu as it is now: under the
+  config's memory_limit_gib, with the micro-batches and checkpoints it was measured at."""
+  from grpo_jax.infra import config_lib  # noqa: PLC0415
+
+  record = json.loads((ROOT / "experiments/results/smollm2/cpu_memory.json").read_text())
+  (seed,) = record["seeds"].values()
+  c = config_lib.load(str(ROOT / "configs" / "smollm2.py") + ":cpu")
+  assert seed["peak_rss_gib"] <= c.memory_limit_gib == 8.0
+  assert (c.rl.micro_batches, c.keep_checkpoints, c.prompts_per_step) == (8, 1, 8)
+  assert seed["iterations"] == c.iterations and "Intel Xeon" in record["machine"]
