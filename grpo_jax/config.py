@@ -41,6 +41,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import sys
 
 import ml_collections
 
@@ -92,7 +93,28 @@ def default_config() -> ml_collections.ConfigDict:
   Built from the committed snapshot `config_defaults.DEFAULTS` (`schema.defaults()` reads
   the same off the dataclasses, with JAX imported).
   """
-  return _section(copy.deepcopy(config_defaults.DEFAULTS))
+  c = _section(copy.deepcopy(config_defaults.DEFAULTS))
+  _add_registered_hyper(c)
+  return c
+
+
+# The registries whose records declare config keys: (module, rl key). A user's own estimator
+# or loss (`tests/toy_estimator.py`) declares hyperparameters the snapshot cannot know.
+_DECLARING = (("grpo_jax.rl.advantages", "advantage_hyper"), ("grpo_jax.rl.losses", "loss_hyper"))
+
+
+def _add_registered_hyper(c: ml_collections.ConfigDict) -> None:
+  """Adds the declared hyperparameters of every record registered in this process that the
+  snapshot lacks. Registering needs the registry's module imported, so where it is not
+  imported the snapshot already has every key (and reading it costs no JAX import)."""
+  for module_name, key in _DECLARING:
+    module = sys.modules.get(module_name)
+    if module is None:
+      continue
+    section = c.rl[key]
+    for name, h in module.declared_hyper().items():
+      if name not in section:
+        section[name] = h.default
 
 
 def _section(v):

@@ -360,13 +360,24 @@ def _check_literal(v, where: str) -> None:
     raise ValueError(f"{where}={v!r}: a default must be None, a bool, number or string.")
 
 
-def main() -> None:
-  """Rewrites config_defaults.py; says whether it changed."""
+def main(argv: list[str] | None = None) -> int:
+  """Rewrites config_defaults.py and says whether it changed; with --check, writes nothing
+  and exits 1 when it would change (run it in a fresh process: a record registered by a
+  test or a user's module would otherwise count as a default)."""
+  argv = sys.argv[1:] if argv is None else argv
   text = snapshot_text()
   old = SNAPSHOT.read_text() if SNAPSHOT.exists() else ""
+  if argv == ["--check"]:
+    if text != old:
+      print(f"{SNAPSHOT} is stale: run `python -m grpo_jax.schema`.", file=sys.stderr)
+      return 1
+    return 0
+  if argv:
+    raise SystemExit(f"usage: python -m grpo_jax.schema [--check]; got {argv}")
   SNAPSHOT.write_text(text)
   print(f"{SNAPSHOT}: {'unchanged' if text == old else 'rewritten'}", file=sys.stderr)
+  return 0
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -46,8 +46,9 @@ from grpo_jax.models import model, sampling  # noqa: E402
 # once, the long modules start first and the last minutes are short modules on both workers
 # (longest first, the makespan is within 4/3 of the best). Modules not named here follow.
 MODULE_ORDER = (
-  "test_episodes", "test_lora", "test_experiments", "test_learning", "test_aot", "test_faults",
-  "test_long_learning", "test_families", "test_paged", "test_memory", "test_reward_model",
+  "test_episodes", "test_lora", "test_smollm2", "test_experiments", "test_learning",
+  "test_aot", "test_faults", "test_long_learning", "test_families", "test_paged",
+  "test_memory", "test_reward_model",
   "test_multihost", "test_sharding", "test_offpolicy", "test_sampling", "test_moe_learning",
   "test_lora_learning", "test_kernels", "test_model", "test_packing", "test_reproductions",
   "test_train", "test_rl", "test_ibpo_train", "test_evaluate", "test_readme", "test_hf",

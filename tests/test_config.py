@@ -2,6 +2,7 @@
 written) as a ConfigError that names the key and what is allowed; the command line turns
 it into one line on stderr and exit status 2, with no traceback and no workdir."""
 
+import inspect
 import json
 import pathlib
 import subprocess
@@ -135,15 +136,36 @@ def _leaves(c, prefix=""):
 
 def test_the_defaults_snapshot_is_the_schemas():
   """config.default_config() (no JAX: config_defaults.DEFAULTS) has every key, value and
-  type that the dataclasses give (`schema.defaults`): the snapshot is not stale."""
-  from grpo_jax import schema  # noqa: PLC0415
-
-  snapshot, live = _leaves(config.default_config()), _leaves(schema.defaults())
-  diff = sorted(k for k in snapshot.keys() | live.keys() if snapshot.get(k) != live.get(k))
-  assert not diff, (
-    f"grpo_jax/config_defaults.py is stale at {diff[:8]}: run `python -m grpo_jax.schema`."
+  type that the dataclasses give (`schema.defaults`): the snapshot is not stale. Checked in
+  a fresh process, where only the package's own records are registered."""
+  code = (
+    "import sys\n"
+    "from grpo_jax import config, schema\n"
+    f"leaves = {inspect.getsource(_leaves)!r}\n"
+    "exec(leaves)\n"
+    "snapshot, live = _leaves(config.default_config()), _leaves(schema.defaults())\n"
+    "diff = sorted(k for k in snapshot.keys() | live.keys() if snapshot.get(k) != live.get(k))\n"
+    "print(diff)\n"
+    "sys.exit(schema.main(['--check']) or bool(diff))\n"
   )
-  assert schema.snapshot_text() == schema.SNAPSHOT.read_text()
+  r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+  assert r.returncode == 0, (
+    f"grpo_jax/config_defaults.py is stale at {r.stdout.strip()[:400]}: run "
+    f"`python -m grpo_jax.schema`. {r.stderr[-2000:]}"
+  )
+
+
+def test_a_users_registered_hyperparameter_is_a_config_key(monkeypatch):
+  """A record registered in this process (a user's estimator) declares a key the snapshot
+  cannot have: default_config adds it, with its default."""
+  from grpo_jax.rl import advantages  # noqa: PLC0415
+
+  assert "toy_scale" not in config.default_config().rl.advantage_hyper
+  declared = {**advantages.declared_hyper(), "toy_scale": advantages.Hyper(2.5, low=0.0)}
+  monkeypatch.setattr(advantages, "declared_hyper", lambda: declared)
+  c = config.default_config()
+  assert c.rl.advantage_hyper.toy_scale == 2.5
+  assert sorted(c.rl.advantage_hyper.keys()) == sorted(declared)
 
 
 def test_a_default_that_no_literal_writes_is_refused():

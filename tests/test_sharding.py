@@ -57,7 +57,7 @@ def test_trainer_refuses_a_mesh_for_other_devices_and_indivisible_batches(monkey
   c.mesh.update(data=2, fsdp=1, tensor=1)
   with pytest.raises(ValueError, match="mesh .* has 2 devices but there are 1"):
     build.build(c)
-  monkeypatch.setattr(config.jax, "device_count", lambda: 8)  # Checked before any mesh exists.
+  monkeypatch.setattr(jax, "device_count", lambda: 8)  # Checked before any mesh exists.
   c.mesh.update(data=8)
   build.build(c)  # 32 rollout rows, mini-batches of 16.
   c.rl.num_minibatches = 8
@@ -83,7 +83,7 @@ def test_context_parallelism_needs_a_sequence_size_dividing_every_row_length(mon
   """mesh.sequence splits each row's prompt bucket + completion tokens: 16 + 8 and the
   length bucket's 16 + 4 divide by 2 and 4; 16 + 4 not by 3, and with 5 new tokens
   (length buckets 3 and 5) neither 19 nor 21 by 2."""
-  monkeypatch.setattr(config.jax, "device_count", lambda: 8)
+  monkeypatch.setattr(jax, "device_count", lambda: 8)
   c = mesh_run.make_config((1, 2, 2, 2))  # Prompt bucket 16, T 8, length buckets (4, 8).
   assert build.build(c).mesh_cfg.shape(8) == (1, 2, 2, 2)
   c.mesh.update(fsdp=2, sequence=4, tensor=1)
@@ -91,12 +91,12 @@ def test_context_parallelism_needs_a_sequence_size_dividing_every_row_length(mon
   c.mesh.update(fsdp=1, sequence=3, tensor=1)
   with pytest.raises(ValueError, match="has 3 devices but there are 8"):
     build.build(c)
-  monkeypatch.setattr(config.jax, "device_count", lambda: 6)
+  monkeypatch.setattr(jax, "device_count", lambda: 6)
   c.rl.update(micro_batch_tokens=0, num_minibatches=2)
   c.mesh.update(data=2, fsdp=1)
   with pytest.raises(ValueError, match=r"mesh.sequence=3 .* rows of \[20\] tokens"):
     build.build(c)
-  monkeypatch.setattr(config.jax, "device_count", lambda: 8)
+  monkeypatch.setattr(jax, "device_count", lambda: 8)
   c.mesh.update(data=1, fsdp=4, sequence=2)
   c.sampler.max_new_tokens = 5
   with pytest.raises(ValueError, match=r"rows of \[19, 21\] tokens"):
