@@ -147,3 +147,17 @@ def test_the_write_your_own_task_section_trains_as_written(tmp_path):
   assert summary["iterations_done"] == 1 and 0.0 <= summary["final_accuracy"] <= 1.0
   samples = (tmp_path / "run" / "samples.jsonl").read_text().splitlines()
   assert json.loads(samples[0])["prompt"].startswith("Q:")
+
+
+def test_every_extra_the_readme_installs_exists_and_pins_one_jax():
+  """`pip install -e ".[NAME]"` in the README names an extra of pyproject.toml, and the
+  accelerator extras (tpu, cuda) pin the same jax release."""
+  import tomllib  # noqa: PLC0415
+
+  extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+  named = set(re.findall(r'pip install -e "\.\[([a-z_,]+)\]"', README))
+  named = {n for group in named for n in group.split(",")}
+  assert {"test", "cuda", "tpu"} <= named, named
+  assert named <= extras.keys(), named - extras.keys()
+  jax_pins = {re.sub(r"\[.*?\]", "", d) for name in ("tpu", "cuda") for d in extras[name]}
+  assert jax_pins == {"jax==0.10.2"}, jax_pins
