@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from grpo_jax import build, config
+from grpo_jax import build
 from grpo_jax.models import model, sharding
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
