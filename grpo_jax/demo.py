@@ -13,7 +13,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from grpo_jax import cli, tasks
-from grpo_jax.infra import config_lib
+from grpo_jax.infra import config_lib, devices
 from grpo_jax.models import model, sampling
 
 _DEFAULT = (
@@ -108,6 +108,8 @@ def main(config):
 
 
 def run():
+  if devices.cpu_where_nothing_else():  # jax is imported: its config, not the environment.
+    jax.config.update("jax_platforms", "cpu")
   app.run(main, flags_parser=parse_flags)
 
 

@@ -52,6 +52,7 @@ from __future__ import annotations
 from absl import app, flags
 
 from grpo_jax import cli
+from grpo_jax.infra import devices
 
 # The choices the flags' help names, written here so that `--help` imports no JAX;
 # tests/test_cli.py checks each against its source (distributed.MODES,
@@ -149,6 +150,7 @@ _PROCESS_ENDS_ON_ERROR = False
 def run():
   global _PROCESS_ENDS_ON_ERROR
   _PROCESS_ENDS_ON_ERROR = True
+  devices.cpu_where_nothing_else()  # No TPU probe (libtpu's errors) on a CPU-only machine.
   app.run(_main, flags_parser=cli.parse_flags)
 
 

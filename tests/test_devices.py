@@ -63,6 +63,40 @@ def test_no_warning_on_an_accelerator_on_purpose_or_without_one(tmp_path):
   assert devices.visible_accelerator(tmp_path / "missing") is None
 
 
+def test_the_entry_points_choose_the_cpu_only_where_nothing_else_is_there(tmp_path):
+  (tmp_path / "null").touch()
+  env = {}
+  assert devices.cpu_where_nothing_else(env, dev_root=tmp_path) and env == {"JAX_PLATFORMS": "cpu"}
+  env = {"JAX_PLATFORMS": ""}  # The user's own choice, even JAX's default, stays.
+  assert not devices.cpu_where_nothing_else(env, dev_root=tmp_path) and env["JAX_PLATFORMS"] == ""
+  (tmp_path / "vfio").mkdir()
+  (tmp_path / "vfio" / "0").touch()  # A v5e/v6e TPU VM's device file.
+  env = {}
+  assert not devices.cpu_where_nothing_else(env, dev_root=tmp_path) and env == {}
+
+
+def test_a_command_on_a_cpu_machine_prints_no_tpu_probe_errors():
+  """With libtpu installed (the test extra), JAX_PLATFORMS unset and no accelerator's
+  device file here, `grpo-jax plan` runs on the CPU without libtpu's probe errors."""
+  import os  # noqa: PLC0415
+  import pathlib  # noqa: PLC0415
+  import subprocess  # noqa: PLC0415
+  import sys  # noqa: PLC0415
+
+  root = pathlib.Path(__file__).resolve().parent.parent
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+  args = ["plan", "--config=configs/arithmetic.py:quick", "--devices=1"]
+  r = subprocess.run(
+    [sys.executable, "-m", "grpo_jax.main", *args],
+    cwd=root, env=env, capture_output=True, text=True, timeout=300,
+  )  # fmt: skip
+  assert r.returncode == 0, r.stderr[-2000:]
+  if devices.visible_accelerator() is None:  # CI's machines: JAX_PLATFORMS=cpu was set.
+    assert "TPU" not in r.stderr, r.stderr[-2000:]
+  else:  # An accelerator's files: JAX's own choice, untouched.
+    assert devices.cpu_where_nothing_else({}) is False
+
+
 def test_the_parameter_line_counts_by_hand():
   """The tiny model (V = 58, tied embedding): per layer q 64·64, k and v 64·32, o 64·64,
   q/k norms 2·16, two norms 2·64, MLP 3·64·192 = 49,312; two layers, a final norm 64 and

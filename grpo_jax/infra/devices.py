@@ -13,6 +13,12 @@ accelerator is "visible" when its device files exist (`ACCELERATOR_FILES`: NVIDI
 /dev/nvidia<N>, AMD's /dev/kfd, a TPU VM's /dev/accel<N> or /dev/vfio/<N>); no library of
 the accelerator is imported or needed. A user who chose the CPU (JAX_PLATFORMS=cpu) gets
 no warning.
+
+`cpu_where_nothing_else` is what the command-line entry points call first: on a machine
+with no accelerator's device files and no JAX_PLATFORMS, JAX_PLATFORMS=cpu. With libtpu
+installed (the `tpu` and `test` extras) JAX otherwise starts by probing for a TPU, and
+libtpu prints errors where there is none ("could not determine TPU accelerator type").
+This module imports JAX only in `describe`, so the entry points' edge stays JAX-free.
 """
 
 from __future__ import annotations
@@ -20,8 +26,6 @@ from __future__ import annotations
 import os
 import pathlib
 import re
-
-import jax
 
 # (kind, device-file pattern under /dev, what to install): the first match names the kind.
 ACCELERATOR_FILES = (
@@ -38,6 +42,8 @@ def describe(
   """The device line, and a warning line when `visible_accelerator` finds one while every
   device is a CPU and the environment did not ask for the CPU (JAX_PLATFORMS). Defaults:
   jax.devices(), jax.process_count(), /dev, os.environ."""
+  import jax  # noqa: PLC0415 -- see the module docstring.
+
   devices = jax.devices() if devices is None else devices
   process_count = jax.process_count() if process_count is None else process_count
   env = os.environ if env is None else env
@@ -72,3 +78,13 @@ def visible_accelerator(dev_root="/dev") -> tuple[str, str, str] | None:
       if re.fullmatch(name, n):
         return kind, str(base / n), install
   return None
+
+
+def cpu_where_nothing_else(env=None, dev_root="/dev") -> bool:
+  """Sets env["JAX_PLATFORMS"] = "cpu" when it is unset and `visible_accelerator` finds
+  none (default: os.environ, /dev); returns whether it did. Call it before JAX starts."""
+  env = os.environ if env is None else env
+  if "JAX_PLATFORMS" in env or visible_accelerator(dev_root):
+    return False
+  env["JAX_PLATFORMS"] = "cpu"
+  return True
