@@ -23,8 +23,6 @@ from grpo_jax.rl import guards
 from grpo_jax.verifiers import verdicts
 
 FLAGS = flags.FLAGS
-# eval: shorthands for config.eval.* (the flag wins over the config).
-EVAL_FLAGS = ("benchmarks", "k", "size", "step", "out")
 
 
 def plan(config_dict) -> dict:
@@ -220,7 +218,8 @@ def eval_command(inv: cli.Invocation) -> dict:
     raise cli.UsageError("--workdir is required to eval (its checkpoint; the report goes there).")
   if inv.config is None:
     inv = cli.recorded(inv, FLAGS.workdir)
-  given = {k: FLAGS[k].value for k in EVAL_FLAGS if FLAGS[k].value is not None}
+  # Each config.eval key has its flag (`main`), which wins over the config.
+  given = {k: FLAGS[k].value for k in inv.config.eval if FLAGS[k].value is not None}
   inv.config.eval.update(given)
   return evaluate.run(inv.config, FLAGS.workdir)
 

@@ -93,7 +93,7 @@ def default_config() -> ml_collections.ConfigDict:
   Built from the committed snapshot `config_defaults.DEFAULTS` (`schema.defaults()` reads
   the same off the dataclasses, with JAX imported).
   """
-  c = _section(copy.deepcopy(config_defaults.DEFAULTS))
+  c = ml_collections.ConfigDict(copy.deepcopy(config_defaults.DEFAULTS))  # Nested too.
   _add_registered_hyper(c)
   return c
 
@@ -115,12 +115,6 @@ def _add_registered_hyper(c: ml_collections.ConfigDict) -> None:
     for name, h in module.declared_hyper().items():
       if name not in section:
         section[name] = h.default
-
-
-def _section(v):
-  if isinstance(v, dict):
-    return ml_collections.ConfigDict({k: _section(x) for k, x in v.items()})
-  return v
 
 
 def hf_math_config(

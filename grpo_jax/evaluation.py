@@ -177,8 +177,9 @@ def _metrics(
   rows were unscorable (`verdicts.check_failures`), eval/greedy_accuracy (mean reward)
   with its 95% percentile-bootstrap interval over the eval/problems problems
   (`interval`, as `grpo-jax eval` reports it), eval/format_rate, eval/reward_errors, the
-  first `show` greedy rows (`sample_records`); and with `sampled` (a callable -> (correctness [P, n], errors), called last, so the
-  device keeps sampling while the greedy rows are scored) pass@k and mean@n."""
+  first `show` greedy rows (`sample_records`); and with `sampled` (a callable ->
+  (correctness [P, n], errors), called last, so the device keeps sampling while the
+  greedy rows are scored) pass@k and mean@n."""
   verdicts.check_failures(~scorable_N, messages, limit=setup.loop.max_unscorable_frac, where=where)
   accuracy, (low, high) = interval(reward_N)
   out = {

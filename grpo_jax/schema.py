@@ -29,6 +29,7 @@ import sys
 import jax
 import ml_collections
 
+from grpo_jax import config_defaults
 from grpo_jax.diagnostics import grads
 from grpo_jax.envs import episodes
 from grpo_jax.infra import collapse, config_lib, trackers
@@ -360,6 +361,25 @@ def _check_literal(v, where: str) -> None:
     raise ValueError(f"{where}={v!r}: a default must be None, a bool, number or string.")
 
 
+def stale_keys() -> list[str]:
+  """The dotted keys whose value or type differ between the snapshot
+  (`config_defaults.DEFAULTS`) and `defaults()`, or that only one of them has."""
+  snapshot = _leaves(config_defaults.DEFAULTS)
+  live = _leaves(config_lib.to_dict(defaults()))
+  return sorted(k for k in snapshot.keys() | live.keys() if snapshot.get(k) != live.get(k))
+
+
+def _leaves(d: dict, prefix: str = "") -> dict:
+  """{dotted key: (type name, value)}: tuples and lists, ints and floats told apart."""
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update(_leaves(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = (type(v).__name__, v)
+  return out
+
+
 def main(argv: list[str] | None = None) -> int:
   """Rewrites config_defaults.py and says whether it changed; with --check, writes nothing
   and exits 1 when it would change (run it in a fresh process: a record registered by a
@@ -368,8 +388,10 @@ def main(argv: list[str] | None = None) -> int:
   text = snapshot_text()
   old = SNAPSHOT.read_text() if SNAPSHOT.exists() else ""
   if argv == ["--check"]:
-    if text != old:
-      print(f"{SNAPSHOT} is stale: run `python -m grpo_jax.schema`.", file=sys.stderr)
+    stale = stale_keys()
+    if stale or text != old:
+      where = f" at {', '.join(stale[:8])}" if stale else " (its layout)"
+      print(f"{SNAPSHOT} is stale{where}: run `python -m grpo_jax.schema`.", file=sys.stderr)
       return 1
     return 0
   if argv:
