@@ -84,7 +84,7 @@ def test_notebook_chats_trains_and_plots(tmp_path, monkeypatch):
   nbformat = pytest.importorskip("nbformat")
   monkeypatch.setenv("GRPO_JAX_QUICK", "1")
   # XLA's default level: the kernel trains a 135M model, where FAST_COMPILE's level-0 code
-  # is slow (measured: 173 s against 32 s per update; `subproc` gives the trade).
+  # is slow (173 s per update beside another test worker, 32 s alone; `subproc` gives the trade).
   monkeypatch.setenv("XLA_FLAGS", subproc.xla_flags(optimized=True))
   monkeypatch.setenv("GRPO_JAX_WORKDIR", str(tmp_path / "run"))
   monkeypatch.delenv("MPLBACKEND", raising=False)
