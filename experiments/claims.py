@@ -865,6 +865,9 @@ IBPO_ARMS = {
       ("counterfactual.per_rollout", 2),
       ("counterfactual.branch_from", "failed"),
       ("counterfactual.cut", "step"),
+      # A plan found biased after this arm's verdict (issue 56; counterfactuals.
+      # biased_choices): admitted so that the recorded arm reruns as it ran.
+      ("counterfactual.accept_bias", True),
     ),
   ),
   "trie": Arm("ibpo_trie_g10", overrides=(*_IBPO, ("sampler.group_size", 10))),
@@ -1033,6 +1036,7 @@ LOO_ARMS = {
     ("counterfactual.per_rollout", 2),
     ("counterfactual.branch_from", "all"),
     ("counterfactual.cut", "uniform"),
+    ("counterfactual.accept_bias", True),  # Biased (issue 56), admitted to rerun as judged.
   ),
   "trie": _ibpo_arm("ibpo_loo_trie", ibpo_config.TRIE, ("sampler.group_size", 10)),
 }

@@ -41,6 +41,9 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 ARMS = ("grpo", "grpo8", "trie", "branch")
+# The branch arm's plan when claims 10c-10f were judged (configs/ibpo.py:tiny has since
+# moved to cut "window"; `counterfactuals.biased_choices`): kept, so that they rerun as judged.
+RECORDED_PLAN = dict(cut="uniform", accept_bias=True)
 KEEP = ("ibpo/terminal_comparison_corr", "ibpo/comparison_abs_mean", "ibpo/kept_pair_frac")
 
 
@@ -52,6 +55,8 @@ def make_config(arm: str, seed: int, *, prompts: int, groups: int, quick: bool, 
   c = config_lib.load(str(ROOT / "configs" / "ibpo.py") + f":{variant}")
   if arm == "grpo8":
     c.sampler.group_size = 8
+  if arm == "branch":  # As claims 10c/10e ran: cuts drawn up to the parent's length, a plan
+    c.counterfactual.update(RECORDED_PLAN)  # found biased after their verdicts (issue 56).
   if ibpo_params is not None and arm in ("trie", "branch"):
     lam, shrink, *tau = ibpo_params
     c.rl.update(ibpo_lambda=lam, advantage_options={**c.rl.advantage_options, "shrink": shrink})

@@ -424,6 +424,21 @@ def _step_splitter(task, tok) -> alignment.StepSplitter:
   )
 
 
+def _check_unbiased_plan(cf, rl_cfg: spec.RLConfig, steps) -> None:
+  """An estimator that reads counterfactuals (IBPO's φ) gets a plan that chose each row
+  from the prefix it keeps (`counterfactuals.biased_choices`), unless accept_bias."""
+  if cf.accept_bias or not advantages.REGISTRY.traits(rl_cfg.advantage).reads_counterfactuals:
+    return
+  reasons = counterfactuals.biased_choices(cf, tau=rl_cfg.ibpo_tau, steps=steps)
+  if reasons:
+    raise ValueError(
+      f"config.counterfactual biases rl.advantage={rl_cfg.advantage!r} (a counterfactual "
+      "may sit in its parent's baseline only if the plan chose it from the prefix it keeps): "
+      f"{'; '.join(reasons)}. To rerun a recorded biased run, set "
+      "config.counterfactual.accept_bias=True."
+    )
+
+
 def _check_counterfactuals(cf, rl_cfg: spec.RLConfig, task, steps, *, diagnostics) -> None:
   """Counterfactual rows are used by something, can be scored against their prompt's
   example, and their importance weights can be computed."""
@@ -447,6 +462,7 @@ def _check_counterfactuals(cf, rl_cfg: spec.RLConfig, task, steps, *, diagnostic
     )
   if rl_cfg.dynamic_sampling:
     raise ValueError(f"{where} does not combine with rl.dynamic_sampling; switch one off.")
+  _check_unbiased_plan(cf, rl_cfg, steps)
   if cf.perturbed:
     supported = task.supported_perturbations()
     if cf.source not in supported:

@@ -210,7 +210,7 @@ _VARIANTS = {
   "long_addition.py": ("tiny", "full", "quick"),
   "calculator.py": ("tiny", "full", "quick"),
   "code_env.py": ("tiny", "qwen"),
-  "ibpo.py": ("tiny", "trie", "grpo", "hint", "repair"),
+  "ibpo.py": ("tiny", "trie", "grpo", "hint"),
   "remedies.py": ("tiny", *_config_module("remedies.py").REMEDIES),
   "gsm8k_qwen.py": ("tiny", "0.5b", "1.5b"),
   "math_qwen.py": ("tiny", "1.5b", "7b"),

@@ -81,10 +81,73 @@ def test_plan_token_budget_and_step_and_divergence_cuts():
   cfg = CF.CounterfactualConfig(per_group=2, branch_from="all", cut="divergence")
   p = CF.plan(jax.random.key(1), r, jnp.zeros(2), cfg=cfg, group_size=2)
   np.testing.assert_array_equal(p.cut_M, [5, 5])  # They part at t* = 4: keep o_{≤4}.
-  # Budget: each branch costs |o| − c expected tokens; 4 slots of cost 3 under 7 -> 2.
-  cfg = CF.CounterfactualConfig(per_group=4, branch_from="all", cut="divergence", token_budget=7)
+  # Budget: a divergence slot is priced T − 1 = 7 (the most a branch may decode, read
+  # before the rollouts, not |o| − c): 4 slots under 14 -> 2. A perturbed one costs T = 8.
+  cfg = CF.CounterfactualConfig(per_group=4, branch_from="all", cut="divergence", token_budget=14)
   p = CF.plan(jax.random.key(1), r, jnp.zeros(2), cfg=cfg, group_size=2)
   assert int(np.sum(p.active_M)) == 2
+  hint = CF.CounterfactualConfig(per_group=4, branch_from="all", source="hint", token_budget=17)
+  p = CF.plan(jax.random.key(1), r, jnp.zeros(2), cfg=hint, group_size=2)
+  assert int(np.sum(p.active_M)) == 2 and not np.any(np.asarray(p.cut_M))
+
+
+def test_window_and_next_step_cuts_read_only_the_prefix_they_keep():
+  """window: c ~ U{1, …, W} whatever the parent's length, no branch where the parent ended
+  first (c ≥ |o|); next_step: the first step start at or after such a draw. Same key, so
+  the same draws u: a parent's length or later tokens only switch a slot off."""
+  steps = alignment.StepSplitter(end_ids=(9,))
+  tokens = [[1, 9, 2, 9, 3, 9, 4, 5], [1, 2, 3, 4, 5, 6, 7, 9]]
+  long_ = _rollouts(tokens, [8, 8], G=2)
+  short = _rollouts(tokens, [3, 8], G=2)  # Row 0 ends after 3 tokens.
+  key = jax.random.key(5)
+  kw = dict(group_size=2, splitter=steps)
+  win = CF.CounterfactualConfig(per_group=64, branch_from="all", cut="window", cut_window=6)
+  a = CF.plan(key, long_, jnp.zeros(2), cfg=win, **kw)
+  b = CF.plan(key, short, jnp.zeros(2), cfg=win, **kw)
+  cut, parent = np.asarray(a.cut_M), np.asarray(a.parent_M)
+  assert set(cut) == set(range(1, 7))  # U{1, …, W}, W = 6 (64 draws).
+  assert np.all(a.active_M)
+  np.testing.assert_array_equal(b.cut_M, cut)  # The draw does not read the length...
+  np.testing.assert_array_equal(b.active_M, (parent == 1) | (cut < 3))  # ...only switches off.
+  nxt = CF.CounterfactualConfig(per_group=64, branch_from="all", cut="next_step")
+  a = CF.plan(key, long_, jnp.zeros(2), cfg=nxt, **kw)
+  cut, parent, on = np.asarray(a.cut_M), np.asarray(a.parent_M), np.asarray(a.active_M)
+  assert set(cut[on & (parent == 0)]) == {2, 4, 6}  # Row 0's step starts (after a 9).
+  assert not np.any(on & (parent == 1))  # Row 1 ends a step only at its last token.
+  # u ~ U{1, …, 7}: a start at or after u exists for u ≤ 6, so about 6/7 of row 0's slots.
+  assert 0.6 < on[parent == 0].mean() < 1.0
+
+
+def test_divergence_gives_no_branch_where_the_parent_never_leaves_or_leaves_last():
+  # Rows 0 and 1 are equal (never unique); row 2 leaves at t = 2, its last token; row 3 at
+  # t = 1 of 4.
+  tokens = [[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 5, 0], [1, 6, 7, 8]]
+  r = _rollouts(tokens, [4, 4, 3, 4], G=4)
+  cfg = CF.CounterfactualConfig(per_group=4, branch_from="all", cut="divergence")
+  p = CF.plan(jax.random.key(0), r, jnp.zeros(4), cfg=cfg, group_size=4)
+  on = dict(zip(np.asarray(p.parent_M), np.asarray(p.active_M), strict=True))
+  cut = dict(zip(np.asarray(p.parent_M), np.asarray(p.cut_M), strict=True))
+  assert on == {0: False, 1: False, 2: False, 3: True} and cut[3] == 2
+
+
+def test_biased_choices_name_each_choice_and_its_replacement():
+  ok = CF.CounterfactualConfig(per_group=4, branch_from="all", cut="window")
+  none = alignment.NO_STEPS
+  assert CF.biased_choices(ok, tau=1.0, steps=none) == ()
+  for cut in ("divergence", "next_step"):
+    cfg = CF.CounterfactualConfig(per_group=4, branch_from="all", cut=cut)
+    assert CF.biased_choices(cfg, tau=1.0, steps=alignment.StepSplitter(end_ids=(9,))) == ()
+  hint = CF.CounterfactualConfig(per_group=4, branch_from="all", source="hint", cut="uniform")
+  assert CF.biased_choices(hint, tau=1.0, steps=none) == ()  # The cut is a branch's only.
+  bad = CF.CounterfactualConfig(per_group=4, branch_from="failed", cut="step", source="branch")
+  got = CF.biased_choices(bad, tau=0.5, steps=none)
+  assert len(got) == 3
+  assert "use 'all'" in got[0] and "use 'next_step'" in got[1] and "(use 1.0)" in got[2]
+  pattern = alignment.StepSplitter(start_pattern=(7,))
+  nxt = CF.CounterfactualConfig(per_group=4, branch_from="all", cut="next_step")
+  assert "reads the tokens from c on" in CF.biased_choices(nxt, tau=1.0, steps=pattern)[0]
+  repair = CF.CounterfactualConfig(per_group=4, branch_from="all", source="repair")
+  assert "whole completion" in CF.biased_choices(repair, tau=1.0, steps=none)[0]
 
 
 def test_branch_keeps_the_prefix_and_its_continuation_is_the_policy_s(
@@ -206,6 +269,7 @@ def test_config_errors():
     (dict(per_group=3, per_rollout=2), "must be a multiple of per_rollout"),
     (dict(cut="middle"), "counterfactual.cut='middle'"),
     (dict(per_rollout=0), "per_rollout must be >= 1"),
+    (dict(cut_window=-1), "cut_window must be >= 0"),
   ):
     with pytest.raises(ValueError, match=match):
       CF.CounterfactualConfig(**bad)

@@ -49,7 +49,6 @@ def test_every_config_documents_its_command_and_expected_result(path):
     "ibpo.py:trie",
     "ibpo.py:grpo",
     "ibpo.py:hint",
-    "ibpo.py:repair",
   ],
 )
 def test_trainer_configs_validate(spec):

@@ -113,7 +113,7 @@ def test_counterfactuals_inform_phi_only_and_lambda_zero_is_grpo_on_the_samples(
 
 def test_trained_branches_train_only_the_tokens_they_decoded():
   c = _tiny()
-  c.counterfactual.update(train=True, branch_from="all", cut="uniform")
+  c.counterfactual.update(train=True, branch_from="all", cut="window")
   _, got, batch, _, _ = _iteration(c)
   prov = got.provenance
   own = np.asarray(prov.own_NT)
@@ -168,6 +168,18 @@ def test_perturbed_prompt_rows_carry_truncated_importance_weights():
       {"counterfactual.train": True, "diagnostics.every": 2},
       "the diagnostics probe groups of G samples",
     ),
+    # Plans that read more of a parent than the prefix its row keeps (biased_choices).
+    ({"counterfactual.branch_from": "failed"}, r"biases rl.advantage='ibpo'.*outcome.*use 'all'"),
+    (
+      {"counterfactual.cut": "uniform"},
+      r"cut='uniform' draws the cut from \|o_p\| \(use 'window'\)",
+    ),
+    ({"counterfactual.cut": "step"}, r"cut='step' .* \(use 'next_step'\)"),
+    ({"rl.ibpo_tau": 0.5}, r"rl.ibpo_tau=0.5 keeps a counterfactual by its distance"),
+    (
+      {"counterfactual.branch_from": "correct", "rl.ibpo_tau": 0.5},
+      r"branch_from='correct'.*; rl.ibpo_tau=0.5.*accept_bias=True",
+    ),
   ],
 )
 def test_bad_counterfactual_configs_fail_before_compiling(changes, match):
@@ -187,6 +199,9 @@ def test_unsupported_perturbation_and_missing_step_splitter_are_refused(monkeypa
   c.task.name = "arithmetic"
   c.task.kwargs = {}
   c.counterfactual.source = "repair"
+  with pytest.raises(config_lib.ConfigError, match=r"source='repair' samples from a prompt"):
+    build.build(c)  # Biased for IBPO: refused unless accepted.
+  c.counterfactual.accept_bias = True
   setup = build.build(c)  # Arithmetic supports repair.
   assert setup.train_group == 8
   from grpo_jax.tasks import arithmetic  # noqa: PLC0415

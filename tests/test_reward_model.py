@@ -396,7 +396,13 @@ def test_rewards_are_refused_where_the_run_needs_the_verifiers_outcome():
   with pytest.raises(config_lib.ConfigError, match="rl.advantage='fade': it splits rows"):
     built(rl__advantage="fade")
   with pytest.raises(config_lib.ConfigError, match="config.counterfactual: it branches"):
-    built(counterfactual__per_group=2, counterfactual__per_rollout=1, rl__advantage="ibpo")
+    built(
+      counterfactual__per_group=2,
+      counterfactual__per_rollout=1,
+      counterfactual__branch_from="all",
+      counterfactual__cut="window",
+      rl__advantage="ibpo",
+    )
   c = _rl_config()
   with c.unlocked():
     c.rewards.a = dict(kind="verifier", weight=0.0)

@@ -19,19 +19,41 @@ Slots: C = config.counterfactual.per_group rows per group, static. `plan` fills 
 C/k (rollout, cut) picks per group among the eligible rollouts (failed, correct or all,
 at least 2 tokens long), k = per_rollout continuations from each (k > 1 is the
 Monte-Carlo estimate of φ at that prefix: the trie counts all k + 1 trajectories through
-it), a cut chosen
+it), a cut chosen (W = cut_window, or T − 1 when 0)
 
-  uniform     c ~ U{1, …, |o_i| − 1}
-  step        uniformly among the step starts in [1, |o_i| − 1] (after a step-ending
-              token; `alignment.step_ids`), uniform when the rollout has none
+  window      c ~ U{1, …, W}; no branch when the parent ended first (c ≥ |o_i|)
+  next_step   c = the first step start at or after u ~ U{1, …, W} (a start follows a
+              step-ending token; `alignment.step_ids`); no branch when the parent has none
+              before its end
   divergence  c = t* + 1, t* the first position where o_i leaves every other trajectory of
               its group (the first prefix the trie has seen once): the Monte-Carlo
-              fallback for the prefixes the trie has too few visits of
+              fallback for the prefixes the trie has too few visits of; no branch when o_i
+              never leaves them or leaves at its last token
+  uniform     c ~ U{1, …, |o_i| − 1}                              (biased for IBPO, below)
+  step        uniformly among the step starts in [1, |o_i| − 1], uniform when the rollout
+              has none                                            (biased for IBPO, below)
 
 and a total-token budget (config.counterfactual.token_budget, per iteration; 0: none):
-slots are granted in a random order while the sum of their expected lengths (|o_i| − c
-for a branch, |o_i| for a perturbed sample) stays within it. Unused slots are inactive:
-they decode nothing and are never valid.
+slots are granted in a random order while the sum of the most tokens each may decode
+stays within it, priced from the draw alone (T − c for window, T − u for next_step, T − 1
+for divergence, T for a perturbed sample; T − c for uniform and step); a slot switched
+off because its parent ended first still spends its share. Unused slots are inactive: they
+decode nothing and are never valid.
+
+Which plans IBPO may use. A counterfactual may sit in its parent's baseline only if the
+plan chose it, its cut and whether it exists from the prefix it keeps, o_{p,<c}
+(grpo_jax/rl/ibpo.py, "Why it is unbiased"); every event above is one of o_{p,<c}: "the
+parent ended before c" is "o_{p,<c} holds its last token", a step start at c is a
+step-ending token at c − 1, and t* is read off o_{p,≤t*} = o_{p,<c} and rows no later
+branch of p's can share. These read more of the parent (`biased_choices`), and the
+estimators that read counterfactuals refuse them (build): branch_from "failed" or
+"correct" (the outcome), cut "uniform" (|o_p|) and "step" (how many starts follow),
+"next_step" with a step_start_text (a pattern at c reads the tokens from c on), source
+"repair" (q~ holds the whole completion, and the row counts from the root), the
+full-rewrite filter at τ < 1 (the distance reads the parent's suffix), and a budget
+priced by |o_p| (the budget above does not). Each bias is measured on a variable-length
+tabular policy in tests/test_counterfactual_bias.py; config.counterfactual.accept_bias
+admits them anyway, to rerun a recorded biased run.
 
 The merged batch is group-major: each group's G samples, then its C counterfactuals, so
 the trainer sees groups of G + C rows (`build.Setup.train_group`). `Provenance` travels
@@ -66,7 +88,7 @@ from grpo_jax.rl import alignment, ibpo
 KINDS = ("sampled", "branch", "hint", "paraphrase", "repair")  # Provenance codes 0..4.
 SOURCES = KINDS[1:]
 BRANCH_FROM = ("failed", "correct", "all")
-CUTS = ("uniform", "step", "divergence")
+CUTS = ("window", "next_step", "divergence", "uniform", "step")
 WEIGHTING = ("truncated_is", "none", "drop")
 DISTANCES = ("token", "step")
 SAMPLED, BRANCH = 0, 1
@@ -82,10 +104,12 @@ class CounterfactualConfig:
   source: str = "branch"  # SOURCES.
   branch_from: str = "failed"  # BRANCH_FROM: which rollouts get counterfactuals.
   cut: str = "uniform"  # CUTS (branches only).
+  cut_window: int = 0  # W of the window and next_step cuts (0: T − 1).
   token_budget: int = 0  # Expected counterfactual tokens per iteration (0: no cap).
   train: bool = False  # Train counterfactual rows (own tokens) too, not only φ.
   weighting: str = "truncated_is"  # WEIGHTING of perturbed rows.
   distance: str = "token"  # DISTANCES of the full-rewrite filter.
+  accept_bias: bool = False  # Let IBPO read a plan that biases it (`biased_choices`).
 
   def __post_init__(self):
     for name, value, allowed in (
@@ -97,7 +121,7 @@ class CounterfactualConfig:
     ):
       if value not in allowed:
         raise ValueError(f"counterfactual.{name}={value!r}; allowed: {', '.join(allowed)}.")
-    for name in ("per_group", "token_budget"):
+    for name in ("per_group", "token_budget", "cut_window"):
       if getattr(self, name) < 0:
         raise ValueError(f"counterfactual.{name} must be >= 0, got {getattr(self, name)}.")
     if self.per_rollout < 1:
@@ -119,6 +143,39 @@ class CounterfactualConfig:
   @property
   def kind(self) -> int:
     return KINDS.index(self.source)
+
+
+def biased_choices(cfg: CounterfactualConfig, *, tau: float, steps) -> tuple[str, ...]:
+  """The choices of `cfg` (and of the full-rewrite filter's τ) that read more of a parent
+  than the prefix its counterfactual keeps, each with what to use instead (the module
+  docstring); () for a plan IBPO may read. steps: the task's `alignment.StepSplitter`."""
+  out = []
+  if cfg.branch_from != "all":
+    out.append(
+      f"branch_from={cfg.branch_from!r} picks parents by their outcome, which their later "
+      "tokens decide (use 'all')"
+    )
+  if not cfg.perturbed and cfg.cut in ("uniform", "step"):
+    read = "|o_p|" if cfg.cut == "uniform" else "how many step starts the parent has"
+    instead = "window" if cfg.cut == "uniform" else "next_step"
+    out.append(f"cut={cfg.cut!r} draws the cut from {read} (use {instead!r})")
+  if not cfg.perturbed and cfg.cut == "next_step" and len(steps.start_pattern):
+    out.append(
+      "cut='next_step' with the task's step_start_text: a step start at c reads the tokens "
+      "from c on (use a one-token step_end_text, or cut 'window')"
+    )
+  if cfg.source == "repair":
+    out.append(
+      "source='repair' samples from a prompt holding the parent's whole completion, and the "
+      "row counts from the root of its parent's baseline (use 'branch', 'hint' or "
+      "'paraphrase')"
+    )
+  if tau < 1.0:
+    out.append(
+      f"rl.ibpo_tau={tau:g} keeps a counterfactual by its distance to its parent's "
+      "completion, later tokens included (use 1.0)"
+    )
+  return tuple(out)
 
 
 @flax.struct.dataclass
@@ -160,29 +217,45 @@ def first_unique(tokens_NT, mask_NT, group_ids_N):
   return jnp.where(jnp.any(unique_NT, axis=1), jnp.argmax(unique_NT, axis=1), length_N)
 
 
-def _cuts(key, parent_M, rollouts, *, cut: str, splitter: alignment.StepSplitter):
-  """c_M for the chosen parents (see the module docstring)."""
+def _cuts(key, parent_M, rollouts, *, cut: str, window: int, splitter: alignment.StepSplitter):
+  """(c_M, ok_M, price_M) for the chosen parents (the module docstring): ok_M False where
+  the cut gives no branch (the parent ended first, or has no step start or divergence in
+  time); price_M the most tokens the branch may decode, read from nothing but the draw
+  (T − c, T − u or T − 1), so that one slot's price never says more of a parent than its
+  own prefix to another slot through the token budget."""
   len_M = rollouts.length_N[parent_M]
   T = rollouts.tokens_NT.shape[1]
+  W = max(min(window or T - 1, T - 1), 1)
   u_M = jax.random.uniform(key, parent_M.shape)
-  uniform_M = 1 + jnp.floor(u_M * jnp.maximum(len_M - 1, 1)).astype(jnp.int32)
+  everywhere_M = jnp.ones(parent_M.shape, bool)
   if cut == "uniform":
-    return uniform_M
+    c_M = 1 + jnp.floor(u_M * jnp.maximum(len_M - 1, 1)).astype(jnp.int32)
+    return c_M, everywhere_M, T - c_M
+  window_M = 1 + jnp.minimum(jnp.floor(u_M * W).astype(jnp.int32), W - 1)
+  if cut == "window":
+    return window_M, window_M < len_M, T - window_M
   if cut == "divergence":
     t_N = first_unique(rollouts.tokens_NT, rollouts.mask_NT, rollouts.group_ids_N)
-    return jnp.clip(t_N[parent_M] + 1, 1, jnp.maximum(len_M - 1, 1))
-  # step: cut c at a step start (`alignment.step_ids` changes at c), 1 ≤ c ≤ |o| − 1.
+    c_M = t_N[parent_M] + 1
+    return jnp.minimum(c_M, T - 1), c_M < len_M, jnp.full_like(c_M, T - 1)
+  # step / next_step: cuts at step starts (`alignment.step_ids` changes at c), c ≤ |o| − 1.
   ids_MT = splitter.ids(rollouts.tokens_NT[parent_M], rollouts.mask_NT[parent_M])
   t = jnp.arange(T)[None, :]
   changed_MT = jnp.concatenate(
     [jnp.zeros_like(ids_MT[:, :1], bool), ids_MT[:, 1:] != ids_MT[:, :-1]], axis=1
   )
   starts_MT = changed_MT & (t >= 1) & (t <= len_M[:, None] - 1)
+  if cut == "next_step":
+    later_MT = starts_MT & (t >= window_M[:, None])
+    c_M = jnp.argmax(later_MT, axis=1).astype(jnp.int32)
+    return c_M, jnp.any(later_MT, axis=1), T - window_M
   n_M = jnp.sum(starts_MT, axis=1)
   pick_M = jnp.floor(u_M * jnp.maximum(n_M, 1)).astype(jnp.int32)  # The pick_M-th start.
   rank_MT = jnp.cumsum(starts_MT, axis=1) - 1
   step_M = jnp.argmax(starts_MT & (rank_MT == pick_M[:, None]), axis=1).astype(jnp.int32)
-  return jnp.where(n_M > 0, step_M, uniform_M)
+  uniform_M = 1 + jnp.floor(u_M * jnp.maximum(len_M - 1, 1)).astype(jnp.int32)
+  c_M = jnp.where(n_M > 0, step_M, uniform_M)
+  return c_M, everywhere_M, T - c_M
 
 
 def plan(
@@ -196,7 +269,8 @@ def plan(
 ) -> Plan:
   """Fills the B·C slots (see the module docstring): parents drawn without replacement
   among each group's eligible rollouts (cycling when C/k exceeds them), k slots per
-  parent with the same cut, then the token budget. Jittable."""
+  parent with the same cut, then the token budget, then the slots whose cut gives no
+  branch switched off. Jittable."""
   N, T = rollouts.tokens_NT.shape
   G, C, k = group_size, cfg.per_group, cfg.per_rollout
   B = N // G
@@ -208,19 +282,22 @@ def plan(
   j = jnp.arange(C // k)
   picks_BJ = jnp.take_along_axis(order_BG, j[None, :] % jnp.maximum(n_B, 1)[:, None], axis=1)
   parent_BJ = picks_BJ + G * jnp.arange(B)[:, None]
-  cut_BJ = _cuts(cut_key, parent_BJ.reshape(-1), rollouts, cut=cfg.cut, splitter=splitter).reshape(
-    B, C // k
+  cut_J, ok_J, price_J = _cuts(
+    cut_key, parent_BJ.reshape(-1), rollouts, cut=cfg.cut, window=cfg.cut_window, splitter=splitter
   )
   parent_M = jnp.repeat(parent_BJ, k, axis=1).reshape(-1).astype(jnp.int32)
-  cut_M = jnp.repeat(cut_BJ, k, axis=1).reshape(-1).astype(jnp.int32)
+  cut_M = jnp.repeat(cut_J.reshape(B, C // k), k, axis=1).reshape(-1).astype(jnp.int32)
+  ok_M = jnp.repeat(ok_J.reshape(B, C // k), k, axis=1).reshape(-1)
+  price_M = jnp.repeat(price_J.reshape(B, C // k), k, axis=1).reshape(-1)
   if cfg.perturbed:
-    cut_M = jnp.zeros_like(cut_M)
+    cut_M, ok_M, price_M = jnp.zeros_like(cut_M), jnp.ones_like(ok_M), jnp.full_like(price_M, T)
   active_M = jnp.repeat(n_B > 0, C)
   if cfg.token_budget:
-    cost_M = jnp.where(active_M, rollouts.length_N[parent_M] - cut_M, 0)
+    cost_M = jnp.where(active_M, price_M, 0)
     prio_M = jax.random.permutation(order_key, parent_M.shape[0])
     spent = jnp.zeros_like(cost_M).at[prio_M].set(jnp.cumsum(cost_M[prio_M]))
     active_M = active_M & (spent <= cfg.token_budget)
+  active_M = active_M & ok_M
   return Plan(parent_M=parent_M, cut_M=cut_M, active_M=active_M)
 
 

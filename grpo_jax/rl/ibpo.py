@@ -47,13 +47,16 @@ is independent of o_{p,≥c} given o_{p,<c}, so it may sit in the baseline of p'
 depths t ≥ c (s_{p,t} contains o_{p,<c}) but not above its cut, where its outcome follows from
 the very token being credited. Hence a branch counts only at depths ≥ its cut (counting it
 above re-adds the parent's outcome; tests/test_ibpo.py measures that bias). This needs the
-plan to choose (p, c) from o_{p,<c} alone. `counterfactuals`' branch_from="all" with
-cut="uniform" nearly does: it also reads |o_p| (c ~ U{1, …, |o_p| − 1}). Choosing the parent
-by its outcome (branch_from="failed"/"correct") or the cut by where p leaves the group
-("divergence") puts in p's baseline a row that exists because of p's later tokens: biased
-(on the tabular policy of tests/test_ibpo.py, failed-parent branches moved the mean gradient
-by up to 3.9 standard errors at 16,000 groups against at most 2.7 for the uniform plan;
-measured once while deriving this, not a test). Perturbed-prompt rows are off-policy for q:
+plan to choose p, c and whether the branch exists from o_{p,<c} alone, and the other rows
+whose baselines the branch enters from nothing of theirs past the state they share with
+it. `counterfactuals`' cuts "window", "next_step" and "divergence" with branch_from="all"
+do; the parent's outcome (branch_from "failed"/"correct"), its length (cut "uniform"), its
+number of steps (cut "step"), its suffix (the full-rewrite filter at τ < 1) or its whole
+completion (source "repair") put in p's baseline a row that exists because of p's later
+tokens. `counterfactuals.biased_choices` names them and build refuses them with this
+estimator; tests/test_counterfactual_bias.py measures each on completions of varying
+length (Hotelling's T² of the mean gradient against the exact one: p > 1e-4 for every plan
+accepted, < 1e-8 for every plan refused but repair, whose prompt is not tabular). Perturbed-prompt rows are off-policy for q:
 their truncated importance weights keep them approximately, not exactly, unbiased.
 
 Zero-sum (κ = 0, λ = 1, unit weights): at every state s with n = |N(s)| ≥ 2,
