@@ -290,16 +290,17 @@ def claim_seeds_for_power(figures: dict, tests) -> int | None:
   return None if any(n is None for n in yes) else max(yes)
 
 
+def part_verdict(figures: dict, test) -> str:
+  """ "yes", "no" or "unclear": one decisive part (claims.Test) of a rule."""
+  fig = figures[test.figure]
+  if test.relation == "within":
+    return within(fig, test.low, test.high)
+  return {"above": above, "below": below}[test.relation](fig, test.low)
+
+
 def verdict_from_tests(figures: dict, tests) -> str:
   """The rule's verdict recomputed from its decisive parts (claims.Test)."""
-  fn = {"above": above, "below": below}
-  parts = [
-    within(figures[t.figure], t.low, t.high)
-    if t.relation == "within"
-    else fn[t.relation](figures[t.figure], t.low)
-    for t in tests
-  ]
-  return combine(parts)
+  return combine([part_verdict(figures, t) for t in tests])
 
 
 # ----------------------------------------------------------------------------

@@ -193,6 +193,34 @@ def _power_cell(claim, r: dict, out: pathlib.Path) -> str:
   return cell
 
 
+_RELATIONS = {"above": "> {low:g}", "below": "< {low:g}", "within": "in [{low:g}, {high:g}]"}
+
+
+def _measurement_cell(claim, r: dict) -> str:
+  """The headline figure; for a claim that contradicts, the first part of its rule that
+  does, with the rule's threshold (a headline that holds beside a part that fails reads as
+  passing)."""
+  name, rule = r["headline"], ""
+  failing = [t for t in claim.tests if evidence.part_verdict(r["figures"], t) == "no"]
+  if r["verdict"] == "contradicts" and failing:
+    name = failing[0].figure
+    rule = ", rule " + _RELATIONS[failing[0].relation].format(
+      low=failing[0].low, high=failing[0].high
+    )
+  fig = r["figures"][name]
+  return f"{fig.get('label', name)}: {_fmt_fig(fig)}{rule}"
+
+
+def _seeds_cell(claim, r: dict) -> str:
+  """Seeds run, and where some gave no value for a part of the rule, how many did."""
+  n = len(r["seeds"])
+  names = [t.figure for t in claim.tests] or [r["headline"]]
+  counts = sorted({r["figures"][f].get("n", n) for f in names}, reverse=True)
+  if counts == [n]:
+    return str(n)
+  return f"{n} run; {' and '.join(map(str, counts))} with a value"
+
+
 def table(out: pathlib.Path, *, link_prefix: str = "") -> str:
   """The claims table (markdown) from the JSON under `out`: the verdict at the rule's own
   seeds, Holm-adjusted over the claims that stand, and for inconclusive claims the seeds
@@ -213,8 +241,6 @@ def table(out: pathlib.Path, *, link_prefix: str = "") -> str:
       )
       continue
     r = json.loads(path.read_text())
-    head = r["figures"][r["headline"]]
-    label = head.get("label", r["headline"])
     quick = " (quick run)" if r["quick"] else ""
     if claim.superseded:
       title = f"{r['title']} (superseded: {claim.superseded.split(' (')[0]})"
@@ -223,8 +249,8 @@ def table(out: pathlib.Path, *, link_prefix: str = "") -> str:
       title = r["title"]
       adj, power = f"**{holm_verdicts.get(claim.key, '—')}**", _power_cell(claim, r, out)
     lines.append(
-      f"| {r['label']} | {title} | {r['source']} | {label}: {_fmt_fig(head)}{quick} | "
-      f"{len(r['seeds'])} | **{r['verdict']}** | {adj} | {power} | "
+      f"| {r['label']} | {title} | {r['source']} | {_measurement_cell(claim, r)}{quick} | "
+      f"{_seeds_cell(claim, r)} | **{r['verdict']}** | {adj} | {power} | "
       f"[{claim.key}]({link_prefix}{claim.key}.md) |"
     )
   return "\n".join(lines) + "\n"

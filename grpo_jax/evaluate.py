@@ -268,7 +268,8 @@ def _resumed(path: pathlib.Path, header: dict, *, log) -> list[list[dict]]:
 def run_benchmark(
   name, task, setup, fns, params, key, *, out: pathlib.Path, source_info, log, progress
 ):
-  """(figures, problems) of benchmark `name` (its `task`; module docstring)."""
+  """(figures, problems, distinct problems among them) of benchmark `name` (its `task`;
+  module docstring)."""
   bench = setup if task is setup.task else _with_task(setup, task)
   B, k = setup.loop.eval_size, setup.eval.k
   size = _size(setup, task)
@@ -293,7 +294,8 @@ def run_benchmark(
       done.append(rows)
       progress(name, [r["greedy"]["reward"] for batch in done for r in batch])
   problems = [r for rows in done for r in rows]
-  return _figures(task, problems, k=k), problems
+  keys_P = [task.problem_key("test", p["index"], seed=setup.loop.seed) for p in problems]
+  return _figures(task, problems, k=k), problems, evaluation.distinct(keys_P)
 
 
 def _size(setup: build.Setup, task) -> int:
@@ -362,7 +364,7 @@ def run(config_dict, workdir, *, log=print) -> dict:
   report = {"source": source_info, "k": setup.eval.k, "benchmarks": {}}
   try:
     for name, task in chosen.items():
-      figures, problems = run_benchmark(
+      figures, problems, distinct = run_benchmark(
         name,
         task,
         setup,
@@ -376,6 +378,7 @@ def run(config_dict, workdir, *, log=print) -> dict:
       )
       report["benchmarks"][name] = {
         "problems_scored": len(problems),
+        "distinct_problems": distinct,
         "figures": figures,
         "problems": problems,
       }
@@ -389,6 +392,12 @@ def run(config_dict, workdir, *, log=print) -> dict:
   return {"source": source_info, "out": str(out), "figures": figs}
 
 
+def _count(bench: dict) -> str:
+  """'64', or '64 (41 distinct)' where a drawn test split repeats problems."""
+  n, d = bench["problems_scored"], bench.get("distinct_problems", bench["problems_scored"])
+  return f"{n} ({d} distinct)" if d < n else str(n)
+
+
 def _markdown(report: dict, figs: dict) -> str:
   src = report["source"]
   where = f"{src['workdir']} checkpoint {src['step']}" if "workdir" in src else src["hf_dir"]
@@ -397,7 +406,7 @@ def _markdown(report: dict, figs: dict) -> str:
       f"# Evaluation of {where}",
       "",
       "Problems per benchmark (the first of each test split): "
-      + ", ".join(f"{n} {b['problems_scored']}" for n, b in report["benchmarks"].items())
+      + ", ".join(f"{n} {_count(b)}" for n, b in report["benchmarks"].items())
       + f"; greedy and k = {report['k']} samples each. Percent, with 95% percentile-bootstrap intervals over "
       f"problems ({evaluation.BOOTSTRAP_RESAMPLES} resamples, seed {evaluation.BOOTSTRAP_SEED}); "
       "pass@k is the unbiased estimator (Chen et al. 2021); maj@k votes over extracted "

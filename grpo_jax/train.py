@@ -727,7 +727,10 @@ def _with_interval(name: str, record: dict) -> dict:
   if not all(k in record for k in keys):
     return {}
   low, high, n = (record[k] for k in keys)
-  return {f"{name}_accuracy_ci": [low, high], f"{name}_problems": n}
+  out = {f"{name}_accuracy_ci": [low, high], f"{name}_problems": n}
+  if "eval/distinct_problems" in record:
+    out[f"{name}_distinct_problems"] = record["eval/distinct_problems"]
+  return out
 
 
 def export_hf(setup: build.Setup, params, out_dir) -> pathlib.Path:
@@ -756,8 +759,9 @@ def describe(summary: dict) -> str:
   before, after = summary["warmstart_accuracy"], summary["final_accuracy"]
   state = "stopped by SIGTERM; rerun to resume" if summary["preempted"] else "done"
   start = "after warm start" if summary.get("warmstart_steps", 1) else "at the start"
-  n = summary.get("final_problems")
+  n, d = summary.get("final_problems"), summary.get("final_distinct_problems")
   on = f" on {n} problems" if n else ""
+  on += f" ({d} distinct)" if n and d and d < n else ""
   return "\n".join(
     [
       f"{state}: {summary['iterations_done']} iterations in {summary['wall_seconds']:.0f} s.",

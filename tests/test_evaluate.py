@@ -75,6 +75,10 @@ def test_several_benchmarks_write_every_verdict(trained, tmp_path):
   assert list(report["benchmarks"]) == list(names) == list(out["figures"])
   sizes = {n: b["problems_scored"] for n, b in report["benchmarks"].items()}
   assert sizes == {"arithmetic": 16, "long_addition": 16, f"jsonl:{bench}": 2}
+  # Distinct problems, by each task's problem_key (a drawn split may repeat one).
+  for name, b in report["benchmarks"].items():
+    assert 1 <= b["distinct_problems"] <= b["problems_scored"], (name, b["distinct_problems"])
+  assert report["benchmarks"][f"jsonl:{bench}"]["distinct_problems"] == 2
   problem = report["benchmarks"]["arithmetic"]["problems"][0]
   assert set(problem) == {"index", "prompt", "answer", "greedy", "samples"}
   assert len(problem["samples"]) == 4

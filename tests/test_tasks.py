@@ -130,6 +130,38 @@ def test_split_is_a_function_of_the_problem_whatever_the_seed(name):
         assert tasks.split_of(_problem_key(name, e.prompt), test_percent=task.test_percent) == split
 
 
+@pytest.mark.parametrize("name", ["arithmetic", "countdown", "long_addition", "word_problems"])
+def test_problem_key_is_the_split_s_key_and_finds_the_repeats(name):
+  """problem_key(split, i) is the key the split hashes (one problem drawn twice shares
+  it); an evaluation's interval resamples by it. Arithmetic's 100 held-out draws repeat."""
+  import gguf_files  # noqa: PLC0415 -- word problems render through a model's chat template.
+
+  options = {"tokenizer_dir": str(gguf_files.FIXTURE)} if name == "word_problems" else {}
+  task = tasks.get(name, **options)
+  keys = [task.problem_key("test", i, seed=0) for i in range(100)]
+  examples = [task.example("test", i, seed=0) for i in range(100)]
+  for key, e in zip(keys, examples, strict=True):
+    assert tasks.split_of(key, test_percent=task.test_percent) == "test"
+    if name != "word_problems":  # Its key is the arithmetic, not the wording.
+      assert key == _problem_key(name, e.prompt)
+  by_key = {}
+  for key, e in zip(keys, examples, strict=True):
+    by_key.setdefault(key, set()).add(e.answer)
+  assert all(len(answers) == 1 for answers in by_key.values())  # One key, one problem.
+  if name == "arithmetic":
+    assert len(by_key) < 100
+
+
+def test_a_dataset_task_keys_its_problems_by_prompt(tmp_path):
+  path = tmp_path / "p.jsonl"
+  path.write_text(
+    "".join(f'{{"prompt": "Q:{i}+1\\n", "answer": "A:{i + 1}."}}\n' for i in range(6))
+  )
+  task = tasks.get("jsonl", path=str(path), test_percent=50)
+  for i in range(3):
+    assert task.problem_key("test", i, seed=0) == task.example("test", i, seed=0).prompt
+
+
 def test_unknown_task_lists_valid_names():
   # Other test modules register more tasks (fault_tasks); these two are always there.
   with pytest.raises(

@@ -350,11 +350,17 @@ def test_cli_runs_with_overrides_and_rejects_misspelt_keys(tmp_path):
   # One layer: q and o 32·32, k and v 32·16, q/k norms 2·16, two norms 2·32, MLP 3·32·64
   # (9,312); a final norm 32; the tied embedding of the 32-id tokenizer, 32·32.
   assert lines[1] == "parameters: 10,368 (float32), all trained"
-  assert re.search(r"held-out greedy accuracy on 8 problems: [\d.]+% \(95% CI [\d.]+-[\d.]+\)", ok.stdout)  # fmt: skip
+  # Arithmetic draws its held-out problems, so the 8 may hold one twice (issue 56).
+  setup = build.build(arithmetic.get_config("tiny"))  # The run's task and seed.
+  distinct = len({setup.task.problem_key("test", i, seed=setup.loop.seed) for i in range(8)})
+  on = "8 problems" + (f" ({distinct} distinct)" if distinct < 8 else "")
+  assert re.search(on + r": [\d.]+% \(95% CI [\d.]+-[\d.]+\)", ok.stdout), ok.stdout[-800:]
   saved = json.loads((tmp_path / "summary.json").read_text())
   assert saved["iterations_done"] == 2 and saved["final_problems"] == 8
+  assert saved["final_distinct_problems"] == distinct
   evals = [r for r in logs.read_jsonl(tmp_path / "metrics.jsonl") if "eval/greedy_accuracy" in r]
   assert len(evals) == 2 and all(r["eval/problems"] == 8 for r in evals)
+  assert all(r["eval/distinct_problems"] == distinct for r in evals)
   for r in evals:
     assert r["eval/greedy_accuracy_low"] <= r["eval/greedy_accuracy"] <= r["eval/greedy_accuracy_high"]  # fmt: skip
   last = evals[-1]
@@ -398,6 +404,8 @@ def test_the_summary_gives_accuracies_with_their_problems_and_intervals():
     "held-out greedy accuracy on 128 problems: 51.6% (95% CI 43.0-60.2) after warm start -> "
     "65.6% (95% CI 57.0-74.2) (+14.1 points; best 67.2% at iteration 40)."
   ) in text
+  repeats = dict(summary, final_distinct_problems=77)  # A drawn split holds repeats.
+  assert "accuracy on 128 problems (77 distinct): 51.6%" in train.describe(repeats)
   old = {k: v for k, v in summary.items() if not k.endswith(("_ci", "_problems"))}  # Resumed.
   assert "held-out greedy accuracy: 51.6% after warm start -> 65.6% (+14.1" in train.describe(old)
 

@@ -202,6 +202,9 @@ DEFINITIONS = {
   "interval over its problems (evaluation.interval: 2000 resamples, seed 0).",
   "eval/problems": "Held-out problems the evaluation scored (eval_size, or fewer when the test "
   "split is smaller).",
+  "eval/distinct_problems": "Distinct problems among eval/problems (Task.problem_key): a task "
+  "that draws its problems can draw one twice (independent draws: the interval stays right, "
+  "evaluation.interval says why).",
   "eval/format_rate": "Held-out fraction of greedy completions that follow the answer template "
   "(episodes, config.env: the fraction the environment ended, episode/end/done).",
   "eval/reward_errors": "Held-out reward calls that raised, returned non-finite or timed out.",

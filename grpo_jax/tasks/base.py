@@ -139,13 +139,25 @@ class Task(abc.ABC):
     return example.prompt
 
   def example(self, split: str, index: int, *, seed: int) -> Example:
+    return self._keyed(split, index, seed=seed)[1]
+
+  def problem_key(self, split: str, index: int, *, seed: int) -> str:
+    """The identity of example(split, index): two indices with one key are one problem drawn
+    twice (an evaluation's interval resamples problems, not draws: `evaluation.interval`).
+    A drawn problem's key is the one its split hashes; a task that reads its problems from
+    a dataset (it overrides `example`) keys them by prompt."""
+    if type(self).example is not Task.example:
+      return self.example(split, index, seed=seed).prompt
+    return self._keyed(split, index, seed=seed)[0]
+
+  def _keyed(self, split: str, index: int, *, seed: int) -> tuple[str, Example]:
     if split not in SPLITS:
       raise ValueError(f"Unknown split {split!r}; valid splits: {SPLITS}.")
     split_id = SPLITS.index(split)
     for attempt in range(10_000):
       key, ex = self._draw(np.random.default_rng([seed, split_id, index, attempt]))
       if split_of(key, test_percent=self.test_percent) == split:
-        return ex
+        return key, ex
     raise RuntimeError(
       f"{self.name}: could not draw a {split} problem; is the problem space empty?"
     )
