@@ -429,7 +429,8 @@ def _check_unbiased_plan(cf, rl_cfg: spec.RLConfig, steps) -> None:
   from the prefix it keeps (`counterfactuals.biased_choices`), unless accept_bias."""
   if cf.accept_bias or not advantages.REGISTRY.traits(rl_cfg.advantage).reads_counterfactuals:
     return
-  reasons = counterfactuals.biased_choices(cf, tau=rl_cfg.ibpo_tau, steps=steps)
+  state = dict(rl_cfg.advantage_options).get("state", "prefix")
+  reasons = counterfactuals.biased_choices(cf, tau=rl_cfg.ibpo_tau, steps=steps, state=state)
   if reasons:
     raise ValueError(
       f"config.counterfactual biases rl.advantage={rl_cfg.advantage!r} (a counterfactual "

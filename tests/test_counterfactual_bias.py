@@ -19,7 +19,9 @@ Hotelling's T² of the mean ĝ against (G − 1)/G·∇J, over the covariance's 
 eigendirections, is χ² with that many degrees of freedom when the plan is unbiased.
 
 The rule, set from seeds 11-13 (unbiased plans p ≥ 5e-3, biased ones p ≤ 1e-11 there)
-before this file's seed 0 ran: an unbiased plan has p > 1e-4, a biased one p < 1e-8.
+before this file's seed 0 ran: an unbiased plan has p > 1e-4, a biased one p < 1e-8. The
+same rule holds ibpo's window and span states (its "States") unbiased here, with
+branches where the state allows them.
 Source "repair" is refused on the argument alone: its prompt is not tabular.
 """
 
@@ -122,8 +124,8 @@ def _rollouts(tokens_NT, length_N, group_ids_N):
 
 
 @functools.cache
-def _ibpo():
-  return jax.jit(advantages.REGISTRY.make("ibpo", shrink=0.0, scale="none"))
+def _ibpo(**state):
+  return jax.jit(advantages.REGISTRY.make("ibpo", shrink=0.0, scale="none", **state))
 
 
 @functools.cache
@@ -153,8 +155,12 @@ def _merged(tokens, length, rewards, plan, branches, *, n):
   return tok, length_R, r_R, kind_R == 0, start_R, on_R, mask_RT, prov
 
 
-def hotelling(cfg: CF.CounterfactualConfig, *, tau=1.0, steps=STEPS, seed=SEED):
-  """(T², degrees of freedom, p, active slot fraction) of one plan (module docstring)."""
+def hotelling(
+  cfg: CF.CounterfactualConfig, *, tau=1.0, steps=STEPS, seed=SEED, state=(), on_trie=True
+):
+  """(T², degrees of freedom, p, active slot fraction) of one plan (module docstring);
+  state: ibpo's state options (ibpo.py, "States"); on_trie=False keeps the branches off the
+  trie."""
   rng = np.random.default_rng(seed)
   theta = np.random.default_rng(1).normal(0.0, 1.0, (S, V))
   pi = _policy(theta)
@@ -177,10 +183,11 @@ def hotelling(cfg: CF.CounterfactualConfig, *, tau=1.0, steps=STEPS, seed=SEED):
     mask_BT=jnp.asarray(mask_RT),
     tokens_BT=jnp.asarray(tok, jnp.int32),
     valid_B=jnp.asarray(sample_R),
-    context_B=jnp.asarray(~sample_R & on_R & kept_R),
+    context_B=jnp.asarray(~sample_R & on_R & kept_R & on_trie),
     start_B=jnp.asarray(start_R, jnp.int32),
   )
-  adv_RT = np.asarray(_ibpo()(inputs, advantages.advantage_hyper(ibpo_lambda=1.0)))[sample_R]
+  hyper = advantages.advantage_hyper(ibpo_lambda=1.0)
+  adv_RT = np.asarray(_ibpo(**dict(state))(inputs, hyper))[sample_R]
   s_RT, score_RTV = _scores(pi, tok[sample_R], length_R[sample_R])
   g = np.zeros((n, S, V))
   np.add.at(g, (np.repeat(np.arange(n), G)[:, None], s_RT), adv_RT[:, :, None] * score_RTV)
@@ -231,3 +238,26 @@ def test_plans_ibpo_refuses_are_biased(name):
   assert CF.biased_choices(cfg, tau=options.get("tau", 1.0), steps=options.get("steps", STEPS))
   t2, df, p, _ = hotelling(cfg, **options)
   assert p < 1e-8, (name, t2, df, p)
+
+
+STATES = {  # ibpo's coarser states (ibpo.py, "States"), on completions of varying length.
+  "window state, window cuts": (dict(state="window", context=1), True),
+  "span state": (dict(state="span", context=1), False),
+  "span state, k = 2": (dict(state="span", context=2), False),
+}
+
+
+@pytest.mark.parametrize("name", list(STATES))
+def test_window_and_span_states_are_unbiased(name):
+  state, on_trie = STATES[name]
+  t2, df, p, _ = hotelling(_cfg(cut="window"), state=tuple(state.items()), on_trie=on_trie)
+  assert p > 1e-4, (name, t2, df, p)
+
+
+def test_a_span_state_with_branches_is_biased_and_refused():
+  """A span pools a branch's states at any depth, so its copy of the parent's prefix enters
+  the parent's baseline above the cut (seeds 11-13: p ≤ 3e-17 at k = 2)."""
+  cfg = _cfg(cut="window")
+  assert "state 'span'" in CF.biased_choices(cfg, tau=1.0, steps=STEPS, state="span")[0]
+  t2, df, p, _ = hotelling(cfg, state=(("state", "span"), ("context", 2)))
+  assert p < 1e-8, (t2, df, p)

@@ -116,17 +116,30 @@ def test_groups_do_not_mix_and_padding_ends_a_trajectory():
 # ----------------------------------------------------------------------------
 
 
-def reference_baseline(tokens, lengths, rewards, ids, trie, start, weights, *, shrink, lam):
+def _state(row, t, *, state="prefix", context=0):
+  """The key of s_{i,t} (ibpo.py, "States"): the prefix; (t, its last k tokens); or the
+  last k tokens and their length, at any depth."""
+  if state == "prefix":
+    return tuple(row[:t])
+  last = tuple(row[max(0, t - context) : t])
+  return (t, last) if state == "window" else (min(t, context), last)
+
+
+def reference_baseline(
+  tokens, lengths, rewards, ids, trie, start, weights, *, shrink, lam, state="prefix", context=0
+):
   """b[i][t] for t < |o_i| by the module docstring's definition, one row at a time."""
+  key = functools.partial(_state, state=state, context=context)
   sums = collections.defaultdict(lambda: np.zeros(2))
   for j in np.flatnonzero(trie):
-    for t in range(start[j], lengths[j] + 1):  # j counts at its states of depth ≥ start_j.
-      sums[(ids[j], tuple(tokens[j][:t]))] += weights[j] * np.array([1.0, rewards[j]])
+    # j counts at its states of depth ≥ start_j, once per state.
+    for k in {(ids[j], key(tokens[j], t)) for t in range(start[j], lengths[j] + 1)}:
+      sums[k] += weights[j] * np.array([1.0, rewards[j]])
   out = {}
   for i in np.flatnonzero(trie):
     phi = []
     for t in range(lengths[i]):
-      n, s = sums[(ids[i], tuple(tokens[i][:t]))]
+      n, s = sums[(ids[i], key(tokens[i], t))]
       if t >= start[i]:
         n, s = n - weights[i], s - weights[i] * rewards[i]
       if t == 0:
@@ -173,6 +186,57 @@ def test_matches_the_reference_trie_with_branches_weights_and_padding(shrink, la
   want = reference_baseline(**d, trie=trie, start=start, weights=weights, shrink=shrink, lam=lam)
   for i, b in want.items():
     np.testing.assert_allclose(np.asarray(b_BT)[i, : len(b)], b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("state, context", [("window", 2), ("span", 2), ("span", 1)])
+def test_window_and_span_states_match_the_reference(state, context):
+  """The coarser states (ibpo.py, "States") against the reference's keys: rows that pool by
+  their last k tokens at one depth, or anywhere, each row once per state; weights, a trie
+  mask and padding as above; branches (start > 0) with the window only (a span refuses
+  them)."""
+  rng = np.random.default_rng(7 + context)
+  d = _random_groups(rng)
+  B, T = d["tokens"].shape
+  start = np.zeros(B, np.int64)
+  if state == "window":
+    start = np.minimum(
+      np.where(rng.random(B) < 0.3, rng.integers(1, T, size=B), 0), d["lengths"] - 1
+    )
+  trie = rng.random(B) < 0.9
+  weights = np.where(rng.random(B) < 0.3, 0.5, 1.0)
+  for shrink, lam in ((0.0, 1.0), (1.0, 0.3)):
+    b_BT, _ = jax.jit(
+      functools.partial(ibpo.baseline, shrink=shrink, state=state, context=context)
+    )(
+      jnp.asarray(d["tokens"], jnp.int32),
+      jnp.arange(T)[None, :] < jnp.asarray(d["lengths"])[:, None],
+      jnp.asarray(d["rewards"], jnp.float32),
+      jnp.asarray(d["ids"], jnp.int32),
+      jnp.asarray(trie),
+      lam=jnp.float32(lam),
+      start_B=jnp.asarray(start, jnp.int32),
+      weights_B=jnp.asarray(weights, jnp.float32),
+    )
+    want = reference_baseline(
+      **d, trie=trie, start=start, weights=weights, shrink=shrink, lam=lam, state=state,
+      context=context,
+    )  # fmt: skip
+    for i, b in want.items():
+      np.testing.assert_allclose(np.asarray(b_BT)[i, : len(b)], b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_span_counts_a_row_once_and_leaves_all_its_copies_out():
+  """One group, κ = 0, λ = 1, k = 1. Row 0 = [5, 5, 5] (r 1) reaches the state "last token
+  5" at depths 1, 2 and 3; row 1 = [5, 7, 7] (r 0) at depth 1; row 2 = [7, 5, 9] (r 1) at
+  depth 2. Row 1's token at t = 1 (state "5"): the others there are rows 0 and 2, once each:
+  φ = 1. Row 0's tokens at t = 1, 2: rows 1 and 2: φ = 1/2, none of row 0's three copies in."""
+  inputs = _inputs([[5, 5, 5], [5, 7, 7], [7, 5, 9]], [1.0, 0.0, 1.0])
+  adv = _adv(inputs, scale="none", state="span", context=1)
+  # A = (2/3)(r − b); root: r̄_{−0} = 1/2, r̄_{−1} = 1, r̄_{−2} = 1/2.
+  np.testing.assert_allclose(adv[0], [2 / 3 * 0.5, 2 / 3 * 0.5, 2 / 3 * 0.5], atol=1e-6)
+  np.testing.assert_allclose(adv[1][:2], [2 / 3 * -1.0, 2 / 3 * -1.0], atol=1e-6)
+  # Row 1 at t = 2 (state "7"): row 2 holds 7 at depth 1 → φ = 1.
+  np.testing.assert_allclose(adv[1][2], 2 / 3 * -1.0, atol=1e-6)
 
 
 @pytest.mark.parametrize("shrink", [0.0, 1.0])
@@ -415,6 +479,9 @@ def test_unbiased_on_a_tabular_policy(tabular):
   for lam, shrink, branches in ((1.0, 0.0, None), (0.5, 4.0, None), (1.0, 4.0, "cut")):
     g = _estimate(tabular, "ibpo", lam=lam, shrink=shrink, scale="none", branches=branches)
     assert _max_z(g, want) < 4.0, (lam, shrink, branches)
+  for state, branches in (("window", "cut"), ("span", None)):  # ibpo.py, "States".
+    g = _estimate(tabular, "ibpo", scale="none", state=state, context=1, branches=branches)
+    assert _max_z(g, want) < 4.0, state
   above = _estimate(tabular, "ibpo", shrink=4.0, scale="none", branches="above")
   assert _max_z(above, want) > 6.0
 

@@ -177,6 +177,13 @@ def test_perturbed_prompt_rows_carry_truncated_importance_weights():
     ({"counterfactual.cut": "step"}, r"cut='step' .* \(use 'next_step'\)"),
     ({"rl.ibpo_tau": 0.5}, r"rl.ibpo_tau=0.5 keeps a counterfactual by its distance"),
     (
+      {"rl.advantage_options": {"state": "span", "context": 2}},
+      r"ibpo state 'span' pools a state wherever it occurs.*use state 'window'",
+    ),
+    ({"rl.advantage_options": {"state": "trie"}}, r"ibpo state must be one of prefix, window"),
+    ({"rl.advantage_options": {"state": "window"}}, r"reads the last `context` tokens"),
+    ({"rl.advantage_options": {"context": 3}}, r"context=3 is for state 'window' or 'span'"),
+    (
       {"counterfactual.branch_from": "correct", "rl.ibpo_tau": 0.5},
       r"branch_from='correct'.*; rl.ibpo_tau=0.5.*accept_bias=True",
     ),

@@ -74,11 +74,23 @@ def _check_scope(name: str, scope) -> None:
     raise ValueError(f"{name} scope must be 'group' or 'batch', got {scope!r}.")
 
 
-def _check_ibpo(*, shrink=0.0, scale="std") -> None:
+def _check_ibpo(*, shrink=0.0, scale="std", state="prefix", context=0) -> None:
   if not (isinstance(shrink, int | float) and 0 <= shrink < float("inf")):
     raise ValueError(f"ibpo shrink must be a finite number >= 0, got {shrink}.")
   if scale not in ibpo.SCALES:
     raise ValueError(f"ibpo scale must be one of {', '.join(ibpo.SCALES)}, got {scale!r}.")
+  if state not in ibpo.STATES:
+    raise ValueError(f"ibpo state must be one of {', '.join(ibpo.STATES)}, got {state!r}.")
+  if state != "prefix" and not (isinstance(context, int) and 1 <= context <= 64):
+    raise ValueError(
+      f"ibpo state={state!r} reads the last `context` tokens: an integer in [1, 64], got "
+      f"{context!r}."
+    )
+  if state == "prefix" and context:
+    raise ValueError(
+      f"ibpo context={context!r} is for state 'window' or 'span'; the prefix state reads "
+      "every token before t."
+    )
 
 
 def _scope_check(name: str):
@@ -463,7 +475,13 @@ def fade(inputs: AdvantageInputs, hyper: AdvantageHyper):
 
 
 def ibpo_advantage(
-  inputs: AdvantageInputs, hyper: AdvantageHyper, *, shrink: float = 0.0, scale: str = "std"
+  inputs: AdvantageInputs,
+  hyper: AdvantageHyper,
+  *,
+  shrink: float = 0.0,
+  scale: str = "std",
+  state: str = "prefix",
+  context: int = 0,
 ):
   """A_{i,t} = (n_g − 1)/n_g · (r_i − b_{i,t}) / (σ_g + eps), b_{i,t} = (1 − λ)·r̄_{−i} +
   λ·φ_{−i}(o_{i,<t}): the terminal reward against a leave-one-out baseline read from the
@@ -476,15 +494,18 @@ def ibpo_advantage(
   the policy gradient is unbiased; λ = 0 without counterfactual rows is GRPO ("std") or
   Dr. GRPO ("none") exactly. The trie counts the valid rows and the context rows
   (`AdvantageInputs.context_B`, with weights `weights_B`); n_g counts the valid rows.
+  state: what s is (`ibpo.STATES`): the exact prefix o_{i,<t} ("prefix"), its last
+  `context` tokens at depth t ("window"), or those tokens at any depth ("span": rows whose
+  aligned spans match pool, each once); unbiased alike (grpo_jax/rl/ibpo.py, "States").
 
   Source: IBPO, "Reducing Credit Assignment Variance via Counterfactual Reasoning Paths"
   (arXiv 2605.16302); a reconstruction [INF] derived in grpo_jax/rl/ibpo.py and RESEARCH.md §3.2.
   """
-  _check_ibpo(shrink=shrink, scale=scale)
-  return _ibpo(inputs, hyper, shrink=shrink, scale=scale)[0]
+  _check_ibpo(shrink=shrink, scale=scale, state=state, context=context)
+  return _ibpo(inputs, hyper, shrink=shrink, scale=scale, state=state, context=context)[0]
 
 
-def _ibpo(inputs: AdvantageInputs, hyper: AdvantageHyper, *, shrink, scale):
+def _ibpo(inputs: AdvantageInputs, hyper: AdvantageHyper, *, shrink, scale, state, context):
   if inputs.tokens_BT is None:
     raise ValueError("ibpo needs AdvantageInputs.tokens_BT (the completion tokens).")
   return ibpo.advantage(
@@ -500,12 +521,22 @@ def _ibpo(inputs: AdvantageInputs, hyper: AdvantageHyper, *, shrink, scale):
     start_B=inputs.start_B,
     context_B=inputs.context_B,
     weights_B=inputs.weights_B,
+    state=state,
+    context=context,
   )
 
 
-def ibpo_stats(inputs: AdvantageInputs, hyper: AdvantageHyper, *, shrink=0.0, scale="std"):
+def ibpo_stats(
+  inputs: AdvantageInputs,
+  hyper: AdvantageHyper,
+  *,
+  shrink=0.0,
+  scale="std",
+  state="prefix",
+  context=0,
+):
   """`ibpo.comparison_stats` of the ibpo estimator with these options, on its batch."""
-  adv_BT, parts = _ibpo(inputs, hyper, shrink=shrink, scale=scale)
+  adv_BT, parts = _ibpo(inputs, hyper, shrink=shrink, scale=scale, state=state, context=context)
   return ibpo.comparison_stats(adv_BT, inputs.rewards_B, **parts)
 
 

@@ -145,11 +145,20 @@ class CounterfactualConfig:
     return KINDS.index(self.source)
 
 
-def biased_choices(cfg: CounterfactualConfig, *, tau: float, steps) -> tuple[str, ...]:
-  """The choices of `cfg` (and of the full-rewrite filter's τ) that read more of a parent
-  than the prefix its counterfactual keeps, each with what to use instead (the module
-  docstring); () for a plan IBPO may read. steps: the task's `alignment.StepSplitter`."""
+def biased_choices(
+  cfg: CounterfactualConfig, *, tau: float, steps, state: str = "prefix"
+) -> tuple[str, ...]:
+  """The choices of `cfg` (and of the full-rewrite filter's τ, and ibpo's state) that read
+  more of a parent than the prefix its counterfactual keeps, each with what to use instead
+  (the module docstring); () for a plan IBPO may read. steps: the task's
+  `alignment.StepSplitter`."""
   out = []
+  if state == "span":
+    out.append(
+      "ibpo state 'span' pools a state wherever it occurs, so a counterfactual's spans, "
+      "copied from its parent's prefix or not, would enter its parent's baseline above its "
+      "cut (use state 'window' or 'prefix')"
+    )
   if cfg.branch_from != "all":
     out.append(
       f"branch_from={cfg.branch_from!r} picks parents by their outcome, which their later "

@@ -74,6 +74,25 @@ at every small node. On the tabular policy of tests/test_ibpo.py (G = 8) the est
 0.88× GRPO's signal per unit variance without shrinkage and 1.02-1.03× with κ = 4 (tested);
 the oracle per-state baseline V(s_t) would keep 1.37× (measured while deriving this).
 
+States (option `state`; issue 56). Nothing above needs s_{i,t} to be the whole prefix: any
+state whose key is a function of o_{i,<t} alone keeps b_{i,t} independent of the credited
+token given s_{i,t}, so the baseline stays unbiased whatever rows it pools. Exact prefixes
+pool little: on completions of LLM length few rows share a prefix past the first tokens,
+and the estimator falls back to r̄_{−i}. Two coarser keys pool more:
+  window  (t, o_{i,t−k..t−1}): the rows at the same depth whose last k = `context` tokens
+          match (they may differ anywhere before);
+  span    o_{i,t−k..t−1} at any depth (with its length min(t, k)): the rows holding the same
+          k tokens anywhere, aligned by content rather than position, each counted once per
+          state (φ_{−i} leaves out every occurrence of row i, so no copy of r_i enters).
+The price is what the key forgets: φ estimates E[r | key], not V(s), so it reduces variance
+only as far as the key predicts the outcome; with κ > 0 each state still shrinks toward i's
+previous state's value. The tabular tests (tests/test_ibpo.py, test_counterfactual_bias.py)
+measure both unbiased. A branch counts from its cut at its own depth, which a window keeps
+and a span does not: a span copied from the parent's prefix would enter the parent's
+baseline above the cut, so span with counterfactual rows is refused
+(`counterfactuals.biased_choices`). The alignment of `alignment.align` (edit distance over
+whole rows) is not a key: it reads the credited row's later tokens, which would bias it.
+
 Two forms we do not implement, and why. The one-step form φ(o_{i,≤t}) − φ_{−i}(o_{i,<t}) gives
 the same group gradient as this one when the rows through o_{i,≤t} are all trained: they
 share the score ∇log π(o_t|o_{<t}), so averaging their rewards before weighting it changes
@@ -101,6 +120,7 @@ from grpo_jax.rl import groups
 
 _P1, _P2 = 1_000_003, 2_654_435_761  # Odd multipliers of the two rolling hashes (mod 2^32).
 SCALES = ("std", "none")
+STATES = ("prefix", "window", "span")  # What s_{i,t} is (module docstring, "States").
 
 
 def prefix_hashes(tokens_BT):
@@ -118,14 +138,51 @@ def prefix_hashes(tokens_BT):
   return h1_TB.T, h2_TB.T
 
 
+def window_hashes(tokens_BT, *, context: int):
+  """(h1_BT, h2_BT) uint32: two polynomial hashes of the last `context` tokens o_{i,u−k+1..u}
+  (fewer at u < k − 1; `state_keys` tells those apart by their length), Σ_j x_{u−j}·P^j with
+  x = o + 1. O(k·B·T)."""
+  x_BT = tokens_BT.astype(jnp.uint32) + jnp.uint32(1)
+  h1 = jnp.zeros_like(x_BT)
+  h2 = jnp.zeros_like(x_BT)
+  p1, p2 = jnp.uint32(1), jnp.uint32(1)
+  for j in range(context):
+    x_j = jnp.pad(x_BT, ((0, 0), (j, 0)))[:, : x_BT.shape[1]]  # x_{u−j}, 0 before the start.
+    h1, h2 = h1 + x_j * p1, h2 + x_j * p2
+    p1, p2 = p1 * jnp.uint32(_P1), p2 * jnp.uint32(_P2)
+  return h1, h2
+
+
+def state_keys(tokens_BT, *, state: str = "prefix", context: int = 0):
+  """(h1_BT, h2_BT, depth_BT): the key of the state after o_{i,≤u} (`STATES`): the prefix's
+  hashes at depth u; the last k = context tokens' at depth u ("window"); or theirs and only
+  their length min(u + 1, k) ("span": the same k tokens at any depth are one state)."""
+  T = tokens_BT.shape[1]
+  t_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), tokens_BT.shape)
+  if state == "prefix":
+    return (*prefix_hashes(tokens_BT), t_BT)
+  h1, h2 = window_hashes(tokens_BT, context=context)
+  return h1, h2, t_BT if state == "window" else jnp.minimum(t_BT + 1, context)
+
+
 def prefix_stats(
-  tokens_BT, mask_BT, rewards_B, group_ids_B, valid_B=None, weights_B=None, *, count_BT=None
+  tokens_BT,
+  mask_BT,
+  rewards_B,
+  group_ids_B,
+  valid_B=None,
+  weights_B=None,
+  *,
+  count_BT=None,
+  state: str = "prefix",
+  context: int = 0,
 ):
   """(n_BT, sum_BT): for each (i, t) on the trie (mask and valid_B), Σ w_j and Σ w_j r_j over
-  the rows j of i's group on the trie with the same prefix o_{j,≤t} = o_{i,≤t} that count
-  there (i included when it counts). 0 off the trie. w_j = weights_B[j] (default 1) where
-  count_BT[j, t] (default: everywhere on the trie), else 0; a row reads its prefix's sums
-  whether or not it counts there.
+  the rows j of i's group on the trie at the same state after o_{j,≤u} as i after o_{i,≤t}
+  (`state_keys`: the same prefix, u = t, by default) that count there (i included when it
+  counts); a row counts once per state, however often it reaches it ("span"). 0 off the
+  trie. w_j = weights_B[j] (default 1) where count_BT[j, u] (default: everywhere on the
+  trie), else 0; a row reads its state's sums whether or not it counts there.
 
   mask_BT must be a prefix mask per row (right-padded completions): o_{i,≤t} is a real
   prefix exactly where mask_{i,t}.
@@ -133,22 +190,24 @@ def prefix_stats(
   B, T = tokens_BT.shape
   valid_B = jnp.ones((B,), bool) if valid_B is None else valid_B
   on_BT = mask_BT & valid_B[:, None]
-  h1_BT, h2_BT = prefix_hashes(tokens_BT)
+  h1_BT, h2_BT, d_BT = state_keys(tokens_BT, state=state, context=context)
   g_BT = jnp.where(on_BT, group_ids_B.astype(jnp.int32)[:, None], B)  # B: off, sorted last.
-  t_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-  keys = [k.reshape(-1) for k in (h2_BT, h1_BT, t_BT, g_BT)]
-  order = jnp.lexsort(keys)  # Primary key last: group, then t, then the hashes.
-  sk = [k[order] for k in keys]
-  new = jnp.zeros(B * T, bool).at[0].set(True)
-  for k in sk:
-    new = new | jnp.concatenate([jnp.ones(1, bool), k[1:] != k[:-1]])
-  seg = jnp.cumsum(new) - 1
+  row_BT = jnp.broadcast_to(jnp.arange(B, dtype=jnp.int32)[:, None], (B, T))
   w_BT = on_BT.astype(jnp.float32)
   if count_BT is not None:
     w_BT = w_BT * count_BT.astype(jnp.float32)
+  node = [k.reshape(-1) for k in (h2_BT, h1_BT, d_BT, g_BT)]
   if weights_B is not None:
     w_BT = w_BT * weights_B.astype(jnp.float32)[:, None]
-  w = w_BT.reshape(-1)[order]
+  if state != "span":  # One entry per row and state: the depth is in the key.
+    order = jnp.lexsort(node)  # Primary key last: group, then depth, then the hashes.
+    w = w_BT.reshape(-1)[order]
+  else:  # Within a state, by row, its counted entries first: the first one counts.
+    counted = (w_BT.reshape(-1) <= 0).astype(jnp.int32)
+    order = jnp.lexsort([counted, row_BT.reshape(-1), *node])
+    first = _changes([k[order] for k in (*node, row_BT.reshape(-1))])
+    w = jnp.where(first, w_BT.reshape(-1)[order], 0.0)
+  seg = jnp.cumsum(_changes([k[order] for k in node])) - 1
   r = jnp.broadcast_to(rewards_B.astype(jnp.float32)[:, None], (B, T)).reshape(-1)[order]
   n_sorted = jax.ops.segment_sum(w, seg, num_segments=B * T)[seg]
   s_sorted = jax.ops.segment_sum(w * r, seg, num_segments=B * T)[seg]
@@ -158,7 +217,27 @@ def prefix_stats(
   return n_BT, s_BT
 
 
-def state_stats(tokens_BT, mask_BT, rewards_B, group_ids_B, trie_B, *, start_B, weights_B=None):
+def _changes(sorted_keys):
+  """bool [n]: entries where any of the sorted keys differs from the entry before."""
+  n = sorted_keys[0].shape[0]
+  new = jnp.zeros(n, bool).at[0].set(True)
+  for k in sorted_keys:
+    new = new | jnp.concatenate([jnp.ones(1, bool), k[1:] != k[:-1]])
+  return new
+
+
+def state_stats(
+  tokens_BT,
+  mask_BT,
+  rewards_B,
+  group_ids_B,
+  trie_B,
+  *,
+  start_B,
+  weights_B=None,
+  state: str = "prefix",
+  context: int = 0,
+):
   """(n_BT, sum_BT, own_BT) at the state s_{i,t} = o_{i,<t} (t = 0: the root ∅): Σ w_j and
   Σ w_j r_j over N(s_{i,t}) (the trie rows through it counting at depth t ≥ start_j), and
   row i's own count weight there (w_i if i is on the trie and t ≥ start_i, else 0)."""
@@ -174,6 +253,8 @@ def state_stats(tokens_BT, mask_BT, rewards_B, group_ids_B, trie_B, *, start_B, 
     trie_B,
     w_B,
     count_BT=t_BT + 1 >= start_B[:, None],
+    state=state,
+    context=context,
   )
   at_root_B = jnp.where(trie_B & (start_B == 0), w_B, 0.0)
   n0_B = groups.group_sum(at_root_B, group_ids_B)
@@ -220,6 +301,8 @@ def baseline(
   shrink: float = 0.0,
   start_B=None,
   weights_B=None,
+  state: str = "prefix",
+  context: int = 0,
 ):
   """(b_BT, root_B): b_{i,t} = (1 − λ)·r̄_{−i} + λ·φ_{−i}(s_{i,t}) and r̄_{−i} = φ_{−i}(∅)
   (module docstring), for the rows on the trie (trie_B). Computed on rewards minus the
@@ -232,7 +315,15 @@ def baseline(
   ref_B = jnp.where(jnp.isfinite(ref_B), ref_B, 0.0)
   x_B = r_B - ref_B
   n_BT, s_BT, own_BT = state_stats(
-    tokens_BT, mask_BT, x_B, group_ids_B, trie_B, start_B=start_B, weights_B=weights_B
+    tokens_BT,
+    mask_BT,
+    x_B,
+    group_ids_B,
+    trie_B,
+    start_B=start_B,
+    weights_B=weights_B,
+    state=state,
+    context=context,
   )
   phi_BT = loo_values(n_BT - own_BT, s_BT - own_BT * x_B[:, None], shrink=shrink)
   root_B = phi_BT[:, 0]
@@ -254,12 +345,15 @@ def advantage(
   start_B=None,
   context_B=None,
   weights_B=None,
+  state: str = "prefix",
+  context: int = 0,
 ):
   """(A_BT, parts): A_{i,t} = (n_g − 1)/n_g·(r_i − b_{i,t})/(σ_g + ε) on the valid rows'
   tokens at t ≥ start_i (0 elsewhere); parts = dict(b_BT, root_B, scale_B, on_BT) for the
   metrics. valid_B: trained rows (they count in n_g); context_B: rows that only inform the
   trie (counterfactuals); weights_B: every row's weight in it; start_B: the depth from which
-  each row counts (a branch's cut; default 0)."""
+  each row counts (a branch's cut; default 0); state, context: what a state is
+  (`STATES`)."""
   B, T = tokens_BT.shape
   valid_B = jnp.ones((B,), bool) if valid_B is None else valid_B
   trie_B = valid_B if context_B is None else valid_B | context_B
@@ -275,6 +369,8 @@ def advantage(
     shrink=shrink,
     start_B=start_B,
     weights_B=weights_B,
+    state=state,
+    context=context,
   )
   n_B = groups.group_size(group_ids_B, valid_B=valid_B)
   scale_B = jnp.where(n_B > 1, (n_B - 1.0) / jnp.maximum(n_B, 1.0), 0.0)
