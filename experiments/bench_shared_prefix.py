@@ -19,20 +19,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import pathlib
 import platform
 import statistics
-import sys
 import time
 
+import bench_rl_iteration
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import bench_rl_iteration  # noqa: E402
-
-from grpo_jax import build  # noqa: E402
-from grpo_jax.models import model, sampling  # noqa: E402
+from grpo_jax import build
+from grpo_jax.models import model, sampling
 
 
 def main(argv=None) -> dict:

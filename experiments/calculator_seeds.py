@@ -35,15 +35,13 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import evidence  # noqa: E402
+import evidence
 
-from grpo_jax import train  # noqa: E402
-from grpo_jax.infra import config_lib  # noqa: E402
+from grpo_jax import train
+from grpo_jax.infra import config_lib
 
 VERDICT_SEEDS = (11, 12, 13, 14, 15)
 ITERATIONS = 60

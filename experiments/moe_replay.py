@@ -43,11 +43,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from grpo_jax.models import logprobs, model, sampling
+from grpo_jax.rl import importance
 
-from grpo_jax.models import logprobs, model, sampling  # noqa: E402
-from grpo_jax.rl import importance  # noqa: E402
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 VERDICT_SEEDS = (10, 11, 12, 13, 14)
 SHAPE = dict(

@@ -379,3 +379,43 @@ def test_no_model_family_is_decided_by_its_name_outside_the_family_records():
   # It can fail: the checks this module's records replaced.
   assert _family_checks(ast.parse('if arch in ("llama", "qwen3"): pass'), names)
   assert _family_checks(ast.parse('X = {"LlamaForCausalLM": "llama"}'), names)
+
+
+MAX_MODULE_LINES = 800  # Issue 57: a module a reader can hold; split by idea past it.
+
+
+def test_no_package_module_is_over_800_lines():
+  long = {
+    str(p.relative_to(ROOT)): n
+    for p in sorted(PACKAGE.rglob("*.py"))
+    if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+  }
+  assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by idea): {long}"
+
+
+def _path_edits(tree) -> list[str]:
+  """Lines of `tree` that change sys.path (insert, append, extend, or an assignment)."""
+  found = []
+  for node in ast.walk(tree):
+    target = None
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+      target = node.func.value if node.func.attr in ("insert", "append", "extend") else None
+    elif isinstance(node, ast.Assign | ast.AugAssign):
+      targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+      target = next((t for t in targets if ast.unparse(t) == "sys.path"), None)
+    if target is not None and ast.unparse(target) == "sys.path":
+      found.append(f"line {node.lineno}: {ast.unparse(node)}")
+  return found
+
+
+def test_no_experiment_edits_sys_path():
+  """Experiments import each other by name: `python experiments/x.py` puts experiments/ on
+  the path, and so do pytest's `pythonpath` and tests/subproc.py for the tests."""
+  bad = {
+    p.name: got
+    for p in sorted((ROOT / "experiments").glob("*.py"))
+    if (got := _path_edits(ast.parse(p.read_text())))
+  }
+  assert not bad, bad
+  assert _path_edits(ast.parse("import sys\nsys.path.insert(0, 'x')"))  # It can fail.
+  assert _path_edits(ast.parse("import sys\nsys.path += ['x']"))

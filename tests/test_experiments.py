@@ -320,3 +320,28 @@ def test_the_smollm2_cpu_configs_measured_peak_is_within_its_own_memory_limit():
   assert seed["peak_rss_gib"] <= c.memory_limit_gib == 8.0
   assert (c.rl.micro_batches, c.keep_checkpoints, c.prompts_per_step) == (8, 1, 8)
   assert seed["iterations"] == c.iterations and "Intel Xeon" in record["machine"]
+
+
+def test_ibpo_states_writes_its_result_and_judges_by_its_rule(tmp_path):
+  """experiments/ibpo_states.py on one smoke seed (not a verdict seed): every estimator's
+  share, the oracle's 100% and the leave-one-out mean's 0% by construction; the rule read
+  by hand on made-up shares."""
+  import ibpo_states  # noqa: PLC0415
+
+  got = ibpo_states.main(["--seeds", "9", "--groups", "200", "--out", str(tmp_path)])
+  (seed,) = got["per_seed"]
+  assert seed["share"]["oracle"] == pytest.approx(1.0) and seed["share"]["leave_one_out"] == 0.0
+  assert set(seed["share"]) == {n for n, _ in ibpo_states.ESTIMATORS} | {"oracle"}
+  assert json.loads((tmp_path / "states.json").read_text())["rule"] == ibpo_states.RULE
+  assert "**Verdict: inconclusive.**" in (tmp_path / "states.md").read_text()  # One seed.
+
+  def seeds(*wins):
+    return [{"share": {"span 2": 0.5 if w else 0.1, "prefix": 0.3}} for w in wins]
+
+  assert ibpo_states.verdict(seeds(1, 1, 1, 1, 1))[0] == "supports"
+  assert ibpo_states.verdict(seeds(1, 1, 1, 1, 0))[0] == "inconclusive"
+  assert ibpo_states.verdict(seeds(1, 1, 0, 0, 0))[0] == "contradicts"
+  # The committed verdict follows from its own per-seed shares.
+  result = json.loads((ibpo_states.OUT / "states.json").read_text())
+  assert [s["seed"] for s in result["per_seed"]] == [0, 1, 2, 3, 4]
+  assert ibpo_states.verdict(result["per_seed"])[0] == result["verdict"] == "supports"
