@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import itertools
 import json
 import pathlib
 import time
@@ -39,14 +38,14 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import tabular_policy as tab
 
 from grpo_jax.rl import advantages
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "experiments" / "results" / "ibpo_states"
-EOS, V, T = 0, 3, 10
-K = V - 1
-S = (K**T - 1) // (K - 1)
+EOS, V, T = tab.EOS, 3, 10
+S = tab.num_states(vocab=V, T=T)
 G = 8
 KAPPA = 4.0
 RULE = (
@@ -62,15 +61,6 @@ ESTIMATORS = (
 )
 
 
-def states(tokens_RT):
-  """State index of each prefix o_{<t} of non-end tokens (positions past the end read 1)."""
-  body_RT = np.clip(tokens_RT, 1, K) - 1
-  out = np.zeros(tokens_RT.shape, np.int64)
-  for t in range(1, T):
-    out[:, t] = (K**t - 1) // (K - 1) + body_RT[:, :t] @ (K ** np.arange(t - 1, -1, -1))
-  return out
-
-
 def reward(tokens_RT, length_R):
   on_RT = np.arange(T) < length_R[:, None]
   twos_RT = (tokens_RT == 2) & on_RT
@@ -80,63 +70,10 @@ def reward(tokens_RT, length_R):
   return (ended_R & ~error_R).astype(np.float32)
 
 
-def policy(theta_SV):
-  p = np.exp(theta_SV - theta_SV.max(axis=1, keepdims=True))
-  return p / p.sum(axis=1, keepdims=True)
-
-
-def completions():
-  """Every completion: a body of n < T non-end tokens and EOS, or T non-end tokens."""
-  seqs, lengths = [], []
-  for n in range(T + 1):
-    for body in itertools.product(range(1, V), repeat=n):
-      end = [EOS] if n < T else []
-      seqs.append(list(body) + end + [EOS] * (T - n - len(end)))
-      lengths.append(n + len(end))
-  return np.array(seqs), np.array(lengths)
-
-
-def values(pi_SV):
-  """V(s) = E[r | s] for every state, by enumeration: Σ_o π(o|s) r(o) over the completions
-  through s, divided by π(s)."""
-  tokens, length = completions()
-  s_RT = states(tokens)
-  on_RT = np.arange(T) < length[:, None]
-  step_RT = np.where(on_RT, pi_SV[s_RT, tokens], 1.0)
-  p_R = np.prod(step_RT, axis=1)
-  r_R = reward(tokens, length)
-  num, den = np.zeros(S), np.zeros(S)
-  for t in range(T):
-    reach_R = on_RT[:, t]  # Completions with a token at t pass through state s_{·,t}.
-    np.add.at(num, s_RT[reach_R, t], (p_R * r_R)[reach_R])
-    np.add.at(den, s_RT[reach_R, t], p_R[reach_R])
-  return np.where(den > 0, num / np.maximum(den, 1e-300), 0.0)
-
-
-def sample(rng, pi_SV, n):
-  out, alive = np.zeros((n, T), np.int64), np.ones(n, bool)
-  for t in range(T):
-    p = pi_SV[states(out)[:, t]]
-    a = (rng.random(n)[:, None] > np.cumsum(p, axis=1)).sum(axis=1).clip(0, V - 1)
-    out[:, t] = np.where(alive, a, EOS)
-    alive &= out[:, t] != EOS
-  length = np.where((out == EOS).any(axis=1), np.argmax(out == EOS, axis=1) + 1, T)
-  return out, length
-
-
 @functools.cache
 def _estimator(state: str, context: int):
   options = {} if state == "prefix" else dict(state=state, context=context)
   return jax.jit(advantages.REGISTRY.make("ibpo", shrink=KAPPA, scale="none", **options))
-
-
-def group_gradients(pi_SV, tokens, length, adv_RT, n):
-  s_RT = states(tokens)
-  on_RT = np.arange(T) < length[:, None]
-  score_RTV = (np.eye(V)[tokens] - pi_SV[s_RT]) * on_RT[:, :, None]
-  g = np.zeros((n, S, V))
-  np.add.at(g, (np.repeat(np.arange(n), G)[:, None], s_RT), adv_RT[:, :, None] * score_RTV)
-  return g.reshape(n, -1) / G
 
 
 def measure(seed: int, *, groups: int) -> dict:
@@ -144,8 +81,9 @@ def measure(seed: int, *, groups: int) -> dict:
   rng = np.random.default_rng(seed)
   theta = rng.normal(0.0, 1.0, (S, V))
   theta[:, EOS] -= 1.5
-  pi = policy(theta)
-  tokens, length = sample(rng, pi, groups * G)
+  pi = tab.policy(theta)
+  zeros = np.zeros((groups * G, T), np.int64)
+  tokens, length = tab.sample(rng, pi, zeros, np.zeros(groups * G, np.int64))
   r = reward(tokens, length)
   inputs = advantages.AdvantageInputs(
     rewards_B=jnp.asarray(r),
@@ -157,12 +95,12 @@ def measure(seed: int, *, groups: int) -> dict:
   for name, opts in ESTIMATORS:
     fn = _estimator(opts.get("state", "prefix"), opts.get("context", 0))
     adv = np.asarray(fn(inputs, advantages.advantage_hyper(ibpo_lambda=opts["lam"])))
-    g = group_gradients(pi, tokens, length, adv, groups)
+    g = tab.group_gradients(pi, tokens, length, adv, group_size=G).reshape(groups, -1)
     var[name] = float(np.sum((g - g.mean(axis=0)) ** 2, axis=1).mean())
-  v_S = values(pi)
+  v_S = tab.values(pi, reward, T=T)
   on_RT = np.arange(T) < length[:, None]
-  oracle = np.where(on_RT, (G - 1) / G * (r[:, None] - v_S[states(tokens)]), 0.0)
-  g = group_gradients(pi, tokens, length, oracle, groups)
+  oracle = np.where(on_RT, (G - 1) / G * (r[:, None] - v_S[tab.states(tokens, vocab=V)]), 0.0)
+  g = tab.group_gradients(pi, tokens, length, oracle, group_size=G).reshape(groups, -1)
   var["oracle"] = float(np.sum((g - g.mean(axis=0)) ** 2, axis=1).mean())
   gap = var["leave_one_out"] - var["oracle"]
   share = {k: (var["leave_one_out"] - v) / gap for k, v in var.items()}

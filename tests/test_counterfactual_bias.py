@@ -26,82 +26,28 @@ Source "repair" is refused on the argument alone: its prompt is not tabular.
 """
 
 import functools
-import itertools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.stats
+import tabular_policy as tab
 
 from grpo_jax.models import sampling
 from grpo_jax.rl import advantages, alignment, counterfactuals
 
 CF = counterfactuals
-EOS, V, T = 0, 3, 4
-K = V - 1  # Non-end tokens.
-S = (K**T - 1) // (K - 1)  # States: prefixes of 0..T−1 non-end tokens.
+EOS, V, T = tab.EOS, 3, 4
+S = tab.num_states(vocab=V, T=T)  # Prefixes of 0..T − 1 non-end tokens.
 N_GROUPS, G, C = 30_000, 4, 4
 SEED = 0
 STEPS = alignment.StepSplitter(end_ids=(1,))  # Token 1 ends a step (next_step, step).
 
 
-def _states(tokens_RT):
-  """State of each prefix o_{<t}: (K^t − 1)/(K − 1) + o_{<t} − 1 read in base K (an end
-  token, or padding, past the end reads as 1: those positions are never scored)."""
-  body_RT = np.clip(tokens_RT, 1, K) - 1
-  out = np.zeros(tokens_RT.shape, np.int64)
-  for t in range(1, T):
-    out[:, t] = (K**t - 1) // (K - 1) + body_RT[:, :t] @ (K ** np.arange(t - 1, -1, -1))
-  return out
-
-
 def _reward(tokens_RT, length_R):
   mask_RT = np.arange(T) < length_R[:, None]
   return (~((tokens_RT == 2) & mask_RT).any(axis=1) & (length_R >= T - 1)).astype(np.float32)
-
-
-def _policy(theta_SV):
-  p = np.exp(theta_SV - theta_SV.max(axis=1, keepdims=True))
-  return p / p.sum(axis=1, keepdims=True)
-
-
-def _sample(rng, pi_SV, prefix_RT, cut_R):
-  """(tokens, lengths): o_{<c} = prefix (no end token in it), o_{≥c} ~ π until EOS or T."""
-  out, alive = prefix_RT.copy(), np.ones(len(prefix_RT), bool)
-  for t in range(T):
-    p = pi_SV[_states(out)[:, t]]
-    a = (rng.random(len(out))[:, None] > np.cumsum(p, axis=1)).sum(axis=1).clip(0, V - 1)
-    out[:, t] = np.where(t >= cut_R, np.where(alive, a, EOS), out[:, t])
-    alive &= out[:, t] != EOS
-  length = np.where((out == EOS).any(axis=1), np.argmax(out == EOS, axis=1) + 1, T)
-  return np.where(np.arange(T) < length[:, None], out, EOS), length
-
-
-def _scores(pi_SV, tokens_RT, length_R):
-  """(s_RT, ∇log π per (row, t) on the scored tokens, zero past the end)."""
-  s_RT = _states(tokens_RT)
-  on_RT = np.arange(T) < length_R[:, None]
-  return s_RT, (np.eye(V)[tokens_RT] - pi_SV[s_RT]) * on_RT[:, :, None]
-
-
-def exact_gradient(theta_SV):
-  """∇J = Σ_o π(o) r(o) Σ_t ∇log π(o_t|o_{<t}) over the completions: a body of L − 1
-  non-end tokens and EOS (L ≤ T), or T non-end tokens."""
-  seqs, lengths = [], []
-  for n in range(T + 1):
-    for body in itertools.product(range(1, V), repeat=n):
-      end = [EOS] if n < T else []
-      seqs.append(list(body) + end + [EOS] * (T - n - len(end)))
-      lengths.append(n + len(end))
-  tokens, length = np.array(seqs), np.array(lengths)
-  pi = _policy(theta_SV)
-  s_RT, score_RTV = _scores(pi, tokens, length)
-  p_R = np.prod(np.where(np.arange(T) < length[:, None], pi[s_RT, tokens], 1.0), axis=1)
-  assert abs(p_R.sum() - 1.0) < 1e-12
-  g = np.zeros_like(theta_SV)
-  np.add.at(g, s_RT, (p_R * _reward(tokens, length))[:, None, None] * score_RTV)
-  return g
 
 
 def _rollouts(tokens_NT, length_N, group_ids_N):
@@ -163,15 +109,17 @@ def hotelling(
   trie."""
   rng = np.random.default_rng(seed)
   theta = np.random.default_rng(1).normal(0.0, 1.0, (S, V))
-  pi = _policy(theta)
+  pi = tab.policy(theta)
   n = N_GROUPS
-  tokens, length = _sample(rng, pi, np.zeros((n * G, T), np.int64), np.zeros(n * G, np.int64))
+  tokens, length = tab.sample(rng, pi, np.zeros((n * G, T), np.int64), np.zeros(n * G, np.int64))
   rewards = _reward(tokens, length)
   plan_fn = jax.jit(functools.partial(CF.plan, cfg=cfg, group_size=G, splitter=steps))
   rollouts = _rollouts(tokens, length, np.repeat(np.arange(n), G))
   plan = plan_fn(jax.random.key(seed), rollouts, jnp.asarray(rewards))
   on_M, cut_M = np.asarray(plan.active_M), np.asarray(plan.cut_M)
-  b_tokens, b_length = _sample(rng, pi, tokens[np.asarray(plan.parent_M)], np.where(on_M, cut_M, T))
+  b_tokens, b_length = tab.sample(
+    rng, pi, tokens[np.asarray(plan.parent_M)], np.where(on_M, cut_M, T)
+  )
   branches = (np.where(on_M[:, None], b_tokens, EOS), np.where(on_M, b_length, 0))
   tok, length_R, r_R, sample_R, start_R, on_R, mask_RT, prov = _merged(
     tokens, length, rewards, plan, branches, n=n
@@ -188,11 +136,10 @@ def hotelling(
   )
   hyper = advantages.advantage_hyper(ibpo_lambda=1.0)
   adv_RT = np.asarray(_ibpo(**dict(state))(inputs, hyper))[sample_R]
-  s_RT, score_RTV = _scores(pi, tok[sample_R], length_R[sample_R])
-  g = np.zeros((n, S, V))
-  np.add.at(g, (np.repeat(np.arange(n), G)[:, None], s_RT), adv_RT[:, :, None] * score_RTV)
-  g_NP = g[:, :, 1:].reshape(n, -1) / G
-  d_P = g_NP.mean(axis=0) - ((G - 1) / G * exact_gradient(theta))[:, 1:].ravel()
+  g_NSV = tab.group_gradients(pi, tok[sample_R], length_R[sample_R], adv_RT, group_size=G)
+  g_NP = g_NSV[:, :, 1:].reshape(n, -1)
+  want = (G - 1) / G * tab.exact_gradient(theta, _reward, T=T)
+  d_P = g_NP.mean(axis=0) - want[:, 1:].ravel()
   w, U = np.linalg.eigh(np.cov(g_NP, rowvar=False))
   keep = w > 1e-9 * w.max()
   t2 = float(n * np.sum((U[:, keep].T @ d_P) ** 2 / w[keep]))

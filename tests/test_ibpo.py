@@ -173,7 +173,16 @@ def test_matches_the_reference_trie_with_branches_weights_and_padding(shrink, la
   start = np.minimum(start, d["lengths"] - 1)
   trie = rng.random(B) < 0.9
   weights = np.where(rng.random(B) < 0.3, 0.5, 1.0)
-  b_BT, _ = _baseline(shrink)(
+  _check_against_the_reference(d, trie, start, weights, shrink=shrink, lam=lam)
+
+
+def _check_against_the_reference(d, trie, start, weights, *, shrink, lam, **state):
+  """ibpo.baseline (jitted) equals reference_baseline on `_random_groups` data."""
+  T = d["tokens"].shape[1]
+  fn = _baseline(shrink) if not state else jax.jit(
+    functools.partial(ibpo.baseline, shrink=shrink, **state)
+  )  # fmt: skip
+  b_BT, _ = fn(
     jnp.asarray(d["tokens"], jnp.int32),
     jnp.arange(T)[None, :] < jnp.asarray(d["lengths"])[:, None],
     jnp.asarray(d["rewards"], jnp.float32),
@@ -183,7 +192,9 @@ def test_matches_the_reference_trie_with_branches_weights_and_padding(shrink, la
     start_B=jnp.asarray(start, jnp.int32),
     weights_B=jnp.asarray(weights, jnp.float32),
   )
-  want = reference_baseline(**d, trie=trie, start=start, weights=weights, shrink=shrink, lam=lam)
+  want = reference_baseline(
+    **d, trie=trie, start=start, weights=weights, shrink=shrink, lam=lam, **state
+  )
   for i, b in want.items():
     np.testing.assert_allclose(np.asarray(b_BT)[i, : len(b)], b, rtol=1e-5, atol=1e-6)
 
@@ -205,24 +216,9 @@ def test_window_and_span_states_match_the_reference(state, context):
   trie = rng.random(B) < 0.9
   weights = np.where(rng.random(B) < 0.3, 0.5, 1.0)
   for shrink, lam in ((0.0, 1.0), (1.0, 0.3)):
-    b_BT, _ = jax.jit(
-      functools.partial(ibpo.baseline, shrink=shrink, state=state, context=context)
-    )(
-      jnp.asarray(d["tokens"], jnp.int32),
-      jnp.arange(T)[None, :] < jnp.asarray(d["lengths"])[:, None],
-      jnp.asarray(d["rewards"], jnp.float32),
-      jnp.asarray(d["ids"], jnp.int32),
-      jnp.asarray(trie),
-      lam=jnp.float32(lam),
-      start_B=jnp.asarray(start, jnp.int32),
-      weights_B=jnp.asarray(weights, jnp.float32),
+    _check_against_the_reference(
+      d, trie, start, weights, shrink=shrink, lam=lam, state=state, context=context
     )
-    want = reference_baseline(
-      **d, trie=trie, start=start, weights=weights, shrink=shrink, lam=lam, state=state,
-      context=context,
-    )  # fmt: skip
-    for i, b in want.items():
-      np.testing.assert_allclose(np.asarray(b_BT)[i, : len(b)], b, rtol=1e-5, atol=1e-6)
 
 
 def test_a_span_counts_a_row_once_and_leaves_all_its_copies_out():
