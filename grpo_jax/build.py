@@ -24,7 +24,7 @@ import jax
 
 from grpo_jax import config, envs, memory, schema, tasks
 from grpo_jax.envs import base, episodes
-from grpo_jax.infra import collapse, config_lib, trackers
+from grpo_jax.infra import collapse, config_lib, registry, trackers
 from grpo_jax.models import hf, model, sampling, shapes, sharding
 from grpo_jax.rewards import reward_sources
 from grpo_jax.rl import (
@@ -724,8 +724,12 @@ def _check_prompt_lengths(task, tok, cfg: sampling.SamplerConfig, loop: schema.L
 
 
 def as_dict(setup: Setup) -> dict:
-  """The validated config as plain data (written to workdir/config.json)."""
+  """The validated config as plain data (written to workdir/config.json), with
+  "variants_from" where variants were registered outside the package (their modules and
+  files, `registry.outside_variants`): a command that rebuilds the run imports them."""
+  outside = registry.outside_variants()
   return {
+    **({"variants_from": outside} if outside else {}),
     "loop": dataclasses.asdict(setup.loop),
     "task": {"class": type(setup.task).__name__, **setup.spec.get("task", {})},
     "model": dataclasses.asdict(setup.model_cfg),

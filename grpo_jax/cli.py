@@ -31,7 +31,7 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from grpo_jax.infra import config_lib
+from grpo_jax.infra import config_lib, registry
 from grpo_jax.rl import presets
 
 PROG = "grpo-jax"
@@ -193,10 +193,14 @@ def recorded(inv: Invocation, workdir: str) -> Invocation:
       f"{path}: not found; give --config=FILE.py[:VARIANT] (the run's config), or a --workdir "
       "that a run wrote."
     )
+  recorded_dict = json.loads(path.read_text())
+  try:  # Variants the run registered outside the package (registry.outside_variants).
+    registry.import_origins(recorded_dict.get("variants_from", []))
+  except ImportError as e:
+    raise UsageError(f"{path}: {e}") from None
   return configured(
-    inv.command, config_schema.from_recorded(json.loads(path.read_text())), str(path),
-    list(inv.config_args),
-  )  # fmt: skip
+    inv.command, config_schema.from_recorded(recorded_dict), str(path), list(inv.config_args)
+  )
 
 
 def configured(command: str, config, spec: str, config_args: list[str]) -> Invocation:

@@ -330,6 +330,7 @@ HOUSEKEEPING_KEYS = (
   "progress",
   "tensorboard",
   "on_config_change",
+  "variants_from",  # Where the run's own variants were registered (build.as_dict).
 )
 HOUSEKEEPING_SECTIONS = ("collapse.", "logging.", "eval.")  # Every key under these, too.
 

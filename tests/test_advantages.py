@@ -796,7 +796,7 @@ def test_the_trainer_asks_an_estimators_traits_not_its_name(monkeypatch):
   )
   def toy(inputs, hyper, *, width=1.0):
     """A_i = width · r_i."""
-    return advantages._to_tokens(width * inputs.rewards_B, inputs.token_mask)
+    return advantages.to_tokens(width * inputs.rewards_B, inputs.token_mask)
 
   with pytest.raises(ValueError, match=r"advantage='toy' needs; set recompute_old_logp=True"):
     spec.RLConfig(advantage="toy", recompute_old_logp=False)

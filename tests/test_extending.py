@@ -26,6 +26,12 @@ def test_an_estimator_and_a_loss_with_new_hyperparameters_are_one_file():
   assert pg_adv3 == pytest.approx(3 * pg1, rel=1e-4) and pg_loss3 == pytest.approx(
     3 * pg1, rel=1e-5
   )
+  # The run records where its variants came from, and eval in a fresh process imports it.
+  (origin,) = out["variants_from"]
+  assert origin["module"] == "__main__" and origin["file"].endswith("tests/toy_estimator.py")
+  assert origin["variants"] == ["advantage estimator:scaled_grpo", "policy loss:scaled_ppo_clip"]
+  assert out["eval"]["returncode"] == 0, out["eval"]["tail"]
+  assert "| benchmark | greedy |" in out["eval"]["tail"], out["eval"]["tail"]
   assert out["errors"] == [
     "config.rl.advantage_hyper.adv_scale=-1.0: must be a number in [0, inf] (the advantages' "
     "scale).",
@@ -53,3 +59,44 @@ def test_a_section_a_later_release_added_empty_is_no_config_change():
     ("rl.kl_coef", 0.0, 0.1),
     ("rl.loss_hyper", "<absent>", {"c": 2.0}),
   ]
+
+
+def test_a_variant_s_home_is_recorded_and_imported_or_named(tmp_path, monkeypatch):
+  """registry.outside_variants lists the variants registered outside the package by module
+  and file; import_origins imports a module by its file when its name does not import,
+  and a missing one is a one-line error of the eval command naming the variants."""
+  from grpo_jax import cli  # noqa: PLC0415
+  from grpo_jax.infra import registry  # noqa: PLC0415
+
+  monkeypatch.setattr(registry, "_ALL", [])  # This test's registries only.
+  reg = registry.Registry("widget")
+  home = tmp_path / "my_widgets.py"
+  home.write_text(
+    "from grpo_jax.infra import registry\n"
+    "REG = registry._ALL[0]\n"
+    "@REG.register('spinner')\n"
+    "def spinner():\n  return 1\n"
+  )
+  monkeypatch.syspath_prepend(str(tmp_path / "nowhere"))  # my_widgets is not on the path.
+  registry.import_origins([{"module": "_my_widgets_by_file", "file": str(home)}])
+  assert "spinner" in reg
+  got = registry.outside_variants()
+  assert got == [
+    {"module": "_my_widgets_by_file", "file": str(home), "variants": ["widget:spinner"]}
+  ]
+
+  @reg.register("shipped")
+  def shipped():
+    return 2
+
+  shipped.__module__ = "grpo_jax.rl.advantages"  # As if the package registered it.
+  assert registry.outside_variants() == got
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  gone = {"module": "gone_module", "file": str(tmp_path / "gone.py"), "variants": ["widget:x"]}
+  (workdir / "config.json").write_text(json.dumps({"variants_from": [gone]}))
+  with pytest.raises(
+    cli.UsageError,
+    match=r"variants widget:x were registered by module 'gone_module' \(file .*gone.py, not found\): put the registration in an importable module",
+  ):
+    cli.recorded(cli.Invocation("eval"), str(workdir))

@@ -12,11 +12,15 @@ Nothing else in the package is edited: the declaration beside each function is w
 its hyperparameter in the config (its default), validates it, and hands it to the
 function as an array (`hyper.extra[...]`). The script runs one RL iteration at s = c = 1,
 one at s = 3 and one at c = 3 (set on the command line), and two with a value out of its
-range, and prints one JSON line.
+range; then `grpo-jax eval --workdir` of the first run in a fresh process, with no
+--config: the run's config.json records that this file registered its variants
+("variants_from"), so the command imports it and finds them. It prints one JSON line.
 """
 
 import json
+import os
 import pathlib
+import subprocess
 import sys
 import tempfile
 
@@ -75,6 +79,12 @@ def main():
         _run([f"--config.rl.{bad}"], pathlib.Path(tmp) / "bad")
       except config_lib.ConfigError as e:
         out["errors"].append(str(e))
+    workdir = pathlib.Path(tmp) / "one"
+    out["variants_from"] = json.loads((workdir / "config.json").read_text())["variants_from"]
+    env = {**os.environ, "PYTHONPATH": ""}  # Nothing of tests/ importable by name.
+    cmd = [sys.executable, "-m", "grpo_jax.main", "eval", f"--workdir={workdir}"]
+    ran = subprocess.run([*cmd, "--k=0"], capture_output=True, text=True, env=env, cwd=tmp)
+    out["eval"] = {"returncode": ran.returncode, "tail": (ran.stdout + ran.stderr)[-1500:]}
   print(json.dumps(out))
 
 

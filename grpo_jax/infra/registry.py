@@ -5,16 +5,28 @@ trainer asks of a variant (e.g. an estimator's need of π_old), declared beside 
 registration, `@REGISTRY.register("name", needs_old_logp=True)`, and read with
 `REGISTRY.traits("name")`, so that no caller compares variant names. Every caller gets a
 variant with `REGISTRY.make(name, **options)`.
+
+A variant may be registered outside the package (a user's module, or the --config file).
+A run records where (`outside_variants`, config.json's "variants_from"), so that a command
+that rebuilds the run in a fresh process (`grpo-jax eval --workdir=RUN`) imports those
+modules first (`import_origins`) and finds the variant.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 import inspect
+import pathlib
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+
+
+_ALL: list[Registry] = []  # Every registry, as its module creates it.
 
 
 class Registry(Generic[T]):
@@ -25,6 +37,7 @@ class Registry(Generic[T]):
     self._items: dict[str, T] = {}
     self._traits_type = traits
     self._traits: dict[str, Any] = {}
+    _ALL.append(self)
 
   def register(self, name: str, **traits) -> Callable[[T], T]:
     """Decorator: adds `obj` under `name`, with its traits (the registry's traits record;
@@ -102,3 +115,66 @@ def _same_definition(a, b) -> bool:
   again defines a new class of the same name in the same module): it replaces a."""
   name = lambda x: (getattr(x, "__module__", None), getattr(x, "__qualname__", None))
   return name(a) == name(b) and name(a) != (None, None)
+
+
+# ----------------------------------------------------------------------------
+# Where variants come from.
+# ----------------------------------------------------------------------------
+
+
+def origin(obj) -> tuple[str, str | None]:
+  """(module, file) where `obj` (a function, class or instance) was defined; the file is
+  None where the module has none (a notebook's or a REPL's __main__)."""
+  module = getattr(obj, "__module__", None) or type(obj).__module__
+  return module, getattr(sys.modules.get(module), "__file__", None)
+
+
+def outside_variants(package: str = "grpo_jax") -> list[dict]:
+  """[{"module", "file", "variants": ["<kind>:<name>", ...]}] of every variant registered
+  from outside `package`, one entry per module, sorted."""
+  found: dict[tuple[str, str | None], list[str]] = {}
+  for reg in _ALL:
+    for name, obj in reg._items.items():
+      module, path = origin(obj)
+      if module != package and not module.startswith(package + "."):
+        found.setdefault((module, path), []).append(f"{reg.kind}:{name}")
+  return [
+    {"module": m, "file": f, "variants": sorted(v)} for (m, f), v in sorted(found.items(), key=str)
+  ]
+
+
+def import_origin(module: str, path: str | None) -> None:
+  """Imports `module` by name, or else from `path` (a config file loaded by path; a script
+  that ran as __main__ is imported under its file's stem, so its main guard stays shut).
+  Raises ImportError saying what to do when neither works."""
+  name = pathlib.Path(path).stem if module == "__main__" and path else module
+  if name in sys.modules and name != "__main__":
+    return
+  if module != "__main__":
+    try:
+      importlib.import_module(name)
+      return
+    except ImportError:
+      if not path:
+        raise
+  if not path or not pathlib.Path(path).is_file():
+    where = f"file {path}, not found" if path else "no file: a notebook or an interactive session"
+    raise ImportError(
+      f"module {module!r} ({where}): put the registration in an importable module and import "
+      "it from the --config file, or pass that --config"
+    )
+  spec = importlib.util.spec_from_file_location(name, path)
+  loaded = importlib.util.module_from_spec(spec)
+  sys.modules[name] = loaded
+  spec.loader.exec_module(loaded)
+
+
+def import_origins(recorded: list[dict]) -> None:
+  """`import_origin` for each entry of a run's "variants_from" (`outside_variants`)."""
+  for entry in recorded:
+    try:
+      import_origin(entry["module"], entry.get("file"))
+    except ImportError as e:
+      raise ImportError(
+        f"the run's variants {', '.join(entry.get('variants', []))} were registered by {e}."
+      ) from e

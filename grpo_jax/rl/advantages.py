@@ -230,7 +230,10 @@ def declared_values(name: str, given: dict) -> dict[str, float]:
   return declared.values(REGISTRY, name, given, section="config.rl.advantage_hyper")
 
 
-def _to_tokens(a_B, mask_BT):
+def to_tokens(a_B, mask_BT):
+  """A_BT = a_B on every token of its row's mask, 0 elsewhere (float32): a sequence-level
+  advantage broadcast to the tokens, as an estimator returns it (public: a user's estimator
+  that computes per-row advantages ends with `advantages.to_tokens(a_B, inputs.token_mask)`)."""
   return jnp.where(mask_BT, a_B[:, None], 0.0).astype(jnp.float32)
 
 
@@ -263,7 +266,7 @@ def grpo(inputs: AdvantageInputs, hyper: AdvantageHyper, *, unbiased_std: bool =
   r_B, g_B, v_B = inputs.rewards_B.astype(jnp.float32), inputs.group_ids_B, inputs.valid
   std_B = groups.group_std(r_B, g_B, unbiased=unbiased_std, valid_B=v_B)
   dev_B = r_B - groups.group_mean(r_B, g_B, v_B)
-  return _to_tokens(_safe_div(dev_B, std_B + hyper.eps), inputs.token_mask)
+  return to_tokens(_safe_div(dev_B, std_B + hyper.eps), inputs.token_mask)
 
 
 @REGISTRY.register("dr_grpo")
@@ -272,7 +275,7 @@ def dr_grpo(inputs: AdvantageInputs, hyper: AdvantageHyper):
   (arXiv 2503.20783), removing the difficulty bias."""
   del hyper
   r_B, g_B = inputs.rewards_B.astype(jnp.float32), inputs.group_ids_B
-  return _to_tokens(r_B - groups.group_mean(r_B, g_B, inputs.valid), inputs.token_mask)
+  return to_tokens(r_B - groups.group_mean(r_B, g_B, inputs.valid), inputs.token_mask)
 
 
 @REGISTRY.register("rloo")
@@ -285,7 +288,7 @@ def rloo(inputs: AdvantageInputs, hyper: AdvantageHyper):
   r_B, g_B, v_B = inputs.rewards_B.astype(jnp.float32), inputs.group_ids_B, inputs.valid
   n_B = groups.group_size(g_B, valid_B=v_B)
   scale_B = jnp.where(n_B > 1, n_B / jnp.maximum(n_B - 1.0, 1.0), 0.0)
-  return _to_tokens(scale_B * (r_B - groups.group_mean(r_B, g_B, v_B)), inputs.token_mask)
+  return to_tokens(scale_B * (r_B - groups.group_mean(r_B, g_B, v_B)), inputs.token_mask)
 
 
 @REGISTRY.register("reinforce_pp", batch_level=True, folds_kl=True)
@@ -334,7 +337,7 @@ def batch_mean(inputs: AdvantageInputs, hyper: AdvantageHyper):
   """
   del hyper
   r_B = inputs.rewards_B.astype(jnp.float32)
-  return _to_tokens(r_B - _batch_mean(r_B, inputs.valid), inputs.token_mask)
+  return to_tokens(r_B - _batch_mean(r_B, inputs.valid), inputs.token_mask)
 
 
 @REGISTRY.register("batch_mean_std", batch_level=True)
@@ -352,7 +355,7 @@ def batch_mean_std(inputs: AdvantageInputs, hyper: AdvantageHyper, *, unbiased_s
   dev_B = jnp.where(v_B, s_B - _batch_mean(s_B, v_B), 0.0)
   ddof = 1.0 if unbiased_std else 0.0
   std = jnp.sqrt(jnp.sum(dev_B * dev_B) / jnp.maximum(n - ddof, 1.0))
-  return _to_tokens(_safe_div(dev_B, std + hyper.eps), inputs.token_mask)
+  return to_tokens(_safe_div(dev_B, std + hyper.eps), inputs.token_mask)
 
 
 @REGISTRY.register("positive_only")
@@ -393,7 +396,7 @@ def optimal_baseline(inputs: AdvantageInputs, hyper: AdvantageHyper, *, scope: s
     den_B = jnp.full_like(r_B, jnp.sum(s_B))
     mean_B = jnp.full_like(r_B, _batch_mean(r_B, v_B))
   b_B = jnp.where(den_B > 0, num_B / jnp.where(den_B > 0, den_B, 1.0), mean_B)
-  return _to_tokens(r_B - b_B, inputs.token_mask)
+  return to_tokens(r_B - b_B, inputs.token_mask)
 
 
 @REGISTRY.register(
@@ -471,7 +474,7 @@ def fade(inputs: AdvantageInputs, hyper: AdvantageHyper):
     q_B, hyper.focal_gamma
   )
   a_B = f_B * jnp.where(success_B, hyper.lambda_s * (1.0 - p_B), -hyper.lambda_f * p_B)
-  return _to_tokens(jnp.where(mixed_B, a_B, 0.0), inputs.token_mask)
+  return to_tokens(jnp.where(mixed_B, a_B, 0.0), inputs.token_mask)
 
 
 def ibpo_advantage(

@@ -68,8 +68,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
-import importlib.util
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -85,6 +83,7 @@ from typing import Any
 import numpy as np
 from absl import logging
 
+from grpo_jax.infra import registry
 from grpo_jax.verifiers import verdicts
 
 # Seconds between the parent's looks at the workers' progress while it waits.
@@ -155,19 +154,12 @@ class _Packed:
 
   @classmethod
   def of(cls, task) -> _Packed:
-    module = type(task).__module__
-    path = getattr(sys.modules.get(module), "__file__", None)
+    module, path = registry.origin(type(task))
     return cls(module, path if module != "__main__" else None, pickle.dumps(task))
 
   def load(self):
-    if self.path and self.module not in sys.modules:
-      try:
-        importlib.import_module(self.module)
-      except ImportError:
-        spec = importlib.util.spec_from_file_location(self.module, self.path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[self.module] = module
-        spec.loader.exec_module(module)
+    if self.path:
+      registry.import_origin(self.module, self.path)
     return pickle.loads(self.data)
 
 
