@@ -194,13 +194,23 @@ def recorded(inv: Invocation, workdir: str) -> Invocation:
       "that a run wrote."
     )
   recorded_dict = json.loads(path.read_text())
-  try:  # Variants the run registered outside the package (registry.outside_variants).
-    registry.import_origins(recorded_dict.get("variants_from", []))
-  except ImportError as e:
-    raise UsageError(f"{path}: {e}") from None
+  import_run_variants(workdir)
   return configured(
     inv.command, config_schema.from_recorded(recorded_dict), str(path), list(inv.config_args)
   )
+
+
+def import_run_variants(workdir: str) -> None:
+  """Imports the modules that registered the variants of the run in `workdir` outside the
+  package (its config.json's "variants_from", `registry.outside_variants`), so that eval
+  and a resume in a fresh process find them; a run without any, or none yet, is a no-op."""
+  path = pathlib.Path(workdir) / "config.json"
+  if "://" in str(workdir) or not path.is_file():
+    return
+  try:
+    registry.import_origins(json.loads(path.read_text()).get("variants_from", []))
+  except ImportError as e:
+    raise UsageError(f"{path}: {e}") from None
 
 
 def configured(command: str, config, spec: str, config_args: list[str]) -> Invocation:

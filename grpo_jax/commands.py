@@ -190,6 +190,7 @@ def main(inv: cli.Invocation, *, process_ends_on_error: bool = False):
     return
   if not FLAGS.workdir:
     raise cli.UsageError("--workdir is required to train (where metrics and checkpoints go).")
+  cli.import_run_variants(FLAGS.workdir)  # A resume finds the run's own variants.
   distributed.initialize(FLAGS.distributed)  # Before anything touches a device.
   # Left in place when the run fails and the process ends with it (`run`, the command):
   # libraries' background threads (orbax's writes) go on reporting until the process exits,

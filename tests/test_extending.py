@@ -32,6 +32,8 @@ def test_an_estimator_and_a_loss_with_new_hyperparameters_are_one_file():
   assert origin["variants"] == ["advantage estimator:scaled_grpo", "policy loss:scaled_ppo_clip"]
   assert out["eval"]["returncode"] == 0, out["eval"]["tail"]
   assert "| benchmark | greedy |" in out["eval"]["tail"], out["eval"]["tail"]
+  assert out["resume"]["returncode"] == 0, out["resume"]["tail"]
+  assert out["resume"]["iterations_done"] == 2
   assert out["errors"] == [
     "config.rl.advantage_hyper.adv_scale=-1.0: must be a number in [0, inf] (the advantages' "
     "scale).",

@@ -12,9 +12,10 @@ Nothing else in the package is edited: the declaration beside each function is w
 its hyperparameter in the config (its default), validates it, and hands it to the
 function as an array (`hyper.extra[...]`). The script runs one RL iteration at s = c = 1,
 one at s = 3 and one at c = 3 (set on the command line), and two with a value out of its
-range; then `grpo-jax eval --workdir` of the first run in a fresh process, with no
---config: the run's config.json records that this file registered its variants
-("variants_from"), so the command imports it and finds them. It prints one JSON line.
+range; then, each in a fresh process, `grpo-jax eval --workdir` of the first run (no
+--config) and its resume to iteration 2 from the shipped config file: the run's
+config.json records that this file registered its variants ("variants_from"), so both
+import it and find them. It prints one JSON line.
 """
 
 import json
@@ -48,17 +49,21 @@ def scaled_ppo_clip(logp_BT, old_logp_BT, adv_BT, mask_BT, hyper):
   return hyper.extra["loss_scale"] * loss_BT, aux
 
 
+SPEC = str(ROOT / "configs" / "arithmetic.py") + ":quick"
+# The toy variants, one step (pg_loss at θ_old), and runs.small_arithmetic's task: it learns
+# in ~100 warm-start steps, so a group's rewards differ and the advantages are not all 0.
+ARGS = [
+  "--config.rl.advantage=scaled_grpo", "--config.rl.policy_loss=scaled_ppo_clip",
+  "--config.rl.num_minibatches=1", "--config.rl.ppo_epochs=1", "--config.task.kwargs.max_digits=1",
+  "--config.iterations=1", "--config.warmstart_steps=100", "--config.warmstart_batch=16",
+  "--config.prompts_per_step=8", "--config.eval_size=8", "--config.eval_samples=0",
+  "--config.eval_every=100", "--config.reward_workers=0", "--config.progress=False",
+  "--config.sampler.group_size=4",
+]  # fmt: skip
+
+
 def _run(overrides: list[str], workdir: pathlib.Path) -> dict:
-  spec = str(ROOT / "configs" / "arithmetic.py") + ":quick"
-  toy = ["--config.rl.advantage=scaled_grpo", "--config.rl.policy_loss=scaled_ppo_clip"]
-  one_step = ["--config.rl.num_minibatches=1", "--config.rl.ppo_epochs=1"]  # pg_loss at θ_old.
-  c = cli.parse("train", spec, [*toy, *one_step, *overrides]).config
-  c.task.kwargs.max_digits = 1  # runs.small_arithmetic's: it learns in ~100 warm-start steps,
-  # so a group's rewards differ and the advantages are not all 0.
-  c.update(iterations=1, warmstart_steps=100, warmstart_batch=16, prompts_per_step=8)
-  c.update(eval_size=8, eval_samples=0, eval_every=100)
-  c.update(reward_workers=0, progress=False)
-  c.sampler.group_size = 4
+  c = cli.parse("train", SPEC, [*ARGS, *overrides]).config
   train.run(c, workdir, log=lambda _: None)
   lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
   return next(x for x in lines if "adv_max" in x)
@@ -85,6 +90,16 @@ def main():
     cmd = [sys.executable, "-m", "grpo_jax.main", "eval", f"--workdir={workdir}"]
     ran = subprocess.run([*cmd, "--k=0"], capture_output=True, text=True, env=env, cwd=tmp)
     out["eval"] = {"returncode": ran.returncode, "tail": (ran.stdout + ran.stderr)[-1500:]}
+    # A resume to iteration 2 from the shipped config file, which registers nothing.
+    cmd = [sys.executable, "-m", "grpo_jax.main", f"--config={SPEC}", *ARGS]
+    cmd += ["--config.iterations=2", f"--workdir={workdir}"]
+    ran = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp)
+    done = json.loads((workdir / "summary.json").read_text())["iterations_done"]
+    out["resume"] = {
+      "returncode": ran.returncode,
+      "iterations_done": done,
+      "tail": ran.stderr[-1500:],
+    }
   print(json.dumps(out))
 
 
