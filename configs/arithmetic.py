@@ -32,10 +32,14 @@ held-out accuracy.
 from grpo_jax import config
 from grpo_jax.rl import presets
 
+VARIANTS = ("tiny", "full", "quick")
+
 
 def get_config(arg: str = "tiny"):
-  if arg not in ("tiny", "full", "quick"):
-    raise ValueError(f"configs/arithmetic.py variant {arg!r}; allowed: 'tiny', 'full', 'quick'.")
+  if arg not in VARIANTS:
+    raise ValueError(
+      f"configs/arithmetic.py variant {arg!r}; allowed: {', '.join(map(repr, VARIANTS))}."
+    )
   c = config.default_config()
   c.task.name = "arithmetic"
   c.task.kwargs = dict(max_digits=2, ops="+")

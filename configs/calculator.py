@@ -33,10 +33,14 @@ wall_seconds.
 from grpo_jax import config
 from grpo_jax.rl import presets
 
+VARIANTS = ("tiny", "full", "quick")
+
 
 def get_config(arg: str = "tiny"):
-  if arg not in ("tiny", "full", "quick"):
-    raise ValueError(f"configs/calculator.py variant {arg!r}; allowed: 'tiny', 'full', 'quick'.")
+  if arg not in VARIANTS:
+    raise ValueError(
+      f"configs/calculator.py variant {arg!r}; allowed: {', '.join(map(repr, VARIANTS))}."
+    )
   c = config.default_config()
   c.task.name = "calculator"
   c.task.kwargs = dict(steps=2, ops="+*", max_digits=2)

@@ -44,9 +44,14 @@ SYSTEM_PROMPT = (
 )
 
 
+VARIANTS = ("tiny", "qwen")
+
+
 def get_config(arg: str = "tiny"):
-  if arg not in ("tiny", "qwen"):
-    raise ValueError(f"configs/code_env.py variant {arg!r}; allowed: 'tiny', 'qwen'.")
+  if arg not in VARIANTS:
+    raise ValueError(
+      f"configs/code_env.py variant {arg!r}; allowed: {', '.join(map(repr, VARIANTS))}."
+    )
   c = config.default_config()
   c.task.name = "code"
   c.task.kwargs = dict(visible_tests=1)

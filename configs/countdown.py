@@ -20,10 +20,14 @@ the train problems repeat and GRPO overfits them: held-out accuracy falls.)
 from grpo_jax import config
 from grpo_jax.rl import presets
 
+VARIANTS = ("tiny", "full")
+
 
 def get_config(arg: str = "tiny"):
-  if arg not in ("tiny", "full"):
-    raise ValueError(f"configs/countdown.py variant {arg!r}; allowed: 'tiny', 'full'.")
+  if arg not in VARIANTS:
+    raise ValueError(
+      f"configs/countdown.py variant {arg!r}; allowed: {', '.join(map(repr, VARIANTS))}."
+    )
   c = config.default_config()
   c.task.name = "countdown"
   c.task.kwargs = dict(min_numbers=3, max_numbers=3, max_number=20, max_target=100)

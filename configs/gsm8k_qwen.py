@@ -47,9 +47,14 @@ SHAPES = {
 }  # The checkpoints' shapes (`models.shapes`), to plan without them.
 
 
+VARIANTS = ("tiny", *_MESHES)
+
+
 def get_config(arg: str = "0.5b"):
-  if arg not in (*_MESHES, "tiny"):
-    raise ValueError(f"configs/gsm8k_qwen.py variant {arg!r}; allowed: {[*_MESHES, 'tiny']}.")
+  if arg not in VARIANTS:
+    raise ValueError(
+      f"configs/gsm8k_qwen.py variant {arg!r}; allowed: {', '.join(map(repr, VARIANTS))}."
+    )
   return config.hf_math_config(
     arg,
     task_kwargs=dict(dataset="gsm8k"),

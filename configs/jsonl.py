@@ -32,9 +32,14 @@ from grpo_jax.rl import presets
 SUMS = str(pathlib.Path(__file__).resolve().parent.parent / "grpo_jax" / "data" / "sums.jsonl")
 
 
+VARIANTS = ("tiny", "model")
+
+
 def get_config(arg: str = "tiny"):
-  if arg not in ("tiny", "model"):
-    raise ValueError(f"configs/jsonl.py variant {arg!r}; allowed: 'tiny', 'model'.")
+  if arg not in VARIANTS:
+    raise ValueError(
+      f"configs/jsonl.py variant {arg!r}; allowed: {', '.join(map(repr, VARIANTS))}."
+    )
   c = config.default_config()
   c.task.name = "jsonl"
   c.task.kwargs = dict(path=SUMS, verifier="exact", test_path="", test_percent=10)

@@ -39,11 +39,13 @@ policy is still spread over wrong carries.
 from grpo_jax import config
 from grpo_jax.rl import presets
 
+VARIANTS = ("tiny", "full", "quick", "long")
+
 
 def get_config(arg: str = "tiny"):
-  if arg not in ("tiny", "full", "quick", "long"):
+  if arg not in VARIANTS:
     raise ValueError(
-      f"configs/long_addition.py variant {arg!r}; allowed: 'tiny', 'full', 'quick', 'long'."
+      f"configs/long_addition.py variant {arg!r}; allowed: {', '.join(map(repr, VARIANTS))}."
     )
   c = config.default_config()
   c.task.name = "long_addition"

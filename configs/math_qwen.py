@@ -44,9 +44,14 @@ SHAPES = {
 }  # The checkpoints' shapes (`models.shapes`), to plan without them.
 
 
+VARIANTS = ("tiny", *_MESHES)
+
+
 def get_config(arg: str = "1.5b"):
-  if arg not in (*_MESHES, "tiny"):
-    raise ValueError(f"configs/math_qwen.py variant {arg!r}; allowed: {[*_MESHES, 'tiny']}.")
+  if arg not in VARIANTS:
+    raise ValueError(
+      f"configs/math_qwen.py variant {arg!r}; allowed: {', '.join(map(repr, VARIANTS))}."
+    )
   return config.hf_math_config(
     arg,
     task_kwargs=dict(dataset="math", test_split="math500"),

@@ -53,8 +53,11 @@ REMEDIES = (
 )
 
 
+VARIANTS = ("tiny", *REMEDIES)
+
+
 def get_config(arg: str = "tiny"):
-  if arg != "tiny" and arg not in REMEDIES:
+  if arg not in VARIANTS:
     raise ValueError(
       f"configs/remedies.py variant {arg!r}; allowed: 'tiny' (no remedy), {', '.join(REMEDIES)}."
     )

@@ -38,9 +38,14 @@ arithmetic = importlib.util.module_from_spec(_BASE)
 _BASE.loader.exec_module(arithmetic)
 
 
+VARIANTS = ("tiny", "rl")
+
+
 def get_config(arg: str = "tiny"):
-  if arg not in ("tiny", "rl"):
-    raise ValueError(f"configs/reward_model.py variant {arg!r}; allowed: 'tiny', 'rl'.")
+  if arg not in VARIANTS:
+    raise ValueError(
+      f"configs/reward_model.py variant {arg!r}; allowed: {', '.join(map(repr, VARIANTS))}."
+    )
   c = arithmetic.get_config("tiny")
   if arg == "tiny":
     c.reward_model.update(

@@ -17,10 +17,14 @@ Training comes with the trainer (configs for `grpo-jax`).
 
 import ml_collections
 
+VARIANTS = ("tiny", "full")
+
 
 def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
-  if arg not in ("tiny", "full"):
-    raise ValueError(f"configs/sample_demo.py variant {arg!r}; allowed: 'tiny', 'full'.")
+  if arg not in VARIANTS:
+    raise ValueError(
+      f"configs/sample_demo.py variant {arg!r}; allowed: {', '.join(map(repr, VARIANTS))}."
+    )
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.task = ml_collections.ConfigDict(dict(name="arithmetic", kwargs={}))

@@ -66,9 +66,14 @@ MESHES = {"0.5b": (1, -1, 1), "1.5b": (1, -1, 1), "7b": (1, -1, 4)}
 TOPOLOGIES = {"0.5b": "v5e:2x4", "1.5b": "v5e:2x4", "7b": "v5e:4x4"}
 
 
+VARIANTS = ("tiny", *_QWEN25)
+
+
 def get_config(arg: str = "0.5b"):
-  if arg not in (*_QWEN25, "tiny"):
-    raise ValueError(f"configs/scale.py variant {arg!r}; allowed: {[*_QWEN25, 'tiny']}.")
+  if arg not in VARIANTS:
+    raise ValueError(
+      f"configs/scale.py variant {arg!r}; allowed: {', '.join(map(repr, VARIANTS))}."
+    )
   c = config.default_config()
   c.task.name = "arithmetic"
   c.rl.update(presets.get("grpo"))
