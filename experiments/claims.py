@@ -1265,6 +1265,121 @@ def tune_ibpo(*, root, quick=False, seeds=TUNING_SEEDS) -> dict:
 
 
 # ----------------------------------------------------------------------------
+# 10g. IBPO against GRPO on the same rollouts (issue 56: claim 10c's design, paired).
+# ----------------------------------------------------------------------------
+
+PAIRED_SEEDS = (30, 31, 32, 33, 34)  # Claim 10g's verdict seeds, fixed with its rule.
+# Past the edge of claims 10c-10f's grid (its best, κ = 16 and λ = 0.5, sat on an edge);
+# τ = 1 only: a filter at τ < 1 biases the baseline (counterfactuals.biased_choices).
+PAIRED_GRID = {"shrink": (16.0, 64.0, 256.0), "lam": (0.25, 0.5, 1.0)}
+PAIRED_TUNING = evidence.ROOT / "experiments/results/reproductions/tuning/ibpo_paired.json"
+
+
+def _paired_cached(seed, points, *, root, cache, quick) -> dict:
+  """ibpo_variance.measure_paired of one seed (16 prompts × 8 groups; 4 × 4 with quick),
+  cached as JSON under root/<cache>-quick|full/seed<s>.json, with its seconds."""
+  import json  # noqa: PLC0415
+
+  import ibpo_variance  # noqa: PLC0415
+
+  model = "" if evidence.model_name() == "tiny" else f"-{evidence.model_name()}"
+  path = root / f"{cache}-{'quick' if quick else 'full'}{model}" / f"seed{seed}.json"
+  if not path.exists():
+    size = dict(prompts=4, groups=4) if quick else dict(prompts=16, groups=8)
+    t0 = time.perf_counter()
+    got = ibpo_variance.measure_paired(seed, points=points, quick=quick, **size)
+    got["seconds"] = time.perf_counter() - t0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(got))
+  return json.loads(path.read_text())
+
+
+def tune_ibpo_paired(*, root, quick=False, seeds=TUNING_SEEDS) -> dict:
+  """Claim 10g's grid on the tuning seeds (never its verdict seeds): per seed, GRPO (λ = 0)
+  and each (λ, κ) of PAIRED_GRID on the same rollouts (`ibpo_variance.measure_paired`); the
+  point with the highest mean paired SNR ratio wins."""
+  import itertools  # noqa: PLC0415
+
+  points = {"grpo": (0.0, PAIRED_GRID["shrink"][0], 1.0)}
+  for shrink, lam in itertools.product(PAIRED_GRID["shrink"], PAIRED_GRID["lam"]):
+    points[f"k{shrink:g}_l{lam:g}"] = (lam, shrink, 1.0)
+  per_seed = [
+    _paired_cached(s, points, root=root, cache="ibpo-paired-tuning", quick=quick) for s in seeds
+  ]
+  table = {}
+  for name, params in points.items():
+    if name == "grpo":
+      continue
+    ratios = [r[name]["snr"] / r["grpo"]["snr"] if r["grpo"]["snr"] else np.nan for r in per_seed]
+    table[name] = {"params": list(params), "snr_ratio": ratios, "mean": float(np.mean(ratios))}
+  best = max(table, key=lambda n: table[n]["mean"])
+  return {
+    "seeds": list(seeds),
+    "verdict": "not judged: a tuning grid, no rule; it chose λ and κ for claim 10g, judged "
+    "on verdict seeds 30-34",
+    "grid": PAIRED_GRID,
+    "table": table,
+    "best": best,
+    "best_params": table[best]["params"],
+    "per_seed_snr": [{k: v["snr"] for k, v in r.items() if k != "seconds"} for r in per_seed],
+  }
+
+
+def _paired_params() -> tuple[float, float]:
+  """(λ, κ) claim 10g's tuning chose (PAIRED_TUNING, committed before its verdict runs)."""
+  import json  # noqa: PLC0415
+
+  if not PAIRED_TUNING.exists():
+    raise FileNotFoundError(
+      f"{PAIRED_TUNING} is missing: run `python experiments/reproduce.py --tune_ibpo_paired` "
+      "(tuning seeds only) before claim 10g."
+    )
+  lam, shrink, _ = json.loads(PAIRED_TUNING.read_text())["best_params"]
+  return lam, shrink
+
+
+def measure_ibpo_paired_variance(*, seeds, root, quick) -> list[dict]:
+  """GRPO (λ = 0) and IBPO at the tuned (λ, κ) on the same rollouts, per seed, cached."""
+  lam, shrink = _paired_params()
+  points = {"grpo": (0.0, shrink, 1.0), "ibpo": (lam, shrink, 1.0)}
+  cache = f"ibpo-paired-l{lam:g}-k{shrink:g}"
+  return [_paired_cached(s, points, root=root, cache=cache, quick=quick) for s in seeds]
+
+
+def analyse_ibpo_paired_variance(per_seed: list[dict]) -> Outcome:
+  def ratio(what):
+    return _ratio_or_none(per_seed, "ibpo", "grpo", what)
+
+  figs = {
+    "snr_ratio_paired": _fig("signal ÷ variance, IBPO ÷ GRPO on the same rollouts", ratio("snr")),
+    "variance_ratio_paired": _fig("gradient variance, IBPO ÷ GRPO", ratio("variance")),
+    "signal_ratio_paired": _fig("‖E ĝ‖², IBPO ÷ GRPO", ratio("signal")),
+    "corr_paired": _fig(
+      "terminal–comparison correlation, IBPO",
+      [r["ibpo"].get("ibpo/terminal_comparison_corr") for r in per_seed],
+    ),
+    "pass_rate": _fig("pass rate of the samples", [r["grpo"]["pass_rate"] for r in per_seed]),
+  }
+  verdict = evidence.combine([evidence.above(figs["snr_ratio_paired"], 1.0)])
+  s = figs["snr_ratio_paired"]
+  lam, shrink = _paired_params()
+  reason = (
+    f"On the same rollouts (G = 8 samples + 4 window-cut branches per group), IBPO at λ = "
+    f"{lam:g}, κ = {shrink:g} keeps {_v(s, '.3f')}× [{_v(s, '.3f', 0)}, {_v(s, '.3f', 1)}] "
+    f"GRPO's signal per unit variance (variance {_v(figs['variance_ratio_paired'], '.3f')}×); "
+    f"the comparison term correlates {_v(figs['corr_paired'], '+.3f')} with the terminal term. "
+    "(λ, κ: the paired grid's best on tuning seeds 100-102, tuning/ibpo_paired.md; verdict "
+    "seeds 30-34.)"
+  )
+
+  def plot(ax):
+    _bar(ax, figs, ["snr_ratio_paired", "variance_ratio_paired", "signal_ratio_paired"])
+    ax.axhline(1.0, color="tab:red", lw=0.8, ls="--")
+
+  return Outcome(figs, verdict, reason, "snr_ratio_paired", plot)
+
+
+# ----------------------------------------------------------------------------
 # 11. Off-policy: stale rollouts and a bfloat16 sampler, with and without correction.
 # ----------------------------------------------------------------------------
 
@@ -1513,6 +1628,32 @@ LOO_CLAIMS = (
     sub="f",
     tests=(Test("gap_trie", "above", 0.0),),
     seeds=NEW_SEEDS,
+  ),
+  Claim(
+    "ibpo_paired_variance",
+    10,
+    "IBPO (branches) keeps more signal per unit variance than GRPO on the same rollouts",
+    "IBPO (2605.16302)",
+    "Counterfactual trajectories turn the terminal reward into a process-level advantage "
+    "whose policy gradient has less variance for its signal than GRPO's.",
+    "Pre-registered (issue 56) before its tuning and verdict runs: claim 10c's question in a "
+    "paired design. Per group, the branch arm's G = 8 samples and 4 branch rows under "
+    "configs/ibpo.py:tiny's unbiased plan (cut 'window': c ~ U{1, …, T − 1}, no branch where "
+    "the parent ended first; parents picked uniformly; 2 continuations per cut; branches "
+    "inform the trie only); on those same rows, GRPO's advantages (λ = 0, which is GRPO's "
+    "exactly) and IBPO's at (λ, κ), τ = 1. (λ, κ): the point of κ ∈ {16, 64, 256} × λ ∈ "
+    "{0.25, 0.5, 1} (past the edge of claims 10c-10f's grid) with the highest mean paired SNR "
+    "ratio over tuning seeds 100-102 (claims.tune_ibpo_paired; "
+    "results/reproductions/tuning/ibpo_paired.json), never over verdict seeds 30-34. "
+    + _SNR_RULE
+    + "Supports if the CI of SNR(IBPO) ÷ SNR(GRPO), per seed on the same rows, lies above 1; "
+    "contradicts if it lies below 1; else inconclusive, with the seeds 80% power would need.",
+    (),
+    analyse_ibpo_paired_variance,
+    measure_ibpo_paired_variance,
+    sub="g",
+    tests=(Test("snr_ratio_paired", "above", 1.0),),
+    seeds=PAIRED_SEEDS,
   ),
 )
 

@@ -47,16 +47,20 @@ RECORDED_PLAN = dict(cut="uniform", accept_bias=True)
 KEEP = ("ibpo/terminal_comparison_corr", "ibpo/comparison_abs_mean", "ibpo/kept_pair_frac")
 
 
-def make_config(arm: str, seed: int, *, prompts: int, groups: int, quick: bool, ibpo_params=None):
-  """The arm's config; ibpo_params (lam, shrink[, tau]) override configs/ibpo.py's."""
+def make_config(
+  arm: str, seed: int, *, prompts: int, groups: int, quick: bool, ibpo_params=None, plan="recorded"
+):
+  """The arm's config; ibpo_params (lam, shrink[, tau]) override configs/ibpo.py's. plan:
+  the branch arm's counterfactual plan, "recorded" (claims 10c-10f's, RECORDED_PLAN) or
+  "shipped" (configs/ibpo.py:tiny's own, unbiased: cut "window")."""
   from grpo_jax.infra import config_lib  # noqa: PLC0415
 
   variant = {"grpo": "grpo", "grpo8": "grpo", "trie": "trie", "branch": "tiny"}[arm]
   c = config_lib.load(str(ROOT / "configs" / "ibpo.py") + f":{variant}")
   if arm == "grpo8":
     c.sampler.group_size = 8
-  if arm == "branch":  # As claims 10c/10e ran: cuts drawn up to the parent's length, a plan
-    c.counterfactual.update(RECORDED_PLAN)  # found biased after their verdicts (issue 56).
+  if arm == "branch" and plan == "recorded":  # As claims 10c/10e ran: cuts drawn up to the
+    c.counterfactual.update(RECORDED_PLAN)  # parent's length, found biased later (issue 56).
   if ibpo_params is not None and arm in ("trie", "branch"):
     lam, shrink, *tau = ibpo_params
     c.rl.update(ibpo_lambda=lam, advantage_options={**c.rl.advantage_options, "shrink": shrink})
@@ -161,7 +165,7 @@ def _figures(setup, fns, params, got, batch, metrics, *, prompts, groups) -> dic
   }
 
 
-def _arms(seed, specs: dict, *, prompts: int, groups: int, quick: bool) -> dict:
+def _arms(seed, specs: dict, *, prompts: int, groups: int, quick: bool, plan="recorded") -> dict:
   """{name: figures} for specs {name: (arm, [(λ, κ[, τ]), ...] or None)}, one warm start.
   An arm samples once (the same key for every arm: the trie arm sees GRPO G = 10's
   rollouts, the branch arm GRPO G = 8's); each κ builds its own prepare, λ and τ only change
@@ -176,7 +180,9 @@ def _arms(seed, specs: dict, *, prompts: int, groups: int, quick: bool) -> dict:
     got = None
     for shrink in dict.fromkeys(p[2][1] if p[1] else None for p in points):
       first = next(p for p in points if (p[2][1] if p[1] else None) == shrink)
-      c = make_config(arm, seed, quick=quick, ibpo_params=first[2] if first[1] else None, **size)
+      c = make_config(
+        arm, seed, quick=quick, ibpo_params=first[2] if first[1] else None, plan=plan, **size
+      )
       setup = build.build(c)
       fns = steps.functions(setup)
       if params is None:  # One warm start per seed, shared by the arms.
@@ -210,6 +216,17 @@ def measure_grid(seed: int, *, grid: dict, prompts: int = 8, groups: int = 8, qu
   for name, (arm, params) in grid.items():
     specs.setdefault(arm, []).append((name, True, params))
   return _arms(seed, specs, prompts=prompts, groups=groups, quick=quick)
+
+
+def measure_paired(
+  seed: int, *, points: dict, prompts: int = 8, groups: int = 8, quick: bool = False
+) -> dict:
+  """{name: figures} of GRPO and IBPO on the same rollouts (the paired design of claim 10g):
+  the branch arm samples once, with configs/ibpo.py:tiny's own (unbiased) plan, and every
+  point {name: (λ, κ, τ)} is computed on those rows; λ = 0 is GRPO's advantage exactly (no
+  counterfactual row counts at the root), so a point at λ = 0 is GRPO on the same samples."""
+  specs = {"branch": [(name, True, params) for name, params in points.items()]}
+  return _arms(seed, specs, prompts=prompts, groups=groups, quick=quick, plan="shipped")
 
 
 def main(argv=None) -> list[dict]:

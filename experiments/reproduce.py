@@ -338,6 +338,37 @@ Regenerate: `python experiments/reproduce.py --tune_ibpo`.
   return slim
 
 
+def write_paired_tuning(tuned: dict, *, out: pathlib.Path) -> dict:
+  """out/tuning/ibpo_paired.json and .md: claim 10g's grid on its tuning seeds."""
+  out = out / "tuning"
+  out.mkdir(parents=True, exist_ok=True)
+  (out / "ibpo_paired.json").write_text(json.dumps(tuned, indent=1) + "\n")
+  rows = "\n".join(
+    f"| `{name}` | λ = {row['params'][0]:g}, κ = {row['params'][1]:g} | {row['mean']:.4f} | "
+    + ", ".join(f"{x:.4f}" for x in row["snr_ratio"])
+    + (" | **chosen** |" if name == tuned["best"] else " | |")
+    for name, row in tuned["table"].items()
+  )
+  (out / "ibpo_paired.md").write_text(
+    f"""# Tuning grid of claim 10g (IBPO against GRPO on the same rollouts)
+
+Seeds {tuned["seeds"]} only (claim 10g's verdict seeds are 30-34). Per seed, the branch arm
+(G = 8 samples + 4 window-cut branches per group, configs/ibpo.py:tiny's plan) samples
+once, and GRPO (λ = 0) and each grid point are computed on those rows
+(experiments/ibpo_variance.py `measure_paired`, 16 prompts × 8 groups). The point with
+the highest mean ratio SNR(IBPO) ÷ SNR(GRPO) is claim 10g's; τ = 1 throughout.
+
+| grid point | params | mean SNR ratio | per seed | |
+|---|---|---|---|---|
+{rows}
+
+Regenerate: `python experiments/reproduce.py --tune_ibpo_paired`.
+"""
+  )
+  print(json.dumps(tuned["best_params"]))
+  return tuned
+
+
 def main(argv=None) -> list[dict]:
   CLAIMS = claims_lib.CLAIMS
   # Diagnostics log NaN for empty cells (e.g. no suppressed token in a small probe); the
@@ -355,6 +386,7 @@ def main(argv=None) -> list[dict]:
   parser.add_argument("--table", action="store_true", help="only rewrite index.md and README")
   parser.add_argument("--list", action="store_true", help="list the claims and exit")
   parser.add_argument("--tune_ibpo", action="store_true", help="claims 10c-10f's grid, then exit")
+  parser.add_argument("--tune_ibpo_paired", action="store_true", help="claim 10g's grid, then exit")
   parser.add_argument("--model", default="tiny", choices=tuple(evidence.MODELS), help="policy size")
   parser.add_argument(
     "--extend", default="", help="'K:s1,s2,...': more seeds for judged claim K (out/extended/)"
@@ -375,6 +407,9 @@ def main(argv=None) -> list[dict]:
     return []
   if args.tune_ibpo:
     return [write_tuning(claims_lib.tune_ibpo(root=root, quick=args.quick), out=out)]
+  if args.tune_ibpo_paired:
+    tuned = claims_lib.tune_ibpo_paired(root=root, quick=args.quick)
+    return [write_paired_tuning(tuned, out=out)]
   if args.extend:
     key, seeds = args.extend.split(":")
     seeds = [int(s) for s in seeds.split(",")]
