@@ -197,3 +197,34 @@ def test_readme_table_is_generated_from_the_committed_json():
     r = json.loads(path.read_text())
     assert not r["quick"] and len(r["seeds"]) >= 3, path.name
     assert (path.with_suffix(".md")).exists() and (path.with_suffix(".png")).exists()
+
+
+def test_claim_10g_tunes_on_its_own_seeds_and_judges_the_paired_ratio(tmp_path, monkeypatch):
+  """The paired grid and claim 10g on made-up measurements: GRPO and every point come from
+  one sampling per seed (`ibpo_variance.measure_paired`), the best mean ratio wins, and the
+  verdict reads the per-seed ratio SNR(IBPO) ÷ SNR(GRPO) on the same rows."""
+  import ibpo_variance  # noqa: PLC0415
+
+  calls = []
+
+  def fake(seed, *, points, prompts, groups, quick):
+    calls.append((seed, tuple(points)))
+    snr = {name: 1.0 + 0.1 * lam * (shrink == 64.0) for name, (lam, shrink, _) in points.items()}
+    return {name: {"snr": v, "variance": 1.0 / v, "signal": 1.0, "pass_rate": 0.4} for name, v in snr.items()}  # fmt: skip
+
+  monkeypatch.setattr(ibpo_variance, "measure_paired", fake)
+  tuned = claims.tune_ibpo_paired(root=tmp_path, quick=True)
+  assert [s for s, _ in calls] == list(claims.TUNING_SEEDS)  # Never a verdict seed.
+  assert tuned["best"] == "k64_l1" and tuned["best_params"] == [1.0, 64.0, 1.0]
+  assert tuned["table"]["k64_l1"]["snr_ratio"] == pytest.approx([1.1, 1.1, 1.1])
+  claims.tune_ibpo_paired(root=tmp_path, quick=True)  # Cached: no new measurement.
+  assert len(calls) == 3
+  path = tmp_path / "ibpo_paired.json"
+  path.write_text(json.dumps(tuned))
+  monkeypatch.setattr(claims, "PAIRED_TUNING", path)
+  per_seed = claims.measure_ibpo_paired_variance(seeds=(30, 31, 32), root=tmp_path, quick=True)
+  assert calls[-1] == (32, ("grpo", "ibpo"))
+  outcome = claims.analyse_ibpo_paired_variance(per_seed)
+  assert outcome.figures["snr_ratio_paired"]["per_seed"] == pytest.approx([1.1] * 3)
+  assert outcome.verdict == "supports"
+  assert "λ = 1, κ = 64" in outcome.reason
