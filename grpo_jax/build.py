@@ -427,11 +427,18 @@ def _step_splitter(task, tok) -> alignment.StepSplitter:
 def _check_unbiased_plan(cf, rl_cfg: spec.RLConfig, steps) -> None:
   """An estimator that reads counterfactuals (IBPO's φ) gets a plan that chose each row
   from the prefix it keeps (`counterfactuals.biased_choices`), unless accept_bias."""
-  if cf.accept_bias or not advantages.REGISTRY.traits(rl_cfg.advantage).reads_counterfactuals:
+  if not advantages.REGISTRY.traits(rl_cfg.advantage).reads_counterfactuals:
     return
   state = dict(rl_cfg.advantage_options).get("state", "prefix")
-  reasons = counterfactuals.biased_choices(cf, tau=rl_cfg.ibpo_tau, steps=steps, state=state)
-  if reasons:
+  if state == "span" and not cf.perturbed:  # Not even with accept_bias: ibpo.py, "States".
+    raise ValueError(
+      "config.counterfactual branches with ibpo state 'span': a span pools a state wherever "
+      "it occurs, so a branch's copy of its parent's prefix would enter the parent's baseline "
+      "above the cut, and the estimator leaves a row out of its own baseline exactly only "
+      "when every row counts from depth 0. Use state 'window' or 'prefix', or source 'hint'."
+    )
+  reasons = counterfactuals.biased_choices(cf, tau=rl_cfg.ibpo_tau, steps=steps)
+  if reasons and not cf.accept_bias:
     raise ValueError(
       f"config.counterfactual biases rl.advantage={rl_cfg.advantage!r} (a counterfactual "
       "may sit in its parent's baseline only if the plan chose it from the prefix it keeps): "
@@ -477,11 +484,11 @@ def _check_counterfactuals(cf, rl_cfg: spec.RLConfig, task, steps, *, diagnostic
         "prompt: set rl.recompute_old_logp=True (one forward per row), or weighting "
         "'none' / 'drop'."
       )
-  if "step" in (cf.cut, cf.distance) and not steps.defined:
+  if {"step", "next_step"} & {cf.cut, cf.distance} and not steps.defined:
     raise ValueError(
-      f"{where}: cut or distance 'step' needs the task's step splitter, and task "
-      f"{type(task).__name__} defines neither a one-token step_end_text nor a "
-      "step_start_text; use 'uniform' / 'token'."
+      f"{where}: cut {cf.cut!r} or distance {cf.distance!r} needs the task's step splitter, "
+      f"and task {type(task).__name__} defines neither a one-token step_end_text nor a "
+      "step_start_text; use cut 'window' and distance 'token'."
     )
 
 
@@ -727,9 +734,7 @@ def as_dict(setup: Setup) -> dict:
   """The validated config as plain data (written to workdir/config.json), with
   "variants_from" where variants were registered outside the package (their modules and
   files, `registry.outside_variants`): a command that rebuilds the run imports them."""
-  outside = registry.outside_variants()
-  return {
-    **({"variants_from": outside} if outside else {}),
+  d = {
     "loop": dataclasses.asdict(setup.loop),
     "task": {"class": type(setup.task).__name__, **setup.spec.get("task", {})},
     "model": dataclasses.asdict(setup.model_cfg),
@@ -746,3 +751,16 @@ def as_dict(setup: Setup) -> dict:
     "eval": dataclasses.asdict(setup.eval),
     "rewards": setup.spec.get("rewards", {}),
   }
+  outside = registry.outside_variants(used=_strings(d))  # The ones this config picks.
+  return {"variants_from": outside, **d} if outside else d
+
+
+def _strings(tree) -> set[str]:
+  """Every string value in a nested dict/list/tuple (the names a config picks variants by)."""
+  if isinstance(tree, str):
+    return {tree}
+  if isinstance(tree, dict):
+    return set().union(*map(_strings, tree.values()), set())
+  if isinstance(tree, list | tuple):
+    return set().union(*map(_strings, tree), set())
+  return set()

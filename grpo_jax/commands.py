@@ -219,6 +219,8 @@ def eval_command(inv: cli.Invocation) -> dict:
     raise cli.UsageError("--workdir is required to eval (its checkpoint; the report goes there).")
   if inv.config is None:
     inv = cli.recorded(inv, FLAGS.workdir)
+  else:  # The given --config may not register what the run used; the run says where.
+    cli.import_run_variants(FLAGS.workdir)
   # Each config.eval key has its flag (`main`), which wins over the config.
   given = {k: FLAGS[k].value for k in inv.config.eval if FLAGS[k].value is not None}
   inv.config.eval.update(given)

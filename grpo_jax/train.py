@@ -330,9 +330,15 @@ HOUSEKEEPING_KEYS = (
   "progress",
   "tensorboard",
   "on_config_change",
-  "variants_from",  # Where the run's own variants were registered (build.as_dict).
 )
 HOUSEKEEPING_SECTIONS = ("collapse.", "logging.", "eval.")  # Every key under these, too.
+
+
+def _without(d: dict, key: str) -> dict:
+  """`d` less a top-level key (config.json's "variants_from": where the run's variants were
+  registered, provenance rather than config: a module re-imported by name is recorded under
+  that name, not as __main__)."""
+  return {k: v for k, v in d.items() if k != key}
 
 
 def config_changes(before: dict, after: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:
@@ -363,7 +369,7 @@ def _record_config(
   previous = workdir / "config.json"
   before = st.config or (json.loads(previous.read_text()) if previous.exists() else None)
   if resumed_from is not None and before is not None:
-    changes = config_changes(before, now)
+    changes = config_changes(_without(before, "variants_from"), _without(now, "variants_from"))
     if changes:
       text = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changes)
       real = [

@@ -78,10 +78,12 @@ def test_the_interval_stays_right_when_a_drawn_set_repeats_problems():
     distinct.append(len(set(k_P)))
   assert 0.5 < np.mean(distinct) / P < 0.7  # Repeats are common.
   sd = float(np.std(means))
-  assert covered / reps == pytest.approx(0.953, abs=0.001)
-  assert np.mean(width) / 3.92 == pytest.approx(sd, rel=0.05)
-  assert cluster_covered / reps == pytest.approx(0.995, abs=0.001)
-  assert np.mean(cluster_width) / np.mean(width) == pytest.approx(1.48, abs=0.01)
+  # Bands, not this stream's figures (95.3%, 99.5%, 1.48×): coverage over 400 reps has a
+  # Monte-Carlo standard error of about 1.1 points.
+  assert 0.93 <= covered / reps <= 0.97
+  assert np.mean(width) / 3.92 == pytest.approx(sd, rel=0.1)
+  assert cluster_covered / reps >= 0.98
+  assert np.mean(cluster_width) / np.mean(width) > 1.3
 
 
 def test_every_figure_by_hand():

@@ -93,6 +93,18 @@ def test_a_variant_s_home_is_recorded_and_imported_or_named(tmp_path, monkeypatc
 
   shipped.__module__ = "grpo_jax.rl.advantages"  # As if the package registered it.
   assert registry.outside_variants() == got
+  assert registry.outside_variants(used={"other"}) == []  # Only what a config picks.
+  # Registered already (the process that made the run, or a notebook): nothing to import.
+  registry.import_origins([{"module": "__main__", "file": None, "variants": ["widget:spinner"]}])
+  # A module of the recorded name that does not register the variant: the recorded file.
+  (tmp_path / "nowhere").mkdir()
+  (tmp_path / "nowhere" / "impostor.py").write_text("X = 1\n")
+  gadget = tmp_path / "gadget_home.py"
+  gadget.write_text(home.read_text().replace("spinner", "gadget"))
+  registry.import_origins(
+    [{"module": "impostor", "file": str(gadget), "variants": ["widget:gadget"]}]
+  )
+  assert "gadget" in reg
   workdir = tmp_path / "run"
   workdir.mkdir()
   gone = {"module": "gone_module", "file": str(tmp_path / "gone.py"), "variants": ["widget:x"]}

@@ -178,7 +178,11 @@ def test_perturbed_prompt_rows_carry_truncated_importance_weights():
     ({"rl.ibpo_tau": 0.5}, r"rl.ibpo_tau=0.5 keeps a counterfactual by its distance"),
     (
       {"rl.advantage_options": {"state": "span", "context": 2}},
-      r"ibpo state 'span' pools a state wherever it occurs.*use state 'window'",
+      r"branches with ibpo state 'span'.*Use state 'window' or 'prefix'",
+    ),
+    (
+      {"rl.advantage_options": {"state": "span", "context": 2}, "counterfactual.accept_bias": True},
+      r"branches with ibpo state 'span'",
     ),
     ({"rl.advantage_options": {"state": "trie"}}, r"ibpo state must be one of prefix, window"),
     ({"rl.advantage_options": {"state": "window"}}, r"reads the last `context` tokens"),
@@ -219,6 +223,9 @@ def test_unsupported_perturbation_and_missing_step_splitter_are_refused(monkeypa
   monkeypatch.setattr(arithmetic.Arithmetic, "step_end_text", ("AN",))  # Not one token.
   c.counterfactual.update(source="branch", cut="step")
   with pytest.raises(config_lib.ConfigError, match="needs the task's step splitter"):
+    build.build(c)
+  c.counterfactual.update(cut="next_step")  # It reads step starts too (else no branch ever).
+  with pytest.raises(config_lib.ConfigError, match="cut 'next_step' .* use cut 'window'"):
     build.build(c)
 
 

@@ -129,51 +129,70 @@ def origin(obj) -> tuple[str, str | None]:
   return module, getattr(sys.modules.get(module), "__file__", None)
 
 
-def outside_variants(package: str = "grpo_jax") -> list[dict]:
-  """[{"module", "file", "variants": ["<kind>:<name>", ...]}] of every variant registered
-  from outside `package`, one entry per module, sorted."""
+def outside_variants(package: str = "grpo_jax", *, used=None) -> list[dict]:
+  """[{"module", "file", "variants": ["<kind>:<name>", ...]}] of the variants registered
+  from outside `package`, one entry per module, sorted; with `used` (a set of names), only
+  the variants whose names are in it (a config's string values: the ones the run picks)."""
   found: dict[tuple[str, str | None], list[str]] = {}
   for reg in _ALL:
     for name, obj in reg._items.items():
       module, path = origin(obj)
-      if module != package and not module.startswith(package + "."):
+      outside = module != package and not module.startswith(package + ".")
+      if outside and (used is None or name in used):
         found.setdefault((module, path), []).append(f"{reg.kind}:{name}")
   return [
     {"module": m, "file": f, "variants": sorted(v)} for (m, f), v in sorted(found.items(), key=str)
   ]
 
 
-def import_origin(module: str, path: str | None) -> None:
-  """Imports `module` by name, or else from `path` (a config file loaded by path; a script
-  that ran as __main__ is imported under its file's stem, so its main guard stays shut).
-  Raises ImportError saying what to do when neither works."""
-  name = pathlib.Path(path).stem if module == "__main__" and path else module
-  if name in sys.modules and name != "__main__":
+def _registered(variants) -> bool:
+  """Whether every "<kind>:<name>" of `variants` is in its registry now."""
+  kinds = {reg.kind: reg for reg in _ALL}
+  for v in variants:
+    kind, _, name = v.rpartition(":")
+    if kind not in kinds or name not in kinds[kind]:
+      return False
+  return True
+
+
+def import_origin(module: str, path: str | None, *, variants=()) -> None:
+  """Imports `module`, unless `variants` ("<kind>:<name>") are all registered already (the
+  process that registered them, or a --config file that does): by name when that
+  registers them, else from `path` (a config file loaded by path; a script that ran as
+  __main__ is loaded under its file's stem, so its main guard stays shut). Raises
+  ImportError saying what to do when neither works."""
+  if variants and _registered(variants):
     return
+  name = pathlib.Path(path).stem if module == "__main__" and path else module
   if module != "__main__":
     try:
       importlib.import_module(name)
-      return
+      if not variants or _registered(variants):
+        return
     except ImportError:
-      if not path:
-        raise
+      pass
   if not path or not pathlib.Path(path).is_file():
     where = f"file {path}, not found" if path else "no file: a notebook or an interactive session"
     raise ImportError(
       f"module {module!r} ({where}): put the registration in an importable module and import "
       "it from the --config file, or pass that --config"
     )
+  name = name if name not in sys.modules else f"_grpo_jax_variants_{pathlib.Path(path).stem}"
   spec = importlib.util.spec_from_file_location(name, path)
   loaded = importlib.util.module_from_spec(spec)
   sys.modules[name] = loaded
-  spec.loader.exec_module(loaded)
+  try:
+    spec.loader.exec_module(loaded)
+  except BaseException:
+    del sys.modules[name]  # No half-made module for a retry to take as imported.
+    raise
 
 
 def import_origins(recorded: list[dict]) -> None:
   """`import_origin` for each entry of a run's "variants_from" (`outside_variants`)."""
   for entry in recorded:
     try:
-      import_origin(entry["module"], entry.get("file"))
+      import_origin(entry["module"], entry.get("file"), variants=entry.get("variants", ()))
     except ImportError as e:
       raise ImportError(
         f"the run's variants {', '.join(entry.get('variants', []))} were registered by {e}."

@@ -105,7 +105,7 @@ class CounterfactualConfig:
   branch_from: str = "failed"  # BRANCH_FROM: which rollouts get counterfactuals.
   cut: str = "uniform"  # CUTS (branches only).
   cut_window: int = 0  # W of the window and next_step cuts (0: T − 1).
-  token_budget: int = 0  # Expected counterfactual tokens per iteration (0: no cap).
+  token_budget: int = 0  # The most counterfactual tokens per iteration (0: no cap).
   train: bool = False  # Train counterfactual rows (own tokens) too, not only φ.
   weighting: str = "truncated_is"  # WEIGHTING of perturbed rows.
   distance: str = "token"  # DISTANCES of the full-rewrite filter.
@@ -145,20 +145,12 @@ class CounterfactualConfig:
     return KINDS.index(self.source)
 
 
-def biased_choices(
-  cfg: CounterfactualConfig, *, tau: float, steps, state: str = "prefix"
-) -> tuple[str, ...]:
-  """The choices of `cfg` (and of the full-rewrite filter's τ, and ibpo's state) that read
-  more of a parent than the prefix its counterfactual keeps, each with what to use instead
-  (the module docstring); () for a plan IBPO may read. steps: the task's
-  `alignment.StepSplitter`."""
+def biased_choices(cfg: CounterfactualConfig, *, tau: float, steps) -> tuple[str, ...]:
+  """The choices of `cfg` (and of the full-rewrite filter's τ) that read more of a parent
+  than the prefix its counterfactual keeps, each with what to use instead (the module
+  docstring); () for a plan IBPO may read. steps: the task's `alignment.StepSplitter`.
+  (ibpo's state "span" with branches is refused apart, by build: no flag admits it.)"""
   out = []
-  if state == "span":
-    out.append(
-      "ibpo state 'span' pools a state wherever it occurs, so a counterfactual's spans, "
-      "copied from its parent's prefix or not, would enter its parent's baseline above its "
-      "cut (use state 'window' or 'prefix')"
-    )
   if cfg.branch_from != "all":
     out.append(
       f"branch_from={cfg.branch_from!r} picks parents by their outcome, which their later "
@@ -211,10 +203,13 @@ class Plan:
 # ----------------------------------------------------------------------------
 
 
-def eligible(correct_N, length_N, *, branch_from: str):
-  """Rollouts that may get counterfactuals: by outcome, and at least 2 tokens long."""
+def eligible(correct_N, length_N, *, branch_from: str, needs_prefix: bool = True):
+  """Rollouts that may get counterfactuals: by outcome, and for a branch (needs_prefix) at
+  least 2 tokens long. A perturbed-prompt row copies nothing of its parent, so its slot
+  never waits on the parent's length (which would tie the row to the first token of every
+  row of the group, when all but one ended at once)."""
   ok = {"failed": correct_N <= 0, "correct": correct_N > 0, "all": correct_N == correct_N}
-  return ok[branch_from] & (length_N >= 2)
+  return ok[branch_from] & ((length_N >= 2) | (not needs_prefix))
 
 
 def first_unique(tokens_NT, mask_NT, group_ids_N):
@@ -284,7 +279,9 @@ def plan(
   G, C, k = group_size, cfg.per_group, cfg.per_rollout
   B = N // G
   pick_key, cut_key, order_key = jax.random.split(key, 3)
-  ok_BG = eligible(correct_N, rollouts.length_N, branch_from=cfg.branch_from).reshape(B, G)
+  ok_BG = eligible(
+    correct_N, rollouts.length_N, branch_from=cfg.branch_from, needs_prefix=not cfg.perturbed
+  ).reshape(B, G)
   score_BG = jnp.where(ok_BG, jax.random.gumbel(pick_key, (B, G)), -jnp.inf)
   order_BG = jnp.argsort(-score_BG, axis=1)
   n_B = jnp.sum(ok_BG, axis=1)

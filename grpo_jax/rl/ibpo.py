@@ -89,8 +89,10 @@ only as far as the key predicts the outcome; with κ > 0 each state still shrink
 previous state's value. The tabular tests (tests/test_ibpo.py, test_counterfactual_bias.py)
 measure both unbiased. A branch counts from its cut at its own depth, which a window keeps
 and a span does not: a span copied from the parent's prefix would enter the parent's
-baseline above the cut, so span with counterfactual rows is refused
-(`counterfactuals.biased_choices`). The alignment of `alignment.align` (edit distance over
+baseline above the cut, and a row counting from depth c > 0 could keep its own reward in
+its baseline at a shallower occurrence of the same state; so build refuses span with
+branch rows, whatever accept_bias says (every row then counts from depth 0, where leaving
+a row out of its own states is exact). The alignment of `alignment.align` (edit distance over
 whole rows) is not a key: it reads the credited row's later tokens, which would bias it.
 
 Two forms we do not implement, and why. The one-step form φ(o_{i,≤t}) − φ_{−i}(o_{i,<t}) gives
