@@ -34,6 +34,9 @@ def test_an_estimator_and_a_loss_with_new_hyperparameters_are_one_file():
   assert "| benchmark | greedy |" in out["eval"]["tail"], out["eval"]["tail"]
   assert out["resume"]["returncode"] == 0, out["resume"]["tail"]
   assert out["resume"]["iterations_done"] == 2
+  # The file re-imported under its stem is recorded so; that is provenance, not a change.
+  assert out["resume"]["resumed_from_1"], out["resume"]["tail"]  # It says what changed...
+  assert not out["resume"]["changes_variants_from"], out["resume"]["tail"]  # ...not this.
   assert out["errors"] == [
     "config.rl.advantage_hyper.adv_scale=-1.0: must be a number in [0, inf] (the advantages' "
     "scale).",

@@ -95,10 +95,13 @@ def main():
     cmd += ["--config.iterations=2", f"--workdir={workdir}"]
     ran = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp)
     done = json.loads((workdir / "summary.json").read_text())["iterations_done"]
+    said = ran.stdout + ran.stderr
     out["resume"] = {
       "returncode": ran.returncode,
       "iterations_done": done,
-      "tail": ran.stderr[-1500:],
+      "tail": said[-1500:],
+      "changes_variants_from": "variants_from" in said,
+      "resumed_from_1": "resuming from iteration 1" in said,
     }
   print(json.dumps(out))
 
