@@ -15,7 +15,7 @@ import pathlib
 import jax
 from absl import flags, logging
 
-from grpo_jax import build, cli, evaluate, memory, memory_advice, rm_train, steps, train
+from grpo_jax import build, cli, eval_command, memory, memory_advice, rm_train, steps, train
 from grpo_jax.infra import checkpoint, collapse, config_lib, distributed, logs, tpu
 from grpo_jax.models import gguf_import, hf
 from grpo_jax.rewards import reward_model
@@ -181,7 +181,7 @@ def main(inv: cli.Invocation, *, process_ends_on_error: bool = False):
     plan(inv.config)
     return
   if inv.command == "eval":
-    eval_command(inv)
+    run_eval(inv)
     return
   if inv.command == "rm-train":
     if not FLAGS.workdir:
@@ -212,9 +212,9 @@ def main(inv: cli.Invocation, *, process_ends_on_error: bool = False):
     raise SystemExit(143)  # 128 + SIGTERM: a scheduler sees the job as interrupted.
 
 
-def eval_command(inv: cli.Invocation) -> dict:
+def run_eval(inv: cli.Invocation) -> dict:
   """`grpo-jax eval`: the run's own config (workdir/config.json) unless --config is given,
-  with --benchmarks/--k/--size/--step/--out over config.eval (`evaluate.run`)."""
+  with --benchmarks/--k/--size/--step/--out over config.eval (`eval_command.run`)."""
   if not FLAGS.workdir:
     raise cli.UsageError("--workdir is required to eval (its checkpoint; the report goes there).")
   if inv.config is None:
@@ -224,7 +224,7 @@ def eval_command(inv: cli.Invocation) -> dict:
   # Each config.eval key has its flag (`main`), which wins over the config.
   given = {k: FLAGS[k].value for k in inv.config.eval if FLAGS[k].value is not None}
   inv.config.eval.update(given)
-  return evaluate.run(inv.config, FLAGS.workdir)
+  return eval_command.run(inv.config, FLAGS.workdir)
 
 
 def _library_output(workdir: str):
@@ -248,7 +248,7 @@ USER_ERRORS = {
   train.WorkdirError: 2,
   checkpoint.CheckpointMismatchError: 2,
   memory_advice.OutOfMemoryPlan: 2,
-  evaluate.EvalError: 2,
+  eval_command.EvalError: 2,
   reward_model.PairsError: 2,
   checkpoint.CheckpointDamagedError: 1,
   checkpoint.NoValidCheckpointError: 1,

@@ -18,7 +18,7 @@ XLA's own figures next to the plan. Its last line is one JSON object.
 
 `eval` scores the workdir's newest checkpoint (or config.hf_dir's weights) on
 config.eval.benchmarks with greedy, avg@k, pass@k and maj@k and their intervals, and
-writes workdir/eval/step_<step>/eval.json and eval.md (`evaluate`). Without --config it
+writes workdir/eval/step_<step>/eval.json and eval.md (`eval_command`). Without --config it
 runs on the config the run recorded (workdir/config.json); --benchmarks, --k, --size,
 --step and --out set config.eval's keys.
 

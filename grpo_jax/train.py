@@ -9,7 +9,7 @@
   Restore     the latest checkpoint (`checkpoint`, read as a `run_state.RunState`), or a
               fresh start: params (random, or streamed from config.hf_dir by `hf`), the
               supervised warm start (`warmstart`) and the first evaluation
-              (`evaluation`), saved as step 0.
+              (`heldout`), saved as step 0.
   Iterate     each RL iteration: draw B prompts and sample G rollouts each, dispatch the
               old/ref log-prob forwards and score rewards on the host meanwhile
               (`rollout.collect`, with DAPO dynamic sampling when on) -> advantages and
@@ -54,7 +54,7 @@ import numpy as np
 
 from grpo_jax import (
   build,
-  evaluation,
+  heldout,
   pipeline,
   rollout,
   run_state,
@@ -292,7 +292,7 @@ def _start(s: _Session) -> run_state.RunState:
   shardings = jax.tree.map(lambda x: x.sharding, run_state.abstract_tree(setup, fns))
   tree = jax.device_put(run_state.initial_tree(setup, fns, params), shardings)
   eval_key = jax.random.fold_in(key, 2**31 - 1)  # No iteration's key.
-  warm, s.samples = evaluation.run(setup, fns, s.verifier, params, key=eval_key)
+  warm, s.samples = heldout.run(setup, fns, s.verifier, params, key=eval_key)
   meta = dict(warmstart=warm, last_eval=warm, best_accuracy=warm["eval/greedy_accuracy"])
   if model.is_adapted(params):  # Kept once (workdir/base) or named (config.hf_dir).
     trained = bool(setup.loop.warmstart_steps) and setup.model_cfg.lora.warm_start == "base"
@@ -465,7 +465,7 @@ class _Loop:
     every = self.setup.tracking.rollouts_every
     if every and it % every == 0:
       groups = self.setup.tracking.rollouts_groups
-      self.rollout_rows = evaluation.training_rows(self.setup, got, batch, groups=groups)
+      self.rollout_rows = heldout.training_rows(self.setup, got, batch, groups=groups)
     snapshot = self.diag and self.diag.before_update(
       it, st.train.params, batch, data_range=range(data_start, st.data_index)
     )
@@ -586,14 +586,14 @@ class _Loop:
     return out
 
   def take_rollouts(self) -> list[dict]:
-    """This iteration's shown training rows (`evaluation.training_rows`; [] when it shows
+    """This iteration's shown training rows (`heldout.training_rows`; [] when it shows
     none: config.logging.rollouts_every), once."""
     out, self.rollout_rows = self.rollout_rows, []
     return out
 
   def _evaluate(self, st: run_state.RunState, it: int, key) -> dict:
     t0 = time.perf_counter()
-    st.last_eval, self.samples = evaluation.run(
+    st.last_eval, self.samples = heldout.run(
       self.setup, self.fns, self.verifier, st.train.params, key=key
     )
     accuracy = st.last_eval["eval/greedy_accuracy"]

@@ -51,7 +51,7 @@ MODULE_ORDER = (
   "test_memory", "test_reward_model",
   "test_multihost", "test_sharding", "test_offpolicy", "test_sampling", "test_moe_learning",
   "test_lora_learning", "test_kernels", "test_model", "test_packing", "test_reproductions",
-  "test_train", "test_rl", "test_ibpo_train", "test_evaluate", "test_readme", "test_hf",
+  "test_train", "test_rl", "test_ibpo_train", "test_eval_command", "test_readme", "test_hf",
   "test_routing_replay", "test_chunked_logits", "test_dataset_faults", "test_notebook",
 )  # fmt: skip
 

@@ -161,7 +161,7 @@ def _check_warm_start(workdir: pathlib.Path, config, fixture: str) -> None:
   import json  # noqa: PLC0415
   import shutil  # noqa: PLC0415
 
-  from grpo_jax import build, evaluate, train  # noqa: PLC0415
+  from grpo_jax import build, eval_command, train  # noqa: PLC0415
 
   made = json.loads((workdir / "config.json").read_text())
   now = json.loads(json.dumps(build.as_dict(build.build(config)), default=str))
@@ -182,7 +182,7 @@ def _check_warm_start(workdir: pathlib.Path, config, fixture: str) -> None:
   c = config.copy_and_resolve_references()  # Scored on the problems and samples it was.
   c.update(eval_size=made["loop"]["eval_size"], eval_samples=made["loop"]["eval_samples"])
   c.eval.update(step=0, k=c.eval_samples, size=0, out=str(out))
-  (figures,) = evaluate.run(c, workdir, log=lambda _: None)["figures"].values()
+  (figures,) = eval_command.run(c, workdir, log=lambda _: None)["figures"].values()
   got, want = figures["greedy"]["value"], recorded["eval/greedy_accuracy"]
   if abs(got - want) * c.eval_size > STALE_PROBLEMS:
     raise StaleWarmStart(

@@ -13,7 +13,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "grpo_jax"
 # The trainer: one module per phase of the data path (README, "Architecture").
-TRAINER = ("config", "build", "rollout", "warmstart", "evaluation", "steps", "run_state", "train", "main")
+TRAINER = ("config", "build", "rollout", "warmstart", "heldout", "steps", "run_state", "train", "main")
 # The package's folders, lowest first: a module may import its own folder, the folders
 # before it and nothing else of the package (README, "Architecture"). The trainer's modules
 # (grpo_jax/*.py) sit on top and may import any of them.

@@ -7,7 +7,7 @@ import jax
 import pytest
 import runs
 
-from grpo_jax import evaluate
+from grpo_jax import eval_command
 
 # Measured (eval every 10): GRPO 51.6% -> 57.8% (40), 63.3% (50), 68.0% (60); the flipped
 # arm falls to 27.3% in 20 iterations (9.4% at 60). From the committed warm start
@@ -70,12 +70,12 @@ def test_a_committed_warm_start_that_no_longer_reproduces_is_refused(tmp_path, m
   changed.warmstart_steps += 1
   with pytest.raises(runs.StaleWarmStart, match=r"another config: \['loop.warmstart_steps"):
     runs._check_warm_start(workdir, changed, "arithmetic_tiny")
-  real = evaluate.source
+  real = eval_command.source
 
   def reversed_(*args, **kwargs):
     params, key, info = real(*args, **kwargs)
     return jax.tree.map(lambda x: x[::-1], params), key, info
 
-  monkeypatch.setattr(evaluate, "source", reversed_)
+  monkeypatch.setattr(eval_command, "source", reversed_)
   with pytest.raises(runs.StaleWarmStart, match=r"scores its greedy accuracy .*Rewrite it"):
     runs._check_warm_start(workdir, _config(), "arithmetic_tiny")

@@ -213,13 +213,13 @@ def test_samples_go_to_samples_jsonl_and_tensorboards_text_tab_and_resume_cuts_t
 
 
 def test_verdicts_and_the_samples_an_evaluation_shows():
-  from grpo_jax import evaluation, tasks  # noqa: PLC0415
+  from grpo_jax import heldout, tasks  # noqa: PLC0415
 
-  assert [evaluation.verdict(*x) for x in [(1, 1, True), (0.5, 1, True), (0, 1, True)]] == [
+  assert [heldout.verdict(*x) for x in [(1, 1, True), (0.5, 1, True), (0, 1, True)]] == [
     "correct", "partial", "wrong"
   ]  # fmt: skip
-  assert evaluation.verdict(0, 0, True) == "wrong format"
-  assert evaluation.verdict(1, 1, False) == "unscorable"
+  assert heldout.verdict(0, 0, True) == "wrong format"
+  assert heldout.verdict(1, 1, False) == "unscorable"
   task = tasks.get("arithmetic")
   tok = task.tokenizer()
   examples = {i: task.example("test", i, seed=0) for i in range(3)}
@@ -229,7 +229,7 @@ def test_verdicts_and_the_samples_an_evaluation_shows():
   for i, r in enumerate(rows):
     ids = tok.encode(r, add_eos=True)
     tokens_NT[i, : len(ids)] = ids
-  shown = evaluation.sample_records(
+  shown = heldout.sample_records(
     tok, examples, tokens_NT, reward_N=[1.0, 0.0, 0.0], format_N=[1.0, 1.0, 0.0],
     scorable_N=[True, True, True], show=2,
   )  # fmt: skip

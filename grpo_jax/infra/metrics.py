@@ -197,14 +197,14 @@ DEFINITIONS = {
   "LM head at the T completion positions only) / time/update / peak FLOP/s.",
   "eval/greedy_accuracy": "Held-out accuracy of greedy completions (first eval_size test problems).",
   "eval/greedy_accuracy_low": "Lower end of eval/greedy_accuracy's 95% percentile-bootstrap "
-  "interval over its problems (evaluation.interval: 2000 resamples, seed 0).",
+  "interval over its problems (heldout.interval: 2000 resamples, seed 0).",
   "eval/greedy_accuracy_high": "Upper end of eval/greedy_accuracy's 95% percentile-bootstrap "
-  "interval over its problems (evaluation.interval: 2000 resamples, seed 0).",
+  "interval over its problems (heldout.interval: 2000 resamples, seed 0).",
   "eval/problems": "Held-out problems the evaluation scored (eval_size, or fewer when the test "
   "split is smaller).",
   "eval/distinct_problems": "Distinct problems among eval/problems (Task.problem_key): a task "
   "that draws its problems can draw one twice (independent draws: the interval stays right, "
-  "evaluation.interval says why).",
+  "heldout.interval says why).",
   "eval/format_rate": "Held-out fraction of greedy completions that follow the answer template "
   "(episodes, config.env: the fraction the environment ended, episode/end/done).",
   "eval/reward_errors": "Held-out reward calls that raised, returned non-finite or timed out.",

@@ -78,6 +78,10 @@ MODULES = {
   "sandbox": "grpo_jax.verifiers.sandbox",
   "datasets": "grpo_jax.tasks.datasets",
   "episodes": "grpo_jax.envs.episodes",
+  # Renamed in 0.2 by what they do (three names that sounded alike).
+  "evaluation": "grpo_jax.heldout",
+  "evaluate": "grpo_jax.eval_command",
+  "benchmarks": "grpo_jax.eval_figures",
 }
 
 # Names of the old `grpo_jax.rl` module -> the module of grpo_jax.rl that holds them now.

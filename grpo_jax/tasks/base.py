@@ -143,7 +143,7 @@ class Task(abc.ABC):
 
   def problem_key(self, split: str, index: int, *, seed: int) -> str:
     """The identity of example(split, index): two indices with one key are one problem drawn
-    twice (an evaluation's interval resamples problems, not draws: `evaluation.interval`).
+    twice (an evaluation's interval resamples problems, not draws: `heldout.interval`).
     A drawn problem's key is the one its split hashes; a task that reads its problems from
     a dataset (it overrides `example`) keys them by prompt."""
     if type(self).example is not Task.example:

@@ -1,8 +1,8 @@
 """Held-out evaluation: greedy accuracy, and pass@k / mean@k from n samples per problem.
 
-    out = evaluation.evaluate(setup, fns, pool, params, key=key)   # the trainer's eval phase
-    out, shown = evaluation.run(setup, fns, pool, params, key=key)  # + a few greedy samples
-    evaluation.pass_at_k(n, c_P, k), evaluation.mean_at_k(correct_PK)   # the estimators
+    out = heldout.evaluate(setup, fns, pool, params, key=key)   # the trainer's eval phase
+    out, shown = heldout.run(setup, fns, pool, params, key=key)  # + a few greedy samples
+    heldout.pass_at_k(n, c_P, k), heldout.mean_at_k(correct_PK)   # the estimators
 
 Notation: a problem has n sampled completions, c of them correct; k <= n.
 """
@@ -93,7 +93,7 @@ BOOTSTRAP_SEED = 0
 def interval(values_P, *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED):
   """(mean, [low, high]): the mean over problems and its 95% percentile-bootstrap interval
   (`resamples` resamplings of the problems, seeded: the same values give the same
-  interval). The eval command's figures (`benchmarks`) and the trainer's
+  interval). The eval command's figures (`eval_figures`) and the trainer's
   eval/greedy_accuracy_low/high use it.
 
   A task that draws its problems (`Task.problem_key`) can draw one twice: 128 held-out
@@ -103,7 +103,7 @@ def interval(values_P, *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOT
   included, and resampling the draws is the right bootstrap. Resampling distinct problems
   with their copies (a cluster bootstrap) would not be: on a 150-problem population drawn
   128 times, 400 times over, this interval covered the truth 95.3% of the time and the
-  cluster one 99.5%, 48% wider (tests/test_benchmarks.py keeps that property). What repeats
+  cluster one 99.5%, 48% wider (tests/test_eval_figures.py keeps that property). What repeats
   cost is precision: eval/distinct_problems says how many problems a run really saw."""
   v = np.asarray(values_P, np.float64)
   if v.ndim != 1 or v.size == 0:

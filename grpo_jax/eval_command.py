@@ -17,7 +17,7 @@ the model's tokenizer. Per problem: the greedy completion and k = config.eval.k 
 the config's sampling parameters, each decoded, scored (reward, format, scorable) and its
 answer extracted (`Task.extract_answer`).
 
-Figures (`benchmarks.figures`): greedy, avg@k, pass@k (unbiased), maj@k (tasks that
+Figures (`eval_figures.figures`): greedy, avg@k, pass@k (unbiased), maj@k (tasks that
 extract answers), format and unscorable rates, each with a 95% percentile-bootstrap
 interval over problems. The first batch is sampled with the key the trainer's in-loop
 evaluation of that checkpoint used (iteration i: fold_in(fold_in(run key, i), 2); the
@@ -44,7 +44,7 @@ import re
 import jax
 import numpy as np
 
-from grpo_jax import benchmarks, build, evaluation, rollout, run_state, steps, tasks
+from grpo_jax import build, eval_figures, heldout, rollout, run_state, steps, tasks
 from grpo_jax.envs import episodes
 from grpo_jax.infra import logs
 from grpo_jax.models import sampling
@@ -295,7 +295,7 @@ def run_benchmark(
       progress(name, [r["greedy"]["reward"] for batch in done for r in batch])
   problems = [r for rows in done for r in rows]
   keys_P = [task.problem_key("test", p["index"], seed=setup.loop.seed) for p in problems]
-  return _figures(task, problems, k=k), problems, evaluation.distinct(keys_P)
+  return _figures(task, problems, k=k), problems, heldout.distinct(keys_P)
 
 
 def _size(setup: build.Setup, task) -> int:
@@ -322,7 +322,7 @@ def _figures(task, problems: list[dict], *, k: int) -> dict:
     kw["scorable_PK"] = [[s["scorable"] for s in p["samples"]] for p in problems]
     if type(task).extract_answer is not tasks_base.Task.extract_answer:
       kw["answers_PK"] = [[s["answer"] for s in p["samples"]] for p in problems]
-  return benchmarks.figures(**kw)
+  return eval_figures.figures(**kw)
 
 
 # ----------------------------------------------------------------------------
@@ -387,7 +387,7 @@ def run(config_dict, workdir, *, log=print) -> dict:
   figs = {n: b["figures"] for n, b in report["benchmarks"].items()}
   (out / REPORT).write_text(json.dumps(report, indent=1) + "\n")
   (out / SUMMARY).write_text(_markdown(report, figs))
-  log(benchmarks.table(figs))
+  log(eval_figures.table(figs))
   log(f"wrote {out / REPORT} and {out / SUMMARY}")
   return {"source": source_info, "out": str(out), "figures": figs}
 
@@ -408,12 +408,12 @@ def _markdown(report: dict, figs: dict) -> str:
       "Problems per benchmark (the first of each test split): "
       + ", ".join(f"{n} {_count(b)}" for n, b in report["benchmarks"].items())
       + f"; greedy and k = {report['k']} samples each. Percent, with 95% percentile-bootstrap intervals over "
-      f"problems ({evaluation.BOOTSTRAP_RESAMPLES} resamples, seed {evaluation.BOOTSTRAP_SEED}); "
+      f"problems ({heldout.BOOTSTRAP_RESAMPLES} resamples, seed {heldout.BOOTSTRAP_SEED}); "
       "pass@k is the unbiased estimator (Chen et al. 2021); maj@k votes over extracted "
       "answers, ties to the answer seen first; unscorable rows count as wrong and are "
       "reported apart. Every problem's verdicts: eval.json.",
       "",
-      benchmarks.table(figs),
+      eval_figures.table(figs),
       "",
     ]
   )

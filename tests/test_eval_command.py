@@ -1,4 +1,4 @@
-"""`grpo-jax eval` (grpo_jax/evaluate.py): on a trained checkpoint its figures equal the
+"""`grpo-jax eval` (grpo_jax/eval_command.py): on a trained checkpoint its figures equal the
 trainer's in-loop evaluation of that checkpoint; several benchmarks (a task, another task, a
 JSONL file) in one call with every problem's verdicts written; a killed eval resumes after
 its last whole batch; bad requests are one clear error."""
@@ -8,7 +8,7 @@ import json
 import pytest
 import runs  # tests/ is on sys.path (conftest).
 
-from grpo_jax import evaluate, train
+from grpo_jax import eval_command, train
 from grpo_jax.infra import config_lib
 from grpo_jax.tasks import jsonl as jsonl_task
 
@@ -38,7 +38,7 @@ def test_the_figures_equal_the_trainers_evaluation_of_the_checkpoint(trained, st
   newest checkpoint (iteration 2) and of checkpoint 0 (the warm start's evaluation) are
   the in-loop evaluation's eval/greedy_accuracy, eval/mean@4 and eval/pass@k."""
   workdir, evals = trained
-  out = evaluate.run(_config(k=4, step=step, out=str(tmp_path)), workdir, log=lambda _: None)
+  out = eval_command.run(_config(k=4, step=step, out=str(tmp_path)), workdir, log=lambda _: None)
   iteration = 2 if step == -1 else 0
   assert out["source"] == {"workdir": str(workdir), "step": iteration}
   got = out["figures"]["arithmetic"]
@@ -65,13 +65,13 @@ def test_several_benchmarks_write_every_verdict(trained, tmp_path):
   c = _config(k=4, benchmarks=",".join(names), out=str(tmp_path / "out"))
   c.progress = True  # Lines here (stderr is no terminal under pytest): the first and last.
   said = []
-  out = evaluate.run(c, workdir, log=said.append)
+  out = eval_command.run(c, workdir, log=said.append)
   bars = [x for x in said if x.startswith("eval ")]
   assert len(bars) == 2 and bars[0].startswith("eval 1/3 (33%): arithmetic greedy "), said
   greedy = out["figures"][f"jsonl:{bench}"]["greedy"]["value"]
   assert bars[1].startswith(f"eval 3/3 (100%): jsonl:{bench} greedy {greedy:.3f} on 2 problems")
   assert not any("tok/s" in x or "reward" in x for x in bars)  # Not the trainer's figures.
-  report = json.loads((tmp_path / "out" / evaluate.REPORT).read_text())
+  report = json.loads((tmp_path / "out" / eval_command.REPORT).read_text())
   assert list(report["benchmarks"]) == list(names) == list(out["figures"])
   sizes = {n: b["problems_scored"] for n, b in report["benchmarks"].items()}
   assert sizes == {"arithmetic": 16, "long_addition": 16, f"jsonl:{bench}": 2}
@@ -88,7 +88,7 @@ def test_several_benchmarks_write_every_verdict(trained, tmp_path):
   for p in report["benchmarks"][f"jsonl:{bench}"]["problems"]:
     for row in (p["greedy"], *p["samples"]):
       assert row["reward"] == float(row["completion"].strip() == p["answer"])
-  text = (tmp_path / "out" / evaluate.SUMMARY).read_text()
+  text = (tmp_path / "out" / eval_command.SUMMARY).read_text()
   assert "| benchmark | greedy |" in text and "| long_addition |" in text
 
 
@@ -96,10 +96,10 @@ def test_a_killed_eval_resumes_after_its_last_whole_batch(trained, tmp_path, mon
   """48 problems in 3 batches of 16: killed in the second batch, the rerun scores batches
   2 and 3 only, and its report equals an uninterrupted eval's."""
   workdir, _ = trained
-  whole = evaluate.run(
+  whole = eval_command.run(
     _config(k=4, size=48, out=str(tmp_path / "whole")), workdir, log=lambda _: None
   )
-  real, calls = evaluate.batch_rows, []
+  real, calls = eval_command.batch_rows, []
 
   def dying(*args, **kwargs):
     calls.append(1)
@@ -107,30 +107,30 @@ def test_a_killed_eval_resumes_after_its_last_whole_batch(trained, tmp_path, mon
       raise KeyboardInterrupt
     return real(*args, **kwargs)
 
-  monkeypatch.setattr(evaluate, "batch_rows", dying)
+  monkeypatch.setattr(eval_command, "batch_rows", dying)
   c = _config(k=4, size=48, out=str(tmp_path / "cut"))
   with pytest.raises(KeyboardInterrupt):
-    evaluate.run(c, workdir, log=lambda _: None)
+    eval_command.run(c, workdir, log=lambda _: None)
   calls.clear()
-  monkeypatch.setattr(evaluate, "batch_rows", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+  monkeypatch.setattr(eval_command, "batch_rows", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
   messages = []
-  resumed = evaluate.run(c, workdir, log=messages.append)
+  resumed = eval_command.run(c, workdir, log=messages.append)
   assert len(calls) == 2 and any("1 batch(es) already scored" in m for m in messages)
   assert resumed["figures"] == whole["figures"]
-  cut = json.loads((tmp_path / "cut" / evaluate.REPORT).read_text())
-  full = json.loads((tmp_path / "whole" / evaluate.REPORT).read_text())
+  cut = json.loads((tmp_path / "cut" / eval_command.REPORT).read_text())
+  full = json.loads((tmp_path / "whole" / eval_command.REPORT).read_text())
   assert cut["benchmarks"] == full["benchmarks"]
   assert [p["index"] for p in cut["benchmarks"]["arithmetic"]["problems"]] == list(range(48))
 
 
 def test_bad_requests_are_one_clear_error(trained, tmp_path):
   workdir, _ = trained
-  with pytest.raises(evaluate.EvalError, match="unknown benchmark 'aritmetic'; allowed: a task"):
-    evaluate.run(_config(benchmarks="aritmetic"), workdir, log=lambda _: None)
-  with pytest.raises(evaluate.EvalError, match="has no checkpoints and config.hf_dir is empty"):
-    evaluate.run(_config(), tmp_path / "empty", log=lambda _: None)
+  with pytest.raises(eval_command.EvalError, match="unknown benchmark 'aritmetic'; allowed: a task"):
+    eval_command.run(_config(benchmarks="aritmetic"), workdir, log=lambda _: None)
+  with pytest.raises(eval_command.EvalError, match="has no checkpoints and config.hf_dir is empty"):
+    eval_command.run(_config(), tmp_path / "empty", log=lambda _: None)
   with pytest.raises(ValueError, match=r"has no checkpoint 5; it has \[0, 2\]"):
-    evaluate.run(_config(step=5, out=str(tmp_path)), workdir, log=lambda _: None)
+    eval_command.run(_config(step=5, out=str(tmp_path)), workdir, log=lambda _: None)
   bad = tmp_path / "bad.jsonl"
   bad.write_text('{"prompt": "Q:1+1\\n", "answer": "A:2."}\n{"prompt": 3}\n')
   with pytest.raises(ValueError, match=r"bad.jsonl: record 2 must be \{\"prompt\": str"):
@@ -167,7 +167,7 @@ def test_the_command_needs_only_the_workdir(trained, tmp_path):
   r = subproc.run(args, devices=4)
   assert r.returncode == 0, r.stderr[-2000:]
   assert "| benchmark | greedy |" in r.stdout and "| long_addition |" in r.stdout
-  report = json.loads((tmp_path / "cli" / evaluate.REPORT).read_text())
+  report = json.loads((tmp_path / "cli" / eval_command.REPORT).read_text())
   assert report["source"]["step"] == 2 and list(report["benchmarks"]) == [
     "arithmetic", "long_addition", f"jsonl:{bench}",
   ]  # fmt: skip
@@ -190,9 +190,9 @@ def test_a_workdir_without_checkpoints_scores_config_hf_dir(spec, benchmarks, hf
   c = config_lib.load(spec)
   c.eval.update(benchmarks=benchmarks, k=2)
   c.progress = False
-  out = evaluate.run(c, tmp_path / "empty", log=lambda _: None)
+  out = eval_command.run(c, tmp_path / "empty", log=lambda _: None)
   assert out["source"]["step"] == "hf" and out["source"]["hf_dir"].endswith(hf_dir)
-  report = json.loads((tmp_path / "empty" / "eval" / "step_hf" / evaluate.REPORT).read_text())
+  report = json.loads((tmp_path / "empty" / "eval" / "step_hf" / eval_command.REPORT).read_text())
   (bench,) = report["benchmarks"].values()
   assert bench["problems_scored"] == c.eval_size
   assert all(len(p["samples"]) == 2 for p in bench["problems"])
@@ -224,12 +224,12 @@ def test_episodes_are_scored_as_the_trainer_scores_them(tmp_path):
     train.run(c, tmp_path, log=stop_after_checkpoint_0)
   first = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
   c.eval.update(k=2, step=0)
-  got = evaluate.run(c, tmp_path, log=lambda _: None)["figures"]["calculator"]
+  got = eval_command.run(c, tmp_path, log=lambda _: None)["figures"]["calculator"]
   assert got["greedy"]["value"] == pytest.approx(first["eval/greedy_accuracy"], abs=1e-12)
   assert got["format_rate"]["value"] == pytest.approx(first["eval/format_rate"], abs=1e-12)
   assert got["avg@2"]["value"] == pytest.approx(first["eval/mean@2"], abs=1e-12)
   assert got["pass@2"]["value"] == pytest.approx(first["eval/pass@2"], abs=1e-12)
-  report = json.loads((tmp_path / "eval" / "step_0" / evaluate.REPORT).read_text())
+  report = json.loads((tmp_path / "eval" / "step_0" / eval_command.REPORT).read_text())
   rows = report["benchmarks"]["calculator"]["problems"]
   assert len(rows) == 8 and all(len(p["samples"]) == 2 for p in rows)
   # Token for token: the greedy episodes the trainer showed (samples.jsonl, iteration 0).

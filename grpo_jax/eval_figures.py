@@ -1,8 +1,8 @@
 """Benchmark figures over problems, each with a 95% bootstrap interval, for an eval report.
 
-    figs = benchmarks.figures(greedy_P=..., correct_PK=..., answers_PK=..., format_P=...,
+    figs = eval_figures.figures(greedy_P=..., correct_PK=..., answers_PK=..., format_P=...,
                               scorable_P=..., scorable_PK=...)
-    print(benchmarks.table({"arithmetic": figs}))
+    print(eval_figures.table({"arithmetic": figs}))
 
 Notation: P problems; greedy_P the greedy completion's correctness; correct_PK the
 correctness of k sampled completions per problem; answers_PK their extracted answers
@@ -10,8 +10,8 @@ correctness of k sampled completions per problem; answers_PK their extracted ans
 
 Figures (all means over problems of a per-problem value, so one interval method fits all):
   greedy       greedy_P                                 (the trainer's eval/greedy_accuracy)
-  avg@k        (1/k) Σ_j c_pj                           (mean@k; `evaluation.mean_at_k`)
-  pass@k'      1 − C(n−c, k')/C(n, k'), k' = 1, 2, 4, …, k  (unbiased; `evaluation.pass_at_k`)
+  avg@k        (1/k) Σ_j c_pj                           (mean@k; `heldout.mean_at_k`)
+  pass@k'      1 − C(n−c, k')/C(n, k'), k' = 1, 2, 4, …, k  (unbiased; `heldout.pass_at_k`)
   maj@k        c_p at the majority answer of the k samples (below)
   format_rate  the greedy completion follows the answer template
   unscorable   the share of greedy / sampled rows whose reward could not be computed
@@ -24,7 +24,7 @@ verifier is assumed to judge an answer, not its wording; where it does not, this
 first such sample's verdict). A problem whose samples state no answer counts as wrong.
 Reported only for tasks that extract answers.
 
-Intervals: `evaluation.interval`, a percentile bootstrap over problems, 2000 resamples
+Intervals: `heldout.interval`, a percentile bootstrap over problems, 2000 resamples
 from a fixed seed (0), so a report is reproducible; [low, high] of the resampled means at
 2.5% and 97.5%. With one problem the interval is the point.
 """
@@ -36,7 +36,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from grpo_jax import evaluation
+from grpo_jax import heldout
 
 
 def majority(answers: Sequence[str | None]) -> int | None:
@@ -61,7 +61,7 @@ def maj_at_k(correct_PK, answers_PK) -> np.ndarray:
 
 
 def _figure(values_P) -> dict:
-  mean, ci = evaluation.interval(values_P)
+  mean, ci = heldout.interval(values_P)
   return {"value": mean, "ci": ci}
 
 
@@ -87,8 +87,8 @@ def figures(
   P, k = correct_PK.shape
   out[f"avg@{k}"] = _figure(correct_PK.mean(axis=1))
   c_P = (correct_PK > 0).sum(axis=1)
-  for kk in evaluation.pass_ks(k):
-    out[f"pass@{kk}"] = _figure(evaluation.pass_at_k(k, c_P, kk))
+  for kk in heldout.pass_ks(k):
+    out[f"pass@{kk}"] = _figure(heldout.pass_at_k(k, c_P, kk))
   if answers_PK is not None:
     out[f"maj@{k}"] = _figure(maj_at_k(correct_PK, answers_PK))
   if scorable_PK is not None:

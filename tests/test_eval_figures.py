@@ -4,7 +4,7 @@ hand on a 3-problem example, the table, and the tasks' answer extraction."""
 import numpy as np
 import pytest
 
-from grpo_jax import benchmarks, evaluation, tasks
+from grpo_jax import eval_figures, heldout, tasks
 
 
 @pytest.mark.parametrize(
@@ -18,7 +18,7 @@ from grpo_jax import benchmarks, evaluation, tasks
   ],
 )
 def test_majority_and_its_ties(answers, want):
-  assert benchmarks.majority(answers) == want
+  assert eval_figures.majority(answers) == want
 
 
 def test_maj_at_k_by_hand():
@@ -29,23 +29,23 @@ def test_maj_at_k_by_hand():
     [None, None, None, None],  # No answer: wrong.
     ["1", "8", "1", "8"],  # Tie 1 vs 8: 1 first, and 1 is wrong.
   ]
-  np.testing.assert_array_equal(benchmarks.maj_at_k(correct, answers), [1, 1, 0, 0])
+  np.testing.assert_array_equal(eval_figures.maj_at_k(correct, answers), [1, 1, 0, 0])
 
 
 def test_the_interval_is_a_seeded_percentile_bootstrap():
-  mean, ci = evaluation.interval([1.0] * 30 + [0.0] * 70)
+  mean, ci = heldout.interval([1.0] * 30 + [0.0] * 70)
   # Normal approximation: 0.3 ± 1.96·√(0.3·0.7/100) = [0.210, 0.390].
   assert mean == pytest.approx(0.3)
   assert ci[0] == pytest.approx(0.21, abs=0.015) and ci[1] == pytest.approx(0.39, abs=0.015)
-  assert evaluation.interval([1.0] * 30 + [0.0] * 70) == (mean, ci)  # Reproducible.
-  assert evaluation.interval([0.5, 0.5, 0.5]) == (0.5, [0.5, 0.5])
-  assert evaluation.interval([0.25]) == (0.25, [0.25, 0.25])
+  assert heldout.interval([1.0] * 30 + [0.0] * 70) == (mean, ci)  # Reproducible.
+  assert heldout.interval([0.5, 0.5, 0.5]) == (0.5, [0.5, 0.5])
+  assert heldout.interval([0.25]) == (0.25, [0.25, 0.25])
   with pytest.raises(ValueError, match=r"non-empty \[P\] array"):
-    evaluation.interval([])
+    heldout.interval([])
 
 
 def _cluster_interval(values_P, keys_P, *, resamples, seed):
-  """The alternative evaluation.interval's docstring rejects: the distinct problems
+  """The alternative heldout.interval's docstring rejects: the distinct problems
   resampled, each with all its copies."""
   _, group_P = np.unique(keys_P, return_inverse=True)
   sum_D, count_D = np.bincount(group_P, weights=values_P), np.bincount(group_P)
@@ -59,7 +59,7 @@ def test_the_interval_stays_right_when_a_drawn_set_repeats_problems():
   problems solved), 400 times: about 40% of each set's draws repeat a problem. The
   bootstrap over draws covers the population's accuracy 95% of the time and its width
   matches the estimate's spread; resampling distinct problems with their copies over-covers
-  (evaluation.interval's docstring: 95.3% against 99.5%, 48% wider)."""
+  (heldout.interval's docstring: 95.3% against 99.5%, 48% wider)."""
   rng = np.random.default_rng(0)
   K, P, reps = 150, 128, 400
   prob_K = rng.dirichlet(np.full(K, 2.0))
@@ -68,7 +68,7 @@ def test_the_interval_stays_right_when_a_drawn_set_repeats_problems():
   means, width, cluster_width, covered, cluster_covered, distinct = [], [], [], 0, 0, []
   for r in range(reps):
     k_P = rng.choice(K, P, p=prob_K)
-    mean, (low, high) = evaluation.interval(solved_K[k_P], resamples=500, seed=r)
+    mean, (low, high) = heldout.interval(solved_K[k_P], resamples=500, seed=r)
     c_low, c_high = _cluster_interval(solved_K[k_P], k_P, resamples=500, seed=r)
     means.append(mean)
     width.append(high - low)
@@ -90,7 +90,7 @@ def test_every_figure_by_hand():
   """3 problems × 4 samples. Problem 0: 2 of 4 right; 1: 4 of 4; 2: 0 of 4."""
   correct = np.array([[1, 0, 1, 0], [1, 1, 1, 1], [0, 0, 0, 0]], float)
   answers = [["7", "3", "7", "3"], ["5", "5", "5", "5"], ["1", None, "2", "2"]]
-  figs = benchmarks.figures(
+  figs = eval_figures.figures(
     greedy_P=[1.0, 1.0, 0.0],
     format_P=[1.0, 1.0, 1.0],
     scorable_P=[True, True, False],
@@ -116,14 +116,14 @@ def test_every_figure_by_hand():
   assert value["unscorable_sampled"] == pytest.approx((0 + 0 + 0.5) / 3)
   for fig in figs.values():
     assert fig["ci"][0] <= fig["value"] <= fig["ci"][1]
-  assert set(benchmarks.figures(greedy_P=[1.0], format_P=[1.0], scorable_P=[True])) == {
+  assert set(eval_figures.figures(greedy_P=[1.0], format_P=[1.0], scorable_P=[True])) == {
     "greedy", "format_rate", "unscorable_greedy",
   }  # fmt: skip
 
 
 def test_the_table_shows_percent_and_intervals():
   figs = {"greedy": {"value": 0.5, "ci": [0.25, 0.75]}}
-  text = benchmarks.table({"a": figs, "b": {**figs, "maj@8": {"value": 1.0, "ci": [1.0, 1.0]}}})
+  text = eval_figures.table({"a": figs, "b": {**figs, "maj@8": {"value": 1.0, "ci": [1.0, 1.0]}}})
   assert text.splitlines() == [
     "| benchmark | greedy | maj@8 |",
     "|---|---|---|",
