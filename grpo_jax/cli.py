@@ -194,7 +194,7 @@ def recorded(inv: Invocation, workdir: str) -> Invocation:
       "that a run wrote."
     )
   recorded_dict = json.loads(path.read_text())
-  import_run_variants(workdir)
+  _import_variants(recorded_dict, path)
   return configured(
     inv.command, config_schema.from_recorded(recorded_dict), str(path), list(inv.config_args)
   )
@@ -205,10 +205,13 @@ def import_run_variants(workdir: str) -> None:
   package (its config.json's "variants_from", `registry.outside_variants`), so that eval
   and a resume in a fresh process find them; a run without any, or none yet, is a no-op."""
   path = pathlib.Path(workdir) / "config.json"
-  if "://" in str(workdir) or not path.is_file():
-    return
+  if "://" not in str(workdir) and path.is_file():
+    _import_variants(json.loads(path.read_text()), path)
+
+
+def _import_variants(recorded: dict, path: pathlib.Path) -> None:
   try:
-    registry.import_origins(json.loads(path.read_text()).get("variants_from", []))
+    registry.import_origins(recorded.get("variants_from", []))
   except ImportError as e:
     raise UsageError(f"{path}: {e}") from None
 

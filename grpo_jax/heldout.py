@@ -145,8 +145,11 @@ def run(setup: build.Setup, fns, pool, params, *, key, show: int = SAMPLES):
   n, size = loop.eval_samples, loop.eval_size
   rows = set(rollout.needed_rows(fns, size, 1))
   rows |= set(rollout.needed_rows(fns, size, n)) if n else set()
-  examples = {i: task.example("test", i, seed=loop.seed) for i in sorted(rows)}
-  keys_P = [task.problem_key("test", i, seed=loop.seed) for i in range(size)]
+  keyed = {
+    i: task.keyed_example("test", i, seed=loop.seed) for i in sorted(rows | set(range(size)))
+  }
+  examples = {i: keyed[i][1] for i in sorted(rows)}
+  keys_P = [keyed[i][0] for i in range(size)]  # Every problem's, for the distinct count.
   prompts = rollout.host_prompts(setup, fns, examples, size)
   if setup.episodes is not None:
     listed = [examples[i] for i in range(size)]

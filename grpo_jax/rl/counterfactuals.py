@@ -232,9 +232,9 @@ def _cuts(key, parent_M, rollouts, *, cut: str, window: int, splitter: alignment
   W = max(min(window or T - 1, T - 1), 1)
   u_M = jax.random.uniform(key, parent_M.shape)
   everywhere_M = jnp.ones(parent_M.shape, bool)
+  uniform_M = 1 + jnp.floor(u_M * jnp.maximum(len_M - 1, 1)).astype(jnp.int32)
   if cut == "uniform":
-    c_M = 1 + jnp.floor(u_M * jnp.maximum(len_M - 1, 1)).astype(jnp.int32)
-    return c_M, everywhere_M, T - c_M
+    return uniform_M, everywhere_M, T - uniform_M
   window_M = 1 + jnp.minimum(jnp.floor(u_M * W).astype(jnp.int32), W - 1)
   if cut == "window":
     return window_M, window_M < len_M, T - window_M
@@ -257,7 +257,6 @@ def _cuts(key, parent_M, rollouts, *, cut: str, window: int, splitter: alignment
   pick_M = jnp.floor(u_M * jnp.maximum(n_M, 1)).astype(jnp.int32)  # The pick_M-th start.
   rank_MT = jnp.cumsum(starts_MT, axis=1) - 1
   step_M = jnp.argmax(starts_MT & (rank_MT == pick_M[:, None]), axis=1).astype(jnp.int32)
-  uniform_M = 1 + jnp.floor(u_M * jnp.maximum(len_M - 1, 1)).astype(jnp.int32)
   c_M = jnp.where(n_M > 0, step_M, uniform_M)
   return c_M, everywhere_M, T - c_M
 
@@ -291,10 +290,12 @@ def plan(
   cut_J, ok_J, price_J = _cuts(
     cut_key, parent_BJ.reshape(-1), rollouts, cut=cfg.cut, window=cfg.cut_window, splitter=splitter
   )
-  parent_M = jnp.repeat(parent_BJ, k, axis=1).reshape(-1).astype(jnp.int32)
-  cut_M = jnp.repeat(cut_J.reshape(B, C // k), k, axis=1).reshape(-1).astype(jnp.int32)
-  ok_M = jnp.repeat(ok_J.reshape(B, C // k), k, axis=1).reshape(-1)
-  price_M = jnp.repeat(price_J.reshape(B, C // k), k, axis=1).reshape(-1)
+
+  def slots(x_J):  # A pick's value on each of its k slots: [B·C/k] -> [B·C].
+    return jnp.repeat(x_J.reshape(B, C // k), k, axis=1).reshape(-1)
+
+  parent_M = slots(parent_BJ).astype(jnp.int32)
+  cut_M, ok_M, price_M = slots(cut_J).astype(jnp.int32), slots(ok_J), slots(price_J)
   if cfg.perturbed:
     cut_M, ok_M, price_M = jnp.zeros_like(cut_M), jnp.ones_like(ok_M), jnp.full_like(price_M, T)
   active_M = jnp.repeat(n_B > 0, C)

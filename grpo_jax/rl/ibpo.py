@@ -56,7 +56,8 @@ completion (source "repair") put in p's baseline a row that exists because of p'
 tokens. `counterfactuals.biased_choices` names them and build refuses them with this
 estimator; tests/test_counterfactual_bias.py measures each on completions of varying
 length (Hotelling's T² of the mean gradient against the exact one: p > 1e-4 for every plan
-accepted, < 1e-8 for every plan refused but repair, whose prompt is not tabular). Perturbed-prompt rows are off-policy for q:
+accepted, < 1e-8 for every plan refused but repair, whose prompt is not tabular).
+Perturbed-prompt rows are off-policy for q:
 their truncated importance weights keep them approximately, not exactly, unbiased.
 
 Zero-sum (κ = 0, λ = 1, unit weights): at every state s with n = |N(s)| ≥ 2,
@@ -205,8 +206,8 @@ def prefix_stats(
     order = jnp.lexsort(node)  # Primary key last: group, then depth, then the hashes.
     w = w_BT.reshape(-1)[order]
   else:  # Within a state, by row, its counted entries first: the first one counts.
-    counted = (w_BT.reshape(-1) <= 0).astype(jnp.int32)
-    order = jnp.lexsort([counted, row_BT.reshape(-1), *node])
+    uncounted = (w_BT.reshape(-1) <= 0).astype(jnp.int32)
+    order = jnp.lexsort([uncounted, row_BT.reshape(-1), *node])
     first = _changes([k[order] for k in (*node, row_BT.reshape(-1))])
     w = jnp.where(first, w_BT.reshape(-1)[order], 0.0)
   seg = jnp.cumsum(_changes([k[order] for k in node])) - 1

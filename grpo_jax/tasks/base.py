@@ -139,18 +139,20 @@ class Task(abc.ABC):
     return example.prompt
 
   def example(self, split: str, index: int, *, seed: int) -> Example:
-    return self._keyed(split, index, seed=seed)[1]
+    return self.keyed_example(split, index, seed=seed)[1]
 
   def problem_key(self, split: str, index: int, *, seed: int) -> str:
     """The identity of example(split, index): two indices with one key are one problem drawn
-    twice (an evaluation's interval resamples problems, not draws: `heldout.interval`).
-    A drawn problem's key is the one its split hashes; a task that reads its problems from
-    a dataset (it overrides `example`) keys them by prompt."""
-    if type(self).example is not Task.example:
-      return self.example(split, index, seed=seed).prompt
-    return self._keyed(split, index, seed=seed)[0]
+    twice (an evaluation counts the distinct ones: eval/distinct_problems). A drawn
+    problem's key is the one its split hashes; a task that reads its problems from a
+    dataset (it overrides `example`) keys them by prompt."""
+    return self.keyed_example(split, index, seed=seed)[0]
 
-  def _keyed(self, split: str, index: int, *, seed: int) -> tuple[str, Example]:
+  def keyed_example(self, split: str, index: int, *, seed: int) -> tuple[str, Example]:
+    """(problem_key, example) of one index, from one draw."""
+    if type(self).example is not Task.example:
+      ex = self.example(split, index, seed=seed)
+      return ex.prompt, ex
     if split not in SPLITS:
       raise ValueError(f"Unknown split {split!r}; valid splits: {SPLITS}.")
     split_id = SPLITS.index(split)
