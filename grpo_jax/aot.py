@@ -21,7 +21,9 @@ rollouts, `rl.logprobs`) and "update" (the scan of train steps over one rollout 
 (config.env) the episode runner's pieces in place of "sample" (`compile_episodes`:
 "episode_start", "episode_turn", "episode_append", chained as a run chains them); with a
 reward model among config.rewards, its scorer ("reward_model:<name>",
-`compile_reward_models`: its params stay in HBM the whole run). Each is compiled on its
+`compile_reward_models`: its params stay in HBM the whole run); with a distillation teacher
+(config.teacher) its teacher-forced log-probs of the rollouts ("teacher", `rl.teacher`:
+its params stay in HBM the whole run too). Each is compiled on its
 own; a run holds its train state (params and optimizer state) and the reference
 throughout, so a function's peak per device is XLA's figure for it plus the resident arrays
 it does not take as arguments (`resident`).
@@ -124,6 +126,10 @@ def abstract_arguments(setup, fns) -> dict[str, tuple]:
   }
   if fns.counterfactual is not None:
     out["counterfactual"] = _counterfactual_arguments(setup, fns, state, rollouts, key)
+  if fns.rl.teacher is not None:
+    tcfg = setup.teacher_source.model_cfg
+    tparams = jax.eval_shape(lambda k: model.init(tcfg, k), jax.random.key(0))
+    out["teacher"] = (fns.rl.teacher, (tparams, rollouts))
   return out
 
 
@@ -314,7 +320,7 @@ def resident(setup, fns, args: dict) -> dict[str, int]:
   ref_b = per_device_bytes(ref, fns.rl.logprobs.in_shardings[1]) if ref is not None else 0
   if ref is not None and model.is_adapted(state.params):
     ref_b = 0  # The reference is the train state's own base (`model.reference_part`).
-  return {
+  out = {
     "params": params_b,
     "ref": ref_b,
     "sample": state_b - params_b + ref_b,
@@ -322,6 +328,12 @@ def resident(setup, fns, args: dict) -> dict[str, int]:
     "update": ref_b,
     "counterfactual": state_b - params_b + ref_b,  # Decodes, as the sampler does.
   }
+  if "teacher" not in args:
+    return out
+  teacher_b = per_device_bytes(args["teacher"][1][0], fns.rl.teacher.in_shardings[0])
+  out = {k: v if k in ("params", "ref") else v + teacher_b for k, v in out.items()}
+  # While it scores, the train state (params and Adam) and the reference are held beside it.
+  return out | {"teacher_params": teacher_b, "teacher": state_b + ref_b}
 
 
 def model_roofline(setup, target: Target, *, params_bytes: int, kv_bytes: int) -> dict:
@@ -351,6 +363,12 @@ def model_roofline(setup, target: Target, *, params_bytes: int, kv_bytes: int) -
   if setup.episodes is not None:
     out |= _episode_roofline(setup, peak=peak, bandwidth=bandwidth, params_bytes=params_bytes,
                              kv_bytes=kv_bytes)  # fmt: skip
+  if setup.teacher_source is not None:  # One forward over every rollout row, head at T.
+    tokens = max(scfg.prompt_buckets) + T
+    one = flops.sequence_forward_flops(
+      setup.teacher_source.model_cfg, length=tokens, head_positions=T
+    )
+    out["teacher"] = setup.rollout_rows * one / peak
   for spec in _reward_model_specs(setup):  # Every rollout row's max_len forward, no head.
     cfg, max_len = _reward_model_architecture(spec)
     if cfg is not None:

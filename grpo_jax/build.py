@@ -25,7 +25,7 @@ import jax
 from grpo_jax import config, envs, memory, schema, tasks
 from grpo_jax.envs import base, episodes
 from grpo_jax.infra import collapse, config_lib, registry, trackers
-from grpo_jax.models import hf, model, sampling, shapes, sharding
+from grpo_jax.models import hf, model, sampling, shapes, sharding, teacher
 from grpo_jax.rewards import reward_sources
 from grpo_jax.rl import (
   advantages,
@@ -59,6 +59,9 @@ class Setup:
   tracking: trackers.TrackingConfig = trackers.TrackingConfig()  # config.logging.
   eval: schema.EvalConfig = schema.EvalConfig()  # config.eval (`grpo-jax eval`).
   rewards: tuple = ()  # config.rewards: reward_sources.SourceSpec per source; (): the verifier.
+  teacher: teacher.TeacherConfig = teacher.TeacherConfig()  # config.teacher (distillation).
+  # Its kind, architecture and tokenizer (`teacher.describe`); None without a teacher.
+  teacher_source: teacher.Source | None = None
 
   @property
   def train_group(self) -> int:
@@ -133,12 +136,16 @@ def plan_setup(c, *, n_devices: int | None = None, model_source: str = "") -> Se
     _check_batch_shapes(loop, rl_cfg, group, data_parallel=data_parallel)
     _check_token_budget(loop, rl_cfg, sampler_cfg, group, data_parallel=data_parallel)
     _check_sequence_split(mesh_cfg, rl_cfg, sampler_cfg, n_devices=n_devices)
+    teacher_cfg = config_lib.from_dict(
+      teacher.TeacherConfig, d.get("teacher", {}), where="config.teacher"
+    )
+    source = teacher.describe(teacher_cfg) if teacher_cfg.enabled else None  # No tokenizer.
   except ValueError as e:
     raise config_lib.ConfigError(str(e)) from e
   setup = Setup(
     loop=loop, task=None, tokenizer=None, model_cfg=model_cfg, sampler_cfg=sampler_cfg,
     sampling_hyper=sampling.sampling_params(**d["sampling"]), rl_cfg=rl_cfg,
-    mesh_cfg=mesh_cfg, spec=d, counterfactual=cf,
+    mesh_cfg=mesh_cfg, spec=d, counterfactual=cf, teacher=teacher_cfg, teacher_source=source,
   )  # fmt: skip
   try:
     setup = dataclasses.replace(setup, episodes=_episode_config(setup))
@@ -216,7 +223,37 @@ def _build(c, *, n_devices: int | None) -> Setup:
     eval=config_lib.from_dict(schema.EvalConfig, d.get("eval", {}), where="config.eval"),
     rewards=_reward_sources(d, rl_cfg, cf),
   )
+  teacher_cfg = config_lib.from_dict(
+    teacher.TeacherConfig, d.get("teacher", {}), where="config.teacher"
+  )
+  setup = dataclasses.replace(
+    setup, teacher=teacher_cfg, teacher_source=_teacher_source(teacher_cfg, rl_cfg, task, tok)
+  )
   return _resolve_remat(setup, n_devices=n_devices)
+
+
+def _teacher_source(cfg: teacher.TeacherConfig, rl_cfg: spec.RLConfig, task, tok):
+  """config.teacher's `teacher.Source`, checked: a teacher exactly when the estimator reads
+  one (`advantages.Traits.needs_teacher`), and one that shares the task's tokenizer."""
+  needs = advantages.REGISTRY.traits(rl_cfg.advantage).needs_teacher
+  if needs and not cfg.enabled:
+    raise ValueError(
+      f"rl.advantage={rl_cfg.advantage!r} reads a teacher's log-probs: set config.teacher.path "
+      "to a grpo_jax workdir, a Hugging Face directory or a GGUF file."
+    )
+  if not cfg.enabled:
+    return None
+  if not needs:
+    readers = [
+      n for n in advantages.REGISTRY.names() if advantages.REGISTRY.traits(n).needs_teacher
+    ]
+    raise ValueError(
+      f"config.teacher.path={cfg.path!r} is set, but rl.advantage={rl_cfg.advantage!r} reads no "
+      f"teacher: use an estimator that does ({', '.join(readers)}), or leave the path empty."
+    )
+  source = teacher.describe(cfg, task_and_tokenizer=task_and_tokenizer)
+  teacher.check_tokenizer(source, tok, task.example("train", 0, seed=0).prompt)
+  return teacher.limited(source, tok.vocab_size)
 
 
 def _reward_sources(d: dict, rl_cfg: spec.RLConfig, cf) -> tuple:
@@ -750,6 +787,7 @@ def as_dict(setup: Setup) -> dict:
     "logging": dataclasses.asdict(setup.tracking),
     "eval": dataclasses.asdict(setup.eval),
     "rewards": setup.spec.get("rewards", {}),
+    **({"teacher": dataclasses.asdict(setup.teacher)} if setup.teacher.enabled else {}),
   }
   outside = registry.outside_variants(used=_strings(d))  # The ones this config picks.
   return {"variants_from": outside, **d} if outside else d

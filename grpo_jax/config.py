@@ -23,6 +23,8 @@ Sections of the ConfigDict and the dataclass each becomes:
                name "": off, single-turn sampling); Setup.episodes, None when off
   collapse     collapse.CollapseConfig  the guard that stops (or warns) a run whose
                policy visibly collapsed (action "off": no guard)
+  teacher      teacher.TeacherConfig  the teacher on-policy distillation reads (rl.advantage
+               "distill"; path "": none); Setup.teacher_source its architecture and tokenizer
 
 This module imports no JAX: `default_config()` builds from `config_defaults.DEFAULTS`, the
 snapshot `python -m grpo_jax.schema` writes from the dataclasses (`schema`: LoopConfig,
@@ -65,6 +67,7 @@ SECTIONS = (
   "eval",
   "rewards",
   "reward_model",
+  "teacher",
 )
 # What config.model may set when the architecture comes from a HF checkpoint.
 HF_RUNTIME_KEYS = (

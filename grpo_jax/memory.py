@@ -80,8 +80,14 @@ Figures are bytes per device, for the mesh of `setup.mesh_cfg` on `n_devices` de
   Qwen2.5-0.5B forward of 64 rows a device at once (one f32 [64, 1024, 151936] logits
   buffer of 39.8 GB), which this term, then missing from the plan, did not foresee.
 
-Peak = resident (params + ref_params + opt_state) + max(train step: grads + activations +
-backward working set, sampling: kv_cache, log-prob forwards: logprob_forward).
+- teacher_params, teacher_forward: on-policy distillation's teacher (config.teacher): its
+  params under the run's rules (resident the whole run, like the reference), and its
+  log-prob forward's working set, logprob_forward's terms with its own width,
+  vocabulary and fsdp-gathered weights (`teacher_cfg`; 0 without a teacher).
+
+Peak = resident (params + ref_params + teacher_params + opt_state) + max(train step: grads
++ activations + backward working set, sampling: kv_cache, log-prob forwards:
+logprob_forward, teacher_forward).
 
 Agreement with XLA's own buffer assignment on CPU (`compiled.memory_analysis()`, plan /
 XLA; `tests/test_memory.py`, `grpo-jax plan --compile` prints both):
@@ -182,10 +188,13 @@ class Plan:
   rollout_rows: int  # Rollout rows on one device.
   logprob_forward: int = 0  # The π_old / reference forwards' working set.
   sampler_rows: int = 0  # The sampler's rows on one device (0: rollout_rows).
+  teacher_params: int = 0  # config.teacher's params (distillation; 0: none).
+  teacher_forward: int = 0  # Its log-prob forward's working set.
+  teacher_dtype: str = ""  # Its params' dtype.
 
   @property
   def resident(self) -> int:
-    return self.params + self.ref_params + self.opt_state
+    return self.params + self.ref_params + self.teacher_params + self.opt_state
 
   @property
   def train_step(self) -> int:
@@ -194,7 +203,9 @@ class Plan:
 
   @property
   def peak(self) -> int:
-    return self.resident + max(self.train_step, self.kv_cache, self.logprob_forward)
+    return self.resident + max(
+      self.train_step, self.kv_cache, self.logprob_forward, self.teacher_forward
+    )
 
 
 def _leaf_bytes(shape, dtype, names, *, rules, mesh_sizes) -> int:
@@ -311,11 +322,12 @@ def plan(
   decode_segments: int = 1,
   shared_prefix: bool = False,
   pages: tuple[int, int] | None = None,
+  teacher_cfg: model.ModelConfig | None = None,
 ) -> Plan:
   """The per-device memory plan (see the module docstring); decode_segments: the
   sampler's (`sampling.segment_count`); shared_prefix: whether its group rows share the
   prompt's cache slots (`model.KVCache.share`); pages: (pool pages, Z) of a paged
-  sampler (`_pool_pages`), None: dense."""
+  sampler (`_pool_pages`), None: dense; teacher_cfg: distillation's teacher (None: none)."""
   data, fsdp, seq, tensor = mesh_cfg.shape(n_devices)
   sizes = dict(zip(sharding.AXES, (data, fsdp, seq, tensor), strict=True))
   dp = data * fsdp
@@ -379,11 +391,21 @@ def plan(
   working += gathered
   rollout_rows = N // dp if N % dp == 0 else N
   lp_rows = -(-rollout_rows // rl_cfg.logprob_batches)
-  logprob_forward = (
-    3 * lp_rows * min(T_local, rl_cfg.logit_chunk or T_local) * local.vocab_size * 4
-    + 2 * lp_rows * (P + T) // cp * local.d_model * 4
-    + gathered
+  positions = min(T_local, rl_cfg.logit_chunk or T_local)
+  forward = lambda m, weights: (  # noqa: E731 -- logits, exp, probs; two hidden states.
+    3 * lp_rows * positions * m.vocab_size * 4
+    + 2 * lp_rows * (P + T) // cp * m.d_model * 4
+    + weights
   )
+  logprob_forward = forward(local, gathered)
+  teacher_params = teacher_forward = 0
+  if teacher_cfg is not None:
+    t_boxed = jax.eval_shape(functools.partial(model.init_boxed, teacher_cfg), jax.random.key(0))
+    teacher_params = _tree_bytes(t_boxed, rules=rules, mesh_sizes=sizes)
+    t_gathered = (
+      teacher_params * (fsdp - 1) // (teacher_cfg.n_layers if teacher_cfg.scan_layers else 1)
+    )
+    teacher_forward = forward(_local_model(teacher_cfg, tensor), t_gathered)
   sampler_rows = N // sampler_dp if N % sampler_dp == 0 else N
   sampler_cfg, view = model.sampler_view(model_cfg, fsdp=fsdp)
   sampled, merged = _sampled_tree(boxed, sampler_cfg, view), 0
@@ -419,6 +441,9 @@ def plan(
     rollout_rows=rollout_rows,
     logprob_forward=logprob_forward,
     sampler_rows=sampler_rows,
+    teacher_params=teacher_params,
+    teacher_forward=teacher_forward,
+    teacher_dtype=teacher_cfg.param_dtype if teacher_cfg is not None else "",
   )
 
 
@@ -601,6 +626,7 @@ def plan_for(setup, *, n_devices: int | None = None, optimizer=None) -> Plan:
     # The static sampler's (the refill sampler copies each prompt's slots into its rows).
     shared_prefix=scfg.shared_prefix and scfg.group_size > 1 and not scfg.refill_slots,
     pages=_pool_pages(_pool_sampler(setup), prompts=loop.prompts_per_step),
+    teacher_cfg=setup.teacher_source and setup.teacher_source.model_cfg,
   )
 
 

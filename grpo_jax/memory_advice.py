@@ -32,6 +32,11 @@ def changes(
   if more_devices is not None:
     n = math.prod(more_devices.mesh)
     out.append((more_devices, f"{n} devices (mesh {more_devices.mesh}): each holds less"))
+  if p.teacher_params and p.teacher_dtype == "float32":
+    out.append((
+      scaled(["teacher_params"], lambda n: n // 2),
+      "teacher.dtype='bfloat16' halves the teacher's weights (it is never trained)",
+    ))  # fmt: skip
   if p.ref_params:
     out.append((
       scaled(["ref_params"], lambda n: 0),
@@ -161,8 +166,10 @@ def explain(p: memory.Plan, model_cfg: model.ModelConfig, rl_cfg: spec.RLConfig)
     "log-prob forwards": f"π_old / reference logits and hidden states of "
     f"{-(-p.rollout_rows // rl_cfg.logprob_batches)} rows per device at once "
     f"(rl.logprob_batches = {rl_cfg.logprob_batches})",
-    "peak": "resident (params, reference, Adam) + the largest of train step, sampler and "
-    "log-prob forwards (they never run at once)",
+    "teacher params": "distillation's teacher (config.teacher), resident like the reference",
+    "teacher forward": "the teacher's logits and hidden states over the same rows",
+    "peak": "resident (params, reference, teacher, Adam) + the largest of train step, sampler "
+    "and log-prob forwards (they never run at once)",
   }
 
 
@@ -182,6 +189,11 @@ def describe(
     ("backward working set", p.backward_working),
     ("sampler (KV cache, decode)", p.kv_cache),
     ("log-prob forwards", p.logprob_forward),
+    *(
+      (("teacher params", p.teacher_params), ("teacher forward", p.teacher_forward))
+      if p.teacher_params
+      else ()
+    ),
     ("peak", p.peak),
   ]
   unit = _unit(p)
@@ -216,6 +228,8 @@ def check(p: memory.Plan, device_memory: float, model_cfg, rl_cfg) -> None:
     "backward working set": p.backward_working,
     "sampler": p.kv_cache,
     "log-prob forwards": p.logprob_forward,
+    "teacher": p.teacher_params,
+    "teacher forward": p.teacher_forward,
   }
   biggest = sorted(terms.items(), key=lambda kv: -kv[1])[:3]
   tips = advice(p, model_cfg, rl_cfg, device_memory=device_memory)[:2]

@@ -33,7 +33,7 @@ from grpo_jax import config_defaults
 from grpo_jax.diagnostics import grads
 from grpo_jax.envs import episodes
 from grpo_jax.infra import collapse, config_lib, trackers
-from grpo_jax.models import model, sampling, sharding
+from grpo_jax.models import model, sampling, sharding, teacher
 from grpo_jax.rewards import reward_model
 from grpo_jax.rl import advantages, aggregation, counterfactuals, losses, offpolicy, spec
 
@@ -326,6 +326,7 @@ def defaults() -> ml_collections.ConfigDict:
   # Named reward sources (`reward_sources`); empty: the task's verifier alone.
   c.rewards = ml_collections.ConfigDict()
   c.reward_model = _section(_defaults(reward_model.RewardModelConfig))  # `grpo-jax rm-train`.
+  c.teacher = _section(_defaults(teacher.TeacherConfig))  # On-policy distillation's teacher.
   return c
 
 

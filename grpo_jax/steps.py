@@ -46,6 +46,9 @@ class RLSteps:
   logprobs: sharding.Jitted  # preparation.rollout_logprobs: dispatched before rewards.
   finish: sharding.Jitted  # preparation.finish_prepare: advantages and masks.
   update: sharding.Jitted  # learner.update: plan + a scan of train steps.
+  # preparation.teacher_logprobs, (teacher params, rollouts) -> log π_T [N, T]: config.teacher
+  # (None without one); `with_teacher` folds it into `logprobs`.
+  teacher: sharding.Jitted | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +103,7 @@ class Functions:
   counterfactual: CounterfactualSteps | None = None
   partial: PartialRollouts | None = None
   episodes: EpisodeRunners | None = None
+  teacher_shardings: Any = None  # The teacher's params' (config.teacher), what its load fills.
 
 
 # Loop fields the compiled functions depend on (with the model, sampler, RL and mesh).
@@ -132,6 +136,7 @@ def functions(setup: build.Setup) -> Functions:
       setup.steps,
       setup.offpolicy,
       setup.episodes and (setup.episodes, setup.spec.get("task")),  # The env and its tokenizer.
+      setup.teacher_source and setup.teacher_source.model_cfg,
       jax.devices(),
       [getattr(loop, f) for f in _CACHE_FIELDS],
     )
@@ -354,7 +359,40 @@ def _rl_functions(setup: build.Setup, sh: _Shardings, model_fn, optimizer) -> RL
       out_shardings=(sh.state, rep, rep),
       donate_argnums=(0,),
     ),
+    teacher=_teacher_function(setup, sh),
   )
+
+
+def _teacher_function(setup: build.Setup, sh: _Shardings) -> sharding.Jitted | None:
+  """The teacher's teacher-forced log-probs of the rollouts (config.teacher), on its own
+  params' shardings under the run's rules (sharded like the reference)."""
+  if setup.teacher_source is None:
+    return None
+  tcfg, N = setup.teacher_source.model_cfg, setup.rollout_rows
+  return sharding.Jitted(
+    sh.layout,
+    functools.partial(
+      preparation.teacher_logprobs, cfg=setup.rl_cfg, model_fn=model.make_model_fn(tcfg)
+    ),
+    in_shardings=(sharding.param_shardings(sh.layout, tcfg), sh.rollouts(N)),
+    out_shardings=sh.rows(N),
+  )
+
+
+def with_teacher(fns: Functions, teacher_params) -> Functions:
+  """`fns` whose rl.logprobs also scores the rollouts under the teacher
+  (`PolicyLogProbs.teacher_logp_NT`), so every caller (the synchronous loop, dynamic
+  sampling, counterfactuals, the off-policy pipeline) hands it to the estimator; `fns`
+  itself when the run has no teacher."""
+  if fns.rl.teacher is None:
+    return fns
+  inner, teacher_fn = fns.rl.logprobs, fns.rl.teacher
+
+  def logprobs(params, ref_params, rollouts):
+    lp = inner(params, ref_params, rollouts)
+    return lp.replace(teacher_logp_NT=teacher_fn(teacher_params, rollouts))
+
+  return dataclasses.replace(fns, rl=dataclasses.replace(fns.rl, logprobs=logprobs))
 
 
 def _layouts(setup: build.Setup, devices=None) -> tuple[sharding.Layout, sharding.Layout]:
@@ -461,6 +499,8 @@ def _build(setup: build.Setup, devices=None) -> Functions:
   return Functions(
     layout=layout,
     param_shardings=sharding.param_shardings(layout, setup.model_cfg),  # What loads fill.
+    teacher_shardings=setup.teacher_source
+    and sharding.param_shardings(layout, setup.teacher_source.model_cfg),
     state_shardings=sh.state,
     model_fn=model_fn,
     optimizer=optimizer,

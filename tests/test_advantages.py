@@ -13,8 +13,9 @@ import pytest
 from grpo_jax.rl import advantages, groups
 
 EPS = 1e-6  # advantage_hyper's default eps.
-H = advantages.advantage_hyper()
-H0 = advantages.advantage_hyper(eps=0.0)
+DECLARED = {k: h.default for k, h in advantages.declared_hyper().items()}  # distill's, ...
+H = advantages.advantage_hyper(extra=DECLARED)
+H0 = advantages.advantage_hyper(eps=0.0, extra=DECLARED)
 SETTINGS = hypothesis.settings(max_examples=40, deadline=None)
 GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 # Estimators whose singleton groups / all-equal groups get exactly 0.
@@ -56,7 +57,10 @@ def _inputs(rewards, group_ids, lengths=None, *, T=3, kl=None, score_sq=None, ro
     mask_BT=_mask(lengths, T),
     kl_BT=None if kl is None else jnp.asarray(kl, jnp.float32),
     score_sq_B=None if score_sq is None else jnp.asarray(score_sq, jnp.float32),
-    tokens_BT=_row_tokens(np.arange(B) if row_keys is None else row_keys, T),
+    tokens_BT=(tokens := _row_tokens(np.arange(B) if row_keys is None else row_keys, T)),
+    # A teacher's and π_old's log-probs (distill), functions of a row's tokens like them.
+    old_logp_BT=-0.5 - 0.25 * tokens.astype(jnp.float32),
+    teacher_logp_BT=-1.5 + 0.5 * (tokens % 3).astype(jnp.float32),
   )
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import subproc
 
-from grpo_jax import abstract, aot, steps
+from grpo_jax import abstract, aot, memory, steps
 from grpo_jax.infra import config_lib, tpu
 from grpo_jax.models import model, sharding
 from grpo_jax.rewards import reward_model
@@ -385,6 +385,34 @@ def test_a_reward_model_source_compiles_its_scorer_and_stays_resident(tmp_path, 
   assert scorer["resident_bytes"] == res["logprobs"] + res["params"] + res["ref"]
   assert res["logprobs"] > 0 and res["params"] > 0
   assert scorer["peak_bytes"] == scorer["total_bytes"] + scorer["resident_bytes"]
+
+
+def test_a_distillation_teacher_compiles_its_forward_and_stays_resident(one_slice):
+  """config.teacher (the committed warm start, a 3-layer model beside the 1-layer student):
+  its log-prob forward is a row, its params (fsdp over the host's 4 chips) are added to
+  every other row's resident bytes, and the memory plan counts them."""
+  config = config_lib.load(QUICK)
+  config.rl.advantage = "distill"
+  config.teacher.path = str(ROOT / "tests" / "fixtures" / "warm_starts" / "arithmetic_tiny")
+  target = aot.Target.load("v5e:2x2")
+  setup, _ = aot.setup_for(config, target)
+  assert setup.teacher_source.model_cfg.n_layers == 3
+  compiled = aot.compile_all(setup, target)
+  got = aot.figures(setup, target, compiled)
+  rows = {r["name"]: r for r in got["rows"]}
+  assert list(rows) == [*aot.FUNCTIONS, "teacher"] and got["problems"] == []
+  row = rows["teacher"]
+  assert row["fits"] and row["model_roofline_s"] > 0
+  params = jax.eval_shape(lambda: model.init(setup.teacher_source.model_cfg, jax.random.key(0)))
+  full = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+  res = aot.resident(setup, compiled["fns"], compiled["args"])
+  assert full // 4 <= res["teacher_params"] <= full  # Split over fsdp where it divides.
+  before = {r["name"]: r["resident_bytes"] for r in one_slice["rows"]}
+  for name in aot.FUNCTIONS:
+    assert rows[name]["resident_bytes"] - before[name] == res["teacher_params"]
+  assert row["resident_bytes"] == res["logprobs"] - res["teacher_params"] + res["params"]
+  plan = memory.plan_for(setup, n_devices=4)
+  assert plan.teacher_params == res["teacher_params"] and plan.teacher_forward > 0
 
 
 def test_episodes_on_several_hosts_are_a_problem():

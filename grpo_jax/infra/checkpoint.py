@@ -296,6 +296,26 @@ def _merge(base: dict, over: dict) -> dict:
   return {k: _merge(v, over[k]) if k in over else v for k, v in base.items()}
 
 
+def restore_params(state_dir, *, like, shardings):
+  """A run's policy params alone from a step's "state" item (its train.params; no optimizer
+  state or reference is read: orbax's partial restore), with like's shapes and dtypes on
+  `shardings`. For a checkpoint read as another run's teacher (`teacher`)."""
+  item = {"train": {"params": like}}
+  args = jax.tree.map(lambda x, s: ocp.ArrayRestoreArgs(sharding=s, dtype=x.dtype), like, shardings)
+  try:
+    out = ocp.PyTreeCheckpointer().restore(
+      pathlib.Path(state_dir).absolute(),
+      args=ocp.args.PyTreeRestore(
+        item=item, restore_args={"train": {"params": args}}, partial_restore=True
+      ),
+    )
+  except (ValueError, KeyError, FileNotFoundError) as e:
+    raise CheckpointMismatchError(
+      f"{state_dir} holds no policy params of this architecture: {_first_line(e)}"
+    ) from None
+  return out["train"]["params"]
+
+
 class Checkpointer:
   """Save / restore (pytree, meta[, buffer]) under one directory, keeping last N plus best."""
 

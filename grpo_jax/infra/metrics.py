@@ -50,6 +50,11 @@ DEFINITIONS = {
   "zero_var_groups": "Fraction of groups whose correctness rewards c_i are all equal.",
   "all_zero_groups": "Fraction of groups whose correctness rewards are all 0.",
   "all_one_groups": "Fraction of groups whose correctness rewards are all 1.",
+  "distill/reverse_kl": "distill estimator: mean over trained tokens of log π_old(o_t) − "
+  "log π_T(o_t), the single-sample estimate of the per-token reverse KL(π_old ‖ π_T) to the "
+  "teacher (config.teacher) on the student's own samples; 0 when the student is the teacher.",
+  "distill/teacher_logp": "distill estimator: mean over trained tokens of the teacher's "
+  "log-prob log π_T(o_t) of the student's tokens.",
   "ibpo/comparison_abs_mean": "ibpo estimator: mean over advantaged tokens of "
   "|A_{i,t} − A^{λ=0}_i|, the credit its prefix baseline moves away from the group's "
   "(A^{λ=0}: GRPO's advantage).",

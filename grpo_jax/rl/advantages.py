@@ -22,6 +22,7 @@ A = 0; every estimator then equals itself on the batch without those rows (teste
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 
 import flax
@@ -56,6 +57,8 @@ class Traits:
     kl_BT`); any other estimator sees the sequence reward r_i − β·Σ_t kl_t instead.
   reads_outcome: it splits rows by the verifier's verdict (`AdvantageInputs.success_B`,
     correct vs failed), which a config.rewards mixture (a weighted sum of scores) lacks.
+  needs_teacher: it reads a teacher's per-token log-probs (`AdvantageInputs.teacher_logp_BT`),
+    so the run loads config.teacher and the trainer computes them (`distill`).
   hyper: {name: Hyper}, the array hyperparameters it declares (`hyper.extra[name]`).
   """
 
@@ -66,6 +69,7 @@ class Traits:
   reads_counterfactuals: bool = False
   folds_kl: bool = False
   reads_outcome: bool = False
+  needs_teacher: bool = False
   hyper: dict = dataclasses.field(default_factory=dict)
 
 
@@ -129,6 +133,11 @@ class AdvantageInputs:
   # int32: the depth from which each row's tokens are its own draw, so it counts in ibpo's
   # trie only there (a branch's cut c; 0 for samples). None: 0 everywhere.
   start_B: jax.Array | None = None
+  # f32 [B, T]: log π_old(o_t) (the policy that sampled, temperature 1) and log π_T(o_t),
+  # a teacher's log-prob of the same token in the same context (config.teacher); 0 off the
+  # mask. None: not computed (only estimators with Traits.needs_teacher read them).
+  old_logp_BT: jax.Array | None = None
+  teacher_logp_BT: jax.Array | None = None
 
   @property
   def success(self) -> jax.Array:
@@ -548,14 +557,137 @@ REGISTRY.register("ibpo", metrics=ibpo_stats, check=_check_ibpo, reads_counterfa
 )
 
 
+# ----------------------------------------------------------------------------
+# On-policy distillation: a teacher's per-token log-ratio as a dense advantage.
+# ----------------------------------------------------------------------------
+
+_DISTILL_BASE_TRAITS = (
+  "needs_teacher",
+  "needs_old_logp",
+  "reads_counterfactuals",
+  "folds_kl",
+  "reads_outcome",
+)
+
+
+def distill_bases() -> list[str]:
+  """The estimators `distill` may add its dense term to (option `base`), besides "none":
+  those that read only rewards and groups and declare no hyperparameters of their own."""
+  plain = lambda t: not t.hyper and not any(getattr(t, f) for f in _DISTILL_BASE_TRAITS)  # noqa: E731
+  return [n for n in REGISTRY.names() if plain(REGISTRY.traits(n))]
+
+
+def _check_distill(*, base: str = "none", base_options=None) -> None:
+  if base != "none" and base not in distill_bases():
+    raise ValueError(
+      f"distill base={base!r}: must be 'none' (the teacher's term alone) or an estimator that "
+      f"reads only rewards and groups: {', '.join(distill_bases())}."
+    )
+  if base_options and base == "none":
+    raise ValueError(
+      f"distill base_options={base_options!r} is for a base estimator; base is 'none'."
+    )
+  if base != "none":
+    REGISTRY.make(base, **dict(base_options or {}))
+
+
+def _teacher_term(inputs: AdvantageInputs):
+  """d_{i,t} = m_{i,t}·(log π_T(o_{i,t}) − log π_old(o_{i,t})) (float32) and the token mask."""
+  if inputs.teacher_logp_BT is None or inputs.old_logp_BT is None:
+    raise ValueError(
+      "distill needs AdvantageInputs.teacher_logp_BT and old_logp_BT (config.teacher)."
+    )
+  mask_BT = inputs.token_mask
+  d_BT = inputs.teacher_logp_BT.astype(jnp.float32) - inputs.old_logp_BT.astype(jnp.float32)
+  return jnp.where(mask_BT, d_BT, 0.0), mask_BT
+
+
+def _discounted(d_BT, mask_BT, gamma):
+  """G_{i,t} = Σ_{s≥t} γ^{(s−t)} d_{i,s} over the row's valid tokens (s, t count valid tokens;
+  masked gaps pass the sum through); γ = 0: G = d."""
+
+  def back(carry_B, d_m_B):
+    d_B, m_B = d_m_B
+    g_B = jnp.where(m_B, d_B + gamma * carry_B, carry_B)
+    return g_B, g_B
+
+  zeros_B = jnp.zeros(d_BT.shape[:1], jnp.float32)
+  _, g_TB = jax.lax.scan(back, zeros_B, (d_BT.T, mask_BT.T), reverse=True)
+  return jnp.where(mask_BT, g_TB.T, 0.0)
+
+
+def distill_stats(inputs: AdvantageInputs, hyper: AdvantageHyper, **options):
+  """The teacher term's metrics (metrics.DEFINITIONS "distill/..."), over the trained tokens."""
+  del hyper, options
+  d_BT, mask_BT = _teacher_term(inputs)
+  n = jnp.maximum(jnp.sum(mask_BT), 1)
+  t_BT = jnp.where(mask_BT, inputs.teacher_logp_BT.astype(jnp.float32), 0.0)
+  return {"distill/reverse_kl": -jnp.sum(d_BT) / n, "distill/teacher_logp": jnp.sum(t_BT) / n}
+
+
+@REGISTRY.register(
+  "distill",
+  needs_teacher=True,
+  batch_level={"base": "none"},
+  check=_check_distill,
+  metrics=distill_stats,
+  hyper={
+    "distill_coef": Hyper(1.0, low=0.0, doc="λ_T, the weight of the teacher's log-ratio"),
+    "distill_reward_coef": Hyper(1.0, low=0.0, doc="w_r, the weight of the base advantage"),
+    "distill_discount": Hyper(0.0, low=0.0, high=1.0, doc="γ_T, the log-ratio's discount"),
+  },
+)
+def distill(
+  inputs: AdvantageInputs, hyper: AdvantageHyper, *, base: str = "none", base_options=None
+):
+  """On-policy distillation: a teacher's per-token log-ratio as a dense advantage, alone or
+  added to a sequence estimator's,
+
+    A_{i,t} = w_r·A^base_{i,t} + λ_T·Σ_{s≥t} γ_T^{(s−t)} d_{i,s},
+    d_{i,s} = log π_T(o_{i,s} | q, o_{i,<s}) − log π_old(o_{i,s} | q, o_{i,<s}),
+
+  over the row's valid tokens (A = 0 elsewhere), with λ_T = distill_coef, w_r =
+  distill_reward_coef and γ_T = distill_discount (declared hyperparameters: arrays), and
+  A^base the estimator named by `base` (with `base_options`; "none": 0). −d_{i,s} is the
+  single-sample estimate of the reverse KL(π_old ‖ π_T) at that context, so with γ_T = 1
+  and w_r = 0 the policy-gradient term Σ_t A_{i,t}∇log π(o_{i,t}) is that of
+  −KL(π ‖ π_T) over the sequence; γ_T = 0 (the default) keeps only each token's own term,
+  lower in variance (what Tinker does, `kl_discount_factor` 0). The teacher scores the
+  student's own samples, so the student learns where it goes, not where the teacher would.
+
+  Source: Agarwal et al., "On-Policy Distillation of Language Models: Learning from
+  Self-Generated Mistakes" (GKD, arXiv 2306.13649); Gu et al., MiniLLM (arXiv 2306.08543);
+  Lu & Thinking Machines Lab, "On-Policy Distillation" (2025; the per-token reverse KL as
+  the advantage, discount 0); Qwen3 technical report (arXiv 2505.09388) §4.5.
+  """
+  _check_distill(base=base, base_options=base_options)
+  d_BT, mask_BT = _teacher_term(inputs)
+  dense_BT = hyper.extra["distill_coef"] * _discounted(
+    d_BT, mask_BT, hyper.extra["distill_discount"]
+  )
+  if base == "none":
+    return dense_BT
+  base_BT = REGISTRY.make(base, **dict(base_options or {}))(inputs, hyper)
+  return jnp.where(mask_BT, hyper.extra["distill_reward_coef"] * base_BT + dense_BT, 0.0)
+
+
 def works_without_groups(name: str, options: dict) -> bool:
   """Whether estimator `name` with `options` gives non-zero advantages at group size 1 (its
   `Traits.batch_level`); every other one gives A = 0 there (a singleton group is its own
   baseline) and trains nothing."""
   level = REGISTRY.traits(name).batch_level
   if isinstance(level, dict):
+    options = {**_keyword_defaults(REGISTRY.get(name)), **options}
     return all(options.get(k) == v for k, v in level.items())
   return bool(level)
+
+
+def _keyword_defaults(fn) -> dict:
+  """fn's keyword-only options with their defaults (what an option left out means)."""
+  params = inspect.signature(fn).parameters.values()
+  return {
+    p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and p.default is not p.empty
+  }
 
 
 def batch_level_names() -> list[str]:

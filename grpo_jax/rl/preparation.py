@@ -63,6 +63,9 @@ class PolicyLogProbs:
   rank_NT: Any  # π_old's rank of each token (0 = argmax); None unless a mask needs it.
   ref_logp_NT: jax.Array  # log π_ref(o_t); zeros without a reference policy.
   kl_NT: jax.Array  # The configured estimator of KL(π_old ‖ π_ref) per token, masked.
+  # log π_T(o_t), a teacher's (config.teacher; `teacher_logprobs`), 0 off the mask; None
+  # when no estimator reads one (`advantages.Traits.needs_teacher`).
+  teacher_logp_NT: Any = None
 
 
 def action_view(rollouts):
@@ -147,6 +150,23 @@ def rollout_logprobs(params, ref_params, rollouts, *, cfg: spec.RLConfig, model_
   )
 
 
+def teacher_logprobs(teacher_params, rollouts, *, cfg: spec.RLConfig, model_fn):
+  """log π_T(o_t) of every completion token under a teacher (config.teacher: its own
+  params and `model_fn`, the same tokenizer), 0 off the tokens the student produced
+  (`action_view`); sliced like the student's forwards (rl.logprob_batches, rl.logit_chunk).
+  A dense model's forward: the teacher never replays the student's expert routes."""
+  mask_NT = action_view(rollouts).mask_NT
+  rows = (rollouts.prompt_tokens_NP, rollouts.prompt_mask_NP, rollouts.tokens_NT, rollouts.mask_NT)
+  logp_NT, _ = in_slices(
+    lambda r: logprobs.completion_logprobs(
+      teacher_params, *r, model_fn=model_fn, chunk=cfg.logit_chunk
+    ),
+    rows,
+    slices=cfg.logprob_batches,
+  )
+  return jnp.where(mask_NT, logp_NT, jnp.zeros_like(logp_NT))
+
+
 def shaped_rewards(rollouts, correct_N, format_N, hyper: spec.PrepareHyper, *, cfg: spec.RLConfig):
   """r_i = c_i + w_fmt·f_i + overlong penalty, truncation policy applied
   (`reward_transforms.shape_rewards`)."""
@@ -208,6 +228,8 @@ def _advantage_inputs(
     context_B=context_N,
     weights_B=weights_N,
     start_B=start_N,
+    old_logp_BT=lp.old_logp_NT,
+    teacher_logp_BT=lp.teacher_logp_NT,
   )
 
 
