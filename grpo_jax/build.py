@@ -184,7 +184,7 @@ def _build(c, *, n_devices: int | None) -> Setup:
   op, n_devices = _offpolicy_config(d, rl_cfg, cf, sampler_cfg, n_devices=n_devices)
   data_parallel = math.prod(mesh_cfg.shape(n_devices)[:2])
   steps = _step_splitter(task, tok)
-  _check_counterfactuals(cf, rl_cfg, task, steps, diagnostics=d.get("diagnostics", {}))
+  counterfactuals.check_config(cf, rl_cfg, task, steps, diagnostics=d.get("diagnostics", {}))
   update_group = sampler_cfg.group_size + (cf.per_group if cf.train else 0)
   _check_batch_shapes(loop, rl_cfg, update_group, data_parallel=data_parallel)
   _check_token_budget(loop, rl_cfg, sampler_cfg, update_group, data_parallel=data_parallel)
@@ -223,13 +223,15 @@ def _build(c, *, n_devices: int | None) -> Setup:
     eval=config_lib.from_dict(schema.EvalConfig, d.get("eval", {}), where="config.eval"),
     rewards=_reward_sources(d, rl_cfg, cf),
   )
-  teacher_cfg = config_lib.from_dict(
-    teacher.TeacherConfig, d.get("teacher", {}), where="config.teacher"
-  )
-  setup = dataclasses.replace(
-    setup, teacher=teacher_cfg, teacher_source=_teacher_source(teacher_cfg, rl_cfg, task, tok)
-  )
+  setup = dataclasses.replace(setup, **_teacher(d, rl_cfg, task, tok))
   return _resolve_remat(setup, n_devices=n_devices)
+
+
+def _teacher(d: dict, rl_cfg: spec.RLConfig, task, tok) -> dict:
+  """Setup's teacher and teacher_source: config.teacher and its `teacher.Source`, checked
+  (`_teacher_source`)."""
+  cfg = config_lib.from_dict(teacher.TeacherConfig, d.get("teacher", {}), where="config.teacher")
+  return {"teacher": cfg, "teacher_source": _teacher_source(cfg, rl_cfg, task, tok)}
 
 
 def _teacher_source(cfg: teacher.TeacherConfig, rl_cfg: spec.RLConfig, task, tok):
@@ -461,79 +463,11 @@ def _step_splitter(task, tok) -> alignment.StepSplitter:
   )
 
 
-def _check_unbiased_plan(cf, rl_cfg: spec.RLConfig, steps) -> None:
-  """An estimator that reads counterfactuals (IBPO's φ) gets a plan that chose each row
-  from the prefix it keeps (`counterfactuals.biased_choices`), unless accept_bias."""
-  if not advantages.REGISTRY.traits(rl_cfg.advantage).reads_counterfactuals:
-    return
-  state = dict(rl_cfg.advantage_options).get("state", "prefix")
-  if state == "span" and not cf.perturbed:  # Not even with accept_bias: ibpo.py, "States".
-    raise ValueError(
-      "config.counterfactual branches with ibpo state 'span': a span pools a state wherever "
-      "it occurs, so a branch's copy of its parent's prefix would enter the parent's baseline "
-      "above the cut, and the estimator leaves a row out of its own baseline exactly only "
-      "when every row counts from depth 0. Use state 'window' or 'prefix', or source 'hint'."
-    )
-  reasons = counterfactuals.biased_choices(cf, tau=rl_cfg.ibpo_tau, steps=steps)
-  if reasons and not cf.accept_bias:
-    raise ValueError(
-      f"config.counterfactual biases rl.advantage={rl_cfg.advantage!r} (a counterfactual "
-      "may sit in its parent's baseline only if the plan chose it from the prefix it keeps): "
-      f"{'; '.join(reasons)}. To rerun a recorded biased run, set "
-      "config.counterfactual.accept_bias=True."
-    )
-
-
-def _check_counterfactuals(cf, rl_cfg: spec.RLConfig, task, steps, *, diagnostics) -> None:
-  """Counterfactual rows are used by something, can be scored against their prompt's
-  example, and their importance weights can be computed."""
-  if not cf.enabled:
-    return
-  where = "config.counterfactual"
-  if cf.train and diagnostics.get("every", 0):
-    raise ValueError(
-      f"{where}.train=True with config.diagnostics.every > 0: the diagnostics probe groups "
-      "of G samples, and trained counterfactuals make them G + C rows; switch one off."
-    )
-  if not (advantages.REGISTRY.traits(rl_cfg.advantage).reads_counterfactuals or cf.train):
-    readers = [
-      n for n in advantages.REGISTRY if advantages.REGISTRY.traits(n).reads_counterfactuals
-    ]
-    raise ValueError(
-      f"{where}.per_group={cf.per_group} with rl.advantage={rl_cfg.advantage!r} and "
-      f"{where}.train=False: the counterfactual rows would be sampled and never used. Use "
-      f"rl.advantage={' or '.join(map(repr, readers))} (they inform its potential φ), or "
-      "train=True, or per_group=0."
-    )
-  if rl_cfg.dynamic_sampling:
-    raise ValueError(f"{where} does not combine with rl.dynamic_sampling; switch one off.")
-  _check_unbiased_plan(cf, rl_cfg, steps)
-  if cf.perturbed:
-    supported = task.supported_perturbations()
-    if cf.source not in supported:
-      raise ValueError(
-        f"{where}.source={cf.source!r}: task {type(task).__name__} perturbs its prompts by "
-        f"{', '.join(supported) or 'none'}; use one of those or 'branch'."
-      )
-    if cf.weighting == "truncated_is" and not rl_cfg.recompute_old_logp:
-      raise ValueError(
-        f"{where}.weighting='truncated_is' needs π(o|q) of rows sampled under a perturbed "
-        "prompt: set rl.recompute_old_logp=True (one forward per row), or weighting "
-        "'none' / 'drop'."
-      )
-  if {"step", "next_step"} & {cf.cut, cf.distance} and not steps.defined:
-    raise ValueError(
-      f"{where}: cut {cf.cut!r} or distance {cf.distance!r} needs the task's step splitter, "
-      f"and task {type(task).__name__} defines neither a one-token step_end_text nor a "
-      "step_start_text; use cut 'window' and distance 'token'."
-    )
-
-
 def task_and_tokenizer(d: dict, *, hf_dir: str):
   """The task and its tokenizer; a task that reads a HF tokenizer takes hf_dir's. With
   hf_dir, a task whose tokenizer is not hf_dir's (`check_model_tokenizer`) is refused."""
   kwargs = dict(d.get("kwargs", {}))
-  if hf_dir and getattr(tasks.REGISTRY.get(d["name"]), "uses_hf_tokenizer", False):
+  if hf_dir and getattr(tasks.task_class(d["name"]), "uses_hf_tokenizer", False):
     kwargs.setdefault("tokenizer_dir", hf_dir)
   task = tasks.get(d["name"], **kwargs)
   tok = task.tokenizer()

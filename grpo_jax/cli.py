@@ -354,9 +354,13 @@ def _constructor_defaults(config, section: str) -> dict:
 
   registry = tasks.REGISTRY if section == "task" else envs.REGISTRY
   name = config[section].name
-  if not name or name not in registry:
+  if section == "task" and name and tasks.known(name):
+    cls = tasks.task_class(name)
+  elif name and name in registry:
+    cls = registry.get(name)
+  else:
     return {}
-  params = inspect.signature(registry.get(name)).parameters.values()
+  params = inspect.signature(cls).parameters.values()
   return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
 
 

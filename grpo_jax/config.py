@@ -44,6 +44,7 @@ import copy
 import json
 import os
 import sys
+from typing import Any
 
 import ml_collections
 
@@ -206,6 +207,48 @@ def from_recorded(recorded: dict) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict(out)
   c.lock()
   return c
+
+
+_ABSENT = "<absent>"
+
+
+def _default_at(dotted: str):
+  """Today's default of a recorded config's key (`build.as_dict` layout: "loop." keys are
+  top-level), or _ABSENT where the schema has none."""
+  node: Any = config_defaults.DEFAULTS
+  for part in dotted.removeprefix("loop.").split("."):
+    if not isinstance(node, dict) or part not in node:
+      return _ABSENT
+    node = node[part]
+  return node
+
+
+def _same_value(a, b) -> bool:
+  """a == b, with a list equal to the tuple it was before JSON (config.json holds lists)."""
+  if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+    return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b, strict=True))
+  if isinstance(a, dict) and isinstance(b, dict):
+    return a.keys() == b.keys() and all(_same_value(a[k], b[k]) for k in a)
+  return a == b
+
+
+def changes(before: dict, after: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:
+  """(dotted key, old value, new value) for every leaf that differs between two configs.
+  A key on one side only is no change when the other side's value is today's default or
+  an empty section: a key or section a later release added, at the value it behaves as
+  when absent (a checkpoint written before it existed reads the same)."""
+  out = []
+  for k in sorted(set(before) | set(after)):
+    a, b = before.get(k, _ABSENT), after.get(k, _ABSENT)
+    if _ABSENT in (a, b):
+      there = b if a is _ABSENT else a
+      if there == {} or _same_value(there, _default_at(f"{prefix}{k}")):
+        continue
+    if isinstance(a, dict) and isinstance(b, dict):
+      out += changes(a, b, f"{prefix}{k}.")
+    elif a != b:
+      out.append((f"{prefix}{k}", a, b))
+  return out
 
 
 def __getattr__(name: str):

@@ -132,11 +132,11 @@ def _benchmark_task(name: str, setup: build.Setup) -> tasks_base.Task:
       f"config.eval.benchmarks has {name!r}, but this config runs episodes (config.env) of "
       f"its own task {own!r}: only that one can be evaluated here."
     )
-  if name not in tasks.REGISTRY:
+  if not tasks.known(name):
     raise EvalError(
       f"config.eval.benchmarks: unknown benchmark {name!r}; allowed: a task "
-      f"({', '.join(tasks.REGISTRY.names())}), a dataset ({', '.join(DATASETS)}) or "
-      "jsonl:PATH[:exact|math]."
+      f"({', '.join(tasks.REGISTRY.names())}, rg:<dataset>), a dataset ({', '.join(DATASETS)}) "
+      "or jsonl:PATH[:exact|math]."
     )
   return tasks.get(name)
 

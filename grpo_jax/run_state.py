@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax import build, steps
-from grpo_jax.infra import checkpoint
-from grpo_jax.models import frozen_base, hf, model, sharding
+from grpo_jax.infra import checkpoint, distributed
+from grpo_jax.models import frozen_base, hf, model, sharding, teacher
 from grpo_jax.rl import controllers, guards, learner, spec
 
 
@@ -204,3 +204,22 @@ def read_checkpoint(setup, fns, workdir, *, step: int | None = None) -> RunState
     return restored(setup, fns, workdir, got.tree, meta, abstract)
   finally:
     ckpt.close()
+
+
+def with_teacher(setup: build.Setup, fns, workdir, *, resumed: bool, log) -> steps.Functions:
+  """`fns` with the teacher's log-probs folded into rl.logprobs (config.teacher,
+  `steps.with_teacher`): its params read onto their shardings (never checkpointed: read
+  again on every resume), and its identity recorded in workdir/teacher.json on a fresh run
+  or checked against it on a resume (`teacher`)."""
+  source = setup.teacher_source
+  if source is None:
+    return fns
+  params = teacher.load_params(source, shardings=fns.teacher_shardings)
+  now = teacher.identity(source, params)
+  teacher.check_identity(workdir, now, resumed=resumed, write=distributed.is_primary())
+  step = f" step {source.step}" if source.step is not None else ""
+  log(
+    f"teacher: {source.kind} {source.path}{step}, {model.param_count(params):,} params, "
+    f"fingerprint {now['fingerprint']}"
+  )
+  return steps.with_teacher(fns, params)

@@ -54,7 +54,7 @@ import numpy as np
 
 from grpo_jax import (
   build,
-  config_defaults,
+  config,
   heldout,
   pipeline,
   rollout,
@@ -74,7 +74,7 @@ from grpo_jax.infra import (
   logs,
   trackers,
 )
-from grpo_jax.models import adapters, frozen_base, hf, model, teacher
+from grpo_jax.models import adapters, frozen_base, hf, model
 from grpo_jax.rewards import reward_sources
 from grpo_jax.rl import controllers, guards, preparation, spec
 from grpo_jax.verifiers import reward_pool, verdicts
@@ -103,7 +103,7 @@ def run(config_dict, workdir: str | pathlib.Path, *, log=print, on_iteration=Non
     except warmstart.Preempted as stop:
       return _preempted_in_warm_start(s, stop)
     _record_config(setup, workdir, st, resumed_from=latest, log=log)  # May refuse: first.
-    fns = _with_teacher(setup, fns, workdir, resumed=latest is not None, log=log)
+    fns = run_state.with_teacher(setup, fns, workdir, resumed=latest is not None, log=log)
     writer = stack.enter_context(contextlib.closing(_open_logs(s, st, resumed_from=latest)))
 
     # --- Iterate -------------------------------------------------------------------------
@@ -343,64 +343,8 @@ def _without(d: dict, key: str) -> dict:
   return {k: v for k, v in d.items() if k != key}
 
 
-_ABSENT = "<absent>"
-
-
-def _default_at(dotted: str):
-  """Today's default of a recorded config's key (`build.as_dict` layout: "loop." keys are
-  top-level), or _ABSENT where the schema has none."""
-  node: Any = config_defaults.DEFAULTS
-  for part in dotted.removeprefix("loop.").split("."):
-    if not isinstance(node, dict) or part not in node:
-      return _ABSENT
-    node = node[part]
-  return node
-
-
-def _same_value(a, b) -> bool:
-  """a == b, with a list equal to the tuple it was before JSON (config.json holds lists)."""
-  if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-    return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b, strict=True))
-  if isinstance(a, dict) and isinstance(b, dict):
-    return a.keys() == b.keys() and all(_same_value(a[k], b[k]) for k in a)
-  return a == b
-
-
-def config_changes(before: dict, after: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:
-  """(dotted key, old value, new value) for every leaf that differs between two configs.
-  A key on one side only is no change when the other side's value is today's default or
-  an empty section: a key or section a later release added, at the value it behaves as
-  when absent (a checkpoint written before it existed reads the same)."""
-  out = []
-  for k in sorted(set(before) | set(after)):
-    a, b = before.get(k, _ABSENT), after.get(k, _ABSENT)
-    if _ABSENT in (a, b):
-      there = b if a is _ABSENT else a
-      if there == {} or _same_value(there, _default_at(f"{prefix}{k}")):
-        continue
-    if isinstance(a, dict) and isinstance(b, dict):
-      out += config_changes(a, b, f"{prefix}{k}.")
-    elif a != b:
-      out.append((f"{prefix}{k}", a, b))
-  return out
-
-
-def _with_teacher(setup: build.Setup, fns, workdir, *, resumed: bool, log) -> steps.Functions:
-  """`fns` with the teacher's log-probs folded into rl.logprobs (config.teacher,
-  `steps.with_teacher`): its params read onto their shardings, and its identity recorded in
-  workdir/teacher.json on a fresh run or checked against it on a resume (`teacher`)."""
-  source = setup.teacher_source
-  if source is None:
-    return fns
-  params = teacher.load_params(source, shardings=fns.teacher_shardings)
-  now = teacher.identity(source, params)
-  teacher.check_identity(workdir, now, resumed=resumed, write=distributed.is_primary())
-  step = f" step {source.step}" if source.step is not None else ""
-  log(
-    f"teacher: {source.kind} {source.path}{step}, {model.param_count(params):,} params, "
-    f"fingerprint {now['fingerprint']}"
-  )
-  return steps.with_teacher(fns, params)
+# (dotted key, old, new) of every key two recorded configs differ in (`config.changes`).
+config_changes = config.changes
 
 
 def _record_config(

@@ -211,6 +211,23 @@ _VARIANTS = {
 }
 
 
+def test_no_config_file_shadows_an_importable_module():
+  """Tests and experiments put configs/ on sys.path (`import arithmetic`), so a config named
+  like a package (configs/reasoning_gym.py did) would replace it for every later import."""
+  import importlib.util  # noqa: PLC0415
+  import sys  # noqa: PLC0415
+
+  configs = str(ROOT / "configs")
+  path = [p for p in sys.path if pathlib.Path(p or ".").resolve() != pathlib.Path(configs)]
+  for p in sorted((ROOT / "configs").glob("*.py")):
+    spec = importlib.machinery.PathFinder.find_spec(p.stem, path)
+    assert spec is None or pathlib.Path(spec.origin or "").parent == pathlib.Path(configs), (
+      f"configs/{p.name} shadows {spec.origin}"
+    )
+    assert p.stem not in sys.stdlib_module_names, p.name
+  assert importlib.util.find_spec("reasoning_gym") is not None  # What would be shadowed.
+
+
 def test_every_config_declares_its_variants_and_refuses_others():
   """The variants come from each file (no list here to keep by hand): get_config takes each
   and refuses any other, naming them all."""

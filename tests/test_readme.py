@@ -68,7 +68,8 @@ def _devices(config_dict) -> int:
 )
 def test_every_readme_command_parses_and_its_config_builds(command, monkeypatch):
   """Parsed as the command line parses it; then the config is built (validated) on the
-  device count its mesh needs, unless it names a checkpoint this machine lacks."""
+  device count its mesh needs, unless it names a checkpoint this machine lacks (config.hf_dir,
+  or a distillation teacher: config.teacher.path)."""
   monkeypatch.chdir(ROOT)
   try:
     inv = cli.invocation(shlex.split(command))
@@ -77,8 +78,8 @@ def test_every_readme_command_parses_and_its_config_builds(command, monkeypatch)
     flags.FLAGS.unparse_flags()
   if inv.config is None:  # hf-check: its checkpoint is the user's.
     return
-  hf_dir = inv.config.hf_dir
-  if hf_dir and not pathlib.Path(hf_dir).expanduser().exists():
+  hf_dir, teacher = inv.config.hf_dir, inv.config.teacher.path
+  if any(p and not pathlib.Path(p).expanduser().exists() for p in (hf_dir, teacher)):
     return  # The user's checkpoint: the plan test and the config tests build the rest.
   n = devices or _devices(inv.config)
   setup = build.plan_setup(inv.config, n_devices=n) if inv.command == "plan" else None

@@ -83,7 +83,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax.models import paged, sampling
-from grpo_jax.rl import alignment, ibpo
+from grpo_jax.rl import advantages, alignment, ibpo
 
 KINDS = ("sampled", "branch", "hint", "paraphrase", "repair")  # Provenance codes 0..4.
 SOURCES = KINDS[1:]
@@ -628,3 +628,77 @@ def stats(prov: Provenance, kept_N, d_N, w_N) -> dict:
     "ibpo/is_weight_mean": jnp.sum(jnp.where(cf_N, w_N, 0.0)) / n,
     **{name: hist[i] for i, name in enumerate(names)},
   }
+
+
+# ----------------------------------------------------------------------------
+# The config's checks against the rest of the run.
+# ----------------------------------------------------------------------------
+
+
+def _check_unbiased_plan(cf, rl_cfg, steps) -> None:
+  """An estimator that reads counterfactuals (IBPO's φ) gets a plan that chose each row
+  from the prefix it keeps (`counterfactuals.biased_choices`), unless accept_bias."""
+  if not advantages.REGISTRY.traits(rl_cfg.advantage).reads_counterfactuals:
+    return
+  state = dict(rl_cfg.advantage_options).get("state", "prefix")
+  if state == "span" and not cf.perturbed:  # Not even with accept_bias: ibpo.py, "States".
+    raise ValueError(
+      "config.counterfactual branches with ibpo state 'span': a span pools a state wherever "
+      "it occurs, so a branch's copy of its parent's prefix would enter the parent's baseline "
+      "above the cut, and the estimator leaves a row out of its own baseline exactly only "
+      "when every row counts from depth 0. Use state 'window' or 'prefix', or source 'hint'."
+    )
+  reasons = biased_choices(cf, tau=rl_cfg.ibpo_tau, steps=steps)
+  if reasons and not cf.accept_bias:
+    raise ValueError(
+      f"config.counterfactual biases rl.advantage={rl_cfg.advantage!r} (a counterfactual "
+      "may sit in its parent's baseline only if the plan chose it from the prefix it keeps): "
+      f"{'; '.join(reasons)}. To rerun a recorded biased run, set "
+      "config.counterfactual.accept_bias=True."
+    )
+
+
+def check_config(cf, rl_cfg, task, steps, *, diagnostics) -> None:
+  """config.counterfactual checked against the rest of the run (`build`, once): its rows
+  are used by something, can be scored against their prompt's example, their importance
+  weights can be computed, and the plan does not bias an estimator that reads them."""
+  if not cf.enabled:
+    return
+  where = "config.counterfactual"
+  if cf.train and diagnostics.get("every", 0):
+    raise ValueError(
+      f"{where}.train=True with config.diagnostics.every > 0: the diagnostics probe groups "
+      "of G samples, and trained counterfactuals make them G + C rows; switch one off."
+    )
+  if not (advantages.REGISTRY.traits(rl_cfg.advantage).reads_counterfactuals or cf.train):
+    readers = [
+      n for n in advantages.REGISTRY if advantages.REGISTRY.traits(n).reads_counterfactuals
+    ]
+    raise ValueError(
+      f"{where}.per_group={cf.per_group} with rl.advantage={rl_cfg.advantage!r} and "
+      f"{where}.train=False: the counterfactual rows would be sampled and never used. Use "
+      f"rl.advantage={' or '.join(map(repr, readers))} (they inform its potential φ), or "
+      "train=True, or per_group=0."
+    )
+  if rl_cfg.dynamic_sampling:
+    raise ValueError(f"{where} does not combine with rl.dynamic_sampling; switch one off.")
+  _check_unbiased_plan(cf, rl_cfg, steps)
+  if cf.perturbed:
+    supported = task.supported_perturbations()
+    if cf.source not in supported:
+      raise ValueError(
+        f"{where}.source={cf.source!r}: task {type(task).__name__} perturbs its prompts by "
+        f"{', '.join(supported) or 'none'}; use one of those or 'branch'."
+      )
+    if cf.weighting == "truncated_is" and not rl_cfg.recompute_old_logp:
+      raise ValueError(
+        f"{where}.weighting='truncated_is' needs π(o|q) of rows sampled under a perturbed "
+        "prompt: set rl.recompute_old_logp=True (one forward per row), or weighting "
+        "'none' / 'drop'."
+      )
+  if {"step", "next_step"} & {cf.cut, cf.distance} and not steps.defined:
+    raise ValueError(
+      f"{where}: cut {cf.cut!r} or distance {cf.distance!r} needs the task's step splitter, "
+      f"and task {type(task).__name__} defines neither a one-token step_end_text nor a "
+      "step_start_text; use cut 'window' and distance 'token'."
+    )

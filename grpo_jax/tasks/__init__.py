@@ -10,6 +10,8 @@ Generated problems for a pretrained chat model (its tokenizer and chat template)
 "word_problems" (English arithmetic stories, verified by `math_verify`).
 Your own data: "jsonl" ({"prompt", "answer"} lines, scored exactly, by Math-Verify or by a
 Python function of yours; the model's tokenizer, or the toy one).
+reasoning-gym's generated datasets: "rg:<dataset>" (`reasoning_gym_tasks`: its scorer, its
+options as the task's kwargs; the model's tokenizer and chat template, or a toy one).
 """
 
 from grpo_jax.infra import registry
@@ -21,6 +23,7 @@ from grpo_jax.tasks import (
   jsonl,
   long_addition,
   math,
+  reasoning_gym_tasks,
   word_problems,
 )
 from grpo_jax.tasks.base import SPLITS, TOY_ALPHABET, Example, Task, split_of
@@ -36,9 +39,28 @@ REGISTRY.register("code")(code.CodeTask)
 REGISTRY.register("word_problems")(word_problems.WordProblems)
 
 
+def task_class(name: str) -> type[Task]:
+  """The class of task `name`: a registered one, or "rg:<dataset>" (reasoning-gym)."""
+  if name.startswith(reasoning_gym_tasks.PREFIX):
+    return reasoning_gym_tasks.ReasoningGymTask
+  return REGISTRY.get(name)
+
+
+def known(name: str) -> bool:
+  """Whether `name` names a task (`task_class` would not raise for an unknown name)."""
+  return name in REGISTRY or name.startswith(reasoning_gym_tasks.PREFIX)
+
+
 def get(name: str, **kwargs) -> Task:
-  """Builds the task registered as ``name`` with its keyword options."""
+  """Builds the task registered as ``name`` with its keyword options; "rg:<dataset>" is
+  reasoning-gym's dataset (its options in kwargs)."""
+  if name.startswith(reasoning_gym_tasks.PREFIX):
+    return reasoning_gym_tasks.ReasoningGymTask(
+      dataset=name[len(reasoning_gym_tasks.PREFIX) :], **kwargs
+    )
   return REGISTRY.get(name)(**kwargs)
 
 
-__all__ = ["REGISTRY", "SPLITS", "TOY_ALPHABET", "Example", "Task", "get", "split_of"]
+__all__ = [
+  "REGISTRY", "SPLITS", "TOY_ALPHABET", "Example", "Task", "get", "known", "split_of", "task_class",
+]  # fmt: skip

@@ -1,8 +1,8 @@
 """On-policy distillation against GRPO from the same start: samples to reach the teacher's
 held-out accuracy (rl.advantage="distill", `advantages.distill`; `teacher`).
 
-  python experiments/distill.py                       # teacher seed 100, students seeds 0-4
-  python experiments/distill.py --seeds 7 --iterations 20 --out /tmp/d   # a smoke run
+  python experiments/distill_vs_grpo.py                       # teacher seed 100, students seeds 0-4
+  python experiments/distill_vs_grpo.py --seeds 7 --iterations 20 --out /tmp/d   # a smoke run
 
 Design (pre-registered: this docstring and RULE were committed before any run of it):
 - For each verdict seed s in 0-4, configs/arithmetic.py:tiny (a ~0.3M-parameter model, 1-2

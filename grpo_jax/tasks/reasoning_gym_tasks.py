@@ -1,0 +1,219 @@
+"""reasoning-gym's procedurally generated, verifiable tasks by name: task.name = "rg:<dataset>".
+
+    c.task.name = "rg:chain_sum"
+    c.task.kwargs = dict(min_terms=2, max_terms=2, max_digits=1)   # the dataset's own options
+    c.hf_dir = "/models/SmolLM2-135M-Instruct"     # its tokenizer and chat template (optional)
+
+Any of reasoning-gym's datasets (`reasoning_gym.factory.DATASETS`, 100 and more: arithmetic,
+algebra, logic, string manipulation, puzzles) is a task here; nothing is downloaded, every
+problem is generated. The options of the task's kwargs go to the dataset's config class
+(size, difficulty: `min_terms`, `max_digits`...), checked by it; a key it does not have is
+refused with the ones it has.
+
+Problems. Problem `index` of a split under run seed s is the dataset's entry j (its own
+generator seeded with `rg_seed`, j drawn from the run's rng), kept when its question's hash
+falls in the split (`base.split_of`, test_percent% to "test"): a pure function of (split,
+index, s), so a resume is exact, and no held-out question is a training question.
+
+Prompt and tokenizer. With a tokenizer directory (config.hf_dir: a Hugging Face directory
+or GGUF file): reasoning-gym's system prompt `system_prompt` (default "default": think, then
+the answer in <answer></answer>) and the question as the user turn of the model's chat
+template; the answer is the last <answer> tag's text (`reasoning_gym.utils.extract_answer`).
+Without one (the toy model): "Q:<question>\\n" under a character tokenizer over printable
+ASCII, the completion "A:<answer>." as the arithmetic task writes it.
+
+Verifier. The dataset's own scorer, `score_answer(answer, entry)` in [0, 1] (the entry
+regenerated from its index in the reward worker). Pass/fail and partial credit are kept
+apart: the reward is 1 for a full score and 0 otherwise, and a partial score (0 < s < 1) is
+labelled "partial" (reward/outcome/partial: how often the scorer gave part credit); with
+partial_credit=True the reward is s itself. Outcomes: "exact", "partial", "wrong",
+"no_answer".
+
+Hand-written: reasoning-gym ships datasets and scorers, not a trainer's task (splits by
+seed, a tokenizer, prompts, a picklable verifier); this is that adapter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import re
+import string
+
+import numpy as np
+
+from grpo_jax.tasks import base
+from grpo_jax.verifiers import verdicts
+
+PREFIX = "rg:"
+OUTCOMES = ("exact", "partial", "wrong", "no_answer")
+# The toy tokenizer's alphabet: printable ASCII and the newline (no tabs or form feeds).
+ALPHABET = "".join(c for c in string.printable if c not in "\t\r\x0b\x0c")
+_TOY_ANSWER = re.compile(r"^A:(.*)\.$", re.DOTALL)
+_NOT_OPTIONS = ("seed", "size")  # Set by the task: a seed, and no end.
+
+
+def _rg():
+  """The reasoning_gym package (imported when an rg: task is built: 3 s)."""
+  try:
+    import reasoning_gym  # noqa: PLC0415
+
+    return reasoning_gym
+  except ImportError:
+    raise ValueError(
+      "task 'rg:...' needs the reasoning-gym package: pip install reasoning-gym (it is in "
+      "grpo_jax's dependencies; reinstall with pip install -e .)."
+    ) from None
+
+
+def datasets() -> list[str]:
+  """The names reasoning-gym generates (`rg:<name>`)."""
+  return sorted(_rg().factory.DATASETS)
+
+
+@functools.cache
+def _dataset(name: str, options: tuple, rg_seed: int):
+  """The dataset `name` with config options (sorted (key, value) pairs), seeded rg_seed."""
+  rg = _rg()
+  _, config_cls = rg.factory.DATASETS[name]
+  cfg = config_cls(**dict(options), seed=rg_seed)
+  return rg.create_dataset(name, **dataclasses.asdict(cfg))
+
+
+def _check_options(name: str, options: dict) -> None:
+  rg = _rg()
+  if name not in rg.factory.DATASETS:
+    close = [d for d in datasets() if name[:3] in d][:8]
+    raise ValueError(
+      f"task 'rg:{name}': reasoning-gym has no dataset {name!r}"
+      f"{f' (close: {close})' if close else ''}; `grpo_jax.tasks.reasoning_gym_tasks.datasets()` "
+      "lists all."
+    )
+  _, config_cls = rg.factory.DATASETS[name]
+  known = [f.name for f in dataclasses.fields(config_cls) if f.name not in _NOT_OPTIONS]
+  if taken := sorted(set(options) & set(_NOT_OPTIONS)):
+    raise ValueError(
+      f"task 'rg:{name}' options {taken}: problems are drawn without end from the run's seed "
+      "(its splits by seed), so the dataset's size and seed are not set; use rg_seed for "
+      "another problem stream."
+    )
+  unknown = sorted(set(options) - set(known))
+  if unknown:
+    raise ValueError(f"task 'rg:{name}' options {unknown}: its dataset takes {known}.")
+  try:
+    _dataset(name, tuple(sorted(options.items())), 0)
+  except (ValueError, AssertionError, TypeError) as e:  # Its config's own validation.
+    raise ValueError(f"task 'rg:{name}' options {options}: {e}") from None
+
+
+class ReasoningGymTask(base.Task):
+  """One reasoning-gym dataset as a task. See the module docstring."""
+
+  uses_hf_tokenizer = True  # The trainer passes config.hf_dir as tokenizer_dir.
+  outcomes = OUTCOMES
+
+  def __init__(
+    self,
+    *,
+    dataset: str,
+    tokenizer_dir: str = "",
+    rg_seed: int = 0,
+    test_percent: int = 10,
+    partial_credit: bool = False,
+    system_prompt: str = "default",
+    **options,
+  ):
+    if not 0 < test_percent < 100:
+      raise ValueError(f"test_percent must be in (0, 100), got {test_percent}.")
+    _check_options(dataset, options)
+    prompts = _rg().utils.SYSTEM_PROMPTS
+    if tokenizer_dir and system_prompt not in prompts:
+      raise ValueError(
+        f"task 'rg:{dataset}' system_prompt={system_prompt!r}: one of reasoning-gym's "
+        f"{sorted(prompts)}."
+      )
+    self.name = PREFIX + dataset
+    self.dataset = dataset
+    self.options = dict(options)
+    self.tokenizer_dir = str(tokenizer_dir)
+    self.rg_seed, self.test_percent = int(rg_seed), test_percent
+    self.partial_credit = bool(partial_credit)
+    self.system_prompt = prompts[system_prompt] if tokenizer_dir else ""
+    self._tokenizer = None
+
+  def __getstate__(self):  # Reward workers rebuild the dataset and need no tokenizer.
+    return {**self.__dict__, "_tokenizer": None}
+
+  @property
+  def _ds(self):
+    return _dataset(self.dataset, tuple(sorted(self.options.items())), self.rg_seed)
+
+  def tokenizer(self):
+    if self._tokenizer is None:
+      if self.tokenizer_dir:
+        from grpo_jax.models import hf_tokenizer  # noqa: PLC0415
+
+        self._tokenizer = hf_tokenizer.load(self.tokenizer_dir)
+      else:
+        from grpo_jax.models import tokenizers  # noqa: PLC0415
+
+        self._tokenizer = tokenizers.CharTokenizer(ALPHABET)
+    return self._tokenizer
+
+  # --- Problems ---------------------------------------------------------------------------
+
+  def _draw(self, rng: np.random.Generator) -> tuple[str, base.Example]:
+    j = int(rng.integers(2**31 - 1))
+    entry = self._ds[j]
+    question, answer = str(entry["question"]), str(entry["answer"])
+    if self.tokenizer_dir:
+      prompt = base.chat_prompt(self.tokenizer(), question, system=self.system_prompt)
+      reference = f"<answer>{answer}</answer>"
+    else:
+      prompt, reference = f"Q:{question}\n", f"A:{answer}."
+    return question, _IndexedExample(prompt=prompt, reference=reference, answer=answer, index=j)
+
+  def reward_input(self, example: base.Example) -> str:
+    """The entry's index (the worker regenerates it for the scorer), as JSON."""
+    return json.dumps({"index": _index_of(example)})
+
+  # --- Scoring ----------------------------------------------------------------------------
+
+  def extract_answer(self, completion: str) -> str | None:
+    if self.tokenizer_dir:
+      return _rg().utils.extract_answer(completion)
+    m = _TOY_ANSWER.match(completion.strip())
+    return None if m is None else m.group(1).strip()
+
+  def score(self, reward_input: str, completion: str) -> tuple[float | None, float]:
+    """(the scorer's s in [0, 1], or None when the completion states no answer; the reward)."""
+    entry = self._ds[json.loads(reward_input)["index"]]
+    answer = self.extract_answer(completion)
+    if answer is None:
+      return None, 0.0
+    s = float(self._ds.score_answer(answer=answer, entry=entry))
+    return s, s if self.partial_credit else float(s >= 1.0)
+
+  def reward(self, prompt: str, completion: str) -> float:
+    """`prompt` is `reward_input`'s JSON; labelled with the outcome (`OUTCOMES`)."""
+    s, r = self.score(prompt, completion)
+    label = "no_answer" if s is None else "exact" if s >= 1.0 else "partial" if s > 0 else "wrong"
+    return verdicts.Labeled(r, label)
+
+  def format_reward(self, prompt: str, completion: str) -> float:
+    del prompt
+    return float(self.extract_answer(completion) is not None)
+
+
+# The entry index rides on the Example (frozen): a subclass field, so examples compare and
+# print as before and `reward_input` can read it back.
+@dataclasses.dataclass(frozen=True)
+class _IndexedExample(base.Example):
+  index: int = -1
+
+
+def _index_of(example: base.Example) -> int:
+  if not isinstance(example, _IndexedExample):
+    raise ValueError("a reasoning-gym reward needs the Example its task drew (with its index).")
+  return example.index

