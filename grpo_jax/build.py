@@ -192,6 +192,7 @@ def _build(c, *, n_devices: int | None) -> Setup:
   _check_group_estimator(rl_cfg, sampler_cfg.group_size)
   _check_prompt_lengths(task, tok, sampler_cfg, loop)
   _check_reward_budget(task, loop)
+  _check_task_state(task, op)
   rows = loop.prompts_per_step * sampler_cfg.group_size
   if sampler_cfg.refill_slots > rows:
     raise ValueError(
@@ -653,6 +654,17 @@ def _check_token_budget(
       T=sampler_cfg.max_new_tokens,
       N=loop.prompts_per_step * group_size // rl_cfg.num_minibatches,
       row_multiple=data_parallel,
+    )
+
+
+def _check_task_state(task, op) -> None:
+  """A task whose problem stream moves with the run (a curriculum: `Task.state`) needs every
+  prompt drawn after the batch before it is scored; the off-policy pipeline draws ahead."""
+  if task.state() and op.enabled:
+    raise ValueError(
+      f"task {task.name!r} has a curriculum (its level moves with each batch's pass rate), "
+      "and config.offpolicy draws prompts before the batches before them are scored: switch "
+      "one off."
     )
 
 

@@ -51,6 +51,7 @@ class RunState:
   nonfinite_run: int = 0  # Consecutive skipped steps so far.
   wall_seconds: float = 0.0  # Of every session of this run, up to the last tick.
   collapse_guard: dict = dataclasses.field(default_factory=dict)  # `collapse.observe`'s.
+  task_state: dict = dataclasses.field(default_factory=dict)  # `Task.state`: a curriculum's.
   config: dict | None = None  # `build.as_dict` of the session that wrote the checkpoint.
   # With adapters: where the frozen base comes from and its fingerprint (`frozen_base`);
   # checkpoints hold the adapters only.

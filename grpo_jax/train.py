@@ -266,6 +266,7 @@ def _restore_or_start(s: _Session) -> tuple[run_state.RunState, int | None, dict
   if filled := meta.pop("filled", None):
     s.log(f"checkpoint {got.step} predates {filled}: taken from this config.")
   st = run_state.restored(s.setup, s.fns, s.workdir, got.tree, meta, abstract)
+  s.setup.task.load_state(st.task_state)  # A curriculum's level (`Task.state`).
   s.log(f"resumed from {s.ckpt.directory / str(got.step)} (iteration {st.iteration})")
   return st, got.step, got.buffer
 
@@ -451,6 +452,8 @@ class _Loop:
     st.data_index = got.next_index
     t1 = time.perf_counter()
     batch, stats = jax.block_until_ready(self._prepare(st, got))
+    task_metrics = self.setup.task.observe(float(stats["pass_rate"]))  # Before any next draw.
+    st.task_state = self.setup.task.state()
     t_prepared = time.perf_counter()
     every = self.setup.tracking.rollouts_every
     if every and it % every == 0:
@@ -469,7 +472,7 @@ class _Loop:
       "iteration": t2 - t0,
     }
     seconds["host"] = seconds["iteration"] - sum(seconds[k] for k in PHASES if k in seconds)
-    record = self._record(it, got, stats, history, skipped, st, seconds)
+    record = {**self._record(it, got, stats, history, skipped, st, seconds), **task_metrics}
     if self.diag:
       record.update(self.diag.after_update(snapshot, st.train.params, record))
     if it % self.setup.loop.eval_every == 0 or it == self.setup.loop.iterations:

@@ -7,6 +7,7 @@ import pickle
 
 import numpy as np
 import pytest
+import runs
 
 from grpo_jax import build, tasks
 from grpo_jax.infra import config_lib
@@ -98,3 +99,57 @@ def test_the_toy_configs_build_and_their_prompts_fit(variant):
   assert len(answers) > 5 and np.all(
     [len(a) < setup.sampler_cfg.max_new_tokens - 2 for a in answers]
   )
+
+
+# ----------------------------------------------------------------------------
+# Curriculum: the level moves with the pass rate, and a resume keeps it.
+# ----------------------------------------------------------------------------
+
+
+def test_the_curriculum_moves_by_the_windows_mean_pass_rate():
+  """Window 2: two iterations at p = 0.9 raise the level (and restart the window); two at
+  0.1 lower it; a mean between the thresholds keeps it. Level 1 draws reasoning-gym's level
+  1 (up to 3 terms of up to 2 digits); a reward input carries its level, so a worker that
+  never observed the move scores it."""
+  t = tasks.get("rg:basic_arithmetic", curriculum=True, curriculum_window=2)
+  levels = [t.observe(p)["task/level"] for p in (0.9, 0.9, 0.5, 0.1, 0.1, 0.0)]
+  assert levels == [0, 1, 1, 1, 0, 0]
+  worker = pickle.loads(pickle.dumps(t))
+  t.load_state({"level": 1, "recent": []})
+  assert t.state() == {"level": 1, "recent": []}
+  drawn = [t.example("train", i, seed=0) for i in range(40)]
+  terms = [len(e.prompt.split()) for e in drawn]  # "Q:Calculate a + b + c." -> 6 words.
+  assert max(terms) > 4 and all(e.level == 1 for e in drawn)
+  assert all(float(worker.reward(t.reward_input(e), e.reference)) == 1.0 for e in drawn)
+  with pytest.raises(ValueError, match=r"curriculum_down=0.9, curriculum_up=0.8: need 0 <= down"):
+    tasks.get("rg:basic_arithmetic", curriculum=True, curriculum_down=0.9)
+  with pytest.raises(ValueError, match=r"curriculum_level=9: its levels are 0 to 4"):
+    tasks.get("rg:basic_arithmetic", curriculum=True, curriculum_level=9)
+  assert tasks.get("rg:basic_arithmetic").state() == {}  # No curriculum: no state.
+
+
+def test_a_resumed_run_keeps_its_curriculum_level(tmp_path):
+  """Start at level 3 with curriculum_down = 0.5 and a window of 1: an untrained model
+  solves nothing, so the level falls one a batch, 3 -> 2 -> 1 -> 0. Interrupted after
+  iteration 2 and resumed, iteration 3 continues from level 1 (restarting at 3 would give
+  2): the level is checkpointed. The off-policy pipeline, which draws ahead, is refused."""
+  from grpo_jax import config as config_mod  # noqa: PLC0415
+  from grpo_jax import train  # noqa: PLC0415
+
+  c = config_lib.load(str(ROOT / "configs" / "reasoning.py") + ":tiny")
+  c.model.update(config_mod.QUICK_MODEL)
+  c.task.kwargs = dict(operators=("+",), allow_parentheses=False, allow_negation=False)
+  c.task.kwargs.update(curriculum=True, curriculum_level=3, curriculum_down=0.5)
+  c.task.kwargs.update(curriculum_up=0.9, curriculum_window=1)
+  c.sampler.update(max_prompt_len=64, prompt_buckets=(64,))
+  c.update(warmstart_steps=0, prompts_per_step=8, eval_every=2, eval_size=8, eval_samples=0)
+  c.update(checkpoint_every=1, iterations=2, progress=False, tensorboard=False)
+  train.run(c, tmp_path, log=lambda _: None)
+  c.iterations = 4
+  train.run(c, tmp_path, log=lambda _: None)
+  records = [r for r in runs.lines(tmp_path) if "task/level" in r]
+  assert [r["task/level"] for r in records] == [2, 1, 0, 0]
+  c.offpolicy.enabled = True
+  c.offpolicy.max_staleness = 1
+  with pytest.raises(config_lib.ConfigError, match=r"has a curriculum .* config.offpolicy draws"):
+    build.build(c)

@@ -50,6 +50,10 @@ DEFINITIONS = {
   "zero_var_groups": "Fraction of groups whose correctness rewards c_i are all equal.",
   "all_zero_groups": "Fraction of groups whose correctness rewards are all 0.",
   "all_one_groups": "Fraction of groups whose correctness rewards are all 1.",
+  "task/level": "The task's curriculum level after this iteration's move (a reasoning-gym task "
+  "with curriculum=True; `reasoning_gym_tasks`): the difficulty the next prompts are drawn at.",
+  "task/level_pass_rate": "Mean batch pass rate over the iterations the curriculum's window "
+  "holds at this level (it moves the level when it crosses curriculum_up or curriculum_down).",
   "distill/reverse_kl": "distill estimator: mean over trained tokens of log π_old(o_t) − "
   "log π_T(o_t), the single-sample estimate of the per-token reverse KL(π_old ‖ π_T) to the "
   "teacher (config.teacher) on the student's own samples; 0 when the student is the teacher.",

@@ -220,6 +220,25 @@ class Task(abc.ABC):
   def _repair(self, example: Example, attempt: str) -> str:
     raise PerturbationUnsupported(f"Task {self.name!r} has no 'repair' perturbation.")
 
+  # --- A curriculum: state the trainer keeps and checkpoints (none by default) -------------
+
+  def state(self) -> dict:
+    """What the task's problem stream depends on beyond (split, index, seed): a curriculum's
+    level. The trainer checkpoints it (RunState.task_state) and hands it back on resume
+    (`load_state`), so a resumed stream is the one the run would have drawn. {}: none."""
+    return {}
+
+  def load_state(self, state: dict) -> None:
+    """Restores `state()` (a resume); the default keeps nothing."""
+    del state
+
+  def observe(self, pass_rate: float) -> dict:
+    """Called by the trainer once per iteration, after the batch's rewards and before any
+    later prompt is drawn, with the batch's pass rate (the share of rows whose correctness
+    reward is > 0, over every process). Returns metrics to log ({} by default)."""
+    del pass_rate
+    return {}
+
   def data_notes(self) -> list[str]:
     """Lines for the run's log about where the task's data came from (e.g. which dataset
     cache was built or reused); none for generated tasks."""

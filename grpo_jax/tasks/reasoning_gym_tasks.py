@@ -29,6 +29,16 @@ labelled "partial" (reward/outcome/partial: how often the scorer gave part credi
 partial_credit=True the reward is s itself. Outcomes: "exact", "partial", "wrong",
 "no_answer".
 
+Curriculum (curriculum=True, for the datasets reasoning-gym gives one: `curricula()`): the
+dataset's difficulty knobs at one global level L (reasoning-gym's curriculum: each knob at
+its L-th value, or its last), starting at curriculum_level (0). After every iteration the trainer hands the
+batch's pass rate p to `observe`: over the last `curriculum_window` iterations at this
+level, a mean p ≥ curriculum_up raises L by one and a mean p ≤ curriculum_down lowers it
+(the window starts again after a move). The level is the task's state (`state`), which the
+trainer checkpoints and restores, so a resumed run draws the problems it would have; a
+problem's reward input carries the level it was drawn at. Held-out evaluation draws at the
+level of the moment; task/level and task/level_pass_rate are logged.
+
 Hand-written: reasoning-gym ships datasets and scorers, not a trainer's task (splits by
 seed, a tokenizer, prompts, a picklable verifier); this is that adapter.
 """
@@ -81,6 +91,19 @@ def _dataset(name: str, options: tuple, rg_seed: int):
   return rg.create_dataset(name, **dataclasses.asdict(cfg))
 
 
+def _frozen(value):
+  """An option's value hashable and as its config class expects it: lists (a config read
+  back from JSON) as tuples."""
+  if isinstance(value, list | tuple):
+    return tuple(_frozen(v) for v in value)
+  return value
+
+
+def curricula() -> list[str]:
+  """The datasets reasoning-gym gives a curriculum (curriculum=True)."""
+  return sorted(_rg().factory.CURRICULA)
+
+
 def _check_options(name: str, options: dict) -> None:
   rg = _rg()
   if name not in rg.factory.DATASETS:
@@ -102,7 +125,7 @@ def _check_options(name: str, options: dict) -> None:
   if unknown:
     raise ValueError(f"task 'rg:{name}' options {unknown}: its dataset takes {known}.")
   try:
-    _dataset(name, tuple(sorted(options.items())), 0)
+    _dataset(name, tuple(sorted((k, _frozen(v)) for k, v in options.items())), 0)
   except (ValueError, AssertionError, TypeError) as e:  # Its config's own validation.
     raise ValueError(f"task 'rg:{name}' options {options}: {e}") from None
 
@@ -122,11 +145,23 @@ class ReasoningGymTask(base.Task):
     test_percent: int = 10,
     partial_credit: bool = False,
     system_prompt: str = "default",
+    curriculum: bool = False,
+    curriculum_up: float = 0.8,
+    curriculum_down: float = 0.2,
+    curriculum_window: int = 5,
+    curriculum_level: int = 0,
     **options,
   ):
     if not 0 < test_percent < 100:
       raise ValueError(f"test_percent must be in (0, 100), got {test_percent}.")
     _check_options(dataset, options)
+    if curriculum:
+      _check_curriculum(dataset, curriculum_down, curriculum_up, curriculum_window)
+      if not 0 <= curriculum_level <= _max_level(dataset):
+        raise ValueError(
+          f"task 'rg:{dataset}' curriculum_level={curriculum_level}: its levels are 0 to "
+          f"{_max_level(dataset)}."
+        )
     prompts = _rg().utils.SYSTEM_PROMPTS
     if tokenizer_dir and system_prompt not in prompts:
       raise ValueError(
@@ -135,19 +170,51 @@ class ReasoningGymTask(base.Task):
       )
     self.name = PREFIX + dataset
     self.dataset = dataset
-    self.options = dict(options)
+    self.options = {k: _frozen(v) for k, v in options.items()}
     self.tokenizer_dir = str(tokenizer_dir)
     self.rg_seed, self.test_percent = int(rg_seed), test_percent
     self.partial_credit = bool(partial_credit)
     self.system_prompt = prompts[system_prompt] if tokenizer_dir else ""
+    self.curriculum = bool(curriculum)
+    self.curriculum_up, self.curriculum_down = float(curriculum_up), float(curriculum_down)
+    self.curriculum_window = int(curriculum_window)
+    self.level, self._recent = int(curriculum_level), []
     self._tokenizer = None
 
   def __getstate__(self):  # Reward workers rebuild the dataset and need no tokenizer.
     return {**self.__dict__, "_tokenizer": None}
 
-  @property
-  def _ds(self):
-    return _dataset(self.dataset, tuple(sorted(self.options.items())), self.rg_seed)
+  def _ds(self, level: int | None = None):
+    """The dataset at curriculum `level` (None: the task's own level; without a
+    curriculum, the options as given)."""
+    options = self.options
+    if self.curriculum:
+      options = _at_level(self.dataset, options, self.level if level is None else level)
+    return _dataset(self.dataset, tuple(sorted(options.items())), self.rg_seed)
+
+  # --- Curriculum -------------------------------------------------------------------------
+
+  def state(self) -> dict:
+    return {"level": self.level, "recent": list(self._recent)} if self.curriculum else {}
+
+  def load_state(self, state: dict) -> None:
+    if self.curriculum and state:
+      self.level, self._recent = int(state["level"]), [float(p) for p in state["recent"]]
+
+  def observe(self, pass_rate: float) -> dict:
+    """Moves the level by the mean pass rate of the last curriculum_window iterations (see
+    the module docstring); logs task/level (after the move) and task/level_pass_rate."""
+    if not self.curriculum:
+      return {}
+    self._recent = [*self._recent, float(pass_rate)][-self.curriculum_window :]
+    mean = sum(self._recent) / len(self._recent)
+    if len(self._recent) == self.curriculum_window:
+      top = _max_level(self.dataset)
+      if mean >= self.curriculum_up and self.level < top:
+        self.level, self._recent = self.level + 1, []
+      elif mean <= self.curriculum_down and self.level > 0:
+        self.level, self._recent = self.level - 1, []
+    return {"task/level": self.level, "task/level_pass_rate": mean}
 
   def tokenizer(self):
     if self._tokenizer is None:
@@ -165,18 +232,22 @@ class ReasoningGymTask(base.Task):
 
   def _draw(self, rng: np.random.Generator) -> tuple[str, base.Example]:
     j = int(rng.integers(2**31 - 1))
-    entry = self._ds[j]
+    entry = self._ds()[j]
     question, answer = str(entry["question"]), str(entry["answer"])
     if self.tokenizer_dir:
       prompt = base.chat_prompt(self.tokenizer(), question, system=self.system_prompt)
       reference = f"<answer>{answer}</answer>"
     else:
       prompt, reference = f"Q:{question}\n", f"A:{answer}."
-    return question, _IndexedExample(prompt=prompt, reference=reference, answer=answer, index=j)
+    return question, _IndexedExample(
+      prompt=prompt, reference=reference, answer=answer, index=j, level=self.level
+    )
 
   def reward_input(self, example: base.Example) -> str:
-    """The entry's index (the worker regenerates it for the scorer), as JSON."""
-    return json.dumps({"index": _index_of(example)})
+    """The entry's index and curriculum level (the worker regenerates it for the scorer), as
+    JSON."""
+    index, level = _index_of(example)
+    return json.dumps({"index": index, "level": level})
 
   # --- Scoring ----------------------------------------------------------------------------
 
@@ -188,11 +259,13 @@ class ReasoningGymTask(base.Task):
 
   def score(self, reward_input: str, completion: str) -> tuple[float | None, float]:
     """(the scorer's s in [0, 1], or None when the completion states no answer; the reward)."""
-    entry = self._ds[json.loads(reward_input)["index"]]
+    where = json.loads(reward_input)
+    ds = self._ds(where.get("level", 0))
+    entry = ds[where["index"]]
     answer = self.extract_answer(completion)
     if answer is None:
       return None, 0.0
-    s = float(self._ds.score_answer(answer=answer, entry=entry))
+    s = float(ds.score_answer(answer=answer, entry=entry))
     return s, s if self.partial_credit else float(s >= 1.0)
 
   def reward(self, prompt: str, completion: str) -> float:
@@ -211,9 +284,58 @@ class ReasoningGymTask(base.Task):
 @dataclasses.dataclass(frozen=True)
 class _IndexedExample(base.Example):
   index: int = -1
+  level: int = 0
 
 
 def _index_of(example: base.Example) -> int:
   if not isinstance(example, _IndexedExample):
     raise ValueError("a reasoning-gym reward needs the Example its task drew (with its index).")
-  return example.index
+  return example.index, example.level
+
+
+@functools.cache
+def _curriculum(name: str, level: int):
+  rg = _rg()
+  c = rg.factory.create_curriculum(name)
+  c.set_global_level(level)
+  return c
+
+
+def _max_level(name: str) -> int:
+  """The highest global level that still moves a knob: the longest attribute's last."""
+  return max(len(a.levels) for a in _curriculum(name, 0).attributes.values()) - 1
+
+
+def _at_level(name: str, options: dict, level: int) -> dict:
+  """The options with the curriculum's knobs at global `level` (its generated config's
+  fields that differ from the dataset's defaults win over the given options)."""
+  cfg = _curriculum(name, level).generate_configuration()
+  knobs = {
+    f: getattr(cfg, f)
+    for a in _curriculum(name, 0).attributes.values()
+    for f in _knob_fields(a)
+    if hasattr(cfg, f)
+  }
+  return {**options, **{k: _frozen(v) for k, v in knobs.items()}}
+
+
+def _knob_fields(attribute) -> tuple[str, ...]:
+  """The config fields a curriculum attribute sets (a range: its lower and upper fields)."""
+  names = [
+    getattr(attribute, n, None) for n in ("lower_field_name", "upper_field_name", "field_name")
+  ]
+  return tuple(n for n in names if n) or (attribute.name,)
+
+
+def _check_curriculum(name: str, down: float, up: float, window: int) -> None:
+  if name not in curricula():
+    raise ValueError(
+      f"task 'rg:{name}' curriculum=True: reasoning-gym has no curriculum for it; it has one "
+      f"for {len(curricula())} datasets (`reasoning_gym_tasks.curricula()`)."
+    )
+  if not 0 <= down < up <= 1:
+    raise ValueError(
+      f"task 'rg:{name}' curriculum_down={down}, curriculum_up={up}: need 0 <= down < up <= 1."
+    )
+  if window < 1:
+    raise ValueError(f"task 'rg:{name}' curriculum_window={window}: must be >= 1.")
