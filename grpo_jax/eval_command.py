@@ -75,10 +75,11 @@ class EvalError(ValueError):
 
 def eval_setup(config_dict) -> build.Setup:
   """The Setup an eval runs: the config with eval_samples = eval.k (the sampler it
-  compiles for k samples per problem)."""
+  compiles for k samples per problem), without a distillation teacher (config.teacher: an
+  eval neither loads it nor needs its files)."""
   c = config_dict.copy_and_resolve_references()
   c.eval_samples = int(c.eval.k)
-  return build.build(c)
+  return build.build(c, teacher=False)  # A distillation teacher trains, it never evaluates.
 
 
 def source(setup: build.Setup, fns, workdir) -> tuple[dict, jax.Array, dict]:
@@ -87,6 +88,7 @@ def source(setup: build.Setup, fns, workdir) -> tuple[dict, jax.Array, dict]:
   step = None if setup.eval.step < 0 else setup.eval.step
   st = run_state.read_checkpoint(setup, fns, workdir, step=step)
   if st is not None:
+    setup.task.load_state(st.task_state)  # A curriculum's level at that checkpoint.
     it = st.iteration
     key = (
       jax.random.fold_in(st.key, _WARM_START_EVAL)
@@ -138,6 +140,9 @@ def _benchmark_task(name: str, setup: build.Setup) -> tasks_base.Task:
       f"({', '.join(tasks.REGISTRY.names())}, rg:<dataset>), a dataset ({', '.join(DATASETS)}) "
       "or jsonl:PATH[:exact|math]."
     )
+  hf_dir = setup.loop.hf_dir
+  if hf_dir and getattr(tasks.task_class(name), "uses_hf_tokenizer", False):
+    return tasks.get(name, tokenizer_dir=hf_dir)  # The model's tokenizer and chat template.
   return tasks.get(name)
 
 

@@ -215,6 +215,7 @@ def with_teacher(setup: build.Setup, fns, workdir, *, resumed: bool, log) -> ste
   source = setup.teacher_source
   if source is None:
     return fns
+  source = teacher.recorded_step(source, workdir, setup.teacher, resumed=resumed)
   params = teacher.load_params(source, shardings=fns.teacher_shardings)
   now = teacher.identity(source, params)
   teacher.check_identity(workdir, now, resumed=resumed, write=distributed.is_primary())

@@ -102,8 +102,8 @@ def run(config_dict, workdir: str | pathlib.Path, *, log=print, on_iteration=Non
       st, latest, buffer = _restore_or_start(s)
     except warmstart.Preempted as stop:
       return _preempted_in_warm_start(s, stop)
-    _record_config(setup, workdir, st, resumed_from=latest, log=log)  # May refuse: first.
     fns = run_state.with_teacher(setup, fns, workdir, resumed=latest is not None, log=log)
+    _record_config(setup, workdir, st, resumed_from=latest, log=log)  # May refuse.
     writer = stack.enter_context(contextlib.closing(_open_logs(s, st, resumed_from=latest)))
 
     # --- Iterate -------------------------------------------------------------------------
@@ -452,8 +452,6 @@ class _Loop:
     st.data_index = got.next_index
     t1 = time.perf_counter()
     batch, stats = jax.block_until_ready(self._prepare(st, got))
-    task_metrics = self.setup.task.observe(float(stats["pass_rate"]))  # Before any next draw.
-    st.task_state = self.setup.task.state()
     t_prepared = time.perf_counter()
     every = self.setup.tracking.rollouts_every
     if every and it % every == 0:
@@ -462,6 +460,10 @@ class _Loop:
     snapshot = self.diag and self.diag.before_update(
       it, st.train.params, batch, data_range=range(data_start, st.data_index)
     )
+    # A curriculum moves after the diagnostics re-drew this batch's problems, and before
+    # the update prefetches the next prompts (`Task.observe`).
+    task_metrics = self.setup.task.observe(float(stats["pass_rate"]))
+    st.task_state = self.setup.task.state()
     history = self._update(st, batch, jax.random.fold_in(it_key, 1), stats)
     t2 = time.perf_counter()
     skipped = self._count_nonfinite(st, history["nonfinite"] > 0, iteration=it)

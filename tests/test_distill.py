@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import runs
 
-from grpo_jax import build, config, rollout, run_state, steps, train
+from grpo_jax import build, config, eval_command, rollout, run_state, steps, train
 from grpo_jax.infra import config_lib
 from grpo_jax.models import teacher
 from grpo_jax.rl import advantages
@@ -214,6 +214,24 @@ def test_a_hf_teacher_that_is_the_students_checkpoint_agrees_token_for_token():
   assert np.all(np.asarray(lp.teacher_logp_NT)[~mask] == 0.0)
 
 
+def test_a_resume_keeps_the_teacher_step_it_recorded(tmp_path):
+  """teacher.step -1 names the newest checkpoint when the run starts; a resume reads the
+  step recorded in teacher.json (a teacher run that went on training does not switch the
+  teacher), and one whose recorded checkpoint is gone is refused."""
+  work = tmp_path / "teacher"
+  shutil.copytree(FIXTURE, work)
+  src = teacher.Source("workdir", str(work), None, None, step=7)  # "Newest" today.
+  cfg = teacher.TeacherConfig(path=str(work))
+  (tmp_path / teacher.RECORD).write_text(json.dumps({"kind": "workdir", "step": 0}))
+  assert teacher.recorded_step(src, tmp_path, cfg, resumed=True).step == 0
+  assert teacher.recorded_step(src, tmp_path, cfg, resumed=False).step == 7
+  pinned = teacher.TeacherConfig(path=str(work), step=7)
+  assert teacher.recorded_step(src, tmp_path, pinned, resumed=True).step == 7
+  (tmp_path / teacher.RECORD).write_text(json.dumps({"kind": "workdir", "step": 3}))
+  with pytest.raises(teacher.TeacherError, match=r"checkpoint 3 that this run recorded .* is gone"):
+    teacher.recorded_step(src, tmp_path, cfg, resumed=True)
+
+
 def test_a_changed_teacher_is_refused_on_resume(tmp_path):
   now = {"kind": "hf", "path": "/t", "step": None, "fingerprint": "aa"}
   teacher.check_identity(tmp_path, now, resumed=False)
@@ -227,14 +245,16 @@ def test_a_run_distils_resumes_and_records_its_teacher(tmp_path):
   own samples falls over 30 iterations (6.7 nats to about 4.9 at lr 1e-2), with a resume at
   iteration 15 that reads the same teacher again; a teacher.json of another teacher makes
   the resume refuse."""
+  shutil.copytree(FIXTURE, tmp_path / "teacher")
   c = _student()
+  c.teacher.path = str(tmp_path / "teacher")
   c.update(warmstart_steps=0, eval_every=15, eval_size=16, eval_samples=0, learning_rate=1e-2)
   c.update(checkpoint_every=15, iterations=15, progress=False)
   logs = []
   train.run(c, tmp_path, log=logs.append)
   recorded = json.loads((tmp_path / teacher.RECORD).read_text())
   assert recorded["kind"] == "workdir" and recorded["step"] == 0
-  assert json.loads((tmp_path / "config.json").read_text())["teacher"]["path"] == str(FIXTURE)
+  assert json.loads((tmp_path / "config.json").read_text())["teacher"]["path"] == c.teacher.path
   c.iterations = 30
   train.run(c, tmp_path, log=logs.append)
   assert sum(line.startswith("teacher: workdir") for line in logs) == 2
@@ -243,8 +263,14 @@ def test_a_run_distils_resumes_and_records_its_teacher(tmp_path):
   assert len(kl) == 30 and all(math.isfinite(x) for x in kl)
   assert np.mean(kl[-5:]) < 0.9 * np.mean(kl[:5])
   other = tmp_path / "other"
-  shutil.copytree(tmp_path, other, ignore=shutil.ignore_patterns("other"))
+  shutil.copytree(tmp_path, other, ignore=shutil.ignore_patterns("other", "teacher"))
   (other / teacher.RECORD).write_text(json.dumps({**recorded, "fingerprint": "0" * 16}))
   c.iterations = 31
   with pytest.raises(teacher.TeacherError, match="the teacher changed under this run"):
     train.run(c, other, log=logs.append)
+  # `grpo-jax eval` of the student needs no teacher: it evaluates with the teacher gone.
+  shutil.rmtree(tmp_path / "teacher")
+  recorded = config.from_recorded(json.loads((tmp_path / "config.json").read_text()))
+  recorded.eval.size, recorded.eval.k = 8, 1
+  report = eval_command.run(recorded, tmp_path, log=lambda _: None)
+  assert report["source"]["step"] == 30

@@ -89,7 +89,7 @@ def test_with_a_models_tokenizer_the_prompt_is_its_chat_template():
   assert max(lengths) <= setup.sampler_cfg.max_prompt_len
 
 
-@pytest.mark.parametrize("variant", ["tiny", "lcm"])
+@pytest.mark.parametrize("variant", ["tiny", "bits"])
 def test_the_toy_configs_build_and_their_prompts_fit(variant):
   setup = build.build(config_lib.load(str(ROOT / "configs" / "reasoning.py") + f":{variant}"))
   assert setup.task.name.startswith("rg:") and setup.tokenizer.vocab_size == 3 + len(rgt.ALPHABET)
@@ -123,9 +123,26 @@ def test_the_curriculum_moves_by_the_windows_mean_pass_rate():
   assert all(float(worker.reward(t.reward_input(e), e.reference)) == 1.0 for e in drawn)
   with pytest.raises(ValueError, match=r"curriculum_down=0.9, curriculum_up=0.8: need 0 <= down"):
     tasks.get("rg:basic_arithmetic", curriculum=True, curriculum_down=0.9)
-  with pytest.raises(ValueError, match=r"curriculum_level=9: its levels are 0 to 4"):
+  with pytest.raises(
+    ValueError, match=r"curriculum_level=9: its levels that build with these options are 0 to 4"
+  ):
     tasks.get("rg:basic_arithmetic", curriculum=True, curriculum_level=9)
   assert tasks.get("rg:basic_arithmetic").state() == {}  # No curriculum: no state.
+  # reasoning-gym's caesar_cipher curriculum names a level-2 value its dataset refuses: the
+  # level stops at 1; knight_swap's does not build at level 0 at all.
+  capped = tasks.get("rg:caesar_cipher", curriculum=True, curriculum_window=1)
+  assert capped.top_level == 1 and [capped.observe(1.0)["task/level"] for _ in range(3)] == [1] * 3
+  with pytest.raises(ValueError, match=r"knight_swap' curriculum=True: .* does not build"):
+    tasks.get("rg:knight_swap", curriculum=True)
+
+
+def test_nested_configs_and_datasets_read_from_files_are_tasks_too():
+  """arc_agi's config nests a dataclass; acre and word_ladder draw from a fixed list of
+  entries (an index past it is an IndexError): each draws and scores its reference."""
+  for name in ("arc_agi", "acre", "word_ladder"):
+    t = tasks.get(f"rg:{name}")
+    ex = t.example("train", 1, seed=0)
+    assert float(t.reward(t.reward_input(ex), ex.reference)) == 1.0, name
 
 
 def test_a_resumed_run_keeps_its_curriculum_level(tmp_path):

@@ -205,6 +205,25 @@ def identity(source: Source, params) -> dict:
   }
 
 
+def recorded_step(source: Source, workdir, cfg: TeacherConfig, *, resumed: bool) -> Source:
+  """On a resume, a workdir teacher named by its newest checkpoint (step -1) is the step the
+  run recorded in workdir/teacher.json, not the newest now: a teacher run still training,
+  or rotating its checkpoints, does not switch the teacher under the student."""
+  path = pathlib.Path(workdir) / RECORD
+  if not (resumed and source.kind == "workdir" and cfg.step == -1 and path.is_file()):
+    return source
+  step = json.loads(path.read_text()).get("step")
+  if step is None or step == source.step:
+    return source
+  step_dir = pathlib.Path(source.path) / "checkpoints" / str(step)
+  if not step_dir.is_dir():
+    raise TeacherError(
+      f"the teacher's checkpoint {step} that this run recorded ({path}) is gone from "
+      f"{source.path}/checkpoints; set config.teacher.step to one it has to go on with another."
+    )
+  return dataclasses.replace(source, step=int(step))
+
+
 def check_identity(workdir, now: dict, *, resumed: bool, write: bool = True) -> None:
   """Records the teacher's identity in workdir/teacher.json on a fresh run (where `write`:
   the primary process); on a resume, refuses a teacher whose fingerprint differs from the

@@ -88,7 +88,18 @@ def _dataset(name: str, options: tuple, rg_seed: int):
   rg = _rg()
   _, config_cls = rg.factory.DATASETS[name]
   cfg = config_cls(**dict(options), seed=rg_seed)
-  return rg.create_dataset(name, **dataclasses.asdict(cfg))
+  # Its fields shallowly: a nested config (arc_agi's) stays the dataclass the dataset expects.
+  return rg.create_dataset(name, **{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
+
+
+def _span(ds) -> int:
+  """How many entries `ds` draws from: a generated dataset's are unbounded (2^31 − 1); one
+  read from a file (acre, word_ladder...) has len(ds) and refuses an index past it."""
+  try:
+    ds[2**31 - 2]
+  except IndexError:
+    return len(ds)
+  return 2**31 - 1
 
 
 def _frozen(value):
@@ -107,7 +118,7 @@ def curricula() -> list[str]:
 def _check_options(name: str, options: dict) -> None:
   rg = _rg()
   if name not in rg.factory.DATASETS:
-    close = [d for d in datasets() if name[:3] in d][:8]
+    close = [d for d in datasets() if name and name[:3] in d][:8]
     raise ValueError(
       f"task 'rg:{name}': reasoning-gym has no dataset {name!r}"
       f"{f' (close: {close})' if close else ''}; `grpo_jax.tasks.reasoning_gym_tasks.datasets()` "
@@ -155,12 +166,15 @@ class ReasoningGymTask(base.Task):
     if not 0 < test_percent < 100:
       raise ValueError(f"test_percent must be in (0, 100), got {test_percent}.")
     _check_options(dataset, options)
+    self.top_level = 0  # The highest level the curriculum may reach (`_levels_that_work`).
     if curriculum:
       _check_curriculum(dataset, curriculum_down, curriculum_up, curriculum_window)
-      if not 0 <= curriculum_level <= _max_level(dataset):
+      frozen = {k: _frozen(v) for k, v in options.items()}
+      self.top_level = _levels_that_work(dataset, frozen, int(rg_seed))
+      if not 0 <= curriculum_level <= self.top_level:
         raise ValueError(
-          f"task 'rg:{dataset}' curriculum_level={curriculum_level}: its levels are 0 to "
-          f"{_max_level(dataset)}."
+          f"task 'rg:{dataset}' curriculum_level={curriculum_level}: its levels that build "
+          f"with these options are 0 to {self.top_level}."
         )
     prompts = _rg().utils.SYSTEM_PROMPTS
     if tokenizer_dir and system_prompt not in prompts:
@@ -209,8 +223,7 @@ class ReasoningGymTask(base.Task):
     self._recent = [*self._recent, float(pass_rate)][-self.curriculum_window :]
     mean = sum(self._recent) / len(self._recent)
     if len(self._recent) == self.curriculum_window:
-      top = _max_level(self.dataset)
-      if mean >= self.curriculum_up and self.level < top:
+      if mean >= self.curriculum_up and self.level < self.top_level:
         self.level, self._recent = self.level + 1, []
       elif mean <= self.curriculum_down and self.level > 0:
         self.level, self._recent = self.level - 1, []
@@ -231,8 +244,9 @@ class ReasoningGymTask(base.Task):
   # --- Problems ---------------------------------------------------------------------------
 
   def _draw(self, rng: np.random.Generator) -> tuple[str, base.Example]:
-    j = int(rng.integers(2**31 - 1))
-    entry = self._ds()[j]
+    ds = self._ds()
+    j = int(rng.integers(_span(ds)))
+    entry = ds[j]
     question, answer = str(entry["question"]), str(entry["answer"])
     if self.tokenizer_dir:
       prompt = base.chat_prompt(self.tokenizer(), question, system=self.system_prompt)
@@ -307,8 +321,8 @@ def _max_level(name: str) -> int:
 
 
 def _at_level(name: str, options: dict, level: int) -> dict:
-  """The options with the curriculum's knobs at global `level` (its generated config's
-  fields that differ from the dataset's defaults win over the given options)."""
+  """The options with the curriculum's knobs at global `level`: every field a curriculum
+  attribute sets takes the curriculum's value, over the given options."""
   cfg = _curriculum(name, level).generate_configuration()
   knobs = {
     f: getattr(cfg, f)
@@ -325,6 +339,27 @@ def _knob_fields(attribute) -> tuple[str, ...]:
     getattr(attribute, n, None) for n in ("lower_field_name", "upper_field_name", "field_name")
   ]
   return tuple(n for n in names if n) or (attribute.name,)
+
+
+def _levels_that_work(name: str, options: dict, rg_seed: int) -> int:
+  """The highest level L such that the dataset builds and draws a problem at every level
+  0..L (some of reasoning-gym's curricula name knob values their own dataset refuses:
+  caesar_cipher at 2, jugs at 3; a run must never reach them). Refuses a curriculum that
+  does not build at level 0."""
+  top = -1
+  for level in range(_max_level(name) + 1):
+    try:
+      ds = _dataset(name, tuple(sorted(_at_level(name, options, level).items())), rg_seed)
+      ds[0]
+    except Exception:  # noqa: BLE001 -- any failure of reasoning-gym's own code.
+      break
+    top = level
+  if top < 0:
+    raise ValueError(
+      f"task 'rg:{name}' curriculum=True: reasoning-gym's curriculum does not build its "
+      "dataset at level 0 with these options; use curriculum=False."
+    )
+  return top
 
 
 def _check_curriculum(name: str, down: float, up: float, window: int) -> None:
