@@ -247,6 +247,12 @@ def _teacher_source(cfg: teacher.TeacherConfig, rl_cfg: spec.RLConfig, task, tok
       f"rl.advantage={rl_cfg.advantage!r} reads a teacher's log-probs: set config.teacher.path "
       "to a grpo_jax workdir, a Hugging Face directory or a GGUF file."
     )
+  base = dict(rl_cfg.advantage_options).get("base", "none")
+  if needs and base == "none" and rl_cfg.kl_in == "reward" and rl_cfg.kl_coef > 0:
+    raise ValueError(
+      f"rl.advantage={rl_cfg.advantage!r} with base 'none' reads no reward, so rl.kl_in="
+      "'reward' would drop the KL term: use rl.kl_in='loss', or a base estimator."
+    )
   if not cfg.enabled:
     return None
   if not needs:

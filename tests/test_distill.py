@@ -159,6 +159,7 @@ def _student(**teacher_keys):
     (dict(teacher_path=str(LORA_RUN)), r"is a run with adapters .* Export it"),
     (dict(step=7), r"config.teacher.step=7: .*checkpoints has \[0\]"),
     (dict(dtype="float16"), r"config.teacher.dtype must be one of"),
+    (dict(kl_in="reward"), r"with base 'none' reads no reward, so rl.kl_in='reward' would drop"),
   ],
 )
 def test_a_teacher_that_cannot_serve_is_refused_in_one_line(change, match):
@@ -170,6 +171,8 @@ def test_a_teacher_that_cannot_serve_is_refused_in_one_line(change, match):
   for k in ("step", "dtype"):
     if k in change:
       c.teacher[k] = change[k]
+  if "kl_in" in change:
+    c.rl.update(kl_in=change["kl_in"], kl_coef=0.01)
   with pytest.raises(config_lib.ConfigError, match=match) as e:
     build.build(c)
   assert "\n" not in str(e.value)
