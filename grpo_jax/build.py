@@ -195,12 +195,7 @@ def _build(c, *, n_devices: int | None, teacher: bool = True) -> Setup:
   _check_prompt_lengths(task, tok, sampler_cfg, loop)
   _check_reward_budget(task, loop)
   _check_task_state(task, op)
-  rows = loop.prompts_per_step * sampler_cfg.group_size
-  if sampler_cfg.refill_slots > rows:
-    raise ValueError(
-      f"config.sampler.refill_slots={sampler_cfg.refill_slots} exceeds the rows it decodes "
-      f"(prompts_per_step × group_size = {rows}); use at most {rows}, or 0 (off)."
-    )
+  _check_refill(loop, sampler_cfg)
   setup = Setup(
     loop=loop,
     task=task,
@@ -663,6 +658,15 @@ def _check_token_budget(
       T=sampler_cfg.max_new_tokens,
       N=loop.prompts_per_step * group_size // rl_cfg.num_minibatches,
       row_multiple=data_parallel,
+    )
+
+
+def _check_refill(loop: schema.LoopConfig, sampler_cfg: sampling.SamplerConfig) -> None:
+  rows = loop.prompts_per_step * sampler_cfg.group_size
+  if sampler_cfg.refill_slots > rows:
+    raise ValueError(
+      f"config.sampler.refill_slots={sampler_cfg.refill_slots} exceeds the rows it decodes "
+      f"(prompts_per_step × group_size = {rows}); use at most {rows}, or 0 (off)."
     )
 
 
