@@ -509,7 +509,11 @@ def test_every_advantage_estimator_sees_actions_only(
   cfg = spec.RLConfig(advantage=estimator)
   correct = jnp.asarray(np.arange(16) % 3 == 0, jnp.float32)
   hyper = cfg.prepare_hyper(max_new_tokens=r.tokens_NT.shape[1])
-  prepare = functools.partial(preparation.prepare, cfg=cfg, model_fn=model.make_model_fn(tiny_cfg))
+  model_fn = model.make_model_fn(tiny_cfg)
+  teacher = None  # A distillation teacher: the policy with its weights scaled (another π).
+  if advantages.REGISTRY.traits(estimator).needs_teacher:
+    teacher = (jax.tree.map(lambda x: 1.5 * x, tiny_params), model_fn)
+  prepare = functools.partial(preparation.prepare, cfg=cfg, model_fn=model_fn, teacher=teacher)
   batch, _, stats = prepare(tiny_params, None, r, correct, jnp.zeros(16), hyper)
   action = np.asarray(r.action_mask_NT)
   adv = np.asarray(batch.adv_NT)

@@ -449,14 +449,19 @@ def prepare(
   *,
   cfg: spec.RLConfig,
   model_fn: Callable,
+  teacher=None,
 ):
   """Rewards, old/ref log-probs, advantages and the loss mask of one rollout batch:
   `finish_prepare(rollout_logprobs(...), ...)` in one function (scorable_N and keep_N as
-  there: rows whose reward failed follow `cfg.unscorable`).
+  there: rows whose reward failed follow `cfg.unscorable`); `teacher`: (params, model_fn)
+  of a distillation teacher (`teacher_logprobs`), for an estimator that reads one.
 
   Returns (spec.RolloutBatch, shaped rewards_N, metrics). Pure and jittable (`make_prepare`).
   """
   lp = rollout_logprobs(params, ref_params, rollouts, cfg=cfg, model_fn=model_fn)
+  if teacher is not None:
+    t_params, t_fn = teacher
+    lp = lp.replace(teacher_logp_NT=teacher_logprobs(t_params, rollouts, cfg=cfg, model_fn=t_fn))
   return finish_prepare(lp, rollouts, correct_N, format_N, hyper, scorable_N, keep_N, cfg=cfg)
 
 
