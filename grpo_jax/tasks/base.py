@@ -232,10 +232,11 @@ class Task(abc.ABC):
     """Restores `state()` (a resume); the default keeps nothing."""
     del state
 
-  def observe(self, pass_rate: float) -> dict:
+  def observe(self, pass_rate) -> dict:
     """Called by the trainer once per iteration, after the batch's rewards and before any
     later prompt is drawn, with the batch's pass rate (the share of rows whose correctness
-    reward is > 0, over every process). Returns metrics to log ({} by default)."""
+    reward is > 0, over every process; a device scalar: `float()` it to read it, so a task
+    without a curriculum costs no transfer). Returns metrics to log ({} by default)."""
     del pass_rate
     return {}
 

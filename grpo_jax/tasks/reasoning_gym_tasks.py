@@ -82,24 +82,32 @@ def datasets() -> list[str]:
   return sorted(_rg().factory.DATASETS)
 
 
+def _dataset(name: str, options: dict, rg_seed: int):
+  """The dataset `name` with config options (hashable values: `_frozen`), seeded rg_seed;
+  built once per (name, options, seed)."""
+  return _built(name, tuple(sorted(options.items())), rg_seed)[0]
+
+
+def _span(name: str, options: dict, rg_seed: int) -> int:
+  """How many entries that dataset draws from: a generated dataset's are unbounded
+  (2^31 − 1); one read from a file (acre, word_ladder...) has len(ds) and refuses an index
+  past it. Found once, with the dataset."""
+  return _built(name, tuple(sorted(options.items())), rg_seed)[1]
+
+
 @functools.cache
-def _dataset(name: str, options: tuple, rg_seed: int):
-  """The dataset `name` with config options (sorted (key, value) pairs), seeded rg_seed."""
+def _built(name: str, options: tuple, rg_seed: int):
+  """(dataset, span) of `_dataset` and `_span`."""
   rg = _rg()
   _, config_cls = rg.factory.DATASETS[name]
   cfg = config_cls(**dict(options), seed=rg_seed)
   # Its fields shallowly: a nested config (arc_agi's) stays the dataclass the dataset expects.
-  return rg.create_dataset(name, **{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
-
-
-def _span(ds) -> int:
-  """How many entries `ds` draws from: a generated dataset's are unbounded (2^31 − 1); one
-  read from a file (acre, word_ladder...) has len(ds) and refuses an index past it."""
+  ds = rg.create_dataset(name, **{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
   try:
     ds[2**31 - 2]
   except IndexError:
-    return len(ds)
-  return 2**31 - 1
+    return ds, len(ds)
+  return ds, 2**31 - 1
 
 
 def _frozen(value):
@@ -136,7 +144,7 @@ def _check_options(name: str, options: dict) -> None:
   if unknown:
     raise ValueError(f"task 'rg:{name}' options {unknown}: its dataset takes {known}.")
   try:
-    _dataset(name, tuple(sorted((k, _frozen(v)) for k, v in options.items())), 0)
+    _dataset(name, {k: _frozen(v) for k, v in options.items()}, 0)
   except (ValueError, AssertionError, TypeError) as e:  # Its config's own validation.
     raise ValueError(f"task 'rg:{name}' options {options}: {e}") from None
 
@@ -166,11 +174,11 @@ class ReasoningGymTask(base.Task):
     if not 0 < test_percent < 100:
       raise ValueError(f"test_percent must be in (0, 100), got {test_percent}.")
     _check_options(dataset, options)
+    options = {k: _frozen(v) for k, v in options.items()}
     self.top_level = 0  # The highest level the curriculum may reach (`_levels_that_work`).
     if curriculum:
       _check_curriculum(dataset, curriculum_down, curriculum_up, curriculum_window)
-      frozen = {k: _frozen(v) for k, v in options.items()}
-      self.top_level = _levels_that_work(dataset, frozen, int(rg_seed))
+      self.top_level = _levels_that_work(dataset, options, int(rg_seed))
       if not 0 <= curriculum_level <= self.top_level:
         raise ValueError(
           f"task 'rg:{dataset}' curriculum_level={curriculum_level}: its levels that build "
@@ -184,7 +192,7 @@ class ReasoningGymTask(base.Task):
       )
     self.name = PREFIX + dataset
     self.dataset = dataset
-    self.options = {k: _frozen(v) for k, v in options.items()}
+    self.options = options
     self.tokenizer_dir = str(tokenizer_dir)
     self.rg_seed, self.test_percent = int(rg_seed), test_percent
     self.partial_credit = bool(partial_credit)
@@ -198,13 +206,12 @@ class ReasoningGymTask(base.Task):
   def __getstate__(self):  # Reward workers rebuild the dataset and need no tokenizer.
     return {**self.__dict__, "_tokenizer": None}
 
-  def _ds(self, level: int | None = None):
-    """The dataset at curriculum `level` (None: the task's own level; without a
+  def _options(self, level: int | None = None) -> dict:
+    """The dataset's options at curriculum `level` (None: the task's own level; without a
     curriculum, the options as given)."""
-    options = self.options
-    if self.curriculum:
-      options = _at_level(self.dataset, options, self.level if level is None else level)
-    return _dataset(self.dataset, tuple(sorted(options.items())), self.rg_seed)
+    if not self.curriculum:
+      return self.options
+    return _at_level(self.dataset, self.options, self.level if level is None else level)
 
   # --- Curriculum -------------------------------------------------------------------------
 
@@ -215,7 +222,7 @@ class ReasoningGymTask(base.Task):
     if self.curriculum and state:
       self.level, self._recent = int(state["level"]), [float(p) for p in state["recent"]]
 
-  def observe(self, pass_rate: float) -> dict:
+  def observe(self, pass_rate) -> dict:
     """Moves the level by the mean pass rate of the last curriculum_window iterations (see
     the module docstring); logs task/level (after the move) and task/level_pass_rate."""
     if not self.curriculum:
@@ -244,9 +251,9 @@ class ReasoningGymTask(base.Task):
   # --- Problems ---------------------------------------------------------------------------
 
   def _draw(self, rng: np.random.Generator) -> tuple[str, base.Example]:
-    ds = self._ds()
-    j = int(rng.integers(_span(ds)))
-    entry = ds[j]
+    options = self._options()
+    j = int(rng.integers(_span(self.dataset, options, self.rg_seed)))
+    entry = _dataset(self.dataset, options, self.rg_seed)[j]
     question, answer = str(entry["question"]), str(entry["answer"])
     if self.tokenizer_dir:
       prompt = base.chat_prompt(self.tokenizer(), question, system=self.system_prompt)
@@ -274,7 +281,7 @@ class ReasoningGymTask(base.Task):
   def score(self, reward_input: str, completion: str) -> tuple[float | None, float]:
     """(the scorer's s in [0, 1], or None when the completion states no answer; the reward)."""
     where = json.loads(reward_input)
-    ds = self._ds(where.get("level", 0))
+    ds = _dataset(self.dataset, self._options(where.get("level", 0)), self.rg_seed)
     entry = ds[where["index"]]
     answer = self.extract_answer(completion)
     if answer is None:
@@ -301,7 +308,7 @@ class _IndexedExample(base.Example):
   level: int = 0
 
 
-def _index_of(example: base.Example) -> int:
+def _index_of(example: base.Example) -> tuple[int, int]:
   if not isinstance(example, _IndexedExample):
     raise ValueError("a reasoning-gym reward needs the Example its task drew (with its index).")
   return example.index, example.level
@@ -349,8 +356,7 @@ def _levels_that_work(name: str, options: dict, rg_seed: int) -> int:
   top = -1
   for level in range(_max_level(name) + 1):
     try:
-      ds = _dataset(name, tuple(sorted(_at_level(name, options, level).items())), rg_seed)
-      ds[0]
+      _dataset(name, _at_level(name, options, level), rg_seed)[0]
     except Exception:  # noqa: BLE001 -- any failure of reasoning-gym's own code.
       break
     top = level
