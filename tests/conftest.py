@@ -46,13 +46,14 @@ from grpo_jax.models import model, sampling  # noqa: E402
 # once, the long modules start first and the last minutes are short modules on both workers
 # (longest first, the makespan is within 4/3 of the best). Modules not named here follow.
 MODULE_ORDER = (
-  "test_episodes", "test_lora", "test_smollm2", "test_experiments", "test_learning",
-  "test_aot", "test_faults", "test_long_learning", "test_families", "test_paged",
-  "test_memory", "test_reward_model",
-  "test_multihost", "test_sharding", "test_offpolicy", "test_sampling", "test_moe_learning",
-  "test_lora_learning", "test_kernels", "test_model", "test_packing", "test_reproductions",
-  "test_train", "test_rl", "test_ibpo_train", "test_eval_command", "test_readme", "test_hf",
-  "test_routing_replay", "test_chunked_logits", "test_dataset_faults", "test_notebook",
+  "test_smollm2", "test_lora", "test_episodes", "test_reasoning_gym_learning",
+  "test_experiments", "test_faults", "test_aot", "test_families", "test_learning",
+  "test_paged", "test_memory", "test_reward_model", "test_long_learning", "test_multihost",
+  "test_sharding", "test_sampling", "test_offpolicy", "test_model", "test_kernels",
+  "test_moe_learning", "test_lora_learning", "test_reproductions", "test_packing",
+  "test_train", "test_hf", "test_ibpo_train", "test_rl", "test_eval_command", "test_readme",
+  "test_distill", "test_routing_replay", "test_extending", "test_chunked_logits",
+  "test_counterfactual_bias", "test_reasoning_gym", "test_diagnostics_experiments",
 )  # fmt: skip
 
 

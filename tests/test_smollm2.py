@@ -79,7 +79,7 @@ def test_logits_and_greedy_text_match_transformers():
 
 @pytest.mark.slow
 def test_notebook_chats_trains_and_plots(tmp_path, monkeypatch):
-  """colabs/smollm2.ipynb with GRPO_JAX_QUICK=1 (two iterations, 16 held-out problems)."""
+  """colabs/smollm2.ipynb with GRPO_JAX_QUICK=1 (one iteration of one group, 8 held-out problems)."""
   nbclient = pytest.importorskip("nbclient")
   nbformat = pytest.importorskip("nbformat")
   monkeypatch.setenv("GRPO_JAX_QUICK", "1")
