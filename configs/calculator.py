@@ -18,6 +18,14 @@ Variants:
     hours on CPU).
   quick: tiny on a 1-layer, d_model 32 model (`config.QUICK_MODEL`), for tests and smoke
     runs.
+  openenv: tiny with the calculator served by an OpenEnv server, one WebSocket session
+    per episode (`grpo_jax/envs/openenv_env.py`; `pip install -e ".[openenv]"`). Start
+    the server first, in another shell:
+      python -m grpo_jax.envs.openenv_calculator --port 8000
+      grpo-jax --config=configs/calculator.py:openenv --workdir=/tmp/calculator_openenv
+    The same rules over the network: the same seed trains to the same numbers as tiny
+    (tests/test_openenv.py checks it bit for bit); another server is
+    `--config.env.kwargs.url=http://host:port`.
 
 Expected result (tiny, measured on a 2-core CPU shared with other jobs, load average 4-6):
 greedy accuracy on 128 held-out problems goes from 36.7% after the warm start to 60.2%
@@ -33,7 +41,8 @@ wall_seconds.
 from grpo_jax import config
 from grpo_jax.rl import presets
 
-VARIANTS = ("tiny", "full", "quick")
+VARIANTS = ("tiny", "full", "quick", "openenv")
+OPENENV_URL = "http://127.0.0.1:8000"  # `python -m grpo_jax.envs.openenv_calculator`.
 
 
 def get_config(arg: str = "tiny"):
@@ -56,6 +65,8 @@ def get_config(arg: str = "tiny"):
   c.update(eval_every=25, eval_size=128, eval_samples=0, checkpoint_every=50)
   if arg == "quick":
     c.model.update(config.QUICK_MODEL)
+  if arg == "openenv":
+    c.env.update(name="openenv", kwargs=dict(url=OPENENV_URL, stop_text=("=",)))
   if arg == "full":
     c.task.kwargs.update(steps=3)
     c.env.update(max_turns=5)

@@ -385,8 +385,8 @@ def _check_learning_rates(loop: schema.LoopConfig, model_cfg: model.ModelConfig)
 def _episode_config(setup: Setup) -> episodes.EpisodeConfig | None:
   """config.env (from setup.spec), or None when its name is "" (single-turn sampling). The
   environment must be registered, build with its kwargs, and end turns with one-token
-  texts (the last two need the tokenizer: not checked for a Setup without one,
-  `plan_setup`). Episodes run their own turn loop on the host, so the features that
+  texts, and pass its own check (a server's: `Environment.check`; these need the
+  tokenizer: not checked for a Setup without one, `plan_setup`). Episodes run their own turn loop on the host, so the features that
   sample rows another way are refused."""
   env_d, tok = setup.spec.get("env", {}), setup.tokenizer
   if not env_d.get("name"):
@@ -404,10 +404,11 @@ def _episode_config(setup: Setup) -> episodes.EpisodeConfig | None:
     raise ValueError(f"config.env.name: {e}") from None
   if tok is not None:
     try:
-      env_cls(tokenizer=tok, **cfg.kwargs)
-    except TypeError as e:
+      env = env_cls(tokenizer=tok, **cfg.kwargs)
+    except (TypeError, ValueError) as e:
       raise ValueError(f"config.env.kwargs for environment {cfg.name!r}: {e}") from None
-    base.stop_ids(env_cls, tok)
+    base.stop_ids(env_cls, tok, cfg.kwargs)
+    env.check()  # A server that does not answer: one line, before anything compiles.
   for what, on in conflicts.items():
     if on:
       raise ValueError(

@@ -16,6 +16,7 @@ import pytest
 from absl import flags
 
 from grpo_jax import build, cli, main  # noqa: F401 -- main defines the command's flags.
+from grpo_jax.envs import openenv_env
 from tests import subproc
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -69,7 +70,7 @@ def _devices(config_dict) -> int:
 def test_every_readme_command_parses_and_its_config_builds(command, monkeypatch):
   """Parsed as the command line parses it; then the config is built (validated) on the
   device count its mesh needs, unless it names a checkpoint this machine lacks (config.hf_dir,
-  or a distillation teacher: config.teacher.path)."""
+  or a distillation teacher: config.teacher.path); an OpenEnv server is not asked."""
   monkeypatch.chdir(ROOT)
   try:
     inv = cli.invocation(shlex.split(command))
@@ -81,6 +82,8 @@ def test_every_readme_command_parses_and_its_config_builds(command, monkeypatch)
   hf_dir, teacher = inv.config.hf_dir, inv.config.teacher.path
   if any(p and not pathlib.Path(p).expanduser().exists() for p in (hf_dir, teacher)):
     return  # The user's checkpoint: the plan test and the config tests build the rest.
+  if inv.config.env.name == "openenv":  # The user's server (tests/test_openenv.py serves one).
+    monkeypatch.setattr(openenv_env.OpenEnv, "check", lambda self: None)
   n = devices or _devices(inv.config)
   setup = build.plan_setup(inv.config, n_devices=n) if inv.command == "plan" else None
   setup = setup or build.build(inv.config, n_devices=n)

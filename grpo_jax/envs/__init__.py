@@ -5,14 +5,16 @@
 
 "calculator": a calculator tool for the "calculator" task's multi-step problems.
 "code": run the code on the visible tests and revise, then answer (the "code" task).
+"openenv": any OpenEnv server, one session per episode (`openenv_env`; the `openenv` extra).
 """
 
-from grpo_jax.envs import calculator, code
+from grpo_jax.envs import calculator, code, openenv_env
 from grpo_jax.infra import registry
 
 REGISTRY = registry.Registry("environment")
 REGISTRY.register("calculator")(calculator.Calculator)
 REGISTRY.register("code")(code.CodeRunner)
+REGISTRY.register("openenv")(openenv_env.OpenEnv)
 
 
 def get(name: str):

@@ -62,6 +62,23 @@ class Environment(abc.ABC):
     Steps of different episodes may run at once on worker threads (`episodes`): a step
     touches its own instance only (shared objects, like the tokenizer, read-only)."""
 
+  @classmethod
+  def turn_end_text(cls, kwargs: dict) -> tuple[str, ...]:
+    """The one-token texts that end a turn for an environment built with `kwargs`
+    (config.env.kwargs): `stop_text`, unless the environment takes them as an option."""
+    del kwargs
+    return tuple(cls.stop_text)
+
+  def check(self) -> None:
+    """Raises, in one line, when the environment cannot run at all (a server that does not
+    answer): called once when the run is built. Nothing to check by default."""
+    return
+
+  def close(self) -> None:
+    """Frees what the episode holds (a server session); called when its episode ends. A
+    step after it is not made. Nothing to free by default."""
+    return
+
   def encode_observation(self, text: str) -> tuple[int, ...]:
     """Observation tokens of `text`, with special-token text encoded as ordinary text: a
     tool's output that holds "<|im_end|>" or "<|eot_id|>" must not put an end-of-turn id
@@ -69,14 +86,15 @@ class Environment(abc.ABC):
     return tuple(self.tokenizer.encode(text, special=False))
 
 
-def stop_ids(env_cls: type[Environment], tokenizer) -> tuple[int, ...]:
-  """Token ids that end a turn: EOS and the environment's one-token stop texts."""
+def stop_ids(env_cls: type[Environment], tokenizer, kwargs: dict | None = None) -> tuple[int, ...]:
+  """Token ids that end a turn: EOS and the environment's one-token stop texts (for an
+  environment built with `kwargs`: `Environment.turn_end_text`)."""
   ids = list(tokenizer.eos_ids)
-  for text in env_cls.stop_text:
+  for text in env_cls.turn_end_text(kwargs or {}):
     got = tokenizer.encode(text)
     if len(got) != 1:
       raise ValueError(
-        f"{env_cls.__name__}.stop_text {text!r} is {len(got)} tokens for this tokenizer; "
+        f"{env_cls.__name__}'s turn-end text {text!r} is {len(got)} tokens for this tokenizer; "
         "a turn-end text must be exactly one token."
       )
     ids.append(got[0])

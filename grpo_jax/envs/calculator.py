@@ -42,10 +42,16 @@ class Calculator(base.Environment):
     return f"{value.numerator};" if value.denominator == 1 else "?;"
 
   def step(self, action: str) -> base.Step:
-    call = _CALL.match(action)
-    if call:
-      return base.Step(observation=self.encode_observation(self.calculate(call.group(1))))
-    answer = _ANSWER.match(action)
-    return base.Step(
-      reward=float(answer is not None and int(answer.group(1)) == self.answer), done=True
-    )
+    text, reward, done = respond(action, self.answer)
+    return base.Step(observation=self.encode_observation(text), reward=reward, done=done)
+
+
+def respond(action: str, answer: int) -> tuple[str, float, bool]:
+  """(observation text, reward, done) of one action on a problem whose value is `answer`:
+  a tool call gets the tool's answer; anything else ends the episode, with reward 1 for
+  the right answer line (the same rules served over OpenEnv: `openenv_calculator`)."""
+  call = _CALL.match(action)
+  if call:
+    return Calculator.calculate(call.group(1)), 0.0, False
+  said = _ANSWER.match(action)
+  return "", float(said is not None and int(said.group(1)) == answer), True

@@ -486,7 +486,9 @@ class Runner:
     self.layout = layout
     self.make_env = make_env
     self.stop_ids = (
-      base.stop_ids(env_cls, tokenizer) if tokenizer is not None else tuple(sampler_cfg.eos_ids)
+      base.stop_ids(env_cls, tokenizer, cfg.kwargs)
+      if tokenizer is not None
+      else tuple(sampler_cfg.eos_ids)
     )
     self._steps = stepping.Steps(workers=cfg.step_workers)
     pad, width = sampler_cfg.pad_id, cfg.observation_tokens
@@ -540,7 +542,16 @@ class Runner:
         params = self.pieces["view"](params)
     with clock("env"):
       rows, first = self._reset([examples[n // G] for n in range(len(examples) * G)])
-      outcomes = type(rows.envs[0]).outcomes if rows.envs else ()
+    try:
+      return self._play(params, prompts, key, hyper, rows, first, clock, seconds)
+    finally:
+      for env in rows.envs:  # Every episode has ended; the late ones' were dropped.
+        if env is not None:
+          env.close()
+
+  def _play(self, params, prompts, key, hyper, rows: _Rows, first, clock, seconds) -> Episodes:
+    """The turns of `_run` from the reset environments (`rows`) to the finished rollouts."""
+    outcomes = type(rows.envs[0]).outcomes if rows.envs else ()
     with clock("sample"):
       if self.layout is not None:
         prompts = jax.device_put(prompts, self.layout.rows(prompts.tokens_BP.shape[0]))
