@@ -62,6 +62,23 @@ def test_a_reset_without_the_prompt_draws_the_problem_from_the_seed(server, task
   assert openenv_env.seed_of(example) == 0x37C3F739 == 935589689
 
 
+def test_resets_go_out_at_once_and_come_back_in_order_with_their_errors(server, task, tok):
+  examples = [task.example("train", i, seed=0) for i in range(6)]
+  envs = [_env(tok, server.url, reset_fields=()) for _ in examples]
+  envs[2].observation_field = "question"  # Not a field of this server's observations.
+  got = openenv_env.OpenEnv.reset_all(envs, examples)
+  assert isinstance(got[2], KeyError) and "has no field 'question'" in str(got[2])
+  for env, example, obs in zip(envs, examples, got):
+    env.close()
+    if env is not envs[2]:
+      alone = _env(tok, server.url, reset_fields=())
+      assert tok.decode(obs) == tok.decode(alone.reset(example))  # The problem of its seed.
+      alone.close()
+  # The in-process default: one by one, the same contract.
+  local = [calculator.Calculator(tokenizer=tok) for _ in examples]
+  assert calculator.Calculator.reset_all(local, examples) == [[] for _ in examples]
+
+
 def test_options_are_checked_in_one_line(tok):
   with pytest.raises(ValueError, match="url='localhost:8000'"):
     openenv_env.OpenEnv(tokenizer=tok, url="localhost:8000")

@@ -63,6 +63,19 @@ class Environment(abc.ABC):
     touches its own instance only (shared objects, like the tokenizer, read-only)."""
 
   @classmethod
+  def reset_all(cls, envs: Sequence[Environment], examples: Sequence) -> list:
+    """Each environment's `reset` on its example, in order: the observation tokens, or the
+    exception it raised (not raised: the episode loop ends that episode). One by one here;
+    an environment whose resets wait on a server overrides it to wait on all at once."""
+    out = []
+    for env, example in zip(envs, examples, strict=True):
+      try:
+        out.append(env.reset(example))
+      except Exception as err:  # noqa: BLE001 -- returned: the loop decides what it means.
+        out.append(err)
+    return out
+
+  @classmethod
   def turn_end_text(cls, kwargs: dict) -> tuple[str, ...]:
     """The one-token texts that end a turn for an environment built with `kwargs`
     (config.env.kwargs): `stop_text`, unless the environment takes them as an option."""

@@ -582,12 +582,16 @@ class Runner:
     )
 
   def _reset(self, examples_N) -> tuple[_Rows, list]:
-    """A fresh environment per episode, and its reset observation."""
+    """A fresh environment per episode, and its reset observation (the resets at once where
+    the environment can: `Environment.reset_all`)."""
     rows, first = _Rows.create(len(examples_N)), []
-    for i, example in enumerate(examples_N):
-      rows.envs.append(self.make_env())
+    rows.envs.extend(self.make_env() for _ in examples_N)
+    got = type(rows.envs[0]).reset_all(rows.envs, examples_N) if rows.envs else []
+    for i, obs in enumerate(got):
       try:
-        first.append(tuple(int(t) for t in rows.envs[i].reset(example)))
+        if isinstance(obs, BaseException):
+          raise obs
+        first.append(tuple(int(t) for t in obs))
       except Exception as err:  # noqa: BLE001 -- any environment failure ends the episode.
         rows.fail(i, err)
         first.append(())

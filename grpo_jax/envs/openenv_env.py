@@ -156,28 +156,46 @@ class OpenEnv(base.Environment):
     health(self.url, timeout_s=self.connect_timeout_s, retries=self.retries)
 
   def reset(self, example) -> tuple[int, ...]:
+    return self._send(self._reset(example), waits=self.retries + 1)
+
+  @classmethod
+  def reset_all(cls, envs, examples) -> list:
+    """All the resets at once on the sessions' loop (one by one, 256 resets took 1.2 s on
+    loopback, as long as a tiny model's whole iteration); results or exceptions, in order."""
+    if not envs:
+      return []
+    longest = max(e.timeout_s + e.connect_timeout_s for e in envs) * (envs[0].retries + 1)
+    async def gathered():
+      resets = (env._reset(x) for env, x in zip(envs, examples, strict=True))
+      return await asyncio.gather(*resets, return_exceptions=True)
+
+    try:
+      return list(_call(gathered(), longest + 1.0))
+    except TimeoutError as e:
+      return [e] * len(envs)
+
+  async def _reset(self, example) -> tuple[int, ...]:
+    """A new session and its first observation; a session that cannot open is retried."""
     fields = {"seed": seed_of(example), **{f: str(getattr(example, f)) for f in self.reset_fields}}
     for attempt in range(self.retries + 1):
       if attempt:
-        time.sleep(0.2 * 2 ** (attempt - 1))
-      self.close()
+        await asyncio.sleep(0.2 * 2 ** (attempt - 1))
+      await self._aclose()
       self._client = self._new_client()
       try:
-        result = self._send(self._client.reset(**fields))
-        break
+        return self._observation(await self._client.reset(**fields))
       except (ConnectionError, OSError) as e:  # Refused, or the handshake timed out.
         error = e
       except Exception as e:  # noqa: BLE001 -- a full server closes new sessions at once.
         if "capacity" not in str(e).lower() and "ConnectionClosed" not in type(e).__name__:
           raise
         error = e
-    else:
-      raise ConnectionError(
-        f"OpenEnv server {self.url}: no session after {self.retries + 1} tries ({error}). "
-        "A server at capacity needs max_concurrent_envs >= the episodes in flight "
-        "(prompts_per_step x group_size)."
-      )
-    return self._observation(result)
+    await self._aclose()
+    raise ConnectionError(
+      f"OpenEnv server {self.url}: no session after {self.retries + 1} tries ({error}). "
+      "A server at capacity needs max_concurrent_envs >= the episodes in flight "
+      "(prompts_per_step x group_size)."
+    )
 
   def step(self, action: str) -> base.Step:
     if self._client is None:
@@ -198,6 +216,11 @@ class OpenEnv(base.Environment):
     if client is not None:
       asyncio.run_coroutine_threadsafe(client.close(), _loop())
 
+  async def _aclose(self) -> None:
+    client, self._client = self._client, None
+    if client is not None:
+      await client.close()
+
   def _new_client(self):
     from openenv.core import generic_client  # noqa: PLC0415 -- the optional extra.
 
@@ -207,11 +230,11 @@ class OpenEnv(base.Environment):
       message_timeout_s=self.timeout_s,
     )
 
-  def _send(self, coro):
-    """The reply to one message; a timeout closes the session (a late reply would be read
-    as the next message's) and raises."""
+  def _send(self, coro, *, waits: int = 1):
+    """The reply to one message (`waits` tries of it); a timeout closes the session (a
+    late reply would be read as the next message's) and raises."""
     try:
-      return _call(coro, self.timeout_s + self.connect_timeout_s)
+      return _call(coro, (self.timeout_s + self.connect_timeout_s) * waits + 1.0)
     except TimeoutError:
       self.close()
       raise TimeoutError(
