@@ -12,7 +12,8 @@ whether every logged metric but the timings is identical between the arms (the a
 promise: the same rules over the network give the same run), and what the network costs:
 seconds per iteration in environment work (time/env: resets and steps) and in all.
 
-Writes <out>.json (both arms' metric lines, the machine, the date) and <out>.md.
+Writes <out>.json (the summary; both arms' metric lines, with the keys the report reads;
+the machine, the date) and <out>.md.
 """
 
 from __future__ import annotations
@@ -90,6 +91,16 @@ def summarise(lines: dict) -> dict:
   return out
 
 
+KEPT = ("iteration", "phase", "accuracy", "eval/greedy_accuracy", "episode/turns", "loss",
+        "time/env", "time/iteration")  # fmt: skip
+
+
+def slim(lines: dict) -> dict:
+  """Per arm, the metric lines with the keys the report reads (`KEPT`): the whole lines
+  were compared in `summarise`."""
+  return {arm: [{k: r[k] for k in KEPT if k in r} for r in rs] for arm, rs in lines.items()}
+
+
 def markdown(record: dict) -> str:
   s, arms = record["summary"], record["summary"]["arms"]
   rows = [
@@ -153,7 +164,7 @@ def main(argv=None) -> dict:
     "iterations": c.iterations,
     "warmstart_steps": c.warmstart_steps,
     "summary": summarise(lines),
-    "lines": lines,
+    "lines": slim(lines),
   }
   out = pathlib.Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,7 @@ ports started here (`envs.openenv_calculator.serve`, and a slow or failing one d
 below): episodes over WebSocket sessions, the failures a network brings, and a training run
 through the server that equals the in-process calculator's bit for bit, across a resume."""
 
+import json
 import threading
 import time
 
@@ -236,3 +237,19 @@ def test_training_through_the_server_equals_the_in_process_run_across_a_resume(
     assert tuple(env.reset(example)) == ()
   for env in fresh:
     env.close()
+
+
+def test_the_committed_learning_record_is_its_json_and_learns_identically():
+  """experiments/results/openenv/calculator_tiny (the full run: ~9 minutes, not in CI):
+  its markdown is the script's rendering of its JSON, the arms agree on every untimed
+  metric, and the run through the server learns."""
+  import openenv_calculator  # noqa: PLC0415 -- experiments/ is on sys.path.
+
+  out = openenv_calculator.OUT
+  record = json.loads(out.with_suffix(".json").read_text())
+  assert out.with_suffix(".md").read_text() == openenv_calculator.markdown(record)
+  summary = record["summary"]
+  assert summary["identical"] and summary["differing_keys"] == []
+  curve = summary["arms"]["openenv"]["curve"]
+  assert curve == summary["arms"]["in_process"]["curve"] and curve[-1][1] - curve[0][1] > 0.2
+  assert [r["iteration"] for r in record["lines"]["openenv"]] == list(range(201))
