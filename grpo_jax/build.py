@@ -386,15 +386,20 @@ def _episode_config(setup: Setup) -> episodes.EpisodeConfig | None:
   """config.env (from setup.spec), or None when its name is "" (single-turn sampling). The
   environment must be registered, build with its kwargs, and end turns with one-token
   texts, and pass its own check (a server's: `Environment.check`; these need the
-  tokenizer: not checked for a Setup without one, `plan_setup`). Episodes run their own turn loop on the host, so the features that
-  sample rows another way are refused."""
+  tokenizer: not checked for a Setup without one, `plan_setup`). Episodes run their own
+  turn loop on the host, so the features that sample rows another way are refused; the
+  off-policy pipeline plays them whole, on the trainer's devices."""
   env_d, tok = setup.spec.get("env", {}), setup.tokenizer
   if not env_d.get("name"):
     return None
   conflicts = {
     "config.counterfactual (per_group > 0)": setup.counterfactual.enabled,
     "config.sampler.refill_slots > 0": setup.sampler_cfg.refill_slots > 0,
-    "config.offpolicy.enabled": setup.offpolicy.enabled,
+    # The pipeline plays whole episodes under one params version (`pipeline.Source._play`).
+    f"config.offpolicy.partial={setup.offpolicy.partial!r} (episodes are played whole: "
+    "'off')": setup.offpolicy.enabled and setup.offpolicy.partial != "off",
+    "config.offpolicy.placement='split' (the episode runners sample on the trainer's "
+    "devices: 'shared')": setup.offpolicy.enabled and setup.offpolicy.placement == "split",
     "config.diagnostics.value": setup.diagnostics.value,
   }
   cfg = config_lib.from_dict(episodes.EpisodeConfig, env_d, where="config.env")

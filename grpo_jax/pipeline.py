@@ -11,6 +11,8 @@ update so that, queued first, they run while the trainer's work waits behind the
 parallel with placement "split"), decodes one segment of each in-flight batch with
 partial rollouts, finishes batch it, and dispatches its π_old / π_ref forwards under the
 trainer's current params. Rows staler than s follow offpolicy.stale (`offpolicy`).
+Multi-turn episodes (config.env) are played whole when their batch starts (`_play`),
+with the environment's rewards.
 
 Resume. The in-flight buffer (the pending rollouts with their per-token params versions
 and scores, the step and data position of the checkpoint it belongs to) is saved as the
@@ -52,6 +54,9 @@ class InFlight:
   start_version: int  # The params version when it started.
   segments: int = 0
   scores: rollout.Scores | None = None
+  # Multi-turn episodes (config.env): played whole when the batch starts, so its scores
+  # come from the environment then, with the "episode/..." metrics of `rollout.play`.
+  episode_metrics: dict | None = None
 
 
 class Source:
@@ -112,6 +117,8 @@ class Source:
     drawn = rollout.draw(self.setup, self.fns, index)
     T = self.setup.sampler_cfg.max_new_tokens
     N = B * self.setup.sampler_cfg.group_size
+    if self.setup.episodes is not None:  # Whole episodes (build refuses partial ones).
+      return self._play(j, index, drawn, st, version)
     if self.cfg.partial == "off":
       t0 = time.perf_counter()
       rollouts = self.fns.samplers.train(
@@ -122,6 +129,21 @@ class Source:
       return InFlight(j, index, drawn, rollouts, version_NT, version, segments=1)
     rollouts = self.fns.partial.empty(drawn.prompts)
     return InFlight(j, index, drawn, rollouts, np.full((N, T), -1, np.int32), version)
+
+  def _play(self, j: int, index: int, drawn: rollout.Drawn, st, version: int) -> InFlight:
+    """Batch j as multi-turn episodes played by st.train.params: rows, the environment's
+    scores and the episode metrics at once (the synchronous loop's `rollout.play`, same
+    key). Every token of an episode is of one params version; observation tokens are
+    never trained (`preparation.action_view`), so importance ratios see actions only."""
+    seconds = {}
+    rollouts, scores, metrics = rollout.play(
+      self.setup, self.fns, st.train.params, drawn, batch_key(st.key, j), seconds
+    )
+    for phase, s in seconds.items():
+      self.seconds[phase] = self.seconds.get(phase, 0.0) + s
+    N, T = rollouts.tokens_NT.shape[0], self.setup.sampler_cfg.max_new_tokens
+    version_NT = np.full((N, T), version, np.int32)
+    return InFlight(j, index, drawn, rollouts, version_NT, version, 1, scores, metrics)
 
   def _finished(self, b: InFlight) -> bool:
     return self.cfg.partial == "off" or bool(jnp.all(offpolicy.finished(b.rollouts)))
@@ -183,6 +205,7 @@ class Source:
     metrics = {
       # config.rewards' sources: a batch restored from a checkpoint keeps its total alone.
       **rollout.score_metrics(self.setup, self.pool, [sc]),
+      **(b.episode_metrics or {}),
       "offpolicy/staleness_mean": float(stale_N.mean()),
       "offpolicy/staleness_max": int(stale_N.max()),
       "offpolicy/stale_frac": float(np.mean(stale_N > s)),
@@ -213,6 +236,9 @@ class Source:
       if b.scores is not None:
         out["scores"] = {name: np.array(getattr(b.scores, name)) for name in _SCORE_FIELDS}
         out["scores"]["counts"] = np.asarray([b.scores.errors, b.scores.timeouts], np.int64)
+        out["scores"]["unscorable"] = np.asarray(b.scores.unscorable, np.int64)
+      if b.episode_metrics is not None:
+        out["episode_metrics"] = {k: np.asarray(v) for k, v in b.episode_metrics.items()}
       batches[str(j)] = out
     nxt = self.next_index if self.next_index is not None else -1
     return {**empty_buffer(step, data_index=data_index, next_index=nxt), "batches": batches}
@@ -234,13 +260,19 @@ class Source:
       scores = None
       if "scores" in b:
         errors, timeouts = (int(x) for x in b["scores"]["counts"])
+        unscorable = tuple(int(x) for x in b["scores"].get("unscorable", ()))
         scores = rollout.Scores(
-          *(b["scores"][n] for n in _SCORE_FIELDS), errors=errors, timeouts=timeouts
+          *(b["scores"][n] for n in _SCORE_FIELDS),
+          errors=errors,
+          timeouts=timeouts,
+          unscorable=unscorable,
         )
+      played = b.get("episode_metrics")
       drawn = rollout.draw(self.setup, self.fns, index)
       self.pending[int(key)] = InFlight(
-        int(key), index, drawn, rollouts, np.array(b["version_NT"]), start_version, segments, scores
-      )
+        int(key), index, drawn, rollouts, np.array(b["version_NT"]), start_version, segments,
+        scores, None if played is None else {k: v.item() for k, v in played.items()},
+      )  # fmt: skip
 
 
 def empty_buffer(step: int, *, data_index: int, next_index: int = -1) -> dict:

@@ -637,12 +637,19 @@ def test_the_config_builds_episodes_and_refuses_what_does_not_combine():
     ("env.max_turns", 0, "config.env.max_turns must be >= 1"),
     ("env.kwargs", {"base": 2}, "config.env.kwargs for environment 'calculator'"),
     ("sampler.refill_slots", 8, "does not combine with config.sampler.refill_slots"),
+    ("offpolicy.partial", "continue", r"partial='continue' \(episodes are played whole"),
+    ("offpolicy.placement", "split", r"placement='split' \(the episode runners sample"),
   ):
     bad = config_lib.load("configs/calculator.py:tiny")
     section, _, field = key.partition(".")
     bad[section][field] = value
+    if section == "offpolicy":
+      bad.offpolicy.update(enabled=True, max_staleness=1)
     with pytest.raises(config_lib.ConfigError, match=match):
-      build.build(bad)
+      build.build(bad, n_devices=2)
+  pipelined = config_lib.load("configs/calculator.py:tiny")
+  pipelined.offpolicy.update(enabled=True, max_staleness=2)
+  assert build.build(pipelined).episodes.name == "calculator"  # Whole episodes, shared.
   plain = config.default_config()
   plain.sampler.group_size = 4
   assert build.build(plain).episodes is None  # No environment: single-turn sampling.
