@@ -216,6 +216,8 @@ def with_teacher(setup: build.Setup, fns, workdir, *, resumed: bool, log) -> ste
   if source is None:
     return fns
   source = teacher.recorded_step(source, workdir, setup.teacher, resumed=resumed)
+  if source.step is not None:  # A workdir teacher: every process reads the primary's step.
+    source = dataclasses.replace(source, step=distributed.from_primary(source.step))
   params = teacher.load_params(source, shardings=fns.teacher_shardings)
   now = teacher.identity(source, params)
   teacher.check_identity(workdir, now, resumed=resumed, write=distributed.is_primary())

@@ -79,6 +79,8 @@ def main(argv=None):
     summary=json.dumps({k: v for k, v in summary.items() if "seconds" not in k}),
     rows=np.array([rows.start, rows.stop]),
     processes=jax.process_count(),
+    # Each process offers its own index: all must get the primary's (teacher steps).
+    from_primary=distributed.from_primary(10 + jax.process_index()),
     **flat,
   )
 

@@ -78,6 +78,7 @@ def test_one_process_helpers_are_identities():
   np.testing.assert_array_equal(distributed.host_value(g), x)
   assert distributed.gather_rows(x, sh, 6) is x
   assert distributed.max_across(7) == 7 and distributed.sum_across(3) == 3
+  assert distributed.from_primary(5) == 5
   assert distributed.is_primary()
 
 
@@ -128,6 +129,7 @@ def test_each_process_scored_its_own_rows(runs):
   assert int(runs["p0"]["processes"]) == 2 and int(runs["single"]["processes"]) == 1
   assert list(runs["p0"]["rows"]) == [0, 16] and list(runs["p1"]["rows"]) == [16, 32]
   assert list(runs["single"]["rows"]) == [0, 32]
+  assert int(runs["p0"]["from_primary"]) == int(runs["p1"]["from_primary"]) == 10
 
 
 def test_both_processes_end_with_identical_params(runs):

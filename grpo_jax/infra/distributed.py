@@ -231,3 +231,12 @@ def any_across(flag: bool) -> bool:
   """True on every process when it is True on any (e.g. a SIGTERM one host received: all
   must save and stop at the same step, or a collective deadlocks). One process: flag."""
   return bool(max_across(int(bool(flag))))
+
+
+def from_primary(x: int) -> int:
+  """The primary process's value of a host integer, on every process (e.g. the teacher
+  checkpoint step each process found on its own: a teacher run that saves a newer one
+  between two processes' reads must not give them different teachers). One process: x."""
+  if jax.process_count() == 1:
+    return int(x)
+  return int(multihost_utils.broadcast_one_to_all(np.asarray(x, np.int64)))
