@@ -194,7 +194,7 @@ def _build(c, *, n_devices: int | None, teacher: bool = True) -> Setup:
   _check_group_estimator(rl_cfg, sampler_cfg.group_size)
   _check_prompt_lengths(task, tok, sampler_cfg, loop)
   _check_reward_budget(task, loop)
-  _check_task_state(task, op)
+  _check_task_state(task, op, cf)
   _check_refill(loop, sampler_cfg)
   setup = Setup(
     loop=loop,
@@ -676,14 +676,21 @@ def _check_refill(loop: schema.LoopConfig, sampler_cfg: sampling.SamplerConfig) 
     )
 
 
-def _check_task_state(task, op) -> None:
+def _check_task_state(task, op, cf) -> None:
   """A task whose problem stream moves with the run (a curriculum: `Task.state`) needs every
-  prompt drawn after the batch before it is scored; the off-policy pipeline draws ahead."""
+  prompt drawn after the batch before it is scored (the off-policy pipeline draws ahead),
+  and the rows it reads sampled by the policy (not counterfactual ones)."""
   if task.state() and op.enabled:
     raise ValueError(
       f"task {task.name!r} has a curriculum (its level moves with each batch's pass rate), "
       "and config.offpolicy draws prompts before the batches before them are scored: switch "
       "one off."
+    )
+  if task.state() and cf.enabled:
+    raise ValueError(
+      f"task {task.name!r} has a curriculum (its level moves with each batch's solve rate), "
+      "and config.counterfactual adds rows the policy did not sample, which would move it: "
+      "switch one off."
     )
 
 
@@ -715,17 +722,21 @@ def _check_group_estimator(rl_cfg: spec.RLConfig, group_size: int) -> None:
 
 def _check_prompt_lengths(task, tok, cfg: sampling.SamplerConfig, loop: schema.LoopConfig) -> None:
   """The first training batch and the held-out set fit max_prompt_len and the largest
-  prompt bucket, so a too-long prompt fails here, not after compiling and warm-starting.
-  (Later training prompts are checked when drawn.)"""
+  prompt bucket, so a too-long prompt fails here, not after compiling and warm-starting;
+  with a curriculum, the first batch at its top level too (`Task.hardest`). (Later
+  training prompts are checked when drawn.)"""
   limit = min(cfg.max_prompt_len, max(cfg.prompt_buckets))
   if cfg.truncate_prompts == "left" and max(cfg.prompt_buckets) >= cfg.max_prompt_len:
     return
-  for split, n in (("train", loop.prompts_per_step), ("test", loop.eval_size)):
+  hardest = task.hardest()  # A curriculum's top level: its prompts must fit as well.
+  checks = [(task, "train", loop.prompts_per_step), (task, "test", loop.eval_size)]
+  for source, split, n in [*checks, *([(hardest, "train", loop.prompts_per_step)] * bool(hardest))]:
     for i in range(n):
-      length = len(tok.encode(task.example(split, i, seed=loop.seed).prompt, add_bos=True))
+      length = len(tok.encode(source.example(split, i, seed=loop.seed).prompt, add_bos=True))
       if length > limit:
+        where = f" at the curriculum's top level {hardest.level}" if source is hardest else ""
         raise ValueError(
-          f"The {split} prompt {i} has {length} tokens, more than config.sampler."
+          f"The {split} prompt {i}{where} has {length} tokens, more than config.sampler."
           f"max_prompt_len={cfg.max_prompt_len} / the largest of config.sampler.prompt_buckets="
           f"{tuple(cfg.prompt_buckets)} allow ({limit}). Raise both, or set "
           "config.sampler.truncate_prompts='left' to keep each prompt's last tokens."

@@ -462,7 +462,7 @@ class _Loop:
     )
     # A curriculum moves after the diagnostics re-drew this batch's problems, and before
     # the update prefetches the next prompts (`Task.observe`).
-    task_metrics = self.setup.task.observe(stats["pass_rate"])  # A device scalar.
+    task_metrics = self.setup.task.observe(stats["pass_rate"], outcomes=got.scores.outcomes)
     st.task_state = self.setup.task.state()
     history = self._update(st, batch, jax.random.fold_in(it_key, 1), stats)
     t2 = time.perf_counter()

@@ -112,8 +112,16 @@ def test_the_curriculum_moves_by_the_windows_mean_pass_rate():
   1 (up to 3 terms of up to 2 digits); a reward input carries its level, so a worker that
   never observed the move scores it."""
   t = tasks.get("rg:basic_arithmetic", curriculum=True, curriculum_window=2)
-  levels = [t.observe(p)["task/level"] for p in (0.9, 0.9, 0.5, 0.1, 0.1, 0.0)]
+  # Rows per outcome (exact, partial, wrong, no_answer, other) of batches of 10: the solve
+  # rate p is exact / all; the pass rate argument (partial counts there) is not read.
+  solved = lambda p: (round(10 * p), 0, 10 - round(10 * p), 0, 0)
+  levels = [
+    t.observe(1.0, outcomes=solved(p))["task/level"] for p in (0.9, 0.9, 0.5, 0.1, 0.1, 0.0)
+  ]
   assert levels == [0, 1, 1, 1, 0, 0]
+  partial = tasks.get("rg:basic_arithmetic", curriculum=True, curriculum_window=1)
+  got = partial.observe(1.0, outcomes=(1, 9, 0, 0, 0))  # Partial credit is not a solve.
+  assert got == {"task/level": 0, "task/level_pass_rate": 0.1}
   worker = pickle.loads(pickle.dumps(t))
   t.load_state({"level": 1, "recent": []})
   assert t.state() == {"level": 1, "recent": []}
@@ -131,9 +139,49 @@ def test_the_curriculum_moves_by_the_windows_mean_pass_rate():
   # reasoning-gym's caesar_cipher curriculum names a level-2 value its dataset refuses: the
   # level stops at 1; knight_swap's does not build at level 0 at all.
   capped = tasks.get("rg:caesar_cipher", curriculum=True, curriculum_window=1)
-  assert capped.top_level == 1 and [capped.observe(1.0)["task/level"] for _ in range(3)] == [1] * 3
+  moves = [capped.observe(1.0, outcomes=(4, 0, 0, 0, 0))["task/level"] for _ in range(3)]
+  assert capped.top_level == 1 and moves == [1] * 3
   with pytest.raises(ValueError, match=r"knight_swap' curriculum=True: .* does not build"):
     tasks.get("rg:knight_swap", curriculum=True)
+
+
+def test_held_out_problems_stay_at_the_evaluation_level_while_training_moves():
+  """curriculum_eval_level (-1: the start level) fixes the held-out set's level, so the
+  evaluation curve is one set of problems; training draws at the run's level; `hardest`
+  draws at the top level (the start-up prompt-length check)."""
+  t = tasks.get("rg:basic_arithmetic", curriculum=True, curriculum_level=1)
+  t.load_state({"level": 3, "recent": []})
+  assert {t.example("test", i, seed=0).level for i in range(20)} == {1}
+  assert {t.example("train", i, seed=0).level for i in range(20)} == {3}
+  fixed = tasks.get("rg:basic_arithmetic", curriculum=True, curriculum_eval_level=2)
+  assert fixed.level == 0 and {fixed.example("test", i, seed=0).level for i in range(5)} == {2}
+  top = t.hardest()
+  assert top.level == t.top_level == 4 and t.level == 3  # A copy: the run's level stays.
+  assert {top.example("train", i, seed=0).level for i in range(5)} == {4}
+  assert tasks.get("rg:basic_arithmetic").hardest() is None  # No curriculum.
+  with pytest.raises(ValueError, match=r"curriculum_eval_level=5: .* 0 to 4 \(or -1"):
+    tasks.get("rg:basic_arithmetic", curriculum=True, curriculum_eval_level=5)
+
+
+def test_prompts_that_fit_at_the_start_but_not_at_the_top_level_are_refused_at_build():
+  c = config_lib.load(str(ROOT / "configs" / "reasoning.py") + ":tiny")
+  with c.unlocked():
+    c.task.kwargs.update(curriculum=True)
+  c.sampler.update(max_prompt_len=200, prompt_buckets=(200,))
+  setup = build.build(c)  # The task as the run builds it, and its tokenizer.
+  t, tok, seed = setup.task, setup.tokenizer, setup.loop.seed
+  length = lambda task, split, n: max(
+    len(tok.encode(task.example(split, i, seed=seed).prompt, add_bos=True)) for i in range(n)
+  )
+  fits = max(length(t, "train", c.prompts_per_step), length(t, "test", c.eval_size))
+  assert fits < length(t.hardest(), "train", c.prompts_per_step)
+  c.sampler.update(max_prompt_len=fits, prompt_buckets=(fits,))
+  with pytest.raises(config_lib.ConfigError, match=r"at the curriculum's top level 4 has \d+ tok"):
+    build.build(c)
+  c.sampler.update(max_prompt_len=200, prompt_buckets=(200,))
+  c.counterfactual.update(per_group=2, train=True)
+  with pytest.raises(config_lib.ConfigError, match=r"curriculum .* config.counterfactual adds"):
+    build.build(c)
 
 
 def test_nested_configs_and_datasets_read_from_files_are_tasks_too():

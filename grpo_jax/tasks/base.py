@@ -157,7 +157,7 @@ class Task(abc.ABC):
       raise ValueError(f"Unknown split {split!r}; valid splits: {SPLITS}.")
     split_id = SPLITS.index(split)
     for attempt in range(10_000):
-      key, ex = self._draw(np.random.default_rng([seed, split_id, index, attempt]))
+      key, ex = self._draw_for(split, np.random.default_rng([seed, split_id, index, attempt]))
       if split_of(key, test_percent=self.test_percent) == split:
         return key, ex
     raise RuntimeError(
@@ -232,13 +232,26 @@ class Task(abc.ABC):
     """Restores `state()` (a resume); the default keeps nothing."""
     del state
 
-  def observe(self, pass_rate) -> dict:
+  def observe(self, pass_rate, *, outcomes: tuple[int, ...] = ()) -> dict:
     """Called by the trainer once per iteration, after the batch's rewards and before any
     later prompt is drawn, with the batch's pass rate (the share of rows whose correctness
     reward is > 0, over every process; a device scalar: `float()` it to read it, so a task
-    without a curriculum costs no transfer). Returns metrics to log ({} by default)."""
-    del pass_rate
+    without a curriculum costs no transfer) and its rows per outcome label (`outcomes`,
+    then "other": host counts over every process; () when the task labels none). Returns
+    metrics to log ({} by default)."""
+    del pass_rate, outcomes
     return {}
+
+  def hardest(self) -> Task | None:
+    """The task as the hardest problems its state can reach would draw them (a curriculum
+    at its top level), for the start-up check of prompt lengths; None: no state."""
+    return None
+
+  def _draw_for(self, split: str, rng: np.random.Generator) -> tuple[str, Example]:
+    """`_draw` for a split (a task may draw its held-out problems otherwise: a curriculum's
+    fixed evaluation level)."""
+    del split
+    return self._draw(rng)
 
   def data_notes(self) -> list[str]:
     """Lines for the run's log about where the task's data came from (e.g. which dataset

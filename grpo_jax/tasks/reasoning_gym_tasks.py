@@ -31,13 +31,18 @@ partial_credit=True the reward is s itself. Outcomes: "exact", "partial", "wrong
 
 Curriculum (curriculum=True, for the datasets reasoning-gym gives one: `curricula()`): the
 dataset's difficulty knobs at one global level L (reasoning-gym's curriculum: each knob at
-its L-th value, or its last), starting at curriculum_level (0). After every iteration the trainer hands the
-batch's pass rate p to `observe`: over the last `curriculum_window` iterations at this
+its L-th value, or its last), starting at curriculum_level (0). After every iteration the
+trainer hands the batch's outcome counts to `observe`; p, the share of the batch's labelled
+rows the scorer judged exact (partial credit is not a pass, whatever partial_credit says
+the reward is), moves the level: over the last `curriculum_window` iterations at this
 level, a mean p ≥ curriculum_up raises L by one and a mean p ≤ curriculum_down lowers it
-(the window starts again after a move). The level is the task's state (`state`), which the
-trainer checkpoints and restores, so a resumed run draws the problems it would have; a
-problem's reward input carries the level it was drawn at. Held-out evaluation draws at the
-level of the moment; task/level and task/level_pass_rate are logged.
+(the window starts again after a move), never past the highest level whose options build
+(`_levels_that_work`). The level is the task's state (`state`), which the trainer
+checkpoints and restores, so a resumed run draws the problems it would have; a problem's
+reward input carries the level it was drawn at. Held-out problems are drawn at one fixed
+level, curriculum_eval_level (-1: the start level), so the evaluation curve measures the
+policy, not the moving difficulty; task/level and task/level_pass_rate are logged. The
+start-up check of prompt lengths draws at the top level too (`hardest`).
 
 Hand-written: reasoning-gym ships datasets and scorers, not a trainer's task (splits by
 seed, a tokenizer, prompts, a picklable verifier); this is that adapter.
@@ -45,6 +50,7 @@ seed, a tokenizer, prompts, a picklable verifier); this is that adapter.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import json
@@ -169,6 +175,7 @@ class ReasoningGymTask(base.Task):
     curriculum_down: float = 0.2,
     curriculum_window: int = 5,
     curriculum_level: int = 0,
+    curriculum_eval_level: int = -1,
     **options,
   ):
     if not 0 < test_percent < 100:
@@ -179,11 +186,13 @@ class ReasoningGymTask(base.Task):
     if curriculum:
       _check_curriculum(dataset, curriculum_down, curriculum_up, curriculum_window)
       self.top_level = _levels_that_work(dataset, options, int(rg_seed))
-      if not 0 <= curriculum_level <= self.top_level:
-        raise ValueError(
-          f"task 'rg:{dataset}' curriculum_level={curriculum_level}: its levels that build "
-          f"with these options are 0 to {self.top_level}."
-        )
+      for key, value in (("curriculum_level", curriculum_level),
+                         ("curriculum_eval_level", curriculum_eval_level)):  # fmt: skip
+        if not 0 <= value <= self.top_level and (key, value) != ("curriculum_eval_level", -1):
+          raise ValueError(
+            f"task 'rg:{dataset}' {key}={value}: its levels that build with these options "
+            f"are 0 to {self.top_level}{' (or -1: the start level)' if 'eval' in key else ''}."
+          )
     prompts = _rg().utils.SYSTEM_PROMPTS
     if tokenizer_dir and system_prompt not in prompts:
       raise ValueError(
@@ -201,6 +210,9 @@ class ReasoningGymTask(base.Task):
     self.curriculum_up, self.curriculum_down = float(curriculum_up), float(curriculum_down)
     self.curriculum_window = int(curriculum_window)
     self.level, self._recent = int(curriculum_level), []
+    self.eval_level = int(
+      curriculum_level if curriculum_eval_level == -1 else curriculum_eval_level
+    )
     self._tokenizer = None
 
   def __getstate__(self):  # Reward workers rebuild the dataset and need no tokenizer.
@@ -222,12 +234,16 @@ class ReasoningGymTask(base.Task):
     if self.curriculum and state:
       self.level, self._recent = int(state["level"]), [float(p) for p in state["recent"]]
 
-  def observe(self, pass_rate) -> dict:
-    """Moves the level by the mean pass rate of the last curriculum_window iterations (see
-    the module docstring); logs task/level (after the move) and task/level_pass_rate."""
+  def observe(self, pass_rate, *, outcomes: tuple[int, ...] = ()) -> dict:
+    """Moves the level by the mean exact-solve rate of the last curriculum_window
+    iterations (see the module docstring); logs task/level (after the move) and
+    task/level_pass_rate."""
+    del pass_rate  # Counts partial credit as a pass: the outcome counts do not.
     if not self.curriculum:
       return {}
-    self._recent = [*self._recent, float(pass_rate)][-self.curriculum_window :]
+    labelled = sum(outcomes)
+    exact = outcomes[OUTCOMES.index("exact")] / labelled if labelled else 0.0
+    self._recent = [*self._recent, float(exact)][-self.curriculum_window :]
     mean = sum(self._recent) / len(self._recent)
     if len(self._recent) == self.curriculum_window:
       if mean >= self.curriculum_up and self.level < self.top_level:
@@ -250,8 +266,20 @@ class ReasoningGymTask(base.Task):
 
   # --- Problems ---------------------------------------------------------------------------
 
-  def _draw(self, rng: np.random.Generator) -> tuple[str, base.Example]:
-    options = self._options()
+  def hardest(self):
+    if not self.curriculum:
+      return None
+    top = copy.copy(self)
+    top.level, top._recent = self.top_level, []
+    return top
+
+  def _draw_for(self, split: str, rng: np.random.Generator) -> tuple[str, base.Example]:
+    """Held-out problems at the fixed evaluation level; training ones at the run's."""
+    return self._draw(rng, level=self.eval_level if split == "test" else self.level)
+
+  def _draw(self, rng: np.random.Generator, *, level: int | None = None):
+    level = self.level if level is None else level
+    options = self._options(level)
     j = int(rng.integers(_span(self.dataset, options, self.rg_seed)))
     entry = _dataset(self.dataset, options, self.rg_seed)[j]
     question, answer = str(entry["question"]), str(entry["answer"])
@@ -261,7 +289,7 @@ class ReasoningGymTask(base.Task):
     else:
       prompt, reference = f"Q:{question}\n", f"A:{answer}."
     return question, _IndexedExample(
-      prompt=prompt, reference=reference, answer=answer, index=j, level=self.level
+      prompt=prompt, reference=reference, answer=answer, index=j, level=level
     )
 
   def reward_input(self, example: base.Example) -> str:
