@@ -203,6 +203,7 @@ def test_claim_10g_tunes_on_its_own_seeds_and_judges_the_paired_ratio(tmp_path, 
   """The paired grid and claim 10g on made-up measurements: GRPO and every point come from
   one sampling per seed (`ibpo_variance.measure_paired`), the best mean ratio wins, and the
   verdict reads the per-seed ratio SNR(IBPO) ÷ SNR(GRPO) on the same rows."""
+  import claims_ibpo  # noqa: PLC0415
   import ibpo_variance  # noqa: PLC0415
 
   calls = []
@@ -221,7 +222,7 @@ def test_claim_10g_tunes_on_its_own_seeds_and_judges_the_paired_ratio(tmp_path, 
   assert len(calls) == 3
   path = tmp_path / "ibpo_paired.json"
   path.write_text(json.dumps(tuned))
-  monkeypatch.setattr(claims, "PAIRED_TUNING", path)
+  monkeypatch.setattr(claims_ibpo, "PAIRED_TUNING", path)  # Read there (claims re-exports it).
   per_seed = claims.measure_ibpo_paired_variance(seeds=(30, 31, 32), root=tmp_path, quick=True)
   assert calls[-1] == (32, ("grpo", "ibpo"))
   outcome = claims.analyse_ibpo_paired_variance(per_seed)
