@@ -470,7 +470,6 @@ def compile_all(setup, target: Target) -> dict:
     base = extra["sample"] + (extra["params"] if view_b else 0)  # The view: an argument.
     extra |= dict.fromkeys(pieces, base)
     problems += bad
-    problems += episode_problems(fns, target)
   rms = compile_reward_models(setup, target)
   got |= rms["compiled"]
   meshes |= dict.fromkeys(rms["compiled"], rms["mesh"])
@@ -483,18 +482,6 @@ def compile_all(setup, target: Target) -> dict:
   rows = [_row(name, c, target=target, mesh=meshes[name], held=extra[name], limit=limit)
           for name, c in got.items()]  # fmt: skip
   return {"rows": rows, "problems": problems, "fns": fns, "args": args}
-
-
-def episode_problems(fns, target: Target) -> list[str]:
-  """What keeps config.env's episodes from running on the target: `episodes.Runner` plays
-  them in one process, so a topology of several hosts cannot run them (yet)."""
-  hosts = tpu.hosts(target.devices)
-  if fns.episodes is None or hosts == 1:
-    return []
-  return [
-    f"config.env: episodes run in one process only (`episodes.Runner`); {target.topology} "
-    f"x {target.num_slices} slice(s) is {hosts} hosts"
-  ]
 
 
 def _row(name: str, got, *, target: Target, mesh, held: int, limit: int) -> dict:

@@ -152,7 +152,7 @@ def run(setup: build.Setup, fns, pool, params, *, key, show: int = SAMPLES):
   keys_P = [keyed[i][0] for i in range(size)]  # Every problem's, for the distinct count.
   prompts = rollout.host_prompts(setup, fns, examples, size)
   if setup.episodes is not None:
-    listed = [examples[i] for i in range(size)]
+    listed = [examples.get(i) for i in range(size)]  # None: another process's problem.
     return evaluate_episodes(setup, fns, params, listed, prompts, key, keys_P=keys_P, show=show)
   greedy = fns.samplers.greedy(params, prompts, key, sampling.sampling_params(greedy=True))
   if n:  # Dispatched now: the device samples while the host scores the greedy answers.

@@ -303,8 +303,8 @@ def play(setup: build.Setup, fns, params, drawn: Drawn, key, seconds: dict):
   whose environment raised is unscorable. Adds "sample" (the jitted pieces) and "env" (the
   host's environment steps) seconds."""
   n = drawn.prompts.tokens_BP.shape[0]
-  got = fns.episodes.train.run(
-    params, drawn.prompts, [drawn.examples[b] for b in range(n)], key, setup.sampling_hyper
+  got = fns.episodes.train.run(  # Prompts this process plays none of: None.
+    params, drawn.prompts, [drawn.examples.get(b) for b in range(n)], key, setup.sampling_hyper
   )
   for phase, s in got.seconds.items():
     seconds[phase] = seconds.get(phase, 0.0) + s

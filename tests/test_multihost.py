@@ -161,3 +161,49 @@ def test_only_the_primary_process_writes_the_logs(runs):
   lines = (runs["two"] / "work" / "metrics.jsonl").read_text().splitlines()
   assert [json.loads(x)["iteration"] for x in lines] == [0, 1, 2]
   assert (runs["two"] / "work" / "summary.json").exists()
+
+
+EPISODES = str(ROOT / "tests" / "multihost_episodes.py")
+
+
+def _launch_episodes(out, workdir, *, processes, devices) -> list[dict]:
+  env, port = subproc.child_env(), _free_port()
+  procs = [
+    subprocess.Popen(
+      [sys.executable, EPISODES, str(out), str(workdir), "--devices", str(devices)]
+      + ["--processes", str(processes), "--process_id", str(i), "--port", str(port)],
+      env=env,
+      cwd=ROOT,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for i in range(processes)
+  ]
+  errors = [p.communicate(timeout=600)[1] for p in procs]
+  for p, err in zip(procs, errors, strict=True):
+    assert p.returncode == 0, err[-3000:]
+  return [json.loads((out / f"process{i}.json").read_text()) for i in range(processes)]
+
+
+def test_episodes_on_two_processes_each_play_their_rows_and_match_one_process(tmp_path):
+  """Calculator episodes (configs/calculator.py:tiny from its committed warm start, 8 × 8
+  an iteration) on a (data 2, fsdp 2) mesh: two processes of 2 devices each make the
+  environments of their own rows only, half of every batch, and the run's metrics are those
+  of one process with 4 devices (floats to rel 1e-3: cross-process sums in another order;
+  counts exactly)."""
+  two = _launch_episodes(tmp_path / "two", tmp_path / "two" / "work", processes=2, devices=2)
+  (one,) = _launch_episodes(tmp_path / "one", tmp_path / "one" / "work", processes=1, devices=4)
+  # 2 iterations of 64 episodes and the held-out set's 16 greedy ones at the end (the warm
+  # start's evaluation came with it), split between the processes, plus the one each
+  # process's build makes to check config.env.kwargs.
+  played = 2 * 64 + 16
+  assert two[0]["envs"] == two[1]["envs"] == played // 2 + 1 and one["envs"] == played + 1
+  got, want = two[0]["lines"], one["lines"]
+  assert [m["iteration"] for m in got] == [m["iteration"] for m in want] == [1, 2]
+  assert want[0]["episode/turns"] > 2 and want[0]["grad_norm"] > 0
+  for g, w in zip(got, want, strict=True):
+    assert g.keys() == w.keys()
+    for k, v in w.items():
+      expect = pytest.approx(v, rel=1e-3, abs=1e-4) if isinstance(v, float) else v
+      assert g[k] == expect, (w["iteration"], k)

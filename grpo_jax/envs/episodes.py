@@ -43,6 +43,10 @@ The loop (`Runner.run`), all rows in lockstep turns:
      re-encoded: one forward of the new tokens per turn (on pages, a token a call: max n
      decode calls a turn).
   5. Repeat until every episode ended, at most `max_turns` turns.
+On several processes, each holds the environments of its own rows (those its devices
+hold) and steps 1 and 3 run there for them; the per-row outcomes (reward, end, turns,
+observation counts) are all-gathered after each host phase, so every process feeds the
+jitted pieces the same running rows (`_Rows`).
 
 Why an episode ended (`END_REASONS`, per row in `end_N`):
   done         the environment's step returned done=True (an answer, or it gave up);
@@ -89,6 +93,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax.envs import base, stepping
+from grpo_jax.infra import distributed
 from grpo_jax.models import kv_cache, paged, sampling, sharding
 from grpo_jax.models import model as model_lib
 
@@ -408,11 +413,11 @@ class Episodes:
   def metrics(self) -> dict:
     """Means over the batch's episodes (`metrics.DEFINITIONS`, "episode/...")."""
     r = self.rollouts
-    actions = np.asarray(jnp.sum(r.action_mask_NT, axis=1))
+    actions = distributed.host_value(jnp.sum(r.action_mask_NT, axis=1))
     out = {
       "episode/turns": float(self.turns_N.mean()),
       "episode/action_tokens": float(actions.mean()),
-      "episode/observation_tokens": float((np.asarray(r.length_N) - actions).mean()),
+      "episode/observation_tokens": float((distributed.host_value(r.length_N) - actions).mean()),
     }
     for i, reason in enumerate(END_REASONS):
       out[f"episode/end/{reason}"] = float(np.mean(self.end_N == i))
@@ -426,28 +431,53 @@ class Episodes:
 
 @dataclasses.dataclass
 class _Rows:
-  """Host bookkeeping of the N episodes in flight."""
+  """Host bookkeeping of the N episodes in flight. On several processes this process
+  holds the environments of its own rows (`mine`, from the rows' `sharding`), and the
+  per-row arrays are all-gathered after each host phase (`share`): every process sees
+  every row's reward, end and turns."""
 
-  envs: list  # None where a late step's environment was dropped.
+  envs: list  # None where a late step's environment was dropped, or another process's.
   reward_N: np.ndarray
   end_N: np.ndarray  # -1 while running.
   turns_N: np.ndarray
   t_N: np.ndarray  # Filled completion columns.
   action_start_N: np.ndarray  # Column of the current action's first token.
-  messages: list
+  messages: list  # This process's first environment errors.
+  sharding: Any = None  # The rows' sharding (None: one process holds them all).
+  mine: slice = dataclasses.field(default_factory=lambda: slice(0, 0))
+  outcomes: tuple[str, ...] = ()  # The environment's label vocabulary.
 
   @classmethod
-  def create(cls, n: int) -> _Rows:
+  def create(cls, n: int, sharding=None) -> _Rows:
     zeros = lambda: np.zeros(n, np.int32)
-    return cls([], np.zeros(n), np.full(n, -1), zeros(), zeros(), zeros(), [])
+    mine = slice(0, n) if sharding is None else distributed.local_rows(sharding, n)
+    return cls([None] * n, np.zeros(n), np.full(n, -1), zeros(), zeros(), zeros(), [],
+               sharding, mine)  # fmt: skip
 
   @property
   def running_N(self) -> np.ndarray:
     return self.end_N < 0
 
-  @property
-  def labels(self) -> tuple[str, ...]:
-    return tuple("" if env is None else env.label for env in self.envs)
+  def gather(self, x_N: np.ndarray) -> np.ndarray:
+    """A per-row array whose entries are right on this process's rows -> right on all."""
+    if jax.process_count() == 1 or self.sharding is None:
+      return x_N
+    return distributed.gather_rows(np.asarray(x_N)[self.mine], self.sharding, len(x_N))
+
+  def share(self) -> None:
+    """Every process's rows' reward, end and turns, on every process."""
+    self.reward_N, self.end_N = self.gather(self.reward_N), self.gather(self.end_N)
+    self.turns_N = self.gather(self.turns_N)
+
+  def shared_labels(self, outcomes: tuple[str, ...]) -> tuple[str, ...]:
+    """Each row's outcome label ("" when none), every process's rows (as indices into
+    `outcomes`, all-gathered; a label outside them comes back as "?": "other")."""
+    labels = ["" if e is None else e.label for e in self.envs]
+    if jax.process_count() == 1 or self.sharding is None:
+      return tuple(labels)
+    vocab = ("", *outcomes, "?")
+    own = np.asarray([vocab.index(x) if x in vocab else len(vocab) - 1 for x in labels])
+    return tuple(vocab[k] for k in self.gather(own.astype(np.int32)))
 
   def fail(self, i: int, err: Exception) -> None:
     self.end_N[i], self.reward_N[i] = ENV_ERROR, 0.0
@@ -524,45 +554,52 @@ class Runner:
     return self.layout.context() if self.layout is not None else contextlib.nullcontext()
 
   def run(self, params, prompts: sampling.Prompts, examples: Sequence, key, hyper) -> Episodes:
-    """Plays G episodes of each of the B examples (`examples[b]` is prompt b's); `hyper`
-    the sampling parameters of every action."""
-    if jax.process_count() > 1:
-      raise NotImplementedError("Environment episodes run in one process only.")
+    """Plays G episodes of each of the B examples (`examples[b]` is prompt b's: on several
+    processes, None is allowed where this process plays none of b's rows); `hyper` the
+    sampling parameters of every action."""
     if self.tokenizer is None:
       raise ValueError("Runner.run needs a tokenizer (this runner only compiles: `aot`).")
     with self.context():
       return self._run(params, prompts, examples, key, hyper)
 
   def _run(self, params, prompts: sampling.Prompts, examples: Sequence, key, hyper) -> Episodes:
+    """On several processes each plays the episodes of the rows its devices hold (their
+    environments live there), and the per-row outcomes are all-gathered after every host
+    phase, so every process feeds the jitted pieces the same running rows and observation
+    counts (`_Rows.share`)."""
     G = self.sampler_cfg.group_size
     seconds = {"sample": 0.0, "env": 0.0}
     clock = functools.partial(_timed, seconds)
     if "view" in self.pieces:
       with clock("sample"):
         params = self.pieces["view"](params)
+    with clock("sample"):
+      if self.layout is not None:
+        prompts = jax.device_put(prompts, self.layout.rows(prompts.tokens_BP.shape[0]))
+      state = self.pieces["start"](params, prompts, key)
+    sharding, N = state.tokens_NT.sharding, len(examples) * G
     with clock("env"):
-      rows, first = self._reset([examples[n // G] for n in range(len(examples) * G)])
+      rows, first = self._reset([examples[n // G] for n in range(N)], sharding)
     try:
-      return self._play(params, prompts, key, hyper, rows, first, clock, seconds)
+      return self._play(params, prompts, state, hyper, rows, first, clock, seconds)
     finally:
       for env in rows.envs:  # Every episode has ended; the late ones' were dropped.
         if env is not None:
           env.close()
 
-  def _play(self, params, prompts, key, hyper, rows: _Rows, first, clock, seconds) -> Episodes:
-    """The turns of `_run` from the reset environments (`rows`) to the finished rollouts."""
-    outcomes = type(rows.envs[0]).outcomes if rows.envs else ()
+  def _play(self, params, prompts, state, hyper, rows: _Rows, first, clock, seconds) -> Episodes:
+    """The turns of `_run` from the started state and the reset environments (`rows`) to
+    the finished rollouts."""
+    outcomes = rows.outcomes
     with clock("sample"):
-      if self.layout is not None:
-        prompts = jax.device_put(prompts, self.layout.rows(prompts.tokens_BP.shape[0]))
-      state = self.pieces["start"](params, prompts, key)
       state = self._observe(params, state, first, rows)
     for turn in range(self.cfg.max_turns):
       if not rows.running_N.any():
         break
       with clock("sample"):
         state = self.pieces["turn"](params, state, hyper, rows.running_N)
-        tokens_NT, t_N = jax.device_get((state.tokens_NT, state.t_N))
+        tokens_NT = distributed.fetch_local(state.tokens_NT)  # This process's rows.
+        t_N = distributed.host_value(state.t_N)
       with clock("env"):
         rows.t_N = np.array(t_N, np.int32)
         obs = self._act(rows, tokens_NT, last_turn=turn == self.cfg.max_turns - 1)
@@ -577,35 +614,43 @@ class Runner:
       rows.turns_N,
       seconds,
       tuple(rows.messages),
-      labels=rows.labels,
+      labels=rows.shared_labels(outcomes),
       outcomes=outcomes,
     )
 
-  def _reset(self, examples_N) -> tuple[_Rows, list]:
-    """A fresh environment per episode, and its reset observation (the resets at once where
-    the environment can: `Environment.reset_all`)."""
-    rows, first = _Rows.create(len(examples_N)), []
-    rows.envs.extend(self.make_env() for _ in examples_N)
-    got = type(rows.envs[0]).reset_all(rows.envs, examples_N) if rows.envs else []
-    for i, obs in enumerate(got):
+  def _reset(self, examples_N, sharding) -> tuple[_Rows, list]:
+    """A fresh environment per episode of this process's rows (`sharding`), and its reset
+    observation (the resets at once where the environment can: `Environment.reset_all`)."""
+    N = len(examples_N)
+    rows, first = _Rows.create(N, sharding), [()] * N
+    mine = range(rows.mine.start, rows.mine.stop)
+    for i in mine:
+      rows.envs[i] = self.make_env()
+    envs = [rows.envs[i] for i in mine]
+    got = type(envs[0]).reset_all(envs, [examples_N[i] for i in mine]) if envs else []
+    rows.outcomes = type(envs[0]).outcomes if envs else ()
+    for i, obs in zip(mine, got, strict=True):
       try:
         if isinstance(obs, BaseException):
           raise obs
-        first.append(tuple(int(t) for t in obs))
+        first[i] = tuple(int(t) for t in obs)
       except Exception as err:  # noqa: BLE001 -- any environment failure ends the episode.
         rows.fail(i, err)
-        first.append(())
+    rows.share()
     return rows, first
 
   def _act(self, rows: _Rows, tokens_NT, *, last_turn: bool) -> list:
     """Each running row's new action (decoded, never re-encoded) to its environment, the
     steps at once (`stepping`); returns the observations to append (empty for rows that
-    ended). Outcomes are taken in row order, as one thread stepping row by row would."""
-    T = tokens_NT.shape[1]
+    ended, and for other processes' rows). Outcomes are taken in row order, as one thread
+    stepping row by row would. `tokens_NT`: this process's rows."""
+    T, lo = tokens_NT.shape[1], rows.mine.start
     obs = [()] * len(rows.t_N)
     acting, failed = [], {}
     for i in np.flatnonzero(rows.running_N):
-      action_ids = tokens_NT[i, rows.action_start_N[i] : rows.t_N[i]]
+      if not rows.mine.start <= i < rows.mine.stop:
+        continue
+      action_ids = tokens_NT[i - lo, rows.action_start_N[i] : rows.t_N[i]]
       rows.turns_N[i] += 1
       stopped = len(action_ids) > 0 and int(action_ids[-1]) in self.stop_ids
       if rows.t_N[i] >= T and not stopped:
@@ -627,6 +672,7 @@ class Runner:
         rows.end_N[i] = TURN_LIMIT
       else:
         obs[i] = tuple(int(t) for t in step.observation)
+    rows.share()
     return obs
 
   def _take(self, rows: _Rows, i: int, outcome: stepping.Outcome) -> base.Step | None:
@@ -650,9 +696,9 @@ class Runner:
   def _observe(self, params, state: EpisodeState, obs: list, rows: _Rows) -> EpisodeState:
     """Appends the observations of running rows; one that exceeds O or leaves no column
     for another action ends its episode with token_limit. Records where each row's next
-    action starts."""
+    action starts. `obs`: this process's rows' (others' are all-gathered)."""
     width, T = self.cfg.observation_tokens, self.sampler_cfg.max_new_tokens
-    n_N = np.array([len(o) for o in obs], np.int32)
+    n_N = rows.gather(np.array([len(o) for o in obs], np.int32))
     over_N = rows.running_N & (n_N > 0) & ((n_N > width) | (rows.t_N + n_N >= T))
     rows.end_N[over_N] = TOKEN_LIMIT
     n_N = np.where(rows.running_N, n_N, 0).astype(np.int32)
@@ -662,7 +708,10 @@ class Runner:
       return state
     obs_NO = np.full((len(obs), width), self.sampler_cfg.pad_id, np.int32)
     for i in np.flatnonzero(n_N):
-      obs_NO[i, : n_N[i]] = obs[i]
+      if rows.mine.start <= i < rows.mine.stop:
+        obs_NO[i, : n_N[i]] = obs[i]
+    if jax.process_count() > 1:  # A global array from each process's own rows.
+      obs_NO = distributed.to_global(obs_NO[rows.mine], rows.sharding, len(obs))
     return self.pieces["append"](params, state, obs_NO, n_N)
 
 

@@ -1,0 +1,74 @@
+"""One process of a multi-process run of calculator episodes; used by test_multihost.py.
+
+  python tests/multihost_episodes.py OUT WORKDIR --devices 2 --process_id 0 --processes 2
+
+configs/calculator.py:tiny from its learning test's committed warm start, 8 prompts × 8
+episodes an iteration on a (data 2, fsdp 2) mesh over every process's devices, for
+--iterations. Saves OUT/process<id>.json: the RL lines' non-timing metrics (process 0's
+metrics.jsonl) and how many calculator environments this process made (each process plays
+the episodes of its own rows).
+"""
+
+import argparse
+import json
+import pathlib
+
+import jax
+import runs
+from jax.experimental import multihost_utils
+
+from grpo_jax import train
+from grpo_jax.envs import calculator
+from grpo_jax.infra import config_lib, distributed
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser()
+  parser.add_argument("out")
+  parser.add_argument("workdir")
+  parser.add_argument("--devices", type=int, default=2)
+  parser.add_argument("--process_id", type=int, default=0)
+  parser.add_argument("--processes", type=int, default=1)
+  parser.add_argument("--port", type=int, default=12355)
+  parser.add_argument("--iterations", type=int, default=2)
+  args = parser.parse_args(argv)
+
+  jax.config.update("jax_num_cpu_devices", args.devices)
+  if args.processes > 1:
+    distributed.initialize(
+      "on",
+      coordinator_address=f"localhost:{args.port}",
+      num_processes=args.processes,
+      process_id=args.process_id,
+    )
+  workdir = pathlib.Path(args.workdir)
+  if jax.process_index() == 0 and not workdir.exists():
+    runs._copy_warm_start(runs.WARM_STARTS / "calculator_tiny", workdir, fresh=True)
+  multihost_utils.sync_global_devices("workdir ready")
+  made = []
+  real_init = calculator.Calculator.__init__
+
+  def counted(self, **kwargs):
+    made.append(1)
+    real_init(self, **kwargs)
+
+  calculator.Calculator.__init__ = counted
+  c = config_lib.load(str(ROOT / "configs" / "calculator.py") + ":tiny")
+  c.update(prompts_per_step=8, iterations=args.iterations, eval_every=args.iterations)
+  c.update(eval_size=16, eval_samples=0, checkpoint_every=1, reward_workers=0)
+  c.update(progress=False, tensorboard=False)
+  c.mesh.update(data=2, fsdp=2, tensor=1)
+  summary = train.run(c, workdir, log=lambda _: None)
+  lines = []
+  if jax.process_index() == 0:
+    lines = [runs.untimed(r) for r in runs.lines(workdir) if r["phase"] == "rl"]
+  out = pathlib.Path(args.out) / f"process{jax.process_index()}.json"
+  out.write_text(json.dumps({"lines": lines, "envs": len(made), "summary": {
+    k: v for k, v in summary.items() if "seconds" not in k and isinstance(v, (int, float))
+  }}))  # fmt: skip
+
+
+if __name__ == "__main__":
+  main()
