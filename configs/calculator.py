@@ -26,6 +26,13 @@ Variants:
     The same rules over the network: the same seed trains to the same numbers as tiny
     (tests/test_openenv.py checks it bit for bit); another server is
     `--config.env.kwargs.url=http://host:port`.
+  verifiers: tiny with the calculator as a verifiers environment (`pip install -e
+    ".[verifiers]"`; grpo_jax/envs/vf_calculator.py, a `verifiers.MultiTurnEnv` with the
+    same rules): task "vf:grpo_jax.envs.vf_calculator" draws its dataset's rows (4,096
+    training problems, 256 held out), and each episode is the environment's own rollout,
+    its rubric's reward the episode's (grpo_jax/envs/vf_env.py). Another verifiers
+    environment: `--config.task.name=vf:<module>` with its load_environment arguments in
+    config.task.kwargs.env_args.
 
 Expected result (tiny, measured on a 2-core CPU shared with other jobs, load average 4-6):
 greedy accuracy on 128 held-out problems goes from 36.7% after the warm start to 60.2%
@@ -41,7 +48,7 @@ wall_seconds.
 from grpo_jax import config
 from grpo_jax.rl import presets
 
-VARIANTS = ("tiny", "full", "quick", "openenv")
+VARIANTS = ("tiny", "full", "quick", "openenv", "verifiers")
 OPENENV_URL = "http://127.0.0.1:8000"  # `python -m grpo_jax.envs.openenv_calculator`.
 
 
@@ -67,6 +74,10 @@ def get_config(arg: str = "tiny"):
     c.model.update(config.QUICK_MODEL)
   if arg == "openenv":
     c.env.update(name="openenv", kwargs=dict(url=OPENENV_URL, stop_text=("=",)))
+  if arg == "verifiers":
+    c.task.name = "vf:grpo_jax.envs.vf_calculator"
+    c.task.kwargs = dict(env_args=dict(steps=2, ops="+*", max_digits=2))
+    c.env.update(name="verifiers", kwargs=dict(stop_text=("=",)))
   if arg == "full":
     c.task.kwargs.update(steps=3)
     c.env.update(max_turns=5)

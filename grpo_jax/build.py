@@ -407,6 +407,7 @@ def _episode_config(setup: Setup) -> episodes.EpisodeConfig | None:
     env_cls = envs.get(cfg.name)
   except ValueError as e:
     raise ValueError(f"config.env.name: {e}") from None
+  env_cls.check_task(setup.task)  # An environment that cannot play the task's examples.
   if tok is not None:
     try:
       env = env_cls(tokenizer=tok, **cfg.kwargs)

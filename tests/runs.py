@@ -32,6 +32,20 @@ def untimed(record: dict) -> dict:
   return {k: v for k, v in record.items() if not k.startswith(TIMING)}
 
 
+def assert_episodes_resume_equal(local, resumed, summaries) -> None:
+  """Two 2-iteration episode runs (workdirs) agree on every untimed metric: `local` in one
+  session, `resumed` stopped after iteration 1 and resumed. The resumed run's first session
+  ended with an evaluation (a run's last iteration is evaluated), which the uninterrupted
+  run makes at 2 only; `summaries` are both runs' final summaries."""
+  a, b = [untimed(r) for r in lines(local)], [untimed(r) for r in lines(resumed)]
+  assert [r["iteration"] for r in b] == [0, 1, 2], b
+  assert b[-1]["episode/turns"] > 2 and 0 < b[1]["accuracy"] < 1 and b[1]["loss"] != 0
+  no_eval = lambda r: {k: v for k, v in r.items() if not k.startswith("eval/")}
+  assert [no_eval(r) for r in a] == [no_eval(r) for r in b]
+  assert a[-1] == b[-1] and "eval/greedy_accuracy" in b[-1]
+  assert summaries[0]["final_accuracy"] == summaries[1]["final_accuracy"]
+
+
 class _Stop(Exception):
   pass
 

@@ -219,16 +219,7 @@ def test_training_through_the_server_equals_the_in_process_run_across_a_resume(
   url = dict(url=server.url, stop_text=("=",))
   _run(tmp_path / "remote", iterations=1, **url)
   remote = _run(tmp_path / "remote", iterations=2, **url)
-  a = [runs.untimed(r) for r in runs.lines(tmp_path / "local")]
-  b = [runs.untimed(r) for r in runs.lines(tmp_path / "remote")]
-  assert [r["iteration"] for r in b] == [0, 1, 2], b
-  assert b[-1]["episode/turns"] > 2 and 0 < b[1]["accuracy"] < 1 and b[1]["loss"] != 0
-  # The remote arm's first session ended at iteration 1 with an evaluation (a run's last
-  # iteration is evaluated); the uninterrupted run evaluates at 2 only.
-  no_eval = lambda r: {k: v for k, v in r.items() if not k.startswith("eval/")}
-  assert [no_eval(r) for r in a] == [no_eval(r) for r in b]
-  assert a[-1] == b[-1] and "eval/greedy_accuracy" in b[-1]
-  assert local["final_accuracy"] == remote["final_accuracy"]
+  runs.assert_episodes_resume_equal(tmp_path / "local", tmp_path / "remote", (local, remote))
   # The episode loop closed every session it opened: the server (64 at most) has room for
   # 64 new ones, none retried.
   example = tasks.get("calculator").example("train", 0, seed=0)

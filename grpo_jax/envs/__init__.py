@@ -6,15 +6,18 @@
 "calculator": a calculator tool for the "calculator" task's multi-step problems.
 "code": run the code on the visible tests and revise, then answer (the "code" task).
 "openenv": any OpenEnv server, one session per episode (`openenv_env`; the `openenv` extra).
+"verifiers": a verifiers environment's own rollouts, one per episode, on the rows of task
+  "vf:<env_id>" (`vf_env`; the `verifiers` extra).
 """
 
-from grpo_jax.envs import calculator, code, openenv_env
+from grpo_jax.envs import calculator, code, openenv_env, vf_env
 from grpo_jax.infra import registry
 
 REGISTRY = registry.Registry("environment")
 REGISTRY.register("calculator")(calculator.Calculator)
 REGISTRY.register("code")(code.CodeRunner)
 REGISTRY.register("openenv")(openenv_env.OpenEnv)
+REGISTRY.register("verifiers")(vf_env.VfEnv)
 
 
 def get(name: str):

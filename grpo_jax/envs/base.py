@@ -82,6 +82,13 @@ class Environment(abc.ABC):
     del kwargs
     return tuple(cls.stop_text)
 
+  @classmethod
+  def check_task(cls, task) -> None:
+    """Raises, in one line, when the environment cannot play `task`'s examples (one that
+    reads fields only its own task's examples have); called once when the run is built.
+    Any task by default."""
+    del task
+
   def check(self) -> None:
     """Raises, in one line, when the environment cannot run at all (a server that does not
     answer): called once when the run is built. Nothing to check by default."""

@@ -19,7 +19,7 @@ server may draw its problem from the seed or read it from the prompt.
 
 Why our own session handling around openenv's client (`GenericEnvClient`) rather than its
 `.sync()` wrapper: that wrapper starts an event-loop thread per client, one per episode
-(hundreds per iteration); here every session of the process shares one loop thread, and
+(hundreds per iteration); here every session of the process shares one loop thread (`aio`), and
 the episode loop's step threads (`stepping`) wait on their own session's future. Its
 client also leaves a timed-out connection out of step (the next call reads the late
 reply), so a timeout here closes the session and ends the episode (env_error).
@@ -38,36 +38,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import threading
 import time
 import urllib.error
 import urllib.request
 
-from grpo_jax.envs import base
+from grpo_jax.envs import aio, base
 
 RESET_FIELDS = ("prompt", "answer", "reference")
-_LOOP: asyncio.AbstractEventLoop | None = None
-_LOOP_LOCK = threading.Lock()
-
-
-def _loop() -> asyncio.AbstractEventLoop:
-  """The process's one event loop for OpenEnv sessions, on a daemon thread (made once)."""
-  global _LOOP
-  with _LOOP_LOCK:
-    if _LOOP is None:
-      _LOOP = asyncio.new_event_loop()
-      threading.Thread(target=_LOOP.run_forever, name="openenv", daemon=True).start()
-    return _LOOP
-
-
-def _call(coro, timeout_s: float):
-  """Runs `coro` on the sessions' loop; waits at most timeout_s (TimeoutError after)."""
-  future = asyncio.run_coroutine_threadsafe(coro, _loop())
-  try:
-    return future.result(timeout=timeout_s)
-  except TimeoutError:
-    future.cancel()
-    raise
 
 
 def health(url: str, *, timeout_s: float = 5.0, retries: int = 2) -> None:
@@ -165,12 +142,13 @@ class OpenEnv(base.Environment):
     if not envs:
       return []
     longest = max(e.timeout_s + e.connect_timeout_s for e in envs) * (envs[0].retries + 1)
+
     async def gathered():
       resets = (env._reset(x) for env, x in zip(envs, examples, strict=True))
       return await asyncio.gather(*resets, return_exceptions=True)
 
     try:
-      return list(_call(gathered(), longest + 1.0))
+      return list(aio.call(gathered(), longest + 1.0))
     except TimeoutError as e:
       return [e] * len(envs)
 
@@ -214,7 +192,7 @@ class OpenEnv(base.Environment):
     """Ends the session (the server frees its instance); waits for nothing."""
     client, self._client = self._client, None
     if client is not None:
-      asyncio.run_coroutine_threadsafe(client.close(), _loop())
+      aio.spawn(client.close())
 
   async def _aclose(self) -> None:
     client, self._client = self._client, None
@@ -234,7 +212,7 @@ class OpenEnv(base.Environment):
     """The reply to one message (`waits` tries of it); a timeout closes the session (a
     late reply would be read as the next message's) and raises."""
     try:
-      return _call(coro, (self.timeout_s + self.connect_timeout_s) * waits + 1.0)
+      return aio.call(coro, (self.timeout_s + self.connect_timeout_s) * waits + 1.0)
     except TimeoutError:
       self.close()
       raise TimeoutError(

@@ -1,0 +1,258 @@
+"""verifiers environments (Prime Intellect's library) as tasks ("vf:<env_id>",
+`tasks.vf_tasks`) and episodes ("verifiers", `envs.vf_env`): rows drawn by epoch, each
+episode the environment's own rollout through a real OpenAI client, single- and multi-turn,
+completion and chat, the failures, and a training run through it that equals the
+in-process calculator's bit for bit across a resume."""
+
+import asyncio
+import pathlib
+import re
+import sys
+import types
+
+import datasets
+import pytest
+import runs
+import verifiers as vf
+
+from grpo_jax import build, tasks, train
+from grpo_jax.envs import base, calculator, vf_env
+from grpo_jax.infra import config_lib
+
+CALC = "grpo_jax.envs.vf_calculator"  # The calculator as a verifiers MultiTurnEnv.
+SMALL = dict(size=64, eval_size=16)
+QWEN3 = str(pathlib.Path(__file__).parent / "fixtures" / "hf" / "qwen3")
+
+
+def _module(name: str, load_environment) -> str:
+  """An importable module with `load_environment`, as an installed environment package is
+  (verifiers imports the module named by the env_id)."""
+  module = types.ModuleType(name)
+  module.load_environment = load_environment
+  sys.modules[name] = module
+  return name
+
+
+@pytest.fixture(scope="module")
+def calc():
+  return tasks.get(f"vf:{CALC}", env_args=SMALL)
+
+
+def test_rows_are_drawn_epoch_by_epoch_from_the_environments_datasets(calc):
+  """Training indices 0-63 are the 64 rows of its dataset, each once, then a reshuffled
+  epoch; held-out ones come from its eval_dataset; the same (split, index, seed) is the
+  same row, and the prompts, answers and references are the rows'."""
+  first = [calc.example("train", i, seed=0) for i in range(64)]
+  second = [calc.example("train", 64 + i, seed=0) for i in range(64)]
+  assert sorted(x.row for x in first) == list(range(64)) == sorted(x.row for x in second)
+  assert [x.row for x in first] != [x.row for x in second]
+  assert calc.example("train", 5, seed=0) == first[5] != calc.example("train", 5, seed=1)
+  held = {calc.example("test", i, seed=0).row for i in range(16)}
+  assert held == set(range(16)) and calc.example("test", 0, seed=0).source == "eval_dataset"
+  env, x = calc.env(), first[7]
+  assert x.source == "dataset" and x.prompt == env.dataset[x.row]["prompt"]
+  assert x.answer == str(calculator.Calculator.calculate(x.prompt[2:-1])[:-1])
+  assert x.reference == env.dataset[x.row]["info"]["reference"] and x.reference.endswith(
+    f"A:{x.answer}."
+  )
+  assert calc.reward(x.prompt, x.reference) == 1.0 and calc.reward(x.prompt, "A:0.") == 0.0
+  assert "64 training rows" in calc.data_notes()[0] and "16 held-out rows" in calc.data_notes()[0]
+
+
+def _actions(reference: str) -> list[str]:
+  return re.findall(r"T:[^=]+=|A:-?\d+\.", reference)
+
+
+def test_an_episode_is_the_in_process_calculators_step_for_step(calc):
+  """The reference transcripts, a wrong answer, an unreadable call and a stray action: the
+  environment's own rollout gives the in-process environment's observations, rewards and
+  ends, step for step."""
+  tok = calc.tokenizer()
+  for i in range(12):
+    x = calc.example("train", i, seed=3)
+    acts = _actions(x.reference)
+    plays = [acts, acts[:-1] + [f"A:{int(x.answer) + 1}."], ["T:1/0=", "T:2*3=", "xyz"], ["A:"]]
+    for actions in plays:
+      ours, theirs = (
+        vf_env.VfEnv(tokenizer=tok, stop_text=("=",)),
+        calculator.Calculator(tokenizer=tok),
+      )
+      assert tuple(ours.reset(x)) == tuple(theirs.reset(x)) == ()
+      for action in actions:
+        a, b = ours.step(action), theirs.step(action)
+        assert (a.observation, a.reward, a.done) == (tuple(b.observation), b.reward, b.done), action
+        if b.done:
+          break
+
+
+def _single_turn():
+  rows = [{"prompt": f"Q:{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(10)]
+
+  def exact(completion, answer, **kwargs) -> float:
+    return float(completion.strip() == answer)
+
+  return vf.SingleTurnEnv(
+    dataset=datasets.Dataset.from_list(rows), message_type="completion",
+    rubric=vf.Rubric(funcs=[exact]),
+  )  # fmt: skip
+
+
+def test_a_single_turn_environment_is_one_action_scored_by_its_rubric():
+  """A SingleTurnEnv without an eval_dataset: its rows split by prompt hash (disjoint, all
+  used), and an episode is one action that its rubric scores."""
+  task = tasks.get("vf:" + _module("vf_test_single", lambda: _single_turn()), test_percent=20)
+  train_rows = {task.example("train", i, seed=0).row for i in range(200)}
+  test_rows = {task.example("test", i, seed=0).row for i in range(200)}
+  assert not train_rows & test_rows and len(train_rows | test_rows) == 100
+  assert 8 <= len(test_rows) <= 35
+  x = task.example("test", 0, seed=0)
+  for action, reward in ((x.answer, 1.0), (x.answer + "0", 0.0)):
+    env = vf_env.VfEnv(tokenizer=task.tokenizer())
+    assert env.reset(x) == ()
+    assert env.step(action) == base.Step(reward=reward, done=True)
+    assert task.reward(x.prompt, action) == reward
+
+
+class _Echo(vf.MultiTurnEnv):
+  """Chat: the environment answers each assistant turn with a user turn, twice."""
+
+  async def is_completed(self, messages, state, **kwargs) -> bool:
+    return state["turn"] >= 3
+
+  async def env_response(self, messages, state, **kwargs):
+    return [
+      {"role": "user", "content": f"You said {len(messages[-1]['content'])} characters."}
+    ], state
+
+
+def _echo():
+  def turns(completion, **kwargs) -> float:
+    return float(sum(m["role"] == "assistant" for m in completion))
+
+  rows = datasets.Dataset.from_list(
+    [{"question": f"Say {w}.", "answer": w} for w in ("hi", "yes", "no")]
+  )
+  return _Echo(
+    dataset=rows, eval_dataset=rows, system_prompt="Be brief.", rubric=vf.Rubric(funcs=[turns])
+  )
+
+
+def test_a_chat_environment_reads_as_the_chat_template_renders_the_conversation():
+  """With a chat template (Qwen3's): the prompt is the row's messages rendered with the
+  generation prompt, and after each action (ended by <|im_end|>, the EOS) the context
+  holds exactly the template's rendering of the conversation so far: the observation is
+  the text from the end-of-turn token to the next generation prompt."""
+  task = tasks.get("vf:" + _module("vf_test_echo", _echo), tokenizer_dir=QWEN3)
+  tok = task.tokenizer()
+  x = task.example("train", 0, seed=0)
+  messages = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": f"Say {x.answer}."},
+  ]
+  assert x.prompt == tok.apply_chat_template(messages, add_generation_prompt=True)
+  env, context = vf_env.VfEnv(tokenizer=tok), x.prompt
+  assert env.reset(x) == ()
+  for turn, action in enumerate(("Hello there", "OK", "Done")):
+    step = env.step(action)
+    messages.append({"role": "assistant", "content": action})
+    if step.done:
+      assert turn == 2 and step.reward == 3.0
+      break
+    messages.append({"role": "user", "content": f"You said {len(action)} characters."})
+    context += action + "<|im_end|>" + tok.decode(step.observation)
+    assert context == tok.apply_chat_template(messages, add_generation_prompt=True)
+    assert step.observation[0] != tok.eos_id  # The action's EOS is already in the context.
+  else:
+    pytest.fail("the rollout did not end after three actions")
+
+
+def _raising():
+  env = _single_turn()
+
+  class Broken(vf.MultiTurnEnv):
+    async def is_completed(self, messages, state, **kwargs):
+      return False
+
+    async def env_response(self, messages, state, **kwargs):
+      if messages.endswith("slow"):
+        await asyncio.sleep(3)
+      raise RuntimeError("the tool crashed")
+
+  return Broken(dataset=env.dataset, message_type="completion", rubric=env.rubric)
+
+
+def test_failures_are_one_clear_error(calc):
+  """An environment that is not installed, a chat environment without a chat template, a
+  rollout of another verifiers interface, a task the environment cannot play, a tool that
+  raises or hangs: each says what is wrong."""
+  with pytest.raises(ValueError, match="vf:no_such_env_module.*Could not import"):
+    tasks.get("vf:no_such_env_module")
+  with pytest.raises(ValueError, match="chat environment: set config.hf_dir"):
+    tasks.get("vf:" + _module("vf_test_echo2", _echo))
+
+  class Newer(vf.SingleTurnEnv):  # verifiers 0.1.8's interface.
+    async def rollout(self, input, client, model, sampling_args=None):
+      raise AssertionError
+
+  newer = lambda: Newer(dataset=_single_turn().dataset, message_type="completion")
+  with pytest.raises(ValueError, match=r"not verifiers 0.1.x's \(client, model, prompt, answer"):
+    tasks.get("vf:" + _module("vf_test_newer", newer))
+  with pytest.raises(
+    ValueError, match="plays the rows of a verifiers environment's task, not task 'calculator'"
+  ):
+    vf_env.VfEnv.check_task(tasks.get("calculator"))
+  vf_env.VfEnv.check_task(calc)
+  with pytest.raises(TypeError, match="set config.task.name = 'vf:<env_id>'"):
+    vf_env.VfEnv(tokenizer=calc.tokenizer()).reset(
+      tasks.get("calculator").example("train", 0, seed=0)
+    )
+  with pytest.raises(ValueError, match="timeout_s=0"):
+    vf_env.VfEnv(tokenizer=calc.tokenizer(), timeout_s=0)
+
+  task = tasks.get("vf:" + _module("vf_test_broken", _raising))
+  x = task.example("train", 0, seed=0)
+  env = vf_env.VfEnv(tokenizer=task.tokenizer(), timeout_s=0.5)
+  env.reset(x)
+  with pytest.raises(RuntimeError, match="the tool crashed"):
+    env.step("7")
+  env.reset(x)
+  with pytest.raises(TimeoutError, match="did not answer within 0.5 s"):
+    env.step("slow")
+  assert env._task is None  # Closed: its rollout cancelled.
+
+
+def test_a_config_pairing_verifiers_with_another_task_is_refused_at_build():
+  c = config_lib.load("configs/calculator.py:tiny")
+  with c.unlocked():
+    c.env.update(name="verifiers", kwargs=dict(stop_text=("=",)))
+  with pytest.raises(ValueError, match="config.env.name='verifiers' plays the rows"):
+    build.build(c)
+
+
+# Training through the verifiers environment equals the in-process calculator's.
+def _run(workdir, *, iterations: int, env: str):
+  """configs/calculator.py:verifiers (env "verifiers") or the same rows played by the
+  in-process calculator (env "calculator"), from the calculator's committed warm start
+  (33.6% greedy), 8 prompts × G = 8 an iteration."""
+  c = config_lib.load("configs/calculator.py:verifiers")
+  with c.unlocked():
+    c.task.kwargs.env_args.update(SMALL)
+  c.update(prompts_per_step=8, iterations=iterations, eval_every=2, eval_size=16)
+  c.update(eval_samples=0, checkpoint_every=1, reward_workers=0, progress=False)
+  c.tensorboard = False
+  if env == "calculator":
+    with c.unlocked():
+      c.env.name, c.env.kwargs = "calculator", {}
+  if not (workdir / "checkpoints").exists():
+    runs._copy_warm_start(runs.WARM_STARTS / "calculator_tiny", workdir, fresh=True)
+  return train.run(c, workdir, log=lambda _: None)
+
+
+def test_training_through_verifiers_equals_the_in_process_run_across_a_resume(tmp_path):
+  """Same rows, same warm start, same seed: the in-process calculator for 2 iterations;
+  the verifiers environment's rollouts for 1, then resumed to 2. Every untimed metric is
+  equal, float for float (rewards, turns, losses, the held-out accuracy after the second)."""
+  local = _run(tmp_path / "local", iterations=2, env="calculator")
+  _run(tmp_path / "vf", iterations=1, env="verifiers")
+  remote = _run(tmp_path / "vf", iterations=2, env="verifiers")
+  runs.assert_episodes_resume_equal(tmp_path / "local", tmp_path / "vf", (local, remote))
