@@ -124,8 +124,15 @@ def test_the_hyperparameters_are_declared_config_keys():
   }
   with pytest.raises(ValueError, match=r"distill_discount=2.0: must be a number in \[0, 1\]"):
     advantages.declared_values("distill", {"distill_discount": 2.0})
+  # At group size 1 the teacher's term trains alone or beside a batch-level base; a group
+  # base there adds only zeros (its own baseline), so that mix is refused at build.
   assert advantages.works_without_groups("distill", {})
+  assert advantages.works_without_groups("distill", {"base": "batch_mean"})
+  assert advantages.works_without_groups("distill", {"base": "batch_mean_std", "base_options": {}})
   assert not advantages.works_without_groups("distill", {"base": "grpo"})
+  assert (
+    "distill(base='none' or a base that works at group size 1)" in advantages.batch_level_names()
+  )
 
 
 # ----------------------------------------------------------------------------

@@ -60,14 +60,15 @@ def _completion_body(path: str, request: dict, text: str) -> dict:
 
 
 class _Transport:
-  """The HTTP transport of one episode's OpenAI client: each request is put on the
-  episode's queue as ("ask", body, reply) and answered with the text set on `reply`."""
+  """The HTTP transport of one episode's OpenAI client (httpx calls these two methods):
+  each request is put on the episode's queue as ("ask", body, reply) and answered with
+  the text set on `reply`."""
 
   def __init__(self, events: asyncio.Queue):
     self.events = events
 
   async def handle_async_request(self, request):
-    import httpx  # noqa: PLC0415 -- openai's HTTP library, installed with it.
+    import httpx  # noqa: PLC0415
 
     body = json.loads(await request.aread())
     reply = asyncio.get_running_loop().create_future()
@@ -80,11 +81,11 @@ class _Transport:
 
 
 def _client(events: asyncio.Queue):
-  import httpx  # noqa: PLC0415
+  """A real OpenAI client whose requests are this episode's turns (`_Transport`)."""
+  import httpx  # noqa: PLC0415 -- openai's HTTP library, installed with it.
   import openai  # noqa: PLC0415 -- verifiers' dependency.
 
-  transport = type("EpisodeTransport", (_Transport, httpx.AsyncBaseTransport), {})(events)
-  http = httpx.AsyncClient(transport=transport, timeout=None)
+  http = httpx.AsyncClient(transport=_Transport(events), timeout=None)
   return openai.AsyncOpenAI(
     api_key="none", base_url="http://episode.invalid/v1", http_client=http, max_retries=0
   )

@@ -47,7 +47,8 @@ class Traits:
   needs_old_logp: it reads π_old's distribution (the optimal baselines' score norms), so
     rl.recompute_old_logp=False is refused.
   batch_level: it gives non-zero advantages with one rollout per prompt (its baseline is
-    not the group's): True, or the options that make it so ({"scope": "batch"}).
+    not the group's): True, the options that make it so ({"scope": "batch"}), or a
+    function of its options (defaults filled in) whose docstring says which.
   metrics: fn(inputs, hyper, **options) -> {name: scalar}, its own metrics (logged beside
     the others), or None.
   check: fn(**options) that raises on bad option values before anything is traced, or None.
@@ -63,7 +64,7 @@ class Traits:
   """
 
   needs_old_logp: bool = False
-  batch_level: bool | dict = False
+  batch_level: bool | dict | Callable = False
   metrics: Callable | None = None
   check: Callable | None = None
   reads_counterfactuals: bool = False
@@ -591,6 +592,12 @@ def _check_distill(*, base: str = "none", base_options=None) -> None:
     REGISTRY.make(base, **dict(base_options or {}))
 
 
+def _distill_batch_level(options: dict) -> bool:
+  """base='none' or a base that works at group size 1"""
+  base = options.get("base", "none")
+  return base == "none" or works_without_groups(base, dict(options.get("base_options") or {}))
+
+
 def _teacher_term(inputs: AdvantageInputs):
   """d_{i,t} = m_{i,t}·(log π_T(o_{i,t}) − log π_old(o_{i,t})) (float32) and the token mask."""
   if inputs.teacher_logp_BT is None or inputs.old_logp_BT is None:
@@ -628,7 +635,7 @@ def distill_stats(inputs: AdvantageInputs, hyper: AdvantageHyper, **options):
 @REGISTRY.register(
   "distill",
   needs_teacher=True,
-  batch_level={"base": "none"},
+  batch_level=_distill_batch_level,
   check=_check_distill,
   metrics=distill_stats,
   hyper={
@@ -676,8 +683,10 @@ def works_without_groups(name: str, options: dict) -> bool:
   `Traits.batch_level`); every other one gives A = 0 there (a singleton group is its own
   baseline) and trains nothing."""
   level = REGISTRY.traits(name).batch_level
+  options = {**_keyword_defaults(REGISTRY.get(name)), **options}
+  if callable(level):
+    return bool(level(options))
   if isinstance(level, dict):
-    options = {**_keyword_defaults(REGISTRY.get(name)), **options}
     return all(options.get(k) == v for k, v in level.items())
   return bool(level)
 
@@ -695,7 +704,9 @@ def batch_level_names() -> list[str]:
   out = []
   for name in REGISTRY.names():
     level = REGISTRY.traits(name).batch_level
-    if isinstance(level, dict):
+    if callable(level):
+      out.append(f"{name}({level.__doc__})")
+    elif isinstance(level, dict):
       out.append(f"{name}({', '.join(f'{k}={v!r}' for k, v in level.items())})")
     elif level:
       out.append(name)
