@@ -6,7 +6,7 @@ Commands (from the repo root, after `pip install -e .`):
   grpo-jax --config=configs/gsm8k_qwen.py:1.5b --workdir=$HOME/gcs/gsm8k_15b \\
       --config.hf_dir=/models/Qwen2.5-1.5B-Instruct
   grpo-jax --config=configs/gsm8k_qwen.py:tiny --workdir=/tmp/gsm8k_tiny   # CPU, ~1 minute
-$HOME/gcs is a GCS bucket mounted with gcsfuse on every host (README, "TPU VM
+$HOME/gcs is a GCS bucket mounted with gcsfuse on every host (docs/tpu.md, "TPU VM
 slices"). `hf_dir` is a local directory with config.json, *.safetensors and tokenizer files
 (e.g. `huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct --local-dir /models/...`).
 `manual_dir` holds GSM8K's official train.jsonl and test.jsonl; without it they are

@@ -1,5 +1,5 @@
 """IBPO on long addition: process-level credit from a leave-one-out prefix baseline over the
-group's trajectories and counterfactual branches (arXiv 2605.16302; README, "IBPO").
+group's trajectories and counterfactual branches (arXiv 2605.16302; docs/ibpo.md).
 
   A_{i,t} = (n_g − 1)/n_g · (r_i − b_{i,t}) / (σ_g + ε)        (rl.advantage = "ibpo")
   b_{i,t} = (1 − λ)·r̄_{−i} + λ·φ_{−i}(o_{i,<t})
@@ -43,7 +43,7 @@ metrics.jsonl logs ibpo/kept_pair_frac, ibpo/edit_distance_mean, ibpo/distance_f
 ibpo/comparison_abs_mean and ibpo/terminal_comparison_corr each iteration. Whether IBPO
 lowers the gradient variance or learns faster than GRPO at equal generated tokens is
 measured by `python experiments/reproduce.py --claims ibpo_loo_variance,ibpo_loo_accuracy`
-(README, "Seed claims, reproduced"): those figures, not this docstring, are the result.
+(docs/claims.md): those figures, not this docstring, are the result.
 """
 
 import importlib.util

@@ -6,7 +6,7 @@ Commands (from the repo root, after `pip install -e .`):
   grpo-jax --config=configs/math_qwen.py:7b --workdir=$HOME/gcs/math_7b \\
       --config.hf_dir=/models/Qwen2.5-7B-Instruct
   grpo-jax --config=configs/math_qwen.py:tiny --workdir=/tmp/math_tiny     # CPU, ~1 minute
-$HOME/gcs is a GCS bucket mounted with gcsfuse on every host (README, "TPU VM
+$HOME/gcs is a GCS bucket mounted with gcsfuse on every host (docs/tpu.md, "TPU VM
 slices"). `manual_dir` holds the official files: MATH/{train,test}/<subject>/*.json (or MATH.tar)
 and PRM800K's math_splits/test.jsonl (MATH-500); without them they are downloaded.
 Answers are verified by `grpo_jax.verifiers.math_verify` (\\boxed{...} extraction, LaTeX

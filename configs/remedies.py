@@ -26,7 +26,7 @@ minutes on a 2-core CPU):
 
 Expected result: each variant trains and logs its remedy's own metrics (masked_frac/...,
 m_S / m_F, lambda_f); what each does to accuracy, drift and cancellation at this scale is
-measured with 3 seeds by `python experiments/reproduce.py` (README, "Seed claims,
+measured with 3 seeds by `python experiments/reproduce.py` (docs/claims.md, "Seed claims,
 reproduced"). Those measured figures, not this docstring, are the results.
 """
 

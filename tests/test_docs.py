@@ -1,4 +1,5 @@
-"""The README's example and the colabs run as written (on their tiny configs)."""
+"""The manual's examples (README.md and docs/, `manual`) and the colabs run as written (on
+their tiny configs)."""
 
 import ast
 import json
@@ -6,6 +7,8 @@ import pathlib
 import re
 
 import pytest
+
+from tests import manual
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -15,8 +18,8 @@ def _run(source: str):
 
 
 def test_readme_python_example_runs():
-  blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
-  assert blocks, "README.md has no python example"
+  blocks = re.findall(r"```python\n(.*?)```", manual.text(), flags=re.S)
+  assert blocks, "the manual has no python example"
   for block in blocks:
     _run(block)
 
@@ -79,10 +82,10 @@ def _variant_registries():
 def test_readme_tables_name_every_registered_variant():
   from grpo_jax.rl import presets  # noqa: PLC0415
 
-  readme = (ROOT / "README.md").read_text()
+  text = manual.text()
   for reg in (*_variant_registries(), presets.REGISTRY):
-    missing = [name for name in reg.names() if f"`{name}`" not in readme]
-    assert not missing, f"README.md lacks the {reg.kind} names {missing}"
+    missing = [name for name in reg.names() if f"`{name}`" not in text]
+    assert not missing, f"the manual lacks the {reg.kind} names {missing}"
 
 
 def test_every_registered_function_documents_its_formula_and_source():

@@ -1,8 +1,9 @@
-"""The README as a new user follows it: every command it shows parses and its config
-builds, it names only what the repository has, the notebook snippet runs as a script, and
-the "Write your own task" file and command train as written.
+"""The manual (README.md and the documentation site's pages, `manual`) as a new user
+follows it: every command it shows parses and its config builds, it names only what the
+repository has, the notebook snippet runs as a script, and the "Write your own task" file
+and command train as written.
 
-The two runs are the README's own text with smaller sizes appended (one iteration, no
+The two runs are the manual's own text with smaller sizes appended (one iteration, no
 warm start): what a newcomer copies is what runs here."""
 
 import json
@@ -17,10 +18,10 @@ from absl import flags
 
 from grpo_jax import build, cli, main  # noqa: F401 -- main defines the command's flags.
 from grpo_jax.envs import openenv_env
-from tests import subproc
+from tests import manual, subproc
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
+README = manual.text()  # Every page: README.md, then docs/.
 GENERATED = re.compile(r"<!-- reproductions:start.*?<!-- reproductions:end -->", re.S)
 # A run of the README's configs in seconds: appended to what the README says.
 SMALL = dict(
@@ -91,14 +92,20 @@ def test_every_readme_command_parses_and_its_config_builds(command, monkeypatch)
 
 
 def test_the_readme_names_only_what_the_repository_has():
-  text = GENERATED.sub("", README)  # The claims table is generated from experiments/.
-  assert "RESEARCH.md" not in text and "REPO_URL" not in text
-  assert not re.findall(r"\bissue \d+", text, flags=re.I)
-  paths = set(
-    re.findall(r"(?<![\w/.])((?:grpo_jax|configs|experiments|tests|colabs)/[\w./-]*\w)", README)
-  )
-  missing = sorted(p for p in paths if not (ROOT / p).exists())
-  assert not missing, f"README.md names paths the repository lacks: {missing}"
+  """No page names a path the repository lacks, an internal issue number or the research
+  notes (the claims table, generated from experiments/, is left out)."""
+  for page in manual.pages():
+    text = GENERATED.sub("", page.read_text())
+    where = page.relative_to(ROOT)
+    assert "RESEARCH.md" not in text and "REPO_URL" not in text, where
+    assert not re.findall(r"\bissue \d+", text, flags=re.I), where
+    paths = set(
+      re.findall(
+        r"(?<![\w/.])((?:grpo_jax|configs|experiments|tests|colabs|docs)/[\w./-]*\w)", text
+      )
+    )
+    missing = sorted(p for p in paths if not (ROOT / p).exists())
+    assert not missing, f"{where} names paths the repository lacks: {missing}"
 
 
 def _run_python(script: pathlib.Path, *args, cwd) -> subprocess.CompletedProcess:
@@ -135,7 +142,7 @@ def test_the_notebook_snippet_runs_as_a_script_with_reward_workers(tmp_path):
 def test_the_write_your_own_task_section_trains_as_written(tmp_path):
   """The section's file, saved as my_task.py, and its command: the task class lives in
   the config file, and the reward workers import it from there."""
-  section = README.split("## Write your own task", 1)[1].split("\n## ", 1)[0]
+  section = manual.page("own-task.md")
   (task_file,) = re.findall(r"```py\n(.*?)```", section, flags=re.S)
   (command,) = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
   (tmp_path / "my_task.py").write_text(task_file)

@@ -1,5 +1,5 @@
 """experiments/reproduce.py and evidence.py: the statistics by hand, the verdict rules, the result schema of a
---quick run, and the README table in sync with the committed JSON."""
+--quick run, and the docs' claims table in sync with the committed JSON."""
 
 import json
 import math
@@ -186,9 +186,9 @@ def test_ibpo_variance_measures_every_arm_on_the_trainer_path():
 
 
 def test_readme_table_is_generated_from_the_committed_json():
-  readme = (ROOT / "README.md").read_text()
-  start = readme.index(reproduce.README_START) + len(reproduce.README_START)
-  section = readme[start : readme.index(reproduce.README_END)]
+  page = reproduce.TABLE_PAGE.read_text()
+  start = page.index(reproduce.TABLE_START) + len(reproduce.TABLE_START)
+  section = page[start : page.index(reproduce.TABLE_END)]
   prefix = reproduce.DEFAULT_OUT.relative_to(ROOT).as_posix() + "/"
   assert section == "\n" + reproduce.table(reproduce.DEFAULT_OUT, link_prefix=prefix)
   committed = list(reproduce.DEFAULT_OUT.glob("*.json"))

@@ -26,7 +26,7 @@ Integrity (`restore_latest`, `damage`, `check`):
   is all a checksum here is for, at 17 GB/s on one core of this 2-core CPU against
   0.9 GB/s for hashlib's blake2b and 1.1 GB/s for sha256 (blake2b would cost a 6 GB
   checkpoint ~7 s, xxh3 ~0.4 s); it runs in orbax's background thread and releases the
-  GIL. Measured per save (experiments/bench_checkpoint_hash.py; README, "Reliability"):
+  GIL. Measured per save (experiments/bench_checkpoint_hash.py; docs/reliability.md):
   0.35 ms of a 254 ms save for the tiny config's 1.4 MB checkpoint, 8 ms of 304 ms for
   62 MB.
 - On restore the step's files are checked against the manifest first, so damaged bytes

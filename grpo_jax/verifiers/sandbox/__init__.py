@@ -136,7 +136,7 @@ working directory is a fresh temporary one), reach the network, see other proces
 escape the kill by calling setsid(). Use "none" only for trusted code or tests.
 
 Cost: one ``python -I -S`` start, three forks and a control group per call:
-experiments/bench_sandbox.py measures it (README, "Benchmarks").
+experiments/bench_sandbox.py measures it (docs/benchmarks.md).
 """
 
 from grpo_jax.verifiers.sandbox.layout import visible
