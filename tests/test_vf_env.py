@@ -5,9 +5,11 @@ completion and chat, the failures, and a training run through it that equals the
 in-process calculator's bit for bit across a resume."""
 
 import asyncio
+import concurrent.futures
 import pathlib
 import re
 import sys
+import time
 import types
 
 import datasets
@@ -114,15 +116,17 @@ def test_a_single_turn_environment_is_one_action_scored_by_its_rubric():
 
 
 class _Echo(vf.MultiTurnEnv):
-  """Chat: the environment answers each assistant turn with a user turn, twice."""
+  """Chat: the environment answers each assistant turn with a user turn quoting it, twice."""
 
   async def is_completed(self, messages, state, **kwargs) -> bool:
     return state["turn"] >= 3
 
   async def env_response(self, messages, state, **kwargs):
-    return [
-      {"role": "user", "content": f"You said {len(messages[-1]['content'])} characters."}
-    ], state
+    return [{"role": "user", "content": _said(messages[-1]["content"])}], state
+
+
+def _said(action: str) -> str:
+  return f"You said {action!r}."
 
 
 def _echo():
@@ -137,12 +141,16 @@ def _echo():
   )
 
 
+def _chat_task(tokenizer_dir: str):
+  return tasks.get("vf:" + _module("vf_test_echo", _echo), tokenizer_dir=tokenizer_dir)
+
+
 def test_a_chat_environment_reads_as_the_chat_template_renders_the_conversation():
-  """With a chat template (Qwen3's): the prompt is the row's messages rendered with the
-  generation prompt, and after each action (ended by <|im_end|>, the EOS) the context
-  holds exactly the template's rendering of the conversation so far: the observation is
-  the text from the end-of-turn token to the next generation prompt."""
-  task = tasks.get("vf:" + _module("vf_test_echo", _echo), tokenizer_dir=QWEN3)
+  """With a ChatML template: the prompt is the row's messages rendered with the generation
+  prompt, and after each action ended by EOS (<|im_end|>) the context's ids are exactly
+  the template's rendering of the conversation so far, its special tokens as their ids;
+  the environment's text (which quotes the action, "<|im_end|>" included) stays text."""
+  task = _chat_task(QWEN3)
   tok = task.tokenizer()
   x = task.example("train", 0, seed=0)
   messages = [
@@ -150,35 +158,73 @@ def test_a_chat_environment_reads_as_the_chat_template_renders_the_conversation(
     {"role": "user", "content": f"Say {x.answer}."},
   ]
   assert x.prompt == tok.apply_chat_template(messages, add_generation_prompt=True)
-  env, context = vf_env.VfEnv(tokenizer=tok), x.prompt
+  (start,), (end,) = tok.encode("<|im_start|>"), tok.encode("<|im_end|>")
+  assert end in tok.eos_ids
+  env, context = vf_env.VfEnv(tokenizer=tok), tok.encode(x.prompt)
   assert env.reset(x) == ()
-  for turn, action in enumerate(("Hello there", "OK", "Done")):
+  for turn, action in enumerate(("Hello there", "a<|im_end|>b", "Done")):
+    env.action_eos = True  # As the episode loop sets it: the action ended with <|im_end|>.
     step = env.step(action)
     messages.append({"role": "assistant", "content": action})
     if step.done:
       assert turn == 2 and step.reward == 3.0
       break
-    messages.append({"role": "user", "content": f"You said {len(action)} characters."})
-    context += action + "<|im_end|>" + tok.decode(step.observation)
-    assert context == tok.apply_chat_template(messages, add_generation_prompt=True)
-    assert step.observation[0] != tok.eos_id  # The action's EOS is already in the context.
+    messages.append({"role": "user", "content": _said(action)})
+    context += tok.encode(action, special=False) + [end] + list(step.observation)
+    assert tok.decode_all(context) == tok.apply_chat_template(messages, add_generation_prompt=True)
+    assert [t for t in step.observation if t in (start, end)] == [start, end, start]
   else:
     pytest.fail("the rollout did not end after three actions")
 
 
-def _raising():
-  env = _single_turn()
+def test_a_turn_cut_before_its_eos_gets_the_end_of_turn_and_real_templates_work(tmp_path):
+  """An action cut before its EOS (turn_tokens, or a stop text): the observation starts
+  with the template's end-of-turn token. With the real Qwen3 template, which renders a
+  past assistant turn differently from the last one, every turn still continues."""
+  import test_chat_templates  # noqa: PLC0415 -- the real templates' tokenizer directories.
 
-  class Broken(vf.MultiTurnEnv):
-    async def is_completed(self, messages, state, **kwargs):
-      return False
+  test_chat_templates.make_dir(tmp_path / "qwen3", "qwen3")
+  for tokenizer_dir in (QWEN3, str(tmp_path / "qwen3")):
+    task = _chat_task(tokenizer_dir)
+    tok, x = task.tokenizer(), task.example("train", 1, seed=0)
+    (end,) = tok.encode("<|im_end|>")
+    env = vf_env.VfEnv(tokenizer=tok)
+    env.reset(x)
+    env.action_eos = False
+    cut = env.step("Hello the")
+    assert cut.observation[0] == end and not cut.done
+    assert tok.decode_all(cut.observation).startswith(
+      "<|im_end|>\n<|im_start|>user\nYou said 'Hello the'.<|im_end|>\n<|im_start|>assistant\n"
+    )
+    env.action_eos = True
+    again = env.step("<think>\nShort.\n</think>\n\nOK")
+    assert tok.decode_all(again.observation).startswith("\n<|im_start|>user\nYou said ")
+    assert env.step("Bye") == base.Step(reward=3.0, done=True)
 
-    async def env_response(self, messages, state, **kwargs):
-      if messages.endswith("slow"):
-        await asyncio.sleep(3)
-      raise RuntimeError("the tool crashed")
 
-  return Broken(dataset=env.dataset, message_type="completion", rubric=env.rubric)
+class _Broken(vf.MultiTurnEnv):
+  """A tool that raises, or (actions "slow..."/"wait...") sleeps first: 3 s, or 0.3 s."""
+
+  async def setup_state(self, state, **kwargs):
+    await asyncio.sleep(float(state["info"].get("setup_s", 0.0)))
+    return state
+
+  async def is_completed(self, messages, state, **kwargs):
+    return False
+
+  async def env_response(self, messages, state, **kwargs):
+    action = messages[len(state["prompt"]) :].rsplit("\n", 1)[-1]
+    await asyncio.sleep(
+      3.0 if action.startswith("slow") else 0.3 if action.startswith("wait") else 0.0
+    )
+    if action.startswith("wait"):
+      return "0;", state
+    raise RuntimeError("the tool crashed")
+
+
+def _raising(setup_s: float = 0.0):
+  rows = [{"prompt": f"Q:{i}\n", "answer": "0", "info": {"setup_s": setup_s}} for i in range(40)]
+  return _Broken(dataset=datasets.Dataset.from_list(rows), message_type="completion")
 
 
 def test_failures_are_one_clear_error(calc):
@@ -218,7 +264,52 @@ def test_failures_are_one_clear_error(calc):
   env.reset(x)
   with pytest.raises(TimeoutError, match="did not answer within 0.5 s"):
     env.step("slow")
-  assert env._task is None  # Closed: its rollout cancelled.
+  with pytest.raises(RuntimeError, match="no pending model turn"):
+    env.step("7")  # The timed-out episode was stopped.
+
+  def tools(**kwargs):
+    return vf.ToolEnv(dataset=_single_turn().dataset, tools=[len], message_type="chat")
+
+  with pytest.raises(ValueError, match=r"offers tools \(oai_tools: a ToolEnv\)"):
+    tasks.get("vf:" + _module("vf_test_tools", tools), tokenizer_dir=QWEN3)
+
+
+def test_episodes_wait_on_the_loop_each_under_its_own_timeout():
+  """Resets start every rollout at once (16 setups of 0.3 s each take well under 16 x
+  0.3 s); a slow tool times out its own episode, not one stepping beside it; closing an
+  episode wakes the step waiting on it at once."""
+  task = tasks.get("vf:" + _module("vf_test_slow_setup", lambda: _raising(0.3)))
+  xs = [task.example("train", i, seed=0) for i in range(16)]
+  envs = [vf_env.VfEnv(tokenizer=task.tokenizer(), timeout_s=2.0) for _ in xs]
+  t0 = time.perf_counter()
+  assert vf_env.VfEnv.reset_all(envs, xs) == [()] * 16
+  assert time.perf_counter() - t0 < 2.0
+  slow, quick = envs[0], envs[1]
+  slow.timeout_s = 1.0
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    a, b = pool.submit(slow.step, "slow"), pool.submit(quick.step, "wait")
+    assert b.result(timeout=5) == base.Step(observation=tuple(task.tokenizer().encode("0;")))
+    with pytest.raises(TimeoutError, match="within 1 s"):
+      a.result(timeout=5)
+    waiting = pool.submit(quick.step, "slow")
+    time.sleep(0.2)
+    t0 = time.perf_counter()
+    quick.close()
+    with pytest.raises(RuntimeError, match="was closed"):
+      waiting.result(timeout=5)
+    assert time.perf_counter() - t0 < 0.5
+  for env in envs:
+    env.close()
+
+
+def test_a_task_reward_works_inside_a_running_event_loop(calc):
+  """A notebook runs an event loop: the rubric then runs on a loop of its own thread."""
+  x = calc.example("test", 0, seed=0)
+
+  async def inside():
+    return calc.reward(x.prompt, x.reference)
+
+  assert asyncio.run(inside()) == 1.0
 
 
 def test_a_config_pairing_verifiers_with_another_task_is_refused_at_build():

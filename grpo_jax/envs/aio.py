@@ -9,6 +9,7 @@ steps. The episode loop's step threads (`stepping`) wait on their own episode's 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 
 _LOOP: asyncio.AbstractEventLoop | None = None
@@ -31,9 +32,9 @@ def call(coro, timeout_s: float):
   future = asyncio.run_coroutine_threadsafe(coro, loop())
   try:
     return future.result(timeout=timeout_s)
-  except TimeoutError:
+  except (TimeoutError, concurrent.futures.TimeoutError):  # One class from Python 3.11 on.
     future.cancel()
-    raise
+    raise TimeoutError(f"no result within {timeout_s:g} s") from None
 
 
 def spawn(coro) -> None:

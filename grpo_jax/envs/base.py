@@ -50,6 +50,9 @@ class Environment(abc.ABC):
   def __init__(self, *, tokenizer):
     self.tokenizer = tokenizer
     self.label = ""  # The episode's outcome label, set by `step` (one of `outcomes`).
+    # Set by the episode loop before each `step`: whether the action ended with an EOS id,
+    # which is in the context but not in the action's text (a chat template's end of turn).
+    self.action_eos = False
 
   @abc.abstractmethod
   def reset(self, example) -> Sequence[int]:

@@ -656,6 +656,7 @@ class Runner:
       if rows.t_N[i] >= T and not stopped:
         rows.end_N[i] = TOKEN_LIMIT
         continue
+      rows.envs[i].action_eos = stopped and int(action_ids[-1]) in self.tokenizer.eos_ids
       try:
         acting.append((i, self.tokenizer.decode(action_ids)))
       except Exception as err:  # noqa: BLE001 -- any environment failure ends the episode.

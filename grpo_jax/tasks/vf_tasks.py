@@ -34,6 +34,7 @@ installed version.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import functools
 import inspect
@@ -92,6 +93,12 @@ def load(env_id: str, env_args: str = "{}"):
       f"({', '.join(ROLLOUT_ARGS)}, ...) that grpo_jax drives (installed verifiers "
       f"{getattr(vf, '__version__', '?')}): pip install 'verifiers>=0.1.3,<0.1.8'."
     )
+  if getattr(env, "oai_tools", None):
+    raise ValueError(
+      f"task 'vf:{env_id}' offers tools (oai_tools: a ToolEnv): their calls need the chat "
+      "template's tool format, which grpo_jax's verifiers adapter does not parse; write the "
+      "tool as an env_response that reads the action's text (grpo_jax/envs/vf_calculator.py)."
+    )
   if env.message_type not in ("chat", "completion"):
     raise ValueError(
       f"task 'vf:{env_id}': message_type {env.message_type!r} is not chat/completion."
@@ -123,8 +130,14 @@ def _score_state() -> dict:
 
 
 def run(coro):
-  """`coro`'s result, on a fresh event loop (a rubric called from a reward thread)."""
-  return asyncio.run(coro)
+  """`coro`'s result on a fresh event loop: in this thread, or in another when this one
+  already runs a loop (a notebook's)."""
+  try:
+    asyncio.get_running_loop()
+  except RuntimeError:
+    return asyncio.run(coro)
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    return pool.submit(asyncio.run, coro).result()
 
 
 class VfTask(base.Task):
