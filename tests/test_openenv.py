@@ -234,11 +234,11 @@ def test_the_committed_learning_record_is_its_json_and_learns_identically():
   """experiments/results/openenv/calculator_tiny (the full run: ~9 minutes, not in CI):
   its markdown is the script's rendering of its JSON, the arms agree on every untimed
   metric, and the run through the server learns."""
-  import openenv_calculator  # noqa: PLC0415 -- experiments/ is on sys.path.
+  import env_adapters  # noqa: PLC0415 -- experiments/ is on sys.path.
 
-  out = openenv_calculator.OUT
+  out = env_adapters.ADAPTERS["openenv"]["out"]
   record = json.loads(out.with_suffix(".json").read_text())
-  assert out.with_suffix(".md").read_text() == openenv_calculator.markdown(record)
+  assert out.with_suffix(".md").read_text() == env_adapters.markdown(record)
   summary = record["summary"]
   assert summary["identical"] and summary["differing_keys"] == []
   curve = summary["arms"]["openenv"]["curve"]

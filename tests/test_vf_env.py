@@ -6,6 +6,7 @@ in-process calculator's bit for bit across a resume."""
 
 import asyncio
 import concurrent.futures
+import json
 import pathlib
 import re
 import sys
@@ -347,3 +348,20 @@ def test_training_through_verifiers_equals_the_in_process_run_across_a_resume(tm
   _run(tmp_path / "vf", iterations=1, env="verifiers")
   remote = _run(tmp_path / "vf", iterations=2, env="verifiers")
   runs.assert_episodes_resume_equal(tmp_path / "local", tmp_path / "vf", (local, remote))
+
+
+def test_the_committed_learning_record_is_its_json_and_learns_identically():
+  """experiments/results/verifiers/calculator_tiny (`experiments/env_adapters.py --adapter
+  verifiers`, the full run: not in CI): its markdown is the script's rendering of its JSON,
+  the arms agree on every untimed metric, and the run through verifiers learns."""
+  import env_adapters  # noqa: PLC0415 -- experiments/ is on sys.path.
+
+  out = env_adapters.ADAPTERS["verifiers"]["out"]
+  record = json.loads(out.with_suffix(".json").read_text())
+  assert record["adapter"] == "verifiers"
+  assert out.with_suffix(".md").read_text() == env_adapters.markdown(record)
+  summary = record["summary"]
+  assert summary["identical"] and summary["differing_keys"] == []
+  curve = summary["arms"]["verifiers"]["curve"]
+  assert curve == summary["arms"]["in_process"]["curve"] and curve[-1][1] > curve[0][1]
+  assert [r["iteration"] for r in record["lines"]["verifiers"]] == list(range(201))
