@@ -19,8 +19,9 @@ import runs
 import verifiers as vf
 
 from grpo_jax import build, tasks, train
-from grpo_jax.envs import base, calculator, vf_env
+from grpo_jax.envs import aio, base, calculator, vf_calculator, vf_env
 from grpo_jax.infra import config_lib
+from grpo_jax.tasks import vf_tasks
 
 CALC = "grpo_jax.envs.vf_calculator"  # The calculator as a verifiers MultiTurnEnv.
 SMALL = dict(size=64, eval_size=16)
@@ -365,3 +366,65 @@ def test_the_committed_learning_record_is_its_json_and_learns_identically():
   curve = summary["arms"]["verifiers"]["curve"]
   assert curve == summary["arms"]["in_process"]["curve"] and curve[-1][1] > curve[0][1]
   assert [r["iteration"] for r in record["lines"]["verifiers"]] == list(range(201))
+
+
+def test_the_shared_loop_runs_coroutines_and_times_them_out():
+  """envs.aio: one loop thread for every environment; a result, an exception, and a
+  timeout that cancels the coroutine and says so (the same class on every Python)."""
+  assert aio.loop() is aio.loop() and aio.loop().is_running()
+
+  async def twice(x):
+    return 2 * x
+
+  async def fail():
+    raise KeyError("boom")
+
+  cancelled = []
+
+  async def forever():
+    try:
+      await asyncio.sleep(60)
+    except asyncio.CancelledError:
+      cancelled.append(True)
+      raise
+
+  assert aio.call(twice(21), 5.0) == 42
+  with pytest.raises(KeyError, match="boom"):
+    aio.call(fail(), 5.0)
+  with pytest.raises(TimeoutError, match="no result within 0.2 s"):
+    aio.call(forever(), 0.2)
+  time.sleep(0.1)
+  assert cancelled == [True]
+
+
+def test_rows_carry_their_fields_and_arguments_are_canonical():
+  """vf_tasks: env_args as sorted JSON (one cache entry per set of arguments), a row's
+  missing task and info filled in and JSON info read; vf_calculator's rubric scores a bare
+  transcript by its last action."""
+  assert (
+    vf_tasks.args_json({"b": 1, "a": [2]})
+    == '{"a": [2], "b": 1}'
+    == vf_tasks.args_json({"a": [2], "b": 1})
+  )
+  with pytest.raises(ValueError, match="must be JSON values"):
+    vf_tasks.args_json({"f": len})
+
+  class Rows:
+    dataset = [
+      {"prompt": "Q:1\n", "answer": 7, "info": '{"reference": "A:7."}'},
+      {"prompt": "Q:2\n"},
+    ]
+
+  assert vf_tasks.row(Rows, "dataset", 0) == {
+    "prompt": "Q:1\n", "answer": "7", "task": "default", "info": {"reference": "A:7."}
+  }  # fmt: skip
+  assert (
+    vf_tasks.row(Rows, "dataset", 1)["info"] == {}
+    and vf_tasks.row(Rows, "dataset", 1)["answer"] == ""
+  )
+  state = vf_tasks._score_state()
+  assert vf_calculator.correct_answer("T:2+3=5;A:5.", "5", state) == 1.0
+  assert vf_calculator.correct_answer("T:2+3=5;A:6.", "5", state) == 0.0
+  assert vf_calculator.correct_answer("A:5. and more", "5", state) == 0.0
+  env = vf_calculator.load_environment(size=8, eval_size=4)
+  assert (len(env.dataset), len(env.eval_dataset), env.message_type) == (8, 4, "completion")
