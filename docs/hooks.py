@@ -3,7 +3,9 @@
 - the committed results under experiments/results/ (Markdown reports and their plots)
   become files of the site at the same paths: a page links to experiments/results/... as
   the repository does, and the site shows the committed files themselves;
-- the home page is README.md, its links into docs/ made relative to the site.
+- the home page is README.md, its links into docs/ made relative to the site;
+- results.md, the index of every committed report (`results_index`), is generated at
+  each build from the files themselves, so it cannot miss one.
 """
 
 import pathlib
@@ -14,8 +16,32 @@ from mkdocs.structure import files as mkfiles
 KINDS = (".md", ".png", ".svg")
 
 
+def results_index(root: pathlib.Path) -> str:
+  """A page listing every report under experiments/results/ by folder, each by its title
+  (its first "# " line)."""
+  results = root / "experiments" / "results"
+  lines = [
+    "# Every committed result",
+    "",
+    "Generated when the site is built (`docs/hooks.py`) from the reports committed under",
+    "`experiments/results/`: each links to the report itself, with its date, machine and",
+    "the command that made it.",
+  ]
+  folder = None
+  for path in sorted(results.rglob("*.md")):
+    here = path.parent.relative_to(results).as_posix()
+    if here != folder:
+      lines += ["", f"## {here}", ""]
+      folder = here
+    heads = [x[2:].strip() for x in path.read_text().splitlines() if x.startswith("# ")]
+    title = heads[0] if heads else path.stem
+    lines.append(f"- [{title}]({path.relative_to(root).as_posix()})")
+  return "\n".join(lines) + "\n"
+
+
 def on_files(files, config):
   root = pathlib.Path(config["config_file_path"]).parent
+  files.append(mkfiles.File.generated(config, "results.md", content=results_index(root)))
   for path in sorted((root / "experiments" / "results").rglob("*")):
     if path.suffix in KINDS:
       files.append(

@@ -96,3 +96,16 @@ def test_every_registered_function_documents_its_formula_and_source():
       assert re.search(r"Source|arXiv|verl|Schulman|\d{4}\.\d{5}", doc), (
         f"{reg.kind} {name!r}: no source"
       )
+
+
+def test_the_real_models_snippet_runs_on_a_checkpoint_directory():
+  """docs/real-models.md's loading snippet, with `d` a small Qwen3 checkpoint directory
+  (tests/fixtures/hf/qwen3): the config, params, tokenizer and the verifier it shows."""
+  (block,) = [
+    b for b in re.findall(r"```py\n(.*?)```", manual.text(), flags=re.S) if "read_config(d)" in b
+  ]
+  scope = {"__name__": "__doc__", "d": str(ROOT / "tests" / "fixtures" / "hf" / "qwen3")}
+  exec(compile(block, "<docs/real-models.md>", "exec"), scope)
+  assert scope["cfg"].n_layers >= 1 and scope["params"] and scope["ids"]
+  verdict = re.search(r'^math_verify\.verify\((.*)\)\s+# "(\w+)"$', block, flags=re.M)
+  assert verdict and eval(f"math_verify.verify({verdict.group(1)})", scope) == verdict.group(2)  # noqa: S307
