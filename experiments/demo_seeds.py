@@ -42,6 +42,14 @@ def cpu_model() -> str:
   return platform.processor() or "unknown"
 
 
+def write_record(out: pathlib.Path, record: dict, markdown) -> None:
+  """out.json (the record) and out.md (`markdown(record)`), printed too."""
+  out.parent.mkdir(parents=True, exist_ok=True)
+  out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
+  out.with_suffix(".md").write_text(markdown(record))
+  print(markdown(record))
+
+
 def run_seed(seed: int, workdir: pathlib.Path) -> dict:
   c = config_lib.load(CONFIG)
   c.update(seed=seed, progress=False)

@@ -36,7 +36,7 @@ import pathlib
 import tempfile
 import time
 
-from demo_seeds import cpu_model
+from demo_seeds import cpu_model, write_record
 
 from grpo_jax import train
 from grpo_jax.infra import config_lib, logs
@@ -213,10 +213,7 @@ def main(argv=None) -> dict:
     "summary": summarise(students, rows=rows),
   }
   out = pathlib.Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
-  out.with_suffix(".md").write_text(markdown(record))
-  print(markdown(record))
+  write_record(out, record, markdown)
   return record
 
 

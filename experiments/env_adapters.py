@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 
-from demo_seeds import cpu_model
+from demo_seeds import cpu_model, write_record
 
 from grpo_jax import train
 from grpo_jax.envs import openenv_env
@@ -202,6 +202,11 @@ def main(argv=None) -> dict:
   c = config(args.adapter, "in_process", url="", iterations=args.iterations,
              warmstart_steps=args.warmstart_steps)  # fmt: skip
   record = {
+    # A description of one seed's run (the adapter's promise is checked as identity of the
+    # arms' metrics, `summary.identical`): no rule was written before it, none is judged.
+    "claim": None,
+    "verdict": "not judged",
+    "seeds": [c.seed],
     "adapter": args.adapter,
     "date": datetime.date.today().isoformat(),
     "machine": cpu_model(),
@@ -212,10 +217,7 @@ def main(argv=None) -> dict:
     "lines": slim(lines),
   }
   out = pathlib.Path(args.out or ADAPTERS[args.adapter]["out"])
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
-  out.with_suffix(".md").write_text(markdown(record))
-  print(markdown(record))
+  write_record(out, record, markdown)
   return record
 
 

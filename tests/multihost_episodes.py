@@ -9,40 +9,24 @@ metrics.jsonl) and how many calculator environments this process made (each proc
 the episodes of its own rows).
 """
 
-import argparse
 import json
 import pathlib
 
 import jax
+import multihost_run
 import runs
 from jax.experimental import multihost_utils
 
 from grpo_jax import train
 from grpo_jax.envs import calculator
-from grpo_jax.infra import config_lib, distributed
+from grpo_jax.infra import config_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser()
-  parser.add_argument("out")
-  parser.add_argument("workdir")
-  parser.add_argument("--devices", type=int, default=2)
-  parser.add_argument("--process_id", type=int, default=0)
-  parser.add_argument("--processes", type=int, default=1)
-  parser.add_argument("--port", type=int, default=12355)
-  parser.add_argument("--iterations", type=int, default=2)
-  args = parser.parse_args(argv)
-
-  jax.config.update("jax_num_cpu_devices", args.devices)
-  if args.processes > 1:
-    distributed.initialize(
-      "on",
-      coordinator_address=f"localhost:{args.port}",
-      num_processes=args.processes,
-      process_id=args.process_id,
-    )
+  args = multihost_run.process_parser().parse_args(argv)
+  multihost_run.join(args)
   workdir = pathlib.Path(args.workdir)
   if jax.process_index() == 0 and not workdir.exists():
     runs._copy_warm_start(runs.WARM_STARTS / "calculator_tiny", workdir, fresh=True)

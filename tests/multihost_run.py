@@ -29,7 +29,8 @@ from grpo_jax import build, run_state, steps, train  # noqa: E402
 from grpo_jax.infra import checkpoint, distributed, logs  # noqa: E402
 
 
-def main(argv=None):
+def process_parser() -> argparse.ArgumentParser:
+  """The arguments every process of a test's multi-process run takes (`join`)."""
   parser = argparse.ArgumentParser()
   parser.add_argument("out")
   parser.add_argument("workdir")
@@ -38,10 +39,11 @@ def main(argv=None):
   parser.add_argument("--processes", type=int, default=1)
   parser.add_argument("--port", type=int, default=12355)
   parser.add_argument("--iterations", type=int, default=2)
-  parser.add_argument("--mesh", default="2,2,1")
-  parser.add_argument("--base", required=True)
-  args = parser.parse_args(argv)
+  return parser
 
+
+def join(args) -> None:
+  """This process's --devices CPU devices, joined with the others' when --processes > 1."""
   jax.config.update("jax_num_cpu_devices", args.devices)
   if args.processes > 1:
     distributed.initialize(
@@ -50,6 +52,14 @@ def main(argv=None):
       num_processes=args.processes,
       process_id=args.process_id,
     )
+
+
+def main(argv=None):
+  parser = process_parser()
+  parser.add_argument("--mesh", default="2,2,1")
+  parser.add_argument("--base", required=True)
+  args = parser.parse_args(argv)
+  join(args)
   if jax.process_index() == 0 and not pathlib.Path(args.workdir).exists():
     shutil.copytree(args.base, args.workdir)
   multihost_utils.sync_global_devices("workdir ready")

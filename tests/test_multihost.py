@@ -88,15 +88,14 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _launch(out, workdir, base, *, processes, devices, iterations):
-  env = subproc.child_env()
-  port = _free_port()
+def _spawn(script: str, args: list[str], *, processes: int) -> None:
+  """`processes` processes of `script` with `args`, joined on a free localhost port; each
+  must exit 0."""
+  env, port = subproc.child_env(), _free_port()
   procs = [
     subprocess.Popen(
-      [sys.executable, SCRIPT, str(out), str(workdir), "--base", str(base)]
-      + ["--devices", str(devices)]
-      + ["--processes", str(processes), "--process_id", str(i), "--port", str(port)]
-      + ["--iterations", str(iterations), "--mesh", "2,2,1"],
+      [sys.executable, script, *args]
+      + ["--processes", str(processes), "--process_id", str(i), "--port", str(port)],
       env=env,
       cwd=ROOT,
       stdout=subprocess.DEVNULL,
@@ -108,6 +107,11 @@ def _launch(out, workdir, base, *, processes, devices, iterations):
   errors = [p.communicate(timeout=600)[1] for p in procs]
   for p, err in zip(procs, errors, strict=True):
     assert p.returncode == 0, err[-3000:]
+
+
+def _launch(out, workdir, base, *, processes, devices, iterations):
+  args = [str(out), str(workdir), "--base", str(base), "--devices", str(devices)]
+  _spawn(SCRIPT, args + ["--iterations", str(iterations), "--mesh", "2,2,1"], processes=processes)
 
 
 @pytest.fixture(scope="module")
@@ -167,22 +171,7 @@ EPISODES = str(ROOT / "tests" / "multihost_episodes.py")
 
 
 def _launch_episodes(out, workdir, *, processes, devices) -> list[dict]:
-  env, port = subproc.child_env(), _free_port()
-  procs = [
-    subprocess.Popen(
-      [sys.executable, EPISODES, str(out), str(workdir), "--devices", str(devices)]
-      + ["--processes", str(processes), "--process_id", str(i), "--port", str(port)],
-      env=env,
-      cwd=ROOT,
-      stdout=subprocess.DEVNULL,
-      stderr=subprocess.PIPE,
-      text=True,
-    )
-    for i in range(processes)
-  ]
-  errors = [p.communicate(timeout=600)[1] for p in procs]
-  for p, err in zip(procs, errors, strict=True):
-    assert p.returncode == 0, err[-3000:]
+  _spawn(EPISODES, [str(out), str(workdir), "--devices", str(devices)], processes=processes)
   return [json.loads((out / f"process{i}.json").read_text()) for i in range(processes)]
 
 

@@ -238,6 +238,7 @@ def test_the_committed_learning_record_is_its_json_and_learns_identically():
 
   out = env_adapters.ADAPTERS["openenv"]["out"]
   record = json.loads(out.with_suffix(".json").read_text())
+  assert record["verdict"] == "not judged" and record["seeds"] == [record["seed"]] == [0]
   assert out.with_suffix(".md").read_text() == env_adapters.markdown(record)
   summary = record["summary"]
   assert summary["identical"] and summary["differing_keys"] == []

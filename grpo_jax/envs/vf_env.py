@@ -143,7 +143,7 @@ class VfEnv(base.Environment):
     self._events: asyncio.Queue | None = None
     self._task: asyncio.Task | None = None
     self._reply: asyncio.Future | None = None
-    self._env, self._said = None, None
+    self._said = None
 
   @classmethod
   def turn_end_text(cls, kwargs: dict) -> tuple[str, ...]:
@@ -185,10 +185,10 @@ class VfEnv(base.Environment):
         f"{type(example).__name__}: set config.task.name = 'vf:<env_id>'."
       )
     self._stop()
-    self._env = vf_tasks.load(example.env_id, example.env_args)
-    row = vf_tasks.row(self._env, example.source, example.row)
+    env = vf_tasks.load(example.env_id, example.env_args)
+    row = vf_tasks.row(env, example.source, example.row)
     self._events = asyncio.Queue()
-    self._task = asyncio.get_running_loop().create_task(_rollout(self._env, row, self._events))
+    self._task = asyncio.get_running_loop().create_task(_rollout(env, row, self._events))
     kind, body = await self._next()
     if kind != "ask":
       raise RuntimeError(f"vf:{example.env_id}'s rollout ended before asking the model ({body}).")
@@ -265,10 +265,7 @@ class VfEnv(base.Environment):
   def close(self) -> None:
     """Stops a rollout still running (the episode loop ended the episode): on the loop, so
     a step waiting on it wakes ("closed")."""
-    aio.spawn(self._astop())
-
-  async def _astop(self) -> None:
-    self._stop()
+    aio.loop().call_soon_threadsafe(self._stop)
 
   def _stop(self) -> None:
     """(On the loop.) Cancels the rollout and forgets its pending request."""
