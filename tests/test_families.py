@@ -298,7 +298,8 @@ def test_a_mixture_of_experts_trains_under_grpo_with_lora_replaying_its_routes(t
   """Two GRPO iterations of the quick config with a Qwen3-MoE-shaped policy (4 experts,
   top 2), LoRA on q, k, v, o, rl.moe_balance_coef, and the routes of a bfloat16 sampler
   replayed (rl.routing_replay, π_old's forward in two slices): each iteration logs the
-  balance loss, between its floor k = 2 and X = 4, and the sampler/trainer mismatch. (Full
+  balance loss, between its floor k = 2 and X = 4, the sampler/trainer mismatch and the
+  share of replayed routes the update's router would not have taken. (Full
   fine-tuning of a mixture of experts learns in test_moe_learning.py.)"""
   import runs  # noqa: PLC0415
 
@@ -317,6 +318,7 @@ def test_a_mixture_of_experts_trains_under_grpo_with_lora_replaying_its_routes(t
   assert len(steps) == 2
   assert all(2.0 <= r["moe_balance"] <= 4.0 for r in steps), steps
   assert all(0.0 <= r["offpolicy/mismatch_k3"] < 0.05 for r in steps), steps
+  assert all(0.0 <= r["route_flip_frac"] < 0.5 for r in steps), steps  # Replay changed some.
 
 
 def test_a_balance_loss_on_a_dense_model_is_a_clear_error():

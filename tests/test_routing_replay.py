@@ -17,7 +17,7 @@ from grpo_jax.rl import dynamic_sampling
 MOE = dict(n_experts=4, experts_per_token=2, expert_mlp_dim=16, n_layers=2)
 # Jitted (eager Flax is slow: each forward dispatches its ops one by one), as the sampler
 # and the trainer run them.
-_apply = jax.jit(model.apply, static_argnames=("cfg", "record_routes"))
+_apply = jax.jit(model.apply, static_argnames=("cfg", "record_routes", "router_stats"))
 
 
 def _logprobs(params, rows, cfg, routes=None):
@@ -39,6 +39,17 @@ def test_replayed_routes_pinned_by_hand():
   _, w_NK, _ = moe.route(logits_NX, k=2, normalized=True, replay_NK=replay_NK)
   np.testing.assert_allclose(w_NK, [[1 / 3, 2 / 3], [4 / 7, 3 / 7]], rtol=1e-6)
   assert moe.route_dtype(128) == jnp.int16 and moe.route_dtype(127) == jnp.int8
+
+
+def test_route_flips_compare_sets_and_skip_tokens_that_route_themselves():
+  """Own top-2 (0, 1), (2, 3), (1, 0), (3, 0) against recorded (1, 0), (2, 1), (-1, -1),
+  (0, 2): the first is the same set in another order, the second and fourth differ, the
+  third routes itself (not replayed)."""
+  own_NK = jnp.asarray([[0, 1], [2, 3], [1, 0], [3, 0]], jnp.int32)
+  replay_NK = jnp.asarray([[1, 0], [2, 1], [-1, -1], [0, 2]], jnp.int8)
+  replayed_N, flipped_N = moe.route_flips(own_NK, replay_NK)
+  np.testing.assert_array_equal(replayed_N, [True, True, False, True])
+  np.testing.assert_array_equal(flipped_N, [False, True, False, True])
 
 
 @functools.cache  # One (eager) init per config for the module; no test changes the params.
@@ -65,6 +76,21 @@ def test_a_forward_replaying_its_own_routes_is_itself_and_other_routes_change_it
   other = (routes_BTLK + 1) % 4  # Still two distinct experts a token.
   moved, _ = _apply(params, tokens_BT, pos_BT, cfg=cfg, routes=other)
   assert float(jnp.max(jnp.abs(moved - plain))) > 1e-2
+
+  # The counts a training forward logs (route_flip_frac), over real (token, layer) pairs:
+  # its own routes replay and none flips; layer 0's shifted sets all differ from its own
+  # ({a, b} + 1 mod 4 is never {a, b}; later layers see changed inputs, so they route
+  # themselves, -1, here). Row 0's two left-padding tokens never count.
+  def counts(routes):
+    got = _apply(params, tokens_BT, pos_BT, cfg=cfg, routes=routes, router_stats=True)[1]
+    return float(got["routes_replayed"]), float(got["routes_flipped"])
+
+  real = 2 * 7 - 2
+  assert counts(routes_BTLK) == (2 * real, 0)
+  layer0 = other.at[:, :, 1].set(-1)
+  assert counts(layer0) == (real, real)
+  # Row 0 replays its own routes at tokens 2-3 only; row 1 is layer0's: 2·2 + 7 replayed.
+  assert counts(routes_BTLK.at[0, 4:].set(-1).at[1].set(layer0[1])) == (2 * 2 + 7, 7)
 
   def loss(p):
     return jnp.sum(model.apply(p, tokens_BT, pos_BT, cfg=cfg, routes=other)[0][:, -1, 0])
@@ -125,6 +151,21 @@ def test_routing_replay_makes_the_bfloat16_samplers_experts_the_trainers():
   assert err(_logprobs(params, r, cfg, routes=logprobs.replayed(r))) < err(
     _logprobs(params, r, cfg)
   )
+  # The trainer's count of flipped routes (route_flip_frac) at the first layer, whose
+  # input replay cannot change, is the experiment's: the recorded sets that differ from a
+  # float32 forward's own (later layers compare with their router on replayed inputs).
+  tokens_NS = jnp.concatenate([r.prompt_tokens_NP, r.tokens_NT], 1)
+  pos_NS = model.positions_from_mask(jnp.concatenate([r.prompt_mask_NP, r.mask_NT], 1))
+  recorded = jnp.concatenate(logprobs.replayed(r), 1).at[:, :, 1:].set(-1)
+  _, _, own = _apply(params, tokens_NS, pos_NS, cfg=cfg, record_routes=True)
+  seen = recorded[..., 0] >= 0
+  differ = jnp.any(jnp.sort(own, -1) != jnp.sort(recorded, -1), axis=-1) & seen
+  got = _apply(params, tokens_NS, pos_NS, cfg=cfg, routes=recorded, router_stats=True)[1]
+  assert (float(got["routes_replayed"]), float(got["routes_flipped"])) == (
+    float(jnp.sum(seen)),
+    float(jnp.sum(differ)),
+  )
+  assert float(jnp.sum(differ)) > 0  # bfloat16 moved some tokens' experts.
 
 
 def test_assembled_groups_left_pad_their_prompt_routes():

@@ -31,6 +31,10 @@ DEFINITIONS = {
   "loss_tokens": "Number of loss tokens (Σ m) in the mini-batch.",
   "moe_balance": "The routers' load-balancing loss X·Σ f_jx·P_x (k when perfectly balanced), "
   "mean over micro-batches weighted by their share of rows (rl.moe_balance_coef > 0).",
+  "route_flip_frac": "Share of the replayed routing decisions ((token, layer) pairs of the "
+  "mini-batch's real tokens whose sampler experts the update's forward replays, "
+  "rl.routing_replay) where the forward's own router would have taken another set of "
+  "experts: how much routing replay changes (`moe.flip_counts`).",
   "micro_batches": "Micro-batches the mini-batch ran as (rl.micro_batch_tokens > 0): rows "
   "longest first, each micro-batch as many as fit the token budget at its bucket length; "
   "rows without a completion token are not run.",

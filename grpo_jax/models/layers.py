@@ -418,7 +418,9 @@ class MoeMlp(nn.Module):
   the experts' matmuls over the rows routed to each (`moe.experts`, model.moe_impl).
   Expert weights [X, D, F] / [X, F, D] carry the logical name "expert" (split over a mesh
   axis by the rules table: expert parallelism). With the "intermediates" collection
-  mutable it sows its real tokens' routing (valid_BT) for `moe.balance_loss`.
+  mutable it sows its real tokens' routing (valid_BT) for `moe.balance_loss`, and when it
+  replays routes how many it replayed and how many its own top-k differs from
+  (`moe.flip_counts`).
 
   Routing replay: routes_BTK (int, -1: the token routes itself) are experts recorded by
   another forward, used in place of this router's top-k (`moe.route`); with the "routes"
@@ -452,6 +454,10 @@ class MoeMlp(nn.Module):
       self.sow("intermediates", "routed_KX", jnp.einsum("n,nkx->kx", v_N, chosen_NKX))
       self.sow("intermediates", "probs_X", jnp.einsum("n,nx->x", v_N, probs_NX))
       self.sow("intermediates", "tokens", jnp.sum(v_N))
+      if replay_NK is not None:  # Replayed routes that this router would not take.
+        replayed_N, flipped_N = moe.route_flips(jax.lax.top_k(probs_NX, k)[1], replay_NK)
+        self.sow("intermediates", "replayed", jnp.sum(v_N * replayed_N))
+        self.sow("intermediates", "flipped", jnp.sum(v_N * flipped_N))
     # The init's dummy forward runs XLA (the params are the same).
     impl = "xla" if self.is_initializing() else cfg.moe_impl
     y_ND = moe.experts(

@@ -221,7 +221,8 @@ def completion_logprobs(
   [N, T, V] logits never exist at once, in the forward or the backward (rl.logit_chunk).
   `dropout_key` makes it a training forward (adapter dropout, `model.apply`).
   `router_stats` (a mixture-of-experts model, with_stats): stats also hold "moe_balance",
-  the forward's load-balancing loss (`model.apply(router_stats=True)`).
+  the forward's load-balancing loss, and with `routes` the counts "routes_replayed" and
+  "routes_flipped" (`model.apply(router_stats=True)`).
   `routes` (routing replay): (prompt, completion) experts the forward replays
   (`completion_logits`); None: it routes itself.
   """
@@ -259,7 +260,7 @@ def completion_logprobs(
   if with_rank:
     stats["rank"] = jnp.where(mask_NT, rank_NT, 0)
   if router is not None:
-    stats["moe_balance"] = router["moe_balance"]
+    stats |= router
   return logp_NT, stats
 
 

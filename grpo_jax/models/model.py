@@ -111,7 +111,8 @@ def apply(
   input is dropped (`_Adapter`); without a key (sampling, π_old, the reference) it is not.
   `router_stats=True` (a teacher-forced forward of a mixture of experts) returns
   (logits, {"moe_balance": the load-balancing loss of this call's real tokens}) in place
-  of (logits, None) (`moe.balance_loss`).
+  of (logits, None) (`moe.balance_loss`); with `routes` too, the dict also holds
+  "routes_replayed" and "routes_flipped" (`moe.flip_counts`).
 
   Routing replay (a mixture of experts): `routes` [B, T, L, k] (int, -1: the token routes
   itself) are the experts each token took in another forward (the sampler's), used in
@@ -154,7 +155,10 @@ def _apply(params, tokens_BT, positions_BT, cache, *, cfg, logits_slice, hidden_
     balance = moe.balance_loss(
       state["intermediates"], n_experts=cfg.n_experts, stacked=cfg.scan_layers
     )
-    return logits_BTV, {"moe_balance": balance}
+    stats = {"moe_balance": balance}
+    if routes is not None:
+      stats |= moe.flip_counts(state["intermediates"], stacked=cfg.scan_layers)
+    return logits_BTV, stats
   if router_stats:
     raise ValueError("model.apply(router_stats=True) is a teacher-forced forward: no cache.")
   if cache is None:

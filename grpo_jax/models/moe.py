@@ -132,6 +132,45 @@ def _grouped(lhs_MK, rhs_XKF, *, sizes_X, impl: str, dtype):
   return out[:M].astype(dtype)
 
 
+def route_flips(own_NK, replay_NK):
+  """(replayed_N, flipped_N), booleans: a token replays recorded experts (replay_NK ≥ 0),
+  and of those, the recorded set differs from `own_NK`, the experts this forward's router
+  would take (its own top-k). Sets, not orders: top-k lists the same experts in another
+  order when two weights tie."""
+  replayed_N = replay_NK[:, 0] >= 0
+  own_NK, replay_NK = jnp.sort(own_NK, -1), jnp.sort(replay_NK.astype(own_NK.dtype), -1)
+  return replayed_N, replayed_N & jnp.any(own_NK != replay_NK, axis=-1)
+
+
+def _sown_sums(intermediates, keys, *, stacked: bool) -> dict:
+  """{key: the sum over the layers of what `MoeMlp` sowed under it} (each value stacked
+  over the layers under nn.scan: `stacked`); 0.0 for a key nothing sowed."""
+  sums = dict.fromkeys(keys, 0.0)
+
+  def visit(tree):
+    for key, value in tree.items():
+      if key in sums:
+        sums[key] = sums[key] + sum(v.sum(0) if stacked else v for v in value)
+      elif isinstance(value, dict):
+        visit(value)
+
+  visit(intermediates)
+  return sums
+
+
+def flip_counts(intermediates, *, stacked: bool) -> dict:
+  """{"routes_replayed": n_r, "routes_flipped": n_f} of a forward that replayed routes:
+  over every layer's real tokens (so (token, layer) pairs), how many replayed recorded
+  experts, and how many of those differ from the experts the forward's own router would
+  have taken there (`route_flips`), its input being what replay made it. n_f / n_r is the
+  trainer's `route_flip_frac`: the share of routing decisions that replay changes.
+  `experiments/moe_replay.py`'s route_flip_frac compares the sampler's routes with a
+  whole forward that routes itself: the two agree at the first layer (whose input replay
+  cannot change) and may differ past it."""
+  sums = _sown_sums(intermediates, ("replayed", "flipped"), stacked=stacked)
+  return {"routes_replayed": sums["replayed"], "routes_flipped": sums["flipped"]}
+
+
 def balance_loss(intermediates, *, n_experts: int, stacked: bool):
   """The load-balancing loss of a forward's routers (Switch Transformer, Fedus et al.
   2021, eq. 4; transformers' `load_balancing_loss_func`, over every layer's routing of
@@ -143,16 +182,7 @@ def balance_loss(intermediates, *, n_experts: int, stacked: bool):
   n real tokens, L layers, X experts: k at its minimum (every expert equally loaded and
   equally probable), larger as routing concentrates. `intermediates`: what `MoeMlp` sows
   per layer (each value stacked over the layers under nn.scan: `stacked`)."""
-  sums = {"routed_KX": 0.0, "probs_X": 0.0, "tokens": 0.0}
-
-  def visit(tree):
-    for key, value in tree.items():
-      if key in sums:
-        sums[key] = sums[key] + sum(v.sum(0) if stacked else v for v in value)
-      elif isinstance(value, dict):
-        visit(value)
-
-  visit(intermediates)
+  sums = _sown_sums(intermediates, ("routed_KX", "probs_X", "tokens"), stacked=stacked)
   n = jnp.maximum(sums["tokens"], 1.0)  # L·n: every layer routes every real token.
   f_KX, p_X = sums["routed_KX"] / n, sums["probs_X"] / n
   return n_experts * jnp.sum(f_KX * p_X[None])

@@ -32,7 +32,10 @@ def token_terms(
   dropout_key=None,
 ):
   """Per-token objective terms of a (micro-)batch: (total ℓ_NT, dict of per-token arrays).
-  dropout_key: the forward's adapter-dropout key (`model.apply`; None: deterministic)."""
+  dropout_key: the forward's adapter-dropout key (`model.apply`; None: deterministic).
+  A forward that replays routes (rl.routing_replay) also counts the routes it replayed and
+  how many of them its own router would not have taken (`moe.flip_counts`)."""
+  routes = logprobs.replayed(mb)
   logp_NT, stats = logprobs.completion_logprobs(
     params,
     mb.prompt_tokens_NP,
@@ -43,8 +46,8 @@ def token_terms(
     with_stats=True,
     chunk=cfg.logit_chunk,
     dropout_key=dropout_key,
-    router_stats=cfg.moe_balance_coef > 0,
-    routes=logprobs.replayed(mb),
+    router_stats=cfg.moe_balance_coef > 0 or routes is not None,
+    routes=routes,
   )
   ent_NT = stats["entropy"]
   m_NT = mb.loss_mask_NT
@@ -58,9 +61,12 @@ def token_terms(
     total_NT = total_NT + hyper.kl_coef * kl_NT
   total_NT = jnp.where(m_NT, total_NT, 0.0)
   terms = dict(aux, pg_loss=pg_NT, kl=kl_NT, entropy=ent_NT, logp=logp_NT, loss=total_NT)
-  if "moe_balance" in stats:  # A scalar of the (micro-)batch, beside the per-token terms.
-    terms["moe_balance"] = stats["moe_balance"]
+  # Scalars of the (micro-)batch, beside the per-token terms.
+  terms |= {k: stats[k] for k in ("moe_balance", *_FLIPS) if k in stats}
   return total_NT, terms
+
+
+_FLIPS = ("routes_replayed", "routes_flipped")  # Counts: additive over micro-batches.
 
 
 def _sums(terms, mb: spec.RolloutBatch, w_NT):
@@ -104,6 +110,8 @@ def _metrics_from_sums(s, *, cfg: spec.RLConfig):
     out[f"kl_ref/{cfg.kl_estimator}"] = d("kl_ref", "n_tok")
   if "moe_balance" in s:
     out["moe_balance"] = s["moe_balance"]
+  if "routes_replayed" in s:
+    out["route_flip_frac"] = d("routes_flipped", "routes_replayed")
   return out
 
 
@@ -219,6 +227,7 @@ def accumulate_gradients(
     if cfg.moe_balance_coef > 0:  # Each micro-batch's balance loss, weighted by its share.
       loss = loss + cfg.moe_balance_coef * terms["moe_balance"] * share
       sums["moe_balance"] = terms["moe_balance"] * share
+    sums |= {k: terms[k] for k in _FLIPS if k in terms}
     return loss, (terms, sums)
 
   grad_fn = jax.grad(micro_loss, has_aux=True)
