@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import itertools
 import json
 import os
 import pathlib
@@ -43,28 +42,15 @@ import time
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
+import tpu_aot_tables as tables  # noqa: E402
 
 from grpo_jax import aot  # noqa: E402
 from grpo_jax.infra import config_lib  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-OUT = ROOT / "experiments" / "results" / "tpu_aot"
-SHAPES = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "llama-3.1-8b")
-# Name -> (topology, slices). v5p-8 is 4 chips (8 TensorCores, one megacore device each).
-TOPOLOGIES = {
-  "v5e-8": ("v5e:2x4", 1),
-  "v6e-8": ("v6e:2x4", 1),
-  "v5p-8": ("v5p:2x2x1", 1),
-  "v5e-32": ("v5e:4x8", 1),
-  "2xv5e-16": ("v5e:4x4", 2),
-}
-MODES = ("full", "lora")
 
 
-NEW_TOKENS = 1024  # The sweep's completion budget; --new_tokens for the long variant.
-
-
-def workload(mode: str, new_tokens: int = NEW_TOKENS):
+def workload(mode: str, new_tokens: int = tables.NEW_TOKENS):
   """The cell's config before any advice (see the module docstring)."""
   c = config_lib.load(str(ROOT / "configs" / "scale.py") + ":0.5b")
   c.sampler.update(
@@ -78,9 +64,9 @@ def workload(mode: str, new_tokens: int = NEW_TOKENS):
   return c
 
 
-def cell(shape: str, topology: str, mode: str, new_tokens: int = NEW_TOKENS) -> dict:
+def cell(shape: str, topology: str, mode: str, new_tokens: int = tables.NEW_TOKENS) -> dict:
   """One cell compiled (with advice when it does not fit): the JSON record."""
-  name, slices = TOPOLOGIES[topology]
+  name, slices = tables.TOPOLOGIES[topology]
   config = workload(mode, new_tokens)
   t0 = time.perf_counter()
   got = aot.plan(config, topology=name, num_slices=slices, model_source=shape)
@@ -165,80 +151,14 @@ def code_version() -> str:
 CODE = code_version()  # At start: the code this process compiles with.
 
 
-def _gib(n) -> str:
-  return "-" if n is None else f"{n / 2**30:.1f}"
-
-
-def configs_table() -> str:
-  """The committed shipped-config records as one Markdown table."""
-  lines = [
-    "| config | topology | mesh | fits | peak GiB/chip (sample, logprobs, update) | plan GiB "
-    "| roofline s/iter (sample, logprobs, update) | code |",
-    "|---|---|---|---|---|---|---|---|",
-  ]
-  for path in sorted((OUT / "configs").glob("*.json")):
-    r = json.loads(path.read_text())
-    run = r["run"]
-    mesh = "x".join(str(run["mesh"][a]) for a in ("data", "fsdp", "tensor"))
-    roof = run["roofline_s"]
-    lines.append(
-      f"| {r['config']} | {r['topology']} | {mesh} | {'yes' if run['fits'] else 'NO'} | "
-      f"{', '.join(_gib(x['peak_bytes']) for x in r['rows'])} | {_gib(run['plan_peak_bytes'])} "
-      f"| {sum(roof.values()):.2f} ({', '.join(f'{v:.2f}' for v in roof.values())}) | "
-      f"{r.get('code', '-')} |"
-    )
-  return "\n".join(lines)
-
-
-def cell_path(shape: str, topology: str, mode: str, new_tokens: int = NEW_TOKENS, tag: str = ""):
-  suffix = ("" if new_tokens == NEW_TOKENS else f"__{new_tokens}") + (f"__{tag}" if tag else "")
-  return OUT / f"{shape}__{topology}__{mode}{suffix}.json"
-
-
-def tags(new_tokens: int) -> list[str]:
-  """The --tag names of the committed cells of one completion budget."""
-  budget = [] if new_tokens == NEW_TOKENS else [str(new_tokens)]
-  names = [p.stem.split("__") for p in OUT.glob("*.json")]
-  return sorted(
-    {
-      n[-1]
-      for n in names
-      if len(n) == 4 + len(budget) and n[3:-1] == budget and not n[-1].isdigit()
-    }
-  )
-
-
-def table(new_tokens: int = NEW_TOKENS, tag: str = "") -> str:
-  """The committed cells of one completion budget (and --tag) as a Markdown table, in the
-  order of SHAPES, TOPOLOGIES and MODES."""
-  lines = [
-    "| shape | topology | mode | fits as first tried | setting that fits | peak GiB/chip "
-    "(sample, logprobs, update) | plan GiB | roofline s/iter (sample, logprobs, update) |",
-    "|---|---|---|---|---|---|---|---|",
-  ]
-  cells = [cell_path(*c, new_tokens, tag) for c in itertools.product(SHAPES, TOPOLOGIES, MODES)]
-  for path in filter(pathlib.Path.exists, cells):
-    r = json.loads(path.read_text())
-    fin, tip = r["final"], r["advice"]
-    setting = "as first tried" if tip is None else (
-      " ".join(f"{k}={v}" for k, v in tip["overrides"].items()) if tip["overrides"] else "none fits"
-    )  # fmt: skip
-    peaks = ", ".join(_gib(x["peak_bytes"]) for x in fin["rows"])
-    roof = fin["run"]["roofline_s"]
-    lines.append(
-      f"| {r['shape']} | {r['topology']} | {r['mode']} | {'yes' if r['first']['run']['fits'] else 'no'} "
-      f"| {setting} | {peaks} | {_gib(fin['run']['plan_peak_bytes'])} | "
-      f"{sum(roof.values()):.2f} ({', '.join(f'{v:.2f}' for v in roof.values())}) |"
-    )
-  return "\n".join(lines)
-
-
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--shapes", default=",".join(SHAPES))
-  ap.add_argument("--topologies", default=",".join(TOPOLOGIES))
-  ap.add_argument("--modes", default=",".join(MODES))
-  ap.add_argument("--new_tokens", type=int, default=NEW_TOKENS, help="tokens each row decodes")
+  ap.add_argument("--shapes", default=",".join(tables.SHAPES))
+  ap.add_argument("--topologies", default=",".join(tables.TOPOLOGIES))
+  ap.add_argument("--modes", default=",".join(tables.MODES))
+  ap.add_argument(
+    "--new_tokens", type=int, default=tables.NEW_TOKENS, help="tokens each row decodes"
+  )
   ap.add_argument("--redo", action="store_true", help="recompile cells already recorded")
   ap.add_argument(
     "--tag", default="", help="record the cells under a name of their own (a rerun that keeps "
@@ -252,27 +172,25 @@ def main():
   if args.tag.isdigit() or "__" in args.tag:
     ap.error(f"--tag={args.tag!r}: a name with a letter and no '__' (the cell path's separator).")
   if args.table:
-    tables = [configs_table(), table(), *(table(NEW_TOKENS, tag) for tag in tags(NEW_TOKENS))]
-    tables += [t for tag in ["", *tags(4096)] if (t := table(4096, tag)).count("\n") > 1]
-    print("\n\n".join(tables))
+    print(tables.every_table())
     return
   if args.configs:
-    (OUT / "configs").mkdir(parents=True, exist_ok=True)
+    (tables.OUT / "configs").mkdir(parents=True, exist_ok=True)
     for name, variant, topology, shape in shipped():
-      path = OUT / "configs" / f"{name.removesuffix('.py')}__{variant}.json"
+      path = tables.OUT / "configs" / f"{name.removesuffix('.py')}__{variant}.json"
       if path.exists() and not args.redo:
         continue
       print(f"configs/{name}:{variant} on {topology} ...", flush=True)
       r = config_cell(name, variant, topology, shape)
       path.write_text(json.dumps(r, indent=1, default=str) + "\n")
-      print(f"  fits: {r['run']['fits']}; peak {_gib(r['run']['peak_bytes'])} GiB; "
+      print(f"  fits: {r['run']['fits']}; peak {tables.gib(r['run']['peak_bytes'])} GiB; "
             f"problems {r['problems']}; {r['compile_s']} s", flush=True)  # fmt: skip
     return
-  OUT.mkdir(parents=True, exist_ok=True)
+  tables.OUT.mkdir(parents=True, exist_ok=True)
   for shape in args.shapes.split(","):
     for topology in args.topologies.split(","):
       for mode in args.modes.split(","):
-        path = cell_path(shape, topology, mode, args.new_tokens, args.tag)
+        path = tables.cell_path(shape, topology, mode, args.new_tokens, args.tag)
         if path.exists() and not args.redo:
           continue
         print(f"{shape} {topology} {mode} {args.new_tokens} ...", flush=True)
@@ -281,7 +199,7 @@ def main():
         fin = r["final"]["run"]
         print(
           f"  fits first: {r['first']['run']['fits']}; advice: "
-          f"{(r['advice'] or {}).get('line', '-')}; final peak {_gib(fin['peak_bytes'])} GiB; "
+          f"{(r['advice'] or {}).get('line', '-')}; final peak {tables.gib(fin['peak_bytes'])} GiB; "
           f"{r['compile_s']} s",
           flush=True,
         )

@@ -491,6 +491,27 @@ def test_every_committed_sweep_cell_carries_the_verdict_of_its_first_compile():
       assert r["final"]["run"]["fits"], path
 
 
+def _tables(text: str) -> list[str]:
+  """The Markdown tables of a text, each as its lines joined."""
+  out, rows = [], []
+  for line in [*text.splitlines(), ""]:
+    if line.startswith("|"):
+      rows.append(line)
+    elif rows:
+      out, rows = [*out, "\n".join(rows)], []
+  return out
+
+
+def test_the_committed_report_shows_the_records_tables():
+  """experiments/results/tpu_aot/README.md (the site's page of these results) holds the
+  tables `python experiments/tpu_aot.py --table` renders from the committed records, in
+  order, and nothing else: a record added or rerun without its page fails here."""
+  import tpu_aot_tables  # noqa: PLC0415 -- the standard library only: no libtpu.
+
+  report = (ROOT / "experiments" / "results" / "tpu_aot" / "README.md").read_text()
+  assert _tables(report) == _tables(tpu_aot_tables.every_table())
+
+
 def test_a_fingerprint_names_the_keys_set_away_from_their_defaults():
   """A key at its default (the way a key added to the defaults later reads in every
   shipped config) leaves the fingerprint as it was; any key moved from its default, or
