@@ -53,7 +53,6 @@ import ml_collections
 
 from grpo_jax import abstract, build, memory, steps
 from grpo_jax import config as grpo_config
-from grpo_jax.envs import episodes
 from grpo_jax.infra import config_lib, distributed, flops, hlo, tpu
 from grpo_jax.models import model, sampling, sharding
 
@@ -247,7 +246,7 @@ def compile_episodes(setup, fns, params, prompts, key) -> tuple[dict, int, list[
   layers unrolled; not a row: its output stays in HBM through the loop), "episode_start"
   (the prompts' prefill, the cache repeated to G rows, or their pages), "episode_turn"
   (one action: up to turn_tokens decode steps) and "episode_append" (one block of
-  observation_tokens per row after a turn; on pages, a token a call). Returns ({name:
+  observation_tokens per row after a turn, on pages too). Returns ({name:
   compiled, or the error XLA raised}, bytes per device of the view, problems: pieces not
   compiled)."""
   runner = fns.episodes.train
@@ -383,8 +382,8 @@ def _episode_roofline(setup, *, peak: float, bandwidth: float, params_bytes: int
   """config.env's pieces over one iteration at the chip's peak (`model_roofline`), each the
   total of its calls (a memory row is one call): the prefill of the B prompts; every
   turn's decode steps (max_turns × turn_tokens, at most T, every row), each reading the
-  params and the cache; and max_turns appends of O tokens per row, each reading them
-  once (on pages, sampler.kv_layout="paged", once per token: up to O decode calls)."""
+  params and the cache; and max_turns appends of O tokens per row, each one call reading
+  them once (on pages too: `paged.append_block`)."""
   cfg, scfg, ep = setup.model_cfg, setup.sampler_cfg, setup.episodes
   B, P, T = setup.loop.prompts_per_step, max(scfg.prompt_buckets), scfg.max_new_tokens
   N, steps = B * scfg.group_size, min(ep.max_turns * ep.turn_tokens, T)
@@ -397,12 +396,7 @@ def _episode_roofline(setup, *, peak: float, bandwidth: float, params_bytes: int
       N * steps * per_token / peak, steps * (params_bytes + kv_bytes) / bandwidth
     ),
     "episode_append": ep.max_turns
-    * max(
-      N * ep.observation_tokens * body / peak,
-      episodes.append_calls(scfg.kv_layout, ep.observation_tokens)
-      * (params_bytes + kv_bytes)
-      / bandwidth,
-    ),
+    * max(N * ep.observation_tokens * body / peak, (params_bytes + kv_bytes) / bandwidth),
   }
 
 

@@ -386,7 +386,7 @@ def test_episodes_on_pages_equal_the_dense_episodes(
   tiny_cfg, tiny_params, tokenizer, chatty_episodes, page_size, shared_prefix
 ):
   """sampler.kv_layout="paged": the same keys give the same episodes (actions, tool
-  observations written a token a call across page edges, turns, rewards, ends) and the
+  observations written a block a call across page edges, turns, rewards, ends) and the
   same log-probs up to the order of float32 sums, with the group's prompt pages shared or
   copied (pages of 4 and 3 slots: neither divides the 7 prompt slots before the last
   token, so a prompt's last page is part padding)."""
@@ -401,8 +401,8 @@ def test_episodes_on_pages_equal_the_dense_episodes(
     np.testing.assert_array_equal(getattr(got, k), getattr(want, k), err_msg=k)
   for k in ("logp_NT", "policy_logp_NT"):
     np.testing.assert_allclose(getattr(got.rollouts, k), getattr(want.rollouts, k), atol=1e-5)
-  # The appends' calls: max n per turn on pages, O on the dense cache.
-  assert got.rollouts.num_steps < want.rollouts.num_steps
+  # An append is one call of O columns in both layouts.
+  assert got.rollouts.num_steps == want.rollouts.num_steps
 
 
 # ----------------------------------------------------------------------------

@@ -14,7 +14,8 @@ import pytest
 from grpo_jax import memory
 from grpo_jax.models import attention, kv_cache, model, paged, refill, sampling
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "experiments"))
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "experiments"))
 import paged_sampler  # noqa: E402
 
 
@@ -188,8 +189,9 @@ def test_paged_attention_over_blocks_equals_attention_over_the_gathered_slots():
   key_pos = jnp.concatenate([pos_PZ[table_NM].reshape(N, -1), q_pos_BQ[:, :1]], axis=1)
   for window, softcap in ((None, 0.0), (6, 2.0)):
     got = attention.attend_paged(
-      q_BKQE, q_pos_BQ, k_pool, v_pool, pos_PZ, table_NM, jnp.asarray(19), k_BKE, v_BKE,
-      block=2, dtype=jnp.float32, window=window, softcap=softcap,
+      q_BKQE, q_pos_BQ, k_pool, v_pool, pos_PZ, table_NM, jnp.asarray(19), k_BKE[..., None],
+      v_BKE[:, :, None], q_pos_BQ[:, :1], block=2, dtype=jnp.float32, window=window,
+      softcap=softcap,
     )  # fmt: skip
     want = attention.attend(
       q_BKQE, q_pos_BQ, keys, values, key_pos, dtype=jnp.float32, window=window,
@@ -197,6 +199,30 @@ def test_paged_attention_over_blocks_equals_attention_over_the_gathered_slots():
     )  # fmt: skip
     np.testing.assert_allclose(got, want, atol=1e-6)
     np.testing.assert_array_equal(got[3], 0.0)
+  # A block of O = 3 new keys a row (an episode's observation): each query (one per
+  # column, at the column's position) sees the pages and the block's columns up to its
+  # own; row 1 has 2 real columns (the third at position -1), row 3 none.
+  n = jnp.asarray([3, 2, 3, 0])
+  cols_BO = jnp.asarray(used)[:, None] + jnp.arange(3)[None, :]
+  new_pos_BO = jnp.where(jnp.arange(3)[None, :] < n[:, None], cols_BO, -1)
+  k_BKEO = jnp.asarray(rng.randn(N, K, E, 3), jnp.float32)
+  v_BKOE = jnp.asarray(rng.randn(N, K, 3, E), jnp.float32)
+  q_BKQE = jnp.asarray(rng.randn(N, K, 3, E), jnp.float32)
+  keys = jnp.concatenate([keys[..., :-1], k_BKEO], axis=-1)
+  values = jnp.concatenate([values[:, :, :-1], v_BKOE], axis=2)
+  key_pos = jnp.concatenate([key_pos[:, :-1], new_pos_BO], axis=1)
+  for window, softcap in ((None, 0.0), (6, 2.0)):
+    got = attention.attend_paged(
+      q_BKQE, new_pos_BO, k_pool, v_pool, pos_PZ, table_NM, jnp.asarray(19), k_BKEO, v_BKOE,
+      new_pos_BO, block=2, dtype=jnp.float32, window=window, softcap=softcap,
+    )  # fmt: skip
+    want = attention.attend(
+      q_BKQE, new_pos_BO, keys, values, key_pos, dtype=jnp.float32, window=window,
+      softcap=softcap,
+    )  # fmt: skip
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    np.testing.assert_array_equal(got[3], 0.0)
+    np.testing.assert_array_equal(got[1, :, 2], 0.0)
 
 
 def _pages(*, N=4, F=3, Z=2):
@@ -264,13 +290,80 @@ def test_compaction_sizes():
   assert paged._buckets(1) == (1,)
 
 
-def test_a_paged_cache_takes_one_token_per_row_a_call(tiny_params, tiny_cfg):
-  cache = kv_cache.PagedKVCache(
-    k=(), v=(), pos_PZ=jnp.zeros((2, 4), jnp.int32), table_NM=jnp.zeros((1, 1), jnp.int32),
-    slot_N=jnp.zeros((1,), jnp.int32), live=jnp.zeros((), jnp.int32),
+@pytest.mark.parametrize("scan_layers, shared", [(False, True), (True, False)])
+def test_a_block_on_pages_in_one_call_is_the_block_a_token_a_call(
+  tiny_cfg, tiny_params, sampler_cfg, tokenizer, scan_layers, shared
+):
+  """`paged.append_block` (an episode's observation) writes rows' blocks of n = 5, 3, 0
+  and 6 tokens, across page edges (pages of 3 slots, the first block starting at
+  completion slot 2, whose page an earlier token took), in one call: the logits of its columns and the pools it leaves are
+  those of n `forward` calls a token each, up to the order of float32 sums, and the
+  pages taken are the same."""
+  cfg, params = (tiny_cfg, tiny_params) if not scan_layers else _scanned(tiny_cfg, tiny_params)
+  scfg = dataclasses.replace(sampler_cfg, group_size=2, kv_layout="paged", page_size=3, shared_prefix=shared)  # fmt: skip
+  prompts = _prompts(scfg, tokenizer)
+  model_fn = model.make_model_fn(cfg)
+  dense, _ = paged.prefill_prompts(
+    params, prompts.tokens_BP[:2], model.positions_from_mask(prompts.mask_BP[:2]),
+    init_cache=functools.partial(kv_cache.init_cache, cfg), model_fn=model_fn, cfg=scfg,
   )  # fmt: skip
-  with pytest.raises(ValueError, match="one token per row a call"):
-    model.apply(tiny_params, jnp.zeros((1, 2), jnp.int32), jnp.zeros((1, 2), jnp.int32), cache, cfg=tiny_cfg)  # fmt: skip
+  pages = paged.group_pool(dense, cfg=scfg)
+  t_N, n_N = jnp.asarray([2, 0, 4, 1]), jnp.asarray([5, 3, 0, 6])
+  for t in (0, 3):  # The pages of the completion slots before t_N (earlier tokens').
+    pages, _ = paged.take(pages, t < t_N, jnp.full((4,), t))
+  tok_NO = jnp.asarray(np.random.RandomState(0).randint(3, tokenizer.vocab_size, (4, 6)))
+  pos_NO = jnp.where(
+    jnp.arange(6)[None] < n_N[:, None], 20 + t_N[:, None] + jnp.arange(6)[None], -1
+  )
+  block = jax.jit(functools.partial(paged.append_block, model_fn=model_fn))
+  logits_NOV, got = block(params, pages, tok_NO, pos_NO, t_N, n_N)
+
+  @jax.jit
+  def one(p, j):
+    live_N = j < n_N
+    p, _ = paged.take(p, live_N & ((t_N + j) % 3 == 0), t_N + j)
+    return paged.forward(params, p, tok_NO[:, j], pos_NO[:, j], t_N + j, live_N, model_fn=model_fn)  # fmt: skip
+
+  want, columns = pages, []
+  for j in range(6):
+    logits_N1V, want = one(want, j)
+    columns.append(logits_N1V[:, 0])
+  real_NO = np.asarray(pos_NO >= 0)
+  np.testing.assert_allclose(
+    np.asarray(logits_NOV)[real_NO], np.asarray(jnp.stack(columns, 1))[real_NO], atol=2e-5
+  )
+  np.testing.assert_array_equal(got.cache.table_NM, want.cache.table_NM)
+  np.testing.assert_array_equal(got.cache.pos_PZ, want.cache.pos_PZ)
+  assert int(got.top) == int(want.top)
+  for a, b in zip(jax.tree.leaves((got.cache.k, got.cache.v)), jax.tree.leaves((want.cache.k, want.cache.v)), strict=True):  # fmt: skip
+    np.testing.assert_allclose(a, b, atol=2e-5)
+
+
+def test_bench_paged_append_checks_and_times_both_paths():
+  """experiments/bench_paged_append.py --quick: both paths' logits agree, and each is
+  timed (speed is the script's business, not a test's)."""
+  import bench_paged_append  # noqa: PLC0415
+
+  r = bench_paged_append.main(["--quick"])
+  assert [w["observation_tokens"] for w in r["widths"]] == [4, 9]
+  for w in r["widths"]:
+    assert w["max_abs_logit_diff"] < 1e-3 and w["block_call_s"] > 0 and w["token_calls_s"] > 0
+    assert w["speedup"] == pytest.approx(w["token_calls_s"] / w["block_call_s"], rel=0.02)
+
+
+def test_the_committed_paged_append_record_is_what_its_rows_say():
+  """experiments/results/cpu/2026-12-06_epyc_paged_append: a description of one sitting
+  (claim None, not judged), each row's speedup its two timings' ratio, the block's logits
+  the token calls' (float32)."""
+  import json  # noqa: PLC0415
+
+  path = ROOT / "experiments" / "results" / "cpu" / "2026-12-06_epyc_paged_append.json"
+  r = json.loads(path.read_text())
+  assert (r["claim"], r["verdict"], r["dtype"]) == (None, "not judged", "float32")
+  assert [w["observation_tokens"] for w in r["widths"]] == [16, 64, 256]
+  for w in r["widths"]:
+    assert w["max_abs_logit_diff"] < 1e-3
+    assert w["speedup"] == pytest.approx(w["token_calls_s"] / w["block_call_s"], rel=0.02)
 
 
 @pytest.mark.parametrize(

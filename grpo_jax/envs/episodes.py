@@ -40,8 +40,7 @@ The loop (`Runner.run`), all rows in lockstep turns:
      write column, one padded block of `observation_tokens` columns for all rows (pad
      columns have position −1: invisible, and the write column advances by the row's own
      count), and into the token buffer with action mask False. The history is never
-     re-encoded: one forward of the new tokens per turn (on pages, a token a call: max n
-     decode calls a turn).
+     re-encoded: one forward of the new tokens per turn (on pages too: `paged.append_block`).
   5. Repeat until every episode ended, at most `max_turns` turns.
 On several processes, each holds the environments of its own rows (those its devices
 hold) and steps 1 and 3 run there for them; the per-row outcomes (reward, end, turns,
@@ -225,7 +224,7 @@ def _paged_cache(params, tokens_BP, positions_BP, *, model_fn, init_cache, cfg, 
   group (sampler.shared_prefix; else each row gets its own copy), and completion pages for
   every row's T tokens. The pool never runs short (kv_pool_fraction 1): an episode the pool
   cut would be scored as a truncated one. Observations take slots as actions do (fed a
-  token a call by `_write_paged`), so no spare columns."""
+  block a call by `_write_paged`), so no spare columns."""
   del observation_tokens
   cfg = dataclasses.replace(cfg, kv_pool_fraction=1.0)
   dense, _ = paged.prefill_prompts(
@@ -259,32 +258,19 @@ def _write_dense(params, state, feed_NO, pos_NO, n_N, *, model_fn):
 
 
 def _write_paged(params, state, feed_NO, pos_NO, n_N, *, model_fn):
-  """(pages, token columns computed): the block fed a column a call (`_feed_paged`: a
-  decode call reads the row's pages and one new key), max n calls. A multi-token paged
-  write would take one call; the XLA gather path has none yet."""
-
-  def one(j, pages):
-    live_N = j < n_N
-    tok_N = jax.lax.dynamic_index_in_dim(feed_NO, j, axis=1, keepdims=False)
-    pos_N = jax.lax.dynamic_index_in_dim(pos_NO, j, axis=1, keepdims=False)
-    return _feed_paged(params, pages, tok_N, pos_N, state.t_N + j, live_N, model_fn=model_fn)[1]
-
-  calls = jnp.max(n_N)
-  return jax.lax.fori_loop(0, calls, one, state.cache), calls
+  """(pages, token columns computed): the O-token block in one call on the rows' pages,
+  after the pages it starts are taken (`paged.append_block`)."""
+  _, pages = paged.append_block(
+    params, state.cache, feed_NO, pos_NO, state.t_N, n_N, model_fn=model_fn
+  )
+  return pages, feed_NO.shape[1]
 
 
 # Per sampler.kv_layout: the cache `start` makes, one token fed per row (`decode_turn`),
-# and an observation block written (`append`).
+# and an observation block written in one model call (`append`).
 _CACHES = {"dense": _dense_cache, "paged": _paged_cache}
 _FEEDS = {"dense": _feed_dense, "paged": _feed_paged}
 _WRITES = {"dense": _write_dense, "paged": _write_paged}
-# Model calls of an append of O tokens, at most (what each call reads: params and cache).
-_APPEND_CALLS = {"dense": lambda width: 1, "paged": lambda width: width}
-
-
-def append_calls(kv_layout: str, width: int) -> int:
-  """Model calls an append of `width` observation tokens makes at most (`_WRITES`)."""
-  return _APPEND_CALLS[kv_layout](width)
 
 
 def _put(buf_NT, rows_N, cols_N, x_N):
@@ -350,8 +336,8 @@ def append(
   """Puts n_N[i] observation tokens obs_NO[i, :n] after row i's context (n = 0: nothing).
 
   The cache takes [tok_N, obs_0, ..., obs_{n−2}] at positions pos_N + 0..n−1
-  (`_WRITES[kv_layout]`: dense, in one forward, the columns past n pads at position −1 and
-  the row's write column advanced by n; paged, a column a call), and obs_{n−1} becomes
+  (`_WRITES[kv_layout]`: in one forward, the columns past n pads at position −1; dense,
+  the row's write column advanced by n; paged, the pages taken first), and obs_{n−1} becomes
   the next token to feed. The token buffer takes obs at columns t_N .. t_N + n − 1, in the
   context (mask) but not actions.
   """

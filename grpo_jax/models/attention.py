@@ -307,17 +307,19 @@ def attend_shared(
 
 
 def attend_paged(
-  q_BKQE, q_pos_BQ, k_pool, v_pool, pos_PZ, table_NM, live, k_BKE, v_BKE, *, block, dtype,
-  window=None, softcap=0.0,
+  q_BKQE, q_pos_BQ, k_pool, v_pool, pos_PZ, table_NM, live, k_BKEO, v_BKOE, new_pos_BO, *,
+  block, dtype, window=None, softcap=0.0,
 ):  # fmt: skip
-  """`attend` over each row's pages of a paged cache (`kv_cache.PagedKVCache`) and its own
-  new key k_BKE / value v_BKE (not yet in the pool; visible to the row's real queries),
-  block by block with an online softmax (flash-decoding; Dao et al. 2023, vLLM's paged
-  attention).
+  """`attend` over each row's pages of a paged cache (`kv_cache.PagedKVCache`) and the
+  call's own new keys k_BKEO / values v_BKOE at positions new_pos_BO (O per row, not yet
+  in the pool; -1: a padding column, invisible), block by block with an online softmax
+  (flash-decoding; Dao et al. 2023, vLLM's paged attention). A decode call has O = 1, the
+  new key at the query's own position; a block of O tokens (an episode's observation)
+  is causal within itself by the positions.
 
   Pools: keys [P, K, E, Z], values [P, K, Z, E], positions pos_PZ [P, Z]; row n's logical
   slot s is in page table_NM[n, s // Z]. The running shift m, sum l and output o start
-  from the new key (m = s_new, l = 1, o = V_new), and block j gathers pages
+  from the new keys (m = their masked max, l = Σ e, o = Σ e·V), and block j gathers pages
   table[:, jb : (j+1)b] ([N, K, E, b·Z] keys: one layer's block, never the row's whole
   cache) and folds them in:
     m' = max(m, max_s s_qs),  l' = l·e^(m − m') + Σ_s e^(s_qs − m'),
@@ -350,16 +352,14 @@ def attend_paged(
     o_new = o_BKQE * rescale + _weighted_values(e_BKQS, values_BKSE, dtype, mm)
     return m_new, l_BKQ1 * rescale + e_BKQS.sum(-1, keepdims=True), o_new
 
-  # The new key: its score, and weight exp(s − s) = 1 on real queries (a padding query
-  # sees nothing, as in `attend`).
-  k_new, v_new = k_BKE.astype(k_pool.dtype)[..., None], v_BKE.astype(v_pool.dtype)[:, :, None]
-  s_new = _capped(_scores(q_BKQE, k_new, mm), softcap)  # [N, K, Q, 1]
-  valid_new = jnp.broadcast_to((q_pos_BQ >= 0).astype(jnp.float32)[:, None, :, None], (N, K, Q, 1))
-  init = (
-    jax.lax.stop_gradient(s_new * valid_new - (1.0 - valid_new) * 1e30),
-    valid_new,
-    _weighted_values(valid_new, v_new, dtype, mm),
-  )
+  # The new keys, as `attend` takes them (one decode key: weight exp(s − s) = 1 on a real
+  # query; a padding query sees nothing).
+  k_new, v_new = k_BKEO.astype(k_pool.dtype), v_BKOE.astype(v_pool.dtype)
+  s_new = _capped(_scores(q_BKQE, k_new, mm), softcap)  # [N, K, Q, O]
+  valid_new = _visible(q_pos, new_pos_BO[:, None, None, :], window)
+  m_new = _masked_max(s_new, valid_new)
+  e_new = _exp_shifted(s_new, valid_new, m_new)
+  init = (m_new, e_new.sum(-1, keepdims=True), _weighted_values(e_new, v_new, dtype, mm))
   trips = jnp.clip(-(-live // (block * Z)), 1, n_blocks)
   _, l_BKQ1, o_BKQE = jax.lax.fori_loop(0, trips, fold, init)
   return _normalised(o_BKQE, l_BKQ1, dtype)

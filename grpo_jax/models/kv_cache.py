@@ -180,12 +180,14 @@ class PagedKVCache:
   point at it. Row n's logical slot s lies in page table_NM[n, s // Z] at offset s % Z.
   Pages may be shared: the G rows of a group point at their prompt's pages (read only).
 
-  A call (decode: one token per row) reads the pools and leaves them as they are: each
-  row attends over its pages in blocks of `block` pages, up to the page holding slot
-  live − 1 (live: a dynamic bound on every row's slots, so early steps read few pages),
-  and over its own new key (`attention.attend_paged`). The call's keys and values come
-  back in `fresh` ([N, K, E] per layer, stacked with scan_layers), and `commit` writes
-  them, and the positions, at each row's slot slot_N (-1: nowhere, an ended row). The
+  A call (decode: one token per row; an episode's observation: a block of T) reads the
+  pools and leaves them as they are: each row attends over its pages in blocks of
+  `block` pages, up to the page holding slot live − 1 (live: a dynamic bound on every
+  row's slots, so early steps read few pages), and over the call's own new keys
+  (`attention.attend_paged`). The call's keys and values come back in `fresh` (keys
+  [N, K, E, T], values [N, K, T, E] per layer, stacked with scan_layers), and `commit`
+  writes them, and the positions, at each row's slots slot_N + t (-1: nowhere, an ended
+  row; a column at position -1 is not written). The
   sampler commits once per step, outside the branches that run the model on the live
   rows (`paged`), so XLA updates the pools in place instead of copying them through a
   conditional (XLA:CPU, 40 rows × 8,192 tokens: 57.7 MB of temporaries with the write
@@ -211,23 +213,30 @@ class PagedKVCache:
   def null_page(self) -> int:
     return self.pos_PZ.shape[0] - 1
 
-  def commit(self, positions_N) -> PagedKVCache:
-    """The pools with `fresh` (the last call's keys and values, [N, K, E] per layer)
-    written at each row's slot_N, and positions_N there; rows with slot -1 write nothing
-    (their page index is out of range, which the scatters' mode="drop" skips)."""
+  def commit(self, positions) -> PagedKVCache:
+    """The pools with `fresh` (the last call's T keys and values a row: keys [N, K, E, T],
+    values [N, K, T, E] per layer) written at each row's slots slot_N + t, and the
+    positions ([N, T], or [N] when T = 1) there. A row with slot -1, or a column at
+    position -1 (padding), writes nothing (its page index is out of range, which the
+    scatters' mode="drop" skips)."""
     Z = self.page_size
-    slot_N = jnp.maximum(self.slot_N, 0)
-    page_N = jnp.take_along_axis(self.table_NM, (slot_N // Z)[:, None], axis=1)[:, 0]
-    page_N = jnp.where(self.slot_N >= 0, page_N, self.pos_PZ.shape[0])
-    off_N = slot_N % Z
     new_k, new_v = self.fresh
-    if self.stacked:  # [L, pages, K, E, Z] <- [L, N, K, E] at (:, page, :, :, offset).
-      k = (self.k[0].at[:, page_N, :, :, off_N].set(jnp.moveaxis(new_k, 0, 1).astype(self.k[0].dtype), mode="drop"),)  # fmt: skip
-      v = (self.v[0].at[:, page_N, :, off_N].set(jnp.moveaxis(new_v, 0, 1).astype(self.v[0].dtype), mode="drop"),)  # fmt: skip
-    else:
-      k = tuple(b.at[page_N, :, :, off_N].set(n.astype(b.dtype), mode="drop") for b, n in zip(self.k, new_k))  # fmt: skip
-      v = tuple(b.at[page_N, :, off_N].set(n.astype(b.dtype), mode="drop") for b, n in zip(self.v, new_v))  # fmt: skip
-    pos_PZ = self.pos_PZ.at[page_N, off_N].set(positions_N.astype(jnp.int32), mode="drop")
+    T = jax.tree.leaves(new_k)[0].shape[-1]  # [N, K, E, T] a layer; [L, N, K, E, T] stacked.
+    pos_NT = positions.reshape(positions.shape[0], -1)
+    slot_NT = jnp.maximum(self.slot_N, 0)[:, None] + jnp.arange(T)[None, :]
+    page_NT = jnp.take_along_axis(
+      self.table_NM, jnp.minimum(slot_NT // Z, self.table_NM.shape[1] - 1), axis=1
+    )
+    writes_NT = (self.slot_N[:, None] >= 0) & (pos_NT >= 0)
+    page_NT = jnp.where(writes_NT, page_NT, self.pos_PZ.shape[0])
+    off_NT = slot_NT % Z
+    if self.stacked:  # [L, pages, K, E, Z] <- [L, N, K, E, T] at (:, page, :, :, offset).
+      k = (self.k[0].at[:, page_NT, :, :, off_NT].set(jnp.transpose(new_k, (1, 4, 0, 2, 3)).astype(self.k[0].dtype), mode="drop"),)  # fmt: skip
+      v = (self.v[0].at[:, page_NT, :, off_NT].set(jnp.transpose(new_v, (1, 3, 0, 2, 4)).astype(self.v[0].dtype), mode="drop"),)  # fmt: skip
+    else:  # [pages, K, E, Z] <- [N, K, E, T] at (page, :, :, offset): [N, T, K, E] values.
+      k = tuple(b.at[page_NT, :, :, off_NT].set(jnp.transpose(n, (0, 3, 1, 2)).astype(b.dtype), mode="drop") for b, n in zip(self.k, new_k))  # fmt: skip
+      v = tuple(b.at[page_NT, :, off_NT].set(jnp.swapaxes(n, 1, 2).astype(b.dtype), mode="drop") for b, n in zip(self.v, new_v))  # fmt: skip
+    pos_PZ = self.pos_PZ.at[page_NT, off_NT].set(pos_NT.astype(jnp.int32), mode="drop")
     return self.replace(k=k, v=v, pos_PZ=pos_PZ, fresh=())
 
 

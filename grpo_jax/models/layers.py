@@ -241,8 +241,9 @@ class Attention(nn.Module):
   chunked prefill's calls), or over the buffers and a prefix its group shares,
   prefix = ((keys [A, K, E, P], values [A, K, P, E]), positions [A, P]) (`_attend_shared`).
   A paged cache (index a `kv_cache.PageView`, cache_kv this layer's pools): it attends
-  over the row's pages and its own new key (`attention.attend_paged`), and returns the
-  new keys and values [B, K, E] for the sampler to commit (`PagedKVCache.commit`).
+  over the row's pages and the call's own new keys (`attention.attend_paged`), and returns
+  them, keys [B, K, E, T] and values [B, K, T, E], for the sampler to commit
+  (`PagedKVCache.commit`).
 
   layer = (window, inv_freq): this layer's window (a scalar, or None: no window term) and
   rotary inverse frequencies (None: `attention.rope_inv_freq(cfg)`), per layer
@@ -294,7 +295,7 @@ class Attention(nn.Module):
       # over the buffers alone: cache_pos_BS already holds this call's positions.
       write = lambda buf, new, at: jax.lax.dynamic_update_slice(buf, new.astype(buf.dtype), at)
       if isinstance(index, kv_cache.PageView):  # A paged cache: read, not written.
-        new_kv = (k_BKET[..., 0], v_BKTE[:, :, 0])  # [B, K, E]: `PagedKVCache.fresh`.
+        new_kv = (k_BKET, v_BKTE)  # [B, K, E, T], [B, K, T, E]: `PagedKVCache.fresh`.
       elif jnp.ndim(index) == 1:  # One slot per row (the refill sampler's rows).
         new_kv = (
           jax.vmap(lambda b, n, i: write(b, n, (0, 0, i)))(cache_kv[0], k_BKET, index),
@@ -340,7 +341,7 @@ class Attention(nn.Module):
     elif keys is None:  # A paged cache (`kv_cache.PageView`).
       out_BKQE = attention.attend_paged(
         q_BKQE, q_pos_BQ, *cache_kv, index.pos_PZ, index.table_NM, index.live, *new_kv,
-        block=index.block, **mask,
+        positions_BT, block=index.block, **mask,
       )  # fmt: skip
     elif prefix is None:
       out_BKQE = attention.attend(q_BKQE, q_pos_BQ, *keys, **mask)

@@ -201,14 +201,10 @@ def _apply(params, tokens_BT, positions_BT, cache, *, cfg, logits_slice, hidden_
 
 
 def _apply_paged(decoder, variables, tokens_BT, positions_BT, cache: kv_cache.PagedKVCache):
-  """A decode call on a paged cache: every layer attends over the rows' pages and their
-  own new keys; the pools are read, not written, and the new keys and values come back
-  in `fresh` for `PagedKVCache.commit`."""
-  if tokens_BT.shape[1] != 1:
-    raise ValueError(
-      f"A paged KV cache takes one token per row a call (decode), got {tokens_BT.shape[1]}; "
-      "prompts are prefilled into a dense cache and then paged (`paged.sample`)."
-    )
+  """A call on a paged cache, T tokens per row (a decode step, or a block appended in one
+  call: `paged.forward`): every layer attends over the rows' pages and the call's own new
+  keys, causal by position; the pools are read, not written, and the new keys and values
+  come back in `fresh` for `PagedKVCache.commit`."""
   view = kv_cache.PageView(cache.table_NM, cache.pos_PZ, cache.live, block=cache.block)
   kv = (cache.k[0], cache.v[0]) if cache.stacked else (cache.k, cache.v)
   logits_BTV, fresh = decoder(variables, tokens_BT, positions_BT, kv, None, view, None)

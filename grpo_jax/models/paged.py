@@ -37,10 +37,11 @@ Partial rollouts (`offpolicy.continue_rows`) and IBPO's counterfactual rows
 
 Hand-written: JAX has no paged KV cache (vLLM's and SGLang's are outside JAX; vLLM-TPU's
 ragged paged attention is a TPU kernel, not a sampler). Multi-turn episodes page their
-cache with `take` and `forward` (`envs.episodes`: a token a call, observations too). Not
-here yet: a multi-token paged write, a TPU paged-attention kernel (the XLA gather
-path runs everywhere), and pools split over data-parallel devices (a pool is one array:
-with rows over several devices, each device holds all of it).
+cache with `take` and `forward` (`envs.episodes`: an action a token a call) and
+`append_block` (an observation of O tokens in one call, causal within the block). Not
+here yet: a TPU paged-attention kernel (the XLA gather path runs everywhere), and pools
+split over data-parallel devices (a pool is one array: with rows over several devices,
+each device holds all of it).
 
 Shape letters as in `sampling`; Z page size, M pages per row's table, F completion pages.
 """
@@ -280,6 +281,26 @@ def forward(params, p: Pages, tok_N, pos_N, t_N, live_N, *, model_fn: Callable):
   view = p.cache.replace(slot_N=slot_N, live=jnp.max(slot_N))
   logits_N1V, cache = model_fn(params, tok_N[:, None], pos_N[:, None], view)
   return logits_N1V, p.replace(cache=cache.commit(pos_N))
+
+
+def append_block(params, p: Pages, tok_NO, pos_NO, t_N, n_N, *, model_fn: Callable):
+  """One call writing each row's first n_N tokens of tok_NO (positions pos_NO, -1 past
+  n) at its completion slots t_N .. t_N + n − 1: a page is taken first for every slot of
+  those that starts one (`take`, column by column; with a whole pool none starves), then
+  every layer attends over the row's pages and the block, causal within it, and the
+  block is committed. What O calls of `forward`, a token each, would write, in one call
+  (up to the order of float32 sums). Returns (logits [N, O, V], pages)."""
+  Z = p.cache.page_size
+
+  def take_column(j, p):
+    t_N_ = t_N + j
+    return take(p, (j < n_N) & (t_N_ % Z == 0), t_N_)[0]
+
+  p = jax.lax.fori_loop(0, tok_NO.shape[1], take_column, p)
+  slot_N = jnp.where(n_N > 0, p.slot(t_N), -1)
+  view = p.cache.replace(slot_N=slot_N, live=jnp.max(slot_N))
+  logits_NOV, cache = model_fn(params, tok_NO, pos_NO, view)
+  return logits_NOV, p.replace(cache=cache.commit(pos_NO))
 
 
 def _take_pages(s: State, Z: int) -> State:
