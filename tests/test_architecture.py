@@ -469,3 +469,20 @@ def test_the_old_flat_paths_are_removed_when_their_release_comes():
     f"grpo_jax {version}: remove the 0.1 import shims (grpo_jax/infra/moved.py, the "
     "__getattr__ of grpo_jax, grpo_jax.rl and grpo_jax.rewards) and this test."
   )
+
+
+def _tested_modules(modules) -> set[str]:
+  """The package modules some file under tests/ imports by their own name (`_imports`)."""
+  out = set()
+  for path in sorted((ROOT / "tests").rglob("*.py")):
+    out |= _imports(path, modules)
+  return out
+
+
+def test_every_package_module_is_imported_by_a_test():
+  """Each module has a test that imports it directly, not only through a re-export (a
+  module's own tests say what it does; a re-export hides which module a failure is in)."""
+  modules = _modules()
+  faces = {name for name, path in modules.items() if path.name == "__init__.py"}
+  untested = sorted(set(modules) - _tested_modules(modules) - faces)
+  assert not untested, f"package modules no test imports directly: {untested}"

@@ -134,7 +134,9 @@ class Steps:
 
   def run(self, jobs: Sequence[tuple[base.Environment, str]]) -> list[Outcome]:
     """One Outcome per (environment, action), in order; a step that raised has its error
-    (Exception or not: the caller decides), a step past its budget is late."""
+    (with worker threads any exception, KeyboardInterrupt included: the caller decides;
+    with one worker an Exception, anything else propagates), a step past its budget is
+    late."""
     budgets = [budget_s(env) for env, _ in jobs]  # Checked before any step runs.
     if self.workers == 1:
       return [

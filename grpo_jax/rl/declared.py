@@ -26,7 +26,8 @@ class Hyper:
 
   def check(self, where: str, value) -> float:
     """`value` as a float; ValueError naming `where` (the config key) and the range."""
-    if not isinstance(value, int | float) or not self.low <= value <= self.high:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or not self.low <= value <= self.high:
       raise ValueError(
         f"{where}={value!r}: must be a number in [{self.low:g}, {self.high:g}] "
         f"({self.doc or 'declared by its variant'})."

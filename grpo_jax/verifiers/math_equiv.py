@@ -30,6 +30,7 @@ Equivalence (``is_equiv``), after normalising both sides:
 
 from __future__ import annotations
 
+import functools
 import re
 
 import sympy
@@ -115,6 +116,8 @@ def _equations_equal(a: str, b: str) -> bool:
 
 
 def _scalars_equal(a: str, b: str, *, rel_tol: float, abs_tol: float) -> bool:
+  if a.count("=") == b.count("=") == 1 and _equations_equal(a, b):
+    return True  # Equations as written ("y=2x+1", "2y=4x+2"), before a left side goes.
   a, b = math_normalize.strip_variable(a), math_normalize.strip_variable(b)
   if a == b or (a.isalpha() and len(a) > 1 and a.casefold() == b.casefold()):
     return True
@@ -169,10 +172,15 @@ def is_equiv(pred: str, gold: str, *, rel_tol: float = REL_TOL, abs_tol: float =
   equivalent items; scalars: two rationals exactly equal, other constants within
   max(rel_tol * max(|a|, |b|), abs_tol), expressions with ``simplify(a - b) == 0``. A
   percent sign on exactly one side also tries that side divided by 100 when the other
-  side is not an integer (50% == 0.5, but 5000% != 50). No timeout.
+  side is not an integer (50% == 0.5, but 5000% != 50). Two answers that both hold an
+  "=" are also compared with their one-letter left sides kept, so that equations with
+  the same solutions match (y=2x+1 == 2y=4x+2; normalising alone drops "y="). No timeout.
   """
   p, g = math_normalize.normalize(pred), math_normalize.normalize(gold)
   candidates = [(p, g)]
+  if "=" in pred and "=" in gold:  # Also as equations with their left sides: y=2x+1, 2y=4x+2.
+    keep = functools.partial(math_normalize.normalize, keep_variable=True)
+    candidates.append((keep(pred), keep(gold)))
   if _has_percent(pred) != _has_percent(gold):
     if _has_percent(pred) and not _is_integer(g):
       candidates.append((f"({p})/100", g))

@@ -262,8 +262,10 @@ def _expand_plus_minus(s: str) -> str:
   return ",".join(items)
 
 
-def normalize(answer: str) -> str:
-  """The canonical plain-math string for an answer (rules in the module docstring)."""
+def normalize(answer: str, *, keep_variable: bool = False) -> str:
+  """The canonical plain-math string for an answer (rules in the module docstring);
+  `keep_variable`: a one-letter left side stays (`strip_variable` is not applied), so
+  that two equations compare as equations."""
   s = answer.strip().rstrip(".")
   s = _matrices(s)
   s = _REPEATING.sub(_repeating_decimal, s)
@@ -281,7 +283,7 @@ def normalize(answer: str) -> str:
   s = s.replace(_SET_OPEN, "{").replace(_SET_CLOSE, "}")
   s = re.sub(r"^\++", "", s.rstrip("."))
   s = re.sub(r"(?<!\d)\.(\d)", r"0.\1", s)
-  s = _expand_plus_minus(strip_variable(s))
+  s = _expand_plus_minus(s if keep_variable else strip_variable(s))
   if not list_comma and _THOUSANDS.fullmatch(s):
     s = s.replace(",", "")
   return re.sub(r"^\(([A-Za-z])\)$", r"\1", s)
