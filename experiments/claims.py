@@ -126,13 +126,21 @@ from claims_offpolicy import (
   analyse_bf16_sampler,
   analyse_offpolicy_staleness,
 )
+from claims_smollm2 import (
+  BASE_CONFIG as SMOLLM2_BASE,
+)
+from claims_smollm2 import (
+  analyse_coupling_kernel_smollm2,
+  analyse_flips_smollm2,
+  measure_smollm2_update,
+)
 from evidence import Arm, Outcome, summarize
 
 from grpo_jax.infra import config_lib
 
 # The arms and analyses live by claim family: claims_diagnostics (claims 1-4, 2b, 7),
 # claims_batching (5, 6, 7b, 9, 9b), claims_fade (8), claims_ibpo (10-10g), claims_offpolicy
-# (11, 11b), and what they share in claims_base. Every name of theirs, and every module the
+# (11, 11b), claims_smollm2 (1s, 2s on SmolLM2-135M-Instruct), and what they share in claims_base. Every name of theirs, and every module the
 # unsplit file imported, stays claims.<name> (reproduce.py, the tests and the committed
 # results name them so); hence no unused-import check here.
 # ruff: noqa: F401
@@ -169,6 +177,8 @@ class Claim:
   seeds: tuple[int, ...] = ()
   # Why a judged claim no longer stands (kept with its result; not run, not in Holm's family).
   superseded: str = ""
+  # The config the arms (or the measurement) start from.
+  base_config: str = "configs/long_addition.py:tiny"
 
   @property
   def label(self) -> str:
@@ -318,6 +328,21 @@ CLAIMS = (
     tests=(Test("boosted_share_gap", "within", -0.15, 0.15),),
   ),
   Claim(
+    "flips_smollm2",
+    1,
+    "Token flipping, on SmolLM2-135M-Instruct",
+    "Cancellation hypothesis (2605.08666), claim 1",
+    "Positive and negative rollouts show similar proportions of boosted and suppressed tokens.",
+    "Pre-registered 2026-12-06, before any run of its verdict seeds 10-14 (seeds 0-1 only developed the measurement: its time, and that its figures exist). experiments/smollm2_update.py per seed: configs/smollm2.py:cpu (SmolLM2-135M-Instruct as pretrained, no warm start) for one GRPO iteration, the diagnostics measuring that update on its own 8 groups × G = 8. Per seed: boosted/(boosted + suppressed) among tokens with |Δ log π| > 1e-3, by polarity. Supports if the CI of the gap (positive − negative) lies inside ±0.15; contradicts if it lies wholly outside; else inconclusive. Claim 1's rule on one update of a real model (claim 1, 60 iterations of the tiny model, was inconclusive: gap +0.20 [+0.12, +0.28]); power: the seeds 80% power would need are reported with the result.",
+    (),
+    analyse_flips_smollm2,
+    measure=measure_smollm2_update,
+    sub="s",
+    tests=(Test("boosted_share_gap", "within", -0.15, 0.15),),
+    seeds=NEW_SEEDS,
+    base_config=SMOLLM2_BASE,
+  ),
+  Claim(
     "coupling",
     2,
     "Coupling: identical, low-confidence tokens",
@@ -365,6 +390,27 @@ CLAIMS = (
       Test("low_high_gap", "above", 0.0),
     ),
     seeds=NEW_SEEDS,
+  ),
+  Claim(
+    "coupling_kernel_smollm2",
+    2,
+    "Coupling per pair, on SmolLM2-135M-Instruct",
+    "Cancellation hypothesis (2605.08666), claim 3",
+    "Coupling occurs primarily between identical tokens that are both predicted with low "
+    "confidence: per pair, the coupling kernel of two low-confidence predictions of one id "
+    "exceeds that of different ids, of one confident prediction and of two.",
+    "Pre-registered 2026-12-06, before any run of its verdict seeds 10-14 (seeds 0-1 only developed the measurement). The update of claim 1s (experiments/smollm2_update.py: configs/smollm2.py:cpu, SmolLM2-135M-Instruct as pretrained, one GRPO iteration per seed, the diagnostics at that update). Per seed, claim 2b's figures: K̄(kind, A, B) = mean over the (target, source) confidence bins a ∈ A, b ∈ B holding pairs of coupling/<kind>/<a>/<b>/mean_k; LOW = {π < 0.1, 0.1 ≤ π < 0.5}, HIGH = {π ≥ 0.9}. Paired by seed: identity gap K̄(same, LOW, LOW) − K̄(diff, LOW, LOW); both-low gap K̄(same, LOW, LOW) − ½(K̄(same, LOW, HIGH) + K̄(same, HIGH, LOW)); low-high gap K̄(same, LOW, LOW) − K̄(same, HIGH, HIGH). Supports if all three CIs lie above 0; contradicts if any lies below 0; else inconclusive. (Claim 2b, on the tiny model: supports. A real model's hidden states are not the tiny one's, so ⟨h, h′⟩ may leave the LM-head factor's ordering standing or not.)",
+    (),
+    analyse_coupling_kernel_smollm2,
+    measure=measure_smollm2_update,
+    sub="s",
+    tests=(
+      Test("identity_gap", "above", 0.0),
+      Test("both_low_gap", "above", 0.0),
+      Test("low_high_gap", "above", 0.0),
+    ),
+    seeds=NEW_SEEDS,
+    base_config=SMOLLM2_BASE,
   ),
   Claim(
     "template_shift",

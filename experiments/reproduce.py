@@ -93,7 +93,7 @@ def run_claim(claim, *, root, seeds, iterations, quick, out) -> dict:
       a.name: {"overrides": dict(a.overrides), "diagnostics": dict(a.diagnostics)}
       for a in claim.arms
     },
-    "base_config": "configs/long_addition.py:tiny",
+    "base_config": claim.base_config,
     "model": evidence.model_name(),
     "seconds": round(time.perf_counter() - t0, 1),
     # Wall seconds of every run the claim reads (from their summaries, cached or not): what
