@@ -135,6 +135,12 @@ def write_claim(result: dict, outcome: evidence.Outcome, *, out: pathlib.Path) -
     + " |"
     for name, f in result["figures"].items()
   )
+  # A measurement claim trains no arm: its rule says what runs per seed.
+  runs = (
+    f"{result['iterations']} GRPO iterations per run"
+    if result["arms"]
+    else "one measurement per seed (its rule says what runs)"
+  )
   md = f"""# Claim {result["label"]}: {result["title"]}
 
 **Source:** {result["source"]}
@@ -151,7 +157,7 @@ def write_claim(result: dict, outcome: evidence.Outcome, *, out: pathlib.Path) -
 
 ![{key}]({key}.png)
 
-Seeds {result["seeds"]}, {result["iterations"]} GRPO iterations per run, base config
+Seeds {result["seeds"]}, {runs}, base config
 `{result["base_config"]}`; arms (overrides of the base):
 
 ```json
