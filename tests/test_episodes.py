@@ -381,18 +381,20 @@ def test_episode_log_probs_equal_the_teacher_forced_forward_of_the_whole_episode
   assert np.all(np.asarray(r.policy_logp_NT)[~action] == 0.0)
 
 
-@pytest.mark.parametrize("page_size, shared_prefix", [(4, True), (3, False)])
+@pytest.mark.parametrize("page_size, shared_prefix, chunk", [(4, True, 0), (3, False, 4)])
 def test_episodes_on_pages_equal_the_dense_episodes(
-  tiny_cfg, tiny_params, tokenizer, chatty_episodes, page_size, shared_prefix
+  tiny_cfg, tiny_params, tokenizer, chatty_episodes, page_size, shared_prefix, chunk
 ):
   """sampler.kv_layout="paged": the same keys give the same episodes (actions, tool
   observations written a block a call across page edges, turns, rewards, ends) and the
   same log-probs up to the order of float32 sums, with the group's prompt pages shared or
   copied (pages of 4 and 3 slots: neither divides the 7 prompt slots before the last
-  token, so a prompt's last page is part padding)."""
+  token, so a prompt's last page is part padding); with sampler.prefill_chunk = 4 the
+  prompts and the 6-token observations go in 4 tokens a call."""
   got = _chatty_run(
     tiny_cfg, tiny_params, tokenizer, kv_layout="paged", page_size=page_size,
     shared_prefix=shared_prefix, kv_pool_fraction=0.25,  # Ignored: episodes take a whole pool.
+    prefill_chunk=chunk,
   )  # fmt: skip
   want = chatty_episodes
   for k in ("tokens_NT", "mask_NT", "action_mask_NT", "eos_N", "length_N"):

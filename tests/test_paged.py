@@ -290,15 +290,16 @@ def test_compaction_sizes():
   assert paged._buckets(1) == (1,)
 
 
-@pytest.mark.parametrize("scan_layers, shared", [(False, True), (True, False)])
+@pytest.mark.parametrize("scan_layers, shared, chunk", [(False, True, 0), (True, False, 4)])
 def test_a_block_on_pages_in_one_call_is_the_block_a_token_a_call(
-  tiny_cfg, tiny_params, sampler_cfg, tokenizer, scan_layers, shared
+  tiny_cfg, tiny_params, sampler_cfg, tokenizer, scan_layers, shared, chunk
 ):
   """`paged.append_block` (an episode's observation) writes rows' blocks of n = 5, 3, 0
   and 6 tokens, across page edges (pages of 3 slots, the first block starting at
   completion slot 2, whose page an earlier token took), in one call: the logits of its columns and the pools it leaves are
   those of n `forward` calls a token each, up to the order of float32 sums, and the
-  pages taken are the same."""
+  pages taken are the same; also in calls of 4 columns (sampler.prefill_chunk: 2 calls,
+  the second with 2 padding columns)."""
   cfg, params = (tiny_cfg, tiny_params) if not scan_layers else _scanned(tiny_cfg, tiny_params)
   scfg = dataclasses.replace(sampler_cfg, group_size=2, kv_layout="paged", page_size=3, shared_prefix=shared)  # fmt: skip
   prompts = _prompts(scfg, tokenizer)
@@ -315,7 +316,7 @@ def test_a_block_on_pages_in_one_call_is_the_block_a_token_a_call(
   pos_NO = jnp.where(
     jnp.arange(6)[None] < n_N[:, None], 20 + t_N[:, None] + jnp.arange(6)[None], -1
   )
-  block = jax.jit(functools.partial(paged.append_block, model_fn=model_fn))
+  block = jax.jit(functools.partial(paged.append_block, model_fn=model_fn, chunk=chunk))
   logits_NOV, got = block(params, pages, tok_NO, pos_NO, t_N, n_N)
 
   @jax.jit

@@ -132,7 +132,7 @@ class EpisodeState:
   """The episodes' device state between turns. The cache holds the context up to, not
   including, `tok_N` (the next token to feed, at position `pos_N`); `t_N` counts the filled
   completion columns; `step` the token columns computed per row (decode steps of every
-  turn, plus O per append, or on pages the append's calls, its largest n):
+  turn, plus O per append):
   Rollouts.num_steps, so `pad/sample_frac` and the sampling FLOPs count the appends'
   padding too."""
 
@@ -250,18 +250,19 @@ def _feed_paged(params, pages, tok_N, pos_N, t_N, live_N, *, model_fn):
   return paged.forward(params, pages, tok_N, pos_N, t_N, live_N, model_fn=model_fn)
 
 
-def _write_dense(params, state, feed_NO, pos_NO, n_N, *, model_fn):
+def _write_dense(params, state, feed_NO, pos_NO, n_N, *, model_fn, chunk=0):
   """(cache, token columns computed): the O-token block in one forward (pad columns at
-  position −1), the write column advanced by each row's n."""
+  position −1), the write column advanced by each row's n. (`chunk` is the paged write's.)"""
+  del chunk
   _, cache = model_fn(params, feed_NO, pos_NO, state.cache)
   return cache.replace(index=state.cache.index + n_N), feed_NO.shape[1]
 
 
-def _write_paged(params, state, feed_NO, pos_NO, n_N, *, model_fn):
-  """(pages, token columns computed): the O-token block in one call on the rows' pages,
-  after the pages it starts are taken (`paged.append_block`)."""
+def _write_paged(params, state, feed_NO, pos_NO, n_N, *, model_fn, chunk=0):
+  """(pages, token columns computed): the O-token block on the rows' pages, after the
+  pages it starts are taken (`paged.append_block`), in one call or in calls of `chunk`."""
   _, pages = paged.append_block(
-    params, state.cache, feed_NO, pos_NO, state.t_N, n_N, model_fn=model_fn
+    params, state.cache, feed_NO, pos_NO, state.t_N, n_N, model_fn=model_fn, chunk=chunk
   )
   return pages, feed_NO.shape[1]
 
@@ -331,13 +332,14 @@ def decode_turn(
 
 def append(
   params, state: EpisodeState, obs_NO, n_N, *, model_fn: Callable, pad_id: int,
-  kv_layout: str = "dense",
+  kv_layout: str = "dense", chunk: int = 0,
 ):  # fmt: skip
   """Puts n_N[i] observation tokens obs_NO[i, :n] after row i's context (n = 0: nothing).
 
   The cache takes [tok_N, obs_0, ..., obs_{n−2}] at positions pos_N + 0..n−1
   (`_WRITES[kv_layout]`: in one forward, the columns past n pads at position −1; dense,
-  the row's write column advanced by n; paged, the pages taken first), and obs_{n−1} becomes
+  the row's write column advanced by n; paged, the pages taken first, in calls of `chunk`
+  columns when 0 < chunk < O: sampler.prefill_chunk), and obs_{n−1} becomes
   the next token to feed. The token buffer takes obs at columns t_N .. t_N + n − 1, in the
   context (mask) but not actions.
   """
@@ -348,7 +350,9 @@ def append(
   feed_NO = jnp.concatenate([state.tok_N[:, None], obs_NO[:, :-1]], axis=1)
   feed_NO = jnp.where(has_NO, feed_NO, pad_id)
   pos_NO = jnp.where(has_NO, state.pos_N[:, None] + j_O[None, :], -1)
-  cache, columns = _WRITES[kv_layout](params, state, feed_NO, pos_NO, n_N, model_fn=model_fn)
+  cache, columns = _WRITES[kv_layout](
+    params, state, feed_NO, pos_NO, n_N, model_fn=model_fn, chunk=chunk
+  )
   last_N = jnp.take_along_axis(obs_NO, jnp.maximum(n_N - 1, 0)[:, None], axis=1)[:, 0]
   rows_NO = jnp.where(has_NO, jnp.arange(N)[:, None], N)
   cols_NO = jnp.minimum(state.t_N[:, None] + j_O[None, :], T)  # T: out of range, dropped.
@@ -527,7 +531,13 @@ class Runner:
         donate_argnums=(1,),
       ),
       "append": jax.jit(
-        functools.partial(append, model_fn=model_fn, pad_id=pad, kv_layout=sampler_cfg.kv_layout),
+        functools.partial(
+          append,
+          model_fn=model_fn,
+          pad_id=pad,
+          kv_layout=sampler_cfg.kv_layout,
+          chunk=sampler_cfg.prefill_chunk,
+        ),  # fmt: skip
         donate_argnums=(1,),
       ),
       "finish": jax.jit(functools.partial(to_rollouts, group_size=sampler_cfg.group_size)),

@@ -78,6 +78,7 @@ class SamplerConfig:
   # Chunked prefill: the prompt goes into the cache this many tokens a call, each call
   # attending to the cache written before it (`prefill_cache`), so a prompt of P tokens
   # needs [chunk, P] attention scores instead of the causal [P, P] ones; 0: one call.
+  # Episodes on pages append an observation the same way (`paged.append_block`).
   prefill_chunk: int = 0
   # Every sampler's KV cache: "dense" ([rows, ..., P − 1 + T] per layer) or "paged"
   # (`paged`: pages of page_size slots from one pool, taken as rows grow and returned when
