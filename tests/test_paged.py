@@ -336,6 +336,12 @@ def test_a_block_on_pages_in_one_call_is_the_block_a_token_a_call(
   np.testing.assert_array_equal(got.cache.table_NM, want.cache.table_NM)
   np.testing.assert_array_equal(got.cache.pos_PZ, want.cache.pos_PZ)
   assert int(got.top) == int(want.top)
+  # Without logits (an episode's append): the same pages, and no logits kept.
+  silent = jax.jit(functools.partial(paged.append_block, model_fn=model_fn, chunk=chunk, logits=False))  # fmt: skip
+  none, same = silent(params, pages, tok_NO, pos_NO, t_N, n_N)
+  assert none is None
+  for a, b in zip(jax.tree.leaves(same), jax.tree.leaves(got), strict=True):
+    np.testing.assert_array_equal(a, b)
   for a, b in zip(jax.tree.leaves((got.cache.k, got.cache.v)), jax.tree.leaves((want.cache.k, want.cache.v)), strict=True):  # fmt: skip
     np.testing.assert_allclose(a, b, atol=2e-5)
 

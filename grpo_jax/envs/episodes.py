@@ -262,8 +262,9 @@ def _write_paged(params, state, feed_NO, pos_NO, n_N, *, model_fn, chunk=0):
   """(pages, token columns computed): the O-token block on the rows' pages, after the
   pages it starts are taken (`paged.append_block`), in one call or in calls of `chunk`."""
   _, pages = paged.append_block(
-    params, state.cache, feed_NO, pos_NO, state.t_N, n_N, model_fn=model_fn, chunk=chunk
-  )
+    params, state.cache, feed_NO, pos_NO, state.t_N, n_N, model_fn=model_fn, chunk=chunk,
+    logits=False,
+  )  # fmt: skip
   return pages, feed_NO.shape[1]
 
 

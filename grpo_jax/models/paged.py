@@ -283,7 +283,10 @@ def forward(params, p: Pages, tok_N, pos_N, t_N, live_N, *, model_fn: Callable):
   return logits_N1V, p.replace(cache=cache.commit(pos_N))
 
 
-def append_block(params, p: Pages, tok_NO, pos_NO, t_N, n_N, *, model_fn: Callable, chunk: int = 0):
+def append_block(
+  params, p: Pages, tok_NO, pos_NO, t_N, n_N, *, model_fn: Callable, chunk: int = 0,
+  logits: bool = True,
+):  # fmt: skip
   """One call writing each row's first n_N tokens of tok_NO (positions pos_NO, -1 past
   n) at its completion slots t_N .. t_N + n − 1: a page is taken first for every slot of
   those that starts one (`take`, column by column; with a whole pool none starves), then
@@ -291,10 +294,13 @@ def append_block(params, p: Pages, tok_NO, pos_NO, t_N, n_N, *, model_fn: Callab
   block is committed. What O calls of `forward`, a token each, would write, in one call
   (up to the order of float32 sums). With 0 < chunk < O, ceil(O / chunk) calls of `chunk`
   columns (sampler.prefill_chunk): the attention's scores are [N, heads, chunk, slots a
-  block] instead of O rows of them. Returns (logits [N, O, V], pages)."""
+  block] instead of O rows of them. Returns (logits [N, O, V], pages); with
+  logits=False (an episode's append reads none) (None, pages), and no call computes the
+  LM head or keeps logits."""
   width = tok_NO.shape[1]
   if 0 < chunk < width:
-    return _append_chunks(params, p, tok_NO, pos_NO, t_N, n_N, model_fn=model_fn, chunk=chunk)
+    return _append_chunks(params, p, tok_NO, pos_NO, t_N, n_N, model_fn=model_fn, chunk=chunk,
+                          logits=logits)  # fmt: skip
   Z = p.cache.page_size
 
   def take_column(j, p):
@@ -305,29 +311,37 @@ def append_block(params, p: Pages, tok_NO, pos_NO, t_N, n_N, *, model_fn: Callab
   slot_N = jnp.where(n_N > 0, p.slot(t_N), -1)
   view = p.cache.replace(slot_N=slot_N, live=jnp.max(slot_N))
   logits_NOV, cache = model_fn(params, tok_NO, pos_NO, view)
-  return logits_NOV, p.replace(cache=cache.commit(pos_NO))
+  return (logits_NOV if logits else None), p.replace(cache=cache.commit(pos_NO))
 
 
-def _append_chunks(params, p: Pages, tok_NO, pos_NO, t_N, n_N, *, model_fn, chunk: int):
+def _append_chunks(params, p: Pages, tok_NO, pos_NO, t_N, n_N, *, model_fn, chunk: int,
+                   logits: bool):  # fmt: skip
   """`append_block` in calls of `chunk` columns (a `lax.fori_loop`; the columns past O are
-  padding at position -1, written nowhere)."""
+  padding at position -1, written nowhere). The logits are carried only when asked for:
+  an unused loop-carried buffer would not be dropped."""
   N, width = tok_NO.shape
   calls = -(-width // chunk)
   pad = ((0, 0), (0, calls * chunk - width))
   tok_NO, pos_NO = jnp.pad(tok_NO, pad), jnp.pad(pos_NO, pad, constant_values=-1)
-  block = functools.partial(append_block, params, model_fn=model_fn)
+  block = functools.partial(append_block, params, model_fn=model_fn, logits=logits)
+
+  def call(c, p):
+    cols = lambda x: jax.lax.dynamic_slice_in_dim(x, c * chunk, chunk, axis=1)  # noqa: E731
+    n_c = jnp.clip(n_N - c * chunk, 0, chunk)
+    return block(p, cols(tok_NO), cols(pos_NO), t_N + c * chunk, n_c)
+
+  if not logits:
+    return None, jax.lax.fori_loop(0, calls, lambda c, p: call(c, p)[1], p)
 
   def one(c, carry):
     p, logits_NOV = carry
-    cols = lambda x: jax.lax.dynamic_slice_in_dim(x, c * chunk, chunk, axis=1)  # noqa: E731
-    n_c = jnp.clip(n_N - c * chunk, 0, chunk)
-    out_NCV, p = block(p, cols(tok_NO), cols(pos_NO), t_N + c * chunk, n_c)
+    out_NCV, p = call(c, p)
     return p, jax.lax.dynamic_update_slice_in_dim(logits_NOV, out_NCV, c * chunk, axis=1)
 
   V = jax.eval_shape(block, p, tok_NO[:, :chunk], pos_NO[:, :chunk], t_N, n_N)[0].shape[-1]
-  logits = jnp.zeros((N, calls * chunk, V), jnp.float32)
-  p, logits = jax.lax.fori_loop(0, calls, one, (p, logits))
-  return logits[:, :width], p
+  out = jnp.zeros((N, calls * chunk, V), jnp.float32)
+  p, out = jax.lax.fori_loop(0, calls, one, (p, out))
+  return out[:, :width], p
 
 
 def _take_pages(s: State, Z: int) -> State:
