@@ -20,10 +20,10 @@ import argparse
 import datetime
 import functools
 import json
+import os
 import pathlib
 import platform
 import statistics
-import time
 
 import bench_sampler
 import demo_seeds
@@ -75,24 +75,11 @@ def _one_by_one(params, pages, tok_NO, pos_NO, t_N, *, model_fn, page: int):
   return jax.lax.fori_loop(0, width, column, (pages, out))[::-1]
 
 
-def _machine() -> str:
-  """ "<cores>-core <CPU model>, <arch>" on Linux (platform's arch elsewhere)."""
-  try:
-    info = pathlib.Path("/proc/cpuinfo").read_text().splitlines()
-  except OSError:
-    return platform.machine()
-  names = [x.split(":", 1)[1].strip() for x in info if x.startswith("model name")]
-  return f"{len(names)}-core {names[0]}, {platform.machine()}" if names else platform.machine()
-
-
 def _median_s(fn, repeats: int) -> float:
-  jax.block_until_ready(fn())  # Compiles.
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times)
+  """Median wall seconds of `repeats` calls of fn (blocked on), after one that compiles."""
+  run = lambda: jax.block_until_ready(fn())  # noqa: E731
+  run()
+  return statistics.median(bench_sampler.time_calls(run, repeats))
 
 
 def run(*, quick: bool, widths, context: int, repeats: int) -> dict:
@@ -132,7 +119,8 @@ def run(*, quick: bool, widths, context: int, repeats: int) -> dict:
     "verdict": "not judged",
     "what": "one observation append on pages: one call for the block vs a decode call a token",
     "date": datetime.date.today().isoformat(),
-    "machine": _machine(),
+    "seeds": [0],  # The random weights' key (and the tokens' RandomState 1).
+    "machine": f"{os.cpu_count()}-core {demo_seeds.cpu_model()}, {platform.machine()}",
     "dtype": "float32",
     "model": "quick" if quick else "bench_sampler.BENCH_MODEL (~40M parameters)",
     "rows": rows,

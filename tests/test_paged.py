@@ -187,18 +187,24 @@ def test_paged_attention_over_blocks_equals_attention_over_the_gathered_slots():
   keys = jnp.concatenate([keys, k_BKE[..., None]], axis=-1)
   values = jnp.concatenate([values, v_BKE[:, :, None]], axis=2)
   key_pos = jnp.concatenate([pos_PZ[table_NM].reshape(N, -1), q_pos_BQ[:, :1]], axis=1)
-  for window, softcap in ((None, 0.0), (6, 2.0)):
-    got = attention.attend_paged(
-      q_BKQE, q_pos_BQ, k_pool, v_pool, pos_PZ, table_NM, jnp.asarray(19), k_BKE[..., None],
-      v_BKE[:, :, None], q_pos_BQ[:, :1], block=2, dtype=jnp.float32, window=window,
-      softcap=softcap,
-    )  # fmt: skip
-    want = attention.attend(
-      q_BKQE, q_pos_BQ, keys, values, key_pos, dtype=jnp.float32, window=window,
-      softcap=softcap,
-    )  # fmt: skip
-    np.testing.assert_allclose(got, want, atol=1e-6)
-    np.testing.assert_array_equal(got[3], 0.0)
+
+  def check(q_BKQE, q_pos_BQ, new_k, new_v, new_pos, keys, values, key_pos):
+    """attend_paged over the pool and the new keys equals attend over the gathered slots
+    followed by the new keys, with and without a window and soft-capping; the outputs."""
+    outs = []
+    for window, softcap in ((None, 0.0), (6, 2.0)):
+      mask = dict(dtype=jnp.float32, window=window, softcap=softcap)
+      got = attention.attend_paged(
+        q_BKQE, q_pos_BQ, k_pool, v_pool, pos_PZ, table_NM, jnp.asarray(19), new_k, new_v,
+        new_pos, block=2, **mask,
+      )  # fmt: skip
+      want = attention.attend(q_BKQE, q_pos_BQ, keys, values, key_pos, **mask)
+      np.testing.assert_allclose(got, want, atol=1e-6)
+      np.testing.assert_array_equal(got[3], 0.0)
+      outs.append(got)
+    return outs
+
+  check(q_BKQE, q_pos_BQ, k_BKE[..., None], v_BKE[:, :, None], q_pos_BQ[:, :1], keys, values, key_pos)  # fmt: skip
   # A block of O = 3 new keys a row (an episode's observation): each query (one per
   # column, at the column's position) sees the pages and the block's columns up to its
   # own; row 1 has 2 real columns (the third at position -1), row 3 none.
@@ -211,18 +217,8 @@ def test_paged_attention_over_blocks_equals_attention_over_the_gathered_slots():
   keys = jnp.concatenate([keys[..., :-1], k_BKEO], axis=-1)
   values = jnp.concatenate([values[:, :, :-1], v_BKOE], axis=2)
   key_pos = jnp.concatenate([key_pos[:, :-1], new_pos_BO], axis=1)
-  for window, softcap in ((None, 0.0), (6, 2.0)):
-    got = attention.attend_paged(
-      q_BKQE, new_pos_BO, k_pool, v_pool, pos_PZ, table_NM, jnp.asarray(19), k_BKEO, v_BKOE,
-      new_pos_BO, block=2, dtype=jnp.float32, window=window, softcap=softcap,
-    )  # fmt: skip
-    want = attention.attend(
-      q_BKQE, new_pos_BO, keys, values, key_pos, dtype=jnp.float32, window=window,
-      softcap=softcap,
-    )  # fmt: skip
-    np.testing.assert_allclose(got, want, atol=1e-6)
-    np.testing.assert_array_equal(got[3], 0.0)
-    np.testing.assert_array_equal(got[1, :, 2], 0.0)
+  for got in check(q_BKQE, new_pos_BO, k_BKEO, v_BKOE, new_pos_BO, keys, values, key_pos):
+    np.testing.assert_array_equal(got[1, :, 2], 0.0)  # Row 1's padding column sees nothing.
 
 
 def _pages(*, N=4, F=3, Z=2):
@@ -366,7 +362,7 @@ def test_the_committed_paged_append_record_is_what_its_rows_say():
 
   path = ROOT / "experiments" / "results" / "cpu" / "2026-12-06_epyc_paged_append.json"
   r = json.loads(path.read_text())
-  assert (r["claim"], r["verdict"], r["dtype"]) == (None, "not judged", "float32")
+  assert (r["claim"], r["verdict"], r["dtype"], r["seeds"]) == (None, "not judged", "float32", [0])
   assert [w["observation_tokens"] for w in r["widths"]] == [16, 64, 256]
   for w in r["widths"]:
     assert w["max_abs_logit_diff"] < 1e-3

@@ -21,6 +21,8 @@ from grpo_jax.rl import (
   spec,
 )
 
+_FLIPS = ("routes_replayed", "routes_flipped")  # Counts: additive over micro-batches.
+
 
 def token_terms(
   params,
@@ -64,9 +66,6 @@ def token_terms(
   # Scalars of the (micro-)batch, beside the per-token terms.
   terms |= {k: stats[k] for k in ("moe_balance", *_FLIPS) if k in stats}
   return total_NT, terms
-
-
-_FLIPS = ("routes_replayed", "routes_flipped")  # Counts: additive over micro-batches.
 
 
 def _sums(terms, mb: spec.RolloutBatch, w_NT):
