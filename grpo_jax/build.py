@@ -150,7 +150,7 @@ def plan_setup(c, *, n_devices: int | None = None, model_source: str = "") -> Se
     mesh_cfg=mesh_cfg, spec=d, counterfactual=cf, teacher=teacher_cfg, teacher_source=source,
   )  # fmt: skip
   try:
-    setup = dataclasses.replace(setup, episodes=_episode_config(setup))
+    setup = _resolve_old_logp(dataclasses.replace(setup, episodes=_episode_config(setup)))
   except ValueError as e:
     raise config_lib.ConfigError(str(e)) from e
   return _resolve_remat(setup, n_devices=n_devices)
@@ -222,7 +222,7 @@ def _build(c, *, n_devices: int | None, teacher: bool = True) -> Setup:
     rewards=_reward_sources(d, rl_cfg, cf),
   )
   setup = dataclasses.replace(setup, **_teacher(d, rl_cfg, task, tok, read=teacher))
-  return _resolve_remat(setup, n_devices=n_devices)
+  return _resolve_remat(_resolve_old_logp(setup), n_devices=n_devices)
 
 
 def _teacher(d: dict, rl_cfg: spec.RLConfig, task, tok, *, read: bool) -> dict:
@@ -442,6 +442,21 @@ def _offpolicy_config(d: dict, rl_cfg, cf, sampler_cfg, *, n_devices: int | None
   if op.enabled and op.placement == "split":
     n_devices -= op.sampler_devices
   return op, n_devices
+
+
+def _resolve_old_logp(setup: Setup) -> Setup:
+  """rl.old_logp_from resolved (`spec.RLConfig.resolved_old_logp`), with the blockers only
+  the whole config shows: counterfactual rows, whose importance weights read π_old, and
+  adapter dropout, which makes the update's forward another policy than π_old."""
+  extra = [
+    what
+    for what, on in (
+      ("counterfactual rows (their importance weights read π_old)", setup.counterfactual.per_group),
+      ("adapter dropout (model.lora.dropout > 0)", setup.model_cfg.lora.dropout > 0),
+    )
+    if on
+  ]
+  return dataclasses.replace(setup, rl_cfg=setup.rl_cfg.resolved_old_logp(extra_blockers=extra))
 
 
 def _resolve_remat(setup: Setup, *, n_devices: int) -> Setup:

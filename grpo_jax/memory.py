@@ -72,7 +72,8 @@ Figures are bytes per device, for the mesh of `setup.mesh_cfg` on `n_devices` de
   fsdp to compute with them; XLA gathers the whole model at once, or one layer at a
   time when the layers are scanned.
 
-- logprob_forward: the π_old and reference forwards (no backward) over one slice of the
+- logprob_forward: the π_old and reference forwards (no backward; 0 when neither runs:
+  π_old from the update's forward, rl.old_logp_from, and no reference) over one slice of the
   rollout rows (rl.logprob_batches slices, one after another): three float32 [rows,
   positions, V / tensor] buffers of the head (logits, their exponentials, the
   probabilities; positions min(T, rl.logit_chunk)) and two float32 [rows, S, D] hidden
@@ -397,7 +398,9 @@ def plan(
     + 2 * lp_rows * (P + T) // cp * m.d_model * 4
     + weights
   )
-  logprob_forward = forward(local, gathered)
+  # No log-prob forward runs when π_old comes from the update's (rl.old_logp_from) and no
+  # reference is read.
+  logprob_forward = forward(local, gathered) if rl_cfg.forwards_old_logp or rl_cfg.use_ref else 0
   teacher_params = teacher_forward = 0
   if teacher_cfg is not None:
     t_boxed = jax.eval_shape(functools.partial(model.init_boxed, teacher_cfg), jax.random.key(0))

@@ -59,23 +59,27 @@ def test_phase_flops_by_hand():
 
 
 def test_run_phase_flops_reads_the_setup():
-  """A run's phases: 1 forward for a recomputed π_old, 1 for a reference, G, T, epochs and
-  the update rows from its Setup; rollout rows and decode steps as the run had them."""
+  """A run's phases: 1 forward for a π_old recomputed by its own forward (none when the
+  update's forward gives it), 1 for a reference, G, T, epochs and the update rows from its
+  Setup; rollout rows and decode steps as the run had them."""
   ns = types.SimpleNamespace
   setup = ns(
     model_cfg=TINY,
     loop=ns(prompts_per_step=2),
     sampler_cfg=ns(group_size=3, max_new_tokens=3),
-    rl_cfg=ns(recompute_old_logp=True, use_ref=True, ppo_epochs=2),
+    rl_cfg=ns(forwards_old_logp=True, use_ref=True, ppo_epochs=2),
     rollout_rows=6,
     update_rows=6,
   )
   got = flops.run_phase_flops(setup, prompt_len=4)
   assert got == {"sample": 7104.0, "logprobs": 2 * 6 * 1864.0, "update": 3 * 2 * 6 * 1864.0}
-  setup.rl_cfg = ns(recompute_old_logp=True, use_ref=False, ppo_epochs=1)
+  setup.rl_cfg = ns(forwards_old_logp=True, use_ref=False, ppo_epochs=1)
   got = flops.run_phase_flops(setup, prompt_len=4, rollout_rows=3, decode_steps=2)
   want = {"sample": 1200 + 6 * (312 + 328.0), "logprobs": 3 * 1864.0, "update": 3 * 6 * 1864.0}
   assert got == want
+  setup.rl_cfg = ns(forwards_old_logp=False, use_ref=False, ppo_epochs=1)  # From the update.
+  got = flops.run_phase_flops(setup, prompt_len=4, rollout_rows=3, decode_steps=2)
+  assert got == {**want, "logprobs": 0.0}
 
 
 CFG = model.ModelConfig(

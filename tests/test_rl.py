@@ -3,7 +3,9 @@
 import dataclasses
 import functools
 import itertools
+import re
 
+import arithmetic
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -487,3 +489,137 @@ def test_log_prob_slices_give_the_forwards_of_all_rows_at_once(
   assert float(np.abs(np.asarray(want.old_logp_NT)).max()) > 0  # Not vacuous.
   with pytest.raises(ValueError, match=r"rl.logprob_batches=3 does not divide the 16 rollout"):
     run(dataclasses.replace(cfg, logprob_batches=3))
+
+
+# ----------------------------------------------------------------------------
+# π_old from the update's own forward (rl.old_logp_from).
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("changes", [{}, {"micro_batch_tokens": "3 rows", "length_buckets": 2}])
+def test_pi_old_from_the_update_gives_the_forwards_update_and_metrics(
+  changes, rollouts, tiny_model_fn, tiny_params
+):
+  """rl.old_logp_from="update" (one optimizer step): no π_old forward in prepare, and the
+  same SGD update, loss and metrics as π_old's own forward. rollout_entropy and the
+  sampler–trainer mismatch ("offpolicy/...") move from prepare's metrics to the
+  update's, equal (the token-budget case reassembles the rows' log-probs from two
+  length buckets); the ratio is exactly 1. The batch's old_logp_NT is then only μ, the
+  sampler's: shifting it by 0.5 moves the mismatch metrics and nothing trained (a learner
+  that read it as π_old would clip every token)."""
+  if changes:
+    row_tokens = rollouts.prompt_tokens_NP.shape[1] + rollouts.tokens_NT.shape[1]
+    changes = {**changes, "micro_batch_tokens": 3 * row_tokens}
+  forward = spec.RLConfig(old_logp_from="forward", entropy_coef=0.01, **changes)
+  out = {}
+  for name in ("forward", "update", "shifted"):
+    cfg = dataclasses.replace(forward, old_logp_from="forward" if name == "forward" else "update")
+    batch, _, prep = _prepare(cfg, tiny_params, rollouts, tiny_model_fn)
+    if name == "shifted":
+      batch = batch.replace(old_logp_NT=batch.old_logp_NT - 0.5)
+    update = learner.make_update(
+      cfg, tiny_model_fn, optax.sgd(0.1), batch_size=N, group_size=G, donate=False
+    )
+    state = spec.init_state(tiny_params, optax.sgd(0.1))
+    new, _, history = update(state, batch, jax.random.key(0), cfg.step_hyper())
+    out[name] = (new.params, {k: float(v) for k, v in prep.items()}, history)
+  (p_f, prep_f, hist_f), (p_u, prep_u, hist_u) = out["forward"], out["update"]
+  moved = {"rollout_entropy"} | {k for k in prep_f if k.startswith("offpolicy/")}
+  assert len(moved) == 7 and moved <= set(prep_f) and not moved & set(prep_u)
+  assert moved <= set(hist_u) and not moved & set(hist_f)
+  for k in moved:
+    assert float(hist_u[k][0]) == pytest.approx(prep_f[k], rel=1e-5, abs=1e-6), k
+  assert prep_u == pytest.approx({k: v for k, v in prep_f.items() if k not in moved}, rel=1e-6)
+  for k, v in hist_f.items():
+    assert float(hist_u[k][0]) == pytest.approx(float(v[0]), rel=1e-5, abs=1e-6), k
+  assert float(hist_u["ratio_mean"][0]) == 1.0 and float(hist_u["ppo_kl"][0]) == 0.0
+  for a, b in zip(jax.tree.leaves(p_f), jax.tree.leaves(p_u), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  p_s, _, hist_s = out["shifted"]
+  for a, b in zip(jax.tree.leaves(p_u), jax.tree.leaves(p_s), strict=True):
+    np.testing.assert_array_equal(a, b)
+  assert float(hist_s["pg_clipfrac"][0]) == 0.0
+  # log ρ = log π_old − log μ moved by +0.5: ρ's median by e^0.5.
+  assert float(hist_s["offpolicy/ratio_p50"][0]) == pytest.approx(
+    np.exp(0.5) * float(hist_u["offpolicy/ratio_p50"][0]), rel=1e-5
+  )
+
+
+@pytest.mark.parametrize(
+  "changes,blocker",
+  [
+    ({"num_minibatches": 2}, "2 optimizer steps"),
+    ({"ppo_epochs": 3}, "3 optimizer steps"),
+    ({"recompute_old_logp": False}, "recompute_old_logp=False"),
+    ({"advantage": "optimal_baseline"}, "rl.advantage='optimal_baseline'"),
+    ({"token_masks": ("negative_token_filter",)}, "negative_token_filter"),
+    ({"controller": "fade_entropy", "advantage": "fade"}, "rl.controller='fade_entropy'"),
+    ({"is_correction": "tis_token"}, "rl.is_correction='tis_token'"),
+    ({"kl_coef": 0.1}, "rl.kl_coef > 0"),
+  ],
+)
+def test_pi_old_from_the_update_is_refused_where_it_is_not_pi_old(changes, blocker):
+  """Each thing that makes the update's forward other than π_old, or reads π_old before
+  the update, is a blocker: "auto" then resolves to "forward" (`build`), and an explicit
+  "update" is one error naming it."""
+  assert any(blocker in b for b in spec.RLConfig(**changes).old_logp_blockers())
+  with pytest.raises(ValueError, match=f"this config has .*{re.escape(blocker)}"):
+    spec.RLConfig(old_logp_from="update", **changes)
+
+
+def test_pi_old_source_is_resolved_at_the_config_edge():
+  """The trainer's config edge resolves "auto": "update" for the demo's plan (one step),
+  "forward" with two mini-batches or adapter dropout; an explicit "update" with adapter
+  dropout is one error, and an unknown source names the allowed ones."""
+  from grpo_jax import build  # noqa: PLC0415
+  from grpo_jax.infra import config_lib  # noqa: PLC0415
+
+  def resolved(**rl):
+    c = arithmetic.get_config("quick")
+    c.rl.update(rl)
+    return build.build(c).rl_cfg.old_logp_from
+
+  assert spec.RLConfig().old_logp_from == "auto"
+  assert resolved() == "update"
+  assert resolved(num_minibatches=2) == "forward"
+  c = arithmetic.get_config("quick")
+  c.model.lora.update(rank=2, dropout=0.1)
+  assert build.build(c).rl_cfg.old_logp_from == "forward"
+  c.rl.old_logp_from = "update"
+  with pytest.raises(config_lib.ConfigError, match="this config has adapter dropout"):
+    build.build(c)
+  with pytest.raises(ValueError, match=r"allowed: \('auto', 'forward', 'update'\)"):
+    spec.RLConfig(old_logp_from="fused")
+
+
+def test_bench_old_logp_times_both_sources_on_the_same_run():
+  """experiments/bench_old_logp.py --quick: both sources train the same losses and each
+  phase is timed (speed is the script's business, not a test's)."""
+  import bench_old_logp  # noqa: PLC0415
+
+  r = bench_old_logp.main(["--quick"])
+  w = r["workloads"]["demo"]
+  assert w["loss_max_rel_diff"] < 1e-3 and w["samples"] == 2
+  assert w["iteration_ratio"] == pytest.approx(
+    w["forward"]["iteration_s"] / w["update"]["iteration_s"]
+  )
+  assert all(w[s][k] > 0 for s in ("forward", "update") for k in ("update_s", "iteration_s"))
+
+
+def test_the_committed_old_logp_record_is_what_its_rows_say():
+  """experiments/results/cpu/2026-12-06_epyc_old_logp: a description of one sitting (not
+  judged), each workload's ratio its two iteration times', the two sources' losses equal,
+  and its figures the ones docs/benchmarks.md quotes."""
+  import json  # noqa: PLC0415
+  import pathlib  # noqa: PLC0415
+
+  root = pathlib.Path(__file__).resolve().parent.parent
+  r = json.loads((root / "experiments/results/cpu/2026-12-06_epyc_old_logp.json").read_text())
+  assert (r["claim"], r["verdict"], r["dtype"], r["seeds"]) == (None, "not judged", "float32", [0])
+  doc = (root / "docs" / "benchmarks.md").read_text()
+  for name, w in r["workloads"].items():
+    assert w["loss_max_rel_diff"] < 1e-3, name
+    ratio = w["forward"]["iteration_s"] / w["update"]["iteration_s"]
+    assert w["iteration_ratio"] == pytest.approx(ratio)
+    assert f"{w['forward']['iteration_s']:.3f} s against {w['update']['iteration_s']:.3f} s" in doc
+    assert f"({ratio:.2f}×)" in doc

@@ -172,7 +172,8 @@ def run_phase_flops(
   setup, *, prompt_len: int, rollout_rows: int | None = None, decode_steps: float | None = None
 ) -> dict:
   """`phase_flops` of a run (a `build.Setup`): its model, prompts, G, T, update rows, PPO
-  epochs, and one log-prob forward each for a recomputed π_old and a reference.
+  epochs, and one log-prob forward each for a π_old recomputed by its own forward
+  (rl.old_logp_from "forward") and a reference.
   `rollout_rows` (default the Setup's) and `decode_steps` (default T): as the run had them."""
   scfg, rl_cfg = setup.sampler_cfg, setup.rl_cfg
   return phase_flops(
@@ -183,7 +184,7 @@ def run_phase_flops(
     new_tokens=scfg.max_new_tokens,
     rollout_rows=setup.rollout_rows if rollout_rows is None else rollout_rows,
     update_rows=setup.update_rows,
-    forwards=int(rl_cfg.recompute_old_logp) + int(rl_cfg.use_ref),
+    forwards=int(rl_cfg.forwards_old_logp) + int(rl_cfg.use_ref),
     epochs=rl_cfg.ppo_epochs,
     decode_steps=decode_steps,
   )

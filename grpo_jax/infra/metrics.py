@@ -92,7 +92,8 @@ DEFINITIONS = {
   "masked_frac/<mask>": "Fraction of valid completion tokens the named mask removes on its own.",
   "masked_frac/<mask>/<part>": "Fraction of valid completion tokens one part of the named mask "
   "(a negative_token_filter criterion) would remove on its own.",
-  "rollout_entropy": "Mean over valid tokens of π_old's entropy at each step (when recomputed).",
+  "rollout_entropy": "Mean over valid tokens of π_old's entropy at each step (when recomputed; "
+  "from the update's forward with rl.old_logp_from 'update', which then logs it).",
   "rollout_kl_ref/<estimator>": "Mean over valid tokens of the KL estimator of π_old vs π_ref.",
   "response_length": "Mean completion length in tokens (episodes: the model's own tokens).",
   "truncated_frac": "Fraction of rows that hit max_new_tokens without an EOS.",
@@ -175,7 +176,8 @@ DEFINITIONS = {
   "offpolicy/mismatch_k3": "Mean over loss tokens (before the correction drops any) of k3 = "
   "ρ − 1 − log ρ, ρ = π_old/μ (μ the sampler's raw policy, π_old the trainer's recompute): an "
   "estimate of KL(μ ‖ π_old) from μ's samples. 0 when sampler and trainer agree. Needs "
-  "rl.recompute_old_logp.",
+  "rl.recompute_old_logp; with rl.old_logp_from 'update' π_old is the update's forward and "
+  "the update logs every offpolicy/ mismatch metric (same definitions).",
   "offpolicy/ratio_p<q>": "The q-th percentile (01, 50, 99) of ρ = π_old/μ over loss tokens "
   "(before the correction).",
   "offpolicy/is_weight_mean": "Mean over the tokens the correction keeps of its weight w "

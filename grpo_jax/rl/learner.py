@@ -16,6 +16,7 @@ from grpo_jax.models import logprobs, model
 from grpo_jax.rl import (
   advantages,
   aggregation,
+  importance,
   losses,
   planners,
   spec,
@@ -53,9 +54,10 @@ def token_terms(
   )
   ent_NT = stats["entropy"]
   m_NT = mb.loss_mask_NT
-  pg_NT, aux = losses.REGISTRY.make(cfg.policy_loss)(
-    logp_NT, mb.old_logp_NT, mb.adv_NT, m_NT, hyper.loss
-  )
+  # π_old: the update's own forward (one optimizer step from the sampled params: exact),
+  # or the batch's recomputed log-probs.
+  old_NT = jax.lax.stop_gradient(logp_NT) if cfg.old_logp_in_update else mb.old_logp_NT
+  pg_NT, aux = losses.REGISTRY.make(cfg.policy_loss)(logp_NT, old_NT, mb.adv_NT, m_NT, hyper.loss)
   total_NT = pg_NT - hyper.entropy_coef * ent_NT
   kl_NT = jnp.zeros_like(logp_NT)
   if cfg.use_ref:
@@ -63,6 +65,7 @@ def token_terms(
     total_NT = total_NT + hyper.kl_coef * kl_NT
   total_NT = jnp.where(m_NT, total_NT, 0.0)
   terms = dict(aux, pg_loss=pg_NT, kl=kl_NT, entropy=ent_NT, logp=logp_NT, loss=total_NT)
+  terms["old_logp"] = old_NT
   # Scalars of the (micro-)batch, beside the per-token terms.
   terms |= {k: stats[k] for k in ("moe_balance", *_FLIPS) if k in stats}
   return total_NT, terms
@@ -82,7 +85,7 @@ def _sums(terms, mb: spec.RolloutBatch, w_NT):
     "clip_high": jnp.sum(pos * f(terms["clip_high"])),
     "clip_low": jnp.sum(neg * f(terms["clip_low"])),
     "dual_clip": jnp.sum(neg * f(terms["dual_clip"])),
-    "ppo_kl": jnp.sum(m * (mb.old_logp_NT - terms["logp"])),
+    "ppo_kl": jnp.sum(m * (terms["old_logp"] - terms["logp"])),
     "kl_ref": jnp.sum(m * terms["kl"]),
     "entropy": jnp.sum(m * terms["entropy"]),
     "ratio": jnp.sum(m * terms["ratio"]),
@@ -231,6 +234,8 @@ def accumulate_gradients(
 
   grad_fn = jax.grad(micro_loss, has_aux=True)
   keep = ("loss", "ratio", "clip_high", "clip_low", "dual_clip") if token_outputs else ()
+  if cfg.old_logp_in_update:  # For `old_logp_metrics`.
+    keep = (*keep, "logp", "entropy")
 
   def at_length(Tb):
     """(grads, sums, kept per-token terms padded back to T) of one micro-batch at Tb."""
@@ -397,9 +402,27 @@ def train_step(
   finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(metrics["grad_norm"])
   state, applied = apply_if_finite(state, grads, finite, optimizer)
   metrics["nonfinite"] = 1.0 - applied.astype(jnp.float32)
+  if cfg.old_logp_in_update:
+    metrics |= old_logp_metrics(tok["logp"], tok["entropy"], mb)
   if token_outputs:
     metrics["tokens"] = {"weight": w_NT, **tok}
   return state, metrics
+
+
+def old_logp_metrics(logp_NT, entropy_NT, mb: spec.RolloutBatch) -> dict:
+  """The metrics a forward of π_old of its own would log (`preparation.prepare_metrics`,
+  `preparation.behaviour_correction`), from the update's forward when it is π_old
+  (rl.old_logp_from="update", one optimizer step: its mini-batch is the batch's rows):
+  rollout_entropy over the rows' own tokens, and the sampler–trainer mismatch
+  ("offpolicy/...") over the loss tokens, mb.old_logp_NT then holding the sampler's μ."""
+  acted_NT = mb.mask_NT if mb.action_mask_NT is None else mb.action_mask_NT & mb.mask_NT
+  m_NT = acted_NT.astype(jnp.float32)
+  entropy = jnp.sum(jnp.where(acted_NT, entropy_NT, 0.0)) / jnp.maximum(jnp.sum(m_NT), 1.0)
+  old_NT = jax.lax.stop_gradient(logp_NT)
+  ones_NT = jnp.ones(old_NT.shape, jnp.float32)  # rl.is_correction "none" (the only one).
+  keep_NT = mb.loss_mask_NT
+  mismatch = importance.mismatch_metrics(old_NT, mb.old_logp_NT, keep_NT, ones_NT, keep_NT)
+  return {"rollout_entropy": entropy, **mismatch}
 
 
 def make_train_step(

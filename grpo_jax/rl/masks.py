@@ -13,6 +13,7 @@ Polarity is the sign of the row's sequence advantage ā_i = Σ_t m A / Σ_t m.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import flax
@@ -22,7 +23,17 @@ import jax.numpy as jnp
 from grpo_jax.infra import registry
 from grpo_jax.rl import advantages
 
-REGISTRY = registry.Registry("token mask")
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Traits:
+  """reads_old_logp: it may read π_old (MaskInputs.old_logp_BT, entropy_BT or rank_BT)
+  while the batch is prepared, so π_old cannot come from the update's forward
+  (rl.old_logp_from, `spec.RLConfig.old_logp_blockers`)."""
+
+  reads_old_logp: bool = False
+
+
+REGISTRY = registry.Registry("token mask", traits=Traits)
 
 
 @flax.struct.dataclass
@@ -158,7 +169,7 @@ def filter_criteria(
   return out
 
 
-@REGISTRY.register("negative_token_filter")
+@REGISTRY.register("negative_token_filter", reads_old_logp=True)
 def negative_token_filter(
   inputs: MaskInputs,
   hyper: MaskHyper,

@@ -56,7 +56,9 @@ class PolicyLogProbs:
   """The per-token forwards of a rollout batch. They need no rewards, so the trainer
   dispatches them before it scores rewards on the host (`rollout_logprobs`)."""
 
-  old_logp_NT: jax.Array  # log π_old(o_t) at temperature 1 (the sampler's when not recomputed).
+  # log π_old(o_t) at temperature 1; the sampler's when not recomputed, or when the update's
+  # forward gives π_old (rl.old_logp_from="update": the update reads this as μ).
+  old_logp_NT: jax.Array
   entropy_NT: jax.Array  # H(π_old(·|o_<t)); zeros when not recomputed.
   score_sq_N: Any  # Σ_t ‖e_y − π_t‖² (None when not recomputed).
   score_sq_NT: Any  # ‖e_y − π_t‖² per token, 0 off the mask (None when not recomputed).
@@ -123,13 +125,15 @@ def rollout_logprobs(params, ref_params, rollouts, *, cfg: spec.RLConfig, model_
     (rows, routes),
     slices=cfg.logprob_batches,
   )
-  if cfg.recompute_old_logp:  # π_old replays the sampler's routes (rl.routing_replay).
+  if cfg.forwards_old_logp:  # π_old replays the sampler's routes (rl.routing_replay).
     old_logp_NT, old_stats = logp(params, routes, with_stats=True, with_rank=cfg.needs_rank)
     entropy_NT = old_stats["entropy"]
     rank_NT = old_stats.get("rank")
     score_sq_NT = (1.0 - 2.0 * jnp.exp(old_logp_NT) + old_stats["sum_sq"]) * mask_NT
     score_sq_N = jnp.sum(score_sq_NT, axis=1)
-  else:  # spec.RLConfig refuses the features that need π_old's distribution in this mode.
+  else:  # The sampler's log-probs: π_old's when not recomputed, and the update's mismatch
+    # metrics' μ when π_old comes from the update's forward (spec.RLConfig refuses the
+    # features that need π_old's distribution before the update in both modes).
     old_logp_NT, entropy_NT = rollouts.policy_logp_NT, jnp.zeros(mask_NT.shape, jnp.float32)
     score_sq_N = score_sq_NT = rank_NT = None
   if cfg.use_ref:
@@ -305,7 +309,7 @@ def prepare_metrics(lp: PolicyLogProbs, rollouts, adv_NT, rewards_N, correct_N, 
     "response_length": jnp.mean(rollouts.length_N.astype(jnp.float32)),
     "truncated_frac": jnp.mean(rollouts.truncated_N.astype(jnp.float32)),
   }
-  if cfg.recompute_old_logp:
+  if cfg.forwards_old_logp:  # Else the update logs it (`learner.old_logp_metrics`).
     out["rollout_entropy"] = jnp.sum(lp.entropy_NT * m_NT) / n_tok
   if cfg.use_ref:
     out[f"rollout_kl_ref/{cfg.kl_estimator}"] = jnp.sum(lp.kl_NT) / n_tok
@@ -395,8 +399,9 @@ def behaviour_correction(lp: PolicyLogProbs, rollouts, adv_NT, loss_mask_NT, hyp
   into the batch: A_t ← w_t·A_t (each policy loss is positively homogeneous in A, so this
   weights each token's policy loss by w_t) and the tokens it drops leave the loss mask.
   Also the sampler–trainer mismatch metrics ("offpolicy/...") over the trained tokens,
-  whenever π_old is recomputed (otherwise π_old is the sampler's: no mismatch to see)."""
-  if not cfg.recompute_old_logp:
+  whenever π_old is recomputed by a forward of its own (otherwise π_old is the sampler's:
+  no mismatch to see; or the update's forward, which logs them: `learner.old_logp_metrics`)."""
+  if not cfg.forwards_old_logp:
     return adv_NT, loss_mask_NT, {}
   old_NT, behav_NT = lp.old_logp_NT, rollouts.policy_logp_NT
   w_NT, keep_NT = importance.REGISTRY.make(cfg.is_correction)(

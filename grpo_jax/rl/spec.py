@@ -32,6 +32,8 @@ from grpo_jax.rl import (
 )
 
 KL_PLACEMENTS = ("loss", "reward")
+# Where π_old's log-probs come from when recomputed (rl.old_logp_from, `RLConfig`).
+OLD_LOGP_SOURCES = ("auto", "forward", "update")
 # What happens to rows whose reward could not be computed (`verdicts.Scores.error_N`: the
 # verifier raised, timed out or returned a non-finite value); see `trained_rows`.
 UNSCORABLE_POLICIES = ("mask", "zero", "drop_group")
@@ -118,6 +120,14 @@ class RLConfig:
   # rows' activations and logits. 1: all rows at once.
   logprob_batches: int = 1
   recompute_old_logp: bool = True
+  # Where the recomputed π_old log-probs come from: "forward", a forward of their own
+  # before rewards (`preparation.rollout_logprobs`); "update", the update's own forward,
+  # stop_gradient(log π_θ), which is π_old exactly when the update takes one optimizer
+  # step from the params that forward would have used (one forward of the batch saved);
+  # "auto", "update" where it is exact and nothing reads π_old before the update
+  # (`old_logp_blockers`; the trainer's config edge also counts counterfactual rows and
+  # adapter dropout), else "forward".
+  old_logp_from: str = "auto"
   # The behaviour-policy correction (`importance`): π_old / μ per token, μ the sampler.
   is_correction: str = "none"
   is_lower: float = 0.5  # L (an array: no recompile): MIS keeps ratios >= L.
@@ -134,6 +144,7 @@ class RLConfig:
     # Build every variant once, so bad options fail here, before anything compiles.
     advantages.REGISTRY.make(self.advantage, **self.advantage_options)
     self._check_old_logp_readers()
+    self._check_old_logp_source()
     controllers.REGISTRY.make(self.controller, **config_lib.to_dict(self.controller_options))
     importance.check_bounds(lower=self.is_lower, upper=self.is_upper)
     self.mask_fns()
@@ -239,6 +250,66 @@ class RLConfig:
         "log-probs, but rl.recompute_old_logp=False makes π_old the sampler's own log-probs "
         "(nothing to correct); set recompute_old_logp=True or is_correction='none'."
       )
+
+  def old_logp_blockers(self) -> list[str]:
+    """What makes the update's forward other than π_old, or reads π_old before the update
+    (each a phrase for an error): rl.old_logp_from="update" needs this empty."""
+    out = []
+    if not self.recompute_old_logp:
+      out.append("rl.recompute_old_logp=False (π_old is the sampler's log-probs)")
+    if self.num_minibatches * self.ppo_epochs > 1:
+      out.append(
+        f"{self.num_minibatches * self.ppo_epochs} optimizer steps per update "
+        "(rl.num_minibatches × rl.ppo_epochs; after the first, π_θ is no longer π_old)"
+      )
+    traits = advantages.REGISTRY.traits(self.advantage)
+    if traits.needs_old_logp or traits.needs_teacher:
+      out.append(f"rl.advantage={self.advantage!r} (it reads π_old)")
+    out += [
+      f"the {name} token mask (it reads π_old)"
+      for name in self.mask_fns()
+      if masks.REGISTRY.traits(name).reads_old_logp
+    ]
+    if controllers.REGISTRY.traits(self.controller).reads_old_logp:
+      out.append(f"rl.controller={self.controller!r} (it reads π_old's entropy)")
+    if importance.REGISTRY.traits(self.is_correction).corrects:
+      out.append(f"rl.is_correction={self.is_correction!r} (it weights by π_old / μ)")
+    if self.use_ref:
+      out.append("a reference policy (rl.kl_coef > 0: its KL is measured from π_old)")
+    return out
+
+  def _check_old_logp_source(self, extra_blockers=()) -> None:
+    if self.old_logp_from not in OLD_LOGP_SOURCES:
+      raise ValueError(f"rl.old_logp_from={self.old_logp_from!r}; allowed: {OLD_LOGP_SOURCES}.")
+    blockers = [*self.old_logp_blockers(), *extra_blockers]
+    if self.old_logp_from == "update" and blockers:
+      raise ValueError(
+        "rl.old_logp_from='update' takes π_old from the update's own forward, which is "
+        f"exact only with one optimizer step and no reader of π_old before it; this config "
+        f"has {'; '.join(blockers)}. Set rl.old_logp_from='forward' (or 'auto')."
+      )
+
+  def resolved_old_logp(self, *, extra_blockers=()) -> RLConfig:
+    """This config with old_logp_from "auto" resolved: "update" when neither
+    `old_logp_blockers` nor `extra_blockers` (what only the whole config shows: the
+    trainer's config edge, `build`) has anything, else "forward". An explicit "update"
+    with an extra blocker is refused."""
+    self._check_old_logp_source(extra_blockers)
+    if self.old_logp_from != "auto":
+      return self
+    blocked = self.old_logp_blockers() or extra_blockers
+    return dataclasses.replace(self, old_logp_from="forward" if blocked else "update")
+
+  @property
+  def old_logp_in_update(self) -> bool:
+    """π_old's log-probs are the update's forward's (rl.old_logp_from="update", as
+    resolved from "auto" by the trainer's config edge): no forward of their own."""
+    return self.old_logp_from == "update"
+
+  @property
+  def forwards_old_logp(self) -> bool:
+    """π_old's log-probs need a forward of their own before rewards."""
+    return self.recompute_old_logp and not self.old_logp_in_update
 
   @classmethod
   def from_dict(cls, d, *, where: str = "rl") -> RLConfig:
