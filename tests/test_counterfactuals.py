@@ -51,7 +51,7 @@ def test_plan_picks_failed_parents_per_group_and_cuts_inside_them():
   # Two groups of G = 3; rows 0 and 4 are correct, row 5 is one token long (ineligible).
   r = _rollouts(np.ones((6, 8)), [5, 4, 6, 3, 7, 1], G=3)
   correct = jnp.asarray([1.0, 0, 0, 0, 1, 0])
-  cfg = CF.CounterfactualConfig(per_group=4, per_rollout=2, branch_from="failed")
+  cfg = CF.CounterfactualConfig(per_group=4, per_rollout=2, branch_from="failed", cut="uniform")
   p = CF.plan(jax.random.key(0), r, correct, cfg=cfg, group_size=3)
   parent, cut = np.asarray(p.parent_M), np.asarray(p.cut_M)
   np.testing.assert_array_equal(p.active_M, [True] * 4 + [True] * 4)

@@ -59,7 +59,8 @@ def test_grpo_raises_held_out_accuracy_in_float32_and_bfloat16_and_the_flipped_s
 def test_a_committed_warm_start_that_no_longer_reproduces_is_refused(tmp_path, monkeypatch):
   """The arms above start from tests/fixtures/warm_starts/arithmetic_tiny. It passes its
   check (today's code scores it as recorded: within runs.STALE_PROBLEMS problems, here at
-  the tests' own XLA level); a config value changed since it was made, or a checkpoint that
+  the tests' own XLA level); a config value changed since it was made (outside the sections
+  the warm start never reads), or a checkpoint that
   today's code reads differently (here: every weight array read in reverse order along its
   first axis, as a layout change would), is refused with the command
   that rewrites it."""
@@ -70,6 +71,9 @@ def test_a_committed_warm_start_that_no_longer_reproduces_is_refused(tmp_path, m
   changed.warmstart_steps += 1
   with pytest.raises(runs.StaleWarmStart, match=r"another config: \['loop.warmstart_steps"):
     runs._check_warm_start(workdir, changed, "arithmetic_tiny")
+  unread = _config()  # A section the warm start never reads (runs.NOT_READ_BY_THE_WARM_START).
+  unread.counterfactual.update(branch_from="correct", cut="step")
+  runs._check_warm_start(workdir, unread, "arithmetic_tiny")
   real = eval_command.source
 
   def reversed_(*args, **kwargs):

@@ -102,8 +102,10 @@ class CounterfactualConfig:
   per_group: int = 0  # C counterfactual rows per group.
   per_rollout: int = 1  # k continuations from each picked (rollout, cut); divides C.
   source: str = "branch"  # SOURCES.
-  branch_from: str = "failed"  # BRANCH_FROM: which rollouts get counterfactuals.
-  cut: str = "uniform"  # CUTS (branches only).
+  # BRANCH_FROM: which rollouts get counterfactuals. The defaults, "all" and "window",
+  # are a plan IBPO may read (`biased_choices` is empty for them).
+  branch_from: str = "all"
+  cut: str = "window"  # CUTS (branches only).
   cut_window: int = 0  # W of the window and next_step cuts (0: T − 1).
   token_budget: int = 0  # The most counterfactual tokens per iteration (0: no cap).
   train: bool = False  # Train counterfactual rows (own tokens) too, not only φ.
