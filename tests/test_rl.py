@@ -496,7 +496,11 @@ def test_log_prob_slices_give_the_forwards_of_all_rows_at_once(
 # ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("changes", [{}, {"micro_batch_tokens": "3 rows", "length_buckets": 2}])
+@pytest.mark.parametrize(
+  "changes",
+  [{}, {"micro_batch_tokens": "3 rows", "length_buckets": 2}, {"kl_coef": 0.05}],
+  ids=["one_micro_batch", "token_budgets", "kl_in_loss"],
+)
 def test_pi_old_from_the_update_gives_the_forwards_update_and_metrics(
   changes, rollouts, tiny_model_fn, tiny_params
 ):
@@ -504,17 +508,19 @@ def test_pi_old_from_the_update_gives_the_forwards_update_and_metrics(
   same SGD update, loss and metrics as π_old's own forward. rollout_entropy and the
   sampler–trainer mismatch ("offpolicy/...") move from prepare's metrics to the
   update's, equal (the token-budget case reassembles the rows' log-probs from two
-  length buckets); the ratio is exactly 1. The batch's old_logp_NT is then only μ, the
+  length buckets), and so does KL(π_old ‖ π_ref) with a KL in the loss (rollout_kl_ref/k3;
+  the reference forward stays); the ratio is exactly 1. The batch's old_logp_NT is then only μ, the
   sampler's: shifting it by 0.5 moves the mismatch metrics and nothing trained (a learner
   that read it as π_old would clip every token)."""
-  if changes:
+  if "micro_batch_tokens" in changes:
     row_tokens = rollouts.prompt_tokens_NP.shape[1] + rollouts.tokens_NT.shape[1]
     changes = {**changes, "micro_batch_tokens": 3 * row_tokens}
+  ref = jax.tree.map(lambda x: x * 0.9, tiny_params) if "kl_coef" in changes else None
   forward = spec.RLConfig(old_logp_from="forward", entropy_coef=0.01, **changes)
   out = {}
   for name in ("forward", "update", "shifted"):
     cfg = dataclasses.replace(forward, old_logp_from="forward" if name == "forward" else "update")
-    batch, _, prep = _prepare(cfg, tiny_params, rollouts, tiny_model_fn)
+    batch, _, prep = _prepare(cfg, tiny_params, rollouts, tiny_model_fn, ref_params=ref)
     if name == "shifted":
       batch = batch.replace(old_logp_NT=batch.old_logp_NT - 0.5)
     update = learner.make_update(
@@ -524,8 +530,10 @@ def test_pi_old_from_the_update_gives_the_forwards_update_and_metrics(
     new, _, history = update(state, batch, jax.random.key(0), cfg.step_hyper())
     out[name] = (new.params, {k: float(v) for k, v in prep.items()}, history)
   (p_f, prep_f, hist_f), (p_u, prep_u, hist_u) = out["forward"], out["update"]
-  moved = {"rollout_entropy"} | {k for k in prep_f if k.startswith("offpolicy/")}
-  assert len(moved) == 7 and moved <= set(prep_f) and not moved & set(prep_u)
+  moved = {"rollout_entropy"} | {k for k in prep_f if k.startswith(("offpolicy/", "rollout_kl"))}
+  assert len(moved) == 7 + (ref is not None) and moved <= set(prep_f) and not moved & set(prep_u)
+  if ref is not None:
+    assert prep_f["rollout_kl_ref/k3"] > 1e-4  # A reference apart from π_old.
   assert moved <= set(hist_u) and not moved & set(hist_f)
   for k in moved:
     assert float(hist_u[k][0]) == pytest.approx(prep_f[k], rel=1e-5, abs=1e-6), k
@@ -555,7 +563,7 @@ def test_pi_old_from_the_update_gives_the_forwards_update_and_metrics(
     ({"token_masks": ("negative_token_filter",)}, "negative_token_filter"),
     ({"controller": "fade_entropy", "advantage": "fade"}, "rl.controller='fade_entropy'"),
     ({"is_correction": "tis_token"}, "rl.is_correction='tis_token'"),
-    ({"kl_coef": 0.1}, "rl.kl_coef > 0"),
+    ({"kl_coef": 0.1, "kl_in": "reward"}, "rl.kl_in='reward'"),
   ],
 )
 def test_pi_old_from_the_update_is_refused_where_it_is_not_pi_old(changes, blocker):
@@ -581,6 +589,7 @@ def test_pi_old_source_is_resolved_at_the_config_edge():
 
   assert spec.RLConfig().old_logp_from == "auto"
   assert resolved() == "update"
+  assert resolved(kl_coef=0.04) == "update"  # A KL in the loss reads π_θ, not π_old.
   assert resolved(num_minibatches=2) == "forward"
   c = arithmetic.get_config("quick")
   c.model.lora.update(rank=2, dropout=0.1)

@@ -94,7 +94,8 @@ DEFINITIONS = {
   "(a negative_token_filter criterion) would remove on its own.",
   "rollout_entropy": "Mean over valid tokens of π_old's entropy at each step (when recomputed; "
   "from the update's forward with rl.old_logp_from 'update', which then logs it).",
-  "rollout_kl_ref/<estimator>": "Mean over valid tokens of the KL estimator of π_old vs π_ref.",
+  "rollout_kl_ref/<estimator>": "Mean over valid tokens of the KL estimator of π_old vs π_ref "
+  "(logged by the update when π_old is its forward's, rl.old_logp_from 'update').",
   "response_length": "Mean completion length in tokens (episodes: the model's own tokens).",
   "truncated_frac": "Fraction of rows that hit max_new_tokens without an EOS.",
   "unscorable_frac": "Fraction of rows whose reward failed (raised, timed out, non-finite): "

@@ -403,26 +403,29 @@ def train_step(
   state, applied = apply_if_finite(state, grads, finite, optimizer)
   metrics["nonfinite"] = 1.0 - applied.astype(jnp.float32)
   if cfg.old_logp_in_update:
-    metrics |= old_logp_metrics(tok["logp"], tok["entropy"], mb)
+    metrics |= old_logp_metrics(tok["logp"], tok["entropy"], mb, cfg=cfg)
   if token_outputs:
     metrics["tokens"] = {"weight": w_NT, **tok}
   return state, metrics
 
 
-def old_logp_metrics(logp_NT, entropy_NT, mb: spec.RolloutBatch) -> dict:
+def old_logp_metrics(logp_NT, entropy_NT, mb: spec.RolloutBatch, *, cfg: spec.RLConfig) -> dict:
   """The metrics a forward of π_old of its own would log (`preparation.prepare_metrics`,
   `preparation.behaviour_correction`), from the update's forward when it is π_old
   (rl.old_logp_from="update", one optimizer step: its mini-batch is the batch's rows):
-  rollout_entropy over the rows' own tokens, and the sampler–trainer mismatch
-  ("offpolicy/...") over the loss tokens, mb.old_logp_NT then holding the sampler's μ."""
+  rollout_entropy and, with a reference, rollout_kl_ref/<estimator> over the rows' own
+  tokens, and the sampler–trainer mismatch ("offpolicy/...") over the loss tokens,
+  mb.old_logp_NT then holding the sampler's μ."""
   acted_NT = mb.mask_NT if mb.action_mask_NT is None else mb.action_mask_NT & mb.mask_NT
-  m_NT = acted_NT.astype(jnp.float32)
-  entropy = jnp.sum(jnp.where(acted_NT, entropy_NT, 0.0)) / jnp.maximum(jnp.sum(m_NT), 1.0)
+  n_acted = jnp.maximum(jnp.sum(acted_NT.astype(jnp.float32)), 1.0)
   old_NT = jax.lax.stop_gradient(logp_NT)
+  out = {"rollout_entropy": jnp.sum(jnp.where(acted_NT, entropy_NT, 0.0)) / n_acted}
+  if cfg.use_ref:
+    kl_NT = losses.KL_REGISTRY.make(cfg.kl_estimator)(old_NT, mb.ref_logp_NT)
+    out[f"rollout_kl_ref/{cfg.kl_estimator}"] = jnp.sum(jnp.where(acted_NT, kl_NT, 0.0)) / n_acted
   ones_NT = jnp.ones(old_NT.shape, jnp.float32)  # rl.is_correction "none" (the only one).
   keep_NT = mb.loss_mask_NT
-  mismatch = importance.mismatch_metrics(old_NT, mb.old_logp_NT, keep_NT, ones_NT, keep_NT)
-  return {"rollout_entropy": entropy, **mismatch}
+  return out | importance.mismatch_metrics(old_NT, mb.old_logp_NT, keep_NT, ones_NT, keep_NT)
 
 
 def make_train_step(

@@ -138,7 +138,9 @@ def rollout_logprobs(params, ref_params, rollouts, *, cfg: spec.RLConfig, model_
     score_sq_N = score_sq_NT = rank_NT = None
   if cfg.use_ref:
     ref_logp_NT = logp(ref_params)[0]
-    kl_NT = losses.KL_REGISTRY.make(cfg.kl_estimator)(old_logp_NT, ref_logp_NT) * mask_NT
+    kl_NT = jnp.zeros_like(old_logp_NT)  # No π_old yet: the update logs KL(π_old ‖ π_ref).
+    if not cfg.old_logp_in_update:
+      kl_NT = losses.KL_REGISTRY.make(cfg.kl_estimator)(old_logp_NT, ref_logp_NT) * mask_NT
   else:
     ref_logp_NT = jnp.zeros_like(old_logp_NT)
     kl_NT = jnp.zeros_like(old_logp_NT)
@@ -311,7 +313,7 @@ def prepare_metrics(lp: PolicyLogProbs, rollouts, adv_NT, rewards_N, correct_N, 
   }
   if cfg.forwards_old_logp:  # Else the update logs it (`learner.old_logp_metrics`).
     out["rollout_entropy"] = jnp.sum(lp.entropy_NT * m_NT) / n_tok
-  if cfg.use_ref:
+  if cfg.use_ref and not cfg.old_logp_in_update:
     out[f"rollout_kl_ref/{cfg.kl_estimator}"] = jnp.sum(lp.kl_NT) / n_tok
   return out
 

@@ -274,8 +274,8 @@ class RLConfig:
       out.append(f"rl.controller={self.controller!r} (it reads π_old's entropy)")
     if importance.REGISTRY.traits(self.is_correction).corrects:
       out.append(f"rl.is_correction={self.is_correction!r} (it weights by π_old / μ)")
-    if self.use_ref:
-      out.append("a reference policy (rl.kl_coef > 0: its KL is measured from π_old)")
+    if self.use_ref and self.kl_in == "reward":
+      out.append("the KL folded into the reward (rl.kl_in='reward': measured from π_old)")
     return out
 
   def _check_old_logp_source(self, extra_blockers=()) -> None:
