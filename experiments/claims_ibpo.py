@@ -546,3 +546,96 @@ def analyse_ibpo_paired_variance(per_seed: list[dict]) -> Outcome:
     ax.axhline(1.0, color="tab:red", lw=0.8, ls="--")
 
   return Outcome(figs, verdict, reason, "snr_ratio_paired", plot)
+
+
+# ----------------------------------------------------------------------------
+# 10h. IBPO as shipped trains more stably than GRPO (issue 56: the paper's stability claim).
+# ----------------------------------------------------------------------------
+
+STABILITY_SEEDS = (40, 41, 42, 43, 44)  # Claim 10h's verdict seeds, fixed with its rule.
+STABILITY_EVAL_EVERY = 5  # Held-out greedy accuracy at iterations 0, 5, ..., 60.
+STABILITY_ARMS = {
+  "grpo": Arm(
+    "ibpo_stability_grpo_g10",
+    overrides=(("sampler.group_size", 10), ("eval_every", STABILITY_EVAL_EVERY)),
+  ),
+  "ibpo": Arm(  # configs/ibpo.py:tiny's estimator and its unbiased plan, over long_addition.
+    "ibpo_stability_branch",
+    overrides=(
+      ("rl.advantage", "ibpo"),
+      ("rl.advantage_options", {"shrink": ibpo_config.BRANCH[1], "scale": "std"}),
+      ("rl.ibpo_lambda", ibpo_config.BRANCH[0]),
+      ("rl.ibpo_tau", ibpo_config.BRANCH[2]),
+      ("counterfactual.per_group", 4),
+      ("counterfactual.per_rollout", 2),
+      ("counterfactual.branch_from", "all"),
+      ("counterfactual.cut", "window"),
+      ("eval_every", STABILITY_EVAL_EVERY),
+    ),
+  ),
+}
+
+
+def drawdown(accuracies) -> float | None:
+  """The largest fall of a held-out accuracy curve below its best so far:
+  max_j (max_{i ≤ j} a_i − a_j); 0 for a curve that never falls, None without points."""
+  if not accuracies:
+    return None
+  best, worst = -np.inf, 0.0
+  for a in accuracies:
+    best = max(best, a)
+    worst = max(worst, best - a)
+  return float(worst)
+
+
+def _regressions(accuracies) -> int | None:
+  """How many evaluations scored below the one before."""
+  if not accuracies:
+    return None
+  return int(sum(b < a for a, b in zip(accuracies, accuracies[1:])))
+
+
+def analyse_ibpo_stability(runs) -> Outcome:
+  arms = {k: runs[a.name] for k, a in STABILITY_ARMS.items()}
+  curves = {k: [_eval_curve(r)[1] for r in v] for k, v in arms.items()}
+  down = {k: [drawdown(c) for c in v] for k, v in curves.items()}
+  final = {k: [_final_acc(r) for r in v] for k, v in arms.items()}
+  figs = {f"drawdown_{k}": _fig(f"largest accuracy drawdown, {k}", v) for k, v in down.items()}
+  figs["drawdown_gap"] = _fig(
+    "IBPO − GRPO G = 10, largest accuracy drawdown", _paired(down["ibpo"], down["grpo"])
+  )
+  for k, v in curves.items():
+    figs[f"regressions_{k}"] = _fig(
+      f"evaluations below the one before, {k}", [_regressions(c) for c in v]
+    )
+  figs["final_gap"] = _fig(
+    "IBPO − GRPO G = 10, final accuracy", _paired(final["ibpo"], final["grpo"])
+  )
+  figs["grad_norm_cv_gap"] = _fig(
+    "IBPO − GRPO G = 10, coefficient of variation of the gradient norm over iterations",
+    _paired(*[[_cv(r, "grad_norm") for r in arms[k]] for k in ("ibpo", "grpo")]),
+  )
+  g = figs["drawdown_gap"]
+  verdict = evidence.combine([evidence.below(g, 0.0)])
+  reason = (
+    f"Largest fall of held-out greedy accuracy below its best so far (every "
+    f"{STABILITY_EVAL_EVERY} iterations): GRPO G = 10 {_v(figs['drawdown_grpo'], '.3f')}, "
+    f"IBPO {_v(figs['drawdown_ibpo'], '.3f')}: gap {_v(g, '+.3f')} [{_v(g, '+.3f', 0)}, "
+    f"{_v(g, '+.3f', 1)}]; final accuracy gap {_v(figs['final_gap'], '+.3f')}."
+  )
+
+  def plot(ax):
+    its = _eval_curve(arms["grpo"][0])[0]
+    for k, color in (("grpo", "tab:blue"), ("ibpo", "tab:orange")):
+      for i, c in enumerate(curves[k]):
+        ax.plot(its, c, color=color, alpha=0.6, label=f"{k} (one line a seed)" if i == 0 else None)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("greedy held-out accuracy")
+    ax.legend(fontsize=7, loc="lower right")
+
+  return Outcome(figs, verdict, reason, "drawdown_gap", plot)
+
+
+def _cv(records, key):
+  vals = [r[key] for r in records if r.get("phase") == "rl" and key in r]
+  return float(np.std(vals) / np.mean(vals)) if len(vals) > 1 and np.mean(vals) else None

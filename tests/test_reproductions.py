@@ -229,3 +229,41 @@ def test_claim_10g_tunes_on_its_own_seeds_and_judges_the_paired_ratio(tmp_path, 
   assert outcome.figures["snr_ratio_paired"]["per_seed"] == pytest.approx([1.1] * 3)
   assert outcome.verdict == "supports"
   assert "λ = 1, κ = 64" in outcome.reason
+
+
+def test_claim_10h_judges_the_drawdown_gap_of_made_up_curves():
+  """Claim 10h on made-up runs: per run, the largest fall of the held-out accuracy curve
+  below its best so far (by hand), paired by seed; IBPO's arm is configs/ibpo.py:tiny's
+  estimator and plan, every 5 iterations, on seeds apart from every tuning seed."""
+  import claims_ibpo  # noqa: PLC0415
+
+  from grpo_jax.infra import config_lib  # noqa: PLC0415
+
+  assert claims_ibpo.drawdown([0.5, 0.6, 0.55, 0.7, 0.4, 0.8]) == pytest.approx(0.3)
+  assert claims_ibpo.drawdown([0.1, 0.2, 0.2]) == 0.0 and claims_ibpo.drawdown([]) is None
+
+  def run(curve, grad_norms=(1.0, 2.0)):
+    evals = [{"iteration": 5 * i, "eval/greedy_accuracy": a} for i, a in enumerate(curve)]
+    return evals + [{"phase": "rl", "grad_norm": g} for g in grad_norms]
+
+  grpo = [run([0.5, 0.7, 0.5, 0.8]), run([0.4, 0.6, 0.3, 0.7]), run([0.5, 0.5, 0.6, 0.6])]
+  ibpo = [run([0.5, 0.7, 0.6, 0.8]), run([0.4, 0.6, 0.4, 0.7]), run([0.5, 0.5, 0.6, 0.6])]
+  arms = claims_ibpo.STABILITY_ARMS
+  out = claims.analyse_ibpo_stability({arms["grpo"].name: grpo, arms["ibpo"].name: ibpo})
+  assert out.figures["drawdown_grpo"]["per_seed"] == pytest.approx([0.2, 0.3, 0.0])
+  assert out.figures["drawdown_gap"]["per_seed"] == pytest.approx([-0.1, -0.1, 0.0])
+  assert out.figures["regressions_grpo"]["per_seed"] == [1, 1, 0]
+  assert out.verdict == "inconclusive"  # Mean −0.067, its CI across 0 with three seeds.
+  ibpo[2] = run([0.5, 0.45, 0.6, 0.6])  # Now IBPO falls 0.1 less on every seed.
+  grpo[2] = run([0.5, 0.35, 0.6, 0.6])
+  out = claims.analyse_ibpo_stability({arms["grpo"].name: grpo, arms["ibpo"].name: ibpo})
+  assert out.verdict == "supports"
+  claim = next(c for c in claims.CLAIMS if c.key == "ibpo_stability")
+  assert claim.label == "10h" and claim.seeds == claims_ibpo.STABILITY_SEEDS
+  shipped = config_lib.load(str(ROOT / "configs" / "ibpo.py") + ":tiny")
+  got = dict(arms["ibpo"].overrides)
+  assert got["rl.ibpo_lambda"] == shipped.rl.ibpo_lambda
+  assert got["rl.ibpo_tau"] == shipped.rl.ibpo_tau
+  assert got["rl.advantage_options"] == dict(shipped.rl.advantage_options)
+  for key in ("per_group", "per_rollout", "branch_from", "cut"):
+    assert got[f"counterfactual.{key}"] == shipped.counterfactual[key], key
