@@ -134,6 +134,8 @@ def test_biased_choices_name_each_choice_and_its_replacement():
   ok = CF.CounterfactualConfig(per_group=4, branch_from="all", cut="window")
   none = alignment.NO_STEPS
   assert CF.biased_choices(ok, tau=1.0, steps=none) == ()
+  # The shipped default plan is one IBPO may read (the default τ is 1).
+  assert CF.biased_choices(CF.CounterfactualConfig(per_group=4), tau=1.0, steps=none) == ()
   for cut in ("divergence", "next_step"):
     cfg = CF.CounterfactualConfig(per_group=4, branch_from="all", cut=cut)
     assert CF.biased_choices(cfg, tau=1.0, steps=alignment.StepSplitter(end_ids=(9,))) == ()
