@@ -44,6 +44,7 @@ def make_config(seed: int, *, prompts: int, groups: int, quick: bool):
 
   c = config_lib.load(str(ROOT / "configs" / "long_addition.py") + (":quick" if quick else ":tiny"))
   c.update(seed=seed, prompts_per_step=prompts * groups, reward_workers=0, progress=False)
+  c.rl.old_logp_from = "forward"  # The score norms of π_old come from its own forward.
   if quick:
     c.task.kwargs = dict(min_digits=1, max_digits=2)
     c.sampler.update(max_new_tokens=26)

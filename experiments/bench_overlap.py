@@ -68,6 +68,7 @@ def main(argv=None) -> dict:
     overrides["prompts_per_step"] = args.prompts
   c = config_lib.load(args.config, **overrides)
   c.rl.dynamic_sampling = False
+  c.rl.old_logp_from = "forward"  # The forward whose overlap with scoring is timed.
   setup = build.build(c)
   fns = steps.functions(setup)
   params = model.init(setup.model_cfg, jax.random.key(0))

@@ -67,6 +67,7 @@ def make_config(
     if tau:
       c.rl.ibpo_tau = tau[0]
   c.update(seed=seed, prompts_per_step=prompts * groups, reward_workers=0, progress=False)
+  c.rl.old_logp_from = "forward"  # Every arm's π_old by its own forward, as when judged.
   if quick:
     c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64)
     c.task.kwargs = dict(min_digits=1, max_digits=2)

@@ -40,6 +40,7 @@ from grpo_jax.rl import importance  # noqa: E402
 def measure(sampler_dtype: str, *, quick: bool) -> dict:
   c = bench_rl_iteration.make_config("float32", quick=quick)
   c.rl.recompute_old_logp = True
+  c.rl.old_logp_from = "forward"  # π_old's own forward: what this measures against μ.
   c.sampler.dtype = sampler_dtype
   setup = build.build(c)
   fns = steps.functions(setup)
