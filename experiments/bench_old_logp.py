@@ -16,7 +16,7 @@ losses are checked equal, iteration by iteration, before any time is reported.
 
 Workloads (configs/): "demo", the default demo (arithmetic.py:tiny: 32 prompts × G 8,
 16-token prompts, 8 new tokens); "bits", reasoning.py:bits (the same model and schedule,
-88-token prompts). Each warm-starts for --warmstart_steps steps and evaluates 16 problems
+88-token prompts); --quick runs "quick", arithmetic.py:quick's 1-layer model. Each warm-starts for --warmstart_steps steps and evaluates 16 problems
 once, at the end (neither is timed).
 """
 
@@ -37,7 +37,11 @@ import jax
 from grpo_jax import train
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-WORKLOADS = {"demo": ("arithmetic.py", "tiny"), "bits": ("reasoning.py", "bits")}
+WORKLOADS = {
+  "demo": ("arithmetic.py", "tiny"),
+  "bits": ("reasoning.py", "bits"),
+  "quick": ("arithmetic.py", "quick"),  # --quick: a 1-layer model, for the tests.
+}
 SOURCES = ("forward", "update")
 
 
@@ -121,7 +125,7 @@ def main(argv=None) -> dict:
   parser.add_argument("--out", default="", help="writes OUT.json and OUT.md")
   args = parser.parse_args(argv)
   if args.quick:
-    args.workloads, args.rounds, args.iterations, args.warmstart_steps = "demo", 1, 3, 2
+    args.workloads, args.rounds, args.iterations, args.warmstart_steps = "quick", 1, 3, 2
   record = {
     "claim": None,  # A description of one sitting, not a pre-registered claim.
     "verdict": "not judged",

@@ -607,7 +607,7 @@ def test_bench_old_logp_times_both_sources_on_the_same_run():
   import bench_old_logp  # noqa: PLC0415
 
   r = bench_old_logp.main(["--quick"])
-  w = r["workloads"]["demo"]
+  w = r["workloads"]["quick"]
   assert w["loss_max_rel_diff"] < 1e-3 and w["samples"] == 2
   assert w["iteration_ratio"] == pytest.approx(
     w["forward"]["iteration_s"] / w["update"]["iteration_s"]
