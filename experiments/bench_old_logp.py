@@ -16,8 +16,9 @@ losses are checked equal, iteration by iteration, before any time is reported.
 
 Workloads (configs/): "demo", the default demo (arithmetic.py:tiny: 32 prompts × G 8,
 16-token prompts, 8 new tokens); "bits", reasoning.py:bits (the same model and schedule,
-88-token prompts); --quick runs "quick", arithmetic.py:quick's 1-layer model. Each warm-starts for --warmstart_steps steps and evaluates 16 problems
-once, at the end (neither is timed).
+88-token prompts); --quick runs "quick", arithmetic.py:quick's 1-layer model. Each
+warm-starts for --warmstart_steps steps and evaluates 16 problems once, at the end
+(neither is timed).
 """
 
 from __future__ import annotations
