@@ -165,7 +165,9 @@ def explain(p: memory.Plan, model_cfg: model.ModelConfig, rl_cfg: spec.RLConfig)
     + (" (split over sequence too)" if 0 < p.sampler_rows < p.rollout_rows else ""),
     "log-prob forwards": f"π_old / reference logits and hidden states of "
     f"{-(-p.rollout_rows // rl_cfg.logprob_batches)} rows per device at once "
-    f"(rl.logprob_batches = {rl_cfg.logprob_batches})",
+    f"(rl.logprob_batches = {rl_cfg.logprob_batches})"
+    if p.logprob_forward
+    else "none: π_old from the update's forward (rl.old_logp_from), and no reference",
     "teacher params": "distillation's teacher (config.teacher), resident like the reference",
     "teacher forward": "the teacher's logits and hidden states over the same rows",
     "peak": "resident (params, reference, teacher, Adam) + the largest of train step, sampler "

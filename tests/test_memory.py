@@ -241,6 +241,24 @@ def test_the_log_prob_forwards_are_priced_and_sliced():
   assert tips[0].startswith("rl.logprob_batches=2 (now 1)"), tips
 
 
+def test_no_log_prob_forward_is_priced_where_pi_old_comes_from_the_update():
+  """configs/arithmetic.py:tiny takes π_old from the update's forward (one optimizer step,
+  rl.old_logp_from "auto") and has no reference: the plan prices no log-prob forward and
+  says why; with two mini-batches π_old's own forward is priced again."""
+  import arithmetic  # noqa: PLC0415
+
+  c = arithmetic.get_config("tiny")
+  setup = build.plan_setup(c, n_devices=1)
+  plan = memory.plan_for(setup, n_devices=1)
+  assert setup.rl_cfg.old_logp_from == "update" and plan.logprob_forward == 0
+  why = memory_advice.explain(plan, setup.model_cfg, setup.rl_cfg)
+  assert "none: π_old from the update's forward" in memory_advice.describe(plan, why=why)
+  c.rl.num_minibatches = 2
+  setup = build.plan_setup(c, n_devices=1)
+  assert setup.rl_cfg.old_logp_from == "forward"
+  assert memory.plan_for(setup, n_devices=1).logprob_forward > 0
+
+
 def test_token_budget_micro_batches_are_planned_by_their_full_length_rows():
   """configs/scale.py:0.5b on 8 chips: mini-batches of 128 rows of 256 + 1,024 tokens.
   4 micro-batches of 32 rows (4 a chip) and a budget of 32 · 1,280 = 40,960 tokens (rows
