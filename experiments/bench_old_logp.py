@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import pathlib
 import platform
@@ -36,6 +35,7 @@ import demo_seeds
 import jax
 
 from grpo_jax import train
+from grpo_jax.infra import config_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 WORKLOADS = {
@@ -49,13 +49,18 @@ SOURCES = ("forward", "update")
 def config(workload: str, *, source: str, iterations: int, warmstart_steps: int):
   """The workload's config with π_old from `source` and a short untimed warm start."""
   file, variant = WORKLOADS[workload]
-  spec = importlib.util.spec_from_file_location(f"_bench_{file[:-3]}", ROOT / "configs" / file)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = module.get_config(variant)
-  c.update(iterations=iterations, warmstart_steps=warmstart_steps, eval_every=iterations)
-  c.update(eval_size=16, eval_samples=0, checkpoint_every=iterations, reward_workers=0)
-  c.update(progress=False, tensorboard=False)
+  c = config_lib.load(
+    f"{ROOT / 'configs' / file}:{variant}",
+    iterations=iterations,
+    warmstart_steps=warmstart_steps,
+    eval_every=iterations,
+    eval_size=16,
+    eval_samples=0,
+    checkpoint_every=iterations,
+    reward_workers=0,
+    progress=False,
+    tensorboard=False,
+  )
   c.rl.old_logp_from = source
   return c
 

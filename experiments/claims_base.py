@@ -103,6 +103,11 @@ def _eval_curve(records):
   return [p[0] for p in pts], [p[1] for p in pts]
 
 
+def _rl_values(records, key) -> list:
+  """`key`'s value at every RL iteration that logged it."""
+  return [r[key] for r in records if r.get("phase") == "rl" and key in r]
+
+
 def _mean_key(records, key):
-  vals = [r[key] for r in records if r.get("phase") == "rl" and key in r]
+  vals = _rl_values(records, key)
   return float(np.mean(vals)) if vals else None

@@ -18,6 +18,7 @@ from claims_base import (
   _measured,
   _paired,
   _ratios,
+  _rl_values,
   _v,
 )
 from evidence import Arm, Outcome
@@ -637,5 +638,5 @@ def analyse_ibpo_stability(runs) -> Outcome:
 
 
 def _cv(records, key):
-  vals = [r[key] for r in records if r.get("phase") == "rl" and key in r]
+  vals = _rl_values(records, key)
   return float(np.std(vals) / np.mean(vals)) if len(vals) > 1 and np.mean(vals) else None
