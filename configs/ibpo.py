@@ -71,7 +71,8 @@ def get_config(arg: str = "tiny"):
     c.sampler.group_size = 10
     return c
   lam, shrink, tau = (*TRIE, 1.0) if arg == "trie" else BRANCH
-  c.rl.update(advantage="ibpo", ibpo_lambda=lam, ibpo_tau=tau)
+  c.rl.advantage = "ibpo"
+  c.rl.advantage_hyper.update(ibpo_lambda=lam, ibpo_tau=tau)
   c.rl.advantage_options = {"shrink": shrink, "scale": "std"}
   if arg == "trie":
     c.sampler.group_size = 10
@@ -79,6 +80,6 @@ def get_config(arg: str = "tiny"):
   c.counterfactual.update(per_group=4, per_rollout=2, branch_from="all", cut="window")
   if arg == "hint":
     c.counterfactual.update(source=arg, per_rollout=1, weighting="truncated_is")
-    c.rl.ibpo_is_cap = 2.0
+    c.rl.advantage_hyper.ibpo_is_cap = 2.0
     c.sampler.update(max_prompt_len=64, prompt_buckets=(12, 64))  # q~ holds a hint / attempt.
   return c

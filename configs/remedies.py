@@ -22,7 +22,7 @@ minutes on a 2-core CPU):
     (2606.17250).
   positive_only: the positive-only arm (rl.token_masks=("positive_only",); 2605.08666).
   ibpo: rl.advantage="ibpo" (the terminal reward against a leave-one-out prefix baseline
-    from the group's trie, λ = rl.ibpo_lambda = 1; 2605.16302, no counterfactual rows).
+    from the group's trie, λ = rl.advantage_hyper.ibpo_lambda = 1; 2605.16302, no counterfactual rows).
 
 Expected result: each variant trains and logs its remedy's own metrics (masked_frac/...,
 m_S / m_F, lambda_f); what each does to accuracy, drift and cancellation at this scale is

@@ -112,7 +112,7 @@ def measure(seed: int, *, prompts: int = 8, groups: int = 8, quick: bool = False
   out = {"pass_rate": float(np.mean(scores.correct_N))}
   for name, (estimator, options) in BASELINES.items():
     adv_NT = advantages.REGISTRY.make(estimator, **options)(
-      inputs, setup.rl_cfg.prepare_hyper(max_new_tokens=1).adv
+      inputs, advantages.hyper_values(**setup.rl_cfg.advantage_values)
     )
     g = np.asarray(group_gradients(params, rollouts, adv_NT, model_fn=fns.model_fn, group_size=G))
     g = g.reshape(prompts, groups, -1).astype(np.float64)

@@ -41,7 +41,7 @@ BREAKERS = {
     diagnostics=LIGHT_DIAG,
   ),
   "asym_clip": Arm(
-    "xb_asym_clip", overrides=(*_SHARED, ("rl.eps_high", 0.28)), diagnostics=LIGHT_DIAG
+    "xb_asym_clip", overrides=(*_SHARED, ("rl.loss_hyper.eps_high", 0.28)), diagnostics=LIGHT_DIAG
   ),
   "split": Arm("xb_split", overrides=(*_SHARED, ("rl.planner", "random")), diagnostics=LIGHT_DIAG),
 }

@@ -21,10 +21,12 @@ FADE_ARMS = {
     overrides=(*_PASSK, ("rl.advantage", "fade"), ("rl.controller", "fade_entropy")),
   ),
   "static_suppress": Arm(
-    "pk_static_suppress", overrides=(*_PASSK, ("rl.advantage", "fade"), ("rl.lambda_f", 2.0))
+    "pk_static_suppress",
+    overrides=(*_PASSK, ("rl.advantage", "fade"), ("rl.advantage_hyper.lambda_f", 2.0)),
   ),
   "static_hard": Arm(
-    "pk_static_hard", overrides=(*_PASSK, ("rl.advantage", "fade"), ("rl.focal_gamma", 1.0))
+    "pk_static_hard",
+    overrides=(*_PASSK, ("rl.advantage", "fade"), ("rl.advantage_hyper.focal_gamma", 1.0)),
   ),
 }
 

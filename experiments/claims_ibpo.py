@@ -34,7 +34,7 @@ ibpo_config = config_lib.module(str(evidence.ROOT / "configs" / "ibpo.py"))  # T
 _IBPO = (
   ("rl.advantage", "ibpo"),
   ("rl.advantage_options", {"base": "grpo", "shrink": 1.0}),
-  ("rl.ibpo_tau", 0.5),
+  ("rl.advantage_hyper.ibpo_tau", 0.5),
   ("eval_every", 10),
 )
 IBPO_ARMS = {
@@ -188,8 +188,8 @@ def _ibpo_arm(name: str, params, *more) -> Arm:
     overrides=(
       ("rl.advantage", "ibpo"),
       ("rl.advantage_options", {"shrink": shrink, "scale": "std"}),
-      ("rl.ibpo_lambda", lam),
-      *((("rl.ibpo_tau", tau[0]),) if tau else ()),
+      ("rl.advantage_hyper.ibpo_lambda", lam),
+      *((("rl.advantage_hyper.ibpo_tau", tau[0]),) if tau else ()),
       ("eval_every", 10),
       *more,
     ),
@@ -565,8 +565,8 @@ STABILITY_ARMS = {
     overrides=(
       ("rl.advantage", "ibpo"),
       ("rl.advantage_options", {"shrink": ibpo_config.BRANCH[1], "scale": "std"}),
-      ("rl.ibpo_lambda", ibpo_config.BRANCH[0]),
-      ("rl.ibpo_tau", ibpo_config.BRANCH[2]),
+      ("rl.advantage_hyper.ibpo_lambda", ibpo_config.BRANCH[0]),
+      ("rl.advantage_hyper.ibpo_tau", ibpo_config.BRANCH[2]),
       ("counterfactual.per_group", 4),
       ("counterfactual.per_rollout", 2),
       ("counterfactual.branch_from", "all"),

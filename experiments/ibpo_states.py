@@ -94,7 +94,7 @@ def measure(seed: int, *, groups: int) -> dict:
   var = {}
   for name, opts in ESTIMATORS:
     fn = _estimator(opts.get("state", "prefix"), opts.get("context", 0))
-    adv = np.asarray(fn(inputs, advantages.advantage_hyper(ibpo_lambda=opts["lam"])))
+    adv = np.asarray(fn(inputs, advantages.hyper_values(ibpo_lambda=opts["lam"])))
     g = tab.group_gradients(pi, tokens, length, adv, group_size=G).reshape(groups, -1)
     var[name] = float(np.sum((g - g.mean(axis=0)) ** 2, axis=1).mean())
   v_S = tab.values(pi, reward, T=T)

@@ -63,9 +63,10 @@ def make_config(
     c.counterfactual.update(RECORDED_PLAN)  # parent's length, found biased later (issue 56).
   if ibpo_params is not None and arm in ("trie", "branch"):
     lam, shrink, *tau = ibpo_params
-    c.rl.update(ibpo_lambda=lam, advantage_options={**c.rl.advantage_options, "shrink": shrink})
+    c.rl.advantage_hyper.ibpo_lambda = lam
+    c.rl.advantage_options = {**c.rl.advantage_options, "shrink": shrink}
     if tau:
-      c.rl.ibpo_tau = tau[0]
+      c.rl.advantage_hyper.ibpo_tau = tau[0]
   c.update(seed=seed, prompts_per_step=prompts * groups, reward_workers=0, progress=False)
   c.rl.old_logp_from = "forward"  # Every arm's π_old by its own forward, as when judged.
   if quick:
@@ -110,14 +111,19 @@ def sampled(setup, fns, params, examples, key) -> dict:
   )
 
 
+def _with_hyper(rl_cfg, **values):
+  """rl_cfg with these estimator hyperparameters (rl.advantage_hyper) replaced."""
+  return dataclasses.replace(rl_cfg, advantage_hyper={**rl_cfg.advantage_hyper, **values})
+
+
 def finished(setup, fns, got: dict, *, lam=None, tau=None):
   """(RolloutBatch, metrics) of `sampled` through the trainer's prepare, with λ and τ
   (arrays of the hyper: no recompile) replacing the config's where given."""
   rl_cfg = setup.rl_cfg
   if lam is not None:
-    rl_cfg = dataclasses.replace(rl_cfg, ibpo_lambda=lam)
+    rl_cfg = _with_hyper(rl_cfg, ibpo_lambda=lam)
   if tau is not None:
-    rl_cfg = dataclasses.replace(rl_cfg, ibpo_tau=tau)
+    rl_cfg = _with_hyper(rl_cfg, ibpo_tau=tau)
   hyper = rl_cfg.prepare_hyper(max_new_tokens=setup.sampler_cfg.max_new_tokens)
   s = got["scores"]
   batch, _, stats = fns.rl.finish(

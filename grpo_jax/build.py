@@ -115,6 +115,7 @@ def plan_setup(c, *, n_devices: int | None = None, model_source: str = "") -> Se
   source = model_source or d.get("hf_dir", "")
   if not source:
     return build(c, n_devices=n_devices)
+  d = config_lib.upgrade(d)  # Moved keys at their new place (`config_lib.MOVED_KEYS`).
   try:
     runtime = {k: d["model"][k] for k in config.HF_RUNTIME_KEYS if k in d["model"]}
     model_cfg = shapes.model_config(os.path.expanduser(source), **runtime)
@@ -168,7 +169,7 @@ def _raised_here(e: BaseException) -> bool:
 
 
 def _build(c, *, n_devices: int | None, teacher: bool = True) -> Setup:
-  d = config_lib.to_dict(c)
+  d = config_lib.upgrade(c)  # Moved keys at their new place (`config_lib.MOVED_KEYS`).
   loop = config_lib.from_dict(
     schema.LoopConfig, {k: v for k, v in d.items() if k not in config.SECTIONS}, where="config"
   )

@@ -219,7 +219,7 @@ def _import_variants(recorded: dict, path: pathlib.Path) -> None:
 def configured(command: str, config, spec: str, config_args: list[str]) -> Invocation:
   """The Invocation of `command` on `config` (loaded from `spec`) with its --config.KEY
   arguments applied (a preset first)."""
-  pairs = _pair_values(config, config_args)
+  pairs = _moved(_pair_values(config, config_args))
   preset = _preset(pairs)
   paths = [path for path, _ in pairs if path != PRESET_KEY]
   for path in paths:
@@ -264,6 +264,19 @@ def _pair_values(config, config_args: list[str]) -> list[tuple[str, list[str]]]:
         f"{arg} {config_args[i]}: a bool key takes no separate value; write "
         f"{arg.split('=')[0]}={config_args[i]}."
       )
+  return out
+
+
+def _moved(pairs: list[tuple[str, list[str]]]) -> list[tuple[str, list[str]]]:
+  """The pairs with each moved key (`config_lib.MOVED_KEYS`) at its new place, announced
+  in one line on stderr."""
+  out = []
+  for key, args in pairs:
+    new = config_lib.MOVED_KEYS.get(key)
+    if new is not None:
+      print(f"grpo-jax: warning: {config_lib.moved_message(key)}", file=sys.stderr)
+      key, args = new, [a.replace(f"config.{key}", f"config.{new}", 1) for a in args]
+    out.append((key, args))
   return out
 
 

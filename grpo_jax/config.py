@@ -88,8 +88,9 @@ def default_config() -> ml_collections.ConfigDict:
   Top level: the LoopConfig fields. Sections: task (name, kwargs), model (ModelConfig
   with vocab_size 0: the task's tokenizer's size; the defaults are `model.tiny_config`'s),
   sampler (SamplerConfig without eos_ids/pad_id), sampling (temperature, top_k, top_p,
-  greedy), rl (every RLConfig field, with each estimator's and loss's declared
-  hyperparameters under advantage_hyper and loss_hyper), mesh (data, fsdp, sequence,
+  greedy), rl (every RLConfig field, with the declared hyperparameters of the
+  estimators, losses, masks and importance corrections under advantage_hyper, loss_hyper,
+  mask_hyper and importance_hyper), mesh (data, fsdp, sequence,
   tensor sizes and the logical->mesh rules table, `sharding.MeshConfig`), diagnostics
   (DiagnosticsConfig; every = 0: off), and logging (`trackers.TrackingConfig`: jsonl,
   TensorBoard, W&B, MLflow). Because every key exists, command-line overrides such as
@@ -104,7 +105,12 @@ def default_config() -> ml_collections.ConfigDict:
 
 # The registries whose records declare config keys: (module, rl key). A user's own estimator
 # or loss (`tests/toy_estimator.py`) declares hyperparameters the snapshot cannot know.
-_DECLARING = (("grpo_jax.rl.advantages", "advantage_hyper"), ("grpo_jax.rl.losses", "loss_hyper"))
+_DECLARING = (
+  ("grpo_jax.rl.advantages", "advantage_hyper"),
+  ("grpo_jax.rl.losses", "loss_hyper"),
+  ("grpo_jax.rl.masks", "mask_hyper"),
+  ("grpo_jax.rl.importance", "importance_hyper"),
+)
 
 
 def _add_registered_hyper(c: ml_collections.ConfigDict) -> None:
@@ -186,6 +192,7 @@ def from_recorded(recorded: dict) -> ml_collections.ConfigDict:
   HF_RUNTIME_KEYS are kept). config.eval is not the run's: it keeps its defaults. Locked,
   like `config_lib.load`'s."""
   d = json.loads(json.dumps(recorded))  # A copy, as plain JSON data.
+  d = config_lib.upgrade(d, warn=False)  # A run recorded before keys moved (MOVED_KEYS).
   rec = {**d.pop("loop", {}), **{k: v for k, v in d.items() if k in SECTIONS and k != "eval"}}
   rec["task"] = {k: v for k, v in rec.get("task", {}).items() if k != "class"}
   rec["sampler"] = {

@@ -202,6 +202,7 @@ def read_checkpoint(setup, fns, workdir, *, step: int | None = None) -> RunState
     )
     meta = dict(got.meta)
     meta.pop("filled", None)
+    meta.pop("dropped", None)
     return restored(setup, fns, workdir, got.tree, meta, abstract)
   finally:
     ckpt.close()

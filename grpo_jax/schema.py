@@ -35,7 +35,16 @@ from grpo_jax.envs import episodes
 from grpo_jax.infra import collapse, config_lib, trackers
 from grpo_jax.models import model, sampling, sharding, teacher
 from grpo_jax.rewards import reward_model
-from grpo_jax.rl import advantages, aggregation, counterfactuals, losses, offpolicy, spec
+from grpo_jax.rl import (
+  advantages,
+  aggregation,
+  counterfactuals,
+  importance,
+  losses,
+  masks,
+  offpolicy,
+  spec,
+)
 
 
 def _check_fields(obj, where: str, *, at_least: dict[str, float], above: dict[str, float] = ()):
@@ -306,6 +315,10 @@ def defaults() -> ml_collections.ConfigDict:
   # The same for the policy losses' (`losses.Traits.hyper`): --config.rl.loss_hyper.NAME=V.
   declared = losses.declared_hyper().items()
   c.rl.loss_hyper = ml_collections.ConfigDict({k: h.default for k, h in declared})
+  # The token masks' (rl.mask_hyper) and the importance corrections' (rl.importance_hyper).
+  for key, module in (("mask_hyper", masks), ("importance_hyper", importance)):
+    declared = module.declared_hyper().items()
+    c.rl[key] = ml_collections.ConfigDict({k: h.default for k, h in declared})
   mesh = sharding.MeshConfig()
   c.mesh = ml_collections.ConfigDict(
     dict(

@@ -265,6 +265,8 @@ def _restore_or_start(s: _Session) -> tuple[run_state.RunState, int | None, dict
   meta = dict(got.meta)
   if filled := meta.pop("filled", None):
     s.log(f"checkpoint {got.step} predates {filled}: taken from this config.")
+  if dropped := meta.pop("dropped", None):
+    s.log(f"checkpoint {got.step} holds {dropped}, which this version has not: left out.")
   st = run_state.restored(s.setup, s.fns, s.workdir, got.tree, meta, abstract)
   s.setup.task.load_state(st.task_state)  # A curriculum's level (`Task.state`).
   s.log(f"resumed from {s.ckpt.directory / str(got.step)} (iteration {st.iteration})")
@@ -359,6 +361,8 @@ def _record_config(
   now = json.loads(json.dumps(build.as_dict(setup), default=str))
   previous = workdir / "config.json"
   before = st.config or (json.loads(previous.read_text()) if previous.exists() else None)
+  if before is not None:  # Recorded before keys moved: compared at their new place.
+    before = config_lib.upgrade(before, warn=False)
   if resumed_from is not None and before is not None:
     changes = config_changes(_without(before, "variants_from"), _without(now, "variants_from"))
     if changes:

@@ -12,10 +12,9 @@ import pytest
 
 from grpo_jax.rl import advantages, groups
 
-EPS = 1e-6  # advantage_hyper's default eps.
-DECLARED = {k: h.default for k, h in advantages.declared_hyper().items()}  # distill's, ...
-H = advantages.advantage_hyper(extra=DECLARED)
-H0 = advantages.advantage_hyper(eps=0.0, extra=DECLARED)
+EPS = 1e-6  # The default of the declared eps (`advantages.EPS`).
+H = advantages.hyper_values()  # Every declared hyperparameter at its default.
+H0 = advantages.hyper_values(eps=0.0)
 SETTINGS = hypothesis.settings(max_examples=40, deadline=None)
 GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 # Estimators whose singleton groups / all-equal groups get exactly 0.
@@ -192,7 +191,8 @@ def test_reinforce_pp_discounted_return_with_kl_by_hand():
   # γ = 0.5, β = 0.1, T = 3. Row 0: L = 3, r = 1; row 1: L = 2, r = 0; row 2: empty, r = 1.
   kl = [[0.2, 0.4, 1.0], [0.5, 1.0, 9.0], [3.0, 3.0, 3.0]]  # 9.0 and row 2 sit off the mask.
   inputs = _inputs([1, 0, 1], [0, 0, 1], lengths=[3, 2, 0], kl=kl)
-  hyper = advantages.advantage_hyper(gamma=0.5, kl_coef=0.1)
+  inputs = inputs.replace(kl_coef=jnp.float32(0.1))  # β: the KL's, not the estimator's.
+  hyper = advantages.hyper_values(gamma=0.5)
   # Token rewards r_t = 1[t = last]·r - β·kl_t:
   #   row 0: [-0.02, -0.04, 1 - 0.1 = 0.9];  row 1: [-0.05, 0 - 0.1 = -0.1].
   # Returns G_t = r_t + γ G_{t+1}:
@@ -341,7 +341,7 @@ def test_fade_pinned_hyperparameters():
   # Group 0 = rows 0..3, r = [0.7, 0, -1, 0]: success is r > 0, so k = 1, p = 1/4.
   # Group 5 = rows 4..7, r = [1, 1, 0, 0]: p = 1/2.
   inputs = _inputs([0.7, 0, -1, 0, 1, 1, 0, 0], [0, 0, 0, 0, 5, 5, 5, 5])
-  hyper = advantages.advantage_hyper(
+  hyper = advantages.hyper_values(
     eps=0.0, lambda_s=2.0, lambda_f=0.5, std_power=1.0, focal_gamma=2.0
   )
   # f(p) = (p(1-p))^(-1)·(1-p)^2.
@@ -352,7 +352,7 @@ def test_fade_pinned_hyperparameters():
   np.testing.assert_allclose(_seq(_run("fade", inputs, hyper), inputs), expected, rtol=1e-6)
   # α = 1/2, γ = 1, λ = 1, eps = 1e-6 at p = 1/4:
   # f = (3/16 + 1e-6)^(-1/2)·(3/4); a⁺ = f·3/4, a⁻ = -f/4.
-  hyper = advantages.advantage_hyper(std_power=0.5, focal_gamma=1.0)
+  hyper = advantages.hyper_values(std_power=0.5, focal_gamma=1.0)
   f = (3 / 16 + EPS) ** -0.5 * 0.75
   got = _seq(_run("fade", inputs, hyper), inputs)[:4]
   np.testing.assert_allclose(got, [0.75 * f, -f / 4, -f / 4, -f / 4], rtol=1e-6)
@@ -362,7 +362,7 @@ def test_fade_negative_focal_gamma_focuses_on_easy_prompts():
   # γ = -1: f = (p(1-p))^(-1/2)·(1-p)^(-1). p = 3/4: f = (3/16)^(-1/2)·4 = 16/√3;
   # a⁺ = f·(1/4) = 4/√3, a⁻ = -f·(3/4) = -12/√3.
   inputs = _inputs([1, 1, 1, 0], [0, 0, 0, 0])
-  hyper = advantages.advantage_hyper(eps=0.0, focal_gamma=-1.0)
+  hyper = advantages.hyper_values(eps=0.0, focal_gamma=-1.0)
   r3 = math.sqrt(3)
   expected = [4 / r3, 4 / r3, 4 / r3, -12 / r3]
   np.testing.assert_allclose(_seq(_run("fade", inputs, hyper), inputs), expected, rtol=1e-6)
@@ -383,7 +383,7 @@ def _binary_group(G, k):
 def test_fade_and_grpo_masses_equal_sqrt_pq(G):
   # GRPO's parameters (α = 1/2, γ = 0, λ = 1, eps = 0): a⁺ = (1-p)/√(p(1-p)), so
   # m_S = p·a⁺ = √(p(1-p)) and m_F = (1-p)·p/√(p(1-p)) = √(p(1-p)).
-  fade_hyper = advantages.advantage_hyper(eps=0.0, std_power=0.5)
+  fade_hyper = advantages.hyper_values(eps=0.0, std_power=0.5)
   for k in range(1, G):
     p = k / G
     inputs = _binary_group(G, k)
@@ -471,7 +471,7 @@ def test_fade_reduces_to_grpo_and_dr_grpo_on_binary_rewards(rewards, ids):
   grpo_b = _run("grpo", inputs, H, unbiased_std=False)
   np.testing.assert_allclose(_run("fade", inputs, H), grpo_b, rtol=1e-4, atol=1e-5)
   # α = 0: f = 1, a⁺ = 1 - p = r - r̄, a⁻ = -p = r - r̄.
-  hyper = advantages.advantage_hyper(std_power=0.0)
+  hyper = advantages.hyper_values(std_power=0.0)
   np.testing.assert_allclose(
     _run("fade", inputs, hyper), _run("dr_grpo", inputs), rtol=1e-6, atol=1e-6
   )
@@ -487,7 +487,7 @@ def test_fade_reduces_to_grpo_and_dr_grpo_on_binary_rewards(rewards, ids):
 def test_fade_mass_ratio_is_lambda_ratio(k, lambda_s, lambda_f, focal_gamma):
   # m_S = λ_S f p(1-p) and m_F = λ_F f p(1-p), so m_F/m_S = λ_F/λ_S whatever f is.
   inputs = _inputs([1.0] * k + [0.0] * (B - k), [0] * B, T=T)
-  hyper = advantages.advantage_hyper(
+  hyper = advantages.hyper_values(
     lambda_s=lambda_s, lambda_f=lambda_f, focal_gamma=focal_gamma, std_power=0.5
   )
   m_s, m_f = advantages.sign_masses(_seq(_run("fade", inputs, hyper), inputs))
@@ -599,11 +599,11 @@ def test_changing_hyper_does_not_recompile():
 
   jitted = jax.jit(fn)
   inputs = _inputs([1, 0, 0, 1], [0, 0, 0, 0], lengths=[3, 2, 1, 3], kl=np.ones((4, 3)))
-  out_a = jitted(inputs, advantages.advantage_hyper())
+  out_a = jitted(inputs, advantages.hyper_values())
   out_b = jitted(
     inputs,
-    advantages.advantage_hyper(
-      eps=1e-3, gamma=0.9, kl_coef=0.5, lambda_s=2.0, lambda_f=0.5, std_power=0.0, focal_gamma=1.0
+    advantages.hyper_values(
+      eps=1e-3, gamma=0.9, lambda_s=2.0, lambda_f=0.5, std_power=0.0, focal_gamma=1.0
     ),
   )
   assert len(traces) == 1
@@ -614,23 +614,28 @@ def test_changing_hyper_does_not_recompile():
 @pytest.mark.parametrize(
   "kwargs, match",
   [
-    (dict(eps=-1e-6), "eps must be >= 0"),
-    (dict(gamma=1.5), "gamma must be in"),
-    (dict(gamma=-0.1), "gamma must be in"),
-    (dict(kl_coef=-0.1), "kl_coef must be >= 0"),
-    (dict(lambda_s=-1.0), "lambda_s must be >= 0"),
-    (dict(lambda_f=-1.0), "lambda_f must be >= 0"),
-    (dict(std_power=-0.5), "std_power must be >= 0"),
+    (dict(eps=-1e-6), r"advantage_hyper.eps=-1e-06: must be a number in \[0, inf\]"),
+    (dict(gamma=1.5), r"advantage_hyper.gamma=1.5: must be a number in \[0, 1\]"),
+    (dict(gamma=-0.1), r"advantage_hyper.gamma=-0.1: must be a number in \[0, 1\]"),
+    (dict(lambda_s=-1.0), r"advantage_hyper.lambda_s=-1.0: must be a number in \[0, inf\]"),
+    (dict(lambda_f=-1.0), r"advantage_hyper.lambda_f=-1.0: must be a number in \[0, inf\]"),
+    (dict(std_power=-0.5), r"advantage_hyper.std_power=-0.5: must be a number in \[0, inf\]"),
+    (dict(ibpo_tau=0.0), r"ibpo_tau=0.0: must be in \(0, 1\] \(1: keep every"),
+    (dict(ibpo_is_cap=0), r"ibpo_is_cap=0: must be > 0 \(c of perturbed"),
+    (dict(std_power=float("inf")), r"std_power=inf: must be a number in \[0, inf\]"),
+    (dict(kl_coef=0.1), r"\['kl_coef'\] are declared by no advantage estimator"),
   ],
 )
 def test_advantage_hyper_rejects_bad_values(kwargs, match):
+  """Each value out of its declaration's range, an infinite one, and a name no estimator
+  declares (β of the KL is rl.kl_coef, not an estimator's)."""
   with pytest.raises(ValueError, match=match):
-    advantages.advantage_hyper(**kwargs)
+    advantages.hyper_values(**kwargs)
 
 
 def test_advantage_hyper_is_float32_arrays():
-  hyper = advantages.advantage_hyper(gamma=0.5, focal_gamma=-1.0)
-  for field in ("eps", "gamma", "kl_coef", "lambda_s", "lambda_f", "std_power", "focal_gamma"):
+  hyper = advantages.hyper_values(gamma=0.5, focal_gamma=-1.0)
+  for field in ("eps", "gamma", "lambda_s", "lambda_f", "std_power", "focal_gamma"):
     value = getattr(hyper, field)
     assert value.dtype == jnp.float32 and value.shape == (), field
   assert float(hyper.gamma) == 0.5 and float(hyper.focal_gamma) == -1.0
@@ -813,7 +818,8 @@ def test_the_trainer_asks_an_estimators_traits_not_its_name(monkeypatch):
     np.asarray(advantages.REGISTRY.make("toy", width=2.0)(inputs, None))[:, 0], [2, 0, 2, 2]
   )
   assert advantages.REGISTRY.traits("toy").metrics(inputs, None)["toy/reward_sum"] == 3.0
-  assert advantages.REGISTRY.traits("grpo") == advantages.Traits()  # The defaults.
+  # The defaults, and the one hyperparameter grpo reads.
+  assert advantages.REGISTRY.traits("grpo") == advantages.Traits(hyper={"eps": advantages.EPS})
   with pytest.raises(TypeError, match="unexpected keyword argument 'needs_reference'"):
     advantages.REGISTRY.register("toy2", needs_reference=True)
   with pytest.raises(ValueError, match="declares no traits"):

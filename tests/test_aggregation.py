@@ -311,7 +311,7 @@ def _advantages(estimator, rewards=CAN_REWARDS, ids=CAN_IDS, mask=CAN_MASK):
     group_ids_B=jnp.asarray(ids, jnp.int32),
     mask_BT=jnp.asarray(mask),
   )
-  return np.asarray(advantages.REGISTRY.make(estimator)(inputs, advantages.advantage_hyper()))
+  return np.asarray(advantages.REGISTRY.make(estimator)(inputs, advantages.hyper_values()))
 
 
 def _residual(w_BT, adv_BT, tokens, mask, rows, token=7):

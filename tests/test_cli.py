@@ -41,7 +41,7 @@ ERRORS = [
   (
     [TINY, "--config.rl.advantge=rloo"],
     r"unknown config key --config\.rl\.advantge; did you mean --config\.rl\.advantage\b.*"
-    r"config\.rl has: adv_eps, advantage,",
+    r"config\.rl has: advantage, advantage_hyper, advantage_options,",
   ),
   (
     [TINY, "--config.task.kwargs.max_digit=3"],

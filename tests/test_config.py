@@ -46,16 +46,16 @@ BAD = [
     "ignore",
     "rl.unscorable='ignore'; allowed: \\('mask', 'zero', 'drop_group'\\)",
   ),
-  ("rl.ibpo_lambda", -0.5, "ibpo_lambda must be >= 0"),
-  ("rl.top_k", 0, "top_k must be >= 1"),
+  ("rl.advantage_hyper.ibpo_lambda", -0.5, r"ibpo_lambda=-0.5: must be a number in \[0, inf\]"),
+  ("rl.mask_hyper.top_k", 0, "rl.mask_hyper.top_k=0: must be an integer >= 1"),
   ("rl.advantage_options", {"scope": "rows"}, "'grpo' has no options \\['scope'\\]"),
-  ("rl.eps_low", NAN, "rl.eps_low=nan: must be a finite number"),
+  ("rl.loss_hyper.eps_low", NAN, r"rl.loss_hyper.eps_low=nan: must be a number in \[0, inf\]"),
   ("rl.kl_coef", -0.1, "rl.kl_coef must be >= 0"),
   ("rl.kl_coef", INF, "rl.kl_coef=inf"),
   ("rl.num_minibatches", 3, "rl.num_minibatches=3 does not divide the rollout batch of 256"),
   ("rl.micro_batches", 3, "rl.micro_batches=3 does not divide the mini-batch of 256"),
   ("rl.ppo_epochs", 0, "rl.ppo_epochs must be >= 1"),
-  ("rl.gamma", 1.5, "gamma must be in \\[0, 1\\]"),
+  ("rl.advantage_hyper.gamma", 1.5, r"advantage_hyper.gamma=1.5: must be a number in \[0, 1\]"),
   ("sampler.group_size", 0, "group_size must be >= 1"),
   ("sampler.group_size", 1, "group_size=1: a group of one is its own baseline"),
   ("sampler.max_new_tokens", 0, "max_new_tokens must be >= 1"),
@@ -163,15 +163,15 @@ def test_a_default_that_no_literal_writes_is_refused():
   from grpo_jax import schema  # noqa: PLC0415
 
   c = config.default_config()
-  c.rl.eps_high = float("inf")
-  with pytest.raises(ValueError, match=r"config.rl.eps_high=inf: a default must be finite"):
+  c.rl.kl_coef = float("inf")
+  with pytest.raises(ValueError, match=r"config.rl.kl_coef=inf: a default must be finite"):
     schema.snapshot_text(c)
 
 
 @pytest.mark.parametrize(
   "flag, match",
   [
-    ("--config.rl.eps_low=nan", "rl.eps_low=nan: must be a finite number"),
+    ("--config.rl.loss_hyper.eps_low=nan", r"rl.loss_hyper.eps_low=nan: must be a number in"),
     ("--config.sampler.max_prompt_len=4", "train prompt 0 has 9 tokens"),
   ],
 )

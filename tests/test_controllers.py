@@ -5,17 +5,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax.rl import advantages, controllers
+from grpo_jax.rl import advantages, controllers, declared
 
 OPTS = dict(entropy_high=1.0, entropy_low=0.2, max_drop=0.05, pass_high=0.9, hard_gamma=2.0)
 
 
 def _run(entropies, pass_rate=0.5, **opts):
   ctrl = controllers.REGISTRY.make("fade_entropy", **{**OPTS, **opts})
-  hyper, state = advantages.advantage_hyper(), controllers.init_state()
+  hyper, state = advantages.hyper_values(), controllers.init_state()
   for h in entropies:
     hyper, state = ctrl(hyper, state, {"rollout_entropy": h, "pass_rate": pass_rate})
-  return hyper, state
+  return declared.Values(hyper), state  # A controller maps {name: array} to the same.
 
 
 def test_healthy_entropy_keeps_balance_and_hard_focus():
@@ -59,17 +59,17 @@ def test_controller_updates_do_not_recompile_the_estimator():
     mask_BT=jnp.ones((4, 3), bool),
   )
   ctrl = controllers.REGISTRY.make("fade_entropy", **OPTS)
-  hyper, state = advantages.advantage_hyper(), controllers.init_state()
+  hyper, state = advantages.hyper_values(), controllers.init_state()
   outs = []
   for h in (1.0, 0.5, 0.1):
     hyper, state = ctrl(hyper, state, {"rollout_entropy": h, "pass_rate": 0.25})
-    outs.append(np.asarray(fade(inputs, hyper)))
+    outs.append(np.asarray(fade(inputs, declared.Values(hyper))))
   assert fade._cache_size() == 1
   assert not np.allclose(outs[0], outs[2])  # The schedule did change the advantages.
 
 
 def test_none_controller_and_bad_options():
-  hyper = advantages.advantage_hyper(lambda_f=3.0)
+  hyper = advantages.hyper_values(lambda_f=3.0)
   out, _ = controllers.REGISTRY.make("none")(hyper, controllers.init_state(), {})
   assert float(out.lambda_f) == 3.0
   with pytest.raises(ValueError, match="entropy_high > entropy_low"):

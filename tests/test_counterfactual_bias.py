@@ -134,7 +134,7 @@ def hotelling(
     context_B=jnp.asarray(~sample_R & on_R & kept_R & on_trie),
     start_B=jnp.asarray(start_R, jnp.int32),
   )
-  hyper = advantages.advantage_hyper(ibpo_lambda=1.0)
+  hyper = advantages.hyper_values(ibpo_lambda=1.0)
   adv_RT = np.asarray(_ibpo(**dict(state))(inputs, hyper))[sample_R]
   g_NSV = tab.group_gradients(pi, tok[sample_R], length_R[sample_R], adv_RT, group_size=G)
   g_NP = g_NSV[:, :, 1:].reshape(n, -1)

@@ -97,7 +97,7 @@ def _can_adv(estimator="grpo"):
     group_ids_B=jnp.asarray(CAN_IDS),
     mask_BT=jnp.asarray(CAN_MASK),
   )
-  return np.asarray(advantages.REGISTRY.make(estimator)(inputs, advantages.advantage_hyper()))
+  return np.asarray(advantages.REGISTRY.make(estimator)(inputs, advantages.hyper_values()))
 
 
 def _residuals(mode, adv_BT):
@@ -208,7 +208,7 @@ def test_loss_coefficients_are_what_ppo_clipping_applies():
   mask = jnp.asarray([[True, True, True, True, False]])
   w = jnp.asarray([[0.5, 0.25, 0.5, 0.25, 1.0]])
   old = jnp.log(jnp.asarray([[0.2, 0.3, 0.4, 0.5, 0.5]]))
-  hyper = losses.loss_hyper(eps_low=0.2, eps_high=0.2)
+  hyper = losses.hyper_values(eps_low=0.2, eps_high=0.2)
   got = report.loss_coefficients(old + jnp.log(ratio), old, adv, mask, w, hyper, "ppo_clip")
   np.testing.assert_allclose(got, [[0.0, 0.25 * 2.0 * 1.1, 0.0, 0.25 * -1.0 * 1.3, 0.0]], rtol=1e-5)
   at_old = report.loss_coefficients(old, old, adv, mask, w, hyper, "ppo_clip")

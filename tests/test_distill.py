@@ -26,7 +26,7 @@ QWEN2 = ROOT / "tests" / "fixtures" / "hf" / "qwen2"
 
 def _hyper(coef=1.0, reward_coef=1.0, discount=0.0):
   extra = {"distill_coef": coef, "distill_reward_coef": reward_coef, "distill_discount": discount}
-  return advantages.advantage_hyper(extra=extra)
+  return advantages.hyper_values(**extra)
 
 
 def _inputs(old_BT, teacher_BT, mask_BT, *, rewards=None, groups=None, valid=None):
@@ -117,13 +117,10 @@ def test_a_base_that_reads_more_than_rewards_is_refused(options, match):
 
 def test_the_hyperparameters_are_declared_config_keys():
   c = config.default_config()
-  assert dict(c.rl.advantage_hyper) == {
-    "distill_coef": 1.0,
-    "distill_reward_coef": 1.0,
-    "distill_discount": 0.0,
-  }
+  own = {k: c.rl.advantage_hyper[k] for k in advantages.REGISTRY.traits("distill").hyper}
+  assert own == {"distill_coef": 1.0, "distill_reward_coef": 1.0, "distill_discount": 0.0}
   with pytest.raises(ValueError, match=r"distill_discount=2.0: must be a number in \[0, 1\]"):
-    advantages.declared_values("distill", {"distill_discount": 2.0})
+    advantages.declared_values({"distill_discount": 2.0})
   # At group size 1 the teacher's term trains alone or beside a batch-level base; a group
   # base there adds only zeros (its own baseline), so that mix is refused at build.
   assert advantages.works_without_groups("distill", {})

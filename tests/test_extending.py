@@ -50,14 +50,26 @@ def test_undeclared_advantage_hyperparameters_are_named():
     match=r"\['tau'\] are declared by no advantage estimator; declared: \['distill_coef'",
   ):
     spec.RLConfig(advantage_hyper={"tau": 1.0})
-  assert set(advantages.declared_hyper()) == {  # distill's: the shipped estimator that declares.
+  assert set(advantages.declared_hyper()) == {  # The shipped estimators' declarations.
+    "eps",
+    "gamma",
+    "lambda_s",
+    "lambda_f",
+    "std_power",
+    "focal_gamma",
+    "ibpo_lambda",
+    "ibpo_tau",
+    "ibpo_is_cap",
     "distill_coef",
     "distill_reward_coef",
     "distill_discount",
   }
-  with pytest.raises(ValueError, match=r"\['cap'\] are declared by no policy loss; declared: none"):
+  with pytest.raises(
+    ValueError,
+    match=r"\['cap'\] are declared by no policy loss; declared: \['dual_clip_c', 'eps_high'",
+  ):
     spec.RLConfig(loss_hyper={"cap": 1.0})
-  assert losses.declared_hyper() == {}
+  assert set(losses.declared_hyper()) == {"eps_low", "eps_high", "dual_clip_c"}
 
 
 def test_a_section_a_later_release_added_empty_is_no_config_change():

@@ -13,7 +13,7 @@ import pytest
 
 from grpo_jax.rl import advantages, ibpo
 
-H = advantages.advantage_hyper()
+H = advantages.hyper_values()
 
 # One group of four trajectories (T = 3): rows 0-2 share the first token, rows 0-1 the
 # first two; row 3 leaves at once. r = (1, 0, 1, 0).
@@ -51,7 +51,7 @@ def _baseline(shrink):
 
 
 def _adv(inputs, *, lam=1.0, **options):
-  hyper = advantages.advantage_hyper(ibpo_lambda=lam)
+  hyper = advantages.hyper_values(ibpo_lambda=lam)
   return np.asarray(_jitted("ibpo", **options)(inputs, hyper))
 
 
@@ -352,7 +352,7 @@ def test_metrics_by_hand():
   assert float(got["ibpo/sign_flip_frac"]) == 0.0
   np.testing.assert_allclose(got["ibpo/terminal_comparison_corr"], 2 / np.sqrt(80), rtol=1e-5)
   # λ = 0: no comparison beyond the group's.
-  zero = _stats(scale="none")(inputs, advantages.advantage_hyper(ibpo_lambda=0.0))
+  zero = _stats(scale="none")(inputs, advantages.hyper_values(ibpo_lambda=0.0))
   assert float(zero["ibpo/terminal_comparison_corr"]) == 0.0
   assert float(zero["ibpo/comparison_abs_mean"]) == pytest.approx(0.0, abs=1e-7)
 
@@ -456,7 +456,7 @@ def _estimate(tab, name, *, lam=1.0, branches=None, **options):
     inputs = inputs.replace(context_B=jnp.asarray(~tab["sample_R"]))
     if branches == "above":
       inputs = inputs.replace(start_B=jnp.zeros_like(inputs.start_B))
-  hyper = advantages.advantage_hyper(ibpo_lambda=lam)
+  hyper = advantages.hyper_values(ibpo_lambda=lam)
   return _group_gradients(tab, np.asarray(_jitted(name, **options)(inputs, hyper)))
 
 

@@ -90,7 +90,7 @@ def _iteration(c, *, key=1):
 
 def test_counterfactuals_inform_phi_only_and_lambda_zero_is_grpo_on_the_samples():
   c = _tiny()
-  c.rl.ibpo_lambda = 0.0
+  c.rl.advantage_hyper.ibpo_lambda = 0.0
   setup, got, batch, _, _ = _iteration(c)
   prov = got.provenance
   sample_N = np.asarray(prov.kind_N) == 0
@@ -105,7 +105,9 @@ def test_counterfactuals_inform_phi_only_and_lambda_zero_is_grpo_on_the_samples(
     group_ids_B=got.rollouts.group_ids_N[sample_N],
     mask_BT=got.rollouts.mask_NT[sample_N],
   )
-  want = advantages.REGISTRY.make("grpo")(inputs, setup.rl_cfg.prepare_hyper(max_new_tokens=26).adv)
+  want = advantages.REGISTRY.make("grpo")(
+    inputs, advantages.hyper_values(**setup.rl_cfg.advantage_values)
+  )
   np.testing.assert_allclose(np.asarray(batch.adv_NT)[sample_N], want, atol=1e-6)
   # The merged batch is group-major: G samples then C counterfactuals per group.
   np.testing.assert_array_equal(prov.kind_N, np.tile([0] * 4 + [1] * 4, 4))
@@ -131,7 +133,7 @@ def test_trained_branches_train_only_the_tokens_they_decoded():
 def test_perturbed_prompt_rows_carry_truncated_importance_weights():
   c = _tiny("hint")
   c.counterfactual.update(train=True, branch_from="all")
-  c.rl.ibpo_is_cap = 1.5
+  c.rl.advantage_hyper.ibpo_is_cap = 1.5
   _, got, batch, stats, _ = _iteration(c)
   assert float(stats["ibpo/counterfactual_rows"]) == 8
   w = float(stats["ibpo/is_weight_mean"])
@@ -160,8 +162,8 @@ def test_perturbed_prompt_rows_carry_truncated_importance_weights():
       {"counterfactual.source": "hint", "rl.recompute_old_logp": False},
       "weighting='truncated_is' needs",
     ),
-    ({"rl.ibpo_tau": 0.0}, "ibpo_tau must be in"),
-    ({"rl.ibpo_tau": 1.5}, "ibpo_tau must be in"),
+    ({"rl.advantage_hyper.ibpo_tau": 0.0}, r"ibpo_tau=0.0: must be in \(0, 1\]"),
+    ({"rl.advantage_hyper.ibpo_tau": 1.5}, r"ibpo_tau=1.5: must be in \(0, 1\]"),
     ({"counterfactual.per_group": 3}, "must be a multiple of per_rollout"),
     ({"counterfactual.weighting": "clip"}, "counterfactual.weighting='clip'; allowed"),
     (
@@ -175,7 +177,10 @@ def test_perturbed_prompt_rows_carry_truncated_importance_weights():
       r"cut='uniform' draws the cut from \|o_p\| \(use 'window'\)",
     ),
     ({"counterfactual.cut": "step"}, r"cut='step' .* \(use 'next_step'\)"),
-    ({"rl.ibpo_tau": 0.5}, r"rl.ibpo_tau=0.5 keeps a counterfactual by its distance"),
+    (
+      {"rl.advantage_hyper.ibpo_tau": 0.5},
+      r"rl.advantage_hyper.ibpo_tau=0.5 keeps a counterfactual by its distance",
+    ),
     (
       {"rl.advantage_options": {"state": "span", "context": 2}},
       r"branches with ibpo state 'span'.*Use state 'window' or 'prefix'",
@@ -188,8 +193,8 @@ def test_perturbed_prompt_rows_carry_truncated_importance_weights():
     ({"rl.advantage_options": {"state": "window"}}, r"reads the last `context` tokens"),
     ({"rl.advantage_options": {"context": 3}}, r"context=3 is for state 'window' or 'span'"),
     (
-      {"counterfactual.branch_from": "correct", "rl.ibpo_tau": 0.5},
-      r"branch_from='correct'.*; rl.ibpo_tau=0.5.*accept_bias=True",
+      {"counterfactual.branch_from": "correct", "rl.advantage_hyper.ibpo_tau": 0.5},
+      r"branch_from='correct'.*; rl.advantage_hyper.ibpo_tau=0.5.*accept_bias=True",
     ),
   ],
 )

@@ -13,7 +13,7 @@ from grpo_jax.rl import importance, preparation, spec
 OLD = jnp.log(jnp.array([[0.5, 0.2, 0.9], [0.3, 0.6, 0.1]]))
 BEHAV = jnp.log(jnp.array([[0.25, 0.5, 0.3], [0.3, 0.2, 0.5]]))
 MASK = jnp.array([[1, 1, 1], [1, 1, 0]], bool)
-HYPER = importance.is_hyper(lower=0.5, upper=2.5)
+HYPER = importance.hyper_values(is_lower=0.5, is_upper=2.5)
 
 
 def _run(name):
@@ -46,7 +46,7 @@ def test_mis_sequence_drops_whole_rows():
 
 
 def test_mis_geometric_tests_the_per_token_geometric_mean():
-  hyper = importance.is_hyper(lower=0.5, upper=1.6)
+  hyper = importance.hyper_values(is_lower=0.5, is_upper=1.6)
   w, keep = importance.REGISTRY.make("mis_geometric")(OLD, BEHAV, MASK, hyper)
   # Row 0: 2.4^(1/3) = 1.34 kept; row 1: sqrt(3) = 1.73 dropped.
   np.testing.assert_array_equal(np.asarray(keep), [[1, 1, 1], [0, 0, 0]])
@@ -79,8 +79,8 @@ def test_no_mismatch_gives_unit_weights_and_zero_kl():
 
 @pytest.mark.parametrize("lower,upper", [(2.0, 0.5), (1.0, 1.0), (-0.1, 2.0)])
 def test_inverted_or_negative_bounds_are_refused(lower, upper):
-  with pytest.raises(ValueError, match="0 <= is_lower < is_upper"):
-    spec.RLConfig(is_lower=lower, is_upper=upper)
+  with pytest.raises(ValueError, match="is_lower|0 <= is_lower < is_upper"):
+    spec.RLConfig(importance_hyper=dict(is_lower=lower, is_upper=upper))
 
 
 def test_unknown_correction_and_correction_without_recompute_are_refused():
@@ -121,7 +121,9 @@ def test_prepare_folds_the_weights_into_the_advantage_and_drops_from_the_loss_ma
   correct = jnp.array([1.0, 0.0])
   out = {}
   for name in ("none", "tis_token", "mis_token"):
-    cfg = spec.RLConfig(advantage="rloo", is_correction=name, is_lower=0.5, is_upper=2.5)
+    cfg = spec.RLConfig(
+      advantage="rloo", is_correction=name, importance_hyper=dict(is_lower=0.5, is_upper=2.5)
+    )
     hyper = cfg.prepare_hyper(max_new_tokens=T)
     batch, _, stats = preparation.finish_prepare(
       lp, rollouts, correct, jnp.zeros(N), hyper, cfg=cfg

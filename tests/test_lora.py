@@ -924,7 +924,8 @@ def test_ibpo_with_counterfactual_rows_trains_adapters_with_dropout(tmp_path):
 
   c = _lora_run_config(iterations=2)
   c.model.lora.dropout = 0.1
-  c.rl.update(advantage="ibpo", ibpo_lambda=0.5, ibpo_tau=1.0, kl_coef=0.05)
+  c.rl.update(advantage="ibpo", kl_coef=0.05)
+  c.rl.advantage_hyper.update(ibpo_lambda=0.5, ibpo_tau=1.0)
   c.rl.advantage_options = {"shrink": 16.0, "scale": "std"}
   c.counterfactual.update(per_group=4, per_rollout=2, branch_from="all", cut="window")
   c.update(checkpoint_every=100, eval_every=100)

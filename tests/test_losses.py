@@ -41,7 +41,7 @@ def _run(name, ratios, advs, **hyper):
   logp_BT = np.log(_row(ratios))
   mask_BT = np.ones(logp_BT.shape, bool)
   return _loss(
-    name, logp_BT, np.zeros_like(logp_BT), _row(advs), mask_BT, losses.loss_hyper(**hyper)
+    name, logp_BT, np.zeros_like(logp_BT), _row(advs), mask_BT, losses.hyper_values(**hyper)
   )
 
 
@@ -104,7 +104,7 @@ def test_ppo_log_ratio_is_clamped_at_20():
     np.zeros_like(logp_BT),
     _row([-1.0]),
     np.ones((1, 1), bool),
-    losses.loss_hyper(),
+    losses.hyper_values(),
   )
   np.testing.assert_allclose(aux["ratio"][0, 0], math.exp(20.0), rtol=1e-6)
   np.testing.assert_allclose(loss_BT[0, 0], math.exp(20.0), rtol=1e-6)
@@ -119,7 +119,7 @@ def test_ppo_log_ratio_is_clamped_at_20():
 def test_on_policy_gradient_is_reinforce(name):
   # At logp == old_logp (ρ = 1, inside the trust region) every loss has gradient -A·w·m.
   logp_BT, adv_BT, mask_BT, w_BT = _random_batch(0)
-  hyper = losses.loss_hyper(eps_low=0.2, eps_high=0.28, dual_clip_c=3.0)
+  hyper = losses.hyper_values(eps_low=0.2, eps_high=0.28, dual_clip_c=3.0)
   grad_BT = _grad_logp(name, logp_BT, logp_BT, adv_BT, mask_BT, w_BT, hyper)
   reinforce_BT = _grad_logp("reinforce", logp_BT, logp_BT, adv_BT, mask_BT, w_BT, hyper)
   np.testing.assert_allclose(grad_BT, reinforce_BT, rtol=1e-6, atol=1e-7)
@@ -133,7 +133,7 @@ def test_masked_tokens_give_zero_loss_false_flags_and_finite_grads(name):
   old_logp_BT = _row([0.0, -5.0, 0.0, np.nan])
   adv_BT = _row([1.0, -1.0, np.nan, -1.0])
   mask_BT = np.asarray([[True, False, False, False]])
-  hyper = losses.loss_hyper(dual_clip_c=3.0)
+  hyper = losses.hyper_values(dual_clip_c=3.0)
   loss_BT, aux = _loss(name, logp_BT, old_logp_BT, adv_BT, mask_BT, hyper)
   np.testing.assert_array_equal(loss_BT[0, 1:], 0.0)
   np.testing.assert_array_equal(aux["ratio"][0, 1:], 1.0)
@@ -150,8 +150,8 @@ def test_aux_keys_dtypes_and_jit_without_recompiles(name):
   old_logp_BT = logp_BT + 0.3 * np.sin(np.arange(7, dtype=np.float32))[None, :]
   loss_fn = losses.REGISTRY.make(name)
   fn = jax.jit(lambda *args: loss_fn(*args))  # Its own jit cache.
-  out_a = fn(logp_BT, old_logp_BT, adv_BT, mask_BT, losses.loss_hyper())
-  out_b = fn(logp_BT, old_logp_BT, adv_BT, mask_BT, losses.loss_hyper(**DAPO, dual_clip_c=3.0))
+  out_a = fn(logp_BT, old_logp_BT, adv_BT, mask_BT, losses.hyper_values())
+  out_b = fn(logp_BT, old_logp_BT, adv_BT, mask_BT, losses.hyper_values(**DAPO, dual_clip_c=3.0))
   assert fn._cache_size() == 1  # New hyperparameter values are just new array inputs.
   for loss_BT, aux in (out_a, out_b):
     assert loss_BT.dtype == jnp.float32 and loss_BT.shape == (4, 7)
@@ -164,7 +164,7 @@ def test_aux_keys_dtypes_and_jit_without_recompiles(name):
 def test_loss_accepts_bfloat16_and_computes_in_float32():
   logp_BT = jnp.asarray([[-0.5, -1.0]], jnp.bfloat16)
   loss_BT, aux = _loss(
-    "ppo_clip", logp_BT, logp_BT, _row([1.0, -2.0]), np.ones((1, 2), bool), losses.loss_hyper()
+    "ppo_clip", logp_BT, logp_BT, _row([1.0, -2.0]), np.ones((1, 2), bool), losses.hyper_values()
   )
   assert loss_BT.dtype == jnp.float32 and aux["ratio"].dtype == jnp.float32
   np.testing.assert_allclose(loss_BT[0], [-1.0, 2.0])  # ρ = 1: -A.
@@ -206,7 +206,7 @@ def test_cispo_gradient_flows_outside_trust_region_where_ppo_is_zero():
   adv_BT = _row([1.0, -1.0])
   mask_BT = np.ones(logp_BT.shape, bool)
   w_BT = _row([0.5, 2.0])
-  hyper = losses.loss_hyper(**DAPO)
+  hyper = losses.hyper_values(**DAPO)
   cispo_BT = _grad_logp("cispo", logp_BT, old_logp_BT, adv_BT, mask_BT, w_BT, hyper)
   # -clip(ρ)·A·w: -1.28·1·0.5 = -0.64 and -0.8·(-1)·2 = 1.6.
   np.testing.assert_allclose(cispo_BT[0], [-0.64, 1.6], rtol=1e-6)
@@ -233,7 +233,7 @@ def test_gspo_sequence_ratio_is_exp_mean_masked_log_ratio():
   old_logp_BT = np.zeros_like(logp_BT)
   mask_BT = np.asarray([[True, True, False], [False, False, False]])
   adv_BT = np.ones((2, 3), np.float32)
-  hyper = losses.loss_hyper(**DAPO)
+  hyper = losses.hyper_values(**DAPO)
   loss_BT, aux = _loss("gspo", logp_BT, old_logp_BT, adv_BT, mask_BT, hyper)
   seq_log_ratio_B = jax.jit(losses.sequence_log_ratio)(logp_BT, old_logp_BT, mask_BT)
   np.testing.assert_allclose(seq_log_ratio_B, [0.3, 0.0], atol=1e-7)
@@ -256,7 +256,7 @@ def test_gspo_token_form_gradient_matches_sequence_ratio_gradient():
   mask_BT = np.arange(t)[None, :] < np.array([5, 4, 3, 5, 1, 2])[:, None]
   n_B1 = np.sum(mask_BT, axis=1, keepdims=True).astype(np.float32)
   w_BT = np.where(mask_BT, 1.0 / n_B1, 0.0).astype(np.float32) / b  # seq-mean-token-mean.
-  hyper = losses.loss_hyper(eps_low=0.1, eps_high=0.15)
+  hyper = losses.hyper_values(eps_low=0.1, eps_high=0.15)
 
   def sequence_loss(logp_BT):
     # Direct GSPO: s_i = exp(mean_t m(ℓ − ℓ_old)); loss_i = max(-A s_i, -A clip(s_i)).
@@ -280,7 +280,7 @@ def test_gspo_log_ratio_clamped_at_10():
   old_logp_BT = np.zeros_like(logp_BT)
   adv_BT = _row([-1.0, -1.0])
   mask_BT = np.ones((1, 2), bool)
-  hyper = losses.loss_hyper()
+  hyper = losses.hyper_values()
   loss_BT, aux = _loss("gspo", logp_BT, old_logp_BT, adv_BT, mask_BT, hyper)
   np.testing.assert_allclose(aux["ratio"][0], [math.exp(10.0)] * 2, rtol=1e-6)
   np.testing.assert_allclose(loss_BT[0], [math.exp(10.0)] * 2, rtol=1e-6)
@@ -404,7 +404,7 @@ def test_entropy_with_inf_and_huge_negative_logits_has_no_nan():
 
 
 def test_loss_hyper_defaults_are_float32_arrays():
-  hyper = losses.loss_hyper()
+  hyper = losses.hyper_values()
   for field, value in (("eps_low", 0.2), ("eps_high", 0.2), ("dual_clip_c", 0.0)):
     x = getattr(hyper, field)
     assert x.dtype == jnp.float32 and x.shape == ()
@@ -414,16 +414,16 @@ def test_loss_hyper_defaults_are_float32_arrays():
 @pytest.mark.parametrize(
   "kwargs, match",
   [
-    (dict(eps_low=-0.1), "eps_low must be >= 0"),
-    (dict(eps_high=float("nan")), "eps_high must be >= 0"),
-    (dict(dual_clip_c=1.0), "dual_clip_c must be 0 .off. or > 1"),
-    (dict(dual_clip_c=0.5), "dual_clip_c must be 0 .off. or > 1"),
-    (dict(dual_clip_c=-3.0), "dual_clip_c must be 0 .off. or > 1"),
+    (dict(eps_low=-0.1), r"loss_hyper.eps_low=-0.1: must be a number in \[0, inf\]"),
+    (dict(eps_high=float("nan")), r"loss_hyper.eps_high=nan: must be a number in \[0, inf\]"),
+    (dict(dual_clip_c=1.0), "dual_clip_c=1.0: must be 0 .off. or > 1"),
+    (dict(dual_clip_c=0.5), "dual_clip_c=0.5: must be 0 .off. or > 1"),
+    (dict(dual_clip_c=-3.0), "dual_clip_c=-3.0: must be 0 .off. or > 1"),
   ],
 )
 def test_loss_hyper_rejects_bad_values(kwargs, match):
   with pytest.raises(ValueError, match=match):
-    losses.loss_hyper(**kwargs)
+    losses.hyper_values(**kwargs)
 
 
 def test_registries_list_names_and_reject_unknown():

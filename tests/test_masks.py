@@ -12,7 +12,7 @@ import pytest
 from grpo_jax.rl import masks
 
 VOCAB = 10
-HYPER = masks.mask_hyper(prob_threshold=0.9, entropy_threshold=0.1)
+HYPER = masks.hyper_values(prob_threshold=0.9, entropy_threshold=0.1)
 
 # The hand-made batch (B = 6, T = 4). Groups are non-contiguous: group 0 = rows {0, 1, 4},
 # group 1 = rows {2, 3, 5}.
@@ -292,11 +292,11 @@ def test_masked_fraction_pinned():
 
 def test_thresholds_are_arrays_and_change_results_without_recompiling():
   fn = jax.jit(masks.REGISTRY.make("negative_token_filter", criteria=("prob", "entropy")))
-  loose = fn(INPUTS, masks.mask_hyper(prob_threshold=0.4, entropy_threshold=0.0))
+  loose = fn(INPUTS, masks.hyper_values(prob_threshold=0.4, entropy_threshold=0.0))
   # π_old > 0.4 in negative rows: row 1 t0 (0.5), t1 (0.95); row 3 t0 (0.95), t2 (0.92);
   # H < 0 never holds.
   np.testing.assert_array_equal(loose & MASK, _removed((1, 0), (1, 1), (3, 0), (3, 2)))
-  strict = fn(INPUTS, masks.mask_hyper(prob_threshold=1.0, entropy_threshold=2.0))
+  strict = fn(INPUTS, masks.hyper_values(prob_threshold=1.0, entropy_threshold=2.0))
   # π_old > 1 never holds; H < 2 holds on every valid token of rows 1 and 3.
   np.testing.assert_array_equal(strict & MASK, _rows_removed(1, 3))
   assert fn._cache_size() == 1
@@ -305,14 +305,16 @@ def test_thresholds_are_arrays_and_change_results_without_recompiling():
 @pytest.mark.parametrize(
   "kwargs, match",
   [
-    (dict(prob_threshold=1.5), r"prob_threshold must be in \[0, 1\]"),
-    (dict(prob_threshold=-0.1), r"prob_threshold must be in \[0, 1\]"),
-    (dict(entropy_threshold=-1.0), "entropy_threshold must be >= 0"),
+    (dict(prob_threshold=1.5), r"mask_hyper.prob_threshold=1.5: must be a number in \[0, 1\]"),
+    (dict(prob_threshold=-0.1), r"prob_threshold=-0.1: must be a number in \[0, 1\]"),
+    (dict(entropy_threshold=-1.0), r"entropy_threshold=-1.0: must be a number in \[0, inf\]"),
+    (dict(top_k=0), r"top_k=0: must be an integer >= 1"),
+    (dict(top_k=1.5), r"top_k=1.5: must be an integer >= 1"),
   ],
 )
 def test_mask_hyper_rejects_bad_values(kwargs, match):
   with pytest.raises(ValueError, match=match):
-    masks.mask_hyper(**kwargs)
+    masks.hyper_values(**kwargs)
 
 
 # ----------------------------------------------------------------------------
@@ -394,15 +396,15 @@ def test_at_group_size_one_shared_finds_nothing_and_batch_shared_filters():
 )
 def test_rank_criterion_drops_negatives_tokens_in_the_top_k(top_k, cells):
   fn = jax.jit(masks.REGISTRY.make("negative_token_filter", criteria=("rank",)))
-  hyper = masks.mask_hyper(top_k=top_k)
+  hyper = masks.hyper_values(top_k=top_k)
   np.testing.assert_array_equal(fn(_with_rank(), hyper) & MASK, _removed(*cells))
 
 
 def test_rank_criterion_without_ranks_is_a_clear_error():
   with pytest.raises(ValueError, match="'rank' needs MaskInputs.rank_BT"):
     masks.REGISTRY.make("negative_token_filter", criteria=("rank",))(INPUTS, HYPER)
-  with pytest.raises(ValueError, match="top_k must be >= 1"):
-    masks.mask_hyper(top_k=0)
+  with pytest.raises(ValueError, match="top_k=0: must be an integer >= 1"):
+    masks.hyper_values(top_k=0)
 
 
 def test_apply_reports_each_criterion_alone_and_together():

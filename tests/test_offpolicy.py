@@ -246,7 +246,10 @@ def test_staleness_of_a_row_is_that_of_its_oldest_token():
   "sections,match",
   [
     (dict(offpolicy__max_staleness=-1), "max_staleness=-1: must be >= 0"),
-    (dict(offpolicy__enabled=True, rl__is_lower=2.0, rl__is_upper=1.0), "0 <= is_lower < is_upper"),
+    (
+      dict(offpolicy__enabled=True, rl__importance_hyper=dict(is_lower=2.0, is_upper=1.0)),
+      "0 <= is_lower < is_upper",
+    ),
     (dict(offpolicy__max_staleness=1), "enabled=False"),
     (
       dict(offpolicy__enabled=True, rl__dynamic_sampling=True, rl__max_gen_batches=2),

@@ -115,7 +115,9 @@ def test_bucketed_micro_batches_give_the_unbucketed_sums_for_every_aggregation(
 
 
 @pytest.mark.parametrize(
-  "changes", [{"policy_loss": "gspo", "eps_low": 3e-4, "eps_high": 4e-4}, {"kl_coef": 0.1}], ids=str
+  "changes",
+  [{"policy_loss": "gspo", "loss_hyper": {"eps_low": 3e-4, "eps_high": 4e-4}}, {"kl_coef": 0.1}],
+  ids=str,
 )
 def test_bucketed_micro_batches_give_the_unbucketed_sums_for_sequence_losses_and_kl(
   tiny_cfg, tiny_params, skewed_batch, changes

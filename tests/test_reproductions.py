@@ -262,8 +262,8 @@ def test_claim_10h_judges_the_drawdown_gap_of_made_up_curves():
   assert claim.label == "10h" and claim.seeds == claims_ibpo.STABILITY_SEEDS
   shipped = config_lib.load(str(ROOT / "configs" / "ibpo.py") + ":tiny")
   got = dict(arms["ibpo"].overrides)
-  assert got["rl.ibpo_lambda"] == shipped.rl.ibpo_lambda
-  assert got["rl.ibpo_tau"] == shipped.rl.ibpo_tau
+  assert got["rl.advantage_hyper.ibpo_lambda"] == shipped.rl.advantage_hyper.ibpo_lambda
+  assert got["rl.advantage_hyper.ibpo_tau"] == shipped.rl.advantage_hyper.ibpo_tau
   assert got["rl.advantage_options"] == dict(shipped.rl.advantage_options)
   for key in ("per_group", "per_rollout", "branch_from", "cut"):
     assert got[f"counterfactual.{key}"] == shipped.counterfactual[key], key

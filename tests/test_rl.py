@@ -79,11 +79,29 @@ def test_every_preset_is_a_valid_config(name):
 
 def test_presets_pin_their_defining_values():
   dapo = spec.RLConfig.from_dict(presets.get("dapo"))
-  assert (dapo.eps_low, dapo.eps_high, dapo.aggregation) == (0.2, 0.28, "token_mean")
-  assert dapo.dynamic_sampling and dapo.overlong_factor == 1.0
+  assert dapo.loss_values == {"eps_low": 0.2, "eps_high": 0.28, "dual_clip_c": 0.0}
+  assert dapo.aggregation == "token_mean" and dapo.dynamic_sampling
+  assert dapo.overlong_factor == 1.0
   gspo = spec.RLConfig.from_dict(presets.get("gspo"))
-  assert (gspo.policy_loss, gspo.eps_low, gspo.eps_high) == ("gspo", 3e-4, 4e-4)
+  assert gspo.policy_loss == "gspo"
+  assert (gspo.loss_values["eps_low"], gspo.loss_values["eps_high"]) == (3e-4, 4e-4)
   assert spec.RLConfig.from_dict(presets.get("dr_grpo")).aggregation == "constant_norm"
+  rpp = spec.RLConfig.from_dict(presets.get("reinforce_pp"))
+  assert rpp.advantage_values["gamma"] == 1.0 and rpp.kl_in == "reward"
+
+
+def test_a_preset_sets_a_hyperparameter_and_keeps_the_sections_other_keys():
+  """presets.apply on a full (locked) config: dapo's eps_high lands in rl.loss_hyper and
+  is reported dotted; the section's other keys, and a value set before, stay."""
+  from grpo_jax import config  # noqa: PLC0415
+
+  c = config.default_config()
+  c.rl.loss_hyper.dual_clip_c = 3.0
+  c.lock()
+  changes = presets.apply(c.rl, "dapo")
+  assert ("loss_hyper.eps_high", 0.2, 0.28) in changes
+  assert not any(k == "loss_hyper.eps_low" for k, _, _ in changes)  # 0.2 already.
+  assert dict(c.rl.loss_hyper) == {"eps_low": 0.2, "eps_high": 0.28, "dual_clip_c": 3.0}
 
 
 # ----------------------------------------------------------------------------
@@ -209,7 +227,7 @@ def _sgd_step(cfg, model_fn, **kw):
 def test_on_policy_first_step_has_ratio_one_and_documented_metrics(
   rollouts, tiny_model_fn, tiny_params
 ):
-  cfg = spec.RLConfig(eps_high=0.28)
+  cfg = spec.RLConfig(loss_hyper=dict(eps_high=0.28))
   batch, _, _ = _prepare(cfg, tiny_params, rollouts, tiny_model_fn)
   step = _sgd_step(cfg, tiny_model_fn, token_outputs=True)
   state = spec.init_state(tiny_params, optax.sgd(0.1))
@@ -272,7 +290,9 @@ def test_micro_batching_does_not_change_the_update(
 ):
   """Four micro-batches, or micro-batches of at most 3 full-length rows' tokens (two
   length buckets), give the same SGD update as one (weights are mini-batch wide)."""
-  base = spec.RLConfig(aggregation=aggregation, eps_low=0.01, eps_high=0.01, entropy_coef=0.01)
+  base = spec.RLConfig(
+    aggregation=aggregation, loss_hyper=dict(eps_low=0.01, eps_high=0.01), entropy_coef=0.01
+  )
   batch, _, _ = _prepare(base, tiny_params, rollouts, tiny_model_fn)
   moved, _ = _sgd_step(base, tiny_model_fn)(
     spec.init_state(tiny_params, optax.sgd(1.0)), batch, base.step_hyper()
@@ -304,7 +324,7 @@ def test_micro_batches_are_strided_and_token_outputs_come_back_in_row_order(
   x = np.arange(12).reshape(6, 2)
   np.testing.assert_array_equal(learner._split(x, 3)[1], x[[1, 4]])
   np.testing.assert_array_equal(learner._unsplit(learner._split(x, 3)), x)
-  base = spec.RLConfig(eps_low=0.01, eps_high=0.01)
+  base = spec.RLConfig(loss_hyper=dict(eps_low=0.01, eps_high=0.01))
   batch, _, _ = _prepare(base, tiny_params, rollouts, tiny_model_fn)
   state = spec.init_state(tiny_params, optax.sgd(1.0))
   moved, _ = _sgd_step(base, tiny_model_fn)(state, batch, base.step_hyper())
@@ -326,7 +346,9 @@ def test_changing_hyperparameters_does_not_recompile(rollouts, tiny_model_fn, ti
   state = spec.init_state(tiny_params, optax.sgd(0.1))
   losses_seen = []
   for eps, kl, ent in [(0.2, 0.05, 0.0), (0.1, 0.5, 0.01), (0.3, 0.0, 0.1)]:
-    h = dataclasses.replace(cfg, eps_low=eps, eps_high=eps, kl_coef=kl, entropy_coef=ent)
+    h = dataclasses.replace(
+      cfg, loss_hyper=dict(eps_low=eps, eps_high=eps), kl_coef=kl, entropy_coef=ent
+    )
     _, m = step(state, batch, h.step_hyper())
     losses_seen.append(float(m["loss"]))
   assert step._cache_size() == 1
@@ -336,7 +358,9 @@ def test_changing_hyperparameters_does_not_recompile(rollouts, tiny_model_fn, ti
 def test_repeated_steps_raise_positive_and_lower_negative_logprobs(
   rollouts, tiny_model_fn, tiny_params
 ):
-  cfg = spec.RLConfig(advantage="dr_grpo", aggregation="token_mean", eps_low=10.0, eps_high=10.0)
+  cfg = spec.RLConfig(
+    advantage="dr_grpo", aggregation="token_mean", loss_hyper=dict(eps_low=10.0, eps_high=10.0)
+  )
   batch, _, _ = _prepare(cfg, tiny_params, rollouts, tiny_model_fn)
   step = _sgd_step(cfg, tiny_model_fn)
   state = spec.init_state(tiny_params, optax.sgd(1.0))

@@ -10,7 +10,7 @@ PPO's clipped surrogate times another, loss_scale:
 
 Nothing else in the package is edited: the declaration beside each function is what puts
 its hyperparameter in the config (its default), validates it, and hands it to the
-function as an array (`hyper.extra[...]`). The script runs one RL iteration at s = c = 1,
+function as an array (`hyper.adv_scale`, as the shipped variants read theirs). The script runs one RL iteration at s = c = 1,
 one at s = 3 and one at c = 3 (set on the command line), and two with a value out of its
 range; then, each in a fresh process, `grpo-jax eval --workdir` of the first run (no
 --config) and its resume to iteration 2 from the shipped config file: the run's
@@ -37,7 +37,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 )
 def scaled_grpo(inputs, hyper):
   """A = s · GRPO's A (s: the declared hyperparameter adv_scale)."""
-  return hyper.extra["adv_scale"] * advantages.grpo(inputs, hyper)
+  return hyper.adv_scale * advantages.grpo(inputs, hyper)
 
 
 @losses.REGISTRY.register(
@@ -46,7 +46,7 @@ def scaled_grpo(inputs, hyper):
 def scaled_ppo_clip(logp_BT, old_logp_BT, adv_BT, mask_BT, hyper):
   """ℓ_tok = c · PPO's ℓ_tok (c: the declared hyperparameter loss_scale)."""
   loss_BT, aux = losses.ppo_clip(logp_BT, old_logp_BT, adv_BT, mask_BT, hyper)
-  return hyper.extra["loss_scale"] * loss_BT, aux
+  return hyper.loss_scale * loss_BT, aux
 
 
 SPEC = str(ROOT / "configs" / "arithmetic.py") + ":quick"

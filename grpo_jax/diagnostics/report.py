@@ -21,7 +21,7 @@ import numpy as np
 from grpo_jax.diagnostics import cancellation, coupling, drift, flips
 from grpo_jax.models import logprobs
 from grpo_jax.models import model as model_lib
-from grpo_jax.rl import advantages, losses
+from grpo_jax.rl import advantages, declared, losses
 
 
 @flax.struct.dataclass
@@ -144,8 +144,10 @@ def loss_coefficients(logp_BT, old_logp_BT, adv_BT, mask_BT, w_BT, loss_hyper, p
   """c_{i,t} = −∂(Σ w·ℓ_tok)/∂ℓ_{i,t}: each token's credit as the policy loss applies it at
   log-probs ℓ (vs π_old's ℓ_old). For PPO's clipped surrogate c = w·A·ρ·1[not clipped]:
   a token whose clipped branch binds (or whose dual clip binds) gets 0. At ρ = 1 (nothing
-  moved yet) c = w·A, the coefficient the plain residual uses."""
+  moved yet) c = w·A, the coefficient the plain residual uses. loss_hyper: {name: array},
+  the policy losses' declared hyperparameters (`spec.StepHyper.loss`)."""
   fn = losses.REGISTRY.make(policy_loss)
+  loss_hyper = declared.Values(loss_hyper)
 
   def total(lp_BT):
     return jnp.sum(w_BT * fn(lp_BT, old_logp_BT, adv_BT, mask_BT, loss_hyper)[0])

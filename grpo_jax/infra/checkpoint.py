@@ -277,22 +277,24 @@ def _mismatches(saved: dict[str, tuple], wanted: dict[str, tuple]) -> list[str]:
   return out
 
 
-def _without(tree: dict, paths: list[str]) -> dict:
-  """A nested state dict without the leaves at "a/b/c" paths (emptied containers stay)."""
-  out = jax.tree.map(lambda x: x, tree)
-  for path in paths:
-    *parents, leaf = path.split("/")
-    node = out
-    for p in parents:
-      node = node[p]
-    del node[leaf]
-  return out
+def _as_saved(saved_meta, *, like) -> Any:
+  """The abstract tree of a checkpoint's subtree as its metadata has it (every leaf's
+  shape and dtype, empty containers included), on the sharding of `like`'s first leaf
+  (hyperparameters: replicated scalars), so a restore reads what it holds."""
+  sharding = getattr(jax.tree.leaves(like)[0], "sharding", None)
+  return jax.tree.map(
+    lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding),
+    saved_meta,
+    is_leaf=lambda x: hasattr(x, "shape") and not isinstance(x, dict),
+  )
 
 
 def _merge(base: dict, over: dict) -> dict:
-  """base with every leaf that `over` holds replaced by over's (nested state dicts)."""
+  """base with every leaf that `over` holds replaced by over's (nested state dicts), in
+  base's dtype (a hyperparameter an older release stored as an integer)."""
   if not isinstance(base, dict):
-    return over
+    dtype = getattr(base, "dtype", None)
+    return over if dtype is None or over.dtype == dtype else over.astype(dtype)
   return {k: _merge(v, over[k]) if k in over else v for k, v in base.items()}
 
 
@@ -515,15 +517,19 @@ class Checkpointer:
     """(tree, meta) of checkpoint `step`, restored with the structure, shapes, dtypes and
     shardings of `like` (arrays or jax.ShapeDtypeStruct).
 
-    `defaults` ({top-level key of like: a subtree holding values}) fills the leaves under
-    those keys that a checkpoint lacks because it was written before they existed (a
-    hyperparameter added by a newer grpo_jax): they take the default's value and are
-    listed in meta["filled"]. Any other difference is a CheckpointMismatchError."""
-    missing = self.check_compatible(step, like=like, fillable=tuple(defaults or ()))
+    `defaults` ({top-level key of like: a subtree holding values}) reconciles the leaves
+    under those keys (the hyperparameters, whose set changes between releases): a leaf
+    the checkpoint lacks (added by a newer grpo_jax, or declared by a variant registered
+    since) takes the default's value, and one only the checkpoint holds (a field a newer
+    grpo_jax dropped) is read and left out; they are listed in meta["filled"] and
+    meta["dropped"]. Any other difference is a CheckpointMismatchError."""
+    fillable = tuple(defaults or ())
+    missing, dropped = self._reconcile(step, like=like, fillable=fillable)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
-    for key in {m.split("/")[0] for m in missing}:  # Those subtrees as dicts, less the missing.
-      inner = [m.split("/", 1)[1] for m in missing if m.startswith(key + "/")]
-      abstract = {**abstract, key: _without(serialization.to_state_dict(abstract[key]), inner)}
+    changed = {m.split("/")[0] for m in missing + dropped}
+    saved = self._mngr.item_metadata(step)["state"] if changed else None
+    for key in changed:  # Those subtrees read as the checkpoint holds them.
+      abstract = {**abstract, key: _as_saved(saved[key], like=abstract[key])}
     out = self._mngr.restore(
       step,
       args=ocp.args.Composite(
@@ -531,23 +537,32 @@ class Checkpointer:
       ),
     )
     tree, meta = out["state"], dict(out["meta"])
-    for key in {m.split("/")[0] for m in missing}:
+    for key in changed:  # The defaults, with every leaf the checkpoint holds.
       merged = _merge(serialization.to_state_dict(defaults[key]), tree[key])
       tree = {**tree, key: serialization.from_state_dict(defaults[key], merged)}
     if missing:
       meta["filled"] = missing
+    if dropped:
+      meta["dropped"] = dropped
     return tree, meta
 
   def check_compatible(self, step: int, *, like: Any, fillable: tuple[str, ...] = ()) -> list[str]:
     """Raises CheckpointMismatchError naming the leaves whose shapes or paths differ. Leaves
     only missing from the checkpoint under a `fillable` top-level key are returned instead
-    (to be filled from defaults), as long as nothing else differs."""
+    (to be filled from defaults), as long as nothing else differs; leaves only in the
+    checkpoint under such a key are no difference (`restore` drops them)."""
+    return self._reconcile(step, like=like, fillable=fillable)[0]
+
+  def _reconcile(self, step: int, *, like: Any, fillable: tuple[str, ...]):
+    """(missing, dropped): the leaves under `fillable` keys only `like` has, and those
+    only the checkpoint has; CheckpointMismatchError for any other difference."""
     saved = _metadata_shapes(self._mngr.item_metadata(step)["state"])
     wanted = _shapes(like)
     bad = _mismatches(saved, wanted)
     missing = [k for k in wanted if k not in saved and k.split("/")[0] in fillable]
-    if missing and len(bad) == len(missing):
-      return missing
+    dropped = [k for k in saved if k not in wanted and k.split("/")[0] in fillable]
+    if bad and len(bad) == len(missing) + len(dropped):
+      return missing, dropped
     if bad:
       shown = "\n  ".join(bad[:10]) + (f"\n  ... and {len(bad) - 10} more" if len(bad) > 10 else "")
       raise CheckpointMismatchError(
@@ -556,7 +571,7 @@ class Checkpointer:
         "It was written by a run with another model/optimizer config. Resume with the same "
         "config, or use a new --workdir."
       )
-    return []
+    return [], []
 
   def wait(self) -> None:
     """Waits for the background save; raises CheckpointSaveError if it failed. A step

@@ -2,16 +2,83 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import warnings
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+# Keys that moved, old -> new (dotted from the config's top level): the hyperparameters
+# that were RLConfig fields and are now declared by the variants that read them
+# (`rl.declared`). The old spelling still works in a config file, on the command line
+# and in a recorded run's config.json, with a FutureWarning naming the new key, until the
+# version in MOVED_KEYS_REMOVED_IN (a test fails once the package reaches it).
+MOVED_KEYS = {
+  "rl.adv_eps": "rl.advantage_hyper.eps",
+  "rl.gamma": "rl.advantage_hyper.gamma",
+  "rl.lambda_s": "rl.advantage_hyper.lambda_s",
+  "rl.lambda_f": "rl.advantage_hyper.lambda_f",
+  "rl.std_power": "rl.advantage_hyper.std_power",
+  "rl.focal_gamma": "rl.advantage_hyper.focal_gamma",
+  "rl.ibpo_lambda": "rl.advantage_hyper.ibpo_lambda",
+  "rl.ibpo_tau": "rl.advantage_hyper.ibpo_tau",
+  "rl.ibpo_is_cap": "rl.advantage_hyper.ibpo_is_cap",
+  "rl.eps_low": "rl.loss_hyper.eps_low",
+  "rl.eps_high": "rl.loss_hyper.eps_high",
+  "rl.dual_clip_c": "rl.loss_hyper.dual_clip_c",
+  "rl.prob_threshold": "rl.mask_hyper.prob_threshold",
+  "rl.entropy_threshold": "rl.mask_hyper.entropy_threshold",
+  "rl.top_k": "rl.mask_hyper.top_k",
+  "rl.is_lower": "rl.importance_hyper.is_lower",
+  "rl.is_upper": "rl.importance_hyper.is_upper",
+}
+MOVED_KEYS_REMOVED_IN = (0, 3)
+
 
 class ConfigError(ValueError):
   """A config value is wrong (its message names the key, the value and what is allowed):
   the user's error, reported as one line by the command line, never a traceback."""
+
+
+def moved_message(old: str) -> str:
+  """The one-line deprecation of MOVED_KEYS[old]."""
+  return (
+    f"config.{old} is deprecated: use config.{MOVED_KEYS[old]} (the hyperparameter is "
+    "declared by the variants that read it); the old key stops working in 0.3."
+  )
+
+
+def warn_moved(old: str) -> None:
+  warnings.warn(moved_message(old), FutureWarning, stacklevel=3)
+
+
+def upgrade(d: Mapping, *, warn: bool = True, prefix: str = "") -> dict:
+  """A config as a nested dict (a ConfigDict's `to_dict`, or a section of one at `prefix`,
+  e.g. "rl."; config.json's layout alike) with every MOVED_KEYS key at its new place,
+  each announced with a FutureWarning when `warn` (a recorded run's config is upgraded
+  silently). An old key is only there because something set it, so its value replaces
+  the new key's (which a full config always has, at its default)."""
+  out = copy.deepcopy(to_dict(d))
+  for old, new in MOVED_KEYS.items():
+    if not old.startswith(prefix):
+      continue
+    *parents, leaf = old.removeprefix(prefix).split(".")
+    node = out
+    for p in parents:
+      node = node.get(p) if isinstance(node, dict) else None
+    if not isinstance(node, dict) or leaf not in node:
+      continue
+    value = node.pop(leaf)
+    *new_parents, new_leaf = new.removeprefix(prefix).split(".")
+    target = out
+    for p in new_parents:
+      target = target.setdefault(p, {})
+    target[new_leaf] = value
+    if warn:
+      warn_moved(old)
+  return out
 
 
 def to_dict(d: Any) -> dict:

@@ -184,7 +184,7 @@ DEFINITIONS = {
   "offpolicy/is_weight_mean": "Mean over the tokens the correction keeps of its weight w "
   "(rl.is_correction; 1 for 'none').",
   "offpolicy/is_drop_frac": "Share of loss tokens the correction dropped (MIS: ρ outside "
-  "[rl.is_lower, rl.is_upper]); 0 for TIS and 'none'.",
+  "[rl.importance_hyper.is_lower, is_upper]); 0 for TIS and 'none'.",
   "offpolicy/staleness_mean": "Mean over the batch's rows of their staleness: the trainer's params "
   "version (updates applied) − the version that sampled the row's oldest token "
   "(config.offpolicy; 0 in the synchronous schedule).",

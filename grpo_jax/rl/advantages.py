@@ -1,6 +1,6 @@
 """Advantage estimators: sequence rewards r[B] and group ids -> token advantages A[B, T].
 
-Every estimator has the signature `fn(inputs: AdvantageInputs, hyper: AdvantageHyper,
+Every estimator has the signature `fn(inputs: AdvantageInputs, hyper: declared.Values,
 **static_options) -> A_BT` and is registered by its config name in `REGISTRY`. Outputs
 are token-level so token-level estimators plug in the same way; sequence estimators
 broadcast A_i over the row's completion mask (A = 0 off the mask). All reductions are
@@ -34,9 +34,33 @@ from grpo_jax.rl import declared, groups, ibpo
 
 # An array hyperparameter an estimator declares where it is registered
 # (`@REGISTRY.register(name, hyper={"tau": Hyper(1.0, low=0.0)})`): set by
-# config.rl.advantage_hyper.<name>, checked against [low, high], and handed to the estimator
-# as `hyper.extra[<name>]` (float32). One declaration is all a new one needs (`declared`).
+# config.rl.advantage_hyper.<name>, checked when the config is built, and read by the
+# estimator as `hyper.<name>` (float32). Shipped and user estimators declare alike
+# (`declared`); the shipped declarations are below, one per name.
 Hyper = declared.Hyper
+
+EPS = Hyper(1e-6, low=0.0, doc="ε added to std denominators")
+GAMMA = Hyper(1.0, low=0.0, high=1.0, doc="γ, REINFORCE++'s discount")
+LAMBDA_S = Hyper(1.0, low=0.0, doc="λ_S, fade's weight of successes")
+LAMBDA_F = Hyper(1.0, low=0.0, doc="λ_F, fade's weight of failures")
+STD_POWER = Hyper(0.5, low=0.0, doc="α, fade's power of 1/(p(1-p) + ε)")
+FOCAL_GAMMA = Hyper(0.0, doc="γ of fade's focal weight (1-p)^γ")
+IBPO_LAMBDA = Hyper(1.0, low=0.0, doc="λ of ibpo's prefix baseline; 0: the leave-one-out mean")
+IBPO_TAU = Hyper(
+  1.0,
+  low=0.0,
+  high=1.0,
+  valid=lambda tau: tau > 0,
+  rule="in (0, 1] (1: keep every counterfactual)",
+  doc="τ of the counterfactuals' full-rewrite filter",
+)
+IBPO_IS_CAP = Hyper(
+  2.0,
+  low=0.0,
+  valid=lambda cap: cap > 0,
+  rule="> 0",
+  doc="c of perturbed counterfactuals' importance weights min(ratio, c)",
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -60,7 +84,7 @@ class Traits:
     correct vs failed), which a config.rewards mixture (a weighted sum of scores) lacks.
   needs_teacher: it reads a teacher's per-token log-probs (`AdvantageInputs.teacher_logp_BT`),
     so the run loads config.teacher and the trainer computes them (`distill`).
-  hyper: {name: Hyper}, the array hyperparameters it declares (`hyper.extra[name]`).
+  hyper: {name: Hyper}, the array hyperparameters it declares (read as `hyper.<name>`).
   """
 
   needs_old_logp: bool = False
@@ -139,6 +163,9 @@ class AdvantageInputs:
   # mask. None: not computed (only estimators with Traits.needs_teacher read them).
   old_logp_BT: jax.Array | None = None
   teacher_logp_BT: jax.Array | None = None
+  # f32 scalar: β of a KL folded into the reward (rl.kl_in = "reward"), for an estimator
+  # that folds it itself (`Traits.folds_kl`); None: 0.
+  kl_coef: jax.Array | None = None
 
   @property
   def success(self) -> jax.Array:
@@ -156,88 +183,25 @@ class AdvantageInputs:
     return self.mask_BT & self.valid[:, None]
 
 
-@flax.struct.dataclass
-class AdvantageHyper:
-  """Arrays, so a controller can change them between steps without recompiling.
-
-  eps: added to std denominators. gamma: REINFORCE++ discount. kl_coef: β of the KL
-  folded into REINFORCE++'s reward. lambda_s, lambda_f, std_power, focal_gamma: the
-  sign/difficulty family (`fade`). ibpo_lambda: λ of IBPO's prefix baseline (0: the
-  group's leave-one-out mean, 1: the prefix's);
-  ibpo_tau: τ of its full-rewrite filter (counterfactuals at normalised edit distance > τ
-  from their parent are dropped); ibpo_is_cap: c of the truncated importance weights
-  min(π(o|q)/π(o|q̃), c) of counterfactuals sampled under a perturbed prompt q̃.
-  """
-
-  eps: jax.Array
-  gamma: jax.Array
-  kl_coef: jax.Array
-  lambda_s: jax.Array
-  lambda_f: jax.Array
-  std_power: jax.Array
-  focal_gamma: jax.Array
-  ibpo_lambda: jax.Array
-  ibpo_tau: jax.Array
-  ibpo_is_cap: jax.Array
-  # The chosen estimator's declared hyperparameters (`Traits.hyper`): {name: float32}.
-  extra: dict = flax.struct.field(default_factory=dict)
-
-
-def advantage_hyper(
-  *,
-  eps: float = 1e-6,
-  gamma: float = 1.0,
-  kl_coef: float = 0.0,
-  lambda_s: float = 1.0,
-  lambda_f: float = 1.0,
-  std_power: float = 0.5,
-  focal_gamma: float = 0.0,
-  ibpo_lambda: float = 1.0,
-  ibpo_tau: float = 1.0,
-  ibpo_is_cap: float = 2.0,
-  extra: dict | None = None,
-) -> AdvantageHyper:
-  """Validated AdvantageHyper of float32 scalars; `extra`: values of declared
-  hyperparameters (`Hyper`), already checked (`declared_values`)."""
-  for name, value, ok, allowed in (
-    ("eps", eps, eps >= 0, ">= 0"),
-    ("gamma", gamma, 0 <= gamma <= 1, "in [0, 1]"),
-    ("kl_coef", kl_coef, kl_coef >= 0, ">= 0"),
-    ("lambda_s", lambda_s, lambda_s >= 0, ">= 0"),
-    ("lambda_f", lambda_f, lambda_f >= 0, ">= 0"),
-    ("std_power", std_power, std_power >= 0, ">= 0"),
-    ("ibpo_lambda", ibpo_lambda, ibpo_lambda >= 0, ">= 0"),
-    ("ibpo_tau", ibpo_tau, 0 < ibpo_tau <= 1, "in (0, 1] (1: keep every counterfactual)"),
-    ("ibpo_is_cap", ibpo_is_cap, ibpo_is_cap > 0, "> 0"),
-  ):
-    if not ok:
-      raise ValueError(f"Advantage hyperparameter {name} must be {allowed}, got {value}.")
-  f32 = lambda x: jnp.asarray(x, jnp.float32)
-  return AdvantageHyper(
-    eps=f32(eps),
-    gamma=f32(gamma),
-    kl_coef=f32(kl_coef),
-    lambda_s=f32(lambda_s),
-    lambda_f=f32(lambda_f),
-    std_power=f32(std_power),
-    focal_gamma=f32(focal_gamma),
-    ibpo_lambda=f32(ibpo_lambda),
-    ibpo_tau=f32(ibpo_tau),
-    ibpo_is_cap=f32(ibpo_is_cap),
-    extra={k: f32(v) for k, v in (extra or {}).items()},
-  )
-
-
 def declared_hyper() -> dict[str, Hyper]:
   """Every registered estimator's declared hyperparameters, by name (config.rl's
   advantage_hyper section lists them with their defaults)."""
   return declared.collect(REGISTRY)
 
 
-def declared_values(name: str, given: dict) -> dict[str, float]:
-  """The values of estimator `name`'s declared hyperparameters: config.rl.advantage_hyper's
-  (checked against each declaration), else the default."""
-  return declared.values(REGISTRY, name, given, section="config.rl.advantage_hyper")
+def declared_values(given) -> dict[str, float]:
+  """Every estimator's declared hyperparameters: config.rl.advantage_hyper's values
+  (checked against each declaration), else the defaults."""
+  return declared.values(REGISTRY, given, section="config.rl.advantage_hyper")
+
+
+def hyper_values(**given) -> declared.Values:
+  """The arrays an estimator reads (`declared.Values`), from keyword values with the
+  declared defaults elsewhere: what the trainer builds from config.rl.advantage_hyper.
+
+      adv_BT = advantages.grpo(inputs, advantages.hyper_values(eps=1e-4))
+  """
+  return declared.Values(declared.arrays(declared_values(given)))
 
 
 def to_tokens(a_B, mask_BT):
@@ -265,8 +229,8 @@ def _masked_whiten(x_BT, mask_BT, eps):
   return jnp.where(mask_BT, _safe_div(x_BT - mu, jnp.sqrt(var) + eps), 0.0)
 
 
-@REGISTRY.register("grpo")
-def grpo(inputs: AdvantageInputs, hyper: AdvantageHyper, *, unbiased_std: bool = True):
+@REGISTRY.register("grpo", hyper={"eps": EPS})
+def grpo(inputs: AdvantageInputs, hyper: declared.Values, *, unbiased_std: bool = True):
   """A_i = (r_i - r̄_g) / (σ_g + eps); σ_g with ddof 1 (unbiased_std) or 0.
 
   A group whose rewards are all equal gets 0; a singleton gets 0. Source: DeepSeekMath
@@ -280,7 +244,7 @@ def grpo(inputs: AdvantageInputs, hyper: AdvantageHyper, *, unbiased_std: bool =
 
 
 @REGISTRY.register("dr_grpo")
-def dr_grpo(inputs: AdvantageInputs, hyper: AdvantageHyper):
+def dr_grpo(inputs: AdvantageInputs, hyper: declared.Values):
   """A_i = r_i - r̄_g (no std). Source: Dr. GRPO, "Understanding R1-Zero-Like Training"
   (arXiv 2503.20783), removing the difficulty bias."""
   del hyper
@@ -289,7 +253,7 @@ def dr_grpo(inputs: AdvantageInputs, hyper: AdvantageHyper):
 
 
 @REGISTRY.register("rloo")
-def rloo(inputs: AdvantageInputs, hyper: AdvantageHyper):
+def rloo(inputs: AdvantageInputs, hyper: declared.Values):
   """A_i = r_i - (1/(n_g-1)) Σ_{j≠i} r_j = n_g/(n_g-1) · (r_i - r̄_g); 0 for a singleton.
 
   Source: RLOO, "Back to Basics" (arXiv 2402.14740); verl `compute_rloo_outcome_advantage`.
@@ -301,8 +265,10 @@ def rloo(inputs: AdvantageInputs, hyper: AdvantageHyper):
   return to_tokens(scale_B * (r_B - groups.group_mean(r_B, g_B, v_B)), inputs.token_mask)
 
 
-@REGISTRY.register("reinforce_pp", batch_level=True, folds_kl=True)
-def reinforce_pp(inputs: AdvantageInputs, hyper: AdvantageHyper):
+@REGISTRY.register(
+  "reinforce_pp", batch_level=True, folds_kl=True, hyper={"eps": EPS, "gamma": GAMMA}
+)
+def reinforce_pp(inputs: AdvantageInputs, hyper: declared.Values):
   """Token rewards r_t = 1[t = last]·r_i - β·kl_t, return G_t = Σ_{s>=t} γ^{s-t} r_s over the
   row's valid tokens (s, t count valid tokens only: masked gaps are skipped), then global whitening A = (G - μ)/(σ + eps) over all
   valid tokens of the batch (ddof 1). No group baseline.
@@ -315,7 +281,8 @@ def reinforce_pp(inputs: AdvantageInputs, hyper: AdvantageHyper):
   # The last valid token of each row (masks may have gaps, e.g. masked observations).
   last_BT = mask_BT & (jnp.cumsum(m_BT[:, ::-1], axis=1)[:, ::-1] == 1.0)
   kl_BT = jnp.zeros_like(m_BT) if inputs.kl_BT is None else inputs.kl_BT.astype(jnp.float32)
-  rew_BT = (jnp.where(last_BT, inputs.rewards_B[:, None], 0.0) - hyper.kl_coef * kl_BT) * m_BT
+  beta = 0.0 if inputs.kl_coef is None else inputs.kl_coef
+  rew_BT = (jnp.where(last_BT, inputs.rewards_B[:, None], 0.0) - beta * kl_BT) * m_BT
 
   def back(carry_B, r_m_B):
     r_B, m_B = r_m_B  # Masked positions (gaps) pass the return through undiscounted.
@@ -328,8 +295,8 @@ def reinforce_pp(inputs: AdvantageInputs, hyper: AdvantageHyper):
   return _masked_whiten(ret_TB.T * m_BT, mask_BT, hyper.eps)
 
 
-@REGISTRY.register("reinforce_pp_baseline")
-def reinforce_pp_baseline(inputs: AdvantageInputs, hyper: AdvantageHyper):
+@REGISTRY.register("reinforce_pp_baseline", hyper={"eps": EPS})
+def reinforce_pp_baseline(inputs: AdvantageInputs, hyper: declared.Values):
   """A = whiten(r_i - r̄_g) over all valid tokens of the batch (μ, σ with ddof 1).
 
   Source: REINFORCE++-baseline (arXiv 2501.03262); verl
@@ -340,7 +307,7 @@ def reinforce_pp_baseline(inputs: AdvantageInputs, hyper: AdvantageHyper):
 
 
 @REGISTRY.register("batch_mean", batch_level=True)
-def batch_mean(inputs: AdvantageInputs, hyper: AdvantageHyper):
+def batch_mean(inputs: AdvantageInputs, hyper: declared.Values):
   """A_i = r_i - (1/B) Σ_j r_j: a batch baseline for single-rollout (G = 1) training.
 
   Source: "Rethinking Groups in Critic-Free RLVR" (arXiv 2606.17250), batch-level advantages.
@@ -350,8 +317,8 @@ def batch_mean(inputs: AdvantageInputs, hyper: AdvantageHyper):
   return to_tokens(r_B - _batch_mean(r_B, inputs.valid), inputs.token_mask)
 
 
-@REGISTRY.register("batch_mean_std", batch_level=True)
-def batch_mean_std(inputs: AdvantageInputs, hyper: AdvantageHyper, *, unbiased_std: bool = True):
+@REGISTRY.register("batch_mean_std", batch_level=True, hyper={"eps": EPS})
+def batch_mean_std(inputs: AdvantageInputs, hyper: declared.Values, *, unbiased_std: bool = True):
   """A_i = (r_i - μ_B)/(σ_B + eps) over the rows of the batch (σ with ddof 1 or 0).
 
   Source: batch-level normalisation as in REINFORCE++ (arXiv 2501.03262) at sequence level;
@@ -368,8 +335,8 @@ def batch_mean_std(inputs: AdvantageInputs, hyper: AdvantageHyper, *, unbiased_s
   return to_tokens(_safe_div(dev_B, std + hyper.eps), inputs.token_mask)
 
 
-@REGISTRY.register("positive_only")
-def positive_only(inputs: AdvantageInputs, hyper: AdvantageHyper, *, unbiased_std: bool = True):
+@REGISTRY.register("positive_only", hyper={"eps": EPS})
+def positive_only(inputs: AdvantageInputs, hyper: declared.Values, *, unbiased_std: bool = True):
   """A_i = max(GRPO_i, 0): negatives contribute nothing.
 
   Source: the positive-only arm of "The Cancellation Hypothesis in Critic-Free RL"
@@ -384,7 +351,7 @@ def positive_only(inputs: AdvantageInputs, hyper: AdvantageHyper, *, unbiased_st
   batch_level={"scope": "batch"},
   check=_scope_check("optimal_baseline"),
 )
-def optimal_baseline(inputs: AdvantageInputs, hyper: AdvantageHyper, *, scope: str = "group"):
+def optimal_baseline(inputs: AdvantageInputs, hyper: declared.Values, *, scope: str = "group"):
   """A_i = r_i - b*, b* = Σ_j s_j r_j / Σ_j s_j over the group (or batch), s_j = ‖∇log π(o_j)‖².
 
   The variance-minimising constant baseline for the score-function estimator; it equals
@@ -415,7 +382,9 @@ def optimal_baseline(inputs: AdvantageInputs, hyper: AdvantageHyper, *, scope: s
   batch_level={"scope": "batch"},
   check=_scope_check("optimal_token_baseline"),
 )
-def optimal_token_baseline(inputs: AdvantageInputs, hyper: AdvantageHyper, *, scope: str = "group"):
+def optimal_token_baseline(
+  inputs: AdvantageInputs, hyper: declared.Values, *, scope: str = "group"
+):
   """A_{i,t} = r_i − B_{g(i),t}, the per-token optimal baseline of each group (or batch):
 
     B_{g,t} = Σ_{j∈g} m_{j,t} W_{j,t} r_j / Σ_{j∈g} m_{j,t} W_{j,t},
@@ -461,8 +430,17 @@ def pass_rate(success_B, group_ids_B, valid_B=None):
   return groups.group_mean(s_B.astype(jnp.float32), group_ids_B, valid_B)
 
 
-@REGISTRY.register("fade", reads_outcome=True)
-def fade(inputs: AdvantageInputs, hyper: AdvantageHyper):
+_FADE_HYPER = {
+  "eps": EPS,
+  "std_power": STD_POWER,
+  "focal_gamma": FOCAL_GAMMA,
+  "lambda_s": LAMBDA_S,
+  "lambda_f": LAMBDA_F,
+}
+
+
+@REGISTRY.register("fade", reads_outcome=True, hyper=_FADE_HYPER)
+def fade(inputs: AdvantageInputs, hyper: declared.Values):
   """Sign/difficulty family: A_i = f(p)·[λ_S·1(s_i)·(1-p) - λ_F·1(¬s_i)·p], with s_i the
   row's success (the verifier's verdict) and p the group pass rate and f(p) = (p(1-p) + eps)^(-α)·(1-p)^γ (α = std_power, γ = focal_gamma).
 
@@ -489,7 +467,7 @@ def fade(inputs: AdvantageInputs, hyper: AdvantageHyper):
 
 def ibpo_advantage(
   inputs: AdvantageInputs,
-  hyper: AdvantageHyper,
+  hyper: declared.Values,
   *,
   shrink: float = 0.0,
   scale: str = "std",
@@ -518,7 +496,7 @@ def ibpo_advantage(
   return _ibpo(inputs, hyper, shrink=shrink, scale=scale, state=state, context=context)[0]
 
 
-def _ibpo(inputs: AdvantageInputs, hyper: AdvantageHyper, *, shrink, scale, state, context):
+def _ibpo(inputs: AdvantageInputs, hyper: declared.Values, *, shrink, scale, state, context):
   if inputs.tokens_BT is None:
     raise ValueError("ibpo needs AdvantageInputs.tokens_BT (the completion tokens).")
   return ibpo.advantage(
@@ -541,7 +519,7 @@ def _ibpo(inputs: AdvantageInputs, hyper: AdvantageHyper, *, shrink, scale, stat
 
 def ibpo_stats(
   inputs: AdvantageInputs,
-  hyper: AdvantageHyper,
+  hyper: declared.Values,
   *,
   shrink=0.0,
   scale="std",
@@ -553,9 +531,13 @@ def ibpo_stats(
   return ibpo.comparison_stats(adv_BT, inputs.rewards_B, **parts)
 
 
-REGISTRY.register("ibpo", metrics=ibpo_stats, check=_check_ibpo, reads_counterfactuals=True)(
-  ibpo_advantage
-)
+REGISTRY.register(
+  "ibpo",
+  metrics=ibpo_stats,
+  check=_check_ibpo,
+  reads_counterfactuals=True,
+  hyper={"eps": EPS, "ibpo_lambda": IBPO_LAMBDA, "ibpo_tau": IBPO_TAU, "ibpo_is_cap": IBPO_IS_CAP},
+)(ibpo_advantage)
 
 
 # ----------------------------------------------------------------------------
@@ -573,8 +555,9 @@ _DISTILL_BASE_TRAITS = (
 
 def distill_bases() -> list[str]:
   """The estimators `distill` may add its dense term to (option `base`), besides "none":
-  those that read only rewards and groups and declare no hyperparameters of their own."""
-  plain = lambda t: not t.hyper and not any(getattr(t, f) for f in _DISTILL_BASE_TRAITS)  # noqa: E731
+  those that read only rewards and groups (and their own hyperparameters, which the
+  arrays distill receives hold: `declared.Values`)."""
+  plain = lambda t: not any(getattr(t, f) for f in _DISTILL_BASE_TRAITS)  # noqa: E731
   return [n for n in REGISTRY.names() if plain(REGISTRY.traits(n))]
 
 
@@ -623,7 +606,7 @@ def _discounted(d_BT, mask_BT, gamma):
   return jnp.where(mask_BT, g_TB.T, 0.0)
 
 
-def distill_stats(inputs: AdvantageInputs, hyper: AdvantageHyper, **options):
+def distill_stats(inputs: AdvantageInputs, hyper: declared.Values, **options):
   """The teacher term's metrics (metrics.DEFINITIONS "distill/..."), over the trained tokens."""
   del hyper, options
   d_BT, mask_BT = _teacher_term(inputs)
@@ -645,7 +628,7 @@ def distill_stats(inputs: AdvantageInputs, hyper: AdvantageHyper, **options):
   },
 )
 def distill(
-  inputs: AdvantageInputs, hyper: AdvantageHyper, *, base: str = "none", base_options=None
+  inputs: AdvantageInputs, hyper: declared.Values, *, base: str = "none", base_options=None
 ):
   """On-policy distillation: a teacher's per-token log-ratio as a dense advantage, alone or
   added to a sequence estimator's,
@@ -669,13 +652,11 @@ def distill(
   """
   _check_distill(base=base, base_options=base_options)
   d_BT, mask_BT = _teacher_term(inputs)
-  dense_BT = hyper.extra["distill_coef"] * _discounted(
-    d_BT, mask_BT, hyper.extra["distill_discount"]
-  )
+  dense_BT = hyper.distill_coef * _discounted(d_BT, mask_BT, hyper.distill_discount)
   if base == "none":
     return dense_BT
   base_BT = REGISTRY.make(base, **dict(base_options or {}))(inputs, hyper)
-  return jnp.where(mask_BT, hyper.extra["distill_reward_coef"] * base_BT + dense_BT, 0.0)
+  return jnp.where(mask_BT, hyper.distill_reward_coef * base_BT + dense_BT, 0.0)
 
 
 def works_without_groups(name: str, options: dict) -> bool:

@@ -1,7 +1,8 @@
 """Advantage controllers: update FADE's (λ_S, λ_F, γ) between steps from running metrics.
 
-A controller is `fn(hyper: AdvantageHyper, state: dict, metrics: dict, **options) ->
-(hyper, state)`, registered by name in `REGISTRY`. It returns arrays of the same shapes
+A controller is `fn(hyper: dict, state: dict, metrics: dict, **options) -> (hyper, state)`,
+registered by name in `REGISTRY`; hyper is {name: f32}, every advantage estimator's
+declared hyperparameter (config.rl.advantage_hyper). It returns arrays of the same shapes
 and dtypes, so the jitted prepare step never recompiles, and its state is a dict of
 float32 scalars that checkpoints with the run. `init_state()` gives the starting state.
 """
@@ -14,7 +15,6 @@ from collections.abc import Callable
 import jax.numpy as jnp
 
 from grpo_jax.infra import registry
-from grpo_jax.rl import advantages
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -45,7 +45,7 @@ def init_state() -> dict:
 
 
 @REGISTRY.register("none", reads_old_logp=False)
-def none(hyper: advantages.AdvantageHyper, state: dict, metrics: dict):
+def none(hyper: dict, state: dict, metrics: dict):
   """Leaves the hyperparameters unchanged."""
   del metrics
   return hyper, state
@@ -53,7 +53,7 @@ def none(hyper: advantages.AdvantageHyper, state: dict, metrics: dict):
 
 @REGISTRY.register("fade_entropy", check=_check_fade_entropy)
 def fade_entropy(
-  hyper: advantages.AdvantageHyper,
+  hyper: dict,
   state: dict,
   metrics: dict,
   *,
@@ -88,10 +88,11 @@ def fade_entropy(
   slope = jnp.where(started, ema * state["slope"] + (1 - ema) * (h_bar - state["entropy"]), 0.0)
   level = jnp.clip((h_bar - entropy_low) / (entropy_high - entropy_low), 0.0, 1.0)
   phi = level * jnp.clip(1.0 + slope / max_drop, 0.0, 1.0) * (p < pass_high)
-  hyper = hyper.replace(
-    lambda_s=jnp.ones_like(hyper.lambda_s),
-    lambda_f=(1.0 + (max_suppression - 1.0) * (1.0 - phi)).astype(jnp.float32),
-    focal_gamma=(hard_gamma * phi).astype(jnp.float32),
-  )
+  hyper = {
+    **hyper,
+    "lambda_s": jnp.ones_like(hyper["lambda_s"]),
+    "lambda_f": (1.0 + (max_suppression - 1.0) * (1.0 - phi)).astype(jnp.float32),
+    "focal_gamma": (hard_gamma * phi).astype(jnp.float32),
+  }
   state = {"entropy": h_bar, "slope": slope, "started": jnp.ones((), jnp.float32)}
   return hyper, state

@@ -175,7 +175,7 @@ def biased_choices(cfg: CounterfactualConfig, *, tau: float, steps) -> tuple[str
     )
   if tau < 1.0:
     out.append(
-      f"rl.ibpo_tau={tau:g} keeps a counterfactual by its distance to its parent's "
+      f"rl.advantage_hyper.ibpo_tau={tau:g} keeps a counterfactual by its distance to its parent's "
       "completion, later tokens included (use 1.0)"
     )
   return tuple(out)
@@ -650,7 +650,7 @@ def _check_unbiased_plan(cf, rl_cfg, steps) -> None:
       "above the cut, and the estimator leaves a row out of its own baseline exactly only "
       "when every row counts from depth 0. Use state 'window' or 'prefix', or source 'hint'."
     )
-  reasons = biased_choices(cf, tau=rl_cfg.ibpo_tau, steps=steps)
+  reasons = biased_choices(cf, tau=rl_cfg.advantage_values["ibpo_tau"], steps=steps)
   if reasons and not cf.accept_bias:
     raise ValueError(
       f"config.counterfactual biases rl.advantage={rl_cfg.advantage!r} (a counterfactual "

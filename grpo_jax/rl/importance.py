@@ -20,7 +20,7 @@ on top of the loss's own ratio π_θ / π_old (the decoupled objective of AReaL;
 correction verl applies as "rollout importance sampling"). A correction is picked by name
 (`rl.is_correction`) and maps the two log-probs to a per-token weight and a keep mask:
 
-    fn(old_logp_NT, behav_logp_NT, mask_NT, hyper: ISHyper) -> (weight_NT, keep_NT)
+    fn(old_logp_NT, behav_logp_NT, mask_NT, hyper: declared.Values) -> (weight_NT, keep_NT)
 
 * ``none``:         w = 1.
 * ``tis_token``:    w_t = min(ρ_t, U)                     truncated IS (Yao et al. 2025,
@@ -33,7 +33,8 @@ correction verl applies as "rollout importance sampling"). A correction is picke
 * ``mis_geometric``: w = 1, row dropped unless L ≤ exp(mean_t log ρ_t) ≤ U (the per-token
                     geometric mean: a length-independent sequence test)
 
-U = `rl.is_upper`, L = `rl.is_lower` (arrays in `ISHyper`: no recompile). The weight is a
+U = `rl.importance_hyper.is_upper`, L = `rl.importance_hyper.is_lower` (declared by the
+corrections that read them; arrays: no recompile). The weight is a
 constant of the update (no gradient flows through it). `preparation.finish_prepare` folds it into
 the token advantage, A_t ← w_t·A_t: every policy loss here is positively homogeneous in A
 per token (PPO clip, dual clip, GSPO's token form, CISPO, REINFORCE), so this equals
@@ -48,11 +49,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-import flax
 import jax
 import jax.numpy as jnp
 
 from grpo_jax.infra import registry
+from grpo_jax.rl import declared
+
+Hyper = declared.Hyper
 
 LOG_RATIO_CLAMP = 20.0
 QUANTILES = (0.01, 0.5, 0.99)
@@ -66,18 +69,39 @@ class Traits:
   needs no sampler log-probs and corrects nothing)."""
 
   corrects: bool = True
+  # {name: Hyper}: the bounds it reads (`hyper.is_lower`, `hyper.is_upper`).
+  hyper: dict = dataclasses.field(default_factory=dict)
 
 
 REGISTRY: registry.Registry[Correction] = registry.Registry("importance correction", traits=Traits)
 
 
-@flax.struct.dataclass
-class ISHyper:
-  lower: jax.Array  # L: MIS keeps ratios ≥ L.
-  upper: jax.Array  # U: TIS truncates at U; MIS keeps ratios ≤ U.
+# The bounds the corrections declare (config.rl.importance_hyper.<name>, `declared`).
+IS_LOWER = Hyper(0.5, low=0.0, doc="L: MIS keeps ratios >= L")
+IS_UPPER = Hyper(
+  2.0, low=0.0, valid=lambda u: u > 0, rule="> 0", doc="U: TIS truncates at U; MIS keeps <= U"
+)
+BOUNDS = {"is_lower": IS_LOWER, "is_upper": IS_UPPER}
 
 
-def check_bounds(*, lower: float, upper: float, where: str = "rl") -> None:
+def declared_hyper() -> dict[str, Hyper]:
+  """Every correction's declared hyperparameters, by name (config.rl.importance_hyper)."""
+  return declared.collect(REGISTRY)
+
+
+def declared_values(given) -> dict[str, float]:
+  """config.rl.importance_hyper's values (checked, and L < U), else the defaults."""
+  values = declared.values(REGISTRY, given, section="config.rl.importance_hyper")
+  check_bounds(lower=values["is_lower"], upper=values["is_upper"])
+  return values
+
+
+def hyper_values(**given) -> declared.Values:
+  """The arrays a correction reads, from keyword values with the defaults elsewhere."""
+  return declared.Values(declared.arrays(declared_values(given)))
+
+
+def check_bounds(*, lower: float, upper: float, where: str = "rl.importance_hyper") -> None:
   """Refuses bounds that cannot be a truncation or a keep interval: 0 ≤ L < U."""
   if not (0.0 <= lower < upper):
     raise ValueError(
@@ -85,11 +109,6 @@ def check_bounds(*, lower: float, upper: float, where: str = "rl") -> None:
       f"0 <= is_lower < is_upper (TIS truncates at is_upper; MIS keeps ratios in "
       f"[is_lower, is_upper], e.g. [0.5, 2.0])."
     )
-
-
-def is_hyper(*, lower: float = 0.5, upper: float = 2.0) -> ISHyper:
-  check_bounds(lower=lower, upper=upper)
-  return ISHyper(lower=jnp.asarray(lower, jnp.float32), upper=jnp.asarray(upper, jnp.float32))
 
 
 def log_ratio(old_logp_NT, behav_logp_NT, mask_NT):
@@ -108,50 +127,50 @@ def _sequence_log_ratio(old_logp_NT, behav_logp_NT, mask_NT):
   return jnp.clip(d_N1, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
-def _inside(r, hyper: ISHyper):
-  return (r >= hyper.lower) & (r <= hyper.upper)
+def _inside(r, hyper: declared.Values):
+  return (r >= hyper.is_lower) & (r <= hyper.is_upper)
 
 
 @REGISTRY.register("none", corrects=False)
-def no_correction(old_logp_NT, behav_logp_NT, mask_NT, hyper: ISHyper):
+def no_correction(old_logp_NT, behav_logp_NT, mask_NT, hyper: declared.Values):
   """w = 1: the behaviour policy is taken to be π_old (today's on-policy assumption)."""
   del old_logp_NT, behav_logp_NT, hyper
   return jnp.ones(mask_NT.shape, jnp.float32), mask_NT
 
 
-@REGISTRY.register("tis_token")
-def tis_token(old_logp_NT, behav_logp_NT, mask_NT, hyper: ISHyper):
+@REGISTRY.register("tis_token", hyper={"is_upper": IS_UPPER})
+def tis_token(old_logp_NT, behav_logp_NT, mask_NT, hyper: declared.Values):
   """w_t = min(ρ_t, U), ρ_t = π_old/μ per token (truncated importance sampling)."""
   r_NT = jnp.exp(log_ratio(old_logp_NT, behav_logp_NT, mask_NT))
-  return jnp.where(mask_NT, jnp.minimum(r_NT, hyper.upper), 1.0), mask_NT
+  return jnp.where(mask_NT, jnp.minimum(r_NT, hyper.is_upper), 1.0), mask_NT
 
 
-@REGISTRY.register("tis_sequence")
-def tis_sequence(old_logp_NT, behav_logp_NT, mask_NT, hyper: ISHyper):
+@REGISTRY.register("tis_sequence", hyper={"is_upper": IS_UPPER})
+def tis_sequence(old_logp_NT, behav_logp_NT, mask_NT, hyper: declared.Values):
   """w_i = min(Π_t ρ_t, U) on every token of row i."""
   r_N1 = jnp.exp(_sequence_log_ratio(old_logp_NT, behav_logp_NT, mask_NT))
-  w_NT = jnp.broadcast_to(jnp.minimum(r_N1, hyper.upper), mask_NT.shape)
+  w_NT = jnp.broadcast_to(jnp.minimum(r_N1, hyper.is_upper), mask_NT.shape)
   return jnp.where(mask_NT, w_NT, 1.0), mask_NT
 
 
-@REGISTRY.register("mis_token")
-def mis_token(old_logp_NT, behav_logp_NT, mask_NT, hyper: ISHyper):
+@REGISTRY.register("mis_token", hyper=BOUNDS)
+def mis_token(old_logp_NT, behav_logp_NT, mask_NT, hyper: declared.Values):
   """w_t = ρ_t; tokens with ρ_t outside [L, U] are dropped (masked importance sampling)."""
   r_NT = jnp.exp(log_ratio(old_logp_NT, behav_logp_NT, mask_NT))
   keep_NT = mask_NT & _inside(r_NT, hyper)
   return jnp.where(keep_NT, r_NT, 1.0), keep_NT
 
 
-@REGISTRY.register("mis_sequence")
-def mis_sequence(old_logp_NT, behav_logp_NT, mask_NT, hyper: ISHyper):
+@REGISTRY.register("mis_sequence", hyper=BOUNDS)
+def mis_sequence(old_logp_NT, behav_logp_NT, mask_NT, hyper: declared.Values):
   """w_i = Π_t ρ_t; rows whose Π_t ρ_t leaves [L, U] are dropped."""
   r_N1 = jnp.exp(_sequence_log_ratio(old_logp_NT, behav_logp_NT, mask_NT))
   keep_NT = mask_NT & _inside(r_N1, hyper)
   return jnp.where(keep_NT, jnp.broadcast_to(r_N1, mask_NT.shape), 1.0), keep_NT
 
 
-@REGISTRY.register("mis_geometric")
-def mis_geometric(old_logp_NT, behav_logp_NT, mask_NT, hyper: ISHyper):
+@REGISTRY.register("mis_geometric", hyper=BOUNDS)
+def mis_geometric(old_logp_NT, behav_logp_NT, mask_NT, hyper: declared.Values):
   """w = 1; rows whose geometric-mean ratio exp(mean_t log ρ_t) leaves [L, U] are dropped."""
   n_N1 = jnp.maximum(jnp.sum(mask_NT, axis=1, keepdims=True), 1)
   d_N1 = jnp.sum(log_ratio(old_logp_NT, behav_logp_NT, mask_NT), axis=1, keepdims=True)

@@ -16,6 +16,7 @@ from grpo_jax.models import logprobs, model
 from grpo_jax.rl import (
   advantages,
   aggregation,
+  declared,
   importance,
   losses,
   planners,
@@ -57,7 +58,9 @@ def token_terms(
   # π_old: the update's own forward (one optimizer step from the sampled params: exact),
   # or the batch's recomputed log-probs.
   old_NT = jax.lax.stop_gradient(logp_NT) if cfg.old_logp_in_update else mb.old_logp_NT
-  pg_NT, aux = losses.REGISTRY.make(cfg.policy_loss)(logp_NT, old_NT, mb.adv_NT, m_NT, hyper.loss)
+  pg_NT, aux = losses.REGISTRY.make(cfg.policy_loss)(
+    logp_NT, old_NT, mb.adv_NT, m_NT, declared.Values(hyper.loss)
+  )
   total_NT = pg_NT - hyper.entropy_coef * ent_NT
   kl_NT = jnp.zeros_like(logp_NT)
   if cfg.use_ref:

@@ -6,7 +6,7 @@ token advantage A_{i,t} and ``mask_BT`` marks completion tokens.
 
 A policy loss is picked by name (``REGISTRY.make("ppo_clip")``) and has the signature
 
-  fn(logp_BT, old_logp_BT, adv_BT, mask_BT, hyper: LossHyper) -> (loss_BT, aux)
+  fn(logp_BT, old_logp_BT, adv_BT, mask_BT, hyper: declared.Values) -> (loss_BT, aux)
 
 ``loss_BT`` is the per-token loss ℓ_tok to MINIMISE, 0 where the mask is False. It is not
 aggregated here: the train step forms Σ w·ℓ_tok with its own weights (loss_agg_mode).
@@ -20,9 +20,9 @@ aggregated here: the train step forms Σ w·ℓ_tok with its own weights (loss_a
 Every flag is False where the mask is False or where it does not apply to the loss.
 
 A KL estimator is picked by name (``KL_REGISTRY.make("k3")``), ``fn(logp_BT, ref_logp_BT) ->
-kl_BT``, unmasked (the caller masks). Hyperparameters that may change during a run live in
-``LossHyper`` as arrays, so changing them does not recompile; a loss may declare its own
-where it is registered (`Traits.hyper`, read as ``hyper.extra[name]``).
+kl_BT``, unmasked (the caller masks). A loss declares the hyperparameters it reads where it
+is registered (`Traits.hyper`; ε_low, ε_high and c below); they reach it as float32 arrays
+(``hyper.eps_high``), so changing them during a run does not recompile.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-import flax
 import jax
 import jax.numpy as jnp
 
@@ -52,15 +51,29 @@ KlEstimator = Callable[[jax.Array, jax.Array], jax.Array]
 
 # An array hyperparameter a policy loss declares where it is registered
 # (`@REGISTRY.register(name, hyper={"cap": Hyper(2.0, low=1.0)})`): set by
-# config.rl.loss_hyper.<name> and handed to the loss as `hyper.extra[<name>]` (`declared`).
+# config.rl.loss_hyper.<name> and read by the loss as `hyper.<name>` (`declared`).
 Hyper = declared.Hyper
+
+# The trust region [1 − ε_low, 1 + ε_high] of the ratio (DAPO's clip-higher uses ε_high =
+# 0.28, arXiv 2503.14476) and the dual-clip bound c for A < 0 (Ye et al. 2020; verl
+# `clip_ratio_c` = 3.0), shared by the losses that clip.
+EPS_LOW = Hyper(0.2, low=0.0, doc="ε_low: the ratio's trust region starts at 1 − ε_low")
+EPS_HIGH = Hyper(0.2, low=0.0, doc="ε_high: the ratio's trust region ends at 1 + ε_high")
+DUAL_CLIP_C = Hyper(
+  0.0,
+  low=0.0,
+  valid=lambda c: c == 0 or c > 1,
+  rule="0 (off) or > 1 (verl uses 3.0)",
+  doc="the dual-clip bound for A < 0; c <= 1 would cap the loss below PPO's at ratio 1",
+)
+CLIP = {"eps_low": EPS_LOW, "eps_high": EPS_HIGH}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Traits:
   """What a policy loss declares where it is registered (`REGISTRY.traits(name)`).
 
-  hyper: {name: Hyper}, the array hyperparameters it reads (`LossHyper.extra[name]`)."""
+  hyper: {name: Hyper}, the array hyperparameters it reads (`hyper.<name>`)."""
 
   hyper: dict = dataclasses.field(default_factory=dict)
 
@@ -74,58 +87,22 @@ KL_REGISTRY: registry.Registry[KlEstimator] = registry.Registry("KL estimator")
 # ----------------------------------------------------------------------------
 
 
-@flax.struct.dataclass
-class LossHyper:
-  """Loss hyperparameters as f32 scalar arrays: changing them never recompiles.
-
-  eps_low, eps_high: the trust region [1 − ε_low, 1 + ε_high] of the ratio (DAPO clip-higher
-  uses ε_high = 0.28, arXiv 2503.14476). dual_clip_c: the dual-clip bound c for A < 0
-  (Ye et al. 2020; verl `clip_ratio_c` = 3.0); 0 switches it off, it is active when c > 1.
-  """
-
-  eps_low: jax.Array
-  eps_high: jax.Array
-  dual_clip_c: jax.Array
-  # The chosen loss's declared hyperparameters (`Traits.hyper`): {name: float32}.
-  extra: dict = flax.struct.field(default_factory=dict)
-
-
-def loss_hyper(
-  *,
-  eps_low: float = 0.2,
-  eps_high: float = 0.2,
-  dual_clip_c: float = 0.0,
-  extra: dict | None = None,
-) -> LossHyper:
-  """Validated ``LossHyper`` (host side): ε_low, ε_high >= 0; dual_clip_c == 0 or > 1;
-  `extra`: values of declared hyperparameters, already checked (`declared_values`)."""
-  if not eps_low >= 0:
-    raise ValueError(f"eps_low must be >= 0, got {eps_low}.")
-  if not eps_high >= 0:
-    raise ValueError(f"eps_high must be >= 0, got {eps_high}.")
-  if not (dual_clip_c == 0 or dual_clip_c > 1):
-    raise ValueError(
-      f"dual_clip_c must be 0 (off) or > 1 (verl uses 3.0), got {dual_clip_c}; "
-      "c <= 1 would cap the loss of A < 0 tokens below the unclipped PPO value at ratio 1."
-    )
-  return LossHyper(
-    eps_low=jnp.asarray(eps_low, jnp.float32),
-    eps_high=jnp.asarray(eps_high, jnp.float32),
-    dual_clip_c=jnp.asarray(dual_clip_c, jnp.float32),
-    extra={k: jnp.asarray(v, jnp.float32) for k, v in (extra or {}).items()},
-  )
-
-
 def declared_hyper() -> dict[str, Hyper]:
   """Every registered policy loss's declared hyperparameters, by name (config.rl's
   loss_hyper section lists them with their defaults)."""
   return declared.collect(REGISTRY)
 
 
-def declared_values(name: str, given: dict) -> dict[str, float]:
-  """The values of loss `name`'s declared hyperparameters: config.rl.loss_hyper's
-  (checked against each declaration), else the default."""
-  return declared.values(REGISTRY, name, given, section="config.rl.loss_hyper")
+def declared_values(given) -> dict[str, float]:
+  """Every policy loss's declared hyperparameters: config.rl.loss_hyper's values (checked
+  against each declaration), else the defaults."""
+  return declared.values(REGISTRY, given, section="config.rl.loss_hyper")
+
+
+def hyper_values(**given) -> declared.Values:
+  """The arrays a policy loss reads (`declared.Values`), from keyword values with the
+  declared defaults elsewhere: what the trainer builds from config.rl.loss_hyper."""
+  return declared.Values(declared.arrays(declared_values(given)))
 
 
 # ----------------------------------------------------------------------------
@@ -159,17 +136,17 @@ def _token_ratio(logp_BT, old_logp_BT, mask_BT):
   return jnp.exp(jnp.clip(log_ratio_BT, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
 
 
-def _clip_ratio(ratio_BT, hyper: LossHyper):
+def _clip_ratio(ratio_BT, hyper: declared.Values):
   """clip(ρ, 1 − ε_low, 1 + ε_high)."""
   return jnp.clip(ratio_BT, 1.0 - hyper.eps_low, 1.0 + hyper.eps_high)
 
 
-def _clipped_surrogate(ratio_BT, adv_BT, hyper: LossHyper):
+def _clipped_surrogate(ratio_BT, adv_BT, hyper: declared.Values):
   """max(−Aρ, −A·clip(ρ, 1 − ε_low, 1 + ε_high)), the negated PPO surrogate."""
   return jnp.maximum(-adv_BT * ratio_BT, -adv_BT * _clip_ratio(ratio_BT, hyper))
 
 
-def _clip_flags(ratio_BT, adv_BT, mask_BT, hyper: LossHyper):
+def _clip_flags(ratio_BT, adv_BT, mask_BT, hyper: declared.Values):
   """(clip_high, clip_low): where the clipped branch of the PPO max binds."""
   clip_high_BT = mask_BT & (adv_BT > 0) & (ratio_BT > 1.0 + hyper.eps_high)
   clip_low_BT = mask_BT & (adv_BT < 0) & (ratio_BT < 1.0 - hyper.eps_low)
@@ -196,8 +173,8 @@ def _aux(ratio_BT, mask_BT, *, clip_high_BT=None, clip_low_BT=None, dual_clip_BT
 # ----------------------------------------------------------------------------
 
 
-@REGISTRY.register("ppo_clip")
-def ppo_clip(logp_BT, old_logp_BT, adv_BT, mask_BT, hyper: LossHyper):
+@REGISTRY.register("ppo_clip", hyper={**CLIP, "dual_clip_c": DUAL_CLIP_C})
+def ppo_clip(logp_BT, old_logp_BT, adv_BT, mask_BT, hyper: declared.Values):
   """PPO clipped surrogate with asymmetric (clip-higher) bounds and dual clip.
 
   ρ = exp(clamp(ℓ − ℓ_old, −20, 20));
@@ -236,8 +213,8 @@ def sequence_log_ratio(logp_BT, old_logp_BT, mask_BT):
   return total_B / jnp.maximum(n_B, 1.0)
 
 
-@REGISTRY.register("gspo")
-def gspo(logp_BT, old_logp_BT, adv_BT, mask_BT, hyper: LossHyper):
+@REGISTRY.register("gspo", hyper=CLIP)
+def gspo(logp_BT, old_logp_BT, adv_BT, mask_BT, hyper: declared.Values):
   """GSPO: PPO clipping on the length-normalised sequence ratio, in token form.
 
   s_i = exp((1/|o_i|) Σ_t m(ℓ − ℓ_old)) (|o_i| masked tokens; empty rows give s_i = 1);
@@ -264,7 +241,7 @@ def gspo(logp_BT, old_logp_BT, adv_BT, mask_BT, hyper: LossHyper):
 
 
 @REGISTRY.register("reinforce")
-def reinforce(logp_BT, old_logp_BT, adv_BT, mask_BT, hyper: LossHyper):
+def reinforce(logp_BT, old_logp_BT, adv_BT, mask_BT, hyper: declared.Values):
   """On-policy REINFORCE: ℓ_tok = −A·ℓ.
 
   The value differs from PPO's −A·ρ at ρ = 1, but the gradient −A·∇ℓ is identical there.
@@ -279,8 +256,8 @@ def reinforce(logp_BT, old_logp_BT, adv_BT, mask_BT, hyper: LossHyper):
   return _masked(loss_BT, mask_BT), _aux(ratio_BT, mask_BT)
 
 
-@REGISTRY.register("cispo")
-def cispo(logp_BT, old_logp_BT, adv_BT, mask_BT, hyper: LossHyper):
+@REGISTRY.register("cispo", hyper=CLIP)
+def cispo(logp_BT, old_logp_BT, adv_BT, mask_BT, hyper: declared.Values):
   """CISPO: clipped, detached importance weight times REINFORCE.
 
   ρ = exp(clamp(ℓ − ℓ_old, −20, 20)); ℓ_tok = −sg[clip(ρ, 1 − ε_low, 1 + ε_high)]·A·ℓ.

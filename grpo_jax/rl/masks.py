@@ -1,6 +1,6 @@
 """Token masks: which completion tokens enter the loss.
 
-Each mask has the signature `fn(inputs: MaskInputs, hyper: MaskHyper, **static_options) ->
+Each mask has the signature `fn(inputs: MaskInputs, hyper: declared.Values, **static_options) ->
 keep_BT` (bool; True = the token stays in the loss) and is registered by its config name
 in `REGISTRY`. A mask made of parts (negative_token_filter's criteria) also registers in
 `PARTS` a function with the same signature returning {part: drop_BT}, so each part's
@@ -21,7 +21,9 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.infra import registry
-from grpo_jax.rl import advantages
+from grpo_jax.rl import advantages, declared
+
+Hyper = declared.Hyper
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -31,6 +33,8 @@ class Traits:
   (rl.old_logp_from, `spec.RLConfig.old_logp_blockers`)."""
 
   reads_old_logp: bool = False
+  # {name: Hyper}: the array hyperparameters it reads (`hyper.<name>`; config.rl.mask_hyper).
+  hyper: dict = dataclasses.field(default_factory=dict)
 
 
 REGISTRY = registry.Registry("token mask", traits=Traits)
@@ -54,30 +58,32 @@ class MaskInputs:
   rank_BT: jax.Array | None = None
 
 
-@flax.struct.dataclass
-class MaskHyper:
-  """prob_threshold τ_p, entropy_threshold τ_H and top_k k of negative-token filtering
-  (arrays: a controller may change them without recompiling)."""
+# The hyperparameters negative_token_filter declares (config.rl.mask_hyper.<name>; read
+# as `hyper.<name>`, float32 arrays: `declared`).
+PROB_THRESHOLD = Hyper(0.9, low=0.0, high=1.0, doc="τ_p: 'prob' drops tokens with π_old > τ_p")
+ENTROPY_THRESHOLD = Hyper(0.1, low=0.0, doc="τ_H: 'entropy' drops tokens with entropy < τ_H")
+TOP_K = Hyper(
+  1,
+  low=1,
+  valid=lambda k: float(k).is_integer(),
+  rule="an integer >= 1",
+  doc="k: 'rank' drops the sampled token when it is among π_old's top k",
+)
 
-  prob_threshold: jax.Array
-  entropy_threshold: jax.Array
-  top_k: jax.Array
+
+def declared_hyper() -> dict[str, Hyper]:
+  """Every registered mask's declared hyperparameters, by name (config.rl.mask_hyper)."""
+  return declared.collect(REGISTRY)
 
 
-def mask_hyper(
-  *, prob_threshold: float = 0.9, entropy_threshold: float = 0.1, top_k: int = 1
-) -> MaskHyper:
-  if not 0.0 <= prob_threshold <= 1.0:
-    raise ValueError(f"prob_threshold must be in [0, 1], got {prob_threshold}.")
-  if entropy_threshold < 0:
-    raise ValueError(f"entropy_threshold must be >= 0, got {entropy_threshold}.")
-  if top_k < 1:
-    raise ValueError(f"top_k must be >= 1 (the sampled token among π_old's top k), got {top_k}.")
-  return MaskHyper(
-    prob_threshold=jnp.asarray(prob_threshold, jnp.float32),
-    entropy_threshold=jnp.asarray(entropy_threshold, jnp.float32),
-    top_k=jnp.asarray(top_k, jnp.int32),
-  )
+def declared_values(given) -> dict[str, float]:
+  """config.rl.mask_hyper's values (checked), else the declared defaults."""
+  return declared.values(REGISTRY, given, section="config.rl.mask_hyper")
+
+
+def hyper_values(**given) -> declared.Values:
+  """The arrays a mask reads, from keyword values with the declared defaults elsewhere."""
+  return declared.Values(declared.arrays(declared_values(given)))
 
 
 def _polarity(inputs: MaskInputs):
@@ -85,7 +91,7 @@ def _polarity(inputs: MaskInputs):
 
 
 @REGISTRY.register("positive_only")
-def positive_only(inputs: MaskInputs, hyper: MaskHyper):
+def positive_only(inputs: MaskInputs, hyper: declared.Values):
   """keep_{i,t} = 1(ā_i >= 0): tokens of negative-advantage rollouts are removed.
 
   Source: the positive-only arm of arXiv 2605.08666 (masking, rather than zeroing A, also
@@ -96,7 +102,7 @@ def positive_only(inputs: MaskInputs, hyper: MaskHyper):
 
 
 @REGISTRY.register("negative_only")
-def negative_only(inputs: MaskInputs, hyper: MaskHyper):
+def negative_only(inputs: MaskInputs, hyper: declared.Values):
   """keep_{i,t} = 1(ā_i <= 0): tokens of positive-advantage rollouts are removed.
 
   Source: the negative-sample arm of arXiv 2605.08666; cf. NSR, "The Surprising
@@ -130,7 +136,7 @@ CRITERIA = ("prob", "entropy", "rank", "shared", "batch_shared")
 
 
 def filter_criteria(
-  inputs: MaskInputs, hyper: MaskHyper, *, criteria: tuple[str, ...], vocab_size: int = 0
+  inputs: MaskInputs, hyper: declared.Values, *, criteria: tuple[str, ...], vocab_size: int = 0
 ) -> dict:
   """{criterion: drop_BT}, where each criterion holds (before restricting to negatives):
   "prob":         π_old(o_t) > τ_p        (confident tokens: penalising them squeezes),
@@ -169,10 +175,14 @@ def filter_criteria(
   return out
 
 
-@REGISTRY.register("negative_token_filter", reads_old_logp=True)
+@REGISTRY.register(
+  "negative_token_filter",
+  reads_old_logp=True,
+  hyper={"prob_threshold": PROB_THRESHOLD, "entropy_threshold": ENTROPY_THRESHOLD, "top_k": TOP_K},
+)
 def negative_token_filter(
   inputs: MaskInputs,
-  hyper: MaskHyper,
+  hyper: declared.Values,
   *,
   criteria: tuple[str, ...] = ("prob",),
   vocab_size: int = 0,
@@ -192,7 +202,7 @@ def negative_token_filter(
 
 
 def negative_token_filter_parts(
-  inputs: MaskInputs, hyper: MaskHyper, *, criteria=("prob",), vocab_size: int = 0
+  inputs: MaskInputs, hyper: declared.Values, *, criteria=("prob",), vocab_size: int = 0
 ) -> dict:
   """{criterion: the tokens of negative rollouts it alone removes}."""
   parts = filter_criteria(inputs, hyper, criteria=tuple(criteria), vocab_size=vocab_size)
@@ -205,7 +215,7 @@ PARTS = {"negative_token_filter": negative_token_filter_parts}
 
 
 @REGISTRY.register("overlong_filter")
-def overlong_filter(inputs: MaskInputs, hyper: MaskHyper):
+def overlong_filter(inputs: MaskInputs, hyper: declared.Values):
   """keep_{i,t} = 1(row i ended with EOS): truncated rollouts leave the loss entirely.
 
   Source: DAPO overlong filtering (arXiv 2503.14476).
@@ -220,7 +230,7 @@ def masked_fraction(mask_BT, keep_BT):
   return jnp.sum(m_BT * (~keep_BT).astype(jnp.float32)) / jnp.maximum(jnp.sum(m_BT), 1.0)
 
 
-def apply(mask_fns: dict, inputs: MaskInputs, hyper: MaskHyper):
+def apply(mask_fns: dict, inputs: MaskInputs, hyper: declared.Values):
   """AND of the named masks with the completion mask.
 
   Returns (loss_mask_BT, {"masked_frac/<name>": fraction each removes on its own,

@@ -42,6 +42,7 @@ from grpo_jax.models import logprobs
 from grpo_jax.rl import (
   advantages,
   counterfactuals,
+  declared,
   groups,
   importance,
   losses,
@@ -220,7 +221,7 @@ def _advantage_inputs(
   start_N=None,
 ):
   if cfg.kl_in == "reward" and not advantages.REGISTRY.traits(cfg.advantage).folds_kl:
-    rewards_N = rewards_N - hyper.adv.kl_coef * jnp.sum(lp.kl_NT, axis=1)
+    rewards_N = rewards_N - hyper.kl_coef * jnp.sum(lp.kl_NT, axis=1)
   return advantages.AdvantageInputs(
     rewards_B=rewards_N,
     group_ids_B=rollouts.group_ids_N,
@@ -236,6 +237,7 @@ def _advantage_inputs(
     start_B=start_N,
     old_logp_BT=lp.old_logp_NT,
     teacher_logp_BT=lp.teacher_logp_NT,
+    kl_coef=hyper.kl_coef,
   )
 
 
@@ -259,7 +261,7 @@ def compute_advantages(
   the depth from which each row counts there (a branch's cut)."""
   adv_fn = advantages.REGISTRY.make(cfg.advantage, **config_lib.to_dict(cfg.advantage_options))
   inputs = _advantage_inputs(lp, rollouts, rewards_N, valid_N, hyper, success_N, cfg=cfg, **context)
-  return adv_fn(inputs, hyper.adv)
+  return adv_fn(inputs, declared.Values(hyper.adv))
 
 
 def estimator_metrics(
@@ -279,7 +281,7 @@ def estimator_metrics(
   if metrics is None:
     return {}
   inputs = _advantage_inputs(lp, rollouts, rewards_N, valid_N, hyper, success_N, cfg=cfg, **context)
-  return metrics(inputs, hyper.adv, **config_lib.to_dict(cfg.advantage_options))
+  return metrics(inputs, declared.Values(hyper.adv), **config_lib.to_dict(cfg.advantage_options))
 
 
 def loss_mask(lp: PolicyLogProbs, rollouts, adv_NT, valid_N, hyper: spec.PrepareHyper, *, cfg):
@@ -295,7 +297,7 @@ def loss_mask(lp: PolicyLogProbs, rollouts, adv_NT, valid_N, hyper: spec.Prepare
     truncated_B=rollouts.truncated_N,
     rank_BT=lp.rank_NT,
   )
-  mask_NT, stats = masks.apply(cfg.mask_fns(), inputs, hyper.mask)
+  mask_NT, stats = masks.apply(cfg.mask_fns(), inputs, declared.Values(hyper.mask))
   return mask_NT & valid_N[:, None], stats
 
 
@@ -407,7 +409,7 @@ def behaviour_correction(lp: PolicyLogProbs, rollouts, adv_NT, loss_mask_NT, hyp
     return adv_NT, loss_mask_NT, {}
   old_NT, behav_NT = lp.old_logp_NT, rollouts.policy_logp_NT
   w_NT, keep_NT = importance.REGISTRY.make(cfg.is_correction)(
-    old_NT, behav_NT, loss_mask_NT, hyper.importance
+    old_NT, behav_NT, loss_mask_NT, declared.Values(hyper.importance)
   )
   stats = importance.mismatch_metrics(old_NT, behav_NT, loss_mask_NT, w_NT, keep_NT)
   return adv_NT * w_NT, keep_NT, stats  # w = 1 off the kept tokens.
@@ -417,7 +419,7 @@ def _counterfactual_rows(
   lp, rollouts, keep_N, prov, hyper: spec.PrepareHyper, cf_cfg, splitter, *, group_size: int
 ):
   """IBPO's counterfactual rows (`counterfactuals`): the full-rewrite filter (τ =
-  hyper.adv.ibpo_tau) and the importance weights (c = hyper.adv.ibpo_is_cap). Returns
+  hyper.adv["ibpo_tau"]) and the importance weights (c = hyper.adv["ibpo_is_cap"]). Returns
   (keep_N: the rows trained, context_N: kept counterfactuals that only inform φ,
   weights_N, own_NT, "ibpo/..." metrics)."""
   C = cf_cfg.per_group
@@ -425,7 +427,7 @@ def _counterfactual_rows(
     rollouts.tokens_NT,
     rollouts.mask_NT,
     prov,
-    hyper.adv.ibpo_tau,
+    hyper.adv["ibpo_tau"],
     distance=cf_cfg.distance,
     splitter=splitter,
     rows=counterfactuals.counterfactual_rows(
@@ -435,7 +437,11 @@ def _counterfactual_rows(
     else None,
   )
   w_N = counterfactuals.importance_weights(
-    lp.old_logp_NT, rollouts.policy_logp_NT, prov, hyper.adv.ibpo_is_cap, weighting=cf_cfg.weighting
+    lp.old_logp_NT,
+    rollouts.policy_logp_NT,
+    prov,
+    hyper.adv["ibpo_is_cap"],
+    weighting=cf_cfg.weighting,
   )
   useful_N = keep_N & kept_N & (w_N > 0)
   cf_N = prov.kind_N != counterfactuals.SAMPLED

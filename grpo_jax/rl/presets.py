@@ -35,8 +35,7 @@ def grpo():
   return _cfg(
     advantage="grpo",
     policy_loss="ppo_clip",
-    eps_low=0.2,
-    eps_high=0.2,
+    loss_hyper=dict(eps_low=0.2, eps_high=0.2),
     aggregation="seq_mean_token_mean",
     kl_estimator="k3",
     kl_coef=0.04,
@@ -69,8 +68,7 @@ def dapo():
   return _cfg(
     advantage="grpo",
     policy_loss="ppo_clip",
-    eps_low=0.2,
-    eps_high=0.28,
+    loss_hyper=dict(eps_low=0.2, eps_high=0.28),
     aggregation="token_mean",
     kl_coef=0.0,
     dynamic_sampling=True,
@@ -99,7 +97,7 @@ def reinforce_pp():
     kl_estimator="k2",
     kl_coef=0.01,
     kl_in="reward",
-    gamma=1.0,
+    advantage_hyper=dict(gamma=1.0),
   )
 
 
@@ -126,8 +124,7 @@ def gspo():
   return _cfg(
     advantage="grpo",
     policy_loss="gspo",
-    eps_low=3e-4,
-    eps_high=4e-4,
+    loss_hyper=dict(eps_low=3e-4, eps_high=4e-4),
     aggregation="seq_mean_token_mean",
     kl_coef=0.0,
   )
@@ -153,11 +150,20 @@ def get(name: str) -> ml_collections.ConfigDict:
 
 def apply(rl_config, name: str) -> list[tuple[str, object, object]]:
   """Sets the preset `name`'s fields on a config's `rl` block (a ConfigDict, locked or
-  not); returns (key, value before, preset's value) for each field it changed."""
+  not); returns (key, value before, preset's value) for each field it changed, a
+  hyperparameter section's keys dotted ("loss_hyper.eps_high"): the section's other keys
+  keep their values."""
+  return _apply(rl_config, get(name), prefix="")
+
+
+def _apply(node, preset, *, prefix: str) -> list[tuple[str, object, object]]:
   changes = []
-  for key, value in get(name).items():
-    before = rl_config[key]
+  for key, value in preset.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      changes += _apply(node[key], value, prefix=f"{prefix}{key}.")
+      continue
+    before = node[key]
     if before != value:
-      changes.append((key, before, value))
-    rl_config[key] = value
+      changes.append((prefix + key, before, value))
+    node[key] = value
   return changes

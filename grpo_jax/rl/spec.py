@@ -24,6 +24,7 @@ from grpo_jax.rl import (
   advantages,
   aggregation,
   controllers,
+  declared,
   importance,
   losses,
   masks,
@@ -46,26 +47,19 @@ class RLConfig:
   # Advantages (advantages.REGISTRY) and their array hyperparameters.
   advantage: str = "grpo"
   advantage_options: dict = dataclasses.field(default_factory=dict)
-  adv_eps: float = 1e-6
-  gamma: float = 1.0
-  lambda_s: float = 1.0
-  lambda_f: float = 1.0
-  std_power: float = 0.5
-  focal_gamma: float = 0.0
-  ibpo_lambda: float = 1.0  # λ of the ibpo estimator's prefix baseline (an array: no recompile).
-  ibpo_tau: float = 1.0  # τ of the counterfactuals' full-rewrite filter (an array).
-  ibpo_is_cap: float = 2.0  # c of perturbed counterfactuals' weights min(ratio, c) (an array).
-  # Hyperparameters an estimator declares at registration (`advantages.Hyper`), by name.
+  # The hyperparameters the estimators declare where they are registered (`declared`:
+  # eps, gamma, fade's lambda_s, lambda_f, std_power, focal_gamma, ibpo's ibpo_lambda,
+  # ibpo_tau, ibpo_is_cap, distill's, a user's), by name; arrays: no recompile.
   advantage_hyper: dict = dataclasses.field(default_factory=dict)
-  # Controller (controllers.REGISTRY) that updates λ_S, λ_F, γ between steps.
+  # Controller (controllers.REGISTRY) that moves advantage_hyper's arrays between steps.
   controller: str = "none"
   controller_options: dict = dataclasses.field(default_factory=dict)
   # Token masks (masks.REGISTRY), AND-ed; options per mask name.
   token_masks: tuple[str, ...] = ()
   mask_options: dict = dataclasses.field(default_factory=dict)
-  prob_threshold: float = 0.9
-  entropy_threshold: float = 0.1
-  top_k: int = 1  # negative_token_filter 'rank': drop negatives' tokens in π_old's top k.
+  # The hyperparameters the masks declare (`masks.Traits.hyper`: negative_token_filter's
+  # prob_threshold, entropy_threshold, top_k), by name.
+  mask_hyper: dict = dataclasses.field(default_factory=dict)
   # Reward transforms.
   truncation: str = "none"  # "none" | "zero" (reward 0) | "mask" (overlong_filter)
   unscorable: str = "mask"  # UNSCORABLE_POLICIES: rows whose reward failed (`trained_rows`).
@@ -74,11 +68,9 @@ class RLConfig:
   overlong_factor: float = 0.0
   # Policy loss (losses.REGISTRY).
   policy_loss: str = "ppo_clip"
-  # Values of the policy losses' declared hyperparameters (`losses.Traits.hyper`), by name.
+  # The hyperparameters the policy losses declare (`losses.Traits.hyper`: eps_low,
+  # eps_high, dual_clip_c, a user's), by name.
   loss_hyper: dict = dataclasses.field(default_factory=dict)
-  eps_low: float = 0.2
-  eps_high: float = 0.2
-  dual_clip_c: float = 0.0
   # KL to the reference policy (losses.KL_REGISTRY); off when kl_coef == 0.
   kl_estimator: str = "k3"
   kl_coef: float = 0.0
@@ -130,8 +122,9 @@ class RLConfig:
   old_logp_from: str = "auto"
   # The behaviour-policy correction (`importance`): π_old / μ per token, μ the sampler.
   is_correction: str = "none"
-  is_lower: float = 0.5  # L (an array: no recompile): MIS keeps ratios >= L.
-  is_upper: float = 2.0  # U (an array): TIS truncates at U; MIS keeps ratios <= U.
+  # The bounds the corrections declare (`importance.Traits.hyper`: is_lower L, MIS keeps
+  # ratios >= L; is_upper U, TIS truncates at U and MIS keeps ratios <= U), by name.
+  importance_hyper: dict = dataclasses.field(default_factory=dict)
   # Batch filtering (used by the trainer's loop): DAPO dynamic sampling.
   dynamic_sampling: bool = False
   max_gen_batches: int = 1
@@ -146,7 +139,6 @@ class RLConfig:
     self._check_old_logp_readers()
     self._check_old_logp_source()
     controllers.REGISTRY.make(self.controller, **config_lib.to_dict(self.controller_options))
-    importance.check_bounds(lower=self.is_lower, upper=self.is_upper)
     self.mask_fns()
     self.prepare_hyper(max_new_tokens=max(self.overlong_buffer, 1))
     self.step_hyper()
@@ -166,8 +158,10 @@ class RLConfig:
           f"rl.{attr}={getattr(self, attr)!r} is not a registered {registry_.kind}; "
           f"valid names: {', '.join(registry_.names())}."
         )
-    advantages.declared_values(self.advantage, config_lib.to_dict(self.advantage_hyper))
-    losses.declared_values(self.policy_loss, config_lib.to_dict(self.loss_hyper))
+    advantages.declared_values(config_lib.to_dict(self.advantage_hyper))
+    losses.declared_values(config_lib.to_dict(self.loss_hyper))
+    masks.declared_values(config_lib.to_dict(self.mask_hyper))
+    importance.declared_values(config_lib.to_dict(self.importance_hyper))
     for name in self.token_masks:
       masks.REGISTRY.get(name)
     for name in self.mask_options:
@@ -334,43 +328,36 @@ class RLConfig:
       n: masks.REGISTRY.make(n, **config_lib.to_dict(self.mask_options.get(n, {}))) for n in names
     }
 
+  @property
+  def advantage_values(self) -> dict[str, float]:
+    """Every estimator's declared hyperparameter: rl.advantage_hyper's value, else the
+    default (checked)."""
+    return advantages.declared_values(config_lib.to_dict(self.advantage_hyper))
+
+  @property
+  def loss_values(self) -> dict[str, float]:
+    """Every policy loss's declared hyperparameter: rl.loss_hyper's, else the default."""
+    return losses.declared_values(config_lib.to_dict(self.loss_hyper))
+
   def prepare_hyper(self, *, max_new_tokens: int) -> PrepareHyper:
     return PrepareHyper(
-      adv=advantages.advantage_hyper(
-        eps=self.adv_eps,
-        gamma=self.gamma,
-        kl_coef=self.kl_coef if self.kl_in == "reward" else 0.0,
-        lambda_s=self.lambda_s,
-        lambda_f=self.lambda_f,
-        std_power=self.std_power,
-        focal_gamma=self.focal_gamma,
-        ibpo_lambda=self.ibpo_lambda,
-        ibpo_tau=self.ibpo_tau,
-        ibpo_is_cap=self.ibpo_is_cap,
-        extra=advantages.declared_values(self.advantage, config_lib.to_dict(self.advantage_hyper)),
-      ),
-      mask=masks.mask_hyper(
-        prob_threshold=self.prob_threshold,
-        entropy_threshold=self.entropy_threshold,
-        top_k=self.top_k,
-      ),
+      adv=declared.arrays(self.advantage_values),
+      kl_coef=jnp.asarray(self.kl_coef if self.kl_in == "reward" else 0.0, jnp.float32),
+      mask=declared.arrays(masks.declared_values(config_lib.to_dict(self.mask_hyper))),
       reward=reward_transforms.reward_hyper(
         format_weight=self.format_weight,
         overlong_max_len=max_new_tokens if self.overlong_factor > 0 else 0,
         overlong_buffer=self.overlong_buffer,
         overlong_factor=self.overlong_factor,
       ),
-      importance=importance.is_hyper(lower=self.is_lower, upper=self.is_upper),
+      importance=declared.arrays(
+        importance.declared_values(config_lib.to_dict(self.importance_hyper))
+      ),
     )
 
   def step_hyper(self) -> StepHyper:
     return StepHyper(
-      loss=losses.loss_hyper(
-        eps_low=self.eps_low,
-        eps_high=self.eps_high,
-        dual_clip_c=self.dual_clip_c,
-        extra=losses.declared_values(self.policy_loss, config_lib.to_dict(self.loss_hyper)),
-      ),
+      loss=declared.arrays(self.loss_values),
       kl_coef=jnp.asarray(self.kl_coef if self.kl_in == "loss" else 0.0, jnp.float32),
       entropy_coef=jnp.asarray(self.entropy_coef, jnp.float32),
     )
@@ -378,15 +365,19 @@ class RLConfig:
 
 @flax.struct.dataclass
 class PrepareHyper:
-  adv: advantages.AdvantageHyper
-  mask: masks.MaskHyper
+  # {name: f32}: every advantage estimator's declared hyperparameter (`declared.Values`
+  # when an estimator reads them); a controller moves them between iterations.
+  adv: dict
+  mask: dict  # {name: f32}: every token mask's declared hyperparameter.
   reward: reward_transforms.RewardHyper
-  importance: importance.ISHyper
+  importance: dict  # {name: f32}: every importance correction's declared bound.
+  # β of a KL folded into the reward (rl.kl_in = "reward"; 0 otherwise).
+  kl_coef: jax.Array
 
 
 @flax.struct.dataclass
 class StepHyper:
-  loss: losses.LossHyper
+  loss: dict  # {name: f32}: every policy loss's declared hyperparameter.
   kl_coef: jax.Array
   entropy_coef: jax.Array
 
