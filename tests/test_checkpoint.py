@@ -677,3 +677,35 @@ def test_leaves_missing_from_an_older_checkpoint_take_the_defaults(tmp_path):
     wrong = {**like, "hyper": new_default.replace(eps=jnp.zeros(2))}
     with pytest.raises(checkpoint.CheckpointMismatchError, match="hyper/eps"):
       ckpt.restore(3, like=wrong, defaults={"hyper": wrong["hyper"]})
+
+
+def test_leaves_only_an_older_checkpoint_holds_are_left_out_cast_and_placed(tmp_path):
+  """A field a newer version dropped (old "gone", "inner/c") is read and left out, named
+  in meta["dropped"]; an int32 the older version stored comes back in the default's
+  float32; a default filled in lands on like's sharding (a multi-host save refuses a
+  host-local array)."""
+  old = {
+    "train": _tree(1.0)["train"],
+    "hyper": {"k": jnp.int32(3), "gone": jnp.float32(1.5), "inner": {"c": jnp.float32(2.0)}},
+  }
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("x",))
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  with contextlib.closing(checkpoint.Checkpointer(tmp_path / "c")) as ckpt:
+    ckpt.save(2, old, {"iteration": 2})
+    ckpt.wait()
+    default = {"k": jnp.float32(1.0), "new": jnp.float32(0.25), "inner": {}}
+    like = {
+      "train": _tree(0.0)["train"],
+      "hyper": jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct((), x.dtype, sharding=replicated), default
+      ),
+    }
+    ckpt.check_compatible(2, like=like, fillable=("hyper",))  # Dropped leaves: no difference.
+    got, meta = ckpt.restore(2, like=like, defaults={"hyper": default})
+    assert sorted(meta["dropped"]) == ["hyper/gone", "hyper/inner/c"]
+    assert meta["filled"] == ["hyper/new"]
+    assert got["hyper"]["k"].dtype == jnp.float32 and float(got["hyper"]["k"]) == 3.0
+    assert float(got["hyper"]["new"]) == 0.25 and set(got["hyper"]) == {"k", "new", "inner"}
+    assert got["hyper"]["new"].sharding == replicated
+    with pytest.raises(checkpoint.CheckpointMismatchError, match="hyper/gone"):
+      ckpt.restore(2, like=like)  # Without defaults for the key: the usual mismatch.

@@ -289,6 +289,15 @@ def _as_saved(saved_meta, *, like) -> Any:
   )
 
 
+def _placed(value, like):
+  """`value` on like's sharding: a default filled in is a host-local array, which a
+  multi-host save refuses (and a jitted step would see on the wrong devices)."""
+  sharding = getattr(like, "sharding", None)
+  if sharding is None or getattr(value, "sharding", None) == sharding:
+    return value
+  return jax.device_put(np.asarray(value), sharding)
+
+
 def _merge(base: dict, over: dict) -> dict:
   """base with every leaf that `over` holds replaced by over's (nested state dicts), in
   base's dtype (a hyperparameter an older release stored as an integer)."""
@@ -537,9 +546,10 @@ class Checkpointer:
       ),
     )
     tree, meta = out["state"], dict(out["meta"])
-    for key in changed:  # The defaults, with every leaf the checkpoint holds.
+    for key in changed:  # The defaults, with every leaf the checkpoint holds, on like's.
       merged = _merge(serialization.to_state_dict(defaults[key]), tree[key])
-      tree = {**tree, key: serialization.from_state_dict(defaults[key], merged)}
+      value = serialization.from_state_dict(defaults[key], merged)
+      tree = {**tree, key: jax.tree.map(_placed, value, like[key])}
     if missing:
       meta["filled"] = missing
     if dropped:
