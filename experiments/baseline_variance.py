@@ -85,8 +85,14 @@ def group_gradients(params, rollouts, adv_NT, *, model_fn, group_size: int):
 
 def measure(seed: int, *, prompts: int = 8, groups: int = 8, quick: bool = False) -> dict:
   """{baseline: {"variance", "signal"}} for one seed (see the module docstring)."""
-  from grpo_jax import build, rollout, run_state, steps, warmstart  # noqa: PLC0415
   from grpo_jax.rl import advantages  # noqa: PLC0415
+  from grpo_jax.trainer import (
+    build,
+    rollout,
+    run_state,
+    steps,
+    warmstart,  # noqa: PLC0415
+  )
   from grpo_jax.verifiers import reward_pool
 
   setup = build.build(make_config(seed, prompts=prompts, groups=groups, quick=quick))

@@ -34,8 +34,12 @@ import jax.numpy as jnp
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-from grpo_jax import build, run_state, steps  # noqa: E402
 from grpo_jax.infra import checkpoint, config_lib  # noqa: E402
+from grpo_jax.trainer import (  # noqa: E402
+  build,
+  run_state,
+  steps,  # noqa: E402
+)
 
 
 def tiny_tree():

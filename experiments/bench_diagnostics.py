@@ -53,8 +53,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 import diagnose  # noqa: E402
 import jax  # noqa: E402
 
-from grpo_jax import train  # noqa: E402
 from grpo_jax.infra import config_lib  # noqa: E402
+from grpo_jax.trainer import train  # noqa: E402
 
 
 def get_config(args):

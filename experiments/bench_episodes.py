@@ -28,8 +28,8 @@ import time
 import jax
 import numpy as np
 
-from grpo_jax import build, rollout, run_state, steps, warmstart
 from grpo_jax.infra import config_lib
+from grpo_jax.trainer import build, rollout, run_state, steps, warmstart
 
 CONFIG = pathlib.Path(__file__).resolve().parent.parent / "configs" / "calculator.py"
 

@@ -186,9 +186,9 @@ def part_jax(
   import jax  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
 
-  from grpo_jax import build, run_state, steps  # noqa: PLC0415
   from grpo_jax.models import sampling  # noqa: PLC0415
   from grpo_jax.rl import spec  # noqa: PLC0415
+  from grpo_jax.trainer import build, run_state, steps  # noqa: PLC0415
 
   setup = build.build(make_config(size, quick=quick, micro_batches=micro_batches, **sampler))
   cfg, w = setup.model_cfg, workload(quick=quick)

@@ -49,8 +49,8 @@ def _config(name: str, *, iterations: int, quick: bool):
 
 def iteration_seconds(name: str, *, iterations: int, quick: bool) -> dict:
   """Median seconds per phase over iterations 2.. of a run of `name`."""
-  from grpo_jax import train  # noqa: PLC0415
   from grpo_jax.infra import logs  # noqa: PLC0415
+  from grpo_jax.trainer import train  # noqa: PLC0415
 
   with tempfile.TemporaryDirectory() as workdir:
     train.run(_config(name, iterations=iterations, quick=quick), workdir, log=lambda *_: None)

@@ -44,9 +44,10 @@ import jax  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-from grpo_jax import tasks, train  # noqa: E402
+from grpo_jax import tasks  # noqa: E402
 from grpo_jax.infra import config_lib  # noqa: E402
 from grpo_jax.tasks import long_addition as long_addition_task  # noqa: E402
+from grpo_jax.trainer import train  # noqa: E402
 
 VERIFIER_MS = [0.0]
 

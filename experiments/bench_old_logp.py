@@ -34,8 +34,8 @@ import tempfile
 import demo_seeds
 import jax
 
-from grpo_jax import train
 from grpo_jax.infra import config_lib
+from grpo_jax.trainer import train
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 WORKLOADS = {

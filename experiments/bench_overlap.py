@@ -34,9 +34,9 @@ import time
 import jax
 import numpy as np
 
-from grpo_jax import build, rollout, steps
 from grpo_jax.infra import config_lib
 from grpo_jax.models import model
+from grpo_jax.trainer import build, rollout, steps
 from grpo_jax.verifiers import reward_pool
 
 

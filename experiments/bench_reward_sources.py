@@ -32,9 +32,10 @@ import time
 import jax
 import numpy as np
 
-from grpo_jax import rm_train, tasks
+from grpo_jax import tasks
 from grpo_jax.infra import config_lib
 from grpo_jax.rewards import judges, local_judge, reward_model
+from grpo_jax.trainer import rm_train
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

@@ -204,9 +204,9 @@ def timed_iteration(fns, setup, state, prompts, key, it: int) -> tuple:
 def run_dtype(
   dtype: str, *, iterations: int, quick: bool, seed: int = 0, sampler_dtype: str = ""
 ) -> dict:
-  from grpo_jax import build, run_state, steps  # noqa: PLC0415
   from grpo_jax.infra import flops  # noqa: PLC0415
   from grpo_jax.rl import spec
+  from grpo_jax.trainer import build, run_state, steps  # noqa: PLC0415
 
   setup = build.build(make_config(dtype, quick=quick, sampler_dtype=sampler_dtype))
   fns = steps.functions(setup)
@@ -280,7 +280,7 @@ def recompute(path: str) -> list[dict]:
   experiments/results/cpu/) from its own seconds and peaks under today's model FLOPs
   (`iteration_flops`): no new timing. One row per sitting and dtype, with the figures it
   recorded beside."""
-  from grpo_jax import build  # noqa: PLC0415
+  from grpo_jax.trainer import build  # noqa: PLC0415
 
   setup = build.build(make_config("float32", quick=False))
   P, T = setup.sampler_cfg.max_prompt_len, setup.sampler_cfg.max_new_tokens

@@ -77,11 +77,12 @@ import time  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from grpo_jax import build, tasks  # noqa: E402
-from grpo_jax import steps as steps_lib  # noqa: E402
+from grpo_jax import tasks  # noqa: E402
 from grpo_jax.infra import config_lib  # noqa: E402
 from grpo_jax.models import model, sampling, sharding  # noqa: E402
 from grpo_jax.rl import spec  # noqa: E402
+from grpo_jax.trainer import build  # noqa: E402
+from grpo_jax.trainer import steps as steps_lib  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

@@ -27,8 +27,8 @@ import bench_rl_iteration
 import jax
 import jax.numpy as jnp
 
-from grpo_jax import build
 from grpo_jax.models import model, sampling
+from grpo_jax.trainer import build
 
 
 def main(argv=None) -> dict:

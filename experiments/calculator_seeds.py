@@ -40,8 +40,8 @@ import time
 
 import evidence
 
-from grpo_jax import train
 from grpo_jax.infra import config_lib
+from grpo_jax.trainer import train
 
 VERDICT_SEEDS = (11, 12, 13, 14, 15)
 ITERATIONS = 60

@@ -24,8 +24,8 @@ import platform
 import tempfile
 import time
 
-from grpo_jax import train
 from grpo_jax.infra import config_lib
+from grpo_jax.trainer import train
 
 SEEDS = (0, 1, 2, 3, 4)
 CONFIG = "configs/arithmetic.py:tiny"

@@ -48,9 +48,10 @@ import numpy as np  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-from grpo_jax import tasks, train  # noqa: E402
+from grpo_jax import tasks  # noqa: E402
 from grpo_jax.diagnostics import coupling, flips  # noqa: E402
 from grpo_jax.infra import config_lib, logs  # noqa: E402
+from grpo_jax.trainer import train  # noqa: E402
 
 COMPARE = ("seq_mean_token_mean", "constant_norm", "group_token_mean")
 CATEGORIES = (*flips.DEFAULT_CATEGORIES, "all")

@@ -38,8 +38,8 @@ import time
 
 from demo_seeds import cpu_model, write_record
 
-from grpo_jax import train
 from grpo_jax.infra import config_lib, logs
+from grpo_jax.trainer import train
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "experiments" / "results" / "distill" / "arithmetic_tiny"

@@ -35,9 +35,9 @@ import time
 
 from demo_seeds import cpu_model, write_record
 
-from grpo_jax import train
 from grpo_jax.envs import openenv_env
 from grpo_jax.infra import config_lib, logs
+from grpo_jax.trainer import train
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results"

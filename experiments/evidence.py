@@ -116,7 +116,7 @@ def run_seconds(arm: Arm, seed: int, *, root: pathlib.Path, iterations: int, qui
 
 def run_arm(arm: Arm, seed: int, *, root: pathlib.Path, iterations: int, quick: bool) -> list:
   """metrics.jsonl records of (arm, seed); trains it unless a finished run is cached."""
-  from grpo_jax import train  # noqa: PLC0415
+  from grpo_jax.trainer import train  # noqa: PLC0415
 
   workdir = root / arm.key(iterations=iterations, quick=quick) / f"seed{seed}"
   summary = workdir / "summary.json"

@@ -11,7 +11,7 @@ import time
 
 import jax  # noqa: F401
 
-from grpo_jax import train  # noqa: F401
+from grpo_jax.trainer import train  # noqa: F401
 
 if os.environ.get("GRPO_JAX_IMPORT_LOG"):
   with open(os.environ["GRPO_JAX_IMPORT_LOG"], "a") as f:

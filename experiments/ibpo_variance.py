@@ -84,7 +84,7 @@ def make_config(
 def sampled(setup, fns, params, examples, key) -> dict:
   """One arm's rollouts on `examples` (with its counterfactual rows), scores and log-probs,
   and the tokens generated per group."""
-  from grpo_jax import rollout  # noqa: PLC0415
+  from grpo_jax.trainer import rollout  # noqa: PLC0415
   from grpo_jax.verifiers import reward_pool  # noqa: PLC0415
 
   n, G = setup.loop.prompts_per_step, setup.sampler_cfg.group_size
@@ -177,7 +177,12 @@ def _arms(seed, specs: dict, *, prompts: int, groups: int, quick: bool, plan="re
   An arm samples once (the same key for every arm: the trie arm sees GRPO G = 10's
   rollouts, the branch arm GRPO G = 8's); each κ builds its own prepare, λ and τ only change
   its hyper."""
-  from grpo_jax import build, run_state, steps, warmstart  # noqa: PLC0415
+  from grpo_jax.trainer import (
+    build,
+    run_state,
+    steps,
+    warmstart,  # noqa: PLC0415
+  )
 
   key = jax.random.key(seed)
   out, params = {}, None

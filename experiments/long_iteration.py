@@ -26,8 +26,8 @@ import time
 
 import jax
 
-from grpo_jax import build, memory, steps, train
 from grpo_jax.infra import config_lib
+from grpo_jax.trainer import build, memory, steps, train
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

@@ -34,9 +34,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import memory
 from grpo_jax.infra import tpu
 from grpo_jax.models import model, sampling, shapes, sharding
+from grpo_jax.trainer import memory
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "experiments" / "results" / "long_rollouts" / "prefill.json"

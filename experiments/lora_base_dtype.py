@@ -39,9 +39,9 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-from grpo_jax import build  # noqa: E402
 from grpo_jax.infra import config_lib, logs  # noqa: E402
 from grpo_jax.models import hf, model, quant  # noqa: E402
+from grpo_jax.trainer import build  # noqa: E402
 
 CONFIG = str(ROOT / "configs" / "smollm2.py") + ":cpu"
 WAYS = ("float32", "bfloat16", "int8")

@@ -37,9 +37,9 @@ import time
 import jax
 import numpy as np
 
-from grpo_jax import build, rollout, steps
 from grpo_jax.infra import config_lib
 from grpo_jax.models import hf, model
+from grpo_jax.trainer import build, rollout, steps
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODELS = ("full", "float32_off", "float32_on", "int8_off", "int8_on")

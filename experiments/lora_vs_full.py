@@ -38,8 +38,8 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-from grpo_jax import train  # noqa: E402
 from grpo_jax.infra import config_lib, logs  # noqa: E402
+from grpo_jax.trainer import train  # noqa: E402
 
 RULE = (
   "on every verdict seed, LoRA's held-out gain is at least half of full fine-tuning's gain, "

@@ -33,8 +33,12 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 import bench_rl_iteration  # noqa: E402
 
-from grpo_jax import build, run_state, steps  # noqa: E402
 from grpo_jax.rl import importance  # noqa: E402
+from grpo_jax.trainer import (  # noqa: E402
+  build,
+  run_state,
+  steps,  # noqa: E402
+)
 
 
 def measure(sampler_dtype: str, *, quick: bool) -> dict:

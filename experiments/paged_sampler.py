@@ -43,8 +43,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import memory
 from grpo_jax.models import model, paged, sampling, sharding
+from grpo_jax.trainer import memory
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "experiments" / "results" / "long_rollouts" / "paged_sampler.json"

@@ -24,8 +24,8 @@ import pathlib
 import tempfile
 import time
 
-from grpo_jax import train
 from grpo_jax.infra import config_lib, logs
+from grpo_jax.trainer import train
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # What a measurement keeps of the iteration's record: the diagnostics the claims read, and

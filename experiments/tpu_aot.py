@@ -44,8 +44,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import tpu_aot_tables as tables  # noqa: E402
 
-from grpo_jax import aot  # noqa: E402
 from grpo_jax.infra import config_lib  # noqa: E402
+from grpo_jax.trainer import aot  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

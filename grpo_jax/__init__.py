@@ -1,8 +1,9 @@
 """grpo_jax: RL of language models from sequence-level rewards, in JAX.
 
 The folders follow the data path (docs/architecture.md): `infra/` at the bottom, then
-`models/`, `verifiers/`, `tasks/`, `rewards/`, `envs/`, `rl/` and `diagnostics/`, with the
-trainer's modules (config, rollout, steps, train, ...) on top.
+`models/`, `verifiers/`, `tasks/`, `rewards/`, `envs/`, `rl/`, `rollouts/` and
+`diagnostics/`; the config edge (`config`, `schema`) on them, `trainer/` (build, rollout,
+steps, train, ...) above, and the command line (`main`, `cli`, `commands`) on top.
 
 Shape suffixes. An array's name ends with one capital letter per axis, in order:
 `logp_BT` is [B, T], `k_LBTKE` is [L, B, T, K, E]. The letters, with the meaning most

@@ -462,8 +462,8 @@ def validate(config_dict) -> str:
 
   import jax  # noqa: PLC0415
 
-  from grpo_jax import build  # noqa: PLC0415
   from grpo_jax.models import model  # noqa: PLC0415
+  from grpo_jax.trainer import build  # noqa: PLC0415
 
   setup = build.build(config_dict)
   m, loop = setup.model_cfg, setup.loop

@@ -15,11 +15,12 @@ import pathlib
 import jax
 from absl import flags, logging
 
-from grpo_jax import build, cli, eval_command, memory, memory_advice, rm_train, steps, train
+from grpo_jax import cli
 from grpo_jax.infra import checkpoint, collapse, config_lib, distributed, logs, tpu
 from grpo_jax.models import gguf_import, hf
 from grpo_jax.rewards import reward_model
 from grpo_jax.rl import guards
+from grpo_jax.trainer import build, eval_command, memory, memory_advice, rm_train, steps, train
 from grpo_jax.verifiers import verdicts
 
 FLAGS = flags.FLAGS
@@ -60,7 +61,7 @@ def plan(config_dict) -> dict:
 def plan_topology(config_dict) -> dict:
   """`grpo-jax plan --topology=NAME`: per function and device, XLA's memory against the
   chip's HBM, FLOPs, bytes, collectives; the iteration's roofline; one JSON line."""
-  from grpo_jax import aot  # libtpu's topology loading stays out of every other command.
+  from grpo_jax.trainer import aot  # libtpu's topology loading stays out of every other command.
 
   try:
     got = aot.plan(

@@ -2,7 +2,7 @@
 
     c = config.default_config()        # configs/*.py start here (no I/O, no JAX import)
     c.rl.advantage = "rloo"             # any key; the locked ConfigDict refuses a misspelt one
-    setup = build.build(c)              # (grpo_jax.build) validated dataclasses + the task and its tokenizer
+    setup = build.build(c)              # (grpo_jax.trainer.build) validated dataclasses + the task and its tokenizer
 
 Sections of the ConfigDict and the dataclass each becomes:
 
@@ -259,7 +259,7 @@ def changes(before: dict, after: dict, prefix: str = "") -> list[tuple[str, Any,
 
 
 def __getattr__(name: str):
-  """`config.build(c)` and the rest of 0.1's Setup builders (now `grpo_jax.build`), with a
+  """`config.build(c)` and the rest of 0.1's Setup builders (now `grpo_jax.trainer.build`), with a
   DeprecationWarning; kept for one release."""
   return moved.resolve(
     "grpo_jax.config", name, moved.CONFIG_NAMES, attribute=True, namespace=globals()

@@ -154,7 +154,7 @@ class LoopConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EvalConfig:
-  """config.eval: what `grpo-jax eval` scores (`grpo_jax.eval_command`)."""
+  """config.eval: what `grpo-jax eval` scores (`grpo_jax.trainer.eval_command`)."""
 
   # Benchmark names, comma-separated: a task of grpo_jax.tasks (the config's own with its
   # kwargs, others with their defaults), or "jsonl:PATH[:VERIFIER]" ({"prompt", "answer"}

@@ -9,8 +9,8 @@ import contextlib
 
 import pytest
 
-from grpo_jax import aot
 from grpo_jax.models import sharding
+from grpo_jax.trainer import aot
 
 
 @contextlib.contextmanager

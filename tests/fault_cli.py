@@ -21,8 +21,9 @@ import sys
 
 import fault_tasks  # noqa: E402, F401 -- registers the test tasks.
 
-from grpo_jax import main, train, warmstart  # noqa: E402
+from grpo_jax import main  # noqa: E402
 from grpo_jax.infra import checkpoint  # noqa: E402
+from grpo_jax.trainer import train, warmstart  # noqa: E402
 
 
 def _after(n: int, act):

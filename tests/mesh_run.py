@@ -28,9 +28,14 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 import runs  # noqa: E402
 
-from grpo_jax import build, run_state, steps, train  # noqa: E402
 from grpo_jax.infra import checkpoint, config_lib, logs  # noqa: E402
 from grpo_jax.models import sampling  # noqa: E402
+from grpo_jax.trainer import (  # noqa: E402
+  build,
+  run_state,
+  steps,
+  train,  # noqa: E402
+)
 
 
 def make_config(mesh):

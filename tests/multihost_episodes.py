@@ -17,9 +17,9 @@ import multihost_run
 import runs
 from jax.experimental import multihost_utils
 
-from grpo_jax import train
 from grpo_jax.envs import calculator
 from grpo_jax.infra import config_lib
+from grpo_jax.trainer import train
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

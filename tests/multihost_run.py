@@ -25,8 +25,13 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 import mesh_run  # noqa: E402
 import runs  # noqa: E402
 
-from grpo_jax import build, run_state, steps, train  # noqa: E402
 from grpo_jax.infra import checkpoint, distributed, logs  # noqa: E402
+from grpo_jax.trainer import (  # noqa: E402
+  build,
+  run_state,
+  steps,
+  train,  # noqa: E402
+)
 
 
 def process_parser() -> argparse.ArgumentParser:

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import subproc
 
-from grpo_jax import abstract, aot, memory, steps
 from grpo_jax.infra import config_lib, tpu
 from grpo_jax.models import model, sharding
 from grpo_jax.rewards import reward_model
+from grpo_jax.trainer import abstract, aot, memory, steps
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "configs" / "arithmetic.py") + ":tiny"

@@ -13,11 +13,21 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "grpo_jax"
 # The trainer: one module per phase of the data path (docs/architecture.md).
-TRAINER = ("config", "build", "rollout", "warmstart", "heldout", "steps", "run_state", "train", "main")
+TRAINER = (
+  "config", "trainer/build", "trainer/rollout", "trainer/warmstart", "trainer/heldout",
+  "trainer/steps", "trainer/run_state", "trainer/train", "main",
+)
 # The package's folders, lowest first: a module may import its own folder, the folders
 # before it and nothing else of the package (docs/architecture.md). The trainer's modules
 # (grpo_jax/*.py) sit on top and may import any of them.
-FOLDERS = ("infra", "models", "verifiers", "tasks", "rewards", "envs", "rl", "diagnostics")
+FOLDERS = (
+  "infra", "models", "verifiers", "tasks", "rewards", "envs", "rl", "rollouts", "diagnostics",
+  "trainer",
+)
+# The config edge at the package root (what config files import, and the schema the trainer
+# validates against) sits between the library folders and trainer/; the command line
+# (main, cli, commands, demo) is on top of everything.
+EDGE = ("grpo_jax.config", "grpo_jax.config_defaults", "grpo_jax.schema")
 MAX_FUNCTION_LINES = 60
 
 
@@ -72,7 +82,7 @@ def _cycle(graph) -> list[str] | None:
 
 def test_the_import_graph_has_no_cycle():
   graph = _graph()
-  assert "grpo_jax.train" in graph and graph["grpo_jax.config"], "the walk found no imports"
+  assert "grpo_jax.trainer.train" in graph and graph["grpo_jax.config"], "the walk found no imports"
   assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph))}"
 
 
@@ -82,14 +92,18 @@ def test_the_cycle_check_finds_a_cycle():
 
 
 def _folder(module: str) -> str:
-  """The folder of FOLDERS a module sits in; "" for the trainer's top-level modules."""
+  """The folder of FOLDERS a module sits in; "edge" for the config edge (EDGE), "" for the
+  command line's modules at the package root."""
   parts = module.split(".")
-  return parts[1] if len(parts) > 1 and parts[1] in FOLDERS else ""
+  if len(parts) > 1 and parts[1] in FOLDERS:
+    return parts[1]
+  return "edge" if module in EDGE else ""
 
 
 def _layer_breaches(graph) -> list[str]:
   """Imports that run up or sideways between folders (FOLDERS, lowest first)."""
-  rank = {f: i for i, f in enumerate(FOLDERS)} | {"": len(FOLDERS)}
+  order = (*FOLDERS[:-1], "edge", FOLDERS[-1], "")
+  rank = {f: i for i, f in enumerate(order)}
   return [
     f"{a} -> {b}"
     for a, bs in sorted(graph.items())
@@ -103,13 +117,22 @@ def test_folders_import_only_the_folders_below_them():
   folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
   assert folders == set(FOLDERS), f"place each folder in FOLDERS: {sorted(folders ^ set(FOLDERS))}"
   assert not _layer_breaches(graph), f"imports that run up: {_layer_breaches(graph)}"
-  assert all(_folder(m) for m in graph if m.count(".") > 1), "a nested module outside FOLDERS"
+  nested = [m for m in graph if m.count(".") > 1]
+  assert all(_folder(m) in FOLDERS for m in nested), "a nested module outside FOLDERS"
 
 
 def test_the_layer_check_finds_an_import_that_runs_up():
   graph = {"grpo_jax.infra.logs": {"grpo_jax.models.model"}, "grpo_jax.rl.losses": set()}
   assert _layer_breaches(graph) == ["grpo_jax.infra.logs -> grpo_jax.models.model"]
-  assert not _layer_breaches({"grpo_jax.train": {"grpo_jax.rl.losses"}})
+  assert not _layer_breaches({"grpo_jax.trainer.train": {"grpo_jax.rl.losses"}})
+  # The config edge sits below the trainer and above the library folders.
+  assert not _layer_breaches({"grpo_jax.trainer.build": {"grpo_jax.config", "grpo_jax.schema"}})
+  assert _layer_breaches({"grpo_jax.schema": {"grpo_jax.trainer.build"}}) == [
+    "grpo_jax.schema -> grpo_jax.trainer.build"
+  ]
+  assert _layer_breaches({"grpo_jax.rl.spec": {"grpo_jax.config"}}) == [
+    "grpo_jax.rl.spec -> grpo_jax.config"
+  ]
 
 
 # What a config file may import: the schema and the named RL recipes, never the build or
@@ -122,7 +145,7 @@ def test_configs_import_the_schema_only():
     imported = _imports(path, _modules())
     assert imported <= _CONFIG_IMPORTS, f"{path.name}: {sorted(imported - _CONFIG_IMPORTS)}"
   schema = _imports(PACKAGE / "config.py", _modules())
-  assert not schema & {f"grpo_jax.{m}" for m in TRAINER}, sorted(schema)
+  assert not schema & {f"grpo_jax.{m.replace('/', '.')}" for m in TRAINER}, sorted(schema)
 
 
 def test_the_old_flat_paths_still_import_with_a_deprecation_warning():
@@ -142,7 +165,8 @@ def test_the_old_flat_paths_still_import_with_a_deprecation_warning():
     "    assert new in str(w), w\n"
     "  else:\n"
     "    raise AssertionError(old)\n"
-    "for table in (moved.RL_NAMES, moved.REWARDS_NAMES, moved.CONFIG_NAMES):\n"
+    "for table in (moved.RL_NAMES, moved.REWARDS_NAMES, moved.CONFIG_NAMES,\n"
+    "              moved.COUNTERFACTUAL_NAMES, moved.OFFPOLICY_NAMES):\n"
     "  for name, new in table.items():\n"
     "    assert hasattr(importlib.import_module(new), name), (name, new)\n"
     "warnings.simplefilter('ignore')\n"
@@ -150,6 +174,10 @@ def test_the_old_flat_paths_still_import_with_a_deprecation_warning():
     "from grpo_jax.rl import spec\n"
     "assert advantages.__name__ == 'grpo_jax.rl.advantages' and rl.RLConfig is spec.RLConfig\n"
     "assert rewards.RewardPool.__module__ == 'grpo_jax.verifiers.reward_pool'\n"
+    "from grpo_jax.rl import dynamic_sampling, counterfactuals, offpolicy\n"
+    "assert dynamic_sampling.__name__ == 'grpo_jax.rollouts.dynamic_sampling'\n"
+    "assert counterfactuals.plan.__module__ == 'grpo_jax.rollouts.counterfactuals'\n"
+    "assert offpolicy.continue_rows.__module__ == 'grpo_jax.rollouts.partial'\n"
     "from grpo_jax import build, config\n"
     "assert config.build is build.build and config.Setup is build.Setup\n"
     "try:\n"

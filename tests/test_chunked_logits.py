@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import build, memory
 from grpo_jax.models import logprobs, model
 from grpo_jax.rl import learner, spec
+from grpo_jax.trainer import build, memory
 
 N, P, T, V = 3, 4, 7, 40
 

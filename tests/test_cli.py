@@ -13,10 +13,11 @@ import sys
 import pytest
 from absl import flags
 
-from grpo_jax import build, cli, config, main, memory, memory_advice, tasks
+from grpo_jax import cli, config, main, tasks
 from grpo_jax.infra import config_lib, distributed, registry
 from grpo_jax.models import hf, model, shapes
 from grpo_jax.rl import spec
+from grpo_jax.trainer import build, memory, memory_advice
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TINY = "--config=configs/arithmetic.py:tiny"

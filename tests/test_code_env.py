@@ -15,12 +15,13 @@ import numpy as np
 import pytest
 import tokenizers as hf_tokenizers
 
-from grpo_jax import build, envs, tasks
+from grpo_jax import envs, tasks
 from grpo_jax.envs import base, episodes
 from grpo_jax.envs import code as code_env
 from grpo_jax.infra import config_lib
 from grpo_jax.models import model, sampling
 from grpo_jax.tasks import code as code_task
+from grpo_jax.trainer import build
 from grpo_jax.verifiers import sandbox, verdicts
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

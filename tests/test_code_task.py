@@ -117,7 +117,7 @@ def test_a_timeout_is_a_zero_labelled_with_its_cause():
 
 
 def test_outcomes_are_counted_per_batch():
-  from grpo_jax import rollout
+  from grpo_jax.trainer import rollout
 
   vocab = ("pass", "wrong", "timeout")
   counts = rollout.outcome_counts(vocab, np.array(["pass", "wrong", "wrong", "odd", ""], object))
@@ -136,8 +136,8 @@ def test_outcomes_are_counted_per_batch():
 
 
 def test_the_pools_timeout_must_exceed_the_tasks_budget():
-  from grpo_jax import build
   from grpo_jax.infra import config_lib
+  from grpo_jax.trainer import build
 
   c = config_lib.load(str(ROOT / "configs" / "code_env.py") + ":tiny")
   with c.unlocked():

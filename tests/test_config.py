@@ -11,8 +11,9 @@ import sys
 import pytest
 import subproc
 
-from grpo_jax import build, config
+from grpo_jax import config
 from grpo_jax.infra import config_lib
+from grpo_jax.trainer import build
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "configs" / "arithmetic.py") + ":tiny"

@@ -35,7 +35,8 @@ import scipy.stats
 import tabular_policy as tab
 
 from grpo_jax.models import sampling
-from grpo_jax.rl import advantages, alignment, counterfactuals
+from grpo_jax.rl import advantages, alignment
+from grpo_jax.rollouts import counterfactuals
 
 CF = counterfactuals
 EOS, V, T = tab.EOS, 3, 4

@@ -10,6 +10,7 @@ import pytest
 
 from grpo_jax.models import logprobs, model, sampling
 from grpo_jax.rl import alignment, counterfactuals
+from grpo_jax.rollouts import counterfactuals as cf_gen
 
 CF = counterfactuals
 
@@ -40,7 +41,7 @@ def _rollouts(tokens, lengths, *, P=4, G=2):
 def test_prefix_prompts_left_align_prompt_and_prefix():
   prompt = jnp.asarray([[0, 0, 5, 6], [0, 7, 8, 9]], jnp.int32)
   tokens = jnp.asarray([[1, 2, 3], [4, 5, 0]], jnp.int32)
-  got = CF.prefix_prompts(
+  got = cf_gen.prefix_prompts(
     prompt, prompt != 0, tokens, jnp.asarray([2, 0]), pad_id=0
   )  # Keep o[:2] of row 0 and nothing of row 1.
   np.testing.assert_array_equal(got.tokens_BP, [[0, 0, 0, 5, 6, 1, 2], [0, 0, 0, 0, 7, 8, 9]])
@@ -52,7 +53,7 @@ def test_plan_picks_failed_parents_per_group_and_cuts_inside_them():
   r = _rollouts(np.ones((6, 8)), [5, 4, 6, 3, 7, 1], G=3)
   correct = jnp.asarray([1.0, 0, 0, 0, 1, 0])
   cfg = CF.CounterfactualConfig(per_group=4, per_rollout=2, branch_from="failed", cut="uniform")
-  p = CF.plan(jax.random.key(0), r, correct, cfg=cfg, group_size=3)
+  p = cf_gen.plan(jax.random.key(0), r, correct, cfg=cfg, group_size=3)
   parent, cut = np.asarray(p.parent_M), np.asarray(p.cut_M)
   np.testing.assert_array_equal(p.active_M, [True] * 4 + [True] * 4)
   assert set(parent[:4]) == {1, 2}  # Group 0's failed rows, each twice (C/k = 2 picks).
@@ -61,7 +62,7 @@ def test_plan_picks_failed_parents_per_group_and_cuts_inside_them():
   length = np.asarray(r.length_N)[parent]
   assert np.all((cut >= 1) & (cut <= length - 1))
   # No eligible row: the group's slots stay inactive.
-  p = CF.plan(jax.random.key(0), r, jnp.ones(6), cfg=cfg, group_size=3)
+  p = cf_gen.plan(jax.random.key(0), r, jnp.ones(6), cfg=cfg, group_size=3)
   assert not np.any(p.active_M)
 
 
@@ -70,24 +71,24 @@ def test_plan_token_budget_and_step_and_divergence_cuts():
   r = _rollouts(tokens, [8, 8], G=2)
   cfg = CF.CounterfactualConfig(per_group=4, branch_from="all", cut="step")
   steps = alignment.StepSplitter(end_ids=(9,))
-  p = CF.plan(jax.random.key(1), r, jnp.zeros(2), cfg=cfg, group_size=2, splitter=steps)
+  p = cf_gen.plan(jax.random.key(1), r, jnp.zeros(2), cfg=cfg, group_size=2, splitter=steps)
   assert set(np.asarray(p.cut_M)) <= {3, 6}  # Step starts (after a 9).
   # A "Step k" splitter: steps start at the pattern [7] instead.
   r7 = _rollouts([[7, 1, 2, 7, 3, 4, 7, 5], [7, 1, 7, 2, 3, 7, 4, 5]], [8, 8], G=2)
   starts = alignment.StepSplitter(start_pattern=(7,))
-  p = CF.plan(jax.random.key(2), r7, jnp.zeros(2), cfg=cfg, group_size=2, splitter=starts)
+  p = cf_gen.plan(jax.random.key(2), r7, jnp.zeros(2), cfg=cfg, group_size=2, splitter=starts)
   cut, parent = np.asarray(p.cut_M), np.asarray(p.parent_M)
   assert set(cut[parent == 0]) <= {3, 6} and set(cut[parent == 1]) <= {2, 5}
   cfg = CF.CounterfactualConfig(per_group=2, branch_from="all", cut="divergence")
-  p = CF.plan(jax.random.key(1), r, jnp.zeros(2), cfg=cfg, group_size=2)
+  p = cf_gen.plan(jax.random.key(1), r, jnp.zeros(2), cfg=cfg, group_size=2)
   np.testing.assert_array_equal(p.cut_M, [5, 5])  # They part at t* = 4: keep o_{≤4}.
   # Budget: a divergence slot is priced T − 1 = 7 (the most a branch may decode, read
   # before the rollouts, not |o| − c): 4 slots under 14 -> 2. A perturbed one costs T = 8.
   cfg = CF.CounterfactualConfig(per_group=4, branch_from="all", cut="divergence", token_budget=14)
-  p = CF.plan(jax.random.key(1), r, jnp.zeros(2), cfg=cfg, group_size=2)
+  p = cf_gen.plan(jax.random.key(1), r, jnp.zeros(2), cfg=cfg, group_size=2)
   assert int(np.sum(p.active_M)) == 2
   hint = CF.CounterfactualConfig(per_group=4, branch_from="all", source="hint", token_budget=17)
-  p = CF.plan(jax.random.key(1), r, jnp.zeros(2), cfg=hint, group_size=2)
+  p = cf_gen.plan(jax.random.key(1), r, jnp.zeros(2), cfg=hint, group_size=2)
   assert int(np.sum(p.active_M)) == 2 and not np.any(np.asarray(p.cut_M))
 
 
@@ -102,15 +103,15 @@ def test_window_and_next_step_cuts_read_only_the_prefix_they_keep():
   key = jax.random.key(5)
   kw = dict(group_size=2, splitter=steps)
   win = CF.CounterfactualConfig(per_group=64, branch_from="all", cut="window", cut_window=6)
-  a = CF.plan(key, long_, jnp.zeros(2), cfg=win, **kw)
-  b = CF.plan(key, short, jnp.zeros(2), cfg=win, **kw)
+  a = cf_gen.plan(key, long_, jnp.zeros(2), cfg=win, **kw)
+  b = cf_gen.plan(key, short, jnp.zeros(2), cfg=win, **kw)
   cut, parent = np.asarray(a.cut_M), np.asarray(a.parent_M)
   assert set(cut) == set(range(1, 7))  # U{1, …, W}, W = 6 (64 draws).
   assert np.all(a.active_M)
   np.testing.assert_array_equal(b.cut_M, cut)  # The draw does not read the length...
   np.testing.assert_array_equal(b.active_M, (parent == 1) | (cut < 3))  # ...only switches off.
   nxt = CF.CounterfactualConfig(per_group=64, branch_from="all", cut="next_step")
-  a = CF.plan(key, long_, jnp.zeros(2), cfg=nxt, **kw)
+  a = cf_gen.plan(key, long_, jnp.zeros(2), cfg=nxt, **kw)
   cut, parent, on = np.asarray(a.cut_M), np.asarray(a.parent_M), np.asarray(a.active_M)
   assert set(cut[on & (parent == 0)]) == {2, 4, 6}  # Row 0's step starts (after a 9).
   assert not np.any(on & (parent == 1))  # Row 1 ends a step only at its last token.
@@ -124,7 +125,7 @@ def test_divergence_gives_no_branch_where_the_parent_never_leaves_or_leaves_last
   tokens = [[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 5, 0], [1, 6, 7, 8]]
   r = _rollouts(tokens, [4, 4, 3, 4], G=4)
   cfg = CF.CounterfactualConfig(per_group=4, branch_from="all", cut="divergence")
-  p = CF.plan(jax.random.key(0), r, jnp.zeros(4), cfg=cfg, group_size=4)
+  p = cf_gen.plan(jax.random.key(0), r, jnp.zeros(4), cfg=cfg, group_size=4)
   on = dict(zip(np.asarray(p.parent_M), np.asarray(p.active_M), strict=True))
   cut = dict(zip(np.asarray(p.parent_M), np.asarray(p.cut_M), strict=True))
   assert on == {0: False, 1: False, 2: False, 3: True} and cut[3] == 2
@@ -169,7 +170,7 @@ def test_branch_keeps_the_prefix_and_its_continuation_is_the_policy_s(
   plan = plan.replace(cut_M=jnp.minimum(plan.cut_M, jnp.maximum(r.length_N[plan.parent_M] - 1, 1)))
   fn = jax.jit(
     functools.partial(
-      CF.branch,
+      cf_gen.branch,
       model_fn=model.make_model_fn(tiny_cfg),
       init_cache=functools.partial(model.init_cache, tiny_cfg),
       cfg=sampler_cfg,
@@ -209,7 +210,7 @@ def test_merge_is_group_major_with_provenance():
     active_M=jnp.ones(4, bool),
   )
   cf_rows = cf_rows.replace(group_ids_N=jnp.arange(4, dtype=jnp.int32))
-  merged, prov = CF.merge(r, cf_rows, cf_rows.mask_NT, plan, group_size=2, kind=1)
+  merged, prov = cf_gen.merge(r, cf_rows, cf_rows.mask_NT, plan, group_size=2, kind=1)
   np.testing.assert_array_equal(CF.merge_order(4, 2, 1), [0, 1, 8, 2, 3, 9, 4, 5, 10, 6, 7, 11])
   np.testing.assert_array_equal(merged.group_ids_N, np.repeat(np.arange(4), 3))
   np.testing.assert_array_equal(prov.kind_N, [0, 0, 1] * 4)

@@ -12,8 +12,8 @@ import pathlib
 
 import pytest
 
-from grpo_jax import train
 from grpo_jax.infra import logs, metrics
+from grpo_jax.trainer import train
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 import bench_diagnostics  # noqa: E402

@@ -6,8 +6,9 @@ import pathlib
 
 import pytest
 
-from grpo_jax import build, config, schema
+from grpo_jax import config, schema
 from grpo_jax.infra import config_lib, metrics
+from grpo_jax.trainer import build
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "configs" / "arithmetic.py") + ":tiny"

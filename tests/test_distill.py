@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 import runs
 
-from grpo_jax import build, config, eval_command, rollout, run_state, steps, train
+from grpo_jax import config
 from grpo_jax.infra import config_lib
 from grpo_jax.models import teacher
 from grpo_jax.rl import advantages
+from grpo_jax.trainer import build, eval_command, rollout, run_state, steps, train
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "warm_starts" / "arithmetic_tiny"  # A warm-started run.

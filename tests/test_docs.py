@@ -55,8 +55,8 @@ def test_every_config_documents_its_command_and_expected_result(path):
   ],
 )
 def test_trainer_configs_validate(spec):
-  from grpo_jax import build  # noqa: PLC0415
   from grpo_jax.infra import config_lib  # noqa: PLC0415
+  from grpo_jax.trainer import build  # noqa: PLC0415
 
   c = config_lib.load(str(ROOT / "configs" / spec))
   setup = build.build(c)

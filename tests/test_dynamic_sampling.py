@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from grpo_jax.models import logprobs, model, sampling
-from grpo_jax.rl import dynamic_sampling
+from grpo_jax.rollouts import dynamic_sampling
 
 PAD = 31  # Not 0, so that padding with the wrong value shows.
 

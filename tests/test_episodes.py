@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 import runs  # tests/ is on sys.path (conftest).
 
-from grpo_jax import build, config, tasks
+from grpo_jax import config, tasks
 from grpo_jax.envs import base, calculator, episodes
 from grpo_jax.infra import config_lib, metrics
 from grpo_jax.models import logprobs, model, sampling
 from grpo_jax.rl import advantages, aggregation, learner, planners, preparation, presets, spec
+from grpo_jax.trainer import build
 
 # ----------------------------------------------------------------------------
 # A fake model (the next token is (token + 1) % 10, by a 30-nat margin), a digit tokenizer

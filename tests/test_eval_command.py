@@ -1,4 +1,4 @@
-"""`grpo-jax eval` (grpo_jax/eval_command.py): on a trained checkpoint its figures equal the
+"""`grpo-jax eval` (grpo_jax/trainer/eval_command.py): on a trained checkpoint its figures equal the
 trainer's in-loop evaluation of that checkpoint; several benchmarks (a task, another task, a
 JSONL file) in one call with every problem's verdicts written; a killed eval resumes after
 its last whole batch; bad requests are one clear error."""
@@ -8,9 +8,9 @@ import json
 import pytest
 import runs  # tests/ is on sys.path (conftest).
 
-from grpo_jax import eval_command, train
 from grpo_jax.infra import config_lib
 from grpo_jax.tasks import jsonl as jsonl_task
+from grpo_jax.trainer import eval_command, train
 
 
 def _config(**eval_options):
@@ -112,7 +112,9 @@ def test_a_killed_eval_resumes_after_its_last_whole_batch(trained, tmp_path, mon
   with pytest.raises(KeyboardInterrupt):
     eval_command.run(c, workdir, log=lambda _: None)
   calls.clear()
-  monkeypatch.setattr(eval_command, "batch_rows", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+  monkeypatch.setattr(
+    eval_command, "batch_rows", lambda *a, **k: (calls.append(1), real(*a, **k))[1]
+  )
   messages = []
   resumed = eval_command.run(c, workdir, log=messages.append)
   assert len(calls) == 2 and any("1 batch(es) already scored" in m for m in messages)
@@ -125,7 +127,9 @@ def test_a_killed_eval_resumes_after_its_last_whole_batch(trained, tmp_path, mon
 
 def test_bad_requests_are_one_clear_error(trained, tmp_path):
   workdir, _ = trained
-  with pytest.raises(eval_command.EvalError, match="unknown benchmark 'aritmetic'; allowed: a task"):
+  with pytest.raises(
+    eval_command.EvalError, match="unknown benchmark 'aritmetic'; allowed: a task"
+  ):
     eval_command.run(_config(benchmarks="aritmetic"), workdir, log=lambda _: None)
   with pytest.raises(eval_command.EvalError, match="has no checkpoints and config.hf_dir is empty"):
     eval_command.run(_config(), tmp_path / "empty", log=lambda _: None)

@@ -4,7 +4,8 @@ hand on a 3-problem example, the table, and the tasks' answer extraction."""
 import numpy as np
 import pytest
 
-from grpo_jax import eval_figures, heldout, tasks
+from grpo_jax import tasks
+from grpo_jax.trainer import eval_figures, heldout
 
 
 @pytest.mark.parametrize(

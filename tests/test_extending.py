@@ -7,8 +7,8 @@ import json
 import pytest
 import subproc  # tests/ is on sys.path (pytest rootdir conftest).
 
-from grpo_jax import train
 from grpo_jax.rl import advantages, losses, spec
+from grpo_jax.trainer import train
 
 
 def test_an_estimator_and_a_loss_with_new_hyperparameters_are_one_file():

@@ -198,8 +198,8 @@ def test_new_families_compile_for_tpu_with_their_update_checks_passing(shape):
   routes, the update replays them), compiles for v5e:2x2: its update keeps
   the train state sharded like the parameters and aliased, with no host callback
   (`aot.check_update`), and its sampler compiles too."""
-  from grpo_jax import aot, steps  # noqa: PLC0415 (libtpu is loaded only here)
   from grpo_jax.infra import config_lib  # noqa: PLC0415
+  from grpo_jax.trainer import aot, steps  # noqa: PLC0415 (libtpu is loaded only here)
 
   c = config_lib.load("configs/arithmetic.py:quick")
   c.model.update(TPU_SHAPES[shape])
@@ -303,7 +303,7 @@ def test_a_mixture_of_experts_trains_under_grpo_with_lora_replaying_its_routes(t
   fine-tuning of a mixture of experts learns in test_moe_learning.py.)"""
   import runs  # noqa: PLC0415
 
-  from grpo_jax import train  # noqa: PLC0415
+  from grpo_jax.trainer import train  # noqa: PLC0415
 
   c = runs.small_arithmetic()
   c.model.update(SHAPES["qwen3_moe"])
@@ -324,7 +324,7 @@ def test_a_mixture_of_experts_trains_under_grpo_with_lora_replaying_its_routes(t
 def test_a_balance_loss_on_a_dense_model_is_a_clear_error():
   import runs  # noqa: PLC0415
 
-  from grpo_jax import build  # noqa: PLC0415
+  from grpo_jax.trainer import build  # noqa: PLC0415
 
   c = runs.small_arithmetic()
   c.rl.moe_balance_coef = 0.01

@@ -19,9 +19,9 @@ gguf = pytest.importorskip("gguf", reason="the GGUF importer needs `pip install 
 
 import gguf_files  # noqa: E402 -- tests/ is on sys.path.
 
-from grpo_jax import build  # noqa: E402
 from grpo_jax.infra import config_lib  # noqa: E402
 from grpo_jax.models import gguf_import, hf, hf_tokenizer, model  # noqa: E402
+from grpo_jax.trainer import build  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 V = len(gguf_files.vocabulary()[0])

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from grpo_jax import heldout
+from grpo_jax.trainer import heldout
 
 
 def _direct(n, c, k):

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import runs
 
-from grpo_jax import build, rollout, run_state, steps, train
 from grpo_jax.infra import config_lib, metrics
 from grpo_jax.rl import advantages, aggregation, counterfactuals, learner, losses, spec
+from grpo_jax.trainer import build, rollout, run_state, steps, train
 from grpo_jax.verifiers import reward_pool
 
 

@@ -10,9 +10,10 @@ import gguf_files  # tests/ is on sys.path (conftest).
 import numpy as np
 import pytest
 
-from grpo_jax import tasks, train
+from grpo_jax import tasks
 from grpo_jax.infra import config_lib, logs
 from grpo_jax.tasks import base, jsonl
+from grpo_jax.trainer import train
 
 REWARD = """
 import re

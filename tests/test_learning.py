@@ -7,7 +7,7 @@ import jax
 import pytest
 import runs
 
-from grpo_jax import eval_command
+from grpo_jax.trainer import eval_command
 
 # Measured (eval every 10): GRPO 51.6% -> 57.8% (40), 63.3% (50), 68.0% (60); the flipped
 # arm falls to 27.3% in 20 iterations (9.4% at 60). From the committed warm start

@@ -213,7 +213,8 @@ def test_samples_go_to_samples_jsonl_and_tensorboards_text_tab_and_resume_cuts_t
 
 
 def test_verdicts_and_the_samples_an_evaluation_shows():
-  from grpo_jax import heldout, tasks  # noqa: PLC0415
+  from grpo_jax import tasks  # noqa: PLC0415
+  from grpo_jax.trainer import heldout
 
   assert [heldout.verdict(*x) for x in [(1, 1, True), (0.5, 1, True), (0, 1, True)]] == [
     "correct", "partial", "wrong"
@@ -351,7 +352,7 @@ def test_only_a_running_kernel_makes_progress_a_notebook_widget(monkeypatch):
 
 
 def test_the_warm_starts_progress_shows_its_loss_a_few_steps_late():
-  from grpo_jax import warmstart  # noqa: PLC0415
+  from grpo_jax.trainer import warmstart  # noqa: PLC0415
 
   history = [{"loss": float(i)} for i in range(40)]
   assert warmstart._lagged_loss(history[:15], 15) == {}

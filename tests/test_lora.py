@@ -13,10 +13,10 @@ import pytest
 import runs  # tests/ is on sys.path (conftest).
 from jax import flatten_util
 
-from grpo_jax import build
 from grpo_jax.infra import config_lib
 from grpo_jax.models import model
 from grpo_jax.rl import learner, preparation, spec
+from grpo_jax.trainer import build
 
 V = 32
 # The forward compiled (as the trainer runs it): op by op, each new shape compiles anew.
@@ -224,8 +224,8 @@ def test_the_reference_shares_the_bases_arrays():
 
 
 def test_the_memory_plan_counts_adapters_for_gradients_and_optimizer_and_no_reference_copy():
-  from grpo_jax import memory  # noqa: PLC0415
   from grpo_jax.models import sharding  # noqa: PLC0415
+  from grpo_jax.trainer import memory  # noqa: PLC0415
 
   def plan(cfg, micro_batches=2):
     return memory.plan(
@@ -493,8 +493,8 @@ def test_peft_loads_the_exported_adapters_onto_the_base(tmp_path):
 def test_a_checkpoint_base_loads_with_fresh_adapters_and_the_policy_is_the_checkpoints():
   """config.hf_dir with model.lora: the base is the checkpoint's weights (as without
   adapters), the adapters start at B = 0, and the reference is that base."""
-  from grpo_jax import run_state, steps  # noqa: PLC0415
   from grpo_jax.models import hf  # noqa: PLC0415
+  from grpo_jax.trainer import run_state, steps  # noqa: PLC0415
 
   c = config_lib.load("configs/gsm8k_qwen.py:tiny")
   c.model.lora.rank = 4
@@ -564,9 +564,9 @@ def test_a_lora_checkpoint_holds_the_adapters_resumes_exactly_and_checks_its_bas
   reproduces too."""
   import shutil  # noqa: PLC0415
 
-  from grpo_jax import train  # noqa: PLC0415
   from grpo_jax.infra import checkpoint  # noqa: PLC0415
   from grpo_jax.models import frozen_base
+  from grpo_jax.trainer import train  # noqa: PLC0415
 
   whole, cut = tmp_path / "whole", tmp_path / "cut"
   run_config = functools.partial(_lora_run_config, dynamic=True, dropout=0.1)
@@ -636,9 +636,9 @@ def test_a_stored_base_is_kept_and_resumed_in_its_dtype(base_dtype, dtypes, tmp_
   """A random init with model.lora.base_dtype set: the warm start trains the base in
   float32, then it is stored in bfloat16 (or int8 kernels with float32 scales, the rest
   bfloat16), in workdir/base too, and the run resumes on it."""
-  from grpo_jax import train  # noqa: PLC0415
   from grpo_jax.infra import checkpoint  # noqa: PLC0415
   from grpo_jax.models import frozen_base
+  from grpo_jax.trainer import train  # noqa: PLC0415
 
   c = _lora_run_config(iterations=2, base_dtype=base_dtype)
   c.update(warmstart_steps=10, checkpoint_every=1, eval_size=8)
@@ -684,7 +684,7 @@ def test_the_pipeline_samples_with_the_current_adapters(tmp_path):
   with the adapters merged (merge_for_sampling), so the merged weights are the current
   ones too, and their log-probs are the unmerged trainer's to float32 rounding."""
 
-  from grpo_jax import train  # noqa: PLC0415
+  from grpo_jax.trainer import train  # noqa: PLC0415
 
   def run(name, **options):
     train.run(_pipeline_config(**options), tmp_path / name, log=lambda _: None)
@@ -715,9 +715,9 @@ def test_a_resume_reads_the_checkpoint_base_again_and_refuses_an_edited_one(base
 
   import safetensors.numpy  # noqa: PLC0415
 
-  from grpo_jax import train  # noqa: PLC0415
   from grpo_jax.infra import checkpoint  # noqa: PLC0415
   from grpo_jax.models import frozen_base
+  from grpo_jax.trainer import train  # noqa: PLC0415
 
   hf_dir = tmp_path / "qwen2"
   c = config_lib.load("configs/gsm8k_qwen.py:tiny")
@@ -920,7 +920,7 @@ def test_ibpo_with_counterfactual_rows_trains_adapters_with_dropout(tmp_path):
   comparisons, advantages, KL and gradients are non-zero and finite, and no step is
   skipped (measured: reward ~0.17, adv_std ~0.4, ibpo/comparison_abs_mean ~0.03)."""
 
-  from grpo_jax import train  # noqa: PLC0415
+  from grpo_jax.trainer import train  # noqa: PLC0415
 
   c = _lora_run_config(iterations=2)
   c.model.lora.dropout = 0.1
@@ -947,7 +947,7 @@ def test_the_trainers_reference_is_the_train_states_own_base(lora, tmp_path, mon
   never a copy (a copy holds a second base: an 8B model's 16 GB; a mutation that copied it
   each iteration passed every other LoRA test). Full fine-tuning keeps a reference of its
   own, which must not be the policy's buffers (the update donates those)."""
-  from grpo_jax import steps, train  # noqa: PLC0415
+  from grpo_jax.trainer import steps, train  # noqa: PLC0415
 
   seen = []
   real = steps.functions

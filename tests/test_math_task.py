@@ -10,9 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import build, tasks, train
+from grpo_jax import tasks
 from grpo_jax.infra import config_lib
 from grpo_jax.models import hf, model, sampling
+from grpo_jax.trainer import build, train
 from grpo_jax.verifiers import math_verify, verdicts
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

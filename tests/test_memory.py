@@ -8,9 +8,9 @@ import pathlib
 import jax
 import pytest
 
-from grpo_jax import build, memory, memory_advice, steps
 from grpo_jax.models import model, sharding
 from grpo_jax.rl import spec
+from grpo_jax.trainer import build, memory, memory_advice, steps
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 import cheap_plans  # noqa: E402

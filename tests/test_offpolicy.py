@@ -14,10 +14,11 @@ import pytest
 import runs
 import subproc
 
-from grpo_jax import build, pipeline, steps, train
 from grpo_jax.infra import checkpoint, config_lib
 from grpo_jax.models import logprobs, model
 from grpo_jax.rl import offpolicy
+from grpo_jax.rollouts import partial
+from grpo_jax.trainer import build, pipeline, steps, train
 
 # Keys only the pipeline writes, and the mismatch keys (present in both runs).
 PIPELINE_KEYS = (
@@ -183,12 +184,12 @@ def pieces():
 
 def test_partial_rollout_logprobs_are_those_of_the_params_of_each_segment(pieces):
   setup, fns, a, b = pieces
-  from grpo_jax import rollout
+  from grpo_jax.trainer import rollout
 
   drawn = rollout.draw(setup, fns, 0)
   rows = fns.partial.empty(drawn.prompts)
   hyper = setup.sampling_hyper
-  live = lambda r: ~offpolicy.finished(r)  # noqa: E731
+  live = lambda r: ~partial.finished(r)  # noqa: E731
   rows_a = fns.partial.cont(a, rows, live(rows), jnp.int32(3), jax.random.key(5), hyper)
   first_NT = np.asarray(rows_a.mask_NT)
   rows_ab = fns.partial.cont(b, rows_a, live(rows_a), jnp.int32(8), jax.random.key(6), hyper)
@@ -216,15 +217,15 @@ def test_partial_rollout_logprobs_are_those_of_the_params_of_each_segment(pieces
 
 def test_restart_empties_rows_unfinished_at_a_params_change(pieces):
   setup, fns, a, _ = pieces
-  from grpo_jax import rollout
+  from grpo_jax.trainer import rollout
 
   rows = fns.partial.empty(rollout.draw(setup, fns, 0).prompts)
   rows = fns.partial.cont(
-    a, rows, ~offpolicy.finished(rows), jnp.int32(2), jax.random.key(5), setup.sampling_hyper
+    a, rows, ~partial.finished(rows), jnp.int32(2), jax.random.key(5), setup.sampling_hyper
   )
-  reset_N = ~offpolicy.finished(rows)
+  reset_N = ~partial.finished(rows)
   assert bool(jnp.any(reset_N))
-  out = offpolicy.restart_rows(rows, reset_N, pad_id=setup.sampler_cfg.pad_id)
+  out = partial.restart_rows(rows, reset_N, pad_id=setup.sampler_cfg.pad_id)
   assert int(jnp.sum(out.mask_NT[reset_N])) == 0 and int(jnp.max(out.length_N[reset_N])) == 0
   assert bool(jnp.all(out.tokens_NT[~reset_N] == rows.tokens_NT[~reset_N]))
 
@@ -267,6 +268,19 @@ def test_staleness_of_a_row_is_that_of_its_oldest_token():
 def test_bad_offpolicy_configs_fail_before_compiling(sections, match):
   with pytest.raises(config_lib.ConfigError, match=match):
     build.build(_tiny(**sections), n_devices=1)
+
+
+def test_the_partial_rollout_functions_moved_to_rollouts_keep_their_old_path():
+  """The schedule's config stays in rl.offpolicy; 0.2's rl.offpolicy.continue_rows (and
+  empty_rollouts, restart_rows, finished) is rollouts.partial's now, with a
+  DeprecationWarning naming the new home, for one release."""
+  cfg = offpolicy.OffPolicyConfig(enabled=True, max_staleness=1, partial="continue")
+  assert (cfg.stale, cfg.placement, cfg.segment_tokens) == ("drop", "shared", 0)
+  with pytest.raises(ValueError, match="partial='later'"):
+    offpolicy.OffPolicyConfig(partial="later")
+  offpolicy.__dict__.pop("restart_rows", None)  # Resolved afresh: the warning each time.
+  with pytest.warns(DeprecationWarning, match=r"moved to grpo_jax.rollouts.partial.restart_rows"):
+    assert offpolicy.restart_rows is partial.restart_rows
 
 
 # The arms of the two-device test: (offpolicy.placement, mesh.sequence, offpolicy.partial).

@@ -12,9 +12,10 @@ import runs
 import uvicorn
 from openenv.core import env_server
 
-from grpo_jax import build, tasks, train
+from grpo_jax import tasks
 from grpo_jax.envs import base, calculator, openenv_calculator, openenv_env
 from grpo_jax.infra import config_lib
+from grpo_jax.trainer import build, train
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import memory
 from grpo_jax.models import attention, kv_cache, model, paged, refill, sampling
+from grpo_jax.trainer import memory
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "experiments"))
@@ -99,17 +99,19 @@ def test_the_refill_sampler_on_pages_equals_the_refill_sampler(
 def test_partial_rollouts_and_counterfactual_branches_on_pages_equal_the_dense_ones(
   tiny_params, tiny_cfg, sampler_cfg, tokenizer, monkeypatch
 ):
-  """The two samplers that decode from a row's own prefix (`counterfactuals.sample_limited`):
+  """The two samplers that decode from a row's own prefix (`rollouts.counterfactuals.sample_limited`):
   partial rollouts continued over two segments (3 then 4 tokens, prefixes of P + T slots
   on pages of 3) and IBPO branches cut at 1–5 tokens of their parents (one slot
   inactive) draw the dense cache's tokens with its log-probs (float32, same keys), and
   decode on pages (`paged.decode` traced)."""
-  from grpo_jax.rl import counterfactuals, offpolicy  # noqa: PLC0415
+  from grpo_jax.rl import counterfactuals  # noqa: PLC0415
+  from grpo_jax.rollouts import counterfactuals as cf_gen  # noqa: PLC0415
+  from grpo_jax.rollouts import partial  # noqa: PLC0415
 
   traced = []
   real_decode = paged.decode
   monkeypatch.setitem(
-    counterfactuals._LIMITED,
+    cf_gen._LIMITED,
     "paged",
     (paged.prefill, lambda *a, **k: traced.append(1) or real_decode(*a, **k)),
   )
@@ -122,10 +124,10 @@ def test_partial_rollouts_and_counterfactual_branches_on_pages_equal_the_dense_o
 
   @functools.partial(jax.jit, static_argnums=0)
   def segments(cfg):
-    rows = offpolicy.empty_rollouts(prompts, group_size=cfg.group_size, max_new_tokens=T, pad_id=cfg.pad_id)  # fmt: skip
+    rows = partial.empty_rollouts(prompts, group_size=cfg.group_size, max_new_tokens=T, pad_id=cfg.pad_id)  # fmt: skip
     for steps, seed in ((3, 1), (4, 2)):
-      live_N = ~offpolicy.finished(rows)
-      rows = offpolicy.continue_rows(tiny_params, rows, live_N, steps, jax.random.key(seed), hyper, **kw, cfg=cfg)  # fmt: skip
+      live_N = ~partial.finished(rows)
+      rows = partial.continue_rows(tiny_params, rows, live_N, steps, jax.random.key(seed), hyper, **kw, cfg=cfg)  # fmt: skip
     return rows
 
   dense = segments(sampler_cfg)
@@ -146,7 +148,7 @@ def test_partial_rollouts_and_counterfactual_branches_on_pages_equal_the_dense_o
 
   @functools.partial(jax.jit, static_argnums=0)
   def branches(cfg):
-    return counterfactuals.branch(tiny_params, parents, cf_plan, jax.random.key(4), hyper, **kw, cfg=cfg)  # fmt: skip
+    return cf_gen.branch(tiny_params, parents, cf_plan, jax.random.key(4), hyper, **kw, cfg=cfg)  # fmt: skip
 
   (want, own_want), (got, own_got) = branches(sampler_cfg), branches(paged_cfg)
   _assert_same(got, want)
@@ -428,8 +430,8 @@ def test_the_trainer_runs_every_sampler_on_pages(tmp_path):
   episodes on pages (training, greedy and pass@k evaluation)."""
   import arithmetic  # noqa: PLC0415
 
-  from grpo_jax import build, train  # noqa: PLC0415
   from grpo_jax.infra import config_lib, logs  # noqa: PLC0415
+  from grpo_jax.trainer import build, train  # noqa: PLC0415
 
   c = arithmetic.get_config("quick")
   c.sampler.update(group_size=4, kv_layout="paged", page_size=4, kv_pool_fraction=0.5)
@@ -493,8 +495,8 @@ def test_the_plan_prices_a_whole_pool_where_the_training_rows_take_one():
   """Episodes (and partial or counterfactual rows) decode on a whole pool whatever
   sampler.kv_pool_fraction says, so the memory plan prices it whole for them; the static
   sampler's pool follows the fraction."""
-  from grpo_jax import build, memory  # noqa: PLC0415
   from grpo_jax.infra import config_lib  # noqa: PLC0415
+  from grpo_jax.trainer import build, memory  # noqa: PLC0415
 
   def kv_bytes(name, fraction, **offpolicy):
     c = config_lib.load(f"configs/{name}.py:quick")

@@ -16,8 +16,9 @@ import sys
 import pytest
 from absl import flags
 
-from grpo_jax import build, cli, main  # noqa: F401 -- main defines the command's flags.
+from grpo_jax import cli, main  # noqa: F401 -- main defines the command's flags.
 from grpo_jax.envs import openenv_env
+from grpo_jax.trainer import build
 from tests import manual, subproc
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import runs
 
-from grpo_jax import build, tasks
+from grpo_jax import tasks
 from grpo_jax.infra import config_lib
 from grpo_jax.tasks import reasoning_gym_tasks as rgt
+from grpo_jax.trainer import build
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SMALL = dict(min_terms=2, max_terms=2, max_digits=1)  # rg:chain_sum: 200 problems in all.
@@ -199,7 +200,7 @@ def test_a_resumed_run_keeps_its_curriculum_level(tmp_path):
   iteration 2 and resumed, iteration 3 continues from level 1 (restarting at 3 would give
   2): the level is checkpointed. The off-policy pipeline, which draws ahead, is refused."""
   from grpo_jax import config as config_mod  # noqa: PLC0415
-  from grpo_jax import train  # noqa: PLC0415
+  from grpo_jax.trainer import train  # noqa: PLC0415
 
   c = config_lib.load(str(ROOT / "configs" / "reasoning.py") + ":tiny")
   c.model.update(config_mod.QUICK_MODEL)

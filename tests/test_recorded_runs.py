@@ -21,8 +21,9 @@ import pytest
 import subproc
 import tomllib
 
-from grpo_jax import build, cli, config, run_state, steps
+from grpo_jax import cli, config
 from grpo_jax.infra import config_lib
+from grpo_jax.trainer import build, run_state, steps
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RECORDED = ROOT / "tests" / "fixtures" / "recorded_runs" / "v0_2_fade"

@@ -101,8 +101,8 @@ def test_the_trainer_runs_on_the_refill_sampler(tmp_path):
 
   import arithmetic
 
-  from grpo_jax import build, train
   from grpo_jax.infra import config_lib, logs
+  from grpo_jax.trainer import build, train
 
   c = arithmetic.get_config("quick")
   c.sampler.update(group_size=4, refill_slots=6)

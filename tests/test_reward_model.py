@@ -13,10 +13,11 @@ import runs
 import safetensors.numpy
 import subproc
 
-from grpo_jax import build, rm_train, tasks, train
+from grpo_jax import tasks
 from grpo_jax.infra import config_lib
 from grpo_jax.models import hf, model
 from grpo_jax.rewards import judges, local_judge, reward_model, reward_sources
+from grpo_jax.trainer import build, rm_train, train
 from grpo_jax.verifiers import verdicts
 
 TASK = tasks.get("arithmetic", max_digits=1, ops="+")

@@ -603,8 +603,8 @@ def test_pi_old_source_is_resolved_at_the_config_edge():
   """The trainer's config edge resolves "auto": "update" for the demo's plan (one step),
   "forward" with two mini-batches or adapter dropout; an explicit "update" with adapter
   dropout is one error, and an unknown source names the allowed ones."""
-  from grpo_jax import build  # noqa: PLC0415
   from grpo_jax.infra import config_lib  # noqa: PLC0415
+  from grpo_jax.trainer import build  # noqa: PLC0415
 
   def resolved(**rl):
     c = arithmetic.get_config("quick")

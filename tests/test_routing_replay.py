@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from grpo_jax.models import logprobs, model, moe, paged, sampling
-from grpo_jax.rl import dynamic_sampling
+from grpo_jax.rollouts import dynamic_sampling
 
 MOE = dict(n_experts=4, experts_per_token=2, expert_mlp_dim=16, n_layers=2)
 # Jitted (eager Flax is slow: each forward dispatches its ops one by one), as the sampler
@@ -210,8 +210,8 @@ def test_routing_replay_where_it_cannot_record_is_a_clear_error(change, message)
   """Refused on a dense model, and where another sampler than the static one decodes."""
   import runs  # noqa: PLC0415
 
-  from grpo_jax import build  # noqa: PLC0415
   from grpo_jax.infra import config_lib  # noqa: PLC0415
+  from grpo_jax.trainer import build  # noqa: PLC0415
 
   c = (
     config_lib.load("configs/calculator.py:quick") if change.get("env") else runs.small_arithmetic()

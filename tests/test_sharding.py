@@ -10,8 +10,8 @@ import jax
 import numpy as np
 import pytest
 
-from grpo_jax import build
 from grpo_jax.models import model, sharding
+from grpo_jax.trainer import build
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 import mesh_run  # noqa: E402

@@ -15,8 +15,8 @@ import re
 import jax
 import pytest
 
-from grpo_jax import aot, steps
 from grpo_jax.infra import config_lib, hlo
+from grpo_jax.trainer import aot, steps
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TOPOLOGY = "v5e:2x2"

@@ -12,8 +12,8 @@ import pytest
 import runs  # tests/ is on sys.path (conftest).
 from mlflow import tracking as mlflow_tracking
 
-from grpo_jax import build
 from grpo_jax.infra import config_lib, logs, metrics, trackers
+from grpo_jax.trainer import build
 
 
 def test_mlflow_names_by_hand():
@@ -82,7 +82,7 @@ def test_wandb_and_mlflow_receive_the_run_and_a_resume_continues_the_same_runs(
   the held-out samples and the metric definitions; MLflow's names map "@" to "_at_"."""
   import wandb_files  # noqa: PLC0415
 
-  from grpo_jax import train  # noqa: PLC0415
+  from grpo_jax.trainer import train  # noqa: PLC0415
 
   workdir = tmp_path / "run"
 

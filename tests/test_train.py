@@ -18,10 +18,11 @@ import runs
 import subproc
 import tb_events
 
-from grpo_jax import build, config, rollout, steps, train
+from grpo_jax import config
 from grpo_jax.infra import checkpoint, logs, metrics
 from grpo_jax.models import model
 from grpo_jax.rl import guards, preparation
+from grpo_jax.trainer import build, rollout, steps, train
 from grpo_jax.verifiers import reward_pool, verdicts
 
 

@@ -4,7 +4,7 @@ the trainer's warning (`verdicts.unscorable_*`, `rollout.unscorable_metrics`).""
 import numpy as np
 import pytest
 
-from grpo_jax import rollout
+from grpo_jax.trainer import rollout
 from grpo_jax.verifiers import verdicts
 
 

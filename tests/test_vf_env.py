@@ -18,10 +18,11 @@ import pytest
 import runs
 import verifiers as vf
 
-from grpo_jax import build, tasks, train
+from grpo_jax import tasks
 from grpo_jax.envs import aio, base, calculator, vf_calculator, vf_env
 from grpo_jax.infra import config_lib
 from grpo_jax.tasks import vf_tasks
+from grpo_jax.trainer import build, train
 
 CALC = "grpo_jax.envs.vf_calculator"  # The calculator as a verifiers MultiTurnEnv.
 SMALL = dict(size=64, eval_size=16)

@@ -124,8 +124,8 @@ def test_a_task_on_another_tokenizer_than_the_models_is_refused():
   tokenizer of its own, arithmetic's characters: test_cli's one-line errors.)"""
   import pathlib  # noqa: PLC0415
 
-  from grpo_jax import build  # noqa: PLC0415
   from grpo_jax.infra import config_lib  # noqa: PLC0415
+  from grpo_jax.trainer import build  # noqa: PLC0415
 
   qwen2 = str(pathlib.Path(__file__).parent / "fixtures" / "hf" / "qwen2")
   task = _task()

@@ -25,9 +25,10 @@ import subprocess
 import sys
 import tempfile
 
-from grpo_jax import cli, train
+from grpo_jax import cli
 from grpo_jax.infra import config_lib
 from grpo_jax.rl import advantages, losses
+from grpo_jax.trainer import train
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

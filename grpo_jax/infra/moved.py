@@ -68,9 +68,9 @@ MODULES = {
       "alignment",
       "counterfactuals",
       "offpolicy",
-      "dynamic_sampling",
     )
   },
+  "dynamic_sampling": "grpo_jax.rollouts.dynamic_sampling",
   **{
     m: f"grpo_jax.rewards.{m}" for m in ("judges", "local_judge", "reward_model", "reward_sources")
   },
@@ -78,10 +78,31 @@ MODULES = {
   "sandbox": "grpo_jax.verifiers.sandbox",
   "datasets": "grpo_jax.tasks.datasets",
   "episodes": "grpo_jax.envs.episodes",
+  # 0.2's trainer modules at the package root, in grpo_jax/trainer/ since.
+  **{
+    m: f"grpo_jax.trainer.{m}"
+    for m in (
+      "build",
+      "rollout",
+      "pipeline",
+      "warmstart",
+      "heldout",
+      "steps",
+      "run_state",
+      "train",
+      "memory",
+      "memory_advice",
+      "aot",
+      "abstract",
+      "rm_train",
+      "eval_command",
+      "eval_figures",
+    )
+  },
   # Renamed in 0.2 by what they do (three names that sounded alike).
-  "evaluation": "grpo_jax.heldout",
-  "evaluate": "grpo_jax.eval_command",
-  "benchmarks": "grpo_jax.eval_figures",
+  "evaluation": "grpo_jax.trainer.heldout",
+  "evaluate": "grpo_jax.trainer.eval_command",
+  "benchmarks": "grpo_jax.trainer.eval_figures",
 }
 
 # Names of the old `grpo_jax.rl` module -> the module of grpo_jax.rl that holds them now.
@@ -157,10 +178,32 @@ REWARDS_NAMES = {
 }
 
 
-# Names of the old `grpo_jax.config` module that build the Setup -> grpo_jax.build.
+# 0.2's generation modules and names in rl/, now in rollouts/ (the same one release).
+RL_MODULES = {"dynamic_sampling": "grpo_jax.rollouts.dynamic_sampling"}
+COUNTERFACTUAL_NAMES = dict.fromkeys(
+  (
+    "eligible",
+    "first_unique",
+    "plan",
+    "prefix_prompts",
+    "sample_limited",
+    "branch",
+    "perturbed",
+    "generate",
+    "perturbed_prompts",
+    "merge",
+    "sample_rows",
+  ),
+  "grpo_jax.rollouts.counterfactuals",
+)
+OFFPOLICY_NAMES = dict.fromkeys(
+  ("empty_rollouts", "finished", "restart_rows", "continue_rows"), "grpo_jax.rollouts.partial"
+)
+
+# Names of the old `grpo_jax.config` module that build the Setup -> grpo_jax.trainer.build.
 CONFIG_NAMES = dict.fromkeys(
   ("Setup", "build", "plan_setup", "as_dict", "task_and_tokenizer", "model_config_of"),
-  "grpo_jax.build",
+  "grpo_jax.trainer.build",
 )
 
 

@@ -31,8 +31,8 @@ shapes, one compile per prompt-length bucket):
   `sampling.sample`'s (and `refill.sample`'s on dense slots), up to the order of float32
   sums, until the pool runs short.
 
-Partial rollouts (`offpolicy.continue_rows`) and IBPO's counterfactual rows
-(`counterfactuals.sample_limited`) decode on pages too: `prefill` with G = 1 (each row's
+Partial rollouts (`rollouts.partial.continue_rows`) and IBPO's counterfactual rows
+(`rollouts.counterfactuals.sample_limited`) decode on pages too: `prefill` with G = 1 (each row's
 [prompt ; tokens so far] gets its own prompt pages), then `decode` with per-row limits.
 
 Hand-written: JAX has no paged KV cache (vLLM's and SGLang's are outside JAX; vLLM-TPU's

@@ -17,7 +17,7 @@ no chat template (see `load`).
     loss, metrics = reward_model.pair_loss(params, batch, cfg=cfg, margin=0.0)
 
 Training is `grpo-jax rm-train --config=configs/reward_model.py:tiny --workdir=DIR`
-(`grpo_jax.rm_train`): JSONL pairs {"prompt", "chosen", "rejected"} (`read_pairs`), held-out pair
+(`grpo_jax.trainer.rm_train`): JSONL pairs {"prompt", "chosen", "rejected"} (`read_pairs`), held-out pair
 accuracy every `eval_every` steps, checkpoints in DIR/checkpoints (resumed on rerun) and
 metrics in DIR/metrics.jsonl. An RL run reads the model back with `load(DIR)`
 (`reward_sources`, kind "reward_model"), which rebuilds it from DIR/reward_model.json (`record`).

@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from grpo_jax import memory
 from grpo_jax.models import model
 from grpo_jax.rl import spec
+from grpo_jax.trainer import memory
 
 
 def changes(

@@ -24,10 +24,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from grpo_jax import build, steps
 from grpo_jax.infra import checkpoint, distributed
 from grpo_jax.models import frozen_base, hf, model, sharding, teacher
 from grpo_jax.rl import controllers, guards, learner, spec
+from grpo_jax.trainer import build, steps
 
 
 @dataclasses.dataclass

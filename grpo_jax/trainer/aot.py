@@ -17,7 +17,7 @@ The functions compiled (`FUNCTIONS`): "sample" (the training sampler: prefill an
 `samplers.train`), "logprobs" (π_old and the reference's teacher-forced log-probs of the
 rollouts, `rl.logprobs`) and "update" (the scan of train steps over one rollout batch,
 `rl.update`); with IBPO's counterfactual rows (config.counterfactual) also
-"counterfactual" (their decode, `counterfactuals.generate`); with multi-turn episodes
+"counterfactual" (their decode, `rollouts.counterfactuals.generate`); with multi-turn episodes
 (config.env) the episode runner's pieces in place of "sample" (`compile_episodes`:
 "episode_start", "episode_turn", "episode_append", chained as a run chains them); with a
 reward model among config.rewards, its scorer ("reward_model:<name>",
@@ -51,10 +51,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from grpo_jax import abstract, build, memory, steps
 from grpo_jax import config as grpo_config
 from grpo_jax.infra import config_lib, distributed, flops, hlo, tpu
 from grpo_jax.models import model, sampling, sharding
+from grpo_jax.trainer import abstract, build, memory, steps
 
 FUNCTIONS = ("sample", "logprobs", "update")
 LOGIT_CHUNK = 256  # `ladder`'s rl.logit_chunk (memory.AUTO_CANDIDATES' too).
@@ -133,7 +133,7 @@ def abstract_arguments(setup, fns) -> dict[str, tuple]:
 
 
 def _counterfactual_arguments(setup, fns, state, rollouts, key) -> tuple:
-  """IBPO's counterfactual decode (`counterfactuals.generate`: branch from the rollouts'
+  """IBPO's counterfactual decode (`rollouts.counterfactuals.generate`: branch from the rollouts'
   cuts, or decode perturbed prompts) over its planned slots."""
   cf, N = setup.counterfactual, rollouts.tokens_NT.shape[0]
   M = setup.loop.prompts_per_step * cf.per_group

@@ -44,12 +44,13 @@ import re
 import jax
 import numpy as np
 
-from grpo_jax import build, eval_figures, heldout, rollout, run_state, steps, tasks
+from grpo_jax import tasks
 from grpo_jax.envs import episodes
 from grpo_jax.infra import logs
 from grpo_jax.models import sampling
 from grpo_jax.tasks import base as tasks_base
 from grpo_jax.tasks import jsonl as jsonl_task
+from grpo_jax.trainer import build, eval_figures, heldout, rollout, run_state, steps
 from grpo_jax.verifiers import reward_pool
 
 # Dataset benchmarks: the `math` task on a TFDS builder (`grpo_jax.tasks.datasets`), with the

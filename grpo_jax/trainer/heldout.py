@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from grpo_jax import build, rollout
 from grpo_jax.envs import episodes
 from grpo_jax.infra import distributed
 from grpo_jax.models import sampling
+from grpo_jax.trainer import build, rollout
 from grpo_jax.verifiers import verdicts
 
 # Held-out problems whose greedy completions each evaluation shows (workdir/samples.jsonl

@@ -35,9 +35,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import build, rollout
 from grpo_jax.models import sampling
-from grpo_jax.rl import offpolicy
+from grpo_jax.rollouts import partial
+from grpo_jax.trainer import build, rollout
 
 _SCORE_FIELDS = ("correct_N", "format_N", "scorable_N")
 
@@ -146,7 +146,7 @@ class Source:
     return InFlight(j, index, drawn, rollouts, version_NT, version, 1, scores, metrics)
 
   def _finished(self, b: InFlight) -> bool:
-    return self.cfg.partial == "off" or bool(jnp.all(offpolicy.finished(b.rollouts)))
+    return self.cfg.partial == "off" or bool(jnp.all(partial.finished(b.rollouts)))
 
   def _segment(self, b: InFlight, st, version: int) -> None:
     """One segment of a partial batch under st.train.params (version): with "restart",
@@ -155,14 +155,14 @@ class Source:
     rows = b.rollouts
     if self.cfg.partial == "restart":
       stale_N = np.any(before_NT & (b.version_NT != version), axis=1)
-      reset_N = stale_N & ~np.asarray(offpolicy.finished(rows))
+      reset_N = stale_N & ~np.asarray(partial.finished(rows))
       if reset_N.any():
-        rows = offpolicy.restart_rows(
+        rows = partial.restart_rows(
           rows, jnp.asarray(reset_N), pad_id=self.setup.sampler_cfg.pad_id
         )
         b.version_NT[reset_N] = -1
         before_NT = np.asarray(rows.mask_NT)
-    live_N = ~offpolicy.finished(rows)
+    live_N = ~partial.finished(rows)
     steps = self.cfg.segment(self.setup.sampler_cfg.max_new_tokens)
     key = jax.random.fold_in(batch_key(st.key, b.it), 1 + b.segments)
     b.rollouts = self.fns.partial.cont(

@@ -27,11 +27,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import build
 from grpo_jax.infra import distributed, flops
 from grpo_jax.models import sampling
 from grpo_jax.rewards import reward_sources
-from grpo_jax.rl import counterfactuals, dynamic_sampling, preparation
+from grpo_jax.rl import counterfactuals, preparation
+from grpo_jax.rollouts import counterfactuals as cf_gen
+from grpo_jax.rollouts import dynamic_sampling
+from grpo_jax.trainer import build
 from grpo_jax.verifiers import verdicts
 
 
@@ -340,7 +342,7 @@ def with_counterfactuals(
     if jax.process_count() > 1:
       raise NotImplementedError("Perturbed-prompt counterfactuals run in one process only.")
     completions = [setup.tokenizer.decode(r) for r in distributed.fetch_local(rollouts.tokens_NT)]
-    prompts = counterfactuals.perturbed_prompts(
+    prompts = cf_gen.perturbed_prompts(
       setup.task,
       setup.tokenizer,
       drawn.examples,

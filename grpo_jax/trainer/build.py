@@ -22,7 +22,7 @@ from typing import Any
 
 import jax
 
-from grpo_jax import config, envs, memory, schema, tasks
+from grpo_jax import config, envs, schema, tasks
 from grpo_jax.envs import base, episodes
 from grpo_jax.infra import collapse, config_lib, registry, trackers
 from grpo_jax.models import hf, model, sampling, shapes, sharding, teacher
@@ -35,6 +35,7 @@ from grpo_jax.rl import (
   offpolicy,
   spec,
 )
+from grpo_jax.trainer import memory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +158,7 @@ def plan_setup(c, *, n_devices: int | None = None, model_source: str = "") -> Se
   return _resolve_remat(setup, n_devices=n_devices)
 
 
-_PACKAGE = pathlib.Path(__file__).resolve().parent
+_PACKAGE = pathlib.Path(__file__).resolve().parent.parent  # grpo_jax/
 
 
 def _raised_here(e: BaseException) -> bool:

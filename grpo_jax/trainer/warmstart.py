@@ -24,10 +24,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from grpo_jax import build, rollout, schema
+from grpo_jax import schema
 from grpo_jax.infra import checkpoint, distributed, logs
 from grpo_jax.models import logprobs, model
 from grpo_jax.rl import guards, learner, spec
+from grpo_jax.trainer import build, rollout
 
 DIRECTORY = "warmstart"
 

@@ -26,10 +26,10 @@ import jax
 import numpy as np
 import optax
 
-from grpo_jax import build
 from grpo_jax.infra import checkpoint, config_lib, logs
 from grpo_jax.models import hf_tokenizer, model
 from grpo_jax.rewards import reward_model
+from grpo_jax.trainer import build
 
 
 @dataclasses.dataclass(frozen=True)

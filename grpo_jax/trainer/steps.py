@@ -24,10 +24,12 @@ from typing import Any
 import jax
 import optax
 
-from grpo_jax import build, envs, memory, memory_advice, schema, warmstart
+from grpo_jax import envs, schema
 from grpo_jax.envs import episodes
 from grpo_jax.models import model, paged, refill, sampling, sharding
-from grpo_jax.rl import counterfactuals, learner, offpolicy, preparation, spec
+from grpo_jax.rl import learner, preparation, spec
+from grpo_jax.rollouts import counterfactuals, partial
+from grpo_jax.trainer import build, memory, memory_advice, warmstart
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,8 +76,8 @@ class CounterfactualSteps:
 class PartialRollouts:
   """The off-policy pipeline's partial rollouts (config.offpolicy.partial)."""
 
-  cont: sharding.Jitted  # offpolicy.continue_rows: one segment of every live row.
-  empty: sharding.Jitted  # offpolicy.empty_rollouts: the batch rows start from.
+  cont: sharding.Jitted  # partial.continue_rows: one segment of every live row.
+  empty: sharding.Jitted  # partial.empty_rollouts: the batch rows start from.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -423,14 +425,14 @@ def _offpolicy_functions(setup: build.Setup, sh: _Shardings, model_fn):
   N, rep = B * G, sh.rep
   mcfg, model_fn, view = _sampler_model(setup, model_fn, sh.layout)
   cont = functools.partial(
-    offpolicy.continue_rows,
+    partial.continue_rows,
     model_fn=model_fn,
     init_cache=functools.partial(model.init_cache, mcfg),
     cfg=scfg,
   )
   cont = sampling.viewed(cont, view)
   empty = functools.partial(
-    offpolicy.empty_rollouts, group_size=G, max_new_tokens=scfg.max_new_tokens, pad_id=scfg.pad_id
+    partial.empty_rollouts, group_size=G, max_new_tokens=scfg.max_new_tokens, pad_id=scfg.pad_id
   )
   return PartialRollouts(
     cont=sharding.Jitted(

@@ -136,9 +136,9 @@ import jax
 import jax.extend as jex
 import jax.numpy as jnp
 
-from grpo_jax import abstract
 from grpo_jax.models import attention, kv_cache, model, paged, sampling, sharding
 from grpo_jax.rl import learner, spec
+from grpo_jax.trainer import abstract
 
 GIB = 2**30
 
@@ -636,7 +636,7 @@ def plan_for(setup, *, n_devices: int | None = None, optimizer=None) -> Plan:
 def _pool_sampler(setup) -> sampling.SamplerConfig:
   """The sampler config whose pool the plan prices: with episodes, partial rollouts or
   trained counterfactual rows the training rows decode on a whole pool whatever
-  sampler.kv_pool_fraction says (`episodes._paged_cache`, `counterfactuals.sample_limited`),
+  sampler.kv_pool_fraction says (`episodes._paged_cache`, `rollouts.counterfactuals.sample_limited`),
   so the plan prices it whole."""
   scfg, op = setup.sampler_cfg, setup.offpolicy
   whole = (

@@ -52,17 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import (
-  build,
-  config,
-  heldout,
-  pipeline,
-  rollout,
-  run_state,
-  schema,
-  steps,
-  warmstart,
-)
+from grpo_jax import config, schema
 from grpo_jax.diagnostics import hook as diagnostics_hook
 from grpo_jax.infra import (
   checkpoint,
@@ -77,6 +67,7 @@ from grpo_jax.infra import (
 from grpo_jax.models import adapters, frozen_base, hf, model
 from grpo_jax.rewards import reward_sources
 from grpo_jax.rl import controllers, guards, preparation, spec
+from grpo_jax.trainer import build, heldout, pipeline, rollout, run_state, steps, warmstart
 from grpo_jax.verifiers import reward_pool, verdicts
 
 

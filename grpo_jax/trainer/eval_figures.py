@@ -36,7 +36,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from grpo_jax import heldout
+from grpo_jax.trainer import heldout
 
 
 def majority(answers: Sequence[str | None]) -> int | None:
