@@ -9,7 +9,7 @@ of non-end tokens (15 states × 3 logits), and its exact gradient by enumeration
 completions. The reward is 1 when a completion holds no token 2 and is at least 3 tokens
 long, so a plan that reads a parent's length or outcome reads its later tokens.
 
-Per plan: N = 30,000 groups of G = 4 samples; the real `counterfactuals.plan` (jitted)
+Per plan: N = 30,000 groups of G = 4 samples; the real `rollouts.counterfactuals.plan` (jitted)
 fills C = 4 branch slots; branches are decoded from the tabular policy; the real
 `rewrite_filter` keeps them or not; the ibpo estimator (λ = 1, κ = 0, scale "none": at
 depth ≥ c a branch may be a state's only other row, the setting most sensitive to which
@@ -35,8 +35,8 @@ import scipy.stats
 import tabular_policy as tab
 
 from grpo_jax.models import sampling
-from grpo_jax.rl import advantages, alignment
-from grpo_jax.rollouts import counterfactuals
+from grpo_jax.rl import advantages, alignment, counterfactuals
+from grpo_jax.rollouts import counterfactuals as cf_gen
 
 CF = counterfactuals
 EOS, V, T = tab.EOS, 3, 4
@@ -52,7 +52,7 @@ def _reward(tokens_RT, length_R):
 
 
 def _rollouts(tokens_NT, length_N, group_ids_N):
-  """The fields `counterfactuals.plan` reads, as sampling.Rollouts (prompts are unused)."""
+  """The fields `rollouts.counterfactuals.plan` reads, as sampling.Rollouts (prompts are unused)."""
   N = len(tokens_NT)
   zeros_NT = jnp.zeros((N, T))
   return sampling.Rollouts(
@@ -114,7 +114,7 @@ def hotelling(
   n = N_GROUPS
   tokens, length = tab.sample(rng, pi, np.zeros((n * G, T), np.int64), np.zeros(n * G, np.int64))
   rewards = _reward(tokens, length)
-  plan_fn = jax.jit(functools.partial(CF.plan, cfg=cfg, group_size=G, splitter=steps))
+  plan_fn = jax.jit(functools.partial(cf_gen.plan, cfg=cfg, group_size=G, splitter=steps))
   rollouts = _rollouts(tokens, length, np.repeat(np.arange(n), G))
   plan = plan_fn(jax.random.key(seed), rollouts, jnp.asarray(rewards))
   on_M, cut_M = np.asarray(plan.active_M), np.asarray(plan.cut_M)
