@@ -9,6 +9,7 @@ controller, rl.std_power=0.4, rl.eps_high=0.28, rl.lambda_s=0.8, one iteration; 
 controller moved lambda_s to 1.0 and focal_gamma 0.0 -> 1.0 in its checkpoint.
 """
 
+import dataclasses
 import json
 import pathlib
 import shutil
@@ -72,7 +73,7 @@ def test_every_moved_key_names_a_declared_hyperparameter():
   RLConfig field's default; no old key is an RLConfig field any more."""
   from grpo_jax.rl import advantages, importance, losses, masks, spec  # noqa: PLC0415
 
-  fields = {f.name for f in __import__("dataclasses").fields(spec.RLConfig)}
+  fields = {f.name for f in dataclasses.fields(spec.RLConfig)}
   declared = {
     "advantage_hyper": advantages.declared_hyper(),
     "loss_hyper": losses.declared_hyper(),

@@ -277,6 +277,28 @@ def _mismatches(saved: dict[str, tuple], wanted: dict[str, tuple]) -> list[str]:
   return out
 
 
+def _reconcile(saved_meta, *, like: Any, fillable: tuple[str, ...], where) -> tuple[list, list]:
+  """(missing, dropped): the leaves under `fillable` keys only `like` has, and those
+  only the checkpoint (its state metadata, `saved_meta`, at `where`) has;
+  CheckpointMismatchError for any other difference."""
+  saved = _metadata_shapes(saved_meta)
+  wanted = _shapes(like)
+  bad = _mismatches(saved, wanted)
+  missing = [k for k in wanted if k not in saved and k.split("/")[0] in fillable]
+  dropped = [k for k in saved if k not in wanted and k.split("/")[0] in fillable]
+  if bad and len(bad) == len(missing) + len(dropped):
+    return missing, dropped
+  if bad:
+    shown = "\n  ".join(bad[:10]) + (f"\n  ... and {len(bad) - 10} more" if len(bad) > 10 else "")
+    raise CheckpointMismatchError(
+      f"The checkpoint at {where} does not match this config "
+      f"({len(bad)} differences):\n  {shown}\n"
+      "It was written by a run with another model/optimizer config. Resume with the same "
+      "config, or use a new --workdir."
+    )
+  return [], []
+
+
 def _as_saved(saved_meta, *, like) -> Any:
   """The abstract tree of a checkpoint's subtree as its metadata has it (every leaf's
   shape and dtype, empty containers included), on the sharding of `like`'s first leaf
@@ -533,10 +555,10 @@ class Checkpointer:
     grpo_jax dropped) is read and left out; they are listed in meta["filled"] and
     meta["dropped"]. Any other difference is a CheckpointMismatchError."""
     fillable = tuple(defaults or ())
-    missing, dropped = self._reconcile(step, like=like, fillable=fillable)
+    saved = self._mngr.item_metadata(step)["state"]
+    missing, dropped = _reconcile(saved, like=like, fillable=fillable, where=self._at(step))
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
     changed = {m.split("/")[0] for m in missing + dropped}
-    saved = self._mngr.item_metadata(step)["state"] if changed else None
     for key in changed:  # Those subtrees read as the checkpoint holds them.
       abstract = {**abstract, key: _as_saved(saved[key], like=abstract[key])}
     out = self._mngr.restore(
@@ -561,27 +583,11 @@ class Checkpointer:
     only missing from the checkpoint under a `fillable` top-level key are returned instead
     (to be filled from defaults), as long as nothing else differs; leaves only in the
     checkpoint under such a key are no difference (`restore` drops them)."""
-    return self._reconcile(step, like=like, fillable=fillable)[0]
+    saved = self._mngr.item_metadata(step)["state"]
+    return _reconcile(saved, like=like, fillable=fillable, where=self._at(step))[0]
 
-  def _reconcile(self, step: int, *, like: Any, fillable: tuple[str, ...]):
-    """(missing, dropped): the leaves under `fillable` keys only `like` has, and those
-    only the checkpoint has; CheckpointMismatchError for any other difference."""
-    saved = _metadata_shapes(self._mngr.item_metadata(step)["state"])
-    wanted = _shapes(like)
-    bad = _mismatches(saved, wanted)
-    missing = [k for k in wanted if k not in saved and k.split("/")[0] in fillable]
-    dropped = [k for k in saved if k not in wanted and k.split("/")[0] in fillable]
-    if bad and len(bad) == len(missing) + len(dropped):
-      return missing, dropped
-    if bad:
-      shown = "\n  ".join(bad[:10]) + (f"\n  ... and {len(bad) - 10} more" if len(bad) > 10 else "")
-      raise CheckpointMismatchError(
-        f"The checkpoint at {self.directory / str(step)} does not match this config "
-        f"({len(bad)} differences):\n  {shown}\n"
-        "It was written by a run with another model/optimizer config. Resume with the same "
-        "config, or use a new --workdir."
-      )
-    return [], []
+  def _at(self, step: int) -> pathlib.Path:
+    return self.directory / str(step)
 
   def wait(self) -> None:
     """Waits for the background save; raises CheckpointSaveError if it failed. A step

@@ -50,10 +50,6 @@ def moved_message(old: str) -> str:
   )
 
 
-def warn_moved(old: str) -> None:
-  warnings.warn(moved_message(old), FutureWarning, stacklevel=3)
-
-
 def upgrade(d: Mapping, *, warn: bool = True, prefix: str = "") -> dict:
   """A config as a nested dict (a ConfigDict's `to_dict`, or a section of one at `prefix`,
   e.g. "rl."; config.json's layout alike) with every MOVED_KEYS key at its new place,
@@ -77,7 +73,7 @@ def upgrade(d: Mapping, *, warn: bool = True, prefix: str = "") -> dict:
       target = target.setdefault(p, {})
     target[new_leaf] = value
     if warn:
-      warn_moved(old)
+      warnings.warn(moved_message(old), FutureWarning, stacklevel=2)
   return out
 
 

@@ -128,9 +128,6 @@ class Values(Mapping):
       self[name]  # noqa: B018 -- KeyError naming the declared ones.
     return Values({**self._arrays, **changes})
 
-  def as_dict(self) -> dict:
-    return dict(self._arrays)
-
   @property
   def extra(self) -> Values:
     """0.2's `hyper.extra[name]`: the Values themselves now (`hyper[name]`), with a

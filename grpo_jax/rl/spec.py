@@ -158,10 +158,8 @@ class RLConfig:
           f"rl.{attr}={getattr(self, attr)!r} is not a registered {registry_.kind}; "
           f"valid names: {', '.join(registry_.names())}."
         )
-    advantages.declared_values(config_lib.to_dict(self.advantage_hyper))
-    losses.declared_values(config_lib.to_dict(self.loss_hyper))
-    masks.declared_values(config_lib.to_dict(self.mask_hyper))
-    importance.declared_values(config_lib.to_dict(self.importance_hyper))
+    # Every declared hyperparameter, checked (each property raises on a bad value).
+    self.advantage_values, self.loss_values, self.mask_values, self.importance_values  # noqa: B018
     for name in self.token_masks:
       masks.REGISTRY.get(name)
     for name in self.mask_options:
@@ -339,20 +337,28 @@ class RLConfig:
     """Every policy loss's declared hyperparameter: rl.loss_hyper's, else the default."""
     return losses.declared_values(config_lib.to_dict(self.loss_hyper))
 
+  @property
+  def mask_values(self) -> dict[str, float]:
+    """Every token mask's declared hyperparameter: rl.mask_hyper's, else the default."""
+    return masks.declared_values(config_lib.to_dict(self.mask_hyper))
+
+  @property
+  def importance_values(self) -> dict[str, float]:
+    """Every importance correction's bound: rl.importance_hyper's, else the default."""
+    return importance.declared_values(config_lib.to_dict(self.importance_hyper))
+
   def prepare_hyper(self, *, max_new_tokens: int) -> PrepareHyper:
     return PrepareHyper(
       adv=declared.arrays(self.advantage_values),
       kl_coef=jnp.asarray(self.kl_coef if self.kl_in == "reward" else 0.0, jnp.float32),
-      mask=declared.arrays(masks.declared_values(config_lib.to_dict(self.mask_hyper))),
+      mask=declared.arrays(self.mask_values),
       reward=reward_transforms.reward_hyper(
         format_weight=self.format_weight,
         overlong_max_len=max_new_tokens if self.overlong_factor > 0 else 0,
         overlong_buffer=self.overlong_buffer,
         overlong_factor=self.overlong_factor,
       ),
-      importance=declared.arrays(
-        importance.declared_values(config_lib.to_dict(self.importance_hyper))
-      ),
+      importance=declared.arrays(self.importance_values),
     )
 
   def step_hyper(self) -> StepHyper:
