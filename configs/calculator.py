@@ -24,7 +24,7 @@ Variants:
       python -m grpo_jax.envs.openenv_calculator --port 8000
       grpo-jax --config=configs/calculator.py:openenv --workdir=/tmp/calculator_openenv
     The same rules over the network: the same seed trains to the same numbers as tiny
-    (tests/test_openenv.py checks it bit for bit); another server is
+    (tests/envs/test_openenv.py checks it bit for bit); another server is
     `--config.env.kwargs.url=http://host:port`.
   verifiers: tiny with the calculator as a verifiers environment (`pip install -e
     ".[verifiers]"`; grpo_jax/envs/vf_calculator.py, a `verifiers.MultiTurnEnv` with the
@@ -46,7 +46,7 @@ greedy accuracy on 128 held-out problems goes from 36.7% after the warm start to
 after GRPO (+23.4 points; 43.0% at iteration 50, 48.4% at 100, 51.6% at 150), in 365 s
 wall (1.5 s per iteration: 0.30 s in the jitted turns of the 256 episodes, 0.01 s in the
 environment's steps, 1.2 s prepare and update). Episodes take 2.98 actions on average and
-99.8% are ended by the environment (an answer line, or an action it cannot read). At 80 iterations (tests/test_episodes.py) it is 47.7% (+10.9), and
+99.8% are ended by the environment (an answer line, or an action it cannot read). At 80 iterations (tests/envs/test_episodes.py) it is 47.7% (+10.9), and
 the same run trained on -A collapses to 0.0%. Float rounding differs between CPU models,
 and so may the trajectory. summary.json holds warmstart_accuracy, final_accuracy,
 wall_seconds.

@@ -21,7 +21,7 @@ Variants:
     runs.
   long: tiny on 24-digit operands: completions of 244 tokens (24 steps and the answer),
     1,000 warm-start steps, then 10 GRPO iterations of 16 prompts x G=8 (the long-completion
-    learning test, tests/test_long_learning.py, runs a smaller twin).
+    learning test, tests/learning/test_long_learning.py, runs a smaller twin).
 
 Expected result (long, measured 2026-12-04 on the same CPU, a compile job sharing it): the
 warm start learns the 24-column addressing abruptly (per-token loss 0.63 at step 368, 0.30

@@ -21,9 +21,9 @@ Variants:
 
 Expected results (seed 0, float32, 2-core Intel Xeon @ 2.80GHz, 2026-12-05; held-out greedy
 accuracy on 128 problems): tiny 41.4% after the warm start -> 53.9% at 40-60 iterations;
-bits 32.0% -> 42.2% at 40. tests/test_reasoning_gym_learning.py checks both against their
+bits 32.0% -> 42.2% at 40. tests/learning/test_reasoning_gym_learning.py checks both against their
 flipped twins from committed warm starts. smollm2: not measured (about 15 minutes a run on
-this CPU; it builds and its prompts fit: tests/test_reasoning_gym.py).
+this CPU; it builds and its prompts fit: tests/tasks/test_reasoning_gym.py).
 """
 
 import importlib.util

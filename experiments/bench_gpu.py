@@ -69,7 +69,7 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SIZES = ("0.5b", "1.5b")
-# --quick: a CPU smoke test of every figure (tests/test_experiments.py), not a benchmark.
+# --quick: a CPU smoke test of every figure (tests/experiments/test_experiments.py), not a benchmark.
 QUICK_MODEL = dict(
   d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, mlp_dim=128, vocab_size=4096
 )

@@ -52,7 +52,7 @@ BENCH_MODEL = dict(
   vocab_size=32768, d_model=512, n_layers=8, n_heads=8, n_kv_heads=4, head_dim=64, mlp_dim=1536,
   qk_norm=True, tie_embeddings=True, rope_theta=1e6,
 )  # fmt: skip
-# --quick: a smoke test of the script's figures (tests/test_experiments.py), not a benchmark.
+# --quick: a smoke test of the script's figures (tests/experiments/test_experiments.py), not a benchmark.
 QUICK_MODEL = dict(
   BENCH_MODEL, vocab_size=4096, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32,
   mlp_dim=384,

@@ -10,7 +10,7 @@ compiled first; XLA's temporary memory of each (`memory_analysis().temp_size_in_
 is printed with its first call; then --rounds rounds call each once, interleaved, with
 the same key in a round. The tokens of the two can differ in a long random-weight
 rollout: a float32 sum in another order flips one sampled token and the rows diverge
-from there (`tests/test_sampling.py` pins equality on the tiny model). The last line is
+from there (`tests/models/test_sampling.py` pins equality on the tiny model). The last line is
 one JSON object; the README's figures are in experiments/results/cpu/.
 """
 

@@ -7,7 +7,7 @@ their rules written before any of their runs.
     --extend experiments/results/cpu/2026-11-28_xeon_calculator_seeds.json \
     --out experiments/results/cpu/2026-11-28_xeon_calculator_seeds_extended
 
-`tests/test_episodes.py::test_the_calculator_config_learns_with_its_tool` is a single-seed
+`tests/envs/test_episodes.py::test_the_calculator_config_learns_with_its_tool` is a single-seed
 smoke check (seed 0: +5 points or more after 60 GRPO iterations). Its horizon of 60 was
 chosen after seeing seeds 0 and 1, so those two seeds are not verdict seeds here.
 

@@ -1,5 +1,5 @@
 """A verifier whose "hang..." completions never return (experiments/bench_reward_hangs.py,
-tests/test_rewards.py).
+tests/verifiers/test_rewards.py).
 
 It imports jax and the trainer's modules, as a reward function living next to training code
 does, so that importing it costs what such a module costs (seconds): a worker replacing a

@@ -43,7 +43,7 @@ def config(new_tokens: int):
 
 
 CLAIM = (
-  "the memory plan's update figure is within its band of XLA's (0.90-1.15, tests/test_memory.py)"
+  "the memory plan's update figure is within its band of XLA's (0.90-1.15, tests/trainer/test_memory.py)"
 )
 SEEDS = "the config's seed 0; no figure here depends on it (every row runs to the limit)"
 

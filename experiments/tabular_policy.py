@@ -3,9 +3,9 @@
 Tokens {EOS = 0, 1, ..., V − 1}, at most T of them, one softmax per prefix of non-end tokens:
 S = (K^T − 1)/(K − 1) states with K = V − 1 (the prefixes of length 0..T − 1), θ of shape
 [S, V]. A completion is a body of n < T non-end tokens and EOS, or T non-end tokens, so
-lengths vary, which a fixed-length policy (tests/test_ibpo.py's) cannot show.
+lengths vary, which a fixed-length policy (tests/rl/test_ibpo.py's) cannot show.
 
-Used by tests/test_counterfactual_bias.py (which plans bias IBPO) and
+Used by tests/rollouts/test_counterfactual_bias.py (which plans bias IBPO) and
 experiments/ibpo_states.py (how much variance each IBPO state removes). T is read from the
 arrays' shapes; V is an argument.
 """

@@ -53,9 +53,9 @@ class _Stop(Exception):
 # Committed warm starts of the learning tests (`warm_started_arms`): what a run's workdir
 # holds after its warm start (checkpoint 0, the config it was made with, its metrics line
 # and, with adapters, the frozen base), one folder per fixture name. Rewrite them with
-#   GRPO_JAX_WRITE_WARM_STARTS=1 python -m pytest -n 2 -q tests/test_learning.py \
-#     tests/test_moe_learning.py tests/test_lora_learning.py tests/test_long_learning.py \
-#     tests/test_episodes.py -k learn
+#   GRPO_JAX_WRITE_WARM_STARTS=1 python -m pytest -n 2 -q tests/learning/test_learning.py \
+#     tests/learning/test_moe_learning.py tests/learning/test_lora_learning.py tests/learning/test_long_learning.py \
+#     tests/envs/test_episodes.py -k learn
 # and commit tests/fixtures/warm_starts.
 WARM_STARTS = ROOT / "tests" / "fixtures" / "warm_starts"
 WRITE_WARM_STARTS = "GRPO_JAX_WRITE_WARM_STARTS"

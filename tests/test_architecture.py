@@ -50,7 +50,7 @@ def _imports(path: pathlib.Path, modules) -> set[str]:
       for a in node.names:
         full = f"{node.module}.{a.name}"
         out.add(full if full in modules else node.module)
-  return out - {_module_name(path)}
+  return out - {_module_name(path)} if path.is_relative_to(ROOT) else out
 
 
 def _graph() -> dict[str, set[str]]:
@@ -497,6 +497,62 @@ def test_the_old_flat_paths_are_removed_when_their_release_comes():
     f"grpo_jax {version}: remove the 0.1 import shims (grpo_jax/infra/moved.py, the "
     "__getattr__ of grpo_jax, grpo_jax.rl and grpo_jax.rewards) and this test."
   )
+
+
+# tests/ mirrors the package: tests/<folder>/ for each package folder, whose files each
+# import a module of that folder, and three folders that test across the package:
+# learning/ (the learning claims, end to end), experiments/ (the scripts under
+# experiments/) and docs/ (the README, the docs site, the notebooks). The files at tests/
+# itself are the shared helpers and the tests of the package root (the config edge, the
+# command line, the diagnostics section of the config, faults through the command line) and
+# of the layout as a whole (this file, needs.py's).
+ACROSS = ("learning", "experiments", "docs")
+ROOT_TESTS = (
+  "test_architecture", "test_cli", "test_commands", "test_config", "test_diagnostics_hook",
+  "test_faults", "test_needs",
+)  # fmt: skip
+
+
+def _folder_misses(tests: pathlib.Path) -> list[str]:
+  """What breaks the mirror under `tests`: a folder that is neither a package folder nor
+  one of ACROSS, a test file at the top not in ROOT_TESTS, a test file in a package folder
+  that imports none of its modules, a test file two folders deep, a name used twice."""
+  misses, names = [], []
+  for path in sorted(tests.rglob("test_*.py")):
+    parts = path.relative_to(tests).parts
+    if parts[0] == "fixtures":
+      continue
+    names.append(path.name)
+    if len(parts) == 1:
+      if path.stem not in ROOT_TESTS:
+        misses.append(f"{path.name}: at tests/, not a test of the package root")
+    elif len(parts) > 2 or parts[0] not in (*FOLDERS, *ACROSS):
+      misses.append(f"{'/'.join(parts)}: no package folder {'/'.join(parts[:-1])}")
+    elif parts[0] in FOLDERS and not any(
+      m.startswith(f"grpo_jax.{parts[0]}") for m in _imports(path, _modules())
+    ):
+      misses.append(f"{'/'.join(parts)}: imports no module of grpo_jax.{parts[0]}")
+  twice = sorted({n for n in names if names.count(n) > 1})
+  return misses + [f"{n}: used twice (pytest imports test files by name)" for n in twice]
+
+
+def test_the_tests_mirror_the_package():
+  tests = ROOT / "tests"
+  assert not _folder_misses(tests), _folder_misses(tests)
+  folders = {p.parent.name for p in tests.glob("*/test_*.py")} - {"fixtures"}
+  assert folders == {*FOLDERS, *ACROSS}, folders  # Each package folder has its tests.
+
+
+def test_the_mirror_check_finds_a_misplaced_test(tmp_path):
+  (tmp_path / "rl").mkdir()
+  (tmp_path / "rl" / "test_x.py").write_text("from grpo_jax.models import model\n")
+  (tmp_path / "test_y.py").write_text("")
+  (tmp_path / "widgets").mkdir()
+  (tmp_path / "widgets" / "test_y.py").write_text("")
+  misses = _folder_misses(tmp_path)
+  assert len(misses) == 4, misses
+  assert misses[0] == "rl/test_x.py: imports no module of grpo_jax.rl"
+  assert misses[-1] == "test_y.py: used twice (pytest imports test files by name)"
 
 
 def _tested_modules(modules) -> set[str]:

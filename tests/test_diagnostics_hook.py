@@ -1,6 +1,6 @@
 """config.diagnostics: defaults (off), command-line style overrides, validation errors that
 name the key, and metric definitions of the diagnostics keys. No training runs here
-(tests/test_diagnostics_experiments.py runs the trainer with diagnostics on)."""
+(tests/experiments/test_diagnostics_experiments.py runs the trainer with diagnostics on)."""
 
 import pathlib
 

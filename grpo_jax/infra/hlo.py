@@ -1,7 +1,7 @@
 """Reading a compiled XLA program's text (`compiled.as_text()`): its shapes, while loops
 and their trip counts, dot FLOPs, collectives with the mesh axes they run over, host
 callbacks and the parameters aliased to outputs. Hand-written: XLA's Python API exposes
-the text, not these; what TPU prints (found by compiling, tests/test_tpu.py) is in
+the text, not these; what TPU prints (found by compiling, tests/infra/test_tpu.py) is in
 `infra.tpu`'s docstring. Everything here is a pure function of the text (and the mesh).
 """
 

@@ -23,7 +23,7 @@ ISCA 2023). DCN bandwidth is per chip: the host's NICs shared by its chips (v5e 
 per 8-chip host, v6e 4×200 Gb/s per 8-chip host, v5p 50 Gb/s per chip as published; v4
 unpublished, taken as v5p's, approximate).
 
-Reading a compiled program (`infra.hlo`; what XLA TPU emits, found by compiling; tests/test_tpu.py):
+Reading a compiled program (`infra.hlo`; what XLA TPU emits, found by compiling; tests/infra/test_tpu.py):
 - Collectives (`hlo.collectives`): replica groups come in three printed forms (explicit
   `{{0,1},{2,3}}`, iota `[2,2]<=[2,2]T(1,0)`, and the mesh form
   `mesh['axis_0'=4,'axis_1'=2], device_ids=(...) {'axis_1'}`); their ids are logical: the

@@ -539,7 +539,7 @@ class _Embed(nn.Embed):
   reduce over fsdp. Read gathered over fsdp instead, the table (float32 [V, D]: 545 MB
   for Qwen2.5's 151,936 x 896) was all-gathered each train step and its gradient
   all-reduced each micro-batch (the update of configs/scale.py:0.5b on v5e:2x4:
-  all-reduces of 8.7 GB an update, `tests/test_tpu_collectives.py`). The ids and the
+  all-reduces of 8.7 GB an update, `tests/infra/test_tpu_collectives.py`). The ids and the
   output carry explicit shardings, so XLA's partitioner never has to re-split a gather
   split on D by itself (its "involuntary full rematerialization")."""
 

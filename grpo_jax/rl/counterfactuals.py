@@ -17,7 +17,7 @@ estimators that read counterfactuals refuse them (build): branch_from "failed" o
 "repair" (q~ holds the whole completion, and the row counts from the root), the
 full-rewrite filter at τ < 1 (the distance reads the parent's suffix), and a budget
 priced by |o_p| (the generator's budget does not). Each bias is measured on a variable-length
-tabular policy in tests/test_counterfactual_bias.py; config.counterfactual.accept_bias
+tabular policy in tests/rollouts/test_counterfactual_bias.py; config.counterfactual.accept_bias
 admits them anyway, to rerun a recorded biased run.
 
 In `preparation.finish_prepare` (`row_weights`, `rewrite_filter`): counterfactuals at normalised

@@ -46,7 +46,7 @@ are independent of o_i: given both, o_{i,t} ~ π(·|s_{i,t}), so E[∇log π(o_{
 is independent of o_{p,≥c} given o_{p,<c}, so it may sit in the baseline of p's tokens at
 depths t ≥ c (s_{p,t} contains o_{p,<c}) but not above its cut, where its outcome follows from
 the very token being credited. Hence a branch counts only at depths ≥ its cut (counting it
-above re-adds the parent's outcome; tests/test_ibpo.py measures that bias). This needs the
+above re-adds the parent's outcome; tests/rl/test_ibpo.py measures that bias). This needs the
 plan to choose p, c and whether the branch exists from o_{p,<c} alone, and the other rows
 whose baselines the branch enters from nothing of theirs past the state they share with
 it. `counterfactuals`' cuts "window", "next_step" and "divergence" with branch_from="all"
@@ -54,7 +54,7 @@ do; the parent's outcome (branch_from "failed"/"correct"), its length (cut "unif
 number of steps (cut "step"), its suffix (the full-rewrite filter at τ < 1) or its whole
 completion (source "repair") put in p's baseline a row that exists because of p's later
 tokens. `counterfactuals.biased_choices` names them and build refuses them with this
-estimator; tests/test_counterfactual_bias.py measures each on completions of varying
+estimator; tests/rollouts/test_counterfactual_bias.py measures each on completions of varying
 length (Hotelling's T² of the mean gradient against the exact one: p > 1e-4 for every plan
 accepted, < 1e-8 for every plan refused but repair, whose prompt is not tabular).
 Perturbed-prompt rows are off-policy for q:
@@ -71,7 +71,7 @@ against the group and y = r̄_{−i} − b_{i,t} the comparison the prefix adds:
 Var(x) needs 2 Cov(x, y) < −Var(y), a negative correlation (`comparison_stats` logs it per
 batch: 0 in expectation when prefixes say nothing of the outcome). Var(y) is the price: the
 leave-one-out mean of the one or two others at a deep prefix is noise, inflated by n/(n − 1)
-at every small node. On the tabular policy of tests/test_ibpo.py (G = 8) the estimator keeps
+at every small node. On the tabular policy of tests/rl/test_ibpo.py (G = 8) the estimator keeps
 0.88× GRPO's signal per unit variance without shrinkage and 1.02-1.03× with κ = 4 (tested);
 the oracle per-state baseline V(s_t) would keep 1.37× (measured while deriving this).
 
@@ -87,7 +87,7 @@ and the estimator falls back to r̄_{−i}. Two coarser keys pool more:
           state (φ_{−i} leaves out every occurrence of row i, so no copy of r_i enters).
 The price is what the key forgets: φ estimates E[r | key], not V(s), so it reduces variance
 only as far as the key predicts the outcome; with κ > 0 each state still shrinks toward i's
-previous state's value. The tabular tests (tests/test_ibpo.py, test_counterfactual_bias.py)
+previous state's value. The tabular tests (tests/rl/test_ibpo.py, test_counterfactual_bias.py)
 measure both unbiased. A branch counts from its cut at its own depth, which a window keeps
 and a span does not: a span copied from the parent's prefix would enter the parent's
 baseline above the cut, and a row counting from depth c > 0 could keep its own reward in

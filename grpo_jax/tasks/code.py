@@ -8,7 +8,7 @@
 Problems. ``problems="builtin"`` (default) is the set shipped in
 ``grpo_jax/data/code_problems.jsonl``: 53 tiny functions, each with a description, a
 signature, one or two visible tests (shown in the prompt), three or more hidden tests and
-a reference solution (tests/test_code_task.py checks every reference passes its tests).
+a reference solution (tests/tasks/test_code_task.py checks every reference passes its tests).
 Or a JSONL file (split into train/test by a hash of the problem id, ``test_percent``), or
 ``{"train": path, "test": path}`` (the files are the splits), in one of three formats,
 told apart by the first record's fields (``problem_format="auto"``) or named:

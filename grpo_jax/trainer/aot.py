@@ -517,7 +517,7 @@ def process_rows(fns, setup) -> tuple[dict, list[str]]:
 def fingerprint(config_dict) -> str:
   """A short hash of the keys of a config that differ from `config.default_config()`, with
   their values: a compile record names the config it compiled, so a config changed since
-  is found (tests/test_aot.py). A key the defaults gain later, at a default that changes
+  is found (tests/trainer/test_aot.py). A key the defaults gain later, at a default that changes
   nothing, leaves every record's fingerprint as it was (the whole config was hashed until
   2026-12-03, and every new field meant recompiling every shipped config, 40 minutes here);
   a changed default is a code change, which the record's commit names."""

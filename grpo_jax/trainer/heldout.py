@@ -103,7 +103,7 @@ def interval(values_P, *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOT
   included, and resampling the draws is the right bootstrap. Resampling distinct problems
   with their copies (a cluster bootstrap) would not be: on a 150-problem population drawn
   128 times, 400 times over, this interval covered the truth 95.3% of the time and the
-  cluster one 99.5%, 48% wider (tests/test_eval_figures.py keeps that property). What repeats
+  cluster one 99.5%, 48% wider (tests/trainer/test_eval_figures.py keeps that property). What repeats
   cost is precision: eval/distinct_problems says how many problems a run really saw."""
   v = np.asarray(values_P, np.float64)
   if v.ndim != 1 or v.size == 0:

@@ -91,7 +91,7 @@ Peak = resident (params + ref_params + teacher_params + opt_state) + max(train s
 logprob_forward, teacher_forward).
 
 Agreement with XLA's own buffer assignment on CPU (`compiled.memory_analysis()`, plan /
-XLA; `tests/test_memory.py`, `grpo-jax plan --compile` prints both):
+XLA; `tests/trainer/test_memory.py`, `grpo-jax plan --compile` prints both):
 - params + optimizer state vs the train step's arguments: 1.00 on every mesh tried.
 - train-step temporaries: 0.91-1.05 on 1 and 8 devices, (8,1,1), (2,2,2), (1,4,2),
   (1,8,1), scanned + remat or not; outliers: pure data parallelism with activations no

@@ -16,7 +16,7 @@ outside the standard library, and grpo_jax's own directory. The code gets the st
 library only (it runs with ``python -I -S`` anyway).
 
 `visible(path)` says whether a path would be readable inside the sandbox: the code task
-refuses to run when its problems file would be (tests/test_sandbox.py installs the
+refuses to run when its problems file would be (tests/verifiers/test_sandbox.py installs the
 package into a separate base prefix under /tmp to check that it is not).
 """
 

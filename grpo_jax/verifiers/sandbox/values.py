@@ -126,7 +126,7 @@ def max_equal_repr(expected: Any) -> int:
   numbers may differ in type (bool, int, float, complex) and sign of zero, and a set may
   be a frozenset at the top (sets cannot hold sets). Per number the repr grows at most
   309/6-fold (1e+308 as a 309-digit int); separators and brackets are the same. So
-  len(repr(v)) <= 64·len(repr(expected)) + 64. tests/test_sandbox.py checks the bound on
+  len(repr(v)) <= 64·len(repr(expected)) + 64. tests/verifiers/test_sandbox.py checks the bound on
   random values and their equal variants."""
   return _REPR_FACTOR * len(repr(expected)) + _REPR_SLACK
 
