@@ -184,7 +184,7 @@ def test_a_turn_cut_before_its_eos_gets_the_end_of_turn_and_real_templates_work(
   """An action cut before its EOS (turn_tokens, or a stop text): the observation starts
   with the template's end-of-turn token. With the real Qwen3 template, which renders a
   past assistant turn differently from the last one, every turn still continues."""
-  import test_chat_templates  # noqa: PLC0415 -- the real templates' tokenizer directories.
+  from tests.models import test_chat_templates  # noqa: PLC0415 -- the real templates' tokenizer directories.
 
   test_chat_templates.make_dir(tmp_path / "qwen3", "qwen3")
   for tokenizer_dir in (QWEN3, str(tmp_path / "qwen3")):

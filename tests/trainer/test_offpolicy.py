@@ -4,6 +4,7 @@ log-probs, async resume (and a damaged, foreign or missing in-flight buffer neve
 resumed), sampler/trainer device split, and bad configs."""
 
 import functools
+import pathlib
 import shutil
 
 import arithmetic
@@ -305,7 +306,8 @@ def test_the_pipeline_gives_the_same_rows_split_over_devices_or_over_the_sequenc
   script = tmp_path / "two_devices.py"
   script.write_text(
     f"""
-import json
+import json, sys
+sys.path.insert(0, {str(pathlib.Path(__file__).parent)!r})  # This test file's folder.
 import jax, test_offpolicy as t, runs
 assert jax.device_count() == 2
 out = {{}}
