@@ -517,7 +517,7 @@ def _folder_misses(tests: pathlib.Path) -> list[str]:
   """What breaks the mirror under `tests`: a folder that is neither a package folder nor
   one of ACROSS, a test file at the top not in ROOT_TESTS, a test file in a package folder
   that imports none of its modules, a test file two folders deep, a name used twice."""
-  misses, names = [], []
+  misses, names, modules = [], [], _modules()
   for path in sorted(tests.rglob("test_*.py")):
     parts = path.relative_to(tests).parts
     if parts[0] == "fixtures":
@@ -529,7 +529,7 @@ def _folder_misses(tests: pathlib.Path) -> list[str]:
     elif len(parts) > 2 or parts[0] not in (*FOLDERS, *ACROSS):
       misses.append(f"{'/'.join(parts)}: no package folder {'/'.join(parts[:-1])}")
     elif parts[0] in FOLDERS and not any(
-      m.startswith(f"grpo_jax.{parts[0]}") for m in _imports(path, _modules())
+      f"{m}.".startswith(f"grpo_jax.{parts[0]}.") for m in _imports(path, modules)
     ):
       misses.append(f"{'/'.join(parts)}: imports no module of grpo_jax.{parts[0]}")
   twice = sorted({n for n in names if names.count(n) > 1})
@@ -538,7 +538,8 @@ def _folder_misses(tests: pathlib.Path) -> list[str]:
 
 def test_the_tests_mirror_the_package():
   tests = ROOT / "tests"
-  assert not _folder_misses(tests), _folder_misses(tests)
+  misses = _folder_misses(tests)
+  assert not misses, misses
   folders = {p.parent.name for p in tests.glob("*/test_*.py")} - {"fixtures"}
   assert folders == {*FOLDERS, *ACROSS}, folders  # Each package folder has its tests.
 
@@ -549,10 +550,12 @@ def test_the_mirror_check_finds_a_misplaced_test(tmp_path):
   (tmp_path / "test_y.py").write_text("")
   (tmp_path / "widgets").mkdir()
   (tmp_path / "widgets" / "test_y.py").write_text("")
-  misses = _folder_misses(tmp_path)
-  assert len(misses) == 4, misses
-  assert misses[0] == "rl/test_x.py: imports no module of grpo_jax.rl"
-  assert misses[-1] == "test_y.py: used twice (pytest imports test files by name)"
+  assert _folder_misses(tmp_path) == [
+    "rl/test_x.py: imports no module of grpo_jax.rl",
+    "test_y.py: at tests/, not a test of the package root",
+    "widgets/test_y.py: no package folder widgets",
+    "test_y.py: used twice (pytest imports test files by name)",
+  ]
 
 
 def _tested_modules(modules) -> set[str]:
