@@ -25,7 +25,10 @@ ends at its sandbox's timeout), leaves the pool when it does, and a new thread t
 place, so the trainer never waits for a free worker behind a late step either. With
 workers = 1 the steps run one by one on the calling thread, which waits for each, and a
 step found late when it returns is late by the same rule: the worker count changes the
-trainer's wait, never an episode's outcome.
+trainer's wait, never an episode's outcome. The threads hold the job queue, not the
+`Steps`: when a `Steps` is collected (its run's functions left `steps._FUNCTIONS`, or a
+notebook dropped them), each of its waiting workers is told to leave, so runs started one
+after another in a process do not pile up idle threads.
 
 Determinism. Outcomes come back in the order given, whatever order the threads finish
 in, and each step touches its own environment only, so the same actions give the same
@@ -40,6 +43,7 @@ import math
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 
 from grpo_jax.envs import base
@@ -148,6 +152,7 @@ class Steps:
   def _concurrent(self, jobs, budgets) -> list[Outcome]:
     if self._jobs is None:
       self._jobs = queue.SimpleQueue()
+      weakref.finalize(self, _dismiss, self._jobs, self.workers)
       for _ in range(self.workers):
         self._spawn()
     events = queue.SimpleQueue()  # This call's own: reports that come after it are lost.
@@ -194,9 +199,23 @@ class Steps:
     return abandoned
 
   def _spawn(self) -> None:
-    threading.Thread(target=self._serve, name="env-step", daemon=True).start()
+    threading.Thread(target=_serve, args=(self._jobs,), name="env-step", daemon=True).start()
 
-  def _serve(self) -> None:
-    """A worker: runs steps until one of them is abandoned (late), then leaves."""
-    while self._jobs.get()():
-      pass
+
+def _serve(jobs: queue.SimpleQueue) -> None:
+  """A worker: runs steps until one of them is abandoned (late), or it takes `_leave`,
+  then leaves."""
+  while jobs.get()():
+    pass
+
+
+def _leave() -> bool:
+  """The job that tells a worker to leave."""
+  return False
+
+
+def _dismiss(jobs: queue.SimpleQueue, workers: int) -> None:
+  """A collected Steps' workers leave: `workers` are waiting or at work (a late step's
+  thread leaves by itself and was replaced), each takes one `_leave` after its jobs."""
+  for _ in range(workers):
+    jobs.put(_leave)

@@ -121,3 +121,28 @@ def test_a_worker_reports_an_exception_that_is_not_an_exception():
 
   (got,) = stepping.Steps(workers=2).run([(Env(interrupt), "a")])
   assert isinstance(got.error, KeyboardInterrupt) and got.step is None
+
+
+def _workers() -> set[threading.Thread]:
+  return {t for t in threading.enumerate() if t.name == "env-step"}
+
+
+def test_a_collected_steps_dismisses_its_workers():
+  """Runs started one after another in a process leave no idle threads behind: once a
+  Steps is collected, its 3 waiting workers leave, and so does the thread a late step
+  held once that step returns (its replacement was one of the 3)."""
+  import gc  # noqa: PLC0415
+
+  before = _workers()
+  release = threading.Event()
+  steps = stepping.Steps(workers=3)
+  stuck = Env(lambda a: release.wait(timeout=10) and 7, budget=0.05)
+  assert steps.run([(stuck, "a"), (Env(lambda a: 1), "b")])[0].late
+  mine = _workers() - before
+  assert len(mine) == 4  # Three in the pool, one still in the late step.
+  del steps
+  gc.collect()
+  release.set()
+  for thread in mine:
+    thread.join(timeout=5)
+  assert not any(t.is_alive() for t in mine)
