@@ -90,7 +90,7 @@ class LoopConfig:
   # causes and their correlation with wrong answers (`verdicts.unscorable_warning`):
   # masked rows are where a policy can escape its zeros. 1: never warn.
   warn_unscorable_frac: float = 0.05
-  peak_flops: float = 0.0  # Device peak FLOP/s for MFU; 0 measures a float32 matmul.
+  peak_flops: float = 0.0  # Device peak FLOP/s for MFU; 0: a float32 matmul, once a process.
   # Per-device memory the plan must fit (`memory`), GiB; 0: the device's own limit where
   # jax reports one (GPU, TPU), no check where it does not (CPU).
   memory_limit_gib: float = 0.0

@@ -425,7 +425,7 @@ class _Loop:
         rl_cfg.controller, **config_lib.to_dict(rl_cfg.controller_options)
       ),
       step_hyper=rl_cfg.step_hyper(),
-      peak_flops=setup.loop.peak_flops or flops.matmul_peak(),
+      peak_flops=setup.loop.peak_flops or flops.run_peak(),
       source=pipeline.Source.create(setup, fns, s.pool, buffer=buffer)
       if setup.offpolicy.enabled
       else None,

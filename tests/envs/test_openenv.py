@@ -9,13 +9,21 @@ import time
 
 import pytest
 import runs
-import uvicorn
-from openenv.core import env_server
 
 from grpo_jax import tasks
-from grpo_jax.envs import base, calculator, openenv_calculator, openenv_env
+from grpo_jax.envs import base, calculator
 from grpo_jax.infra import config_lib
 from grpo_jax.trainer import build, train
+
+openenv_calculator = openenv_env = None  # Set by `_openenv` when this module's tests run.
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _openenv():
+  """Imports OpenEnv's modules when these tests run, not when pytest collects them:
+  openenv.core loads gradio, about 5 s that every test worker would pay at its start."""
+  global openenv_calculator, openenv_env
+  from grpo_jax.envs import openenv_calculator, openenv_env  # noqa: PLC0415
 
 
 @pytest.fixture(scope="module")
@@ -115,38 +123,42 @@ def test_an_unreachable_server_is_one_error_before_anything_compiles(server):
   assert build.build(_calculator(server.url)).episodes.name == "openenv"
 
 
-# A server whose steps are slow or fail: what the adapter does with them.
-class _Action(env_server.Action):
-  text: str
+def _troubled_app():
+  """A server whose steps are slow or fail: what the adapter does with them. A step
+  "sleep <s>" answers "S:<s>;" after s seconds; "boom" raises on the server."""
+  from openenv.core import env_server  # noqa: PLC0415 -- gradio: see `_openenv`.
 
+  class Action(env_server.Action):
+    text: str
 
-class _Observation(env_server.Observation):
-  text: str = ""
+  class Observation(env_server.Observation):
+    text: str = ""
 
+  class Troubled(env_server.Environment):
+    SUPPORTS_CONCURRENT_SESSIONS = True
 
-class _Troubled(env_server.Environment):
-  """A step "sleep <s>" answers "S:<s>;" after s seconds; "boom" raises on the server."""
+    def reset(self, seed=None, episode_id=None, **kwargs):
+      return Observation(text="")
 
-  SUPPORTS_CONCURRENT_SESSIONS = True
+    def step(self, action, timeout_s=None, **kwargs):
+      if action.text == "boom":
+        raise RuntimeError("the tool exploded")
+      seconds = float(action.text.split()[1])
+      time.sleep(seconds)
+      return Observation(text=f"S:{seconds:g};", reward=0.5)
 
-  def reset(self, seed=None, episode_id=None, **kwargs):
-    return _Observation(text="")
+    @property
+    def state(self):
+      return env_server.State()
 
-  def step(self, action, timeout_s=None, **kwargs):
-    if action.text == "boom":
-      raise RuntimeError("the tool exploded")
-    seconds = float(action.text.split()[1])
-    time.sleep(seconds)
-    return _Observation(text=f"S:{seconds:g};", reward=0.5)
-
-  @property
-  def state(self):
-    return env_server.State()
+  return env_server.create_app(Troubled, Action, Observation, max_concurrent_envs=4)
 
 
 @pytest.fixture(scope="module")
 def troubled():
-  app = env_server.create_app(_Troubled, _Action, _Observation, max_concurrent_envs=4)
+  import uvicorn  # noqa: PLC0415
+
+  app = _troubled_app()
   srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="critical"))
   thread = threading.Thread(target=srv.run, daemon=True)
   thread.start()

@@ -147,3 +147,15 @@ def test_experts_and_windows_count_the_work_a_token_needs_by_hand():
   assert attention == 4.0 * 4 * 16 * (12 + 15)
   per_token = flops.forward_flops_per_token(window, context=10) - 2 * flops.matmul_params(window)
   assert per_token == 4.0 * 4 * 16 * (3 + 10)
+
+
+def test_a_runs_peak_is_measured_once_per_process_and_backend(monkeypatch):
+  """`run_peak` (a run's MFU denominator) runs matmul_peak's GEMMs on a process's first run
+  only; matmul_peak itself measures at every call (the benchmarks time it)."""
+  calls = []
+  monkeypatch.setattr(flops, "matmul_peak", lambda: calls.append(1) or 1e11 * len(calls))
+  monkeypatch.setattr(flops, "_backend_peak", functools.cache(flops._backend_peak.__wrapped__))
+  assert flops.run_peak() == flops.run_peak() == 1e11
+  assert len(calls) == 1
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert flops.run_peak() == 2e11 and len(calls) == 2  # Another backend: measured anew.
