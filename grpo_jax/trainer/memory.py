@@ -294,6 +294,19 @@ def residual_bytes(
   return total
 
 
+def _one_layer_bytes(cfg: model.ModelConfig, *, act) -> int:
+  """The residual bytes of the largest layer: `act(cfg)` (`residual_bytes`) of a 2-layer
+  stack less a 1-layer one, for each kind of layer the model has (its `layer_types`: a
+  sliding and a full layer may keep different residuals), the largest."""
+  kinds = sorted(set(cfg.layer_types)) or [None]
+
+  def stack(n: int, kind: str | None) -> int:
+    types = () if kind is None else (kind,) * n
+    return act(dataclasses.replace(cfg, n_layers=n, layer_types=types))
+
+  return max(stack(2, kind) - stack(1, kind) for kind in kinds)
+
+
 # Primitives that only relabel their operand's elements: XLA makes them bitcasts.
 _RESHAPES = ("reshape", "squeeze", "expand_dims")
 
@@ -359,8 +372,7 @@ def plan(
   act = functools.partial(residual_bytes, rl_cfg=rl_cfg, rows=mb_rows, P=P, T=T)
   no_remat = dataclasses.replace(local, remat="none", scan_layers=False)
   with_remat = dataclasses.replace(local, remat="full", scan_layers=True)
-  stack = lambda n: act(dataclasses.replace(no_remat, n_layers=n), sequence=cp)  # noqa: E731
-  one_layer = stack(2) - stack(1)
+  one_layer = _one_layer_bytes(no_remat, act=functools.partial(act, sequence=cp))
   # With context parallelism each device keeps 1/cp of the residuals of the forward that
   # splits the tokens (its queries' scores over all S keys: S²/cp a head, not the causal
   # blocks' share), `residual_bytes(sequence=)`.

@@ -114,6 +114,29 @@ def test_remat_and_rows_move_activations_as_they_should():
   assert two == pytest.approx(2 * one, rel=0.01)  # Residuals are per row.
 
 
+def test_a_model_with_sliding_and_full_layers_is_planned_by_its_largest_layer():
+  """Gemma's per-layer `layer_types`: the one-layer term (the backward's working set under
+  remat) is the largest kind's 2-layer stack less its 1-layer one. Hand-made residuals:
+  100 bytes of embedding and head, 10 a full layer, 7 a sliding one -> 10; no
+  layer_types, 5 a layer -> 5. The plan itself once refused such a model (its 1- and
+  2-layer stacks kept the model's 2 layer types)."""
+
+  def act(cfg):
+    per = {"full_attention": 10, "sliding_attention": 7}
+    return 100 + (sum(per[t] for t in cfg.layer_types) or 5 * cfg.n_layers)
+
+  gemma = model.tiny_config(
+    32, sliding_window=3, layer_types=("sliding_attention", "full_attention")
+  )
+  assert memory._one_layer_bytes(gemma, act=act) == 10
+  assert memory._one_layer_bytes(model.tiny_config(32), act=act) == 5
+  for remat in ("none", "full"):
+    kw = dict(sliding_window=3, remat=remat, scan_layers=remat == "full")
+    mixed = _plan(layer_types=("sliding_attention", "full_attention"), **kw)
+    kinds = [_plan(layer_types=(t, t), **kw) for t in ("sliding_attention", "full_attention")]
+    assert mixed.backward_working == max(p.backward_working for p in kinds) > 0
+
+
 def test_device_names_and_numbers():
   assert memory.device_bytes("tpu-v5e") == 16 * 2**30
   assert memory.device_bytes("1.5") == 1.5 * 2**30
