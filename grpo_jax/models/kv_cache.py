@@ -1,5 +1,12 @@
 """The sampler's KV cache: per-layer keys and values with each slot's position, repeated
-or shared across a group's rows (`KVCache`), and an empty one (`init_cache`)."""
+or shared across a group's rows (`KVCache`), and an empty one (`init_cache`).
+
+Sliding-window layers keep a ring of min(S, W) slots instead of S (`KVCache.rings`): a
+query at position p sees keys p − W + 1 .. p only, so a ring indexed by position holds all
+it can see, and the cache of a Gemma 3 layout (5 of 6 layers sliding) or a Mistral one
+grows with the window, not the rollout. Written by position, not by column: token at
+position p goes to slot p mod R (`ring_slots`), padding nowhere, so left padding, an
+episode's padded observation block or a row that feeds nothing never costs a ring slot."""
 
 from __future__ import annotations
 
@@ -32,6 +39,13 @@ class KVCache:
   rows, prefix_k / prefix_v / prefix_pos_AS over A = B / G groups, which every row of
   the group attends to before its own slots; its slots count in `length`, but `index`
   and pos_BS are the row's own.
+
+  Rings (`rings[l]`, the sliding layers of an unstacked cache, `init_cache(rings=True)`):
+  layer l's buffers hold R = min(S, window) slots, R the same for every ring layer, whose
+  positions are ring_pos_BR; a token at position p lies in slot p mod R (`ring_slots`).
+  A ring smaller than the window never wraps (its part holds at most R positions); `grow`
+  re-slots it. With a shared prefix, the prefix's ring layers are rings too, their
+  positions prefix_ring_pos_AR.
   """
 
   k: tuple[jax.Array, ...]
@@ -46,16 +60,22 @@ class KVCache:
   prefix_k: tuple[jax.Array, ...] = ()
   prefix_v: tuple[jax.Array, ...] = ()
   prefix_pos_AS: jax.Array | None = None
+  ring_pos_BR: jax.Array | None = None
+  prefix_ring_pos_AR: jax.Array | None = None
+  rings: tuple[bool, ...] = flax.struct.field(pytree_node=False, default=())
+  window: int = flax.struct.field(pytree_node=False, default=0)
 
   def repeat(self, n: int) -> KVCache:
     """Each row repeated n times, consecutively: row b -> rows b*n .. b*n+n-1."""
     if self.prefix_pos_AS is not None:
       raise ValueError("KVCache.repeat: this cache is already shared (`share`).")
     rep = functools.partial(jnp.repeat, repeats=n, axis=1 if self.stacked else 0)
+    ring = self.ring_pos_BR
     return self.replace(
       k=tuple(map(rep, self.k)),
       v=tuple(map(rep, self.v)),
       pos_BS=jnp.repeat(self.pos_BS, n, axis=0),
+      ring_pos_BR=None if ring is None else jnp.repeat(ring, n, axis=0),
     ).constrain()
 
   def share(self, n: int, length: int) -> KVCache:
@@ -77,21 +97,28 @@ class KVCache:
     # activations (a tiny sampler on a CPU: 8.3 MB of temporaries instead of 5.3 MB).
     zero = jnp.minimum(jnp.abs(self.v[-1][(-1,) * self.v[-1].ndim]), 0)
     b = 1 if self.stacked else 0  # The rows' axis.
-    empty = lambda x, slot_axis: jnp.broadcast_to(
+    ring = min(own, self.window)
+    empty = lambda x, slot_axis, slots: jnp.broadcast_to(
       zero,
       tuple(
-        d * n if a == b else own if a == x.ndim + slot_axis else d for a, d in enumerate(x.shape)
+        d * n if a == b else slots if a == x.ndim + slot_axis else d for a, d in enumerate(x.shape)
       ),
     )
+    slots = [ring if r else own for r in (self.rings or (False,) * len(self.k))]
+    rows = self.pos_BS.shape[0] * n
     return KVCache(
-      k=tuple(empty(k, -1) for k in self.k),  # [..., E, S]
-      v=tuple(empty(v, -2) for v in self.v),  # [..., S, E]
-      pos_BS=jnp.full((self.pos_BS.shape[0] * n, own), -1, jnp.int32),
+      k=tuple(empty(k, -1, m) for k, m in zip(self.k, slots)),  # [..., E, S]
+      v=tuple(empty(v, -2, m) for v, m in zip(self.v, slots)),  # [..., S, E]
+      pos_BS=jnp.full((rows, own), -1, jnp.int32),
       index=jnp.zeros((), jnp.int32),
       stacked=self.stacked,
       prefix_k=self.k,
       prefix_v=self.v,
       prefix_pos_AS=self.pos_BS,
+      ring_pos_BR=None if not self.rings else jnp.full((rows, ring), -1, jnp.int32),
+      prefix_ring_pos_AR=self.ring_pos_BR,
+      rings=self.rings,
+      window=self.window,
     ).constrain()
 
   @property
@@ -112,11 +139,64 @@ class KVCache:
     pad = lambda x, axis: jnp.pad(
       x, [(0, extra if a == x.ndim + axis else 0) for a in range(x.ndim)]
     )
-    return self.replace(
+    grown = self.replace(
       k=tuple(pad(k, -1) for k in self.k),  # [..., E, S]
       v=tuple(pad(v, -2) for v in self.v),  # [..., S, E]
       pos_BS=jnp.pad(self.pos_BS, ((0, 0), (0, extra)), constant_values=-1),
-    ).constrain()
+    )
+    if self.rings:
+      grown = self._regrow_rings(grown, own=self.pos_BS.shape[-1] + extra)
+    return grown.constrain()
+
+  def unring(self) -> KVCache:
+    """The same cache with every layer in S column slots (`rings` off): a ring layer's key
+    for column c is its ring's slot pos_c mod R where that slot holds pos_c, else zeros. A
+    position a ring no longer holds is outside every later query's window (it keeps the
+    last R >= min(window, positions) of its row), so the result attends as the ring does.
+    The paged sampler cuts this layout into pages (`paged.pool`)."""
+    if not self.rings:
+      return self
+    if self.prefix_pos_AS is not None:
+      raise ValueError("KVCache.unring: a shared cache (`share`) keeps its rings.")
+    R = self.ring_pos_BR.shape[-1]
+    slot_BS = jnp.where(self.pos_BS >= 0, self.pos_BS % R, 0)
+    held_BS = (self.pos_BS >= 0) & (
+      jnp.take_along_axis(self.ring_pos_BR, slot_BS, 1) == self.pos_BS
+    )
+
+    def columns(buf, axis):  # buf [B, K, E, R] (axis 3) or [B, K, R, E] (axis 2).
+      shape = [buf.shape[0], 1, 1, 1]
+      shape[axis] = slot_BS.shape[1]
+      idx, held = slot_BS.reshape(shape), held_BS.reshape(shape)
+      return jnp.where(held, jnp.take_along_axis(buf, idx, axis=axis), 0).astype(buf.dtype)
+
+    k = tuple(columns(b, 3) if r else b for b, r in zip(self.k, self.rings))
+    v = tuple(columns(b, 2) if r else b for b, r in zip(self.v, self.rings))
+    return self.replace(k=k, v=v, ring_pos_BR=None, rings=(), window=0).constrain()
+
+  def _regrow_rings(self, grown: KVCache, *, own: int) -> KVCache:
+    """`grown` (every buffer padded) with the ring layers' buffers at min(own, window)
+    slots instead: a ring that was smaller than the window (so never wrapped) re-slotted
+    by position into the larger one (slot p mod R changes with R); a full-size ring kept."""
+    old, new = self.ring_pos_BR.shape[-1], min(own, self.window)
+    if new == old:
+      k = tuple(o if r else g for o, g, r in zip(self.k, grown.k, self.rings))
+      v = tuple(o if r else g for o, g, r in zip(self.v, grown.v, self.rings))
+      return grown.replace(k=k, v=v, ring_pos_BR=self.ring_pos_BR)
+    slots_BR = jnp.where(self.ring_pos_BR >= 0, self.ring_pos_BR % new, new)
+    blank = lambda x, axis: jnp.zeros(x.shape[:axis] + (new,) + x.shape[axis + 1 :], x.dtype)
+    k = tuple(
+      write_ring(blank(o, 3), o, slots_BR, slot_axis=-1) if r else g
+      for o, g, r in zip(self.k, grown.k, self.rings)
+    )
+    v = tuple(
+      write_ring(blank(o, 2), o, slots_BR, slot_axis=-2) if r else g
+      for o, g, r in zip(self.v, grown.v, self.rings)
+    )
+    pos = write_ring_pos(
+      jnp.full((slots_BR.shape[0], new), -1, jnp.int32), self.ring_pos_BR, slots_BR
+    )
+    return grown.replace(k=k, v=v, ring_pos_BR=pos)
 
   def constrain(self) -> KVCache:
     """Sharding constraints from the logical names model_config.CACHE_K / model_config.CACHE_V (rows over the
@@ -131,7 +211,36 @@ class KVCache:
       prefix_k=tuple(map(c(model_config.CACHE_K), self.prefix_k)),
       prefix_v=tuple(map(c(model_config.CACHE_V), self.prefix_v)),
       prefix_pos_AS=None if self.prefix_pos_AS is None else pos(self.prefix_pos_AS),
+      ring_pos_BR=None if self.ring_pos_BR is None else pos(self.ring_pos_BR),
+      prefix_ring_pos_AR=None if self.prefix_ring_pos_AR is None else pos(self.prefix_ring_pos_AR),
     )
+
+
+def ring_slots(positions_BT, size: int):
+  """The ring slot of each of a call's tokens, [B, T] int32: p mod size for a token at
+  position p, and `size` (out of range: not written) for padding (p = −1) and for a token
+  that a later one of its row in the same call displaces (p <= its row's last position −
+  size): the kept tokens' slots are distinct."""
+  last_B1 = jnp.max(positions_BT, axis=1, keepdims=True)
+  keep_BT = (positions_BT >= 0) & (positions_BT > last_B1 - size)
+  return jnp.where(keep_BT, positions_BT % size, size).astype(jnp.int32)
+
+
+def write_ring(buf, new, slots_BT, *, slot_axis: int):
+  """buf [B, ..., R, ...] with new [B, ..., T, ...] written at each row's slots (slot_axis:
+  the slots' axis, negative; out-of-range slots dropped): a ring's keys or values."""
+
+  def row(b, n, s):
+    at = (slice(None),) * (b.ndim + slot_axis) + (s,)
+    return b.at[at].set(n.astype(b.dtype), mode="drop")
+
+  return jax.vmap(row)(buf, new, slots_BT)
+
+
+def write_ring_pos(pos_BR, positions_BT, slots_BT):
+  """A ring's slot positions [B, R] with positions_BT written at slots_BT (`write_ring`)."""
+  row = lambda p, n, s: p.at[s].set(n.astype(p.dtype), mode="drop")
+  return jax.vmap(row)(pos_BR, positions_BT, slots_BT)
 
 
 def cache_dtype(cfg: model_config.ModelConfig):
@@ -148,23 +257,42 @@ def cache_dtype(cfg: model_config.ModelConfig):
   return cfg.compute_dtype
 
 
-def init_cache(cfg: model_config.ModelConfig, batch_size: int, max_len: int) -> KVCache:
+def cache_rings(cfg: model_config.ModelConfig) -> tuple[bool, ...]:
+  """Which layers of an unstacked cache keep a window-sized ring: the sliding ones (`rings`
+  in `KVCache`); () when none slides, or with scan_layers (one stacked buffer for all)."""
+  return () if cfg.scan_layers or not any(cfg.sliding_layers) else cfg.sliding_layers
+
+
+def init_cache(
+  cfg: model_config.ModelConfig, batch_size: int, max_len: int, *, rings: bool = True
+) -> KVCache:
   """An empty cache of max_len slots: keys [B, K, E, S], values [B, K, S, E] per layer,
-  in `cache_dtype`."""
-  k_shape = (batch_size, cfg.n_kv_heads, cfg.head_dim, max_len)
-  v_shape = (batch_size, cfg.n_kv_heads, max_len, cfg.head_dim)
+  in `cache_dtype`. With `rings` (and unstacked layers), each sliding-window layer keeps
+  min(S, window) slots (`cache_rings`); rings=False: S slots for every layer (a paged
+  sampler's prompt cache, cut into pages)."""
+  ring = cache_rings(cfg) if rings else ()
+  R = min(max_len, cfg.sliding_window)
+  K, E, B = cfg.n_kv_heads, cfg.head_dim, batch_size
   dtype = cache_dtype(cfg)
   if cfg.scan_layers:
-    zeros = lambda shape: (jnp.zeros((cfg.n_layers, *shape), dtype),)
+    k, v = (
+      (jnp.zeros((cfg.n_layers, *shape), dtype),)
+      for shape in ((B, K, E, max_len), (B, K, max_len, E))
+    )
   else:
-    zeros = lambda shape: tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers))
+    slots = [R if r else max_len for r in (ring or (False,) * cfg.n_layers)]
+    k = tuple(jnp.zeros((B, K, E, s), dtype) for s in slots)
+    v = tuple(jnp.zeros((B, K, s, E), dtype) for s in slots)
   return KVCache(
-    k=zeros(k_shape),
-    v=zeros(v_shape),
+    k=k,
+    v=v,
     pos_BS=jnp.full((batch_size, max_len), -1, jnp.int32),
     index=jnp.zeros((), jnp.int32),
     empty=True,
     stacked=cfg.scan_layers,
+    ring_pos_BR=jnp.full((batch_size, R), -1, jnp.int32) if ring else None,
+    rings=ring,
+    window=cfg.sliding_window if ring else 0,
   ).constrain()
 
 

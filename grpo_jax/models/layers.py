@@ -245,6 +245,10 @@ class Attention(nn.Module):
   them, keys [B, K, E, T] and values [B, K, T, E], for the sampler to commit
   (`PagedKVCache.commit`).
 
+  A window ring (`ring=True`, `KVCache.rings`: index the call's ring slots [B, T]): the
+  call's keys are written at their slots; one token a row then attends over the ring, a
+  block over the ring as it was and its own keys (cache_pos_BS the positions of both).
+
   layer = (window, inv_freq): this layer's window (a scalar, or None: no window term) and
   rotary inverse frequencies (None: `attention.rope_inv_freq(cfg)`), per layer
   (`attention.layer_windows`, `attention.layer_inv_freq`).
@@ -253,7 +257,10 @@ class Attention(nn.Module):
   cfg: model_config.ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD, positions_BT, cache_kv, cache_pos_BS, index, prefix=None, layer=None):
+  def __call__(
+    self, x_BTD, positions_BT, cache_kv, cache_pos_BS, index, prefix=None, layer=None,
+    ring=False,
+  ):  # fmt: skip
     cfg = self.cfg
     window, inv_freq = (None, None) if layer is None else layer
     H, K, E = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -294,7 +301,12 @@ class Attention(nn.Module):
       # Write this call's keys/values into the layer's buffers (in place), then attend
       # over the buffers alone: cache_pos_BS already holds this call's positions.
       write = lambda buf, new, at: jax.lax.dynamic_update_slice(buf, new.astype(buf.dtype), at)
-      if isinstance(index, kv_cache.PageView):  # A paged cache: read, not written.
+      if ring:  # A window ring (`KVCache.rings`): index holds the slots [B, T].
+        new_kv = (
+          kv_cache.write_ring(cache_kv[0], k_BKET, index, slot_axis=-1),
+          kv_cache.write_ring(cache_kv[1], v_BKTE, index, slot_axis=-2),
+        )
+      elif isinstance(index, kv_cache.PageView):  # A paged cache: read, not written.
         new_kv = (k_BKET, v_BKTE)  # [B, K, E, T], [B, K, T, E]: `PagedKVCache.fresh`.
       elif jnp.ndim(index) == 1:  # One slot per row (the refill sampler's rows).
         new_kv = (
@@ -309,7 +321,15 @@ class Attention(nn.Module):
       # Given fewer positions than the buffers hold slots, it attends over those first
       # slots only (`KVCache.visible`: a chunked prefill's call, whose later slots are empty).
       n = 0 if cache_pos_BS is None else cache_pos_BS.shape[1]
-      if isinstance(index, kv_cache.PageView):
+      if ring and T > 1:  # The ring before this call, then the call's own keys.
+        keys = (
+          jnp.concatenate([cache_kv[0], k_BKET.astype(cache_kv[0].dtype)], axis=-1),
+          jnp.concatenate([cache_kv[1], v_BKTE.astype(cache_kv[1].dtype)], axis=2),
+          cache_pos_BS,
+        )
+      elif ring:
+        keys = (*new_kv, cache_pos_BS)
+      elif isinstance(index, kv_cache.PageView):
         keys = None
       elif n < new_kv[0].shape[-1]:  # Only then: the decode loop's HLO stays as it was.
         keys = (new_kv[0][..., :n], new_kv[1][:, :, :n], cache_pos_BS)
@@ -478,8 +498,9 @@ class Block(nn.Module):
 
   @nn.compact
   def __call__(
-    self, x_BTD, positions_BT, cache_kv, cache_pos_BS, index, prefix_kv, prefix_pos, layer
-  ):
+    self, x_BTD, positions_BT, cache_kv, cache_pos_BS, index, prefix_kv, prefix_pos, layer,
+    ring=False,
+  ):  # fmt: skip
     cfg = self.cfg
     norm = _norm(cfg)
     post = (lambda name, y: norm(name=name)(y)) if cfg.post_norms else (lambda name, y: y)
@@ -488,7 +509,7 @@ class Block(nn.Module):
     window, inv_freq, routes_BTK = (None, None, None) if layer is None else layer
     attn_BTD, kv_new = attn(
       norm(name="attn_norm")(x_BTD),
-      positions_BT, cache_kv, cache_pos_BS, index, prefix, (window, inv_freq),
+      positions_BT, cache_kv, cache_pos_BS, index, prefix, (window, inv_freq), ring=ring,
     )  # fmt: skip
     x_BTD = x_BTD + post("attn_post_norm", attn_BTD)
     if cfg.n_experts:
@@ -568,12 +589,16 @@ class Decoder(nn.Module):
 
   @nn.compact
   def __call__(
-    self, tokens_BT, positions_BT, cache_kv, cache_pos_BS, index, prefix=None, routes=None
-  ):
+    self, tokens_BT, positions_BT, cache_kv, cache_pos_BS, index, prefix=None, routes=None,
+    ring=None,
+  ):  # fmt: skip
     """cache_kv None: returns this call's k/v [L,B,T,K,E]; else the updated buffers.
     prefix: (k, v) buffers per layer (stacked [L, ...] with scan_layers) and positions of
     a prefix shared by groups of rows (`KVCache.share`), or None. routes: replayed experts
-    [L, B, T, k] of a mixture of experts (`MoeMlp`), or None."""
+    [L, B, T, k] of a mixture of experts (`MoeMlp`), or None. ring: the cache's
+    window-sized rings (`KVCache.rings`), (which layers, this call's ring slots [B, T],
+    the positions the ring layers attend over, the prefix's ring positions or None), or
+    None: a ring layer writes at those slots and attends over those positions."""
     prefix_kv, prefix_pos = (None, None) if prefix is None else prefix
     cfg = self.cfg
     embed = _Embed(
@@ -598,6 +623,8 @@ class Decoder(nn.Module):
         block, prevent_cse=not cfg.scan_layers, policy=model_config.REMAT_POLICIES[cfg.remat]
       )
     if cfg.scan_layers:
+      if ring is not None:
+        raise ValueError("A cache with window rings is unstacked (`kv_cache.cache_rings`).")
       stack = nn.scan(
         block,
         variable_axes={"params": 0, "lora": 0, "intermediates": 0, "routes": 0},
@@ -616,8 +643,11 @@ class Decoder(nn.Module):
         layer_kv = None if cache_kv is None else (cache_kv[0][i], cache_kv[1][i])
         layer_prefix = None if prefix_kv is None else (prefix_kv[0][i], prefix_kv[1][i])
         layer = tuple(None if a is None else a[i] for a in (windows_L, inv_freq_LH, routes))
+        at = (cache_pos_BS, index, prefix_pos, False)
+        if ring is not None and ring[0][i]:  # A window ring: its slots and positions.
+          at = (ring[2], ring[1], ring[3], True)
         x_BTD, kv = block(cfg, name=f"layer_{i}")(
-          x_BTD, positions_BT, layer_kv, cache_pos_BS, index, layer_prefix, prefix_pos, layer
+          x_BTD, positions_BT, layer_kv, at[0], at[1], layer_prefix, at[2], layer, at[3]
         )
         new.append(kv)
       # Fresh k/v are stacked [L, ...]; updated per-layer buffers stay separate.

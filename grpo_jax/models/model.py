@@ -49,6 +49,7 @@ tiny_config = model_config.tiny_config
 KVCache = kv_cache.KVCache
 PagedKVCache = kv_cache.PagedKVCache
 init_cache = kv_cache.init_cache
+cache_rings = kv_cache.cache_rings
 cache_dtype = kv_cache.cache_dtype
 init_boxed = layers.init_boxed
 logical_axes = layers.logical_axes
@@ -169,6 +170,7 @@ def _apply(params, tokens_BT, positions_BT, cache, *, cfg, logits_slice, hidden_
   if isinstance(cache, kv_cache.PagedKVCache):
     return _apply_paged(decoder, variables, tokens_BT, positions_BT, cache)
   i = cache.index
+  ring, ring_pos_BR = _ring_call(cache, positions_BT)
   if jnp.ndim(i) == 1:  # A write slot per row (decode only).
     pos_BS = jax.vmap(lambda p, n, j: jax.lax.dynamic_update_slice(p, n, (j,)))(
       cache.pos_BS, positions_BT.astype(jnp.int32), i
@@ -178,15 +180,19 @@ def _apply(params, tokens_BT, positions_BT, cache, *, cfg, logits_slice, hidden_
   if cache.empty:  # Prefill: attend within the call, then write its k/v [L,B,T,K,E] once.
     logits_BTV, (k_LBTKE, v_LBTKE) = decoder(variables, tokens_BT, positions_BT, None, None, None)
 
-    def write(bufs, new_L, at):
+    def write(bufs, new_L, at, slot_axis):
       if cache.stacked:
         return (jax.lax.dynamic_update_slice(bufs[0], new_L.astype(bufs[0].dtype), (0, *at)),)
+      rings = cache.rings or (False,) * len(bufs)
       return tuple(
-        jax.lax.dynamic_update_slice(b, n.astype(b.dtype), at) for b, n in zip(bufs, new_L)
+        kv_cache.write_ring(b, n, ring[1], slot_axis=slot_axis)
+        if r
+        else jax.lax.dynamic_update_slice(b, n.astype(b.dtype), at)
+        for b, n, r in zip(bufs, new_L, rings)
       )
 
-    k = write(cache.k, jnp.transpose(k_LBTKE, (0, 1, 3, 4, 2)), (0, 0, 0, i))
-    v = write(cache.v, jnp.swapaxes(v_LBTKE, 2, 3), (0, 0, i, 0))
+    k = write(cache.k, jnp.transpose(k_LBTKE, (0, 1, 3, 4, 2)), (0, 0, 0, i), -1)
+    v = write(cache.v, jnp.swapaxes(v_LBTKE, 2, 3), (0, 0, i, 0), -2)
   else:  # Decode: every layer writes into its own buffer in place, then attends over it.
     kv = (cache.k[0], cache.v[0]) if cache.stacked else (cache.k, cache.v)
     prefix = None
@@ -194,10 +200,31 @@ def _apply(params, tokens_BT, positions_BT, cache, *, cfg, logits_slice, hidden_
       pkv = (cache.prefix_k, cache.prefix_v)
       prefix = (tuple(x[0] for x in pkv) if cache.stacked else pkv, cache.prefix_pos_AS)
     seen_BS = pos_BS[:, : cache.visible] if cache.visible else pos_BS  # `KVCache.visible`.
-    logits_BTV, (k, v) = decoder(variables, tokens_BT, positions_BT, kv, seen_BS, i, prefix)
+    logits_BTV, (k, v) = decoder(
+      variables, tokens_BT, positions_BT, kv, seen_BS, i, prefix, ring=ring
+    )
     k, v = ((k,), (v,)) if cache.stacked else (tuple(k), tuple(v))
-  cache = cache.replace(k=k, v=v, pos_BS=pos_BS, index=i + tokens_BT.shape[1], empty=False)
+  cache = cache.replace(
+    k=k, v=v, pos_BS=pos_BS, index=i + tokens_BT.shape[1], empty=False, ring_pos_BR=ring_pos_BR
+  )
   return logits_BTV, cache
+
+
+def _ring_call(cache: kv_cache.KVCache, positions_BT):
+  """(what `layers.Decoder` takes as `ring`, the ring positions after the call) for a
+  cache with window rings (`KVCache.rings`), else (None, None). Rings are written by
+  position (`kv_cache.ring_slots`). One token a row attends over its ring once written; a
+  block over the ring before it and its own keys (it may displace keys that its first
+  tokens still see)."""
+  if not cache.rings:
+    return None, cache.ring_pos_BR
+  positions_BT = positions_BT.astype(jnp.int32)
+  slots_BT = kv_cache.ring_slots(positions_BT, cache.ring_pos_BR.shape[1])
+  ring_pos_BR = kv_cache.write_ring_pos(cache.ring_pos_BR, positions_BT, slots_BT)
+  seen = ring_pos_BR
+  if positions_BT.shape[1] > 1:
+    seen = jnp.concatenate([cache.ring_pos_BR, positions_BT], axis=1)
+  return (cache.rings, slots_BT, seen, cache.prefix_ring_pos_AR), ring_pos_BR
 
 
 def _apply_paged(decoder, variables, tokens_BT, positions_BT, cache: kv_cache.PagedKVCache):

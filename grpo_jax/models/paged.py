@@ -139,6 +139,7 @@ def pool(dense: kv_cache.KVCache, *, rows: int, owner_N, cfg: sampling.SamplerCo
   (`completion_pages` for `rows`) and the null page. Row n's table starts with prompt
   owner_N[n]'s pages."""
   Z, T = cfg.page_size, cfg.max_new_tokens
+  dense = dense.unring()  # Every layer's S slots (`KVCache.rings`); pages are columns.
   owners, S = dense.pos_BS.shape
   n_prompt = S // Z
   F = completion_pages(cfg, rows)
@@ -468,7 +469,7 @@ def make_policy_sampler(model_cfg: model.ModelConfig, cfg: sampling.SamplerConfi
   fn = functools.partial(
     sample,
     model_fn=model.make_model_fn(mcfg),
-    init_cache=functools.partial(model.init_cache, mcfg),
+    init_cache=functools.partial(model.init_cache, mcfg, rings=False),
     cfg=cfg,
   )
   return jax.jit(sampling.viewed(fn, view))

@@ -73,10 +73,15 @@ def _load(cache, prefix, slot_R, b_R, *, P: int):
   of R rows: the copy costs what the refilled rows hold, not the whole cache."""
   w = P - 1
 
-  def put(buf, pre, axis):
+  def put(buf, pre, axis):  # The prefix's slots are the first of the slot's (a ring's too).
     head = jnp.take(pre, b_R, axis=0)
-    cols = (slice(None),) * (axis - 1) + (slice(0, w),)
+    cols = (slice(None),) * (axis - 1) + (slice(0, pre.shape[axis]),)
     return buf.at[(slot_R, *cols)].set(head.astype(buf.dtype), mode="drop")
+
+  def fresh(pos, pre):  # The prefix's positions, then empty slots.
+    head = jnp.take(pre, b_R, axis=0)
+    rest = jnp.full((slot_R.shape[0], pos.shape[1] - pre.shape[1]), -1, jnp.int32)
+    return pos.at[slot_R].set(jnp.concatenate([head, rest], axis=1), mode="drop")
 
   if cache.stacked:
     k = (jax.vmap(lambda b, p: put(b, p, 3))(cache.k[0], prefix.k[0]),)
@@ -84,13 +89,14 @@ def _load(cache, prefix, slot_R, b_R, *, P: int):
   else:
     k = tuple(put(b, p, 3) for b, p in zip(cache.k, prefix.k, strict=True))
     v = tuple(put(b, p, 2) for b, p in zip(cache.v, prefix.v, strict=True))
-  R, L = slot_R.shape[0], cache.pos_BS.shape[1]
-  fresh = jnp.concatenate(
-    [jnp.take(prefix.pos_BS, b_R, axis=0), jnp.full((R, L - w), -1, jnp.int32)], axis=1
-  )
-  pos = cache.pos_BS.at[slot_R].set(fresh, mode="drop")
+  # A window ring (`KVCache.rings`) holds position p at slot p mod R: the prompt's ring
+  # (min(w, window) slots) and the slot's (min(w + T, window)) agree on the prompt's
+  # positions, being equal or the prompt's holding every position it has.
+  ring = None if cache.ring_pos_BR is None else fresh(cache.ring_pos_BR, prefix.ring_pos_BR)
   index = cache.index.at[slot_R].set(w, mode="drop")
-  return cache.replace(k=k, v=v, pos_BS=pos, index=index)
+  return cache.replace(
+    k=k, v=v, pos_BS=fresh(cache.pos_BS, prefix.pos_BS), index=index, ring_pos_BR=ring
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +133,10 @@ def _dense_slots(params, tokens_BP, positions_BP, req_S, *, G, init_cache, model
       k, v = (cache.k[0][:, idx_R],), (cache.v[0][:, idx_R],)
     else:
       k, v = tuple(b[idx_R] for b in cache.k), tuple(b[idx_R] for b in cache.v)
-    return cache.replace(k=k, v=v, pos_BS=cache.pos_BS[idx_R], index=cache.index[idx_R])
+    ring = None if cache.ring_pos_BR is None else cache.ring_pos_BR[idx_R]
+    return cache.replace(
+      k=k, v=v, pos_BS=cache.pos_BS[idx_R], index=cache.index[idx_R], ring_pos_BR=ring
+    )
 
   slots = _Slots(
     load=functools.partial(_load, prefix=prefix, P=P),

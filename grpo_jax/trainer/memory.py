@@ -33,7 +33,11 @@ Figures are bytes per device, for the mesh of `setup.mesh_cfg` on `n_devices` de
   tensor, P - 1 + T slots, head_dim] (+ int32 positions [rows, slots]); with a shared
   prompt cache (`sampler.shared_prefix`, G > 1; `model.KVCache.share`), [rows, ..., T]
   each row's own slots and [prompts, ..., P - 1] the prompts' slots, held once per group
-  (XLA's figure for the anchor sampler: 369.4 MB against 488.6 MB with copies).
+  (XLA's figure for the anchor sampler: 369.4 MB against 488.6 MB with copies). A
+  sliding-window layer of an unrolled cache holds min(slots, window) of each
+  (`model.KVCache.rings`), with its own int32 positions (a Gemma-3-shaped tiny sampler,
+  2,048 new tokens: 13.37 MB planned against XLA's 13.35 MB,
+  `experiments/window_rings.py`).
   - decode, unrolled layers: the loop-carried cache; with one kv head per device XLA
     writes each step's k/v twice (into the carried buffer and into a copy the attention
     reads with the unit head dimension bitcast away) and copies the buffers for that:
@@ -497,13 +501,15 @@ def _sampler_bytes(
   shared=False,
   pages=None,
   row_devices=None,
+  rings=True,
 ) -> int:
   """Temporary memory of the compiled sampler (`sampling.sample`) on one device: the
   largest of its three phases (module docstring, "sampler"). `rows` rollout rows and
   `prompt_rows` prompts on a device; P prompt slots, T new tokens; `shared`: the rows
   share their prompt's P - 1 slots (`model.KVCache.share`) and own T slots each.
   pages: (pool pages, page size Z) of a paged cache (`paged`), or None: dense.
-  row_devices: the devices the rows are split over (None: data × fsdp)."""
+  row_devices: the devices the rows are split over (None: data × fsdp). rings: whether
+  the cache keeps its sliding layers in window rings (`model.init_cache`)."""
   if pages is not None:
     return _paged_sampler_bytes(cfg, boxed, rules=rules, sizes=sizes, rows=rows,
                                 prompt_rows=prompt_rows, P=P, T=T, pages=pages)  # fmt: skip
@@ -526,7 +532,16 @@ def _sampler_bytes(
   prefix_buf = prompt_rows * kv_heads * (P - 1) * E * item if shared else 0
   # The cache's int32 positions [rows, S] (and the prefix's [prompts, P - 1]).
   pos = rows * S * 4 + (prompt_rows * (P - 1) * 4 if shared else 0)
-  cache = 2 * L * (buf + prefix_buf) + pos
+  # Sliding-window layers of an unstacked cache keep min(slots, window) (`KVCache.rings`),
+  # own and prefix slots alike, with int32 positions of their own.
+  rings = sum(model.cache_rings(cfg)) if rings else 0
+  W = cfg.sliding_window
+  ring_buf = buf * min(S, W) // S if rings else 0
+  ring_prefix = prefix_buf * min(P - 1, W) // (P - 1) if rings and shared else 0
+  if rings:
+    pos += rows * min(S, W) * 4 + (prompt_rows * min(P - 1, W) * 4 if shared else 0)
+  layer_bufs = (L - rings) * buf + rings * ring_buf  # Every layer's own keys (or values).
+  cache = 2 * (layer_bufs + (L - rings) * prefix_buf + rings * ring_prefix) + pos
   # The prompt batch's keys (or values) of every layer [L, B, P - 1, K, E], from the
   # prefill forward, before they are transposed and written into the cache.
   prompt_kv = L * prompt_rows * (P - 1) * kv_heads * E * item
@@ -574,7 +589,7 @@ def _sampler_bytes(
     # The own slots' p·V (`attention.attend_shared`).
     global_rows = rows * (row_devices or sizes["data"] * fsdp)
     copied = 1 if attention._pv_by_reduce(global_rows, cfg.n_kv_heads, R, S, E) else 2
-    decode = cache + (1.5 * copied * L * buf if unit_heads else 0) + hoisted + step_sampling
+    decode = cache + (1.5 * copied * layer_bufs if unit_heads else 0) + hoisted + step_sampling
     prefill_weights = w_model if fsdp > 1 else 0  # Gathered all at once, as in training.
   prefill = hoisted + prefill_weights + prefill_layer + 2 * prompt_kv
   # The prefill's end: the rollout cache written (prompt rows repeated G times) while

@@ -239,6 +239,13 @@ def _sampler_model(setup: build.Setup, model_fn, layout: sharding.Layout):
   return mcfg, model_fn, view
 
 
+def _init_cache(setup: build.Setup, mcfg: model.ModelConfig):
+  """The samplers' `init_cache(batch, length)`: sliding-window layers in window-sized rings
+  (`kv_cache.init_cache`) with the dense layout; the paged one cuts its prompt cache into
+  pages, every layer's S slots."""
+  return functools.partial(model.init_cache, mcfg, rings=setup.sampler_cfg.kv_layout == "dense")
+
+
 # The static sampler of each sampler.kv_layout (`sampling.KV_LAYOUTS`).
 _STATIC_SAMPLERS = {"dense": sampling.sample, "paged": paged.sample}
 
@@ -261,7 +268,7 @@ def _sampler(
   scfg = setup.sampler_cfg
   kw = dict(
     model_fn=model_fn,
-    init_cache=functools.partial(model.init_cache, mcfg),
+    init_cache=_init_cache(setup, mcfg),
     cfg=dataclasses.replace(scfg, group_size=group, record_routes=scfg.record_routes and train),
   )
   fn = (
@@ -289,7 +296,7 @@ def _counterfactual_functions(setup: build.Setup, sh: _Shardings, model_fn):
   generate = functools.partial(
     counterfactuals.generate,
     model_fn=model_fn,
-    init_cache=functools.partial(model.init_cache, mcfg),
+    init_cache=_init_cache(setup, mcfg),
     sampler_cfg=scfg,
     cfg=cf,
   )
@@ -427,7 +434,7 @@ def _offpolicy_functions(setup: build.Setup, sh: _Shardings, model_fn):
   cont = functools.partial(
     partial.continue_rows,
     model_fn=model_fn,
-    init_cache=functools.partial(model.init_cache, mcfg),
+    init_cache=_init_cache(setup, mcfg),
     cfg=scfg,
   )
   cont = sampling.viewed(cont, view)
@@ -463,7 +470,7 @@ def _episode_runners(setup: build.Setup, model_fn, layout: sharding.Layout):
     episodes.Runner,
     model_fn=model_fn,
     view=view,
-    init_cache=functools.partial(model.init_cache, mcfg),
+    init_cache=_init_cache(setup, mcfg),
     cfg=cfg,
     tokenizer=tok,
     make_env=functools.partial(env_cls, tokenizer=tok, **cfg.kwargs),
