@@ -177,9 +177,10 @@ def run(*, B: int, G: int, P: int, T: int, short: tuple[int, int], page_size: in
   }  # fmt: skip
 
 
-def tpu_rows() -> dict:
-  """XLA's TPU memory figures (`memory_analysis`) of the dense and paged samplers of
-  TPU_CLAIM's shape, compiled for one v5e chip of an abstract topology (`infra.tpu`)."""
+def tpu_chip_inputs(source: str, *, B: int, P: int):
+  """(config, params, (prompts, key, hyper)) of a built-in model shape in bfloat16 with
+  unrolled layers, as abstract arrays on one v5e chip of an abstract topology
+  (`infra.tpu`): what a sampler is compiled for, nothing allocated."""
   from grpo_jax.infra import tpu  # noqa: PLC0415 -- libtpu's topology, only for --tpu.
   from grpo_jax.models import shapes  # noqa: PLC0415
 
@@ -187,13 +188,30 @@ def tpu_rows() -> dict:
   mesh = jax.sharding.Mesh(np.array([device]), ("data",))
   one = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one)  # noqa: E731
-  cfg = shapes.model_config("qwen2.5-1.5b", param_dtype="bfloat16", scan_layers=False)
+  cfg = shapes.model_config(source, param_dtype="bfloat16", scan_layers=False)
   cfg = dataclasses.replace(cfg, dtype="bfloat16")
   params = jax.tree.map(spec, jax.eval_shape(functools.partial(model.init, cfg), jax.random.key(0)))
-  B, G, P, T = 4, 4, 256, 8192
   prompts = sampling.Prompts(jnp.zeros((B, P), jnp.int32), jnp.ones((B, P), jnp.bool_))
   hyper = sampling.sampling_params(temperature=1.0)
-  args = jax.tree.map(spec, (prompts, jax.random.key(0), hyper))
+  return cfg, params, jax.tree.map(spec, (prompts, jax.random.key(0), hyper))
+
+
+def tpu_temp(fn, params, args) -> dict:
+  """XLA's temporary bytes of fn compiled for the chip `tpu_chip_inputs` placed its
+  arguments on, and the seconds the compile took."""
+  t0 = time.perf_counter()
+  m = jax.jit(fn).lower(params, *args).compile().memory_analysis()
+  return {
+    "xla_temp_bytes": int(m.temp_size_in_bytes),
+    "compile_s": round(time.perf_counter() - t0, 1),
+  }
+
+
+def tpu_rows() -> dict:
+  """XLA's TPU memory figures (`memory_analysis`) of the dense and paged samplers of
+  TPU_CLAIM's shape, compiled for one v5e chip of an abstract topology (`infra.tpu`)."""
+  B, G, P, T = 4, 4, 256, 8192
+  cfg, params, args = tpu_chip_inputs("qwen2.5-1.5b", B=B, P=P)
   dense = sampling.SamplerConfig(
     max_new_tokens=T, eos_ids=(EOS,), pad_id=0, group_size=G, prompt_buckets=(P,),
     max_prompt_len=P,
@@ -215,10 +233,7 @@ def tpu_rows() -> dict:
       for Z in (64, 128)
     ),
   ):
-    t0 = time.perf_counter()
-    m = jax.jit(fn).lower(params, *args).compile().memory_analysis()
-    out[name] = {"xla_temp_bytes": int(m.temp_size_in_bytes),
-                 "compile_s": round(time.perf_counter() - t0, 1)}  # fmt: skip
+    out[name] = tpu_temp(fn, params, args)
   out["temp_ratio"] = round(out["paged_128"]["xla_temp_bytes"] / out["dense"]["xla_temp_bytes"], 3)
   return out
 

@@ -29,11 +29,9 @@ experiments/results/long_rollouts/window_rings.json; with --tpu, the Gemma 3 1B 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import json
 import pathlib
-import time
 
 import jax
 import jax.numpy as jnp
@@ -155,20 +153,9 @@ def verdict(record: dict) -> str:
 
 def tpu_rows() -> dict:
   """XLA's TPU memory figures (`memory_analysis`) of both arms at TPU_CLAIM's shape,
-  compiled for one v5e chip of an abstract topology (`infra.tpu`)."""
-  from grpo_jax.infra import tpu  # noqa: PLC0415 -- libtpu's topology, only for --tpu.
-  from grpo_jax.models import shapes  # noqa: PLC0415
-
-  device = tpu.load_topology("v5e:2x2")[0]
-  mesh = jax.sharding.Mesh(np.array([device]), ("data",))
-  one = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one)  # noqa: E731
-  cfg = shapes.model_config("gemma-3-1b", param_dtype="bfloat16", scan_layers=False)
-  cfg = dataclasses.replace(cfg, dtype="bfloat16")
-  params = jax.tree.map(spec, jax.eval_shape(functools.partial(model.init, cfg), jax.random.key(0)))
+  compiled for one v5e chip of an abstract topology (`paged_sampler.tpu_chip_inputs`)."""
   B, G, P, T = 4, 4, 256, 8192
-  prompts = sampling.Prompts(jnp.zeros((B, P), jnp.int32), jnp.ones((B, P), jnp.bool_))
-  args = jax.tree.map(spec, (prompts, jax.random.key(0), sampling.sampling_params(temperature=1.0)))
+  cfg, params, args = paged_sampler.tpu_chip_inputs("gemma-3-1b", B=B, P=P)
   scfg = sampling.SamplerConfig(
     max_new_tokens=T, eos_ids=(EOS,), pad_id=0, group_size=G, prompt_buckets=(P,),
     max_prompt_len=P,
@@ -178,10 +165,7 @@ def tpu_rows() -> dict:
                    "window": cfg.sliding_window, "sliding_layers": sum(cfg.sliding_layers),
                    "layers": cfg.n_layers}}  # fmt: skip
   for name, fn in _arms(cfg, scfg, model_fn=model.make_model_fn(cfg)).items():
-    t0 = time.perf_counter()
-    m = jax.jit(fn).lower(params, *args).compile().memory_analysis()
-    out[name] = {"xla_temp_bytes": int(m.temp_size_in_bytes),
-                 "compile_s": round(time.perf_counter() - t0, 1)}  # fmt: skip
+    out[name] = paged_sampler.tpu_temp(fn, params, args)
   out["temp_ratio"] = round(out["rings"]["xla_temp_bytes"] / out["full"]["xla_temp_bytes"], 3)
   return out
 
