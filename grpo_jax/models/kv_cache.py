@@ -237,6 +237,49 @@ def write_ring(buf, new, slots_BT, *, slot_axis: int):
   return jax.vmap(row)(buf, new, slots_BT)
 
 
+def write_and_read(cache_kv, k_BKET, v_BKTE, cache_pos_BS, index, *, ring: bool = False):
+  """(the layer's buffers after a call with a cache, (keys, values, positions) it attends
+  over) for this call's keys [B, K, E, T] and values [B, K, T, E] (`layers.Attention`).
+
+  - A window ring (`KVCache.rings`; index: the call's ring slots [B, T], `ring_slots`):
+    written at those slots; one token a row attends over the ring once written, a block
+    over the ring as it was and its own keys (cache_pos_BS the positions of both).
+  - A paged cache (index a `PageView`): nothing written, the call's keys and values come
+    back as they are (`PagedKVCache.fresh`), and keys None (`attention.attend_paged`).
+  - Else written in place at column `index` (a scalar, or [B]: one per row, the refill
+    sampler's), then the buffers' first cache_pos_BS.shape[1] slots are attended over
+    (fewer than the buffers hold: `KVCache.visible`, a chunked prefill's call)."""
+  if ring:
+    new_kv = (
+      write_ring(cache_kv[0], k_BKET, index, slot_axis=-1),
+      write_ring(cache_kv[1], v_BKTE, index, slot_axis=-2),
+    )
+    if k_BKET.shape[-1] == 1:
+      return new_kv, (*new_kv, cache_pos_BS)
+    before = (
+      jnp.concatenate([cache_kv[0], k_BKET.astype(cache_kv[0].dtype)], axis=-1),
+      jnp.concatenate([cache_kv[1], v_BKTE.astype(cache_kv[1].dtype)], axis=2),
+    )
+    return new_kv, (*before, cache_pos_BS)
+  if isinstance(index, PageView):
+    return (k_BKET, v_BKTE), None
+  write = lambda buf, new, at: jax.lax.dynamic_update_slice(buf, new.astype(buf.dtype), at)
+  if jnp.ndim(index) == 1:
+    new_kv = (
+      jax.vmap(lambda b, n, i: write(b, n, (0, 0, i)))(cache_kv[0], k_BKET, index),
+      jax.vmap(lambda b, n, i: write(b, n, (0, i, 0)))(cache_kv[1], v_BKTE, index),
+    )
+  else:
+    new_kv = (
+      write(cache_kv[0], k_BKET, (0, 0, 0, index)),
+      write(cache_kv[1], v_BKTE, (0, 0, index, 0)),
+    )
+  n = 0 if cache_pos_BS is None else cache_pos_BS.shape[1]
+  if n < new_kv[0].shape[-1]:  # Only then: the decode loop's HLO stays as it was.
+    return new_kv, (new_kv[0][..., :n], new_kv[1][:, :, :n], cache_pos_BS)
+  return new_kv, (*new_kv, cache_pos_BS)
+
+
 def write_ring_pos(pos_BR, positions_BT, slots_BT):
   """A ring's slot positions [B, R] with positions_BT written at slots_BT (`write_ring`)."""
   row = lambda p, n, s: p.at[s].set(n.astype(p.dtype), mode="drop")

@@ -298,43 +298,9 @@ class Attention(nn.Module):
       if length_shards() > 1 and T % length_shards() == 0:  # Context parallelism.
         q_BKQE, q_pos_BQ, keys = _split_queries_whole_keys(q_BKQE, q_pos_BQ, keys)
     else:
-      # Write this call's keys/values into the layer's buffers (in place), then attend
-      # over the buffers alone: cache_pos_BS already holds this call's positions.
-      write = lambda buf, new, at: jax.lax.dynamic_update_slice(buf, new.astype(buf.dtype), at)
-      if ring:  # A window ring (`KVCache.rings`): index holds the slots [B, T].
-        new_kv = (
-          kv_cache.write_ring(cache_kv[0], k_BKET, index, slot_axis=-1),
-          kv_cache.write_ring(cache_kv[1], v_BKTE, index, slot_axis=-2),
-        )
-      elif isinstance(index, kv_cache.PageView):  # A paged cache: read, not written.
-        new_kv = (k_BKET, v_BKTE)  # [B, K, E, T], [B, K, T, E]: `PagedKVCache.fresh`.
-      elif jnp.ndim(index) == 1:  # One slot per row (the refill sampler's rows).
-        new_kv = (
-          jax.vmap(lambda b, n, i: write(b, n, (0, 0, i)))(cache_kv[0], k_BKET, index),
-          jax.vmap(lambda b, n, i: write(b, n, (0, i, 0)))(cache_kv[1], v_BKTE, index),
-        )
-      else:
-        new_kv = (
-          write(cache_kv[0], k_BKET, (0, 0, 0, index)),
-          write(cache_kv[1], v_BKTE, (0, 0, index, 0)),
-        )
-      # Given fewer positions than the buffers hold slots, it attends over those first
-      # slots only (`KVCache.visible`: a chunked prefill's call, whose later slots are empty).
-      n = 0 if cache_pos_BS is None else cache_pos_BS.shape[1]
-      if ring and T > 1:  # The ring before this call, then the call's own keys.
-        keys = (
-          jnp.concatenate([cache_kv[0], k_BKET.astype(cache_kv[0].dtype)], axis=-1),
-          jnp.concatenate([cache_kv[1], v_BKTE.astype(cache_kv[1].dtype)], axis=2),
-          cache_pos_BS,
-        )
-      elif ring:
-        keys = (*new_kv, cache_pos_BS)
-      elif isinstance(index, kv_cache.PageView):
-        keys = None
-      elif n < new_kv[0].shape[-1]:  # Only then: the decode loop's HLO stays as it was.
-        keys = (new_kv[0][..., :n], new_kv[1][:, :, :n], cache_pos_BS)
-      else:
-        keys = (*new_kv, cache_pos_BS)
+      new_kv, keys = kv_cache.write_and_read(
+        cache_kv, k_BKET, v_BKTE, cache_pos_BS, index, ring=ring
+      )
     # A Pallas kernel (`kernels`); init's dummy forward runs XLA (the params are the same).
     mask = dict(dtype=cfg.compute_dtype, window=window, softcap=cfg.attn_softcap)
     if cache_kv is None and cfg.attention_impl != "xla" and not self.is_initializing():
