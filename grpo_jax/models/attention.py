@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax.models import model_config
+from grpo_jax.models import kernels, model_config
 
 Params = Any
 
@@ -97,7 +97,7 @@ def _pv_by_reduce(B, K, Q, S, E) -> bool:
   compute the same sum in float32; GPUs and TPUs always take the matmul.
   """
   return (
-    jax.default_backend() == "cpu"
+    kernels.target_platform() == "cpu"
     and Q <= _PV_REDUCE_MAX_Q
     and B * K * Q * S * E <= _PV_REDUCE_MAX_ELEMENTS
   )

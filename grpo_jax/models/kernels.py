@@ -118,6 +118,18 @@ def causal(
   )(*args)
 
 
+def target_platform() -> str:
+  """The platform the program being traced is for: the context mesh's devices' (the
+  trainer's programs, and an ahead-of-time compile for a TPU topology on a CPU host, are
+  traced under one, `sharding.Layout.context`), else this host's default backend. What a
+  trace decides by platform (the sampler's decode segments, a bfloat16 model's cache
+  dtype, decode attention's p·V form) follows the target, so a TPU program compiled on a
+  CPU host is the one a TPU host would build."""
+  mesh = jax.sharding.get_abstract_mesh()
+  device = None if mesh.empty else mesh.abstract_device
+  return jax.default_backend() if device is None else device.platform
+
+
 def check_platform(mesh, *, interpret: bool, setting: str = "attention_impl", impl: str = "splash"):
   """ValueError when a Pallas TPU kernel (model.<setting>=<impl>; `moe` uses it for
   megablox) is in a program for another platform than TPU, as far as tracing can

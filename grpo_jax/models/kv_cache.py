@@ -18,7 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from grpo_jax.models import model_config
+from grpo_jax.models import kernels, model_config
 
 Params = Any
 
@@ -292,10 +292,10 @@ def cache_dtype(cfg: model_config.ModelConfig):
   runs a bfloat16 batched matmul on float32 copies of its operands, so a bfloat16 cache
   was converted at every decode step: the anchor model's sampler (8 layers, 128 rows,
   64 + 128 tokens; one sitting on a 2-core Intel Xeon with AMX) took 14.0 s a call in
-  bfloat16 against 10.5 s in float32, and 7.4 s with the float32 cache. Decided by this
-  host's backend, as `_pv_by_reduce` is (the memory plan, made for an accelerator, does
-  not count it)."""
-  if cfg.compute_dtype == jnp.bfloat16 and jax.default_backend() == "cpu":
+  bfloat16 against 10.5 s in float32, and 7.4 s with the float32 cache. Decided by the
+  traced program's platform (`kernels.target_platform`), as `_pv_by_reduce` is (the
+  memory plan, made for an accelerator, does not count it)."""
+  if cfg.compute_dtype == jnp.bfloat16 and kernels.target_platform() == "cpu":
     return jnp.float32
   return cfg.compute_dtype
 

@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from grpo_jax.models import kernels
 from grpo_jax.models import model as model_lib
 
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -419,7 +420,7 @@ def segment_count(cfg: SamplerConfig) -> int:
   T = cfg.max_new_tokens
   if cfg.decode_segments:
     return min(cfg.decode_segments, T)
-  if jax.default_backend() != "cpu":
+  if kernels.target_platform() != "cpu":
     return 1
   return max(1, min(_AUTO_SEGMENTS, T // _AUTO_SEGMENT_MIN_STEPS))
 

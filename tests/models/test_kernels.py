@@ -207,6 +207,34 @@ def test_splash_under_a_cpu_mesh_is_an_error_naming_the_way_out():
     jax.jit(lambda p: model.apply(p, tokens, tokens, cfg=cfg)[0])(params)
 
 
+def test_trace_time_platform_choices_follow_the_context_mesh_not_the_host():
+  """Under a TPU topology's mesh on this CPU host (an ahead-of-time compile), the sampler
+  builds what a TPU host would: one decode segment, a bfloat16 model's cache in bfloat16,
+  p·V as a matmul; without a mesh, or under a CPU mesh, XLA:CPU's choices."""
+  from grpo_jax.models import kv_cache, sampling  # noqa: PLC0415
+
+  cfg = model.tiny_config(64, dtype="bfloat16")
+  scfg = sampling.SamplerConfig(max_new_tokens=256, eos_ids=(1,), pad_id=0)
+  pv = (256, 4, 2, 191, 64)  # [rows, kv heads, Q, S, E]: a multiply-reduce on XLA:CPU.
+
+  def choices():
+    return (
+      kernels.target_platform(),
+      sampling.segment_count(scfg),
+      kv_cache.cache_dtype(cfg),
+      attention._pv_by_reduce(*pv),
+    )
+
+  on_host = ("cpu", 4, jnp.float32, True)
+  assert choices() == on_host
+  cpu = sharding.Layout.create(sharding.MeshConfig(), devices=jax.devices()[:1])
+  with cpu.context():
+    assert choices() == on_host
+  tpu_layout = sharding.Layout.create(sharding.MeshConfig(), devices=tpu.load_topology("v5e:2x2"))
+  with tpu_layout.context():
+    assert choices() == ("tpu", 1, jnp.bfloat16, False)
+
+
 # --- compiled for TPU ------------------------------------------------------------------
 
 
