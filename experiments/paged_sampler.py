@@ -198,9 +198,11 @@ def tpu_chip_inputs(source: str, *, B: int, P: int):
 
 def tpu_temp(fn, params, args) -> dict:
   """XLA's temporary bytes of fn compiled for the chip `tpu_chip_inputs` placed its
-  arguments on, and the seconds the compile took."""
+  arguments on, traced under that chip's mesh (so the trace builds what a TPU host
+  builds, `kernels.target_platform`), and the seconds the compile took."""
   t0 = time.perf_counter()
-  m = jax.jit(fn).lower(params, *args).compile().memory_analysis()
+  with jax.set_mesh(jax.tree.leaves(args)[0].sharding.mesh):
+    m = jax.jit(fn).lower(params, *args).compile().memory_analysis()
   return {
     "xla_temp_bytes": int(m.temp_size_in_bytes),
     "compile_s": round(time.perf_counter() - t0, 1),
