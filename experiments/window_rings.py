@@ -23,7 +23,8 @@ The model: the tiny config with Gemma 3's features (6 layers, 5 sliding : 1 full
 ones, the EOS logit removed so that every row runs to the end. Writes
 experiments/results/long_rollouts/window_rings.json; with --tpu, the Gemma 3 1B sampler
 (bfloat16, window 512) of both arms compiled for one v5e chip by libtpu on this host
-(nothing runs), experiments/results/long_rollouts/window_rings_tpu.json.
+(nothing runs), experiments/results/long_rollouts/window_rings_tpu_target.json
+(TPU_TARGET_CLAIM; window_rings_tpu.json holds TPU_CLAIM's record, of an earlier build).
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ from grpo_jax.trainer import memory
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "experiments" / "results" / "long_rollouts" / "window_rings.json"
-TPU_OUT = ROOT / "experiments" / "results" / "long_rollouts" / "window_rings_tpu.json"
 
 CLAIM = (
   "with Gemma 3's layout (5 sliding layers of window 64 to 1 full), 16 rows of 64 prompt "
