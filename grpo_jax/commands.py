@@ -34,14 +34,17 @@ def plan(config_dict) -> dict:
     return plan_topology(config_dict)
   device = _device_bytes(FLAGS.device)
   setup = build.plan_setup(config_dict, n_devices=FLAGS.devices, model_source=FLAGS.model or "")
-  p = memory.plan_for(setup, n_devices=FLAGS.devices)
+  platform = memory.device_platform(FLAGS.device) if FLAGS.device else None
+  p = memory.plan_for(setup, n_devices=FLAGS.devices, platform=platform)
   why = memory_advice.explain(p, setup.model_cfg, setup.rl_cfg)
   print(memory_advice.describe(p, device_memory=device, name=FLAGS.device or "", why=why))
   out = memory.as_dict(p)
   if device:
     out.update(device_memory=device, fits=memory.fits(p, device))
   if device and not out["fits"]:
-    more = _plan_on_more_devices(setup, n_devices=FLAGS.devices or jax.device_count())
+    more = _plan_on_more_devices(
+      setup, n_devices=FLAGS.devices or jax.device_count(), platform=platform
+    )
     tips = memory_advice.advice(
       p, setup.model_cfg, setup.rl_cfg, device_memory=device, more_devices=more
     )
@@ -124,10 +127,10 @@ def _device_bytes(device: str | None) -> float | None:
     raise cli.UsageError(f"--device={device}: {e}") from None
 
 
-def _plan_on_more_devices(setup, *, n_devices: int):
+def _plan_on_more_devices(setup, *, n_devices: int, platform: str | None = None):
   """The plan on twice the devices, when the mesh has a size that grows with them."""
   try:
-    return memory.plan_for(setup, n_devices=2 * n_devices)
+    return memory.plan_for(setup, n_devices=2 * n_devices, platform=platform)
   except ValueError:  # Fixed mesh sizes, or a batch the larger mesh cannot split.
     return None
 

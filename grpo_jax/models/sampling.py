@@ -406,7 +406,7 @@ _AUTO_SEGMENTS = 4
 _AUTO_SEGMENT_MIN_STEPS = 32
 
 
-def segment_count(cfg: SamplerConfig) -> int:
+def segment_count(cfg: SamplerConfig, *, platform: str | None = None) -> int:
   """How many decode segments the static sampler runs: cfg.decode_segments (at most one
   per step), or automatically, on XLA:CPU, up to 4 segments of >= 32 steps each, and
   one elsewhere.
@@ -416,11 +416,11 @@ def segment_count(cfg: SamplerConfig) -> int:
   average instead of 191); each further segment costs a copy of the cache as it grows
   and one more compiled loop body. Accelerators keep one segment until it is measured
   there (the grown cache briefly coexists with the old one, which costs memory at real
-  model sizes)."""
+  model sizes). platform: the program's (None: `kernels.target_platform`)."""
   T = cfg.max_new_tokens
   if cfg.decode_segments:
     return min(cfg.decode_segments, T)
-  if kernels.target_platform() != "cpu":
+  if (platform or kernels.target_platform()) != "cpu":
     return 1
   return max(1, min(_AUTO_SEGMENTS, T // _AUTO_SEGMENT_MIN_STEPS))
 

@@ -620,7 +620,7 @@ def advise(config_dict, target: Target, *, model_source: str = "", max_compiles:
   compiled = 0
   for overrides, text in ladder(setup, target):
     s, _ = setup_for(with_overrides(config_dict, overrides), target, model_source=model_source)
-    if memory.plan_for(s, n_devices=len(target.devices)).peak > PLAN_SLACK * hbm:
+    if memory.plan_for(s, n_devices=len(target.devices), platform="tpu").peak > PLAN_SLACK * hbm:
       continue  # The plan's figure is a guide (within ~20% of XLA's: experiments/results/tpu_aot).
     try:
       got = compile_all(s, target)
@@ -669,7 +669,7 @@ def figures(setup, target: Target, got: dict) -> dict:
   rows, problems, args = got["rows"], got["problems"], got["args"]
   mesh = got["fns"].layout.mesh
   local, bad = process_rows(got["fns"], setup)
-  p = memory.plan_for(setup, n_devices=len(target.devices))
+  p = memory.plan_for(setup, n_devices=len(target.devices), platform="tpu")
   state = args["update"][1][0]
   itemsize = jnp.dtype(setup.sampler_cfg.dtype or setup.model_cfg.dtype).itemsize
   full_params = sum(math.prod(x.shape) * itemsize for x in jax.tree.leaves(state.params))

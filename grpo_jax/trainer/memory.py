@@ -140,7 +140,7 @@ import jax
 import jax.extend as jex
 import jax.numpy as jnp
 
-from grpo_jax.models import attention, kv_cache, model, paged, sampling, sharding
+from grpo_jax.models import attention, kernels, kv_cache, model, paged, sampling, sharding
 from grpo_jax.rl import learner, spec
 from grpo_jax.trainer import abstract
 
@@ -341,11 +341,14 @@ def plan(
   shared_prefix: bool = False,
   pages: tuple[int, int] | None = None,
   teacher_cfg: model.ModelConfig | None = None,
+  platform: str | None = None,
 ) -> Plan:
   """The per-device memory plan (see the module docstring); decode_segments: the
   sampler's (`sampling.segment_count`); shared_prefix: whether its group rows share the
   prompt's cache slots (`model.KVCache.share`); pages: (pool pages, Z) of a paged
-  sampler (`_pool_pages`), None: dense; teacher_cfg: distillation's teacher (None: none)."""
+  sampler (`_pool_pages`), None: dense; teacher_cfg: distillation's teacher (None: none);
+  platform: the devices' ("cpu", "gpu", "tpu"; None: `kernels.target_platform`), for the
+  sampler's XLA:CPU-only copies."""
   data, fsdp, seq, tensor = mesh_cfg.shape(n_devices)
   sizes = dict(zip(sharding.AXES, (data, fsdp, seq, tensor), strict=True))
   dp = data * fsdp
@@ -443,6 +446,7 @@ def plan(
     segments=decode_segments,
     shared=shared_prefix,
     pages=pages,
+    platform=platform,
   )
   return Plan(
     mesh=(data, fsdp, seq, tensor),
@@ -502,6 +506,7 @@ def _sampler_bytes(
   pages=None,
   row_devices=None,
   rings=True,
+  platform=None,
 ) -> int:
   """Temporary memory of the compiled sampler (`sampling.sample`) on one device: the
   largest of its three phases (module docstring, "sampler"). `rows` rollout rows and
@@ -509,7 +514,9 @@ def _sampler_bytes(
   share their prompt's P - 1 slots (`model.KVCache.share`) and own T slots each.
   pages: (pool pages, page size Z) of a paged cache (`paged`), or None: dense.
   row_devices: the devices the rows are split over (None: data × fsdp). rings: whether
-  the cache keeps its sliding layers in window rings (`model.init_cache`)."""
+  the cache keeps its sliding layers in window rings (`model.init_cache`). platform: the
+  devices' (None: `kernels.target_platform`): XLA:CPU's extra copies of a cache with one
+  kv head per device are counted on "cpu" only."""
   if pages is not None:
     return _paged_sampler_bytes(cfg, boxed, rules=rules, sizes=sizes, rows=rows,
                                 prompt_rows=prompt_rows, P=P, T=T, pages=pages)  # fmt: skip
@@ -589,7 +596,12 @@ def _sampler_bytes(
     # The own slots' p·V (`attention.attend_shared`).
     global_rows = rows * (row_devices or sizes["data"] * fsdp)
     copied = 1 if attention._pv_by_reduce(global_rows, cfg.n_kv_heads, R, S, E) else 2
-    decode = cache + (1.5 * copied * layer_bufs if unit_heads else 0) + hoisted + step_sampling
+    # XLA:CPU's copies; compiled for a TPU v5e chip, a 1-kv-head sampler keeps none
+    # (Gemma 3 1B, 16 rows to 8,192 tokens: 3.63 GB against this plan's 3.61 GB without
+    # them, `experiments/window_rings.py`).
+    on_cpu = (platform or kernels.target_platform()) == "cpu"
+    copies = 1.5 * copied * layer_bufs if unit_heads and on_cpu else 0
+    decode = cache + copies + hoisted + step_sampling
     prefill_weights = w_model if fsdp > 1 else 0  # Gathered all at once, as in training.
   prefill = hoisted + prefill_weights + prefill_layer + 2 * prompt_kv
   # The prefill's end: the rollout cache written (prompt rows repeated G times) while
@@ -632,9 +644,13 @@ def _paged_sampler_bytes(cfg, boxed, *, rules, sizes, rows, prompt_rows, P, T, p
   return int(max(decode, prompt_cache + pools))
 
 
-def plan_for(setup, *, n_devices: int | None = None, optimizer=None) -> Plan:
+def plan_for(
+  setup, *, n_devices: int | None = None, optimizer=None, platform: str | None = None
+) -> Plan:
   """The plan of a `build.Setup` on n_devices (default: this host's), with the run's
-  optimizer (`spec.make_optimizer`) unless another is given."""
+  optimizer (`spec.make_optimizer`) unless another is given, for devices of `platform`
+  ("cpu", "gpu", "tpu"; None: `kernels.target_platform`, this host's outside a mesh)."""
+  platform = platform or kernels.target_platform()
   scfg, loop = setup.sampler_cfg, setup.loop
   optimizer = optimizer or spec.make_optimizer(
     lr=loop.learning_rate,
@@ -652,12 +668,21 @@ def plan_for(setup, *, n_devices: int | None = None, optimizer=None) -> Plan:
     prompt_len=max(scfg.prompt_buckets),
     max_new_tokens=scfg.max_new_tokens,
     optimizer=optimizer,
-    decode_segments=sampling.segment_count(scfg),
+    decode_segments=sampling.segment_count(scfg, platform=platform),
     # The static sampler's (the refill sampler copies each prompt's slots into its rows).
     shared_prefix=scfg.shared_prefix and scfg.group_size > 1 and not scfg.refill_slots,
     pages=_pool_pages(_pool_sampler(setup), prompts=loop.prompts_per_step),
     teacher_cfg=setup.teacher_source and setup.teacher_source.model_cfg,
+    platform=platform,
   )
+
+
+def device_platform(device: str) -> str | None:
+  """The platform of a named device (`DEVICE_MEMORY_GIB`): "tpu" or "gpu"; None for a
+  number of GiB."""
+  if device in DEVICE_MEMORY_GIB:
+    return "tpu" if device.startswith("tpu-") else "gpu"
+  return None
 
 
 def _pool_sampler(setup) -> sampling.SamplerConfig:

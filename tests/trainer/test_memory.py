@@ -1,6 +1,7 @@
 """The memory plan: hand-computed terms, XLA's own figures on CPU (within 10%), the CLI,
 and the trainer's refusal of a config that cannot fit, before anything compiles."""
 
+import dataclasses
 import functools
 import json
 import pathlib
@@ -8,7 +9,7 @@ import pathlib
 import jax
 import pytest
 
-from grpo_jax.models import model, sharding
+from grpo_jax.models import model, shapes, sharding
 from grpo_jax.rl import spec
 from grpo_jax.trainer import build, memory, memory_advice, steps
 
@@ -303,3 +304,33 @@ def test_token_budget_micro_batches_are_planned_by_their_full_length_rows():
   c.rl.micro_batch_tokens = 8 * 1280 - 1  # Not a full-length row on each of the 8 chips.
   with pytest.raises(ValueError, match=r"micro_batch_tokens=10239 holds no full-length row"):
     build.plan_setup(c, n_devices=8)
+
+
+def test_the_sampler_plan_on_tpu_matches_the_chips_compile_of_a_one_kv_head_model():
+  """Gemma 3 1B (1 kv head, 16 rows of 256 + 8,192 tokens): the plan for a TPU chip is
+  within 10% of XLA's temporaries for the sampler compiled for a v5e chip, with window
+  rings and without (experiments/results/long_rollouts/window_rings_tpu_target.json); for
+  XLA:CPU it adds that compiler's copies of a one-kv-head cache."""
+  record = json.loads(
+    (ROOT / "experiments/results/long_rollouts/window_rings_tpu_target.json").read_text()
+  )["result"]
+  cfg = dataclasses.replace(
+    shapes.model_config("gemma-3-1b", param_dtype="bfloat16", scan_layers=False), dtype="bfloat16"
+  )
+  boxed = jax.eval_shape(functools.partial(model.init_boxed, cfg), jax.random.key(0))
+  plan = functools.partial(
+    memory._sampler_bytes, cfg, boxed, rules=sharding.MeshConfig().rules, rows=16,
+    prompt_rows=4, P=256, T=8192, sizes=dict(data=1, fsdp=1, sequence=1, tensor=1),
+    shared=True,
+  )  # fmt: skip
+  for arm, rings in (("rings", True), ("full", False)):
+    on_tpu = plan(rings=rings, platform="tpu")
+    assert 0.9 <= on_tpu / record[arm]["xla_temp_bytes"] <= 1.1, arm
+    assert plan(rings=rings, platform="cpu") > 1.5 * on_tpu
+
+
+def test_a_named_device_names_the_platform_the_plan_is_for():
+  assert [memory.device_platform(d) for d in ("tpu-v5e", "tpu-v6e", "h100", "a100-40gb")] == [
+    "tpu", "tpu", "gpu", "gpu",
+  ]  # fmt: skip
+  assert memory.device_platform("24") is None  # A number of GiB says no platform.
