@@ -11,7 +11,7 @@ import numpy as np
 import paged_sampler  # experiments/ is on the tests' path (pyproject.toml)
 import pytest
 
-from grpo_jax.models import attention, kv_cache, model, paged, refill, sampling
+from grpo_jax.models import attention, kv_cache, model, paged, refill, sampling, shapes, sharding
 from grpo_jax.trainer import memory
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -487,6 +487,30 @@ def test_the_committed_tpu_record_carries_its_claim_and_the_verdict_of_its_rule(
   assert r["verdict"] == paged_sampler.tpu_verdict(r) == "contradicts"  # 0.547 of dense.
   res = r["result"]
   assert res["temp_ratio"] == round(res["paged_128"]["xla_temp_bytes"] / res["dense"]["xla_temp_bytes"], 3)  # fmt: skip
+
+
+def test_the_tpu_record_of_the_tpu_hosts_program_carries_its_claim_and_verdict():
+  """experiments/results/long_rollouts/paged_sampler_tpu_target.json: both samplers as a
+  TPU host builds them (`kernels.target_platform`), a claim of its own written before its
+  compile; and the memory plan's dense figure within 10% of that compile's."""
+  import json  # noqa: PLC0415
+
+  root = pathlib.Path(__file__).resolve().parents[2]
+  r = json.loads((root / "experiments/results/long_rollouts/paged_sampler_tpu_target.json").read_text())  # fmt: skip
+  assert r["claim"] == paged_sampler.TPU_TARGET_CLAIM and r["rule"] == paged_sampler.TPU_TARGET_RULE
+  assert r["verdict"] == paged_sampler.tpu_verdict(r) == "supports"  # 0.369 of dense.
+  res = r["result"]
+  assert res["temp_ratio"] == round(res["paged_128"]["xla_temp_bytes"] / res["dense"]["xla_temp_bytes"], 3)  # fmt: skip
+  cfg = dataclasses.replace(
+    shapes.model_config("qwen2.5-1.5b", param_dtype="bfloat16", scan_layers=False),
+    dtype="bfloat16",
+  )
+  boxed = jax.eval_shape(functools.partial(model.init_boxed, cfg), jax.random.key(0))
+  plan = memory._sampler_bytes(
+    cfg, boxed, rules=sharding.MeshConfig().rules, rows=16, prompt_rows=4, P=256, T=8192,
+    sizes=dict(data=1, fsdp=1, sequence=1, tensor=1), shared=True, platform="tpu",
+  )  # fmt: skip
+  assert 0.9 <= plan / res["dense"]["xla_temp_bytes"] <= 1.1
 
 
 def test_the_plan_prices_a_whole_pool_where_the_training_rows_take_one():
