@@ -128,14 +128,29 @@ def measure(fn, args, n_calls: int = 3):
   return temp, times, out
 
 
-def _plan(cfg, scfg, *, B: int, P: int, T: int, pages) -> int:
-  """The memory plan's sampler figure (`memory._sampler_bytes`) on one device."""
+def _plan(cfg, scfg, *, B: int, P: int, T: int, pages, rings: bool = True) -> int:
+  """The memory plan's sampler figure (`memory._sampler_bytes`) on one device; rings:
+  whether the cache keeps window rings (`model.init_cache`)."""
   boxed = jax.eval_shape(functools.partial(model.init_boxed, cfg), jax.random.key(0))
   return memory._sampler_bytes(
     cfg, boxed, rules=sharding.MeshConfig().rules, sizes=dict(data=1, fsdp=1, sequence=1, tensor=1),
     rows=B * scfg.group_size, prompt_rows=B, P=P, T=T, segments=sampling.segment_count(scfg),
-    shared=scfg.shared_prefix and scfg.group_size > 1, pages=pages,
+    shared=scfg.shared_prefix and scfg.group_size > 1, pages=pages, rings=rings,
   )  # fmt: skip
+
+
+def sampler_row(fn, args) -> tuple[dict, object]:
+  """(XLA's temporary bytes, the timed calls' seconds, tokens and tokens/s of one compiled
+  sampler (`measure`), its last call's rollouts)."""
+  temp, times, out = measure(fn, args)
+  tokens = int(np.asarray(out.length_N).sum())
+  row = {
+    "xla_temp_bytes": int(temp),
+    "seconds": [round(t, 3) for t in times],
+    "tokens": tokens,
+    "tokens_per_s": round(tokens / float(np.mean(times)), 1),
+  }
+  return row, out
 
 
 def run(*, B: int, G: int, P: int, T: int, short: tuple[int, int], page_size: int,
@@ -169,15 +184,7 @@ def run(*, B: int, G: int, P: int, T: int, short: tuple[int, int], page_size: in
     ("dense", functools.partial(sampling.sample, cfg=dense_cfg, **kw)),
     ("paged", functools.partial(paged.sample, cfg=paged_cfg, **kw)),
   ):
-    temp, times, out = measure(fn, args)
-    tokens = int(np.asarray(out.length_N).sum())
-    rows[name] = {
-      "xla_temp_bytes": int(temp),
-      "seconds": [round(t, 3) for t in times],
-      "tokens": tokens,
-      "tokens_per_s": round(tokens / float(np.mean(times)), 1),
-    }
-    outs[name] = out
+    rows[name], outs[name] = sampler_row(fn, args)
   for name, pages in (("dense", None), ("paged", memory._pool_pages(paged_cfg, prompts=B))):
     rows[name]["plan_bytes"] = _plan(cfg, dense_cfg, B=B, P=P, T=T, pages=pages)
     rows[name]["plan_over_xla"] = round(rows[name]["plan_bytes"] / rows[name]["xla_temp_bytes"], 3)

@@ -39,8 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 import paged_sampler  # experiments/ (run as a script, or on the tests' path).
 
-from grpo_jax.models import model, sampling, sharding
-from grpo_jax.trainer import memory
+from grpo_jax.models import model, sampling
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "experiments" / "results" / "long_rollouts" / "window_rings.json"
@@ -125,29 +124,16 @@ def run(*, B: int, G: int, P: int, T: int) -> dict:
   for name, fn in _arms(
     cfg, scfg, model_fn=paged_sampler._no_eos(model.make_model_fn(cfg))
   ).items():
-    temp, times, out = paged_sampler.measure(fn, args)
-    tokens = int(np.asarray(out.length_N).sum())
-    rows[name] = {
-      "xla_temp_bytes": int(temp),
-      "seconds": [round(t, 3) for t in times],
-      "tokens": tokens,
-      "tokens_per_s": round(tokens / float(np.mean(times)), 1),
-    }
-    outs[name] = out
-  boxed = jax.eval_shape(functools.partial(model.init_boxed, cfg), jax.random.key(0))
+    rows[name], outs[name] = paged_sampler.sampler_row(fn, args)
   for name, rings in (("rings", True), ("full", False)):
-    plan = memory._sampler_bytes(
-      cfg, boxed, rules=sharding.MeshConfig().rules, rows=B * G, prompt_rows=B, P=P, T=T,
-      sizes=dict(data=1, fsdp=1, sequence=1, tensor=1), segments=sampling.segment_count(scfg),
-      shared=G > 1, rings=rings,
-    )  # fmt: skip
+    plan = paged_sampler._plan(cfg, scfg, B=B, P=P, T=T, pages=None, rings=rings)
     rows[name]["plan_bytes"] = plan
     rows[name]["plan_over_xla"] = round(plan / rows[name]["xla_temp_bytes"], 3)
   r, f = outs["rings"], outs["full"]
   mask = np.asarray(f.mask_NT)
   return {
     "shape": {"prompts": B, "group": G, "rows": B * G, "prompt_tokens": P,
-              "max_new_tokens": T, "layers": cfg.n_layers, "sliding_layers": 5,
+              "max_new_tokens": T, "layers": cfg.n_layers, "sliding_layers": sum(cfg.sliding_layers),
               "window": cfg.sliding_window},
     **rows,
     "temp_ratio": round(rows["rings"]["xla_temp_bytes"] / rows["full"]["xla_temp_bytes"], 3),

@@ -139,14 +139,14 @@ class KVCache:
     pad = lambda x, axis: jnp.pad(
       x, [(0, extra if a == x.ndim + axis else 0) for a in range(x.ndim)]
     )
-    grown = self.replace(
-      k=tuple(pad(k, -1) for k in self.k),  # [..., E, S]
-      v=tuple(pad(v, -2) for v in self.v),  # [..., S, E]
+    rings = self.rings or (False,) * len(self.k)
+    ring_k, ring_v, ring_pos = self._grown_rings(own=self.pos_BS.shape[-1] + extra)
+    return self.replace(
+      k=tuple(rk if r else pad(k, -1) for k, rk, r in zip(self.k, ring_k, rings)),  # [..., E, S]
+      v=tuple(rv if r else pad(v, -2) for v, rv, r in zip(self.v, ring_v, rings)),  # [..., S, E]
       pos_BS=jnp.pad(self.pos_BS, ((0, 0), (0, extra)), constant_values=-1),
-    )
-    if self.rings:
-      grown = self._regrow_rings(grown, own=self.pos_BS.shape[-1] + extra)
-    return grown.constrain()
+      ring_pos_BR=ring_pos,
+    ).constrain()
 
   def unring(self) -> KVCache:
     """The same cache with every layer in S column slots (`rings` off): a ring layer's key
@@ -174,29 +174,30 @@ class KVCache:
     v = tuple(columns(b, 2) if r else b for b, r in zip(self.v, self.rings))
     return self.replace(k=k, v=v, ring_pos_BR=None, rings=(), window=0).constrain()
 
-  def _regrow_rings(self, grown: KVCache, *, own: int) -> KVCache:
-    """`grown` (every buffer padded) with the ring layers' buffers at min(own, window)
-    slots instead: a ring that was smaller than the window (so never wrapped) re-slotted
-    by position into the larger one (slot p mod R changes with R); a full-size ring kept."""
+  def _grown_rings(self, *, own: int):
+    """(keys, values, ring positions) with the ring layers' buffers at min(own, window)
+    slots (`grow`; a layer without a ring is left as it is): a ring that was smaller than
+    the window (so never wrapped) re-slotted by position into the larger one (slot p mod R
+    changes with R); a full-size ring kept."""
+    if not self.rings:
+      return self.k, self.v, self.ring_pos_BR
     old, new = self.ring_pos_BR.shape[-1], min(own, self.window)
     if new == old:
-      k = tuple(o if r else g for o, g, r in zip(self.k, grown.k, self.rings))
-      v = tuple(o if r else g for o, g, r in zip(self.v, grown.v, self.rings))
-      return grown.replace(k=k, v=v, ring_pos_BR=self.ring_pos_BR)
+      return self.k, self.v, self.ring_pos_BR
     slots_BR = jnp.where(self.ring_pos_BR >= 0, self.ring_pos_BR % new, new)
     blank = lambda x, axis: jnp.zeros(x.shape[:axis] + (new,) + x.shape[axis + 1 :], x.dtype)
     k = tuple(
-      write_ring(blank(o, 3), o, slots_BR, slot_axis=-1) if r else g
-      for o, g, r in zip(self.k, grown.k, self.rings)
+      write_ring(blank(b, 3), b, slots_BR, slot_axis=-1) if r else b
+      for b, r in zip(self.k, self.rings)
     )
     v = tuple(
-      write_ring(blank(o, 2), o, slots_BR, slot_axis=-2) if r else g
-      for o, g, r in zip(self.v, grown.v, self.rings)
+      write_ring(blank(b, 2), b, slots_BR, slot_axis=-2) if r else b
+      for b, r in zip(self.v, self.rings)
     )
     pos = write_ring_pos(
       jnp.full((slots_BR.shape[0], new), -1, jnp.int32), self.ring_pos_BR, slots_BR
     )
-    return grown.replace(k=k, v=v, ring_pos_BR=pos)
+    return k, v, pos
 
   def constrain(self) -> KVCache:
     """Sharding constraints from the logical names model_config.CACHE_K / model_config.CACHE_V (rows over the

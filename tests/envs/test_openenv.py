@@ -128,11 +128,9 @@ def _troubled_app():
   "sleep <s>" answers "S:<s>;" after s seconds; "boom" raises on the server."""
   from openenv.core import env_server  # noqa: PLC0415 -- gradio: see `_openenv`.
 
-  class Action(env_server.Action):
-    text: str
+  from grpo_jax.envs import openenv_calculator  # noqa: PLC0415 -- its text action/observation.
 
-  class Observation(env_server.Observation):
-    text: str = ""
+  Observation = openenv_calculator.TextObservation
 
   class Troubled(env_server.Environment):
     SUPPORTS_CONCURRENT_SESSIONS = True
@@ -151,7 +149,9 @@ def _troubled_app():
     def state(self):
       return env_server.State()
 
-  return env_server.create_app(Troubled, Action, Observation, max_concurrent_envs=4)
+  return env_server.create_app(
+    Troubled, openenv_calculator.TextAction, Observation, max_concurrent_envs=4
+  )
 
 
 @pytest.fixture(scope="module")
