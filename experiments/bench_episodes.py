@@ -3,6 +3,7 @@ in the jitted turns (sampling and observation appends) vs the host's environment
 
   python experiments/bench_episodes.py            # configs/calculator.py:tiny, warm-started
   python experiments/bench_episodes.py --quick    # small smoke run
+  python experiments/bench_episodes.py --kv_layout=paged --refill_slots=64   # slot refill
 
 Workload: the tiny calculator config's policy (~0.3M parameters) after `--warmstart`
 supervised steps (so episodes take their real three turns: two tool calls and the
@@ -11,7 +12,9 @@ answer), `--prompts` train problems x G = `--group` episodes per batch, temperat
 `episodes.Runner.run`: per turn one jitted decode loop, one device->host copy of the
 token buffer, the host's env.step calls (decode, calculator, encode), one jitted append.
 "sample" is the jitted pieces' wall time (dispatch to the fetched tokens), "env" the
-host's; the rest of a batch's wall time (Python bookkeeping) is "other".
+host's; the rest of a batch's wall time (Python bookkeeping) is "other". "row_steps" is
+the token columns the jitted pieces computed per batch over N rows (`Rollouts.num_steps`:
+decode steps of N rows, or of S refill slots counted S/N, plus the appends' columns).
 
 The last line printed is one JSON object with every figure.
 """
@@ -37,6 +40,7 @@ CONFIG = pathlib.Path(__file__).resolve().parent.parent / "configs" / "calculato
 def _setup(args):
   c = config_lib.load(f"{CONFIG}:tiny", warmstart_steps=args.warmstart, progress=False)
   c.prompts_per_step, c.sampler.group_size = args.prompts, args.group
+  c.sampler.update(kv_layout=args.kv_layout, refill_slots=args.refill_slots)
   setup = build.build(c)
   fns = steps.functions(setup)
   params = run_state.initial_params(setup, fns, jax.random.key(0))
@@ -62,6 +66,8 @@ def main(argv=None) -> dict:
   p.add_argument("--group", type=int, default=8)
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--warmstart", type=int, default=300)
+  p.add_argument("--kv_layout", choices=("dense", "paged"), default="dense")
+  p.add_argument("--refill_slots", type=int, default=0, help="S slots (paged only); 0: lockstep")
   args = p.parse_args(argv)
   if args.quick:
     args.prompts, args.group, args.repeats, args.warmstart = 4, 4, 2, 20
@@ -71,7 +77,10 @@ def main(argv=None) -> dict:
   runs = []
   for r in range(args.repeats):
     got, wall = _batch(setup, fns, params, (r + 1) * args.prompts, jax.random.key(r + 1))
-    runs.append(dict(wall=wall, **got.seconds, **got.metrics(), accuracy=got.reward_N.mean()))
+    steps_ = int(got.rollouts.num_steps)
+    runs.append(
+      dict(wall=wall, **got.seconds, **got.metrics(), accuracy=got.reward_N.mean(), steps=steps_)
+    )
   wall = sum(x["wall"] for x in runs)
   share = lambda k: sum(x[k] for x in runs) / wall  # noqa: E731
   out = {
@@ -87,6 +96,9 @@ def main(argv=None) -> dict:
     "action_tokens_mean": float(np.mean([x["episode/action_tokens"] for x in runs])),
     "observation_tokens_mean": float(np.mean([x["episode/observation_tokens"] for x in runs])),
     "accuracy": float(np.mean([x["accuracy"] for x in runs])),
+    "row_steps": float(np.mean([x["steps"] for x in runs])),
+    "kv_layout": args.kv_layout,
+    "refill_slots": args.refill_slots,
     "first_batch_s": compile_s,
     "warmstart_steps": args.warmstart,
     "device": jax.devices()[0].device_kind,
@@ -97,7 +109,8 @@ def main(argv=None) -> dict:
     f"wall time: sampling {100 * out['sample_share']:.1f}%, environment steps "
     f"{100 * out['env_share']:.1f}%, other {100 * out['other_share']:.1f}%; "
     f"{out['turns_mean']:.2f} turns, {out['action_tokens_mean']:.1f} action + "
-    f"{out['observation_tokens_mean']:.1f} observation tokens per episode; accuracy "
+    f"{out['observation_tokens_mean']:.1f} observation tokens per episode; "
+    f"{out['row_steps']:.1f} row-steps a batch; accuracy "
     f"{100 * out['accuracy']:.1f}% (first batch, compiling: {compile_s:.1f} s)"
   )
   print(json.dumps(out))

@@ -42,6 +42,9 @@ The loop (`Runner.run`), all rows in lockstep turns:
      count), and into the token buffer with action mask False. The history is never
      re-encoded: one forward of the new tokens per turn (on pages too: `paged.append_block`).
   5. Repeat until every episode ended, at most `max_turns` turns.
+With sampler.refill_slots = S (pages only), step 2 decodes through S slots instead of all
+N rows, a slot taking the next episode to act when its own ends its action
+(`episode_refill`).
 On several processes, each holds the environments of its own rows (those its devices
 hold) and steps 1 and 3 run there for them; the per-row outcomes (reward, end, turns,
 observation counts) are all-gathered after each host phase, so every process feeds the
@@ -91,7 +94,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax.envs import base, stepping
+from grpo_jax.envs import base, episode_refill, stepping
 from grpo_jax.infra import distributed
 from grpo_jax.models import kv_cache, paged, sampling, sharding
 from grpo_jax.models import model as model_lib
@@ -131,10 +134,9 @@ class EpisodeConfig:
 class EpisodeState:
   """The episodes' device state between turns. The cache holds the context up to, not
   including, `tok_N` (the next token to feed, at position `pos_N`); `t_N` counts the filled
-  completion columns; `step` the token columns computed per row (decode steps of every
-  turn, plus O per append):
-  Rollouts.num_steps, so `pad/sample_frac` and the sampling FLOPs count the appends'
-  padding too."""
+  completion columns; `step` the row-columns computed (N a lockstep decode step, S a refill
+  step, N·O an append): Rollouts.num_steps is ceil(step / N) (`to_rollouts`), so
+  `pad/sample_frac` and the sampling FLOPs count the appends' padding too."""
 
   cache: Any
   key: jax.Array
@@ -291,10 +293,13 @@ def decode_turn(
   turn_tokens: int,
   pad_id: int,
   kv_layout: str = "dense",
+  row_keys: bool = False,
 ) -> EpisodeState:
   """One action per active row: tokens are sampled until a stop id (kept, as the action's
   last token), `turn_tokens` tokens, or the budget T. A row not live feeds a pad that
-  nothing sees, and its cache does not advance (`_FEEDS[kv_layout]`)."""
+  nothing sees, and its cache does not advance (`_FEEDS[kv_layout]`). With `row_keys`,
+  token t of row n is drawn with the refill loop's key (`sampling.keys_by_row`; the
+  state's key is not split): the same episodes as `episode_refill.refill_turn`."""
   feed = functools.partial(_FEEDS[kv_layout], model_fn=model_fn)
   N, T = state.tokens_NT.shape
   stop = jnp.asarray(stop_ids, jnp.int32)
@@ -307,8 +312,13 @@ def decode_turn(
     s, live_N, k = carry
     feed_N = jnp.where(live_N, s.tok_N, pad_id)
     logits_N1V, cache = feed(params, s.cache, feed_N, s.pos_N, s.t_N, live_N)
-    key, step_key = jax.random.split(s.key)
-    tok_N, logp_N, policy_N = sampling.choose_tokens(logits_N1V[:, -1], step_key, hyper)
+    if row_keys:
+      key, step_key = s.key, sampling.keys_by_row(s.key, jnp.arange(N), s.t_N)
+    else:
+      key, step_key = jax.random.split(s.key)
+    tok_N, logp_N, policy_N = sampling.choose_tokens(
+      logits_N1V[:, -1], step_key, hyper, row_keys=row_keys
+    )
     rows_N = jnp.where(live_N, jnp.arange(N), N)
     put = functools.partial(_put, rows_N=rows_N, cols_N=s.t_N)
     s = s.replace(
@@ -322,7 +332,7 @@ def decode_turn(
       action_mask_NT=put(s.action_mask_NT, x_N=live_N),
       logp_NT=put(s.logp_NT, x_N=logp_N),
       policy_logp_NT=put(s.policy_logp_NT, x_N=policy_N),
-      step=s.step + 1,
+      step=s.step + N,
     )
     return s, live_N & ~jnp.isin(tok_N, stop) & (s.t_N < T), k + 1
 
@@ -366,14 +376,17 @@ def append(
       t_N=state.t_N + n_N,
       tokens_NT=put(state.tokens_NT, obs_NO),
       mask_NT=put(state.mask_NT, True),
-      step=state.step + columns,
+      step=state.step + N * columns,
     )
   )
 
 
 def to_rollouts(prompts, state: EpisodeState, ended_N, *, group_size: int) -> sampling.Rollouts:
   """The episodes as Rollouts: eos_N = the environment ended the episode (`done`), and
-  truncated_N its complement; `action_mask_NT` the model's tokens."""
+  truncated_N its complement; `action_mask_NT` the model's tokens; num_steps the
+  row-columns computed over N, rounded up (N-row decode steps and appends' columns)."""
+  N = state.tokens_NT.shape[0]
+  state = state.replace(step=-(-state.step // N))
   rollouts = sampling.to_rollouts(prompts, state, group_size=group_size, eos_N=ended_N)
   return rollouts.replace(action_mask_NT=state.action_mask_NT)
 
@@ -520,17 +533,7 @@ class Runner:
           start, model_fn=model_fn, init_cache=init_cache, cfg=sampler_cfg, observation_tokens=width
         )
       ),
-      "turn": jax.jit(
-        functools.partial(
-          decode_turn,
-          model_fn=model_fn,
-          stop_ids=self.stop_ids,
-          turn_tokens=cfg.turn_tokens,
-          pad_id=pad,
-          kv_layout=sampler_cfg.kv_layout,
-        ),
-        donate_argnums=(1,),
-      ),
+      "turn": jax.jit(self._turn(model_fn), donate_argnums=(1,)),
       "append": jax.jit(
         functools.partial(
           append,
@@ -545,6 +548,26 @@ class Runner:
     }
     if view is not None:
       self.pieces["view"] = jax.jit(view)
+
+  def _turn(self, model_fn: Callable) -> Callable:
+    """The turn piece: `decode_turn` on all N rows in lockstep, or with
+    sampler.refill_slots = S > 0, `episode_refill.refill_turn` through S slots (pages only:
+    an episode keeps its pages between actions; a dense row would be copied in and out)."""
+    scfg, kw = self.sampler_cfg, dict(stop_ids=self.stop_ids, turn_tokens=self.cfg.turn_tokens)
+    if not scfg.refill_slots:
+      return functools.partial(
+        decode_turn, model_fn=model_fn, pad_id=scfg.pad_id, kv_layout=scfg.kv_layout, **kw
+      )
+    if scfg.kv_layout != "paged":
+      raise ValueError(
+        f"Episodes with config.sampler.refill_slots={scfg.refill_slots} need "
+        f'config.sampler.kv_layout="paged" (got {scfg.kv_layout!r}): an episode keeps its '
+        "pages while it waits for its next action."
+      )
+    refill = functools.partial(
+      episode_refill.refill_turn, model_fn=model_fn, slots=scfg.refill_slots, **kw
+    )
+    return lambda *args: _rows_constrained(refill(*args))
 
   def context(self):
     """The layout's mesh and rules in scope (nothing without a layout)."""

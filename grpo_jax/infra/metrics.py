@@ -167,7 +167,8 @@ DEFINITIONS = {
   "rewards received before it, the late step counting 0).",
   "pad/sample_frac": "Share of the sampler's row-steps this iteration spent on rows that had already "
   "ended or on idle slots (1 − Σ completion tokens / (decoding rows × decode steps run); decoding "
-  "rows = sampler.refill_slots when the refill sampler runs, else every row).",
+  "rows = sampler.refill_slots when the refill sampler runs, else every row; with episodes, the "
+  "row-columns their turns and observation appends computed, refill slots' included).",
   "sampler/starved_frac": "Share of the iteration's rows that the sampler's page pool had no page "
   "for (sampler.kv_layout='paged', pool sampler.kv_pool_fraction): they ended there, truncated "
   "(no EOS). Logged with a paged cache only; above 0, raise sampler.kv_pool_fraction.",

@@ -324,7 +324,23 @@ def sample_categorical(key, logits_NV, *, block: int = 128):
   return _sample_with_lse(key, logits_NV, block=block)[0]
 
 
-def _sample_with_lse(key, logits_NV, *, block: int = 128):
+def _uniforms(key, N: int, *, row_keys: bool):
+  """[N, 2] uniforms in (0, 1] (a zero-mass prefix is never picked): from one key, or
+  with `row_keys` from key[n] for row n (a row's draw then depends on its own key only,
+  not on the batch's width or its place in it)."""
+  if row_keys:
+    return 1.0 - jax.vmap(lambda k: jax.random.uniform(k, (2,)))(key)
+  return 1.0 - jax.random.uniform(key, (N, 2))
+
+
+def keys_by_row(key, n_N, t_N):
+  """[N] keys fold_in(fold_in(key, n), t): a draw keyed by its row's index n and column t
+  (counter-based: the same for a row wherever and whenever it is decoded; the episode
+  refill loop's, `envs.episode_refill`)."""
+  return jax.vmap(lambda n, t: jax.random.fold_in(jax.random.fold_in(key, n), t))(n_N, t_N)
+
+
+def _sample_with_lse(key, logits_NV, *, block: int = 128, row_keys: bool = False):
   """(token_N, logsumexp(logits)_N): the draw of `sample_categorical`, plus the normaliser
   computed from the same exp pass (so log pi(token) costs no second pass over V)."""
   N, V = logits_NV.shape
@@ -332,7 +348,7 @@ def _sample_with_lse(key, logits_NV, *, block: int = 128):
   max_N1 = jnp.max(logits_NV, axis=-1, keepdims=True)
   p_NV = jnp.exp(logits_NV - max_N1)
   p_NCb = jnp.pad(p_NV, ((0, 0), (0, nb * block - V))).reshape(N, nb, block)
-  u_N2 = 1.0 - jax.random.uniform(key, (N, 2))  # In (0, 1]: a zero-mass prefix is never picked.
+  u_N2 = _uniforms(key, N, row_keys=row_keys)
   cum_NC = jnp.cumsum(jnp.sum(p_NCb, axis=-1), axis=-1)
   c_N = jnp.minimum(jnp.sum(cum_NC < u_N2[:, :1] * cum_NC[:, -1:], axis=-1), nb - 1)
   cum_Nb = jnp.cumsum(jnp.take_along_axis(p_NCb, c_N[:, None, None], axis=1)[:, 0], axis=-1)
@@ -341,12 +357,13 @@ def _sample_with_lse(key, logits_NV, *, block: int = 128):
   return (c_N * block + t_N).astype(jnp.int32), lse_N
 
 
-def choose_tokens(logits_NV, key, hyper: SamplingParams):
+def choose_tokens(logits_NV, key, hyper: SamplingParams, *, row_keys: bool = False):
   """Returns (token_N, sampling logp_N, policy logp_N).
 
   sampling logp = log softmax(filter(logits / T))[token] (0 when greedy); policy logp =
   log softmax(logits)[token]. When T = 1 and no filter is active the two normalisers are
-  the same and are computed once, in a branch that neither scales nor filters.
+  the same and are computed once, in a branch that neither scales nor filters. With
+  `row_keys`, key is [N] keys, one a row (`keys_by_row`); else one key for the batch.
   """
   logits_NV = logits_NV.astype(jnp.float32)
   identity = (hyper.temperature == 1.0) & (hyper.top_k <= 0) & (hyper.top_p >= 1.0)
@@ -358,13 +375,13 @@ def choose_tokens(logits_NV, key, hyper: SamplingParams):
     return tok_N, jnp.zeros(tok_N.shape, jnp.float32), policy_N
 
   def plain(key):  # T = 1, no truncation: one exp pass over the raw logits, no copies.
-    tok_N, lse_N = _sample_with_lse(key, logits_NV)
+    tok_N, lse_N = _sample_with_lse(key, logits_NV, row_keys=row_keys)
     logp_N = at(logits_NV, tok_N) - lse_N
     return tok_N, logp_N, logp_N
 
   def filtered(key):
     filtered_NV = filter_logits(logits_NV, hyper)
-    tok_N, lse_N = _sample_with_lse(key, filtered_NV)
+    tok_N, lse_N = _sample_with_lse(key, filtered_NV, row_keys=row_keys)
     policy_N = at(logits_NV, tok_N) - jax.nn.logsumexp(logits_NV, axis=-1)
     return tok_N, at(filtered_NV, tok_N) - lse_N, policy_N
 

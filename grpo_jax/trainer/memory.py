@@ -689,11 +689,12 @@ def _pool_sampler(setup) -> sampling.SamplerConfig:
   """The sampler config whose pool the plan prices: with episodes, partial rollouts or
   trained counterfactual rows the training rows decode on a whole pool whatever
   sampler.kv_pool_fraction says (`episodes._paged_cache`, `rollouts.counterfactuals.sample_limited`),
-  so the plan prices it whole."""
+  so the plan prices it whole; episodes through refill slots keep every episode's pages
+  while it waits to act (`episode_refill`): a pool of all N rows, not of S slots."""
   scfg, op = setup.sampler_cfg, setup.offpolicy
-  whole = (
-    setup.episodes is not None or (op.enabled and op.partial != "off") or setup.counterfactual.train
-  )
+  if setup.episodes is not None:
+    return dataclasses.replace(scfg, kv_pool_fraction=1.0, refill_slots=0)
+  whole = (op.enabled and op.partial != "off") or setup.counterfactual.train
   return dataclasses.replace(scfg, kv_pool_fraction=1.0) if whole else scfg
 
 

@@ -563,7 +563,12 @@ class _Loop:
       "nonfinite_steps": skipped,
       "nonfinite_total": st.nonfinite_total,
       **{f"time/{k}": v for k, v in seconds.items()},
-      **rollout.padding(got.rollouts, tokens=tokens, slots=self.setup.sampler_cfg.refill_slots),
+      # Episodes count their refill slots' row-columns in num_steps themselves.
+      **rollout.padding(
+        got.rollouts,
+        tokens=tokens,
+        slots=0 if self.setup.episodes else self.setup.sampler_cfg.refill_slots,
+      ),
       "tokens_per_s": actions / max(seconds["sample"], 1e-9),
       "perf/mfu": sum(fl.values()) / seconds["iteration"] / self.peak_flops,
       "perf/mfu_sample": fl["sample"] / max(seconds["sample"], 1e-9) / self.peak_flops,

@@ -17,7 +17,7 @@ import pytest
 import runs  # tests/ is on sys.path (conftest).
 
 from grpo_jax import config, tasks
-from grpo_jax.envs import base, calculator, episodes
+from grpo_jax.envs import base, calculator, episode_refill, episodes
 from grpo_jax.infra import config_lib, metrics
 from grpo_jax.models import logprobs, model, sampling
 from grpo_jax.rl import advantages, aggregation, learner, planners, preparation, presets, spec
@@ -325,9 +325,10 @@ class Chatty(base.Environment):
     return base.Step(self.tokenizer.encode(text), reward=float(self.k), done=self.k >= 3)
 
 
-def _chatty_run(cfg, params, tokenizer, **sampler):
+def _chatty_run(cfg, params, tokenizer, *, row_keys=False, model_fn=None, **sampler):
   """Chatty episodes of 4 prompts × G = 4 sampled by the model `cfg` with `params`
-  (`sampler`: SamplerConfig fields)."""
+  (`sampler`: SamplerConfig fields; `row_keys`: the lockstep turn draws with the refill
+  loop's keys; `model_fn`: in place of the model's own)."""
   scfg = sampling.SamplerConfig(
     max_new_tokens=32,
     eos_ids=tokenizer.eos_ids,
@@ -336,8 +337,9 @@ def _chatty_run(cfg, params, tokenizer, **sampler):
     prompt_buckets=(8,),
     **sampler,
   )
+  model_fn = model_fn or model.make_model_fn(cfg)
   runner = episodes.Runner(
-    model_fn=model.make_model_fn(cfg),
+    model_fn=model_fn,
     init_cache=functools.partial(model.init_cache, cfg),
     sampler_cfg=scfg,
     cfg=episodes.EpisodeConfig(name="chatty", max_turns=3, turn_tokens=8, observation_tokens=6),
@@ -345,6 +347,12 @@ def _chatty_run(cfg, params, tokenizer, **sampler):
     make_env=functools.partial(Chatty, tokenizer=tokenizer),
     env_cls=Chatty,
   )
+  if row_keys:
+    turn = functools.partial(
+      episodes.decode_turn, model_fn=model_fn, stop_ids=runner.stop_ids, turn_tokens=8,
+      pad_id=scfg.pad_id, kv_layout=scfg.kv_layout, row_keys=True,
+    )  # fmt: skip
+    runner.pieces["turn"] = jax.jit(turn, donate_argnums=(1,))
   texts = ("Q:12+7\n", "Q:3+45\n", "Q:60+6\n", "Q:8+8\n")
   prompts = sampling.prepare_prompts([tokenizer.encode(p, add_bos=True) for p in texts], cfg=scfg)
   return runner.run(params, prompts, list(texts), jax.random.key(3), sampling.sampling_params())
@@ -406,6 +414,126 @@ def test_episodes_on_pages_equal_the_dense_episodes(
     np.testing.assert_allclose(getattr(got.rollouts, k), getattr(want.rollouts, k), atol=1e-5)
   # An append is one call of O columns in both layouts.
   assert got.rollouts.num_steps == want.rollouts.num_steps
+
+
+# ----------------------------------------------------------------------------
+# Slot refill: a turn's actions through S slots (`episode_refill`).
+# ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def row_keyed_episodes(tiny_cfg, tiny_params, tokenizer):
+  """The lockstep paged run drawing with the refill loop's keys (the reference)."""
+  return _chatty_run(tiny_cfg, tiny_params, tokenizer, row_keys=True, kv_layout="paged",
+                     page_size=4)  # fmt: skip
+
+
+def _assert_same_episodes(got, want, *, atol=0.0):
+  for k in ("tokens_NT", "mask_NT", "action_mask_NT", "eos_N", "length_N"):
+    np.testing.assert_array_equal(getattr(got.rollouts, k), getattr(want.rollouts, k), err_msg=k)
+  for k in ("reward_N", "end_N", "turns_N"):
+    np.testing.assert_array_equal(getattr(got, k), getattr(want, k), err_msg=k)
+  for k in ("logp_NT", "policy_logp_NT"):
+    np.testing.assert_allclose(
+      getattr(got.rollouts, k), getattr(want.rollouts, k), atol=atol, rtol=0, err_msg=k
+    )
+
+
+def test_idle_slots_take_the_lowest_index_ready_episodes_in_slot_order():
+  """N = 5 episodes, 3 slots: slots 0 and 2 are idle, slot 1 runs episode 2 (3 tokens
+  into its action); episodes 1, 3 and 4 are ready. Slot 0 takes 1, slot 2 takes 3 (their
+  token counts restart), episode 4 waits."""
+  ep_S, k_S, ready_N = episode_refill._fill(
+    jnp.array([5, 2, 5]), jnp.array([6, 3, 6]), jnp.array([False, True, False, True, True])
+  )
+  np.testing.assert_array_equal(ep_S, [1, 2, 3])
+  np.testing.assert_array_equal(k_S, [0, 3, 0])
+  np.testing.assert_array_equal(ready_N, [False, False, False, False, True])
+  # Nothing ready: the idle slots stay idle.
+  ep_S, _, _ = episode_refill._fill(jnp.array([5, 5]), jnp.array([0, 0]), jnp.zeros(5, bool))
+  np.testing.assert_array_equal(ep_S, [5, 5])
+
+
+def test_row_keyed_draws_do_not_depend_on_the_batch():
+  """Each row's token from its own key: a permuted subset of the rows draws the same
+  tokens (bit for bit) as the whole batch, under temperature and top-p too."""
+  logits_NV = jax.random.normal(jax.random.key(0), (16, 300)) * 3
+  keys_N = sampling.keys_by_row(jax.random.key(1), jnp.arange(16), jnp.arange(16) % 5)
+  for hyper in (sampling.sampling_params(), sampling.sampling_params(temperature=0.7, top_p=0.9)):
+    full = sampling.choose_tokens(logits_NV, keys_N, hyper, row_keys=True)
+    idx = jnp.array([11, 3, 7])
+    part = sampling.choose_tokens(logits_NV[idx], keys_N[idx], hyper, row_keys=True)
+    for a, b in zip(full, part, strict=True):
+      np.testing.assert_array_equal(a[idx], b)
+  # A key is the row's and the column's: another column, another draw.
+  other = sampling.keys_by_row(jax.random.key(1), jnp.arange(16), jnp.arange(16) % 5 + 1)
+  tok = lambda k: sampling.choose_tokens(logits_NV, k, sampling.sampling_params(), row_keys=True)[0]
+  assert (tok(keys_N) != tok(other)).sum() >= 8
+
+
+@pytest.mark.parametrize(
+  "slots, page_size, shared_prefix, chunk",
+  [(1, 4, True, 0), (5, 3, False, 4), (5, 4, True, 0), (16, 4, True, 0)],
+)
+def test_refill_episodes_equal_the_lockstep_episodes(
+  tiny_cfg, tiny_params, tokenizer, row_keyed_episodes, slots, page_size, shared_prefix, chunk
+):
+  """sampler.refill_slots = S on pages: every action decoded through S slots gives the
+  lockstep run's episodes (same keys: `decode_turn(row_keys=True)`): tokens, masks, turns,
+  rewards and ends exactly, log-probs to float32 sums, for S = 1 (an episode at a time), 5 and N = 16, pages of 4
+  and 3 slots, the prompt's pages shared or copied, observations in chunks. Each decode
+  call runs S rows, and with S < N the turns compute fewer row-columns than lockstep."""
+  calls = []
+
+  def model_fn(params, tokens_BT, positions_BT, cache, **kw):
+    calls.append(tokens_BT.shape)  # At trace time: the call's static shape.
+    return model.make_model_fn(tiny_cfg)(params, tokens_BT, positions_BT, cache, **kw)
+
+  got = _chatty_run(
+    tiny_cfg, tiny_params, tokenizer, model_fn=model_fn, kv_layout="paged", refill_slots=slots,
+    page_size=page_size, shared_prefix=shared_prefix, prefill_chunk=chunk,
+  )  # fmt: skip
+  want = row_keyed_episodes
+  # Log-probs to the order of float32 sums (a matmul of S rows sums as one of N may not:
+  # measured 1.9e-6 at S = 1).
+  _assert_same_episodes(got, want, atol=1e-5)
+  assert {c for c in calls if c[1] == 1} == {(slots, 1)}  # Decode calls: S rows a token.
+  steps, lockstep = int(got.rollouts.num_steps), int(want.rollouts.num_steps)
+  assert steps < lockstep if slots < 16 else steps == lockstep
+  assert float(want.rollouts.action_mask_NT.sum()) >= 40  # Actions of several lengths.
+  assert len(set(np.asarray(want.rollouts.action_mask_NT.sum(axis=1)).tolist())) >= 3
+
+
+def test_refill_episodes_need_pages(tiny_cfg, tiny_params, tokenizer):
+  with pytest.raises(ValueError, match='refill_slots=4 need config.sampler.kv_layout="paged"'):
+    _chatty_run(tiny_cfg, tiny_params, tokenizer, refill_slots=4)
+
+
+def _refill_run(workdir, *, iterations: int):
+  """configs/calculator.py:tiny on pages through 16 refill slots (64 episodes an
+  iteration), from its learning test's committed warm start (real rewards, ~3 turns)."""
+  from grpo_jax.trainer import train  # noqa: PLC0415
+
+  c = config_lib.load("configs/calculator.py:tiny")
+  c.update(prompts_per_step=8, iterations=iterations, eval_every=2, eval_size=16)
+  c.update(eval_samples=0, checkpoint_every=1, reward_workers=0, progress=False)
+  c.update(tensorboard=False)
+  c.sampler.update(kv_layout="paged", page_size=8, refill_slots=16)
+  if not (workdir / "checkpoints").exists():
+    runs._copy_warm_start(runs.WARM_STARTS / "calculator_tiny", workdir, fresh=True)
+  return train.run(c, workdir, log=lambda _: None)
+
+
+def test_refill_episodes_train_and_resume_to_the_uninterrupted_metrics(tmp_path):
+  """Two iterations in one session, and one then resumed to two: every metric but the
+  timing ones is equal (the episodes' draws are keyed by episode and column, so the
+  resumed batch replays exactly), and the sampling padding counts the slots' steps."""
+  local = _refill_run(tmp_path / "local", iterations=2)
+  _refill_run(tmp_path / "resumed", iterations=1)
+  resumed = _refill_run(tmp_path / "resumed", iterations=2)
+  runs.assert_episodes_resume_equal(tmp_path / "local", tmp_path / "resumed", (local, resumed))
+  line = runs.lines(tmp_path / "local")[1]
+  assert 0.0 <= line["pad/sample_frac"] < 0.5, line["pad/sample_frac"]
 
 
 # ----------------------------------------------------------------------------
@@ -639,7 +767,7 @@ def test_the_config_builds_episodes_and_refuses_what_does_not_combine():
     ("env.name", "abacus", "config.env.name: Unknown environment 'abacus'"),
     ("env.max_turns", 0, "config.env.max_turns must be >= 1"),
     ("env.kwargs", {"base": 2}, "config.env.kwargs for environment 'calculator'"),
-    ("sampler.refill_slots", 8, "does not combine with config.sampler.refill_slots"),
+    ("sampler.refill_slots", 8, "with config.sampler.kv_layout='dense' \\(refill needs"),
     ("offpolicy.partial", "continue", r"partial='continue' \(episodes are played whole"),
     ("offpolicy.placement", "split", r"placement='split' \(the episode runners sample"),
   ):
@@ -650,6 +778,9 @@ def test_the_config_builds_episodes_and_refuses_what_does_not_combine():
       bad.offpolicy.update(enabled=True, max_staleness=1)
     with pytest.raises(config_lib.ConfigError, match=match):
       build.build(bad, n_devices=2)
+  refill = config_lib.load("configs/calculator.py:tiny")
+  refill.sampler.update(kv_layout="paged", refill_slots=8)
+  assert build.build(refill).sampler_cfg.refill_slots == 8  # Episodes through slots, paged.
   pipelined = config_lib.load("configs/calculator.py:tiny")
   pipelined.offpolicy.update(enabled=True, max_staleness=2)
   assert build.build(pipelined).episodes.name == "calculator"  # Whole episodes, shared.
@@ -716,6 +847,8 @@ def test_the_calculator_config_learns_with_its_tool(calculator_runs):
 def test_bench_episodes_reports_its_figures():
   import bench_episodes  # noqa: PLC0415
 
-  r = bench_episodes.main(["--quick"])
-  assert r["episodes_per_s"] > 0 and r["episodes"] == 16
+  # Its slot-refill options (the lockstep default differs only by the config it builds).
+  r = bench_episodes.main(["--quick", "--kv_layout=paged", "--refill_slots=4"])
+  assert r["episodes_per_s"] > 0 and r["episodes"] == 16 and r["refill_slots"] == 4
   assert 0 < r["sample_share"] < 1 and 0 < r["env_share"] < 1
+  assert r["row_steps"] > 0

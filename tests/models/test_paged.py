@@ -515,18 +515,23 @@ def test_the_tpu_record_of_the_tpu_hosts_program_carries_its_claim_and_verdict()
 
 def test_the_plan_prices_a_whole_pool_where_the_training_rows_take_one():
   """Episodes (and partial or counterfactual rows) decode on a whole pool whatever
-  sampler.kv_pool_fraction says, so the memory plan prices it whole for them; the static
-  sampler's pool follows the fraction."""
+  sampler.kv_pool_fraction says, so the memory plan prices it whole for them (episodes
+  through refill slots too: a pool of every episode's pages, not the slots'); the static
+  sampler's pool follows the fraction, and the refill sampler's its slots."""
   from grpo_jax.infra import config_lib  # noqa: PLC0415
   from grpo_jax.trainer import build, memory  # noqa: PLC0415
 
-  def kv_bytes(name, fraction, **offpolicy):
+  def kv_bytes(name, fraction, slots=0, **offpolicy):
     c = config_lib.load(f"configs/{name}.py:quick")
     c.sampler.update(kv_layout="paged", page_size=4, kv_pool_fraction=fraction)
+    c.sampler.refill_slots = slots
     c.offpolicy.update(offpolicy)
     return memory.plan_for(build.build(c), n_devices=1).kv_cache
 
   assert kv_bytes("calculator", 0.25) == kv_bytes("calculator", 1.0)
+  # Episodes through refill slots keep their pages while they wait: still every row's.
+  assert kv_bytes("calculator", 0.25, slots=4) == kv_bytes("calculator", 1.0)
+  assert kv_bytes("arithmetic", 1.0, slots=4) < kv_bytes("arithmetic", 1.0)
   assert kv_bytes("arithmetic", 0.25) < kv_bytes("arithmetic", 1.0)
   partial = dict(enabled=True, max_staleness=1, partial="continue")
   assert kv_bytes("arithmetic", 0.25, **partial) == kv_bytes("arithmetic", 1.0, **partial)
