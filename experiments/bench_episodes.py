@@ -4,6 +4,7 @@ in the jitted turns (sampling and observation appends) vs the host's environment
   python experiments/bench_episodes.py            # configs/calculator.py:tiny, warm-started
   python experiments/bench_episodes.py --quick    # small smoke run
   python experiments/bench_episodes.py --kv_layout=paged --refill_slots=64   # slot refill
+  python experiments/bench_episodes.py --kv_layout=paged --refill_slots=64 --overlap_steps=8
 
 Workload: the tiny calculator config's policy (~0.3M parameters) after `--warmstart`
 supervised steps (so episodes take their real three turns: two tool calls and the
@@ -41,6 +42,7 @@ def _setup(args):
   c = config_lib.load(f"{CONFIG}:tiny", warmstart_steps=args.warmstart, progress=False)
   c.prompts_per_step, c.sampler.group_size = args.prompts, args.group
   c.sampler.update(kv_layout=args.kv_layout, refill_slots=args.refill_slots)
+  c.env.overlap_steps = args.overlap_steps
   setup = build.build(c)
   fns = steps.functions(setup)
   params = run_state.initial_params(setup, fns, jax.random.key(0))
@@ -68,6 +70,7 @@ def main(argv=None) -> dict:
   p.add_argument("--warmstart", type=int, default=300)
   p.add_argument("--kv_layout", choices=("dense", "paged"), default="dense")
   p.add_argument("--refill_slots", type=int, default=0, help="S slots (paged only); 0: lockstep")
+  p.add_argument("--overlap_steps", type=int, default=0, help="env.overlap_steps (with slots)")
   args = p.parse_args(argv)
   if args.quick:
     args.prompts, args.group, args.repeats, args.warmstart = 4, 4, 2, 20
@@ -99,6 +102,7 @@ def main(argv=None) -> dict:
     "row_steps": float(np.mean([x["steps"] for x in runs])),
     "kv_layout": args.kv_layout,
     "refill_slots": args.refill_slots,
+    "overlap_steps": args.overlap_steps,
     "first_batch_s": compile_s,
     "warmstart_steps": args.warmstart,
     "device": jax.devices()[0].device_kind,

@@ -29,8 +29,13 @@ turns, rewards and ends exactly, log-probs up to the order of float32 sums (a ma
 rows need not sum as one of N: 1.9e-6 apart at S = 1 on CPU;
 `tests/envs/test_episodes.py`). Greedy decoding draws nothing. Only the refill loop uses these keys, so lockstep runs keep their draws.
 
-The environments' steps stay a barrier between turns (`episodes.Runner._act`, as in the
-lockstep runner); what refill removes is the decode padding within a turn.
+In turns (`refill_turn`) the environments' steps stay a barrier between turns
+(`episodes.Runner._act`, as in the lockstep runner): what refill removes is the decode
+padding within a turn. With env.overlap_steps = K (`play_overlapped`, one process) there
+are no turns: the slots decode K steps a segment (`refill_segment`, the slots carried
+over), the actions that ended go to their environments on the step workers while the next
+segments decode (`stepping.Flight`), and observations are appended as they come back, S
+episodes a call (`append_rows`): an episode waiting on its tool frees its slot.
 
 Hand-written: the refill sampler of single-turn rows (`models.refill`) retires a row for
 good and loads a new prompt into its slot; an episode pauses between actions and keeps
@@ -41,10 +46,13 @@ Shape letters as in `episodes`; S slots.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
+import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from grpo_jax.models import paged, sampling
 
@@ -78,31 +86,34 @@ def _forward_slots(params, pages: paged.Pages, ep_S, tok_S, pos_S, t_S, live_S, 
   return logits_S1V, view.replace(cache=view.cache.replace(table_NM=c.table_NM, slot_N=c.slot_N))
 
 
-def refill_turn(
-  params,
-  state,
-  hyper: sampling.SamplingParams,
-  active_N,
-  *,
-  model_fn: Callable,
-  stop_ids: tuple[int, ...],
-  turn_tokens: int,
-  slots: int,
-):
-  """One action per active episode (`episodes.decode_turn`'s ends: a stop id, kept as the
-  action's last token; `turn_tokens` tokens; the budget T), decoded S = `slots` episodes a
-  step: a slot whose episode ends its action takes the next one still to act. `state`:
-  an `episodes.EpisodeState` on pages; its `step` grows by S a decode step (row-columns
-  computed)."""
+@flax.struct.dataclass
+class Slots:
+  """The slots between two segments (`refill_segment`): the episode each runs (N: idle) and
+  the tokens of its current action."""
+
+  ep_S: jax.Array
+  k_S: jax.Array
+
+  @classmethod
+  def idle(cls, slots: int, episodes: int) -> Slots:
+    return cls(jnp.full((slots,), episodes, jnp.int32), jnp.zeros((slots,), jnp.int32))
+
+
+def _slot_loop(params, state, slots: Slots, hyper, ready_N, *, model_fn, stop_ids, turn_tokens,
+               max_steps: int | None):  # fmt: skip
+  """Decode steps through the slots while one runs or an episode is ready (at most
+  `max_steps`; None: until then). Returns (state, slots, ready_N left, acted_N: the
+  episodes whose action ended)."""
   N, T = state.tokens_NT.shape
   stop = jnp.asarray(stop_ids, jnp.int32)
+  limit = jnp.iinfo(jnp.int32).max if max_steps is None else max_steps
 
   def cond(carry):
-    _, ep_S, _, ready_N = carry
-    return jnp.any(ep_S < N) | jnp.any(ready_N)
+    _, ep_S, _, ready_N, _, j = carry
+    return (jnp.any(ep_S < N) | jnp.any(ready_N)) & (j < limit)
 
   def body(carry):
-    s, ep_S, k_S, ready_N = carry
+    s, ep_S, k_S, ready_N, acted_N, j = carry
     ep_S, k_S, ready_N = _fill(ep_S, k_S, ready_N)
     live_S = ep_S < N
     n_S = jnp.minimum(ep_S, N - 1)
@@ -131,9 +142,177 @@ def refill_turn(
     )
     k_S = k_S + live_S
     ended_S = live_S & (jnp.isin(new_S, stop) | (t_S + 1 >= T) | (k_S >= turn_tokens))
-    return s, jnp.where(ended_S, N, ep_S), k_S, ready_N
+    acted_N = acted_N.at[jnp.where(ended_S, ep_S, N)].set(True, mode="drop")
+    return s, jnp.where(ended_S, N, ep_S), k_S, ready_N, acted_N, j + 1
 
-  ready_N = jnp.asarray(active_N, jnp.bool_) & (state.t_N < T)
-  idle_S = jnp.full((slots,), N, jnp.int32)
-  carry = (state, idle_S, jnp.zeros((slots,), jnp.int32), ready_N)
-  return jax.lax.while_loop(cond, body, carry)[0]
+  ready_N = jnp.asarray(ready_N, jnp.bool_) & (state.t_N < T)
+  carry = (state, slots.ep_S, slots.k_S, ready_N, jnp.zeros((N,), jnp.bool_), jnp.int32(0))
+  s, ep_S, k_S, ready_N, acted_N, _ = jax.lax.while_loop(cond, body, carry)
+  return s, Slots(ep_S, k_S), ready_N, acted_N
+
+
+def refill_turn(
+  params,
+  state,
+  hyper: sampling.SamplingParams,
+  active_N,
+  *,
+  model_fn: Callable,
+  stop_ids: tuple[int, ...],
+  turn_tokens: int,
+  slots: int,
+):
+  """One action per active episode (`episodes.decode_turn`'s ends: a stop id, kept as the
+  action's last token; `turn_tokens` tokens; the budget T), decoded S = `slots` episodes a
+  step: a slot whose episode ends its action takes the next one still to act. `state`:
+  an `episodes.EpisodeState` on pages; its `step` grows by S a decode step (row-columns
+  computed)."""
+  N = state.tokens_NT.shape[0]
+  kw = dict(model_fn=model_fn, stop_ids=stop_ids, turn_tokens=turn_tokens, max_steps=None)
+  return _slot_loop(params, state, Slots.idle(slots, N), hyper, active_N, **kw)[0]
+
+
+def refill_segment(params, state, slots: Slots, hyper, ready_N, *, model_fn: Callable,
+                   stop_ids: tuple[int, ...], turn_tokens: int, steps: int):  # fmt: skip
+  """At most `steps` decode steps through the slots, carried over from the segment before
+  (env.overlap_steps: the host runs environment steps meanwhile): idle slots take ready
+  episodes as in `refill_turn`, and a slot keeps its episode across segments until the
+  action ends. Returns (state, slots, ready_N: the ready episodes no slot took yet,
+  acted_N: the episodes whose action ended in this segment)."""
+  kw = dict(model_fn=model_fn, stop_ids=stop_ids, turn_tokens=turn_tokens, max_steps=steps)
+  return _slot_loop(params, state, slots, hyper, ready_N, **kw)
+
+
+def append_rows(params, state, idx_R, obs_RO, n_R, *, model_fn: Callable, pad_id: int,
+                chunk: int = 0):  # fmt: skip
+  """`episodes.append` for R episodes only (idx_R; N: none), on pages: episode idx_R[r]
+  gets its n_R[r] observation tokens obs_RO[r, :n] (fed after its last token, as there),
+  in one call of R rows (in calls of `chunk` columns with 0 < chunk < O), through an R-row
+  view of the page table whose rows, with the pages they took, are put back. The
+  overlapped loop appends the observations that are ready, not all N rows'."""
+  N, T = state.tokens_NT.shape
+  width = obs_RO.shape[1]
+  has_R = idx_R < N
+  n_R = jnp.where(has_R, jnp.asarray(n_R, jnp.int32), 0)
+  r_R = jnp.minimum(idx_R, N - 1)
+  tok_R, pos_R, t_R = state.tok_N[r_R], state.pos_N[r_R], state.t_N[r_R]
+  j_O = jnp.arange(width)
+  has_RO = j_O[None, :] < n_R[:, None]
+  feed_RO = jnp.where(has_RO, jnp.concatenate([tok_R[:, None], obs_RO[:, :-1]], axis=1), pad_id)
+  pos_RO = jnp.where(has_RO, pos_R[:, None] + j_O[None, :], -1)
+  pages, c = state.cache, state.cache.cache
+  view = pages.replace(cache=c.replace(table_NM=c.table_NM[r_R], slot_N=c.slot_N[r_R]))
+  _, view = paged.append_block(
+    params, view, feed_RO, pos_RO, t_R, n_R, model_fn=model_fn, chunk=chunk, logits=False
+  )
+  back_R = jnp.where(has_R, idx_R, N)  # Rows that took pages put their table rows back.
+  table_NM = c.table_NM.at[back_R].set(view.cache.table_NM, mode="drop")
+  pages = view.replace(cache=view.cache.replace(table_NM=table_NM, slot_N=c.slot_N))
+  last_R = jnp.take_along_axis(obs_RO, jnp.maximum(n_R - 1, 0)[:, None], axis=1)[:, 0]
+  moved_R = jnp.where(n_R > 0, idx_R, N)
+  rows_RO = jnp.where(has_RO, idx_R[:, None], N)
+  cols_RO = jnp.minimum(t_R[:, None] + j_O[None, :], T)
+  put = lambda buf, x: buf.at[rows_RO, cols_RO].set(x, mode="drop")  # noqa: E731
+  return state.replace(
+    cache=pages,
+    tok_N=state.tok_N.at[moved_R].set(last_R, mode="drop"),
+    pos_N=state.pos_N.at[moved_R].set(pos_R + n_R, mode="drop"),
+    t_N=state.t_N.at[moved_R].set(t_R + n_R, mode="drop"),
+    tokens_NT=put(state.tokens_NT, obs_RO),
+    mask_NT=put(state.mask_NT, True),
+    step=state.step + idx_R.shape[0] * width,
+  )
+
+
+def overlap_pieces(runner, model_fn: Callable) -> dict:
+  """The overlapped loop's jitted pieces (`play_overlapped`): "segment" (`refill_segment`,
+  env.overlap_steps decode steps) and "append_rows" (`append_rows`, S rows a call); both
+  donate the state. Refill slots on pages only (`episodes.Runner._turn` checks)."""
+  scfg, cfg = runner.sampler_cfg, runner.cfg
+  if not scfg.refill_slots:
+    raise ValueError(
+      f"config.env.overlap_steps={cfg.overlap_steps} needs config.sampler.refill_slots > 0 "
+      "(the slots a waiting episode frees)."
+    )
+  segment = functools.partial(
+    refill_segment, model_fn=model_fn, stop_ids=runner.stop_ids, turn_tokens=cfg.turn_tokens,
+    steps=cfg.overlap_steps,
+  )  # fmt: skip
+  append = functools.partial(
+    append_rows, model_fn=model_fn, pad_id=scfg.pad_id, chunk=scfg.prefill_chunk
+  )
+  return {
+    "segment": jax.jit(segment, donate_argnums=(1,)),
+    "append_rows": jax.jit(append, donate_argnums=(1,)),
+  }
+
+
+def play_overlapped(runner, params, state, hyper, rows, clock):
+  """The episodes from their first action to their end with environment steps overlapping
+  the decoding (env.overlap_steps = K; one process): segments of at most K decode steps
+  through the S slots; after each, the actions that ended go to their environments
+  (`stepping.Flight`: they run on the step workers while the next segments decode), and
+  the observations that came back are appended, S episodes a call (`append_rows`); an
+  episode is ready to act again once its observation is in. The host waits on the
+  environments only when no slot has an episode and none is ready. Each episode's turns,
+  limits and end reasons are the lockstep loop's (`episodes.Runner._action`, `_answer`,
+  the observation limits of `_observe`), and its draws are keyed by episode and column,
+  so the episodes are those of the lockstep turns drawing with the same keys, whatever
+  the tools' timing. Returns the final state (every episode ended)."""
+  N, S = len(rows.t_N), runner.sampler_cfg.refill_slots
+  slots, ready_N, busy = Slots.idle(S, N), rows.running_N.copy(), False
+  flight = runner._steps.flight()
+  try:
+    while rows.running_N.any():
+      acted, failed = [], []
+      if busy or ready_N.any():
+        with clock("sample"):
+          state, slots, left_N, acted_N = runner.pieces["segment"](
+            params, state, slots, hyper, ready_N
+          )
+          ready_N, acted = np.array(left_N), np.flatnonzero(np.asarray(acted_N))
+          busy = bool((np.asarray(slots.ep_S) < N).any())
+          tokens_NT = np.asarray(state.tokens_NT) if acted.size else None
+          rows.t_N = np.array(state.t_N, np.int32)
+      with clock("env"):
+        for i in acted:
+          action = runner._action(rows, i, tokens_NT[i])
+          if isinstance(action, str):
+            flight.submit(i, rows.envs[i], action)
+          elif action is not None:
+            failed.append((i, action))
+        if not (busy or ready_N.any() or flight.pending or failed) and rows.running_N.any():
+          raise RuntimeError(f"episodes {np.flatnonzero(rows.running_N)} neither act nor wait")
+        got = sorted(failed + flight.take(block=not (busy or ready_N.any() or failed)))
+        last = lambda i: rows.turns_N[i] >= runner.cfg.max_turns  # noqa: E731
+        obs = {i: runner._answer(rows, i, o, last_turn=last(i)) for i, o in got}
+      with clock("sample"):
+        state = _append_answers(runner, params, state, rows, obs)
+      ready_N[[i for i in obs if rows.running_N[i]]] = True
+  finally:
+    flight.close()
+  return state
+
+
+def _append_answers(runner, params, state, rows, obs: dict):
+  """The observations `obs` ({episode: tokens}) of running episodes appended, S a call; one
+  over env.observation_tokens or leaving no column for another action ends its episode
+  (token_limit), as `episodes.Runner._observe` does."""
+  width = runner.cfg.observation_tokens
+  N, S, pad = len(rows.t_N), runner.sampler_cfg.refill_slots, runner.sampler_cfg.pad_id
+  n_N = np.zeros(N, np.int32)
+  n_N[list(obs)] = [len(o) for o in obs.values()]
+  runner.end_over_limit(rows, n_N)
+  todo = [(i, o) for i, o in sorted(obs.items()) if o and rows.running_N[i]]
+  for k in range(0, len(todo), S):
+    part = todo[k : k + S]
+    idx_R, n_R = np.full(S, N, np.int32), np.zeros(S, np.int32)
+    obs_RO = np.full((S, width), pad, np.int32)
+    for r, (i, o) in enumerate(part):
+      idx_R[r], n_R[r], obs_RO[r, : len(o)] = i, len(o), o
+    state = runner.pieces["append_rows"](params, state, idx_R, obs_RO, n_R)
+  for i, o in todo:
+    rows.t_N[i] += len(o)
+  for i in obs:
+    rows.action_start_N[i] = rows.t_N[i]
+  return state

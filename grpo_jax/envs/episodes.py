@@ -43,8 +43,9 @@ The loop (`Runner.run`), all rows in lockstep turns:
      re-encoded: one forward of the new tokens per turn (on pages too: `paged.append_block`).
   5. Repeat until every episode ended, at most `max_turns` turns.
 With sampler.refill_slots = S (pages only), step 2 decodes through S slots instead of all
-N rows, a slot taking the next episode to act when its own ends its action
-(`episode_refill`).
+N rows, a slot taking the next episode to act when its own ends its action; with
+env.overlap_steps = K there are no turns: segments of K decode steps alternate with the
+environment steps and appends of the episodes that are ready (`episode_refill`).
 On several processes, each holds the environments of its own rows (those its devices
 hold) and steps 1 and 3 run there for them; the per-row outcomes (reward, end, turns,
 observation counts) are all-gathered after each host phase, so every process feeds the
@@ -116,6 +117,10 @@ class EpisodeConfig:
   # the trainer's thread. Each code environment step is a sandbox process: keep it at most
   # the cores the sandboxes may use, since a run's timeout is wall-clock time.
   step_workers: int = 8
+  # With sampler.refill_slots (pages): decode in segments of this many steps while the
+  # environment steps of finished actions run, so an episode waiting on a tool frees its
+  # slot (`episode_refill.play_overlapped`); 0: turns, the steps between them.
+  overlap_steps: int = 0
 
   def __post_init__(self):
     if not self.name:
@@ -123,6 +128,8 @@ class EpisodeConfig:
     for attr in ("max_turns", "turn_tokens", "observation_tokens", "step_workers"):
       if getattr(self, attr) < 1:
         raise ValueError(f"config.env.{attr} must be >= 1, got {getattr(self, attr)}.")
+    if self.overlap_steps < 0:
+      raise ValueError(f"config.env.overlap_steps must be >= 0 (0: off), got {self.overlap_steps}.")
 
 
 # ----------------------------------------------------------------------------
@@ -546,6 +553,8 @@ class Runner:
       ),
       "finish": jax.jit(functools.partial(to_rollouts, group_size=sampler_cfg.group_size)),
     }
+    if cfg.overlap_steps:
+      self.pieces.update(episode_refill.overlap_pieces(self, model_fn))
     if view is not None:
       self.pieces["view"] = jax.jit(view)
 
@@ -579,6 +588,12 @@ class Runner:
     sampling parameters of every action."""
     if self.tokenizer is None:
       raise ValueError("Runner.run needs a tokenizer (this runner only compiles: `aot`).")
+    if self.cfg.overlap_steps and jax.process_count() > 1:
+      raise ValueError(
+        f"config.env.overlap_steps={self.cfg.overlap_steps} runs on one process only (the "
+        "processes would have to agree on which episodes are ready at every segment); set it "
+        "to 0 on several processes (refill slots still decode each turn)."
+      )
     with self.context():
       return self._run(params, prompts, examples, key, hyper)
 
@@ -613,6 +628,8 @@ class Runner:
     outcomes = rows.outcomes
     with clock("sample"):
       state = self._observe(params, state, first, rows)
+    if self.cfg.overlap_steps:
+      state = episode_refill.play_overlapped(self, params, state, hyper, rows, clock)
     for turn in range(self.cfg.max_turns):
       if not rows.running_N.any():
         break
@@ -664,37 +681,53 @@ class Runner:
     steps at once (`stepping`); returns the observations to append (empty for rows that
     ended, and for other processes' rows). Outcomes are taken in row order, as one thread
     stepping row by row would. `tokens_NT`: this process's rows."""
-    T, lo = tokens_NT.shape[1], rows.mine.start
+    lo = rows.mine.start
     obs = [()] * len(rows.t_N)
     acting, failed = [], {}
     for i in np.flatnonzero(rows.running_N):
       if not rows.mine.start <= i < rows.mine.stop:
         continue
-      action_ids = tokens_NT[i - lo, rows.action_start_N[i] : rows.t_N[i]]
-      rows.turns_N[i] += 1
-      stopped = len(action_ids) > 0 and int(action_ids[-1]) in self.stop_ids
-      if rows.t_N[i] >= T and not stopped:
-        rows.end_N[i] = TOKEN_LIMIT
-        continue
-      rows.envs[i].action_eos = stopped and int(action_ids[-1]) in self.tokenizer.eos_ids
-      try:
-        acting.append((i, self.tokenizer.decode(action_ids)))
-      except Exception as err:  # noqa: BLE001 -- any environment failure ends the episode.
-        failed[i] = stepping.Outcome(error=err)
+      action = self._action(rows, i, tokens_NT[i - lo])
+      if isinstance(action, str):
+        acting.append((i, action))
+      elif action is not None:
+        failed[i] = action
     got = self._steps.run([(rows.envs[i], action) for i, action in acting])
     outcomes = {**failed, **{i: o for (i, _), o in zip(acting, got)}}
     for i in sorted(outcomes):
-      step = self._take(rows, i, outcomes[i])
-      if step is None:
-        continue
-      if step.done:
-        rows.end_N[i] = DONE
-      elif last_turn:
-        rows.end_N[i] = TURN_LIMIT
-      else:
-        obs[i] = tuple(int(t) for t in step.observation)
+      obs[i] = self._answer(rows, i, outcomes[i], last_turn=last_turn)
     rows.share()
     return obs
+
+  def _action(self, rows: _Rows, i: int, tokens_T) -> str | stepping.Outcome | None:
+    """Row i's new action (tokens_T: its token buffer row) counted as a turn: its text for
+    the environment, a failed Outcome when it cannot be decoded, or None when it ended the
+    episode (cut at the budget T without a stop id: token_limit)."""
+    action_ids = tokens_T[rows.action_start_N[i] : rows.t_N[i]]
+    rows.turns_N[i] += 1
+    stopped = len(action_ids) > 0 and int(action_ids[-1]) in self.stop_ids
+    if rows.t_N[i] >= len(tokens_T) and not stopped:
+      rows.end_N[i] = TOKEN_LIMIT
+      return None
+    rows.envs[i].action_eos = stopped and int(action_ids[-1]) in self.tokenizer.eos_ids
+    try:
+      return self.tokenizer.decode(action_ids)
+    except Exception as err:  # noqa: BLE001 -- any environment failure ends the episode.
+      return stepping.Outcome(error=err)
+
+  def _answer(self, rows: _Rows, i: int, outcome: stepping.Outcome, *, last_turn: bool) -> tuple:
+    """Row i's step taken: the observation to append, () when the episode ended (done,
+    its last turn, or what `_take` ends)."""
+    step = self._take(rows, i, outcome)
+    if step is None:
+      return ()
+    if step.done:
+      rows.end_N[i] = DONE
+    elif last_turn:
+      rows.end_N[i] = TURN_LIMIT
+    else:
+      return tuple(int(t) for t in step.observation)
+    return ()
 
   def _take(self, rows: _Rows, i: int, outcome: stepping.Outcome) -> base.Step | None:
     """Row i's step with its reward added, or None when the step ended the episode: late
@@ -714,14 +747,20 @@ class Runner:
       return None
     return step
 
+  def end_over_limit(self, rows: _Rows, n_N) -> None:
+    """Running rows whose observation of n_N tokens is longer than env.observation_tokens,
+    or leaves no column for another action, end (token_limit)."""
+    T = self.sampler_cfg.max_new_tokens
+    over_N = (n_N > 0) & ((n_N > self.cfg.observation_tokens) | (rows.t_N + n_N >= T))
+    rows.end_N[rows.running_N & over_N] = TOKEN_LIMIT
+
   def _observe(self, params, state: EpisodeState, obs: list, rows: _Rows) -> EpisodeState:
     """Appends the observations of running rows; one that exceeds O or leaves no column
     for another action ends its episode with token_limit. Records where each row's next
     action starts. `obs`: this process's rows' (others' are all-gathered)."""
-    width, T = self.cfg.observation_tokens, self.sampler_cfg.max_new_tokens
+    width = self.cfg.observation_tokens
     n_N = rows.gather(np.array([len(o) for o in obs], np.int32))
-    over_N = rows.running_N & (n_N > 0) & ((n_N > width) | (rows.t_N + n_N >= T))
-    rows.end_N[over_N] = TOKEN_LIMIT
+    self.end_over_limit(rows, n_N)
     n_N = np.where(rows.running_N, n_N, 0).astype(np.int32)
     rows.t_N = rows.t_N + n_N
     rows.action_start_N = rows.t_N.copy()

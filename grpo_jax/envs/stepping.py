@@ -4,6 +4,10 @@
     got = steps.run([(env, action), ...])          # one Outcome per step, in that order
     got[k].step, got[k].error, got[k].late
 
+    flight = steps.flight()                        # steps given out one at a time
+    flight.submit(i, env, action)                  # i: any key (the episode loop: the row)
+    flight.take(block=True)                        # [(i, Outcome)] of the steps done, by key
+
 Why threads. The code environment's step is a sandboxed child process (`sandbox.run`): its
 thread spends the step waiting on the child's pipes and exit (select, read, waitpid), which
 release the GIL, so a few threads wait on a few children at once and the trainer's thread
@@ -29,6 +33,10 @@ trainer's wait, never an episode's outcome. The threads hold the job queue, not 
 `Steps`: when a `Steps` is collected (its run's functions left `steps._FUNCTIONS`, or a
 notebook dropped them), each of its waiting workers is told to leave, so runs started one
 after another in a process do not pile up idle threads.
+
+A `Flight` takes steps as they come and gives back each outcome when it is ready: the
+episode refill loop overlaps environment steps with the decoding of other episodes
+(`episodes.Runner`, env.overlap_steps); `run` is a flight of one turn's steps, waited for.
 
 Determinism. Outcomes come back in the order given, whatever order the threads finish
 in, and each step touches its own environment only, so the same actions give the same
@@ -147,48 +155,24 @@ class Steps:
         _judged(_timed_step(env, action, catch=Exception), budget)
         for (env, action), budget in zip(jobs, budgets)
       ]
-    return self._concurrent(jobs, budgets)
+    flight, out = self.flight(), {}
+    try:
+      for k, (env, action) in enumerate(jobs):
+        flight.submit(k, env, action, budget=budgets[k])
+      while len(out) < len(jobs):
+        out.update(flight.take(block=True))
+    finally:  # Interrupted (an error while waiting): no step of this call runs on.
+      flight.close()
+    return [out[k] for k in range(len(jobs))]
 
-  def _concurrent(self, jobs, budgets) -> list[Outcome]:
-    if self._jobs is None:
+  def flight(self) -> Flight:
+    """A flight of steps on this pool's workers (`Flight`)."""
+    if self.workers > 1 and self._jobs is None:
       self._jobs = queue.SimpleQueue()
       weakref.finalize(self, _dismiss, self._jobs, self.workers)
       for _ in range(self.workers):
         self._spawn()
-    events = queue.SimpleQueue()  # This call's own: reports that come after it are lost.
-    given = [_Job(k, env, action, events) for k, (env, action) in enumerate(jobs)]
-    for job in given:
-      self._jobs.put(job)
-    out: list[Outcome | None] = [None] * len(jobs)
-    deadlines: dict[int, float] = {}
-    try:
-      while any(o is None for o in out):
-        self._wait(events, out, deadlines, budgets)
-        now = time.monotonic()
-        for k in [k for k, deadline in deadlines.items() if deadline <= now]:
-          del deadlines[k]
-          if self._abandon(given[k]):  # Else it finished just now: its report is coming.
-            out[k] = Outcome(late=True, seconds=budgets[k])
-    finally:  # Interrupted (an error while waiting): no step of this call runs on.
-      for k in (k for k, o in enumerate(out) if o is None):
-        self._abandon(given[k])
-    return out
-
-  def _wait(self, events, out, deadlines, budgets) -> None:
-    """Takes one report, or none by the nearest deadline: a start sets the step's deadline,
-    a finished step its outcome."""
-    nearest = min(deadlines.values(), default=None)
-    try:
-      kind, k, value = events.get(
-        timeout=None if nearest is None else max(0.0, nearest - time.monotonic())
-      )
-    except queue.Empty:
-      return
-    if kind == "start" and budgets[k] is not None:
-      deadlines[k] = value + budgets[k]
-    elif kind == "done":
-      deadlines.pop(k, None)
-      out[k] = _judged(value, budgets[k])
+    return Flight(self)
 
   def _abandon(self, job: _Job) -> bool:
     """Abandons a step (True unless it finished first); a running one's worker is replaced,
@@ -200,6 +184,84 @@ class Steps:
 
   def _spawn(self) -> None:
     threading.Thread(target=_serve, args=(self._jobs,), name="env-step", daemon=True).start()
+
+
+class Flight:
+  """Steps given out one at a time (`submit`), their outcomes taken as they are ready
+  (`take`): on the pool's workers, each within its budget as `Steps.run`'s; with one
+  worker each step runs when submitted, on the calling thread. `close` abandons the steps
+  not taken yet (their outcomes never come back)."""
+
+  def __init__(self, steps: Steps):
+    self._steps = steps
+    self._events: queue.SimpleQueue = queue.SimpleQueue()  # This flight's own reports.
+    self._given: dict = {}  # key -> (job, budget), until its outcome is taken.
+    self._deadlines: dict = {}
+    self._ready: dict = {}  # key -> Outcome, not yet taken.
+
+  @property
+  def pending(self) -> int:
+    """Steps submitted whose outcome has not been taken."""
+    return len(self._given) + len(self._ready)
+
+  def submit(self, key, env: base.Environment, action: str, *, budget=False) -> None:
+    """Gives out env.step(action) under `key` (budget: `budget_s(env)` unless given)."""
+    budget = budget_s(env) if budget is False else budget
+    if self._steps.workers == 1:
+      self._ready[key] = _judged(_timed_step(env, action, catch=Exception), budget)
+      return
+    job = _Job(key, env, action, self._events)
+    self._given[key] = (job, budget)
+    self._steps._jobs.put(job)
+
+  def take(self, *, block: bool) -> list[tuple]:
+    """[(key, Outcome)] of the steps done (late ones too), sorted by key; with `block`,
+    waits for at least one while any is pending."""
+    if block:
+      while self._given and not self._ready:
+        self._wait(block=True)
+        self._expire()
+    else:
+      while self._wait(block=False):
+        pass
+      self._expire()
+    out, self._ready = sorted(self._ready.items(), key=lambda kv: kv[0]), {}
+    return out
+
+  def _wait(self, *, block: bool) -> bool:
+    """Takes one report (False when there was none by the nearest deadline, or none at
+    all without `block`): a start sets the step's deadline, a finished step its outcome."""
+    nearest = min(self._deadlines.values(), default=None)
+    timeout = None if nearest is None else max(0.0, nearest - time.monotonic())
+    try:
+      kind, key, value = self._events.get(block=block, timeout=timeout if block else None)
+    except queue.Empty:
+      return False
+    budget = self._given[key][1] if key in self._given else None
+    if kind == "start" and budget is not None:
+      self._deadlines[key] = value + budget
+    elif kind == "done" and key in self._given:
+      self._deadlines.pop(key, None)
+      del self._given[key]
+      self._ready[key] = _judged(value, budget)
+    return True
+
+  def _expire(self) -> None:
+    """Steps past their deadline become late (unless they finished just now: their
+    report is coming)."""
+    now = time.monotonic()
+    for key in [k for k, deadline in self._deadlines.items() if deadline <= now]:
+      del self._deadlines[key]
+      job, budget = self._given[key]
+      if self._steps._abandon(job):
+        del self._given[key]
+        self._ready[key] = Outcome(late=True, seconds=budget)
+
+  def close(self) -> None:
+    """Abandons every step not taken yet."""
+    for job, _ in self._given.values():
+      self._steps._abandon(job)
+    self._given, self._deadlines, self._ready = {}, {}, {}
 
 
 def _serve(jobs: queue.SimpleQueue) -> None:

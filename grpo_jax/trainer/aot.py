@@ -52,6 +52,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from grpo_jax import config as grpo_config
+from grpo_jax.envs import episode_refill
 from grpo_jax.infra import config_lib, distributed, flops, hlo, tpu
 from grpo_jax.models import model, sampling, sharding
 from grpo_jax.trainer import abstract, build, memory, steps
@@ -246,7 +247,8 @@ def compile_episodes(setup, fns, params, prompts, key) -> tuple[dict, int, list[
   layers unrolled; not a row: its output stays in HBM through the loop), "episode_start"
   (the prompts' prefill, the cache repeated to G rows, or their pages), "episode_turn"
   (one action: up to turn_tokens decode steps) and "episode_append" (one block of
-  observation_tokens per row after a turn, on pages too). Returns ({name:
+  observation_tokens per row after a turn, on pages too), and with env.overlap_steps
+  "episode_segment" and "episode_append_rows" (`episode_refill`). Returns ({name:
   compiled, or the error XLA raised}, bytes per device of the view, problems: pieces not
   compiled)."""
   runner = fns.episodes.train
@@ -266,12 +268,19 @@ def compile_episodes(setup, fns, params, prompts, key) -> tuple[dict, int, list[
   N = B * runner.sampler_cfg.group_size
   host = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=rep)  # noqa: E731
   hyper = _placed(setup.sampling_hyper, rep)
+  S = runner.sampler_cfg.refill_slots
+  slots = lambda: episode_refill.Slots(host((S,), jnp.int32), host((S,), jnp.int32))  # noqa: E731
   arguments = {  # Each piece's arguments given the state the one before returned.
     "start": lambda _: (params, _placed(prompts, layout.rows(B)), _placed(key, rep)),
     "turn": lambda state: (params, state, hyper, host((N,), jnp.bool_)),
     "append": lambda state: (params, state, host((N, O), jnp.int32), host((N,), jnp.int32)),
-  }
-  state, pieces = None, list(arguments)
+    # env.overlap_steps: a segment of decode steps, then S episodes' observations.
+    "segment": lambda state: (params, state, slots(), hyper, host((N,), jnp.bool_)),
+    "append_rows": lambda state: (
+      params, state, host((S,), jnp.int32), host((S, O), jnp.int32), host((S,), jnp.int32)
+    ),
+  }  # fmt: skip
+  state, pieces = None, [p for p in arguments if p in runner.pieces]
   for k, piece in enumerate(pieces):
     name = f"episode_{piece}"
     try:
@@ -281,6 +290,7 @@ def compile_episodes(setup, fns, params, prompts, key) -> tuple[dict, int, list[
       later = [f"episode_{p}" for p in pieces[k + 1 :]]
       return out, view_b, [f"{', '.join(later)}: not compiled ({name} is not)"] if later else []
     state = _outputs(out[name])
+    state = state[0] if piece == "segment" else state  # (state, slots, ready, acted).
   return out, view_b, []
 
 

@@ -388,17 +388,17 @@ def _episode_config(setup: Setup) -> episodes.EpisodeConfig | None:
   """config.env (from setup.spec), or None when its name is "" (single-turn sampling). The
   environment must be registered, build with its kwargs, and end turns with one-token
   texts, and pass its own check (a server's: `Environment.check`; these need the
-  tokenizer: not checked for a Setup without one, `plan_setup`). Episodes run their own
-  turn loop on the host, so the features that sample rows another way are refused; the
-  off-policy pipeline plays them whole, on the trainer's devices; refill, on pages only."""
+  tokenizer: not checked for a Setup without one, `plan_setup`). Episodes run their own turn
+  loop, so features that sample rows another way are refused (refill: on pages only)."""
   env_d, tok = setup.spec.get("env", {}), setup.tokenizer
   if not env_d.get("name"):
     return None
   conflicts = {
     "config.counterfactual (per_group > 0)": setup.counterfactual.enabled,
-    # Refill slots run episodes keeping their pages between actions (`episode_refill`).
     "config.sampler.refill_slots > 0 with config.sampler.kv_layout='dense' (refill needs "
     "'paged')": setup.sampler_cfg.refill_slots > 0 and setup.sampler_cfg.kv_layout == "dense",
+    "config.env.overlap_steps > 0 and config.sampler.refill_slots=0 (overlapping needs "
+    "slots)": env_d.get("overlap_steps", 0) > 0 and not setup.sampler_cfg.refill_slots,
     # The pipeline plays whole episodes under one params version (`pipeline.Source._play`).
     f"config.offpolicy.partial={setup.offpolicy.partial!r} (episodes are played whole: "
     "'off')": setup.offpolicy.enabled and setup.offpolicy.partial != "off",

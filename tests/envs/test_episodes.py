@@ -325,10 +325,12 @@ class Chatty(base.Environment):
     return base.Step(self.tokenizer.encode(text), reward=float(self.k), done=self.k >= 3)
 
 
-def _chatty_run(cfg, params, tokenizer, *, row_keys=False, model_fn=None, **sampler):
+def _chatty_run(cfg, params, tokenizer, *, row_keys=False, model_fn=None, env=Chatty,
+                env_cfg=None, **sampler):  # fmt: skip
   """Chatty episodes of 4 prompts × G = 4 sampled by the model `cfg` with `params`
   (`sampler`: SamplerConfig fields; `row_keys`: the lockstep turn draws with the refill
-  loop's keys; `model_fn`: in place of the model's own)."""
+  loop's keys; `model_fn`: in place of the model's own; `env`: the environment class,
+  `env_cfg`: EpisodeConfig fields)."""
   scfg = sampling.SamplerConfig(
     max_new_tokens=32,
     eos_ids=tokenizer.eos_ids,
@@ -342,10 +344,12 @@ def _chatty_run(cfg, params, tokenizer, *, row_keys=False, model_fn=None, **samp
     model_fn=model_fn,
     init_cache=functools.partial(model.init_cache, cfg),
     sampler_cfg=scfg,
-    cfg=episodes.EpisodeConfig(name="chatty", max_turns=3, turn_tokens=8, observation_tokens=6),
+    cfg=episodes.EpisodeConfig(
+      name="chatty", max_turns=3, turn_tokens=8, observation_tokens=6, **(env_cfg or {})
+    ),
     tokenizer=tokenizer,
-    make_env=functools.partial(Chatty, tokenizer=tokenizer),
-    env_cls=Chatty,
+    make_env=functools.partial(env, tokenizer=tokenizer),
+    env_cls=env,
   )
   if row_keys:
     turn = functools.partial(
@@ -504,14 +508,93 @@ def test_refill_episodes_equal_the_lockstep_episodes(
   assert len(set(np.asarray(want.rollouts.action_mask_NT.sum(axis=1)).tolist())) >= 3
 
 
+@pytest.mark.parametrize("slots, overlap, workers", [(1, 1, 1), (5, 4, 4), (16, 2, 8)])
+def test_overlapped_episodes_equal_the_lockstep_episodes(
+  tiny_cfg, tiny_params, tokenizer, row_keyed_episodes, slots, overlap, workers
+):
+  """env.overlap_steps = K: segments of K decode steps, the environment steps of finished
+  actions running meanwhile and their observations appended S episodes a call: the same
+  episodes as the lockstep turns with the same keys, for S = 1, 5, 16, K = 1, 4, 2, and
+  the steps serial or on 4 or 8 threads."""
+  got = _chatty_run(
+    tiny_cfg, tiny_params, tokenizer, kv_layout="paged", page_size=4, refill_slots=slots,
+    env_cfg=dict(overlap_steps=overlap, step_workers=workers),
+  )  # fmt: skip
+  _assert_same_episodes(got, row_keyed_episodes, atol=1e-5)
+
+
+class SlowChatty(Chatty):
+  """Chatty whose first prompt's first tool step waits until another episode's second
+  step starts (at most `wait` seconds; `released` records whether one did) or, with a
+  step budget (`late`), sleeps 0.5 s, past it."""
+
+  started = threading.Event()
+  released: list = []
+  wait, late = 0.0, None
+
+  def reset(self, example):
+    self.example, self.step_budget_s = example, self.late
+    return super().reset(example)
+
+  def step(self, action):
+    if self.k == 1:
+      SlowChatty.started.set()
+    if self.example.startswith("Q:12+7") and self.k == 0:
+      if self.late:
+        time.sleep(0.5)
+      else:
+        SlowChatty.released.append(SlowChatty.started.wait(self.wait))
+    return super().step(action)
+
+
+def _slow_run(tiny_cfg, tiny_params, tokenizer, *, wait, late=None, **kw):
+  SlowChatty.started, SlowChatty.released = threading.Event(), []
+  SlowChatty.wait, SlowChatty.late = wait, late
+  got = _chatty_run(tiny_cfg, tiny_params, tokenizer, env=SlowChatty, kv_layout="paged",
+                    page_size=4, **kw)  # fmt: skip
+  return got, SlowChatty.released
+
+
+@pytest.mark.parametrize("late", [None, 0.2])
+def test_an_episode_waiting_on_its_tool_frees_its_slot(tiny_cfg, tiny_params, tokenizer, late):
+  """One prompt's first tool steps block until another episode's second step starts.
+  Overlapped (S = 4, K = 2, 8 step workers), the other episodes act again meanwhile and
+  release them; in lockstep turns no second step starts before every first step has
+  ended, so they wait out their 1 s. Both loops give the same episodes (the tools' timing
+  changes no draw). With a step budget of 0.2 s (the slow steps sleep 0.5 s instead) they
+  are late: those episodes end as step_timeout in both loops."""
+  overlapped = dict(refill_slots=4, env_cfg=dict(overlap_steps=2, step_workers=8))
+  over, released = _slow_run(tiny_cfg, tiny_params, tokenizer, wait=60.0, late=late, **overlapped)
+  lock, waited = _slow_run(tiny_cfg, tiny_params, tokenizer, wait=1.0, late=late, row_keys=True,
+                           env_cfg=dict(step_workers=8))  # fmt: skip
+  _assert_same_episodes(over, lock, atol=1e-5)
+  if not late:
+    assert released == [True] * 4 and waited == [False] * 4
+  reasons = [episodes.END_REASONS[e] for e in over.end_N]
+  assert reasons[:4] == (["step_timeout"] * 4 if late else ["done"] * 4), reasons
+
+
+def test_overlap_runs_on_one_process_and_needs_slots(tiny_cfg, tiny_params, tokenizer, monkeypatch):
+  with pytest.raises(ValueError, match="overlap_steps=2 needs config.sampler.refill_slots > 0"):
+    _chatty_run(tiny_cfg, tiny_params, tokenizer, kv_layout="paged",
+                env_cfg=dict(overlap_steps=2))  # fmt: skip
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  with pytest.raises(ValueError, match="overlap_steps=2 runs on one process only"):
+    _chatty_run(tiny_cfg, tiny_params, tokenizer, kv_layout="paged", refill_slots=4,
+                env_cfg=dict(overlap_steps=2))  # fmt: skip
+  with pytest.raises(ValueError, match="overlap_steps must be >= 0"):
+    episodes.EpisodeConfig(name="chatty", overlap_steps=-1)
+
+
 def test_refill_episodes_need_pages(tiny_cfg, tiny_params, tokenizer):
   with pytest.raises(ValueError, match='refill_slots=4 need config.sampler.kv_layout="paged"'):
     _chatty_run(tiny_cfg, tiny_params, tokenizer, refill_slots=4)
 
 
-def _refill_run(workdir, *, iterations: int):
+def _refill_run(workdir, *, iterations: int, overlap: int = 0):
   """configs/calculator.py:tiny on pages through 16 refill slots (64 episodes an
-  iteration), from its learning test's committed warm start (real rewards, ~3 turns)."""
+  iteration; `overlap`: env.overlap_steps), from its learning test's committed warm start
+  (real rewards, ~3 turns)."""
   from grpo_jax.trainer import train  # noqa: PLC0415
 
   c = config_lib.load("configs/calculator.py:tiny")
@@ -519,18 +602,21 @@ def _refill_run(workdir, *, iterations: int):
   c.update(eval_samples=0, checkpoint_every=1, reward_workers=0, progress=False)
   c.update(tensorboard=False)
   c.sampler.update(kv_layout="paged", page_size=8, refill_slots=16)
+  c.env.overlap_steps = overlap
   if not (workdir / "checkpoints").exists():
     runs._copy_warm_start(runs.WARM_STARTS / "calculator_tiny", workdir, fresh=True)
   return train.run(c, workdir, log=lambda _: None)
 
 
-def test_refill_episodes_train_and_resume_to_the_uninterrupted_metrics(tmp_path):
+@pytest.mark.parametrize("overlap", [0, 4])
+def test_refill_episodes_train_and_resume_to_the_uninterrupted_metrics(tmp_path, overlap):
   """Two iterations in one session, and one then resumed to two: every metric but the
   timing ones is equal (the episodes' draws are keyed by episode and column, so the
-  resumed batch replays exactly), and the sampling padding counts the slots' steps."""
-  local = _refill_run(tmp_path / "local", iterations=2)
-  _refill_run(tmp_path / "resumed", iterations=1)
-  resumed = _refill_run(tmp_path / "resumed", iterations=2)
+  resumed batch replays exactly), and the sampling padding counts the slots' steps; in
+  turns, and with the environment steps overlapping the decoding."""
+  local = _refill_run(tmp_path / "local", iterations=2, overlap=overlap)
+  _refill_run(tmp_path / "resumed", iterations=1, overlap=overlap)
+  resumed = _refill_run(tmp_path / "resumed", iterations=2, overlap=overlap)
   runs.assert_episodes_resume_equal(tmp_path / "local", tmp_path / "resumed", (local, resumed))
   line = runs.lines(tmp_path / "local")[1]
   assert 0.0 <= line["pad/sample_frac"] < 0.5, line["pad/sample_frac"]
@@ -781,6 +867,12 @@ def test_the_config_builds_episodes_and_refuses_what_does_not_combine():
   refill = config_lib.load("configs/calculator.py:tiny")
   refill.sampler.update(kv_layout="paged", refill_slots=8)
   assert build.build(refill).sampler_cfg.refill_slots == 8  # Episodes through slots, paged.
+  refill.env.overlap_steps = 4
+  assert build.build(refill).episodes.overlap_steps == 4
+  no_slots = config_lib.load("configs/calculator.py:tiny")
+  no_slots.env.overlap_steps = 4
+  with pytest.raises(config_lib.ConfigError, match=r"overlap_steps > 0 and config.sampler.refill"):
+    build.build(no_slots)
   pipelined = config_lib.load("configs/calculator.py:tiny")
   pipelined.offpolicy.update(enabled=True, max_staleness=2)
   assert build.build(pipelined).episodes.name == "calculator"  # Whole episodes, shared.
@@ -848,7 +940,7 @@ def test_bench_episodes_reports_its_figures():
   import bench_episodes  # noqa: PLC0415
 
   # Its slot-refill options (the lockstep default differs only by the config it builds).
-  r = bench_episodes.main(["--quick", "--kv_layout=paged", "--refill_slots=4"])
+  r = bench_episodes.main(["--quick", "--kv_layout=paged", "--refill_slots=4", "--overlap_steps=4"])
   assert r["episodes_per_s"] > 0 and r["episodes"] == 16 and r["refill_slots"] == 4
   assert 0 < r["sample_share"] < 1 and 0 < r["env_share"] < 1
   assert r["row_steps"] > 0

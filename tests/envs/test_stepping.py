@@ -146,3 +146,57 @@ def test_a_collected_steps_dismisses_its_workers():
   for thread in mine:
     thread.join(timeout=5)
   assert not any(t.is_alive() for t in mine)
+
+
+# ----------------------------------------------------------------------------
+# Flights: steps given out one at a time, outcomes taken as they are ready.
+# ----------------------------------------------------------------------------
+
+
+def test_a_flight_gives_back_each_outcome_when_it_is_ready_sorted_by_key():
+  """Key 7 waits for an event, keys 3 and 1 return at once: a blocking take gives the
+  two done ones (sorted by key) and not 7; a non-blocking take before 7 is released
+  gives nothing; after the release, 7."""
+  gate = threading.Event()
+  flight = stepping.Steps(workers=4).flight()
+  flight.submit(7, Env(lambda a: gate.wait(5) and 7), "a")
+  flight.submit(3, Env(lambda a: 3), "b")
+  flight.submit(1, Env(lambda a: 1), "c")
+  got = []
+  while len(got) < 2:
+    got += flight.take(block=True)
+  assert [k for k, _ in sorted(got)] == [1, 3] and [o.step.reward for _, o in sorted(got)] == [1, 3]
+  assert flight.pending == 1 and flight.take(block=False) == []
+  gate.set()
+  ((k, outcome),) = flight.take(block=True)
+  assert (k, outcome.step.reward, flight.pending) == (7, 7.0, 0)
+  assert flight.take(block=True) == []  # Nothing pending: no wait.
+
+
+def test_a_late_step_in_a_flight_is_late_at_its_deadline_and_close_abandons_the_rest():
+  """A step past its 0.2 s budget comes back late at the deadline (its thread's result
+  never does); closing the flight abandons a queued step, which never runs."""
+  gate, ran = threading.Event(), []
+  steps = stepping.Steps(workers=2)
+  flight = steps.flight()
+  t0 = time.monotonic()
+  flight.submit(0, Env(lambda a: gate.wait(5), budget=0.2), "slow")
+  ((k, outcome),) = flight.take(block=True)
+  assert k == 0 and outcome.late and 0.15 < time.monotonic() - t0 < 2.0
+  blocker = threading.Event()
+  flight.submit(1, Env(lambda a: blocker.wait(5)), "x")
+  flight.submit(2, Env(lambda a: blocker.wait(5)), "y")
+  flight.submit(3, Env(lambda a: ran.append(3) or 3), "queued")  # Behind two busy workers.
+  flight.close()
+  blocker.set()
+  gate.set()
+  time.sleep(0.2)
+  assert ran == [] and flight.pending == 0
+
+
+def test_with_one_worker_a_flight_runs_each_step_when_it_is_submitted():
+  flight, order = stepping.Steps(workers=1).flight(), []
+  flight.submit(2, Env(lambda a: order.append(a) or 2), "first")
+  flight.submit(1, Env(lambda a: order.append(a) or 1), "second")
+  assert order == ["first", "second"]
+  assert [k for k, _ in flight.take(block=False)] == [1, 2]

@@ -331,16 +331,19 @@ def test_the_episode_cache_is_split_over_rows_and_a_turn_without_donation_holds_
 
 def test_episodes_through_refill_slots_compile_for_tpu_on_pages():
   """sampler.refill_slots with episodes (`episode_refill`): the turn's S-slot loop over the
-  episodes' pages compiles for v5e:2x2 beside the paged start and append, fits, calls
+  episodes' pages compiles for v5e:2x2 beside the paged start and append, and so do the
+  overlapped loop's segment and S-row append (env.overlap_steps); each fits, calls
   nothing on the host and donates its state (the pool is not held twice)."""
   config = config_lib.load(str(ROOT / "configs" / "calculator.py") + ":quick")
   config.sampler.update(kv_layout="paged", page_size=8, refill_slots=8)
+  config.env.overlap_steps = 4  # The overlapped loop's segment and S-row append too.
   target = aot.Target.load("v5e:2x2")
   setup, _ = aot.setup_for(config, target)
   fns = steps.functions_on(setup, target.devices)
   state, _, key, prompts = abstract.inputs(setup, fns)
   compiled, _, problems = aot.compile_episodes(setup, fns, state.params, prompts, key)
-  assert problems == [] and list(compiled) == ["episode_start", "episode_turn", "episode_append"]
+  pieces = ["start", "turn", "append", "segment", "append_rows"]
+  assert problems == [] and list(compiled) == [f"episode_{p}" for p in pieces]
   for name, c in compiled.items():
     r = tpu.report(c, chip=target.chip, mesh=fns.layout.mesh)
     assert r["fits"] and r["host_callbacks"] == [], name
