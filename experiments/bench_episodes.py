@@ -5,6 +5,7 @@ in the jitted turns (sampling and observation appends) vs the host's environment
   python experiments/bench_episodes.py --quick    # small smoke run
   python experiments/bench_episodes.py --kv_layout=paged --refill_slots=64   # slot refill
   python experiments/bench_episodes.py --kv_layout=paged --refill_slots=64 --overlap_steps=8
+  python experiments/bench_episodes.py --tool_ms=20 ...   # each tool step waits 20 ms first
 
 Workload: the tiny calculator config's policy (~0.3M parameters) after `--warmstart`
 supervised steps (so episodes take their real three turns: two tool calls and the
@@ -13,7 +14,9 @@ answer), `--prompts` train problems x G = `--group` episodes per batch, temperat
 `episodes.Runner.run`: per turn one jitted decode loop, one device->host copy of the
 token buffer, the host's env.step calls (decode, calculator, encode), one jitted append.
 "sample" is the jitted pieces' wall time (dispatch to the fetched tokens), "env" the
-host's; the rest of a batch's wall time (Python bookkeeping) is "other". "row_steps" is
+host's; the rest of a batch's wall time (Python bookkeeping) is "other". With --tool_ms
+each calculator step sleeps that long first: a stand-in for a tool that waits (a sandbox,
+a server), which the step workers wait on at once. "row_steps" is
 the token columns the jitted pieces computed per batch over N rows (`Rollouts.num_steps`:
 decode steps of N rows, or of S refill slots counted S/N, plus the appends' columns).
 
@@ -32,13 +35,28 @@ import time
 import jax
 import numpy as np
 
+from grpo_jax import envs
 from grpo_jax.infra import config_lib
 from grpo_jax.trainer import build, rollout, run_state, steps, warmstart
 
 CONFIG = pathlib.Path(__file__).resolve().parent.parent / "configs" / "calculator.py"
 
 
+def _slow_tools(ms: float) -> None:
+  """The calculator's step waits `ms` milliseconds before it computes (`--tool_ms`)."""
+  cls = envs.get("calculator")
+  step = cls.step
+
+  def slow(self, action):
+    time.sleep(ms / 1e3)
+    return step(self, action)
+
+  cls.step = slow
+
+
 def _setup(args):
+  if args.tool_ms:
+    _slow_tools(args.tool_ms)
   c = config_lib.load(f"{CONFIG}:tiny", warmstart_steps=args.warmstart, progress=False)
   c.prompts_per_step, c.sampler.group_size = args.prompts, args.group
   c.sampler.update(kv_layout=args.kv_layout, refill_slots=args.refill_slots)
@@ -71,6 +89,7 @@ def main(argv=None) -> dict:
   p.add_argument("--kv_layout", choices=("dense", "paged"), default="dense")
   p.add_argument("--refill_slots", type=int, default=0, help="S slots (paged only); 0: lockstep")
   p.add_argument("--overlap_steps", type=int, default=0, help="env.overlap_steps (with slots)")
+  p.add_argument("--tool_ms", type=float, default=0.0, help="each tool step waits this long")
   args = p.parse_args(argv)
   if args.quick:
     args.prompts, args.group, args.repeats, args.warmstart = 4, 4, 2, 20
@@ -103,6 +122,7 @@ def main(argv=None) -> dict:
     "kv_layout": args.kv_layout,
     "refill_slots": args.refill_slots,
     "overlap_steps": args.overlap_steps,
+    "tool_ms": args.tool_ms,
     "first_batch_s": compile_s,
     "warmstart_steps": args.warmstart,
     "device": jax.devices()[0].device_kind,

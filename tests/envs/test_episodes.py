@@ -940,7 +940,8 @@ def test_bench_episodes_reports_its_figures():
   import bench_episodes  # noqa: PLC0415
 
   # Its slot-refill options (the lockstep default differs only by the config it builds).
-  r = bench_episodes.main(["--quick", "--kv_layout=paged", "--refill_slots=4", "--overlap_steps=4"])
+  args = ["--quick", "--kv_layout=paged", "--refill_slots=4", "--overlap_steps=4", "--tool_ms=1"]
+  r = bench_episodes.main(args)
   assert r["episodes_per_s"] > 0 and r["episodes"] == 16 and r["refill_slots"] == 4
   assert 0 < r["sample_share"] < 1 and 0 < r["env_share"] < 1
   assert r["row_steps"] > 0
