@@ -294,8 +294,17 @@ def play_overlapped(runner, params, state, hyper, rows, clock):
   return state
 
 
+def _append_width(n: int, slots: int) -> int:
+  """Rows of an append call for n observations: the smallest of S, S/2, S/4, S/8 (at
+  least 1) that holds them, so a call with few ready episodes computes few rows (one
+  compile per width)."""
+  widths = sorted({max(1, -(-slots // 2**j)) for j in range(4)})
+  return next(w for w in widths if w >= n)
+
+
 def _append_answers(runner, params, state, rows, obs: dict):
-  """The observations `obs` ({episode: tokens}) of running episodes appended, S a call; one
+  """The observations `obs` ({episode: tokens}) of running episodes appended, at most S a
+  call (`_append_width` rows); one
   over env.observation_tokens or leaving no column for another action ends its episode
   (token_limit), as `episodes.Runner._observe` does."""
   width = runner.cfg.observation_tokens
@@ -306,8 +315,9 @@ def _append_answers(runner, params, state, rows, obs: dict):
   todo = [(i, o) for i, o in sorted(obs.items()) if o and rows.running_N[i]]
   for k in range(0, len(todo), S):
     part = todo[k : k + S]
-    idx_R, n_R = np.full(S, N, np.int32), np.zeros(S, np.int32)
-    obs_RO = np.full((S, width), pad, np.int32)
+    R = _append_width(len(part), S)
+    idx_R, n_R = np.full(R, N, np.int32), np.zeros(R, np.int32)
+    obs_RO = np.full((R, width), pad, np.int32)
     for r, (i, o) in enumerate(part):
       idx_R[r], n_R[r], obs_RO[r, : len(o)] = i, len(o), o
     state = runner.pieces["append_rows"](params, state, idx_R, obs_RO, n_R)

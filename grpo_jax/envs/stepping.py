@@ -216,15 +216,14 @@ class Flight:
 
   def take(self, *, block: bool) -> list[tuple]:
     """[(key, Outcome)] of the steps done (late ones too), sorted by key; with `block`,
-    waits for at least one while any is pending."""
-    if block:
-      while self._given and not self._ready:
-        self._wait(block=True)
-        self._expire()
-    else:
-      while self._wait(block=False):
-        pass
+    waits for at least one while any is pending (and takes every other one done by
+    then)."""
+    while block and self._given and not self._ready:
+      self._wait(block=True)
       self._expire()
+    while self._wait(block=False):
+      pass
+    self._expire()
     out, self._ready = sorted(self._ready.items(), key=lambda kv: kv[0]), {}
     return out
 
