@@ -194,6 +194,17 @@ def test_a_late_step_in_a_flight_is_late_at_its_deadline_and_close_abandons_the_
   assert ran == [] and flight.pending == 0
 
 
+def test_a_blocking_take_also_takes_every_other_step_done_by_then():
+  """Three quick steps done before the take: one blocking take gives all three (a take
+  that returned the first alone would let the episode loop append one observation a
+  segment)."""
+  flight = stepping.Steps(workers=4).flight()
+  for k in range(3):
+    flight.submit(k, Env(lambda a: 1), "a")
+  time.sleep(0.3)
+  assert [k for k, _ in flight.take(block=True)] == [0, 1, 2]
+
+
 def test_with_one_worker_a_flight_runs_each_step_when_it_is_submitted():
   flight, order = stepping.Steps(workers=1).flight(), []
   flight.submit(2, Env(lambda a: order.append(a) or 2), "first")
