@@ -2,7 +2,7 @@
 
   python experiments/reliability.py                 # 10 cycles of configs/arithmetic.py:tiny, reduced
   python experiments/reliability.py --cycles 30 --signal term
-  python experiments/reliability.py --quick         # 1 cycle of a smaller run (CI smoke test)
+  python experiments/reliability.py --quick         # 1 cycle of a smaller run, no warm-up (CI smoke test)
 
 One uninterrupted run of the command line gives the reference metrics.jsonl (after a
 first, untimed run, so that both are timed with JAX's compilation cache warm). Each cycle
@@ -108,9 +108,11 @@ def _kill_at(workdir, flags, *, after: int, delay_s: float, startup_s: float, si
   return {"after": after, "delay_s": round(delay_s, 3), "landed": where, "returncode": p.returncode}
 
 
-def _reference(root: pathlib.Path, flags) -> tuple[list[dict], float, float]:
-  """(metrics, seconds to iteration 0's line, mean seconds per iteration) of a warm run."""
-  _finish(root / "warm-up", flags)
+def _reference(root: pathlib.Path, flags, *, warm: bool = True) -> tuple[list[dict], float, float]:
+  """(metrics, seconds to iteration 0's line, mean seconds per iteration) of a warm run
+  (after an untimed one; warm=False, --quick: the first run, its compiles in its start-up)."""
+  if warm:
+    _finish(root / "warm-up", flags)
   t0 = time.perf_counter()
   p = _start(root / "reference", flags)
   first = last = None
@@ -149,7 +151,7 @@ def main(argv=None) -> dict:
   rng = random.Random(args.seed)
   root = pathlib.Path(tempfile.mkdtemp(prefix="grpo_jax_reliability_"))
   try:
-    reference, startup_s, per_it_s = _reference(root, flags)
+    reference, startup_s, per_it_s = _reference(root, flags, warm=not args.quick)
     iterations = reference[-1]["iteration"]
     cycles = []
     for c in range(args.cycles):
