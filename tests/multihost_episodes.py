@@ -4,7 +4,7 @@
 
 configs/calculator.py:tiny from its learning test's committed warm start, 8 prompts × 8
 episodes an iteration on a (data 2, fsdp 2) mesh over every process's devices, for
---iterations. Saves OUT/process<id>.json: the RL lines' non-timing metrics (process 0's
+--iterations (with --refill_slots S: on pages, each turn's actions through S slots). Saves OUT/process<id>.json: the RL lines' non-timing metrics (process 0's
 metrics.jsonl) and how many calculator environments this process made (each process plays
 the episodes of its own rows).
 """
@@ -25,7 +25,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def main(argv=None):
-  args = multihost_run.process_parser().parse_args(argv)
+  parser = multihost_run.process_parser()
+  parser.add_argument("--refill_slots", type=int, default=0, help="on pages, through S slots")
+  args = parser.parse_args(argv)
   multihost_run.join(args)
   workdir = pathlib.Path(args.workdir)
   if jax.process_index() == 0 and not workdir.exists():
@@ -44,6 +46,8 @@ def main(argv=None):
   c.update(eval_size=16, eval_samples=0, checkpoint_every=1, reward_workers=0)
   c.update(progress=False, tensorboard=False)
   c.mesh.update(data=2, fsdp=2, tensor=1)
+  if args.refill_slots:
+    c.sampler.update(kv_layout="paged", page_size=8, refill_slots=args.refill_slots)
   summary = train.run(c, workdir, log=lambda _: None)
   lines = []
   if jax.process_index() == 0:

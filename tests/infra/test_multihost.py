@@ -88,10 +88,10 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _spawn(script: str, args: list[str], *, processes: int) -> None:
-  """`processes` processes of `script` with `args`, joined on a free localhost port; each
-  must exit 0."""
-  env, port = subproc.child_env(), _free_port()
+def _spawn(script: str, args: list[str], *, processes: int, **env_extra) -> None:
+  """`processes` processes of `script` with `args` (and `env_extra` in their environment),
+  joined on a free localhost port; each must exit 0."""
+  env, port = subproc.child_env(**env_extra), _free_port()
   procs = [
     subprocess.Popen(
       [sys.executable, script, *args]
@@ -170,26 +170,41 @@ def test_only_the_primary_process_writes_the_logs(runs):
 EPISODES = str(ROOT / "tests" / "multihost_episodes.py")
 
 
-def _launch_episodes(out, workdir, *, processes, devices) -> list[dict]:
-  _spawn(EPISODES, [str(out), str(workdir), "--devices", str(devices)], processes=processes)
+def _launch_episodes(out, workdir, *, processes, devices, refill, iterations) -> list[dict]:
+  args = [str(out), str(workdir), "--devices", str(devices), "--refill_slots", str(refill)]
+  args += ["--iterations", str(iterations)]
+  # Refill slots: a cache of their own. With the refill turn's program loaded from a warm
+  # persistent cache, two CPU processes abort in it (gloo: "Received data size doesn't
+  # match expected size", 512 vs 64 bytes); compiled afresh it runs, and the paged
+  # lockstep turn runs either way (2026-12-06, jax 0.10.2).
+  cache = {"JAX_COMPILATION_CACHE_DIR": str(out / "xla_cache")} if refill else {}
+  _spawn(EPISODES, args, processes=processes, **cache)
   return [json.loads((out / f"process{i}.json").read_text()) for i in range(processes)]
 
 
-def test_episodes_on_two_processes_each_play_their_rows_and_match_one_process(tmp_path):
+@pytest.mark.parametrize("refill, iterations", [(0, 2), (16, 1)])
+def test_episodes_on_two_processes_each_play_their_rows_and_match_one_process(
+  tmp_path, refill, iterations
+):
   """Calculator episodes (configs/calculator.py:tiny from its committed warm start, 8 × 8
   an iteration) on a (data 2, fsdp 2) mesh: two processes of 2 devices each make the
   environments of their own rows only, half of every batch, and the run's metrics are those
   of one process with 4 devices (floats to rel 1e-3: cross-process sums in another order;
-  counts exactly)."""
-  two = _launch_episodes(tmp_path / "two", tmp_path / "two" / "work", processes=2, devices=2)
-  (one,) = _launch_episodes(tmp_path / "one", tmp_path / "one" / "work", processes=1, devices=4)
-  # 2 iterations of 64 episodes and the held-out set's 16 greedy ones at the end (the warm
-  # start's evaluation came with it), split between the processes, plus the one each
+  counts exactly); in lockstep turns for 2 iterations, and for 1 on pages through 16
+  refill slots (the slots' table rows gathered across the processes' devices)."""
+  kw = dict(refill=refill, iterations=iterations)
+  two = _launch_episodes(tmp_path / "two", tmp_path / "two" / "work", processes=2, devices=2, **kw)
+  (one,) = _launch_episodes(
+    tmp_path / "one", tmp_path / "one" / "work", processes=1, devices=4, **kw
+  )
+  # The iterations' 64 episodes each and the held-out set's 16 greedy ones at the end (the
+  # warm start's evaluation came with it), split between the processes, plus the one each
   # process's build makes to check config.env.kwargs.
-  played = 2 * 64 + 16
+  played = iterations * 64 + 16
   assert two[0]["envs"] == two[1]["envs"] == played // 2 + 1 and one["envs"] == played + 1
   got, want = two[0]["lines"], one["lines"]
-  assert [m["iteration"] for m in got] == [m["iteration"] for m in want] == [1, 2]
+  its = list(range(1, iterations + 1))
+  assert [m["iteration"] for m in got] == [m["iteration"] for m in want] == its
   assert want[0]["episode/turns"] > 2 and want[0]["grad_norm"] > 0
   for g, w in zip(got, want, strict=True):
     assert g.keys() == w.keys()
