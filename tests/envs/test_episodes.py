@@ -608,12 +608,12 @@ def _refill_run(workdir, *, iterations: int, overlap: int = 0):
   return train.run(c, workdir, log=lambda _: None)
 
 
-@pytest.mark.parametrize("overlap", [0, 4])
-def test_refill_episodes_train_and_resume_to_the_uninterrupted_metrics(tmp_path, overlap):
-  """Two iterations in one session, and one then resumed to two: every metric but the
+def test_refill_episodes_train_and_resume_to_the_uninterrupted_metrics(tmp_path):
+  """Two iterations in one session, and one then resumed to two, the environment steps
+  overlapping the decoding (refill turns train in test_multihost): every metric but the
   timing ones is equal (the episodes' draws are keyed by episode and column, so the
-  resumed batch replays exactly), and the sampling padding counts the slots' steps; in
-  turns, and with the environment steps overlapping the decoding."""
+  resumed batch replays exactly), and the sampling padding counts the slots' steps."""
+  overlap = 4
   local = _refill_run(tmp_path / "local", iterations=2, overlap=overlap)
   _refill_run(tmp_path / "resumed", iterations=1, overlap=overlap)
   resumed = _refill_run(tmp_path / "resumed", iterations=2, overlap=overlap)
