@@ -145,8 +145,11 @@ def _slot_loop(params, state, slots: Slots, hyper, ready_N, *, model_fn, stop_id
     acted_N = acted_N.at[jnp.where(ended_S, ep_S, N)].set(True, mode="drop")
     return s, jnp.where(ended_S, N, ep_S), k_S, ready_N, acted_N, j + 1
 
-  ready_N = jnp.asarray(ready_N, jnp.bool_) & (state.t_N < T)
-  carry = (state, slots.ep_S, slots.k_S, ready_N, jnp.zeros((N,), jnp.bool_), jnp.int32(0))
+  ready_N = jnp.asarray(ready_N, jnp.bool_)
+  # A ready episode with no column left acts at once, with an empty action (the host then
+  # ends it, token_limit, as the lockstep loop's next turn would).
+  acted_N, ready_N = ready_N & (state.t_N >= T), ready_N & (state.t_N < T)
+  carry = (state, slots.ep_S, slots.k_S, ready_N, acted_N, jnp.int32(0))
   s, ep_S, k_S, ready_N, acted_N, _ = jax.lax.while_loop(cond, body, carry)
   return s, Slots(ep_S, k_S), ready_N, acted_N
 
@@ -224,10 +227,11 @@ def append_rows(params, state, idx_R, obs_RO, n_R, *, model_fn: Callable, pad_id
   )
 
 
-def overlap_pieces(runner, model_fn: Callable) -> dict:
+def overlap_pieces(runner, model_fn: Callable, *, constrain: Callable) -> dict:
   """The overlapped loop's jitted pieces (`play_overlapped`): "segment" (`refill_segment`,
-  env.overlap_steps decode steps) and "append_rows" (`append_rows`, S rows a call); both
-  donate the state. Refill slots on pages only (`episodes.Runner._turn` checks)."""
+  env.overlap_steps decode steps) and "append_rows" (`append_rows`, up to S rows a call);
+  both donate the state and return it through `constrain` (its rows split as the other
+  pieces' are). Refill slots on pages only (`episodes.Runner._turn` checks)."""
   scfg, cfg = runner.sampler_cfg, runner.cfg
   if not scfg.refill_slots:
     raise ValueError(
@@ -241,9 +245,14 @@ def overlap_pieces(runner, model_fn: Callable) -> dict:
   append = functools.partial(
     append_rows, model_fn=model_fn, pad_id=scfg.pad_id, chunk=scfg.prefill_chunk
   )
+
+  def segment_rows(*args):
+    state, slots, ready_N, acted_N = segment(*args)
+    return constrain(state), slots, ready_N, acted_N
+
   return {
-    "segment": jax.jit(segment, donate_argnums=(1,)),
-    "append_rows": jax.jit(append, donate_argnums=(1,)),
+    "segment": jax.jit(segment_rows, donate_argnums=(1,)),
+    "append_rows": jax.jit(lambda *args: constrain(append(*args)), donate_argnums=(1,)),
   }
 
 

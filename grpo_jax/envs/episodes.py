@@ -554,7 +554,7 @@ class Runner:
       "finish": jax.jit(functools.partial(to_rollouts, group_size=sampler_cfg.group_size)),
     }
     if cfg.overlap_steps:
-      self.pieces.update(episode_refill.overlap_pieces(self, model_fn))
+      self.pieces.update(episode_refill.overlap_pieces(self, model_fn, constrain=_rows_constrained))
     if view is not None:
       self.pieces["view"] = jax.jit(view)
 

@@ -248,7 +248,8 @@ def compile_episodes(setup, fns, params, prompts, key) -> tuple[dict, int, list[
   (the prompts' prefill, the cache repeated to G rows, or their pages), "episode_turn"
   (one action: up to turn_tokens decode steps) and "episode_append" (one block of
   observation_tokens per row after a turn, on pages too), and with env.overlap_steps
-  "episode_segment" and "episode_append_rows" (`episode_refill`). Returns ({name:
+  "episode_segment" and "episode_append_rows" (`episode_refill`; S rows, the widest of the
+  widths it runs at). Returns ({name:
   compiled, or the error XLA raised}, bytes per device of the view, problems: pieces not
   compiled)."""
   runner = fns.episodes.train

@@ -574,6 +574,36 @@ def test_an_episode_waiting_on_its_tool_frees_its_slot(tiny_cfg, tiny_params, to
   assert reasons[:4] == (["step_timeout"] * 4 if late else ["done"] * 4), reasons
 
 
+def test_a_ready_episode_with_no_column_left_acts_at_once_with_an_empty_action(
+  tiny_cfg, tiny_params, tokenizer
+):
+  """A segment handed an episode that is ready but has filled all T columns (its last
+  action stopped in the last column and its step answered with an empty observation)
+  reports it as acted without decoding it, so the host ends it (token_limit) as the
+  lockstep loop's next turn would; the other ready episode decodes."""
+  scfg = sampling.SamplerConfig(max_new_tokens=8, eos_ids=tokenizer.eos_ids,
+                                pad_id=tokenizer.pad_id, group_size=2, prompt_buckets=(8,),
+                                kv_layout="paged", page_size=4, refill_slots=2)  # fmt: skip
+  model_fn = model.make_model_fn(tiny_cfg)
+  start = episodes.start(
+    tiny_params,
+    sampling.prepare_prompts([tokenizer.encode("Q:1+2\n", add_bos=True)], cfg=scfg),
+    jax.random.key(0),
+    model_fn=model_fn,
+    init_cache=functools.partial(model.init_cache, tiny_cfg),
+    cfg=scfg,
+    observation_tokens=4,
+  )
+  state = start.replace(t_N=jnp.array([8, 0], jnp.int32))
+  out, slots, ready_N, acted_N = episode_refill.refill_segment(
+    tiny_params, state, episode_refill.Slots.idle(2, 2), sampling.sampling_params(),
+    np.array([True, True]), model_fn=model_fn, stop_ids=(), turn_tokens=3, steps=16,
+  )  # fmt: skip
+  np.testing.assert_array_equal(acted_N, [True, True])
+  np.testing.assert_array_equal(out.t_N, [8, 3])  # Row 1 decoded its 3 tokens; row 0 none.
+  assert not np.asarray(ready_N).any() and (np.asarray(slots.ep_S) == 2).all()
+
+
 def test_overlap_runs_on_one_process_and_needs_slots(tiny_cfg, tiny_params, tokenizer, monkeypatch):
   with pytest.raises(ValueError, match="overlap_steps=2 needs config.sampler.refill_slots > 0"):
     _chatty_run(tiny_cfg, tiny_params, tokenizer, kv_layout="paged",
