@@ -138,7 +138,7 @@ def _slot_loop(params, state, slots: Slots, hyper, ready_N, *, model_fn, stop_id
       action_mask_NT=put(s.action_mask_NT, live_S),
       logp_NT=put(s.logp_NT, logp_S),
       policy_logp_NT=put(s.policy_logp_NT, policy_S),
-      step=s.step + ep_S.shape[0],
+      step=s.step + ep_S.shape[0] / N,
     )
     k_S = k_S + live_S
     ended_S = live_S & (jnp.isin(new_S, stop) | (t_S + 1 >= T) | (k_S >= turn_tokens))
@@ -168,8 +168,7 @@ def refill_turn(
   """One action per active episode (`episodes.decode_turn`'s ends: a stop id, kept as the
   action's last token; `turn_tokens` tokens; the budget T), decoded S = `slots` episodes a
   step: a slot whose episode ends its action takes the next one still to act. `state`:
-  an `episodes.EpisodeState` on pages; its `step` grows by S a decode step (row-columns
-  computed)."""
+  an `episodes.EpisodeState` on pages; its `step` grows by S/N a decode step."""
   N = state.tokens_NT.shape[0]
   kw = dict(model_fn=model_fn, stop_ids=stop_ids, turn_tokens=turn_tokens, max_steps=None)
   return _slot_loop(params, state, Slots.idle(slots, N), hyper, active_N, **kw)[0]
@@ -223,7 +222,7 @@ def append_rows(params, state, idx_R, obs_RO, n_R, *, model_fn: Callable, pad_id
     t_N=state.t_N.at[moved_R].set(t_R + n_R, mode="drop"),
     tokens_NT=put(state.tokens_NT, obs_RO),
     mask_NT=put(state.mask_NT, True),
-    step=state.step + idx_R.shape[0] * width,
+    step=state.step + idx_R.shape[0] * width / N,
   )
 
 

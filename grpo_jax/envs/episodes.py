@@ -141,9 +141,11 @@ class EpisodeConfig:
 class EpisodeState:
   """The episodes' device state between turns. The cache holds the context up to, not
   including, `tok_N` (the next token to feed, at position `pos_N`); `t_N` counts the filled
-  completion columns; `step` the row-columns computed (N a lockstep decode step, S a refill
-  step, N·O an append): Rollouts.num_steps is ceil(step / N) (`to_rollouts`), so
-  `pad/sample_frac` and the sampling FLOPs count the appends' padding too."""
+  completion columns; `step` the token columns computed over N rows, a float32 (1 a
+  lockstep decode step, S/N a step of S refill slots, O an append of N rows, R·O/N one of
+  R): Rollouts.num_steps is its ceiling (`to_rollouts`), so `pad/sample_frac` and the
+  sampling FLOPs count the appends' padding too (a count of row-columns would pass 2^31 at
+  N·T ≈ 65k × 32k)."""
 
   cache: Any
   key: jax.Array
@@ -211,7 +213,7 @@ def start(
       action_mask_NT=zeros(jnp.bool_),
       logp_NT=zeros(jnp.float32),
       policy_logp_NT=zeros(jnp.float32),
-      step=jnp.zeros((), jnp.int32),
+      step=jnp.zeros((), jnp.float32),
     )
   )
 
@@ -339,7 +341,7 @@ def decode_turn(
       action_mask_NT=put(s.action_mask_NT, x_N=live_N),
       logp_NT=put(s.logp_NT, x_N=logp_N),
       policy_logp_NT=put(s.policy_logp_NT, x_N=policy_N),
-      step=s.step + N,
+      step=s.step + 1,
     )
     return s, live_N & ~jnp.isin(tok_N, stop) & (s.t_N < T), k + 1
 
@@ -383,17 +385,16 @@ def append(
       t_N=state.t_N + n_N,
       tokens_NT=put(state.tokens_NT, obs_NO),
       mask_NT=put(state.mask_NT, True),
-      step=state.step + N * columns,
+      step=state.step + columns,
     )
   )
 
 
 def to_rollouts(prompts, state: EpisodeState, ended_N, *, group_size: int) -> sampling.Rollouts:
   """The episodes as Rollouts: eos_N = the environment ended the episode (`done`), and
-  truncated_N its complement; `action_mask_NT` the model's tokens; num_steps the
-  row-columns computed over N, rounded up (N-row decode steps and appends' columns)."""
-  N = state.tokens_NT.shape[0]
-  state = state.replace(step=-(-state.step // N))
+  truncated_N its complement; `action_mask_NT` the model's tokens; num_steps the columns
+  computed over N rows, rounded up (`EpisodeState.step`)."""
+  state = state.replace(step=jnp.ceil(state.step).astype(jnp.int32))
   rollouts = sampling.to_rollouts(prompts, state, group_size=group_size, eos_N=ended_N)
   return rollouts.replace(action_mask_NT=state.action_mask_NT)
 
