@@ -26,6 +26,7 @@ The last line printed is one JSON object with every figure.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import pathlib
 import statistics
@@ -42,8 +43,10 @@ from grpo_jax.trainer import build, rollout, run_state, steps, warmstart
 CONFIG = pathlib.Path(__file__).resolve().parent.parent / "configs" / "calculator.py"
 
 
-def _slow_tools(ms: float) -> None:
-  """The calculator's step waits `ms` milliseconds before it computes (`--tool_ms`)."""
+@contextlib.contextmanager
+def _slow_tools(ms: float):
+  """Within it, the calculator's step waits `ms` milliseconds before it computes
+  (`--tool_ms`; 0: as it is); restored after (the smoke test runs in a test process)."""
   cls = envs.get("calculator")
   step = cls.step
 
@@ -51,12 +54,15 @@ def _slow_tools(ms: float) -> None:
     time.sleep(ms / 1e3)
     return step(self, action)
 
-  cls.step = slow
+  if ms:
+    cls.step = slow
+  try:
+    yield
+  finally:
+    cls.step = step
 
 
 def _setup(args):
-  if args.tool_ms:
-    _slow_tools(args.tool_ms)
   c = config_lib.load(f"{CONFIG}:tiny", warmstart_steps=args.warmstart, progress=False)
   c.prompts_per_step, c.sampler.group_size = args.prompts, args.group
   c.sampler.update(kv_layout=args.kv_layout, refill_slots=args.refill_slots)
@@ -93,6 +99,11 @@ def main(argv=None) -> dict:
   args = p.parse_args(argv)
   if args.quick:
     args.prompts, args.group, args.repeats, args.warmstart = 4, 4, 2, 20
+  with _slow_tools(args.tool_ms):
+    return _bench(args)
+
+
+def _bench(args) -> dict:
   setup, fns, params = _setup(args)
   N = args.prompts * args.group
   _, compile_s = _batch(setup, fns, params, 0, jax.random.key(0))  # Compiles.

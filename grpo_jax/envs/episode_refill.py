@@ -103,17 +103,20 @@ def _slot_loop(params, state, slots: Slots, hyper, ready_N, *, model_fn, stop_id
                max_steps: int | None):  # fmt: skip
   """Decode steps through the slots while one runs or an episode is ready (at most
   `max_steps`; None: until then). Returns (state, slots, ready_N left, acted_N: the
-  episodes whose action ended)."""
+  episodes whose action ended, written: with `max_steps`, each step's (episode [K, S], N
+  where a slot idled; column [K, S]; token [K, S]), else ())."""
   N, T = state.tokens_NT.shape
   stop = jnp.asarray(stop_ids, jnp.int32)
   limit = jnp.iinfo(jnp.int32).max if max_steps is None else max_steps
+  shape = (max_steps or 0, slots.ep_S.shape[0])
+  written = () if max_steps is None else tuple(jnp.full(shape, v, jnp.int32) for v in (N, 0, 0))
 
   def cond(carry):
-    _, ep_S, _, ready_N, _, j = carry
+    _, ep_S, _, ready_N, _, _, j = carry
     return (jnp.any(ep_S < N) | jnp.any(ready_N)) & (j < limit)
 
   def body(carry):
-    s, ep_S, k_S, ready_N, acted_N, j = carry
+    s, ep_S, k_S, ready_N, acted_N, written, j = carry
     ep_S, k_S, ready_N = _fill(ep_S, k_S, ready_N)
     live_S = ep_S < N
     n_S = jnp.minimum(ep_S, N - 1)
@@ -143,15 +146,16 @@ def _slot_loop(params, state, slots: Slots, hyper, ready_N, *, model_fn, stop_id
     k_S = k_S + live_S
     ended_S = live_S & (jnp.isin(new_S, stop) | (t_S + 1 >= T) | (k_S >= turn_tokens))
     acted_N = acted_N.at[jnp.where(ended_S, ep_S, N)].set(True, mode="drop")
-    return s, jnp.where(ended_S, N, ep_S), k_S, ready_N, acted_N, j + 1
+    written = tuple(w.at[j].set(x) for w, x in zip(written, (rows_S, t_S, new_S)))
+    return s, jnp.where(ended_S, N, ep_S), k_S, ready_N, acted_N, written, j + 1
 
   ready_N = jnp.asarray(ready_N, jnp.bool_)
   # A ready episode with no column left acts at once, with an empty action (the host then
   # ends it, token_limit, as the lockstep loop's next turn would).
   acted_N, ready_N = ready_N & (state.t_N >= T), ready_N & (state.t_N < T)
-  carry = (state, slots.ep_S, slots.k_S, ready_N, acted_N, jnp.int32(0))
-  s, ep_S, k_S, ready_N, acted_N, _ = jax.lax.while_loop(cond, body, carry)
-  return s, Slots(ep_S, k_S), ready_N, acted_N
+  carry = (state, slots.ep_S, slots.k_S, ready_N, acted_N, written, jnp.int32(0))
+  s, ep_S, k_S, ready_N, acted_N, written, _ = jax.lax.while_loop(cond, body, carry)
+  return s, Slots(ep_S, k_S), ready_N, acted_N, written
 
 
 def refill_turn(
@@ -180,9 +184,24 @@ def refill_segment(params, state, slots: Slots, hyper, ready_N, *, model_fn: Cal
   (env.overlap_steps: the host runs environment steps meanwhile): idle slots take ready
   episodes as in `refill_turn`, and a slot keeps its episode across segments until the
   action ends. Returns (state, slots, ready_N: the ready episodes no slot took yet,
-  acted_N: the episodes whose action ended in this segment)."""
+  acted_N: the episodes whose action ended in this segment, written: the tokens it
+  decoded, as (episode, column, token) [steps, S] each, episode N where a slot idled: what
+  the host reads of the actions, instead of the [N, T] token buffer)."""
   kw = dict(model_fn=model_fn, stop_ids=stop_ids, turn_tokens=turn_tokens, max_steps=steps)
   return _slot_loop(params, state, slots, hyper, ready_N, **kw)
+
+
+def observation_block(tok_R, pos_R, obs_RO, n_R, *, pad_id: int):
+  """What an append feeds for each row's n_R[r] observation tokens obs_RO[r, :n]:
+  [tok_R, obs_0, ..., obs_{n−2}] (pads past n) at positions pos_R + 0..n−1 (−1 past n),
+  which columns hold a token, and obs_{n−1}, the row's next token to feed. Returns
+  (feed_RO, pos_RO, has_RO, last_R); `episodes.append` and `append_rows`."""
+  j_O = jnp.arange(obs_RO.shape[1])
+  has_RO = j_O[None, :] < n_R[:, None]
+  feed_RO = jnp.where(has_RO, jnp.concatenate([tok_R[:, None], obs_RO[:, :-1]], axis=1), pad_id)
+  pos_RO = jnp.where(has_RO, pos_R[:, None] + j_O[None, :], -1)
+  last_R = jnp.take_along_axis(obs_RO, jnp.maximum(n_R - 1, 0)[:, None], axis=1)[:, 0]
+  return feed_RO, pos_RO, has_RO, last_R
 
 
 def append_rows(params, state, idx_R, obs_RO, n_R, *, model_fn: Callable, pad_id: int,
@@ -198,10 +217,7 @@ def append_rows(params, state, idx_R, obs_RO, n_R, *, model_fn: Callable, pad_id
   n_R = jnp.where(has_R, jnp.asarray(n_R, jnp.int32), 0)
   r_R = jnp.minimum(idx_R, N - 1)
   tok_R, pos_R, t_R = state.tok_N[r_R], state.pos_N[r_R], state.t_N[r_R]
-  j_O = jnp.arange(width)
-  has_RO = j_O[None, :] < n_R[:, None]
-  feed_RO = jnp.where(has_RO, jnp.concatenate([tok_R[:, None], obs_RO[:, :-1]], axis=1), pad_id)
-  pos_RO = jnp.where(has_RO, pos_R[:, None] + j_O[None, :], -1)
+  feed_RO, pos_RO, has_RO, last_R = observation_block(tok_R, pos_R, obs_RO, n_R, pad_id=pad_id)
   pages, c = state.cache, state.cache.cache
   view = pages.replace(cache=c.replace(table_NM=c.table_NM[r_R], slot_N=c.slot_N[r_R]))
   _, view = paged.append_block(
@@ -210,10 +226,9 @@ def append_rows(params, state, idx_R, obs_RO, n_R, *, model_fn: Callable, pad_id
   back_R = jnp.where(has_R, idx_R, N)  # Rows that took pages put their table rows back.
   table_NM = c.table_NM.at[back_R].set(view.cache.table_NM, mode="drop")
   pages = view.replace(cache=view.cache.replace(table_NM=table_NM, slot_N=c.slot_N))
-  last_R = jnp.take_along_axis(obs_RO, jnp.maximum(n_R - 1, 0)[:, None], axis=1)[:, 0]
   moved_R = jnp.where(n_R > 0, idx_R, N)
   rows_RO = jnp.where(has_RO, idx_R[:, None], N)
-  cols_RO = jnp.minimum(t_R[:, None] + j_O[None, :], T)
+  cols_RO = jnp.minimum(t_R[:, None] + jnp.arange(width)[None, :], T)
   put = lambda buf, x: buf.at[rows_RO, cols_RO].set(x, mode="drop")  # noqa: E731
   return state.replace(
     cache=pages,
@@ -246,8 +261,8 @@ def overlap_pieces(runner, model_fn: Callable, *, constrain: Callable) -> dict:
   )
 
   def segment_rows(*args):
-    state, slots, ready_N, acted_N = segment(*args)
-    return constrain(state), slots, ready_N, acted_N
+    state, *rest = segment(*args)
+    return constrain(state), *rest
 
   return {
     "segment": jax.jit(segment_rows, donate_argnums=(1,)),
@@ -269,22 +284,24 @@ def play_overlapped(runner, params, state, hyper, rows, clock):
   the tools' timing. Returns the final state (every episode ended)."""
   N, S = len(rows.t_N), runner.sampler_cfg.refill_slots
   slots, ready_N, busy = Slots.idle(S, N), rows.running_N.copy(), False
+  actions_NT = np.zeros((N, runner.sampler_cfg.max_new_tokens), np.int32)  # As decoded.
   flight = runner._steps.flight()
   try:
     while rows.running_N.any():
       acted, failed = [], []
       if busy or ready_N.any():
         with clock("sample"):
-          state, slots, left_N, acted_N = runner.pieces["segment"](
+          state, slots, left_N, acted_N, written = runner.pieces["segment"](
             params, state, slots, hyper, ready_N
           )
           ready_N, acted = np.array(left_N), np.flatnonzero(np.asarray(acted_N))
           busy = bool((np.asarray(slots.ep_S) < N).any())
-          tokens_NT = np.asarray(state.tokens_NT) if acted.size else None
+          n_KS, t_KS, tok_KS = (np.asarray(x) for x in written)
+          actions_NT[n_KS[n_KS < N], t_KS[n_KS < N]] = tok_KS[n_KS < N]
           rows.t_N = np.array(state.t_N, np.int32)
       with clock("env"):
         for i in acted:
-          action = runner._action(rows, i, tokens_NT[i])
+          action = runner._action(rows, i, actions_NT[i])
           if isinstance(action, str):
             flight.submit(i, rows.envs[i], action)
           elif action is not None:
@@ -312,9 +329,8 @@ def _append_width(n: int, slots: int) -> int:
 
 def _append_answers(runner, params, state, rows, obs: dict):
   """The observations `obs` ({episode: tokens}) of running episodes appended, at most S a
-  call (`_append_width` rows); one
-  over env.observation_tokens or leaving no column for another action ends its episode
-  (token_limit), as `episodes.Runner._observe` does."""
+  call (`_append_width` rows); one over env.observation_tokens or leaving no column for
+  another action ends its episode (token_limit), as `episodes.Runner._observe` does."""
   width = runner.cfg.observation_tokens
   N, S, pad = len(rows.t_N), runner.sampler_cfg.refill_slots, runner.sampler_cfg.pad_id
   n_N = np.zeros(N, np.int32)

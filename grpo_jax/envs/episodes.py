@@ -366,14 +366,12 @@ def append(
   obs_NO, n_N = jnp.asarray(obs_NO, jnp.int32), jnp.asarray(n_N, jnp.int32)
   (N, width), T = obs_NO.shape, state.tokens_NT.shape[1]
   j_O = jnp.arange(width)
-  has_NO = j_O[None, :] < n_N[:, None]
-  feed_NO = jnp.concatenate([state.tok_N[:, None], obs_NO[:, :-1]], axis=1)
-  feed_NO = jnp.where(has_NO, feed_NO, pad_id)
-  pos_NO = jnp.where(has_NO, state.pos_N[:, None] + j_O[None, :], -1)
+  feed_NO, pos_NO, has_NO, last_N = episode_refill.observation_block(
+    state.tok_N, state.pos_N, obs_NO, n_N, pad_id=pad_id
+  )
   cache, columns = _WRITES[kv_layout](
     params, state, feed_NO, pos_NO, n_N, model_fn=model_fn, chunk=chunk
   )
-  last_N = jnp.take_along_axis(obs_NO, jnp.maximum(n_N - 1, 0)[:, None], axis=1)[:, 0]
   rows_NO = jnp.where(has_NO, jnp.arange(N)[:, None], N)
   cols_NO = jnp.minimum(state.t_N[:, None] + j_O[None, :], T)  # T: out of range, dropped.
   put = lambda buf, x: buf.at[rows_NO, cols_NO].set(x, mode="drop")

@@ -580,7 +580,8 @@ def test_a_ready_episode_with_no_column_left_acts_at_once_with_an_empty_action(
   """A segment handed an episode that is ready but has filled all T columns (its last
   action stopped in the last column and its step answered with an empty observation)
   reports it as acted without decoding it, so the host ends it (token_limit) as the
-  lockstep loop's next turn would; the other ready episode decodes."""
+  lockstep loop's next turn would; the other ready episode decodes, and the segment
+  returns the tokens it wrote, by episode and column."""
   scfg = sampling.SamplerConfig(max_new_tokens=8, eos_ids=tokenizer.eos_ids,
                                 pad_id=tokenizer.pad_id, group_size=2, prompt_buckets=(8,),
                                 kv_layout="paged", page_size=4, refill_slots=2)  # fmt: skip
@@ -595,13 +596,19 @@ def test_a_ready_episode_with_no_column_left_acts_at_once_with_an_empty_action(
     observation_tokens=4,
   )
   state = start.replace(t_N=jnp.array([8, 0], jnp.int32))
-  out, slots, ready_N, acted_N = episode_refill.refill_segment(
+  out, slots, ready_N, acted_N, written = episode_refill.refill_segment(
     tiny_params, state, episode_refill.Slots.idle(2, 2), sampling.sampling_params(),
     np.array([True, True]), model_fn=model_fn, stop_ids=(), turn_tokens=3, steps=16,
   )  # fmt: skip
   np.testing.assert_array_equal(acted_N, [True, True])
   np.testing.assert_array_equal(out.t_N, [8, 3])  # Row 1 decoded its 3 tokens; row 0 none.
   assert not np.asarray(ready_N).any() and (np.asarray(slots.ep_S) == 2).all()
+  # What the host reads of the actions: slot 0 wrote episode 1's columns 0-2, then idled.
+  n_KS, t_KS, tok_KS = (np.asarray(x) for x in written)
+  assert n_KS.shape == (16, 2) and (n_KS[:, 1] == 2).all() and (n_KS[3:] == 2).all()
+  np.testing.assert_array_equal(n_KS[:3, 0], [1, 1, 1])
+  np.testing.assert_array_equal(t_KS[:3, 0], [0, 1, 2])
+  np.testing.assert_array_equal(tok_KS[:3, 0], np.asarray(out.tokens_NT)[1, :3])
 
 
 def test_overlap_runs_on_one_process_and_needs_slots(tiny_cfg, tiny_params, tokenizer, monkeypatch):
@@ -971,7 +978,9 @@ def test_bench_episodes_reports_its_figures():
 
   # Its slot-refill options (the lockstep default differs only by the config it builds).
   args = ["--quick", "--kv_layout=paged", "--refill_slots=4", "--overlap_steps=4", "--tool_ms=1"]
+  step = calculator.Calculator.step
   r = bench_episodes.main(args)
+  assert calculator.Calculator.step is step  # --tool_ms's slow step is undone after.
   assert r["episodes_per_s"] > 0 and r["episodes"] == 16 and r["refill_slots"] == 4
   assert 0 < r["sample_share"] < 1 and 0 < r["env_share"] < 1
   assert r["row_steps"] > 0
