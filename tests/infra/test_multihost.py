@@ -173,12 +173,13 @@ EPISODES = str(ROOT / "tests" / "multihost_episodes.py")
 def _launch_episodes(out, workdir, *, processes, devices, refill, iterations) -> list[dict]:
   args = [str(out), str(workdir), "--devices", str(devices), "--refill_slots", str(refill)]
   args += ["--iterations", str(iterations)]
-  # Refill slots on several processes: a cache of their own. With the refill turn's
-  # program loaded from a warm persistent cache, two CPU processes abort in it (gloo:
-  # "Received data size doesn't match expected size", 512 vs 64 bytes); compiled afresh it
-  # runs, and the paged lockstep turn runs either way (2026-12-06, jax 0.10.2).
-  private = refill and processes > 1
-  cache = {"JAX_COMPILATION_CACHE_DIR": str(out / "xla_cache")} if private else {}
+  # Refill slots: a cache of their own, on one process as on two. The refill turn's program
+  # loaded from a warm persistent cache runs its collectives out of order on CPU: one process
+  # of 4 devices deadlocks in it (XLA:CPU's in-process all-gather: "Expected 4 threads to
+  # join the rendezvous, but only 3 of them arrived"), two processes abort in gloo ("Received
+  # data size doesn't match expected size"). Compiled afresh it runs, and the paged lockstep
+  # turn runs either way (2026-12-06, jax 0.10.2; CI's machine keeps its cache between runs).
+  cache = {"JAX_COMPILATION_CACHE_DIR": str(out / "xla_cache")} if refill else {}
   _spawn(EPISODES, args, processes=processes, **cache)
   return [json.loads((out / f"process{i}.json").read_text()) for i in range(processes)]
 
