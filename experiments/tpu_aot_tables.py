@@ -30,6 +30,12 @@ def gib(n) -> str:
   return "-" if n is None else f"{n / 2**30:.1f}"
 
 
+def peak(row: dict) -> str:
+  """A function's peak GiB a chip, or "refused" where the compiler refused it with no
+  figure (`infra.tpu.refused`'s "need_unknown")."""
+  return "refused" if row.get("need_unknown") else gib(row["peak_bytes"])
+
+
 def configs_table() -> str:
   """The committed shipped-config records as one Markdown table."""
   lines = [
@@ -44,7 +50,7 @@ def configs_table() -> str:
     roof = run["roofline_s"]
     lines.append(
       f"| {r['config']} | {r['topology']} | {mesh} | {'yes' if run['fits'] else 'NO'} | "
-      f"{', '.join(gib(x['peak_bytes']) for x in r['rows'])} | {gib(run['plan_peak_bytes'])} "
+      f"{', '.join(peak(x) for x in r['rows'])} | {gib(run['plan_peak_bytes'])} "
       f"| {sum(roof.values()):.2f} ({', '.join(f'{v:.2f}' for v in roof.values())}) | "
       f"{r.get('code', '-')} |"
     )
@@ -84,7 +90,7 @@ def table(new_tokens: int = NEW_TOKENS, tag: str = "") -> str:
     setting = "as first tried" if tip is None else (
       " ".join(f"{k}={v}" for k, v in tip["overrides"].items()) if tip["overrides"] else "none fits"
     )  # fmt: skip
-    peaks = ", ".join(gib(x["peak_bytes"]) for x in fin["rows"])
+    peaks = ", ".join(peak(x) for x in fin["rows"])
     roof = fin["run"]["roofline_s"]
     lines.append(
       f"| {r['shape']} | {r['topology']} | {r['mode']} | {'yes' if r['first']['run']['fits'] else 'no'} "

@@ -265,6 +265,11 @@ _OOM = re.compile(
 )
 # One buffer larger than the whole HBM: refused even with COMPILE_PAST_OOM.
 _OOM_BUFFER = re.compile(r"Allocation \(size=(\d+)\) would exceed memory \(size=(\d+)\)")
+# A program past COMPILE_PAST_OOM that the TPU compiler rejects without a figure. Seen on
+# Qwen2.5-7B's full update for v5e:2x4 (libtpu 0.0.42.1, 2026-12-06): an earlier record
+# of the same cell compiled, needing 33.5 GiB a chip against 16, and the advice's rungs
+# compile; so read as refused for its size, with its need unknown.
+_INVALID = re.compile(r"Invalid TPU program")
 
 
 def out_of_memory(error: BaseException) -> dict | None:
@@ -370,12 +375,14 @@ def refused(error: BaseException, *, chip: Chip, mesh) -> dict | None:
   """A `report`-shaped row for a program XLA refused to compile for lack of memory (even
   past COMPILE_PAST_OOM: one buffer over the whole HBM): its need as total and temporary
   bytes (a lower bound), no cost, `refused` the error's first line; None when `error` is
-  not an out-of-memory error."""
+  not an out-of-memory error. An "Invalid TPU program" (`_INVALID`) is a refusal whose need
+  is unknown: 0 bytes, "need_unknown" True (`format_table` shows "?")."""
   oom = out_of_memory(error)
-  if oom is None:
+  unknown = oom is None and _INVALID.search(str(error)) is not None
+  if oom is None and not unknown:
     return None
   hbm = per_device(chip).hbm_bytes
-  need = oom["required_bytes"]
+  need = 0 if unknown else oom["required_bytes"]
   zero = ("argument_bytes", "output_bytes", "alias_bytes", "code_bytes", "flops", "matmul_flops")
   return {
     "chip": chip.name,
@@ -400,6 +407,7 @@ def refused(error: BaseException, *, chip: Chip, mesh) -> dict | None:
     "host_callbacks": [],
     "aliased_parameters": [],
     "refused": str(error).strip().splitlines()[0][:300],
+    "need_unknown": unknown,
   }
 
 
@@ -413,7 +421,8 @@ def format_table(rows: list[dict]) -> str:
       (
         str(r["name"]),
         "yes" if r["fits"] else "NO",
-        f"{r['total_bytes'] / GiB:.2f} / {r['hbm_bytes'] / GiB:.0f}",
+        ("?" if r.get("need_unknown") else f"{r['total_bytes'] / GiB:.2f}")
+        + f" / {r['hbm_bytes'] / GiB:.0f}",
         f"{r['temp_bytes'] / GiB:.2f}",
         f"{max(r['flops'], r.get('matmul_flops', 0.0)) / 1e9:.1f}",
         f"{r['roofline_s'] * 1e3:.3f}",

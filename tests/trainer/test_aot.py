@@ -257,6 +257,24 @@ def test_a_buffer_over_the_whole_hbm_is_a_row_that_does_not_fit():
     tpu.refused(RuntimeError("something else"), chip=tpu.chip_for("v5e:2x2"), mesh=mesh) is None
   )
   assert tpu.format_table([{**row, "name": "logprobs"}]).splitlines()[1].startswith("logprobs  NO")
+  assert not row["need_unknown"]
+
+
+def test_an_invalid_tpu_program_is_a_refused_row_whose_need_is_unknown():
+  """libtpu rejected Qwen2.5-7B's full update for v5e:2x4 past COMPILE_PAST_OOM with this
+  line alone (no figure); its row does not fit, says "?", and the sweep's tables say
+  "refused" where a peak would stand."""
+  import tpu_aot_tables  # noqa: PLC0415
+
+  mesh = jax.sharding.Mesh(np.array(tpu.load_topology("v5e:2x2")), ("fsdp",))
+  error = RuntimeError("INVALID_ARGUMENT: Invalid TPU program.")
+  row = tpu.refused(error, chip=tpu.chip_for("v5e:2x2"), mesh=mesh)
+  assert row["need_unknown"] and not row["fits"] and row["total_bytes"] == 0
+  assert row["refused"] == "INVALID_ARGUMENT: Invalid TPU program."
+  line = tpu.format_table([{**row, "name": "update"}]).splitlines()[1]
+  assert line.split()[:5] == ["update", "NO", "?", "/", "16"]
+  assert tpu_aot_tables.peak({**row, "peak_bytes": 2**30}) == "refused"
+  assert tpu_aot_tables.peak({"peak_bytes": 3 * 2**30}) == "3.0"
 
 
 def test_counterfactual_rows_decode_compiles_for_tpu_when_the_config_enables_them():
