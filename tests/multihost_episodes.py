@@ -4,7 +4,8 @@
 
 configs/calculator.py:tiny from its learning test's committed warm start, 8 prompts × 8
 episodes an iteration on a (data 2, fsdp 2) mesh over every process's devices, for
---iterations (with --refill_slots S: on pages, each turn's actions through S slots). Saves OUT/process<id>.json: the RL lines' non-timing metrics (process 0's
+--iterations (with --refill_slots S: on pages, each turn's actions through S slots; with
+--overlap_steps K too, no turns: segments of K steps, tools overlapped). Saves OUT/process<id>.json: the RL lines' non-timing metrics (process 0's
 metrics.jsonl) and how many calculator environments this process made (each process plays
 the episodes of its own rows).
 """
@@ -27,6 +28,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 def main(argv=None):
   parser = multihost_run.process_parser()
   parser.add_argument("--refill_slots", type=int, default=0, help="on pages, through S slots")
+  parser.add_argument("--overlap_steps", type=int, default=0, help="with slots: env.overlap_steps")
   args = parser.parse_args(argv)
   multihost_run.join(args)
   workdir = pathlib.Path(args.workdir)
@@ -48,6 +50,7 @@ def main(argv=None):
   c.mesh.update(data=2, fsdp=2, tensor=1)
   if args.refill_slots:
     c.sampler.update(kv_layout="paged", page_size=8, refill_slots=args.refill_slots)
+  c.env.overlap_steps = args.overlap_steps
   summary = train.run(c, workdir, log=lambda _: None)
   lines = []
   if jax.process_index() == 0:

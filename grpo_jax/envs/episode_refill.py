@@ -31,7 +31,7 @@ rows need not sum as one of N: 1.9e-6 apart at S = 1 on CPU;
 
 In turns (`refill_turn`) the environments' steps stay a barrier between turns
 (`episodes.Runner._act`, as in the lockstep runner): what refill removes is the decode
-padding within a turn. With env.overlap_steps = K (`play_overlapped`, one process) there
+padding within a turn. With env.overlap_steps = K (`play_overlapped`) there
 are no turns: the slots decode K steps a segment (`refill_segment`, the slots carried
 over), the actions that ended go to their environments on the step workers while the next
 segments decode (`stepping.Flight`), and observations are appended as they come back, S
@@ -54,6 +54,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from grpo_jax.infra import distributed
 from grpo_jax.models import paged, sampling
 
 
@@ -272,51 +273,84 @@ def overlap_pieces(runner, model_fn: Callable, *, constrain: Callable) -> dict:
 
 def play_overlapped(runner, params, state, hyper, rows, clock):
   """The episodes from their first action to their end with environment steps overlapping
-  the decoding (env.overlap_steps = K; one process): segments of at most K decode steps
-  through the S slots; after each, the actions that ended go to their environments
-  (`stepping.Flight`: they run on the step workers while the next segments decode), and
-  the observations that came back are appended, S episodes a call (`append_rows`); an
-  episode is ready to act again once its observation is in. The host waits on the
-  environments only when no slot has an episode and none is ready. Each episode's turns,
-  limits and end reasons are the lockstep loop's (`episodes.Runner._action`, `_answer`,
-  the observation limits of `_observe`), and its draws are keyed by episode and column,
-  so the episodes are those of the lockstep turns drawing with the same keys, whatever
-  the tools' timing. Returns the final state (every episode ended)."""
+  the decoding (env.overlap_steps = K): segments of at most K decode steps through the S
+  slots; after each, the actions that ended go to their environments (`stepping.Flight`:
+  they run on the step workers while the next segments decode), and the observations that
+  came back are appended, S episodes a call (`append_rows`); an episode is ready to act
+  again once its observation is in. The host waits on the environments only when no slot
+  has an episode and none is ready. Each episode's turns, limits and end reasons are the
+  lockstep loop's (`episodes.Runner._action`, `_answer`, the observation limits of
+  `_observe`), and its draws are keyed by episode and column, so the episodes are those of
+  the lockstep turns drawing with the same keys, whatever the tools' timing.
+
+  On several processes each steps the environments of its own rows (`rows.mine`), and
+  after each segment the processes agree (`_shared`): the answers that came back anywhere
+  are all-gathered, so every process appends the same observations and marks the same
+  episodes ready, and the next segment is the same program call everywhere. A process
+  waits on its environments only when no process has an episode to decode or an answer
+  in hand. Returns the final state (every episode ended)."""
   N, S = len(rows.t_N), runner.sampler_cfg.refill_slots
   slots, ready_N, busy = Slots.idle(S, N), rows.running_N.copy(), False
   actions_NT = np.zeros((N, runner.sampler_cfg.max_new_tokens), np.int32)  # As decoded.
   flight = runner._steps.flight()
   try:
     while rows.running_N.any():
-      acted, failed = [], []
+      acted, failed = np.zeros(0, np.int64), []
       if busy or ready_N.any():
         with clock("sample"):
           state, slots, left_N, acted_N, written = runner.pieces["segment"](
             params, state, slots, hyper, ready_N
           )
-          ready_N, acted = np.array(left_N), np.flatnonzero(np.asarray(acted_N))
-          busy = bool((np.asarray(slots.ep_S) < N).any())
-          n_KS, t_KS, tok_KS = (np.asarray(x) for x in written)
+          ready_N = np.array(distributed.host_value(left_N))
+          acted = np.flatnonzero(distributed.host_value(acted_N))
+          busy = bool((distributed.host_value(slots.ep_S) < N).any())
+          n_KS, t_KS, tok_KS = (distributed.host_value(x) for x in written)
           actions_NT[n_KS[n_KS < N], t_KS[n_KS < N]] = tok_KS[n_KS < N]
-          rows.t_N = np.array(state.t_N, np.int32)
+          rows.t_N = np.array(distributed.host_value(state.t_N), np.int32)
       with clock("env"):
-        for i in acted:
+        for i in acted[(acted >= rows.mine.start) & (acted < rows.mine.stop)]:
           action = runner._action(rows, i, actions_NT[i])
           if isinstance(action, str):
             flight.submit(i, rows.envs[i], action)
           elif action is not None:
             failed.append((i, action))
-        if not (busy or ready_N.any() or flight.pending or failed) and rows.running_N.any():
+        rows.share()  # Turns, and the token limits `_action` ended.
+        can_go = busy or ready_N.any() or distributed.any_across(bool(failed))
+        pending = distributed.any_across(flight.pending > 0)
+        if not (can_go or pending) and rows.running_N.any():
           raise RuntimeError(f"episodes {np.flatnonzero(rows.running_N)} neither act nor wait")
-        got = sorted(failed + flight.take(block=not (busy or ready_N.any() or failed)))
+        got = sorted(failed + flight.take(block=not can_go))
         last = lambda i: rows.turns_N[i] >= runner.cfg.max_turns  # noqa: E731
-        obs = {i: runner._answer(rows, i, o, last_turn=last(i)) for i, o in got}
+        obs = _shared(
+          runner, rows, {i: runner._answer(rows, i, o, last_turn=last(i)) for i, o in got}
+        )
       with clock("sample"):
         state = _append_answers(runner, params, state, rows, obs)
       ready_N[[i for i in obs if rows.running_N[i]]] = True
   finally:
     flight.close()
   return state
+
+
+def _shared(runner, rows, obs: dict) -> dict:
+  """This process's answers ({episode: observation tokens}, () where the episode ended)
+  -> every process's, on every process, with the rows' rewards and ends (`rows.share`).
+  An observation longer than env.observation_tokens O travels as its first O tokens and
+  pads to its length: `_append_answers` ends its episode without appending it."""
+  rows.share()
+  if jax.process_count() == 1:
+    return obs
+  N, width, pad = len(rows.t_N), runner.cfg.observation_tokens, runner.sampler_cfg.pad_id
+  answered_N, n_N = np.zeros(N, np.int32), np.zeros(N, np.int32)
+  obs_NO = np.full((N, width), pad, np.int32)
+  for i, o in obs.items():
+    answered_N[i], n_N[i] = 1, len(o)
+    obs_NO[i, : min(len(o), width)] = o[:width]
+  answered_N, n_N, obs_NO = (rows.gather(x) for x in (answered_N, n_N, obs_NO))
+  out = {}
+  for i in np.flatnonzero(answered_N):
+    out[int(i)] = tuple(int(t) for t in obs_NO[i, : n_N[i]]) + (pad,) * max(0, n_N[i] - width)
+  return out
 
 
 def _append_width(n: int, slots: int) -> int:

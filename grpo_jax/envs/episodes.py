@@ -587,12 +587,6 @@ class Runner:
     sampling parameters of every action."""
     if self.tokenizer is None:
       raise ValueError("Runner.run needs a tokenizer (this runner only compiles: `aot`).")
-    if self.cfg.overlap_steps and jax.process_count() > 1:
-      raise ValueError(
-        f"config.env.overlap_steps={self.cfg.overlap_steps} runs on one process only (the "
-        "processes would have to agree on which episodes are ready at every segment); set it "
-        "to 0 on several processes (refill slots still decode each turn)."
-      )
     with self.context():
       return self._run(params, prompts, examples, key, hyper)
 

@@ -170,17 +170,17 @@ def test_only_the_primary_process_writes_the_logs(runs):
 EPISODES = str(ROOT / "tests" / "multihost_episodes.py")
 
 
-def _launch_episodes(out, workdir, *, processes, devices, refill, iterations) -> list[dict]:
+def _launch_episodes(out, workdir, *, processes, devices, refill, iterations, overlap=0):
   args = [str(out), str(workdir), "--devices", str(devices), "--refill_slots", str(refill)]
-  args += ["--iterations", str(iterations)]
+  args += ["--iterations", str(iterations), "--overlap_steps", str(overlap)]
   # Refill slots: a cache of their own, on one process as on two. The refill turn's program
   # loaded from a warm persistent cache runs its collectives out of order on CPU: one process
   # of 4 devices deadlocks in it (XLA:CPU's in-process all-gather: "Expected 4 threads to
   # join the rendezvous, but only 3 of them arrived"), two processes abort in gloo ("Received
   # data size doesn't match expected size"). Compiled afresh it runs, and the paged lockstep
   # turn runs either way (2026-12-06, jax 0.10.2; CI's machine keeps its cache between runs).
-  cache = {"JAX_COMPILATION_CACHE_DIR": str(out / "xla_cache")} if refill else {}
-  _spawn(EPISODES, args, processes=processes, **cache)
+  env = {"JAX_COMPILATION_CACHE_DIR": str(out / "xla_cache")} if refill else {}
+  _spawn(EPISODES, args, processes=processes, **env)
   return [json.loads((out / f"process{i}.json").read_text()) for i in range(processes)]
 
 
@@ -193,9 +193,21 @@ def test_episodes_on_two_processes_each_play_their_rows_and_match_one_process(
   environments of their own rows only, half of every batch, and the run's metrics are those
   of one process with 4 devices (floats to rel 1e-3: cross-process sums in another order;
   counts exactly); in lockstep turns for 2 iterations, and for 1 on pages through 16
-  refill slots (the slots' table rows gathered across the processes' devices)."""
+  refill slots (the slots' table rows gathered across the processes' devices), in turns
+  and with the tools overlapped (env.overlap_steps=4: the processes agree on the answers
+  after every segment). Overlapped, the episodes are the refill turns' (draws keyed by
+  episode and column); only the share of padded decode columns differs (another schedule
+  of steps and appends)."""
   kw = dict(refill=refill, iterations=iterations)
-  two = _launch_episodes(tmp_path / "two", tmp_path / "two" / "work", processes=2, devices=2, **kw)
+  runs_ = {
+    "two": _launch_episodes(
+      tmp_path / "two", tmp_path / "two" / "work", processes=2, devices=2, **kw
+    )
+  }
+  if refill:
+    runs_["overlapped"] = _launch_episodes(
+      tmp_path / "ov", tmp_path / "ov" / "work", processes=2, devices=2, overlap=4, **kw
+    )
   (one,) = _launch_episodes(
     tmp_path / "one", tmp_path / "one" / "work", processes=1, devices=4, **kw
   )
@@ -203,13 +215,20 @@ def test_episodes_on_two_processes_each_play_their_rows_and_match_one_process(
   # warm start's evaluation came with it), split between the processes, plus the one each
   # process's build makes to check config.env.kwargs.
   played = iterations * 64 + 16
-  assert two[0]["envs"] == two[1]["envs"] == played // 2 + 1 and one["envs"] == played + 1
-  got, want = two[0]["lines"], one["lines"]
+  assert one["envs"] == played + 1
+  want = one["lines"]
   its = list(range(1, iterations + 1))
-  assert [m["iteration"] for m in got] == [m["iteration"] for m in want] == its
+  assert [m["iteration"] for m in want] == its
   assert want[0]["episode/turns"] > 2 and want[0]["grad_norm"] > 0
-  for g, w in zip(got, want, strict=True):
-    assert g.keys() == w.keys()
-    for k, v in w.items():
-      expect = pytest.approx(v, rel=1e-3, abs=1e-4) if isinstance(v, float) else v
-      assert g[k] == expect, (w["iteration"], k)
+  for name, two in runs_.items():
+    assert two[0]["envs"] == two[1]["envs"] == played // 2 + 1, name
+    got = two[0]["lines"]
+    assert [m["iteration"] for m in got] == its, name
+    for g, w in zip(got, want, strict=True):
+      assert g.keys() == w.keys()
+      for k, v in w.items():
+        if name == "overlapped" and k == "pad/sample_frac":
+          assert 0 < g[k] < 1
+          continue
+        expect = pytest.approx(v, rel=1e-3, abs=1e-4) if isinstance(v, float) else v
+        assert g[k] == expect, (name, w["iteration"], k)
