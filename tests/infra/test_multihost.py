@@ -192,22 +192,17 @@ def test_episodes_on_two_processes_each_play_their_rows_and_match_one_process(
   an iteration) on a (data 2, fsdp 2) mesh: two processes of 2 devices each make the
   environments of their own rows only, half of every batch, and the run's metrics are those
   of one process with 4 devices (floats to rel 1e-3: cross-process sums in another order;
-  counts exactly); in lockstep turns for 2 iterations, and for 1 on pages through 16
-  refill slots (the slots' table rows gathered across the processes' devices), in turns
-  and with the tools overlapped (env.overlap_steps=4: the processes agree on the answers
-  after every segment). Overlapped, the episodes are the refill turns' (draws keyed by
-  episode and column); only the share of padded decode columns differs (another schedule
-  of steps and appends)."""
+  counts exactly). In lockstep turns for 2 iterations; and for 1 on pages through 16
+  refill slots, the two processes with the tools overlapped (env.overlap_steps=4: they
+  agree on the answers after every segment; the slots' table rows gathered across their
+  devices) against one process's refill turns: with draws keyed by episode and column the
+  episodes are the same, and only the share of padded decode columns differs (another
+  schedule of steps and appends)."""
   kw = dict(refill=refill, iterations=iterations)
-  runs_ = {
-    "two": _launch_episodes(
-      tmp_path / "two", tmp_path / "two" / "work", processes=2, devices=2, **kw
-    )
-  }
-  if refill:
-    runs_["overlapped"] = _launch_episodes(
-      tmp_path / "ov", tmp_path / "ov" / "work", processes=2, devices=2, overlap=4, **kw
-    )
+  overlap = 4 if refill else 0
+  two = _launch_episodes(
+    tmp_path / "two", tmp_path / "two" / "work", processes=2, devices=2, overlap=overlap, **kw
+  )
   (one,) = _launch_episodes(
     tmp_path / "one", tmp_path / "one" / "work", processes=1, devices=4, **kw
   )
@@ -215,20 +210,16 @@ def test_episodes_on_two_processes_each_play_their_rows_and_match_one_process(
   # warm start's evaluation came with it), split between the processes, plus the one each
   # process's build makes to check config.env.kwargs.
   played = iterations * 64 + 16
-  assert one["envs"] == played + 1
-  want = one["lines"]
+  assert two[0]["envs"] == two[1]["envs"] == played // 2 + 1 and one["envs"] == played + 1
+  got, want = two[0]["lines"], one["lines"]
   its = list(range(1, iterations + 1))
-  assert [m["iteration"] for m in want] == its
+  assert [m["iteration"] for m in got] == [m["iteration"] for m in want] == its
   assert want[0]["episode/turns"] > 2 and want[0]["grad_norm"] > 0
-  for name, two in runs_.items():
-    assert two[0]["envs"] == two[1]["envs"] == played // 2 + 1, name
-    got = two[0]["lines"]
-    assert [m["iteration"] for m in got] == its, name
-    for g, w in zip(got, want, strict=True):
-      assert g.keys() == w.keys()
-      for k, v in w.items():
-        if name == "overlapped" and k == "pad/sample_frac":
-          assert 0 < g[k] < 1
-          continue
-        expect = pytest.approx(v, rel=1e-3, abs=1e-4) if isinstance(v, float) else v
-        assert g[k] == expect, (name, w["iteration"], k)
+  for g, w in zip(got, want, strict=True):
+    assert g.keys() == w.keys()
+    for k, v in w.items():
+      if overlap and k == "pad/sample_frac":
+        assert 0 < g[k] < 1
+        continue
+      expect = pytest.approx(v, rel=1e-3, abs=1e-4) if isinstance(v, float) else v
+      assert g[k] == expect, (w["iteration"], k)
