@@ -74,7 +74,7 @@ def cell(shape: str, topology: str, mode: str, new_tokens: int = tables.NEW_TOKE
   final = tip["plan"] if tip and tip["plan"] else got  # The advised setting, as compiled.
   keep = ("name", "fits", "peak_bytes", "total_bytes", "temp_bytes", "resident_bytes",
           "flops", "matmul_flops", "bytes_accessed", "model_roofline_s", "ici_s", "dcn_s",
-          "collectives_by_kind", "refused")  # fmt: skip
+          "collectives_by_kind", "refused", "need_unknown")  # fmt: skip
   rows = lambda g: [{k: r[k] for k in keep if k in r} for r in g["rows"]]  # noqa: E731
   return {
     "shape": shape,
@@ -122,7 +122,7 @@ def config_cell(name: str, variant: str, topology: str, shape: str) -> dict:
     advice=False,
   )
   keep = ("name", "fits", "peak_bytes", "total_bytes", "temp_bytes", "resident_bytes",
-          "model_roofline_s", "collectives_by_kind", "refused")  # fmt: skip
+          "model_roofline_s", "collectives_by_kind", "refused", "need_unknown")  # fmt: skip
   return {
     "config": f"configs/{name}:{variant}",
     "fingerprint": aot.fingerprint(config),
