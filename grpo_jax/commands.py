@@ -86,7 +86,8 @@ def plan_topology(config_dict) -> dict:
   print(got["table"])
   verdict = "fits" if run["fits"] else "does NOT fit"
   print(
-    f"{verdict}: peak {run['peak_bytes'] / 2**30:.2f} GiB per device (XLA; the memory plan "
+    f"{verdict}: peak {'>= ' if run.get('peak_unknown') else ''}"
+    f"{run['peak_bytes'] / 2**30:.2f} GiB per device (XLA; the memory plan "
     f"says {run['plan_peak_bytes'] / 2**30:.2f} GiB); model-FLOPs roofline "
     f"{run['roofline_iteration_s']:.3g} s per iteration ("
     + ", ".join(f"{k} {v:.3g} s" for k, v in run["roofline_s"].items())

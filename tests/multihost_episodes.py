@@ -5,9 +5,10 @@
 configs/calculator.py:tiny from its learning test's committed warm start, 8 prompts × 8
 episodes an iteration on a (data 2, fsdp 2) mesh over every process's devices, for
 --iterations (with --refill_slots S: on pages, each turn's actions through S slots; with
---overlap_steps K too, no turns: segments of K steps, tools overlapped). Saves OUT/process<id>.json: the RL lines' non-timing metrics (process 0's
-metrics.jsonl) and how many calculator environments this process made (each process plays
-the episodes of its own rows).
+--overlap_steps K too, no turns: segments of K steps, tools overlapped). Saves
+OUT/process<id>.json: the RL lines' non-timing metrics (process 0's metrics.jsonl) and how
+many calculator environments this process made (each process plays the episodes of its
+own rows).
 """
 
 import json

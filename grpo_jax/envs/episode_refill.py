@@ -27,7 +27,8 @@ and column only, not on the slot, the step or the neighbours. With the same draw
 (`decode_turn(row_keys=True)`) the lockstep turn gives the same episodes: tokens, masks,
 turns, rewards and ends exactly, log-probs up to the order of float32 sums (a matmul of S
 rows need not sum as one of N: 1.9e-6 apart at S = 1 on CPU;
-`tests/envs/test_episodes.py`). Greedy decoding draws nothing. Only the refill loop uses these keys, so lockstep runs keep their draws.
+`tests/envs/test_episodes.py`). Greedy decoding draws nothing. Only the refill loop uses
+these keys, so lockstep runs keep their draws.
 
 In turns (`refill_turn`) the environments' steps stay a barrier between turns
 (`episodes.Runner._act`, as in the lockstep runner): what refill removes is the decode
@@ -283,19 +284,21 @@ def play_overlapped(runner, params, state, hyper, rows, clock):
   `_observe`), and its draws are keyed by episode and column, so the episodes are those of
   the lockstep turns drawing with the same keys, whatever the tools' timing.
 
-  On several processes each steps the environments of its own rows (`rows.mine`), and
-  after each segment the processes agree (`_shared`): the answers that came back anywhere
-  are all-gathered, so every process appends the same observations and marks the same
-  episodes ready, and the next segment is the same program call everywhere. A process
-  waits on its environments only when no process has an episode to decode or an answer
-  in hand. Returns the final state (every episode ended)."""
+  On several processes each steps the environments of its own rows (`rows.mine`; every
+  row must have one owner, `one_owner_each`), and after each segment the processes agree
+  (`_env_phase`): the answers taken anywhere are all-gathered, so every process appends the
+  same observations and marks the same episodes ready, and the next segment is the same
+  program call everywhere. When no process can go on, each polls its steps until one has
+  an answer (`_take`). Returns the final state (every episode ended)."""
   N, S = len(rows.t_N), runner.sampler_cfg.refill_slots
+  if jax.process_count() > 1 and rows.sharding is not None:
+    one_owner_each(rows.sharding, N)
   slots, ready_N, busy = Slots.idle(S, N), rows.running_N.copy(), False
   actions_NT = np.zeros((N, runner.sampler_cfg.max_new_tokens), np.int32)  # As decoded.
   flight = runner._steps.flight()
   try:
     while rows.running_N.any():
-      acted, failed = np.zeros(0, np.int64), []
+      acted = np.zeros(0, np.int64)
       if busy or ready_N.any():
         with clock("sample"):
           state, slots, left_N, acted_N, written = runner.pieces["segment"](
@@ -308,22 +311,8 @@ def play_overlapped(runner, params, state, hyper, rows, clock):
           actions_NT[n_KS[n_KS < N], t_KS[n_KS < N]] = tok_KS[n_KS < N]
           rows.t_N = np.array(distributed.host_value(state.t_N), np.int32)
       with clock("env"):
-        for i in acted[(acted >= rows.mine.start) & (acted < rows.mine.stop)]:
-          action = runner._action(rows, i, actions_NT[i])
-          if isinstance(action, str):
-            flight.submit(i, rows.envs[i], action)
-          elif action is not None:
-            failed.append((i, action))
-        rows.share()  # Turns, and the token limits `_action` ended.
-        can_go = busy or ready_N.any() or distributed.any_across(bool(failed))
-        pending = distributed.any_across(flight.pending > 0)
-        if not (can_go or pending) and rows.running_N.any():
-          raise RuntimeError(f"episodes {np.flatnonzero(rows.running_N)} neither act nor wait")
-        got = sorted(failed + flight.take(block=not can_go))
-        last = lambda i: rows.turns_N[i] >= runner.cfg.max_turns  # noqa: E731
-        obs = _shared(
-          runner, rows, {i: runner._answer(rows, i, o, last_turn=last(i)) for i, o in got}
-        )
+        mine = acted[(acted >= rows.mine.start) & (acted < rows.mine.stop)]
+        obs = _env_phase(runner, rows, flight, mine, actions_NT, busy=busy or ready_N.any())
       with clock("sample"):
         state = _append_answers(runner, params, state, rows, obs)
       ready_N[[i for i in obs if rows.running_N[i]]] = True
@@ -332,9 +321,62 @@ def play_overlapped(runner, params, state, hyper, rows, clock):
   return state
 
 
+def one_owner_each(sharding, n: int) -> None:
+  """ValueError unless each of the n episode rows belongs to one process: overlapped, the
+  holders of a row would each step their own environment of it, and their answers come
+  back at different times (a mesh whose batch axes span fewer devices than the processes
+  replicates rows across processes)."""
+  spans = sorted(distributed.row_ranges(sharding, n).items(), key=lambda kv: kv[1])
+  for (p, (_, stop)), (q, (start, _)) in zip(spans, spans[1:]):
+    if start < stop:
+      raise ValueError(
+        f"config.env.overlap_steps on several processes needs each episode row on one "
+        f"process; this mesh gives processes {p} and {q} rows [{start}, {stop}) both (its "
+        "batch axes, data x fsdp, span fewer devices than the processes). Use turns "
+        "(env.overlap_steps=0) or a mesh whose batch axes split the rows over the processes."
+      )
+
+
+def _env_phase(runner, rows, flight, mine, actions_NT, *, busy: bool) -> dict:
+  """After a segment: the actions this process's episodes `mine` ended go to their
+  environments (`stepping.Flight`); then the answers taken ({episode: observation}, ()
+  where the episode ended), every process's (`_shared`). Waits for an answer only when no
+  process can go on: no slot busy and no episode ready (`busy`), no failed action."""
+  failed = []
+  for i in mine:
+    action = runner._action(rows, i, actions_NT[i])
+    if isinstance(action, str):
+      flight.submit(i, rows.envs[i], action)
+    elif action is not None:
+      failed.append((i, action))
+  rows.share()  # Turns, and the token limits `_action` ended.
+  can_go = busy or distributed.any_across(bool(failed))
+  if not (can_go or distributed.any_across(flight.pending > 0)) and rows.running_N.any():
+    raise RuntimeError(f"episodes {np.flatnonzero(rows.running_N)} neither act nor wait")
+  got = sorted(failed + _take(flight, wait=not can_go))
+  last = lambda i: rows.turns_N[i] >= runner.cfg.max_turns  # noqa: E731
+  return _shared(runner, rows, {i: runner._answer(rows, i, o, last_turn=last(i)) for i, o in got})
+
+
+_POLL_S = 0.01  # How long a process waits on its own steps before asking the others.
+
+
+def _take(flight, *, wait: bool) -> list:
+  """The steps done; with `wait`, at least one on some process: one process blocks on its
+  flight; several poll theirs (`_POLL_S`) and ask the others after each poll, so the first
+  answer anywhere ends every process's wait."""
+  if jax.process_count() == 1:
+    return flight.take(block=wait)
+  got = flight.take(block=False)
+  while wait and not distributed.any_across(bool(got)):
+    got += flight.take(block=True, timeout=_POLL_S)
+  return got
+
+
 def _shared(runner, rows, obs: dict) -> dict:
   """This process's answers ({episode: observation tokens}, () where the episode ended)
-  -> every process's, on every process, with the rows' rewards and ends (`rows.share`).
+  -> every process's, on every process, with the rows' rewards, ends and turns
+  (`rows.share`).
   An observation longer than env.observation_tokens O travels as its first O tokens and
   pads to its length: `_append_answers` ends its episode without appending it."""
   rows.share()

@@ -214,12 +214,14 @@ class Flight:
     self._given[key] = (job, budget)
     self._steps._jobs.put(job)
 
-  def take(self, *, block: bool) -> list[tuple]:
+  def take(self, *, block: bool, timeout: float | None = None) -> list[tuple]:
     """[(key, Outcome)] of the steps done (late ones too), sorted by key; with `block`,
     waits for at least one while any is pending (and takes every other one done by
-    then)."""
+    then), at most `timeout` seconds when given."""
+    end = None if timeout is None else time.monotonic() + timeout
     while block and self._given and not self._ready:
-      self._wait(block=True)
+      if not self._wait(block=True, end=end) and end is not None and time.monotonic() >= end:
+        break
       self._expire()
     while self._wait(block=False):
       pass
@@ -227,10 +229,11 @@ class Flight:
     out, self._ready = sorted(self._ready.items(), key=lambda kv: kv[0]), {}
     return out
 
-  def _wait(self, *, block: bool) -> bool:
-    """Takes one report (False when there was none by the nearest deadline, or none at
-    all without `block`): a start sets the step's deadline, a finished step its outcome."""
-    nearest = min(self._deadlines.values(), default=None)
+  def _wait(self, *, block: bool, end: float | None = None) -> bool:
+    """Takes one report (False when there was none by the nearest deadline or `end`, or
+    none at all without `block`): a start sets the step's deadline, a finished step its
+    outcome."""
+    nearest = min([*self._deadlines.values(), *([end] if end is not None else [])], default=None)
     timeout = None if nearest is None else max(0.0, nearest - time.monotonic())
     try:
       kind, key, value = self._events.get(block=block, timeout=timeout if block else None)

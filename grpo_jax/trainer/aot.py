@@ -453,7 +453,8 @@ def limit_bytes(setup, target: Target) -> int:
 def compile_all(setup, target: Target) -> dict:
   """The run's functions compiled for the target: {"rows": a report per function (XLA's
   bytes plus the resident arrays: "peak_bytes", "fits"; a function XLA refuses to compile
-  for one buffer over the whole HBM gets `tpu.refused`'s row, its need a lower bound),
+  for one buffer over the whole HBM gets `tpu.refused`'s row, its need a lower bound, and
+  one it rejects with no figure a row whose need is unknown),
   "problems": check_update's and the pieces not compiled, "fns", "args"}."""
   fns = steps.functions_on(setup, target.devices)
   args = abstract_arguments(setup, fns)
@@ -490,9 +491,10 @@ def compile_all(setup, target: Target) -> dict:
 
 
 def _row(name: str, got, *, target: Target, mesh, held: int, limit: int) -> dict:
-  """One function's report (`tpu.report`), or `tpu.refused`'s when XLA raised for one
-  buffer over the whole HBM (any other error is raised again), with `held` resident bytes
-  added to its peak."""
+  """One function's report (`tpu.report`), or `tpu.refused`'s when XLA refused it for its
+  memory (one buffer over the whole HBM) or rejected it with no figure ("Invalid TPU
+  program": `need_unknown`, its peak then only `held`; any other error is raised again),
+  with `held` resident bytes added to its peak."""
   if isinstance(got, Exception):
     report = tpu.refused(got, chip=target.chip, mesh=mesh)
     if report is None:
@@ -698,6 +700,8 @@ def figures(setup, target: Target, got: dict) -> dict:
     "mesh": dict(mesh.shape),
     "fits": all(r["fits"] for r in rows),
     "peak_bytes": max(r["peak_bytes"] for r in rows),
+    # A function the compiler refused with no figure: the peak above is a lower bound.
+    "peak_unknown": any(r.get("need_unknown") for r in rows),
     "limit_bytes": limit_bytes(setup, target),
     "plan_peak_bytes": p.peak,
     "roofline_s": roofline,

@@ -211,3 +211,22 @@ def test_with_one_worker_a_flight_runs_each_step_when_it_is_submitted():
   flight.submit(1, Env(lambda a: order.append(a) or 1), "second")
   assert order == ["first", "second"]
   assert [k for k, _ in flight.take(block=False)] == [1, 2]
+
+
+def test_a_blocking_take_with_a_timeout_returns_empty_when_nothing_is_done_by_then():
+  """A step held for its gate: take(block=True, timeout=0.05) comes back empty after about
+  0.05 s (not at the step's 5 s budget), and the step is still pending; released, it is
+  taken; a step's budget shorter than the timeout still makes it late at its deadline."""
+  gate = threading.Event()
+  flight = stepping.Steps(workers=2).flight()
+  flight.submit(0, Env(lambda a: gate.wait(5) and 1, budget=5), "held")
+  t0 = time.monotonic()
+  assert flight.take(block=True, timeout=0.05) == []
+  assert 0.04 < time.monotonic() - t0 < 1.0 and flight.pending == 1
+  gate.set()
+  ((k, outcome),) = flight.take(block=True, timeout=5)
+  assert (k, outcome.step.reward, flight.pending) == (0, 1.0, 0)
+  flight.submit(1, Env(lambda a: threading.Event().wait(5), budget=0.1), "slow")
+  ((k, outcome),) = flight.take(block=True, timeout=3)
+  assert k == 1 and outcome.late
+  flight.close()

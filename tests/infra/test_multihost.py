@@ -10,12 +10,14 @@ import pathlib
 import socket
 import subprocess
 import sys
+import types
 
 import jax
 import numpy as np
 import pytest
 import subproc
 
+from grpo_jax.envs import episode_refill
 from grpo_jax.infra import distributed
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -67,6 +69,29 @@ def test_row_ranges_per_process_and_non_contiguous_blocks_are_refused():
   assert distributed.row_ranges(replicated, 16) == {0: (0, 16), 1: (0, 16)}
   with pytest.raises(ValueError, match="not one contiguous block"):
     distributed.row_ranges(_Sharding([(0, 0, 4), (1, 4, 8), (0, 8, 12), (1, 12, 16)]), 16)
+
+
+def test_overlapped_episodes_need_one_process_per_row():
+  """Overlapped, the processes that hold a row would each step their own environment of it
+  (answers at different times): refused, naming the processes and rows."""
+  episode_refill.one_owner_each(_Sharding([(0, 0, 8), (1, 8, 16)]), 16)
+  with pytest.raises(ValueError, match=r"processes 0 and 1 rows \[0, 16\) both"):
+    episode_refill.one_owner_each(_Sharding([(0, 0, 16), (1, 0, 16)]), 16)
+  with pytest.raises(ValueError, match=r"processes 1 and 2 rows \[8, 12\) both"):
+    episode_refill.one_owner_each(_Sharding([(0, 0, 8), (1, 8, 12), (2, 8, 16)]), 16)
+
+
+def test_answers_are_shared_with_their_lengths(monkeypatch):
+  """On several processes an answer travels as its first env.observation_tokens tokens
+  (here 3) and its length: one of 5 tokens comes back as its 3 and 2 pads (its episode
+  then ends at the token limit without being appended), an ended episode's () as ()."""
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  runner = types.SimpleNamespace(
+    cfg=types.SimpleNamespace(observation_tokens=3), sampler_cfg=types.SimpleNamespace(pad_id=0)
+  )
+  rows = types.SimpleNamespace(t_N=np.zeros(4), share=lambda: None, gather=lambda x: x)
+  got = episode_refill._shared(runner, rows, {1: (7, 8), 2: (), 3: (4, 5, 6, 9, 9)})
+  assert got == {1: (7, 8), 2: (), 3: (4, 5, 6, 0, 0)}
 
 
 def test_one_process_helpers_are_identities():
@@ -173,13 +198,14 @@ EPISODES = str(ROOT / "tests" / "multihost_episodes.py")
 def _launch_episodes(out, workdir, *, processes, devices, refill, iterations, overlap=0):
   args = [str(out), str(workdir), "--devices", str(devices), "--refill_slots", str(refill)]
   args += ["--iterations", str(iterations), "--overlap_steps", str(overlap)]
-  # Refill slots: a cache of their own, on one process as on two. The refill turn's program
-  # loaded from a warm persistent cache runs its collectives out of order on CPU: one process
-  # of 4 devices deadlocks in it (XLA:CPU's in-process all-gather: "Expected 4 threads to
-  # join the rendezvous, but only 3 of them arrived"), two processes abort in gloo ("Received
-  # data size doesn't match expected size"). Compiled afresh it runs, and the paged lockstep
-  # turn runs either way (2026-12-06, jax 0.10.2; CI's machine keeps its cache between runs).
-  env = {"JAX_COMPILATION_CACHE_DIR": str(out / "xla_cache")} if refill else {}
+  # Refill slots: no persistent compilation cache, on one process as on two. The refill
+  # turn's program loaded from a warm cache deadlocks on one CPU process with 4 devices
+  # (XLA:CPU's in-process all-gather: "Expected 4 threads to join the rendezvous, but only
+  # 3 of them arrived") and aborts in gloo on two ("Received data size doesn't match
+  # expected size"); compiled afresh it runs, and the paged lockstep turn runs either way
+  # (2026-12-06, jax 0.10.2; CI's machine keeps its cache between runs). A cache of the
+  # run's own would not do: the second process may load what the first wrote.
+  env = {"JAX_ENABLE_COMPILATION_CACHE": "false"} if refill else {}
   _spawn(EPISODES, args, processes=processes, **env)
   return [json.loads((out / f"process{i}.json").read_text()) for i in range(processes)]
 
@@ -218,8 +244,8 @@ def test_episodes_on_two_processes_each_play_their_rows_and_match_one_process(
   for g, w in zip(got, want, strict=True):
     assert g.keys() == w.keys()
     for k, v in w.items():
-      if overlap and k == "pad/sample_frac":
-        assert 0 < g[k] < 1
+      if overlap and k == "pad/sample_frac":  # Overlap on: another schedule of steps.
+        assert 0 < g[k] < 1 and g[k] != pytest.approx(v, rel=1e-3)
         continue
       expect = pytest.approx(v, rel=1e-3, abs=1e-4) if isinstance(v, float) else v
       assert g[k] == expect, (w["iteration"], k)

@@ -176,6 +176,37 @@ def test_plan_topology_prints_a_table_and_one_json_line_and_writes_the_json_file
   assert json.loads(path.read_text()) == out
 
 
+def test_a_function_rejected_with_no_figure_makes_the_peak_a_lower_bound(monkeypatch):
+  """The update rejected as "Invalid TPU program" (libtpu, Qwen2.5-7B's full update on
+  v5e:2x4): the plan does not fit, its row says "?" and the verdict's peak is a lower
+  bound (">=": the update's own need is unknown)."""
+  real_compile = aot.compile_function
+  real = aot.abstract_arguments
+
+  class Rejected:  # What the TPU compiler says of the update.
+    def lower(self, *args):
+      return self
+
+    def compile(self, **kw):
+      raise jax.errors.JaxRuntimeError("INVALID_ARGUMENT: Invalid TPU program.")
+
+  def arguments(setup, fns):
+    out = real(setup, fns)
+    out["update"] = (Rejected(), out["update"][1])
+    return out
+
+  monkeypatch.setattr(aot, "abstract_arguments", arguments)
+  monkeypatch.setattr(aot, "compile_function", lambda jitted, args, **kw: (
+    jitted.lower().compile() if isinstance(jitted, Rejected) else real_compile(jitted, args, **kw)
+  ))  # fmt: skip
+  stdout = cheap_plans.run([f"--config={QUICK}", "--topology=v5e:2x2", "--noadvice"])
+  (row,) = [x for x in stdout.splitlines() if x.startswith("update ")]
+  assert row.split()[1:5] == ["NO", "?", "/", "16"]
+  assert "does NOT fit: peak >= " in stdout
+  out = json.loads([x for x in stdout.splitlines() if x.startswith("{")][-1])
+  assert out["run"]["peak_unknown"] and not out["run"]["fits"]
+
+
 def test_a_bad_topology_is_one_line(monkeypatch):
   cmd = [sys.executable, "-m", "grpo_jax.main", "plan", f"--config={QUICK}", "--topology=v9x:2"]
   got = subprocess.run(cmd, capture_output=True, text=True, env=subproc.child_env(), timeout=300)
