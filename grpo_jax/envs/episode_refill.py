@@ -304,12 +304,11 @@ def play_overlapped(runner, params, state, hyper, rows, clock):
           state, slots, left_N, acted_N, written = runner.pieces["segment"](
             params, state, slots, hyper, ready_N
           )
-          ready_N = np.array(distributed.host_value(left_N))
-          acted = np.flatnonzero(distributed.host_value(acted_N))
-          busy = bool((distributed.host_value(slots.ep_S) < N).any())
-          n_KS, t_KS, tok_KS = (distributed.host_value(x) for x in written)
+          got = distributed.host_values(left_N, acted_N, slots.ep_S, state.t_N, *written)
+          ready_N, acted, busy = np.array(got[0]), np.flatnonzero(got[1]), (got[2] < N).any()
+          rows.t_N = np.array(got[3], np.int32)
+          n_KS, t_KS, tok_KS = got[4:]
           actions_NT[n_KS[n_KS < N], t_KS[n_KS < N]] = tok_KS[n_KS < N]
-          rows.t_N = np.array(distributed.host_value(state.t_N), np.int32)
       with clock("env"):
         mine = acted[(acted >= rows.mine.start) & (acted < rows.mine.stop)]
         obs = _env_phase(runner, rows, flight, mine, actions_NT, busy=busy or ready_N.any())
@@ -383,12 +382,14 @@ def _shared(runner, rows, obs: dict) -> dict:
   if jax.process_count() == 1:
     return obs
   N, width, pad = len(rows.t_N), runner.cfg.observation_tokens, runner.sampler_cfg.pad_id
-  answered_N, n_N = np.zeros(N, np.int32), np.zeros(N, np.int32)
-  obs_NO = np.full((N, width), pad, np.int32)
+  # Per row: answered, length, the observation's first `width` tokens (one all-gather).
+  packed_NW = np.zeros((N, 2 + width), np.int32)
+  packed_NW[:, 2:] = pad
   for i, o in obs.items():
-    answered_N[i], n_N[i] = 1, len(o)
-    obs_NO[i, : min(len(o), width)] = o[:width]
-  answered_N, n_N, obs_NO = (rows.gather(x) for x in (answered_N, n_N, obs_NO))
+    packed_NW[i, :2] = 1, len(o)
+    packed_NW[i, 2 : 2 + min(len(o), width)] = o[:width]
+  packed_NW = rows.gather(packed_NW)
+  answered_N, n_N, obs_NO = packed_NW[:, 0], packed_NW[:, 1], packed_NW[:, 2:]
   out = {}
   for i in np.flatnonzero(answered_N):
     out[int(i)] = tuple(int(t) for t in obs_NO[i, : n_N[i]]) + (pad,) * max(0, n_N[i] - width)

@@ -475,9 +475,16 @@ class _Rows:
     return distributed.gather_rows(np.asarray(x_N)[self.mine], self.sharding, len(x_N))
 
   def share(self) -> None:
-    """Every process's rows' reward, end and turns, on every process."""
-    self.reward_N, self.end_N = self.gather(self.reward_N), self.gather(self.end_N)
-    self.turns_N = self.gather(self.turns_N)
+    """Every process's rows' reward, end and turns, on every process (one all-gather of
+    the three as columns of one float array: ends and turns are small integers, exact in
+    float32 too)."""
+    if jax.process_count() == 1 or self.sharding is None:
+      return
+    both = self.gather(np.stack([self.reward_N, self.end_N, self.turns_N], axis=1))
+    self.reward_N = both[:, 0]
+    self.end_N, self.turns_N = (
+      both[:, k].astype(x.dtype) for k, x in ((1, self.end_N), (2, self.turns_N))
+    )
 
   def shared_labels(self, outcomes: tuple[str, ...]) -> tuple[str, ...]:
     """Each row's outcome label ("" when none), every process's rows (as indices into

@@ -20,8 +20,10 @@ job has several processes; it must run before anything touches a JAX device.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -204,10 +206,41 @@ def gather_rows(local: np.ndarray, sharding, n: int) -> np.ndarray:
 
 def host_value(x: jax.Array) -> np.ndarray:
   """The whole value of a global array as numpy on every process (an all-gather when
-  other processes hold part of it; np.asarray with one process)."""
-  if x.is_fully_addressable:
-    return np.asarray(x)
-  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  other processes hold part of it; a local read when it is replicated; np.asarray with
+  one process)."""
+  return host_values(x)[0]
+
+
+def host_values(*xs: jax.Array) -> tuple[np.ndarray, ...]:
+  """`host_value` of several global arrays, with one program gathering all those that
+  other processes hold part of (a host loop reading a step's outputs pays one round of
+  collectives, not one per array)."""
+  out: list = [None] * len(xs)
+  far = []
+  for i, x in enumerate(xs):
+    if x.is_fully_addressable:
+      out[i] = np.asarray(x)
+    elif x.is_fully_replicated:  # Every process holds all of it.
+      out[i] = np.asarray(x.addressable_data(0))
+    elif isinstance(x.sharding, jax.sharding.NamedSharding):
+      far.append(i)
+    else:
+      out[i] = np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  if far:
+    shardings = tuple(
+      jax.sharding.NamedSharding(xs[i].sharding.mesh, jax.sharding.PartitionSpec()) for i in far
+    )
+    got = _replicator(shardings)(*(xs[i] for i in far))
+    for i, g in zip(far, got, strict=True):
+      out[i] = np.asarray(g.addressable_data(0))
+  return tuple(out)
+
+
+@functools.lru_cache(maxsize=64)
+def _replicator(shardings: tuple) -> Callable:
+  """An identity whose outputs are replicated on `shardings` (an all-gather of each input
+  in one program), kept per shardings so that it compiles once."""
+  return jax.jit(lambda *xs: xs, out_shardings=shardings)
 
 
 def sum_across(x) -> np.ndarray:

@@ -101,6 +101,9 @@ def test_one_process_helpers_are_identities():
   g = distributed.to_global(x, sh, 6)
   np.testing.assert_array_equal(distributed.fetch_local(g), x)
   np.testing.assert_array_equal(distributed.host_value(g), x)
+  a, b = distributed.host_values(g, jax.numpy.ones(3))
+  np.testing.assert_array_equal(a, x)
+  np.testing.assert_array_equal(b, np.ones(3))
   assert distributed.gather_rows(x, sh, 6) is x
   assert distributed.max_across(7) == 7 and distributed.sum_across(3) == 3
   assert distributed.from_primary(5) == 5
