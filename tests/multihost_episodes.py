@@ -5,7 +5,8 @@
 configs/calculator.py:tiny from its learning test's committed warm start, 8 prompts × 8
 episodes an iteration on a (data 2, fsdp 2) mesh over every process's devices, for
 --iterations (with --refill_slots S: on pages, each turn's actions through S slots; with
---overlap_steps K too, no turns: segments of K steps, tools overlapped). Saves
+--overlap_steps K too, no turns: segments of K steps, tools overlapped; --slow_ms M: process
+1's tool steps take M ms more, so its answers come back after process 0's). Saves
 OUT/process<id>.json: the RL lines' non-timing metrics (process 0's metrics.jsonl) and how
 many calculator environments this process made (each process plays the episodes of its
 own rows).
@@ -13,6 +14,7 @@ own rows).
 
 import json
 import pathlib
+import time
 
 import jax
 import multihost_run
@@ -30,6 +32,7 @@ def main(argv=None):
   parser = multihost_run.process_parser()
   parser.add_argument("--refill_slots", type=int, default=0, help="on pages, through S slots")
   parser.add_argument("--overlap_steps", type=int, default=0, help="with slots: env.overlap_steps")
+  parser.add_argument("--slow_ms", type=float, default=0, help="process 1's tool steps take this")
   args = parser.parse_args(argv)
   multihost_run.join(args)
   workdir = pathlib.Path(args.workdir)
@@ -44,6 +47,11 @@ def main(argv=None):
     real_init(self, **kwargs)
 
   calculator.Calculator.__init__ = counted
+  if args.slow_ms and jax.process_index() == 1:  # Its answers come back later than 0's.
+    real_step = calculator.Calculator.step
+    calculator.Calculator.step = lambda self, a: (
+      time.sleep(args.slow_ms / 1e3) or real_step(self, a)
+    )
   c = config_lib.load(str(ROOT / "configs" / "calculator.py") + ":tiny")
   c.update(prompts_per_step=8, iterations=args.iterations, eval_every=args.iterations)
   c.update(eval_size=16, eval_samples=0, checkpoint_every=1, reward_workers=0)

@@ -201,6 +201,7 @@ EPISODES = str(ROOT / "tests" / "multihost_episodes.py")
 def _launch_episodes(out, workdir, *, processes, devices, refill, iterations, overlap=0):
   args = [str(out), str(workdir), "--devices", str(devices), "--refill_slots", str(refill)]
   args += ["--iterations", str(iterations), "--overlap_steps", str(overlap)]
+  args += ["--slow_ms", "200" if overlap else "0"]  # Process 1's answers come later.
   # Refill slots: no persistent compilation cache, on one process as on two. The refill
   # turn's program loaded from a warm cache deadlocks on one CPU process with 4 devices
   # (XLA:CPU's in-process all-gather: "Expected 4 threads to join the rendezvous, but only
@@ -224,7 +225,8 @@ def test_episodes_on_two_processes_each_play_their_rows_and_match_one_process(
   counts exactly). In lockstep turns for 2 iterations; and for 1 on pages through 16
   refill slots, the two processes with the tools overlapped (env.overlap_steps=4: they
   agree on the answers after every segment; the slots' table rows gathered across their
-  devices) against one process's refill turns: with draws keyed by episode and column the
+  devices; process 1's tool steps take 200 ms more, longer than a segment, so at times
+  both processes poll while only its tools are stepping) against one process's refill turns: with draws keyed by episode and column the
   episodes are the same, and only the share of padded decode columns differs (another
   schedule of steps and appends)."""
   kw = dict(refill=refill, iterations=iterations)
