@@ -382,14 +382,14 @@ def _shared(runner, rows, obs: dict) -> dict:
   if jax.process_count() == 1:
     return obs
   N, width, pad = len(rows.t_N), runner.cfg.observation_tokens, runner.sampler_cfg.pad_id
-  # Per row: answered, length, the observation's first `width` tokens (one all-gather).
-  packed_NW = np.zeros((N, 2 + width), np.int32)
-  packed_NW[:, 2:] = pad
+  # [N, 2 + O] per row: answered, length, the first O tokens (one all-gather).
+  packed_NO = np.zeros((N, 2 + width), np.int32)
+  packed_NO[:, 2:] = pad
   for i, o in obs.items():
-    packed_NW[i, :2] = 1, len(o)
-    packed_NW[i, 2 : 2 + min(len(o), width)] = o[:width]
-  packed_NW = rows.gather(packed_NW)
-  answered_N, n_N, obs_NO = packed_NW[:, 0], packed_NW[:, 1], packed_NW[:, 2:]
+    packed_NO[i, :2] = 1, len(o)
+    packed_NO[i, 2 : 2 + min(len(o), width)] = o[:width]
+  packed_NO = rows.gather(packed_NO)
+  answered_N, n_N, obs_NO = packed_NO[:, 0], packed_NO[:, 1], packed_NO[:, 2:]
   out = {}
   for i in np.flatnonzero(answered_N):
     out[int(i)] = tuple(int(t) for t in obs_NO[i, : n_N[i]]) + (pad,) * max(0, n_N[i] - width)
