@@ -196,20 +196,22 @@ def test_only_the_primary_process_writes_the_logs(runs):
 
 
 EPISODES = str(ROOT / "tests" / "multihost_episodes.py")
+# What a CPU run with several devices, refill slots and a persistent cache needs (docs/episodes.md).
+CPU_SCHEDULER_OFF = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 
 
 def _launch_episodes(out, workdir, *, processes, devices, refill, iterations, overlap=0):
   args = [str(out), str(workdir), "--devices", str(devices), "--refill_slots", str(refill)]
   args += ["--iterations", str(iterations), "--overlap_steps", str(overlap)]
   args += ["--slow_ms", "200" if overlap else "0"]  # Process 1's answers come later.
-  # Refill slots: no persistent compilation cache, on one process as on two. The refill
-  # turn's program loaded from a warm cache deadlocks on one CPU process with 4 devices
-  # (XLA:CPU's in-process all-gather: "Expected 4 threads to join the rendezvous, but only
-  # 3 of them arrived") and aborts in gloo on two ("Received data size doesn't match
-  # expected size"); compiled afresh it runs, and the paged lockstep turn runs either way
-  # (2026-12-06, jax 0.10.2; CI's machine keeps its cache between runs). A cache of the
-  # run's own would not do: the second process may load what the first wrote.
-  env = {"JAX_ENABLE_COMPILATION_CACHE": "false"} if refill else {}
+  # Refill slots: without XLA:CPU's concurrency-optimized scheduler. With it, the refill
+  # turn's program loaded from a warm persistent cache deadlocks on one CPU process with 4
+  # devices (XLA:CPU's in-process all-gather: "Expected 4 threads to join the rendezvous,
+  # but only 3 of them arrived") and aborts in gloo on two ("Received data size doesn't
+  # match expected size"); compiled afresh it runs, and without the scheduler it runs
+  # loaded too (2026-12-06, jax 0.10.2; CI's machine keeps its cache between runs).
+  flags = f"{subproc.xla_flags()} {CPU_SCHEDULER_OFF}"
+  env = {"XLA_FLAGS": flags} if refill else {}
   _spawn(EPISODES, args, processes=processes, **env)
   return [json.loads((out / f"process{i}.json").read_text()) for i in range(processes)]
 
