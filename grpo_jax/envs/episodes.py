@@ -480,11 +480,10 @@ class _Rows:
     float32 too)."""
     if jax.process_count() == 1 or self.sharding is None:
       return
-    both = self.gather(np.stack([self.reward_N, self.end_N, self.turns_N], axis=1))
-    self.reward_N = both[:, 0]
-    self.end_N, self.turns_N = (
-      both[:, k].astype(x.dtype) for k, x in ((1, self.end_N), (2, self.turns_N))
-    )
+    columns = self.gather(np.stack([self.reward_N, self.end_N, self.turns_N], axis=1))
+    self.reward_N = columns[:, 0]
+    self.end_N = columns[:, 1].astype(self.end_N.dtype)
+    self.turns_N = columns[:, 2].astype(self.turns_N.dtype)
 
   def shared_labels(self, outcomes: tuple[str, ...]) -> tuple[str, ...]:
     """Each row's outcome label ("" when none), every process's rows (as indices into

@@ -233,7 +233,7 @@ class Flight:
     """Takes one report (False when there was none by the nearest deadline or `end`, or
     none at all without `block`): a start sets the step's deadline, a finished step its
     outcome."""
-    nearest = min([*self._deadlines.values(), *([end] if end is not None else [])], default=None)
+    nearest = min([*self._deadlines.values()] + ([] if end is None else [end]), default=None)
     timeout = None if nearest is None else max(0.0, nearest - time.monotonic())
     try:
       kind, key, value = self._events.get(block=block, timeout=timeout if block else None)

@@ -180,25 +180,21 @@ def test_a_function_rejected_with_no_figure_makes_the_peak_a_lower_bound(monkeyp
   """The update rejected as "Invalid TPU program" (libtpu, Qwen2.5-7B's full update on
   v5e:2x4): the plan does not fit, its row says "?" and the verdict's peak is a lower
   bound (">=": the update's own need is unknown)."""
-  real_compile = aot.compile_function
-  real = aot.abstract_arguments
-
-  class Rejected:  # What the TPU compiler says of the update.
-    def lower(self, *args):
-      return self
-
-    def compile(self, **kw):
-      raise jax.errors.JaxRuntimeError("INVALID_ARGUMENT: Invalid TPU program.")
+  real_compile, real_arguments = aot.compile_function, aot.abstract_arguments
+  rejected = object()  # The update, as the TPU compiler sees it.
 
   def arguments(setup, fns):
-    out = real(setup, fns)
-    out["update"] = (Rejected(), out["update"][1])
+    out = real_arguments(setup, fns)
+    out["update"] = (rejected, out["update"][1])
     return out
 
+  def compile_function(jitted, args, **kw):
+    if jitted is rejected:
+      raise jax.errors.JaxRuntimeError("INVALID_ARGUMENT: Invalid TPU program.")
+    return real_compile(jitted, args, **kw)
+
   monkeypatch.setattr(aot, "abstract_arguments", arguments)
-  monkeypatch.setattr(aot, "compile_function", lambda jitted, args, **kw: (
-    jitted.lower().compile() if isinstance(jitted, Rejected) else real_compile(jitted, args, **kw)
-  ))  # fmt: skip
+  monkeypatch.setattr(aot, "compile_function", compile_function)
   stdout = cheap_plans.run([f"--config={QUICK}", "--topology=v5e:2x2", "--noadvice"])
   (row,) = [x for x in stdout.splitlines() if x.startswith("update ")]
   assert row.split()[1:5] == ["NO", "?", "/", "16"]
