@@ -12,7 +12,7 @@ Sections of the ConfigDict and the dataclass each becomes:
   sampler      sampling.SamplerConfig (eos_ids / pad_id come from the tokenizer)
   sampling     sampling.SamplingParams (arrays: temperature, top_k, top_p, greedy)
   rl           spec.RLConfig           the algorithm, by registry names
-  mesh         sharding.MeshConfig   (data, fsdp, sequence, tensor) sizes and the rules
+  mesh         sharding.MeshConfig   (data, fsdp, expert, sequence, tensor) sizes and the rules
   diagnostics  schema.DiagnosticsConfig  token-credit diagnostics (every = 0: off)
   counterfactual counterfactuals.CounterfactualConfig  IBPO's counterfactual rows (per_group
                = 0: off); prepare's groups are then G + C rows (Setup.train_group), the
@@ -90,7 +90,7 @@ def default_config() -> ml_collections.ConfigDict:
   sampler (SamplerConfig without eos_ids/pad_id), sampling (temperature, top_k, top_p,
   greedy), rl (every RLConfig field, with the declared hyperparameters of the
   estimators, losses, masks and importance corrections under advantage_hyper, loss_hyper,
-  mask_hyper and importance_hyper), mesh (data, fsdp, sequence,
+  mask_hyper and importance_hyper), mesh (data, fsdp, expert, sequence,
   tensor sizes and the logical->mesh rules table, `sharding.MeshConfig`), diagnostics
   (DiagnosticsConfig; every = 0: off), and logging (`trackers.TrackingConfig`: jsonl,
   TensorBoard, W&B, MLflow). Because every key exists, command-line overrides such as
@@ -253,7 +253,7 @@ def changes(before: dict, after: dict, prefix: str = "") -> list[tuple[str, Any,
         continue
     if isinstance(a, dict) and isinstance(b, dict):
       out += changes(a, b, f"{prefix}{k}.")
-    elif a != b:
+    elif not _same_value(a, b):
       out.append((f"{prefix}{k}", a, b))
   return out
 

@@ -288,7 +288,7 @@ def defaults() -> ml_collections.ConfigDict:
   Top level: the LoopConfig fields. Sections: task (name, kwargs), model (ModelConfig
   with vocab_size 0: the task's tokenizer's size; the defaults are `model.tiny_config`'s),
   sampler (SamplerConfig without eos_ids/pad_id), sampling (temperature, top_k, top_p,
-  greedy), rl (every RLConfig field), mesh (data, fsdp, sequence, tensor sizes and the
+  greedy), rl (every RLConfig field), mesh (data, fsdp, expert, sequence, tensor sizes and the
   logical->mesh rules table, `sharding.MeshConfig`) and diagnostics (DiagnosticsConfig;
   every = 0: off), and logging (`trackers.TrackingConfig`: jsonl, TensorBoard, W&B,
   MLflow). Because every key exists, command-line overrides such as
@@ -324,6 +324,7 @@ def defaults() -> ml_collections.ConfigDict:
     dict(
       data=mesh.data,
       fsdp=mesh.fsdp,
+      expert=mesh.expert,
       sequence=mesh.sequence,
       tensor=mesh.tensor,
       rules=_section(dict(mesh.rules)),

@@ -1,14 +1,19 @@
 """A tiny mixture-of-experts policy's forward and gradient on one device and with its
-experts split over 4 devices (mesh tensor=4, the rules table's "expert" row); used by
-test_families.py.
+experts split over 4 devices; used by test_families.py.
 
-  XLA_FLAGS=--xla_force_host_platform_device_count=4 python tests/moe_mesh_run.py
+  XLA_FLAGS=--xla_force_host_platform_device_count=4 python tests/moe_mesh_run.py [expert|tensor]
 
-Prints one JSON line: the largest differences of the logits and of every gradient leaf
-between the two, and the per-device shape of the experts' gate weights on the mesh.
+"expert" (the default): mesh expert=4 with the default rules table, the experts split over
+the `expert` axis and the batch's rows too (expert parallelism). "tensor": mesh tensor=4,
+the experts split over `tensor` with heads, MLP and vocabulary whole, the rows on every
+device. Prints one JSON line: the largest differences of the logits and of every gradient
+leaf between the two, the per-device shape of the experts' gate weights on the mesh, and
+the compiled loss's float all-gathers: how many, and how many give a whole expert weight
+([X, D, F] or [X, F, D]: the experts gathered rather than split).
 """
 
 import json
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +22,7 @@ import numpy as np
 from grpo_jax.models import model, sharding
 
 
-def main():
+def main(axis: str):
   cfg = model.tiny_config(
     64, n_experts=8, experts_per_token=2, expert_mlp_dim=24, expert_weights_normalized=True
   )
@@ -31,11 +36,14 @@ def main():
 
   one = jax.jit(jax.value_and_grad(loss, has_aux=True))
   (_, logits1), grads1 = one(params, tokens, positions)
-  # Expert parallelism alone on the tensor axis: heads, MLP and vocabulary whole.
-  whole = {"vocab", "q_heads", "kv_heads", "mlp", "activation_mlp", "activation_vocab"}
-  rules = tuple((k, None if k in whole or k == "activation_kv_heads" else v)
-                for k, v in sharding.DEFAULT_RULES)  # fmt: skip
-  layout = sharding.Layout.create(sharding.MeshConfig(data=1, fsdp=1, tensor=4, rules=rules))
+  if axis == "tensor":  # Expert parallelism on the tensor axis: heads, MLP, vocabulary whole.
+    whole = {"vocab", "q_heads", "kv_heads", "mlp", "activation_mlp", "activation_vocab"}
+    rules = tuple((k, None if k in whole or k == "activation_kv_heads" else v)
+                  for k, v in sharding.DEFAULT_RULES)  # fmt: skip
+    mesh_cfg = sharding.MeshConfig(data=1, fsdp=1, tensor=4, rules=rules)
+  else:
+    mesh_cfg = sharding.MeshConfig(data=1, fsdp=1, expert=4)
+  layout = sharding.Layout.create(mesh_cfg)
   shardings = sharding.param_shardings(layout, cfg)
   placed = jax.tree.map(jax.device_put, params, shardings)
   with layout.context():
@@ -44,8 +52,9 @@ def main():
     )
   with layout.context():
     text = jax.jit(loss).lower(placed, tokens, positions).compile().as_text()
-  # Float all-gathers would mean the experts' weights were gathered (not split): none.
   float_gathers = [ln for ln in text.splitlines() if " all-gather(" in ln and "= f" in ln]
+  X, D, F = cfg.n_experts, cfg.d_model, cfg.expert_mlp_dim
+  whole_weights = [ln for ln in float_gathers if f"[{X},{D},{F}]" in ln or f"[{X},{F},{D}]" in ln]
   gate = placed["layer_0"]["mlp"]["gate"]
   diff = lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max())
   print(
@@ -57,10 +66,12 @@ def main():
         gate_shard=list(gate.addressable_shards[0].data.shape),
         grad_gate_absmax=float(jnp.abs(grads1["layer_0"]["mlp"]["gate"]).max()),
         float_all_gathers=len(float_gathers),
+        expert_weight_gathers=len(whole_weights),
+        batch_axes=list(layout.batch_axes),
       )
     )
   )
 
 
 if __name__ == "__main__":
-  main()
+  main(sys.argv[1] if len(sys.argv) > 1 else "expert")

@@ -263,7 +263,7 @@ def _plan(**gib) -> memory.Plan:
     activations_remat=1, backward_working=2, kv_cache=3,
   )  # fmt: skip
   terms = {k: v * memory.GIB for k, v in {**terms, **gib}.items()}
-  return memory.Plan(mesh=(1, 8, 1, 1), micro_batch_rows=2, rollout_rows=64, **terms)
+  return memory.Plan(mesh=(1, 8, 1, 1, 1), micro_batch_rows=2, rollout_rows=64, **terms)
 
 
 def test_plan_advice_is_ranked_by_the_peak_each_change_gives():
@@ -287,7 +287,7 @@ def test_plan_advice_is_ranked_by_the_peak_each_change_gives():
   first = memory_advice.advice(
     p, model_cfg, rl_cfg, device_memory=16 * memory.GIB, more_devices=more
   )
-  assert first[0] == "8 devices (mesh (1, 8, 1, 1)): each holds less -> peak 9.00 GiB, fits"
+  assert first[0] == "8 devices (mesh (1, 8, 1, 1, 1)): each holds less -> peak 9.00 GiB, fits"
   why = memory_advice.explain(p, model_cfg, rl_cfg)
   assert why["gradients"].endswith("(rl.micro_batches = 2): 2 x params")
   one = memory_advice.explain(p, model_cfg, spec.RLConfig(micro_batches=1))
@@ -295,7 +295,9 @@ def test_plan_advice_is_ranked_by_the_peak_each_change_gives():
 
 
 def test_a_small_plan_shows_mib_and_an_unfit_one_is_one_line():
-  small = memory.Plan((1, 1, 1, 1), 2**20, 0, 2**21, 2**20, 5 * 2**20, 5 * 2**20, 2**20, 0, 0, 4, 8)
+  small = memory.Plan(
+    (1, 1, 1, 1, 1), 2**20, 0, 2**21, 2**20, 5 * 2**20, 5 * 2**20, 2**20, 0, 0, 4, 8
+  )
   text = memory_advice.describe(small)
   assert "MiB per device" in text and "  peak                                9.00" in text
   m = config.default_config()

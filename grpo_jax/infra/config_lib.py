@@ -35,6 +35,16 @@ MOVED_KEYS = {
   "rl.is_upper": "rl.importance_hyper.is_upper",
 }
 MOVED_KEYS_REMOVED_IN = (0, 3)
+# Defaults renewed together with a key that came in with them: {new key: {key: (old default,
+# new default)}}. A config without the new key was written before it; where it holds an
+# old default, `upgrade` gives it the new one, which means the same there.
+RENEWED_DEFAULTS = {
+  # The `expert` mesh axis: absent, its size is 1, and these rows split as the old ones did.
+  "mesh.expert": {
+    "mesh.rules.expert": ("tensor", ("expert", "tensor")),
+    "mesh.rules.activation_batch": (("data", "fsdp"), ("data", "fsdp", "expert")),
+  },
+}
 
 
 class ConfigError(ValueError):
@@ -55,7 +65,9 @@ def upgrade(d: Mapping, *, warn: bool = True, prefix: str = "") -> dict:
   e.g. "rl."; config.json's layout alike) with every MOVED_KEYS key at its new place,
   each announced with a FutureWarning when `warn` (a recorded run's config is upgraded
   silently). An old key is only there because something set it, so its value replaces
-  the new key's (which a full config always has, at its default)."""
+  the new key's (which a full config always has, at its default). A whole config written
+  before a RENEWED_DEFAULTS key existed gets that key's renewed defaults where it holds
+  the old ones."""
   out = copy.deepcopy(to_dict(d))
   for old, new in MOVED_KEYS.items():
     if not old.startswith(prefix):
@@ -74,7 +86,33 @@ def upgrade(d: Mapping, *, warn: bool = True, prefix: str = "") -> dict:
     target[new_leaf] = value
     if warn:
       warnings.warn(moved_message(old), FutureWarning, stacklevel=2)
+  if not prefix:
+    for key, renewed in RENEWED_DEFAULTS.items():
+      if not _has(out, key):
+        for k, (was, now) in renewed.items():
+          _renew(out, k, was, now)
   return out
+
+
+def _has(d: dict, key: str) -> bool:
+  """Whether the nested dict d holds the dotted key."""
+  *parents, leaf = key.split(".")
+  for p in parents:
+    d = d.get(p) if isinstance(d, dict) else None
+  return isinstance(d, dict) and leaf in d
+
+
+def _renew(d: dict, key: str, was, now) -> None:
+  """d's dotted key set to `now` where it holds `was` (a list, as config.json holds a
+  tuple, counts as its tuple and gets `now` as a list)."""
+  *parents, leaf = key.split(".")
+  for p in parents:
+    d = d.get(p) if isinstance(d, dict) else None
+  if not isinstance(d, dict) or leaf not in d:
+    return
+  listed = isinstance(d[leaf], list)
+  if (tuple(d[leaf]) if listed else d[leaf]) == was:
+    d[leaf] = list(now) if listed and isinstance(now, tuple) else now
 
 
 def to_dict(d: Any) -> dict:

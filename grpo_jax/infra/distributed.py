@@ -129,7 +129,7 @@ def row_ranges(sharding, n: int) -> dict[int, tuple[int, int]]:
   """process index -> (start, stop) of the rows of an n-row array its devices hold.
 
   A replicated array: every process holds (0, n). Rows split over devices: a process's
-  devices must hold one contiguous block (true of every (data, fsdp, sequence, tensor) mesh whose
+  devices must hold one contiguous block (true of every mesh whose
   devices are ordered by process, which `sharding.make_mesh` ensures for CPU and GPU and
   jax's mesh_utils for TPU); anything else is an error rather than a silent reorder.
   """

@@ -15,8 +15,8 @@ Grouped matmuls, by `model.moe_impl`:
   Under a mesh it runs per device in a `jax.shard_map` over the batch axes: each device
   routes and sorts its own tokens, with every expert's weights gathered to it (as FSDP
   gathers a dense layer's); expert parallelism with it (each device its own experts'
-  groups, `group_offset`) is not built yet: "xla" splits the experts over the rules
-  table's "expert" axis.
+  groups, `group_offset`) is not built yet: "xla" splits the experts over the mesh axes
+  of the rules table's "expert" (by default `expert` × `tensor`, `sharding.DEFAULT_RULES`).
 - "megablox_interpret": that kernel in Pallas's interpreter, any backend (slow: tests).
 """
 

@@ -16,6 +16,11 @@ Mesh axes:
 - ``fsdp``: data parallelism with params, gradients and optimizer state split along it
   (ZeRO-3 / FSDP): the ``embed`` dimension of every weight is sharded over ``fsdp``,
   gathered layer by layer when used.
+- ``expert``: expert parallelism for a mixture of experts (`layers.MoeMlp`): the experts
+  are split over it (and over ``tensor``: rule ``expert``), and the batch is split over it
+  like ``data``, so its devices run different rows through the dense layers and each holds
+  1/size of every MoE layer's experts (the partitioner moves the rows to their experts). A
+  dense model's params are replicated along it, as along ``data``.
 - ``sequence``: context parallelism: the tokens of each row of a teacher-forced forward
   and backward (the update, π_old and the reference) are split over it
   (``activation_length``); each device attends its own queries over the row's keys and
@@ -26,13 +31,13 @@ Mesh axes:
   hand-written schedule or custom backward, and the mask stays the positions' rule (any
   padding, window or packing). Llama 3's context parallelism made the same choice for
   the same reasons (Dubey et al. 2024, section 3.3.2). The samplers split rows instead
-  (`Layout.sampling`): their rows over data × fsdp × sequence, no token split.
+  (`Layout.sampling`): their rows over data × fsdp × expert × sequence, no token split.
 - ``tensor``: tensor (Megatron) parallelism: heads, the MLP width and the vocabulary are
   split; activations are reduced across it after the o and down projections.
 
-The batch (prompts, rollouts, mini-batches) is split over ``data`` × ``fsdp`` (a sampler's
-rows also over ``sequence``, `Layout.sampling`). A mesh size
-of -1 takes the devices the others leave, so the default ``MeshConfig()`` (data 1, fsdp -1,
+The batch (prompts, rollouts, mini-batches) is split over ``data`` × ``fsdp`` × ``expert``
+(a sampler's rows also over ``sequence``, `Layout.sampling`). A mesh size of -1 takes the
+devices the others leave, so the default ``MeshConfig()`` (data 1, fsdp -1, expert 1,
 sequence 1, tensor 1) is FSDP over every device, and on one device it is that device.
 
 A rule maps a logical name to one mesh axis, a tuple of mesh axes, or None (replicated).
@@ -57,8 +62,8 @@ import numpy as np
 from grpo_jax.infra import config_lib
 from grpo_jax.models import model
 
-AXES = ("data", "fsdp", "sequence", "tensor")
-BATCH_AXES = ("data", "fsdp")
+AXES = ("data", "fsdp", "expert", "sequence", "tensor")
+BATCH_AXES = ("data", "fsdp", "expert")
 P = jax.sharding.PartitionSpec
 
 # Logical axis name -> mesh axes. Params: the model's names (`model.logical_axes`).
@@ -70,9 +75,9 @@ DEFAULT_RULES = (
   ("kv_heads", "tensor"),
   ("head_dim", None),
   ("mlp", "tensor"),
-  # Mixtures of experts (`layers.MoeMlp`): the experts split over `tensor` (expert
-  # parallelism on the tensor axis), each expert's width whole, the router's outputs whole.
-  ("expert", "tensor"),
+  # Mixtures of experts (`layers.MoeMlp`): the experts split over `expert` × `tensor`
+  # (expert parallelism), each expert's width whole, the router's outputs whole.
+  ("expert", ("expert", "tensor")),
   ("expert_mlp", None),
   ("expert_router", None),
   ("layers", None),
@@ -95,6 +100,7 @@ class MeshConfig:
 
   data: int = 1
   fsdp: int = -1
+  expert: int = 1
   sequence: int = 1
   tensor: int = 1
   rules: tuple = DEFAULT_RULES
@@ -115,8 +121,9 @@ class MeshConfig:
   def from_dict(cls, d) -> MeshConfig:
     return config_lib.from_dict(cls, d, where="mesh")
 
-  def shape(self, n_devices: int) -> tuple[int, int, int, int]:
-    """(data, fsdp, sequence, tensor) for n_devices, -1 resolved; errors say what would fit."""
+  def shape(self, n_devices: int) -> tuple[int, ...]:
+    """The sizes in `AXES` order (data, fsdp, expert, sequence, tensor) for n_devices, -1
+    resolved; errors say what would fit."""
     sizes = [getattr(self, a) for a in AXES]
     known = math.prod(n for n in sizes if n != -1)
     if -1 in sizes:
@@ -133,6 +140,15 @@ class MeshConfig:
         f"the rest).{_cpu_hint(math.prod(sizes))}"
       )
     return tuple(sizes)
+
+  def sizes(self, n_devices: int) -> dict[str, int]:
+    """{mesh axis: size} for n_devices (`shape`)."""
+    return dict(zip(AXES, self.shape(n_devices), strict=True))
+
+  def batch_split(self, n_devices: int) -> int:
+    """How many parts a batch's rows are split into: the `BATCH_AXES` sizes' product."""
+    sizes = self.sizes(n_devices)
+    return math.prod(sizes[a] for a in BATCH_AXES)
 
 
 def _cpu_hint(needed: int) -> str:
@@ -167,9 +183,9 @@ def _norm_axes(v, name):
 
 
 def make_mesh(cfg: MeshConfig, devices: Sequence[Any] | None = None) -> jax.sharding.Mesh:
-  """A (data, fsdp, sequence, tensor) mesh over `devices` (default: all, of every process).
-  Devices of several TPU slices (multi-slice) get a hybrid mesh: `data` spans the slices
-  (over the data-centre network), fsdp, sequence and tensor stay within each slice (over
+  """A mesh of `AXES` over `devices` (default: all, of every process). Devices of several
+  TPU slices (multi-slice) get a hybrid mesh: `data` spans the slices (over the
+  data-centre network), fsdp, expert, sequence and tensor stay within each slice (over
   ICI)."""
   devices = list(jax.devices() if devices is None else devices)
   shape = cfg.shape(len(devices))
@@ -187,7 +203,7 @@ def make_mesh(cfg: MeshConfig, devices: Sequence[Any] | None = None) -> jax.shar
 
 def process_major(grid: np.ndarray) -> np.ndarray:
   """The grid's devices reordered so that each process's come one after another (in the
-  grid's own order among them), same shape. Rows split over (data, fsdp) then give each
+  grid's own order among them), same shape. Rows split over the batch axes then give each
   process one contiguous block of rows, as a multi-host launch needs to build a global
   batch from each host's rows (`distributed.local_rows`). jax's TPU mesh follows the
   physical torus, which interleaves hosts: on v5e:4x8 (8 hosts) process 0 held rows 0, 1,
@@ -209,9 +225,9 @@ def _hybrid_grid(shape: tuple[int, ...], devices, n_slices: int) -> np.ndarray:
   data, *within = shape
   if data % n_slices:
     raise ValueError(
-      f"mesh (data, fsdp, sequence, tensor) = {shape} over {n_slices} slices: data must be a "
-      f"multiple of the slices ({n_slices}), since only data parallelism crosses slices "
-      "(fsdp, sequence and tensor collectives stay on ICI). Set config.mesh.data to a "
+      f"mesh {dict(zip(AXES, shape))} over {n_slices} slices: data must be a multiple of "
+      f"the slices ({n_slices}), since only data parallelism crosses slices (fsdp, "
+      "expert, sequence and tensor collectives stay on ICI). Set config.mesh.data to a "
       "multiple of the slices."
     )
   return jax.experimental.mesh_utils.create_hybrid_device_mesh(
@@ -263,11 +279,11 @@ class Layout:
 
   @property
   def batch_size_divisor(self) -> int:
-    """Rows of any batch must be a multiple of this (the data × fsdp size)."""
+    """Rows of any batch must be a multiple of this (the data × fsdp × expert size)."""
     return math.prod(self.mesh.shape[a] for a in self.batch_axes)
 
   def rows(self, n: int) -> jax.sharding.NamedSharding:
-    """An n-row batch: rows split over data × fsdp, or replicated when n is not a
+    """An n-row batch: rows split over data × fsdp × expert, or replicated when n is not a
     multiple of that size (e.g. a held-out set whose size the mesh does not divide)."""
     return self.named(P(self.batch_axes)) if n % self.batch_size_divisor == 0 else self.replicated
 

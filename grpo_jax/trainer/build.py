@@ -15,7 +15,6 @@ error names the key, its value and what is allowed (config_lib.ConfigError).
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import pathlib
 from typing import Any
@@ -136,7 +135,7 @@ def plan_setup(c, *, n_devices: int | None = None, model_source: str = "") -> Se
     mesh_cfg = sharding.MeshConfig.from_dict(d.get("mesh", {}))
     n_devices = n_devices or jax.device_count()
     group = sampler_cfg.group_size + (cf.per_group if cf.train else 0)
-    data_parallel = math.prod(mesh_cfg.shape(n_devices)[:2])
+    data_parallel = mesh_cfg.batch_split(n_devices)
     _check_batch_shapes(loop, rl_cfg, group, data_parallel=data_parallel)
     _check_token_budget(loop, rl_cfg, sampler_cfg, group, data_parallel=data_parallel)
     _check_sequence_split(mesh_cfg, rl_cfg, sampler_cfg, n_devices=n_devices)
@@ -186,7 +185,7 @@ def _build(c, *, n_devices: int | None, teacher: bool = True) -> Setup:
     counterfactuals.CounterfactualConfig, d.get("counterfactual", {}), where="config.counterfactual"
   )
   op, n_devices = _offpolicy_config(d, rl_cfg, cf, sampler_cfg, n_devices=n_devices)
-  data_parallel = math.prod(mesh_cfg.shape(n_devices)[:2])
+  data_parallel = mesh_cfg.batch_split(n_devices)
   steps = _step_splitter(task, tok)
   counterfactuals.check_config(cf, rl_cfg, task, steps, diagnostics=d.get("diagnostics", {}))
   update_group = sampler_cfg.group_size + (cf.per_group if cf.train else 0)
@@ -604,7 +603,7 @@ def _check_batch_shapes(
 ):
   """The rollout batch N = prompts_per_step × group_size splits into rl.num_minibatches
   mini-batches of b rows, each into rl.micro_batches micro-batches of b / micro_batches
-  rows; every one of them is split over the data × fsdp devices, and the planner must be
+  rows; every one of them is split over the data × fsdp × expert devices, and the planner must be
   able to honour its guarantee (e.g. whole groups per mini-batch) at this shape."""
   n = loop.prompts_per_step * group_size
   M, K = rl_cfg.num_minibatches, rl_cfg.micro_batches
@@ -634,7 +633,7 @@ def _check_batch_shapes(
     if r % data_parallel:
       raise ValueError(
         f"config.mesh: {what} has {r} rows, not divisible by the data-parallel size "
-        f"data × fsdp = {data_parallel}. Change prompts_per_step, group_size, "
+        f"data × fsdp × expert = {data_parallel}. Change prompts_per_step, group_size, "
         "rl.num_minibatches, rl.micro_batches or rl.logprob_batches, or the mesh (e.g. put "
         "devices on `tensor`)."
       )
@@ -649,7 +648,7 @@ def _check_sequence_split(mesh_cfg, rl_cfg, sampler_cfg, *, n_devices: int) -> N
   tokens over c devices (`layers.length_shards`), so c must divide every S the update
   and the log-prob forwards see: each prompt bucket with max_new_tokens and with each
   length bucket's T (`learner.length_buckets`)."""
-  c = mesh_cfg.shape(n_devices)[2]
+  c = mesh_cfg.sizes(n_devices)["sequence"]
   if c == 1:
     return
   T = sampler_cfg.max_new_tokens

@@ -16,7 +16,7 @@ Figures are bytes per device, for the mesh of `setup.mesh_cfg` on `n_devices` de
   the base itself, `run_state.RunState.reference`).
 - activations: what reverse-mode autodiff saves from the forward of one micro-batch for
   the backward (the residuals of `jax.vjp` of the train loss, traced with
-  `jax.make_jaxpr`, never compiled), on per-device shapes: rows / (data × fsdp), and
+  `jax.make_jaxpr`, never compiled), on per-device shapes: rows / (data × fsdp × expert), and
   heads, MLP width and vocabulary / tensor. Inputs that the backward reads in place
   (params, the batch) are not counted again. `activations_remat` is the same with
   `remat="full"` over scanned layers (only each layer's input is saved);
@@ -179,7 +179,7 @@ def device_bytes(device: str | float) -> float:
 class Plan:
   """Bytes per device; see the module docstring for each term."""
 
-  mesh: tuple[int, int, int, int]  # (data, fsdp, sequence, tensor).
+  mesh: tuple[int, ...]  # Sizes in `sharding.AXES` order: (data, fsdp, expert, sequence, tensor).
   params: int
   ref_params: int
   opt_state: int
@@ -215,6 +215,8 @@ class Plan:
 
 def _leaf_bytes(shape, dtype, names, *, rules, mesh_sizes) -> int:
   """Bytes of one device's shard of an array whose dimensions carry logical names."""
+  # Axes a caller's sizes leave out (e.g. `expert` in an older sizes dict) have size 1.
+  mesh_sizes = {a: mesh_sizes.get(a, 1) for a in sharding.AXES}
   spec = sharding.spec(tuple(names), rules, shape=shape, mesh=_Sizes(mesh_sizes))
   shard = [
     d // math.prod(mesh_sizes[a] for a in ((ax,) if isinstance(ax, str) else ax))
@@ -349,12 +351,12 @@ def plan(
   sampler (`_pool_pages`), None: dense; teacher_cfg: distillation's teacher (None: none);
   platform: the devices' ("cpu", "gpu", "tpu"; None: `kernels.target_platform`), for the
   sampler's XLA:CPU-only copies."""
-  data, fsdp, seq, tensor = mesh_cfg.shape(n_devices)
-  sizes = dict(zip(sharding.AXES, (data, fsdp, seq, tensor), strict=True))
-  dp = data * fsdp
+  sizes = mesh_cfg.sizes(n_devices)
+  fsdp, seq, tensor = sizes["fsdp"], sizes["sequence"], sizes["tensor"]
+  dp = mesh_cfg.batch_split(n_devices)  # data · fsdp · expert: the batch's parts.
   # Context parallelism splits the teacher-forced forwards' tokens over `sequence` when it
   # divides them (`layers.length_shards`); a sampler splits its rows over it instead, when
-  # data · fsdp · sequence divides the prompts (`sharding.Layout.sampling`).
+  # data · fsdp · expert · sequence divides the prompts (`sharding.Layout.sampling`).
   cp = seq if seq > 1 and (prompt_len + max_new_tokens) % seq == 0 else 1
   sampler_dp = dp * seq if prompts % (dp * seq) == 0 else dp
   rules = mesh_cfg.rules
@@ -449,7 +451,7 @@ def plan(
     platform=platform,
   )
   return Plan(
-    mesh=(data, fsdp, seq, tensor),
+    mesh=tuple(sizes.values()),
     params=params,
     ref_params=params if rl_cfg.use_ref and not adapted else 0,
     opt_state=opt_state,
@@ -473,7 +475,7 @@ def plan(
 def _local_size(n: int, name: str, rules, sizes) -> int:
   """One device's part of a dimension of n named `name` (whole when not divisible)."""
   axes = dict(rules).get(name)
-  size = math.prod(sizes[a] for a in ((axes,) if isinstance(axes, str) else axes or ()))
+  size = math.prod(sizes.get(a, 1) for a in ((axes,) if isinstance(axes, str) else axes or ()))
   return n // size if n % size == 0 else n
 
 
@@ -513,7 +515,7 @@ def _sampler_bytes(
   `prompt_rows` prompts on a device; P prompt slots, T new tokens; `shared`: the rows
   share their prompt's P - 1 slots (`model.KVCache.share`) and own T slots each.
   pages: (pool pages, page size Z) of a paged cache (`paged`), or None: dense.
-  row_devices: the devices the rows are split over (None: data × fsdp). rings: whether
+  row_devices: the devices the rows are split over (None: data × fsdp × expert). rings: whether
   the cache keeps its sliding layers in window rings (`model.init_cache`). platform: the
   devices' (None: `kernels.target_platform`): XLA:CPU's extra copies of a cache with one
   kv head per device are counted on "cpu" only."""
@@ -594,7 +596,7 @@ def _sampler_bytes(
     # The model decides on the global shapes it sees under jit (all rows, all kv heads).
     R = cfg.n_heads // cfg.n_kv_heads
     # The own slots' p·V (`attention.attend_shared`).
-    global_rows = rows * (row_devices or sizes["data"] * fsdp)
+    global_rows = rows * (row_devices or sizes["data"] * fsdp * sizes.get("expert", 1))
     copied = 1 if attention._pv_by_reduce(global_rows, cfg.n_kv_heads, R, S, E) else 2
     # XLA:CPU's copies; compiled for a TPU v5e chip, a 1-kv-head sampler keeps none
     # (Gemma 3 1B, 16 rows to 8,192 tokens: 3.63 GB against this plan's 3.61 GB without

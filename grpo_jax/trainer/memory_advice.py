@@ -79,7 +79,7 @@ def changes(
     "halve prompts_per_step, sampler.group_size or sampler.max_new_tokens: the sampler holds "
     f"{p.sampler_rows or p.rollout_rows} rows per device",
   ))  # fmt: skip
-  data, fsdp, _, _ = p.mesh
+  data, fsdp = p.mesh[:2]
   if data > 1:
     out.append((
       scaled(resident, lambda n: n // data),
@@ -128,7 +128,7 @@ def _gib(n: float) -> str:
 
 def explain(p: memory.Plan, model_cfg: model.ModelConfig, rl_cfg: spec.RLConfig) -> dict[str, str]:
   """What each line of `describe` counts, for this config."""
-  data, fsdp, cp, tensor = p.mesh
+  data, fsdp, _, cp, tensor = p.mesh
   remat_on = model_cfg.remat != "none" and model_cfg.scan_layers
   grads = (
     f"the micro-batch's gradient + the accumulator it is summed into (rl.micro_batches = "
@@ -200,7 +200,7 @@ def describe(
   ]
   unit = _unit(p)
   why = why or {}
-  lines = [f"mesh (data, fsdp, sequence, tensor) = {p.mesh}; {unit} per device"]
+  lines = [f"mesh (data, fsdp, expert, sequence, tensor) = {p.mesh}; {unit} per device"]
   lines += [f"  {k:<30} {_in(v, unit):>9}" + (f"  {why[k]}" if k in why else "") for k, v in rows]
   if device_memory:
     usable = memory.USABLE_FRACTION * device_memory

@@ -7,7 +7,7 @@
 This is the third of the three places where sharding is declared (logical names in
 `model`, the rules table in `config.mesh`, and here, the in/out shardings of each jit):
 params and optimizer state follow the rules table, batches (prompts, rollouts,
-mini-batches) are split over data × fsdp (a sampler's rows over `sequence` too,
+mini-batches) are split over data × fsdp × expert (a sampler's rows over `sequence` too,
 `sharding.Layout.sampling`), hyperparameters and metrics are replicated.
 Before anything is built, a config whose memory plan does not fit the device is refused
 (`memory_advice.check`).
@@ -220,7 +220,7 @@ def _shardings(setup: build.Setup, layout: sharding.Layout, optimizer, sft_optim
 
 def _on_sampling_layout(sh: _Shardings, prompts: int) -> _Shardings:
   """`sh` on the layout of a sampler of `prompts` prompts (`sharding.Layout.sampling`:
-  with context parallelism its rows split over data × fsdp × sequence as well); the
+  with context parallelism its rows split over `sequence` as well); the
   params' and state's shardings are the same (the rules differ in activations only)."""
   layout = sh.layout.sampling(prompts)
   return sh if layout is sh.layout else dataclasses.replace(sh, layout=layout)

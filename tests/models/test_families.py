@@ -187,7 +187,10 @@ TPU_SHAPES = {
   "qwen3_moe_megablox": dict(
     SHAPES["qwen3_moe"], n_layers=2, scan_layers=True, moe_impl="megablox"
   ),
+  "qwen3_moe_expert_axis": dict(SHAPES["qwen3_moe"], n_layers=2, scan_layers=True),
 }  # fmt: skip
+# Expert parallelism on the `expert` mesh axis: 4 experts over the 4 chips of v5e:2x2.
+TPU_MESHES = {"qwen3_moe_expert_axis": dict(expert=4, fsdp=-1)}
 
 
 @pytest.mark.parametrize("shape", list(TPU_SHAPES))
@@ -195,19 +198,25 @@ def test_new_families_compile_for_tpu_with_their_update_checks_passing(shape):
   """The quick config with Gemma 3's features (per-layer windows and rope under nn.scan,
   soft-caps, sandwich norms), or a Qwen3-MoE-shaped policy on the megablox kernel (per
   device in a shard_map) with its balance loss and routing replay (the sampler records
-  routes, the update replays them), compiles for v5e:2x2: its update keeps
-  the train state sharded like the parameters and aliased, with no host callback
-  (`aot.check_update`), and its sampler compiles too."""
+  routes, the update replays them), or that policy with its experts over the `expert`
+  mesh axis (mesh.expert=4: one expert a chip, the batch split over it), compiles for
+  v5e:2x2: its update keeps the train state sharded like the parameters and aliased, with
+  no host callback (`aot.check_update`), and its sampler compiles too."""
   from grpo_jax.infra import config_lib  # noqa: PLC0415
   from grpo_jax.trainer import aot, steps  # noqa: PLC0415 (libtpu is loaded only here)
 
   c = config_lib.load("configs/arithmetic.py:quick")
   c.model.update(TPU_SHAPES[shape])
+  c.mesh.update(TPU_MESHES.get(shape, {}))
   if shape.startswith("qwen3_moe"):  # With routing replay: the routes in the batch.
     c.rl.moe_balance_coef, c.rl.routing_replay = 0.01, True
   target = aot.Target.load("v5e:2x2")
   setup, _ = aot.setup_for(c, target)
   fns = steps.functions_on(setup, target.devices)
+  if shape in TPU_MESHES:  # [layers, X, D, F]: the experts over `expert`, one a chip.
+    gate = fns.param_shardings["layers"]["mlp"]["gate"]
+    assert gate.spec[1] == ("expert", "tensor") and gate.shard_shape((2, 4, 8, 16))[1] == 1
+    assert fns.layout.batch_axes == ("data", "fsdp", "expert")
   args = aot.abstract_arguments(setup, fns)
   update, update_args = args["update"]
   assert aot.check_update(aot.compile_function(update, update_args), update, update_args[0]) == []
@@ -283,15 +292,21 @@ def test_moe_layer_equals_every_expert_computed_densely(normalized):
   np.testing.assert_allclose(np.asarray(got).reshape(10, -1), want, rtol=2e-5, atol=2e-6)
 
 
-def test_expert_parallel_on_4_devices_equals_one_device():
-  """Experts split over 4 CPU devices (2 each, the rules table's "expert" row on the
-  tensor axis): the logits and every gradient equal one device's, and no expert weight
-  is all-gathered (XLA partitions the grouped matmuls by expert)."""
-  r = subproc.run(["tests/moe_mesh_run.py"], devices=4, timeout=300)
+@pytest.mark.parametrize("axis", ["expert", "tensor"])
+def test_expert_parallel_on_4_devices_equals_one_device(axis):
+  """Experts split over 4 CPU devices (2 each): on the mesh axis `expert` (mesh.expert=4,
+  the default rules: the batch's rows split over it too), and on `tensor` (the rules
+  table's "expert" row's second axis, heads and MLP whole). The logits and every gradient
+  equal one device's, and no expert weight is all-gathered (XLA partitions the grouped
+  matmuls by expert): on `tensor` no float is gathered, on `expert` only the routing
+  weights [B·T, X] of each of the 2 layers (f32[48, 8], seen in the compiled text)."""
+  r = subproc.run(["tests/moe_mesh_run.py", axis], devices=4, timeout=300)
   out = json.loads(r.stdout.strip().splitlines()[-1])
   assert out["devices"] == 4 and out["gate_shard"] == [2, 64, 24]
   assert out["logits"] <= 1e-5 and out["grads"] <= 1e-6 < out["grad_gate_absmax"]
-  assert out["float_all_gathers"] == 0
+  assert out["expert_weight_gathers"] == 0
+  assert out["float_all_gathers"] == (2 if axis == "expert" else 0)
+  assert out["batch_axes"] == ["data", "fsdp", "expert"]
 
 
 def test_a_mixture_of_experts_trains_under_grpo_with_lora_replaying_its_routes(tmp_path):

@@ -21,9 +21,14 @@ MESHES = ("8x1x1", "2x2x2", "1x4x2", "1x2x2x2")
 
 
 def test_mesh_shape_resolves_minus_one_and_refuses_bad_sizes():
-  assert sharding.MeshConfig(data=2, fsdp=-1, tensor=2).shape(8) == (2, 2, 1, 2)
-  assert sharding.MeshConfig().shape(8) == (1, 8, 1, 1)
-  assert sharding.MeshConfig(sequence=4).shape(8) == (1, 2, 4, 1)
+  assert sharding.AXES == ("data", "fsdp", "expert", "sequence", "tensor")
+  assert sharding.MeshConfig(data=2, fsdp=-1, tensor=2).shape(8) == (2, 2, 1, 1, 2)
+  assert sharding.MeshConfig().shape(8) == (1, 8, 1, 1, 1)
+  assert sharding.MeshConfig(sequence=4).shape(8) == (1, 2, 1, 4, 1)
+  experts = sharding.MeshConfig(fsdp=-1, expert=4)
+  assert experts.sizes(8) == dict(data=1, fsdp=2, expert=4, sequence=1, tensor=1)
+  assert experts.batch_split(8) == 8  # The rows split over data × fsdp × expert.
+  assert sharding.MeshConfig(data=2, fsdp=1, tensor=4).batch_split(8) == 2
   with pytest.raises(ValueError, match="multiply to the device count"):
     sharding.MeshConfig(data=2, fsdp=2, tensor=1).shape(8)
   with pytest.raises(ValueError, match="does not divide the 8 devices"):
@@ -36,6 +41,8 @@ def test_mesh_shape_resolves_minus_one_and_refuses_bad_sizes():
     sharding.MeshConfig(tensor=0)
   with pytest.raises(ValueError, match=r"mesh.sequence=0; allowed: a positive int"):
     sharding.MeshConfig(sequence=0)
+  with pytest.raises(ValueError, match=r"mesh.expert=0; allowed: a positive int"):
+    sharding.MeshConfig(expert=0)
 
 
 def test_spec_needs_a_rule_for_every_name_and_divisible_dimensions():
@@ -85,7 +92,7 @@ def test_context_parallelism_needs_a_sequence_size_dividing_every_row_length(mon
   (length buckets 3 and 5) neither 19 nor 21 by 2."""
   monkeypatch.setattr(jax, "device_count", lambda: 8)
   c = mesh_run.make_config((1, 2, 2, 2))  # Prompt bucket 16, T 8, length buckets (4, 8).
-  assert build.build(c).mesh_cfg.shape(8) == (1, 2, 2, 2)
+  assert build.build(c).mesh_cfg.shape(8) == (1, 2, 1, 2, 2)
   c.mesh.update(fsdp=2, sequence=4, tensor=1)
   build.build(c)
   c.mesh.update(fsdp=1, sequence=3, tensor=1)
@@ -192,23 +199,23 @@ def test_greedy_sampling_is_identical_on_every_mesh(mesh_results):
 
 def test_samplers_split_rows_over_sequence_and_trainers_tokens(mesh_results):
   """Context parallelism splits tokens in the teacher-forced forwards only: the samplers'
-  8 prompts (32 rows) go over data × fsdp × sequence on (1,2,2,2), 2 prompts a device
-  (`Layout.sampling`), and over data × fsdp elsewhere; the greedy rollouts come back split
+  8 prompts (32 rows) go over data × fsdp × expert × sequence on (1,2,2,2), 2 prompts a
+  device (`Layout.sampling`), and over data × fsdp × expert elsewhere (expert size 1); the greedy rollouts come back split
   the same way (and equal the one-device ones: the test above)."""
   for m in MESHES:
     rows = json.loads(str(mesh_results[m]["sampler_rows"]))
-    want = ["data", "fsdp", "sequence"] if m == "1x2x2x2" else ["data", "fsdp"]
+    want = ["data", "fsdp", "expert"] + (["sequence"] if m == "1x2x2x2" else [])
     assert rows == {"train": [want], "greedy": [want], "greedy_out": [want]}, m
 
 
 def test_episodes_split_rows_over_sequence_and_play_as_on_a_data_parallel_mesh(mesh_results):
   """A group of calculator episodes (8 prompts × 4 after a short warm start, same key;
   `mesh_run.episodes`) under context parallelism (1,2,2,2): the runner's rows go over data
-  × fsdp × sequence, and the episodes (actions, tool observations, turns) are those of
+  × fsdp × expert × sequence, and the episodes (actions, tool observations, turns) are those of
   8-way data parallelism."""
   dp, cp = mesh_results["8x1x1"], mesh_results["1x2x2x2"]
-  assert json.loads(str(dp["episode_rows"])) == ["data", "fsdp"]
-  assert json.loads(str(cp["episode_rows"])) == ["data", "fsdp", "sequence"]
+  assert json.loads(str(dp["episode_rows"])) == ["data", "fsdp", "expert"]
+  assert json.loads(str(cp["episode_rows"])) == ["data", "fsdp", "expert", "sequence"]
   for k in ("episode_tokens", "episode_mask", "episode_turns"):
     np.testing.assert_array_equal(cp[k], dp[k], err_msg=k)
   assert dp["episode_mask"].sum() > 400 and dp["episode_turns"].max() >= 3  # Tool calls.
@@ -228,9 +235,9 @@ def test_sampling_layout_moves_the_sequence_axis_from_tokens_to_rows():
   cp = sharding.Layout(mesh=_FakeMesh(data=2, fsdp=2, sequence=2), rules=rules)
   assert cp.batch_size_divisor == 4
   s = cp.sampling(8)
-  assert s.batch_axes == ("data", "fsdp", "sequence") and s.batch_size_divisor == 8
+  assert s.batch_axes == ("data", "fsdp", "expert", "sequence") and s.batch_size_divisor == 8
   table = dict(s.rules)
-  assert table["activation_batch"] == ("data", "fsdp", "sequence")
+  assert table["activation_batch"] == ("data", "fsdp", "expert", "sequence")
   assert table["activation_length"] is None
   assert table["activation_cache"] == "tensor"
   assert {k: v for k, v in s.rules if k not in ("activation_batch", "activation_length",

@@ -53,7 +53,7 @@ def test_the_quick_iteration_compiles_for_v5e_2x2_and_fits(one_slice):
   run = one_slice["run"]
   assert [r["name"] for r in one_slice["rows"]] == list(aot.FUNCTIONS)
   assert (run["chip"], run["devices"], run["hosts"]) == ("v5e", 4, 1)
-  assert run["mesh"] == {"data": 1, "fsdp": 4, "sequence": 1, "tensor": 1}
+  assert run["mesh"] == {"data": 1, "fsdp": 4, "expert": 1, "sequence": 1, "tensor": 1}
   assert run["fits"] and one_slice["problems"] == []
   for row in one_slice["rows"]:
     assert 0 < row["peak_bytes"] < row["hbm_bytes"] == 16 * 2**30
@@ -80,7 +80,7 @@ def test_context_parallelism_compiles_for_tpu_and_its_sampler_splits_rows(one_sl
   c.mesh.update(fsdp=2, sequence=2)
   got = aot.plan(c, topology="v5e:2x2")
   assert got["run"]["fits"] and got["problems"] == []
-  assert got["run"]["mesh"] == {"data": 1, "fsdp": 2, "sequence": 2, "tensor": 1}
+  assert got["run"]["mesh"] == {"data": 1, "fsdp": 2, "expert": 1, "sequence": 2, "tensor": 1}
   assert _row(got, "sample")["matmul_flops"] == _row(one_slice, "sample")["matmul_flops"]
   assert ("sequence",) in {tuple(c["axes"]) for c in _row(got, "update")["collectives"]}
 
@@ -88,7 +88,7 @@ def test_context_parallelism_compiles_for_tpu_and_its_sampler_splits_rows(one_sl
 def test_two_slices_put_data_across_slices_and_fsdp_within(two_slices):
   run = two_slices["run"]
   assert (run["devices"], run["num_slices"]) == (8, 2)
-  assert run["mesh"] == {"data": 2, "fsdp": 4, "sequence": 1, "tensor": 1}
+  assert run["mesh"] == {"data": 2, "fsdp": 4, "expert": 1, "sequence": 1, "tensor": 1}
   assert two_slices["notes"] == ["mesh.data 1 -> 2 (data parallelism across slices)"]
   assert run["fits"] and two_slices["problems"] == []
   collectives = _row(two_slices, "update")["collectives"]

@@ -225,7 +225,7 @@ def test_an_int8_lora_base_is_planned_and_compiled_on_a_mesh(on_8_devices):
 
 def test_plan_cli_says_what_to_change_when_it_does_not_fit():
   out, d = _cli("--config=configs/scale.py:7b", "--devices=8", "--device=tpu-v5e")
-  assert d["fits"] is False and d["mesh"] == [1, 2, 1, 4]
+  assert d["fits"] is False and d["mesh"] == [1, 2, 1, 1, 4]
   assert "does NOT fit tpu-v5e" in out and "Change:" in out
   _, d = _cli("--config=configs/scale.py:7b", "--devices=16", "--device=tpu-v5e")
   assert d["fits"] is True

@@ -104,6 +104,27 @@ def test_the_old_keys_go_when_their_release_comes():
   )
 
 
+def test_a_config_from_before_the_expert_axis_gets_the_renewed_rules_it_splits_as():
+  """config.json written before mesh.expert existed (as the recording's) holds the old
+  default rows 'expert': 'tensor' and 'activation_batch': ['data', 'fsdp']: `upgrade`
+  gives it today's, which split alike where the expert axis has size 1, so a resume
+  reports no change there. A row the run set itself, or a config that has mesh.expert,
+  keeps its own; a list equals the tuple it was before JSON."""
+  old = json.loads((RECORDED / "config.json").read_text())
+  assert "expert" not in old["mesh"] and old["mesh"]["rules"]["expert"] == "tensor"
+  rules = config_lib.upgrade(old, warn=False)["mesh"]["rules"]
+  assert rules["expert"] == ("expert", "tensor")
+  assert rules["activation_batch"] == ["data", "fsdp", "expert"]
+  now = json.loads(json.dumps(config.default_config().to_dict()))["mesh"]["rules"]
+  assert config.changes(rules, now) == []
+  own = {"mesh": {"rules": {"expert": None, "activation_batch": ["data"]}}}
+  assert config_lib.upgrade(own, warn=False) == own
+  today = {"mesh": {"expert": 1, "rules": {"expert": "tensor"}}}
+  assert config_lib.upgrade(today, warn=False) == today
+  assert config.changes({"a": [1, 2]}, {"a": (1, 2)}) == []
+  assert config.changes({"a": [1, 2]}, {"a": (1, 3)}) == [("a", [1, 2], (1, 3))]
+
+
 def test_a_config_file_and_the_command_line_with_old_keys_build_the_same_run(tmp_path):
   """An old key set in a config file (an unlocked ConfigDict) and one given on the command
   line both reach the variant: the command line prints one warning line per key."""
