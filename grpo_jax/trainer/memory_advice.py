@@ -128,7 +128,7 @@ def _gib(n: float) -> str:
 
 def explain(p: memory.Plan, model_cfg: model.ModelConfig, rl_cfg: spec.RLConfig) -> dict[str, str]:
   """What each line of `describe` counts, for this config."""
-  data, fsdp, _, cp, tensor = p.mesh
+  data, fsdp, expert, cp, tensor = p.mesh
   remat_on = model_cfg.remat != "none" and model_cfg.scan_layers
   grads = (
     f"the micro-batch's gradient + the accumulator it is summed into (rl.micro_batches = "
@@ -148,7 +148,8 @@ def explain(p: memory.Plan, model_cfg: model.ModelConfig, rl_cfg: spec.RLConfig)
     working += f", weights gathered over fsdp = {fsdp}"
   return {
     "params": f"the policy's weights ({model_cfg.param_dtype}), split over fsdp x tensor = "
-    f"{fsdp * tensor}",
+    f"{fsdp * tensor}"
+    + (", the experts over expert x tensor too" if model_cfg.n_experts and expert > 1 else ""),
     "reference params": "a frozen copy of the weights for the KL term (rl.kl_coef > 0)"
     if p.ref_params
     else "none: rl.kl_coef = 0",

@@ -334,3 +334,27 @@ def test_a_named_device_names_the_platform_the_plan_is_for():
     "tpu", "tpu", "gpu", "gpu",
   ]  # fmt: skip
   assert memory.device_platform("24") is None  # A number of GiB says no platform.
+
+
+def test_the_expert_axis_splits_the_experts_and_the_rows():
+  """A mixture of experts (4 experts of [D, F] x 3 a layer) on 4 devices: fsdp 2 × expert
+  2 against fsdp 2 × data 2. The dense weights are the same per device (split over fsdp
+  only, replicated along expert as along data); the experts' are halved (1 device's
+  share: their embed dimension over fsdp, the experts over expert); the rows split over
+  data × fsdp × expert alike; the explanation says so."""
+  c = scale.get_config("tiny")
+  c.model.update(n_experts=4, experts_per_token=2, expert_mlp_dim=32)
+  plans = {}
+  for axis in ("expert", "data"):
+    c.mesh.update(data=1, fsdp=2, expert=1, tensor=1)
+    c.mesh[axis] = 2
+    plans[axis] = memory.plan_for(build.plan_setup(c, n_devices=4), n_devices=4)
+  setup = build.plan_setup(c, n_devices=4)
+  cfg = setup.model_cfg
+  item = 4  # float32 params.
+  experts = cfg.n_layers * 3 * cfg.n_experts * cfg.d_model * cfg.expert_mlp_dim * item
+  assert plans["data"].params - plans["expert"].params == experts // 2 // 2
+  assert plans["expert"].mesh == (1, 2, 2, 1, 1) and plans["data"].mesh == (2, 2, 1, 1, 1)
+  assert plans["expert"].rollout_rows == plans["data"].rollout_rows
+  why = memory_advice.explain(plans["expert"], cfg, setup.rl_cfg)["params"]
+  assert why.endswith("split over fsdp x tensor = 2, the experts over expert x tensor too")
