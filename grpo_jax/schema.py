@@ -288,8 +288,8 @@ def defaults() -> ml_collections.ConfigDict:
   Top level: the LoopConfig fields. Sections: task (name, kwargs), model (ModelConfig
   with vocab_size 0: the task's tokenizer's size; the defaults are `model.tiny_config`'s),
   sampler (SamplerConfig without eos_ids/pad_id), sampling (temperature, top_k, top_p,
-  greedy), rl (every RLConfig field), mesh (data, fsdp, expert, sequence, tensor sizes and the
-  logical->mesh rules table, `sharding.MeshConfig`) and diagnostics (DiagnosticsConfig;
+  greedy), rl (every RLConfig field), mesh (data, fsdp, expert, sequence, tensor sizes and
+  the logical->mesh rules table, `sharding.MeshConfig`) and diagnostics (DiagnosticsConfig;
   every = 0: off), and logging (`trackers.TrackingConfig`: jsonl, TensorBoard, W&B,
   MLflow). Because every key exists, command-line overrides such as
   `--config.rl.num_minibatches=4` work on the locked config, and a misspelt key fails.

@@ -72,11 +72,8 @@ def upgrade(d: Mapping, *, warn: bool = True, prefix: str = "") -> dict:
   for old, new in MOVED_KEYS.items():
     if not old.startswith(prefix):
       continue
-    *parents, leaf = old.removeprefix(prefix).split(".")
-    node = out
-    for p in parents:
-      node = node.get(p) if isinstance(node, dict) else None
-    if not isinstance(node, dict) or leaf not in node:
+    node, leaf = _parent(out, old.removeprefix(prefix))
+    if node is None or leaf not in node:
       continue
     value = node.pop(leaf)
     *new_parents, new_leaf = new.removeprefix(prefix).split(".")
@@ -94,21 +91,25 @@ def upgrade(d: Mapping, *, warn: bool = True, prefix: str = "") -> dict:
   return out
 
 
-def _has(d: dict, key: str) -> bool:
-  """Whether the nested dict d holds the dotted key."""
+def _parent(d: dict, key: str) -> tuple[dict | None, str]:
+  """(the nested dict that holds the dotted key's last part, or None; that part)."""
   *parents, leaf = key.split(".")
   for p in parents:
     d = d.get(p) if isinstance(d, dict) else None
-  return isinstance(d, dict) and leaf in d
+  return (d if isinstance(d, dict) else None), leaf
+
+
+def _has(d: dict, key: str) -> bool:
+  """Whether the nested dict d holds the dotted key."""
+  node, leaf = _parent(d, key)
+  return node is not None and leaf in node
 
 
 def _renew(d: dict, key: str, was, now) -> None:
   """d's dotted key set to `now` where it holds `was` (a list, as config.json holds a
   tuple, counts as its tuple and gets `now` as a list)."""
-  *parents, leaf = key.split(".")
-  for p in parents:
-    d = d.get(p) if isinstance(d, dict) else None
-  if not isinstance(d, dict) or leaf not in d:
+  d, leaf = _parent(d, key)
+  if d is None or leaf not in d:
     return
   listed = isinstance(d[leaf], list)
   if (tuple(d[leaf]) if listed else d[leaf]) == was:

@@ -404,10 +404,10 @@ class MoeMlp(nn.Module):
   model.expert_weights_normalized; y = Σ_j w_j · down_e_j(act(gate_e_j(x)) * up_e_j(x)),
   the experts' matmuls over the rows routed to each (`moe.experts`, model.moe_impl).
   Expert weights [X, D, F] / [X, F, D] carry the logical name "expert" (split over the
-  mesh axes `expert` × `tensor` by the default rules table: expert parallelism). With the "intermediates" collection
-  mutable it sows its real tokens' routing (valid_BT) for `moe.balance_loss`, and when it
-  replays routes how many it replayed and how many its own top-k differs from
-  (`moe.flip_counts`).
+  mesh axes `expert` × `tensor` by the default rules table: expert parallelism). With the
+  "intermediates" collection mutable it sows its real tokens' routing (valid_BT) for
+  `moe.balance_loss`, and when it replays routes how many it replayed and how many its
+  own top-k differs from (`moe.flip_counts`).
 
   Routing replay: routes_BTK (int, -1: the token routes itself) are experts recorded by
   another forward, used in place of this router's top-k (`moe.route`); with the "routes"

@@ -603,8 +603,8 @@ def _check_batch_shapes(
 ):
   """The rollout batch N = prompts_per_step × group_size splits into rl.num_minibatches
   mini-batches of b rows, each into rl.micro_batches micro-batches of b / micro_batches
-  rows; every one of them is split over the data × fsdp × expert devices, and the planner must be
-  able to honour its guarantee (e.g. whole groups per mini-batch) at this shape."""
+  rows; every one of them is split over the data × fsdp × expert devices, and the planner
+  must be able to honour its guarantee (e.g. whole groups per mini-batch) at this shape."""
   n = loop.prompts_per_step * group_size
   M, K = rl_cfg.num_minibatches, rl_cfg.micro_batches
   if n % M:

@@ -16,8 +16,8 @@ Figures are bytes per device, for the mesh of `setup.mesh_cfg` on `n_devices` de
   the base itself, `run_state.RunState.reference`).
 - activations: what reverse-mode autodiff saves from the forward of one micro-batch for
   the backward (the residuals of `jax.vjp` of the train loss, traced with
-  `jax.make_jaxpr`, never compiled), on per-device shapes: rows / (data × fsdp × expert), and
-  heads, MLP width and vocabulary / tensor. Inputs that the backward reads in place
+  `jax.make_jaxpr`, never compiled), on per-device shapes: rows / (data × fsdp × expert),
+  and heads, MLP width and vocabulary / tensor. Inputs that the backward reads in place
   (params, the batch) are not counted again. `activations_remat` is the same with
   `remat="full"` over scanned layers (only each layer's input is saved);
   `activations_no_remat` with no remat.
@@ -179,7 +179,7 @@ def device_bytes(device: str | float) -> float:
 class Plan:
   """Bytes per device; see the module docstring for each term."""
 
-  mesh: tuple[int, ...]  # Sizes in `sharding.AXES` order: (data, fsdp, expert, sequence, tensor).
+  mesh: tuple[int, ...]  # `sharding.AXES` sizes: (data, fsdp, expert, sequence, tensor).
   params: int
   ref_params: int
   opt_state: int
@@ -215,8 +215,6 @@ class Plan:
 
 def _leaf_bytes(shape, dtype, names, *, rules, mesh_sizes) -> int:
   """Bytes of one device's shard of an array whose dimensions carry logical names."""
-  # Axes a caller's sizes leave out (e.g. `expert` in an older sizes dict) have size 1.
-  mesh_sizes = {a: mesh_sizes.get(a, 1) for a in sharding.AXES}
   spec = sharding.spec(tuple(names), rules, shape=shape, mesh=_Sizes(mesh_sizes))
   shard = [
     d // math.prod(mesh_sizes[a] for a in ((ax,) if isinstance(ax, str) else ax))
@@ -232,9 +230,15 @@ class _Sizes:
   shape: dict
 
 
+def _all_axes(sizes: dict) -> dict:
+  """{mesh axis: size} for every `sharding.AXES` axis, 1 where `sizes` leaves it out."""
+  return {a: sizes.get(a, 1) for a in sharding.AXES}
+
+
 def _tree_bytes(boxed, *, rules, mesh_sizes) -> int:
   """Per-device bytes of an abstract tree whose param-derived leaves are boxed with
   logical names (others, e.g. step counters, are replicated)."""
+  mesh_sizes = _all_axes(mesh_sizes)
   specs = nn.get_partition_spec(boxed)
   abstract = nn.unbox(boxed)
   total = 0
@@ -475,7 +479,7 @@ def plan(
 def _local_size(n: int, name: str, rules, sizes) -> int:
   """One device's part of a dimension of n named `name` (whole when not divisible)."""
   axes = dict(rules).get(name)
-  size = math.prod(sizes.get(a, 1) for a in ((axes,) if isinstance(axes, str) else axes or ()))
+  size = math.prod(sizes[a] for a in ((axes,) if isinstance(axes, str) else axes or ()))
   return n // size if n % size == 0 else n
 
 
@@ -515,10 +519,12 @@ def _sampler_bytes(
   `prompt_rows` prompts on a device; P prompt slots, T new tokens; `shared`: the rows
   share their prompt's P - 1 slots (`model.KVCache.share`) and own T slots each.
   pages: (pool pages, page size Z) of a paged cache (`paged`), or None: dense.
-  row_devices: the devices the rows are split over (None: data × fsdp × expert). rings: whether
-  the cache keeps its sliding layers in window rings (`model.init_cache`). platform: the
-  devices' (None: `kernels.target_platform`): XLA:CPU's extra copies of a cache with one
-  kv head per device are counted on "cpu" only."""
+  row_devices: the devices the rows are split over (None: data × fsdp × expert). rings:
+  whether the cache keeps its sliding layers in window rings (`model.init_cache`).
+  platform: the devices' (None: `kernels.target_platform`): XLA:CPU's extra copies of a
+  cache with one kv head per device are counted on "cpu" only. `sizes` may leave axes
+  out (size 1)."""
+  sizes = _all_axes(sizes)
   if pages is not None:
     return _paged_sampler_bytes(cfg, boxed, rules=rules, sizes=sizes, rows=rows,
                                 prompt_rows=prompt_rows, P=P, T=T, pages=pages)  # fmt: skip
@@ -596,7 +602,7 @@ def _sampler_bytes(
     # The model decides on the global shapes it sees under jit (all rows, all kv heads).
     R = cfg.n_heads // cfg.n_kv_heads
     # The own slots' p·V (`attention.attend_shared`).
-    global_rows = rows * (row_devices or sizes["data"] * fsdp * sizes.get("expert", 1))
+    global_rows = rows * (row_devices or sizes["data"] * fsdp * sizes["expert"])
     copied = 1 if attention._pv_by_reduce(global_rows, cfg.n_kv_heads, R, S, E) else 2
     # XLA:CPU's copies; compiled for a TPU v5e chip, a 1-kv-head sampler keeps none
     # (Gemma 3 1B, 16 rows to 8,192 tokens: 3.63 GB against this plan's 3.61 GB without

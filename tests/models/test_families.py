@@ -214,8 +214,10 @@ def test_new_families_compile_for_tpu_with_their_update_checks_passing(shape):
   setup, _ = aot.setup_for(c, target)
   fns = steps.functions_on(setup, target.devices)
   if shape in TPU_MESHES:  # [layers, X, D, F]: the experts over `expert`, one a chip.
+    cfg = setup.model_cfg
     gate = fns.param_shardings["layers"]["mlp"]["gate"]
-    assert gate.spec[1] == ("expert", "tensor") and gate.shard_shape((2, 4, 8, 16))[1] == 1
+    whole = (cfg.n_layers, cfg.n_experts, cfg.d_model, cfg.expert_mlp_dim)
+    assert gate.spec[1] == ("expert", "tensor") and gate.shard_shape(whole)[1] == 1
     assert fns.layout.batch_axes == ("data", "fsdp", "expert")
   args = aot.abstract_arguments(setup, fns)
   update, update_args = args["update"]
