@@ -16,6 +16,7 @@ import subproc  # noqa: E402
 # starts its CPU backend, which reads XLA_FLAGS once.
 os.environ["XLA_FLAGS"] = subproc.xla_flags()
 
+import compile_profile  # noqa: E402
 import hypothesis  # noqa: E402
 import jax  # noqa: E402
 import pytest
@@ -29,6 +30,8 @@ jax.config.update("jax_compilation_cache_dir", str(subproc.COMPILATION_CACHE))
 # run of test_offpolicy + test_ibpo_train took 112 s against 125 s with the default.
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+# GRPO_JAX_COMPILE_PROFILE=<dir>: JAX's tracing and compiling seconds per test (off: nothing).
+PROFILING = compile_profile.install()
 
 # Property tests draw the same examples on every run unless HYPOTHESIS_PROFILE=explore: a
 # test that passes once passes in CI (a failure is a bug, not a flake). "explore" draws new
@@ -83,6 +86,11 @@ def pytest_terminal_summary(terminalreporter, config):
 def pytest_sessionfinish(session):
   if os.environ.get(NO_SKIPS) == "1" and _skipped(session.config) and session.exitstatus == 0:
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_runtest_logfinish(nodeid, location):
+  if PROFILING:
+    compile_profile.flush(nodeid)
 
 
 def pytest_runtest_setup(item):

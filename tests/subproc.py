@@ -52,6 +52,8 @@ def child_env(*, optimized: bool = False, **extra) -> dict:
   out = dict(os.environ, XLA_FLAGS=xla_flags(optimized=optimized))
   out["JAX_PLATFORMS"] = "cpu"
   paths = [str(ROOT / d) for d in PYTHONPATH] + [p for p in [os.environ.get("PYTHONPATH")] if p]
+  if os.environ.get("GRPO_JAX_COMPILE_PROFILE"):  # tests/compile_profile.py, in the child too.
+    paths.append(str(ROOT / "tests" / "profile_site"))
   out["PYTHONPATH"] = os.pathsep.join(paths)
   out.setdefault("JAX_COMPILATION_CACHE_DIR", str(COMPILATION_CACHE))
   out.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
