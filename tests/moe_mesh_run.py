@@ -6,7 +6,10 @@ experts split over 4 devices; used by test_families.py.
 "expert" (the default): mesh expert=4 with the default rules table, the experts split over
 the `expert` axis and the batch's rows too (expert parallelism). "tensor": mesh tensor=4,
 the experts split over `tensor` with heads, MLP and vocabulary whole, the rows on every
-device. Prints one JSON line: the largest differences of the logits and of every gradient
+device. "megablox": mesh expert=2 × tensor=2 with the experts through the megablox kernel
+(interpreted), each device its own 2 of the 8 (`moe._expert_parallel`: the tokens gathered
+over `expert` and the outputs reduce-scattered back, summed over `tensor`), against the
+same kernel on one device. Prints one JSON line: the largest differences of the logits and of every gradient
 leaf between the two, the per-device shape of the experts' gate weights on the mesh, and
 the compiled loss's float all-gathers: how many, and how many give a whole expert weight
 ([X, D, F] or [X, F, D]: the experts gathered rather than split).
@@ -23,8 +26,14 @@ from grpo_jax.models import model, sharding
 
 
 def main(axis: str):
+  impl = "megablox_interpret" if axis == "megablox" else "xla"
   cfg = model.tiny_config(
-    64, n_experts=8, experts_per_token=2, expert_mlp_dim=24, expert_weights_normalized=True
+    64,
+    n_experts=8,
+    experts_per_token=2,
+    expert_mlp_dim=24,
+    expert_weights_normalized=True,
+    moe_impl=impl,
   )
   params = model.init(cfg, jax.random.key(0))
   tokens = jax.random.randint(jax.random.key(1), (4, 12), 0, 64)
@@ -41,6 +50,8 @@ def main(axis: str):
     rules = tuple((k, None if k in whole or k == "activation_kv_heads" else v)
                   for k, v in sharding.DEFAULT_RULES)  # fmt: skip
     mesh_cfg = sharding.MeshConfig(data=1, fsdp=1, tensor=4, rules=rules)
+  elif axis == "megablox":
+    mesh_cfg = sharding.MeshConfig(data=1, fsdp=1, expert=2, tensor=2)
   else:
     mesh_cfg = sharding.MeshConfig(data=1, fsdp=1, expert=4)
   layout = sharding.Layout.create(mesh_cfg)

@@ -12,17 +12,27 @@ Grouped matmuls, by `model.moe_impl`:
   every X (their Pallas cost estimate: XLA cannot see inside a kernel), twice the
   forward as a dense layer's (`experiments/moe_tpu_cost.py`). On the quick config's
   update (v5e:2x2, 4 experts) the temporaries are 56 MB against 132.
-  Under a mesh it runs per device in a `jax.shard_map` over the batch axes: each device
-  routes and sorts its own tokens, with every expert's weights gathered to it (as FSDP
-  gathers a dense layer's); expert parallelism with it (each device its own experts'
-  groups, `group_offset`) is not built yet: "xla" splits the experts over the mesh axes
-  of the rules table's "expert" (by default `expert` × `tensor`, `sharding.DEFAULT_RULES`).
+  Under a mesh it runs per device in a `jax.shard_map`:
+  - where the rules table splits the experts (its "expert" row, by default `expert` ×
+    `tensor`, `sharding.DEFAULT_RULES`; mesh sizes above 1 that divide X), expert
+    parallelism (`_expert_parallel`): each device holds X / n of the experts, gathers
+    the tokens of the devices that share its experts (the expert-axis rows), runs the
+    kernel over its own experts' groups only (megablox's `group_offset`: its grid covers
+    those groups' rows, the other rows come back 0), and the partial outputs are summed
+    back onto the devices that own the tokens (a reduce-scatter over the axes that split
+    the tokens, an all-reduce over the others, in float32). The expert weights are never
+    gathered; the collectives move [tokens, D] activations.
+  - else the tokens split over the batch axes, each device routing and sorting its own,
+    with every expert's weights gathered to it (as FSDP gathers a dense layer's).
+  "xla" leaves the split to XLA's partitioner (ragged_dot over experts split the same
+  way).
 - "megablox_interpret": that kernel in Pallas's interpreter, any backend (slow: tests).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -84,6 +94,9 @@ def experts(x_ND, w_NK, e_NK, gate_XDF, up_XDF, down_XFD, *, act, impl: str, dty
   P = jax.sharding.PartitionSpec
   # Each device its own tokens (all of them where the batch axes do not divide N).
   tokens, whole = kernels.local_spec(("activation_batch",), x_ND.shape[:1], mesh), P()
+  split = _axes(kernels.local_spec(("expert",), gate_XDF.shape[:1], mesh)[0])
+  if math.prod(mesh.shape[a] for a in split) > 1:
+    return _expert_parallel(*args, tokens=tokens, split=split, mesh=mesh, body=body, dtype=dtype)
   return jax.shard_map(
     body,
     mesh=mesh,
@@ -93,23 +106,77 @@ def experts(x_ND, w_NK, e_NK, gate_XDF, up_XDF, down_XFD, *, act, impl: str, dty
   )(*args)
 
 
-def _pairs(x_ND, w_NK, e_NK, gate_XDF, up_XDF, down_XFD, *, act, impl: str, dtype):
+def _axes(entry) -> tuple[str, ...]:
+  """A PartitionSpec entry as a tuple of mesh axes."""
+  return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _expert_parallel(*args, tokens, split: tuple[str, ...], mesh, body, dtype):
+  """`experts` with the experts split over the mesh axes `split` (see the module
+  docstring): in a shard_map, device i of the split holds experts [i·X/n, (i+1)·X/n).
+  The axes of `split` that also split the tokens gather them (each device then sees
+  every token its experts may take) and reduce-scatter the output back; the others hold
+  the same tokens already and all-reduce it."""
+  gather = tuple(a for a in split if a in _axes(tokens[0]))
+  reduce = tuple(a for a in split if a not in gather)
+  n = math.prod(mesh.shape[a] for a in split)
+
+  def local(x_ND, w_NK, e_NK, gate_XDF, up_XDF, down_XFD):
+    if gather:
+      x_ND, w_NK, e_NK = (
+        jax.lax.all_gather(a, gather, axis=0, tiled=True) for a in (x_ND, w_NK, e_NK)
+      )
+    X = gate_XDF.shape[0]
+    offset = (jax.lax.axis_index(split) * X).astype(jnp.int32)
+    experts_args = (gate_XDF, up_XDF, down_XFD)
+    # Summed across devices in float32: a token's k experts may sit on several.
+    y_ND = body(x_ND, w_NK, e_NK, *experts_args, n_experts=X * n, group_offset=offset,
+                out_dtype=jnp.float32)  # fmt: skip
+    if reduce:
+      y_ND = jax.lax.psum(y_ND, reduce)
+    if gather:
+      y_ND = jax.lax.psum_scatter(y_ND, gather, scatter_dimension=0, tiled=True)
+    return y_ND.astype(dtype)
+
+  experts_spec = jax.sharding.PartitionSpec(split)
+  return jax.shard_map(
+    local,
+    mesh=mesh,
+    in_specs=(tokens, tokens, tokens, experts_spec, experts_spec, experts_spec),
+    out_specs=tokens,
+    check_vma=False,
+  )(*args)
+
+
+def _pairs(
+  x_ND, w_NK, e_NK, gate_XDF, up_XDF, down_XFD, *, act, impl: str, dtype, n_experts=None,
+  group_offset=None, out_dtype=None,
+):  # fmt: skip
+  """The N·k (token, expert) pairs sorted by expert through the grouped matmuls. With
+  `group_offset` (expert parallelism: the weights are experts [offset, offset + X_local)
+  of `n_experts`), pairs routed elsewhere come out 0."""
   N, k = e_NK.shape
-  X = gate_XDF.shape[0]
+  X = n_experts or gate_XDF.shape[0]
   e_M = e_NK.reshape(-1)  # Pair m = n·k + j: token n's j-th expert.
   order_M = jnp.argsort(e_M, stable=True)
   sizes_X = jnp.bincount(e_M, length=X).astype(jnp.int32)
   xs_MD = x_ND[order_M // k]
-  group = functools.partial(_grouped, sizes_X=sizes_X, impl=impl, dtype=dtype)
+  group = functools.partial(
+    _grouped, sizes_X=sizes_X, impl=impl, dtype=dtype, group_offset=group_offset
+  )
   h_MF = act(group(xs_MD, gate_XDF)) * group(xs_MD, up_XDF)
   ys_MD = group(h_MF.astype(dtype), down_XFD)
   y_NKD = ys_MD[jnp.argsort(order_M)].reshape(N, k, -1)
-  return jnp.einsum("nkd,nk->nd", y_NKD, w_NK.astype(y_NKD.dtype)).astype(dtype)
+  y_ND = jnp.einsum("nkd,nk->nd", y_NKD.astype(out_dtype or dtype), w_NK.astype(out_dtype or dtype))
+  return y_ND.astype(out_dtype or dtype)
 
 
-def _grouped(lhs_MK, rhs_XKF, *, sizes_X, impl: str, dtype):
-  """Rows [M, K] times their group's [K, F] (rows sorted by group, sizes_X per group)."""
+def _grouped(lhs_MK, rhs_XKF, *, sizes_X, impl: str, dtype, group_offset=None):
+  """Rows [M, K] times their group's [K, F] (rows sorted by group, sizes_X per group);
+  with `group_offset`, rhs holds groups [offset, offset + its X) only and the rows of the
+  other groups come out 0 (megablox only)."""
   if impl == "xla":
+    assert group_offset is None, "expert parallelism through ragged_dot is XLA's partitioner's"
     return jax.lax.ragged_dot(lhs_MK, rhs_XKF, sizes_X)
   from jax.experimental.pallas.ops.tpu.megablox import ops  # Only when used.
 
@@ -124,7 +191,7 @@ def _grouped(lhs_MK, rhs_XKF, *, sizes_X, impl: str, dtype):
     sizes_X,
     jnp.float32,
     (tm, min(_TILE, K), min(_TILE, F)),
-    None,
+    group_offset,
     None,
     False,
     impl == "megablox_interpret",

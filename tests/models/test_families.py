@@ -188,9 +188,17 @@ TPU_SHAPES = {
     SHAPES["qwen3_moe"], n_layers=2, scan_layers=True, moe_impl="megablox"
   ),
   "qwen3_moe_expert_axis": dict(SHAPES["qwen3_moe"], n_layers=2, scan_layers=True),
+  "qwen3_moe_megablox_expert_axis": dict(
+    SHAPES["qwen3_moe"], n_layers=2, scan_layers=True, moe_impl="megablox"
+  ),
 }  # fmt: skip
-# Expert parallelism on the `expert` mesh axis: 4 experts over the 4 chips of v5e:2x2.
-TPU_MESHES = {"qwen3_moe_expert_axis": dict(expert=4, fsdp=-1)}
+# Expert parallelism on the `expert` mesh axis: the 4 experts over the 4 chips of v5e:2x2
+# (through ragged_dot, XLA's partitioner), or 2 a chip over expert=2 × fsdp=2 (megablox,
+# `moe._expert_parallel`: its group_offset).
+TPU_MESHES = {
+  "qwen3_moe_expert_axis": dict(expert=4, fsdp=-1),
+  "qwen3_moe_megablox_expert_axis": dict(expert=2, fsdp=-1),
+}
 
 
 @pytest.mark.parametrize("shape", list(TPU_SHAPES))
@@ -199,7 +207,8 @@ def test_new_families_compile_for_tpu_with_their_update_checks_passing(shape):
   soft-caps, sandwich norms), or a Qwen3-MoE-shaped policy on the megablox kernel (per
   device in a shard_map) with its balance loss and routing replay (the sampler records
   routes, the update replays them), or that policy with its experts over the `expert`
-  mesh axis (mesh.expert=4: one expert a chip, the batch split over it), compiles for
+  mesh axis (mesh.expert=4: one expert a chip, the batch split over it; or 2 a chip on
+  megablox over mesh.expert=2, each chip's kernel over its own experts' groups), compiles for
   v5e:2x2: its update keeps the train state sharded like the parameters and aliased, with
   no host callback (`aot.check_update`), and its sampler compiles too."""
   from grpo_jax.infra import config_lib  # noqa: PLC0415
@@ -213,11 +222,12 @@ def test_new_families_compile_for_tpu_with_their_update_checks_passing(shape):
   target = aot.Target.load("v5e:2x2")
   setup, _ = aot.setup_for(c, target)
   fns = steps.functions_on(setup, target.devices)
-  if shape in TPU_MESHES:  # [layers, X, D, F]: the experts over `expert`, one a chip.
+  if shape in TPU_MESHES:  # [layers, X, D, F]: the experts over `expert`, X / expert a chip.
     cfg = setup.model_cfg
     gate = fns.param_shardings["layers"]["mlp"]["gate"]
     whole = (cfg.n_layers, cfg.n_experts, cfg.d_model, cfg.expert_mlp_dim)
-    assert gate.spec[1] == ("expert", "tensor") and gate.shard_shape(whole)[1] == 1
+    per_chip = cfg.n_experts // TPU_MESHES[shape]["expert"]
+    assert gate.spec[1] == ("expert", "tensor") and gate.shard_shape(whole)[1] == per_chip
     assert fns.layout.batch_axes == ("data", "fsdp", "expert")
   args = aot.abstract_arguments(setup, fns)
   update, update_args = args["update"]
@@ -294,20 +304,24 @@ def test_moe_layer_equals_every_expert_computed_densely(normalized):
   np.testing.assert_allclose(np.asarray(got).reshape(10, -1), want, rtol=2e-5, atol=2e-6)
 
 
-@pytest.mark.parametrize("axis", ["expert", "tensor"])
+@pytest.mark.parametrize("axis", ["expert", "tensor", "megablox"])
 def test_expert_parallel_on_4_devices_equals_one_device(axis):
   """Experts split over 4 CPU devices (2 each): on the mesh axis `expert` (mesh.expert=4,
   the default rules: the batch's rows split over it too), and on `tensor` (the rules
   table's "expert" row's second axis, heads and MLP whole). The logits and every gradient
   equal one device's, and no expert weight is all-gathered (XLA partitions the grouped
   matmuls by expert): on `tensor` no float is gathered, on `expert` only the routing
-  weights [B·T, X] of each of the 2 layers (f32[48, 8], seen in the compiled text)."""
+  weights [B·T, X] of each of the 2 layers (f32[48, 8], seen in the compiled text). On
+  megablox (interpreted) over expert=2 × tensor=2, each device runs the kernel over its
+  own 2 experts' groups (`moe._expert_parallel`), and the floats gathered are, per layer,
+  those routing weights, the tokens f32[48, 64] and their top-2 weights f32[48, 2] (the
+  two expert devices' rows: a device's experts may take any of them)."""
   r = subproc.run(["tests/moe_mesh_run.py", axis], devices=4, timeout=300)
   out = json.loads(r.stdout.strip().splitlines()[-1])
   assert out["devices"] == 4 and out["gate_shard"] == [2, 64, 24]
   assert out["logits"] <= 1e-5 and out["grads"] <= 1e-6 < out["grad_gate_absmax"]
   assert out["expert_weight_gathers"] == 0
-  assert out["float_all_gathers"] == (2 if axis == "expert" else 0)
+  assert out["float_all_gathers"] == {"expert": 2, "tensor": 0, "megablox": 6}[axis]
   assert out["batch_axes"] == ["data", "fsdp", "expert"]
 
 
