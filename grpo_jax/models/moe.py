@@ -21,7 +21,11 @@ Grouped matmuls, by `model.moe_impl`:
     those groups' rows, the other rows come back 0), and the partial outputs are summed
     back onto the devices that own the tokens (a reduce-scatter over the axes that split
     the tokens, an all-reduce over the others, in float32). The expert weights are never
-    gathered; the collectives move [tokens, D] activations.
+    gathered; the collectives move [tokens, D] activations. The kernel's work follows
+    the device's own rows, but its buffers hold every gathered row (static shapes: any
+    number of them may pick this device's experts, and no token is dropped), so the
+    expert activations per device grow with the expert-axis size; a ragged all-to-all
+    that sends each row to its experts' device only is not built.
   - else the tokens split over the batch axes, each device routing and sorting its own,
     with every expert's weights gathered to it (as FSDP gathers a dense layer's).
   "xla" leaves the split to XLA's partitioner (ragged_dot over experts split the same
