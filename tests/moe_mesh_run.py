@@ -9,8 +9,8 @@ the experts split over `tensor` with heads, MLP and vocabulary whole, the rows o
 device. "megablox": mesh expert=2 × tensor=2 with the experts through the megablox kernel
 (interpreted), each device its own 2 of the 8 (`moe._expert_parallel`: the tokens gathered
 over `expert` and the outputs reduce-scattered back, summed over `tensor`), against the
-same kernel on one device. Prints one JSON line: the largest differences of the logits and of every gradient
-leaf between the two, the per-device shape of the experts' gate weights on the mesh, and
+same kernel on one device. Prints one JSON line: the largest differences of the logits
+and of every gradient leaf between the two, the per-device shape of the experts' gate weights on the mesh, and
 the compiled loss's float all-gathers: how many, and how many give a whole expert weight
 ([X, D, F] or [X, F, D]: the experts gathered rather than split).
 """

@@ -99,12 +99,14 @@ def experts(x_ND, w_NK, e_NK, gate_XDF, up_XDF, down_XFD, *, act, impl: str, dty
   # Each device its own tokens (all of them where the batch axes do not divide N).
   tokens, whole = kernels.local_spec(("activation_batch",), x_ND.shape[:1], mesh), P()
   split = _axes(kernels.local_spec(("expert",), gate_XDF.shape[:1], mesh)[0])
+  local, weights = body, whole
   if math.prod(mesh.shape[a] for a in split) > 1:
-    return _expert_parallel(*args, tokens=tokens, split=split, mesh=mesh, body=body, dtype=dtype)
+    local = _expert_parallel(body, tokens=tokens, split=split, mesh=mesh, dtype=dtype)
+    weights = P(split)
   return jax.shard_map(
-    body,
+    local,
     mesh=mesh,
-    in_specs=(tokens, tokens, tokens, whole, whole, whole),
+    in_specs=(tokens, tokens, tokens, weights, weights, weights),
     out_specs=tokens,
     check_vma=False,
   )(*args)
@@ -115,9 +117,9 @@ def _axes(entry) -> tuple[str, ...]:
   return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
-def _expert_parallel(*args, tokens, split: tuple[str, ...], mesh, body, dtype):
-  """`experts` with the experts split over the mesh axes `split` (see the module
-  docstring): in a shard_map, device i of the split holds experts [i·X/n, (i+1)·X/n).
+def _expert_parallel(body, *, tokens, split: tuple[str, ...], mesh, dtype):
+  """`experts`' per-device function with the experts split over the mesh axes `split`
+  (see the module docstring): device i of the split holds experts [i·X/n, (i+1)·X/n).
   The axes of `split` that also split the tokens gather them (each device then sees
   every token its experts may take) and reduce-scatter the output back; the others hold
   the same tokens already and all-reduce it."""
@@ -132,24 +134,16 @@ def _expert_parallel(*args, tokens, split: tuple[str, ...], mesh, body, dtype):
       )
     X = gate_XDF.shape[0]
     offset = (jax.lax.axis_index(split) * X).astype(jnp.int32)
-    experts_args = (gate_XDF, up_XDF, down_XFD)
     # Summed across devices in float32: a token's k experts may sit on several.
-    y_ND = body(x_ND, w_NK, e_NK, *experts_args, n_experts=X * n, group_offset=offset,
-                out_dtype=jnp.float32)  # fmt: skip
+    y_ND = body(x_ND, w_NK, e_NK, gate_XDF, up_XDF, down_XFD, n_experts=X * n,
+                group_offset=offset, out_dtype=jnp.float32)  # fmt: skip
     if reduce:
       y_ND = jax.lax.psum(y_ND, reduce)
     if gather:
       y_ND = jax.lax.psum_scatter(y_ND, gather, scatter_dimension=0, tiled=True)
     return y_ND.astype(dtype)
 
-  experts_spec = jax.sharding.PartitionSpec(split)
-  return jax.shard_map(
-    local,
-    mesh=mesh,
-    in_specs=(tokens, tokens, tokens, experts_spec, experts_spec, experts_spec),
-    out_specs=tokens,
-    check_vma=False,
-  )(*args)
+  return local
 
 
 def _pairs(
@@ -171,8 +165,9 @@ def _pairs(
   h_MF = act(group(xs_MD, gate_XDF)) * group(xs_MD, up_XDF)
   ys_MD = group(h_MF.astype(dtype), down_XFD)
   y_NKD = ys_MD[jnp.argsort(order_M)].reshape(N, k, -1)
-  y_ND = jnp.einsum("nkd,nk->nd", y_NKD.astype(out_dtype or dtype), w_NK.astype(out_dtype or dtype))
-  return y_ND.astype(out_dtype or dtype)
+  if out_dtype is not None:
+    y_NKD = y_NKD.astype(out_dtype)
+  return jnp.einsum("nkd,nk->nd", y_NKD, w_NK.astype(y_NKD.dtype)).astype(out_dtype or dtype)
 
 
 def _grouped(lhs_MK, rhs_XKF, *, sizes_X, impl: str, dtype, group_offset=None):
