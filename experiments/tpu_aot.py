@@ -4,6 +4,7 @@
     python experiments/tpu_aot.py --shapes=qwen2.5-0.5b --topologies=v5e-8 --modes=full
     python experiments/tpu_aot.py --table                  # the results as a Markdown table
     python experiments/tpu_aot.py --new_tokens=4096 --shapes=qwen2.5-1.5b --topologies=v5e-8
+    python experiments/tpu_aot.py --new_tokens=4096 --screen   # every cell by the memory plan
 
 The workload (the same for every cell): GRPO (`rl.preset=grpo`, KL to a reference 0.001),
 32 prompts × G = 8 = 256 rollout rows, 512 prompt + 1,024 new tokens, one update of 4
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import pathlib
@@ -45,7 +47,7 @@ import jax  # noqa: E402
 import tpu_aot_tables as tables  # noqa: E402
 
 from grpo_jax.infra import config_lib  # noqa: E402
-from grpo_jax.trainer import aot  # noqa: E402
+from grpo_jax.trainer import aot, memory  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -94,6 +96,36 @@ def cell(shape: str, topology: str, mode: str, new_tokens: int = tables.NEW_TOKE
     "jax": jax.__version__,
     "code": CODE,
   }
+
+
+def screen(new_tokens: int) -> dict:
+  """Every cell of one completion budget priced by the memory plan alone (`memory.plan_for`,
+  seconds a cell, no compile): the plan's peak a chip as first tried and, when that is
+  over the chip's HBM, the first rung of `aot.ladder` whose plan is under it. A guide, not
+  a verdict: the plan is within about 20% of XLA's peak, on either side (`aot.PLAN_SLACK`;
+  the compiled 4,096-token cells: Qwen2.5-1.5B full on v5e-8 needed two rungs more than
+  the plan's, Qwen2.5-7B LoRA on v5e-32 fit as first tried over the plan's HBM), so it
+  says which cells to compile first; a compile decides (`cell`)."""
+  rows = []
+  for shape, topology, mode in itertools.product(tables.SHAPES, tables.TOPOLOGIES, tables.MODES):
+    name, slices = tables.TOPOLOGIES[topology]
+    target = aot.Target.load(name, num_slices=slices)
+    config = workload(mode, new_tokens)
+    setup, _ = aot.setup_for(config, target, model_source=shape)
+    hbm, n = aot.limit_bytes(setup, target), len(target.devices)
+    first = memory.plan_for(setup, n_devices=n, platform="tpu").peak
+    rung, rung_plan = None, None
+    for overrides, _ in aot.ladder(setup, target) if first > hbm else ():
+      s, _ = aot.setup_for(aot.with_overrides(config, overrides), target, model_source=shape)
+      p = memory.plan_for(s, n_devices=n, platform="tpu").peak
+      if p <= hbm:
+        rung, rung_plan = overrides, p
+        break
+    rows.append(dict(shape=shape, topology=topology, mode=mode, limit_bytes=hbm,
+                     first_plan_bytes=first, rung=rung, rung_plan_bytes=rung_plan))  # fmt: skip
+    print(f"  {shape} {topology} {mode}: plan {tables.gib(first)} GiB; rung {rung}", flush=True)
+  return {"new_tokens": new_tokens, "rows": rows, "date": datetime.date.today().isoformat(),
+          "jax": jax.__version__, "code": CODE}  # fmt: skip
 
 
 CONFIG_FILES = ("scale.py", "gsm8k_qwen.py", "math_qwen.py")  # Those with TOPOLOGIES.
@@ -166,6 +198,10 @@ def main():
   )  # fmt: skip
   ap.add_argument("--table", action="store_true", help="print the recorded cells and exit")
   ap.add_argument(
+    "--screen", action="store_true", help="price every cell of --new_tokens by the memory "
+    "plan alone (no compile) and record it: screen__<new tokens>.json"
+  )  # fmt: skip
+  ap.add_argument(
     "--configs", action="store_true", help="compile the shipped accelerator configs instead"
   )
   args = ap.parse_args()
@@ -173,6 +209,11 @@ def main():
     ap.error(f"--tag={args.tag!r}: a name with a letter and no '__' (the cell path's separator).")
   if args.table:
     print(tables.every_table())
+    return
+  if args.screen:
+    path = tables.OUT / f"screen__{args.new_tokens}.json"
+    path.write_text(json.dumps(screen(args.new_tokens), indent=1) + "\n")
+    print(tables.screen_table(args.new_tokens))
     return
   if args.configs:
     (tables.OUT / "configs").mkdir(parents=True, exist_ok=True)

@@ -100,9 +100,40 @@ def table(new_tokens: int = NEW_TOKENS, tag: str = "") -> str:
   return "\n".join(lines)
 
 
+def screen_table(new_tokens: int) -> str:
+  """The memory-plan screen of one completion budget (`tpu_aot.screen`,
+  screen__<new tokens>.json) as a Markdown table, with the verdict of each cell compiled
+  at that budget ("-" where none is): "fits" as first tried, "advised" (a rung fits),
+  "none fits", from its untagged record."""
+  r = json.loads((OUT / f"screen__{new_tokens}.json").read_text())
+  lines = [
+    "| shape | topology | mode | plan GiB/chip as first tried | HBM GiB | first rung the plan "
+    "fits | its plan GiB | compiled |",
+    "|---|---|---|---|---|---|---|---|",
+  ]
+  for x in r["rows"]:
+    rung = x["rung"]
+    fit = "as first tried" if x["first_plan_bytes"] <= x["limit_bytes"] else (
+      " ".join(f"{k}={v}" for k, v in rung.items()) if rung else "no rung"
+    )  # fmt: skip
+    path = cell_path(x["shape"], x["topology"], x["mode"], new_tokens)
+    got = "-"
+    if path.exists():
+      c = json.loads(path.read_text())
+      tip = c["advice"]
+      got = "fits" if tip is None else ("advised" if tip["overrides"] else "none fits")
+    lines.append(
+      f"| {x['shape']} | {x['topology']} | {x['mode']} | {gib(x['first_plan_bytes'])} | "
+      f"{gib(x['limit_bytes'])} | {fit} | {gib(x['rung_plan_bytes'])} | {got} |"
+    )
+  return "\n".join(lines)
+
+
 def every_table() -> str:
   """`python experiments/tpu_aot.py --table`: the shipped configs, then the sweep at
-  NEW_TOKENS, each of its --tag reruns, and the 4,096-token cells, as Markdown tables."""
+  NEW_TOKENS, each of its --tag reruns, the 4,096-token cells and their memory-plan screen
+  (`screen_table`), as Markdown tables."""
   out = [configs_table(), table(), *(table(NEW_TOKENS, tag) for tag in tags(NEW_TOKENS))]
   out += [t for tag in ["", *tags(4096)] if (t := table(4096, tag)).count("\n") > 1]
+  out += [screen_table(4096)] if (OUT / "screen__4096.json").exists() else []
   return "\n\n".join(out)

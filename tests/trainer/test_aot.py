@@ -304,6 +304,32 @@ def test_an_invalid_tpu_program_is_a_refused_row_whose_need_is_unknown():
   assert tpu_aot_tables.peak({"peak_bytes": 3 * 2**30}) == "3.0"
 
 
+def test_the_memory_plan_screen_table_says_where_the_plan_fits_and_what_compiled(
+  tmp_path, monkeypatch
+):
+  """`tpu_aot_tables.screen_table`: a cell whose plan fits as first tried, one that a rung
+  fits (its overrides and plan), one no rung fits; the compiled column reads the cell's
+  untagged record at that budget (a rung advised) and "-" where none is."""
+  import tpu_aot_tables  # noqa: PLC0415
+
+  monkeypatch.setattr(tpu_aot_tables, "OUT", tmp_path)
+  G = 2**30
+  cell = lambda shape, first, rung=None, plan=None: dict(  # noqa: E731
+    shape=shape, topology="v5e-8", mode="full", limit_bytes=16 * G, first_plan_bytes=first,
+    rung=rung, rung_plan_bytes=plan,
+  )  # fmt: skip
+  rows = [cell("a", 15 * G), cell("b", 40 * G, {"rl.logit_chunk": 256}, 12 * G), cell("c", 90 * G)]
+  (tmp_path / "screen__4096.json").write_text(json.dumps({"new_tokens": 4096, "rows": rows}))
+  record = {"advice": {"overrides": {"rl.logit_chunk": 256}}}
+  (tmp_path / "b__v5e-8__full__4096.json").write_text(json.dumps(record))
+  lines = tpu_aot_tables.screen_table(4096).splitlines()[2:]
+  assert lines == [
+    "| a | v5e-8 | full | 15.0 | 16.0 | as first tried | - | - |",
+    "| b | v5e-8 | full | 40.0 | 16.0 | rl.logit_chunk=256 | 12.0 | advised |",
+    "| c | v5e-8 | full | 90.0 | 16.0 | no rung | - | - |",
+  ]
+
+
 def test_counterfactual_rows_decode_compiles_for_tpu_when_the_config_enables_them():
   config = config_lib.load(str(ROOT / "configs" / "ibpo.py") + ":tiny")
   target = aot.Target.load("v5e:2x2")
@@ -548,7 +574,9 @@ def test_every_committed_sweep_cell_carries_the_verdict_of_its_first_compile():
   judged by the first compile; when it does not fit, the advice names a setting XLA
   compiled and found fitting, and that is the final setting."""
   cells = sorted((ROOT / "experiments" / "results" / "tpu_aot").glob("*__*__*.json"))
-  assert len(cells) >= 43  # 40 cells, three 4,096-token cells and their rerun.
+  # 40 cells and their `target` rerun, 14 cells at 4,096 tokens, 3 of them rerun (`steps`),
+  # and Qwen2.5-7B full on v6e-8 again at the update's fix (`update_fix`).
+  assert len(cells) >= 98
   for path in cells:
     r = json.loads(path.read_text())
     fits = r["first"]["run"]["fits"]
@@ -556,6 +584,24 @@ def test_every_committed_sweep_cell_carries_the_verdict_of_its_first_compile():
     assert r["verdict"] == ("supports" if fits else "contradicts"), path
     if not fits and r["advice"]["overrides"]:
       assert r["final"]["run"]["fits"], path
+
+
+def test_the_committed_4096_screen_prices_every_cell_and_its_rungs_fit_the_plan():
+  """experiments/results/tpu_aot/screen__4096.json (`tpu_aot.py --screen`, not in CI): one
+  row per sweep cell; a rung only where the first-tried plan is over the chip's HBM, and
+  its plan under it."""
+  import itertools  # noqa: PLC0415
+
+  import tpu_aot_tables  # noqa: PLC0415
+
+  r = json.loads((tpu_aot_tables.OUT / "screen__4096.json").read_text())
+  keys = [(x["shape"], x["topology"], x["mode"]) for x in r["rows"]]
+  cells = itertools.product(tpu_aot_tables.SHAPES, tpu_aot_tables.TOPOLOGIES, tpu_aot_tables.MODES)
+  assert r["new_tokens"] == 4096 and keys == list(cells)
+  for x in r["rows"]:
+    over = x["first_plan_bytes"] > x["limit_bytes"]
+    assert (x["rung"] is None) == (x["rung_plan_bytes"] is None), x
+    assert x["rung"] is None or (over and x["rung_plan_bytes"] <= x["limit_bytes"]), x
 
 
 def _tables(text: str) -> list[str]:
