@@ -103,9 +103,10 @@ def screen(new_tokens: int) -> dict:
   seconds a cell, no compile): the plan's peak a chip as first tried and, when that is
   over the chip's HBM, the first rung of `aot.ladder` whose plan is under it. A guide, not
   a verdict: the plan is within about 20% of XLA's peak, on either side (`aot.PLAN_SLACK`;
-  the compiled 4,096-token cells: Qwen2.5-1.5B full on v5e-8 needed two rungs more than
-  the plan's, Qwen2.5-7B LoRA on v5e-32 fit as first tried over the plan's HBM), so it
-  says which cells to compile first; a compile decides (`cell`)."""
+  the compiled 4,096-token cells: Qwen2.5-1.5B full on v5e-8 needed micro-batches and
+  log-prob slices beside the chunked head the plan named, Qwen2.5-7B LoRA on v5e-32 fit as
+  first tried where the plan was over the chip's HBM), so it says which cells to compile
+  first; a compile decides (`cell`)."""
   rows = []
   for shape, topology, mode in itertools.product(tables.SHAPES, tables.TOPOLOGIES, tables.MODES):
     name, slices = tables.TOPOLOGIES[topology]
@@ -115,7 +116,8 @@ def screen(new_tokens: int) -> dict:
     hbm, n = aot.limit_bytes(setup, target), len(target.devices)
     first = memory.plan_for(setup, n_devices=n, platform="tpu").peak
     rung, rung_plan = None, None
-    for overrides, _ in aot.ladder(setup, target) if first > hbm else ():
+    rungs = aot.ladder(setup, target) if first > hbm else []  # Rungs add up, first to last.
+    for overrides, _ in rungs:
       s, _ = aot.setup_for(aot.with_overrides(config, overrides), target, model_source=shape)
       p = memory.plan_for(s, n_devices=n, platform="tpu").peak
       if p <= hbm:
