@@ -75,6 +75,19 @@ def tags(new_tokens: int) -> list[str]:
   )
 
 
+def setting(record: dict) -> str:
+  """A compiled cell's setting that fits: "as first tried", the advice's overrides as
+  key=value, or "none fits"."""
+  tip = record["advice"]
+  if tip is None:
+    return "as first tried"
+  return _flags(tip["overrides"]) if tip["overrides"] else "none fits"
+
+
+def _flags(overrides: dict) -> str:
+  return " ".join(f"{k}={v}" for k, v in overrides.items())
+
+
 def table(new_tokens: int = NEW_TOKENS, tag: str = "") -> str:
   """The committed cells of one completion budget (and --tag) as a Markdown table, in the
   order of SHAPES, TOPOLOGIES and MODES."""
@@ -86,15 +99,12 @@ def table(new_tokens: int = NEW_TOKENS, tag: str = "") -> str:
   cells = [cell_path(*c, new_tokens, tag) for c in itertools.product(SHAPES, TOPOLOGIES, MODES)]
   for path in filter(pathlib.Path.exists, cells):
     r = json.loads(path.read_text())
-    fin, tip = r["final"], r["advice"]
-    setting = "as first tried" if tip is None else (
-      " ".join(f"{k}={v}" for k, v in tip["overrides"].items()) if tip["overrides"] else "none fits"
-    )  # fmt: skip
+    fin = r["final"]
     peaks = ", ".join(peak(x) for x in fin["rows"])
     roof = fin["run"]["roofline_s"]
     lines.append(
       f"| {r['shape']} | {r['topology']} | {r['mode']} | {'yes' if r['first']['run']['fits'] else 'no'} "
-      f"| {setting} | {peaks} | {gib(fin['run']['plan_peak_bytes'])} | "
+      f"| {setting(r)} | {peaks} | {gib(fin['run']['plan_peak_bytes'])} | "
       f"{sum(roof.values()):.2f} ({', '.join(f'{v:.2f}' for v in roof.values())}) |"
     )
   return "\n".join(lines)
@@ -102,26 +112,21 @@ def table(new_tokens: int = NEW_TOKENS, tag: str = "") -> str:
 
 def screen_table(new_tokens: int) -> str:
   """The memory-plan screen of one completion budget (`tpu_aot.screen`,
-  screen__<new tokens>.json) as a Markdown table, with the verdict of each cell compiled
-  at that budget ("-" where none is): "fits" as first tried, "advised" (a rung fits),
-  "none fits", from its untagged record."""
+  screen__<new tokens>.json) as a Markdown table, with the setting that fit each cell
+  compiled at that budget (its untagged record's `setting`; "-" where none is)."""
   r = json.loads((OUT / f"screen__{new_tokens}.json").read_text())
   lines = [
     "| shape | topology | mode | plan GiB/chip as first tried | HBM GiB | first rung the plan "
-    "fits | its plan GiB | compiled |",
+    "fits | its plan GiB | compiled: the setting that fits |",
     "|---|---|---|---|---|---|---|---|",
   ]
   for x in r["rows"]:
     rung = x["rung"]
     fit = "as first tried" if x["first_plan_bytes"] <= x["limit_bytes"] else (
-      " ".join(f"{k}={v}" for k, v in rung.items()) if rung else "no rung"
+      _flags(rung) if rung else "no rung"
     )  # fmt: skip
     path = cell_path(x["shape"], x["topology"], x["mode"], new_tokens)
-    got = "-"
-    if path.exists():
-      c = json.loads(path.read_text())
-      tip = c["advice"]
-      got = "fits" if tip is None else ("advised" if tip["overrides"] else "none fits")
+    got = setting(json.loads(path.read_text())) if path.exists() else "-"
     lines.append(
       f"| {x['shape']} | {x['topology']} | {x['mode']} | {gib(x['first_plan_bytes'])} | "
       f"{gib(x['limit_bytes'])} | {fit} | {gib(x['rung_plan_bytes'])} | {got} |"

@@ -620,6 +620,15 @@ def ladder(setup, target: Target) -> list[tuple[dict, str]]:
   return rungs
 
 
+def planned_rungs(config_dict, setup, target: Target, *, model_source: str = ""):
+  """Each rung of `ladder` for `config_dict` (`setup`: its own setup_for) with the rung's
+  setup and the memory plan's peak a device, in order: (overrides, text, setup, plan
+  peak bytes), lazily (a setup builds the abstract model)."""
+  for overrides, text in ladder(setup, target):
+    s, _ = setup_for(with_overrides(config_dict, overrides), target, model_source=model_source)
+    yield overrides, text, s, memory.plan_for(s, n_devices=len(target.devices), platform="tpu").peak
+
+
 def advise(config_dict, target: Target, *, model_source: str = "", max_compiles: int = 3):
   """The first rung of `ladder` that fits, checked by compiling it: {"overrides", "line"
   (the advice, as flags), "peak_bytes", "compiled": rungs compiled, "plan": the fitting
@@ -631,9 +640,9 @@ def advise(config_dict, target: Target, *, model_source: str = "", max_compiles:
   setup, _ = setup_for(config_dict, target, model_source=model_source)
   hbm = limit_bytes(setup, target)
   compiled = 0
-  for overrides, text in ladder(setup, target):
-    s, _ = setup_for(with_overrides(config_dict, overrides), target, model_source=model_source)
-    if memory.plan_for(s, n_devices=len(target.devices), platform="tpu").peak > PLAN_SLACK * hbm:
+  rungs = planned_rungs(config_dict, setup, target, model_source=model_source)
+  for overrides, text, s, planned in rungs:
+    if planned > PLAN_SLACK * hbm:
       continue  # The plan's figure is a guide (within ~20% of XLA's: experiments/results/tpu_aot).
     try:
       got = compile_all(s, target)

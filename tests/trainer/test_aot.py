@@ -309,7 +309,7 @@ def test_the_memory_plan_screen_table_says_where_the_plan_fits_and_what_compiled
 ):
   """`tpu_aot_tables.screen_table`: a cell whose plan fits as first tried, one that a rung
   fits (its overrides and plan), one no rung fits; the compiled column reads the cell's
-  untagged record at that budget (a rung advised) and "-" where none is."""
+  untagged record at that budget (its advised setting) and "-" where none is."""
   import tpu_aot_tables  # noqa: PLC0415
 
   monkeypatch.setattr(tpu_aot_tables, "OUT", tmp_path)
@@ -325,7 +325,7 @@ def test_the_memory_plan_screen_table_says_where_the_plan_fits_and_what_compiled
   lines = tpu_aot_tables.screen_table(4096).splitlines()[2:]
   assert lines == [
     "| a | v5e-8 | full | 15.0 | 16.0 | as first tried | - | - |",
-    "| b | v5e-8 | full | 40.0 | 16.0 | rl.logit_chunk=256 | 12.0 | advised |",
+    "| b | v5e-8 | full | 40.0 | 16.0 | rl.logit_chunk=256 | 12.0 | rl.logit_chunk=256 |",
     "| c | v5e-8 | full | 90.0 | 16.0 | no rung | - | - |",
   ]
 
@@ -598,6 +598,7 @@ def test_the_committed_4096_screen_prices_every_cell_and_its_rungs_fit_the_plan(
   keys = [(x["shape"], x["topology"], x["mode"]) for x in r["rows"]]
   cells = itertools.product(tpu_aot_tables.SHAPES, tpu_aot_tables.TOPOLOGIES, tpu_aot_tables.MODES)
   assert r["new_tokens"] == 4096 and keys == list(cells)
+  assert r["verdict"] == "inconclusive" and r["claim"] and r["seeds"].startswith("none")
   for x in r["rows"]:
     over = x["first_plan_bytes"] > x["limit_bytes"]
     assert (x["rung"] is None) == (x["rung_plan_bytes"] is None), x
