@@ -12,6 +12,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import needs  # noqa: E402 -- tests/ is on sys.path (pytest rootdir conftest).
 import subproc  # noqa: E402
 
+# One core per xdist worker where there are as many workers as cores (CI: 2 and 2), set
+# before jax sizes its thread pools; the children a test starts inherit it
+# (`subproc.pin_worker` has the measurement).
+subproc.pin_worker()
+
 # Compile fast (subproc.FAST_COMPILE; its docstring has the measurements), set before jax
 # starts its CPU backend, which reads XLA_FLAGS once.
 os.environ["XLA_FLAGS"] = subproc.xla_flags()
@@ -19,7 +24,7 @@ os.environ["XLA_FLAGS"] = subproc.xla_flags()
 import compile_profile  # noqa: E402
 import hypothesis  # noqa: E402
 import jax  # noqa: E402
-import pytest
+import pytest  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 # The test processes (and the subprocesses tests start, `subproc.child_env`) share JAX's

@@ -62,14 +62,11 @@ def quantize(x, *, axis: int):
   top bucket [126.5, 127.5] is used in full) of one kernel, as a qwix.QArray;
   a jax.ShapeDtypeStruct gives the QArray of shapes (its sharding kept on Q, and on s
   with the reduced axis unsharded)."""
-  qwix = _qwix()
-  channels = tuple(i for i in range(x.ndim) if i != axis)
-  fn = functools.partial(
-    qwix.quantize, qtype=jnp.int8, channelwise_axes=channels, scale_dtype=jnp.float32
-  )
   if not isinstance(x, jax.ShapeDtypeStruct):
-    return fn(x.astype(jnp.float32))
-  q = jax.eval_shape(fn, jax.ShapeDtypeStruct(x.shape, jnp.float32))
+    return _quantized(x, axis=axis)
+  q = jax.eval_shape(
+    functools.partial(_quantized, axis=axis), jax.ShapeDtypeStruct(x.shape, jnp.float32)
+  )
   sharding = getattr(x, "sharding", None)
   if sharding is None:
     return q
@@ -79,6 +76,16 @@ def quantize(x, *, axis: int):
   return q.replace(
     qvalue=jax.ShapeDtypeStruct(q.qvalue.shape, q.qvalue.dtype, sharding=sharding),
     scale=jax.ShapeDtypeStruct(q.scale.shape, q.scale.dtype, sharding=scale_sharding),
+  )
+
+
+@functools.partial(jax.jit, static_argnames="axis")
+def _quantized(x, *, axis: int):
+  """`quantize` of an array, compiled once per shape and axis (op by op, qwix's absmax and
+  rounding dispatch about ten small programs a kernel shape)."""
+  channels = tuple(i for i in range(x.ndim) if i != axis)
+  return _qwix().quantize(
+    x.astype(jnp.float32), qtype=jnp.int8, channelwise_axes=channels, scale_dtype=jnp.float32
   )
 
 
