@@ -42,6 +42,10 @@ def xla_flags(*, devices: int | None = None, optimized: bool = False) -> str:
   return " ".join(flags)
 
 
+# The cores this process could use when it started, before `pin_worker`.
+CORES = tuple(sorted(os.sched_getaffinity(0)))
+
+
 def pin_worker() -> int | None:
   """Pins this pytest-xdist worker, and the children it starts, to one core of its own (the
   worker's index among the cores it may use) when there are exactly as many workers as
