@@ -12,6 +12,7 @@ largest gradient, as in Qwen2.5-0.5B (151936 x 896: 28%).
 import pathlib
 import re
 
+import cheap_tpu
 import jax
 import pytest
 
@@ -29,6 +30,13 @@ def _config():
   c.sampler.update(max_new_tokens=32, max_prompt_len=32, prompt_buckets=(32,), group_size=4)
   c.rl.update(num_minibatches=2, micro_batches=2)  # 16-row mini-batches, 8-row micro-batches.
   return c
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tpu_compiled_once():
+  """Each distinct TPU program compiled once a machine (`cheap_tpu.memo`)."""
+  with cheap_tpu.memo() as counts:
+    yield counts
 
 
 @pytest.fixture(scope="module")

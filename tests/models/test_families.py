@@ -179,6 +179,15 @@ def test_bad_family_features_are_clear_errors(change, message):
     model.tiny_config(32, **change)
 
 
+@pytest.fixture(scope="module")
+def tpu_compiled_once():
+  """Each distinct TPU program compiled once a machine (`cheap_tpu.memo`)."""
+  import cheap_tpu  # noqa: PLC0415 -- imports aot, as the test does.
+
+  with cheap_tpu.memo() as counts:
+    yield counts
+
+
 TPU_SHAPES = {
   "gemma3": dict(
     SHAPES["gemma3"], n_layers=2, attn_softcap=20.0, final_softcap=15.0, scan_layers=True,
@@ -202,7 +211,7 @@ TPU_MESHES = {
 
 
 @pytest.mark.parametrize("shape", list(TPU_SHAPES))
-def test_new_families_compile_for_tpu_with_their_update_checks_passing(shape):
+def test_new_families_compile_for_tpu_with_their_update_checks_passing(shape, tpu_compiled_once):
   """The quick config with Gemma 3's features (per-layer windows and rope under nn.scan,
   soft-caps, sandwich norms), or a Qwen3-MoE-shaped policy on the megablox kernel (per
   device in a shard_map) with its balance loss and routing replay (the sampler records

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import re
 
+import cheap_tpu
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +15,7 @@ import subproc
 
 from grpo_jax.infra import hlo, tpu
 from grpo_jax.models import attention, kernels, model, sharding
+from grpo_jax.trainer import aot
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -238,6 +240,13 @@ def test_trace_time_platform_choices_follow_the_context_mesh_not_the_host():
 # --- compiled for TPU ------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module", autouse=True)
+def tpu_compiled_once():
+  """Each distinct TPU program compiled once a machine (`cheap_tpu.memo`)."""
+  with cheap_tpu.memo() as counts:
+    yield counts
+
+
 def _tpu_update(layout, cfg, B=4, T=20):
   """The compiled gradient of a loss of the model's logits over the layout's TPU mesh."""
   shardings = sharding.param_shardings(layout, cfg)
@@ -250,8 +259,9 @@ def _tpu_update(layout, cfg, B=4, T=20):
   def loss(p, tokens_BT, pos_BT):
     return jnp.mean(jax.nn.log_softmax(model.apply(p, tokens_BT, pos_BT, cfg=cfg)[0])[..., 3])
 
-  with layout.context():
-    return jax.jit(jax.grad(loss), out_shardings=shardings).lower(params, tokens, tokens).compile()
+  # Through aot.compile_function: under `cheap_tpu.memo`, compiled once a machine.
+  jitted = jax.jit(jax.grad(loss), out_shardings=shardings)
+  return aot.compile_function(jitted, (params, tokens, tokens), layout=layout)
 
 
 GEMMA2_SCAN = dict(
