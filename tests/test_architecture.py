@@ -509,7 +509,7 @@ def test_the_old_flat_paths_are_removed_when_their_release_comes():
 # compile_profile.py's, subproc.py's).
 ACROSS = ("learning", "experiments", "docs")
 ROOT_TESTS = (
-  "test_architecture", "test_cli", "test_commands", "test_compile_profile", "test_config",
+  "test_architecture", "test_cheap_tpu", "test_cli", "test_commands", "test_compile_profile", "test_config",
   "test_diagnostics_hook", "test_faults", "test_needs", "test_subproc",
 )  # fmt: skip
 
