@@ -88,6 +88,13 @@ def child_env(*, optimized: bool = False, **extra) -> dict:
   return {**out, **extra}
 
 
+def cache_env() -> dict:
+  """`child_env`'s persistent-cache variables, for a process that inherits a test's own
+  environment (a notebook's kernel): it compiles into the tests' cache, as children do."""
+  prefixes = ("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE")
+  return {k: v for k, v in child_env().items() if k.startswith(prefixes)}
+
+
 # One directory for every test process of a machine; entries are keyed by the program
 # and the compile options, so sharing is safe.
 COMPILATION_CACHE = pathlib.Path(tempfile.gettempdir()) / f"grpo_jax_test_xla_cache_{os.getuid()}"

@@ -33,9 +33,8 @@ def test_quickstart_notebook_runs_and_plots(tmp_path, monkeypatch):
   # The kernel uses the test session's persistent compilation cache, as the tests' other
   # child processes do (`subproc.child_env`): a program already compiled there (by another
   # test, or earlier in the kernel by a function built anew) is loaded, not compiled again.
-  env = subproc.child_env()
-  for k in [k for k in env if k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))]:
-    monkeypatch.setenv(k, env[k])
+  for k, v in subproc.cache_env().items():
+    monkeypatch.setenv(k, v)
   outputs, text = _execute("quickstart.ipynb", timeout=600)
   assert "held-out greedy accuracy" in text  # train.describe ran.
   assert any("image/png" in o.get("data", {}) for o in outputs)  # The plot cell drew.

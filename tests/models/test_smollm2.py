@@ -89,9 +89,8 @@ def test_notebook_chats_trains_and_plots(tmp_path, monkeypatch):
   # The kernel compiles into the tests' persistent cache, as their children do
   # (`subproc.child_env`), so a later session loads its programs: this test alone took
   # 118.6 s with none cached, 76.9 s with all (one sitting, quiet 2-core AMD EPYC).
-  for k, v in subproc.child_env().items():
-    if k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE")):
-      monkeypatch.setenv(k, v)
+  for k, v in subproc.cache_env().items():
+    monkeypatch.setenv(k, v)
   monkeypatch.setenv("GRPO_JAX_WORKDIR", str(tmp_path / "run"))
   monkeypatch.delenv("MPLBACKEND", raising=False)
   nb = nbformat.read(ROOT / "colabs" / "smollm2.ipynb", as_version=4)
