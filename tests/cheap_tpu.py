@@ -59,10 +59,11 @@ def memo():
     if key in seen:
       counts["reused"] += 1
     else:
-      seen[key] = _load(_digest(key), lowered, lay.mesh)
+      digest = _digest(key)
+      seen[key] = _load(digest, lowered, lay.mesh)
       if seen[key] is None:
         counts["compiled"] += 1
-        seen[key] = _compiled(real, jitted, args, layout, lowered, digest=_digest(key))
+        seen[key] = _compiled(real, jitted, args, layout, lowered, digest=digest)
       else:
         counts["loaded"] += 1
     if isinstance(seen[key], Exception):
@@ -76,18 +77,17 @@ def memo():
 
 @functools.cache
 def _versions() -> str:
-  names = ("jax", "jaxlib", "libtpu")
-  found = [importlib.metadata.version(n) if _installed(n) else "-" for n in names]
+  """The compiler's versions and flags, as a record's key holds them."""
+  found = [_version(n) for n in ("jax", "jaxlib", "libtpu")]
   flags = [os.environ.get(k, "") for k in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")]
   return repr((found, flags))
 
 
-def _installed(name: str) -> bool:
+def _version(name: str) -> str:
   try:
-    importlib.metadata.version(name)
+    return importlib.metadata.version(name)
   except importlib.metadata.PackageNotFoundError:
-    return False
-  return True
+    return "-"
 
 
 def _digest(key) -> str:
@@ -166,11 +166,12 @@ def _sharding(s):
 
 def _record(compiled, lowered) -> dict | None:
   """What `Recorded` needs of a compiled program (its shardings flattened as the lowered
-  program's trees), or None when a sharding is not one of `_sharding`'s."""
-  out = [(o.shape, o.dtype, _sharding(o.sharding)) for o in jax.tree.leaves(compiled.out_info)]  # fmt: skip
+  program's trees; out_info's are the output shardings), or None when a sharding is not
+  one of `_sharding`'s."""
+  out = [(o.shape, o.dtype) for o in lowered.out_tree.flatten_up_to(compiled.out_info)]
   ins = [_sharding(s) for s in lowered.in_tree.flatten_up_to(compiled.input_shardings)]
   outs = [_sharding(s) for s in lowered.out_tree.flatten_up_to(compiled.output_shardings)]
-  if any(x is None for x in [*(o[2] for o in out), *ins, *outs]):
+  if any(x is None for x in [*ins, *outs]):
     return None
   mem = compiled.memory_analysis()
   memory = {name: int(getattr(mem, name)) for name in _MEMORY}
@@ -203,9 +204,9 @@ def _load(digest: str, lowered, mesh):
     return jax.sharding.NamedSharding(meshes[names, shape, ids], spec, memory_kind=memory_kind)
 
   try:
-    out = [jax.ShapeDtypeStruct(s, d, sharding=named(x)) for s, d, x in record["out"]]
     ins = [named(x) for x in record["in_shardings"]]
     outs = [named(x) for x in record["out_shardings"]]
+    out = [jax.ShapeDtypeStruct(s, d, sharding=x) for (s, d), x in zip(record["out"], outs, strict=True)]  # fmt: skip
     return Recorded(
       text=record["text"],
       memory=record["memory"],

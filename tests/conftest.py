@@ -155,6 +155,16 @@ def init_cache(tiny_cfg):
   return functools.partial(model.init_cache, tiny_cfg)
 
 
+@pytest.fixture(scope="module")
+def tpu_compiled_once():
+  """The module's TPU compiles, each distinct program once a machine (`cheap_tpu.memo`:
+  within the module, and from an earlier session's records); yields its counts."""
+  import cheap_tpu  # noqa: PLC0415 -- imports the trainer's aot, for the modules that use it.
+
+  with cheap_tpu.memo() as counts:
+    yield counts
+
+
 @pytest.fixture(scope="session")
 def mesh_warm_start(tmp_path_factory):
   """(directory, base): tests/mesh_run.py's warm start (one device, checkpoint 0) in

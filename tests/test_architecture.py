@@ -506,11 +506,11 @@ def test_the_old_flat_paths_are_removed_when_their_release_comes():
 # itself are the shared helpers and the tests of the package root (the config edge, the
 # command line, the diagnostics section of the config, faults through the command line) and
 # of the layout as a whole (this file) and of the suite's own helpers (needs.py's,
-# compile_profile.py's, subproc.py's).
+# compile_profile.py's, subproc.py's, cheap_tpu.py's).
 ACROSS = ("learning", "experiments", "docs")
 ROOT_TESTS = (
-  "test_architecture", "test_cheap_tpu", "test_cli", "test_commands", "test_compile_profile", "test_config",
-  "test_diagnostics_hook", "test_faults", "test_needs", "test_subproc",
+  "test_architecture", "test_cheap_tpu", "test_cli", "test_commands", "test_compile_profile",
+  "test_config", "test_diagnostics_hook", "test_faults", "test_needs", "test_subproc",
 )  # fmt: skip
 
 

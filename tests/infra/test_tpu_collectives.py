@@ -12,7 +12,6 @@ largest gradient, as in Qwen2.5-0.5B (151936 x 896: 28%).
 import pathlib
 import re
 
-import cheap_tpu
 import jax
 import pytest
 
@@ -32,11 +31,8 @@ def _config():
   return c
 
 
-@pytest.fixture(scope="module", autouse=True)
-def tpu_compiled_once():
-  """Each distinct TPU program compiled once a machine (`cheap_tpu.memo`)."""
-  with cheap_tpu.memo() as counts:
-    yield counts
+# Each distinct TPU program compiled once a machine (conftest's `tpu_compiled_once`).
+pytestmark = pytest.mark.usefixtures("tpu_compiled_once")
 
 
 @pytest.fixture(scope="module")

@@ -179,15 +179,6 @@ def test_bad_family_features_are_clear_errors(change, message):
     model.tiny_config(32, **change)
 
 
-@pytest.fixture(scope="module")
-def tpu_compiled_once():
-  """Each distinct TPU program compiled once a machine (`cheap_tpu.memo`)."""
-  import cheap_tpu  # noqa: PLC0415 -- imports aot, as the test does.
-
-  with cheap_tpu.memo() as counts:
-    yield counts
-
-
 TPU_SHAPES = {
   "gemma3": dict(
     SHAPES["gemma3"], n_layers=2, attn_softcap=20.0, final_softcap=15.0, scan_layers=True,

@@ -6,7 +6,6 @@ import dataclasses
 import json
 import re
 
-import cheap_tpu
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,15 +16,9 @@ from grpo_jax.infra import hlo, tpu
 from grpo_jax.models import attention, kernels, model, sharding
 from grpo_jax.trainer import aot
 
-
-@pytest.fixture(scope="module", autouse=True)
-def no_persistent_cache_writes():
-  """The TPU executables compiled here must not go to conftest's persistent cache (a
-  compile-only client cannot load them back)."""
-  before = jax.config.jax_persistent_cache_min_compile_time_secs
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", float("inf"))
-  yield
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", before)
+# The TPU programs compile through `aot.compile_function` (never into JAX's persistent
+# cache, which cannot load them back), each once a machine (conftest's `tpu_compiled_once`).
+pytestmark = pytest.mark.usefixtures("tpu_compiled_once")
 
 
 def _uses_pallas(fn, *args) -> bool:
@@ -240,13 +233,6 @@ def test_trace_time_platform_choices_follow_the_context_mesh_not_the_host():
 # --- compiled for TPU ------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module", autouse=True)
-def tpu_compiled_once():
-  """Each distinct TPU program compiled once a machine (`cheap_tpu.memo`)."""
-  with cheap_tpu.memo() as counts:
-    yield counts
-
-
 def _tpu_update(layout, cfg, B=4, T=20):
   """The compiled gradient of a loss of the model's logits over the layout's TPU mesh."""
   shardings = sharding.param_shardings(layout, cfg)
@@ -259,7 +245,6 @@ def _tpu_update(layout, cfg, B=4, T=20):
   def loss(p, tokens_BT, pos_BT):
     return jnp.mean(jax.nn.log_softmax(model.apply(p, tokens_BT, pos_BT, cfg=cfg)[0])[..., 3])
 
-  # Through aot.compile_function: under `cheap_tpu.memo`, compiled once a machine.
   jitted = jax.jit(jax.grad(loss), out_shardings=shardings)
   return aot.compile_function(jitted, (params, tokens, tokens), layout=layout)
 

@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import cheap_plans
-import cheap_tpu
 import jax
 import numpy as np
 import pytest
@@ -27,12 +26,10 @@ TINY = str(ROOT / "configs" / "arithmetic.py") + ":tiny"
 QUICK = str(ROOT / "configs" / "arithmetic.py") + ":quick"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def compiled_once():
-  """The module's TPU compiles, each distinct program once (`cheap_tpu.memo`): the command
-  compiles one_slice's programs again, as other tests do where their programs are the same."""
-  with cheap_tpu.memo() as counts:
-    yield counts
+# The module's TPU compiles, each distinct program once (conftest's `tpu_compiled_once`):
+# the command compiles one_slice's programs again, as other tests do where their programs
+# are the same.
+pytestmark = pytest.mark.usefixtures("tpu_compiled_once")
 
 
 @pytest.fixture(scope="module")
