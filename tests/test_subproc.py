@@ -1,6 +1,7 @@
-"""tests/subproc.py: a worker's core, and what a child process inherits."""
+"""tests/subproc.py: a worker's core, what a child process inherits, and the allocator settings."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -41,3 +42,45 @@ def test_another_count_or_no_worker_changes_nothing():
   assert _pinned("gw0", len(cores) + 1) == (None, cores)
   assert _pinned("", len(cores)) == (None, cores)
   assert _pinned("master", len(cores)) == (None, cores)
+
+
+def _started_with(environ: bytes) -> bool:
+  """Whether a process's environment held `subproc.MALLOC_TUNABLES` when it started. glibc
+  (2.36 here) parses the variable in place, leaving a NUL where each ":" was."""
+  return any(
+    b"\0GLIBC_TUNABLES=" + subproc.MALLOC_TUNABLES.replace(":", sep).encode() + b"\0"
+    in b"\0" + environ
+    for sep in (":", "\0")
+  )
+
+
+def test_workers_with_a_core_each_and_their_children_start_with_the_allocator_tunables():
+  """glibc reads GLIBC_TUNABLES only as a process starts: the conftest sets it in pytest's
+  main process before pytest-xdist starts workers that each get a core (`pin_worker`), so
+  such a worker and its children start with it (`subproc.keep_freed_memory`)."""
+  pinned = os.environ.get("PYTEST_XDIST_WORKER_COUNT") == str(len(subproc.CORES)) > "1"
+  if not pinned or os.environ.get("GLIBC_TUNABLES") != subproc.MALLOC_TUNABLES:
+    # Not such a run (or the user's own setting): the decision is the function's, below.
+    assert subproc.keep_freed_memory(1) is False
+    return
+  with open("/proc/self/environ", "rb") as f:
+    assert _started_with(f.read())
+  code = "import sys; sys.stdout.buffer.write(open('/proc/self/environ', 'rb').read())"
+  out = subprocess.run(
+    [sys.executable, "-c", code], env=subproc.child_env(), capture_output=True, check=True
+  ).stdout
+  assert _started_with(out)
+
+
+def test_the_tunables_are_set_only_for_workers_with_a_core_each(monkeypatch):
+  monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+  cores = len(subproc.CORES)
+  for workers in (None, 0, 1, cores + 1):  # -n0, one worker, more workers than cores.
+    assert subproc.keep_freed_memory(workers) is False
+    assert "GLIBC_TUNABLES" not in os.environ
+  assert subproc.keep_freed_memory(cores) is (cores >= 2)
+  if cores >= 2:
+    assert os.environ["GLIBC_TUNABLES"] == subproc.MALLOC_TUNABLES
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")  # The user's: kept.
+    assert subproc.keep_freed_memory(cores) is False
+    assert os.environ["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2"
