@@ -73,9 +73,6 @@ NO_SKIPS = "GRPO_JAX_NO_SKIPS"
 
 def pytest_configure(config):
   needs.expected_missing()  # A misspelt GRPO_JAX_EXPECT_MISSING fails before any test.
-  if not os.environ.get("PYTEST_XDIST_WORKER"):  # pytest's main process, before the workers:
-    # glibc keeps freed memory for reuse in workers with a core each (`subproc.keep_freed_memory`).
-    subproc.keep_freed_memory(getattr(config.option, "numprocesses", None))
 
 
 def _skipped(config) -> list:

@@ -69,7 +69,7 @@ def pin_worker() -> int | None:
   return core
 
 
-# glibc's allocator for test processes on a core of their own (`keep_freed_memory`).
+# glibc's allocator for a child on one core (`malloc_env`).
 MALLOC_TUNABLES = ":".join((
   "glibc.malloc.arena_max=1",  # One heap for every thread (a thread's own maps large buffers),
   "glibc.malloc.mmap_max=0",  # large buffers from that heap, not from fresh mappings,
@@ -77,12 +77,10 @@ MALLOC_TUNABLES = ":".join((
 ))  # fmt: skip
 
 
-def keep_freed_memory(workers: int | None) -> bool:
-  """Sets GLIBC_TUNABLES to `MALLOC_TUNABLES`, for the processes started from now on, where
-  pytest-xdist is about to start `workers` workers that `pin_worker` will give a core each
-  and GLIBC_TUNABLES is unset; returns whether it did. glibc reads the variable only as a
-  process starts: the conftest calls this in pytest's main process, before the workers
-  start, and their children inherit it (and their core).
+def malloc_env() -> dict:
+  """{"GLIBC_TUNABLES": `MALLOC_TUNABLES`} for a child of a process on one core (an xdist
+  worker that `pin_worker` gave its core: the child inherits it), where GLIBC_TUNABLES is
+  unset; else {}. glibc reads the variable only as a process starts.
 
   Why: XLA:CPU allocates an executable's large buffers at every run and frees them after;
   with glibc's defaults a buffer over the mmap threshold (32 MiB at most) is mapped afresh
@@ -90,18 +88,20 @@ def keep_freed_memory(workers: int | None) -> bool:
   run of a training step takes a page fault per 4 KiB page it writes: a whole suite took
   74 million of them, 330 of its 2,412 CPU-s in the kernel. With the tunables the memory
   stays in one heap for reuse. One process on one core, one sitting on the quiet 2-core
-  AMD EPYC (2026-12-07): test_learning + test_reasoning_gym_learning took 234.4 s (54.8 s
-  in the kernel, 27.5 million faults) with glibc's defaults and 180.3 s (4.7 s, 1.1
-  million) with them. Compile-bound tests do not change: six such modules, two workers,
-  140.0 and 134.3 s without against 124.0 and 134.5 s with. Only on one core: with two
-  cores the threads contend for the one heap, and the demo (`grpo-jax
+  AMD EPYC (2026-12-07): test_learning + test_reasoning_gym_learning (their runs are
+  children) took 234.4 s (54.8 s in the kernel, 27.5 million faults) with glibc's defaults
+  and 180.3 s (4.7 s, 1.1 million) with them.
+
+  Children only: in two full runs with the workers started with the tunables too, the
+  learning modules took 115 s less but the long-lived workers' compile-bound modules
+  more (test_train 32 s -> 47-49 s, test_offpolicy 67 s -> 76-98 s; the same modules in
+  a two-minute run did not change), and the whole run no less (1,261 s without, 1,265 and
+  1,313 s with). On two cores the one heap is contended: the demo (`grpo-jax
   --config=configs/arithmetic.py:tiny`, unpinned) took 129.2 and 131.1 s without against
-  133.9 and 124.0 s with, 163-165 CPU-s of user time against 183-197. The cost: a
-  process's heap no longer shrinks, so its memory stays at its peak."""
-  if "GLIBC_TUNABLES" in os.environ or not workers or workers < 2 or workers != len(CORES):
-    return False
-  os.environ["GLIBC_TUNABLES"] = MALLOC_TUNABLES
-  return True
+  133.9 and 124.0 s with, 163-165 CPU-s of user time against 183-197."""
+  if "GLIBC_TUNABLES" in os.environ or len(os.sched_getaffinity(0)) != 1:
+    return {}
+  return {"GLIBC_TUNABLES": MALLOC_TUNABLES}
 
 
 def child_env(*, optimized: bool = False, **extra) -> dict:
@@ -110,7 +110,8 @@ def child_env(*, optimized: bool = False, **extra) -> dict:
   cache (tests run the same small programs in many processes: a compile is then paid once
   per test session, not once per process). Its import path holds what pytest's
   `pythonpath` (pyproject.toml) gives the tests: tests/, experiments/ and configs/, so a
-  child imports the same helpers by name."""
+  child imports the same helpers by name. On one core (an xdist worker's), glibc keeps
+  the child's freed memory (`malloc_env`)."""
   out = dict(os.environ, XLA_FLAGS=xla_flags(optimized=optimized))
   out["JAX_PLATFORMS"] = "cpu"
   paths = [str(ROOT / d) for d in PYTHONPATH] + [p for p in [os.environ.get("PYTHONPATH")] if p]
@@ -120,7 +121,7 @@ def child_env(*, optimized: bool = False, **extra) -> dict:
   out.setdefault("JAX_COMPILATION_CACHE_DIR", str(COMPILATION_CACHE))
   out.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   out.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-  return {**out, **extra}
+  return {**out, **malloc_env(), **extra}
 
 
 def cache_env() -> dict:

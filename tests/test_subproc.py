@@ -54,33 +54,38 @@ def _started_with(environ: bytes) -> bool:
   )
 
 
-def test_workers_with_a_core_each_and_their_children_start_with_the_allocator_tunables():
-  """glibc reads GLIBC_TUNABLES only as a process starts: the conftest sets it in pytest's
-  main process before pytest-xdist starts workers that each get a core (`pin_worker`), so
-  such a worker and its children start with it (`subproc.keep_freed_memory`)."""
-  pinned = os.environ.get("PYTEST_XDIST_WORKER_COUNT") == str(len(subproc.CORES)) > "1"
-  if not pinned or os.environ.get("GLIBC_TUNABLES") != subproc.MALLOC_TUNABLES:
-    # Not such a run (or the user's own setting): the decision is the function's, below.
-    assert subproc.keep_freed_memory(1) is False
-    return
-  with open("/proc/self/environ", "rb") as f:
-    assert _started_with(f.read())
-  code = "import sys; sys.stdout.buffer.write(open('/proc/self/environ', 'rb').read())"
+_ENVIRON = "import sys; sys.stdout.buffer.write(open('/proc/self/environ', 'rb').read())"
+
+
+def _child_started_with_tunables(cores) -> bool:
+  """Whether a child of a process on `cores` started with `MALLOC_TUNABLES` (glibc read
+  them): the child_env is made in a grandchild pinned to `cores` (pinning this process
+  would bind the rest of its tests)."""
+  code = (
+    "import json, os, subprocess, sys, subproc; os.sched_setaffinity(0, json.loads(sys.argv[1])); "
+    "sys.stdout.buffer.write(subprocess.run([sys.executable, '-c', sys.argv[2]], "
+    "env=subproc.child_env(), capture_output=True, check=True).stdout)"
+  )
+  env = {k: v for k, v in subproc.child_env().items() if k != "GLIBC_TUNABLES"}
   out = subprocess.run(
-    [sys.executable, "-c", code], env=subproc.child_env(), capture_output=True, check=True
-  ).stdout
-  assert _started_with(out)
+    [sys.executable, "-c", code, json.dumps(cores), _ENVIRON], env=env, capture_output=True,
+    check=True,
+  ).stdout  # fmt: skip
+  return _started_with(out)
 
 
-def test_the_tunables_are_set_only_for_workers_with_a_core_each(monkeypatch):
+def test_a_child_of_a_process_on_one_core_starts_with_the_allocator_tunables():
+  """glibc reads GLIBC_TUNABLES only as a process starts: `child_env` gives it to the
+  children of a process on one core (an xdist worker's), which start with it."""
+  assert _child_started_with_tunables(list(subproc.CORES[:1]))
+  if len(subproc.CORES) > 1:  # On several cores the one heap would be contended: no.
+    assert not _child_started_with_tunables(list(subproc.CORES))
+
+
+def test_the_tunables_are_for_one_core_and_a_users_setting_is_kept(monkeypatch):
   monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
-  cores = len(subproc.CORES)
-  for workers in (None, 0, 1, cores + 1):  # -n0, one worker, more workers than cores.
-    assert subproc.keep_freed_memory(workers) is False
-    assert "GLIBC_TUNABLES" not in os.environ
-  assert subproc.keep_freed_memory(cores) is (cores >= 2)
-  if cores >= 2:
-    assert os.environ["GLIBC_TUNABLES"] == subproc.MALLOC_TUNABLES
-    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")  # The user's: kept.
-    assert subproc.keep_freed_memory(cores) is False
-    assert os.environ["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2"
+  one = len(os.sched_getaffinity(0)) == 1
+  assert subproc.malloc_env() == ({"GLIBC_TUNABLES": subproc.MALLOC_TUNABLES} if one else {})
+  monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")  # The user's: kept.
+  assert subproc.malloc_env() == {}
+  assert subproc.child_env()["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2"
