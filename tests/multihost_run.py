@@ -14,6 +14,7 @@ prompt batch this process scored.
 
 import argparse
 import json
+import os
 import pathlib
 import shutil
 
@@ -44,12 +45,16 @@ def process_parser() -> argparse.ArgumentParser:
   parser.add_argument("--processes", type=int, default=1)
   parser.add_argument("--port", type=int, default=12355)
   parser.add_argument("--iterations", type=int, default=2)
+  parser.add_argument("--cores", default="", help="comma-separated: the cores this process may use")
   return parser
 
 
 def join(args) -> None:
   """This process's --devices CPU devices, joined with the others' when --processes > 1
-  (their programs then keyed alike in the persistent cache: `_same_cache_keys`)."""
+  (their programs then keyed alike in the persistent cache: `_same_cache_keys`), on
+  --cores where given (before the CPU backend starts its threads, which inherit them)."""
+  if args.cores:
+    os.sched_setaffinity(0, {int(c) for c in args.cores.split(",")})
   jax.config.update("jax_num_cpu_devices", args.devices)
   if args.processes > 1:
     distributed.initialize(

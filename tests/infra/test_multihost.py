@@ -118,12 +118,22 @@ def _free_port() -> int:
 
 def _spawn(script: str, args: list[str], *, processes: int, **env_extra) -> None:
   """`processes` processes of `script` with `args` (and `env_extra` in their environment),
-  joined on a free localhost port; each must exit 0."""
+  joined on a free localhost port; each must exit 0.
+
+  Several processes run on every core this test session could use (`subproc.CORES`), not
+  on the one core of the xdist worker that starts them: their collectives wait on each
+  other, and two processes on one core wait through the scheduler, a slice at a time.
+  Quiet 2-core AMD EPYC, warm cache, one sitting (2026-12-07): the [16-1] run's two
+  processes took 91.6 s (68 CPU-s, half of it in the kernel) on one core and 25.1 s
+  (43 CPU-s) on two; the lockstep run's 38.2 s against 15.9 s. Beside a second worker
+  (this module and test_episodes, `--dist loadfile`): 180 s and 336 CPU-s against
+  207 s and 358 CPU-s."""
   env, port = subproc.child_env(**env_extra), _free_port()
   procs = [
     subprocess.Popen(
       [sys.executable, script, *args]
-      + ["--processes", str(processes), "--process_id", str(i), "--port", str(port)],
+      + ["--processes", str(processes), "--process_id", str(i), "--port", str(port)]
+      + (["--cores", ",".join(map(str, subproc.CORES))] if processes > 1 else []),
       env=env,
       cwd=ROOT,
       stdout=subprocess.DEVNULL,
