@@ -1,8 +1,12 @@
-"""Where the suite's time goes to JAX: with GRPO_JAX_COMPILE_PROFILE=<dir>, every test
-process and every child it starts (`subproc.child_env`) appends one JSON line per test
-(per process, for a child) to <dir>/<pid>.jsonl with the seconds spent tracing, lowering
-and compiling (a persistent-cache load counts as compiling: `/jax/core/compile/
-backend_compile_duration` times both), and the persistent-cache hits and misses.
+"""Where the suite's time goes: with GRPO_JAX_COMPILE_PROFILE=<dir>, every test process
+and every child it starts (`subproc.child_env`) appends one JSON line per test (per
+process, for a child) to <dir>/<pid>.jsonl with the seconds spent tracing, lowering and
+compiling (a persistent-cache load counts as compiling: `/jax/core/compile/
+backend_compile_duration` times both), the persistent-cache hits and misses, and the wall
+seconds, this process's CPU seconds and its finished children's since the line before
+(for a test: from the end of the test before it, so pytest's own work between tests
+counts to the next test). Wall minus both CPU figures is time waiting: on a suite bound by
+CPU, what a shorter wait cannot give back.
 
     GRPO_JAX_COMPILE_PROFILE=/tmp/prof python -m pytest -n auto -q
     python tests/compile_profile.py /tmp/prof          # the totals, most expensive first
@@ -16,7 +20,9 @@ import collections
 import json
 import os
 import pathlib
+import resource
 import sys
+import time
 
 ENV = "GRPO_JAX_COMPILE_PROFILE"
 _EVENTS = {
@@ -30,6 +36,13 @@ _COUNTS = {
   "/jax/compilation_cache/cache_misses": "misses",
 }
 _now: collections.Counter = collections.Counter()
+_since: list = []  # [wall, own CPU, children's CPU] at the last line (or at `install`).
+_first_done: list = []  # Not empty once `first_test` has written its line.
+
+
+def _clock() -> list:
+  own, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+  return [time.monotonic(), own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime]
 
 
 def install() -> bool:
@@ -48,18 +61,32 @@ def install() -> bool:
 
   jax.monitoring.register_event_duration_secs_listener(on_duration)
   jax.monitoring.register_event_listener(on_event)
+  _since[:] = _clock()
   return True
 
 
 def flush(name: str) -> None:
   """Appends what was counted since the last flush, as `name`'s line, and starts again."""
-  if not os.environ.get(ENV) or not _now:
+  if not os.environ.get(ENV) or not _since:
     return
+  now = _clock()
+  _now.update(
+    dict(zip(("wall_s", "cpu_s", "children_cpu_s"), (a - b for a, b in zip(now, _since))))
+  )
+  _since[:] = now
   out = pathlib.Path(os.environ[ENV])
   out.mkdir(parents=True, exist_ok=True)
   with open(out / f"{os.getpid()}.jsonl", "a") as f:
     f.write(json.dumps({"name": name, **{k: round(v, 3) for k, v in _now.items()}}) + "\n")
   _now.clear()
+
+
+def first_test() -> None:
+  """Before a test process's first test: what came before it (imports, collection, the wait
+  for xdist to hand out tests) as one line, "(start)", not as that test's."""
+  if not _first_done:
+    flush("(start)")
+    _first_done.append(True)
 
 
 def install_in_child() -> None:
@@ -73,16 +100,26 @@ def report(folder: str) -> None:
   files = pathlib.Path(folder).glob("*.jsonl")
   rows = [json.loads(line) for p in files for line in p.read_text().splitlines()]
   keys = ("trace_s", "lower_s", "compile_s", "cache_load_s", "hits", "misses")
+  keys += ("wall_s", "cpu_s", "children_cpu_s")
   total = collections.Counter()
   for r in rows:
     total.update({k: r.get(k, 0) for k in keys})
-  print({k: round(v, 1) for k, v in total.items()})
+  print({k: round(v, 1) for k, v in total.items()}, f"waiting_s={round(_waiting(total), 1)}")
   by = collections.defaultdict(collections.Counter)
   for r in rows:
     by[r["name"].split("::")[0]].update({k: r.get(k, 0) for k in keys})
   cost = lambda c: c["trace_s"] + c["lower_s"] + c["compile_s"]  # noqa: E731
   for name, c in sorted(by.items(), key=lambda kv: -cost(kv[1]))[:40]:
     print(f"{cost(c):8.1f}  {name}  " + " ".join(f"{k}={round(c[k], 1)}" for k in keys))
+  print("Waiting (wall - own CPU - children's CPU), per test module, the 15 longest:")
+  tests = {n: c for n, c in by.items() if not n.startswith("child:")}
+  for name, c in sorted(tests.items(), key=lambda kv: -_waiting(kv[1]))[:15]:
+    print(f"{_waiting(c):8.1f}  {name}  wall_s={round(c['wall_s'], 1)}")
+
+
+def _waiting(c) -> float:
+  """Wall seconds no CPU of the process or its finished children accounts for."""
+  return c["wall_s"] - c["cpu_s"] - c["children_cpu_s"]
 
 
 if __name__ == "__main__":

@@ -93,6 +93,11 @@ def pytest_sessionfinish(session):
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def pytest_runtest_logstart(nodeid, location):
+  if PROFILING:
+    compile_profile.first_test()
+
+
 def pytest_runtest_logfinish(nodeid, location):
   if PROFILING:
     compile_profile.flush(nodeid)
