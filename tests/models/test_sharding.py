@@ -123,6 +123,22 @@ def test_single_device_params_carry_the_rules_specs():
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)  # Same draws as model.init.
 
 
+def test_a_second_init_of_an_equal_layout_and_config_is_not_traced_again():
+  """Layouts and configs that are equal (made afresh: a notebook's rerun, the next test)
+  share one jitted init: one trace for both calls, each key its own draws."""
+  setup = build.build(mesh_run.make_config((1, 1, 1)))
+  layout = sharding.Layout.create(setup.mesh_cfg)
+  a = sharding.init_params(layout, setup.model_cfg, jax.random.key(3))
+  again = sharding.Layout.create(setup.mesh_cfg), build.build(mesh_run.make_config((1, 1, 1)))
+  b = sharding.init_params(again[0], again[1].model_cfg, jax.random.key(4))
+  assert sharding._init_fn(layout, setup.model_cfg, adapters_only=False)._cache_size() == 1
+  ref = model.init(setup.model_cfg, jax.random.key(4))
+  for x, y, r in zip(jax.tree.leaves(a), jax.tree.leaves(b), jax.tree.leaves(ref), strict=True):
+    np.testing.assert_array_equal(y, r)
+    assert x.shape == y.shape
+  assert any(not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
 def _run(out, meshes, devices, *flags):
   return subproc.run([ROOT / "tests" / "mesh_run.py", out, *meshes, *flags], devices=devices).stderr
 
