@@ -104,7 +104,14 @@ def report(folder: str) -> None:
   total = collections.Counter()
   for r in rows:
     total.update({k: r.get(k, 0) for k in keys})
-  print({k: round(v, 1) for k, v in total.items()}, f"waiting_s={round(_waiting(total), 1)}")
+  tested = collections.Counter()  # The test processes' lines (a child's wall is in its test's).
+  for r in rows:
+    if not r["name"].startswith("child:"):
+      tested.update({k: r.get(k, 0) for k in ("wall_s", "cpu_s", "children_cpu_s")})
+  print({k: round(v, 1) for k, v in total.items()})
+  print(
+    f"Test processes: wall_s={round(tested['wall_s'], 1)} waiting_s={round(_waiting(tested), 1)}"
+  )
   by = collections.defaultdict(collections.Counter)
   for r in rows:
     by[r["name"].split("::")[0]].update({k: r.get(k, 0) for k in keys})

@@ -93,14 +93,15 @@ def pytest_sessionfinish(session):
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-def pytest_runtest_logstart(nodeid, location):
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+  """GRPO_JAX_COMPILE_PROFILE: a line per test, in the process that ran it (xdist's
+  controller also sees each test's reports, and would write lines of its own)."""
   if PROFILING:
     compile_profile.first_test()
-
-
-def pytest_runtest_logfinish(nodeid, location):
+  yield
   if PROFILING:
-    compile_profile.flush(nodeid)
+    compile_profile.flush(item.nodeid)
 
 
 def pytest_runtest_setup(item):

@@ -54,5 +54,5 @@ def test_a_line_has_its_wall_own_and_childrens_cpu_seconds_and_the_report_its_wa
   assert work["wall_s"] < 30
   compile_profile.report(str(tmp_path / "prof"))
   out = capsys.readouterr().out
-  assert "waiting_s=" in out.splitlines()[0] and "Waiting (wall" in out
+  assert out.splitlines()[1].startswith("Test processes: wall_s=") and "Waiting (wall" in out
   assert "  work  wall_s=" in out
