@@ -38,6 +38,7 @@ _COUNTS = {
 _now: collections.Counter = collections.Counter()
 _since: list = []  # [wall, own CPU, children's CPU] at the last line (or at `install`).
 _first_done: list = []  # Not empty once `first_test` has written its line.
+_CLOCK_KEYS = ("wall_s", "cpu_s", "children_cpu_s")  # What `_clock`'s differences are named.
 
 
 def _clock() -> list:
@@ -70,9 +71,7 @@ def flush(name: str) -> None:
   if not os.environ.get(ENV) or not _since:
     return
   now = _clock()
-  _now.update(
-    dict(zip(("wall_s", "cpu_s", "children_cpu_s"), (a - b for a, b in zip(now, _since))))
-  )
+  _now.update(dict(zip(_CLOCK_KEYS, (a - b for a, b in zip(now, _since)))))
   _since[:] = now
   out = pathlib.Path(os.environ[ENV])
   out.mkdir(parents=True, exist_ok=True)
@@ -99,29 +98,31 @@ def report(folder: str) -> None:
   """The totals, then per test module (a child: per script) the 40 most expensive."""
   files = pathlib.Path(folder).glob("*.jsonl")
   rows = [json.loads(line) for p in files for line in p.read_text().splitlines()]
-  keys = ("trace_s", "lower_s", "compile_s", "cache_load_s", "hits", "misses")
-  keys += ("wall_s", "cpu_s", "children_cpu_s")
-  total = collections.Counter()
-  for r in rows:
-    total.update({k: r.get(k, 0) for k in keys})
-  tested = collections.Counter()  # The test processes' lines (a child's wall is in its test's).
-  for r in rows:
-    if not r["name"].startswith("child:"):
-      tested.update({k: r.get(k, 0) for k in ("wall_s", "cpu_s", "children_cpu_s")})
-  print({k: round(v, 1) for k, v in total.items()})
-  print(
-    f"Test processes: wall_s={round(tested['wall_s'], 1)} waiting_s={round(_waiting(tested), 1)}"
-  )
+  keys = ("trace_s", "lower_s", "compile_s", "cache_load_s", "hits", "misses", *_CLOCK_KEYS)
   by = collections.defaultdict(collections.Counter)
   for r in rows:
     by[r["name"].split("::")[0]].update({k: r.get(k, 0) for k in keys})
+  # The test processes' lines alone for the wall: a child's wall is inside its test's.
+  tests = {n: c for n, c in by.items() if not n.startswith("child:")}
+  total, tested = _summed(by.values()), _summed(tests.values())
+  print({k: round(total[k], 1) for k in keys})
+  print(
+    f"Test processes: wall_s={round(tested['wall_s'], 1)} waiting_s={round(_waiting(tested), 1)}"
+  )
   cost = lambda c: c["trace_s"] + c["lower_s"] + c["compile_s"]  # noqa: E731
   for name, c in sorted(by.items(), key=lambda kv: -cost(kv[1]))[:40]:
     print(f"{cost(c):8.1f}  {name}  " + " ".join(f"{k}={round(c[k], 1)}" for k in keys))
   print("Waiting (wall - own CPU - children's CPU), per test module, the 15 longest:")
-  tests = {n: c for n, c in by.items() if not n.startswith("child:")}
   for name, c in sorted(tests.items(), key=lambda kv: -_waiting(kv[1]))[:15]:
     print(f"{_waiting(c):8.1f}  {name}  wall_s={round(c['wall_s'], 1)}")
+
+
+def _summed(counters) -> collections.Counter:
+  """The counters added up, zero counts kept (0 misses is a figure)."""
+  out = collections.Counter()
+  for c in counters:
+    out.update(c)
+  return out
 
 
 def _waiting(c) -> float:
