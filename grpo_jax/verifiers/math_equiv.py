@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import functools
 import re
-
-import sympy
+import typing
 
 from grpo_jax.verifiers import math_normalize, math_parse
+
+if typing.TYPE_CHECKING:
+  import sympy
 
 REL_TOL = 1e-6
 ABS_TOL = 1e-9
@@ -77,6 +79,8 @@ def _structure(s: str) -> tuple[str, str, list[str]]:
 
 def _values_close(a: sympy.Expr, b: sympy.Expr, *, rel_tol: float, abs_tol: float) -> bool:
   """Exact for two rationals, else |a - b| <= max(rel_tol * max(|a|, |b|), abs_tol)."""
+  import sympy  # noqa: PLC0415 -- imported at the first parse (math_parse: Import).
+
   if a == b:
     return True
   if a.is_Rational and b.is_Rational:
@@ -89,6 +93,8 @@ def _values_close(a: sympy.Expr, b: sympy.Expr, *, rel_tol: float, abs_tol: floa
 
 
 def _expressions_equal(a: str, b: str, *, rel_tol: float, abs_tol: float) -> bool:
+  import sympy  # noqa: PLC0415 -- imported at the first parse (math_parse: Import).
+
   try:
     ea, eb = math_parse.parse(a), math_parse.parse(b)
   except math_parse.ParseError:
@@ -104,6 +110,8 @@ def _expressions_equal(a: str, b: str, *, rel_tol: float, abs_tol: float) -> boo
 
 def _equations_equal(a: str, b: str) -> bool:
   """l1=r1 vs l2=r2: (l1 - r1) / (l2 - r2) simplifies to a nonzero constant."""
+  import sympy  # noqa: PLC0415 -- imported at the first parse (math_parse: Import).
+
   try:
     (l1, r1), (l2, r2) = (map(math_parse.parse, a.split("=")), map(math_parse.parse, b.split("=")))
   except (math_parse.ParseError, ValueError):

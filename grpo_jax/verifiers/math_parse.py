@@ -13,13 +13,19 @@ tokens or nesting deeper than ``MAX_DEPTH``. It builds sympy objects by calling 
 constructors for those tokens, so model output cannot reach attribute access or code.
 A parsed expression can still be arbitrarily expensive to evaluate: ``math_verify``'s
 Timeouts.
+
+Import. sympy is imported at the first parse, not with this module: it takes about 0.4 s,
+and every process that imports the trainer (each command-line run, each of the tests'
+child runs) imports this module through the task registry, most never scoring math.
 """
 
 from __future__ import annotations
 
 import re
+import typing
 
-import sympy
+if typing.TYPE_CHECKING:
+  import sympy
 
 # Parser limits: longer or deeper input is a parse error (recursion stays bounded).
 MAX_TOKENS = 400
@@ -30,19 +36,12 @@ class ParseError(ValueError):
   """The string is not an expression of the safe grammar."""
 
 
+# A token's sympy attribute (looked up at parse time: Import in the module docstring).
 _FUNCTIONS = {
-  "sqrt": sympy.sqrt,
-  "sin": sympy.sin,
-  "cos": sympy.cos,
-  "tan": sympy.tan,
-  "cot": sympy.cot,
-  "sec": sympy.sec,
-  "csc": sympy.csc,
-  "log": sympy.log,
-  "ln": sympy.log,
-  "exp": sympy.exp,
-}
-_CONSTANTS = {"pi": sympy.pi, "oo": sympy.oo, "i": sympy.I, "e": sympy.E}
+  "sqrt": "sqrt", "sin": "sin", "cos": "cos", "tan": "tan", "cot": "cot", "sec": "sec",
+  "csc": "csc", "log": "log", "ln": "log", "exp": "exp",
+}  # fmt: skip
+_CONSTANTS = {"pi": "pi", "oo": "oo", "i": "I", "e": "E"}
 _TOKEN = re.compile(
   r"(?P<num>(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)"
   rf"|(?P<name>log_|{'|'.join(sorted(_FUNCTIONS, key=len, reverse=True))}|pi|oo|[A-Za-z])"
@@ -75,7 +74,9 @@ class _Parser:
   """
 
   def __init__(self, tokens: list[tuple[str, str]]):
-    self.tokens, self.i, self.depth = tokens, 0, 0
+    import sympy as sympy_module  # noqa: PLC0415 -- deferred (module docstring: Import).
+
+    self.tokens, self.i, self.depth, self.sympy = tokens, 0, 0, sympy_module
 
   def peek(self) -> tuple[str, str] | None:
     return self.tokens[self.i] if self.i < len(self.tokens) else None
@@ -126,7 +127,7 @@ class _Parser:
     base = self.atom()
     while (tok := self.peek()) and tok[1] == "!":
       self.take()
-      base = sympy.factorial(base)
+      base = self.sympy.factorial(base)
     if (tok := self.peek()) and tok[1] == "^":
       self.take()
       return base ** self.unary()
@@ -135,10 +136,10 @@ class _Parser:
   def atom(self) -> sympy.Expr:
     kind, text = self.take()
     if kind == "num":
-      return sympy.Rational(text)  # Exact: 0.5 is 1/2 (fractions.Fraction parsing, no eval).
+      return self.sympy.Rational(text)  # Exact: 0.5 is 1/2 (fractions.Fraction parsing, no eval).
     if kind == "name" and text == "log_":
       base = self.parenthesised()
-      return sympy.log(self.argument(), base)
+      return self.sympy.log(self.argument(), base)
     if kind == "name" and text in _FUNCTIONS:
       power = None
       if (tok := self.peek()) and tok[1] == "^":
@@ -146,10 +147,12 @@ class _Parser:
         power = self.atom()
         if not (power.is_Integer and power > 0):
           raise ParseError(f"{text}^{power}: only a positive integer power of a function")
-      value = _FUNCTIONS[text](self.argument())
+      value = getattr(self.sympy, _FUNCTIONS[text])(self.argument())
       return value if power is None else value**power
     if kind == "name":
-      return _CONSTANTS[text] if text in _CONSTANTS else sympy.Symbol(text)
+      return (
+        getattr(self.sympy, _CONSTANTS[text]) if text in _CONSTANTS else self.sympy.Symbol(text)
+      )
     if text == "(":
       self.i -= 1
       return self.parenthesised()

@@ -7,6 +7,8 @@ hand-picked cases, its unscorable verdicts and timeouts.
 
 import importlib.util
 import pickle
+import subprocess
+import sys
 import threading
 import time
 
@@ -14,6 +16,7 @@ import hypothesis
 import hypothesis.strategies as st
 import numpy as np
 import pytest
+import subproc
 import sympy
 
 from grpo_jax.verifiers import math_verify, reward_pool, verdicts
@@ -701,3 +704,18 @@ def test_math_verify_backend_hangs_are_cut_by_the_pool():
     verdicts = math_verify.verify_batch(completions, golds, pool=pool)
     assert time.monotonic() - start < timeout_s + SLACK_S
   assert verdicts == ["unscorable", "correct", "correct", "wrong"]
+
+
+def test_sympy_is_imported_at_the_first_parse_not_with_the_tasks():
+  """math_parse and math_equiv import sympy when they first parse (math_parse: Import):
+  every process that imports the trainer imports them through the task registry, and
+  sympy took about 0.4 s of each one's start."""
+  script = (
+    "import sys\n"
+    "import grpo_jax.tasks\n"
+    "from grpo_jax.verifiers import math_verify\n"
+    "assert 'sympy' not in sys.modules\n"
+    "assert math_verify.is_equiv('x+x', '2x')\n"
+    "assert 'sympy' in sys.modules\n"
+  )
+  subprocess.run([sys.executable, "-c", script], check=True, env=subproc.child_env())
