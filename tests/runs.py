@@ -103,9 +103,11 @@ def warm_started_arms(tmp_path_factory, arms: dict, *, fixture: str, flipped=Non
 def _arms(root: pathlib.Path, arms: dict, flipped, fixture: str) -> dict:
   """`warm_started_arms`, in this process, its runs under `root`."""
   import shutil  # noqa: PLC0415
+  import weakref  # noqa: PLC0415
 
   import pytest  # noqa: PLC0415
 
+  from grpo_jax.models import sharding  # noqa: PLC0415
   from grpo_jax.rl import preparation  # noqa: PLC0415
   from grpo_jax.trainer import steps, train  # noqa: PLC0415
 
@@ -121,7 +123,10 @@ def _arms(root: pathlib.Path, arms: dict, flipped, fixture: str) -> dict:
     flipped.collapse.action = "warn"  # If it collapses, the guard says so and lets it go on.
     with pytest.MonkeyPatch.context() as mp:
       mp.setattr(preparation, "compute_advantages", lambda *a, **k: -real(*a, **k))
-      mp.setattr(steps, "_FUNCTIONS", {})  # Compile the flipped arm afresh (and forget it).
+      # Compile the flipped arm afresh (and forget it): the run's functions and the jits
+      # that equal runs share (`sharding.jit`).
+      mp.setattr(steps, "_FUNCTIONS", {})
+      mp.setattr(sharding, "_JITS", weakref.WeakValueDictionary())
       out["flipped"] = train.run(flipped, workdirs["flipped"], log=lambda _: None)
   return {name: {**summary, "workdir": str(workdirs[name])} for name, summary in out.items()}
 

@@ -539,14 +539,16 @@ class Runner:
     self._steps = stepping.Steps(workers=cfg.step_workers)
     pad, width = sampler_cfg.pad_id, cfg.observation_tokens
     # The jitted pieces, by name: what `run` calls, and what `aot` compiles for a TPU.
+    # Equal pieces of another runner (the same model, sampler and layout) are its jits.
+    jit = functools.partial(sharding.jit, context=layout)
     self.pieces = {
-      "start": jax.jit(
+      "start": jit(
         functools.partial(
           start, model_fn=model_fn, init_cache=init_cache, cfg=sampler_cfg, observation_tokens=width
         )
       ),
-      "turn": jax.jit(self._turn(model_fn), donate_argnums=(1,)),
-      "append": jax.jit(
+      "turn": jit(self._turn(model_fn), donate_argnums=(1,)),
+      "append": jit(
         functools.partial(
           append,
           model_fn=model_fn,
@@ -556,12 +558,12 @@ class Runner:
         ),  # fmt: skip
         donate_argnums=(1,),
       ),
-      "finish": jax.jit(functools.partial(to_rollouts, group_size=sampler_cfg.group_size)),
+      "finish": jit(functools.partial(to_rollouts, group_size=sampler_cfg.group_size)),
     }
     if cfg.overlap_steps:
       self.pieces.update(episode_refill.overlap_pieces(self, model_fn, constrain=_rows_constrained))
     if view is not None:
-      self.pieces["view"] = jax.jit(view)
+      self.pieces["view"] = jit(view)
 
   def _turn(self, model_fn: Callable) -> Callable:
     """The turn piece: `decode_turn` on all N rows in lockstep, or with

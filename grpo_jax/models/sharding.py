@@ -52,6 +52,7 @@ import contextlib
 import dataclasses
 import functools
 import math
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,7 +60,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from grpo_jax.infra import config_lib
+from grpo_jax.infra import config_lib, registry
 from grpo_jax.models import model
 
 AXES = ("data", "fsdp", "expert", "sequence", "tensor")
@@ -426,19 +427,94 @@ def _place(x, s: jax.sharding.Sharding):
   return jax.device_put(x, s)
 
 
+class _Same:
+  """A key part equal only to itself (`_structure`: a value without a by-value key)."""
+
+  __slots__ = ("value",)
+
+  def __init__(self, value):
+    self.value = value
+
+  def __eq__(self, other):
+    return isinstance(other, _Same) and other.value is self.value
+
+  def __hash__(self):
+    return id(self.value)
+
+
+def _structure(x):
+  """A hashable key equal for two values that compute the same when jitted: partials by
+  their function and arguments, tuples, frozen dataclasses (configs) by their type and
+  fields, lists and dicts (a config's options) by their items, scalars by type and value
+  (floats by repr: 1 and 1.0, 0.0 and -0.0 differ), hashable objects (functions,
+  shardings, meshes) as they are; anything else (an array, a dataclass without value
+  equality) only by identity."""
+  if isinstance(x, functools.partial):
+    kwargs = tuple(sorted((k, _structure(v)) for k, v in x.keywords.items()))
+    return (functools.partial, _structure(x.func), tuple(map(_structure, x.args)), kwargs)
+  if type(x) in (tuple, list):
+    return (type(x), tuple(map(_structure, x)))
+  if type(x) is dict:  # A config's options (`spec.RLConfig.loss_hyper`): by value.
+    return (dict, tuple(sorted((repr(k), _structure(v)) for k, v in x.items())))
+  if isinstance(x, float):
+    return (type(x), repr(x))
+  params = getattr(type(x), "__dataclass_params__", None)
+  if params is not None and params.frozen and params.eq:
+    return (type(x), tuple(_structure(getattr(x, f.name)) for f in dataclasses.fields(x)))
+  try:
+    hash(x)
+  except TypeError:
+    return _Same(x)
+  return (type(x), x) if params is None else _Same(x)
+
+
+def _tree_structure(tree):
+  """A pytree's key (`_structure`): its structure and each leaf's key (shardings)."""
+  leaves, treedef = jax.tree.flatten(tree)
+  return treedef, tuple(map(_structure, leaves))
+
+
+# key -> jax.jit, while something else holds it: a run's functions (`steps.functions` keeps
+# the last few runs'), a notebook's variable. Weak, so that sharing never keeps a program
+# alive: each loaded XLA:CPU program holds a few memory mappings, and a test process that
+# kept 256 jits past their runs neared the kernel's 65,530 (58k after five test modules,
+# 35k without) and crashed on its next load.
+_JITS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def jit(fn, *, context=None, **options):
+  """`jax.jit(fn, **options)`, one object for every equal function, options and
+  `context` (`_structure`) while one is alive: a jit is traced, lowered and its program
+  loaded once per object, and a run's functions are rebuilt whenever any config field
+  differs (a notebook that changes the learning rate rebuilds its sampler), so equal
+  pieces of the runs kept share one. `context`: what the trace also reads (the `Layout`
+  whose rules the model's constraints follow); in/out shardings are compared leaf by
+  leaf. A variant redefined since (`registry.replacements`) makes new ones. Code that
+  patches a module's function between runs (a test's flipped twin) clears `_JITS` as
+  well."""
+  trees = tuple(sorted((k, _tree_structure(v)) for k, v in options.items()))
+  key = (_structure(fn), _structure(context), trees, registry.replacements())
+  jitted = _JITS.get(key)
+  if jitted is None:
+    jitted = _JITS[key] = jax.jit(fn, **options)
+  return jitted
+
+
 class Jitted:
   """jax.jit with explicit in/out shardings, traced and run inside the layout's context.
 
   Arguments are first placed on their in_shardings (a no-op for arrays already there),
   so callers may pass host arrays or arrays with another sharding; trailing arguments
   left out are passed as None. A sharding entry may
-  be a pytree prefix: one NamedSharding for a whole RolloutBatch.
+  be a pytree prefix: one NamedSharding for a whole RolloutBatch. Equal functions on
+  equal shardings share one jax.jit (`jit`).
   """
 
   def __init__(self, layout: Layout, fn, *, in_shardings, out_shardings, donate_argnums=()):
     self.layout, self.in_shardings = layout, tuple(in_shardings)
-    self.jitted = jax.jit(
+    self.jitted = jit(
       fn,
+      context=layout,
       in_shardings=self.in_shardings,
       out_shardings=out_shardings,
       donate_argnums=donate_argnums,

@@ -54,6 +54,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.infra import registry
+from grpo_jax.models import sharding
 from grpo_jax.rl import groups
 
 REGISTRY = registry.Registry("planner")
@@ -384,7 +385,7 @@ def make_planner(
   ids_B = jax.ShapeDtypeStruct((batch_size,), jnp.int32)
   adv_B = jax.ShapeDtypeStruct((batch_size,), jnp.float32)
   jax.eval_shape(fn, jax.random.key(0), ids_B, adv_B, ids_B)  # runs the checks, no compile
-  return jax.jit(fn)
+  return sharding.jit(fn)  # One per planner and options: the update that calls it is shared.
 
 
 def minibatch_balance(idx_EMb, advantages_B) -> dict[str, jax.Array]:

@@ -9,6 +9,7 @@ and `grpo_jax.rl.learner`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -426,11 +427,13 @@ def init_state(params, optimizer: optax.GradientTransformation, *, part="adapter
   )
 
 
+@functools.lru_cache(maxsize=64)
 def make_optimizer(
   *, lr: float, warmup_steps: int = 0, weight_decay: float = 0.0, grad_clip: float = 1.0
 ) -> optax.GradientTransformation:
   """Global-norm clipping (off when grad_clip = 0), then AdamW (β = 0.9, 0.99) whose
-  learning rate ramps linearly from 0 to `lr` over `warmup_steps` (0: constant)."""
+  learning rate ramps linearly from 0 to `lr` over `warmup_steps` (0: constant). One
+  object per setting, so that the updates built around it are shared (`sharding.jit`)."""
   schedule = optax.linear_schedule(0.0, lr, warmup_steps) if warmup_steps else lr
   return optax.chain(
     optax.clip_by_global_norm(grad_clip) if grad_clip > 0 else optax.identity(),

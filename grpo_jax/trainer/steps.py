@@ -26,6 +26,7 @@ import optax
 
 from grpo_jax import envs, schema
 from grpo_jax.envs import episodes
+from grpo_jax.infra import registry
 from grpo_jax.models import model, paged, refill, sampling, sharding
 from grpo_jax.rl import learner, preparation, spec
 from grpo_jax.rollouts import counterfactuals, partial
@@ -141,6 +142,7 @@ def functions(setup: build.Setup) -> Functions:
       setup.teacher_source and setup.teacher_source.model_cfg,
       jax.devices(),
       [getattr(loop, f) for f in _CACHE_FIELDS],
+      registry.replacements(),  # A variant redefined since: traced afresh.
     )
   )
   if key not in _FUNCTIONS:

@@ -3,15 +3,20 @@
 and (data, fsdp, sequence, tensor) = (1,2,2,2): context parallelism, each row's tokens
 split over 2 devices in the update and the π_old and reference forwards."""
 
+import dataclasses
+import functools
+import gc
 import json
 import pathlib
+import weakref
 
 import jax
 import numpy as np
 import pytest
 
+from grpo_jax.infra import registry
 from grpo_jax.models import model, sharding
-from grpo_jax.trainer import build
+from grpo_jax.trainer import build, steps
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 import mesh_run  # noqa: E402
@@ -137,6 +142,104 @@ def test_a_second_init_of_an_equal_layout_and_config_is_not_traced_again():
     np.testing.assert_array_equal(y, r)
     assert x.shape == y.shape
   assert any(not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cfg:
+  scale: float
+  shift: tuple = (0,)
+
+
+def _affine(x, *, cfg: _Cfg, bias=0.0):
+  return x * cfg.scale + cfg.shift[0] + bias
+
+
+def test_jit_is_one_object_for_equal_functions_options_and_context(monkeypatch):
+  """`sharding.jit`: partials of equal configs made afresh share one jax.jit (traced once);
+  a field, a scalar's type (2 vs 2.0), an array argument (by identity), the shardings or
+  the context make another; a jit that nothing holds any more is not kept."""
+  monkeypatch.setattr(sharding, "_JITS", weakref.WeakValueDictionary())
+  layout = sharding.Layout.create(sharding.MeshConfig())
+  rep = layout.replicated
+  make = lambda fn, **kw: sharding.jit(fn, context=layout, in_shardings=(rep,), **kw)
+  fn = lambda **kw: functools.partial(_affine, cfg=_Cfg(scale=2.0), **kw)
+  a = make(fn())
+  assert make(fn()) is a
+  np.testing.assert_array_equal(a(np.arange(3.0)), [0.0, 2.0, 4.0])
+  np.testing.assert_array_equal(make(fn())(np.ones(3)), [2.0, 2.0, 2.0])
+  assert a._cache_size() == 1  # One trace for both calls.
+  bias = np.ones(3)
+  others = [
+    make(functools.partial(_affine, cfg=_Cfg(scale=3.0))),  # A field.
+    make(functools.partial(_affine, cfg=_Cfg(scale=2.0, shift=(1,)))),  # A nested field.
+    make(fn(bias=1)),  # An int where a float was: another trace (weak types).
+    make(fn(bias=bias)),  # An array: only itself.
+    make(fn(), out_shardings=rep),  # Other options.
+    sharding.jit(fn(), context=None, in_shardings=(rep,)),  # Another context.
+  ]
+  assert len({id(x) for x in [a, *others]}) == 7
+  assert make(fn(bias=1.0)) is not others[2]
+  assert make(fn(bias=bias)) is others[3]
+  assert make(fn(bias=np.ones(3))) is not others[3]  # Equal values, another array.
+  gc.collect()
+  assert len(sharding._JITS) == 7  # `a` and the six others; the ones made and let go are gone.
+  del a, others
+  gc.collect()
+  assert len(sharding._JITS) == 0
+
+
+def _registered(x, *, table):
+  return table.get("v")(x)
+
+
+def test_a_variant_redefined_by_a_rerun_cell_is_traced_afresh(monkeypatch):
+  """A trace looks variants up by name: a definition run again (a notebook cell) replaces
+  the variant (`registry.replacements`), and `sharding.jit` makes a new jit for it."""
+  monkeypatch.setattr(sharding, "_JITS", weakref.WeakValueDictionary())
+  monkeypatch.setattr(registry, "_ALL", [])
+  monkeypatch.setattr(registry, "_REPLACED", [0])
+  table = registry.Registry("test variant")
+
+  def define(value):
+    def variant(x):
+      return x + value
+
+    return variant
+
+  # A partial made afresh each time, as a run's are (jax.jit keeps one trace per function
+  # object: the same object would be its trace, whatever the registry holds now).
+  fn = lambda: functools.partial(_registered, table=table)
+  table.register("v")(define(1.0))
+  first = sharding.jit(fn())
+  assert float(first(0.0)) == 1.0
+  assert sharding.jit(fn()) is first
+  table.register("v")(define(1.0))  # The cell run again: another object, the same name.
+  assert registry.replacements() == 1
+  again = sharding.jit(fn())
+  assert again is not first
+  table.register("v")(define(2.0))
+  assert float(sharding.jit(fn())(0.0)) == 2.0
+  assert sharding.jit(fn()) is not again
+
+
+def test_a_run_rebuilt_with_another_learning_rate_shares_its_samplers():
+  """Two runs that differ in the learning rate only: the samplers, the log-prob forward
+  and the preparation are the same jits (nothing traced again); the updates and the
+  warm-start step (their optimizers' rates) are not."""
+  config = mesh_run.make_config((1, 1, 1))
+  first = steps.functions(build.build(config))
+  config.learning_rate *= 2
+  second = steps.functions(build.build(config))
+  assert first is not second
+  for get in (
+    lambda f: f.samplers.train,
+    lambda f: f.samplers.greedy,
+    lambda f: f.rl.logprobs,
+    lambda f: f.rl.finish,
+    lambda f: f.warmstart.step,  # Its own learning rate (warmstart_lr) is the same.
+  ):
+    assert get(first).jitted is get(second).jitted
+  assert first.rl.update.jitted is not second.rl.update.jitted
 
 
 def _run(out, meshes, devices, *flags):
