@@ -27,15 +27,16 @@ T = TypeVar("T")
 
 
 _ALL: list[Registry] = []  # Every registry, as its module creates it.
-_REPLACED = [0]  # Variants replaced by a re-run of their definition (`replacements`).
+_CHANGES = [0]  # Registrations so far (`changes`).
 
 
-def replacements() -> int:
-  """How many variants a re-run of their definition has replaced (`Registry.register`: a
-  notebook cell or config file executed again). What is compiled once and kept across
-  runs (`sharding.jit`, `steps.functions`) keys on it: a trace looked its variants up by
-  name, so a redefined variant is traced afresh, not served from before."""
-  return _REPLACED[0]
+def changes() -> int:
+  """How many registrations every registry has taken (a new name, or a variant replaced
+  by a re-run of its definition, `Registry.register`: a notebook cell or config file
+  executed again). What is compiled once and kept across runs (`sharding.jit`,
+  `steps.functions`) keys on it: a trace looked its variants up by name, so after any
+  change a run is traced afresh, not served from before."""
+  return _CHANGES[0]
 
 
 class Registry(Generic[T]):
@@ -58,8 +59,7 @@ class Registry(Generic[T]):
     def add(obj: T) -> T:
       if name in self._items and not _same_definition(self._items[name], obj):
         raise ValueError(f"{self.kind} {name!r} is already registered.")
-      if name in self._items and self._items[name] is not obj:
-        _REPLACED[0] += 1
+      _CHANGES[0] += 1
       self._items[name] = obj
       self._traits[name] = record
       return obj

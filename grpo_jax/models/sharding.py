@@ -446,17 +446,17 @@ def _structure(x):
   """A hashable key equal for two values that compute the same when jitted: partials by
   their function and arguments, tuples, frozen dataclasses (configs) by their type and
   fields, lists and dicts (a config's options) by their items, scalars by type and value
-  (floats by repr: 1 and 1.0, 0.0 and -0.0 differ), hashable objects (functions,
+  (floats by repr: 1, 1.0 and True differ, so do 0.0 and -0.0), hashable objects (functions,
   shardings, meshes) as they are; anything else (an array, a dataclass without value
   equality) only by identity."""
   if isinstance(x, functools.partial):
     kwargs = tuple(sorted((k, _structure(v)) for k, v in x.keywords.items()))
-    return (functools.partial, _structure(x.func), tuple(map(_structure, x.args)), kwargs)
-  if type(x) in (tuple, list):
+    return (type(x), _structure(x.func), tuple(map(_structure, x.args)), kwargs)
+  if isinstance(x, (tuple, list)):  # NamedTuples too (an optax transformation).
     return (type(x), tuple(map(_structure, x)))
-  if type(x) is dict:  # A config's options (`spec.RLConfig.loss_hyper`): by value.
-    return (dict, tuple(sorted((repr(k), _structure(v)) for k, v in x.items())))
-  if isinstance(x, float):
+  if type(x) is dict:  # A config's options (`spec.RLConfig.loss_hyper`), in their order.
+    return (dict, tuple((repr(k), _structure(v)) for k, v in x.items()))
+  if isinstance(x, (float, complex, np.floating, np.complexfloating)):
     return (type(x), repr(x))
   params = getattr(type(x), "__dataclass_params__", None)
   if params is not None and params.frozen and params.eq:
@@ -489,11 +489,11 @@ def jit(fn, *, context=None, **options):
   differs (a notebook that changes the learning rate rebuilds its sampler), so equal
   pieces of the runs kept share one. `context`: what the trace also reads (the `Layout`
   whose rules the model's constraints follow); in/out shardings are compared leaf by
-  leaf. A variant redefined since (`registry.replacements`) makes new ones. Code that
+  leaf. A registry changed since (`registry.changes`: a variant redefined) makes new ones. Code that
   patches a module's function between runs (a test's flipped twin) clears `_JITS` as
   well."""
   trees = tuple(sorted((k, _tree_structure(v)) for k, v in options.items()))
-  key = (_structure(fn), _structure(context), trees, registry.replacements())
+  key = (_structure(fn), _structure(context), trees, registry.changes())
   jitted = _JITS.get(key)
   if jitted is None:
     jitted = _JITS[key] = jax.jit(fn, **options)

@@ -427,7 +427,7 @@ def init_state(params, optimizer: optax.GradientTransformation, *, part="adapter
   )
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=64, typed=True)
 def make_optimizer(
   *, lr: float, warmup_steps: int = 0, weight_decay: float = 0.0, grad_clip: float = 1.0
 ) -> optax.GradientTransformation:

@@ -181,6 +181,8 @@ def test_jit_is_one_object_for_equal_functions_options_and_context(monkeypatch):
   assert make(fn(bias=1.0)) is not others[2]
   assert make(fn(bias=bias)) is others[3]
   assert make(fn(bias=np.ones(3))) is not others[3]  # Equal values, another array.
+  assert make(fn(bias=True)) is not make(fn(bias=1))  # True == 1, another trace.
+  assert make(fn(bias=np.float32(0.0))) is not make(fn(bias=np.float32(-0.0)))
   gc.collect()
   assert len(sharding._JITS) == 7  # `a` and the six others; the ones made and let go are gone.
   del a, others
@@ -194,10 +196,10 @@ def _registered(x, *, table):
 
 def test_a_variant_redefined_by_a_rerun_cell_is_traced_afresh(monkeypatch):
   """A trace looks variants up by name: a definition run again (a notebook cell) replaces
-  the variant (`registry.replacements`), and `sharding.jit` makes a new jit for it."""
+  the variant (`registry.changes`), and `sharding.jit` makes a new jit for it."""
   monkeypatch.setattr(sharding, "_JITS", weakref.WeakValueDictionary())
   monkeypatch.setattr(registry, "_ALL", [])
-  monkeypatch.setattr(registry, "_REPLACED", [0])
+  monkeypatch.setattr(registry, "_CHANGES", [0])
   table = registry.Registry("test variant")
 
   def define(value):
@@ -214,7 +216,7 @@ def test_a_variant_redefined_by_a_rerun_cell_is_traced_afresh(monkeypatch):
   assert float(first(0.0)) == 1.0
   assert sharding.jit(fn()) is first
   table.register("v")(define(1.0))  # The cell run again: another object, the same name.
-  assert registry.replacements() == 1
+  assert registry.changes() == 2
   again = sharding.jit(fn())
   assert again is not first
   table.register("v")(define(2.0))
