@@ -489,9 +489,9 @@ def jit(fn, *, context=None, **options):
   differs (a notebook that changes the learning rate rebuilds its sampler), so equal
   pieces of the runs kept share one. `context`: what the trace also reads (the `Layout`
   whose rules the model's constraints follow); in/out shardings are compared leaf by
-  leaf. A registry changed since (`registry.changes`: a variant redefined) makes new ones. Code that
-  patches a module's function between runs (a test's flipped twin) clears `_JITS` as
-  well."""
+  leaf. Any registration since (`registry.changes`: a variant redefined) makes new ones.
+  Code that patches a module's function between runs (a test's flipped twin) clears
+  `_JITS` as well."""
   trees = tuple(sorted((k, _tree_structure(v)) for k, v in options.items()))
   key = (_structure(fn), _structure(context), trees, registry.changes())
   jitted = _JITS.get(key)

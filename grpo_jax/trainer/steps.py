@@ -142,7 +142,7 @@ def functions(setup: build.Setup) -> Functions:
       setup.teacher_source and setup.teacher_source.model_cfg,
       jax.devices(),
       [getattr(loop, f) for f in _CACHE_FIELDS],
-      registry.changes(),  # A variant redefined since: traced afresh.
+      registry.changes(),  # A variant registered or redefined since: traced afresh.
     )
   )
   if key not in _FUNCTIONS:
