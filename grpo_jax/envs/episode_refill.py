@@ -82,10 +82,9 @@ def _forward_slots(params, pages: paged.Pages, ep_S, tok_S, pos_S, t_S, live_S, 
   t_N = jnp.zeros((N,), jnp.int32).at[jnp.where(live_S, ep_S, N)].set(t_S, mode="drop")
   pages, _ = paged.take(pages, need_N, t_N)
   c = pages.cache
-  n_S = jnp.minimum(ep_S, N - 1)
-  view = pages.replace(cache=c.replace(table_NM=c.table_NM[n_S], slot_N=c.slot_N[n_S]))
+  view = pages.replace(cache=c.rows(ep_S))  # Window rings move with the rows.
   logits_S1V, view = paged.forward(params, view, tok_S, pos_S, t_S, live_S, model_fn=model_fn)
-  return logits_S1V, view.replace(cache=view.cache.replace(table_NM=c.table_NM, slot_N=c.slot_N))
+  return logits_S1V, view.replace(cache=c.put_rows(jnp.where(live_S, ep_S, N), view.cache))
 
 
 @flax.struct.dataclass
@@ -221,13 +220,12 @@ def append_rows(params, state, idx_R, obs_RO, n_R, *, model_fn: Callable, pad_id
   tok_R, pos_R, t_R = state.tok_N[r_R], state.pos_N[r_R], state.t_N[r_R]
   feed_RO, pos_RO, has_RO, last_R = observation_block(tok_R, pos_R, obs_RO, n_R, pad_id=pad_id)
   pages, c = state.cache, state.cache.cache
-  view = pages.replace(cache=c.replace(table_NM=c.table_NM[r_R], slot_N=c.slot_N[r_R]))
+  view = pages.replace(cache=c.rows(r_R))
   _, view = paged.append_block(
     params, view, feed_RO, pos_RO, t_R, n_R, model_fn=model_fn, chunk=chunk, logits=False
   )
-  back_R = jnp.where(has_R, idx_R, N)  # Rows that took pages put their table rows back.
-  table_NM = c.table_NM.at[back_R].set(view.cache.table_NM, mode="drop")
-  pages = view.replace(cache=view.cache.replace(table_NM=table_NM, slot_N=c.slot_N))
+  # Rows put back their table rows (with the pages they took) and window rings.
+  pages = view.replace(cache=c.put_rows(jnp.where(has_R, idx_R, N), view.cache, tables=True))
   moved_R = jnp.where(n_R > 0, idx_R, N)
   rows_RO = jnp.where(has_RO, idx_R[:, None], N)
   cols_RO = jnp.minimum(t_R[:, None] + jnp.arange(width)[None, :], T)

@@ -365,6 +365,36 @@ def attend_paged(
   return _normalised(o_BKQE, l_BKQ1, dtype)
 
 
+def attend_ring(
+  q_BKQE, q_pos_BQ, ring_k_BKER, ring_v_BKRE, ring_pos_BR, k_BKEO, v_BKOE, new_pos_BO, *,
+  dtype, window=None, softcap=0.0,
+):  # fmt: skip
+  """`attend` over a window ring as it was before the call (a paged cache's ring layer,
+  `kv_cache.PagedKVCache.rings`: keys [N, K, E, R], values [N, K, R, E], positions
+  [N, R]) and the call's own O new keys at new_pos_BO (not yet written; -1: padding),
+  causal by position. One shift m = max(m_ring, m_new) serves both parts, so
+    out = (Σ_ring e V + Σ_new e V) / (Σ_ring e + Σ_new e)
+  is the softmax over their union: `attend` on the concatenated keys (up to the order of
+  the float32 sums) without copying the ring into a concatenation at every step. A ring
+  slot the call's block will overwrite still holds its older key, which its window (or
+  causality) decides as it would in a full cache."""
+  mm = _attention_matmul_dtype(ring_k_BKER, dtype)
+  q_pos = q_pos_BQ[:, None, :, None]
+  k_new, v_new = k_BKEO.astype(ring_k_BKER.dtype), v_BKOE.astype(ring_v_BKRE.dtype)
+  s_ring = _capped(_scores(q_BKQE, ring_k_BKER, mm), softcap)
+  s_new = _capped(_scores(q_BKQE, k_new, mm), softcap)
+  valid_ring = _visible(q_pos, ring_pos_BR[:, None, None, :], window)
+  valid_new = _visible(q_pos, new_pos_BO[:, None, None, :], window)
+  m_BKQ1 = jnp.maximum(_masked_max(s_ring, valid_ring), _masked_max(s_new, valid_new))
+  e_ring = _exp_shifted(s_ring, valid_ring, m_BKQ1)
+  e_new = _exp_shifted(s_new, valid_new, m_BKQ1)
+  out_BKQE = _weighted_values(e_ring, ring_v_BKRE, dtype, mm) + _weighted_values(
+    e_new, v_new, dtype, mm
+  )
+  sum_BKQ1 = e_ring.sum(-1, keepdims=True) + e_new.sum(-1, keepdims=True)
+  return _normalised(out_BKQE, sum_BKQ1, dtype)
+
+
 def _attention_matmul_dtype(keys_BKES, dtype):
   """A float32 cache of a bfloat16 model (`cache_dtype`, XLA:CPU) holds bfloat16-rounded
   keys and values: both dots run in float32 on the same values (products of bfloat16

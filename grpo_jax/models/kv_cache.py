@@ -140,7 +140,7 @@ class KVCache:
       x, [(0, extra if a == x.ndim + axis else 0) for a in range(x.ndim)]
     )
     rings = self.rings or (False,) * len(self.k)
-    ring_k, ring_v, ring_pos = self._grown_rings(own=self.pos_BS.shape[-1] + extra)
+    ring_k, ring_v, ring_pos = self.grown_rings(own=self.pos_BS.shape[-1] + extra)
     return self.replace(
       k=tuple(rk if r else pad(k, -1) for k, rk, r in zip(self.k, ring_k, rings)),  # [..., E, S]
       v=tuple(rv if r else pad(v, -2) for v, rv, r in zip(self.v, ring_v, rings)),  # [..., S, E]
@@ -148,37 +148,11 @@ class KVCache:
       ring_pos_BR=ring_pos,
     ).constrain()
 
-  def unring(self) -> KVCache:
-    """The same cache with every layer in S column slots (`rings` off): a ring layer's key
-    for column c is its ring's slot pos_c mod R where that slot holds pos_c, else zeros. A
-    position a ring no longer holds is outside every later query's window (it keeps the
-    last R >= min(window, positions) of its row), so the result attends as the ring does.
-    The paged sampler cuts this layout into pages (`paged.pool`)."""
-    if not self.rings:
-      return self
-    if self.prefix_pos_AS is not None:
-      raise ValueError("KVCache.unring: a shared cache (`share`) keeps its rings.")
-    R = self.ring_pos_BR.shape[-1]
-    slot_BS = jnp.where(self.pos_BS >= 0, self.pos_BS % R, 0)
-    held_BS = (self.pos_BS >= 0) & (
-      jnp.take_along_axis(self.ring_pos_BR, slot_BS, 1) == self.pos_BS
-    )
-
-    def columns(buf, axis):  # buf [B, K, E, R] (axis 3) or [B, K, R, E] (axis 2).
-      shape = [buf.shape[0], 1, 1, 1]
-      shape[axis] = slot_BS.shape[1]
-      idx, held = slot_BS.reshape(shape), held_BS.reshape(shape)
-      return jnp.where(held, jnp.take_along_axis(buf, idx, axis=axis), 0).astype(buf.dtype)
-
-    k = tuple(columns(b, 3) if r else b for b, r in zip(self.k, self.rings))
-    v = tuple(columns(b, 2) if r else b for b, r in zip(self.v, self.rings))
-    return self.replace(k=k, v=v, ring_pos_BR=None, rings=(), window=0).constrain()
-
-  def _grown_rings(self, *, own: int):
+  def grown_rings(self, *, own: int):
     """(keys, values, ring positions) with the ring layers' buffers at min(own, window)
-    slots (`grow`; a layer without a ring is left as it is): a ring that was smaller than
-    the window (so never wrapped) re-slotted by position into the larger one (slot p mod R
-    changes with R); a full-size ring kept."""
+    slots (`grow`, and a paged cache's rings: `paged.pool`; a layer without a ring is left
+    as it is): a ring that was smaller than the window (so never wrapped) re-slotted by
+    position into the larger one (slot p mod R changes with R); a full-size ring kept."""
     if not self.rings:
       return self.k, self.v, self.ring_pos_BR
     old, new = self.ring_pos_BR.shape[-1], min(own, self.window)
@@ -245,11 +219,14 @@ def write_and_read(cache_kv, k_BKET, v_BKTE, cache_pos_BS, index, *, ring: bool 
   - A window ring (`KVCache.rings`; index: the call's ring slots [B, T], `ring_slots`):
     written at those slots; one token a row attends over the ring once written, a block
     over the ring as it was and its own keys (cache_pos_BS the positions of both).
-  - A paged cache (index a `PageView`): nothing written, the call's keys and values come
-    back as they are (`PagedKVCache.fresh`), and keys None (`attention.attend_paged`).
+  - A paged cache (index a `PageView`; or a paged cache's ring, ring=True and index None):
+    nothing written, the call's keys and values come back as they are
+    (`PagedKVCache.fresh`), and keys None (`attention.attend_paged`, `attend_ring`).
   - Else written in place at column `index` (a scalar, or [B]: one per row, the refill
     sampler's), then the buffers' first cache_pos_BS.shape[1] slots are attended over
     (fewer than the buffers hold: `KVCache.visible`, a chunked prefill's call)."""
+  if ring and index is None:  # A paged cache's ring, committed later (`PagedKVCache`).
+    return (k_BKET, v_BKTE), None
   if ring:
     new_kv = (
       write_ring(cache_kv[0], k_BKET, index, slot_axis=-1),
@@ -365,6 +342,14 @@ class PagedKVCache:
   conditional (XLA:CPU, 40 rows × 8,192 tokens: 57.7 MB of temporaries with the write
   inside the branches, the pool twice, against 32.0 MB). The pool and the table belong
   to that sampler: it takes pages as rows grow and returns them when they end.
+
+  Window rings (`rings[l]`, the sliding layers of an unstacked cache, as in `KVCache`):
+  layer l holds no pool but a ring per row, keys [N, K, E, R] and values [N, K, R, E]
+  with positions ring_pos_NR [N, R] (R = min(the row's slots, window), the same for every
+  ring layer; slot p mod R, `ring_slots`), so those layers' memory follows the window, not
+  the pages. A call attends over the ring as it was and its own keys
+  (`attention.attend_ring`), and `commit` writes them in. The table, and the pages it
+  points at, serve the other layers; rows move with their rings (`rows`, `put_rows`).
   """
 
   k: tuple[jax.Array, ...]
@@ -374,8 +359,10 @@ class PagedKVCache:
   slot_N: jax.Array
   live: jax.Array  # int32 scalar
   fresh: tuple = ()  # (keys, values) of the last call, not yet committed.
+  ring_pos_NR: jax.Array | None = None
   stacked: bool = flax.struct.field(pytree_node=False, default=False)
   block: int = flax.struct.field(pytree_node=False, default=8)
+  rings: tuple[bool, ...] = flax.struct.field(pytree_node=False, default=())
 
   @property
   def page_size(self) -> int:
@@ -384,6 +371,37 @@ class PagedKVCache:
   @property
   def null_page(self) -> int:
     return self.pos_PZ.shape[0] - 1
+
+  def _ring_layers(self) -> tuple[bool, ...]:
+    return self.rings or (False,) * len(self.k)
+
+  def rows(self, idx_R) -> PagedKVCache:
+    """The cache as rows idx_R see it, in that order (indices clipped to the rows): their
+    table rows, write slots and rings; the pools are shared, not copied."""
+    idx_R = jnp.clip(idx_R, 0, self.table_NM.shape[0] - 1)
+    pick = lambda bufs: tuple(b[idx_R] if r else b for b, r in zip(bufs, self._ring_layers()))
+    ring = self.ring_pos_NR
+    return self.replace(
+      k=pick(self.k), v=pick(self.v), table_NM=self.table_NM[idx_R], slot_N=self.slot_N[idx_R],
+      ring_pos_NR=None if ring is None else ring[idx_R],
+    )  # fmt: skip
+
+  def put_rows(self, idx_R, view: PagedKVCache, *, tables: bool = False) -> PagedKVCache:
+    """This cache after a call on the view `rows(idx_R)`: the view's pools and positions,
+    its rings (and, with `tables`, its table rows) put back at rows idx_R (out of range:
+    not put back); the write slots stay this cache's."""
+    n = self.table_NM.shape[0]
+    at = jnp.where((idx_R >= 0) & (idx_R < n), idx_R, n)
+    put = lambda full, part: full.at[at].set(part, mode="drop")  # noqa: E731
+    layers = self._ring_layers()
+    ring = self.ring_pos_NR
+    return view.replace(
+      k=tuple(put(f, b) if r else b for f, b, r in zip(self.k, view.k, layers)),
+      v=tuple(put(f, b) if r else b for f, b, r in zip(self.v, view.v, layers)),
+      ring_pos_NR=None if ring is None else put(ring, view.ring_pos_NR),
+      table_NM=put(self.table_NM, view.table_NM) if tables else self.table_NM,
+      slot_N=self.slot_N,
+    )
 
   def commit(self, positions) -> PagedKVCache:
     """The pools with `fresh` (the last call's T keys and values a row: keys [N, K, E, T],
@@ -402,6 +420,8 @@ class PagedKVCache:
     writes_NT = (self.slot_N[:, None] >= 0) & (pos_NT >= 0)
     page_NT = jnp.where(writes_NT, page_NT, self.pos_PZ.shape[0])
     off_NT = slot_NT % Z
+    if self.rings:
+      return self._commit_rings(new_k, new_v, jnp.where(writes_NT, pos_NT, -1), page_NT, off_NT)
     if self.stacked:  # [L, pages, K, E, Z] <- [L, N, K, E, T] at (:, page, :, :, offset).
       k = (self.k[0].at[:, page_NT, :, :, off_NT].set(jnp.transpose(new_k, (1, 4, 0, 2, 3)).astype(self.k[0].dtype), mode="drop"),)  # fmt: skip
       v = (self.v[0].at[:, page_NT, :, off_NT].set(jnp.transpose(new_v, (1, 3, 0, 2, 4)).astype(self.v[0].dtype), mode="drop"),)  # fmt: skip
@@ -410,6 +430,25 @@ class PagedKVCache:
       v = tuple(b.at[page_NT, :, off_NT].set(jnp.swapaxes(n, 1, 2).astype(b.dtype), mode="drop") for b, n in zip(self.v, new_v))  # fmt: skip
     pos_PZ = self.pos_PZ.at[page_NT, off_NT].set(pos_NT.astype(jnp.int32), mode="drop")
     return self.replace(k=k, v=v, pos_PZ=pos_PZ, fresh=())
+
+  def _commit_rings(self, new_k, new_v, pos_NT, page_NT, off_NT) -> PagedKVCache:
+    """`commit` of a cache with window rings (unstacked): a ring layer's keys and values
+    at each row's ring slots (`ring_slots` of the positions written, pos_NT: -1 where
+    nothing is), the other layers' in their pages."""
+    ring_NT = ring_slots(pos_NT, self.ring_pos_NR.shape[-1])
+    k, v = [], []
+    for kb, vb, nk, nv, r in zip(self.k, self.v, new_k, new_v, self.rings):
+      if r:
+        k.append(write_ring(kb, nk, ring_NT, slot_axis=-1))
+        v.append(write_ring(vb, nv, ring_NT, slot_axis=-2))
+      else:
+        k.append(kb.at[page_NT, :, :, off_NT].set(jnp.transpose(nk, (0, 3, 1, 2)).astype(kb.dtype), mode="drop"))  # fmt: skip
+        v.append(vb.at[page_NT, :, off_NT].set(jnp.swapaxes(nv, 1, 2).astype(vb.dtype), mode="drop"))  # fmt: skip
+    return self.replace(
+      k=tuple(k), v=tuple(v), fresh=(),
+      pos_PZ=self.pos_PZ.at[page_NT, off_NT].set(pos_NT.astype(jnp.int32), mode="drop"),
+      ring_pos_NR=write_ring_pos(self.ring_pos_NR, pos_NT, ring_NT),
+    )  # fmt: skip
 
 
 @flax.struct.dataclass

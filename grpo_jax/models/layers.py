@@ -248,6 +248,9 @@ class Attention(nn.Module):
   A window ring (`ring=True`, `KVCache.rings`: index the call's ring slots [B, T]): the
   call's keys are written at their slots; one token a row then attends over the ring, a
   block over the ring as it was and its own keys (cache_pos_BS the positions of both).
+  A paged cache's ring (`ring=True`, index None, cache_pos_BS the ring's positions): it
+  attends over the ring as it was and its own keys (`attention.attend_ring`) and returns
+  them for the sampler to commit, as a paged layer does.
 
   layer = (window, inv_freq): this layer's window (a scalar, or None: no window term) and
   rotary inverse frequencies (None: `attention.rope_inv_freq(cfg)`), per layer
@@ -323,6 +326,10 @@ class Attention(nn.Module):
     elif cache_kv is None:  # Teacher forcing or a prefill: causal within the call.
       out_BKQE = attention.attend_causal(
         q_BKQE, q_pos_BQ, *keys, query_block=cfg.context_query_block, **mask
+      )
+    elif keys is None and ring:  # A paged cache's window ring (`PagedKVCache.rings`).
+      out_BKQE = attention.attend_ring(
+        q_BKQE, q_pos_BQ, *cache_kv, cache_pos_BS, *new_kv, positions_BT, **mask
       )
     elif keys is None:  # A paged cache (`kv_cache.PageView`).
       out_BKQE = attention.attend_paged(

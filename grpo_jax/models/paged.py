@@ -6,7 +6,11 @@ possible row.
   rollouts = refill.sample(..., cfg=dataclasses.replace(cfg, kv_layout="paged"), slots=S)
 
 Layout (`kv_cache.PagedKVCache`, carried with its free-page stack as `Pages`): one pool of
-Z-slot pages per layer (Z = `sampler.page_size`), a page table per row. Algorithm (static
+Z-slot pages per layer (Z = `sampler.page_size`), a page table per row. Sliding-window
+layers (Mistral, Gemma 2 and 3; `kv_cache.cache_rings`) keep no pool but a window ring per
+row, min(S + T, window) slots, as the dense cache does (`PagedKVCache.rings`): a row's
+ring starts as a copy of its prompt's (`pool`; `load` for a refill slot), moves with the
+row (`compact`), and the pages serve the full-attention layers only. Algorithm (static
 shapes, one compile per prompt-length bucket):
   1. Prefill: each prompt minus its last token goes into a dense cache of ceil((P−1)/Z)·Z
      slots, once per prompt (`sampling.prefill_cache`, chunked with sampler.prefill_chunk),
@@ -73,6 +77,9 @@ class Pages:
   cache: kv_cache.PagedKVCache
   free_F: jax.Array
   top: jax.Array
+  # With window rings and `pool(prompt_rings=True)`: each prompt's rings, (keys, values)
+  # of the ring layers and positions [owners, R], which `load` copies into a slot's rows.
+  prompt_rings: tuple = ()
   prompt_pages: int = flax.struct.field(pytree_node=False, default=0)
 
   def slot(self, t_N):
@@ -133,19 +140,23 @@ def _prompt_table(owner_R, n_prompt: int):
   return owner_R[:, None] * n_prompt + jnp.arange(n_prompt)[None, :]
 
 
-def pool(dense: kv_cache.KVCache, *, rows: int, owner_N, cfg: sampling.SamplerConfig) -> Pages:
+def pool(dense: kv_cache.KVCache, *, rows: int, owner_N, cfg: sampling.SamplerConfig,
+         prompt_rings: bool = False) -> Pages:  # fmt: skip
   """Pages for `rows` rows from a dense prompt cache (`owners` rows of ceil(S/Z)·Z slots):
   its slots cut into pages at the front of the pool, then the completion pages
   (`completion_pages` for `rows`) and the null page. Row n's table starts with prompt
-  owner_N[n]'s pages."""
+  owner_N[n]'s pages. A ring layer of the prompt cache (`KVCache.rings`) becomes a ring
+  per row, a copy of its prompt's at min(S + T, window) slots (`KVCache.grown_rings`);
+  with prompt_rings the prompts' rings are kept for `load`."""
   Z, T = cfg.page_size, cfg.max_new_tokens
-  dense = dense.unring()  # Every layer's S slots (`KVCache.rings`); pages are columns.
   owners, S = dense.pos_BS.shape
   n_prompt = S // Z
   F = completion_pages(cfg, rows)
+  layers = dense.rings or (False,) * len(dense.k)
+  ring_k, ring_v, ring_pos = dense.grown_rings(own=S + T)
   pages = functools.partial(_to_pages, page_size=Z, stacked=dense.stacked)
-  k = tuple(_pool(pages(x, slot_axis=-1), F) for x in dense.k)
-  v = tuple(_pool(pages(x, slot_axis=-2), F) for x in dense.v)
+  k = tuple(rk[owner_N] if r else _pool(pages(x, slot_axis=-1), F) for x, rk, r in zip(dense.k, ring_k, layers))  # fmt: skip
+  v = tuple(rv[owner_N] if r else _pool(pages(x, slot_axis=-2), F) for x, rv, r in zip(dense.v, ring_v, layers))  # fmt: skip
   pos_PZ = jnp.pad(dense.pos_BS.reshape(owners * n_prompt, Z), ((0, F + 1), (0, 0)), constant_values=-1)  # fmt: skip
   null = owners * n_prompt + F
   table_NM = jnp.full((rows, n_prompt + -(-T // Z)), null, jnp.int32)
@@ -153,9 +164,15 @@ def pool(dense: kv_cache.KVCache, *, rows: int, owner_N, cfg: sampling.SamplerCo
   cache = kv_cache.PagedKVCache(
     k=k, v=v, pos_PZ=pos_PZ, table_NM=table_NM, slot_N=jnp.full((rows,), -1, jnp.int32),
     live=jnp.zeros((), jnp.int32), stacked=dense.stacked, block=max(1, _BLOCK_SLOTS // Z),
+    ring_pos_NR=ring_pos[owner_N] if dense.rings else None, rings=dense.rings,
   )  # fmt: skip
+  kept = ()
+  if prompt_rings and dense.rings:
+    only = lambda bufs: tuple(b for b, r in zip(bufs, layers) if r)  # noqa: E731
+    kept = (only(ring_k), only(ring_v), ring_pos)
   free_F = (owners * n_prompt + jnp.arange(F, dtype=jnp.int32))[::-1]
-  return Pages(cache=cache, free_F=free_F, top=jnp.asarray(F, jnp.int32), prompt_pages=n_prompt)
+  return Pages(cache=cache, free_F=free_F, top=jnp.asarray(F, jnp.int32), prompt_rings=kept,
+               prompt_pages=n_prompt)  # fmt: skip
 
 
 def group_pool(dense: kv_cache.KVCache, *, cfg: sampling.SamplerConfig) -> Pages:
@@ -261,18 +278,31 @@ def give_back(p: Pages, ended_N) -> Pages:
 
 def load(p: Pages, slot_R, b_R) -> Pages:
   """Rows slot_R (out of range: none) start prompt b_R: their tables point at its pages,
-  and at the null page after them (a refill slot taking a request; nothing is copied)."""
+  and at the null page after them (a refill slot taking a request; nothing is copied),
+  and their window rings, if any, become copies of the prompt's (`pool(prompt_rings=True)`)."""
   c = p.cache
   n = p.prompt_pages
   row_RM = jnp.full((slot_R.shape[0], c.table_NM.shape[1]), c.null_page, jnp.int32)
   row_RM = row_RM.at[:, :n].set(_prompt_table(b_R, n))
-  return p.replace(cache=c.replace(table_NM=c.table_NM.at[slot_R].set(row_RM, mode="drop")))
+  c = c.replace(table_NM=c.table_NM.at[slot_R].set(row_RM, mode="drop"))
+  if c.rings:
+    if not p.prompt_rings:
+      raise ValueError("paged.load: a cache with window rings needs pool(prompt_rings=True).")
+    pk, pv, ppos = p.prompt_rings
+    b_R = jnp.clip(b_R, 0, ppos.shape[0] - 1)
+    put = lambda buf, src: buf.at[slot_R].set(src[b_R], mode="drop")  # noqa: E731
+    k, v, prompt = list(c.k), list(c.v), iter(zip(pk, pv))
+    for layer in (i for i, r in enumerate(c.rings) if r):
+      rk, rv = next(prompt)
+      k[layer], v[layer] = put(k[layer], rk), put(v[layer], rv)
+    c = c.replace(k=tuple(k), v=tuple(v), ring_pos_NR=put(c.ring_pos_NR, ppos))
+  return p.replace(cache=c)
 
 
 def compact(p: Pages, idx_R) -> Pages:
-  """The pages of rows idx_R only, in that order (their tables move, the pool stays)."""
-  c = p.cache
-  return p.replace(cache=c.replace(table_NM=c.table_NM[idx_R], slot_N=c.slot_N[idx_R]))
+  """The pages of rows idx_R only, in that order (their tables and rings move, the pool
+  stays)."""
+  return p.replace(cache=p.cache.rows(idx_R))
 
 
 def forward(params, p: Pages, tok_N, pos_N, t_N, live_N, *, model_fn: Callable):
@@ -371,7 +401,7 @@ def _forward(params, s: State, *, rows: int, model_fn: Callable, record: bool):
   N = s.done_N.shape[0]
   slot = s.pages.slot(s.step)  # Every live row's next slot.
   idx = jnp.arange(N) if rows == N else jnp.argsort(s.done_N, stable=True)[:rows]
-  view = c.replace(table_NM=c.table_NM[idx], live=slot)
+  view = (c if rows == N else c.rows(idx)).replace(live=slot)  # Rings move with the rows.
   kw = dict(record_routes=True) if record else {}
   out = model_fn(params, s.tok_N[idx, None], s.pos_N[idx, None], view, **kw)
   full = functools.partial(_full_rows, idx=idx, N=N) if rows < N else (lambda x, axis=0: x)
@@ -469,7 +499,7 @@ def make_policy_sampler(model_cfg: model.ModelConfig, cfg: sampling.SamplerConfi
   fn = functools.partial(
     sample,
     model_fn=model.make_model_fn(mcfg),
-    init_cache=functools.partial(model.init_cache, mcfg, rings=False),
+    init_cache=functools.partial(model.init_cache, mcfg),
     cfg=cfg,
   )
   return jax.jit(sampling.viewed(fn, view))

@@ -169,7 +169,8 @@ def _paged_slots(params, tokens_BP, positions_BP, req_S, *, G, init_cache, model
     compact=paged.compact,
     starves=True,
   )
-  return paged.pool(dense, rows=req_S.shape[0], owner_N=req_S // G, cfg=cfg), slots
+  pages = paged.pool(dense, rows=req_S.shape[0], owner_N=req_S // G, cfg=cfg, prompt_rings=True)
+  return pages, slots
 
 
 # The slots' cache of each sampler.kv_layout (`sampling.KV_LAYOUTS`).

@@ -527,7 +527,7 @@ def _sampler_bytes(
   sizes = _all_axes(sizes)
   if pages is not None:
     return _paged_sampler_bytes(cfg, boxed, rules=rules, sizes=sizes, rows=rows,
-                                prompt_rows=prompt_rows, P=P, T=T, pages=pages)  # fmt: skip
+                                prompt_rows=prompt_rows, P=P, T=T, pages=pages, rings=rings)  # fmt: skip
   fsdp, L, E = sizes["fsdp"], cfg.n_layers, cfg.head_dim
   item = jnp.dtype(cfg.compute_dtype).itemsize
   kv_heads = _local_size(cfg.n_kv_heads, "activation_kv_heads", rules, sizes)
@@ -623,15 +623,21 @@ def _sampler_bytes(
   return int(max(decode, prefill, write, grow))
 
 
-def _paged_sampler_bytes(cfg, boxed, *, rules, sizes, rows, prompt_rows, P, T, pages) -> int:
+def _paged_sampler_bytes(cfg, boxed, *, rules, sizes, rows, prompt_rows, P, T, pages,
+                         rings=True) -> int:  # fmt: skip
   """`_sampler_bytes` of the paged sampler (`paged.sample`), the larger of two phases.
-  - decode: the pools, 2·L·[pages + 1, K, E, Z] and the int32 positions [pages + 1, Z],
-    written in place; the page table [rows, M] int32; one layer's attention block at a
-    time, its gathered keys and values [rows, K, E, b·Z] and float32 scores and
-    exponentials [rows, heads, b·Z] (b·Z = paged._BLOCK_SLOTS); and the step's sampling
-    as the dense sampler's, plus the full-row logits the compacted rows scatter into.
+  - decode: the pools, 2·[pages + 1, K, E, Z] per layer without a ring and the int32
+    positions [pages + 1, Z], written in place; with window rings (`rings` and sliding
+    layers: `PagedKVCache.rings`) each sliding layer's rings instead, 2·[rows, K, E, R]
+    with R = min(ceil((P − 1)/Z)·Z + T, window) and int32 positions [rows, R] (a compacted
+    step's gathered rings, `PagedKVCache.rows`, share the attention's temporaries: not
+    counted, 2-3% under XLA's figure on CPU without them, 7-10% over with them); the
+    page table [rows, M] int32; one layer's attention block at a time, its gathered keys
+    and values [rows, K, E, b·Z] and float32 scores and exponentials [rows, heads, b·Z]
+    (b·Z = paged._BLOCK_SLOTS); and the step's sampling as the dense sampler's, plus the
+    full-row logits the compacted rows scatter into.
   - prefill: the dense prompt cache (`_sampler_bytes` with T = 1: its forward and
-    write), then cut into pages beside the pools it becomes.
+    write), then cut into pages (and rings) beside the pools it becomes.
   The pools are one array each, not split over the batch axes: with rows over several
   devices, every device holds the whole pool (`paged`, module docstring)."""
   n_pages, Z = pages
@@ -640,14 +646,18 @@ def _paged_sampler_bytes(cfg, boxed, *, rules, sizes, rows, prompt_rows, P, T, p
   kv_heads = _local_size(cfg.n_kv_heads, "activation_kv_heads", rules, sizes)
   heads = _local_size(cfg.n_heads, "q_heads", rules, sizes)
   vocab = _local_size(cfg.vocab_size, "activation_vocab", rules, sizes)
-  pools = 2 * L * (n_pages + 1) * kv_heads * E * Z * item + (n_pages + 1) * Z * 4
+  n_rings = sum(model.cache_rings(cfg)) if rings else 0
+  R = min(-(-(P - 1) // Z) * Z + T, cfg.sliding_window)
+  ring_bytes = (2 * n_rings * kv_heads * E * item + 4) * rows * R if n_rings else 0
+  pools = 2 * (L - n_rings) * (n_pages + 1) * kv_heads * E * Z * item + (n_pages + 1) * Z * 4
+  pools += ring_bytes
   M = -(-(P - 1) // Z) + -(-T // Z)
   block = min(paged._BLOCK_SLOTS, M * Z)
   attend = 2 * rows * kv_heads * E * block * item + 2 * rows * heads * block * 4
   decode = pools + rows * M * 4 + attend + 6 * rows * vocab * 4
   prompt_cache = _sampler_bytes(
     cfg, boxed, rules=rules, sizes=sizes, rows=prompt_rows, prompt_rows=prompt_rows,
-    P=-(-(P - 1) // Z) * Z + 1, T=1,
+    P=-(-(P - 1) // Z) * Z + 1, T=1, rings=rings,
   )  # fmt: skip
   return int(max(decode, prompt_cache + pools))
 

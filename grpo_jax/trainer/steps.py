@@ -243,9 +243,8 @@ def _sampler_model(setup: build.Setup, model_fn, layout: sharding.Layout):
 
 def _init_cache(setup: build.Setup, mcfg: model.ModelConfig):
   """The samplers' `init_cache(batch, length)`: sliding-window layers in window-sized rings
-  (`kv_cache.init_cache`) with the dense layout; the paged one cuts its prompt cache into
-  pages, every layer's S slots."""
-  return functools.partial(model.init_cache, mcfg, rings=setup.sampler_cfg.kv_layout == "dense")
+  (`kv_cache.init_cache`), which the paged layout keeps as a ring per row (`paged.pool`)."""
+  return functools.partial(model.init_cache, mcfg)
 
 
 # The static sampler of each sampler.kv_layout (`sampling.KV_LAYOUTS`).

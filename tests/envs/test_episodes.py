@@ -4,6 +4,7 @@ episode agrees); observation tokens never trained (zero gradient, equal losses w
 without one appended, for every aggregation mode); limits and end reasons; planners on
 episodes; the calculator environment and its config."""
 
+import dataclasses
 import functools
 import re
 import threading
@@ -521,6 +522,26 @@ def test_overlapped_episodes_equal_the_lockstep_episodes(
     env_cfg=dict(overlap_steps=overlap, step_workers=workers),
   )  # fmt: skip
   _assert_same_episodes(got, row_keyed_episodes, atol=1e-5)
+
+
+def test_episodes_with_window_rings_on_pages_and_through_slots_equal_the_dense_ones(
+  tiny_cfg, tiny_params, tokenizer
+):
+  """A sliding first layer of window 4 (a ring per row on pages, `PagedKVCache.rings`;
+  episodes of 7 prompt slots and 32 more: the rings wrap): lockstep episodes on pages of
+  3 (prompt copied, observations 4 columns a call) equal the dense cache's with the same
+  keys, and episodes through 5 refill slots with overlapped environment steps (rings
+  moved with their episodes: `PagedKVCache.rows`, `put_rows`) equal the dense lockstep
+  run with the refill loop's keys."""
+  cfg = dataclasses.replace(
+    tiny_cfg, sliding_window=4, layer_types=("sliding_attention", "full_attention")
+  )
+  run = functools.partial(_chatty_run, cfg, tiny_params, tokenizer)
+  on_pages = run(kv_layout="paged", page_size=3, shared_prefix=False, prefill_chunk=4)
+  _assert_same_episodes(on_pages, run(), atol=1e-5)
+  slots = run(kv_layout="paged", page_size=4, refill_slots=5, env_cfg=dict(overlap_steps=4))
+  _assert_same_episodes(slots, run(row_keys=True), atol=1e-5)
+  assert int(on_pages.rollouts.length_N.max()) > 3 * 4  # Past three windows.
 
 
 class SlowChatty(Chatty):

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import paged_sampler  # experiments/ is on the tests' path (pyproject.toml)
 import pytest
+import window_rings
 
 from grpo_jax.models import attention, kv_cache, model, paged, refill, sampling, shapes, sharding
 from grpo_jax.trainer import memory
@@ -279,6 +280,73 @@ def test_a_short_pool_truncates_late_rows_and_keeps_every_token_before_the_cut(
   np.testing.assert_array_equal(np.asarray(got.tokens_NT)[~cut], np.asarray(dense.tokens_NT)[~cut])
 
 
+# Gemma 3's layout in small: two sliding layers of window 5, then a full one.
+WINDOWED = dict(
+  n_layers=3, sliding_window=5, qk_norm=True,
+  layer_types=("sliding_attention", "sliding_attention", "full_attention"),
+)  # fmt: skip
+
+
+def test_window_rings_on_pages_equal_the_dense_samplers():
+  """Sliding layers on pages keep a window ring per row (`PagedKVCache.rings`: keys
+  [N, K, E, 5] against the full layer's pool of 3-slot pages) and draw the dense
+  sampler's tokens with its log-probs (float32, same keys), 20 tokens past prompts of 4-11
+  (windows of 5, so the rings wrap): the group's prompt pages shared or copied (the rings
+  copied either way), a chunked prefill, per-row limits; the refill sampler on pages (a
+  slot's ring loaded from its prompt's, `paged.load`) its dense twin's."""
+  cfg = model.tiny_config(40, **WINDOWED)
+  params = model.init(cfg, jax.random.key(3))
+  params["embed"]["embedding"] = params["embed"]["embedding"] * 4.0  # Peaked logits.
+  scfg = sampling.SamplerConfig(max_new_tokens=20, group_size=4, eos_ids=(1,), pad_id=0, prompt_buckets=(12,))  # fmt: skip
+  rng = np.random.default_rng(0)
+  prompts = sampling.prepare_prompts([list(rng.integers(2, 40, size=n)) for n in (9, 4, 11)], cfg=scfg)  # fmt: skip
+  kw = dict(model_fn=model.make_model_fn(cfg), init_cache=functools.partial(model.init_cache, cfg))  # fmt: skip
+  args = (params, prompts, jax.random.key(5), sampling.sampling_params(temperature=1.3), jnp.asarray([20, 1, 3, 17] * 3, jnp.int32))  # fmt: skip
+  dense = jax.jit(functools.partial(sampling.sample, **kw, cfg=scfg))(*args)
+  for shared, chunk in ((True, 0), (False, 4)):
+    pcfg = dataclasses.replace(scfg, kv_layout="paged", page_size=3, shared_prefix=shared, prefill_chunk=chunk)  # fmt: skip
+    _assert_same(jax.jit(functools.partial(paged.sample, **kw, cfg=pcfg))(*args), dense)
+  state = jax.eval_shape(lambda: paged.prefill(params, prompts, jax.random.key(0), cfg=pcfg, **kw))  # fmt: skip
+  c = state.pages.cache
+  assert c.rings == (True, True, False) and c.ring_pos_NR.shape == (12, 5)
+  assert [k.shape for k in c.k] == [(12, 2, 16, 5)] * 2 + [(12 * 4 + 12 * 7 + 1, 2, 16, 3)]
+  assert int(dense.mask_NT.sum()) > 60 and int(dense.length_N.max()) == 20
+  run = lambda c: jax.jit(functools.partial(refill.sample, **kw, cfg=c, slots=5))(*args)  # noqa: E731
+  _assert_same(run(dataclasses.replace(scfg, kv_layout="paged", page_size=3)), run(scfg))
+
+
+def test_rings_move_with_their_rows_by_hand():
+  """Rows of a cache with one ring layer (ring of 2 slots) and one paged layer: a refill
+  slot loading prompt 1 gets a copy of its ring and positions; compaction and `rows`
+  move ring rows with the table; `put_rows` puts a view's rings back at its rows and
+  drops an out-of-range one, keeping the full cache's write slots and tables."""
+  ring_k = jnp.arange(4 * 2, dtype=jnp.float32).reshape(4, 1, 1, 2)  # [N, K, E, R]: row n, n.
+  pool = jnp.zeros((3, 1, 1, 2))
+  cache = kv_cache.PagedKVCache(
+    k=(ring_k, pool), v=(jnp.swapaxes(ring_k, 2, 3), pool), pos_PZ=jnp.zeros((3, 2), jnp.int32),
+    table_NM=jnp.asarray([[0, 2]] * 4), slot_N=jnp.asarray([0, 1, 2, 3]),
+    live=jnp.zeros((), jnp.int32), ring_pos_NR=jnp.asarray([[0, 1], [2, 3], [4, 5], [6, 7]]),
+    rings=(True, False),
+  )  # fmt: skip
+  prompt = ((jnp.full((2, 1, 1, 2), 7.0),), (jnp.full((2, 1, 2, 1), 7.0),), jnp.asarray([[9, 9], [10, 11]]))  # fmt: skip
+  p = paged.Pages(cache=cache, free_F=jnp.asarray([1]), top=jnp.asarray(1), prompt_rings=prompt, prompt_pages=1)  # fmt: skip
+  p = paged.load(p, jnp.asarray([2, 9]), jnp.asarray([1, 0]))  # Slot 9: none (dropped).
+  np.testing.assert_array_equal(p.cache.ring_pos_NR, [[0, 1], [2, 3], [10, 11], [6, 7]])
+  np.testing.assert_array_equal(p.cache.k[0][2], 7.0)
+  np.testing.assert_array_equal(p.cache.k[0][3].ravel(), [6, 7])
+  moved = paged.compact(p, jnp.asarray([3, 0])).cache
+  np.testing.assert_array_equal(moved.ring_pos_NR, [[6, 7], [0, 1]])
+  np.testing.assert_array_equal(moved.k[0].ravel(), [6, 7, 0, 1])
+  assert moved.k[1] is p.cache.k[1]  # The pool stays.
+  view = cache.rows(jnp.asarray([1, 3]))
+  view = view.replace(k=(view.k[0] + 100, view.k[1]), ring_pos_NR=view.ring_pos_NR + 100, slot_N=view.slot_N * 0)  # fmt: skip
+  back = cache.put_rows(jnp.asarray([1, 4]), view)  # Row 4: none.
+  np.testing.assert_array_equal(back.ring_pos_NR, [[0, 1], [102, 103], [4, 5], [6, 7]])
+  np.testing.assert_array_equal(back.k[0][:, 0, 0, 0], [0, 102, 4, 6])
+  np.testing.assert_array_equal(back.slot_N, cache.slot_N)
+  np.testing.assert_array_equal(back.table_NM, cache.table_NM)
+
+
 def test_compaction_sizes():
   assert paged._buckets(40) == (40, 20, 10, 5)
   assert paged._buckets(12) == (12, 6, 3, 2)
@@ -396,7 +464,7 @@ def test_the_memory_plan_prices_the_paged_sampler_within_its_band_of_xla():
   """40 rows, 64-token prompts, 2,048 new tokens, pages of 64, a pool of 0.15 of the worst
   case (XLA:CPU, compiled, not run): the plan's sampler figure (the pools, one attention
   block, the sampling buffers) within 10% of XLA's temporaries; and under a third of the
-  dense sampler's. The dense sampler's own figure (4 decode segments over a shared prompt:
+  dense sampler's; for Gemma 3's layout, with window rings, within 10% as well. The dense sampler's own figure (4 decode segments over a shared prompt:
   the last grow counted) is within 10% too (0.77 before the grow was counted)."""
   cfg = model.tiny_config(vocab_size=64)
   params = jax.eval_shape(functools.partial(model.init, cfg), jax.random.key(0))
@@ -419,6 +487,17 @@ def test_the_memory_plan_prices_the_paged_sampler_within_its_band_of_xla():
   assert xla < xla_dense / 3
   assert sampling.segment_count(dense) == 4
   assert 0.9 <= paged_sampler._plan(cfg, dense, B=B, P=P, T=T, pages=None) / xla_dense <= 1.1
+  # Gemma 3's layout (5 sliding layers of window 64, 1 full): the sliding layers' window
+  # rings priced within the band too, under half the same pool without them.
+  cfg = model.tiny_config(vocab_size=64, **window_rings.GEMMA3_TINY)
+  params = jax.eval_shape(functools.partial(model.init, cfg), jax.random.key(0))
+  args = (params, *args[1:])
+  kw = dict(model_fn=model.make_model_fn(cfg), init_cache=functools.partial(model.init_cache, cfg))  # fmt: skip
+  xla = temp(functools.partial(paged.sample, cfg=cfg_paged, **kw))
+  pages = memory._pool_pages(cfg_paged, prompts=B)
+  plan = paged_sampler._plan(cfg, dense, B=B, P=P, T=T, pages=pages)
+  assert 0.9 <= plan / xla <= 1.1
+  assert plan < paged_sampler._plan(cfg, dense, B=B, P=P, T=T, pages=pages, rings=False) / 2
 
 
 def test_the_trainer_runs_every_sampler_on_pages(tmp_path):
