@@ -501,16 +501,24 @@ def test_the_memory_plan_prices_the_paged_sampler_within_its_band_of_xla():
 
 
 def test_the_trainer_runs_every_sampler_on_pages(tmp_path):
-  """Two iterations of the arithmetic quick config on pages of 4 slots (the train, greedy
-  and eval samplers), then two of the off-policy pipeline's partial rollouts on pages;
-  IBPO's trained counterfactual rows build on pages; one iteration of the calculator's
-  episodes on pages (training, greedy and pass@k evaluation)."""
+  """Two iterations of the arithmetic quick config with a Gemma-3-shaped policy (a sliding
+  layer of window 4, kept in a ring per row on pages, and a full one; q/k norms, local
+  rope) under LoRA on pages of 4 slots (the train, greedy and eval samplers), then two of
+  the off-policy pipeline's partial rollouts on pages; IBPO's trained counterfactual rows
+  build on pages; one iteration of the calculator's episodes on pages (training, greedy
+  and pass@k evaluation)."""
   import arithmetic  # noqa: PLC0415
 
   from grpo_jax.infra import config_lib, logs  # noqa: PLC0415
   from grpo_jax.trainer import build, train  # noqa: PLC0415
 
   c = arithmetic.get_config("quick")
+  c.model.update(
+    n_layers=2, sliding_window=4, layer_types=("sliding_attention", "full_attention"),
+    qk_norm=True, rope_local_theta=50.0, activation="gelu_tanh", norm_offset=1.0,
+    post_norms=True, embed_scale=True,
+  )  # fmt: skip
+  c.model.lora.update(rank=4, alpha=8.0)
   c.sampler.update(group_size=4, kv_layout="paged", page_size=4, kv_pool_fraction=0.5)
   c.update(prompts_per_step=4, iterations=2, warmstart_steps=2, warmstart_batch=8, eval_size=8)
   c.update(eval_every=2, checkpoint_every=2, reward_workers=0, progress=False)
