@@ -159,7 +159,8 @@ def hf_check() -> dict:
     verdict = "OK" if out["ok"] else "MISMATCH"
     print(
       f"transformers: max abs logit difference {out['max_abs_diff']:.3g} "
-      f"(tolerance {out['tolerance']:g}): {verdict}"
+      f"(tolerance {out['tolerance']:g}), greedy ids differing at "
+      f"{out['greedy_mismatches']} of {out['positions']} positions: {verdict}"
     )
   print(json.dumps(out))
   if not out["ok"]:

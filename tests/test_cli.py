@@ -312,7 +312,8 @@ def test_a_small_plan_shows_mib_and_an_unfit_one_is_one_line():
 def test_hf_check_that_compared_nothing_is_an_error_unless_nocompare(monkeypatch, capsys):
   figures = dict(
     arch="qwen3", params=1, import_seconds=0.1, logits_mean=0.0, logits_std=1.0,
-    logits_absmax=2.0, argmax_last=[0], max_abs_diff=None, tolerance=1e-4, ok=True,
+    logits_absmax=2.0, argmax_last=[0], positions=43, max_abs_diff=None, greedy_mismatches=None,
+    tolerance=1e-4, ok=True,
   )  # fmt: skip
   monkeypatch.setattr(hf, "check", lambda *a, **k: dict(figures))
   status, out, err = _run(["hf-check", "--hf_dir=/x"], monkeypatch, capsys)

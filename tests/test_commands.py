@@ -60,7 +60,7 @@ def test_commands_that_cannot_start_are_usage_errors(invoke, args, match):
 
 FIGURES = dict(
   arch="llama", params=1234567, import_seconds=0.125, logits_mean=0.5, logits_std=2.0,
-  logits_absmax=7.25, argmax_last=[3], tolerance=1e-4,
+  logits_absmax=7.25, argmax_last=[3], positions=43, tolerance=1e-4,
 )  # fmt: skip
 
 
@@ -69,7 +69,11 @@ def test_hf_check_reports_a_match(invoke, monkeypatch, capsys):
   returns."""
   asked = []
   monkeypatch.setattr(
-    hf, "check", lambda d, **kw: asked.append((d, kw)) or dict(FIGURES, max_abs_diff=2e-5, ok=True)
+    hf,
+    "check",
+    lambda d, **kw: (
+      asked.append((d, kw)) or dict(FIGURES, max_abs_diff=2e-5, greedy_mismatches=0, ok=True)
+    ),
   )
   invoke("hf-check", "--hf_dir=/ckpt", "--tolerance=1e-4")
   out = commands.hf_check()
@@ -79,19 +83,25 @@ def test_hf_check_reports_a_match(invoke, monkeypatch, capsys):
     "llama: 1,234,567 params imported in 0.12 s; logits mean 0.5000, std 2.0000, "
     "max |logit| 7.2500, last-token argmax [3]"
   )
-  assert lines[1] == "transformers: max abs logit difference 2e-05 (tolerance 0.0001): OK"
+  assert lines[1] == (
+    "transformers: max abs logit difference 2e-05 (tolerance 0.0001), greedy ids differing "
+    "at 0 of 43 positions: OK"
+  )
   assert json.loads(lines[-1]) == out and out["ok"] is True
 
 
 def test_hf_check_past_the_tolerance_exits_1(invoke, monkeypatch, capsys):
   """A difference past the tolerance prints MISMATCH and exits with status 1."""
-  monkeypatch.setattr(hf, "check", lambda d, **kw: dict(FIGURES, max_abs_diff=0.002, ok=False))
+  monkeypatch.setattr(
+    hf, "check", lambda d, **kw: dict(FIGURES, max_abs_diff=0.002, greedy_mismatches=1, ok=False)
+  )
   invoke("hf-check", "--hf_dir=/ckpt")
   with pytest.raises(SystemExit) as e:
     commands.hf_check()
   assert e.value.code == 1
   out = capsys.readouterr().out
-  assert "max abs logit difference 0.002 (tolerance 0.0001): MISMATCH" in out
+  assert "max abs logit difference 0.002 (tolerance 0.0001), greedy ids differing at 1" in out
+  assert "of 43 positions: MISMATCH" in out
   assert json.loads(out.splitlines()[-1])["ok"] is False
 
 

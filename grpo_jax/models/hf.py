@@ -548,8 +548,10 @@ def check(hf_dir, *, tolerance: float = 1e-4, dtype: str = "float32", compare: b
   """Imports a checkpoint, runs a forward on a small batch (one row left-padded) and, when
   transformers is installed and `compare`, the same batch through transformers.
 
-  Returns figures: arch, params, import seconds, a logits summary, max_abs_diff (None
-  without transformers) and ok = max_abs_diff <= tolerance (True when not compared)."""
+  Returns figures: arch, params, import seconds, a logits summary, max_abs_diff and
+  greedy_mismatches (the real positions whose argmax, the greedy id, differs from
+  transformers'; None without transformers) and ok = max_abs_diff <= tolerance with no
+  greedy mismatch (True when not compared)."""
   import time
 
   import jax.numpy as jnp
@@ -577,13 +579,17 @@ def check(hf_dir, *, tolerance: float = 1e-4, dtype: str = "float32", compare: b
     logits_std=float(ours.std()),
     logits_absmax=float(np.abs(ours).max()),
     argmax_last=[int(i) for i in np.asarray(logits)[:, -1].argmax(-1)],
+    positions=int(keep.sum()),
     max_abs_diff=None,
+    greedy_mismatches=None,
     tolerance=tolerance,
   )
   ref = transformers_logits(hf_dir, ids, mask) if compare else None
   if ref is not None:
     out["max_abs_diff"] = float(np.abs(ours - ref[keep]).max())
-  out["ok"] = out["max_abs_diff"] is None or out["max_abs_diff"] <= tolerance
+    out["greedy_mismatches"] = int((ours.argmax(-1) != ref[keep].argmax(-1)).sum())
+  compared = out["max_abs_diff"] is not None
+  out["ok"] = not compared or (out["max_abs_diff"] <= tolerance and not out["greedy_mismatches"])
   return out
 
 

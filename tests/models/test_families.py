@@ -325,19 +325,26 @@ def test_expert_parallel_on_4_devices_equals_one_device(axis):
   assert out["batch_axes"] == ["data", "fsdp", "expert"]
 
 
-def test_a_mixture_of_experts_trains_under_grpo_with_lora_replaying_its_routes(tmp_path):
-  """Two GRPO iterations of the quick config with a Qwen3-MoE-shaped policy (4 experts,
-  top 2), LoRA on q, k, v, o, rl.moe_balance_coef, and the routes of a bfloat16 sampler
-  replayed (rl.routing_replay, π_old's forward in two slices): each iteration logs the
-  balance loss, between its floor k = 2 and X = 4, the sampler/trainer mismatch and the
-  share of replayed routes the update's router would not have taken. (Full
-  fine-tuning of a mixture of experts learns in test_moe_learning.py.)"""
+def test_a_mistral_bodied_mixture_of_experts_trains_under_grpo_with_lora_replaying_its_routes(
+  tmp_path,
+):
+  """Two GRPO iterations of the quick config with a Mixtral-shaped policy: Mistral's body
+  (every layer sliding, window 3, no q/k norm, 8 query heads on 2 kv heads) with
+  Qwen3-MoE's experts (4, top 2, weights renormalised); LoRA on q, k, v, o,
+  rl.moe_balance_coef, and the routes of a bfloat16 sampler replayed (rl.routing_replay,
+  π_old's forward in two slices): each iteration logs the balance loss, between its floor
+  k = 2 and X = 4, the sampler/trainer mismatch and the share of replayed routes the
+  update's router would not have taken. So Mistral's window and the experts both train
+  under GRPO and LoRA. (Full fine-tuning of a mixture of experts learns in
+  test_moe_learning.py; Gemma 2 with LoRA in test_lora_learning.py; Gemma 3 with LoRA in
+  test_paged.py's trainer run.)"""
   import runs  # noqa: PLC0415
 
   from grpo_jax.trainer import train  # noqa: PLC0415
 
   c = runs.small_arithmetic()
-  c.model.update(SHAPES["qwen3_moe"])
+  c.model.update(**SHAPES["mistral"], **SHAPES["qwen3_moe"])
+  assert c.model.sliding_window == 3 and not c.model.qk_norm
   c.model.lora.update(rank=4, alpha=8.0, targets=("q", "k", "v", "o"))
   c.update(prompts_per_step=4, iterations=2, warmstart_steps=2, warmstart_batch=8)
   c.update(eval_every=2, eval_size=8, eval_samples=0, checkpoint_every=2, reward_workers=0)

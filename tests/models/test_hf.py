@@ -335,6 +335,27 @@ def test_hf_check_cli_prints_json_figures():
     assert out["max_abs_diff"] <= TOL
 
 
+@pytest.mark.parametrize("arch", ["mistral", "gemma2", "gemma3", "qwen3_moe"])
+def test_hf_check_passes_for_each_new_family_and_for_its_export(arch, tmp_path):
+  """`hf.check` (what `grpo-jax hf-check` prints) on each new family's transformers
+  checkpoint: logits within 1e-4 of transformers' float32 forward and the same greedy id
+  at every real position; then on the checkpoint exported back (`hf.export`), which
+  transformers loads and which passes the same check."""
+  d = FIXTURES / arch
+  figures = hf.check(d)
+  assert figures["ok"] and figures["max_abs_diff"] <= TOL and figures["greedy_mismatches"] == 0
+  assert figures["positions"] >= 40 and figures["logits_std"] > 0.1
+  base = hf.read_config(d)
+  cfg = hf.model_config(base)
+  out = hf.export(
+    hf.load_params(d, cfg), cfg, tmp_path / "out", arch=MODEL_TYPE.get(arch, arch),
+    dtype="float32", base_config=base,
+  )  # fmt: skip
+  again = hf.check(out)
+  assert again["ok"] and again["greedy_mismatches"] == 0
+  assert again["max_abs_diff"] <= TOL and again["params"] == figures["params"]
+
+
 def test_hf_check_batch_left_pads_one_row():
   ids, mask = hf.check_batch(50)
   assert mask.sum(1).tolist() == [16, 11, 16] and (ids[mask == 0] == 0).all()
