@@ -148,6 +148,33 @@ class KVCache:
       ring_pos_BR=ring_pos,
     ).constrain()
 
+  def unring(self) -> KVCache:
+    """The same cache with every layer in S column slots (`rings` off): a ring layer's key
+    for column c is its ring's slot pos_c mod R where that slot holds pos_c, else zeros. A
+    position a ring no longer holds is outside every later query's window (it keeps the
+    last R >= min(window, positions) of its row), so the result attends as the ring does.
+    The paged sampler cuts this layout into pages where window rings would hold more
+    (`paged.keeps_rings`)."""
+    if not self.rings:
+      return self
+    if self.prefix_pos_AS is not None:
+      raise ValueError("KVCache.unring: a shared cache (`share`) keeps its rings.")
+    R = self.ring_pos_BR.shape[-1]
+    slot_BS = jnp.where(self.pos_BS >= 0, self.pos_BS % R, 0)
+    held_BS = (self.pos_BS >= 0) & (
+      jnp.take_along_axis(self.ring_pos_BR, slot_BS, 1) == self.pos_BS
+    )
+
+    def columns(buf, axis):  # buf [B, K, E, R] (axis 3) or [B, K, R, E] (axis 2).
+      shape = [buf.shape[0], 1, 1, 1]
+      shape[axis] = slot_BS.shape[1]
+      idx, held = slot_BS.reshape(shape), held_BS.reshape(shape)
+      return jnp.where(held, jnp.take_along_axis(buf, idx, axis=axis), 0).astype(buf.dtype)
+
+    k = tuple(columns(b, 3) if r else b for b, r in zip(self.k, self.rings))
+    v = tuple(columns(b, 2) if r else b for b, r in zip(self.v, self.rings))
+    return self.replace(k=k, v=v, ring_pos_BR=None, rings=(), window=0).constrain()
+
   def grown_rings(self, *, own: int):
     """(keys, values, ring positions) with the ring layers' buffers at min(own, window)
     slots (`grow`, and a paged cache's rings: `paged.pool`; a layer without a ring is left
@@ -219,13 +246,13 @@ def write_and_read(cache_kv, k_BKET, v_BKTE, cache_pos_BS, index, *, ring: bool 
   - A window ring (`KVCache.rings`; index: the call's ring slots [B, T], `ring_slots`):
     written at those slots; one token a row attends over the ring once written, a block
     over the ring as it was and its own keys (cache_pos_BS the positions of both).
-  - A paged cache (index a `PageView`; or a paged cache's ring, ring=True and index None):
-    nothing written, the call's keys and values come back as they are
-    (`PagedKVCache.fresh`), and keys None (`attention.attend_paged`, `attend_ring`).
+  - A paged cache (index a `PageView`; its ring layers too, ring=True): nothing written,
+    the call's keys and values come back as they are (`PagedKVCache.fresh`), and keys None
+    (`attention.attend_paged`, `attend_ring`).
   - Else written in place at column `index` (a scalar, or [B]: one per row, the refill
     sampler's), then the buffers' first cache_pos_BS.shape[1] slots are attended over
     (fewer than the buffers hold: `KVCache.visible`, a chunked prefill's call)."""
-  if ring and index is None:  # A paged cache's ring, committed later (`PagedKVCache`).
+  if isinstance(index, PageView):  # Pages and rings alike, committed later.
     return (k_BKET, v_BKTE), None
   if ring:
     new_kv = (
@@ -239,8 +266,6 @@ def write_and_read(cache_kv, k_BKET, v_BKTE, cache_pos_BS, index, *, ring: bool 
       jnp.concatenate([cache_kv[1], v_BKTE.astype(cache_kv[1].dtype)], axis=2),
     )
     return new_kv, (*before, cache_pos_BS)
-  if isinstance(index, PageView):
-    return (k_BKET, v_BKTE), None
   write = lambda buf, new, at: jax.lax.dynamic_update_slice(buf, new.astype(buf.dtype), at)
   if jnp.ndim(index) == 1:
     new_kv = (
@@ -384,12 +409,12 @@ class PagedKVCache:
     return self.replace(
       k=pick(self.k), v=pick(self.v), table_NM=self.table_NM[idx_R], slot_N=self.slot_N[idx_R],
       ring_pos_NR=None if ring is None else ring[idx_R],
-    )  # fmt: skip
+    ).constrain()  # fmt: skip
 
   def put_rows(self, idx_R, view: PagedKVCache, *, tables: bool = False) -> PagedKVCache:
     """This cache after a call on the view `rows(idx_R)`: the view's pools and positions,
     its rings (and, with `tables`, its table rows) put back at rows idx_R (out of range:
-    not put back); the write slots stay this cache's."""
+    not put back; the rows put back must be distinct); the write slots stay this cache's."""
     n = self.table_NM.shape[0]
     at = jnp.where((idx_R >= 0) & (idx_R < n), idx_R, n)
     put = lambda full, part: full.at[at].set(part, mode="drop")  # noqa: E731
@@ -401,6 +426,20 @@ class PagedKVCache:
       ring_pos_NR=None if ring is None else put(ring, view.ring_pos_NR),
       table_NM=put(self.table_NM, view.table_NM) if tables else self.table_NM,
       slot_N=self.slot_N,
+    ).constrain()
+
+  def constrain(self) -> PagedKVCache:
+    """Sharding constraints on the window rings, which are per row: keys and values as a
+    dense cache's (`model_config.CACHE_K` / `CACHE_V`), positions over the batch axes. The
+    pools are one array each, left to XLA (every device holds them: `paged`)."""
+    if not self.rings:
+      return self
+    c = lambda names: lambda x: nn.with_logical_constraint(x, names)  # noqa: E731
+    layers = self._ring_layers()
+    return self.replace(
+      k=tuple(c(model_config.CACHE_K)(b) if r else b for b, r in zip(self.k, layers)),
+      v=tuple(c(model_config.CACHE_V)(b) if r else b for b, r in zip(self.v, layers)),
+      ring_pos_NR=c(("activation_batch", "activation_cache"))(self.ring_pos_NR),
     )
 
   def commit(self, positions) -> PagedKVCache:
@@ -434,13 +473,18 @@ class PagedKVCache:
   def _commit_rings(self, new_k, new_v, pos_NT, page_NT, off_NT) -> PagedKVCache:
     """`commit` of a cache with window rings (unstacked): a ring layer's keys and values
     at each row's ring slots (`ring_slots` of the positions written, pos_NT: -1 where
-    nothing is), the other layers' in their pages."""
+    nothing is), the other layers' in their pages. Rings exist only unstacked
+    (`cache_rings`)."""
+    assert not self.stacked, "window rings are kept by unstacked caches only (`cache_rings`)"
     ring_NT = ring_slots(pos_NT, self.ring_pos_NR.shape[-1])
+    # One scatter at (row, slot) pairs, as the pools' (a vmapped per-row write was not
+    # done in place: the decode loop kept a second copy of every ring).
+    row_NT = jnp.broadcast_to(jnp.arange(pos_NT.shape[0])[:, None], pos_NT.shape)
     k, v = [], []
     for kb, vb, nk, nv, r in zip(self.k, self.v, new_k, new_v, self.rings):
       if r:
-        k.append(write_ring(kb, nk, ring_NT, slot_axis=-1))
-        v.append(write_ring(vb, nv, ring_NT, slot_axis=-2))
+        k.append(kb.at[row_NT, :, :, ring_NT].set(jnp.transpose(nk, (0, 3, 1, 2)).astype(kb.dtype), mode="drop"))  # fmt: skip
+        v.append(vb.at[row_NT, :, ring_NT].set(jnp.swapaxes(nv, 1, 2).astype(vb.dtype), mode="drop"))  # fmt: skip
       else:
         k.append(kb.at[page_NT, :, :, off_NT].set(jnp.transpose(nk, (0, 3, 1, 2)).astype(kb.dtype), mode="drop"))  # fmt: skip
         v.append(vb.at[page_NT, :, off_NT].set(jnp.swapaxes(nv, 1, 2).astype(vb.dtype), mode="drop"))  # fmt: skip
@@ -448,7 +492,7 @@ class PagedKVCache:
       k=tuple(k), v=tuple(v), fresh=(),
       pos_PZ=self.pos_PZ.at[page_NT, off_NT].set(pos_NT.astype(jnp.int32), mode="drop"),
       ring_pos_NR=write_ring_pos(self.ring_pos_NR, pos_NT, ring_NT),
-    )  # fmt: skip
+    ).constrain()  # fmt: skip
 
 
 @flax.struct.dataclass

@@ -248,9 +248,9 @@ class Attention(nn.Module):
   A window ring (`ring=True`, `KVCache.rings`: index the call's ring slots [B, T]): the
   call's keys are written at their slots; one token a row then attends over the ring, a
   block over the ring as it was and its own keys (cache_pos_BS the positions of both).
-  A paged cache's ring (`ring=True`, index None, cache_pos_BS the ring's positions): it
-  attends over the ring as it was and its own keys (`attention.attend_ring`) and returns
-  them for the sampler to commit, as a paged layer does.
+  A paged cache's ring (`ring=True`, index a `kv_cache.PageView`, cache_pos_BS the ring's
+  positions): it attends over the ring as it was and its own keys (`attention.attend_ring`)
+  and returns them for the sampler to commit, as a paged layer does.
 
   layer = (window, inv_freq): this layer's window (a scalar, or None: no window term) and
   rotary inverse frequencies (None: `attention.rope_inv_freq(cfg)`), per layer

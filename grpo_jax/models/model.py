@@ -235,7 +235,7 @@ def _apply_paged(decoder, variables, tokens_BT, positions_BT, cache: kv_cache.Pa
   view = kv_cache.PageView(cache.table_NM, cache.pos_PZ, cache.live, block=cache.block)
   kv = (cache.k[0], cache.v[0]) if cache.stacked else (cache.k, cache.v)
   # Ring layers read their rings as they were (`attention.attend_ring`; no slots written).
-  ring = (cache.rings, None, cache.ring_pos_NR, None) if cache.rings else None
+  ring = (cache.rings, view, cache.ring_pos_NR, None) if cache.rings else None
   logits_BTV, fresh = decoder(variables, tokens_BT, positions_BT, kv, None, view, None, ring=ring)
   return logits_BTV, cache.replace(fresh=fresh)
 

@@ -8,9 +8,10 @@ possible row.
 Layout (`kv_cache.PagedKVCache`, carried with its free-page stack as `Pages`): one pool of
 Z-slot pages per layer (Z = `sampler.page_size`), a page table per row. Sliding-window
 layers (Mistral, Gemma 2 and 3; `kv_cache.cache_rings`) keep no pool but a window ring per
-row, min(S + T, window) slots, as the dense cache does (`PagedKVCache.rings`): a row's
-ring starts as a copy of its prompt's (`pool`; `load` for a refill slot), moves with the
-row (`compact`), and the pages serve the full-attention layers only. Algorithm (static
+row, min(S + T, window) slots, as the dense cache does (`PagedKVCache.rings`), where the
+rings take fewer slots than the pool (`keeps_rings`: a window shorter than the rows): a
+row's ring starts as a copy of its prompt's (`pool`; `load` for a refill slot), moves
+with the row (`compact`), and the pages serve the full-attention layers only. Algorithm (static
 shapes, one compile per prompt-length bucket):
   1. Prefill: each prompt minus its last token goes into a dense cache of ceil((P−1)/Z)·Z
      slots, once per prompt (`sampling.prefill_cache`, chunked with sampler.prefill_chunk),
@@ -52,6 +53,7 @@ Shape letters as in `sampling`; Z page size, M pages per row's table, F completi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -107,6 +109,16 @@ class State:
   routes_NTLK: jax.Array | None = None
 
 
+def keeps_rings(*, rows: int, slots: int, pool_pages: int, page_size: int, window: int) -> bool:
+  """Whether a paged cache keeps its sliding layers in window rings (`PagedKVCache.rings`)
+  rather than in pages: when one layer's rings, rows × min(slots, window) (slots: a row's
+  S + T), hold fewer slots than one layer's pool, (pool_pages + 1) × page_size. A window
+  as long as the rows (Mistral's and Gemma 2's 4,096 at short rollouts) would make each
+  ring a full copy of its row, giving up the group's shared prompt pages and the pool's
+  fraction: such layers stay paged, as the full ones are."""
+  return rows * min(slots, window) < (pool_pages + 1) * page_size
+
+
 def completion_pages(cfg: sampling.SamplerConfig, rows: int) -> int:
   """F: the pool's completion pages, ceil(sampler.kv_pool_fraction · rows · ceil(T / Z))."""
   worst = rows * -(-cfg.max_new_tokens // cfg.page_size)
@@ -146,30 +158,46 @@ def pool(dense: kv_cache.KVCache, *, rows: int, owner_N, cfg: sampling.SamplerCo
   its slots cut into pages at the front of the pool, then the completion pages
   (`completion_pages` for `rows`) and the null page. Row n's table starts with prompt
   owner_N[n]'s pages. A ring layer of the prompt cache (`KVCache.rings`) becomes a ring
-  per row, a copy of its prompt's at min(S + T, window) slots (`KVCache.grown_rings`);
-  with prompt_rings the prompts' rings are kept for `load`."""
+  per row, a copy of its prompt's at min(S + T, window) slots (`KVCache.grown_rings`),
+  where that takes fewer slots than pages would (`keeps_rings`; else it is paged:
+  `KVCache.unring`); with prompt_rings the prompts' rings are kept for `load`. When every
+  layer keeps a ring the pages hold positions only, so the pool is whole (no row starves
+  for memory it would not save)."""
   Z, T = cfg.page_size, cfg.max_new_tokens
   owners, S = dense.pos_BS.shape
   n_prompt = S // Z
   F = completion_pages(cfg, rows)
+  if dense.rings and not keeps_rings(
+    rows=rows, slots=S + T, pool_pages=owners * n_prompt + F, page_size=Z, window=dense.window
+  ):
+    dense = dense.unring()
+  if dense.rings and all(dense.rings):
+    F = completion_pages(dataclasses.replace(cfg, kv_pool_fraction=1.0), rows)
+  pool_pages = owners * n_prompt + F
   layers = dense.rings or (False,) * len(dense.k)
-  ring_k, ring_v, ring_pos = dense.grown_rings(own=S + T)
+  # The rows' rings: their prompts' (min(S, window) slots) copied, then grown, so no
+  # prompt-level copy of the full-size rings lives beside them.
+  pick = lambda bufs: tuple(b[owner_N] if r else b for b, r in zip(bufs, layers))  # noqa: E731
+  ring_pos = None if not dense.rings else dense.ring_pos_BR[owner_N]
+  by_row = dense.replace(k=pick(dense.k), v=pick(dense.v), ring_pos_BR=ring_pos)
+  ring_k, ring_v, ring_pos = by_row.grown_rings(own=S + T)
   pages = functools.partial(_to_pages, page_size=Z, stacked=dense.stacked)
-  k = tuple(rk[owner_N] if r else _pool(pages(x, slot_axis=-1), F) for x, rk, r in zip(dense.k, ring_k, layers))  # fmt: skip
-  v = tuple(rv[owner_N] if r else _pool(pages(x, slot_axis=-2), F) for x, rv, r in zip(dense.v, ring_v, layers))  # fmt: skip
+  k = tuple(rk if r else _pool(pages(x, slot_axis=-1), F) for x, rk, r in zip(dense.k, ring_k, layers))  # fmt: skip
+  v = tuple(rv if r else _pool(pages(x, slot_axis=-2), F) for x, rv, r in zip(dense.v, ring_v, layers))  # fmt: skip
   pos_PZ = jnp.pad(dense.pos_BS.reshape(owners * n_prompt, Z), ((0, F + 1), (0, 0)), constant_values=-1)  # fmt: skip
-  null = owners * n_prompt + F
+  null = pool_pages
   table_NM = jnp.full((rows, n_prompt + -(-T // Z)), null, jnp.int32)
   table_NM = table_NM.at[:, :n_prompt].set(_prompt_table(owner_N, n_prompt))
   cache = kv_cache.PagedKVCache(
     k=k, v=v, pos_PZ=pos_PZ, table_NM=table_NM, slot_N=jnp.full((rows,), -1, jnp.int32),
     live=jnp.zeros((), jnp.int32), stacked=dense.stacked, block=max(1, _BLOCK_SLOTS // Z),
-    ring_pos_NR=ring_pos[owner_N] if dense.rings else None, rings=dense.rings,
-  )  # fmt: skip
+    ring_pos_NR=ring_pos, rings=dense.rings,
+  ).constrain()  # fmt: skip
   kept = ()
-  if prompt_rings and dense.rings:
+  if prompt_rings and dense.rings:  # Each prompt's rings, grown (refill slots load them).
+    prompt_k, prompt_v, prompt_pos = dense.grown_rings(own=S + T)
     only = lambda bufs: tuple(b for b, r in zip(bufs, layers) if r)  # noqa: E731
-    kept = (only(ring_k), only(ring_v), ring_pos)
+    kept = (only(prompt_k), only(prompt_v), prompt_pos)
   free_F = (owners * n_prompt + jnp.arange(F, dtype=jnp.int32))[::-1]
   return Pages(cache=cache, free_F=free_F, top=jnp.asarray(F, jnp.int32), prompt_rings=kept,
                prompt_pages=n_prompt)  # fmt: skip
@@ -401,7 +429,9 @@ def _forward(params, s: State, *, rows: int, model_fn: Callable, record: bool):
   N = s.done_N.shape[0]
   slot = s.pages.slot(s.step)  # Every live row's next slot.
   idx = jnp.arange(N) if rows == N else jnp.argsort(s.done_N, stable=True)[:rows]
-  view = (c if rows == N else c.rows(idx)).replace(live=slot)  # Rings move with the rows.
+  # The live rows' tables and window rings (XLA:CPU keeps every ring layer's gathered keys
+  # of a compacted step: `memory._paged_sampler_bytes`).
+  view = (c if rows == N else c.rows(idx)).replace(live=slot)
   kw = dict(record_routes=True) if record else {}
   out = model_fn(params, s.tok_N[idx, None], s.pos_N[idx, None], view, **kw)
   full = functools.partial(_full_rows, idx=idx, N=N) if rows < N else (lambda x, axis=0: x)

@@ -526,8 +526,9 @@ def _sampler_bytes(
   out (size 1)."""
   sizes = _all_axes(sizes)
   if pages is not None:
-    return _paged_sampler_bytes(cfg, boxed, rules=rules, sizes=sizes, rows=rows,
-                                prompt_rows=prompt_rows, P=P, T=T, pages=pages, rings=rings)  # fmt: skip
+    split = row_devices or sizes["data"] * sizes["fsdp"] * sizes["expert"]
+    return _paged_sampler_bytes(cfg, boxed, rules=rules, sizes=sizes, rows=rows, prompt_rows=prompt_rows,
+                                P=P, T=T, pages=pages, rings=rings, global_rows=rows * split)  # fmt: skip
   fsdp, L, E = sizes["fsdp"], cfg.n_layers, cfg.head_dim
   item = jnp.dtype(cfg.compute_dtype).itemsize
   kv_heads = _local_size(cfg.n_kv_heads, "activation_kv_heads", rules, sizes)
@@ -624,35 +625,35 @@ def _sampler_bytes(
 
 
 def _paged_sampler_bytes(cfg, boxed, *, rules, sizes, rows, prompt_rows, P, T, pages,
-                         rings=True) -> int:  # fmt: skip
+                         rings=True, global_rows=None) -> int:  # fmt: skip
   """`_sampler_bytes` of the paged sampler (`paged.sample`), the larger of two phases.
-  - decode: the pools, 2·[pages + 1, K, E, Z] per layer without a ring and the int32
-    positions [pages + 1, Z], written in place; with window rings (`rings` and sliding
-    layers: `PagedKVCache.rings`) each sliding layer's rings instead, 2·[rows, K, E, R]
-    with R = min(ceil((P − 1)/Z)·Z + T, window) and int32 positions [rows, R] (a compacted
-    step's gathered rings, `PagedKVCache.rows`, share the attention's temporaries: not
-    counted, 2-3% under XLA's figure on CPU without them, 7-10% over with them); the
-    page table [rows, M] int32; one layer's attention block at a time, its gathered keys
-    and values [rows, K, E, b·Z] and float32 scores and exponentials [rows, heads, b·Z]
-    (b·Z = paged._BLOCK_SLOTS); and the step's sampling as the dense sampler's, plus the
-    full-row logits the compacted rows scatter into.
-  - prefill: the dense prompt cache (`_sampler_bytes` with T = 1: its forward and
-    write), then cut into pages (and rings) beside the pools it becomes.
-  The pools are one array each, not split over the batch axes: with rows over several
-  devices, every device holds the whole pool (`paged`, module docstring)."""
+  - decode: the pools, 2·[pages + 1, K, E, Z] a layer and int32 positions [pages + 1, Z],
+    written in place; a sliding layer's window rings instead where the pool would hold
+    more (`rings`; `paged.keeps_rings` for the global_rows), 2·[rows, K, E, R], R =
+    min(ceil((P − 1)/Z)·Z + T, window), int32 positions [rows, R], and the keys a
+    compacted step gathers for ceil(rows/2) rows (XLA:CPU keeps every layer's; a refill
+    sampler's prompt rings are not counted); the page table [rows, M] int32; one layer's
+    attention block, keys and values [rows, K, E, b] and float32 scores and exponentials
+    [rows, heads, b] (b = paged._BLOCK_SLOTS, or R: `attention.attend_ring` reads a ring
+    whole); the step's sampling as the dense sampler's, and the full-row logits.
+  - prefill: the dense prompt cache (`_sampler_bytes` with T = 1), then cut into pages
+    (and rings) beside the pools it becomes.
+  A pool is one array, not split over the batch axes (`paged`, module docstring)."""
   n_pages, Z = pages
   L, E = cfg.n_layers, cfg.head_dim
   item = jnp.dtype(kv_cache.cache_dtype(cfg)).itemsize
   kv_heads = _local_size(cfg.n_kv_heads, "activation_kv_heads", rules, sizes)
   heads = _local_size(cfg.n_heads, "q_heads", rules, sizes)
   vocab = _local_size(cfg.vocab_size, "activation_vocab", rules, sizes)
-  n_rings = sum(model.cache_rings(cfg)) if rings else 0
-  R = min(-(-(P - 1) // Z) * Z + T, cfg.sliding_window)
+  S, W, all_rows = -(-(P - 1) // Z) * Z, cfg.sliding_window, global_rows or rows
+  kept = rings and paged.keeps_rings(rows=all_rows, slots=S + T, pool_pages=n_pages, page_size=Z, window=W)  # fmt: skip
+  n_rings, R = (sum(model.cache_rings(cfg)) if kept else 0), min(S + T, W)
+  n_pages += all_rows * -(-T // Z) if n_rings == L else 0  # Positions only, a whole pool.
   ring_bytes = (2 * n_rings * kv_heads * E * item + 4) * rows * R if n_rings else 0
-  pools = 2 * (L - n_rings) * (n_pages + 1) * kv_heads * E * Z * item + (n_pages + 1) * Z * 4
-  pools += ring_bytes
+  ring_bytes += n_rings * -(-rows // 2) * kv_heads * E * R * item if rows > 1 else 0
+  pools = 2 * (L - n_rings) * (n_pages + 1) * kv_heads * E * Z * item + (n_pages + 1) * Z * 4 + ring_bytes  # fmt: skip
   M = -(-(P - 1) // Z) + -(-T // Z)
-  block = min(paged._BLOCK_SLOTS, M * Z)
+  block = max(min(paged._BLOCK_SLOTS, M * Z), R if n_rings else 0)
   attend = 2 * rows * kv_heads * E * block * item + 2 * rows * heads * block * 4
   decode = pools + rows * M * 4 + attend + 6 * rows * vocab * 4
   prompt_cache = _sampler_bytes(

@@ -72,7 +72,7 @@ def _tokens(pos):
   )
 
 
-def _through_cache(cfg, params, *, rings: bool, grow_at: int = 0):
+def _through_cache(cfg, params, *, rings: bool, grow_at: int = 0, unring_at: int = -1):
   """Logits of every call's columns, fed through a cache of 3 slots grown to 16 before
   call `grow_at` (0: 16 from the start)."""
   cache = model.init_cache(cfg, 2, 3 if grow_at else 16, rings=rings)
@@ -81,22 +81,29 @@ def _through_cache(cfg, params, *, rings: bool, grow_at: int = 0):
   for j, pos in enumerate(_CALLS):
     if grow_at and j == grow_at:
       cache = cache.grow(16)
+    if j == unring_at:
+      cache = cache.unring()
     logits, cache = apply(params, _tokens(pos), jnp.asarray(pos, jnp.int32), cache)
     out.append(logits)
   return jnp.concatenate(out, axis=1)
 
 
-@pytest.mark.parametrize(("window", "grow_at"), [(3, 0), (5, 1)])
-def test_blocks_and_padding_through_rings_equal_the_teacher_forced_forward(window, grow_at):
+@pytest.mark.parametrize(
+  ("window", "grow_at", "unring_at"), [(3, 0, -1), (5, 1, -1), (3, 0, 3), (5, 1, 4)]
+)
+def test_blocks_and_padding_through_rings_equal_the_teacher_forced_forward(
+  window, grow_at, unring_at
+):
   """Prefill, single tokens, blocks with padding inside and a block longer than the
   ring, written by position: every real column's logits equal the teacher-forced
   forward's, and the rings=False cache's. A ring that starts smaller than the window (3
-  slots, window 5) is re-slotted when the cache grows."""
+  slots, window 5) is re-slotted when the cache grows; an unringed cache (a paged
+  sampler's prompt cache whose window is as long as its rows) continues as the ring did."""
   cfg, params = _policy(window)
   tokens, pos = _inputs()
   real = pos >= 0
   tf = model.apply(params, tokens, pos, cfg=cfg)[0]
-  ringed = _through_cache(cfg, params, rings=True, grow_at=grow_at)
+  ringed = _through_cache(cfg, params, rings=True, grow_at=grow_at, unring_at=unring_at)
   full = _through_cache(cfg, params, rings=False, grow_at=grow_at)
   gap = lambda a, b: float(jnp.max(jnp.where(real[..., None], jnp.abs(a - b), 0.0)))
   assert gap(ringed, tf) < 2e-5

@@ -293,7 +293,8 @@ def test_window_rings_on_pages_equal_the_dense_samplers():
   sampler's tokens with its log-probs (float32, same keys), 20 tokens past prompts of 4-11
   (windows of 5, so the rings wrap): the group's prompt pages shared or copied (the rings
   copied either way), a chunked prefill, per-row limits; the refill sampler on pages (a
-  slot's ring loaded from its prompt's, `paged.load`) its dense twin's."""
+  slot's ring loaded from its prompt's, `paged.load`) its dense twin's; with a window as
+  long as the rows the sliding layers are paged instead."""
   cfg = model.tiny_config(40, **WINDOWED)
   params = model.init(cfg, jax.random.key(3))
   params["embed"]["embedding"] = params["embed"]["embedding"] * 4.0  # Peaked logits.
@@ -313,6 +314,14 @@ def test_window_rings_on_pages_equal_the_dense_samplers():
   assert int(dense.mask_NT.sum()) > 60 and int(dense.length_N.max()) == 20
   run = lambda c: jax.jit(functools.partial(refill.sample, **kw, cfg=c, slots=5))(*args)  # noqa: E731
   _assert_same(run(dataclasses.replace(scfg, kv_layout="paged", page_size=3)), run(scfg))
+  # A window as long as the rows (64 > 12 + 20 slots): rings would copy whole rows, so the
+  # sliding layers are paged (`paged.keeps_rings`, `KVCache.unring`), the same rollouts.
+  long, pcfg = dataclasses.replace(cfg, sliding_window=64), dataclasses.replace(pcfg, shared_prefix=True)  # fmt: skip
+  kw = dict(model_fn=model.make_model_fn(long), init_cache=functools.partial(model.init_cache, long))  # fmt: skip
+  state = jax.eval_shape(lambda: paged.prefill(params, prompts, jax.random.key(0), cfg=pcfg, **kw))  # fmt: skip
+  assert state.pages.cache.rings == () and len({k.shape for k in state.pages.cache.k}) == 1
+  dense = jax.jit(functools.partial(sampling.sample, **kw, cfg=scfg))(*args)
+  _assert_same(jax.jit(functools.partial(paged.sample, **kw, cfg=pcfg))(*args), dense)
 
 
 def test_rings_move_with_their_rows_by_hand():
@@ -488,7 +497,7 @@ def test_the_memory_plan_prices_the_paged_sampler_within_its_band_of_xla():
   assert sampling.segment_count(dense) == 4
   assert 0.9 <= paged_sampler._plan(cfg, dense, B=B, P=P, T=T, pages=None) / xla_dense <= 1.1
   # Gemma 3's layout (5 sliding layers of window 64, 1 full): the sliding layers' window
-  # rings priced within the band too, under half the same pool without them.
+  # rings priced within the band too, about half the same pool without them.
   cfg = model.tiny_config(vocab_size=64, **window_rings.GEMMA3_TINY)
   params = jax.eval_shape(functools.partial(model.init, cfg), jax.random.key(0))
   args = (params, *args[1:])
@@ -497,7 +506,20 @@ def test_the_memory_plan_prices_the_paged_sampler_within_its_band_of_xla():
   pages = memory._pool_pages(cfg_paged, prompts=B)
   plan = paged_sampler._plan(cfg, dense, B=B, P=P, T=T, pages=pages)
   assert 0.9 <= plan / xla <= 1.1
-  assert plan < paged_sampler._plan(cfg, dense, B=B, P=P, T=T, pages=pages, rings=False) / 2
+  assert plan < 0.55 * paged_sampler._plan(cfg, dense, B=B, P=P, T=T, pages=pages, rings=False)
+  # Windows of 1,024 on a whole pool: rings longer than an attention block (read whole)
+  # and a compacted step's gathered keys, within the band; windows of 4,096, longer than
+  # the rows (2,112 slots): paged, as without rings.
+  for window, fraction in ((1024, 1.0), (4096, 0.15)):
+    cfg = model.tiny_config(vocab_size=64, **dict(window_rings.GEMMA3_TINY, sliding_window=window))
+    kw = dict(model_fn=model.make_model_fn(cfg), init_cache=functools.partial(model.init_cache, cfg))  # fmt: skip
+    pcfg = dataclasses.replace(cfg_paged, kv_pool_fraction=fraction)
+    pages = memory._pool_pages(pcfg, prompts=B)
+    plan = paged_sampler._plan(cfg, dense, B=B, P=P, T=T, pages=pages)
+    if window == 1024:
+      assert 0.9 <= plan / temp(functools.partial(paged.sample, cfg=pcfg, **kw)) <= 1.1
+    else:
+      assert plan == paged_sampler._plan(cfg, dense, B=B, P=P, T=T, pages=pages, rings=False)
 
 
 def test_the_trainer_runs_every_sampler_on_pages(tmp_path):
