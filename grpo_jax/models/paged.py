@@ -80,7 +80,8 @@ class Pages:
   free_F: jax.Array
   top: jax.Array
   # With window rings and `pool(prompt_rings=True)`: each prompt's rings, (keys, values)
-  # of the ring layers and positions [owners, R], which `load` copies into a slot's rows.
+  # per layer (None where a layer has none) and positions [owners, R], which `load`
+  # copies into a slot's rows.
   prompt_rings: tuple = ()
   prompt_pages: int = flax.struct.field(pytree_node=False, default=0)
 
@@ -175,15 +176,10 @@ def pool(dense: kv_cache.KVCache, *, rows: int, owner_N, cfg: sampling.SamplerCo
     F = completion_pages(dataclasses.replace(cfg, kv_pool_fraction=1.0), rows)
   pool_pages = owners * n_prompt + F
   layers = dense.rings or (False,) * len(dense.k)
-  # The rows' rings: their prompts' (min(S, window) slots) copied, then grown, so no
-  # prompt-level copy of the full-size rings lives beside them.
-  pick = lambda bufs: tuple(b[owner_N] if r else b for b, r in zip(bufs, layers))  # noqa: E731
-  ring_pos = None if not dense.rings else dense.ring_pos_BR[owner_N]
-  by_row = dense.replace(k=pick(dense.k), v=pick(dense.v), ring_pos_BR=ring_pos)
-  ring_k, ring_v, ring_pos = by_row.grown_rings(own=S + T)
+  ring_k, ring_v, ring_pos = dense.grown_rings(own=S + T)  # Each prompt's, full size.
   pages = functools.partial(_to_pages, page_size=Z, stacked=dense.stacked)
-  k = tuple(rk if r else _pool(pages(x, slot_axis=-1), F) for x, rk, r in zip(dense.k, ring_k, layers))  # fmt: skip
-  v = tuple(rv if r else _pool(pages(x, slot_axis=-2), F) for x, rv, r in zip(dense.v, ring_v, layers))  # fmt: skip
+  k = tuple(rk[owner_N] if r else _pool(pages(x, slot_axis=-1), F) for x, rk, r in zip(dense.k, ring_k, layers))  # fmt: skip
+  v = tuple(rv[owner_N] if r else _pool(pages(x, slot_axis=-2), F) for x, rv, r in zip(dense.v, ring_v, layers))  # fmt: skip
   pos_PZ = jnp.pad(dense.pos_BS.reshape(owners * n_prompt, Z), ((0, F + 1), (0, 0)), constant_values=-1)  # fmt: skip
   null = pool_pages
   table_NM = jnp.full((rows, n_prompt + -(-T // Z)), null, jnp.int32)
@@ -191,13 +187,12 @@ def pool(dense: kv_cache.KVCache, *, rows: int, owner_N, cfg: sampling.SamplerCo
   cache = kv_cache.PagedKVCache(
     k=k, v=v, pos_PZ=pos_PZ, table_NM=table_NM, slot_N=jnp.full((rows,), -1, jnp.int32),
     live=jnp.zeros((), jnp.int32), stacked=dense.stacked, block=max(1, _BLOCK_SLOTS // Z),
-    ring_pos_NR=ring_pos, rings=dense.rings,
+    ring_pos_NR=ring_pos[owner_N] if dense.rings else None, rings=dense.rings,
   ).constrain()  # fmt: skip
   kept = ()
-  if prompt_rings and dense.rings:  # Each prompt's rings, grown (refill slots load them).
-    prompt_k, prompt_v, prompt_pos = dense.grown_rings(own=S + T)
-    only = lambda bufs: tuple(b for b, r in zip(bufs, layers) if r)  # noqa: E731
-    kept = (only(prompt_k), only(prompt_v), prompt_pos)
+  if prompt_rings and dense.rings:  # Refill slots load them (`load`).
+    only = lambda bufs: tuple(b if r else None for b, r in zip(bufs, layers))  # noqa: E731
+    kept = (only(ring_k), only(ring_v), ring_pos)
   free_F = (owners * n_prompt + jnp.arange(F, dtype=jnp.int32))[::-1]
   return Pages(cache=cache, free_F=free_F, top=jnp.asarray(F, jnp.int32), prompt_rings=kept,
                prompt_pages=n_prompt)  # fmt: skip
@@ -318,12 +313,10 @@ def load(p: Pages, slot_R, b_R) -> Pages:
       raise ValueError("paged.load: a cache with window rings needs pool(prompt_rings=True).")
     pk, pv, ppos = p.prompt_rings
     b_R = jnp.clip(b_R, 0, ppos.shape[0] - 1)
-    put = lambda buf, src: buf.at[slot_R].set(src[b_R], mode="drop")  # noqa: E731
-    k, v, prompt = list(c.k), list(c.v), iter(zip(pk, pv))
-    for layer in (i for i, r in enumerate(c.rings) if r):
-      rk, rv = next(prompt)
-      k[layer], v[layer] = put(k[layer], rk), put(v[layer], rv)
-    c = c.replace(k=tuple(k), v=tuple(v), ring_pos_NR=put(c.ring_pos_NR, ppos))
+    put = lambda buf, src: buf if src is None else buf.at[slot_R].set(src[b_R], mode="drop")  # noqa: E731
+    c = c.replace(
+      k=tuple(map(put, c.k, pk)), v=tuple(map(put, c.v, pv)), ring_pos_NR=put(c.ring_pos_NR, ppos)
+    )
   return p.replace(cache=c)
 
 

@@ -337,7 +337,7 @@ def test_rings_move_with_their_rows_by_hand():
     live=jnp.zeros((), jnp.int32), ring_pos_NR=jnp.asarray([[0, 1], [2, 3], [4, 5], [6, 7]]),
     rings=(True, False),
   )  # fmt: skip
-  prompt = ((jnp.full((2, 1, 1, 2), 7.0),), (jnp.full((2, 1, 2, 1), 7.0),), jnp.asarray([[9, 9], [10, 11]]))  # fmt: skip
+  prompt = ((jnp.full((2, 1, 1, 2), 7.0), None), (jnp.full((2, 1, 2, 1), 7.0), None), jnp.asarray([[9, 9], [10, 11]]))  # fmt: skip
   p = paged.Pages(cache=cache, free_F=jnp.asarray([1]), top=jnp.asarray(1), prompt_rings=prompt, prompt_pages=1)  # fmt: skip
   p = paged.load(p, jnp.asarray([2, 9]), jnp.asarray([1, 0]))  # Slot 9: none (dropped).
   np.testing.assert_array_equal(p.cache.ring_pos_NR, [[0, 1], [2, 3], [10, 11], [6, 7]])
